@@ -1,0 +1,33 @@
+// SPDX-License-Identifier: Apache-2.0
+// Subcommand registry. Each cmd_<name>.cpp defines a registration function that adds its
+// subcommand (options bound to a config struct) to the CLI11 app and sets `run` to its body when
+// chosen; FERRY_REGISTER_COMMAND adds it to the list main() walks. Exit codes: 0 ok, 1 a runtime
+// Status, 2 usage.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "core/result.h"
+#include "core/status.h"
+
+namespace ferry::app {
+
+using CommandFn = std::function<int()>;
+using RegisterFn = void (*)(CLI::App& app, CommandFn& run);
+
+// Prints "ferry: <status>" to stderr and returns exit code 1.
+int fail(const Status& s);
+
+std::vector<RegisterFn>& command_registry();
+
+struct CommandRegistrar {
+  explicit CommandRegistrar(RegisterFn fn) { command_registry().push_back(fn); }
+};
+
+}  // namespace ferry::app
+
+#define FERRY_REGISTER_COMMAND(fn) \
+  static const ::ferry::app::CommandRegistrar FERRY_CONCAT_(ferry_cmd_, __LINE__){fn}
