@@ -30,4 +30,4 @@ struct CommandRegistrar {
 }  // namespace ferry::app
 
 #define FERRY_REGISTER_COMMAND(fn) \
-  static const ::ferry::app::CommandRegistrar FERRY_CONCAT_(ferry_cmd_, __LINE__){fn}
+  static const ::ferry::app::CommandRegistrar FERRY_CONCAT_(ferry_cmd_, __LINE__) { fn }

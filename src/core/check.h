@@ -9,12 +9,13 @@
 #include <fmt/format.h>
 
 namespace ferry::detail {
-[[noreturn]] void check_failed(const char* expr, const char* file, int line, const std::string& msg);
+[[noreturn]] void check_failed(const char* expr, const char* file, int line,
+                               const std::string& msg);
 }  // namespace ferry::detail
 
-#define FERRY_CHECK(cond, ...)                                                          \
-  do {                                                                                  \
-    if (!(cond)) [[unlikely]]                                                           \
+#define FERRY_CHECK(cond, ...)                                                              \
+  do {                                                                                      \
+    if (!(cond)) [[unlikely]]                                                               \
       ::ferry::detail::check_failed(#cond, __FILE__, __LINE__, ::fmt::format(__VA_ARGS__)); \
   } while (0)
 
@@ -27,8 +28,8 @@ namespace ferry::detail {
 #endif
 
 // For tests, benches and main only: abort when a Status is not ok.
-#define FERRY_CHECK_OK(expr)                                                               \
-  do {                                                                                     \
-    if (const ::ferry::Status ferry_cs_ = (expr); !ferry_cs_.ok())                         \
-      ::ferry::detail::check_failed(#expr, __FILE__, __LINE__, ferry_cs_.to_string());     \
+#define FERRY_CHECK_OK(expr)                                                           \
+  do {                                                                                 \
+    if (const ::ferry::Status ferry_cs_ = (expr); !ferry_cs_.ok())                     \
+      ::ferry::detail::check_failed(#expr, __FILE__, __LINE__, ferry_cs_.to_string()); \
   } while (0)

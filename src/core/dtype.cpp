@@ -7,40 +7,67 @@ namespace ferry {
 
 std::size_t dtype_size(DType dt) {
   switch (dt) {
-    case DType::kF64: case DType::kI64: return 8;
-    case DType::kF32: case DType::kI32: return 4;
-    case DType::kBF16: case DType::kF16: return 2;
-    case DType::kI8: case DType::kU8: case DType::kBool: return 1;
+    case DType::kF64:
+    case DType::kI64:
+      return 8;
+    case DType::kF32:
+    case DType::kI32:
+      return 4;
+    case DType::kBF16:
+    case DType::kF16:
+      return 2;
+    case DType::kI8:
+    case DType::kU8:
+    case DType::kBool:
+      return 1;
   }
   return 0;
 }
 
 std::string_view to_string(DType dt) {
   switch (dt) {
-    case DType::kF32: return "f32";
-    case DType::kF64: return "f64";
-    case DType::kBF16: return "bf16";
-    case DType::kF16: return "f16";
-    case DType::kI8: return "i8";
-    case DType::kU8: return "u8";
-    case DType::kI32: return "i32";
-    case DType::kI64: return "i64";
-    case DType::kBool: return "bool";
+    case DType::kF32:
+      return "f32";
+    case DType::kF64:
+      return "f64";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "f16";
+    case DType::kI8:
+      return "i8";
+    case DType::kU8:
+      return "u8";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
+    case DType::kBool:
+      return "bool";
   }
   return "?";
 }
 
 std::string_view to_safetensors(DType dt) {
   switch (dt) {
-    case DType::kF32: return "F32";
-    case DType::kF64: return "F64";
-    case DType::kBF16: return "BF16";
-    case DType::kF16: return "F16";
-    case DType::kI8: return "I8";
-    case DType::kU8: return "U8";
-    case DType::kI32: return "I32";
-    case DType::kI64: return "I64";
-    case DType::kBool: return "BOOL";
+    case DType::kF32:
+      return "F32";
+    case DType::kF64:
+      return "F64";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
+    case DType::kI8:
+      return "I8";
+    case DType::kU8:
+      return "U8";
+    case DType::kI32:
+      return "I32";
+    case DType::kI64:
+      return "I64";
+    case DType::kBool:
+      return "BOOL";
   }
   return "?";
 }
@@ -84,7 +111,7 @@ std::uint16_t f32_to_f16(float f) {
   if (abs < 0x38800000u) {
     // Result is subnormal (or zero) in f16: round |f| / 2^-24 to nearest even integer.
     const float a = bits_to_f32(abs);
-    const float scaled = a * 16777216.0f;  // exact: a power-of-two scale
+    const float scaled = a * 16777216.0f;    // exact: a power-of-two scale
     const float r = std::nearbyint(scaled);  // default rounding mode: nearest even
     return static_cast<std::uint16_t>(sign | static_cast<std::uint16_t>(r));
   }
@@ -98,22 +125,36 @@ std::uint16_t f32_to_f16(float f) {
 namespace {
 double load_f(const void* p, DType dt, std::size_t i) {
   switch (dt) {
-    case DType::kF32: return static_cast<const float*>(p)[i];
-    case DType::kF64: return static_cast<const double*>(p)[i];
-    case DType::kBF16: return bf16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
-    case DType::kF16: return f16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
-    default: return 0.0;
+    case DType::kF32:
+      return static_cast<const float*>(p)[i];
+    case DType::kF64:
+      return static_cast<const double*>(p)[i];
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
+    case DType::kF16:
+      return f16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
+    default:
+      return 0.0;
   }
 }
 void store_f(void* p, DType dt, std::size_t i, double v) {
   switch (dt) {
-    case DType::kF32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
-    case DType::kF64: static_cast<double*>(p)[i] = v; break;
+    case DType::kF32:
+      static_cast<float*>(p)[i] = static_cast<float>(v);
+      break;
+    case DType::kF64:
+      static_cast<double*>(p)[i] = v;
+      break;
     // Via f32 first: f64 -> f32 -> bf16 can double-round, but every source we convert from is
     // f32-representable in practice; the f32 path is the one PyTorch uses for .to(bfloat16).
-    case DType::kBF16: static_cast<std::uint16_t*>(p)[i] = f32_to_bf16(static_cast<float>(v)); break;
-    case DType::kF16: static_cast<std::uint16_t*>(p)[i] = f32_to_f16(static_cast<float>(v)); break;
-    default: break;
+    case DType::kBF16:
+      static_cast<std::uint16_t*>(p)[i] = f32_to_bf16(static_cast<float>(v));
+      break;
+    case DType::kF16:
+      static_cast<std::uint16_t*>(p)[i] = f32_to_f16(static_cast<float>(v));
+      break;
+    default:
+      break;
   }
 }
 }  // namespace

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Small file helpers that return Status: read a whole file, write atomically (temp + fsync + rename).
+// Small file helpers that return Status: read a whole file, write atomically (temp + fsync +
+// rename).
 #pragma once
 
 #include <string>

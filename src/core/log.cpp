@@ -26,7 +26,8 @@ std::shared_ptr<spdlog::logger> get(std::string_view subsystem) {
 Status set_level(std::string_view level) {
   const auto lvl = spdlog::level::from_str(std::string(level));
   if (lvl == spdlog::level::off && level != "off") {
-    return invalid_argument("log: unknown level '{}' (trace, debug, info, warn, error, off)", level);
+    return invalid_argument("log: unknown level '{}' (trace, debug, info, warn, error, off)",
+                            level);
   }
   std::lock_guard lock(g_mu);
   g_level = lvl;

@@ -11,7 +11,10 @@
 namespace ferry {
 
 ProgressBar::ProgressBar(std::string label, std::int64_t total, std::string unit)
-    : label_(std::move(label)), total_(total), unit_(std::move(unit)), tty_(isatty(STDERR_FILENO)) {}
+    : label_(std::move(label)),
+      total_(total),
+      unit_(std::move(unit)),
+      tty_(isatty(STDERR_FILENO)) {}
 
 ProgressBar::~ProgressBar() {
   if (!finished_) finish();

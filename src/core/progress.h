@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// A progress bar for long jobs: on a terminal, one redrawn line with rate and ETA; otherwise (pipes,
-// CI logs) a plain line at most every `plain_interval_s` seconds. Writes to stderr.
+// A progress bar for long jobs: on a terminal, one redrawn line with rate and ETA; otherwise
+// (pipes, CI logs) a plain line at most every `plain_interval_s` seconds. Writes to stderr.
 #pragma once
 
 #include <cstdint>

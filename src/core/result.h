@@ -15,7 +15,7 @@ namespace ferry {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
   Result(Status status) : v_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     FERRY_CHECK(!std::get<Status>(v_).ok(), "Result constructed from an ok Status");
   }
@@ -58,7 +58,7 @@ class [[nodiscard]] Result {
 // FERRY_ASSIGN_OR_RETURN(auto x, make_x());  declares x from a Result or returns its Status.
 #define FERRY_ASSIGN_OR_RETURN(lhs, expr) \
   FERRY_ASSIGN_OR_RETURN_IMPL_(FERRY_CONCAT_(ferry_r_, __LINE__), lhs, expr)
-#define FERRY_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
-  auto tmp = (expr);                                 \
+#define FERRY_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr)  \
+  auto tmp = (expr);                                  \
   if (!tmp.ok()) return std::move(tmp).take_status(); \
   lhs = std::move(tmp).value()

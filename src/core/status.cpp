@@ -7,18 +7,30 @@ namespace ferry {
 
 std::string_view to_string(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "ok";
-    case StatusCode::kInvalidArgument: return "invalid_argument";
-    case StatusCode::kNotFound: return "not_found";
-    case StatusCode::kCorrupt: return "corrupt";
-    case StatusCode::kOutOfRange: return "out_of_range";
-    case StatusCode::kResourceExhausted: return "resource_exhausted";
-    case StatusCode::kUnimplemented: return "unimplemented";
-    case StatusCode::kUnavailable: return "unavailable";
-    case StatusCode::kIo: return "io";
-    case StatusCode::kDeadlineExceeded: return "deadline_exceeded";
-    case StatusCode::kCancelled: return "cancelled";
-    case StatusCode::kInternal: return "internal";
+    case StatusCode::kOk:
+      return "ok";
+    case StatusCode::kInvalidArgument:
+      return "invalid_argument";
+    case StatusCode::kNotFound:
+      return "not_found";
+    case StatusCode::kCorrupt:
+      return "corrupt";
+    case StatusCode::kOutOfRange:
+      return "out_of_range";
+    case StatusCode::kResourceExhausted:
+      return "resource_exhausted";
+    case StatusCode::kUnimplemented:
+      return "unimplemented";
+    case StatusCode::kUnavailable:
+      return "unavailable";
+    case StatusCode::kIo:
+      return "io";
+    case StatusCode::kDeadlineExceeded:
+      return "deadline_exceeded";
+    case StatusCode::kCancelled:
+      return "cancelled";
+    case StatusCode::kInternal:
+      return "internal";
   }
   return "unknown";
 }

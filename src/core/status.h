@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Status: the result of an operation that can fail for an expected reason (out of budget, corrupt
 // file, unsupported shape). Bugs do not return a Status; they abort through FERRY_CHECK (check.h).
-// Messages are lowercase, start with the subsystem, and say what, which object, needed vs available.
+// Messages are lowercase, start with the subsystem, and say what, which object, needed vs
+// available.
 #pragma once
 
 #include <string>
@@ -14,17 +15,17 @@ namespace ferry {
 
 enum class StatusCode : int {
   kOk = 0,
-  kInvalidArgument,   // the caller passed something malformed (bad flag, bad config value)
-  kNotFound,          // a file, tensor or key that must exist does not
-  kCorrupt,           // a file exists but its contents are malformed
-  kOutOfRange,        // an offset or index outside its container
-  kResourceExhausted, // a memory budget or capacity would be exceeded
-  kUnimplemented,     // a valid request this build/backend does not support
-  kUnavailable,       // a resource is absent (no GPU, built without CUDA, server down)
-  kIo,                // an operating-system I/O call failed
-  kDeadlineExceeded,  // a timeout
-  kCancelled,         // the operation was cancelled
-  kInternal,          // a dependency returned an error we cannot classify
+  kInvalidArgument,    // the caller passed something malformed (bad flag, bad config value)
+  kNotFound,           // a file, tensor or key that must exist does not
+  kCorrupt,            // a file exists but its contents are malformed
+  kOutOfRange,         // an offset or index outside its container
+  kResourceExhausted,  // a memory budget or capacity would be exceeded
+  kUnimplemented,      // a valid request this build/backend does not support
+  kUnavailable,        // a resource is absent (no GPU, built without CUDA, server down)
+  kIo,                 // an operating-system I/O call failed
+  kDeadlineExceeded,   // a timeout
+  kCancelled,          // the operation was cancelled
+  kInternal,           // a dependency returned an error we cannot classify
 };
 
 std::string_view to_string(StatusCode code);
@@ -102,8 +103,7 @@ Status errno_status(std::string_view what, std::string_view path, int err);
 }  // namespace ferry
 
 // Propagates a non-ok Status out of the enclosing function (which returns Status or Result<T>).
-#define FERRY_TRY(expr)                                 \
-  do {                                                  \
-    if (::ferry::Status ferry_s_ = (expr); !ferry_s_.ok()) \
-      return ferry_s_;                                  \
+#define FERRY_TRY(expr)                                                     \
+  do {                                                                      \
+    if (::ferry::Status ferry_s_ = (expr); !ferry_s_.ok()) return ferry_s_; \
   } while (0)

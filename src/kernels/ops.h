@@ -14,9 +14,26 @@
 namespace ferry::kernels {
 
 enum class OpKind : std::uint8_t {
-  kGemm, kEmbedding, kEmbeddingBackward, kRmsNorm, kRmsNormBackward, kRope, kAttention,
-  kAttentionBackward, kSwiGlu, kSwiGluBackward, kAdd, kRouter, kRouterBackward, kMoeDispatch,
-  kMoeDispatchBackward, kMoeCombine, kMoeCombineBackward, kCrossEntropy, kAdamW, kSumSquares,
+  kGemm,
+  kEmbedding,
+  kEmbeddingBackward,
+  kRmsNorm,
+  kRmsNormBackward,
+  kRope,
+  kAttention,
+  kAttentionBackward,
+  kSwiGlu,
+  kSwiGluBackward,
+  kAdd,
+  kRouter,
+  kRouterBackward,
+  kMoeDispatch,
+  kMoeDispatchBackward,
+  kMoeCombine,
+  kMoeCombineBackward,
+  kCrossEntropy,
+  kAdamW,
+  kSumSquares,
 };
 
 // out = alpha * op(a) @ op(b) + beta * out (+ bias broadcast over rows when given).
@@ -66,9 +83,9 @@ struct RmsNormBackwardArgs {
 // with angle = position * inv_freq[i] and s = attention_scaling. backward = true applies the
 // transpose (angle negated), which is the gradient of the forward.
 struct RopeArgs {
-  TensorView x;              // [T, H, D], in place
-  ConstTensorView positions; // [T] i32
-  ConstTensorView inv_freq;  // [R/2] f32 (rope_table.h computes it from the config's scaling)
+  TensorView x;               // [T, H, D], in place
+  ConstTensorView positions;  // [T] i32
+  ConstTensorView inv_freq;   // [R/2] f32 (rope_table.h computes it from the config's scaling)
   float attention_scaling = 1.0f;
   bool backward = false;
 };
@@ -105,9 +122,9 @@ struct SwiGluArgs {
   ConstTensorView up;    // [N, F]
 };
 struct SwiGluBackwardArgs {
-  TensorView d_gate;     // [N, F]
-  TensorView d_up;       // [N, F]
-  ConstTensorView d_out; // [N, F]
+  TensorView d_gate;      // [N, F]
+  TensorView d_up;        // [N, F]
+  ConstTensorView d_out;  // [N, F]
   ConstTensorView gate, up;
 };
 
@@ -147,25 +164,25 @@ struct MoeDispatchArgs {
   int num_experts = 0;
 };
 struct MoeDispatchBackwardArgs {
-  TensorView d_x;               // [T, C], accumulates
-  ConstTensorView d_gathered;   // [T*K, C]
-  ConstTensorView slot_of;      // [T, K] i32
+  TensorView d_x;              // [T, C], accumulates
+  ConstTensorView d_gathered;  // [T*K, C]
+  ConstTensorView slot_of;     // [T, K] i32
 };
 // Combine: out[t] = sum over k = 0..K-1, in that order, of weights[t,k] * expert_out[slot_of[t,k]].
 // The fixed order makes the result independent of which experts ran where (byte identity).
 struct MoeCombineArgs {
-  TensorView out;               // [T, C]
-  ConstTensorView expert_out;   // [T*K, C]
-  ConstTensorView weights;      // [T, K] f32
-  ConstTensorView slot_of;      // [T, K] i32
+  TensorView out;              // [T, C]
+  ConstTensorView expert_out;  // [T*K, C]
+  ConstTensorView weights;     // [T, K] f32
+  ConstTensorView slot_of;     // [T, K] i32
 };
 struct MoeCombineBackwardArgs {
-  TensorView d_expert_out;      // [T*K, C] (overwritten)
-  TensorView d_weights;         // [T, K] f32 (overwritten)
-  ConstTensorView d_out;        // [T, C]
-  ConstTensorView expert_out;   // [T*K, C]
-  ConstTensorView weights;      // [T, K] f32
-  ConstTensorView slot_of;      // [T, K] i32
+  TensorView d_expert_out;     // [T*K, C] (overwritten)
+  TensorView d_weights;        // [T, K] f32 (overwritten)
+  ConstTensorView d_out;       // [T, C]
+  ConstTensorView expert_out;  // [T*K, C]
+  ConstTensorView weights;     // [T, K] f32
+  ConstTensorView slot_of;     // [T, K] i32
 };
 
 // Fused lm_head + cross-entropy, chunked over tokens: logits for at most chunk_tokens rows exist
@@ -174,13 +191,13 @@ struct MoeCombineBackwardArgs {
 // When d_hidden / d_weight are given, computes gradients of sum_t grad_scale * nll[t]
 // (grad_scale = 1 / number of counted tokens gives the mean loss's gradient).
 struct CrossEntropyArgs {
-  TensorView nll;              // [T] f32 per-token negative log-likelihood
-  TensorView d_hidden;         // optional [T, C] (overwritten)
-  TensorView d_weight;         // optional [V, C], accumulates
-  TensorView workspace;        // u8 [workspace_bytes(args)]
-  ConstTensorView hidden;      // [T, C] final-norm output
-  ConstTensorView weight;      // [V, C] lm_head (or tied embedding)
-  ConstTensorView targets;     // [T] i32
+  TensorView nll;           // [T] f32 per-token negative log-likelihood
+  TensorView d_hidden;      // optional [T, C] (overwritten)
+  TensorView d_weight;      // optional [V, C], accumulates
+  TensorView workspace;     // u8 [workspace_bytes(args)]
+  ConstTensorView hidden;   // [T, C] final-norm output
+  ConstTensorView weight;   // [V, C] lm_head (or tied embedding)
+  ConstTensorView targets;  // [T] i32
   int ignore_index = -100;
   int chunk_tokens = 256;
   float grad_scale = 1.0f;
@@ -191,20 +208,20 @@ struct CrossEntropyArgs {
 //   p -= lr * (m / (1-b1^step) / (sqrt(v / (1-b2^step)) + eps) + weight_decay * p)
 // Optionally writes the updated parameter as bf16 into param_bf16 (the streaming copy).
 struct AdamWArgs {
-  TensorView param;         // [N] f32 master weights
-  TensorView m;             // [N] f32
-  TensorView v;             // [N] f32
-  TensorView param_bf16;    // optional [N] bf16
-  ConstTensorView grad;     // [N] f32
+  TensorView param;       // [N] f32 master weights
+  TensorView m;           // [N] f32
+  TensorView v;           // [N] f32
+  TensorView param_bf16;  // optional [N] bf16
+  ConstTensorView grad;   // [N] f32
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
   float grad_scale = 1.0f;
-  std::int64_t step = 1;    // 1-based
+  std::int64_t step = 1;  // 1-based
 };
 
 // out[0] = sum of squares of x, accumulated in f64 on CPU (f32 on GPU).
 struct SumSquaresArgs {
-  TensorView out;      // [1] f32
-  ConstTensorView x;   // [N]
+  TensorView out;     // [1] f32
+  ConstTensorView x;  // [N]
 };
 
 }  // namespace ferry::kernels

@@ -9,11 +9,16 @@ namespace ferry::mem {
 
 std::string_view to_string(MemTier t) {
   switch (t) {
-    case MemTier::kDevice: return "device";
-    case MemTier::kPinnedHost: return "pinned-host";
-    case MemTier::kPageableHost: return "pageable-host";
-    case MemTier::kMappedFile: return "mapped-file";
-    case MemTier::kNvme: return "nvme";
+    case MemTier::kDevice:
+      return "device";
+    case MemTier::kPinnedHost:
+      return "pinned-host";
+    case MemTier::kPageableHost:
+      return "pageable-host";
+    case MemTier::kMappedFile:
+      return "mapped-file";
+    case MemTier::kNvme:
+      return "nvme";
   }
   return "?";
 }
@@ -36,10 +41,10 @@ Status MemoryBudget::reserve(std::size_t bytes, std::string_view what) {
   for (;;) {
     const std::size_t lim = bytes_limit_.load();
     if (bytes > lim || used > lim - bytes) {
-      return resource_exhausted(
-          "mem: {} budget exceeded by {}: need {}, free {} of {} limit",
-          to_string(tier_), what, format_bytes(bytes), format_bytes(used >= lim ? 0 : lim - used),
-          lim == kUnlimited ? std::string("unlimited") : format_bytes(lim));
+      return resource_exhausted("mem: {} budget exceeded by {}: need {}, free {} of {} limit",
+                                to_string(tier_), what, format_bytes(bytes),
+                                format_bytes(used >= lim ? 0 : lim - used),
+                                lim == kUnlimited ? std::string("unlimited") : format_bytes(lim));
     }
     if (bytes_used_.compare_exchange_weak(used, used + bytes)) break;
   }

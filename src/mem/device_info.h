@@ -21,7 +21,7 @@ struct CudaInfo {
   std::string runtime_version;  // "13.0"
   std::string driver_version;   // "13.0" or "none"
   std::vector<CudaDeviceInfo> devices;
-  std::string error;            // e.g. "no CUDA-capable device is detected"
+  std::string error;  // e.g. "no CUDA-capable device is detected"
 };
 
 CudaInfo query_cuda_info();
