@@ -1,0 +1,55 @@
+// SPDX-License-Identifier: Apache-2.0
+// Raw per-tier allocation primitives behind Buffer (buffer.h). Internal to mem/: callers use
+// Buffer/Arena, which also charge the MemoryBudget. No budget accounting happens here.
+//
+// Two implementations of the device and pinned primitives are linked, never both:
+//   tier_alloc_cuda.cpp         cudaMalloc / cudaHostAlloc / mmap + cudaHostRegister
+//   nocuda/tier_alloc_nocuda.cpp an emulated device tier (aligned host memory) and plain mmap'd
+//                               "pinned" pages, so pagers and executors run unchanged in CI.
+// host_alloc.cpp holds the host primitives both use.
+//
+// Invariants: every non-null pointer returned here is at least kMinAlignBytes aligned; a pointer
+// is freed by the matching *_free with the same size/mode it was allocated with.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "core/result.h"
+
+namespace ferry::mem {
+
+// How kPinnedHost memory is obtained in CUDA builds (buffer.h explains when to pick which).
+enum class PinnedMode : std::uint8_t {
+  kHostAlloc,  // cudaHostAlloc (optionally write-combined)
+  kRegister,   // mmap of exactly the rounded-up pages, then cudaHostRegister
+};
+
+namespace detail {
+
+inline constexpr std::size_t kPageBytes = 4096;
+inline constexpr std::size_t kMinAlignBytes = 256;
+
+constexpr std::size_t align_up(std::size_t n, std::size_t align) {
+  return (n + align - 1) / align * align;
+}
+
+// Host primitives (host_alloc.cpp). `what` names the requester in error messages.
+Result<std::byte*> pageable_alloc(std::size_t bytes, std::string_view what);
+void pageable_free(std::byte* p);
+Result<std::byte*> map_pages(std::size_t bytes, std::string_view tier, std::string_view what);
+void unmap_pages(std::byte* p, std::size_t bytes);
+
+// Device tier. In CPU builds: emulated with host memory.
+Result<std::byte*> device_alloc(std::size_t bytes, int device, std::string_view what);
+void device_free(std::byte* p, std::size_t bytes, int device);
+bool device_tier_emulated();
+
+// Pinned host tier. write_combined applies to kHostAlloc only (host-written, device-read staging).
+Result<std::byte*> pinned_alloc(std::size_t bytes, PinnedMode mode, bool write_combined,
+                                std::string_view what);
+void pinned_free(std::byte* p, std::size_t bytes, PinnedMode mode);
+
+}  // namespace detail
+}  // namespace ferry::mem
