@@ -1,0 +1,69 @@
+// SPDX-License-Identifier: Apache-2.0
+// Row-major GEMM through cuBLASLt: out[M,N] = alpha * op(a) @ op(b) + beta * out (+ bias[N]).
+// bf16 or f32 inputs, f32 accumulation (CUBLAS_COMPUTE_32F: no TF32 for f32 inputs), output bf16
+// or f32, bias through the BIAS epilogue. Row-major is handled by asking cuBLASLt (column-major)
+// for out^T = op(b)^T op(a)^T. Descriptors and the heuristic's first algorithm are cached per
+// problem key (shape, transposes, dtypes, strides, pointer alignment, bias, beta != 0).
+// Workspace: one 32 MiB device buffer per stream, allocated the first time a stream is used (a
+// one-time warm-up allocation, never in steady state); GEMMs on one stream serialise on it.
+// Thread-safe (one mutex around the cache and the launch). Tested in kernels_gemm_test.cpp.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "core/result.h"
+#include "core/status.h"
+
+namespace ferry::kernels::cuda {
+
+struct GemmProblem {
+  std::int64_t m = 0, n = 0, k = 0;  // row-major out [m, n], reduction k
+  bool trans_a = false, trans_b = false;
+  cudaDataType_t ab_type = CUDA_R_16BF;
+  cudaDataType_t out_type = CUDA_R_16BF;
+  std::int64_t lda = 0, ldb = 0, ldo = 0;  // row strides in elements
+  bool has_bias = false;
+};
+
+class LtGemm {
+ public:
+  static constexpr std::size_t kWorkspaceBytes = 32u << 20;
+
+  LtGemm() = default;
+  LtGemm(const LtGemm&) = delete;
+  LtGemm& operator=(const LtGemm&) = delete;
+  ~LtGemm();
+
+  Status init(int device);
+  Status run(const GemmProblem& p, const void* a, const void* b, void* out, const void* bias,
+             float alpha, float beta, cudaStream_t stream);
+
+ private:
+  struct Entry {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    ~Entry();
+  };
+  using Key = std::tuple<std::int64_t, std::int64_t, std::int64_t, int, int, int, int, std::int64_t,
+                         std::int64_t, std::int64_t, int, int, int>;
+
+  Result<Entry*> entry_for(const GemmProblem& p, int align, bool beta_nonzero);
+  Result<void*> workspace_for(cudaStream_t stream);
+
+  int device_ = 0;
+  cublasLtHandle_t handle_ = nullptr;
+  std::mutex mu_;
+  std::map<Key, std::unique_ptr<Entry>> cache_;
+  std::map<cudaStream_t, void*> workspaces_;
+};
+
+}  // namespace ferry::kernels::cuda

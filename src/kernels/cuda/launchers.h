@@ -1,0 +1,110 @@
+// SPDX-License-Identifier: Apache-2.0
+// Host-side declarations of every kernel launcher in kernels/cuda/*.cu. Included by the .cu files
+// (which define them) and by cuda_backend*.cpp (which validates arguments and calls them), so it
+// needs only cuda_runtime.h. Contract for every launcher: pointers are device pointers to
+// contiguous row-major data, shapes were validated by the caller, work is enqueued on `stream`
+// (last), nothing is allocated, and the return value is cudaGetLastError() after the launches.
+// Elt says whether the "main" tensors of an op are f32 or bf16; f32-only fields are noted.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ferry::kernels::cuda {
+
+enum class Elt : int { kF32 = 0, kBF16 = 1 };
+
+// elementwise.cu ---------------------------------------------------------------------------------
+// out = a + b, n elements (out may alias a or b).
+cudaError_t launch_add(Elt e, void* out, const void* a, const void* b, std::int64_t n,
+                       cudaStream_t stream);
+// out = silu(gate) * up.
+cudaError_t launch_swiglu(Elt e, void* out, const void* gate, const void* up, std::int64_t n,
+                          cudaStream_t stream);
+cudaError_t launch_swiglu_backward(Elt e, void* d_gate, void* d_up, const void* d_out,
+                                   const void* gate, const void* up, std::int64_t n,
+                                   cudaStream_t stream);
+// All f32 except param_bf16 (optional, may be null).
+struct AdamWParams {
+  float lr, beta1, beta2, eps, weight_decay, grad_scale, bc1, bc2;  // bc = 1 - beta^step
+};
+cudaError_t launch_adamw(float* param, float* m, float* v, void* param_bf16, const float* grad,
+                         std::int64_t n, AdamWParams p, cudaStream_t stream);
+// out[0] = sum x^2 (f32 accumulation; blocks combine with atomicAdd, see docs/cuda.md).
+cudaError_t launch_sum_squares(Elt e, float* out, const void* x, std::int64_t n,
+                               cudaStream_t stream);
+
+// rms_norm.cu ------------------------------------------------------------------------------------
+// out, in: [n, c]; weight [c] (same Elt); rstd [n] f32, optional.
+cudaError_t launch_rms_norm(Elt e, void* out, float* rstd, const void* in, const void* weight,
+                            std::int64_t n, std::int64_t c, float eps, cudaStream_t stream);
+// d_in overwritten, d_weight [c] accumulated (same Elt as in), deterministic.
+cudaError_t launch_rms_norm_backward(Elt e, void* d_in, void* d_weight, const void* d_out,
+                                     const void* in, const void* weight, const float* rstd,
+                                     std::int64_t n, std::int64_t c, cudaStream_t stream);
+
+// rope.cu ----------------------------------------------------------------------------------------
+// x [t, h, d] in place; positions [t] i32; inv_freq [r/2] f32.
+cudaError_t launch_rope(Elt e, void* x, const std::int32_t* positions, const float* inv_freq,
+                        std::int64_t t, std::int64_t h, std::int64_t d, std::int64_t r,
+                        float scaling, bool backward, cudaStream_t stream);
+
+// embedding.cu -----------------------------------------------------------------------------------
+// out [t, c] = table[ids]; an id outside [0, v) gives a zero row (the host cannot check device ids
+// without a sync; see docs/cuda.md).
+cudaError_t launch_embedding(Elt e, void* out, const void* table, const std::int32_t* ids,
+                             std::int64_t t, std::int64_t c, std::int64_t v, cudaStream_t stream);
+// d_table [v, c] += scatter of d_out [t, c]. f32 d_table: atomics; bf16 d_table: one thread per
+// column walks the tokens in order (deterministic).
+cudaError_t launch_embedding_backward(Elt e_table, void* d_table, Elt e_dout, const void* d_out,
+                                      const std::int32_t* ids, std::int64_t t, std::int64_t c,
+                                      std::int64_t v, cudaStream_t stream);
+
+// router.cu --------------------------------------------------------------------------------------
+cudaError_t launch_router(Elt e_logits, float* weights, std::int32_t* ids, float* probs,
+                          const void* logits, std::int64_t t, std::int64_t e, int k,
+                          bool renormalize, cudaStream_t stream);
+cudaError_t launch_router_backward(Elt e_dlogits, void* d_logits, const float* d_weights,
+                                   const float* probs, const std::int32_t* ids, std::int64_t t,
+                                   std::int64_t e, int k, bool renormalize, cudaStream_t stream);
+
+// moe.cu -----------------------------------------------------------------------------------------
+cudaError_t launch_moe_dispatch(Elt e, void* gathered, std::int32_t* expert_offsets,
+                                std::int32_t* slot_of, const void* x, const std::int32_t* ids,
+                                std::int64_t t, std::int64_t k, std::int64_t c,
+                                std::int64_t num_experts, cudaStream_t stream);
+cudaError_t launch_moe_dispatch_backward(Elt e, void* d_x, const void* d_gathered,
+                                         const std::int32_t* slot_of, std::int64_t t,
+                                         std::int64_t k, std::int64_t c, cudaStream_t stream);
+cudaError_t launch_moe_combine(Elt e, void* out, const void* expert_out, const float* weights,
+                               const std::int32_t* slot_of, std::int64_t t, std::int64_t k,
+                               std::int64_t c, cudaStream_t stream);
+cudaError_t launch_moe_combine_backward(Elt e, void* d_expert_out, float* d_weights,
+                                        const void* d_out, const void* expert_out,
+                                        const float* weights, const std::int32_t* slot_of,
+                                        std::int64_t t, std::int64_t k, std::int64_t c,
+                                        cudaStream_t stream);
+
+// cross_entropy.cu -------------------------------------------------------------------------------
+// Per row of logits [n, v] (f32): nll[row] and, when d_logits != null, d_logits [n, v] (Elt e) =
+// (softmax - onehot(target)) * grad_scale (rows with target == ignore_index: nll 0, grad 0).
+cudaError_t launch_ce_rows(float* nll, void* d_logits, Elt e, const float* logits,
+                           const std::int32_t* targets, std::int64_t n, std::int64_t v,
+                           int ignore_index, float grad_scale, cudaStream_t stream);
+
+// attention_fwd.cu / attention_bwd.cu ------------------------------------------------------------
+struct AttnShape {
+  std::int64_t t, h, g, d, s;  // tokens, q heads, kv heads, head dim, sequences
+  float scale;
+  bool causal;
+};
+// bf16 q/k/v/out; lse [h, t] f32 (may be null).
+cudaError_t launch_attention_fwd(void* out, float* lse, const void* q, const void* k, const void* v,
+                                 const std::int32_t* cu_seqlens, AttnShape sh, cudaStream_t stream);
+// lse required; d_q/d_k/d_v overwritten; deterministic (no atomics).
+cudaError_t launch_attention_bwd(void* d_q, void* d_k, void* d_v, const void* d_out, const void* q,
+                                 const void* k, const void* v, const void* out, const float* lse,
+                                 const std::int32_t* cu_seqlens, AttnShape sh, cudaStream_t stream);
+
+}  // namespace ferry::kernels::cuda

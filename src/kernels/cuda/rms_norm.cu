@@ -1,0 +1,114 @@
+// SPDX-License-Identifier: Apache-2.0
+// RMSNorm forward and backward. Forward: one warp per row, two passes over the row (the second
+// re-reads from L1/L2), f32 math. Backward: d_in one warp per row; d_weight by a second kernel in
+// which each thread owns one column and a fixed slice of rows, reduced across slices in a fixed
+// order, so d_weight is bitwise deterministic (no atomics).
+// Tested in tests/gpu/kernels_dense_test.cpp.
+#include "kernels/cuda/common.cuh"
+
+namespace ferry::kernels::cuda {
+namespace {
+
+constexpr int kRowsPerBlock = 4;
+
+template <typename T>
+__global__ void rms_norm_kernel(T* __restrict__ out, float* __restrict__ rstd,
+                                const T* __restrict__ in, const T* __restrict__ weight,
+                                std::int64_t n, std::int64_t c, float eps) {
+  const int lane = threadIdx.x & 31;
+  const std::int64_t row =
+      static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  if (row >= n) return;
+  const T* x = in + row * c;
+  float ss = 0.0f;
+  for (std::int64_t i = lane; i < c; i += 32) {
+    const float v = to_f32(x[i]);
+    ss = fmaf(v, v, ss);
+  }
+  ss = warp_sum(ss);
+  const float r = rsqrtf(ss / static_cast<float>(c) + eps);
+  if (rstd != nullptr && lane == 0) rstd[row] = r;
+  T* y = out + row * c;
+  for (std::int64_t i = lane; i < c; i += 32)
+    y[i] = from_f32<T>(to_f32(x[i]) * r * to_f32(weight[i]));
+}
+
+template <typename T>
+__global__ void rms_norm_backward_dx_kernel(T* __restrict__ d_in, const T* __restrict__ d_out,
+                                            const T* __restrict__ in, const T* __restrict__ weight,
+                                            const float* __restrict__ rstd, std::int64_t n,
+                                            std::int64_t c) {
+  const int lane = threadIdx.x & 31;
+  const std::int64_t row =
+      static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  if (row >= n) return;
+  const T* x = in + row * c;
+  const T* dy = d_out + row * c;
+  float dot = 0.0f;
+  for (std::int64_t i = lane; i < c; i += 32)
+    dot = fmaf(to_f32(dy[i]) * to_f32(weight[i]), to_f32(x[i]), dot);
+  dot = warp_sum(dot);
+  const float r = rstd[row];
+  const float k = r * r * r * dot / static_cast<float>(c);
+  T* dx = d_in + row * c;
+  for (std::int64_t i = lane; i < c; i += 32)
+    dx[i] = from_f32<T>(r * to_f32(dy[i]) * to_f32(weight[i]) - k * to_f32(x[i]));
+}
+
+// blockDim = (32 columns, 32 row slices). Row slice y sums rows y, y+32, ... in order; the 32
+// slices are then added in order 0..31.
+template <typename T>
+__global__ void rms_norm_backward_dw_kernel(T* __restrict__ d_weight, const T* __restrict__ d_out,
+                                            const T* __restrict__ in,
+                                            const float* __restrict__ rstd, std::int64_t n,
+                                            std::int64_t c) {
+  __shared__ float part[32][33];
+  const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  float acc = 0.0f;
+  if (col < c) {
+    for (std::int64_t row = threadIdx.y; row < n; row += 32)
+      acc = fmaf(to_f32(d_out[row * c + col]) * to_f32(in[row * c + col]), rstd[row], acc);
+  }
+  part[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < c) {
+    float s = 0.0f;
+    for (int y = 0; y < 32; ++y) s += part[y][threadIdx.x];
+    d_weight[col] = from_f32<T>(to_f32(d_weight[col]) + s);
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_rms_norm(Elt e, void* out, float* rstd, const void* in, const void* weight,
+                            std::int64_t n, std::int64_t c, float eps, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const unsigned blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
+  return dispatch_elt(e, [&](auto tag) {
+    using T = decltype(tag);
+    rms_norm_kernel<T><<<blocks, 32 * kRowsPerBlock, 0, stream>>>(
+        static_cast<T*>(out), rstd, static_cast<const T*>(in), static_cast<const T*>(weight), n, c,
+        eps);
+  });
+}
+
+cudaError_t launch_rms_norm_backward(Elt e, void* d_in, void* d_weight, const void* d_out,
+                                     const void* in, const void* weight, const float* rstd,
+                                     std::int64_t n, std::int64_t c, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const unsigned blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
+  return dispatch_elt(e, [&](auto tag) {
+    using T = decltype(tag);
+    rms_norm_backward_dx_kernel<T><<<blocks, 32 * kRowsPerBlock, 0, stream>>>(
+        static_cast<T*>(d_in), static_cast<const T*>(d_out), static_cast<const T*>(in),
+        static_cast<const T*>(weight), rstd, n, c);
+    if (d_weight != nullptr) {
+      const unsigned col_blocks = static_cast<unsigned>((c + 31) / 32);
+      rms_norm_backward_dw_kernel<T><<<col_blocks, dim3(32, 32), 0, stream>>>(
+          static_cast<T*>(d_weight), static_cast<const T*>(d_out), static_cast<const T*>(in), rstd,
+          n, c);
+    }
+  });
+}
+
+}  // namespace ferry::kernels::cuda
