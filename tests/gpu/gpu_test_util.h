@@ -1,0 +1,132 @@
+// SPDX-License-Identifier: Apache-2.0
+// Helpers for the CUDA kernel tests (tests/gpu/kernels_*_test.cpp): the CUDA backend or a skip,
+// device copies of host tensors (cudaMalloc directly: tests may include cuda_runtime.h), a CUDA
+// stream, and the tolerance rule of style.md:
+//   err(cuda) <= 2 * err(naive same-precision) + atol,  both errors measured against an f64
+//   reference (reference_backend() on the same bf16-exact inputs).
+// "naive" is stated per test: for an op that rounds once to its bf16 output it is the f64 result
+// rounded to bf16; for attention it is a bf16 emulation of the textbook algorithm (S, P, dP, dS
+// and outputs rounded to bf16, like PyTorch's math path in bf16).
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "unit/kernels/kernel_test_util.h"
+
+namespace ferry::testing {
+
+// Owning device copy of a HostTensor; view() points at device memory.
+class DeviceTensor {
+ public:
+  DeviceTensor() = default;
+  explicit DeviceTensor(const HostTensor& h) : shape_(h.shape()), dtype_(h.dtype()) {
+    bytes_ = static_cast<std::size_t>(h.numel()) * dtype_size(dtype_);
+    EXPECT_EQ(cudaMalloc(&ptr_, bytes_ > 0 ? bytes_ : 1), cudaSuccess);
+    if (bytes_ > 0) {
+      EXPECT_EQ(cudaMemcpy(ptr_, h.data(), bytes_, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+  }
+  DeviceTensor(std::vector<std::int64_t> shape, DType dt) : DeviceTensor(HostTensor(shape, dt)) {}
+  DeviceTensor(DeviceTensor&& o) noexcept { *this = std::move(o); }
+  DeviceTensor& operator=(DeviceTensor&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+    shape_ = o.shape_;
+    dtype_ = o.dtype_;
+    return *this;
+  }
+  DeviceTensor(const DeviceTensor&) = delete;
+  DeviceTensor& operator=(const DeviceTensor&) = delete;
+  ~DeviceTensor() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+
+  TensorView view() const {
+    TensorView v;
+    v.data = ptr_;
+    v.dtype = dtype_;
+    v.device = Device::kCuda;
+    v.ndim = static_cast<int>(shape_.size());
+    std::int64_t s = 1;
+    for (int j = v.ndim - 1; j >= 0; --j) {
+      v.shape[j] = shape_[static_cast<std::size_t>(j)];
+      v.stride[j] = s;
+      s *= v.shape[j];
+    }
+    return v;
+  }
+  ConstTensorView cview() const { return ConstTensorView(view()); }
+  HostTensor download() const {
+    HostTensor h(shape_, dtype_);
+    if (bytes_ > 0) {
+      EXPECT_EQ(cudaMemcpy(h.data(), ptr_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+    return h;
+  }
+  void upload(const HostTensor& h) {
+    ASSERT_EQ(static_cast<std::size_t>(h.numel()) * dtype_size(h.dtype()), bytes_);
+    ASSERT_EQ(cudaMemcpy(ptr_, h.data(), bytes_, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  void* data() const { return ptr_; }
+
+ private:
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+  std::vector<std::int64_t> shape_;
+  DType dtype_ = DType::kF32;
+};
+
+// A fixture base: skips without a device; owns a CUDA stream.
+class CudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+    auto be = kernels::cuda_backend(0);
+    ASSERT_TRUE(be.ok()) << be.status().to_string();
+    backend_ = *be;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&raw_, cudaStreamNonBlocking), cudaSuccess);
+    stream_ = mem::Stream(Device::kCuda, 0, raw_);
+  }
+  void TearDown() override {
+    if (raw_ != nullptr) cudaStreamDestroy(raw_);
+  }
+  void sync() { ASSERT_EQ(cudaStreamSynchronize(raw_), cudaSuccess); }
+
+  kernels::Backend& cuda() { return *backend_; }
+  mem::Stream& stream() { return stream_; }
+
+ private:
+  kernels::Backend* backend_ = nullptr;
+  cudaStream_t raw_ = nullptr;
+  mem::Stream stream_;
+};
+
+// Same values rounded to bf16 and back (what a kernel that rounds once at the end would give).
+inline HostTensor rounded_to(const HostTensor& t, DType dt) {
+  return converted(converted(t, dt), DType::kF64);
+}
+
+// err(got) <= 2 * err(naive) + atol, both against want.
+inline ::testing::AssertionResult within_twice_naive(const HostTensor& got, const HostTensor& want,
+                                                     const HostTensor& naive, double atol) {
+  const double e = max_abs_diff(got, want);
+  const double en = max_abs_diff(naive, want);
+  if (e <= 2.0 * en + atol) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "err " << e << " > 2 * naive err " << en << " + atol "
+                                       << atol << " (max |want| " << max_abs(want) << ")";
+}
+
+inline bool same_bits(const HostTensor& a, const HostTensor& b) {
+  return a.numel() == b.numel() && a.dtype() == b.dtype() &&
+         std::memcmp(a.data(), b.data(),
+                     static_cast<std::size_t>(a.numel()) * dtype_size(a.dtype())) == 0;
+}
+
+}  // namespace ferry::testing

@@ -1,0 +1,314 @@
+// SPDX-License-Identifier: Apache-2.0
+// CUDA backend vs the reference backend (f64) for the dense ops: gemm (+bias), rms_norm (+bwd),
+// rope (+bwd), swiglu (+bwd), embedding (+bwd), add, adamw, sum_squares, on swept shapes
+// (1, primes, non-multiples of tiles, one larger case), with the tolerance rule of style.md
+// (gpu_test_util.h). Determinism: rms_norm_backward's d_weight and the bf16 embedding backward are
+// bitwise repeatable; rms_norm rows do not depend on which other rows are in the batch.
+#include <cmath>
+
+#include "kernels/rope_table.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace ferry::testing {
+namespace {
+
+using kernels::reference_backend;
+constexpr DType kBf = DType::kBF16;
+constexpr DType kF64 = DType::kF64;
+constexpr DType kF32 = DType::kF32;
+
+class KernelsDense : public CudaTest {};
+
+HostTensor host_stream_ref(const HostTensor& t) { return converted(t, kF64); }
+
+TEST_F(KernelsDense, GemmBf16MatchesReference) {
+  struct Case {
+    std::int64_t m, n, k;
+    bool ta, tb, bias;
+    DType out;
+  };
+  const Case cases[] = {
+      {1, 1, 1, false, true, false, kBf},        {7, 13, 31, false, true, true, kBf},
+      {64, 96, 128, false, false, false, kF32},  {33, 257, 65, true, false, false, kF32},
+      {128, 512, 1024, false, true, true, kF32}, {17, 64, 48, true, true, false, kBf}};
+  for (const auto& c : cases) {
+    const auto a = random_tensor(
+        c.ta ? std::vector<std::int64_t>{c.k, c.m} : std::vector<std::int64_t>{c.m, c.k}, kBf,
+        1 + c.m);
+    const auto b = random_tensor(
+        c.tb ? std::vector<std::int64_t>{c.n, c.k} : std::vector<std::int64_t>{c.k, c.n}, kBf,
+        2 + c.n);
+    const auto bias = random_tensor({c.n}, c.out, 3);
+    HostTensor want({c.m, c.n}, kF64);
+    const auto a64 = converted(a, kF64), b64 = converted(b, kF64), bias64 = converted(bias, kF64);
+    kernels::GemmArgs ra{
+        .out = want.view(), .a = a64.cview(), .b = b64.cview(), .trans_a = c.ta, .trans_b = c.tb};
+    if (c.bias) ra.bias = bias64.cview();
+    FERRY_ASSERT_OK(reference_backend().gemm(ra, mem::Stream::host()));
+
+    DeviceTensor da(a), db(b), dbias(bias), dout(std::vector<std::int64_t>{c.m, c.n}, c.out);
+    kernels::GemmArgs ga{
+        .out = dout.view(), .a = da.cview(), .b = db.cview(), .trans_a = c.ta, .trans_b = c.tb};
+    if (c.bias) ga.bias = dbias.cview();
+    FERRY_ASSERT_OK(cuda().gemm(ga, stream()));
+    sync();
+    const auto got = dout.download();
+    // naive: an f32-accumulating loop, then rounded to the output dtype.
+    HostTensor naive({c.m, c.n}, kF64);
+    for (std::int64_t i = 0; i < c.m; ++i)
+      for (std::int64_t j = 0; j < c.n; ++j) {
+        float acc = 0.0f;
+        for (std::int64_t q = 0; q < c.k; ++q)
+          acc += static_cast<float>(a.get(c.ta ? q * c.m + i : i * c.k + q)) *
+                 static_cast<float>(b.get(c.tb ? j * c.k + q : q * c.n + j));
+        if (c.bias) acc += static_cast<float>(bias.get(j));
+        naive.set(i * c.n + j, c.out == kBf ? bf16_to_f32(f32_to_bf16(acc)) : acc);
+      }
+    EXPECT_TRUE(within_twice_naive(got, want, naive, 1e-6))
+        << "m=" << c.m << " n=" << c.n << " k=" << c.k << " ta=" << c.ta << " tb=" << c.tb;
+  }
+}
+
+TEST_F(KernelsDense, RmsNormForwardBackward) {
+  for (auto [n, c] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+           {1, 1}, {3, 7}, {17, 129}, {64, 1000}, {300, 4096}}) {
+    const auto x = random_tensor({n, c}, kBf, 10 + n);
+    const auto w = random_tensor({c}, kBf, 11 + c, 0.5, 1.5);
+    const auto dy = random_tensor({n, c}, kBf, 12 + n);
+    const auto x64 = converted(x, kF64), w64 = converted(w, kF64), dy64 = converted(dy, kF64);
+    HostTensor want({n, c}, kF64), rstd_ref({n}, kF32), dx_want({n, c}, kF64), dw_want({c}, kF64);
+    FERRY_ASSERT_OK(reference_backend().rms_norm({.out = want.view(),
+                                                  .rstd = rstd_ref.view(),
+                                                  .in = x64.cview(),
+                                                  .weight = w64.cview(),
+                                                  .eps = 1e-6f},
+                                                 mem::Stream::host()));
+    FERRY_ASSERT_OK(reference_backend().rms_norm_backward({.d_in = dx_want.view(),
+                                                           .d_weight = dw_want.view(),
+                                                           .d_out = dy64.cview(),
+                                                           .in = x64.cview(),
+                                                           .weight = w64.cview(),
+                                                           .rstd = rstd_ref.cview()},
+                                                          mem::Stream::host()));
+
+    DeviceTensor dx(x), dw(w), ddy(dy), dout(std::vector<std::int64_t>{n, c}, kBf),
+        drstd(std::vector<std::int64_t>{n}, kF32);
+    DeviceTensor ddx(std::vector<std::int64_t>{n, c}, kBf), ddw(HostTensor({c}, kBf));
+    FERRY_ASSERT_OK(cuda().rms_norm({.out = dout.view(),
+                                     .rstd = drstd.view(),
+                                     .in = dx.cview(),
+                                     .weight = dw.cview(),
+                                     .eps = 1e-6f},
+                                    stream()));
+    FERRY_ASSERT_OK(cuda().rms_norm_backward({.d_in = ddx.view(),
+                                              .d_weight = ddw.view(),
+                                              .d_out = ddy.cview(),
+                                              .in = dx.cview(),
+                                              .weight = dw.cview(),
+                                              .rstd = drstd.cview()},
+                                             stream()));
+    sync();
+    const auto got = dout.download();
+    EXPECT_TRUE(within_twice_naive(got, want, rounded_to(want, kBf), 1e-6)) << n << "x" << c;
+    EXPECT_TRUE(within_twice_naive(ddx.download(), dx_want, rounded_to(dx_want, kBf), 1e-6))
+        << n << "x" << c;
+    // d_weight: bf16 output of an n-term f32 sum: naive = f32 loop, rounded.
+    EXPECT_TRUE(within_twice_naive(ddw.download(), dw_want, rounded_to(dw_want, kBf), 1e-6 * n))
+        << n << "x" << c;
+    EXPECT_LE(max_abs_diff(drstd.download(), rstd_ref), 1e-5 * max_abs(rstd_ref) + 1e-6);
+
+    // Determinism: a second backward from zero gives the same bits.
+    DeviceTensor ddw2(HostTensor({c}, kBf));
+    FERRY_ASSERT_OK(cuda().rms_norm_backward({.d_in = ddx.view(),
+                                              .d_weight = ddw2.view(),
+                                              .d_out = ddy.cview(),
+                                              .in = dx.cview(),
+                                              .weight = dw.cview(),
+                                              .rstd = drstd.cview()},
+                                             stream()));
+    sync();
+    EXPECT_TRUE(same_bits(ddw.download(), ddw2.download()));
+    // Batch invariance: row 0 alone gives the same bits as row 0 in the batch.
+    if (n > 1) {
+      HostTensor x0({1, c}, kBf);
+      std::memcpy(x0.data(), x.data(), static_cast<std::size_t>(c) * 2);
+      DeviceTensor dx0(x0), dout0(std::vector<std::int64_t>{1, c}, kBf);
+      FERRY_ASSERT_OK(cuda().rms_norm(
+          {.out = dout0.view(), .in = dx0.cview(), .weight = dw.cview(), .eps = 1e-6f}, stream()));
+      sync();
+      EXPECT_EQ(std::memcmp(dout0.download().data(), got.data(), static_cast<std::size_t>(c) * 2),
+                0);
+    }
+  }
+}
+
+TEST_F(KernelsDense, RopeForwardBackward) {
+  for (auto [t, h, d, rfrac] :
+       std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t, double>>{
+           {1, 1, 2, 1.0}, {5, 3, 64, 1.0}, {37, 4, 128, 0.5}, {300, 2, 128, 1.0}}) {
+    kernels::RopeScaling sc;
+    sc.theta = 1e6;
+    sc.partial_rotary_factor = rfrac;
+    auto table = kernels::make_rope_table(sc, static_cast<int>(d));
+    ASSERT_TRUE(table.ok()) << table.status().to_string();
+    const auto r2 = static_cast<std::int64_t>(table->inv_freq.size());
+    HostTensor inv({r2}, kF32);
+    for (std::int64_t i = 0; i < r2; ++i) inv.set(i, table->inv_freq[static_cast<std::size_t>(i)]);
+    HostTensor pos({t}, DType::kI32);
+    for (std::int64_t i = 0; i < t; ++i) pos.set(i, static_cast<double>((i * 7919) % 40000));
+    for (bool backward : {false, true}) {
+      const auto x = random_tensor({t, h, d}, kBf, 20 + t + backward);
+      auto want = converted(x, kF64);
+      FERRY_ASSERT_OK(reference_backend().rope({.x = want.view(),
+                                                .positions = pos.cview(),
+                                                .inv_freq = inv.cview(),
+                                                .attention_scaling = 1.0f,
+                                                .backward = backward},
+                                               mem::Stream::host()));
+      DeviceTensor dx(x), dpos(pos), dinv(inv);
+      FERRY_ASSERT_OK(cuda().rope({.x = dx.view(),
+                                   .positions = dpos.cview(),
+                                   .inv_freq = dinv.cview(),
+                                   .attention_scaling = 1.0f,
+                                   .backward = backward},
+                                  stream()));
+      sync();
+      EXPECT_TRUE(within_twice_naive(dx.download(), want, rounded_to(want, kBf), 1e-6))
+          << t << " " << h << " " << d;
+    }
+  }
+}
+
+TEST_F(KernelsDense, SwiGluAddForwardBackward) {
+  for (auto [n, f] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+           {1, 1}, {3, 11}, {64, 1000}, {129, 4099}}) {
+    const auto g = random_tensor({n, f}, kBf, 30 + n, -4, 4),
+               u = random_tensor({n, f}, kBf, 31 + f), dy = random_tensor({n, f}, kBf, 32);
+    const auto g64 = converted(g, kF64), u64 = converted(u, kF64), dy64 = converted(dy, kF64);
+    HostTensor want({n, f}, kF64), dg_want({n, f}, kF64), du_want({n, f}, kF64),
+        add_want({n, f}, kF64);
+    FERRY_ASSERT_OK(reference_backend().swiglu(
+        {.out = want.view(), .gate = g64.cview(), .up = u64.cview()}, mem::Stream::host()));
+    FERRY_ASSERT_OK(reference_backend().swiglu_backward({.d_gate = dg_want.view(),
+                                                         .d_up = du_want.view(),
+                                                         .d_out = dy64.cview(),
+                                                         .gate = g64.cview(),
+                                                         .up = u64.cview()},
+                                                        mem::Stream::host()));
+    FERRY_ASSERT_OK(reference_backend().add(
+        {.out = add_want.view(), .a = g64.cview(), .b = u64.cview()}, mem::Stream::host()));
+    DeviceTensor dg(g), du(u), ddy(dy), dout(std::vector<std::int64_t>{n, f}, kBf),
+        ddg(std::vector<std::int64_t>{n, f}, kBf), ddu(std::vector<std::int64_t>{n, f}, kBf),
+        dadd(std::vector<std::int64_t>{n, f}, kBf);
+    FERRY_ASSERT_OK(
+        cuda().swiglu({.out = dout.view(), .gate = dg.cview(), .up = du.cview()}, stream()));
+    FERRY_ASSERT_OK(cuda().swiglu_backward({.d_gate = ddg.view(),
+                                            .d_up = ddu.view(),
+                                            .d_out = ddy.cview(),
+                                            .gate = dg.cview(),
+                                            .up = du.cview()},
+                                           stream()));
+    FERRY_ASSERT_OK(cuda().add({.out = dadd.view(), .a = dg.cview(), .b = du.cview()}, stream()));
+    sync();
+    EXPECT_TRUE(within_twice_naive(dout.download(), want, rounded_to(want, kBf), 1e-6));
+    EXPECT_TRUE(within_twice_naive(ddg.download(), dg_want, rounded_to(dg_want, kBf), 1e-6));
+    EXPECT_TRUE(within_twice_naive(ddu.download(), du_want, rounded_to(du_want, kBf), 1e-6));
+    EXPECT_TRUE(within_twice_naive(dadd.download(), add_want, rounded_to(add_want, kBf), 1e-6));
+  }
+}
+
+TEST_F(KernelsDense, EmbeddingForwardBackward) {
+  for (auto [t, v, c] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
+           {1, 1, 1}, {13, 7, 33}, {500, 97, 256}}) {
+    const auto table = random_tensor({v, c}, kBf, 40 + v);
+    const auto ids = random_ids(t, v, 41 + t);
+    const auto dy = random_tensor({t, c}, kBf, 42);
+    const auto table64 = converted(table, kF64), dy64 = converted(dy, kF64);
+    HostTensor want({t, c}, kF64), dt_want({v, c}, kF64);
+    FERRY_ASSERT_OK(reference_backend().embedding(
+        {.out = want.view(), .table = table64.cview(), .ids = ids.cview()}, mem::Stream::host()));
+    FERRY_ASSERT_OK(reference_backend().embedding_backward(
+        {.d_table = dt_want.view(), .d_out = dy64.cview(), .ids = ids.cview()},
+        mem::Stream::host()));
+    DeviceTensor dtab(table), dids(ids), ddy(dy), dout(std::vector<std::int64_t>{t, c}, kBf);
+    DeviceTensor dtab_f32(HostTensor({v, c}, kF32)), dtab_bf(HostTensor({v, c}, kBf)),
+        dtab_bf2(HostTensor({v, c}, kBf));
+    FERRY_ASSERT_OK(cuda().embedding(
+        {.out = dout.view(), .table = dtab.cview(), .ids = dids.cview()}, stream()));
+    FERRY_ASSERT_OK(cuda().embedding_backward(
+        {.d_table = dtab_f32.view(), .d_out = ddy.cview(), .ids = dids.cview()}, stream()));
+    FERRY_ASSERT_OK(cuda().embedding_backward(
+        {.d_table = dtab_bf.view(), .d_out = ddy.cview(), .ids = dids.cview()}, stream()));
+    FERRY_ASSERT_OK(cuda().embedding_backward(
+        {.d_table = dtab_bf2.view(), .d_out = ddy.cview(), .ids = dids.cview()}, stream()));
+    sync();
+    EXPECT_TRUE(same_bits(dout.download(), converted(want, kBf)));
+    // f32 table: t-term f32 sums; naive = f32 rounding of each step, bounded by t * eps32 * max.
+    EXPECT_LE(max_abs_diff(dtab_f32.download(), dt_want), 1e-6 * static_cast<double>(t) + 1e-6);
+    // bf16 table: rounds after every accumulated token, like a naive bf16 loop does.
+    HostTensor naive({v, c}, kBf);
+    for (std::int64_t i = 0; i < t; ++i)
+      for (std::int64_t j = 0; j < c; ++j) {
+        const std::int64_t at = static_cast<std::int64_t>(ids.get(i)) * c + j;
+        naive.set(at, naive.get(at) + dy.get(i * c + j));
+      }
+    EXPECT_TRUE(within_twice_naive(dtab_bf.download(), dt_want, naive, 1e-6));
+    EXPECT_TRUE(same_bits(dtab_bf.download(), dtab_bf2.download()));
+  }
+}
+
+TEST_F(KernelsDense, AdamWAndSumSquares) {
+  for (std::int64_t n : {1, 7, 1000, 100003}) {
+    auto p = random_tensor({n}, kF32, 50 + n), m = random_tensor({n}, kF32, 51, -0.1, 0.1),
+         v = random_tensor({n}, kF32, 52, 0.0, 0.01);
+    const auto grad = random_tensor({n}, kF32, 53);
+    DeviceTensor dp(p), dm(m), dv(v), dg(grad), dbf(std::vector<std::int64_t>{n}, kBf);
+    const kernels::AdamWArgs base{.lr = 1e-3f,
+                                  .beta1 = 0.9f,
+                                  .beta2 = 0.95f,
+                                  .eps = 1e-8f,
+                                  .weight_decay = 0.1f,
+                                  .grad_scale = 0.5f,
+                                  .step = 3};
+    auto ra = base;
+    ra.param = p.view();
+    ra.m = m.view();
+    ra.v = v.view();
+    ra.grad = grad.cview();
+    FERRY_ASSERT_OK(reference_backend().adamw(ra, mem::Stream::host()));
+    auto ca = base;
+    ca.param = dp.view();
+    ca.m = dm.view();
+    ca.v = dv.view();
+    ca.grad = dg.cview();
+    ca.param_bf16 = dbf.view();
+    FERRY_ASSERT_OK(cuda().adamw(ca, stream()));
+    HostTensor ss_want({1}, kF32);
+    FERRY_ASSERT_OK(reference_backend().sum_squares({.out = ss_want.view(), .x = grad.cview()},
+                                                    mem::Stream::host()));
+    DeviceTensor dss(std::vector<std::int64_t>{1}, kF32);
+    FERRY_ASSERT_OK(cuda().sum_squares({.out = dss.view(), .x = dg.cview()}, stream()));
+    sync();
+    // f32 elementwise: a few f32 roundings per element.
+    EXPECT_LE(max_abs_diff(dp.download(), p), 4e-7 * (max_abs(p) + 1.0));
+    EXPECT_LE(max_abs_diff(dm.download(), m), 4e-7 * (max_abs(m) + 1e-3));
+    EXPECT_LE(max_abs_diff(dv.download(), v), 4e-7 * (max_abs(v) + 1e-6));
+    EXPECT_TRUE(same_bits(dbf.download(), converted(dp.download(), kBf)));
+    EXPECT_LE(std::fabs(dss.download().get(0) - ss_want.get(0)), 1e-5 * ss_want.get(0) + 1e-6);
+  }
+}
+
+TEST_F(KernelsDense, RejectsBadArguments) {
+  DeviceTensor x(std::vector<std::int64_t>{4, 8}, kBf), w(std::vector<std::int64_t>{7}, kBf),
+      y(std::vector<std::int64_t>{4, 8}, kBf);
+  auto s = cuda().rms_norm({.out = y.view(), .in = x.cview(), .weight = w.cview()}, stream());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  HostTensor hx({4, 8}, kBf);
+  s = cuda().rms_norm({.out = y.view(), .in = hx.cview(), .weight = w.cview()}, stream());
+  EXPECT_FALSE(s.ok());
+  s = cuda().rms_norm({.out = y.view(), .in = x.cview(), .weight = w.cview()}, mem::Stream::host());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ferry::testing
