@@ -17,21 +17,46 @@ status=0
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DFERRY_BUILD_TESTS=ON -DFERRY_BUILD_BENCH=ON &&
-    cmake --build "$B" -j16 --target gpu_test cuda_kernels_bench
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DFERRY_BUILD_TESTS=ON -DFERRY_BUILD_BENCH=ON
 } >"$OUT/build.log" 2>&1 || {
-  echo "BUILD FAILED"
-  grep -E "error|FAILED" "$OUT/build.log" | head -40
+  echo "CONFIGURE FAILED"
+  tail -30 "$OUT/build.log"
   exit 1
 }
-echo "build ok"
-
-(cd "$B" && timeout 200 ctest -L gpu --output-on-failure) >"$OUT/ctest.log" 2>&1 || status=1
-grep -E "tests passed|FAILED|Failed|Error|Expected|Which is|err " "$OUT/ctest.log" | head -60
+GT="$B/tests/gpu_test"
+BENCH="$B/bench/cuda_kernels_bench"
+if cmake --build "$B" -j16 --target gpu_test cuda_kernels_bench >>"$OUT/build.log" 2>&1; then
+  echo "build ok"
+  (cd "$B" && timeout 200 ctest -L gpu --output-on-failure) >"$OUT/ctest.log" 2>&1 || status=1
+else
+  # gpu_test and the benches also link ferry_model; when another layer is mid-change and does
+  # not build, link the kernel tests and benches by hand against the kernel libraries only.
+  echo "full targets failed (first errors below); linking kernel tests/benches by hand"
+  grep -E "error|FAILED" "$OUT/build.log" | head -5
+  cmake --build "$B" -j16 --target ferry_kernels >>"$OUT/build.log" 2>&1 || {
+    echo "BUILD FAILED"
+    grep -E "error|FAILED" "$OUT/build.log" | head -40
+    exit 1
+  }
+  LIBS=("$B/src/kernels/libferry_kernels.a" "$B/src/kernels/libferry_kernels_cuda.a"
+        "$B/src/mem/libferry_mem.a" "$B/src/core/libferry_core.a")
+  DEPS=(-L/tmp/debroot/usr/lib/x86_64-linux-gnu -L/tmp/debroot/usr/lib/x86_64-linux-gnu/openblas-pthread
+        -lopenblas -fopenmp -lfmt -lspdlog -L/usr/local/cuda/lib64 -lcudart -lcublasLt -lcublas -lpthread)
+  [ -n "$(ls /tmp/debroot/usr/lib/x86_64-linux-gnu/liburing* 2>/dev/null)" ] && DEPS+=(-luring)
+  FLAGS=(-std=c++20 -O2 -Isrc -Itests -I. -I/usr/local/cuda/include)
+  GT="$B/gpu_kernels_test"
+  BENCH="$B/cuda_kernels_bench_manual"
+  g++ "${FLAGS[@]}" tests/gpu/kernels_*_test.cpp -o "$GT" "${LIBS[@]}" -lgtest_main -lgtest "${DEPS[@]}" >>"$OUT/build.log" 2>&1 &
+  g++ "${FLAGS[@]}" bench/kernels/cuda_kernels_bench.cpp -o "$BENCH" "${LIBS[@]}" -lbenchmark "${DEPS[@]}" >>"$OUT/build.log" 2>&1 &
+  wait
+  echo "manual link: $(ls "$GT" "$BENCH" 2>&1 | tr '\n' ' ')"
+  timeout 200 "$GT" >"$OUT/ctest.log" 2>&1 || status=1
+fi
+grep -E "tests passed|PASSED|FAILED|Failed|Error|Expected|Which is|err |failure" "$OUT/ctest.log" | head -60
 
 PY=python3
 $PY -c "import torch" 2>/dev/null || PY=/opt/torch/.venv/bin/python3
-timeout 150 "$B/bench/cuda_kernels_bench" --benchmark_out="$OUT/ferry_bench.json" \
+timeout 150 "$BENCH" --benchmark_out="$OUT/ferry_bench.json" \
   --benchmark_out_format=json >"$OUT/summary.log" 2>&1
 timeout 120 $PY tools/bench/torch_baselines.py --out "$OUT/torch_bench.json" >>"$OUT/summary.log" 2>&1
 $PY tools/bench/compare.py "$OUT/ferry_bench.json" "$OUT/torch_bench.json" \
@@ -40,7 +65,7 @@ tail -30 "$OUT/summary.log"
 
 if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  timeout 150 "$CS" --tool memcheck --error-exitcode 9 "$B/tests/gpu_test" \
+  timeout 100 "$CS" --tool memcheck --error-exitcode 9 "$GT" \
     --gtest_filter="${MEMCHECK_FILTER:-*}" >"$OUT/memcheck.log" 2>&1
   echo "memcheck exit $?"
   grep -E "ERROR SUMMARY|Invalid|PASSED|FAILED" "$OUT/memcheck.log" | head -12
