@@ -7,6 +7,8 @@ find_package(spdlog REQUIRED)
 find_package(CLI11 CONFIG REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+# ICU: Unicode normalization (NFC/NFKC) for tokenizer.json normalizers.
+pkg_check_modules(ICU_UC REQUIRED IMPORTED_TARGET icu-uc)
 pkg_check_modules(URING IMPORTED_TARGET liburing)
 pkg_check_modules(CBC IMPORTED_TARGET cbc)
 

@@ -5,7 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git clang clang-format
-  libopenblas-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libpcre2-dev
+  libopenblas-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libpcre2-dev libicu-dev
   liburing-dev coinor-libcbc-dev libcpp-httplib-dev libopencv-dev libxgboost-dev
   libgtest-dev libgmock-dev libbenchmark-dev iproute2 curl python3
 )
