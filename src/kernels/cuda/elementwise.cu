@@ -69,23 +69,52 @@ __global__ void swiglu_backward_kernel(T* d_gate, T* d_up, const T* d_out, const
   }
 }
 
+__device__ __forceinline__ float adamw_one(float& w, float& m, float& v, float grad,
+                                           const AdamWParams& p) {
+  const float g = grad * p.grad_scale;
+  m = p.beta1 * m + (1.0f - p.beta1) * g;
+  v = p.beta2 * v + (1.0f - p.beta2) * g * g;
+  const float mhat = m / p.bc1;
+  const float vhat = v / p.bc2;
+  w -= p.lr * (mhat / (sqrtf(vhat) + p.eps) + p.weight_decay * w);
+  return w;
+}
+
+// kVec: float4 accesses over n / 4 elements (the launcher checks alignment and n % 4 == 0).
+template <bool kVec>
 __global__ void adamw_kernel(float* __restrict__ param, float* __restrict__ m,
                              float* __restrict__ v, bf16* __restrict__ param_bf16,
                              const float* __restrict__ grad, std::int64_t n, AdamWParams p) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    const float g = grad[i] * p.grad_scale;
-    const float mi = p.beta1 * m[i] + (1.0f - p.beta1) * g;
-    const float vi = p.beta2 * v[i] + (1.0f - p.beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    const float mhat = mi / p.bc1;
-    const float vhat = vi / p.bc2;
-    float w = param[i];
-    w -= p.lr * (mhat / (sqrtf(vhat) + p.eps) + p.weight_decay * w);
-    param[i] = w;
-    if (param_bf16 != nullptr) param_bf16[i] = __float2bfloat16_rn(w);
+  const std::int64_t start = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if constexpr (kVec) {
+    for (std::int64_t i = start; i < n / 4; i += stride) {
+      float4 w = reinterpret_cast<float4*>(param)[i];
+      float4 mm = reinterpret_cast<float4*>(m)[i];
+      float4 vv = reinterpret_cast<float4*>(v)[i];
+      const float4 g = reinterpret_cast<const float4*>(grad)[i];
+      adamw_one(w.x, mm.x, vv.x, g.x, p);
+      adamw_one(w.y, mm.y, vv.y, g.y, p);
+      adamw_one(w.z, mm.z, vv.z, g.z, p);
+      adamw_one(w.w, mm.w, vv.w, g.w, p);
+      reinterpret_cast<float4*>(param)[i] = w;
+      reinterpret_cast<float4*>(m)[i] = mm;
+      reinterpret_cast<float4*>(v)[i] = vv;
+      if (param_bf16 != nullptr) {
+        __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(param_bf16 + 4 * i);
+        o[0] = __floats2bfloat162_rn(w.x, w.y);
+        o[1] = __floats2bfloat162_rn(w.z, w.w);
+      }
+    }
+  } else {
+    for (std::int64_t i = start; i < n; i += stride) {
+      float w = param[i], mm = m[i], vv = v[i];
+      adamw_one(w, mm, vv, grad[i], p);
+      param[i] = w;
+      m[i] = mm;
+      v[i] = vv;
+      if (param_bf16 != nullptr) param_bf16[i] = __float2bfloat16_rn(w);
+    }
   }
 }
 
@@ -146,8 +175,17 @@ cudaError_t launch_swiglu_backward(Elt e, void* d_gate, void* d_up, const void* 
 cudaError_t launch_adamw(float* param, float* m, float* v, void* param_bf16, const float* grad,
                          std::int64_t n, AdamWParams p, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  adamw_kernel<<<blocks_for(n), kThreads, 0, stream>>>(param, m, v, static_cast<bf16*>(param_bf16),
-                                                       grad, n, p);
+  auto al = [](const void* q) { return (reinterpret_cast<std::uintptr_t>(q) & 15u) == 0; };
+  const bool vec =
+      n % 4 == 0 && al(param) && al(m) && al(v) && al(grad) &&
+      (param_bf16 == nullptr || (reinterpret_cast<std::uintptr_t>(param_bf16) & 7u) == 0);
+  if (vec) {
+    adamw_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(
+        param, m, v, static_cast<bf16*>(param_bf16), grad, n, p);
+  } else {
+    adamw_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(
+        param, m, v, static_cast<bf16*>(param_bf16), grad, n, p);
+  }
   return cudaGetLastError();
 }
 

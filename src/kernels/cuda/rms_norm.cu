@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // RMSNorm forward and backward. Forward: one warp per row, two passes over the row (the second
-// re-reads from L1/L2), f32 math. Backward: d_in one warp per row; d_weight by a second kernel in
-// which each thread owns one column and a fixed slice of rows, reduced across slices in a fixed
-// order, so d_weight is bitwise deterministic (no atomics).
-// Tested in tests/gpu/kernels_dense_test.cpp.
+// re-reads from L1/L2), 16-byte vector accesses when C and alignment allow, f32 math. Backward:
+// d_in one warp per row; d_weight by a second kernel in which each thread owns one column and a
+// fixed slice of rows, reduced across slices in a fixed order, so d_weight is bitwise deterministic
+// (no atomics). Tested in tests/gpu/kernels_dense_test.cpp.
 #include "kernels/cuda/common.cuh"
 
 namespace ferry::kernels::cuda {
@@ -11,7 +11,17 @@ namespace {
 
 constexpr int kRowsPerBlock = 4;
 
+bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+// 16-byte vectors of T (8 bf16 or 4 f32).
 template <typename T>
+struct alignas(16) Vec16 {
+  static constexpr int kN = 16 / static_cast<int>(sizeof(T));
+  T v[kN];
+};
+
+// kVec: rows are read and written as 16-byte vectors (c % Vec16<T>::kN == 0, 16-byte aligned).
+template <typename T, bool kVec>
 __global__ void rms_norm_kernel(T* __restrict__ out, float* __restrict__ rstd,
                                 const T* __restrict__ in, const T* __restrict__ weight,
                                 std::int64_t n, std::int64_t c, float eps) {
@@ -20,17 +30,43 @@ __global__ void rms_norm_kernel(T* __restrict__ out, float* __restrict__ rstd,
       static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= n) return;
   const T* x = in + row * c;
-  float ss = 0.0f;
-  for (std::int64_t i = lane; i < c; i += 32) {
-    const float v = to_f32(x[i]);
-    ss = fmaf(v, v, ss);
-  }
-  ss = warp_sum(ss);
-  const float r = rsqrtf(ss / static_cast<float>(c) + eps);
-  if (rstd != nullptr && lane == 0) rstd[row] = r;
   T* y = out + row * c;
-  for (std::int64_t i = lane; i < c; i += 32)
-    y[i] = from_f32<T>(to_f32(x[i]) * r * to_f32(weight[i]));
+  float ss = 0.0f;
+  if constexpr (kVec) {
+    using V = Vec16<T>;
+    const V* xv = reinterpret_cast<const V*>(x);
+    const std::int64_t nv = c / V::kN;
+    for (std::int64_t i = lane; i < nv; i += 32) {
+      const V a = xv[i];
+#pragma unroll
+      for (int j = 0; j < V::kN; ++j) {
+        const float f = to_f32(a.v[j]);
+        ss = fmaf(f, f, ss);
+      }
+    }
+    ss = warp_sum(ss);
+    const float r = rsqrtf(ss / static_cast<float>(c) + eps);
+    if (rstd != nullptr && lane == 0) rstd[row] = r;
+    const V* wv = reinterpret_cast<const V*>(weight);
+    V* yv = reinterpret_cast<V*>(y);
+    for (std::int64_t i = lane; i < nv; i += 32) {
+      const V a = xv[i], w = wv[i];
+      V o;
+#pragma unroll
+      for (int j = 0; j < V::kN; ++j) o.v[j] = from_f32<T>(to_f32(a.v[j]) * r * to_f32(w.v[j]));
+      yv[i] = o;
+    }
+  } else {
+    for (std::int64_t i = lane; i < c; i += 32) {
+      const float v = to_f32(x[i]);
+      ss = fmaf(v, v, ss);
+    }
+    ss = warp_sum(ss);
+    const float r = rsqrtf(ss / static_cast<float>(c) + eps);
+    if (rstd != nullptr && lane == 0) rstd[row] = r;
+    for (std::int64_t i = lane; i < c; i += 32)
+      y[i] = from_f32<T>(to_f32(x[i]) * r * to_f32(weight[i]));
+  }
 }
 
 template <typename T>
@@ -86,9 +122,16 @@ cudaError_t launch_rms_norm(Elt e, void* out, float* rstd, const void* in, const
   const unsigned blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
   return dispatch_elt(e, [&](auto tag) {
     using T = decltype(tag);
-    rms_norm_kernel<T><<<blocks, 32 * kRowsPerBlock, 0, stream>>>(
-        static_cast<T*>(out), rstd, static_cast<const T*>(in), static_cast<const T*>(weight), n, c,
-        eps);
+    const bool vec = c % Vec16<T>::kN == 0 && aligned16(out) && aligned16(in) && aligned16(weight);
+    if (vec) {
+      rms_norm_kernel<T, true><<<blocks, 32 * kRowsPerBlock, 0, stream>>>(
+          static_cast<T*>(out), rstd, static_cast<const T*>(in), static_cast<const T*>(weight), n,
+          c, eps);
+    } else {
+      rms_norm_kernel<T, false><<<blocks, 32 * kRowsPerBlock, 0, stream>>>(
+          static_cast<T*>(out), rstd, static_cast<const T*>(in), static_cast<const T*>(weight), n,
+          c, eps);
+    }
   });
 }
 
