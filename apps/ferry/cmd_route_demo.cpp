@@ -1,0 +1,96 @@
+// SPDX-License-Identifier: Apache-2.0
+// `ferry route demo`: the embedded default. Generates box-level synthetic records (synthetic.h),
+// tunes the router on the calibration half, replays skipping, conditioned and adaptive routing on
+// the (optionally shifted) test half, and prints accuracy vs ρ, realised ρ and the latency table.
+// CPU-only, seconds.
+#include <cstdio>
+#include <string>
+
+#include "apps/ferry/commands.h"
+#include "route/replay.h"
+#include "route/synthetic.h"
+
+namespace ferry::app {
+namespace {
+
+CLI::App* route_cmd(CLI::App& app) {  // shared parent; see cmd_route_ap.cpp
+  auto found = app.get_subcommands([](CLI::App* a) { return a->get_name() == "route"; });
+  if (!found.empty()) return found.front();
+  auto* r = app.add_subcommand("route", "budget-adaptive edge-cloud routing (docs/route.md)");
+  r->require_subcommand(1);
+  return r;
+}
+
+struct DemoConfig {
+  int frames = 1200;
+  double shift = 0.1, rtt_ms = 20, uplink_mbps = 20, frame_kib = 48;
+  std::uint64_t seed = 1;
+};
+
+int run_demo(const DemoConfig& c) {
+  route::SyntheticOptions so;
+  so.frames = c.frames;
+  so.test_shift = c.shift;
+  so.seed = c.seed;
+  const route::RecordSet all = route::make_synthetic_records(so);
+  const route::RecordSet calib = all.subset("calib"), test = all.subset("test");
+  route::ReplayOptions o;
+  o.cost = {24.695, 44.124, 3.079, 0,
+            4.49,   280.37, 0.153, {c.rtt_ms, c.uplink_mbps, c.frame_kib * 1024, 0}};
+  auto t = route::tune_router(calib, "skip", "cond", o, 0.0);
+  if (!t.ok()) return fail(t.status());
+  std::printf("# synthetic records: %zu calib, %zu test frames, test difficulty shift %.2f\n",
+              calib.frames.size(), test.frames.size(), c.shift);
+  std::printf("# tuned on calib only: rho_frontier=%.1f rho_ceiling=%.1f\n", t->envelope.frontier,
+              t->envelope.ceiling);
+  std::vector<route::ReplayRow> rows[3];
+  auto s = route::replay_placement(test, "skip", route::Placement::kSkip, "skip",
+                                   t->router.skip_calibration, o);
+  auto d = route::replay_placement(test, "cond", route::Placement::kCond, "cond",
+                                   t->router.cond_calibration, o);
+  auto a = route::replay_router(test, t->router, o);
+  if (!s.ok()) return fail(s.status());
+  if (!d.ok()) return fail(d.status());
+  if (!a.ok()) return fail(a.status());
+  rows[0] = *s, rows[1] = *d, rows[2] = *a;
+  std::printf(
+      "ratio | mAP skip  cond  adaptive(placement) | realised skip cond adaptive | "
+      "latency_ms cond skip (net %.1f ms)\n",
+      o.cost.net.transfer_ms());
+  for (std::size_t i = 0; i < rows[0].size(); ++i) {
+    std::printf("%.1f   | %.4f %.4f %.4f(%s)       | %.3f %.3f %.3f         | %.2f %.2f\n",
+                rows[0][i].ratio, rows[0][i].map, rows[1][i].map, rows[2][i].map,
+                std::string(route::to_string(rows[2][i].placement)).c_str(), rows[0][i].realised,
+                rows[1][i].realised, rows[2][i].realised, rows[1][i].latency_ms,
+                rows[0][i].latency_ms);
+  }
+  for (int k = 0; k < 3; ++k) {
+    const route::Curve cv = route::curve_from_rows(rows[k]);
+    auto auc = route::auc_trapezoid(cv.ratio, cv.map);
+    std::printf("auc %s=%.4f\n",
+                k == 0   ? "skip"
+                : k == 1 ? "cond"
+                         : "adaptive",
+                auc.ok() ? *auc : 0.0);
+  }
+  return 0;
+}
+
+void register_route_demo(CLI::App& app, CommandFn& run) {
+  auto c = std::make_shared<DemoConfig>();
+  auto* cmd = route_cmd(app)->add_subcommand("demo", "synthetic end-to-end routing demo (CPU)");
+  cmd->add_option("--frames", c->frames, "synthetic frames (half calib, half test)")
+      ->check(CLI::Range(100, 200000));
+  cmd->add_option("--shift", c->shift, "difficulty shift of the test half")
+      ->check(CLI::Range(-1.0, 1.0));
+  cmd->add_option("--rtt-ms", c->rtt_ms, "network round trip")->check(CLI::Range(0.0, 1e5));
+  cmd->add_option("--uplink-mbps", c->uplink_mbps, "uplink bandwidth")->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--frame-kib", c->frame_kib, "bytes per offloaded frame, KiB")
+      ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--seed", c->seed, "generator seed");
+  cmd->callback([&run, c] { run = [c] { return run_demo(*c); }; });
+}
+
+}  // namespace
+FERRY_REGISTER_COMMAND(register_route_demo);
+}  // namespace ferry::app
