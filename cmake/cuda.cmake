@@ -11,6 +11,9 @@ if(NOT FERRY_CUDA STREQUAL "OFF")
       # RTX 30xx, RTX 40xx, H100/H200 + PTX for newer parts. Never "native" in CI.
       set(CMAKE_CUDA_ARCHITECTURES 86-real 89-real 90-real 90-virtual)
     endif()
+    # CMake 3.25 does not know nvcc 13's C++20 flag; tell it (harmless on newer CMake).
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
     enable_language(CUDA)
     find_package(CUDAToolkit REQUIRED)
     set(FERRY_HAVE_CUDA ON)

@@ -52,12 +52,9 @@ class [[nodiscard]] Result {
 
 }  // namespace ferry
 
-#define FERRY_CONCAT_INNER_(a, b) a##b
-#define FERRY_CONCAT_(a, b) FERRY_CONCAT_INNER_(a, b)
-
 // FERRY_ASSIGN_OR_RETURN(auto x, make_x());  declares x from a Result or returns its Status.
 #define FERRY_ASSIGN_OR_RETURN(lhs, expr) \
-  FERRY_ASSIGN_OR_RETURN_IMPL_(FERRY_CONCAT_(ferry_r_, __LINE__), lhs, expr)
+  FERRY_ASSIGN_OR_RETURN_IMPL_(FERRY_CONCAT_(ferry_r_, __COUNTER__), lhs, expr)
 #define FERRY_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr)  \
   auto tmp = (expr);                                  \
   if (!tmp.ok()) return std::move(tmp).take_status(); \

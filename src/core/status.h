@@ -102,8 +102,14 @@ Status errno_status(std::string_view what, std::string_view path, int err);
 
 }  // namespace ferry
 
+#define FERRY_CONCAT_INNER_(a, b) a##b
+#define FERRY_CONCAT_(a, b) FERRY_CONCAT_INNER_(a, b)
+
 // Propagates a non-ok Status out of the enclosing function (which returns Status or Result<T>).
-#define FERRY_TRY(expr)                                                     \
-  do {                                                                      \
-    if (::ferry::Status ferry_s_ = (expr); !ferry_s_.ok()) return ferry_s_; \
+// The temporary's name is unique per expansion so FERRY_TRY nests (e.g. inside a lambda that is
+// itself an argument of FERRY_TRY) without shadowing.
+#define FERRY_TRY(expr) FERRY_TRY_IMPL_(FERRY_CONCAT_(ferry_s_, __COUNTER__), expr)
+#define FERRY_TRY_IMPL_(tmp, expr)                           \
+  do {                                                       \
+    if (::ferry::Status tmp = (expr); !tmp.ok()) return tmp; \
   } while (0)
