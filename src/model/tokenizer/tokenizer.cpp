@@ -189,6 +189,28 @@ Result<std::string> Tokenizer::decode(std::span<const TokenId> ids,
   return tok::utf8_repair(bytes);
 }
 
+Result<std::string> Tokenizer::normalize(std::string_view text) const {
+  if (const std::size_t bad = tok::utf8_first_invalid(text); bad != std::string_view::npos) {
+    return invalid_argument("tokenizer: input is not valid UTF-8 (byte {} of {})", bad,
+                            text.size());
+  }
+  if (impl_->normalizer.empty()) return std::string(text);
+  // Like encode(): raw-matched added tokens are cut out before normalizing, so a combining mark
+  // after "<|im_start|>" does not compose with its '>'.
+  std::vector<Segment> raw;
+  impl_->added.split(text, /*normalized=*/false, raw);
+  std::string out;
+  for (const Segment& s : raw) {
+    if (s.id >= 0) {
+      out += s.text;
+      continue;
+    }
+    FERRY_ASSIGN_OR_RETURN(std::string n, impl_->normalizer.apply(s.text));
+    out += n;
+  }
+  return out;
+}
+
 std::string_view Tokenizer::id_to_token(TokenId id) const {
   if (id < 0 || static_cast<std::size_t>(id) >= impl_->id_to_token.size()) return {};
   return impl_->id_to_token[id];

@@ -6,9 +6,10 @@
 //   words (pre_tokenizer.h: regex split, GPT-2 byte mapping) -> BPE each word (bpe_model.h) ->
 //   post-process (post_processor.h) when add_special_tokens.
 // decode(ids):   model tokens go through the ByteLevel decoder (symbols back to bytes); added
-//   tokens are appended verbatim (so decode(encode(x)) == x for every valid UTF-8 x, special-token
-//   text included); special ones are dropped when skip_special_tokens. Bytes that do not form
-//   valid UTF-8 (an id sequence cut inside a character) become U+FFFD.
+//   tokens are appended verbatim (so decode(encode(x)) == normalize(x) for every valid UTF-8 x,
+//   special-token text included, lstrip/rstrip whitespace aside); special ones are dropped when
+//   skip_special_tokens. Bytes that do not form valid UTF-8 (an id sequence cut inside a character)
+//   become U+FFFD.
 // Loading never aborts on bad input: malformed files give a corrupt Status naming the field,
 // valid-but-unsupported components (WordPiece, Metaspace, ...) an unimplemented Status.
 // Thread-safety: a loaded Tokenizer is immutable apart from an internal word cache behind a mutex;
@@ -56,6 +57,12 @@ class Tokenizer {
   Result<std::vector<TokenId>> encode(std::string_view text, const EncodeOptions& opts = {}) const;
   // Fails (out_of_range) on an id that is neither in the vocab nor an added token.
   Result<std::string> decode(std::span<const TokenId> ids, const DecodeOptions& opts = {}) const;
+
+  // The text encode() tokenizes after normalization (identity without a normalizer; added tokens
+  // matched on the raw text are left as they are), so that
+  // decode(encode(x)) == normalize(x) for valid UTF-8 x, except around added tokens with
+  // lstrip/rstrip, which absorb the whitespace next to them.
+  Result<std::string> normalize(std::string_view text) const;
 
   // The vocabulary string of id (byte-level symbols for model tokens), or "" when unknown.
   std::string_view id_to_token(TokenId id) const;

@@ -1,0 +1,104 @@
+// SPDX-License-Identifier: Apache-2.0
+// Agreement with the reference implementation: tests/data/tokenizer/<name>/ holds tokenizers
+// trained with Hugging Face `tokenizers` and the ids/tokens/decodes it produced for edge-case
+// texts, plus transformers' apply_chat_template output (tools/fixtures/make_tokenizer_fixtures.py).
+// A missing fixture directory is a test FAILURE, not a skip: the fixtures are part of the repo.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/json.h"
+#include "model/tokenizer/chat_template.h"
+#include "model/tokenizer/tokenizer.h"
+
+namespace ferry::model {
+namespace {
+
+std::string fixture_dir(const std::string& name) {
+  return std::string(FERRY_TEST_DATA_DIR) + "/tokenizer/" + name;
+}
+
+std::vector<Json> read_jsonl(const std::string& path) {
+  std::vector<Json> rows;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    rows.push_back(Json::parse(line));
+  }
+  return rows;
+}
+
+class HfFixture : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HfFixture, IdsTokensAndDecodesMatchReference) {
+  const std::string dir = fixture_dir(GetParam());
+  ASSERT_TRUE(std::filesystem::exists(dir + "/tokenizer.json"))
+      << dir << "/tokenizer.json is missing: run tools/fixtures/make_tokenizer_fixtures.py";
+  auto loaded = Tokenizer::from_file(dir + "/tokenizer.json");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  const Tokenizer& tok = loaded.value();
+  const auto rows = read_jsonl(dir + "/cases.jsonl");
+  ASSERT_GE(rows.size(), 20u) << dir << "/cases.jsonl";
+  for (const Json& row : rows) {
+    const std::string text = row["text"].get<std::string>();
+    const bool add = row["add_special_tokens"].get<bool>();
+    const auto want = row["ids"].get<std::vector<TokenId>>();
+    auto got = tok.encode(text, {.add_special_tokens = add});
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    EXPECT_EQ(got.value(), want) << "text=" << Json(text).dump() << " add_special=" << add;
+    if (row.contains("tokens")) {
+      const auto tokens = row["tokens"].get<std::vector<std::string>>();
+      ASSERT_EQ(tokens.size(), want.size());
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        // HF reports an lstrip/rstrip added token as the span it matched (" <mask> "); every
+        // other token is its vocabulary string.
+        const std::string_view vocab = tok.id_to_token(want[i]);
+        if (tokens[i] != vocab) EXPECT_NE(tokens[i].find(vocab), std::string::npos) << tokens[i];
+        if (tokens[i] != vocab) EXPECT_NE(tokens[i].find(' '), std::string::npos) << tokens[i];
+      }
+    }
+    if (row.contains("decoded")) {
+      auto d = tok.decode(want);
+      ASSERT_TRUE(d.ok());
+      EXPECT_EQ(d.value(), row["decoded"].get<std::string>()) << Json(text).dump();
+    }
+    if (row.contains("decoded_skip_special")) {
+      auto d = tok.decode(want, {.skip_special_tokens = true});
+      ASSERT_TRUE(d.ok());
+      EXPECT_EQ(d.value(), row["decoded_skip_special"].get<std::string>()) << Json(text).dump();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Reference, HfFixture, ::testing::Values("qwen2", "llama3"));
+
+TEST(HfFixtureChat, ChatMlMatchesApplyChatTemplate) {
+  const std::string dir = fixture_dir("qwen2");
+  ASSERT_TRUE(std::filesystem::exists(dir + "/chat_cases.jsonl"))
+      << dir << "/chat_cases.jsonl is missing: run tools/fixtures/make_tokenizer_fixtures.py";
+  auto tmpl = read_chat_template(dir + "/tokenizer_config.json");
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status().to_string();
+  auto kind = detect_chat_template(tmpl.value());
+  ASSERT_TRUE(kind.ok()) << kind.status().to_string();
+  auto loaded = Tokenizer::from_file(dir + "/tokenizer.json");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  const auto rows = read_jsonl(dir + "/chat_cases.jsonl");
+  ASSERT_GE(rows.size(), 3u);
+  for (const Json& row : rows) {
+    std::vector<ChatMessage> messages;
+    for (const Json& m : row["messages"]) {
+      messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    }
+    const std::string text =
+        render_chat(kind.value(), messages, row["add_generation_prompt"].get<bool>());
+    EXPECT_EQ(text, row["text"].get<std::string>());
+    auto ids = loaded->encode(text);
+    ASSERT_TRUE(ids.ok());
+    EXPECT_EQ(ids.value(), row["ids"].get<std::vector<TokenId>>()) << Json(text).dump();
+  }
+}
+
+}  // namespace
+}  // namespace ferry::model
