@@ -1,0 +1,29 @@
+// SPDX-License-Identifier: Apache-2.0
+// The handful of CUDA runtime calls that streams, events and the CUDA transfer engine need,
+// behind a CUDA-free interface. Internal to mem/. Implemented by runtime_hooks_cuda.cpp in CUDA
+// builds; nocuda/runtime_hooks_nocuda.cpp makes creation return `unavailable` and treats any other
+// call as a bug (no CUDA handle can exist in a CPU build). Handles are cudaStream_t/cudaEvent_t.
+#pragma once
+
+#include <cstddef>
+
+#include "core/result.h"
+
+namespace ferry::mem::detail {
+
+Result<void*> rt_stream_create(int device);
+void rt_stream_destroy(void* stream, int device);
+Status rt_stream_synchronize(void* stream);
+Status rt_stream_wait_event(void* stream, void* event);
+
+Result<void*> rt_event_create(int device);
+void rt_event_destroy(void* event, int device);
+Status rt_event_record(void* event, void* stream);
+Result<bool> rt_event_query(void* event);
+Status rt_event_synchronize(void* event);
+
+enum class RtCopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice, kHostToHost };
+Status rt_memcpy_async(void* dst, const void* src, std::size_t bytes, RtCopyKind kind,
+                       void* stream);
+
+}  // namespace ferry::mem::detail
