@@ -92,6 +92,9 @@ struct RopeArgs {
 
 // Causal grouped-query attention over packed variable-length sequences: sequence s is tokens
 // [cu_seqlens[s], cu_seqlens[s+1]); query head h reads kv head h / (H / G). No padding compute.
+// Empty sequences are allowed. causal = false attends to the whole of the query's own sequence.
+// The "f32" lse may be f64 on the reference backend (for f64 gradient checks). The CPU backend
+// supports D <= 256 (unimplemented above).
 struct AttentionArgs {
   TensorView out;              // [T, H, D]
   TensorView lse;              // optional [H, T] f32: log-sum-exp of scaled scores, for backward
@@ -136,6 +139,10 @@ struct AddArgs {
 
 // MoE router: probs = softmax(logits) over E; top-k by probability (ties: lower expert id first);
 // weights = the top-k probs, renormalised to sum 1 when renormalize.
+// Ranking is done on the logits (same order as the probs, since softmax is monotone, but immune to
+// two distinct logits rounding to one prob). NaN / +inf logits, or a row of all -inf, are
+// invalid_argument. The backward requires K distinct ids in [0, E) per row. "f32" views may be
+// f64 on the reference backend.
 struct RouterArgs {
   TensorView weights;      // [T, K] f32
   TensorView ids;          // [T, K] i32, in descending weight order
@@ -170,12 +177,17 @@ struct MoeDispatchBackwardArgs {
 };
 // Combine: out[t] = sum over k = 0..K-1, in that order, of weights[t,k] * expert_out[slot_of[t,k]].
 // The fixed order makes the result independent of which experts ran where (byte identity).
+// In f32 each step is one fused multiply-add: acc = fma(w[t,k], row[c], acc) from acc = +0
+// (CPU: AVX2 vfmadd or std::fma; CUDA: __fmaf_rn), so all f32 backends agree bit for bit.
+// The reference accumulates in f64.
 struct MoeCombineArgs {
   TensorView out;              // [T, C]
   ConstTensorView expert_out;  // [T*K, C]
   ConstTensorView weights;     // [T, K] f32
   ConstTensorView slot_of;     // [T, K] i32
 };
+// slot_of must be a permutation of [0, T*K) (what dispatch writes); slots are range-checked, a
+// repeated slot gives an unspecified d_expert_out on the CPU backend.
 struct MoeCombineBackwardArgs {
   TensorView d_expert_out;     // [T*K, C] (overwritten)
   TensorView d_weights;        // [T, K] f32 (overwritten)
@@ -190,6 +202,8 @@ struct MoeCombineBackwardArgs {
 // gradient. nll[t] = logsumexp(logits[t]) - logits[t, target[t]] (0 when ignored).
 // When d_hidden / d_weight are given, computes gradients of sum_t grad_scale * nll[t]
 // (grad_scale = 1 / number of counted tokens gives the mean loss's gradient).
+// workspace_bytes() is min(chunk_tokens, T) * V * (8 on the reference: f64 logits; 4 on the CPU).
+// Targets outside [0, V) other than ignore_index are invalid_argument (checked before any write).
 struct CrossEntropyArgs {
   TensorView nll;           // [T] f32 per-token negative log-likelihood
   TensorView d_hidden;      // optional [T, C] (overwritten)
