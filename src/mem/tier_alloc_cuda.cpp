@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "core/check.h"
+#include "core/log.h"
 #include "mem/budget.h"
 #include "mem/cuda/cuda_util.h"
 #include "mem/tier_alloc.h"
@@ -44,8 +45,27 @@ void device_free(std::byte* p, std::size_t bytes, int device) {
 
 bool device_tier_emulated() { return false; }
 
+namespace {
+// Page-locking needs a CUDA context. On a machine with no device (CI builds the CUDA variant
+// without a GPU) the pinned tier degrades to plain mmap'd pages — same API and budget, nothing to
+// pin for — and says so once. Decided once per process so alloc and free always agree.
+bool pinned_without_device() {
+  static const bool none = [] {
+    int n = 0;
+    const bool no_dev = cudaGetDeviceCount(&n) != cudaSuccess || n == 0;
+    cudaGetLastError();
+    if (no_dev) {
+      log::get("mem")->warn("no CUDA device: the pinned-host tier uses unpinned mmap'd pages");
+    }
+    return no_dev;
+  }();
+  return none;
+}
+}  // namespace
+
 Result<std::byte*> pinned_alloc(std::size_t bytes, PinnedMode mode, bool write_combined,
                                 std::string_view what) {
+  if (pinned_without_device()) return map_pages(bytes, "pinned-host", what);
   if (mode == PinnedMode::kHostAlloc) {
     void* p = nullptr;
     const unsigned flags =
@@ -74,6 +94,7 @@ Result<std::byte*> pinned_alloc(std::size_t bytes, PinnedMode mode, bool write_c
 }
 
 void pinned_free(std::byte* p, std::size_t bytes, PinnedMode mode) {
+  if (pinned_without_device()) return unmap_pages(p, bytes);
   if (mode == PinnedMode::kHostAlloc) {
     const cudaError_t e = cudaFreeHost(p);
     FERRY_CHECK(e == cudaSuccess, "mem: cudaFreeHost of {} bytes failed: {}", bytes,

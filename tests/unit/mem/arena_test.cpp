@@ -35,9 +35,9 @@ TEST(Arena, ChargesAllocationBytesOnceAndAlignsEverySlot) {
   const SlotId w = plan.add("weights", 3000, 8192);
   const SlotId x = plan.add("acts", 777, 256);
   const SlotId y = plan.add("scratch", 100, 128);
-  MemoryBudget budget(MemTier::kDevice, 1 << 20);
+  MemoryBudget budget(MemTier::kPageableHost, 1 << 20);
   {
-    Result<Arena> r = make_arena(plan, MemTier::kDevice, budget);
+    Result<Arena> r = make_arena(plan, MemTier::kPageableHost, budget);
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     Arena arena = std::move(r).value();
     EXPECT_EQ(budget.bytes_used(), plan.allocation_bytes());
