@@ -258,6 +258,9 @@ Result<ModelConfig> parse_model_config(const Json& j, std::string_view what) {
     FERRY_ASSIGN_OR_RETURN(c.clip_qkv, double_or(j, "clip_qkv", 0.0, what));
   }
   FERRY_ASSIGN_OR_RETURN(c.hidden_act, string_or(j, "hidden_act", "silu", what));
+  // The embedding's padding_idx in transformers: that row never receives a gradient.
+  FERRY_ASSIGN_OR_RETURN(const auto pad_token_id, opt_int(j, "pad_token_id", what));
+  c.pad_token_id = pad_token_id ? *pad_token_id : -1;
   FERRY_ASSIGN_OR_RETURN(c.dtype, string_or(j, "dtype", "", what));
   if (c.dtype.empty()) {
     FERRY_ASSIGN_OR_RETURN(c.dtype, string_or(j, "torch_dtype", "", what));

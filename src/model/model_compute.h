@@ -1,0 +1,151 @@
+// SPDX-License-Identifier: Apache-2.0
+// Whole-model forward and backward of a decoder-only transformer (Llama, Qwen2/2.5, Qwen3,
+// Qwen3-MoE, Mixtral, OLMoE) on any Backend, over a packed batch of variable-length sequences.
+//
+// This is the straight-line, everything-resident path: every activation backward needs is kept
+// (the streaming trainer [T1] replaces this memory policy, not the arithmetic). It is the path the
+// golden tests compare against transformers (tests/golden/model_golden_test.cpp) and what
+// `ferry perplexity` runs.
+//
+// Memory is planned, not discovered: ModelCompute sizes every activation buffer for max_tokens at
+// construction; forward()/backward() never allocate. Buffers live in host memory, so the backend
+// must be a CPU backend for now (TODO(#3): device-resident buffers for the CUDA backend).
+//
+// One layer, as the code reads top to bottom (shapes in docs/glossary.md):
+//   h1 = rms_norm(x, attn_norm); q,k,v = h1 W^T (+b); [q/k norm]; rope(q,k); o = attn(q,k,v)
+//   x += o Wo^T; h2 = rms_norm(x, mlp_norm)
+//   dense: x += (silu(h2 Wg^T) * h2 Wu^T) Wd^T
+//   moe:   w,ids = router(h2 Wr^T); x += sum_k w_k expert_{ids_k}(h2)   (combine in routing order)
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/result.h"
+#include "kernels/backend.h"
+#include "kernels/rope_table.h"
+#include "model/config.h"
+#include "tensor/tensor_view.h"
+
+namespace ferry::model {
+
+// The numbers the arithmetic needs, derived from a ModelConfig (model_binding.h).
+struct DecoderGeometry {
+  int vocab = 0;         // V
+  int hidden = 0;        // C
+  int layers = 0;        // L
+  int heads = 0;         // H
+  int kv_heads = 0;      // G
+  int head_dim = 0;      // D
+  int mlp_width = 0;     // F of dense layers
+  int expert_width = 0;  // F of experts
+  int experts = 0;       // E (0: dense model)
+  int top_k = 0;         // K
+  bool renormalize_topk = false;
+  float rms_eps = 1e-6f;
+  QkNorm qk_norm = QkNorm::kNone;
+  bool qkv_bias = false;
+  bool o_bias = false;
+  bool tied_embeddings = false;
+  int padding_idx = -1;  // embedding row excluded from the gradient (HF padding_idx), -1 none
+  std::vector<bool> layer_is_moe;  // [L]
+  kernels::RopeTable rope;
+};
+
+// Views of one layer's parameters (or of their gradients: the same struct with writable data).
+// Unused entries are empty views (data == nullptr).
+template <typename View>
+struct LayerTensors {
+  View attn_norm;                 // [C]
+  View q, k, v, o;                // [H*D, C], [G*D, C], [G*D, C], [C, H*D]
+  View q_bias, k_bias, v_bias;    // [H*D], [G*D], [G*D]
+  View o_bias;                    // [C]
+  View q_norm, k_norm;            // [D] (per head) or [H*D] / [G*D] (full width)
+  View mlp_norm;                  // [C]
+  View gate, up, down;            // dense: [F, C], [F, C], [C, F]
+  View router;                    // [E, C]
+  std::vector<View> expert_gate;  // E x [F, C]
+  std::vector<View> expert_up;    // E x [F, C]
+  std::vector<View> expert_down;  // E x [C, F]
+};
+
+template <typename View>
+struct ModelTensors {
+  View embed;       // [V, C]
+  View final_norm;  // [C]
+  View lm_head;     // [V, C]; equals embed when tied
+  std::vector<LayerTensors<View>> layers;
+};
+
+using ModelParams = ModelTensors<ConstTensorView>;
+using ModelGrads = ModelTensors<TensorView>;
+
+// A packed batch: S sequences back to back.
+struct PackedBatch {
+  ConstTensorView ids;         // [T] i32
+  ConstTensorView positions;   // [T] i32
+  ConstTensorView cu_seqlens;  // [S + 1] i32
+  ConstTensorView targets;     // [T] i32, -100 = ignored; may be empty for forward-only logits
+};
+
+struct ForwardResult {
+  double loss_sum = 0.0;     // sum of nll over counted targets
+  std::int64_t counted = 0;  // targets != ignore index
+  double mean_loss() const { return counted > 0 ? loss_sum / double(counted) : 0.0; }
+};
+
+class ModelCompute {
+ public:
+  // max_tokens: the largest T forward() will be called with. Allocates every buffer now.
+  static Result<std::unique_ptr<ModelCompute>> create(const DecoderGeometry& geo,
+                                                      std::int64_t max_tokens,
+                                                      kernels::Backend& backend);
+
+  // Runs the model over the batch. When targets are given, fills nll_out ([T] f32, optional)
+  // and returns the loss; when logits_out ([T, V] f32) is given, writes the full logits too (tests
+  // and small vocabularies only: normal runs never materialise [T, V]).
+  Result<ForwardResult> forward(const ModelParams& params, const PackedBatch& batch,
+                                TensorView nll_out = {}, TensorView logits_out = {});
+
+  // Gradients of the mean loss of the last forward() over the same batch, ADDED into grads
+  // (zero them first for a fresh step). Requires targets in the batch.
+  Status backward(const ModelParams& params, const PackedBatch& batch, const ModelGrads& grads);
+
+  const DecoderGeometry& geometry() const { return geo_; }
+  std::size_t activation_bytes() const;
+
+ private:
+  struct LayerActs;
+  struct Scratch;
+  ModelCompute(const DecoderGeometry& geo, std::int64_t max_tokens, kernels::Backend& backend);
+  ~ModelCompute();
+  friend struct std::default_delete<ModelCompute>;
+
+  Status layer_forward(int l, const LayerTensors<ConstTensorView>& p, std::int64_t T,
+                       const PackedBatch& batch);
+  Status layer_backward(int l, const LayerTensors<ConstTensorView>& p,
+                        const LayerTensors<TensorView>& g, std::int64_t T,
+                        const PackedBatch& batch);
+  Status attention_forward(int l, const LayerTensors<ConstTensorView>& p, std::int64_t T,
+                           const PackedBatch& batch);
+  Status attention_backward(int l, const LayerTensors<ConstTensorView>& p,
+                            const LayerTensors<TensorView>& g, std::int64_t T,
+                            const PackedBatch& batch);
+  Status mlp_forward(int l, const LayerTensors<ConstTensorView>& p, std::int64_t T);
+  Status mlp_backward(int l, const LayerTensors<ConstTensorView>& p,
+                      const LayerTensors<TensorView>& g, std::int64_t T);
+  Status moe_forward(int l, const LayerTensors<ConstTensorView>& p, std::int64_t T);
+  Status moe_backward(int l, const LayerTensors<ConstTensorView>& p,
+                      const LayerTensors<TensorView>& g, std::int64_t T);
+
+  DecoderGeometry geo_;
+  std::int64_t max_tokens_;
+  kernels::Backend& be_;
+  std::vector<LayerActs> acts_;
+  std::unique_ptr<Scratch> scratch_;
+  std::int64_t last_T_ = 0;
+  std::int64_t last_counted_ = 0;
+};
+
+}  // namespace ferry::model

@@ -1,0 +1,287 @@
+// SPDX-License-Identifier: Apache-2.0
+// ModelCompute::backward: the forward pass of model_compute.cpp run in reverse, consuming the
+// activations it kept. Gradients are ADDED into the caller's ModelGrads (so tied embeddings and
+// gradient accumulation work without special cases). Each step names the forward line it undoes.
+#include <algorithm>
+#include <cmath>
+
+#include "model/model_compute.h"
+#include "model/model_compute_buffers.h"
+
+namespace ferry::model {
+
+using detail::f32_view;
+using detail::i32_view;
+using detail::rows_of;
+using detail::zero_host;
+using kernels::Stream;
+
+namespace {
+constexpr int kCeChunkTokens = 128;
+Stream& host() { return Stream::host(); }
+}  // namespace
+
+// Linear layer y = x W^T (+ b) backward, given dy:
+//   dW += dy^T x;  db += 1^T dy;  dx = dy W  (or dx += dy W when accumulate_dx).
+static Status linear_backward(kernels::Backend& be, const TensorView& dx, const TensorView& dw,
+                              const TensorView& db, const ConstTensorView& dy,
+                              const ConstTensorView& x, const ConstTensorView& w,
+                              const ConstTensorView& ones, bool accumulate_dx) {
+  FERRY_TRY(be.gemm({.out = dw, .a = dy, .b = x, .trans_a = true, .beta = 1.0f}, host()));
+  if (!db.empty_view()) {
+    const TensorView db_row = TensorView::contiguous(db.data, db.dtype, db.device, {1, db.numel()});
+    const ConstTensorView ones_row =
+        ConstTensorView::contiguous(ones.data, ones.dtype, ones.device, {1, dy.shape[0]});
+    FERRY_TRY(be.gemm({.out = db_row, .a = ones_row, .b = dy, .beta = 1.0f}, host()));
+  }
+  if (dx.empty_view()) return {};
+  return be.gemm({.out = dx, .a = dy, .b = w, .beta = accumulate_dx ? 1.0f : 0.0f}, host());
+}
+
+Status ModelCompute::mlp_backward(int l, const LayerTensors<ConstTensorView>& p,
+                                  const LayerTensors<TensorView>& g, std::int64_t T) {
+  LayerActs& a = acts_[l];
+  Scratch& s = *scratch_;
+  const std::int64_t C = geo_.hidden, F = geo_.mlp_width;
+  const ConstTensorView dy = f32_view(s.dx, {T, C});
+  const ConstTensorView ones = f32_view(s.ones, {T});
+  // y = act Wd^T
+  FERRY_TRY(linear_backward(be_, f32_view(s.d_act, {T, F}), g.down, {}, dy, f32_view(a.act, {T, F}),
+                            p.down, ones, false));
+  // act = silu(gate) * up
+  FERRY_TRY(be_.swiglu_backward({.d_gate = f32_view(s.d_gate, {T, F}),
+                                 .d_up = f32_view(s.d_up, {T, F}),
+                                 .d_out = f32_view(s.d_act, {T, F}),
+                                 .gate = f32_view(a.gate, {T, F}),
+                                 .up = f32_view(a.up, {T, F})},
+                                host()));
+  // gate = h2 Wg^T, up = h2 Wu^T  ->  dh = d_gate Wg + d_up Wu
+  const ConstTensorView h2 = f32_view(a.h2, {T, C});
+  FERRY_TRY(linear_backward(be_, f32_view(s.dh, {T, C}), g.gate, {}, f32_view(s.d_gate, {T, F}), h2,
+                            p.gate, ones, false));
+  return linear_backward(be_, f32_view(s.dh, {T, C}), g.up, {}, f32_view(s.d_up, {T, F}), h2, p.up,
+                         ones, true);
+}
+
+Status ModelCompute::moe_backward(int l, const LayerTensors<ConstTensorView>& p,
+                                  const LayerTensors<TensorView>& g, std::int64_t T) {
+  LayerActs& a = acts_[l];
+  Scratch& s = *scratch_;
+  const std::int64_t C = geo_.hidden, E = geo_.experts, K = geo_.top_k, Fe = geo_.expert_width;
+  const ConstTensorView ones = f32_view(s.ones, {T * K});  // ones has max_tokens entries >= rows
+  // y = combine(eout, weights)
+  FERRY_TRY(be_.moe_combine_backward({.d_expert_out = f32_view(s.d_eout, {T * K, C}),
+                                      .d_weights = f32_view(s.d_weights, {T, K}),
+                                      .d_out = f32_view(s.dx, {T, C}),
+                                      .expert_out = f32_view(a.eout, {T * K, C}),
+                                      .weights = f32_view(a.weights, {T, K}),
+                                      .slot_of = i32_view(a.slot_of, {T, K})},
+                                     host()));
+  const TensorView d_eout = f32_view(s.d_eout, {T * K, C}),
+                   d_eact = f32_view(s.d_eact, {T * K, Fe}),
+                   d_egate = f32_view(s.d_egate, {T * K, Fe}),
+                   d_eup = f32_view(s.d_eup, {T * K, Fe}),
+                   d_gathered = f32_view(s.d_gathered, {T * K, C});
+  const TensorView gathered = f32_view(a.gathered, {T * K, C}),
+                   egate = f32_view(a.egate, {T * K, Fe}), eup = f32_view(a.eup, {T * K, Fe}),
+                   eact = f32_view(a.eact, {T * K, Fe});
+  for (std::int64_t e = 0; e < E; ++e) {
+    const std::int64_t r0 = a.offsets[e], r1 = a.offsets[e + 1];
+    if (r1 == r0) continue;
+    const ConstTensorView ones_e =
+        ConstTensorView::contiguous(s.ones.data(), DType::kF32, Device::kCpu, {r1 - r0});
+    // eout_e = eact_e Wd_e^T
+    FERRY_TRY(linear_backward(be_, rows_of(d_eact, r0, r1), g.expert_down[e], {},
+                              rows_of(ConstTensorView(d_eout), r0, r1),
+                              rows_of(ConstTensorView(eact), r0, r1), p.expert_down[e], ones_e,
+                              false));
+    FERRY_TRY(be_.swiglu_backward({.d_gate = rows_of(d_egate, r0, r1),
+                                   .d_up = rows_of(d_eup, r0, r1),
+                                   .d_out = rows_of(ConstTensorView(d_eact), r0, r1),
+                                   .gate = rows_of(ConstTensorView(egate), r0, r1),
+                                   .up = rows_of(ConstTensorView(eup), r0, r1)},
+                                  host()));
+    const ConstTensorView x_e = rows_of(ConstTensorView(gathered), r0, r1);
+    FERRY_TRY(linear_backward(be_, rows_of(d_gathered, r0, r1), g.expert_gate[e], {},
+                              rows_of(ConstTensorView(d_egate), r0, r1), x_e, p.expert_gate[e],
+                              ones_e, false));
+    FERRY_TRY(linear_backward(be_, rows_of(d_gathered, r0, r1), g.expert_up[e], {},
+                              rows_of(ConstTensorView(d_eup), r0, r1), x_e, p.expert_up[e], ones_e,
+                              true));
+  }
+  // gathered = dispatch(h2)  ->  dh accumulates every copy of a token's row
+  const TensorView dh = f32_view(s.dh, {T, C});
+  zero_host(dh);
+  FERRY_TRY(be_.moe_dispatch_backward(
+      {.d_x = dh, .d_gathered = d_gathered, .slot_of = i32_view(a.slot_of, {T, K})}, host()));
+  // weights, ids = router(h2 Wr^T)
+  FERRY_TRY(be_.router_backward({.d_logits = f32_view(s.d_router_logits, {T, E}),
+                                 .d_weights = f32_view(s.d_weights, {T, K}),
+                                 .probs = f32_view(a.probs, {T, E}),
+                                 .ids = i32_view(a.ids, {T, K}),
+                                 .top_k = geo_.top_k,
+                                 .renormalize = geo_.renormalize_topk},
+                                host()));
+  (void)ones;
+  return linear_backward(be_, dh, g.router, {}, f32_view(s.d_router_logits, {T, E}),
+                         f32_view(a.h2, {T, C}), p.router, f32_view(s.ones, {T}), true);
+}
+
+Status ModelCompute::attention_backward(int l, const LayerTensors<ConstTensorView>& p,
+                                        const LayerTensors<TensorView>& g, std::int64_t T,
+                                        const PackedBatch& batch) {
+  LayerActs& a = acts_[l];
+  Scratch& s = *scratch_;
+  const std::int64_t C = geo_.hidden, H = geo_.heads, G = geo_.kv_heads, D = geo_.head_dim;
+  const ConstTensorView ones = f32_view(s.ones, {T});
+  // x_mid = x_in + attn Wo^T
+  FERRY_TRY(linear_backward(be_, f32_view(s.d_attn, {T, H * D}), g.o, g.o_bias,
+                            f32_view(s.dx_mid, {T, C}), f32_view(a.attn, {T, H * D}), p.o, ones,
+                            false));
+  // attn = attention(q, k, v)
+  FERRY_TRY(be_.attention_backward({.d_q = f32_view(s.dq, {T, H, D}),
+                                    .d_k = f32_view(s.dk, {T, G, D}),
+                                    .d_v = f32_view(s.dv, {T, G, D}),
+                                    .d_out = f32_view(s.d_attn, {T, H, D}),
+                                    .q = f32_view(a.q, {T, H, D}),
+                                    .k = f32_view(a.k, {T, G, D}),
+                                    .v = f32_view(a.v, {T, G, D}),
+                                    .out = f32_view(a.attn, {T, H, D}),
+                                    .lse = f32_view(a.lse, {H, T}),
+                                    .cu_seqlens = batch.cu_seqlens,
+                                    .scale = 1.0f / std::sqrt(static_cast<float>(D))},
+                                   host()));
+  // rope(q), rope(k): the transpose rotation
+  const ConstTensorView inv_freq =
+      ConstTensorView::contiguous(geo_.rope.inv_freq.data(), DType::kF32, Device::kCpu,
+                                  {static_cast<std::int64_t>(geo_.rope.inv_freq.size())});
+  FERRY_TRY(be_.rope({.x = f32_view(s.dq, {T, H, D}),
+                      .positions = batch.positions,
+                      .inv_freq = inv_freq,
+                      .attention_scaling = geo_.rope.attention_scaling,
+                      .backward = true},
+                     host()));
+  FERRY_TRY(be_.rope({.x = f32_view(s.dk, {T, G, D}),
+                      .positions = batch.positions,
+                      .inv_freq = inv_freq,
+                      .attention_scaling = geo_.rope.attention_scaling,
+                      .backward = true},
+                     host()));
+  // q/k norm
+  std::vector<float>* dq_proj = &s.dq;
+  std::vector<float>* dk_proj = &s.dk;
+  if (geo_.qk_norm != QkNorm::kNone) {
+    const bool per_head = geo_.qk_norm == QkNorm::kPerHead;
+    const std::int64_t qr = per_head ? T * H : T, qc = per_head ? D : H * D;
+    const std::int64_t kr = per_head ? T * G : T, kc = per_head ? D : G * D;
+    FERRY_TRY(be_.rms_norm_backward({.d_in = f32_view(s.dq_pre, {qr, qc}),
+                                     .d_weight = g.q_norm,
+                                     .d_out = f32_view(s.dq, {qr, qc}),
+                                     .in = f32_view(a.q_pre, {qr, qc}),
+                                     .weight = p.q_norm,
+                                     .rstd = f32_view(a.q_rstd, {qr})},
+                                    host()));
+    FERRY_TRY(be_.rms_norm_backward({.d_in = f32_view(s.dk_pre, {kr, kc}),
+                                     .d_weight = g.k_norm,
+                                     .d_out = f32_view(s.dk, {kr, kc}),
+                                     .in = f32_view(a.k_pre, {kr, kc}),
+                                     .weight = p.k_norm,
+                                     .rstd = f32_view(a.k_rstd, {kr})},
+                                    host()));
+    dq_proj = &s.dq_pre;
+    dk_proj = &s.dk_pre;
+  }
+  // q, k, v = h1 W^T + b  ->  dh = dq Wq + dk Wk + dv Wv
+  const ConstTensorView h1 = f32_view(a.h1, {T, C});
+  const TensorView dh = f32_view(s.dh, {T, C});
+  FERRY_TRY(linear_backward(be_, dh, g.q, g.q_bias, f32_view(*dq_proj, {T, H * D}), h1, p.q, ones,
+                            false));
+  FERRY_TRY(
+      linear_backward(be_, dh, g.k, g.k_bias, f32_view(*dk_proj, {T, G * D}), h1, p.k, ones, true));
+  return linear_backward(be_, dh, g.v, g.v_bias, f32_view(s.dv, {T, G * D}), h1, p.v, ones, true);
+}
+
+// On entry s.dx holds d loss / d (layer output); on exit d loss / d (layer input).
+Status ModelCompute::layer_backward(int l, const LayerTensors<ConstTensorView>& p,
+                                    const LayerTensors<TensorView>& g, std::int64_t T,
+                                    const PackedBatch& batch) {
+  LayerActs& a = acts_[l];
+  Scratch& s = *scratch_;
+  const std::int64_t C = geo_.hidden;
+  // x_out = x_mid + mlp(h2): dh = d mlp input
+  FERRY_TRY(geo_.layer_is_moe[l] ? moe_backward(l, p, g, T) : mlp_backward(l, p, g, T));
+  // h2 = rms_norm(x_mid): dx_mid = dx + norm_backward(dh)
+  const TensorView tmp = f32_view(s.tmp_c, {T, C});
+  FERRY_TRY(be_.rms_norm_backward({.d_in = tmp,
+                                   .d_weight = g.mlp_norm,
+                                   .d_out = f32_view(s.dh, {T, C}),
+                                   .in = f32_view(a.x_mid, {T, C}),
+                                   .weight = p.mlp_norm,
+                                   .rstd = f32_view(a.rstd2, {T})},
+                                  host()));
+  FERRY_TRY(
+      be_.add({.out = f32_view(s.dx_mid, {T, C}), .a = f32_view(s.dx, {T, C}), .b = tmp}, host()));
+  FERRY_TRY(attention_backward(l, p, g, T, batch));
+  // h1 = rms_norm(x_in): dx = dx_mid + norm_backward(dh)
+  FERRY_TRY(be_.rms_norm_backward({.d_in = tmp,
+                                   .d_weight = g.attn_norm,
+                                   .d_out = f32_view(s.dh, {T, C}),
+                                   .in = f32_view(a.x_in, {T, C}),
+                                   .weight = p.attn_norm,
+                                   .rstd = f32_view(a.rstd1, {T})},
+                                  host()));
+  return be_.add({.out = f32_view(s.dx, {T, C}), .a = f32_view(s.dx_mid, {T, C}), .b = tmp},
+                 host());
+}
+
+Status ModelCompute::backward(const ModelParams& params, const PackedBatch& batch,
+                              const ModelGrads& grads) {
+  const std::int64_t T = batch.ids.numel();
+  if (T != last_T_) {
+    return invalid_argument("model: backward over {} tokens after a forward over {}", T, last_T_);
+  }
+  if (batch.targets.empty_view()) return invalid_argument("model: backward needs targets");
+  if (static_cast<int>(grads.layers.size()) != geo_.layers) {
+    return invalid_argument("model: {} layer gradient sets for {} layers", grads.layers.size(),
+                            geo_.layers);
+  }
+  Scratch& s = *scratch_;
+  const std::int64_t C = geo_.hidden;
+  if (last_counted_ == 0) return {};  // every target ignored: the loss has no gradient
+  // loss = mean nll over counted targets; logits = hf lm_head^T
+  FERRY_TRY(be_.cross_entropy(
+      {.nll = f32_view(s.nll, {T}),
+       .d_hidden = f32_view(s.dh, {T, C}),
+       .d_weight = grads.lm_head,
+       .workspace = TensorView::contiguous(s.ce_workspace.data(), DType::kU8, Device::kCpu,
+                                           {static_cast<std::int64_t>(s.ce_workspace.size())}),
+       .hidden = f32_view(s.hf, {T, C}),
+       .weight = params.lm_head,
+       .targets = batch.targets,
+       .chunk_tokens = kCeChunkTokens,
+       .grad_scale = 1.0f / static_cast<float>(last_counted_)},
+      host()));
+  // hf = rms_norm(x_final)
+  FERRY_TRY(be_.rms_norm_backward({.d_in = f32_view(s.dx, {T, C}),
+                                   .d_weight = grads.final_norm,
+                                   .d_out = f32_view(s.dh, {T, C}),
+                                   .in = f32_view(s.x_final, {T, C}),
+                                   .weight = params.final_norm,
+                                   .rstd = f32_view(s.rstd_f, {T})},
+                                  host()));
+  for (int l = geo_.layers - 1; l >= 0; --l) {
+    FERRY_TRY(layer_backward(l, params.layers[l], grads.layers[l], T, batch));
+  }
+  // x_in[0] = embed(ids). Like torch's Embedding(padding_idx=...), the padding row's gradient
+  // gets no contribution from the lookup (the tied lm_head's contribution still counts).
+  if (geo_.padding_idx >= 0) {
+    const auto* id = batch.ids.as<std::int32_t>();
+    for (std::int64_t t = 0; t < T; ++t) {
+      if (id[t] == geo_.padding_idx) std::fill_n(s.dx.begin() + t * C, C, 0.0f);
+    }
+  }
+  return be_.embedding_backward(
+      {.d_table = grads.embed, .d_out = f32_view(s.dx, {T, C}), .ids = batch.ids}, host());
+}
+
+}  // namespace ferry::model
