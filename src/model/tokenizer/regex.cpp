@@ -39,7 +39,9 @@ std::string pcre2_message(int code) {
 Result<Regex> Regex::compile(std::string_view pattern, bool literal) {
   int err = 0;
   PCRE2_SIZE err_offset = 0;
-  const uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0u);
+  // \C (one code unit) could cut a UTF-8 character in two; tokenizer patterns never need it.
+  const uint32_t options =
+      PCRE2_UTF | PCRE2_UCP | PCRE2_NEVER_BACKSLASH_C | (literal ? PCRE2_LITERAL : 0u);
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
                                    options, &err, &err_offset, nullptr);
   if (code == nullptr) {
