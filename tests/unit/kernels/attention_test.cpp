@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <ostream>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -304,6 +305,12 @@ struct SweepCase {
   std::int64_t H, G, D;
   bool causal;
 };
+
+void PrintTo(const SweepCase& c, std::ostream* os) {
+  *os << "lens={";
+  for (std::size_t i = 0; i < c.lens.size(); ++i) *os << (i ? "," : "") << c.lens[i];
+  *os << "} H=" << c.H << " G=" << c.G << " D=" << c.D << (c.causal ? " causal" : " full");
+}
 
 class AttentionCpuSweep : public ::testing::TestWithParam<SweepCase> {};
 
