@@ -336,6 +336,10 @@ Result<CrossEntropyDims> check_cross_entropy(const CrossEntropyArgs& a, FloatSet
       return invalid_argument("kernels: cross_entropy: workspace has {} bytes, needs {}",
                               a.workspace.shape[0], need);
     }
+    if (reinterpret_cast<std::uintptr_t>(a.workspace.data) % logit_bytes != 0) {
+      return invalid_argument("kernels: cross_entropy: workspace must be {}-byte aligned",
+                              logit_bytes);
+    }
   }
   const auto* tg = a.targets.as<std::int32_t>();
   for (std::int64_t t = 0; t < d.T; ++t) {
