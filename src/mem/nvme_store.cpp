@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -53,6 +54,19 @@ namespace {
 std::atomic<std::uint64_t> g_store_seq{0};
 
 std::string_view op_name(bool is_write) { return is_write ? "write" : "read"; }
+
+// One submission moves at most this much; larger records complete through resubmission (the
+// kernel caps a single read/write near 2 GiB and an SQE length is 32 bits).
+constexpr std::size_t kMaxIoChunkBytes = std::size_t{1} << 30;
+
+#ifdef FERRY_HAVE_URING
+// Turns an SQE whose io_uring_submit failed into a no-op with ticket 0 (ignored when reaped),
+// so a later submit cannot flush a stale request for a ticket that already reported failure.
+void neutralize(io_uring_sqe* sqe) {
+  io_uring_prep_nop(sqe);
+  io_uring_sqe_set_data64(sqe, 0);
+}
+#endif
 }  // namespace
 
 NvmeStore::NvmeStore(MemoryBudget& budget) : budget_(budget) {}
@@ -229,7 +243,7 @@ Status NvmeStore::sync_io(RecordId id, std::byte* buf, bool is_write) {
   Pending p{id, is_write, buf, 0, false, {}};
   const off_t base = static_cast<off_t>(id.index) * static_cast<off_t>(record_stride_);
   while (p.done_bytes < record_stride_) {
-    const std::size_t left = record_stride_ - p.done_bytes;
+    const std::size_t left = std::min(record_stride_ - p.done_bytes, kMaxIoChunkBytes);
     const off_t off = base + static_cast<off_t>(p.done_bytes);
     const ssize_t n = is_write ? ::pwrite(fd_, buf + p.done_bytes, left, off)
                                : ::pread(fd_, buf + p.done_bytes, left, off);
@@ -257,13 +271,15 @@ Result<NvmeTicket> NvmeStore::submit(RecordId id, std::byte* buf, bool is_write)
   FERRY_CHECK(sqe != nullptr, "mem: nvme store: no free submission entry with {} of {} in ring",
               ring_->in_ring, queue_depth_);
   const off_t off = static_cast<off_t>(id.index) * static_cast<off_t>(record_stride_);
+  const auto len = static_cast<unsigned>(std::min(record_stride_, kMaxIoChunkBytes));
   if (is_write) {
-    io_uring_prep_write(sqe, fd_, buf, static_cast<unsigned>(record_stride_), off);
+    io_uring_prep_write(sqe, fd_, buf, len, off);
   } else {
-    io_uring_prep_read(sqe, fd_, buf, static_cast<unsigned>(record_stride_), off);
+    io_uring_prep_read(sqe, fd_, buf, len, off);
   }
   io_uring_sqe_set_data64(sqe, ticket);
   if (const int rc = io_uring_submit(&ring_->ring); rc < 0) {
+    neutralize(sqe);
     return io_error("mem: nvme store {} of record {}: io_uring_submit: {}", op_name(is_write),
                     id.index, std::strerror(-rc));
   }
@@ -289,6 +305,7 @@ void NvmeStore::reap_one_locked() {
   const std::uint64_t ticket = io_uring_cqe_get_data64(cqe);
   const int res = cqe->res;
   io_uring_cqe_seen(&ring_->ring, cqe);
+  if (ticket == 0) return;  // a neutralized request; never counted in in_ring
   --ring_->in_ring;
   auto it = t_->pending.find(ticket);
   FERRY_CHECK(it != t_->pending.end(), "mem: nvme store: completion for unknown ticket {}", ticket);
@@ -297,7 +314,7 @@ void NvmeStore::reap_one_locked() {
   if (res > 0 && p.done_bytes < record_stride_) {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_->ring);
     FERRY_CHECK(sqe != nullptr, "mem: nvme store: no submission entry for a partial transfer");
-    const std::size_t left = record_stride_ - p.done_bytes;
+    const std::size_t left = std::min(record_stride_ - p.done_bytes, kMaxIoChunkBytes);
     const off_t off = static_cast<off_t>(p.rec.index) * static_cast<off_t>(record_stride_) +
                       static_cast<off_t>(p.done_bytes);
     if (p.is_write) {
@@ -310,6 +327,7 @@ void NvmeStore::reap_one_locked() {
       ++ring_->in_ring;
       return;
     }
+    neutralize(sqe);  // reported below as a short transfer
   }
   p.done = true;
   p.status = finish(p, res < 0 ? res : 0);
