@@ -28,6 +28,10 @@ std::string test_dir(const char* base) {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   std::string d = fmt::format("{}/ferry_nvme_test.{}.{}.{}", base, ::getpid(),
                               info->test_suite_name(), info->name());
+  // Parameterized names contain '/': keep the directory one level deep so remove_all cleans it.
+  for (std::size_t k = std::string_view(base).size() + 1; k < d.size(); ++k) {
+    if (d[k] == '/') d[k] = '_';
+  }
   return d;
 }
 
