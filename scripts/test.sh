@@ -1,33 +1,40 @@
 #!/usr/bin/env bash
-# The test command (README, .ci/run): install packages, check formatting, build the CPU code and
-# run every non-GPU test, then compile every CUDA file (when nvcc is present) and run the
-# ASan/UBSan suite. GPU tests run on the GPU machine through scripts/gpu_check.sh.
+# The test command (README, .ci/run): install packages, check formatting, build and run every
+# non-GPU test, compile every CUDA file, then the ASan/UBSan suite and a short fuzzing run.
+#   - with nvcc (CI has /usr/local/cuda, no GPU): one Debug build with CUDA on compiles every .cu
+#     file, the GPU tests and the benchmarks; all non-GPU tests run in it and the GPU tests report
+#     that they skipped. Without nvcc the same runs as a CPU-only build and says CUDA was skipped.
+#   - GPU tests run on a GPU machine through scripts/gpu_check.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS="${FERRY_JOBS:-$(nproc)}"
+start=$(date +%s)
+stamp() { echo "== [$(( $(date +%s) - start ))s] $*"; }
 
 scripts/setup.sh
 
-echo "== format check"
+stamp "format check"
 scripts/check_format.sh
 
-echo "== cpu-debug build + tests"
-cmake --preset cpu-debug >/dev/null
-cmake --build --preset cpu-debug -j "$JOBS"
-ctest --preset cpu-debug -j "$JOBS"
-
 if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null 2>&1; then
-  echo "== cuda-ci: compile every CUDA file, GPU tests and benchmarks (nothing launched)"
-  cmake --preset cuda-ci >/dev/null
-  cmake --build --preset cuda-ci -j "$JOBS"
-  ctest --test-dir build/cuda-ci -L gpu -j "$JOBS" --output-on-failure  # each GPU test skips
+  PRESET=cuda-ci
 else
-  echo "== cuda-ci: SKIPPED (no nvcc on this machine)"
+  PRESET=cpu-debug
+  stamp "no nvcc on this machine: CUDA compilation SKIPPED"
 fi
+stamp "$PRESET: build (CPU code, every CUDA file, tests, benchmarks)"
+cmake --preset "$PRESET" >/dev/null
+cmake --build --preset "$PRESET" -j "$JOBS"
+stamp "$PRESET: tests"
+ctest --preset "$PRESET" -j "$JOBS"
+stamp "gpu tests (each reports SKIPPED without a device)"
+ctest --test-dir "build/$PRESET" -L gpu -j "$JOBS" --output-on-failure
 
-echo "== cpu-asan build + tests (ASan + UBSan)"
+stamp "cpu-asan: build + tests (ASan + UBSan)"
 cmake --preset cpu-asan >/dev/null
 cmake --build --preset cpu-asan -j "$JOBS"
 ctest --preset cpu-asan -j "$JOBS"
 
+stamp "fuzzers"
 scripts/run_fuzzers.sh
+stamp "all passed"
