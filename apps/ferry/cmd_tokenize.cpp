@@ -72,8 +72,12 @@ Status run_tokenize(const TokenizeConfig& cfg) {
   if (std::filesystem::is_directory(path, ec)) path += "/tokenizer.json";
   FERRY_ASSIGN_OR_RETURN(model::Tokenizer tok, model::Tokenizer::from_file(path));
   std::string text = cfg.text;
-  if (!cfg.text_file.empty()) FERRY_ASSIGN_OR_RETURN(text, read_file(cfg.text_file));
-  if (cfg.chat) FERRY_ASSIGN_OR_RETURN(text, render_chat_input(path, text));
+  if (!cfg.text_file.empty()) {
+    FERRY_ASSIGN_OR_RETURN(text, read_file(cfg.text_file));
+  }
+  if (cfg.chat) {
+    FERRY_ASSIGN_OR_RETURN(text, render_chat_input(path, text));
+  }
 
   FERRY_ASSIGN_OR_RETURN(auto ids,
                          tok.encode(text, {.add_special_tokens = cfg.add_special_tokens}));
