@@ -115,6 +115,15 @@ def export_skip(args, log):
     except TypeError:
         torch.onnx.export(model, dummy, onnx_path, **kw)
     log(f"onnx size={os.path.getsize(onnx_path)}")
+    try:  # OpenCV 4.6 needs the opset-6 form of Clip (tools/route/onnx_opencv_compat.py)
+        import onnx
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import onnx_opencv_compat
+        m, ops = onnx_opencv_compat.convert(onnx.load(onnx_path))
+        onnx.save(m, onnx_path)
+        log(f"opencv-compatible rewrite: ops {ops}")
+    except Exception as e:  # noqa: BLE001
+        log(f"opencv-compatible rewrite FAILED ({e!r}); run tools/route/onnx_opencv_compat.py")
     try:
         import onnx
         m = onnx.load(onnx_path)
