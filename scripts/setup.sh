@@ -8,6 +8,7 @@ PACKAGES=(
   libopenblas-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libpcre2-dev libicu-dev
   liburing-dev coinor-libcbc-dev libcpp-httplib-dev libopencv-dev libxgboost-dev
   libgtest-dev libgmock-dev libbenchmark-dev iproute2 curl python3
+  python3-onnx
 )
 
 SUDO=""
