@@ -3,13 +3,17 @@
 
 #include <fmt/format.h>
 
-#include "model/arch/arch.h"
+#include "model/param_spec.h"
 
 namespace ferry::model {
 
 Result<DecoderGeometry> make_geometry(const ModelConfig& c) {
   if (c.mlp_bias) return unimplemented("model: {}: mlp_bias is not supported", c.model_type);
   if (c.clip_qkv > 0) return unimplemented("model: {}: clip_qkv is not supported", c.model_type);
+  if (c.sliding_window > 0) {
+    return unimplemented("model: {}: sliding-window attention ({} tokens) is not supported yet",
+                         c.model_type, c.sliding_window);
+  }
   if (c.hidden_act != "silu") {
     return unimplemented("model: {}: hidden_act '{}' is not supported (silu only)", c.model_type,
                          c.hidden_act);
@@ -42,149 +46,111 @@ Result<DecoderGeometry> make_geometry(const ModelConfig& c) {
 
 namespace {
 
-// Visits every parameter of the model in checkpoint-name form with its expected shape, handing
-// the caller a pointer to the slot (in a ModelTensors<View>) that should point at it.
-template <typename View, typename Fn>
-Status for_each_param(const ModelConfig& c, const DecoderGeometry& g, ModelTensors<View>& t,
-                      Fn&& fn) {
-  const arch::ArchDescription& desc = arch::get(c.arch);
-  const std::int64_t C = g.hidden, V = g.vocab, HD = std::int64_t(g.heads) * g.head_dim,
-                     GD = std::int64_t(g.kv_heads) * g.head_dim, D = g.head_dim, F = g.mlp_width,
-                     Fe = g.expert_width, E = g.experts;
-  FERRY_TRY(fn("model.embed_tokens.weight", std::vector<std::int64_t>{V, C}, &t.embed));
-  t.layers.resize(g.layers);
-  for (int l = 0; l < g.layers; ++l) {
-    LayerTensors<View>& L = t.layers[l];
-    const std::string p = fmt::format("model.layers.{}.", l);
-    FERRY_TRY(fn(p + "input_layernorm.weight", std::vector<std::int64_t>{C}, &L.attn_norm));
-    FERRY_TRY(fn(p + "self_attn.q_proj.weight", std::vector<std::int64_t>{HD, C}, &L.q));
-    FERRY_TRY(fn(p + "self_attn.k_proj.weight", std::vector<std::int64_t>{GD, C}, &L.k));
-    FERRY_TRY(fn(p + "self_attn.v_proj.weight", std::vector<std::int64_t>{GD, C}, &L.v));
-    FERRY_TRY(fn(p + "self_attn.o_proj.weight", std::vector<std::int64_t>{C, HD}, &L.o));
-    if (g.qkv_bias) {
-      FERRY_TRY(fn(p + "self_attn.q_proj.bias", std::vector<std::int64_t>{HD}, &L.q_bias));
-      FERRY_TRY(fn(p + "self_attn.k_proj.bias", std::vector<std::int64_t>{GD}, &L.k_bias));
-      FERRY_TRY(fn(p + "self_attn.v_proj.bias", std::vector<std::int64_t>{GD}, &L.v_bias));
-    }
-    if (g.o_bias) {
-      FERRY_TRY(fn(p + "self_attn.o_proj.bias", std::vector<std::int64_t>{C}, &L.o_bias));
-    }
-    if (g.qk_norm != QkNorm::kNone) {
-      const bool per_head = g.qk_norm == QkNorm::kPerHead;
-      FERRY_TRY(fn(p + "self_attn.q_norm.weight", std::vector<std::int64_t>{per_head ? D : HD},
-                   &L.q_norm));
-      FERRY_TRY(fn(p + "self_attn.k_norm.weight", std::vector<std::int64_t>{per_head ? D : GD},
-                   &L.k_norm));
-    }
-    FERRY_TRY(fn(p + "post_attention_layernorm.weight", std::vector<std::int64_t>{C}, &L.mlp_norm));
-    if (!g.layer_is_moe[l]) {
-      FERRY_TRY(fn(p + "mlp.gate_proj.weight", std::vector<std::int64_t>{F, C}, &L.gate));
-      FERRY_TRY(fn(p + "mlp.up_proj.weight", std::vector<std::int64_t>{F, C}, &L.up));
-      FERRY_TRY(fn(p + "mlp.down_proj.weight", std::vector<std::int64_t>{C, F}, &L.down));
-      continue;
-    }
-    const arch::MoeNames& n = desc.moe_names;
-    const std::string block = p + std::string(n.block) + ".";
-    FERRY_TRY(
-        fn(block + std::string(n.router) + ".weight", std::vector<std::int64_t>{E, C}, &L.router));
-    L.expert_gate.resize(E);
-    L.expert_up.resize(E);
-    L.expert_down.resize(E);
-    for (std::int64_t e = 0; e < E; ++e) {
-      const std::string ep = fmt::format("{}experts.{}.", block, e);
-      FERRY_TRY(fn(ep + std::string(n.expert_gate) + ".weight", std::vector<std::int64_t>{Fe, C},
-                   &L.expert_gate[e]));
-      FERRY_TRY(fn(ep + std::string(n.expert_up) + ".weight", std::vector<std::int64_t>{Fe, C},
-                   &L.expert_up[e]));
-      FERRY_TRY(fn(ep + std::string(n.expert_down) + ".weight", std::vector<std::int64_t>{C, Fe},
-                   &L.expert_down[e]));
+// The slot of `t` that parameter `spec` binds to (ParamSpec roles -> ModelTensors fields).
+template <typename View>
+View* slot_for(ModelTensors<View>& t, const ParamSpec& spec, const DecoderGeometry& g) {
+  if (spec.layer < 0) {
+    switch (spec.role) {
+      case ParamRole::kEmbed:
+        return &t.embed;
+      case ParamRole::kFinalNorm:
+        return &t.final_norm;
+      case ParamRole::kLmHead:
+        return &t.lm_head;
+      default:
+        FERRY_CHECK(false, "model: global parameter {} has a layer role", spec.hf_name);
     }
   }
-  FERRY_TRY(fn("model.norm.weight", std::vector<std::int64_t>{C}, &t.final_norm));
-  if (g.tied_embeddings) {
-    t.lm_head = t.embed;
-  } else {
-    FERRY_TRY(fn("lm_head.weight", std::vector<std::int64_t>{V, C}, &t.lm_head));
+  if (t.layers.size() != static_cast<std::size_t>(g.layers)) t.layers.resize(g.layers);
+  LayerTensors<View>& L = t.layers[spec.layer];
+  if (is_expert_role(spec.role) && L.expert_gate.size() != static_cast<std::size_t>(g.experts)) {
+    L.expert_gate.resize(g.experts);
+    L.expert_up.resize(g.experts);
+    L.expert_down.resize(g.experts);
   }
-  return {};
+  switch (spec.role) {
+    case ParamRole::kAttnNorm:
+      return &L.attn_norm;
+    case ParamRole::kQProj:
+      return &L.q;
+    case ParamRole::kKProj:
+      return &L.k;
+    case ParamRole::kVProj:
+      return &L.v;
+    case ParamRole::kOProj:
+      return &L.o;
+    case ParamRole::kQBias:
+      return &L.q_bias;
+    case ParamRole::kKBias:
+      return &L.k_bias;
+    case ParamRole::kVBias:
+      return &L.v_bias;
+    case ParamRole::kOBias:
+      return &L.o_bias;
+    case ParamRole::kQNorm:
+      return &L.q_norm;
+    case ParamRole::kKNorm:
+      return &L.k_norm;
+    case ParamRole::kMlpNorm:
+      return &L.mlp_norm;
+    case ParamRole::kGate:
+      return &L.gate;
+    case ParamRole::kUp:
+      return &L.up;
+    case ParamRole::kDown:
+      return &L.down;
+    case ParamRole::kRouter:
+      return &L.router;
+    case ParamRole::kExpertGate:
+      return &L.expert_gate[spec.expert];
+    case ParamRole::kExpertUp:
+      return &L.expert_up[spec.expert];
+    case ParamRole::kExpertDown:
+      return &L.expert_down[spec.expert];
+    default:
+      FERRY_CHECK(false, "model: layer parameter {} has a global role", spec.hf_name);
+  }
+  return nullptr;
 }
 
 }  // namespace
 
 Result<std::unique_ptr<LoadedModel>> load_model_f32(const std::string& dir) {
   auto m = std::make_unique<LoadedModel>();
-  FERRY_ASSIGN_OR_RETURN(m->config, load_model_config(dir));
+  FERRY_ASSIGN_OR_RETURN(ModelWeights w, ModelWeights::load(dir, {.dtype = DType::kF32}));
+  m->weights = std::make_unique<ModelWeights>(std::move(w));
+  m->config = m->weights->config();
   FERRY_ASSIGN_OR_RETURN(m->geometry, make_geometry(m->config));
-  FERRY_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(dir));
-  m->checkpoint = std::make_unique<Checkpoint>(std::move(ckpt));
-  // Count first so `owned` never reallocates while views point into it.
-  std::size_t n_params = 0;
-  ModelParams counting;
-  FERRY_TRY(for_each_param(
-      m->config, m->geometry, counting,
-      [&](const std::string&, const std::vector<std::int64_t>&, ConstTensorView*) -> Status {
-        ++n_params;
-        return {};
-      }));
-  m->owned.reserve(n_params);
-  LoadedModel* mp = m.get();
-  FERRY_TRY(for_each_param(
-      m->config, m->geometry, m->params,
-      [&](const std::string& name, const std::vector<std::int64_t>& shape,
-          ConstTensorView* slot) -> Status {
-        FERRY_ASSIGN_OR_RETURN(const Checkpoint::Entry entry, mp->checkpoint->get(name));
-        FERRY_TRY(check_tensor_shape(*entry.info, shape, entry.file->path()));
-        if (!is_float(entry.info->dtype)) {
-          return corrupt("model: tensor {} in {} has dtype {}, expected a float type", name,
-                         entry.file->path(), to_string(entry.info->dtype));
-        }
-        FERRY_ASSIGN_OR_RETURN(ConstTensorView v, entry.file->view(*entry.info));
-        if (v.dtype != DType::kF32 || !entry.file->aligned(*entry.info)) {
-          std::vector<float>& buf = mp->owned.emplace_back(static_cast<std::size_t>(v.numel()));
-          if (v.dtype == DType::kF32) {
-            std::memcpy(buf.data(), v.data, buf.size() * sizeof(float));
-          } else {
-            convert_elements(v.data, v.dtype, buf.data(), DType::kF32, buf.size());
-          }
-          ConstTensorView owned_view = v;
-          owned_view.data = buf.data();
-          owned_view.dtype = DType::kF32;
-          v = owned_view;
-        }
-        *slot = v;
-        mp->named.emplace_back(name, v);
-        return {};
-      }));
+  m->params.layers.resize(m->geometry.layers);
+  const auto& specs = m->weights->specs();
+  const auto& views = m->weights->views();
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    *slot_for(m->params, specs[i], m->geometry) = views[i];
+    m->named.emplace_back(specs[i].hf_name, views[i]);
+  }
+  if (m->geometry.tied_embeddings) m->params.lm_head = m->params.embed;
   return m;
 }
 
 Result<std::unique_ptr<GradStorage>> GradStorage::create(const LoadedModel& model) {
   auto gs = std::make_unique<GradStorage>();
-  gs->bufs.reserve(model.named.size());
-  std::size_t i = 0;
-  ModelGrads& grads = gs->grads;
-  GradStorage* gp = gs.get();
-  FERRY_TRY(for_each_param(
-      model.config, model.geometry, grads,
-      [&](const std::string& name, const std::vector<std::int64_t>& shape,
-          TensorView* slot) -> Status {
-        FERRY_CHECK(i < model.named.size() && model.named[i].first == name,
-                    "model: gradient order diverged from parameter order at {}", name);
-        ++i;
-        std::vector<float>& buf = gp->bufs.emplace_back(
-            static_cast<std::size_t>(model.named[i - 1].second.numel()), 0.0f);
-        TensorView v = TensorView::contiguous(buf.data(), DType::kF32, Device::kCpu, {1});
-        v.ndim = static_cast<int>(shape.size());
-        std::int64_t stride = 1;
-        for (int d = v.ndim - 1; d >= 0; --d) {
-          v.shape[d] = shape[d];
-          v.stride[d] = stride;
-          stride *= shape[d];
-        }
-        *slot = v;
-        gp->named.emplace_back(name, v);
-        return {};
-      }));
+  const auto& specs = model.weights->specs();
+  gs->bufs.reserve(specs.size());
+  gs->grads.layers.resize(model.geometry.layers);
+  for (const ParamSpec& spec : specs) {
+    std::vector<float>& buf = gs->bufs.emplace_back(static_cast<std::size_t>(spec.numel()), 0.0f);
+    TensorView v = TensorView::contiguous(buf.data(), DType::kF32, Device::kCpu, {1});
+    v.ndim = static_cast<int>(spec.shape.size());
+    std::int64_t stride = 1;
+    for (int d = v.ndim - 1; d >= 0; --d) {
+      v.shape[d] = spec.shape[d];
+      v.stride[d] = stride;
+      stride *= spec.shape[d];
+    }
+    *slot_for(gs->grads, spec, model.geometry) = v;
+    gs->named.emplace_back(spec.hf_name, v);
+  }
+  if (model.geometry.tied_embeddings) gs->grads.lm_head = gs->grads.embed;
   return gs;
 }
 

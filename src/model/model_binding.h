@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/model_compute.h"
+#include "model/weights.h"
 
 namespace ferry::model {
 
@@ -21,14 +21,13 @@ Result<DecoderGeometry> make_geometry(const ModelConfig& config);
 struct LoadedModel {
   ModelConfig config;
   DecoderGeometry geometry;
-  ModelParams params;
-  std::vector<std::pair<std::string, ConstTensorView>> named;  // checkpoint name -> f32 view
-  std::vector<std::vector<float>> owned;  // f32 copies of tensors stored in another dtype
-  std::unique_ptr<Checkpoint> checkpoint;
+  ModelParams params;                                          // views into `weights`
+  std::vector<std::pair<std::string, ConstTensorView>> named;  // param_specs order
+  std::unique_ptr<ModelWeights> weights;                       // owns mapping and copies
 };
 
-// Loads config.json and the safetensors (single file or sharded index) of `dir`, validating every
-// tensor's presence, dtype and shape; tensors not stored as f32 are converted to f32 copies.
+// Loads config.json and the safetensors (single file or sharded index) of `dir` through
+// ModelWeights (which validates presence, dtype and shape of every tensor) in f32.
 Result<std::unique_ptr<LoadedModel>> load_model_f32(const std::string& dir);
 
 struct GradStorage {
