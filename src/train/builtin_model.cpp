@@ -1,0 +1,144 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "train/builtin_model.h"
+
+#include <filesystem>
+#include <vector>
+
+#include "core/file_util.h"
+#include "core/json.h"
+#include "model/config.h"
+#include "model/param_spec.h"
+#include "model/safetensors_writer.h"
+#include "model/tokenizer/byte_level.h"
+#include "model/tokenizer/chat_template.h"
+#include "train/rng.h"
+
+namespace ferry::train {
+
+namespace {
+
+// Qwen2's pre-split pattern (tokenizer.json of Qwen2/2.5/3).
+constexpr const char* kQwen2Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+Json added_token(int id, const char* content) {
+  return Json{{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
+              {"rstrip", false}, {"normalized", false}, {"special", true}};
+}
+
+}  // namespace
+
+std::string builtin_tokenizer_json() {
+  Json vocab = Json::object();
+  for (int b = 0; b < 256; ++b) {
+    vocab[model::tok::byte_to_unicode_utf8(static_cast<unsigned char>(b))] = b;
+  }
+  const Json byte_level = {{"type", "ByteLevel"},
+                           {"add_prefix_space", false},
+                           {"trim_offsets", false},
+                           {"use_regex", false}};
+  Json j = {{"version", "1.0"},
+            {"truncation", nullptr},
+            {"padding", nullptr},
+            {"added_tokens", Json::array({added_token(kBuiltinEndOfText, "<|endoftext|>"),
+                                          added_token(kBuiltinImStart, "<|im_start|>"),
+                                          added_token(kBuiltinImEnd, "<|im_end|>")})},
+            {"normalizer", nullptr},
+            {"pre_tokenizer",
+             {{"type", "Sequence"},
+              {"pretokenizers", Json::array({Json{{"type", "Split"},
+                                                  {"pattern", {{"Regex", kQwen2Pattern}}},
+                                                  {"behavior", "Isolated"},
+                                                  {"invert", false}},
+                                             byte_level})}}},
+            {"post_processor", byte_level},
+            {"decoder", byte_level},
+            {"model",
+             {{"type", "BPE"},
+              {"dropout", nullptr},
+              {"unk_token", nullptr},
+              {"continuing_subword_prefix", nullptr},
+              {"end_of_word_suffix", nullptr},
+              {"fuse_unk", false},
+              {"byte_fallback", false},
+              {"ignore_merges", false},
+              {"vocab", vocab},
+              {"merges", Json::array()}}}};
+  return j.dump(1);
+}
+
+std::string builtin_tokenizer_config_json() {
+  const Json j = {{"chat_template", std::string(model::kChatMlJinja)},
+                  {"eos_token", "<|im_end|>"},
+                  {"pad_token", "<|endoftext|>"},
+                  {"bos_token", nullptr},
+                  {"model_max_length", 512},
+                  {"tokenizer_class", "Qwen2Tokenizer"}};
+  return j.dump(1);
+}
+
+std::string builtin_config_json(const BuiltinModelSpec& s) {
+  const Json j = {{"architectures", Json::array({"Qwen3ForCausalLM"})},
+                  {"model_type", "qwen3"},
+                  {"vocab_size", kBuiltinVocab},
+                  {"hidden_size", s.hidden},
+                  {"intermediate_size", s.intermediate},
+                  {"num_hidden_layers", s.layers},
+                  {"num_attention_heads", s.heads},
+                  {"num_key_value_heads", s.kv_heads},
+                  {"head_dim", s.head_dim},
+                  {"max_position_embeddings", s.max_positions},
+                  {"rms_norm_eps", 1e-6},
+                  {"rope_parameters", {{"rope_theta", 10000.0}, {"rope_type", "default"}}},
+                  {"hidden_act", "silu"},
+                  {"attention_bias", false},
+                  {"attention_dropout", 0.0},
+                  {"tie_word_embeddings", true},
+                  {"use_sliding_window", false},
+                  {"sliding_window", nullptr},
+                  {"bos_token_id", nullptr},
+                  {"eos_token_id", kBuiltinImEnd},
+                  {"pad_token_id", nullptr},
+                  {"initializer_range", s.init_std},
+                  {"dtype", "float32"}};
+  return j.dump(1);
+}
+
+Status write_builtin_model(const std::string& dir, const BuiltinModelSpec& spec,
+                           std::uint64_t seed) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return io_error("train: cannot create {}: {}", dir, ec.message());
+  const std::string config_text = builtin_config_json(spec);
+  FERRY_ASSIGN_OR_RETURN(const model::ModelConfig config,
+                         model::parse_model_config_text(config_text, "built-in config"));
+  const std::vector<model::ParamSpec> specs = model::param_specs(config);
+  std::vector<std::vector<float>> data(specs.size());
+  std::vector<model::NamedTensor> named;
+  named.reserve(specs.size());
+  Rng rng(mix_seed(seed, 0x1417));
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const model::ParamSpec& p = specs[i];
+    data[i].resize(static_cast<std::size_t>(p.numel()));
+    const bool norm = model::is_norm_role(p.role);
+    for (float& x : data[i]) {
+      x = norm ? 1.0f : static_cast<float>(rng.normal() * spec.init_std);
+    }
+    ConstTensorView v = ConstTensorView::contiguous(data[i].data(), DType::kF32, Device::kCpu, {1});
+    v.ndim = static_cast<int>(p.shape.size());
+    std::int64_t stride = 1;
+    for (int d = v.ndim - 1; d >= 0; --d) {
+      v.shape[d] = p.shape[d];
+      v.stride[d] = stride;
+      stride *= p.shape[d];
+    }
+    named.push_back({p.hf_name, v});
+  }
+  FERRY_TRY(model::write_safetensors(dir + "/model.safetensors", named, {{"format", "pt"}}));
+  FERRY_TRY(write_file_atomic(dir + "/config.json", config_text));
+  FERRY_TRY(write_file_atomic(dir + "/tokenizer.json", builtin_tokenizer_json()));
+  FERRY_TRY(write_file_atomic(dir + "/tokenizer_config.json", builtin_tokenizer_config_json()));
+  return {};
+}
+
+}  // namespace ferry::train

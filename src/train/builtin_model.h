@@ -1,0 +1,47 @@
+// SPDX-License-Identifier: Apache-2.0
+// The embedded default of `ferry train`: a tiny Qwen3-architecture model and a byte-level
+// tokenizer that need no download. The tokenizer is a real tokenizer.json (256 byte tokens in
+// GPT-2's byte-to-unicode spelling, no merges, Qwen2's pre-tokenizer, plus <|endoftext|>,
+// <|im_start|>, <|im_end|>) and loads through model::Tokenizer like any Hugging Face one; the
+// model is written as a Hugging Face folder (config.json + model.safetensors + tokenizer files)
+// so the trainer loads it through the same path as a user's model.
+// Init: every weight ~ N(0, init_std^2) drawn from a seeded Rng in canonical parameter order
+// (model/param_spec.h); RMSNorm weights (incl. q/k norms) are 1.
+// Tests: tests/unit/train/builtin_test.cpp.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/status.h"
+
+namespace ferry::train {
+
+struct BuiltinModelSpec {
+  int layers = 4;
+  int hidden = 128;        // C
+  int heads = 4;           // H
+  int kv_heads = 2;        // G
+  int head_dim = 32;       // D
+  int intermediate = 384;  // F
+  int max_positions = 512;
+  double init_std = 0.02;
+};
+
+// Token ids of the built-in tokenizer's special tokens (bytes are 0..255).
+inline constexpr int kBuiltinEndOfText = 256;
+inline constexpr int kBuiltinImStart = 257;
+inline constexpr int kBuiltinImEnd = 258;
+inline constexpr int kBuiltinVocab = 259;
+
+std::string builtin_tokenizer_json();
+// tokenizer_config.json carrying the ChatML chat template and the special tokens.
+std::string builtin_tokenizer_config_json();
+std::string builtin_config_json(const BuiltinModelSpec& spec);
+
+// Writes config.json, model.safetensors (seeded init), tokenizer.json and tokenizer_config.json
+// into `dir` (created if missing).
+Status write_builtin_model(const std::string& dir, const BuiltinModelSpec& spec,
+                           std::uint64_t seed);
+
+}  // namespace ferry::train

@@ -1,0 +1,77 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "train/train_state.h"
+
+#include <cstring>
+
+namespace ferry::train {
+
+namespace {
+
+model::LayerTensors<ConstTensorView> as_const(const model::LayerTensors<TensorView>& l) {
+  model::LayerTensors<ConstTensorView> c;
+  c.attn_norm = l.attn_norm;
+  c.q = l.q;
+  c.k = l.k;
+  c.v = l.v;
+  c.o = l.o;
+  c.q_bias = l.q_bias;
+  c.k_bias = l.k_bias;
+  c.v_bias = l.v_bias;
+  c.o_bias = l.o_bias;
+  c.q_norm = l.q_norm;
+  c.k_norm = l.k_norm;
+  c.mlp_norm = l.mlp_norm;
+  c.gate = l.gate;
+  c.up = l.up;
+  c.down = l.down;
+  c.router = l.router;
+  c.expert_gate.assign(l.expert_gate.begin(), l.expert_gate.end());
+  c.expert_up.assign(l.expert_up.begin(), l.expert_up.end());
+  c.expert_down.assign(l.expert_down.begin(), l.expert_down.end());
+  return c;
+}
+
+}  // namespace
+
+model::ModelParams as_params(const model::ModelGrads& g) {
+  model::ModelParams p;
+  p.embed = g.embed;
+  p.final_norm = g.final_norm;
+  p.lm_head = g.lm_head;
+  for (const auto& l : g.layers) p.layers.push_back(as_const(l));
+  return p;
+}
+
+bool decays(const std::string& name) {
+  if (name.find("norm") != std::string::npos) return false;
+  const std::string_view bias = ".bias";
+  return !(name.size() >= bias.size() &&
+           name.compare(name.size() - bias.size(), bias.size(), bias.data()) == 0);
+}
+
+std::int64_t TrainState::num_elements() const {
+  std::int64_t n = 0;
+  for (const auto& [name, v] : master->named) n += v.numel();
+  return n;
+}
+
+Result<std::unique_ptr<TrainState>> TrainState::from_loaded(const model::LoadedModel& loaded) {
+  auto s = std::make_unique<TrainState>();
+  s->config = loaded.config;
+  s->geometry = loaded.geometry;
+  FERRY_ASSIGN_OR_RETURN(s->master, model::GradStorage::create(loaded));
+  FERRY_ASSIGN_OR_RETURN(s->grads, model::GradStorage::create(loaded));
+  FERRY_ASSIGN_OR_RETURN(s->m, model::GradStorage::create(loaded));
+  FERRY_ASSIGN_OR_RETURN(s->v, model::GradStorage::create(loaded));
+  for (std::size_t i = 0; i < loaded.named.size(); ++i) {
+    const ConstTensorView& src = loaded.named[i].second;
+    FERRY_CHECK(src.dtype == DType::kF32 && src.is_contiguous(),
+                "train: loaded tensor {} is not contiguous f32", loaded.named[i].first);
+    std::memcpy(s->master->named[i].second.data, src.data, src.bytes());
+    s->decay.push_back(decays(loaded.named[i].first));
+  }
+  s->params = as_params(s->master->grads);
+  return s;
+}
+
+}  // namespace ferry::train

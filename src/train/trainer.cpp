@@ -1,0 +1,325 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "train/trainer.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "core/file_util.h"
+#include "core/json.h"
+#include "core/log.h"
+#include "core/progress.h"
+#include "core/timer.h"
+#include "kernels/backend.h"
+#include "model/model_binding.h"
+#include "model/tokenizer/chat_template.h"
+#include "train/batcher.h"
+#include "train/greedy_eval.h"
+#include "train/train_checkpoint.h"
+
+namespace ferry::train {
+
+namespace fs = std::filesystem;
+
+Status validate(const TrainConfig& c) {
+  if (c.output_dir.empty()) return invalid_argument("train: --output-dir is required");
+  if (c.max_steps < 1) return invalid_argument("train: --max-steps must be >= 1");
+  if (c.batch_size < 1) return invalid_argument("train: --batch-size must be >= 1");
+  if (c.seq_len < 2) return invalid_argument("train: --seq-len must be >= 2");
+  if (c.grad_accum < 1) return invalid_argument("train: --grad-accum must be >= 1");
+  if (!(c.lr > 0.0) || !std::isfinite(c.lr)) return invalid_argument("train: --lr must be > 0");
+  if (c.warmup_steps < 0) return invalid_argument("train: --warmup-steps must be >= 0");
+  if (c.min_lr_ratio < 0.0 || c.min_lr_ratio > 1.0) {
+    return invalid_argument("train: min lr ratio must be in [0, 1]");
+  }
+  if (c.save_every < 0 || c.eval_every < 0 || c.log_every < 1) {
+    return invalid_argument("train: --save-every/--eval-every must be >= 0, --log-every >= 1");
+  }
+  if (c.data_path.empty() != c.model_dir.empty()) {
+    return invalid_argument(
+        "train: give both --model and --data, or neither (the embedded default)");
+  }
+  return {};
+}
+
+namespace {
+
+// What the job trains on: model folder contents, tokenizer and tokenized data.
+struct Job {
+  std::unique_ptr<TrainState> state;
+  std::unique_ptr<model::Tokenizer> tok;
+  std::string config_json;
+  std::map<std::string, std::string> passthrough;  // tokenizer files copied to the export
+  std::vector<TokenizedExample> train;
+  std::vector<TokenizedExample> eval;
+};
+
+Status load_model_into(Job& job, const std::string& dir) {
+  FERRY_ASSIGN_OR_RETURN(auto loaded, model::load_model_f32(dir));
+  FERRY_ASSIGN_OR_RETURN(job.state, TrainState::from_loaded(*loaded));
+  FERRY_ASSIGN_OR_RETURN(job.config_json, read_file(dir + "/config.json"));
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                        "generation_config.json"}) {
+    const std::string p = dir + "/" + f;
+    if (fs::exists(p)) {
+      FERRY_ASSIGN_OR_RETURN(job.passthrough[f], read_file(p));
+    }
+  }
+  if (!job.passthrough.count("tokenizer.json")) {
+    return not_found("train: {} has no tokenizer.json", dir);
+  }
+  FERRY_ASSIGN_OR_RETURN(
+      model::Tokenizer tok,
+      model::Tokenizer::from_json_text(job.passthrough["tokenizer.json"], dir + "/tokenizer.json"));
+  job.tok = std::make_unique<model::Tokenizer>(std::move(tok));
+  if (static_cast<std::int64_t>(job.tok->vocab_size()) > job.state->geometry.vocab) {
+    return invalid_argument("train: tokenizer of {} has {} ids, the model's vocabulary only {}",
+                            dir, job.tok->vocab_size(), job.state->geometry.vocab);
+  }
+  if (auto it = job.passthrough.find("tokenizer_config.json"); it != job.passthrough.end()) {
+    auto tmpl = model::read_chat_template(dir + "/tokenizer_config.json");
+    if (tmpl.ok() && !model::detect_chat_template(*tmpl).ok()) {
+      log::get("train")->warn(
+          "the chat template of {} is not plain ChatML; training renders plain ChatML", dir);
+    }
+  }
+  return {};
+}
+
+Result<Job> prepare_job(const TrainConfig& c, DataReport* report, DataReport* eval_report) {
+  Job job;
+  std::vector<SftExample> train_ex, eval_ex;
+  if (c.model_dir.empty()) {
+    const std::string init = fmt::format("{}/.builtin-init-{}", c.output_dir, ::getpid());
+    FERRY_TRY(write_builtin_model(init, c.builtin, c.seed));
+    Status st = load_model_into(job, init);
+    std::error_code ec;
+    if (st.ok()) {
+      // load_model_f32 mapped the files; TrainState holds copies, so the folder can go.
+      fs::remove_all(init, ec);
+    }
+    FERRY_TRY(st);
+    ArithSplit split = make_arith_split(c.arith);
+    train_ex = std::move(split.train);
+    eval_ex = std::move(split.eval);
+  } else {
+    FERRY_TRY(load_model_into(job, c.model_dir));
+    FERRY_ASSIGN_OR_RETURN(train_ex, read_sft_jsonl(c.data_path, c.strict, report));
+    if (!c.eval_data_path.empty()) {
+      FERRY_ASSIGN_OR_RETURN(eval_ex, read_sft_jsonl(c.eval_data_path, c.strict, eval_report));
+    }
+  }
+  FERRY_ASSIGN_OR_RETURN(job.train,
+                         tokenize_dataset(*job.tok, train_ex, c.seq_len, c.overlong, report));
+  if (!eval_ex.empty()) {
+    FERRY_ASSIGN_OR_RETURN(job.eval,
+                           tokenize_dataset(*job.tok, eval_ex, c.seq_len, c.overlong, eval_report));
+  }
+  return job;
+}
+
+void log_report(const char* what, const DataReport& r, std::int64_t seq_len,
+                OverlongPolicy overlong) {
+  auto lg = log::get("train");
+  lg->info("{}: examples={} malformed_lines={} truncated={} skipped={}", what, r.examples,
+           r.malformed, r.truncated, r.skipped);
+  if (r.truncated > 0) {
+    lg->warn("{}: {} examples longer than --seq-len {} were truncated (--overlong skip drops them)",
+             what, r.truncated, seq_len);
+  }
+  if (r.skipped > 0 && overlong == OverlongPolicy::kSkip) {
+    lg->warn("{}: {} examples skipped (longer than --seq-len {} or nothing left to train)", what,
+             r.skipped, seq_len);
+  }
+}
+
+}  // namespace
+
+Result<TrainSummary> run_training(const TrainConfig& c) {
+  FERRY_TRY(validate(c));
+  Timer wall;
+  auto lg = log::get("train");
+  std::error_code ec;
+  fs::create_directories(c.output_dir, ec);
+  if (ec) return io_error("train: cannot create {}: {}", c.output_dir, ec.message());
+
+  DataReport report, eval_report;
+  FERRY_ASSIGN_OR_RETURN(Job job, prepare_job(c, &report, &eval_report));
+  log_report("train data", report, c.seq_len, c.overlong);
+  if (!job.eval.empty()) log_report("eval data", eval_report, c.seq_len, c.overlong);
+  TrainState& s = *job.state;
+
+  TrainerState ts;
+  ts.seed = c.seed;
+  ts.data_fingerprint = data_fingerprint(job.train);
+  if (!c.resume.empty()) {
+    FERRY_ASSIGN_OR_RETURN(ts, load_checkpoint(c.resume, s));
+    if (ts.data_fingerprint != data_fingerprint(job.train)) {
+      return invalid_argument(
+          "train: --resume {}: the checkpoint was trained on different data (fingerprint "
+          "mismatch); resume needs the same data, --seq-len and tokenizer",
+          c.resume);
+    }
+    if (ts.seed != c.seed) {
+      return invalid_argument("train: --resume {}: checkpoint seed {} differs from --seed {}",
+                              c.resume, ts.seed, c.seed);
+    }
+    if (ts.step >= c.max_steps) {
+      lg->warn("checkpoint is at step {} >= --max-steps {}: nothing to train", ts.step,
+               c.max_steps);
+    }
+  }
+
+  kernels::Backend& be = kernels::cpu_backend();
+  Batcher batcher(&job.train, c.seed, c.batch_size, c.seq_len, c.padding,
+                  std::max<std::int32_t>(0, job.tok->token_to_id("<|endoftext|>")));
+  FERRY_ASSIGN_OR_RETURN(auto compute,
+                         model::ModelCompute::create(s.geometry, batcher.max_tokens(), be));
+  const LrScheduleConfig sched{.kind = c.schedule,
+                               .peak = c.lr,
+                               .min_lr_ratio = c.min_lr_ratio,
+                               .warmup_steps = c.warmup_steps,
+                               .total_steps = c.max_steps};
+
+  TrainSummary sum;
+  sum.params = s.num_elements();
+  sum.first_step = ts.step;
+  sum.baseline_accuracy = majority_baseline(job.train, job.eval);
+  lg->info(
+      "model: {} layers={} hidden={} params={} | data: {} train / {} eval examples | B={} S={} "
+      "accum={} {} | steps={} lr={:.1e} {} warmup={}",
+      s.config.model_type, s.geometry.layers, s.geometry.hidden, sum.params, job.train.size(),
+      job.eval.size(), c.batch_size, c.seq_len, c.grad_accum, c.padding ? "padded" : "packed",
+      c.max_steps, c.lr, to_string(c.schedule), c.warmup_steps);
+
+  std::ofstream metrics;
+  if (!c.metrics_out.empty()) {
+    metrics.open(c.metrics_out, c.resume.empty() ? std::ios::trunc : std::ios::app);
+    if (!metrics) return io_error("train: cannot open --metrics-out {}", c.metrics_out);
+  }
+  auto run_eval = [&](std::int64_t step) -> Status {
+    if (job.eval.empty()) return {};
+    Timer t;
+    FERRY_ASSIGN_OR_RETURN(const EvalResult r,
+                           evaluate(*compute, s.params, *job.tok, job.eval, batcher.max_tokens(),
+                                    c.eval_max_new_tokens));
+    sum.evals.push_back({step, r.loss, r.accuracy(), r.correct, r.total});
+    if (!c.quiet) {
+      std::printf(
+          "eval step %lld | loss %.4f | exact match %lld/%lld = %.1f%% (baseline %.1f%%) "
+          "| %.1f s\n",
+          static_cast<long long>(step), r.loss, static_cast<long long>(r.correct),
+          static_cast<long long>(r.total), 100.0 * r.accuracy(), 100.0 * sum.baseline_accuracy,
+          t.elapsed_s());
+      std::fflush(stdout);
+    }
+    if (metrics.is_open()) {
+      metrics << Json{{"type", "eval"},
+                      {"step", step},
+                      {"eval_loss", r.loss},
+                      {"exact_match", r.accuracy()},
+                      {"correct", r.correct},
+                      {"total", r.total},
+                      {"baseline", sum.baseline_accuracy}}
+                     .dump()
+              << "\n";
+      metrics.flush();
+    }
+    return {};
+  };
+
+  if (ts.step == 0 && c.eval_every > 0) FERRY_TRY(run_eval(0));
+
+  std::unique_ptr<ProgressBar> bar;
+  if (!c.quiet) bar = std::make_unique<ProgressBar>("train", c.max_steps, "step");
+  MicroBatch mb;
+  while (ts.step < c.max_steps) {
+    const std::int64_t step = ts.step + 1;
+    Timer step_timer;
+    s.grads->zero();
+    double loss = 0.0;
+    std::int64_t useful = 0, padded = 0, computed = 0;
+    for (int a = 0; a < c.grad_accum; ++a) {
+      batcher.next(ts.cursor, mb);
+      const model::PackedBatch batch = mb.view();
+      FERRY_ASSIGN_OR_RETURN(const model::ForwardResult r, compute->forward(s.params, batch));
+      FERRY_TRY(compute->backward(s.params, batch, s.grads->grads));
+      loss += r.mean_loss() / c.grad_accum;
+      useful += mb.useful_tokens;
+      padded += mb.padded_tokens;
+      computed += mb.tokens();
+    }
+    const double lr = lr_at(sched, ts.opt_step + 1);
+    FERRY_ASSIGN_OR_RETURN(const StepOutcome o,
+                           optimizer_step(s, c.adamw, lr, ts.opt_step + 1, c.grad_accum, be));
+    ts.step = step;
+    if (o.applied) {
+      ++ts.opt_step;
+      ts.nonfinite_run = 0;
+    } else {
+      ++ts.nonfinite_run;
+      lg->warn("step {}: non-finite gradient norm ({}), loss {}: update skipped ({} in a row)",
+               step, o.grad_norm, loss, ts.nonfinite_run);
+    }
+    sum.losses.push_back(loss);
+    const double step_s = step_timer.elapsed_s();
+    if (!c.quiet && (step % c.log_every == 0 || step == c.max_steps)) {
+      std::printf(
+          "step %5lld/%lld | loss %.4f | lr %.2e | %7.1f ms | tok/s %.0f (padded %.0f, "
+          "computed %lld tok) | norm %.3f%s\n",
+          static_cast<long long>(step), static_cast<long long>(c.max_steps), loss, lr, step_s * 1e3,
+          double(useful) / step_s, double(padded) / step_s, static_cast<long long>(computed),
+          o.grad_norm, o.applied ? "" : " | SKIPPED");
+      std::fflush(stdout);
+    }
+    if (metrics.is_open()) {
+      metrics << Json{{"type", "step"},
+                      {"step", step},
+                      {"loss", loss},
+                      {"lr", lr},
+                      {"step_ms", step_s * 1e3},
+                      {"tokens_per_s", double(useful) / step_s},
+                      {"padded_tokens_per_s", double(padded) / step_s},
+                      {"useful_tokens", useful},
+                      {"padded_tokens", padded},
+                      {"computed_tokens", computed},
+                      {"grad_norm", o.grad_norm},
+                      {"clip", o.clip},
+                      {"skipped", !o.applied}}
+                     .dump()
+              << "\n";
+      metrics.flush();
+    }
+    if (bar) bar->update(step, fmt::format("loss {:.4f}", loss));
+    if (ts.nonfinite_run >= 3) {
+      if (bar) bar->finish();
+      return internal_error(
+          "train: stopping at step {}: 3 consecutive steps had non-finite gradients (lower --lr, "
+          "check the data); the last checkpoint in {} holds the weights before them",
+          step, c.output_dir);
+    }
+    if (c.eval_every > 0 && step % c.eval_every == 0 && step != c.max_steps) {
+      FERRY_TRY(run_eval(step));
+    }
+    if (c.save_every > 0 && step % c.save_every == 0) {
+      FERRY_TRY(save_checkpoint(c.output_dir, s, ts, c.keep_checkpoints));
+    }
+  }
+  if (bar) bar->finish();
+  FERRY_TRY(run_eval(ts.step));
+  if (c.save_every > 0 && ts.step % c.save_every != 0) {
+    FERRY_TRY(save_checkpoint(c.output_dir, s, ts, c.keep_checkpoints));
+  }
+  std::map<std::string, std::string> passthrough = job.passthrough;
+  FERRY_TRY(export_hf_model(c.output_dir, s, job.config_json, passthrough));
+  sum.final_step = ts.step;
+  sum.wall_s = wall.elapsed_s();
+  lg->info("done: step={} wall_s={:.1f} model written to {}", ts.step, sum.wall_s, c.output_dir);
+  return sum;
+}
+
+}  // namespace ferry::train

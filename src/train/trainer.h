@@ -1,0 +1,86 @@
+// SPDX-License-Identifier: Apache-2.0
+// The training job on the in-memory executor: everything resident on the host, one
+// ModelCompute on the CPU backend, fp32 master weights + AdamW. This is the reference the
+// streaming executor [T1] must match bit for bit.
+//
+// One step, top to bottom (run_training):
+//   zero grads; for each of grad_accum micro-batches: forward + backward (grads accumulate)
+//   -> ||G|| from per-parameter sum_squares -> clip factor folded into AdamW's grad_scale
+//   -> AdamW per parameter (non-finite ||G||: skip; 3 in a row: stop with an error)
+//   -> per-step line (stdout), metrics JSONL, eval every N steps, checkpoint every M steps.
+// Without --model/--data the job trains the embedded default (builtin_model.h + arith_data.h).
+// Determinism: the same config, data and seed give bit-identical losses and weights, and a
+// resumed run continues exactly (the data cursor, AdamW step and moments are in the checkpoint).
+// Tests: tests/unit/train/trainer_test.cpp, tests/cli/train_*.sh.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/result.h"
+#include "train/arith_data.h"
+#include "train/builtin_model.h"
+#include "train/lr_schedule.h"
+#include "train/optimizer.h"
+#include "train/sft_data.h"
+
+namespace ferry::train {
+
+struct TrainConfig {
+  std::string model_dir;       // empty: the embedded default model
+  std::string data_path;       // empty: the embedded arithmetic data
+  std::string eval_data_path;  // optional held-out JSONL (embedded data: its eval split)
+  std::string output_dir;      // required
+  std::string resume;          // checkpoint folder or output folder; empty: fresh start
+  std::string metrics_out;     // JSONL metrics; empty: none
+
+  std::int64_t max_steps = 300;
+  int batch_size = 16;         // B sequences per micro-batch
+  std::int64_t seq_len = 128;  // S, max tokens per sequence
+  int grad_accum = 1;
+  bool padding = false;
+  bool strict = false;
+  OverlongPolicy overlong = OverlongPolicy::kTruncate;
+
+  LrSchedule schedule = LrSchedule::kCosine;
+  double lr = 2e-3;
+  double min_lr_ratio = 0.1;
+  std::int64_t warmup_steps = 20;
+  AdamWConfig adamw;
+
+  std::int64_t save_every = 0;  // 0: only at the end (when > 0 checkpoints are also kept)
+  int keep_checkpoints = 2;
+  std::int64_t eval_every = 50;  // 0: only at the end
+  int eval_max_new_tokens = 8;
+  std::int64_t log_every = 1;
+  std::uint64_t seed = 1234;
+  bool quiet = false;  // no per-step lines / progress bar (tests)
+
+  BuiltinModelSpec builtin;
+  ArithSpec arith;
+};
+
+Status validate(const TrainConfig& c);
+
+struct EvalPoint {
+  std::int64_t step = 0;
+  double loss = 0.0;
+  double accuracy = 0.0;
+  std::int64_t correct = 0, total = 0;
+};
+
+struct TrainSummary {
+  std::vector<double> losses;  // per step run in this process (index 0 = first step run)
+  std::vector<EvalPoint> evals;
+  double baseline_accuracy = 0.0;  // majority-answer baseline on the eval split
+  std::int64_t first_step = 0;     // step the run started from (0 or the resumed step)
+  std::int64_t final_step = 0;
+  double wall_s = 0.0;
+  std::int64_t params = 0;
+};
+
+Result<TrainSummary> run_training(const TrainConfig& c);
+
+}  // namespace ferry::train
