@@ -38,9 +38,13 @@ TEST(Weights, LoadsEveryFixtureZeroCopy) {
     const ModelConfig& c = w->config();
     for (int l = 0; l < w->num_layers(); ++l) {
       EXPECT_EQ(w->layer(l).is_moe(), c.is_moe_layer(l)) << arch << " layer " << l;
-      if (w->layer(l).is_moe()) EXPECT_NE(w->layer(l).router.data, nullptr);
+      if (w->layer(l).is_moe()) {
+        EXPECT_NE(w->layer(l).router.data, nullptr);
+      }
     }
-    if (c.tie_word_embeddings) EXPECT_EQ(w->lm_head().data, w->embed().data);
+    if (c.tie_word_embeddings) {
+      EXPECT_EQ(w->lm_head().data, w->embed().data);
+    }
   }
 }
 
