@@ -55,8 +55,10 @@ TEST_P(HfFixture, IdsTokensAndDecodesMatchReference) {
         // HF reports an lstrip/rstrip added token as the span it matched (" <mask> "); every
         // other token is its vocabulary string.
         const std::string_view vocab = tok.id_to_token(want[i]);
-        if (tokens[i] != vocab) EXPECT_NE(tokens[i].find(vocab), std::string::npos) << tokens[i];
-        if (tokens[i] != vocab) EXPECT_NE(tokens[i].find(' '), std::string::npos) << tokens[i];
+        if (tokens[i] != vocab) {
+          EXPECT_NE(tokens[i].find(vocab), std::string::npos) << tokens[i];
+          EXPECT_NE(tokens[i].find(' '), std::string::npos) << tokens[i];
+        }
       }
     }
     if (row.contains("decoded")) {
