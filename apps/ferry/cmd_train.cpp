@@ -78,9 +78,9 @@ void register_train(CLI::App& app, CommandFn& run) {
   cmd->add_option("--demo-hidden", cfg->builtin.hidden, "embedded model: hidden size (32 * heads)")
       ->check(CLI::Range(8, 4096));
   cmd->callback([cfg, schedule, overlong, &run] {
-    auto s = train::parse_lr_schedule(*schedule);
-    if (!s.ok()) throw CLI::ValidationError("--schedule", s.status().message());
-    cfg->schedule = *s;
+    auto sched = train::parse_lr_schedule(*schedule);
+    if (!sched.ok()) throw CLI::ValidationError("--schedule", sched.status().message());
+    cfg->schedule = *sched;
     cfg->overlong =
         *overlong == "skip" ? train::OverlongPolicy::kSkip : train::OverlongPolicy::kTruncate;
     if (cfg->builtin.hidden % cfg->builtin.head_dim != 0) {
