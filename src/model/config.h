@@ -60,7 +60,7 @@ struct ModelConfig {
   QkNorm qk_norm = QkNorm::kNone;
   double clip_qkv = 0.0;  // OLMoE: clamp q/k/v to [-clip, clip]; 0 = off
   std::string hidden_act = "silu";
-  std::int64_t pad_token_id = -1;    // -1 = none; the embedding row that gets no gradient
+  std::int64_t pad_token_id = -1;   // -1 = none; the embedding row that gets no gradient
   std::string dtype;                // "dtype" (5.x) or "torch_dtype" (4.x); may be empty
   std::int64_t sliding_window = 0;  // > 0 only when the config enables it; compute must honour
   kernels::RopeScaling rope;
