@@ -4,7 +4,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  build-essential cmake ninja-build ccache pkg-config git clang clang-format
+  build-essential cmake ninja-build ccache pkg-config git clang clang-format libclang-rt-14-dev libomp-14-dev
   libopenblas-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libpcre2-dev libicu-dev
   liburing-dev coinor-libcbc-dev libcpp-httplib-dev libopencv-dev libxgboost-dev
   libgtest-dev libgmock-dev libbenchmark-dev iproute2 curl python3
