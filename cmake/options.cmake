@@ -17,3 +17,4 @@ if(FERRY_SANITIZE)
   add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-fno-omit-frame-pointer>
                       $<$<COMPILE_LANGUAGE:CXX>:-fno-sanitize-recover=undefined>)
 endif()
+option(FERRY_BUILD_ROUTE "Build ferry route (needs OpenCV, xgboost, cpp-httplib)" ON)
