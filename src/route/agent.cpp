@@ -208,8 +208,11 @@ class Agent {
     if (!slots_[i].weak_done) run_weak(i);  // skip placement: the weak pass runs only now
     finish(i, Outcome::kFallback, reason);
   }
+  // With a frame rate, a saturated pool means the frame falls back now (the stream cannot wait);
+  // without one (throughput mode) the loop waits for a free worker.
   bool submit(int i) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (o_.fps <= 0) free_cv_.wait(lock, [&] { return inflight_ < o_.concurrency; });
     if (inflight_ >= o_.concurrency) return false;
     ++inflight_;
     jobs_.push_back(i);
@@ -231,6 +234,7 @@ class Agent {
       offload(cli, path, i);
       std::lock_guard<std::mutex> lock(mu_);
       --inflight_;
+      free_cv_.notify_one();
     }
   }
   void offload(HttpClient& cli, const std::string& path, int i) {
@@ -299,7 +303,7 @@ class Agent {
   std::vector<FrameSlot> slots_;  // [n]; slot i is written by one thread at a time
   std::atomic<double> rho_{0};
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_, free_cv_;
   std::deque<int> jobs_;
   int inflight_ = 0;
   bool stop_ = false;

@@ -9,7 +9,8 @@
 // "Running the weak detector" reads the frame's weak detections from the records after an
 // emulated weak_ms; under the skip placement an offloaded frame never runs it unless it falls back.
 // Offloads run on `concurrency` worker threads (one keep-alive connection each); when all are
-// busy the frame falls back at once (reason "busy") rather than stalling the stream.
+// busy the frame falls back at once (reason "busy") rather than stalling the stream; with fps = 0
+// (throughput mode) the loop waits for a free worker instead.
 // Thread-safety: run_agent is one blocking call; metrics may be rendered concurrently.
 // Covered by tests/unit/route/agent_test.cpp and tests/cli/route_e2e.sh.
 #pragma once
