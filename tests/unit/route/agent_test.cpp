@@ -10,6 +10,8 @@
 #include <cmath>
 
 #include "route/server.h"
+#include "route/transport/http_client.h"
+#include "route/transport/metrics_endpoint.h"
 #include "server_test_util.h"
 
 namespace ferry::route {
@@ -188,6 +190,30 @@ TEST(RouteAgent, LatencyStatsNearestRank) {
   EXPECT_DOUBLE_EQ(s.p90, 5);
   EXPECT_DOUBLE_EQ(s.max, 5);
   EXPECT_DOUBLE_EQ(s.mean, 3);
+}
+
+}  // namespace
+}  // namespace ferry::route
+
+namespace ferry::route {
+namespace {
+
+TEST(RouteAgent, MetricsEndpointServesTheRegistry) {
+  PromRegistry reg;
+  reg.counter("ferry_route_agent_test_total", "test counter").inc(3);
+  MetricsEndpoint ep(&reg);
+  auto port = ep.start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status().to_string();
+  HttpClient c(HttpEndpoint{"127.0.0.1", *port}, 5000);
+  auto m = c.get("/metrics");
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  ASSERT_EQ(m->status, 200);
+  std::map<std::string, double> v;
+  ASSERT_EQ(testing::check_prometheus(m->body, &v), "");
+  EXPECT_EQ(v["ferry_route_agent_test_total"], 3);
+  auto other = c.get("/nope");
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->status, 404);
 }
 
 }  // namespace
