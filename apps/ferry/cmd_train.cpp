@@ -49,7 +49,9 @@ void register_train(CLI::App& app, CommandFn& run) {
   cmd->add_flag("--strict", cfg->strict, "refuse malformed data lines (default: skip them)");
   cmd->add_option("--overlong", *overlong, "sequences longer than --seq-len: truncate or skip")
       ->check(CLI::IsMember({"truncate", "skip"}));
-  cmd->add_option("--lr", cfg->lr, "peak learning rate")->check(CLI::Range(1e-12, 10.0));
+  auto* lr =
+      cmd->add_option("--lr", cfg->lr, "peak learning rate (default 5e-3 demo, 1e-5 --model)")
+          ->check(CLI::Range(1e-12, 10.0));
   cmd->add_option("--min-lr-ratio", cfg->min_lr_ratio, "final lr / peak (cosine, linear)")
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--warmup-steps", cfg->warmup_steps, "linear warmup steps")
@@ -77,7 +79,8 @@ void register_train(CLI::App& app, CommandFn& run) {
       ->check(CLI::Range(1, 64));
   cmd->add_option("--demo-hidden", cfg->builtin.hidden, "embedded model: hidden size (32 * heads)")
       ->check(CLI::Range(8, 4096));
-  cmd->callback([cfg, schedule, overlong, &run] {
+  cmd->callback([cfg, schedule, overlong, lr, &run] {
+    if (lr->count() == 0 && !cfg->model_dir.empty()) cfg->lr = 1e-5;
     auto sched = train::parse_lr_schedule(*schedule);
     if (!sched.ok()) throw CLI::ValidationError("--schedule", sched.status().message());
     cfg->schedule = *sched;

@@ -36,7 +36,7 @@ struct TrainConfig {
   std::string resume;          // checkpoint folder or output folder; empty: fresh start
   std::string metrics_out;     // JSONL metrics; empty: none
 
-  std::int64_t max_steps = 300;
+  std::int64_t max_steps = 600;
   int batch_size = 16;         // B sequences per micro-batch
   std::int64_t seq_len = 128;  // S, max tokens per sequence
   int grad_accum = 1;
@@ -45,14 +45,14 @@ struct TrainConfig {
   OverlongPolicy overlong = OverlongPolicy::kTruncate;
 
   LrSchedule schedule = LrSchedule::kCosine;
-  double lr = 2e-3;
+  double lr = 5e-3;  // the embedded demo's; the CLI uses 1e-5 with --model
   double min_lr_ratio = 0.1;
   std::int64_t warmup_steps = 20;
   AdamWConfig adamw;
 
   std::int64_t save_every = 0;  // 0: only at the end (when > 0 checkpoints are also kept)
   int keep_checkpoints = 2;
-  std::int64_t eval_every = 50;  // 0: only at the end
+  std::int64_t eval_every = 100;  // 0: only at the end
   int eval_max_new_tokens = 8;
   std::int64_t log_every = 1;
   std::uint64_t seed = 1234;
