@@ -19,7 +19,6 @@ constexpr DType kF32 = DType::kF32;
 
 class KernelsDense : public CudaTest {};
 
-HostTensor host_stream_ref(const HostTensor& t) { return converted(t, kF64); }
 
 TEST_F(KernelsDense, GemmBf16MatchesReference) {
   struct Case {
