@@ -19,7 +19,6 @@ constexpr DType kF32 = DType::kF32;
 
 class KernelsDense : public CudaTest {};
 
-
 TEST_F(KernelsDense, GemmBf16MatchesReference) {
   struct Case {
     std::int64_t m, n, k;

@@ -26,8 +26,8 @@ struct HttpReply {
   int status = 0;
   std::string body;
   std::string content_type;
-  std::string retry_after;  // Retry-After header ("" when absent)
-  std::string rho;          // X-Ferry-Rho header ("" when absent)
+  std::string retry_after;                     // Retry-After header ("" when absent)
+  std::string rho;                             // X-Ferry-Rho header ("" when absent)
   std::map<std::string, std::string> headers;  // all headers, names lower-cased (last wins)
   std::string header(const std::string& lower_name) const {
     auto it = headers.find(lower_name);
