@@ -43,7 +43,17 @@ grep -q '^ferry_route_server_requests_total{outcome="ok"} ' "$tmp/metrics.txt" |
 "$FERRY" route agent --server "$URL" "${SYN[@]}" --rho 0.4 --frames 400 --fps 200 \
   --deadline-ms 200 >"$tmp/a2.json" 2>"$tmp/a2.err" &
 apid=$!
-sleep 0.8
+# Kill the server only once this run has had offloads served (bounded wait), so the check below
+# does not depend on how fast a loaded machine starts the agent.
+ok_count() { curl -s "$URL/metrics" | awk '/^ferry_route_server_requests_total\{outcome="ok"\} /{print $2}'; }
+base=$(ok_count)
+for _ in $(seq 1 100); do
+  now=$(ok_count)
+  if [ -n "$now" ] && [ -n "$base" ] && awk -v a="$now" -v b="$base" 'BEGIN{exit !(a > b)}'; then
+    break
+  fi
+  sleep 0.05
+done
 kill "$spid"; wait "$spid" 2>/dev/null; spid=""
 wait "$apid" || fail "agent run 2 rc=$?"
 check "$tmp/a2.json" "s['frames'] == 400 and s['accounted']"
