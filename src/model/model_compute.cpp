@@ -15,10 +15,8 @@ using detail::reshaped;
 using detail::rows_of;
 using kernels::Stream;
 
-namespace {
-constexpr int kCeChunkTokens = 128;
-Stream& host() { return Stream::host(); }
-}  // namespace
+using detail::host;
+using detail::kCeChunkTokens;
 
 ModelCompute::ModelCompute(const DecoderGeometry& geo, std::int64_t max_tokens,
                            kernels::Backend& backend)
@@ -320,7 +318,7 @@ Result<ForwardResult> ModelCompute::forward(const ModelParams& params, const Pac
     return invalid_argument("model: {} layer parameter sets for {} layers", params.layers.size(),
                             geo_.layers);
   }
-  const std::int64_t C = geo_.hidden, V = geo_.vocab;
+  const std::int64_t C = geo_.hidden;
   FERRY_TRY(be_.embedding(
       {.out = f32_view(acts_[0].x_in, {T, C}), .table = params.embed, .ids = batch.ids}, host()));
   for (int l = 0; l < geo_.layers; ++l) FERRY_TRY(layer_forward(l, params.layers[l], T, batch));
@@ -357,7 +355,6 @@ Result<ForwardResult> ModelCompute::forward(const ModelParams& params, const Pac
   }
   last_counted_ = res.counted;
   if (!nll_out.empty_view()) std::memcpy(nll_out.data, s.nll.data(), T * sizeof(float));
-  (void)V;
   return res;
 }
 

@@ -16,10 +16,8 @@ using detail::rows_of;
 using detail::zero_host;
 using kernels::Stream;
 
-namespace {
-constexpr int kCeChunkTokens = 128;
-Stream& host() { return Stream::host(); }
-}  // namespace
+using detail::host;
+using detail::kCeChunkTokens;
 
 // Linear layer y = x W^T (+ b) backward, given dy:
 //   dW += dy^T x;  db += 1^T dy;  dx = dy W  (or dx += dy W when accumulate_dx).
@@ -68,7 +66,6 @@ Status ModelCompute::moe_backward(int l, const LayerTensors<ConstTensorView>& p,
   LayerActs& a = acts_[l];
   Scratch& s = *scratch_;
   const std::int64_t C = geo_.hidden, E = geo_.experts, K = geo_.top_k, Fe = geo_.expert_width;
-  const ConstTensorView ones = f32_view(s.ones, {T * K});  // ones has max_tokens entries >= rows
   // y = combine(eout, weights)
   FERRY_TRY(be_.moe_combine_backward({.d_expert_out = f32_view(s.d_eout, {T * K, C}),
                                       .d_weights = f32_view(s.d_weights, {T, K}),
@@ -122,7 +119,6 @@ Status ModelCompute::moe_backward(int l, const LayerTensors<ConstTensorView>& p,
                                  .top_k = geo_.top_k,
                                  .renormalize = geo_.renormalize_topk},
                                 host()));
-  (void)ones;
   return linear_backward(be_, dh, g.router, {}, f32_view(s.d_router_logits, {T, E}),
                          f32_view(a.h2, {T, C}), p.router, f32_view(s.ones, {T}), true);
 }

@@ -12,6 +12,11 @@
 
 namespace ferry::model::detail {
 
+// Tokens per logits chunk of the fused lm_head + cross-entropy (forward and backward must agree,
+// since the workspace is sized for it).
+inline constexpr int kCeChunkTokens = 128;
+inline kernels::Stream& host() { return kernels::Stream::host(); }
+
 inline TensorView f32_view(std::vector<float>& buf, std::initializer_list<std::int64_t> dims) {
   return TensorView::contiguous(buf.data(), DType::kF32, Device::kCpu, dims);
 }
