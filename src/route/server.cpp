@@ -16,6 +16,7 @@
 
 #include "core/log.h"
 #include "route/metrics_prom.h"
+#include "route/transport/http_listener.h"
 #include "route/transport/kserve.h"
 
 namespace ferry::route {
@@ -80,7 +81,7 @@ struct DetectionServer::Impl {
   DemandTracker demand;
   std::unique_ptr<Batcher> batcher;
   httplib::Server http;
-  std::thread thread;
+  HttpListener listener{http, "route server"};  // after http: stopped before it is destroyed
   bool running = false;
 
   double capacity_fps() const {
@@ -288,20 +289,7 @@ Result<int> DetectionServer::start() {
   Impl& m = *impl_;
   FERRY_TRY(validate(m.opts));
   if (m.running) return invalid_argument("route server: already running");
-  int port = m.opts.port;
-  if (port == 0) {
-    port = m.http.bind_to_any_port(m.opts.host);
-  } else if (!m.http.bind_to_port(m.opts.host, port)) {
-    port = -1;
-  }
-  if (port <= 0) return unavailable("route server: cannot bind {}:{}", m.opts.host, m.opts.port);
-  m.thread = std::thread([&m] {
-    try {
-      m.http.listen_after_bind();
-    } catch (const std::exception& e) {
-      log::get("router")->error("route server: listener stopped: {}", e.what());
-    }
-  });
+  FERRY_ASSIGN_OR_RETURN(const int port, m.listener.start(m.opts.host, m.opts.port));
   m.running = true;
   log::get("router")->info("route server: model={} listening={}:{} capacity_fps={:.1f}",
                            m.opts.model, m.opts.host, port, m.capacity_fps());
@@ -311,8 +299,7 @@ Result<int> DetectionServer::start() {
 void DetectionServer::stop() {
   Impl& m = *impl_;
   if (!m.running) return;
-  m.http.stop();
-  if (m.thread.joinable()) m.thread.join();
+  m.listener.stop();
   m.running = false;
 }
 

@@ -3,17 +3,17 @@
 #include "route/transport/metrics_endpoint.h"
 
 #include <exception>
-#include <thread>
 
 #include <httplib.h>
+
+#include "route/transport/http_listener.h"
 
 namespace ferry::route {
 
 struct MetricsEndpoint::Impl {
   const PromRegistry* reg;
   httplib::Server http;
-  std::thread thread;
-  bool running = false;
+  HttpListener listener{http, "metrics endpoint"};
 };
 
 MetricsEndpoint::MetricsEndpoint(const PromRegistry* registry) : impl_(std::make_unique<Impl>()) {
@@ -31,27 +31,9 @@ MetricsEndpoint::MetricsEndpoint(const PromRegistry* registry) : impl_(std::make
 MetricsEndpoint::~MetricsEndpoint() { stop(); }
 
 Result<int> MetricsEndpoint::start(const std::string& host, int port) {
-  Impl& m = *impl_;
-  if (m.running) return invalid_argument("metrics endpoint: already running");
-  const int bound =
-      port == 0 ? m.http.bind_to_any_port(host) : (m.http.bind_to_port(host, port) ? port : -1);
-  if (bound <= 0) return unavailable("metrics endpoint: cannot bind {}:{}", host, port);
-  m.thread = std::thread([&m] {
-    try {
-      m.http.listen_after_bind();
-    } catch (...) {
-    }
-  });
-  m.running = true;
-  return bound;
+  return impl_->listener.start(host, port);
 }
 
-void MetricsEndpoint::stop() {
-  Impl& m = *impl_;
-  if (!m.running) return;
-  m.http.stop();
-  if (m.thread.joinable()) m.thread.join();
-  m.running = false;
-}
+void MetricsEndpoint::stop() { impl_->listener.stop(); }
 
 }  // namespace ferry::route
