@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run THERE (the GPU machine, 16 cores), carrying .debs: the CI configuration built and tested
 # with more cores than CI has — the cuda-ci Debug + ASan/UBSan build (every .cu for sm_86/89/90,
-# all non-GPU tests at CI's -j2 so their time says what CI will spend, then the GPU tests on the
+# all non-GPU tests at CI's -j2 (FERRY_CHECK_JOBS) so their time says what CI will spend, then the GPU tests on the
 # real device) — and, on request, the RelWithDebInfo cpu-asan suite. ferry route is left out
 # there (its OpenCV/xgboost packages are not carried); it is covered by CI itself.
 #   bash scripts/device_ci_check.sh [cuda|asan|all]     (default: cuda)
@@ -21,8 +21,8 @@ if [ "$what" = cuda ] || [ "$what" = all ]; then
     cmake --build --preset cuda-ci -j16 >>"$OUT/cuda_build.log" 2>&1 || { echo "cuda-ci BUILD FAILED"; grep -E "error|FAILED" "$OUT/cuda_build.log" | head -20; rc=1; }
   if [ $rc -eq 0 ]; then
     t0=$(date +%s)
-    ctest --preset cuda-ci -j2 >"$OUT/cuda_ctest.log" 2>&1 || rc=1
-    echo "non-GPU tests at -j2: $(( $(date +%s) - t0 )) s"
+    ctest --preset cuda-ci -j"${FERRY_CHECK_JOBS:-2}" >"$OUT/cuda_ctest.log" 2>&1 || rc=1
+    echo "non-GPU tests at -j${FERRY_CHECK_JOBS:-2}: $(( $(date +%s) - t0 )) s"
     ctest --test-dir build/cuda-ci -L gpu --output-on-failure >>"$OUT/cuda_ctest.log" 2>&1 || rc=1
     grep -E "tests passed|tests failed|Failed|\*\*\*" "$OUT/cuda_ctest.log" | head -30
   fi
