@@ -59,6 +59,44 @@ ConstTensorView flat_const(const TensorView& v) {
   return ConstTensorView::contiguous(v.data, v.dtype, v.device, {v.numel()});
 }
 
+template <class T>
+ConstTensorView flat_vec(const std::vector<T>& v, DType dt) {
+  return ConstTensorView::contiguous(v.data(), dt, Device::kCpu,
+                                     {static_cast<std::int64_t>(v.size())});
+}
+
+// Every tensor of the state file, by mode (see the header): weights under their HF names (f32
+// master, or the bf16 weights themselves with the parameter's shape), then the optimizer's.
+std::vector<model::NamedTensor> state_tensors(const TrainState& s) {
+  std::vector<model::NamedTensor> t;
+  const OptimMode& mode = s.optim.mode;
+  for (std::size_t i = 0; i < s.num_params(); ++i) {
+    const std::string& name = s.master->named[i].first;
+    const ParamOptimState& p = s.optim.params[i];
+    if (mode.master == MasterWeights::kF32) {
+      t.push_back({name, s.master->named[i].second});
+    } else {
+      ConstTensorView w = s.master->named[i].second;
+      w.data = p.w16.data();
+      w.dtype = DType::kBF16;
+      t.push_back({name, w});
+      if (mode.master == MasterWeights::kBf16Kahan) {
+        t.push_back({"optim.kahan." + name, flat_vec(p.comp16, DType::kBF16)});
+      }
+    }
+    if (mode.states == OptimizerStates::kF32) {
+      t.push_back({"optim.m." + name, flat_const(s.m->named[i].second)});
+      t.push_back({"optim.v." + name, flat_const(s.v->named[i].second)});
+    } else {
+      t.push_back({"optim.m8." + name, flat_vec(p.m8, DType::kU8)});
+      t.push_back({"optim.m_absmax." + name, flat_vec(p.m_absmax, DType::kF32)});
+      t.push_back({"optim.v8." + name, flat_vec(p.v8, DType::kU8)});
+      t.push_back({"optim.v_absmax." + name, flat_vec(p.v_absmax, DType::kF32)});
+    }
+  }
+  return t;
+}
+
 }  // namespace
 
 std::uint64_t fnv1a64(const void* data, std::size_t n, std::uint64_t h) {
@@ -105,26 +143,21 @@ Status save_checkpoint(const std::string& output_dir, const TrainState& s, const
   fs::create_directories(tmp_dir, ec);
   if (ec) return io_error("train: cannot create {}: {}", tmp_dir, ec.message());
 
-  std::vector<std::string> names;  // keeps the strings alive for NamedTensor
-  std::vector<model::NamedTensor> tensors;
-  tensors.reserve(3 * s.num_params());
-  for (std::size_t i = 0; i < s.num_params(); ++i) {
-    const std::string& name = s.master->named[i].first;
-    tensors.push_back({name, flat_const(s.master->named[i].second)});
-    tensors.push_back({"optim.m." + name, flat_const(s.m->named[i].second)});
-    tensors.push_back({"optim.v." + name, flat_const(s.v->named[i].second)});
-  }
-  // Keep the parameter shapes (flat views lose them; the loader checks element counts).
-  for (std::size_t i = 0; i < s.num_params(); ++i) tensors[3 * i].view = s.master->named[i].second;
+  const std::vector<model::NamedTensor> tensors = state_tensors(s);
   const std::string state_path = tmp_dir + "/" + kStateFile;
   FERRY_TRY(model::write_safetensors(state_path, tensors, {{"format", "ferry-train"}}));
   FERRY_ASSIGN_OR_RETURN(const std::uint64_t hash, hash_file(state_path));
-  const Json j = {
-      {"format_version", kFormatVersion},  {"step", ts.step},
-      {"opt_step", ts.opt_step},           {"epoch", ts.cursor.epoch},
-      {"index", ts.cursor.index},          {"seed", hex64(ts.seed)},
-      {"nonfinite_run", ts.nonfinite_run}, {"data_fingerprint", hex64(ts.data_fingerprint)},
-      {"state_fnv1a64", hex64(hash)}};
+  const Json j = {{"format_version", kFormatVersion},
+                  {"step", ts.step},
+                  {"opt_step", ts.opt_step},
+                  {"epoch", ts.cursor.epoch},
+                  {"index", ts.cursor.index},
+                  {"seed", hex64(ts.seed)},
+                  {"nonfinite_run", ts.nonfinite_run},
+                  {"data_fingerprint", hex64(ts.data_fingerprint)},
+                  {"state_fnv1a64", hex64(hash)},
+                  {"master_weights", to_string(s.optim.mode.master)},
+                  {"optimizer_states", to_string(s.optim.mode.states)}};
   FERRY_TRY(write_file_atomic(tmp_dir + "/" + kTrainerStateFile, j.dump(1) + "\n"));
   FERRY_TRY(fsync_dir(tmp_dir));
   if (fs::exists(final_dir, ec)) {  // re-saving a step (after a resume): replace it
@@ -171,17 +204,71 @@ Result<std::int64_t> parse_int(const Json& j, const char* key, const std::string
   return j[key].get<std::int64_t>();
 }
 
-Status load_tensor(const model::SafetensorsFile& f, const std::string& name,
-                   const TensorView& dst) {
+// Copies tensor `name` into dst (n elements of dt), checking dtype and element count.
+Status load_raw(const model::SafetensorsFile& f, const std::string& name, void* dst, std::int64_t n,
+                DType dt) {
   const model::TensorInfo* info = f.find(name);
   if (info == nullptr) return corrupt("train: checkpoint {} lacks tensor {}", f.path(), name);
   FERRY_ASSIGN_OR_RETURN(const ConstTensorView v, f.view(*info));
-  if (v.dtype != DType::kF32 || v.numel() != dst.numel()) {
-    return corrupt("train: checkpoint {}: tensor {} has {} {} elements, the model needs {} f32",
-                   f.path(), name, v.numel(), to_string(v.dtype), dst.numel());
+  if (v.dtype != dt || v.numel() != n) {
+    return corrupt("train: checkpoint {}: tensor {} has {} {} elements, the model needs {} {}",
+                   f.path(), name, v.numel(), to_string(v.dtype), n, to_string(dt));
   }
-  std::memcpy(dst.data, v.data, dst.bytes());
+  if (n > 0) std::memcpy(dst, v.data, static_cast<std::size_t>(n) * dtype_size(dt));
   return {};
+}
+
+Status load_tensor(const model::SafetensorsFile& f, const std::string& name,
+                   const TensorView& dst) {
+  return load_raw(f, name, dst.data, dst.numel(), DType::kF32);
+}
+
+template <class T>
+Status load_vec(const model::SafetensorsFile& f, const std::string& name, std::vector<T>& dst,
+                DType dt) {
+  return load_raw(f, name, dst.data(), static_cast<std::int64_t>(dst.size()), dt);
+}
+
+Status load_param(const model::SafetensorsFile& f, TrainState& s, std::size_t i) {
+  const std::string& name = s.master->named[i].first;
+  ParamOptimState& p = s.optim.params[i];
+  const OptimMode& mode = s.optim.mode;
+  if (mode.master == MasterWeights::kF32) {
+    FERRY_TRY(load_tensor(f, name, s.master->named[i].second));
+  } else {
+    FERRY_TRY(load_vec(f, name, p.w16, DType::kBF16));
+    if (mode.master == MasterWeights::kBf16Kahan) {
+      FERRY_TRY(load_vec(f, "optim.kahan." + name, p.comp16, DType::kBF16));
+    }
+  }
+  if (mode.states == OptimizerStates::kF32) {
+    FERRY_TRY(load_tensor(f, "optim.m." + name, s.m->named[i].second));
+    FERRY_TRY(load_tensor(f, "optim.v." + name, s.v->named[i].second));
+  } else {
+    FERRY_TRY(load_vec(f, "optim.m8." + name, p.m8, DType::kU8));
+    FERRY_TRY(load_vec(f, "optim.m_absmax." + name, p.m_absmax, DType::kF32));
+    FERRY_TRY(load_vec(f, "optim.v8." + name, p.v8, DType::kU8));
+    FERRY_TRY(load_vec(f, "optim.v_absmax." + name, p.v_absmax, DType::kF32));
+  }
+  return {};
+}
+
+// Mode fields; checkpoints written before the hybrid optimizer have neither (fp32 / fp32).
+Result<OptimMode> parse_mode(const Json& j, const std::string& what) {
+  OptimMode m;
+  if (j.contains("master_weights")) {
+    if (!j["master_weights"].is_string()) return corrupt("{}: bad \"master_weights\"", what);
+    auto mw = parse_master_weights(j["master_weights"].get<std::string>());
+    if (!mw.ok()) return corrupt("{}: {}", what, mw.status().message());
+    m.master = *mw;
+  }
+  if (j.contains("optimizer_states")) {
+    if (!j["optimizer_states"].is_string()) return corrupt("{}: bad \"optimizer_states\"", what);
+    auto st = parse_optimizer_states(j["optimizer_states"].get<std::string>());
+    if (!st.ok()) return corrupt("{}: {}", what, st.status().message());
+    m.states = *st;
+  }
+  return m;
 }
 
 }  // namespace
@@ -236,6 +323,14 @@ Result<TrainerState> load_checkpoint(const std::string& path, TrainState& s) {
   if (!want_hash.ok()) return fail(want_hash.status());
   ts.seed = *seed;
   ts.data_fingerprint = *fp;
+  auto mode = parse_mode(j, what);
+  if (!mode.ok()) return fail(mode.status());
+  if (*mode != s.optim.mode) {
+    return invalid_argument(
+        "train: checkpoint {} holds {} but this run uses {}; resume with the same --master and "
+        "--optimizer-states (states are not converted)",
+        dir, describe(*mode), describe(s.optim.mode));
+  }
   const std::string state_path = dir + "/" + kStateFile;
   auto got_hash = hash_file(state_path);
   if (!got_hash.ok()) return fail(got_hash.status());
@@ -246,12 +341,9 @@ Result<TrainerState> load_checkpoint(const std::string& path, TrainState& s) {
   auto file = model::SafetensorsFile::open(state_path);
   if (!file.ok()) return fail(file.status());
   for (std::size_t i = 0; i < s.num_params(); ++i) {
-    const std::string& name = s.master->named[i].first;
-    Status st = load_tensor(*file, name, s.master->named[i].second);
-    if (st.ok()) st = load_tensor(*file, "optim.m." + name, s.m->named[i].second);
-    if (st.ok()) st = load_tensor(*file, "optim.v." + name, s.v->named[i].second);
-    if (!st.ok()) return fail(st);
+    if (Status st = load_param(*file, s, i); !st.ok()) return fail(st);
   }
+  s.optim.refresh_compute_view(*s.master);
   log::get("train")->info("resumed from {} step={} opt_step={} epoch={} index={}", dir, ts.step,
                           ts.opt_step, ts.cursor.epoch, ts.cursor.index);
   return ts;

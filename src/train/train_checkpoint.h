@@ -2,11 +2,17 @@
 // Training checkpoints and the Hugging Face export.
 //
 // A checkpoint is a folder <output>/checkpoint-<step>/ holding
-//   state.safetensors   fp32 master weights (HF names), AdamW moments ("optim.m.<name>",
-//                       "optim.v.<name>")
+//   state.safetensors   weights under their HF names: the f32 master, or with a bf16 master the
+//                       bf16 weights themselves (+ "optim.kahan.<name>" bf16 compensation);
+//                       AdamW moments: fp32 states "optim.m.<name>", "optim.v.<name>"; 8-bit
+//                       states "optim.m8.<name>", "optim.v8.<name>" (u8 codes) and
+//                       "optim.m_absmax.<name>", "optim.v_absmax.<name>" (f32 per block)
 //   trainer_state.json  step, AdamW step, data cursor, seed, consecutive non-finite skips, a
-//                       fingerprint of the training data, and the FNV-1a 64 hash of
-//                       state.safetensors
+//                       fingerprint of the training data, the FNV-1a 64 hash of
+//                       state.safetensors, and the optimizer mode ("master_weights",
+//                       "optimizer_states"; absent in older checkpoints = fp32 / fp32)
+// Everything is stored bit for bit, so a resume continues exactly in every mode. Loading into a
+// TrainState of another mode is refused (invalid argument, naming both modes).
 // Written atomically: everything goes into a temporary sibling folder, each file is fsynced,
 // the folder is renamed to its final name and the parent fsynced; a crash leaves either the old
 // set of checkpoints or the new one. Loading re-hashes state.safetensors, so a truncated or

@@ -55,14 +55,18 @@ std::int64_t TrainState::num_elements() const {
   return n;
 }
 
-Result<std::unique_ptr<TrainState>> TrainState::from_loaded(const model::LoadedModel& loaded) {
+Result<std::unique_ptr<TrainState>> TrainState::from_loaded(const model::LoadedModel& loaded,
+                                                            const OptimMode& mode,
+                                                            std::uint64_t sr_seed) {
   auto s = std::make_unique<TrainState>();
   s->config = loaded.config;
   s->geometry = loaded.geometry;
   FERRY_ASSIGN_OR_RETURN(s->master, model::GradStorage::create(loaded));
   FERRY_ASSIGN_OR_RETURN(s->grads, model::GradStorage::create(loaded));
-  FERRY_ASSIGN_OR_RETURN(s->m, model::GradStorage::create(loaded));
-  FERRY_ASSIGN_OR_RETURN(s->v, model::GradStorage::create(loaded));
+  if (mode.states == OptimizerStates::kF32) {
+    FERRY_ASSIGN_OR_RETURN(s->m, model::GradStorage::create(loaded));
+    FERRY_ASSIGN_OR_RETURN(s->v, model::GradStorage::create(loaded));
+  }
   for (std::size_t i = 0; i < loaded.named.size(); ++i) {
     const ConstTensorView& src = loaded.named[i].second;
     FERRY_CHECK(src.dtype == DType::kF32 && src.is_contiguous(),
@@ -70,6 +74,7 @@ Result<std::unique_ptr<TrainState>> TrainState::from_loaded(const model::LoadedM
     std::memcpy(s->master->named[i].second.data, src.data, src.bytes());
     s->decay.push_back(decays(loaded.named[i].first));
   }
+  s->optim = HybridOptimState::create(mode, sr_seed, *s->master);
   s->params = as_params(s->master->grads);
   return s;
 }

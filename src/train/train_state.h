@@ -1,9 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// Everything the in-memory executor keeps resident for one model: fp32 master weights (copied
-// from the loaded checkpoint, so the source folder is never written), fp32 gradients and the
-// AdamW moments m, v — four GradStorage buffers bound to the same ModelTensors layout, plus the
-// per-parameter weight-decay flag (no decay on norms and biases).
-// Ownership: TrainState owns all four; `params` are const views into `master`.
+// Everything the in-memory executor keeps resident for one model: f32 weights (copied from the
+// loaded checkpoint, so the source folder is never written), fp32 gradients and the AdamW
+// moments m, v — GradStorage buffers bound to the same ModelTensors layout — plus the
+// per-parameter weight-decay flag (no decay on norms and biases) and the hybrid optimizer's
+// storage (optim/optim_state.h) for the non-default modes:
+//   master fp32:       `master` is the f32 master; bf16 masters: `master` is the f32 compute view
+//                      of the bf16 weights in optim.params[i].w16 (rewritten by every update);
+//   states fp32:       `m`, `v` hold the moments; 8bit: `m`, `v` are null (never allocated) and
+//                      the codes live in optim.params[i].
+// Ownership: TrainState owns everything; `params` are const views into `master`.
 // Tests: tests/unit/train/optimizer_test.cpp.
 #pragma once
 
@@ -12,6 +17,7 @@
 #include <vector>
 
 #include "model/model_binding.h"
+#include "train/optim/optim_state.h"
 
 namespace ferry::train {
 
@@ -20,12 +26,16 @@ struct TrainState {
   model::DecoderGeometry geometry;
   std::unique_ptr<model::GradStorage> master;  // writable f32 weights, named in checkpoint order
   std::unique_ptr<model::GradStorage> grads;
-  std::unique_ptr<model::GradStorage> m;
-  std::unique_ptr<model::GradStorage> v;
-  model::ModelParams params;  // views of master
-  std::vector<bool> decay;    // [num params]
+  std::unique_ptr<model::GradStorage> m;  // fp32 states only
+  std::unique_ptr<model::GradStorage> v;  // fp32 states only
+  HybridOptimState optim;                 // mode + bf16 weights / 8-bit codes
+  model::ModelParams params;              // views of master
+  std::vector<bool> decay;                // [num params]
 
-  static Result<std::unique_ptr<TrainState>> from_loaded(const model::LoadedModel& loaded);
+  // sr_seed keys stochastic rounding (bf16-sr); the trainer passes --seed.
+  static Result<std::unique_ptr<TrainState>> from_loaded(const model::LoadedModel& loaded,
+                                                         const OptimMode& mode = {},
+                                                         std::uint64_t sr_seed = 0);
   std::size_t num_params() const { return master->named.size(); }
   std::int64_t num_elements() const;
 };

@@ -58,9 +58,9 @@ struct Job {
   std::vector<TokenizedExample> eval;
 };
 
-Status load_model_into(Job& job, const std::string& dir) {
+Status load_model_into(Job& job, const std::string& dir, const TrainConfig& c) {
   FERRY_ASSIGN_OR_RETURN(auto loaded, model::load_model_f32(dir));
-  FERRY_ASSIGN_OR_RETURN(job.state, TrainState::from_loaded(*loaded));
+  FERRY_ASSIGN_OR_RETURN(job.state, TrainState::from_loaded(*loaded, c.optim, c.seed));
   FERRY_ASSIGN_OR_RETURN(job.config_json, read_file(dir + "/config.json"));
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                         "generation_config.json"}) {
@@ -96,7 +96,7 @@ Result<Job> prepare_job(const TrainConfig& c, DataReport* report, DataReport* ev
   if (c.model_dir.empty()) {
     const std::string init = fmt::format("{}/.builtin-init-{}", c.output_dir, ::getpid());
     FERRY_TRY(write_builtin_model(init, c.builtin, c.seed));
-    Status st = load_model_into(job, init);
+    Status st = load_model_into(job, init, c);
     std::error_code ec;
     if (st.ok()) {
       // load_model_f32 mapped the files; TrainState holds copies, so the folder can go.
@@ -107,7 +107,7 @@ Result<Job> prepare_job(const TrainConfig& c, DataReport* report, DataReport* ev
     train_ex = std::move(split.train);
     eval_ex = std::move(split.eval);
   } else {
-    FERRY_TRY(load_model_into(job, c.model_dir));
+    FERRY_TRY(load_model_into(job, c.model_dir, c));
     FERRY_ASSIGN_OR_RETURN(train_ex, read_sft_jsonl(c.data_path, c.strict, report));
     if (!c.eval_data_path.empty()) {
       FERRY_ASSIGN_OR_RETURN(eval_ex, read_sft_jsonl(c.eval_data_path, c.strict, eval_report));
@@ -195,6 +195,22 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
       s.config.model_type, s.geometry.layers, s.geometry.hidden, sum.params, job.train.size(),
       job.eval.size(), c.batch_size, c.seq_len, c.grad_accum, c.padding ? "padded" : "packed",
       c.max_steps, c.lr, to_string(c.schedule), c.warmup_steps);
+  {
+    // What this mode costs per parameter in the streaming arena (bf16 gradients from the GPU),
+    // and what the in-memory executor holds (f32 gradients, and an f32 compute copy of bf16
+    // weights).
+    const HostBytesPerParam arena = host_bytes_per_param(c.optim);
+    const double bf16_truth =
+        c.optim.master == MasterWeights::kF32 ? 0.0 : arena.weights + arena.master;
+    const double here =
+        4.0 /* f32 master or compute view */ + bf16_truth + arena.states + 4.0 /* f32 grads */;
+    lg->info(
+        "optimizer: {} | host bytes/param (streaming arena): weights {:.0f} + master {:.0f} + "
+        "states {:.3f} + grads {:.0f} = {:.3f} ({:.2f} GB for these params); in-memory executor "
+        "{:.3f}",
+        describe(c.optim), arena.weights, arena.master, arena.states, arena.grads, arena.total(),
+        arena.total() * static_cast<double>(sum.params) / 1e9, here);
+  }
 
   std::ofstream metrics;
   if (!c.metrics_out.empty()) {

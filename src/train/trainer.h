@@ -23,6 +23,7 @@
 #include "train/arith_data.h"
 #include "train/builtin_model.h"
 #include "train/lr_schedule.h"
+#include "train/optim/optim_modes.h"
 #include "train/optimizer.h"
 #include "train/sft_data.h"
 
@@ -49,6 +50,7 @@ struct TrainConfig {
   double min_lr_ratio = 0.1;
   std::int64_t warmup_steps = 20;
   AdamWConfig adamw;
+  OptimMode optim;  // master weights x optimizer states (docs/optimizer.md)
 
   std::int64_t save_every = 0;  // 0: only at the end (when > 0 checkpoints are also kept)
   int keep_checkpoints = 2;
