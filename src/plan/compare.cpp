@@ -1,0 +1,80 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "plan/compare.h"
+
+#include "plan/policies.h"
+
+namespace ferry::plan {
+
+Result<Comparison> compare_policies(const ProblemAt& problem_at, int batch,
+                                    const CompareOptions& o) {
+  Comparison c;
+  c.batch = batch;
+  FERRY_ASSIGN_OR_RETURN(PlanProblem at_batch, problem_at(batch));
+  const BatchSearchOptions search{.max_batch = o.max_batch, .require_low_exposure = false};
+
+  // Keeps a plan when it fits; "does not fit" leaves the optional empty.
+  const auto keep = [](Result<Plan> r, std::optional<Plan>& out) -> Status {
+    if (r.ok()) {
+      out = std::move(r).value();
+      return ok_status();
+    }
+    const StatusCode code = r.status().code();
+    if (code == StatusCode::kResourceExhausted || code == StatusCode::kDeadlineExceeded) {
+      return ok_status();
+    }
+    return std::move(r).take_status();
+  };
+  const auto fill_largest = [&](PolicyRow& row, const Planner& planner) -> Status {
+    Result<BatchSearchResult> r = largest_batch(problem_at, planner, search);
+    if (r.ok()) {
+      row.largest_batch = r->largest_fitting;
+      row.at_largest = std::move(r->plan);
+      return ok_status();
+    }
+    if (r.status().code() == StatusCode::kResourceExhausted) return ok_status();
+    return std::move(r).take_status();
+  };
+
+  PolicyRow solved{.policy = "solved"};
+  if (o.solved_at_batch != nullptr) {
+    solved.at_batch = *o.solved_at_batch;
+  } else {
+    FERRY_TRY(keep(solve_milp(at_batch, o.solve), solved.at_batch));
+  }
+  FERRY_TRY(
+      fill_largest(solved, [&](const PlanProblem& p) { return solve_milp(p, o.probe_solve); }));
+  c.rows.push_back(std::move(solved));
+
+  for (const FixedPolicy& pol : fixed_policies(at_batch.num_layers, o.checkpoint_k)) {
+    PolicyRow row{.policy = pol.name};
+    FERRY_TRY(keep(solve_policy(at_batch, pol), row.at_batch));
+    FERRY_TRY(fill_largest(row, [&](const PlanProblem& p) { return solve_policy(p, pol); }));
+    c.rows.push_back(std::move(row));
+  }
+  return c;
+}
+
+Json to_json(const Comparison& c) {
+  const auto summary = [](const Plan& p) {
+    return Json{{"batch_size", p.batch_size},
+                {"step_ms", p.predicted.step_ms},
+                {"gpu_step_ms", p.predicted.gpu_step_ms},
+                {"exposed_ms", p.predicted.exposed_ms},
+                {"recompute_ms", p.predicted.recompute_ms},
+                {"tflops", p.predicted.tflops},
+                {"gpu_peak_gb", p.predicted.gpu_peak_gb},
+                {"host_peak_gb", p.predicted.host_peak_gb},
+                {"solver_status", p.solver.status},
+                {"gap", p.solver.gap}};
+  };
+  Json rows = Json::array();
+  for (const PolicyRow& r : c.rows) {
+    Json row = {{"policy", r.policy}, {"largest_batch", r.largest_batch}};
+    row["at_batch"] = r.at_batch ? summary(*r.at_batch) : Json(nullptr);
+    row["at_largest_batch"] = r.at_largest ? summary(*r.at_largest) : Json(nullptr);
+    rows.push_back(row);
+  }
+  return {{"batch_size", c.batch}, {"policies", rows}};
+}
+
+}  // namespace ferry::plan

@@ -1,0 +1,114 @@
+// SPDX-License-Identifier: Apache-2.0
+// FLOP and byte counts per decoder layer. Shape letters: N = B*S tokens, C hidden, Q = H*D query
+// width, K = Hkv*D key/value width, F MLP width (active experts' total for MoE), V vocab.
+#include "plan/cost_model.h"
+
+#include <algorithm>
+
+#include "model/model_summary.h"
+
+namespace ferry::plan {
+
+Result<PlanProblem> analytic_problem(const model::ModelConfig& c, const MachineSpec& m,
+                                     const TrainShape& shape, const Capacities& caps) {
+  if (shape.batch_size < 1 || shape.seq_len < 1) {
+    return invalid_argument("plan: batch {} x seq {}: both must be >= 1", shape.batch_size,
+                            shape.seq_len);
+  }
+  if (!(m.gemm_tflops > 0 && m.attn_fwd_tflops > 0 && m.attn_bwd_tflops > 0 && m.hbm_gbps > 0 &&
+        m.cpu_optimizer_gparams_per_s > 0)) {
+    return invalid_argument("plan: machine {}: compute rates must be > 0", m.name);
+  }
+  const model::ModelSummary sum = model::summarize(c, nullptr);
+  const int L = static_cast<int>(c.num_hidden_layers);
+  const double N = static_cast<double>(shape.batch_size) * shape.seq_len;
+  const double B = shape.batch_size, S = shape.seq_len;
+  const double C = static_cast<double>(c.hidden_size);
+  const double Q = static_cast<double>(c.q_dim()), K = static_cast<double>(c.kv_dim());
+  const double V = static_cast<double>(c.vocab_size);
+  const double H = static_cast<double>(c.num_attention_heads);
+  const double D = static_cast<double>(c.head_dim);
+  constexpr double kGB = 1e9, kBf16 = 2;
+  const double gemm = m.gemm_tflops * 1e12 / 1e3;  // FLOP per ms
+  const double hbm = m.hbm_gbps * kGB / 1e3;       // bytes per ms
+
+  PlanProblem p;
+  p.num_layers = L;
+  p.boundary_gb.assign(L + 1, N * C * kBf16 / kGB);
+  p.layers.resize(L);
+  double max_w = 0, max_g = 0;
+  for (int j = 0; j < L; ++j) {
+    const model::LayerSummary& ls = sum.layers[j];
+    const double params = static_cast<double>(ls.attention_params + ls.mlp_params + ls.norm_params);
+    // Per-token FLOP-bearing weights: the projections plus, for MoE, the router and top-k experts.
+    double mlp_active = static_cast<double>(ls.mlp_params);
+    double F = static_cast<double>(c.intermediate_size);
+    if (ls.moe) {
+      mlp_active = static_cast<double>(ls.mlp_params) -
+                   static_cast<double>(c.num_experts - c.num_experts_per_tok) *
+                       static_cast<double>(ls.expert_params);
+      F = static_cast<double>(c.num_experts_per_tok * c.moe_intermediate_size);
+    }
+    const double gemm_flops = 2 * N * (static_cast<double>(ls.attention_params) + mlp_active);
+    // Causal attention: QK^T and PV over half the S x S scores, per head.
+    const double attn_flops = 2 * 2 * B * S * S * H * D / 2;
+    // Elementwise traffic (norms, rope, SwiGLU, residual adds), read + write, bf16.
+    const double elem_bytes = N * (12 * C + 3 * F + 2 * (Q + K)) * kBf16;
+    const double fwd =
+        gemm_flops / gemm + attn_flops / (m.attn_fwd_tflops * 1e9) + elem_bytes / hbm;
+    // Backward = re-forward of the internals + dgrad and wgrad GEMMs + attention backward.
+    const double bwd = fwd + 2 * gemm_flops / gemm + 2.5 * attn_flops / (m.attn_bwd_tflops * 1e9) +
+                       2 * elem_bytes / hbm;
+    LayerCost& lc = p.layers[j];
+    lc.fwd_ms = fwd;
+    lc.rec_ms = fwd;
+    lc.bwd_ms = bwd;
+    lc.weight_gb = params * kBf16 / kGB;
+    lc.grad_gb = params * shape.grad_bytes_per_param / kGB;
+    // Forward: norm out, q, k, v, attention out, gate, up, activation (transient).
+    lc.work_fwd_gb = N * (2 * C + 2 * Q + 2 * K + 3 * F) * kBf16 / kGB;
+    // Backward: the re-forwarded internals kept for the layer's backward, plus the gradients in
+    // flight (two of width F, two of C, and dY/dX at the boundaries).
+    lc.work_bwd_gb = N * (7 * C + 2 * Q + 2 * K + 5 * F) * kBf16 / kGB;
+    max_w = std::max(max_w, lc.weight_gb);
+    max_g = std::max(max_g, lc.grad_gb);
+  }
+  const double head_params = V * C + C;  // lm_head (tied or not: streamed the same) + final norm
+  p.head_weight_gb = head_params * kBf16 / kGB;
+  p.head_grad_gb = head_params * shape.grad_bytes_per_param / kGB;
+  const double chunk = std::min<double>(N, shape.ce_chunk_tokens);
+  // lm_head weights + fp32 gradient accumulator, one chunk's fp32 logits and bf16 dlogits, the
+  // final norm output and dY of boundary L.
+  p.loss_work_gb = (head_params * (kBf16 + 4) + chunk * V * (4 + kBf16) + 2 * N * C * kBf16) / kGB;
+  p.loss_ms = 6 * N * V * C / gemm + N * V * (4 + kBf16) * 2 / hbm;
+
+  // Serial per step: boundary 0 in and its gradient out (embedding gather/scatter on the host),
+  // layer 0's weights in and gradients out, and the optimizer of layer 0 plus the embedding rows
+  // the next batch touches (updated first so the gather reads current rows).
+  const LinkRates& r = m.link;
+  const double a0 = p.boundary_gb[0];
+  const double w0 = p.layers[0].weight_gb, g0 = p.layers[0].grad_gb;
+  const double opt_rate = m.cpu_optimizer_gparams_per_s * kGB / 1e3;  // params per ms
+  const double layer0_params = w0 * kGB / kBf16;
+  const double rows_params = std::min(V, N) * C;
+  p.step_fixed_ms = (a0 + w0) / r.h2d_gbps * 1e3 + (a0 + g0) / r.d2h_gbps * 1e3 +
+                    (layer0_params + rows_params) / opt_rate;
+  const double total_params = static_cast<double>(sum.total_params);
+  p.cpu_optimizer_ms = total_params / opt_rate;
+  p.link = r;
+
+  p.gpu_cap_gb = caps.gpu_gb;
+  p.host_cap_gb = caps.host_gb;
+  p.nvme_cap_gb = caps.nvme_gb;
+  p.gpu_fixed_gb = m.gpu_reserved_gb + (shape.prefetch_depth + 1) * max_w + 2 * max_g;
+  p.host_fixed_gb = total_params * shape.host_state_bytes_per_param / kGB;
+  p.max_span = shape.max_span;
+  p.batch_size = shape.batch_size;
+  p.seq_len = shape.seq_len;
+  p.model_flops_per_step = 6 * static_cast<double>(sum.active_params) * N;
+  p.source = "analytic:" + m.name;
+  FERRY_TRY(validate(p));
+  return p;
+}
+
+}  // namespace ferry::plan

@@ -1,0 +1,53 @@
+// SPDX-License-Identifier: Apache-2.0
+// The analytic cost model: fills a PlanProblem from a model geometry (HF config), a machine
+// description and the training shape, by counting FLOPs and bytes. It is a prediction, not a
+// measurement: layer times are FLOPs / sustained rate (+ elementwise bytes / HBM rate), transfer
+// times bytes / measured link rate. A measured profile (profile.h) overrides the times and rates
+// when one exists for the machine and geometry.
+//
+// Defaults are the H200 machine of docs (architecture.md, measured 2026-11 with torch 2.11):
+// pinned H2D 55.5 GB/s, D2H 55.3, duplex 101 (83 with the CPU streaming memory), bf16 GEMM at
+// layer shapes ~700 TFLOP/s. Attention, HBM and CPU-optimizer rates are assumptions, marked so.
+// Tests: tests/unit/plan/cost_model_test.cpp.
+#pragma once
+
+#include <string>
+
+#include "core/result.h"
+#include "model/config.h"
+#include "plan/problem.h"
+
+namespace ferry::plan {
+
+struct MachineSpec {
+  std::string name = "h200";
+  double gemm_tflops = 700;      // bf16 GEMM at layer shapes (measured 690-785)
+  double attn_fwd_tflops = 450;  // ASSUMED: flash-attention forward, causal, bf16
+  double attn_bwd_tflops = 350;  // ASSUMED: its backward
+  double hbm_gbps = 3000;        // ASSUMED: elementwise kernels' sustained HBM rate
+  LinkRates link{55.5, 55.3, 101, 83, 6.5, 5.0};  // NVMe rates ASSUMED (Gen4 x4 class)
+  double gpu_reserved_gb = 2.0;  // ASSUMED: CUDA context, cuBLAS workspace, allocator slack
+  double cpu_optimizer_gparams_per_s = 2.0;  // ASSUMED: fused CPU AdamW, 16 AVX-512 threads
+};
+
+struct TrainShape {
+  int batch_size = 1;
+  int seq_len = 1024;
+  double host_state_bytes_per_param = 16;  // bf16 weights + fp32 master + fp32 m, v + bf16 grads
+  double grad_bytes_per_param = 2;         // gradients leave the GPU in bf16
+  int prefetch_depth = 2;                  // layers of weights in flight ahead of compute
+  int ce_chunk_tokens = 2048;              // tokens per fused lm_head + cross-entropy chunk
+  int max_span = 4;                        // R of the MILP
+};
+
+struct Capacities {
+  double gpu_gb = 0;
+  double host_gb = 0;
+  double nvme_gb = 0;  // 0: no NVMe tier
+};
+
+// Dense and MoE decoder layers (MoE: the top-k experts' FLOPs, all experts' bytes).
+Result<PlanProblem> analytic_problem(const model::ModelConfig& c, const MachineSpec& m,
+                                     const TrainShape& shape, const Capacities& caps);
+
+}  // namespace ferry::plan

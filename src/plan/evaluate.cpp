@@ -1,0 +1,245 @@
+// SPDX-License-Identifier: Apache-2.0
+// Window-by-window accounting of a plan (docs/plan.md, "accounting rules").
+#include "plan/evaluate.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace ferry::plan {
+
+std::string_view to_string(Home h) {
+  switch (h) {
+    case Home::kGpu:
+      return "gpu";
+    case Home::kHost:
+      return "host";
+    case Home::kNvme:
+      return "nvme";
+    case Home::kRecompute:
+      return "recompute";
+  }
+  return "?";
+}
+
+namespace {
+
+bool offloaded(Home h) { return h == Home::kHost || h == Home::kNvme; }
+
+// Successor of each materialized boundary along the path, -1 elsewhere; checks the path.
+Result<std::vector<int>> path_successors(const PlanProblem& p, const Plan& plan) {
+  const int L = p.num_layers;
+  std::vector<int> next(L + 1, -1);
+  int at = 0;
+  for (const Span& s : plan.spans) {
+    if (s.start != at) return invalid_argument("plan: span starts at {}, expected {}", s.start, at);
+    if (s.end <= s.start || s.end > L) {
+      return invalid_argument("plan: span [{}, {}] out of order", s.start, s.end);
+    }
+    if (s.end - s.start > p.max_span) {
+      return invalid_argument("plan: span [{}, {}] longer than max span {}", s.start, s.end,
+                              p.max_span);
+    }
+    if (s.keep_weights && s.end - s.start < 2) {
+      return invalid_argument("plan: span [{}, {}] keeps weights but recomputes nothing", s.start,
+                              s.end);
+    }
+    next[s.start] = s.end;
+    at = s.end;
+  }
+  if (at != L) return invalid_argument("plan: spans end at boundary {}, not {}", at, L);
+  return next;
+}
+
+}  // namespace
+
+Result<Prediction> evaluate(const PlanProblem& p, const Plan& plan) {
+  FERRY_TRY(validate(p));
+  const int L = p.num_layers;
+  const int T = p.num_windows();
+  if (plan.num_layers != L || static_cast<int>(plan.homes.size()) != L + 1) {
+    return invalid_argument("plan: plan has {} layers / {} homes, problem has {} layers",
+                            plan.num_layers, plan.homes.size(), L);
+  }
+  FERRY_ASSIGN_OR_RETURN(std::vector<int> next, path_successors(p, plan));
+  for (int i = 0; i <= L; ++i) {
+    const bool materialized = next[i] >= 0 || i == L;
+    if (materialized == (plan.homes[i] == Home::kRecompute)) {
+      return invalid_argument("plan: boundary {} home {} disagrees with the spans", i,
+                              to_string(plan.homes[i]));
+    }
+  }
+  if (plan.homes[0] != Home::kGpu || plan.homes[L] != Home::kGpu) {
+    return invalid_argument("plan: boundaries 0 and {} must stay on the gpu", L);
+  }
+  if (!p.has_nvme()) {
+    for (Home h : plan.homes) {
+      if (h == Home::kNvme) return invalid_argument("plan: nvme home but no nvme tier");
+    }
+  }
+
+  const auto& A = p.boundary_gb;
+  const auto W = [&](int j) { return p.layers[j].weight_gb; };
+  std::vector<double> compute(T, 0), h2d(T, 0), d2h(T, 0), nv_read(T, 0), nv_write(T, 0);
+  std::vector<double> gpu(T, p.gpu_fixed_gb);
+  double recompute = 0, moved = 0;
+
+  // Compute and working memory of each window.
+  for (int j = 0; j < L; ++j) {
+    compute[p.fwd_window(j)] = p.layers[j].fwd_ms;
+    gpu[p.fwd_window(j)] += p.layers[j].work_fwd_gb;
+    compute[p.bwd_window(j)] = p.layers[j].bwd_ms;
+    gpu[p.bwd_window(j)] += p.layers[j].work_bwd_gb;
+  }
+  compute[L] = p.loss_ms;
+  gpu[L] += p.loss_work_gb;
+
+  // Mandatory weight and gradient traffic: each window prefetches the next window's weights and
+  // the backward windows drain the previous window's gradients.
+  std::vector<bool> kept(L, false);  // layer's weights kept on the GPU since a recompute
+  for (const Span& s : plan.spans) {
+    if (s.keep_weights) {
+      for (int k = s.start; k <= s.end - 2; ++k) kept[k] = true;
+    }
+  }
+  for (int j = 0; j < L; ++j) {
+    h2d[p.fwd_window(j)] += j + 1 < L ? W(j + 1) : p.head_weight_gb;
+    if (j >= 1 && !kept[j - 1]) h2d[p.bwd_window(j)] += W(j - 1);
+    d2h[p.bwd_window(j)] += j == L - 1 ? p.head_grad_gb : p.layers[j + 1].grad_gb;
+  }
+  h2d[L] += W(L - 1);
+
+  // Recompute spans: compute, weight traffic and memory inside the backward of layer end-1.
+  for (const Span& s : plan.spans) {
+    if (s.end - s.start < 2) continue;
+    const int tb = p.bwd_window(s.end - 1);
+    double wsum = 0;
+    for (int k = s.start; k <= s.end - 2; ++k) {
+      compute[tb] += p.layers[k].rec_ms;
+      recompute += p.layers[k].rec_ms;
+      wsum += W(k);
+    }
+    h2d[tb] += wsum;
+    if (!s.keep_weights) moved += wsum;
+    for (int j = s.start; j <= s.end - 1; ++j) {
+      const int t = p.bwd_window(j);
+      for (int k = s.start + 1; k <= j; ++k) gpu[t] += A[k];  // recomputed boundaries alive
+      if (s.keep_weights) {
+        for (int k = s.start; k <= std::min(j, s.end - 2); ++k) gpu[t] += W(k);
+      }
+    }
+  }
+
+  // Activation transfers: check windows and totals, add link/NVMe traffic.
+  std::vector<double> out_gb(L + 1, 0), in_gb(L + 1, 0);
+  std::vector<std::vector<double>> d2h_at(L + 1, std::vector<double>(T, 0));
+  std::vector<std::vector<double>> h2d_at(L + 1, std::vector<double>(T, 0));
+  for (const Transfer& x : plan.transfers) {
+    const int i = x.boundary;
+    if (i < 1 || i >= L || !offloaded(plan.homes[i])) {
+      return invalid_argument("plan: transfer of boundary {}, which is not offloaded", i);
+    }
+    if (x.nvme != (plan.homes[i] == Home::kNvme) || !(x.gb >= 0) || !std::isfinite(x.gb)) {
+      return invalid_argument("plan: transfer of boundary {} has the wrong tier or size", i);
+    }
+    const int lo = x.to_gpu ? first_h2d_window(p, i) : first_d2h_window(p, i);
+    const int hi = x.to_gpu ? last_h2d_window(p, next[i]) : last_d2h_window(p, i);
+    if (x.window < lo || x.window > hi) {
+      return invalid_argument("plan: {} of boundary {} in window {}, allowed {}..{}",
+                              x.to_gpu ? "h2d" : "d2h", i, window_name(p, x.window),
+                              window_name(p, lo), window_name(p, hi));
+    }
+    (x.to_gpu ? h2d : d2h)[x.window] += x.gb;
+    if (x.nvme) (x.to_gpu ? nv_read : nv_write)[x.window] += x.gb;
+    (x.to_gpu ? in_gb : out_gb)[i] += x.gb;
+    (x.to_gpu ? h2d_at : d2h_at)[i][x.window] += x.gb;
+    moved += x.gb;
+  }
+  for (int i = 1; i < L; ++i) {
+    const double want = offloaded(plan.homes[i]) ? A[i] : 0.0;
+    const double tol = kGbTolerance * std::max(1.0, A[i]);
+    if (std::abs(out_gb[i] - want) > tol || std::abs(in_gb[i] - want) > tol) {
+      return invalid_argument("plan: boundary {} moves {} GB out and {} GB in, needs {} GB", i,
+                              out_gb[i], in_gb[i], want);
+    }
+  }
+
+  // Boundary residency on the GPU.
+  for (int t = 0; t < T; ++t) gpu[t] += A[0];  // boundary 0: whole step
+  gpu[L - 1] += A[L];                          // boundary L: written in f_{L-1}, read by loss
+  gpu[L] += A[L];
+  for (int i = 1; i < L; ++i) {
+    gpu[i - 1] += A[i];  // being written by layer i-1 ...
+    gpu[i] += A[i];      // ... and read by layer i, whatever its home
+    if (plan.homes[i] == Home::kGpu) {
+      for (int t = i + 1; t <= p.bwd_window(i); ++t) gpu[t] += A[i];
+    } else if (offloaded(plan.homes[i])) {
+      double sent = 0;  // bytes that left before window t (those leaving in t still occupy it)
+      for (int t = i + 1; t < L; ++t) {
+        sent += d2h_at[i][t - 1];
+        gpu[t] += std::max(0.0, A[i] - sent);
+      }
+      double arrived = 0;  // bytes that arrived up to and including window t
+      for (int t = L; t <= p.bwd_window(i); ++t) {
+        arrived += h2d_at[i][t];
+        gpu[t] += arrived;
+      }
+    }
+  }
+
+  Prediction r;
+  r.window_compute_ms = compute;
+  r.window_exposed_ms.assign(T, 0);
+  r.window_gpu_gb = gpu;
+  for (int t = 0; t < T; ++t) {
+    // The CPU optimizer runs from the loss window on and slows the duplex link (measured: 101 vs
+    // 83 GB/s with 14 threads streaming host memory, docs/plan.md).
+    const double duplex = t >= L ? p.link.duplex_loaded_gbps : p.link.duplex_gbps;
+    double need_ms =
+        std::max({h2d[t] / p.link.h2d_gbps, d2h[t] / p.link.d2h_gbps, (h2d[t] + d2h[t]) / duplex}) *
+        1e3;
+    if (p.has_nvme()) {
+      need_ms = std::max({need_ms, nv_read[t] / p.link.nvme_read_gbps * 1e3,
+                          nv_write[t] / p.link.nvme_write_gbps * 1e3});
+    }
+    r.window_exposed_ms[t] = std::max(0.0, need_ms - compute[t]);
+    r.compute_ms += compute[t];
+    r.exposed_ms += r.window_exposed_ms[t];
+    if (gpu[t] > r.gpu_peak_gb) {
+      r.gpu_peak_gb = gpu[t];
+      r.gpu_peak_window = t;
+    }
+  }
+  r.recompute_ms = recompute;
+  r.moved_gb = moved;
+  r.gpu_step_ms = r.compute_ms + r.exposed_ms + p.step_fixed_ms;
+  r.step_ms = std::max(r.gpu_step_ms, p.cpu_optimizer_ms);
+  r.objective_ms = r.gpu_step_ms + p.move_penalty_ms_per_gb * moved;
+  r.host_peak_gb = p.host_fixed_gb;
+  for (int i = 1; i < L; ++i) {
+    if (plan.homes[i] == Home::kHost) r.host_peak_gb += A[i];
+    if (plan.homes[i] == Home::kNvme) r.nvme_peak_gb += A[i];
+  }
+  r.tflops = r.step_ms > 0 ? p.model_flops_per_step / (r.step_ms * 1e-3) / 1e12 : 0;
+  return r;
+}
+
+Status check_fits(const PlanProblem& p, const Prediction& pred) {
+  if (pred.gpu_peak_gb > p.gpu_cap_gb + kGbTolerance) {
+    return resource_exhausted("plan: gpu memory: needs {:.3f} GB at {}, capacity {:.3f} GB",
+                              pred.gpu_peak_gb, window_description(p, pred.gpu_peak_window),
+                              p.gpu_cap_gb);
+  }
+  if (pred.host_peak_gb > p.host_cap_gb + kGbTolerance) {
+    return resource_exhausted("plan: host memory: needs {:.3f} GB, capacity {:.3f} GB",
+                              pred.host_peak_gb, p.host_cap_gb);
+  }
+  if (pred.nvme_peak_gb > p.nvme_cap_gb + kGbTolerance) {
+    return resource_exhausted("plan: nvme: needs {:.3f} GB, capacity {:.3f} GB", pred.nvme_peak_gb,
+                              p.nvme_cap_gb);
+  }
+  return ok_status();
+}
+
+}  // namespace ferry::plan

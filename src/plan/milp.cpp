@@ -1,0 +1,136 @@
+// SPDX-License-Identifier: Apache-2.0
+// CBC and Clp drivers for the schedule model.
+#include "plan/milp.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <string>
+
+#include <coin/CbcModel.hpp>
+#include <coin/CbcSolver.hpp>
+
+#include "plan/evaluate.h"
+#include "plan/osi_model.h"
+
+namespace ferry::plan {
+namespace {
+
+struct CbcOutcome {
+  bool has_solution = false;
+  bool optimal = false;
+  bool infeasible = false;
+  bool time_limit = false;
+  std::vector<double> sol;
+  double objective = 0;  // incl. the model's constant
+  double bound = 0;
+  double seconds = 0;
+};
+
+int no_callback(CbcModel*, int) { return 0; }
+
+CbcOutcome run_cbc(const LinearModel& m, const SolveOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto osi = detail::make_osi(m);
+  CbcModel model(*osi);
+  CbcSolverUsefulData data;
+  data.noPrinting_ = o.log_level == 0;
+  CbcMain0(model, data);
+  model.setLogLevel(o.log_level);
+  // CbcMain's own parser: wall-clock limit, gaps, quiet, solve. Strings outlive the call.
+  const std::string seconds = std::to_string(std::max(0.01, o.time_limit_s));
+  const std::string ratio = std::to_string(o.rel_gap);
+  const std::string log = std::to_string(o.log_level);
+  const char* argv[] = {"ferry-plan", "-timeMode",   "elapsed",       "-seconds", seconds.c_str(),
+                        "-ratioGap",  ratio.c_str(), "-allowableGap", "1e-7",     "-log",
+                        log.c_str(),  "-solve",      "-quit"};
+  CbcMain1(static_cast<int>(std::size(argv)), argv, model, no_callback, data);
+
+  CbcOutcome r;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.optimal = model.isProvenOptimal();
+  r.infeasible = model.isProvenInfeasible();
+  r.time_limit = model.isSecondsLimitReached();
+  const double* best = model.bestSolution();
+  if (best != nullptr && model.getNumCols() == m.num_cols()) {
+    r.has_solution = true;
+    r.sol.assign(best, best + m.num_cols());
+    r.objective = model.getObjValue() + m.obj_constant;
+    r.bound = std::min(r.objective, model.getBestPossibleObjValue() + m.obj_constant);
+    if (r.optimal) r.bound = r.objective;
+  }
+  return r;
+}
+
+Status no_fit_status(const PlanProblem& p) {
+  return resource_exhausted(
+      "plan: no plan fits gpu {:.2f} GB, host {:.2f} GB, nvme {:.2f} GB at batch {} x seq {}",
+      p.gpu_cap_gb, p.host_cap_gb, p.nvme_cap_gb, p.batch_size, p.seq_len);
+}
+
+}  // namespace
+
+Result<Plan> solve_milp(const PlanProblem& p, const SolveOptions& o) {
+  FERRY_TRY(validate(p));
+  const ScheduleModel sm(p);
+  const CbcOutcome r = run_cbc(sm.model(), o);
+  if (!r.has_solution) {
+    if (r.infeasible || !r.time_limit) return no_fit_status(p);
+    return deadline_exceeded("plan: cbc found no feasible plan in {:.1f} s (batch {})",
+                             o.time_limit_s, p.batch_size);
+  }
+  Plan plan = sm.extract_plan(r.sol);
+  plan.policy = "solved";
+  plan.solver.solver = "cbc";
+  plan.solver.status = r.optimal ? "optimal" : "time_limit";
+  plan.solver.objective_ms = r.objective;
+  plan.solver.bound_ms = r.bound;
+  plan.solver.gap = r.objective > 0 ? std::max(0.0, (r.objective - r.bound) / r.objective) : 0;
+  plan.solver.seconds = r.seconds;
+  FERRY_ASSIGN_OR_RETURN(plan.predicted, evaluate(p, plan));
+  return plan;
+}
+
+Result<Plan> solve_fixed(const PlanProblem& p, const std::vector<Home>& homes,
+                         const std::vector<Span>& spans, const std::string& policy) {
+  FERRY_TRY(validate(p));
+  const auto t0 = std::chrono::steady_clock::now();
+  ScheduleModel sm(p);
+  sm.fix_choice(homes, spans);
+  auto osi = detail::make_osi(sm.model());
+  osi->initialSolve();
+  if (!osi->isProvenOptimal()) {
+    return resource_exhausted(
+        "plan: policy {} does not fit gpu {:.2f} GB, host {:.2f} GB at "
+        "batch {} x seq {}",
+        policy, p.gpu_cap_gb, p.host_cap_gb, p.batch_size, p.seq_len);
+  }
+  const double* x = osi->getColSolution();
+  Plan plan = sm.extract_plan(std::vector<double>(x, x + sm.model().num_cols()));
+  plan.policy = policy;
+  plan.solver.solver = "fixed";
+  plan.solver.status = "optimal";
+  plan.solver.objective_ms = osi->getObjValue() + sm.model().obj_constant;
+  plan.solver.bound_ms = plan.solver.objective_ms;
+  plan.solver.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  FERRY_ASSIGN_OR_RETURN(plan.predicted, evaluate(p, plan));
+  return plan;
+}
+
+Result<CapacityBound> min_capacity(const PlanProblem& p, Tier tier, const SolveOptions& o) {
+  FERRY_TRY(validate(p));
+  const ScheduleModel sm(p, &tier);
+  const CbcOutcome r = run_cbc(sm.model(), o);
+  if (!r.has_solution) {
+    return resource_exhausted("plan: no {} capacity makes batch {} fit the other budgets",
+                              to_string(tier), p.batch_size);
+  }
+  CapacityBound b;
+  b.capacity_gb = r.sol[sm.capacity_col()];
+  b.bound_gb = std::min(b.capacity_gb, r.bound);
+  b.optimal = r.optimal;
+  return b;
+}
+
+}  // namespace ferry::plan

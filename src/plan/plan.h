@@ -1,0 +1,83 @@
+// SPDX-License-Identifier: Apache-2.0
+// Plan: the activation policy of one training step as data — for every layer boundary its home
+// (GPU, host, NVMe) or "recompute", the recompute spans (the path of materialized boundaries, and
+// per span whether the span's weights are re-streamed or kept on the GPU between recompute and
+// backward), and every activation transfer as (boundary, window, direction, tier, bytes). Solvers
+// write it, the evaluator (evaluate.h) prices it, plan_json.h stores it, and the streaming
+// executor (issue #4, not built yet) is to follow it exactly. Fixed policies are Plans too.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ferry::plan {
+
+enum class Home : std::uint8_t { kGpu, kHost, kNvme, kRecompute };
+std::string_view to_string(Home h);
+
+// Path edge (start, end): boundaries start and end materialized, the layers start..end-1 between
+// them run forward again inside the backward of layer end-1 (end - start >= 2), on weights that
+// are re-streamed (keep_weights = false) or streamed once for the recompute and kept on the GPU
+// until their own backward (keep_weights = true). end - start == 1: nothing is recomputed.
+struct Span {
+  int start = 0;
+  int end = 1;
+  bool keep_weights = false;
+  bool operator==(const Span&) const = default;
+};
+
+struct Transfer {
+  int boundary = 0;
+  int window = 0;
+  bool to_gpu = false;  // true: H2D (bringing it back); false: D2H (offloading)
+  bool nvme = false;    // true: the host side is the NVMe store (bounced through pinned memory)
+  double gb = 0;
+  bool operator==(const Transfer&) const = default;
+};
+
+// What a plan costs under a PlanProblem (filled by evaluate()).
+struct Prediction {
+  double gpu_step_ms = 0;  // compute + exposed transfers + step_fixed
+  double step_ms = 0;      // max(gpu_step_ms, cpu_optimizer_ms): the step as predicted
+  double compute_ms = 0;   // sum of window compute, incl. recompute
+  double recompute_ms = 0;
+  double exposed_ms = 0;    // transfer time no compute hides
+  double objective_ms = 0;  // gpu_step_ms + move penalty (what the solvers minimize)
+  double moved_gb = 0;      // activation + re-streamed weight bytes moved by choice
+  double gpu_peak_gb = 0;
+  int gpu_peak_window = 0;
+  double host_peak_gb = 0;
+  double nvme_peak_gb = 0;
+  double tflops = 0;                      // model_flops_per_step / step (anchors' convention)
+  std::vector<double> window_compute_ms;  // [2L+1]
+  std::vector<double> window_exposed_ms;  // [2L+1]
+  std::vector<double> window_gpu_gb;      // [2L+1]
+  bool operator==(const Prediction&) const = default;
+};
+
+struct SolverInfo {
+  std::string solver;       // "cbc", "exact", "fixed"
+  std::string status;       // "optimal", "time_limit" (incumbent kept), "evaluated"
+  double objective_ms = 0;  // the solver's own objective value
+  double bound_ms = 0;      // best lower bound (== objective when optimal)
+  double gap = 0;           // (objective - bound) / objective
+  double seconds = 0;
+  bool operator==(const SolverInfo&) const = default;
+};
+
+struct Plan {
+  std::string policy;  // "solved", "all-gpu", "all-host", "checkpoint-every-4", ...
+  int num_layers = 0;
+  int batch_size = 0;
+  int seq_len = 0;
+  std::vector<Home> homes;  // [L+1]
+  std::vector<Span> spans;  // path from boundary 0 to L, in order
+  std::vector<Transfer> transfers;
+  Prediction predicted;
+  SolverInfo solver;
+  bool operator==(const Plan&) const = default;
+};
+
+}  // namespace ferry::plan

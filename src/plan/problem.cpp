@@ -1,0 +1,153 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "plan/problem.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace ferry::plan {
+
+std::string window_name(const PlanProblem& p, int t) {
+  if (t < p.num_layers) return fmt::format("f{}", t);
+  if (t == p.num_layers) return "loss";
+  return fmt::format("b{}", 2 * p.num_layers - t);
+}
+
+std::string window_description(const PlanProblem& p, int t) {
+  if (t < p.num_layers) return fmt::format("forward of layer {}", t);
+  if (t == p.num_layers) return "the loss window";
+  return fmt::format("backward of layer {}", 2 * p.num_layers - t);
+}
+
+namespace {
+
+bool finite_nonneg(double v) { return std::isfinite(v) && v >= 0; }
+
+}  // namespace
+
+Status validate(const PlanProblem& p) {
+  const int L = p.num_layers;
+  if (L < 1) return invalid_argument("plan: problem has {} layers, need >= 1", L);
+  if (static_cast<int>(p.boundary_gb.size()) != L + 1) {
+    return invalid_argument("plan: {} boundary sizes for {} layers, need L+1", p.boundary_gb.size(),
+                            L);
+  }
+  if (static_cast<int>(p.layers.size()) != L) {
+    return invalid_argument("plan: {} layer costs for {} layers", p.layers.size(), L);
+  }
+  for (int i = 0; i <= L; ++i) {
+    if (!finite_nonneg(p.boundary_gb[i])) return invalid_argument("plan: boundary {} bytes < 0", i);
+  }
+  for (int j = 0; j < L; ++j) {
+    const LayerCost& c = p.layers[j];
+    for (double v :
+         {c.fwd_ms, c.bwd_ms, c.rec_ms, c.weight_gb, c.grad_gb, c.work_fwd_gb, c.work_bwd_gb}) {
+      if (!finite_nonneg(v)) return invalid_argument("plan: layer {} has a negative cost", j);
+    }
+  }
+  for (double v : {p.loss_ms, p.loss_work_gb, p.head_weight_gb, p.head_grad_gb, p.step_fixed_ms,
+                   p.cpu_optimizer_ms, p.gpu_cap_gb, p.host_cap_gb, p.nvme_cap_gb, p.gpu_fixed_gb,
+                   p.host_fixed_gb, p.move_penalty_ms_per_gb}) {
+    if (!finite_nonneg(v)) return invalid_argument("plan: a step cost or capacity is negative");
+  }
+  const LinkRates& r = p.link;
+  if (!(r.h2d_gbps > 0 && r.d2h_gbps > 0 && r.duplex_gbps > 0 && r.duplex_loaded_gbps > 0)) {
+    return invalid_argument("plan: link rates must be > 0 (h2d {}, d2h {}, duplex {}, loaded {})",
+                            r.h2d_gbps, r.d2h_gbps, r.duplex_gbps, r.duplex_loaded_gbps);
+  }
+  if (p.nvme_cap_gb > 0 && !(r.nvme_read_gbps > 0 && r.nvme_write_gbps > 0)) {
+    return invalid_argument("plan: an NVMe tier needs read and write rates > 0");
+  }
+  if (p.max_span < 1) return invalid_argument("plan: max span {} < 1", p.max_span);
+  return ok_status();
+}
+
+Json to_json(const PlanProblem& p) {
+  Json layers = Json::array();
+  for (const LayerCost& c : p.layers) {
+    layers.push_back({{"fwd_ms", c.fwd_ms},
+                      {"bwd_ms", c.bwd_ms},
+                      {"rec_ms", c.rec_ms},
+                      {"weight_gb", c.weight_gb},
+                      {"grad_gb", c.grad_gb},
+                      {"work_fwd_gb", c.work_fwd_gb},
+                      {"work_bwd_gb", c.work_bwd_gb}});
+  }
+  return {{"num_layers", p.num_layers},
+          {"boundary_gb", p.boundary_gb},
+          {"layers", layers},
+          {"loss_ms", p.loss_ms},
+          {"loss_work_gb", p.loss_work_gb},
+          {"head_weight_gb", p.head_weight_gb},
+          {"head_grad_gb", p.head_grad_gb},
+          {"step_fixed_ms", p.step_fixed_ms},
+          {"cpu_optimizer_ms", p.cpu_optimizer_ms},
+          {"link",
+           {{"h2d_gbps", p.link.h2d_gbps},
+            {"d2h_gbps", p.link.d2h_gbps},
+            {"duplex_gbps", p.link.duplex_gbps},
+            {"duplex_loaded_gbps", p.link.duplex_loaded_gbps},
+            {"nvme_read_gbps", p.link.nvme_read_gbps},
+            {"nvme_write_gbps", p.link.nvme_write_gbps}}},
+          {"gpu_cap_gb", p.gpu_cap_gb},
+          {"host_cap_gb", p.host_cap_gb},
+          {"nvme_cap_gb", p.nvme_cap_gb},
+          {"gpu_fixed_gb", p.gpu_fixed_gb},
+          {"host_fixed_gb", p.host_fixed_gb},
+          {"max_span", p.max_span},
+          {"move_penalty_ms_per_gb", p.move_penalty_ms_per_gb},
+          {"batch_size", p.batch_size},
+          {"seq_len", p.seq_len},
+          {"model_flops_per_step", p.model_flops_per_step},
+          {"source", p.source}};
+}
+
+Result<PlanProblem> problem_from_json(const Json& j) {
+  // nlohmann throws on a missing key or a wrong type; src/ lets no exception escape.
+  try {
+    PlanProblem p;
+    p.num_layers = j.at("num_layers").get<int>();
+    p.boundary_gb = j.at("boundary_gb").get<std::vector<double>>();
+    for (const Json& c : j.at("layers")) {
+      LayerCost l;
+      l.fwd_ms = c.at("fwd_ms").get<double>();
+      l.bwd_ms = c.at("bwd_ms").get<double>();
+      l.rec_ms = c.at("rec_ms").get<double>();
+      l.weight_gb = c.at("weight_gb").get<double>();
+      l.grad_gb = c.at("grad_gb").get<double>();
+      l.work_fwd_gb = c.at("work_fwd_gb").get<double>();
+      l.work_bwd_gb = c.at("work_bwd_gb").get<double>();
+      p.layers.push_back(l);
+    }
+    p.loss_ms = j.at("loss_ms").get<double>();
+    p.loss_work_gb = j.at("loss_work_gb").get<double>();
+    p.head_weight_gb = j.at("head_weight_gb").get<double>();
+    p.head_grad_gb = j.at("head_grad_gb").get<double>();
+    p.step_fixed_ms = j.at("step_fixed_ms").get<double>();
+    p.cpu_optimizer_ms = j.at("cpu_optimizer_ms").get<double>();
+    const Json& r = j.at("link");
+    p.link.h2d_gbps = r.at("h2d_gbps").get<double>();
+    p.link.d2h_gbps = r.at("d2h_gbps").get<double>();
+    p.link.duplex_gbps = r.at("duplex_gbps").get<double>();
+    p.link.duplex_loaded_gbps = r.at("duplex_loaded_gbps").get<double>();
+    p.link.nvme_read_gbps = r.at("nvme_read_gbps").get<double>();
+    p.link.nvme_write_gbps = r.at("nvme_write_gbps").get<double>();
+    p.gpu_cap_gb = j.at("gpu_cap_gb").get<double>();
+    p.host_cap_gb = j.at("host_cap_gb").get<double>();
+    p.nvme_cap_gb = j.at("nvme_cap_gb").get<double>();
+    p.gpu_fixed_gb = j.at("gpu_fixed_gb").get<double>();
+    p.host_fixed_gb = j.at("host_fixed_gb").get<double>();
+    p.max_span = j.at("max_span").get<int>();
+    p.move_penalty_ms_per_gb = j.at("move_penalty_ms_per_gb").get<double>();
+    p.batch_size = j.at("batch_size").get<int>();
+    p.seq_len = j.at("seq_len").get<int>();
+    p.model_flops_per_step = j.at("model_flops_per_step").get<double>();
+    p.source = j.at("source").get<std::string>();
+    FERRY_TRY(validate(p));
+    return p;
+  } catch (const Json::exception& e) {
+    return corrupt("plan: problem json: {}", e.what());
+  }
+}
+
+}  // namespace ferry::plan

@@ -1,0 +1,100 @@
+// SPDX-License-Identifier: Apache-2.0
+// PlanProblem: everything the activation planner needs to know about one training step, as numbers
+// (no model or machine objects): per-layer compute times, per-boundary activation bytes, per-layer
+// weight and gradient bytes, link and NVMe rates, memory capacities and the fixed memory each tier
+// needs whatever the plan. The analytic cost model (cost_model.h) or a measured profile
+// (profile.h) fills it; the MILP (milp.h), the exact solver (exact.h), the fixed policies
+// (policies.h) and the evaluator (evaluate.h) all read the same struct, so they price a plan
+// identically.
+//
+// Units: bytes in GB (1e9 bytes), times in ms, rates in GB/s. Keeping the numbers O(1e-3..1e3)
+// keeps CBC's tolerances meaningful (bytes as 1e10 would make 1e-6 feasibility slack ~10 kB).
+//
+// The step as a sequence of 2L+1 compute windows (window index t):
+//   t = j          forward of layer j            (j = 0..L-1)
+//   t = L          loss: final norm + lm_head + chunked cross-entropy, forward and backward
+//   t = 2L - j     backward of layer j           (j = L-1..0), incl. re-forward of its internals
+// Boundary i (i = 0..L) is the input of layer i (boundary L feeds the loss); it is produced at the
+// end of window i-1 (boundary 0: before the step, by the embedding gather on the host) and last
+// read by the backward of layer i (boundary L: by the loss window).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/json.h"
+#include "core/result.h"
+#include "core/status.h"
+
+namespace ferry::plan {
+
+struct LayerCost {
+  double fwd_ms = 0;       // forward of the layer in the forward pass
+  double bwd_ms = 0;       // backward incl. re-forward of the layer's internals from its input
+  double rec_ms = 0;       // forward of the layer when recomputing a span in backward
+  double weight_gb = 0;    // bf16 weights streamed host->GPU for each use
+  double grad_gb = 0;      // gradients streamed GPU->host after the layer's backward
+  double work_fwd_gb = 0;  // transient GPU memory of the forward (internals, not kept)
+  double work_bwd_gb = 0;  // transient GPU memory of the backward (re-forwarded internals + grads)
+};
+
+struct LinkRates {
+  double h2d_gbps = 0;            // pinned host->GPU alone
+  double d2h_gbps = 0;            // pinned GPU->host alone
+  double duplex_gbps = 0;         // both directions at once, sum of the two
+  double duplex_loaded_gbps = 0;  // both directions while the CPU optimizer streams host memory
+  double nvme_read_gbps = 0;
+  double nvme_write_gbps = 0;
+};
+
+struct PlanProblem {
+  int num_layers = 0;               // L
+  std::vector<double> boundary_gb;  // [L+1] A_i: activation bytes of boundary i
+  std::vector<LayerCost> layers;    // [L]
+  double loss_ms = 0;               // the loss window's compute (lm_head fwd+bwd, CE)
+  double loss_work_gb = 0;          // GPU memory of the loss window: logits chunk, lm_head w+grad
+  double head_weight_gb = 0;        // lm_head (+ final norm) weights, H2D before the loss window
+  double head_grad_gb = 0;          // their gradients, D2H after the loss window
+  double step_fixed_ms = 0;         // serial work no window hides (embedding, first weights,
+                                    // last gradients, optimizer of layer 0, step start/stop)
+  double cpu_optimizer_ms = 0;      // the CPU optimizer's work per step; it overlaps the GPU
+                                    // windows, so the step is never shorter than this
+  LinkRates link;
+
+  // Capacities and the bytes each tier needs whatever the plan.
+  double gpu_cap_gb = 0;
+  double host_cap_gb = 0;
+  double nvme_cap_gb = 0;    // 0: no NVMe tier
+  double gpu_fixed_gb = 0;   // CUDA context + workspace + weight/gradient stream buffers
+  double host_fixed_gb = 0;  // host-resident model state (weights, master, optimizer, grads)
+
+  int max_span = 4;  // R: a recomputed span covers at most R-1 layers between boundaries
+  // Tie-breaker on moved bytes (ms per GB moved) so equal-time plans prefer moving less. Part of
+  // the objective of every solver, so exact and MILP optima stay comparable.
+  double move_penalty_ms_per_gb = 1e-4;
+
+  // Metadata (not used by the solvers): what the numbers describe.
+  int batch_size = 0;
+  int seq_len = 0;
+  double model_flops_per_step = 0;  // 6 * N * B * S: the anchors' TFLOPS convention
+  std::string source;               // "analytic:<machine>" or "profile:<path>"
+
+  int num_windows() const { return 2 * num_layers + 1; }
+  int fwd_window(int layer) const { return layer; }
+  int loss_window() const { return num_layers; }
+  int bwd_window(int layer) const { return 2 * num_layers - layer; }
+  bool has_nvme() const { return nvme_cap_gb > 0 && link.nvme_read_gbps > 0; }
+};
+
+// "f3", "loss", "b3": a window's short name for tables and messages.
+std::string window_name(const PlanProblem& p, int t);
+// "forward of layer 3", "the loss window", "backward of layer 3".
+std::string window_description(const PlanProblem& p, int t);
+
+// Sizes and signs consistent; a non-ok Status names the first bad field.
+Status validate(const PlanProblem& p);
+
+Json to_json(const PlanProblem& p);
+Result<PlanProblem> problem_from_json(const Json& j);
+
+}  // namespace ferry::plan

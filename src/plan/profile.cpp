@@ -1,0 +1,123 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "plan/profile.h"
+
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "core/file_util.h"
+
+namespace ferry::plan {
+
+std::string geometry_key(const model::ModelConfig& c) {
+  return fmt::format("{}-L{}-C{}-F{}-H{}-KV{}-D{}-V{}-E{}", c.model_type, c.num_hidden_layers,
+                     c.hidden_size, c.is_moe() ? c.moe_intermediate_size : c.intermediate_size,
+                     c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.vocab_size,
+                     c.num_experts);
+}
+
+std::string default_profile_path(const std::string& machine, const std::string& geometry) {
+  std::string dir;
+  if (const char* d = std::getenv("FERRY_CACHE_DIR"); d != nullptr && *d != '\0') {
+    dir = d;
+  } else if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') {
+    dir = std::string(x) + "/ferry";
+  } else if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') {
+    dir = std::string(h) + "/.cache/ferry";
+  } else {
+    dir = ".ferry-cache";
+  }
+  return fmt::format("{}/plan/{}__{}.json", dir, machine, geometry);
+}
+
+Json to_json(const Profile& p) {
+  Json layers = Json::array();
+  for (const LayerTimes& l : p.layers) {
+    layers.push_back({{"fwd_ms", l.fwd_ms}, {"bwd_ms", l.bwd_ms}, {"rec_ms", l.rec_ms}});
+  }
+  return {{"format", "ferry-plan-profile"},
+          {"version", 1},
+          {"machine", p.machine},
+          {"geometry", p.geometry},
+          {"batch_size", p.batch_size},
+          {"seq_len", p.seq_len},
+          {"measured_by", p.measured_by},
+          {"link",
+           {{"h2d_gbps", p.link.h2d_gbps},
+            {"d2h_gbps", p.link.d2h_gbps},
+            {"duplex_gbps", p.link.duplex_gbps},
+            {"duplex_loaded_gbps", p.link.duplex_loaded_gbps},
+            {"nvme_read_gbps", p.link.nvme_read_gbps},
+            {"nvme_write_gbps", p.link.nvme_write_gbps}}},
+          {"layers", layers},
+          {"loss_ms", p.loss_ms},
+          {"cpu_optimizer_ms", p.cpu_optimizer_ms}};
+}
+
+Result<Profile> profile_from_json(const Json& j) {
+  try {
+    if (j.at("format").get<std::string>() != "ferry-plan-profile" ||
+        j.at("version").get<int>() != 1) {
+      return corrupt("plan: not a version-1 ferry-plan-profile document");
+    }
+    Profile p;
+    p.machine = j.at("machine").get<std::string>();
+    p.geometry = j.at("geometry").get<std::string>();
+    p.batch_size = j.at("batch_size").get<int>();
+    p.seq_len = j.at("seq_len").get<int>();
+    p.measured_by = j.at("measured_by").get<std::string>();
+    const Json& r = j.at("link");
+    p.link.h2d_gbps = r.at("h2d_gbps").get<double>();
+    p.link.d2h_gbps = r.at("d2h_gbps").get<double>();
+    p.link.duplex_gbps = r.at("duplex_gbps").get<double>();
+    p.link.duplex_loaded_gbps = r.at("duplex_loaded_gbps").get<double>();
+    p.link.nvme_read_gbps = r.at("nvme_read_gbps").get<double>();
+    p.link.nvme_write_gbps = r.at("nvme_write_gbps").get<double>();
+    for (const Json& l : j.at("layers")) {
+      p.layers.push_back(LayerTimes{l.at("fwd_ms").get<double>(), l.at("bwd_ms").get<double>(),
+                                    l.at("rec_ms").get<double>()});
+    }
+    p.loss_ms = j.at("loss_ms").get<double>();
+    p.cpu_optimizer_ms = j.at("cpu_optimizer_ms").get<double>();
+    if (p.batch_size < 1 || p.seq_len < 1) return corrupt("plan: profile batch/seq < 1");
+    return p;
+  } catch (const Json::exception& e) {
+    return corrupt("plan: profile json: {}", e.what());
+  }
+}
+
+Result<Profile> read_profile(const std::string& path) {
+  FERRY_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  FERRY_ASSIGN_OR_RETURN(Json j, parse_json(text, path));
+  Result<Profile> p = profile_from_json(j);
+  if (!p.ok()) return p.status().with_context(path);
+  return p;
+}
+
+Status write_profile(const std::string& path, const Profile& p) {
+  return write_file_atomic(path, to_json(p).dump(1) + "\n");
+}
+
+Status apply_profile(const Profile& prof, PlanProblem& p) {
+  if (static_cast<int>(prof.layers.size()) != p.num_layers) {
+    return invalid_argument("plan: profile has {} layers, model has {}", prof.layers.size(),
+                            p.num_layers);
+  }
+  if (prof.seq_len != p.seq_len) {
+    return invalid_argument("plan: profile measured at seq {}, planning for seq {}", prof.seq_len,
+                            p.seq_len);
+  }
+  const double scale = static_cast<double>(p.batch_size) / prof.batch_size;
+  for (int j = 0; j < p.num_layers; ++j) {
+    p.layers[j].fwd_ms = prof.layers[j].fwd_ms * scale;
+    p.layers[j].bwd_ms = prof.layers[j].bwd_ms * scale;
+    p.layers[j].rec_ms = prof.layers[j].rec_ms * scale;
+  }
+  p.loss_ms = prof.loss_ms * scale;
+  p.cpu_optimizer_ms = prof.cpu_optimizer_ms;
+  p.link = prof.link;
+  p.source = "profile:" + prof.machine + ":" + prof.geometry;
+  return validate(p);
+}
+
+}  // namespace ferry::plan

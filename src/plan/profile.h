@@ -1,0 +1,59 @@
+// SPDX-License-Identifier: Apache-2.0
+// Measured costs that override the analytic model: per-layer forward/backward/recompute times,
+// the loss window, link rates alone / duplex / duplex under CPU-optimizer load, NVMe rates and the
+// CPU optimizer's time per step, cached per machine and model geometry as JSON:
+//
+//   {"format": "ferry-plan-profile", "version": 1, "machine": "h200", "geometry": "<key>",
+//    "batch_size": 8, "seq_len": 1024, "measured_by": "...",
+//    "link": {"h2d_gbps": .., "d2h_gbps": .., "duplex_gbps": .., "duplex_loaded_gbps": ..,
+//             "nvme_read_gbps": .., "nvme_write_gbps": ..},
+//    "layers": [{"fwd_ms": .., "bwd_ms": .., "rec_ms": ..}, ...], "loss_ms": ..,
+//    "cpu_optimizer_ms": ..}
+//
+// Times measured at (batch_size, seq_len) are scaled linearly in the batch for other batches
+// (compute at fixed seq is linear in B); a different seq_len is refused (attention is quadratic).
+// NOTE(plan): the profiler that writes this file needs the GPU streaming executor (issue #4), which
+// does not exist yet; today profiles come from elsewhere (or tests) and the analytic model is the
+// default. Tests: tests/unit/plan/profile_test.cpp.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/result.h"
+#include "model/config.h"
+#include "plan/problem.h"
+
+namespace ferry::plan {
+
+struct LayerTimes {
+  double fwd_ms = 0, bwd_ms = 0, rec_ms = 0;
+};
+
+struct Profile {
+  std::string machine;
+  std::string geometry;  // geometry_key() of the model it was measured on
+  int batch_size = 0;
+  int seq_len = 0;
+  std::string measured_by;
+  LinkRates link;
+  std::vector<LayerTimes> layers;
+  double loss_ms = 0;
+  double cpu_optimizer_ms = 0;
+};
+
+// "qwen2-L36-C2048-F11008-H16-KV2-D128-V151936-E0": what fixes per-layer cost.
+std::string geometry_key(const model::ModelConfig& c);
+// $FERRY_CACHE_DIR, else $XDG_CACHE_HOME/ferry, else $HOME/.cache/ferry; then
+// plan/<machine>__<geometry>.json.
+std::string default_profile_path(const std::string& machine, const std::string& geometry);
+
+Json to_json(const Profile& p);
+Result<Profile> profile_from_json(const Json& j);
+Result<Profile> read_profile(const std::string& path);
+Status write_profile(const std::string& path, const Profile& p);
+
+// Overrides p's times and rates; refuses a profile of another layer count or sequence length.
+Status apply_profile(const Profile& prof, PlanProblem& p);
+
+}  // namespace ferry::plan

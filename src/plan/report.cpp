@@ -1,0 +1,70 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "plan/report.h"
+
+#include <fmt/format.h>
+
+namespace ferry::plan {
+
+std::string plan_text(const PlanProblem& p, const Plan& plan) {
+  const Prediction& r = plan.predicted;
+  std::string s;
+  s += fmt::format("plan {}: {} layers, batch {} x seq {}, costs {} (predictions, not measured)\n",
+                   plan.policy, p.num_layers, p.batch_size, p.seq_len, p.source);
+  s += fmt::format("solver {}: {} in {:.2f} s, objective {:.3f} ms, bound {:.3f} ms, gap {:.3f}%\n",
+                   plan.solver.solver, plan.solver.status, plan.solver.seconds,
+                   plan.solver.objective_ms, plan.solver.bound_ms, 100 * plan.solver.gap);
+  s += "\nboundary  home       GB      span\n";
+  std::vector<const Span*> span_from(p.num_layers + 1, nullptr);
+  for (const Span& sp : plan.spans) span_from[sp.start] = &sp;
+  for (int i = 0; i <= p.num_layers; ++i) {
+    std::string span;
+    if (const Span* sp = span_from[i]; sp != nullptr && sp->end - sp->start >= 2) {
+      span = fmt::format("-> {} (recompute layers {}..{}, {} weights)", sp->end, sp->start,
+                         sp->end - 2, sp->keep_weights ? "keep" : "re-stream");
+    }
+    s += fmt::format("{:<9} {:<10} {:<7.3f} {}\n", i, to_string(plan.homes[i]), p.boundary_gb[i],
+                     span);
+  }
+  s += "\nwindow  compute_ms  exposed_ms  gpu_gb\n";
+  for (int t = 0; t < p.num_windows(); ++t) {
+    s += fmt::format("{:<7} {:>10.3f}  {:>10.3f}  {:>6.2f}\n", window_name(p, t),
+                     r.window_compute_ms[t], r.window_exposed_ms[t], r.window_gpu_gb[t]);
+  }
+  s += fmt::format(
+      "\npredicted step {:.1f} ms (gpu {:.1f}: compute {:.1f} incl. recompute {:.1f}, exposed "
+      "{:.2f}, serial {:.1f}; cpu optimizer {:.1f}), {:.1f} TFLOPS (6*N*B*S / step)\n",
+      r.step_ms, r.gpu_step_ms, r.compute_ms, r.recompute_ms, r.exposed_ms, p.step_fixed_ms,
+      p.cpu_optimizer_ms, r.tflops);
+  s += fmt::format(
+      "peak memory: gpu {:.2f} / {:.2f} GB ({}), host {:.2f} / {:.2f} GB, nvme {:.2f} "
+      "/ {:.2f} GB\n",
+      r.gpu_peak_gb, p.gpu_cap_gb, window_description(p, r.gpu_peak_window), r.host_peak_gb,
+      p.host_cap_gb, r.nvme_peak_gb, p.nvme_cap_gb);
+  if (p.cpu_optimizer_ms > r.gpu_step_ms) {
+    s += "note: the CPU optimizer, not the GPU, bounds this step; a larger batch amortizes it\n";
+  }
+  return s;
+}
+
+std::string comparison_text(const Comparison& c) {
+  std::string s = fmt::format(
+      "\npolicy               at batch {:<4}                     | largest batch\n"
+      "                     step_ms    TFLOPS  exposed_ms |  batch  step_ms    TFLOPS\n",
+      c.batch);
+  for (const PolicyRow& r : c.rows) {
+    std::string a = "does not fit";
+    if (r.at_batch) {
+      a = fmt::format("{:>9.1f} {:>9.1f} {:>11.2f}", r.at_batch->predicted.step_ms,
+                      r.at_batch->predicted.tflops, r.at_batch->predicted.exposed_ms);
+    }
+    std::string b = "      -";
+    if (r.at_largest) {
+      b = fmt::format("{:>6} {:>9.1f} {:>9.1f}", r.largest_batch, r.at_largest->predicted.step_ms,
+                      r.at_largest->predicted.tflops);
+    }
+    s += fmt::format("{:<20} {:<31} | {}\n", r.policy, a, b);
+  }
+  return s;
+}
+
+}  // namespace ferry::plan

@@ -1,0 +1,74 @@
+// SPDX-License-Identifier: Apache-2.0
+// ScheduleModel: the planner's mixed-integer program (docs/plan.md, "formulation") as plain
+// arrays — columns with bounds, objective and integrality, rows as sparse terms with bounds — plus
+// the index maps that tie each column to its meaning. It knows nothing about CBC: milp.cpp hands
+// it to CBC, lp_fixed.cpp fixes its binaries and hands it to Clp, and extract_plan() turns a
+// solution vector back into a Plan (which evaluate.h then prices independently).
+//
+// Variables: x[s,e,v] (span s->e, v = re-stream / keep weights), g/c/n[i] (home of boundary i),
+// dc/dn[i,t] (D2H bytes of i in window t, to host / to NVMe), hc/hn[i,t] (H2D bytes), eps[t]
+// (exposure of window t, ms), and in a min-capacity model one capacity column M.
+#pragma once
+
+#include <utility>
+#include <vector>
+
+#include "plan/plan.h"
+#include "plan/problem.h"
+
+namespace ferry::plan {
+
+enum class Tier : std::uint8_t { kGpu, kHost, kNvme };
+std::string_view to_string(Tier t);
+
+struct LinearModel {
+  std::vector<double> col_lb, col_ub, obj;
+  std::vector<char> integer;
+  std::vector<int> row_begin;  // [rows+1] into row_col / row_val
+  std::vector<int> row_col;
+  std::vector<double> row_val;
+  std::vector<double> row_lb, row_ub;
+  double obj_constant = 0;
+
+  int num_cols() const { return static_cast<int>(col_lb.size()); }
+  int num_rows() const { return static_cast<int>(row_lb.size()); }
+  int add_col(double lb, double ub, double cost, bool is_integer);
+  // Terms with the same column are summed; zero coefficients dropped.
+  void add_row(std::vector<std::pair<int, double>> terms, double lb, double ub);
+};
+
+class ScheduleModel {
+ public:
+  // minimize_tier: when set, that tier's capacity becomes a column M and the objective is M alone
+  // (the smallest capacity of that tier for which some plan fits the other tiers).
+  ScheduleModel(const PlanProblem& p, const Tier* minimize_tier = nullptr);
+
+  const LinearModel& model() const { return m_; }
+  LinearModel& mutable_model() { return m_; }
+
+  // Column of span (s, e) with variant keep (false: re-stream); -1 when it does not exist.
+  int span_col(int s, int e, bool keep) const;
+  int home_col(int i, Home h) const;  // g/c/n of an interior boundary; -1 if absent (nvme off)
+  int capacity_col() const { return cap_col_; }
+
+  // Bounds that fix every binary to the given discrete choice (an LP remains).
+  void fix_choice(const std::vector<Home>& homes, const std::vector<Span>& spans);
+
+  // Reads a solution vector (num_cols values) into a Plan's homes, spans and transfers.
+  Plan extract_plan(const std::vector<double>& sol) const;
+
+ private:
+  struct XferCols {
+    int first_d2h = 0, first_h2d = 0;
+    std::vector<int> dc, dn, hc, hn;  // per window from first_*; -1 when absent
+  };
+  const PlanProblem& p_;
+  LinearModel m_;
+  std::vector<std::vector<int>> span_cols_;  // [s][2*(e-s)+keep]
+  std::vector<int> g_, c_, n_;               // [L+1], -1 at 0 and L
+  std::vector<XferCols> xfer_;               // [L+1]
+  std::vector<int> eps_;                     // [2L+1]
+  int cap_col_ = -1;
+};
+
+}  // namespace ferry::plan

@@ -1,0 +1,162 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "plan/search.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "core/log.h"
+
+namespace ferry::plan {
+namespace {
+
+struct Probe {
+  std::optional<Plan> plan;  // empty: no plan fits
+  PlanProblem problem;
+};
+
+// Runs the planner at `batch`; "does not fit" (or no plan found in the time limit) is an empty
+// probe, any other failure is returned.
+Result<Probe> probe(const ProblemAt& problem_at, const Planner& planner, int batch, int& probes) {
+  FERRY_ASSIGN_OR_RETURN(PlanProblem p, problem_at(batch));
+  ++probes;
+  Result<Plan> r = planner(p);
+  Probe out{std::nullopt, std::move(p)};
+  if (r.ok()) {
+    out.plan = std::move(r).value();
+    return out;
+  }
+  const StatusCode code = r.status().code();
+  if (code == StatusCode::kResourceExhausted || code == StatusCode::kDeadlineExceeded) return out;
+  return std::move(r).take_status();
+}
+
+bool exposure_ok(const Plan& plan, double fraction) {
+  return plan.predicted.exposed_ms <= fraction * plan.predicted.step_ms;
+}
+
+}  // namespace
+
+Result<BatchSearchResult> largest_batch(const ProblemAt& problem_at, const Planner& planner,
+                                        const BatchSearchOptions& o) {
+  BatchSearchResult res;
+  FERRY_ASSIGN_OR_RETURN(Probe lo, probe(problem_at, planner, 1, res.probes));
+  if (!lo.plan) {
+    return resource_exhausted("plan: not even batch 1 fits (gpu {:.2f} GB, host {:.2f} GB)",
+                              lo.problem.gpu_cap_gb, lo.problem.host_cap_gb);
+  }
+  // Doubling, then bisection between the last fitting and the first failing batch.
+  int good = 1, bad = -1;
+  Probe best = std::move(lo);
+  while (bad < 0 && good < o.max_batch) {
+    const int b = std::min(o.max_batch, good * 2);
+    FERRY_ASSIGN_OR_RETURN(Probe pr, probe(problem_at, planner, b, res.probes));
+    if (pr.plan) {
+      good = b;
+      best = std::move(pr);
+    } else {
+      bad = b;
+    }
+  }
+  while (bad > 0 && bad - good > 1) {
+    const int mid = good + (bad - good) / 2;
+    FERRY_ASSIGN_OR_RETURN(Probe pr, probe(problem_at, planner, mid, res.probes));
+    if (pr.plan) {
+      good = mid;
+      best = std::move(pr);
+    } else {
+      bad = mid;
+    }
+  }
+  res.largest_fitting = good;
+  res.batch = good;
+  res.exposure_ok = exposure_ok(*best.plan, o.max_exposed_fraction);
+  if (o.require_low_exposure && !res.exposure_ok) {
+    // Walk down in 16 steps at most; fitting is monotone, so every smaller batch fits.
+    const int step = std::max(1, good / 16);
+    for (int b = good - step; b >= 1; b -= step) {
+      FERRY_ASSIGN_OR_RETURN(Probe pr, probe(problem_at, planner, b, res.probes));
+      if (pr.plan && exposure_ok(*pr.plan, o.max_exposed_fraction)) {
+        res.batch = b;
+        res.exposure_ok = true;
+        best = std::move(pr);
+        break;
+      }
+    }
+    if (!res.exposure_ok) {
+      log::get("plan")->warn(
+          "batch={} exposure stays above {:.0f}% of the step at every batch "
+          "tried; keeping the largest fitting batch",
+          good, 100 * o.max_exposed_fraction);
+    }
+  }
+  res.plan = std::move(*best.plan);
+  res.problem = std::move(best.problem);
+  return res;
+}
+
+namespace {
+
+double capacity_of(const PlanProblem& p, Tier t) {
+  switch (t) {
+    case Tier::kGpu:
+      return p.gpu_cap_gb;
+    case Tier::kHost:
+      return p.host_cap_gb;
+    case Tier::kNvme:
+      return p.nvme_cap_gb;
+  }
+  return 0;
+}
+
+}  // namespace
+
+Result<Infeasibility> diagnose_infeasible(const PlanProblem& p, const SolveOptions& o) {
+  std::vector<Tier> tiers = {Tier::kGpu, Tier::kHost};
+  if (p.has_nvme()) tiers.push_back(Tier::kNvme);
+  std::string alternatives;
+  std::optional<Infeasibility> found;
+  for (Tier t : tiers) {
+    Result<CapacityBound> b = min_capacity(p, t, o);
+    if (!b.ok()) continue;  // relaxing this tier alone does not help
+    if (b->capacity_gb <= capacity_of(p, t) + 1e-9) continue;  // not binding
+    Infeasibility inf;
+    inf.tier = t;
+    inf.capacity_gb = capacity_of(p, t);
+    inf.min_capacity_gb = std::ceil(b->capacity_gb * 100 - 1e-6) / 100;
+    inf.proven = b->optimal;
+    if (!found) {
+      found = inf;
+    } else {
+      alternatives += fmt::format("; or {} >= {:.2f} GB", to_string(t), inf.min_capacity_gb);
+    }
+  }
+  if (!found) {
+    return resource_exhausted(
+        "plan: no plan fits at batch {} x seq {} and no single budget (gpu {:.2f} GB, host "
+        "{:.2f} GB, nvme {:.2f} GB) can be raised alone to fix it",
+        p.batch_size, p.seq_len, p.gpu_cap_gb, p.host_cap_gb, p.nvme_cap_gb);
+  }
+  Infeasibility& inf = *found;
+  std::string where;
+  if (inf.tier == Tier::kHost && p.host_fixed_gb > p.host_cap_gb) {
+    where = fmt::format(" (model state alone needs {:.2f} GB)", p.host_fixed_gb);
+  }
+  inf.message = fmt::format(
+      "plan: no plan fits at batch {} x seq {}: binding constraint {} (capacity {:.2f} GB){}; "
+      "the smallest {} budget that fits is {}{:.2f} GB with the other budgets unchanged{}",
+      p.batch_size, p.seq_len, to_string(inf.tier), inf.capacity_gb, where, to_string(inf.tier),
+      inf.proven ? "" : "at most ", inf.min_capacity_gb, alternatives);
+  return inf;
+}
+
+Result<Plan> solve_or_diagnose(const PlanProblem& p, const SolveOptions& o) {
+  Result<Plan> r = solve_milp(p, o);
+  if (r.ok() || r.status().code() != StatusCode::kResourceExhausted) return r;
+  FERRY_ASSIGN_OR_RETURN(Infeasibility inf, diagnose_infeasible(p, o));
+  return resource_exhausted("{}", inf.message);
+}
+
+}  // namespace ferry::plan

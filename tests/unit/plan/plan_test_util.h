@@ -1,0 +1,66 @@
+// SPDX-License-Identifier: Apache-2.0
+// Random small PlanProblems for the planner's property tests: costs, sizes, link rates and
+// capacities drawn so that exposure, recompute and offloading all matter (slow links, tight GPU).
+#pragma once
+
+#include <algorithm>
+#include <random>
+
+#include "plan/problem.h"
+
+namespace ferry::plan::testing {
+
+inline double uniform(std::mt19937_64& rng, double lo, double hi) {
+  return std::uniform_real_distribution<double>(lo, hi)(rng);
+}
+
+// L layers; NVMe tier when `nvme`. gpu_fraction in [0, 1] places the GPU capacity between the
+// fixed need (0) and roughly "everything on the GPU" (1).
+inline PlanProblem random_problem(std::mt19937_64& rng, int L, bool nvme, double gpu_fraction) {
+  PlanProblem p;
+  p.num_layers = L;
+  p.boundary_gb.resize(L + 1);
+  for (double& a : p.boundary_gb) a = uniform(rng, 0.1, 1.0);
+  p.layers.resize(L);
+  double max_work = 0;
+  for (LayerCost& c : p.layers) {
+    c.fwd_ms = uniform(rng, 1, 5);
+    c.bwd_ms = c.fwd_ms * uniform(rng, 2, 3);
+    c.rec_ms = c.fwd_ms * uniform(rng, 0.9, 1.1);
+    c.weight_gb = uniform(rng, 0.02, 0.2);
+    c.grad_gb = c.weight_gb * uniform(rng, 0.5, 1.0);
+    c.work_fwd_gb = uniform(rng, 0.1, 0.5);
+    c.work_bwd_gb = uniform(rng, 0.2, 1.0);
+    max_work = std::max(max_work, c.work_bwd_gb);
+  }
+  p.loss_ms = uniform(rng, 1, 4);
+  p.loss_work_gb = uniform(rng, 0.2, 1.0);
+  p.head_weight_gb = uniform(rng, 0.02, 0.2);
+  p.head_grad_gb = p.head_weight_gb;
+  p.step_fixed_ms = uniform(rng, 0, 2);
+  p.cpu_optimizer_ms = uniform(rng, 0, 30);
+  p.link.h2d_gbps = uniform(rng, 20, 200);
+  p.link.d2h_gbps = uniform(rng, 20, 200);
+  p.link.duplex_gbps =
+      uniform(rng, std::max(p.link.h2d_gbps, p.link.d2h_gbps), p.link.h2d_gbps + p.link.d2h_gbps);
+  p.link.duplex_loaded_gbps = p.link.duplex_gbps * uniform(rng, 0.7, 1.0);
+  if (nvme) {
+    p.link.nvme_read_gbps = uniform(rng, 20, 100);
+    p.link.nvme_write_gbps = uniform(rng, 20, 100);
+    p.nvme_cap_gb = uniform(rng, 0.5, 3.0);
+  }
+  p.gpu_fixed_gb = uniform(rng, 0.5, 1.0);
+  double all_act = 0;
+  for (double a : p.boundary_gb) all_act += a;
+  p.gpu_cap_gb = p.gpu_fixed_gb + max_work + 1.0 + gpu_fraction * all_act;
+  p.host_fixed_gb = uniform(rng, 1, 2);
+  p.host_cap_gb = p.host_fixed_gb + uniform(rng, 0, 0.7) * all_act;
+  p.max_span = std::uniform_int_distribution<int>(1, std::min(L, 4))(rng);
+  p.batch_size = 1;
+  p.seq_len = 1;
+  p.model_flops_per_step = 1e12;
+  p.source = "random";
+  return p;
+}
+
+}  // namespace ferry::plan::testing
