@@ -1,0 +1,120 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "serve/builtin_model.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "model/model_binding.h"
+#include "model/param_spec.h"
+#include "serve/sampler.h"
+
+namespace ferry::serve {
+
+std::string builtin_moe_config_json(const BuiltinMoeSpec& s) {
+  return fmt::format(
+      R"({{"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+  "vocab_size": {}, "hidden_size": {}, "intermediate_size": {}, "num_hidden_layers": {},
+  "num_attention_heads": {}, "num_key_value_heads": {}, "head_dim": {},
+  "max_position_embeddings": {}, "rms_norm_eps": 1e-6, "tie_word_embeddings": false,
+  "num_experts": {}, "num_experts_per_tok": {}, "moe_intermediate_size": {},
+  "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [],
+  "rope_parameters": {{"rope_type": "default", "rope_theta": 1000000.0}}, "hidden_act": "silu"}})",
+      s.vocab, s.hidden, 2 * s.expert_width, s.layers, s.heads, s.kv_heads, s.head_dim,
+      s.max_positions, s.experts, s.top_k, s.expert_width);
+}
+
+namespace {
+
+ConstTensorView* slot_of(model::ModelParams& p, const model::ParamSpec& spec, int experts) {
+  using model::ParamRole;
+  if (spec.layer < 0) {
+    switch (spec.role) {
+      case ParamRole::kEmbed:
+        return &p.embed;
+      case ParamRole::kFinalNorm:
+        return &p.final_norm;
+      case ParamRole::kLmHead:
+        return &p.lm_head;
+      default:
+        return nullptr;
+    }
+  }
+  auto& L = p.layers[spec.layer];
+  if (model::is_expert_role(spec.role) && static_cast<int>(L.expert_gate.size()) != experts) {
+    L.expert_gate.resize(experts);
+    L.expert_up.resize(experts);
+    L.expert_down.resize(experts);
+  }
+  switch (spec.role) {
+    case ParamRole::kAttnNorm:
+      return &L.attn_norm;
+    case ParamRole::kQProj:
+      return &L.q;
+    case ParamRole::kKProj:
+      return &L.k;
+    case ParamRole::kVProj:
+      return &L.v;
+    case ParamRole::kOProj:
+      return &L.o;
+    case ParamRole::kQNorm:
+      return &L.q_norm;
+    case ParamRole::kKNorm:
+      return &L.k_norm;
+    case ParamRole::kMlpNorm:
+      return &L.mlp_norm;
+    case ParamRole::kGate:
+      return &L.gate;
+    case ParamRole::kUp:
+      return &L.up;
+    case ParamRole::kDown:
+      return &L.down;
+    case ParamRole::kRouter:
+      return &L.router;
+    case ParamRole::kExpertGate:
+      return &L.expert_gate[spec.expert];
+    case ParamRole::kExpertUp:
+      return &L.expert_up[spec.expert];
+    case ParamRole::kExpertDown:
+      return &L.expert_down[spec.expert];
+    default:
+      return nullptr;  // biases: Qwen3-MoE has none
+  }
+}
+
+}  // namespace
+
+Result<std::unique_ptr<BuiltinModel>> make_builtin_moe(const BuiltinMoeSpec& spec,
+                                                       std::uint64_t seed) {
+  auto m = std::make_unique<BuiltinModel>();
+  FERRY_ASSIGN_OR_RETURN(m->config,
+                         model::parse_model_config_text(builtin_moe_config_json(spec), "builtin"));
+  FERRY_ASSIGN_OR_RETURN(m->geometry, model::make_geometry(m->config));
+  m->params.layers.resize(m->geometry.layers);
+  Rng rng(seed);
+  auto normal = [&rng] {  // Box-Muller
+    const double u1 = 1.0 - rng.uniform(), u2 = rng.uniform();
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+  };
+  const std::vector<model::ParamSpec> specs = model::param_specs(m->config);
+  m->storage.reserve(specs.size());
+  for (const model::ParamSpec& ps : specs) {
+    std::vector<float>& buf = m->storage.emplace_back(static_cast<std::size_t>(ps.numel()));
+    const bool norm = model::is_norm_role(ps.role);
+    const double std_dev = ps.role == model::ParamRole::kRouter ? spec.router_std : spec.init_std;
+    for (float& w : buf) w = norm ? 1.0f : static_cast<float>(std_dev * normal());
+    ConstTensorView v =
+        ps.shape.size() == 1
+            ? ConstTensorView::contiguous(buf.data(), DType::kF32, Device::kCpu, {ps.shape[0]})
+            : ConstTensorView::contiguous(buf.data(), DType::kF32, Device::kCpu,
+                                          {ps.shape[0], ps.shape[1]});
+    ConstTensorView* slot = slot_of(m->params, ps, m->geometry.experts);
+    if (slot == nullptr) {
+      return internal_error("serve: builtin model has no slot for {}", ps.hf_name);
+    }
+    *slot = v;
+  }
+  return m;
+}
+
+}  // namespace ferry::serve

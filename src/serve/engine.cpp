@@ -1,0 +1,247 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "serve/engine.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace ferry::serve {
+
+std::string_view to_string(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone:
+      return "none";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kStopToken:
+      return "stop_token";
+    case FinishReason::kStopString:
+      return "stop";
+    case FinishReason::kCancelled:
+      return "cancelled";
+  }
+  return "?";
+}
+
+struct Engine::Sequence {
+  RequestId id = 0;
+  GenerationRequest req;
+  std::vector<std::int32_t> tokens;  // prompt, then generated
+  std::int64_t prompt_len = 0;
+  std::int64_t computed = 0;  // tokens whose K/V are in the cache
+  BlockTable table;
+  Rng rng;
+  bool cancel = false;
+  std::string text;
+  FinishReason finish = FinishReason::kNone;
+  std::int64_t generated() const { return std::int64_t(tokens.size()) - prompt_len; }
+};
+
+Engine::Engine(const model::DecoderGeometry& geo, const model::ModelParams& params,
+               const EngineConfig& cfg)
+    : geo_(geo), params_(params), cfg_(cfg) {}
+Engine::~Engine() = default;
+
+Result<std::unique_ptr<Engine>> Engine::create(const model::DecoderGeometry& geo,
+                                               const model::ModelParams& params,
+                                               const EngineConfig& cfg, kernels::Backend& backend) {
+  if (cfg.max_running <= 0 || cfg.max_batch_tokens <= 0) {
+    return invalid_argument("serve: max_running ({}) and max_batch_tokens ({}) must be positive",
+                            cfg.max_running, cfg.max_batch_tokens);
+  }
+  if (cfg.max_running > cfg.max_batch_tokens) {
+    return invalid_argument(
+        "serve: max_running {} exceeds max_batch_tokens {} (every running sequence decodes one "
+        "token per step)",
+        cfg.max_running, cfg.max_batch_tokens);
+  }
+  std::unique_ptr<Engine> e(new Engine(geo, params, cfg));
+  if (e->cfg_.max_seq_len <= 0) e->cfg_.max_seq_len = std::numeric_limits<int>::max();
+  FERRY_ASSIGN_OR_RETURN(e->kv_, KvCache::create(geo, cfg.kv));
+  FERRY_ASSIGN_OR_RETURN(e->experts_, ExpertExecutor::create(geo, params, cfg.pager));
+  FERRY_ASSIGN_OR_RETURN(e->runner_, ModelRunner::create(geo, params, *e->kv_, *e->experts_,
+                                                         cfg.max_batch_tokens, backend));
+  e->logits_.resize(std::size_t(cfg.max_running) * std::size_t(geo.vocab));
+  return e;
+}
+
+Result<RequestId> Engine::submit(GenerationRequest r) {
+  if (r.prompt.empty()) return invalid_argument("serve: empty prompt");
+  for (std::size_t i = 0; i < r.prompt.size(); ++i) {
+    if (r.prompt[i] < 0 || r.prompt[i] >= geo_.vocab) {
+      return invalid_argument(
+          "serve: prompt token {} at position {} is outside the vocabulary of {}", r.prompt[i], i,
+          geo_.vocab);
+    }
+  }
+  if (r.max_new_tokens <= 0) {
+    return invalid_argument("serve: max_new_tokens must be positive, got {}", r.max_new_tokens);
+  }
+  FERRY_TRY(validate(r.sampling));
+  if (!r.stop_strings.empty() && !r.detokenize) {
+    return invalid_argument("serve: stop strings need a detokenizer");
+  }
+  const std::int64_t total = std::int64_t(r.prompt.size()) + r.max_new_tokens;
+  if (total > cfg_.max_seq_len) {
+    return invalid_argument("serve: prompt of {} + {} new tokens exceeds the {} positions allowed",
+                            r.prompt.size(), r.max_new_tokens, cfg_.max_seq_len);
+  }
+  if (kv_->blocks_for(total) > kv_->num_blocks()) {
+    return resource_exhausted("serve: request needs {} KV blocks, the whole pool has {}",
+                              kv_->blocks_for(total), kv_->num_blocks());
+  }
+  auto s = std::make_unique<Sequence>();
+  s->id = next_id_++;
+  s->prompt_len = std::int64_t(r.prompt.size());
+  s->tokens = r.prompt;
+  s->rng = Rng(r.sampling.seed);
+  s->req = std::move(r);
+  s->tokens.reserve(std::size_t(total));
+  const RequestId id = s->id;
+  waiting_.push_back(std::move(s));
+  return id;
+}
+
+Status Engine::cancel(RequestId id) {
+  for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+    if ((*it)->id != id) continue;
+    done_[id] = RequestOutput{.finish = FinishReason::kCancelled};
+    pending_.push_back({.id = id, .token = -1, .index = 0, .finish = FinishReason::kCancelled});
+    waiting_.erase(it);
+    return ok_status();
+  }
+  for (auto& s : running_) {
+    if (s->id == id) {
+      s->cancel = true;
+      return ok_status();
+    }
+  }
+  return not_found("serve: no running or waiting request {}", id);
+}
+
+void Engine::admit() {
+  while (!waiting_.empty() && static_cast<int>(running_.size()) < cfg_.max_running) {
+    Sequence& s = *waiting_.front();
+    const std::int64_t total = s.prompt_len + s.req.max_new_tokens;
+    if (!kv_->reserve(s.table, total).ok()) break;  // FIFO: wait for blocks, no overtaking
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+  stats_.kv_blocks = kv_->num_blocks() - kv_->free_blocks();
+  stats_.kv_blocks_peak = std::max(stats_.kv_blocks_peak, stats_.kv_blocks);
+}
+
+void Engine::finish(Sequence& s, FinishReason r) {
+  s.finish = r;
+  kv_->release(s.table);
+  RequestOutput out;
+  out.tokens.assign(s.tokens.begin() + s.prompt_len, s.tokens.end());
+  out.text = std::move(s.text);
+  out.finish = r;
+  done_[s.id] = std::move(out);
+}
+
+Status Engine::after_sample(Sequence& s, std::int32_t token, std::vector<TokenEvent>& events) {
+  s.tokens.push_back(token);
+  const int index = static_cast<int>(s.generated() - 1);
+  FinishReason fin = FinishReason::kNone;
+  if (std::find(s.req.stop_token_ids.begin(), s.req.stop_token_ids.end(), token) !=
+      s.req.stop_token_ids.end()) {
+    fin = FinishReason::kStopToken;
+  }
+  if (s.req.detokenize) {
+    FERRY_ASSIGN_OR_RETURN(
+        s.text, s.req.detokenize(std::span<const std::int32_t>(s.tokens.data() + s.prompt_len,
+                                                               std::size_t(s.generated()))));
+    if (fin == FinishReason::kNone) {
+      std::size_t cut = std::string::npos;
+      for (const std::string& stop : s.req.stop_strings) {
+        if (!stop.empty()) cut = std::min(cut, s.text.find(stop));
+      }
+      if (cut != std::string::npos) {
+        s.text.resize(cut);
+        fin = FinishReason::kStopString;
+      }
+    }
+  }
+  if (fin == FinishReason::kNone && s.generated() >= s.req.max_new_tokens) {
+    fin = FinishReason::kLength;
+  }
+  events.push_back({.id = s.id, .token = token, .index = index, .finish = fin});
+  if (fin != FinishReason::kNone) finish(s, fin);
+  return ok_status();
+}
+
+Result<std::vector<TokenEvent>> Engine::step() {
+  std::vector<TokenEvent> events = std::move(pending_);
+  pending_.clear();
+  for (auto& s : running_) {
+    if (s->cancel) {
+      finish(*s, FinishReason::kCancelled);
+      events.push_back({.id = s->id,
+                        .token = -1,
+                        .index = int(s->generated()),
+                        .finish = FinishReason::kCancelled});
+    }
+  }
+  std::erase_if(running_, [](const auto& s) { return s->finish != FinishReason::kNone; });
+  admit();
+  if (running_.empty()) return events;
+
+  // Decode tokens first (one per sequence past its prompt), then prompt chunks.
+  batch_.clear();
+  std::vector<Sequence*> sampled;  // parallel to batch_.logit_rows
+  std::int64_t budget = cfg_.max_batch_tokens;
+  auto add = [&](Sequence& s, std::int64_t n) {
+    const auto seq = static_cast<std::int32_t>(batch_.tables.size());
+    batch_.tables.push_back(&s.table);
+    batch_.requests.push_back(s.id);
+    for (std::int64_t i = 0; i < n; ++i) {
+      batch_.ids.push_back(s.tokens[s.computed + i]);
+      batch_.positions.push_back(static_cast<std::int32_t>(s.computed + i));
+      batch_.seq_of.push_back(seq);
+    }
+    (s.computed >= s.prompt_len ? stats_.decode_tokens : stats_.prefill_tokens) += n;
+    s.computed += n;
+    budget -= n;
+    if (s.computed == std::int64_t(s.tokens.size())) {
+      batch_.logit_rows.push_back(static_cast<std::int32_t>(batch_.ids.size() - 1));
+      sampled.push_back(&s);
+    }
+  };
+  for (auto& s : running_) {
+    if (s->computed >= s->prompt_len) add(*s, 1);
+  }
+  for (auto& s : running_) {
+    if (s->computed < s->prompt_len && budget > 0) {
+      add(*s, std::min(budget, s->prompt_len - s->computed));
+    }
+  }
+  const std::int64_t T = batch_.tokens();
+  FERRY_TRY(runner_->forward(batch_, logits_.data()));
+  ++stats_.steps;
+  stats_.max_step_tokens = std::max<std::uint64_t>(stats_.max_step_tokens, T);
+  for (std::size_t r = 0; r < sampled.size(); ++r) {
+    Sequence& s = *sampled[r];
+    const std::span<const float> row(logits_.data() + r * geo_.vocab, std::size_t(geo_.vocab));
+    if (logits_observer_) logits_observer_(s.id, static_cast<int>(s.generated()), row);
+    const std::int32_t token = sample(row, s.req.sampling, s.rng, sample_scratch_);
+    FERRY_TRY(after_sample(s, token, events));
+  }
+  std::erase_if(running_, [](const auto& s) { return s->finish != FinishReason::kNone; });
+  return events;
+}
+
+Status Engine::run_until_idle() {
+  while (!idle()) FERRY_TRY(step().status());
+  return ok_status();
+}
+
+Result<RequestOutput> Engine::take_output(RequestId id) {
+  auto it = done_.find(id);
+  if (it == done_.end()) return not_found("serve: request {} has not finished", id);
+  RequestOutput out = std::move(it->second);
+  done_.erase(it);
+  return out;
+}
+
+}  // namespace ferry::serve

@@ -1,0 +1,127 @@
+// SPDX-License-Identifier: Apache-2.0
+// Engine: the serving loop an HTTP server (or `ferry generate`) drives.
+//   submit(request) -> id           queue a prompt with its sampling and stop settings
+//   step() -> token events          one scheduler iteration: admit, batch, forward, sample
+//   cancel(id)                      finish a request early (client went away)
+//   take_output(id)                 the finished request's tokens, text and finish reason
+// Scheduling (continuous batching, no preemption): requests are admitted FIFO while fewer than
+// max_running run and the KV pool can hold prompt + max_new_tokens (reserved whole at admission,
+// so a running request never waits for blocks). Each step takes one decode token from every
+// running sequence that has finished its prompt, then fills the rest of max_batch_tokens with
+// prompt chunks (chunked prefill), oldest first. A sequence is sampled when the step computes its
+// last known token.
+// Threading: not thread-safe. A server calls every method from one engine thread and hands
+// events to connections through its own queue.
+//   auto eng = Engine::create(geo, params, cfg).value();
+//   RequestId id = eng->submit({.prompt = ids, .max_new_tokens = 32}).value();
+//   while (!eng->idle()) for (const TokenEvent& ev : eng->step().value()) stream(ev);
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/result.h"
+#include "kernels/backend.h"
+#include "serve/expert_executor.h"
+#include "serve/kv_cache.h"
+#include "serve/model_runner.h"
+#include "serve/sampler.h"
+#include "serve/serve_config.h"
+
+namespace ferry::serve {
+
+using RequestId = std::int64_t;
+
+enum class FinishReason : std::uint8_t { kNone, kLength, kStopToken, kStopString, kCancelled };
+std::string_view to_string(FinishReason r);
+
+struct GenerationRequest {
+  std::vector<std::int32_t> prompt;
+  SamplingParams sampling;
+  int max_new_tokens = 16;
+  std::vector<std::int32_t> stop_token_ids;  // the stop token is kept as the last token
+  std::vector<std::string> stop_strings;     // text is cut before the first match
+  // Text of generated ids (the caller's tokenizer); needed for stop_strings and output text.
+  std::function<Result<std::string>(std::span<const std::int32_t>)> detokenize;
+};
+
+struct TokenEvent {
+  RequestId id = 0;
+  std::int32_t token = -1;  // -1 on a cancellation event
+  int index = 0;            // position among the request's generated tokens
+  FinishReason finish = FinishReason::kNone;
+};
+
+struct RequestOutput {
+  std::vector<std::int32_t> tokens;  // generated ids
+  std::string text;                  // detokenized (cut at a stop string); empty without one
+  FinishReason finish = FinishReason::kNone;
+};
+
+struct EngineStats {
+  std::uint64_t steps = 0, prefill_tokens = 0, decode_tokens = 0, max_step_tokens = 0;
+  int kv_blocks = 0, kv_blocks_peak = 0;
+};
+
+class Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> create(const model::DecoderGeometry& geo,
+                                                const model::ModelParams& params,
+                                                const EngineConfig& cfg,
+                                                kernels::Backend& backend = kernels::cpu_backend());
+  ~Engine();
+
+  // invalid_argument: empty prompt, ids outside the vocabulary, bad sampling values, stop strings
+  // without a detokenizer, prompt + max_new_tokens over max_seq_len or over the whole KV pool.
+  Result<RequestId> submit(GenerationRequest request);
+  Result<std::vector<TokenEvent>> step();
+  Status cancel(RequestId id);
+  bool idle() const { return waiting_.empty() && running_.empty() && pending_.empty(); }
+  Status run_until_idle();
+  // The output of a finished request (removed from the engine); not_found while it runs.
+  Result<RequestOutput> take_output(RequestId id);
+
+  void set_routing_hook(RoutingHook* hook) { runner_->set_routing_hook(hook); }
+  // Sees every row of logits the engine samples from (tests compare them bit for bit).
+  void set_logits_observer(std::function<void(RequestId, int, std::span<const float>)> fn) {
+    logits_observer_ = std::move(fn);
+  }
+
+  const EngineStats& stats() const { return stats_; }
+  ExpertExecutor& experts() { return *experts_; }
+  KvCache& kv() { return *kv_; }
+  const EngineConfig& config() const { return cfg_; }
+
+ private:
+  struct Sequence;
+  Engine(const model::DecoderGeometry& geo, const model::ModelParams& params,
+         const EngineConfig& cfg);
+  void admit();
+  void finish(Sequence& s, FinishReason r);
+  Status after_sample(Sequence& s, std::int32_t token, std::vector<TokenEvent>& events);
+
+  model::DecoderGeometry geo_;
+  const model::ModelParams& params_;
+  EngineConfig cfg_;
+  std::unique_ptr<KvCache> kv_;
+  std::unique_ptr<ExpertExecutor> experts_;
+  std::unique_ptr<ModelRunner> runner_;
+  RequestId next_id_ = 0;
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;
+  std::vector<TokenEvent> pending_;  // events of requests cancelled while waiting
+  std::map<RequestId, RequestOutput> done_;
+  StepBatch batch_;
+  std::vector<float> logits_;  // [max_running, V]
+  std::vector<std::pair<std::int32_t, double>> sample_scratch_;
+  std::function<void(RequestId, int, std::span<const float>)> logits_observer_;
+  EngineStats stats_;
+};
+
+}  // namespace ferry::serve

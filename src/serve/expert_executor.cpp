@@ -1,0 +1,213 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "serve/expert_executor.h"
+
+#include <algorithm>
+
+#include "core/thread_pool.h"
+#include "mem/stream.h"
+#include "mem/transfer_engine.h"
+
+namespace ferry::serve {
+
+std::vector<std::int64_t> split_token_groups(std::span<const std::int32_t> ids, std::int64_t T,
+                                             int K, int E, int limit,
+                                             const std::vector<bool>& hot) {
+  std::vector<std::int64_t> ends;
+  std::vector<bool> in_group(E, false);
+  std::vector<std::int32_t> members;
+  int count = 0;
+  for (std::int64_t t = 0; t < T; ++t) {
+    int fresh = 0;
+    for (int k = 0; k < K; ++k) {
+      const std::int32_t e = ids[t * K + k];
+      fresh += !in_group[e] && !(hot.empty() ? false : hot[e]);
+    }
+    if (count + fresh > limit && t > 0 && !members.empty()) {
+      ends.push_back(t);
+      for (std::int32_t e : members) in_group[e] = false;
+      members.clear();
+      count = 0;
+    }
+    for (int k = 0; k < K; ++k) {
+      const std::int32_t e = ids[t * K + k];
+      if (in_group[e]) continue;
+      in_group[e] = true;
+      members.push_back(e);
+      count += !(hot.empty() ? false : hot[e]);
+    }
+  }
+  if (T > 0) ends.push_back(T);
+  return ends;
+}
+
+Result<std::vector<int>> resolve_expert_caps(const model::DecoderGeometry& geo,
+                                             std::size_t expert_bytes, const PagerConfig& pc) {
+  int moe_layers = 0;
+  for (bool m : geo.layer_is_moe) moe_layers += m;
+  std::vector<int> caps(geo.layers, 0);
+  for (int l = 0; l < geo.layers; ++l) {
+    if (!geo.layer_is_moe[l]) continue;
+    int cap = geo.experts;
+    if (!pc.layer_slots.empty()) {
+      if (static_cast<int>(pc.layer_slots.size()) != geo.layers) {
+        return invalid_argument("serve: {} per-layer slot counts for {} layers",
+                                pc.layer_slots.size(), geo.layers);
+      }
+      cap = pc.layer_slots[l];
+    } else if (pc.slots_per_layer > 0) {
+      cap = pc.slots_per_layer;
+    } else if (pc.budget_bytes > 0) {
+      cap = static_cast<int>(std::min<std::size_t>(
+          pc.budget_bytes / (expert_bytes * std::size_t(moe_layers)), std::size_t(geo.experts)));
+    }
+    cap = std::min(cap, geo.experts);
+    if (cap < geo.top_k) {
+      return resource_exhausted(
+          "serve: layer {} gets {} expert slots (expert budget {}, {} per expert, {} MoE "
+          "layers), fewer than top-k = {}: one token's experts would not fit",
+          l, cap, mem::format_bytes(pc.budget_bytes), mem::format_bytes(expert_bytes), moe_layers,
+          geo.top_k);
+    }
+    caps[l] = cap;
+  }
+  return caps;
+}
+
+Result<std::unique_ptr<ExpertExecutor>> ExpertExecutor::create(const model::DecoderGeometry& geo,
+                                                               const model::ModelParams& params,
+                                                               const PagerConfig& pc) {
+  std::unique_ptr<ExpertExecutor> x(new ExpertExecutor(geo, params));
+  x->mode_ = pc.mode;
+  if (geo.experts == 0) return x;  // dense model: nothing to page
+  x->ref_of_expert_.resize(geo.experts);
+  x->seen_.assign(geo.experts, false);
+  x->distinct_.reserve(geo.experts);
+  x->distinct_refs_.reserve(geo.experts);
+  if (pc.mode == ExpertMode::kResident) return x;
+  FERRY_ASSIGN_OR_RETURN(x->store_, ExpertStore::create(geo, params));
+  const std::size_t eb = x->store_->expert_bytes();
+  if (pc.mode == ExpertMode::kStatic) {
+    const std::size_t need = std::size_t(geo.experts) * eb;
+    FERRY_TRY(x->staging_budget_.set_limit(pc.budget_bytes > 0 ? pc.budget_bytes : need));
+    if (need > x->staging_budget_.bytes_limit()) {
+      return resource_exhausted(
+          "serve: static mode stages a whole layer ({} experts, {}), the expert budget is {}",
+          geo.experts, mem::format_bytes(need), mem::format_bytes(pc.budget_bytes));
+    }
+    mem::ArenaPlan plan;
+    plan.add("static expert staging", need);
+    FERRY_ASSIGN_OR_RETURN(x->staging_,
+                           mem::make_arena(plan, mem::MemTier::kDevice, x->staging_budget_,
+                                           {.what = "static expert staging"}));
+  } else if (pc.mode == ExpertMode::kPaged) {
+    FERRY_ASSIGN_OR_RETURN(std::vector<int> caps, resolve_expert_caps(geo, eb, pc));
+    PagerSetup setup{.caps = caps,
+                     .policy = pc.policy,
+                     .lfru_half_life = pc.lfru_half_life,
+                     .hot = pc.hot_experts,
+                     .budget_bytes = pc.budget_bytes};
+    FERRY_ASSIGN_OR_RETURN(x->pager_, ExpertPager::create(*x->store_, setup));
+    x->hot_.assign(geo.layers, std::vector<bool>(geo.experts, false));
+    for (int l = 0; l < geo.layers; ++l) {
+      if (!geo.layer_is_moe[l]) continue;
+      for (int e = 0; e < geo.experts; ++e) x->hot_[l][e] = x->pager_->is_hot(l, e);
+    }
+  }
+  return x;
+}
+
+std::size_t ExpertExecutor::device_bytes() const {
+  if (pager_) return pager_->pool_bytes();
+  return staging_.total_bytes();
+}
+
+Status ExpertExecutor::compute_group(int layer, const float* x, const std::int32_t* ids,
+                                     std::int64_t t0, std::int64_t t1, float* eout) {
+  const int K = geo_.top_k;
+  const std::int64_t C = geo_.hidden, F = geo_.expert_width;
+  // Distinct experts of the group, in first-appearance order.
+  distinct_.clear();
+  for (std::int64_t i = t0 * K; i < t1 * K; ++i) {
+    if (!seen_[ids[i]]) {
+      seen_[ids[i]] = true;
+      distinct_.push_back(ids[i]);
+    }
+  }
+  for (std::int32_t e : distinct_) seen_[e] = false;
+  distinct_refs_.resize(distinct_.size());
+  switch (mode_) {
+    case ExpertMode::kResident: {
+      const auto& p = params_.layers[layer];
+      for (std::size_t i = 0; i < distinct_.size(); ++i) {
+        const int e = distinct_[i];
+        distinct_refs_[i] = {p.expert_gate[e].as<float>(), p.expert_up[e].as<float>(),
+                             p.expert_down[e].as<float>()};
+      }
+      break;
+    }
+    case ExpertMode::kCpuExperts:
+      for (std::size_t i = 0; i < distinct_.size(); ++i) {
+        distinct_refs_[i] = store_->ref(layer, distinct_[i]);
+      }
+      break;
+    case ExpertMode::kStatic:
+      for (std::size_t i = 0; i < distinct_.size(); ++i) {
+        distinct_refs_[i] = store_->ref_in(staging_.as<float>(mem::SlotId{0}) +
+                                           distinct_[i] * std::int64_t(store_->expert_floats()));
+      }
+      break;
+    case ExpertMode::kPaged:
+      FERRY_TRY(pager_->acquire(layer, distinct_, distinct_refs_));
+      break;
+  }
+  for (std::size_t i = 0; i < distinct_.size(); ++i)
+    ref_of_expert_[distinct_[i]] = distinct_refs_[i];
+  const std::int64_t rows = (t1 - t0) * K;
+  ThreadPool::global().parallel_for(
+      static_cast<std::size_t>(rows),
+      [&](std::size_t b, std::size_t e) {
+        thread_local std::vector<float> scratch;
+        if (static_cast<std::int64_t>(scratch.size()) < F) scratch.resize(F);
+        for (std::size_t r = b; r < e; ++r) {
+          const std::int64_t i = t0 * K + static_cast<std::int64_t>(r);
+          const std::int64_t t = i / K;
+          expert_ffn_row(ref_of_expert_[ids[i]], x + t * C, eout + i * C, C, F, scratch.data());
+        }
+      },
+      2);
+  if (mode_ == ExpertMode::kPaged) pager_->release(layer);
+  ++counters_.groups;
+  counters_.expert_rows += rows;
+  return ok_status();
+}
+
+Status ExpertExecutor::run(int layer, const float* x, const std::int32_t* ids, std::int64_t T,
+                           float* eout) {
+  const int K = geo_.top_k;
+  for (std::int64_t i = 0; i < T * K; ++i) {
+    if (ids[i] < 0 || ids[i] >= geo_.experts) {
+      return invalid_argument("serve: expert id {} outside [0, {})", ids[i], geo_.experts);
+    }
+  }
+  if (mode_ == ExpertMode::kStatic) {
+    // The layer's blocks are contiguous in the store: one bulk copy, one sync.
+    const std::size_t bytes = std::size_t(geo_.experts) * store_->expert_bytes();
+    mem::Stream& stream = mem::Stream::host();
+    FERRY_TRY(mem::host_transfer_engine().h2d(staging_.data(mem::SlotId{0}),
+                                              store_->block(layer, 0), bytes, stream));
+    FERRY_TRY(stream.synchronize());
+    counters_.static_bytes_copied += bytes;
+  }
+  if (mode_ != ExpertMode::kPaged) return compute_group(layer, x, ids, 0, T, eout);
+  const std::vector<std::int64_t> ends =
+      split_token_groups(std::span<const std::int32_t>(ids, std::size_t(T * K)), T, K, geo_.experts,
+                         pager_->group_limit(layer), hot_[layer]);
+  std::int64_t t0 = 0;
+  for (std::int64_t t1 : ends) {
+    FERRY_TRY(compute_group(layer, x, ids, t0, t1, eout));
+    t0 = t1;
+  }
+  return ok_status();
+}
+
+}  // namespace ferry::serve

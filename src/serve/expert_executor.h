@@ -1,0 +1,85 @@
+// SPDX-License-Identifier: Apache-2.0
+// ExpertExecutor: runs the routed experts of one MoE layer for a step's tokens in the configured
+// mode, writing eout[t*K + k] = expert ids[t,k] (x[t]). The combine (weights, routing order) is
+// the caller's, through the backend's moe_combine, so it never sees where an expert ran.
+//   resident     refs point at the model's own weight views
+//   cpu-experts  refs point at the packed host store (on a GPU build: computed by the CPU; here
+//                the CPU is the only compute, so it is the same arithmetic on other pointers)
+//   static       the layer's E blocks are copied in bulk into a device staging area (one batch)
+//                every forward, refs point there (WiSP's baseline)
+//   paged        tokens are split into groups whose distinct non-hot experts fit the layer's free
+//                slots (split_token_groups); each group is acquire()d from the pager, computed,
+//                released
+// Every mode calls expert_ffn_row per (t, k) with the same x row, so the bits are equal
+// (expert_ffn.h). Not thread-safe; uses ThreadPool::global() inside.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "core/result.h"
+#include "mem/arena.h"
+#include "serve/expert_pager.h"
+#include "serve/expert_store.h"
+#include "serve/serve_config.h"
+
+namespace ferry::serve {
+
+struct ExecutorCounters {
+  std::uint64_t groups = 0;               // expert groups computed (paged may split a step)
+  std::uint64_t static_bytes_copied = 0;  // static mode's bulk copies
+  std::uint64_t expert_rows = 0;          // (token, k) rows computed
+};
+
+// Splits tokens [0, T) into consecutive groups whose distinct experts not in `hot` number at most
+// `limit`; returns the group ends (the last is T). A single token needs at most K <= limit.
+std::vector<std::int64_t> split_token_groups(std::span<const std::int32_t> ids, std::int64_t T,
+                                             int K, int E, int limit, const std::vector<bool>& hot);
+
+// The per-layer slot counts a PagerConfig asks for ([L], 0 for dense layers), or
+// resource_exhausted when a MoE layer would get fewer than top-k slots.
+Result<std::vector<int>> resolve_expert_caps(const model::DecoderGeometry& geo,
+                                             std::size_t expert_bytes, const PagerConfig& pc);
+
+class ExpertExecutor {
+ public:
+  static Result<std::unique_ptr<ExpertExecutor>> create(const model::DecoderGeometry& geo,
+                                                        const model::ModelParams& params,
+                                                        const PagerConfig& pc);
+
+  // x: [T, C]; ids: [T, K] distinct per row; eout: [T*K, C].
+  Status run(int layer, const float* x, const std::int32_t* ids, std::int64_t T, float* eout);
+
+  ExpertMode mode() const { return mode_; }
+  const ExpertStore* store() const { return store_.get(); }
+  ExpertPager* pager() const { return pager_.get(); }
+  const ExecutorCounters& counters() const { return counters_; }
+  // Device-tier bytes this mode holds (slot pool or staging), and its budget.
+  std::size_t device_bytes() const;
+
+ private:
+  ExpertExecutor(const model::DecoderGeometry& geo, const model::ModelParams& params)
+      : geo_(geo), params_(params), staging_budget_(mem::MemTier::kDevice) {}
+  Status compute_group(int layer, const float* x, const std::int32_t* ids, std::int64_t t0,
+                       std::int64_t t1, float* eout);
+
+  model::DecoderGeometry geo_;
+  const model::ModelParams& params_;
+  ExpertMode mode_ = ExpertMode::kResident;
+  std::unique_ptr<ExpertStore> store_;
+  std::unique_ptr<ExpertPager> pager_;
+  mem::MemoryBudget staging_budget_;
+  mem::Arena staging_;  // static mode: one layer's E blocks
+  ExecutorCounters counters_;
+  // Per-group scratch, sized once: distinct experts and their refs, by expert id.
+  std::vector<std::int32_t> distinct_;
+  std::vector<ExpertRef> distinct_refs_;
+  std::vector<ExpertRef> ref_of_expert_;  // [E]
+  std::vector<bool> seen_;                // [E]
+  std::vector<std::vector<bool>> hot_;    // [L][E] the pager's pinned hot set
+};
+
+}  // namespace ferry::serve

@@ -1,0 +1,230 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "serve/expert_pager.h"
+
+#include <algorithm>
+
+#include "mem/stream.h"
+#include "mem/transfer_engine.h"
+
+namespace ferry::serve {
+
+std::string_view to_string(ExpertSlotState s) {
+  switch (s) {
+    case ExpertSlotState::kEmpty:
+      return "empty";
+    case ExpertSlotState::kLoading:
+      return "loading";
+    case ExpertSlotState::kResident:
+      return "resident";
+    case ExpertSlotState::kInUse:
+      return "in-use";
+  }
+  return "?";
+}
+
+bool is_legal_slot_transition(ExpertSlotState from, ExpertSlotState to) {
+  using S = ExpertSlotState;
+  switch (from) {
+    case S::kEmpty:
+      return to == S::kLoading;
+    case S::kLoading:
+      return to == S::kInUse || to == S::kResident;
+    case S::kResident:
+      return to == S::kInUse || to == S::kEmpty;
+    case S::kInUse:
+      return to == S::kResident;
+  }
+  return false;
+}
+
+ExpertPager::ExpertPager(const ExpertStore& store, const PagerSetup& setup)
+    : store_(store),
+      ranker_(setup.policy, std::max(1, setup.lfru_half_life)),
+      budget_(mem::MemTier::kDevice) {}
+
+Result<std::unique_ptr<ExpertPager>> ExpertPager::create(const ExpertStore& store,
+                                                         const PagerSetup& setup) {
+  const int L = static_cast<int>(setup.caps.size());
+  std::unique_ptr<ExpertPager> p(new ExpertPager(store, setup));
+  p->layers_.resize(L);
+  std::int64_t slots = 0;
+  for (int l = 0; l < L; ++l) {
+    Layer& ly = p->layers_[l];
+    ly.cap = store.has_layer(l) ? setup.caps[l] : 0;
+    if (store.has_layer(l) && (ly.cap <= 0 || ly.cap > store.experts())) {
+      return invalid_argument("serve: layer {} asks for {} expert slots, need 1..{}", l, ly.cap,
+                              store.experts());
+    }
+    ly.first_slot = slots;
+    slots += ly.cap;
+    ly.expert_of_slot.assign(ly.cap, -1);
+    ly.state.assign(ly.cap, ExpertSlotState::kEmpty);
+    ly.meta.assign(ly.cap, SlotMeta{});
+    ly.slot_of_expert.assign(store.experts(), -1);
+    ly.hot.assign(store.experts(), false);
+  }
+  const std::size_t pool = std::size_t(slots) * store.expert_bytes();
+  const std::size_t limit = setup.budget_bytes > 0 ? setup.budget_bytes : pool;
+  FERRY_TRY(p->budget_.set_limit(limit));
+  if (pool > limit) {
+    return resource_exhausted("serve: {} expert slots of {} need {}, the expert budget is {}",
+                              slots, mem::format_bytes(store.expert_bytes()),
+                              mem::format_bytes(pool), mem::format_bytes(limit));
+  }
+  mem::ArenaPlan plan;
+  if (pool > 0) plan.add("expert slots", pool);
+  FERRY_ASSIGN_OR_RETURN(p->arena_, mem::make_arena(plan, mem::MemTier::kDevice, p->budget_,
+                                                    {.what = "expert slot pool"}));
+  // Pinned hot set: loaded now, never evicted.
+  for (int l = 0; l < L && l < static_cast<int>(setup.hot.size()); ++l) {
+    Layer& ly = p->layers_[l];
+    if (setup.hot[l].empty()) continue;
+    if (!store.has_layer(l))
+      return invalid_argument("serve: hot experts given for dense layer {}", l);
+    std::vector<int> slots_loaded;
+    for (int e : setup.hot[l]) {
+      if (e < 0 || e >= store.experts() || ly.hot[e]) {
+        return invalid_argument("serve: hot expert {} of layer {} is out of range or repeated", e,
+                                l);
+      }
+      if (ly.hot_count + 1 > ly.cap) {
+        return invalid_argument("serve: layer {}: {} hot experts do not fit {} slots", l,
+                                setup.hot[l].size(), ly.cap);
+      }
+      ly.hot[e] = true;
+      const int s = ly.hot_count++;
+      p->move(l, s, ExpertSlotState::kLoading);
+      ly.expert_of_slot[s] = e;
+      ly.slot_of_expert[e] = s;
+      ++p->occupied_;
+      slots_loaded.push_back(s);
+    }
+    FERRY_TRY(p->copy_in(l, slots_loaded));
+    for (int s : slots_loaded) {
+      p->ranker_.on_load(ly.meta[s], 0);
+      p->move(l, s, ExpertSlotState::kResident);
+    }
+  }
+  return p;
+}
+
+bool ExpertPager::is_hot(int layer, int expert) const {
+  const Layer& ly = layers_[layer];
+  return !ly.hot.empty() && ly.hot[expert];
+}
+
+void ExpertPager::move(int layer, int slot, ExpertSlotState to) {
+  ExpertSlotState& s = layers_[layer].state[slot];
+  FERRY_CHECK(is_legal_slot_transition(s, to),
+              "serve: illegal expert slot transition {} -> {} "
+              "(layer {} slot {})",
+              to_string(s), to_string(to), layer, slot);
+  const SlotEvent ev{layer, slot, layers_[layer].expert_of_slot[slot], s, to};
+  s = to;
+  if (observer_) observer_(ev);
+}
+
+float* ExpertPager::slot_data(int layer, int slot) const {
+  return arena_.as<float>(mem::SlotId{0}) +
+         (layers_[layer].first_slot + slot) * std::int64_t(store_.expert_floats());
+}
+
+int ExpertPager::take_slot(int layer) {
+  Layer& ly = layers_[layer];
+  for (int s = 0; s < ly.cap; ++s) {
+    if (ly.state[s] == ExpertSlotState::kEmpty) return s;
+  }
+  int victim = -1;
+  for (int s = 0; s < ly.cap; ++s) {
+    // Only resident, non-hot experts may go: in-use ones are the current working set and
+    // loading ones are this call's misses.
+    if (ly.state[s] != ExpertSlotState::kResident || ly.hot[ly.expert_of_slot[s]]) continue;
+    if (victim < 0 || ranker_.evict_first(ly.meta[s], s, ly.meta[victim], victim, ly.tick)) {
+      victim = s;
+    }
+  }
+  if (victim < 0) return -1;
+  ly.slot_of_expert[ly.expert_of_slot[victim]] = -1;
+  move(layer, victim, ExpertSlotState::kEmpty);
+  ly.expert_of_slot[victim] = -1;
+  --occupied_;
+  ++counters_.evictions;
+  return victim;
+}
+
+Status ExpertPager::copy_in(int layer, std::span<const int> slots) {
+  if (slots.empty()) return ok_status();
+  Layer& ly = layers_[layer];
+  mem::TransferEngine& te = mem::host_transfer_engine();
+  mem::Stream& stream = mem::Stream::host();
+  for (int s : slots) {
+    FERRY_TRY(te.h2d(slot_data(layer, s), store_.block(layer, ly.expert_of_slot[s]),
+                     store_.expert_bytes(), stream));
+    counters_.bytes_copied += store_.expert_bytes();
+  }
+  // One sync for the whole batch (a CUDA engine would have queued every copy first).
+  FERRY_TRY(stream.synchronize());
+  ++counters_.copy_batches;
+  return ok_status();
+}
+
+Status ExpertPager::acquire(int layer, std::span<const std::int32_t> experts,
+                            std::span<ExpertRef> refs) {
+  Layer& ly = layers_[layer];
+  FERRY_CHECK(ly.in_use.empty(), "serve: pager layer {} acquired twice without release", layer);
+  FERRY_CHECK(refs.size() == experts.size(), "serve: pager refs/experts size mismatch");
+  int non_hot = 0;
+  for (std::int32_t e : experts) {
+    if (e < 0 || e >= store_.experts()) {
+      return invalid_argument("serve: expert id {} outside [0, {})", e, store_.experts());
+    }
+    non_hot += !ly.hot[e];
+  }
+  if (non_hot > group_limit(layer)) {
+    return invalid_argument("serve: layer {}: {} experts in one group exceed the {} free slots",
+                            layer, non_hot, group_limit(layer));
+  }
+  ++ly.tick;
+  ++counters_.acquires;
+  std::vector<int> missed;  // NOTE(serve): small (<= cap); a fixed scratch would avoid it
+  // Hits first, so no later miss can evict them.
+  for (std::int32_t e : experts) {
+    const int s = ly.slot_of_expert[e];
+    if (s < 0) continue;
+    FERRY_CHECK(ly.state[s] == ExpertSlotState::kResident,
+                "serve: expert {} listed twice in one acquire (layer {})", e, layer);
+    move(layer, s, ExpertSlotState::kInUse);
+    ranker_.on_hit(ly.meta[s], ly.tick);
+    ly.in_use.push_back(s);
+    ++counters_.hits;
+  }
+  for (std::int32_t e : experts) {
+    if (ly.slot_of_expert[e] >= 0) continue;
+    const int s = take_slot(layer);
+    FERRY_CHECK(s >= 0, "serve: no evictable slot in layer {} (group limit not enforced)", layer);
+    ly.expert_of_slot[s] = e;
+    ly.slot_of_expert[e] = s;
+    move(layer, s, ExpertSlotState::kLoading);
+    ++occupied_;
+    missed.push_back(s);
+    ++counters_.misses;
+  }
+  FERRY_TRY(copy_in(layer, missed));
+  for (int s : missed) {
+    ranker_.on_load(ly.meta[s], ly.tick);
+    move(layer, s, ExpertSlotState::kInUse);
+    ly.in_use.push_back(s);
+  }
+  for (std::size_t i = 0; i < experts.size(); ++i) {
+    refs[i] = store_.ref_in(slot_data(layer, ly.slot_of_expert[experts[i]]));
+  }
+  return ok_status();
+}
+
+void ExpertPager::release(int layer) {
+  Layer& ly = layers_[layer];
+  for (int s : ly.in_use) move(layer, s, ExpertSlotState::kResident);
+  ly.in_use.clear();
+}
+
+}  // namespace ferry::serve

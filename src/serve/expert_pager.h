@@ -1,0 +1,109 @@
+// SPDX-License-Identifier: Apache-2.0
+// ExpertPager: a per-layer cache of expert slots on the device tier (emulated in CPU builds) in
+// front of the ExpertStore's host blocks, under a hard byte budget.
+//   - slot pool: one Arena of sum(caps) slots, each one expert block; caps may differ per layer;
+//   - acquire(layer, experts): hits are marked in use and never copy; misses take a free slot or
+//     evict a resident expert that is neither in use (the current working set) nor hot, chosen by
+//     the EvictionRanker; all misses of the call are then copied in one batch (one sync);
+//   - release(layer): the working set goes back to resident (evictable);
+//   - a pinned hot set per layer is loaded at create() and never evicted.
+// Slot states and the only legal transitions (anything else aborts: a pager bug):
+//   empty -> loading -> in-use <-> resident -> empty      (loading -> resident: hot preload)
+// Invariants (tests/unit/serve/pager_test.cpp): resident bytes <= budget; a hit never copies; an
+// in-use or hot expert is never evicted; an expert occupies at most one slot of its layer.
+// Not thread-safe: the engine's step drives it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "core/result.h"
+#include "mem/arena.h"
+#include "mem/budget.h"
+#include "serve/eviction_policy.h"
+#include "serve/expert_store.h"
+
+namespace ferry::serve {
+
+enum class ExpertSlotState : std::uint8_t { kEmpty, kLoading, kResident, kInUse };
+std::string_view to_string(ExpertSlotState s);
+bool is_legal_slot_transition(ExpertSlotState from, ExpertSlotState to);
+
+struct SlotEvent {
+  int layer = 0, slot = 0, expert = -1;
+  ExpertSlotState from = ExpertSlotState::kEmpty, to = ExpertSlotState::kEmpty;
+};
+
+struct PagerCounters {
+  std::uint64_t hits = 0, misses = 0, evictions = 0;
+  std::uint64_t bytes_copied = 0, copy_batches = 0, acquires = 0;
+  double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 0.0; }
+};
+
+struct PagerSetup {
+  std::vector<int> caps;  // [L] slots per layer, 0 for dense layers
+  EvictionPolicy policy = EvictionPolicy::kLru;
+  int lfru_half_life = 8;
+  std::vector<std::vector<int>> hot;  // [L] (or empty) pinned hot experts
+  std::size_t budget_bytes = 0;       // 0: exactly the pool's size
+};
+
+class ExpertPager {
+ public:
+  static Result<std::unique_ptr<ExpertPager>> create(const ExpertStore& store,
+                                                     const PagerSetup& setup);
+
+  int capacity(int layer) const { return layers_[layer].cap; }
+  int hot_count(int layer) const { return layers_[layer].hot_count; }
+  bool is_hot(int layer, int expert) const;
+  // Non-hot distinct experts one acquire() of the layer may hold.
+  int group_limit(int layer) const { return capacity(layer) - hot_count(layer); }
+
+  // Makes `experts` (distinct, at most group_limit non-hot) resident and in use; refs[i] points
+  // at experts[i]'s slot. Misses are copied in one batch before it returns.
+  Status acquire(int layer, std::span<const std::int32_t> experts, std::span<ExpertRef> refs);
+  // Ends the layer's current use: in-use slots become resident.
+  void release(int layer);
+
+  const PagerCounters& counters() const { return counters_; }
+  std::size_t resident_bytes() const { return occupied_ * store_.expert_bytes(); }
+  std::size_t pool_bytes() const { return arena_.total_bytes(); }
+  const mem::MemoryBudget& budget() const { return budget_; }
+  // The expert in a slot (-1 empty) and its state, for tests and metrics.
+  int expert_in(int layer, int slot) const { return layers_[layer].expert_of_slot[slot]; }
+  ExpertSlotState state(int layer, int slot) const { return layers_[layer].state[slot]; }
+  // Called on every slot transition (tests check legality and invariants from here).
+  void set_observer(std::function<void(const SlotEvent&)> fn) { observer_ = std::move(fn); }
+
+ private:
+  struct Layer {
+    int cap = 0, hot_count = 0;
+    std::int64_t first_slot = 0;         // into the arena, in slots
+    std::vector<int> expert_of_slot;     // [cap], -1 empty
+    std::vector<ExpertSlotState> state;  // [cap]
+    std::vector<SlotMeta> meta;          // [cap]
+    std::vector<int> slot_of_expert;     // [E], -1 not resident
+    std::vector<bool> hot;               // [E]
+    std::vector<int> in_use;             // slots of the current working set
+    std::uint64_t tick = 0;
+  };
+  ExpertPager(const ExpertStore& store, const PagerSetup& setup);
+  void move(int layer, int slot, ExpertSlotState to);
+  float* slot_data(int layer, int slot) const;
+  int take_slot(int layer);  // a free slot, evicting if needed; -1 if none can be had
+  Status copy_in(int layer, std::span<const int> slots);
+
+  const ExpertStore& store_;
+  EvictionRanker ranker_;
+  mem::MemoryBudget budget_;
+  mem::Arena arena_;
+  std::vector<Layer> layers_;
+  std::size_t occupied_ = 0;  // slots not empty
+  PagerCounters counters_;
+  std::function<void(const SlotEvent&)> observer_;
+};
+
+}  // namespace ferry::serve

@@ -1,0 +1,286 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "serve/model_runner.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "serve/paged_attention.h"
+
+namespace ferry::serve {
+namespace {
+
+mem::Stream& host() { return mem::Stream::host(); }
+
+TensorView f32(std::vector<float>& b, std::initializer_list<std::int64_t> dims) {
+  return TensorView::contiguous(b.data(), DType::kF32, Device::kCpu, dims);
+}
+TensorView i32(std::vector<std::int32_t>& b, std::initializer_list<std::int64_t> dims) {
+  return TensorView::contiguous(b.data(), DType::kI32, Device::kCpu, dims);
+}
+
+}  // namespace
+
+void StepBatch::clear() {
+  ids.clear();
+  positions.clear();
+  seq_of.clear();
+  tables.clear();
+  requests.clear();
+  logit_rows.clear();
+}
+
+void weights_for_ids(const float* probs, std::span<const std::int32_t> ids, bool renormalize,
+                     float* weights) {
+  float sum = 0.0f;
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    weights[k] = probs[ids[k]];
+    sum += probs[ids[k]];
+  }
+  if (renormalize) {
+    for (std::size_t k = 0; k < ids.size(); ++k) weights[k] /= sum;
+  }
+}
+
+Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const model::DecoderGeometry& geo,
+                                                         const model::ModelParams& params,
+                                                         KvCache& kv, ExpertExecutor& experts,
+                                                         std::int64_t max_tokens,
+                                                         kernels::Backend& backend) {
+  if (max_tokens <= 0) return invalid_argument("serve: max_tokens must be positive");
+  if (backend.device() != Device::kCpu) {
+    return unimplemented("serve: the engine runs on CPU backends only (got {})", backend.name());
+  }
+  if (static_cast<int>(params.layers.size()) != geo.layers) {
+    return invalid_argument("serve: {} layer parameter sets for {} layers", params.layers.size(),
+                            geo.layers);
+  }
+  std::unique_ptr<ModelRunner> r(new ModelRunner(geo, params, kv, experts, max_tokens, backend));
+  const std::int64_t T = max_tokens, C = geo.hidden, HD = std::int64_t(geo.heads) * geo.head_dim,
+                     GD = std::int64_t(geo.kv_heads) * geo.head_dim;
+  for (auto* b : {&r->x_, &r->h_, &r->tmp_, &r->rows_x_, &r->rows_h_}) b->resize(T * C);
+  r->rstd_.resize(T);
+  r->rows_rstd_.resize(T);
+  r->q_.resize(T * HD);
+  r->attn_.resize(T * HD);
+  r->k_.resize(T * GD);
+  r->v_.resize(T * GD);
+  if (geo.qk_norm != model::QkNorm::kNone) {
+    r->q_pre_.resize(T * HD);
+    r->k_pre_.resize(T * GD);
+    r->qk_rstd_.resize(T * std::max(geo.heads, geo.kv_heads));
+  }
+  bool any_dense = false, any_moe = false;
+  for (bool m : geo.layer_is_moe) (m ? any_moe : any_dense) = true;
+  if (any_dense) {
+    for (auto* b : {&r->gate_, &r->up_, &r->act_}) b->resize(T * geo.mlp_width);
+  }
+  if (any_moe) {
+    const std::int64_t E = geo.experts, K = geo.top_k;
+    r->router_logits_.resize(T * E);
+    r->probs_.resize(T * E);
+    r->weights_.resize(T * K);
+    r->ids_.resize(T * K);
+    r->before_.resize(K);
+    r->identity_.resize(T * K);
+    for (std::int64_t i = 0; i < T * K; ++i) r->identity_[i] = static_cast<std::int32_t>(i);
+    r->eout_.resize(T * K * C);
+  }
+  return r;
+}
+
+Status ModelRunner::attention(int l, const StepBatch& b) {
+  const auto& p = params_.layers[l];
+  const std::int64_t T = b.tokens(), C = geo_.hidden, H = geo_.heads, G = geo_.kv_heads,
+                     D = geo_.head_dim;
+  const ConstTensorView h = f32(h_, {T, C});
+  const bool normed = geo_.qk_norm != model::QkNorm::kNone;
+  FERRY_TRY(be_.gemm({.out = normed ? f32(q_pre_, {T, H * D}) : f32(q_, {T, H * D}),
+                      .a = h,
+                      .b = p.q,
+                      .bias = p.q_bias,
+                      .trans_b = true},
+                     host()));
+  FERRY_TRY(be_.gemm({.out = normed ? f32(k_pre_, {T, G * D}) : f32(k_, {T, G * D}),
+                      .a = h,
+                      .b = p.k,
+                      .bias = p.k_bias,
+                      .trans_b = true},
+                     host()));
+  FERRY_TRY(be_.gemm(
+      {.out = f32(v_, {T, G * D}), .a = h, .b = p.v, .bias = p.v_bias, .trans_b = true}, host()));
+  if (geo_.qk_norm == model::QkNorm::kPerHead) {
+    FERRY_TRY(be_.rms_norm({.out = f32(q_, {T * H, D}),
+                            .rstd = f32(qk_rstd_, {T * H}),
+                            .in = f32(q_pre_, {T * H, D}),
+                            .weight = p.q_norm,
+                            .eps = geo_.rms_eps},
+                           host()));
+    FERRY_TRY(be_.rms_norm({.out = f32(k_, {T * G, D}),
+                            .rstd = f32(qk_rstd_, {T * G}),
+                            .in = f32(k_pre_, {T * G, D}),
+                            .weight = p.k_norm,
+                            .eps = geo_.rms_eps},
+                           host()));
+  } else if (geo_.qk_norm == model::QkNorm::kFullWidth) {
+    FERRY_TRY(be_.rms_norm({.out = f32(q_, {T, H * D}),
+                            .rstd = f32(qk_rstd_, {T}),
+                            .in = f32(q_pre_, {T, H * D}),
+                            .weight = p.q_norm,
+                            .eps = geo_.rms_eps},
+                           host()));
+    FERRY_TRY(be_.rms_norm({.out = f32(k_, {T, G * D}),
+                            .rstd = f32(qk_rstd_, {T}),
+                            .in = f32(k_pre_, {T, G * D}),
+                            .weight = p.k_norm,
+                            .eps = geo_.rms_eps},
+                           host()));
+  }
+  const ConstTensorView positions =
+      ConstTensorView::contiguous(b.positions.data(), DType::kI32, Device::kCpu, {T});
+  const ConstTensorView inv_freq =
+      ConstTensorView::contiguous(geo_.rope.inv_freq.data(), DType::kF32, Device::kCpu,
+                                  {static_cast<std::int64_t>(geo_.rope.inv_freq.size())});
+  FERRY_TRY(be_.rope({.x = f32(q_, {T, H, D}),
+                      .positions = positions,
+                      .inv_freq = inv_freq,
+                      .attention_scaling = geo_.rope.attention_scaling},
+                     host()));
+  FERRY_TRY(be_.rope({.x = f32(k_, {T, G, D}),
+                      .positions = positions,
+                      .inv_freq = inv_freq,
+                      .attention_scaling = geo_.rope.attention_scaling},
+                     host()));
+  // The step's keys and values join the cache before anyone reads it.
+  for (std::int64_t t = 0; t < T; ++t) {
+    const BlockTable& table = *b.tables[b.seq_of[t]];
+    std::memcpy(kv_.k_row(l, table, b.positions[t]), k_.data() + t * G * D, sizeof(float) * G * D);
+    std::memcpy(kv_.v_row(l, table, b.positions[t]), v_.data() + t * G * D, sizeof(float) * G * D);
+  }
+  FERRY_TRY(paged_attention(kv_, {.out = attn_.data(),
+                                  .q = q_.data(),
+                                  .seq_of = b.seq_of.data(),
+                                  .pos = b.positions.data(),
+                                  .tables = b.tables,
+                                  .T = T,
+                                  .layer = l,
+                                  .H = geo_.heads,
+                                  .G = geo_.kv_heads,
+                                  .D = geo_.head_dim,
+                                  .scale = 1.0f / std::sqrt(static_cast<float>(D))}));
+  FERRY_TRY(be_.gemm({.out = f32(tmp_, {T, C}),
+                      .a = f32(attn_, {T, H * D}),
+                      .b = p.o,
+                      .bias = p.o_bias,
+                      .trans_b = true},
+                     host()));
+  return be_.add({.out = f32(x_, {T, C}), .a = f32(x_, {T, C}), .b = f32(tmp_, {T, C})}, host());
+}
+
+Status ModelRunner::mlp(int l, std::int64_t T) {
+  const auto& p = params_.layers[l];
+  const std::int64_t C = geo_.hidden, F = geo_.mlp_width;
+  const ConstTensorView h = f32(h_, {T, C});
+  FERRY_TRY(be_.gemm({.out = f32(gate_, {T, F}), .a = h, .b = p.gate, .trans_b = true}, host()));
+  FERRY_TRY(be_.gemm({.out = f32(up_, {T, F}), .a = h, .b = p.up, .trans_b = true}, host()));
+  FERRY_TRY(be_.swiglu(
+      {.out = f32(act_, {T, F}), .gate = f32(gate_, {T, F}), .up = f32(up_, {T, F})}, host()));
+  return be_.gemm({.out = f32(tmp_, {T, C}), .a = f32(act_, {T, F}), .b = p.down, .trans_b = true},
+                  host());
+}
+
+Status ModelRunner::moe(int l, const StepBatch& b) {
+  const auto& p = params_.layers[l];
+  const std::int64_t T = b.tokens(), C = geo_.hidden, E = geo_.experts, K = geo_.top_k;
+  FERRY_TRY(be_.gemm(
+      {.out = f32(router_logits_, {T, E}), .a = f32(h_, {T, C}), .b = p.router, .trans_b = true},
+      host()));
+  FERRY_TRY(be_.router({.weights = f32(weights_, {T, K}),
+                        .ids = i32(ids_, {T, K}),
+                        .probs = f32(probs_, {T, E}),
+                        .logits = f32(router_logits_, {T, E}),
+                        .top_k = geo_.top_k,
+                        .renormalize = geo_.renormalize_topk},
+                       host()));
+  if (hook_ != nullptr) {
+    for (std::int64_t t = 0; t < T; ++t) {
+      std::int32_t* row = ids_.data() + t * K;
+      std::copy(row, row + K, before_.begin());
+      const RouteKey key{b.requests[b.seq_of[t]], b.positions[t], l};
+      FERRY_TRY(hook_->on_route(key, std::span<std::int32_t>(row, std::size_t(K))));
+      if (std::equal(row, row + K, before_.begin())) continue;
+      for (std::int64_t i = 0; i < K; ++i) {
+        if (row[i] < 0 || row[i] >= E) {
+          return invalid_argument("serve: forced expert {} outside [0, {})", row[i], E);
+        }
+        for (std::int64_t j = 0; j < i; ++j) {
+          if (row[i] == row[j]) {
+            return invalid_argument("serve: forced routing repeats expert {} (layer {})", row[i],
+                                    l);
+          }
+        }
+      }
+      weights_for_ids(probs_.data() + t * E, std::span<const std::int32_t>(row, std::size_t(K)),
+                      geo_.renormalize_topk, weights_.data() + t * K);
+    }
+  }
+  FERRY_TRY(experts_.run(l, h_.data(), ids_.data(), T, eout_.data()));
+  return be_.moe_combine({.out = f32(tmp_, {T, C}),
+                          .expert_out = f32(eout_, {T * K, C}),
+                          .weights = f32(weights_, {T, K}),
+                          .slot_of = i32(identity_, {T, K})},
+                         host());
+}
+
+Status ModelRunner::forward(const StepBatch& b, float* logits) {
+  const std::int64_t T = b.tokens(), C = geo_.hidden;
+  if (T <= 0 || T > max_tokens_) {
+    return invalid_argument("serve: step of {} tokens outside [1, {}]", T, max_tokens_);
+  }
+  FERRY_CHECK(b.positions.size() == b.ids.size() && b.seq_of.size() == b.ids.size(),
+              "serve: step batch fields disagree");
+  FERRY_TRY(be_.embedding(
+      {.out = f32(x_, {T, C}),
+       .table = params_.embed,
+       .ids = ConstTensorView::contiguous(b.ids.data(), DType::kI32, Device::kCpu, {T})},
+      host()));
+  for (int l = 0; l < geo_.layers; ++l) {
+    const auto& p = params_.layers[l];
+    FERRY_TRY(be_.rms_norm({.out = f32(h_, {T, C}),
+                            .rstd = f32(rstd_, {T}),
+                            .in = f32(x_, {T, C}),
+                            .weight = p.attn_norm,
+                            .eps = geo_.rms_eps},
+                           host()));
+    FERRY_TRY(attention(l, b));
+    FERRY_TRY(be_.rms_norm({.out = f32(h_, {T, C}),
+                            .rstd = f32(rstd_, {T}),
+                            .in = f32(x_, {T, C}),
+                            .weight = p.mlp_norm,
+                            .eps = geo_.rms_eps},
+                           host()));
+    FERRY_TRY(geo_.layer_is_moe[l] ? moe(l, b) : mlp(l, T));
+    FERRY_TRY(
+        be_.add({.out = f32(x_, {T, C}), .a = f32(x_, {T, C}), .b = f32(tmp_, {T, C})}, host()));
+  }
+  const std::int64_t R = static_cast<std::int64_t>(b.logit_rows.size());
+  if (R == 0) return ok_status();
+  for (std::int64_t r = 0; r < R; ++r) {
+    const std::int32_t t = b.logit_rows[r];
+    FERRY_CHECK(t >= 0 && t < T, "serve: logit row {} outside the step", t);
+    std::memcpy(rows_x_.data() + r * C, x_.data() + t * C, sizeof(float) * C);
+  }
+  FERRY_TRY(be_.rms_norm({.out = f32(rows_h_, {R, C}),
+                          .rstd = f32(rows_rstd_, {R}),
+                          .in = f32(rows_x_, {R, C}),
+                          .weight = params_.final_norm,
+                          .eps = geo_.rms_eps},
+                         host()));
+  return be_.gemm(
+      {.out = TensorView::contiguous(logits, DType::kF32, Device::kCpu, {R, geo_.vocab}),
+       .a = f32(rows_h_, {R, C}),
+       .b = params_.lm_head,
+       .trans_b = true},
+      host());
+}
+
+}  // namespace ferry::serve

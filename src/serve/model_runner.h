@@ -1,0 +1,96 @@
+// SPDX-License-Identifier: Apache-2.0
+// ModelRunner: one forward pass of a scheduler step — any mix of prefill chunks and decode tokens
+// from several sequences — over the paged KV cache, on a CPU backend in f32.
+// One layer, top to bottom (shapes: T step tokens, C hidden, H/G heads, D head dim, K top-k):
+//   h1 = rms_norm(x); q,k,v = h1 W^T (+b); [q/k norm]; rope(q, k at each token's position)
+//   write k, v rows into the cache at (sequence, position); o = paged_attention(q, cache)
+//   x += o Wo^T; h2 = rms_norm(x)
+//   dense: x += mlp(h2)
+//   moe:   ids, w = router(h2 Wr^T); [routing hook may record / force ids]; eout = experts(h2)
+//          through the ExpertExecutor (any mode); x += combine(eout, w) in routing order
+// then logits = lm_head(final_norm(x[rows])) for the rows the step samples from.
+// Memory is planned: every buffer is sized for max_tokens at create(); forward() never allocates
+// (the executor's per-group bookkeeping aside). Not thread-safe.
+// Golden tests: tests/unit/serve/runner_golden_test.cpp (HF fixtures, prefill, chunked prefill and
+// token-by-token decode against transformers' full forward).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "core/result.h"
+#include "kernels/backend.h"
+#include "model/model_compute.h"
+#include "serve/expert_executor.h"
+#include "serve/kv_cache.h"
+#include "serve/routing_trace.h"
+
+namespace ferry::serve {
+
+// A step's tokens, packed. Tokens of one sequence are contiguous with consecutive positions, and
+// the sequence's table covers them (KvCache::reserve) before forward().
+struct StepBatch {
+  std::vector<std::int32_t> ids;          // [T]
+  std::vector<std::int32_t> positions;    // [T]
+  std::vector<std::int32_t> seq_of;       // [T] index into tables / requests
+  std::vector<const BlockTable*> tables;  // [S]
+  std::vector<std::int64_t> requests;     // [S] request ids (routing trace keys)
+  std::vector<std::int32_t> logit_rows;   // rows of the batch to compute logits for
+  void clear();
+  std::int64_t tokens() const { return static_cast<std::int64_t>(ids.size()); }
+};
+
+// The router's top-k weights for given ids: probs[ids[k]] in k order, divided by their f32 sum
+// (summed in k order) when renormalize — the same arithmetic as the CPU router, so ids equal to
+// the router's give its weights bit for bit (tested).
+void weights_for_ids(const float* probs, std::span<const std::int32_t> ids, bool renormalize,
+                     float* weights);
+
+class ModelRunner {
+ public:
+  static Result<std::unique_ptr<ModelRunner>> create(const model::DecoderGeometry& geo,
+                                                     const model::ModelParams& params, KvCache& kv,
+                                                     ExpertExecutor& experts,
+                                                     std::int64_t max_tokens,
+                                                     kernels::Backend& backend);
+
+  // logits: [batch.logit_rows.size(), V] f32.
+  Status forward(const StepBatch& batch, float* logits);
+
+  void set_routing_hook(RoutingHook* hook) { hook_ = hook; }
+  std::int64_t max_tokens() const { return max_tokens_; }
+  const model::DecoderGeometry& geometry() const { return geo_; }
+
+ private:
+  ModelRunner(const model::DecoderGeometry& geo, const model::ModelParams& params, KvCache& kv,
+              ExpertExecutor& experts, std::int64_t max_tokens, kernels::Backend& backend)
+      : geo_(geo),
+        params_(params),
+        kv_(kv),
+        experts_(experts),
+        max_tokens_(max_tokens),
+        be_(backend) {}
+  Status attention(int l, const StepBatch& b);
+  Status mlp(int l, std::int64_t T);
+  Status moe(int l, const StepBatch& b);
+
+  model::DecoderGeometry geo_;
+  const model::ModelParams& params_;
+  KvCache& kv_;
+  ExpertExecutor& experts_;
+  std::int64_t max_tokens_;
+  kernels::Backend& be_;
+  RoutingHook* hook_ = nullptr;
+  // Planned buffers (see create()).
+  std::vector<float> x_, h_, rstd_, q_pre_, k_pre_, q_, k_, v_, attn_, tmp_;  // [T, ...]
+  std::vector<float> qk_rstd_;
+  std::vector<float> gate_, up_, act_;                  // [T, F]
+  std::vector<float> router_logits_, probs_, weights_;  // [T, E], [T, E], [T, K]
+  std::vector<std::int32_t> ids_, before_, identity_;   // [T, K]
+  std::vector<float> eout_;                             // [T*K, C]
+  std::vector<float> rows_x_, rows_h_, rows_rstd_;      // [T, C], [T, C], [T]
+};
+
+}  // namespace ferry::serve

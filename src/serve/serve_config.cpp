@@ -1,0 +1,48 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "serve/serve_config.h"
+
+namespace ferry::serve {
+
+std::string_view to_string(ExpertMode m) {
+  switch (m) {
+    case ExpertMode::kResident:
+      return "resident";
+    case ExpertMode::kStatic:
+      return "static";
+    case ExpertMode::kCpuExperts:
+      return "cpu-experts";
+    case ExpertMode::kPaged:
+      return "paged";
+  }
+  return "?";
+}
+
+std::string_view to_string(EvictionPolicy p) {
+  switch (p) {
+    case EvictionPolicy::kLru:
+      return "lru";
+    case EvictionPolicy::kLfu:
+      return "lfu";
+    case EvictionPolicy::kLfru:
+      return "lfru";
+  }
+  return "?";
+}
+
+Result<ExpertMode> parse_expert_mode(std::string_view s) {
+  for (ExpertMode m :
+       {ExpertMode::kResident, ExpertMode::kStatic, ExpertMode::kCpuExperts, ExpertMode::kPaged}) {
+    if (s == to_string(m)) return m;
+  }
+  return invalid_argument("serve: unknown expert mode '{}' (resident, static, cpu-experts, paged)",
+                          s);
+}
+
+Result<EvictionPolicy> parse_eviction_policy(std::string_view s) {
+  for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kLfu, EvictionPolicy::kLfru}) {
+    if (s == to_string(p)) return p;
+  }
+  return invalid_argument("serve: unknown eviction policy '{}' (lru, lfu, lfru)", s);
+}
+
+}  // namespace ferry::serve

@@ -1,0 +1,66 @@
+// SPDX-License-Identifier: Apache-2.0
+// Plain configuration structs of the serving engine, filled by the CLI (or a test) and validated
+// once by Engine::create. Libraries take these, never argv.
+//   ExpertMode   where routed experts are computed from (docs/serve.md "modes")
+//   PagerConfig  the expert pager's size, policy and pinned hot set
+//   KvConfig     the paged KV cache's block size and byte budget
+//   EngineConfig the scheduler's limits plus the two above
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "core/result.h"
+
+namespace ferry::serve {
+
+enum class ExpertMode : std::uint8_t {
+  kResident,    // every expert read in place (the model's own weight views); the reference
+  kStatic,      // each MoE layer's experts copied in bulk to a device staging area every forward
+  kCpuExperts,  // experts computed from the packed host store (llama.cpp --n-cpu-moe)
+  kPaged,       // the expert pager: per-layer slot caches over the device tier
+};
+
+enum class EvictionPolicy : std::uint8_t {
+  kLru,   // least recently used (default)
+  kLfu,   // least frequently used while resident, ties by recency
+  kLfru,  // frequency decayed by recency (LRFU): score = score * 2^(-age/half_life) + 1
+};
+
+std::string_view to_string(ExpertMode m);
+std::string_view to_string(EvictionPolicy p);
+Result<ExpertMode> parse_expert_mode(std::string_view s);
+Result<EvictionPolicy> parse_eviction_policy(std::string_view s);
+
+struct PagerConfig {
+  ExpertMode mode = ExpertMode::kResident;
+  EvictionPolicy policy = EvictionPolicy::kLru;
+  // Slots per MoE layer. layer_slots (indexed by layer, entries of dense layers ignored) wins over
+  // slots_per_layer, which wins over budget_bytes. All zero / empty: every expert gets a slot.
+  int slots_per_layer = 0;
+  std::vector<int> layer_slots;
+  // Hard byte budget of the device tier the pager (or static staging) allocates from.
+  // 0: exactly what the chosen slots need. With no slot count, the slots are what fits.
+  std::size_t budget_bytes = 0;
+  // Pinned hot set: hot_experts[layer] are loaded at start and never evicted (count against cap).
+  std::vector<std::vector<int>> hot_experts;
+  int lfru_half_life = 8;  // accesses of a layer after which an LFRU score halves
+};
+
+struct KvConfig {
+  int block_tokens = 16;                   // tokens per KV block
+  std::size_t budget_bytes = 64ull << 20;  // K and V of every layer, all blocks
+};
+
+struct EngineConfig {
+  PagerConfig pager;
+  KvConfig kv;
+  int max_batch_tokens = 64;  // tokens per step: decode tokens first, then prefill chunks
+  int max_running = 4;        // sequences decoded concurrently (continuous batching)
+  int max_seq_len = 0;        // prompt + new tokens; 0: no limit but the KV pool (the CLI passes
+                              // max_position_embeddings)
+};
+
+}  // namespace ferry::serve

@@ -1,0 +1,254 @@
+// SPDX-License-Identifier: Apache-2.0
+// Expert pager properties, driven by seeded random access streams over a small store:
+//   - resident bytes <= budget after every transition;
+//   - a hit never copies (bytes_copied moves only by misses * expert_bytes);
+//   - the current working set (in-use) and the hot set are never evicted;
+//   - every slot transition is legal (the observer sees all of them);
+//   - the slow twin: victim choice equals a plain reference LRU / LFU written in the test;
+//   - errors: a budget below top-k experts per layer, an unknown mode or policy.
+#include <algorithm>
+#include <list>
+#include <map>
+#include <set>
+
+#include "serve/builtin_model.h"
+#include "serve/expert_executor.h"
+#include "serve/expert_pager.h"
+#include "serve/sampler.h"
+#include "serve_test_util.h"
+
+namespace ferry::serve {
+namespace {
+
+std::unique_ptr<BuiltinModel> small_model() {
+  auto m = make_builtin_moe({.vocab = 64,
+                             .layers = 2,
+                             .hidden = 32,
+                             .heads = 2,
+                             .kv_heads = 1,
+                             .head_dim = 16,
+                             .experts = 8,
+                             .top_k = 2,
+                             .expert_width = 16},
+                            7);
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  return m.ok() ? std::move(*m) : nullptr;
+}
+
+// A random group of `n` distinct experts of [0, E).
+std::vector<std::int32_t> random_group(Rng& rng, int E, int n) {
+  std::vector<std::int32_t> all(E);
+  for (int e = 0; e < E; ++e) all[e] = e;
+  for (int i = E - 1; i > 0; --i) std::swap(all[i], all[rng.next() % (i + 1)]);
+  all.resize(n);
+  return all;
+}
+
+class PagerProperties : public ::testing::TestWithParam<EvictionPolicy> {};
+
+TEST_P(PagerProperties, InvariantsHoldOnRandomStreams) {
+  auto m = small_model();
+  ASSERT_TRUE(m);
+  auto store = ExpertStore::create(m->geometry, m->params);
+  ASSERT_TRUE(store.ok());
+  const std::size_t eb = (*store)->expert_bytes();
+  for (int cap : {2, 3, 5, 8}) {
+    const std::vector<int> caps = {cap, std::max(2, cap - 1)};  // per-layer caps differ
+    PagerSetup setup{.caps = caps, .policy = GetParam(), .hot = {{}, {}}};
+    if (cap >= 3) setup.hot = {{6}, {}};
+    auto pager = ExpertPager::create(**store, setup);
+    ASSERT_TRUE(pager.ok()) << pager.status().to_string();
+    ExpertPager& p = **pager;
+    const std::size_t budget = p.budget().bytes_limit();
+    EXPECT_EQ(budget, std::size_t(caps[0] + caps[1]) * eb);
+    std::set<std::pair<int, int>> working;  // (layer, expert) of the current acquire
+    int illegal = 0, evicted_working = 0, evicted_hot = 0, over_budget = 0, out_of_order = 0;
+    // Each slot's events must chain: an event starts in the state the previous one ended in.
+    std::map<std::pair<int, int>, ExpertSlotState> last;
+    for (int l = 0; l < 2; ++l) {
+      for (int s = 0; s < p.capacity(l); ++s) last[{l, s}] = p.state(l, s);
+    }
+    p.set_observer([&](const SlotEvent& ev) {
+      illegal += !is_legal_slot_transition(ev.from, ev.to);
+      out_of_order += last[{ev.layer, ev.slot}] != ev.from;
+      last[{ev.layer, ev.slot}] = ev.to;
+      if (ev.to == ExpertSlotState::kEmpty) {
+        evicted_working += working.count({ev.layer, ev.expert}) != 0;
+        evicted_hot += p.is_hot(ev.layer, ev.expert);
+      }
+      over_budget += p.resident_bytes() > budget;
+    });
+    Rng rng(cap * 1000 + static_cast<int>(GetParam()));
+    for (int it = 0; it < 400; ++it) {
+      const int layer = static_cast<int>(rng.next() % 2);
+      const int n = 1 + static_cast<int>(rng.next() % p.group_limit(layer));
+      std::vector<std::int32_t> group = random_group(rng, 8, n);
+      // Which of them are hits right now?
+      int hits = 0;
+      for (std::int32_t e : group) {
+        for (int s = 0; s < p.capacity(layer); ++s) hits += p.expert_in(layer, s) == e;
+      }
+      const PagerCounters before = p.counters();
+      working.clear();
+      for (std::int32_t e : group) working.insert({layer, e});
+      std::vector<ExpertRef> refs(group.size());
+      ASSERT_TRUE(p.acquire(layer, group, refs).ok());
+      const PagerCounters after = p.counters();
+      EXPECT_EQ(after.hits - before.hits, std::uint64_t(hits));
+      EXPECT_EQ(after.bytes_copied - before.bytes_copied,
+                std::uint64_t(int(group.size()) - hits) * eb)
+          << "a hit copied, or a miss did not";
+      // The refs point at slot copies holding exactly the host bytes.
+      for (std::size_t i = 0; i < group.size(); ++i) {
+        EXPECT_EQ(std::memcmp(refs[i].gate, (*store)->block(layer, group[i]), eb), 0);
+      }
+      p.release(layer);
+    }
+    EXPECT_EQ(illegal, 0);
+    EXPECT_EQ(out_of_order, 0);
+    EXPECT_EQ(evicted_working, 0);
+    EXPECT_EQ(evicted_hot, 0);
+    EXPECT_EQ(over_budget, 0);
+    EXPECT_LE(p.resident_bytes(), budget);
+    if (cap < 8) {
+      EXPECT_GT(p.counters().evictions, 0u) << "cap " << cap;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, PagerProperties,
+                         ::testing::Values(EvictionPolicy::kLru, EvictionPolicy::kLfu,
+                                           EvictionPolicy::kLfru),
+                         [](const auto& pi) { return std::string(to_string(pi.param)); });
+
+// Slow twin: a plain LRU / LFU cache of one layer, written without slots, must evict the same
+// experts (so hit/miss sequences agree) on single-expert accesses.
+TEST(PagerTwin, VictimsMatchPlainReferenceCaches) {
+  auto m = small_model();
+  ASSERT_TRUE(m);
+  auto store = ExpertStore::create(m->geometry, m->params);
+  ASSERT_TRUE(store.ok());
+  for (EvictionPolicy policy : {EvictionPolicy::kLru, EvictionPolicy::kLfu}) {
+    const int cap = 3;
+    auto pager = ExpertPager::create(**store, {.caps = {cap, cap}, .policy = policy});
+    ASSERT_TRUE(pager.ok());
+    // Reference: expert -> (last use, uses since load).
+    std::map<int, std::pair<int, int>> ref;
+    Rng rng(99);
+    for (int t = 1; t <= 500; ++t) {
+      const auto e =
+          static_cast<std::int32_t>(rng.next() % 8 < 5 ? rng.next() % 3 : rng.next() % 8);
+      bool ref_hit = ref.count(e) != 0;
+      if (ref_hit) {
+        ref[e] = {t, ref[e].second + 1};
+      } else {
+        if (static_cast<int>(ref.size()) == cap) {
+          auto victim = ref.begin();
+          for (auto it = ref.begin(); it != ref.end(); ++it) {
+            const auto key = [&](const auto& x) {
+              return policy == EvictionPolicy::kLru
+                         ? std::make_pair(x->second.first, 0)
+                         : std::make_pair(x->second.second, x->second.first);
+            };
+            if (key(it) < key(victim)) victim = it;
+          }
+          ref.erase(victim);
+        }
+        ref[e] = {t, 1};
+      }
+      const std::uint64_t hits_before = (*pager)->counters().hits;
+      ExpertRef r;
+      ASSERT_TRUE(
+          (*pager)
+              ->acquire(0, std::span<const std::int32_t>(&e, 1), std::span<ExpertRef>(&r, 1))
+              .ok());
+      (*pager)->release(0);
+      const bool hit = (*pager)->counters().hits > hits_before;
+      ASSERT_EQ(hit, ref_hit) << to_string(policy) << " access " << t << " expert " << e;
+    }
+  }
+}
+
+TEST(PagerStates, ExactlyTheSixTransitionsAreLegal) {
+  using S = ExpertSlotState;
+  const S all[] = {S::kEmpty, S::kLoading, S::kResident, S::kInUse};
+  const std::set<std::pair<S, S>> legal = {{S::kEmpty, S::kLoading},    {S::kLoading, S::kInUse},
+                                           {S::kLoading, S::kResident}, {S::kResident, S::kInUse},
+                                           {S::kInUse, S::kResident},   {S::kResident, S::kEmpty}};
+  for (S a : all) {
+    for (S b : all) {
+      EXPECT_EQ(is_legal_slot_transition(a, b), legal.count({a, b}) == 1)
+          << to_string(a) << " -> " << to_string(b);
+    }
+  }
+}
+
+TEST(PagerErrors, BudgetBelowTopKIsAClearError) {
+  auto m = small_model();
+  ASSERT_TRUE(m);
+  auto store = ExpertStore::create(m->geometry, m->params);
+  ASSERT_TRUE(store.ok());
+  PagerConfig pc{.mode = ExpertMode::kPaged, .budget_bytes = (*store)->expert_bytes() * 3};
+  // 3 experts over 2 MoE layers = 1 per layer < top-k 2.
+  auto ex = ExpertExecutor::create(m->geometry, m->params, pc);
+  ASSERT_FALSE(ex.ok());
+  EXPECT_EQ(ex.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(ex.status().to_string().find("fewer than top-k"), std::string::npos)
+      << ex.status().to_string();
+  // Explicit slots that do not fit the budget.
+  pc = {.mode = ExpertMode::kPaged,
+        .slots_per_layer = 4,
+        .budget_bytes = (*store)->expert_bytes() * 7};
+  ex = ExpertExecutor::create(m->geometry, m->params, pc);
+  ASSERT_FALSE(ex.ok());
+  EXPECT_EQ(ex.status().code(), StatusCode::kResourceExhausted);
+  // Static mode needs a whole layer.
+  pc = {.mode = ExpertMode::kStatic, .budget_bytes = (*store)->expert_bytes() * 7};
+  ex = ExpertExecutor::create(m->geometry, m->params, pc);
+  ASSERT_FALSE(ex.ok());
+  EXPECT_EQ(ex.status().code(), StatusCode::kResourceExhausted);
+  // Budget exactly top-k per layer works.
+  pc = {.mode = ExpertMode::kPaged, .budget_bytes = (*store)->expert_bytes() * 4};
+  ex = ExpertExecutor::create(m->geometry, m->params, pc);
+  ASSERT_TRUE(ex.ok()) << ex.status().to_string();
+  EXPECT_EQ((*ex)->pager()->capacity(0), 2);
+}
+
+TEST(PagerErrors, UnknownModeAndPolicy) {
+  auto mode = parse_expert_mode("gpu-magic");
+  ASSERT_FALSE(mode.ok());
+  EXPECT_EQ(mode.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(mode.status().to_string().find("unknown expert mode"), std::string::npos);
+  EXPECT_FALSE(parse_eviction_policy("fifo").ok());
+  EXPECT_EQ(*parse_expert_mode("cpu-experts"), ExpertMode::kCpuExperts);
+}
+
+TEST(PagerGroups, SplitKeepsEveryGroupWithinTheLimit) {
+  Rng rng(5);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int E = 8, K = 2, T = 1 + static_cast<int>(rng.next() % 20);
+    const int limit = K + static_cast<int>(rng.next() % (E - K + 1));
+    std::vector<std::int32_t> ids;
+    for (int t = 0; t < T; ++t) {
+      auto g = random_group(rng, E, K);
+      ids.insert(ids.end(), g.begin(), g.end());
+    }
+    const auto ends = split_token_groups(ids, T, K, E, limit, {});
+    ASSERT_FALSE(ends.empty());
+    EXPECT_EQ(ends.back(), T);
+    std::int64_t t0 = 0;
+    for (std::size_t gi = 0; gi < ends.size(); ++gi) {
+      std::set<int> d(ids.begin() + t0 * K, ids.begin() + ends[gi] * K);
+      EXPECT_LE(static_cast<int>(d.size()), limit);
+      // Greedy: the next token would not have fit (groups are maximal).
+      if (gi + 1 < ends.size()) {
+        std::set<int> d2(ids.begin() + t0 * K, ids.begin() + (ends[gi] + 1) * K);
+        EXPECT_GT(static_cast<int>(d2.size()), limit);
+      }
+      t0 = ends[gi];
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ferry::serve

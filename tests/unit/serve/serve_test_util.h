@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: Apache-2.0
+// Shared helpers of the serve tests: HF fixtures (tests/data/models/<arch>), an engine run that
+// records every sampled logits row, and small config builders.
+#pragma once
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "model/model_binding.h"
+#include "model/safetensors.h"
+#include "serve/engine.h"
+
+namespace ferry::serve::testing {
+
+inline std::string fixture_dir(const std::string& arch) {
+  return std::string(FERRY_TEST_DATA_DIR) + "/models/" + arch;
+}
+
+struct Fixture {
+  std::unique_ptr<model::LoadedModel> model;
+  std::unique_ptr<model::SafetensorsFile> expected;
+  std::vector<std::int32_t> i32(const std::string& name) const {
+    auto v = expected->view(name);
+    EXPECT_TRUE(v.ok()) << name;
+    if (!v.ok()) return {};
+    std::vector<std::int32_t> out(static_cast<std::size_t>(v->numel()));
+    std::memcpy(out.data(), v->data, out.size() * sizeof(std::int32_t));
+    return out;
+  }
+  std::vector<float> f32(const std::string& name) const {
+    auto v = expected->view(name);
+    EXPECT_TRUE(v.ok()) << name;
+    if (!v.ok()) return {};
+    std::vector<float> out(static_cast<std::size_t>(v->numel()));
+    EXPECT_TRUE(ferry::convert_elements(v->data, v->dtype, out.data(), DType::kF32, out.size()));
+    return out;
+  }
+};
+
+inline Fixture load_fixture(const std::string& arch) {
+  Fixture f;
+  auto m = model::load_model_f32(fixture_dir(arch));
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  if (m.ok()) f.model = std::move(*m);
+  auto e = model::SafetensorsFile::open(fixture_dir(arch) + "/expected.safetensors");
+  EXPECT_TRUE(e.ok()) << e.status().to_string();
+  if (e.ok()) f.expected = std::make_unique<model::SafetensorsFile>(std::move(*e));
+  return f;
+}
+
+// Everything an engine run produced, keyed by request id: tokens and each sampled logits row.
+struct RunRecord {
+  std::map<RequestId, std::vector<std::int32_t>> tokens;
+  std::map<RequestId, std::vector<std::vector<float>>> logits;
+  bool operator==(const RunRecord&) const = default;
+};
+
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Submits all requests at once and steps until idle.
+inline Result<RunRecord> run_engine(Engine& eng, const std::vector<GenerationRequest>& reqs) {
+  RunRecord rec;
+  eng.set_logits_observer([&rec](RequestId id, int, std::span<const float> row) {
+    rec.logits[id].emplace_back(row.begin(), row.end());
+  });
+  std::vector<RequestId> ids;
+  for (const auto& r : reqs) {
+    FERRY_ASSIGN_OR_RETURN(RequestId id, eng.submit(r));
+    ids.push_back(id);
+  }
+  FERRY_TRY(eng.run_until_idle());
+  for (RequestId id : ids) {
+    FERRY_ASSIGN_OR_RETURN(RequestOutput out, eng.take_output(id));
+    rec.tokens[id] = out.tokens;
+  }
+  eng.set_logits_observer(nullptr);
+  return rec;
+}
+
+}  // namespace ferry::serve::testing
