@@ -1,0 +1,314 @@
+// SPDX-License-Identifier: Apache-2.0
+// `ferry generate [--model DIR] (--prompt STR | --token-ids FILE) [--max-new-tokens N]
+//   [--greedy | --temperature T --top-k K --top-p P --seed S] [--stop STR]... [--mode M]
+//   [--expert-slots N | --expert-budget-mib M] [--policy lru|lfu|lfru] [--json]`
+// One prompt through the serving engine (paged KV cache, chunked prefill, expert pager) on the
+// CPU. Without --model it runs the built-in random-weight Qwen3-MoE (serve/builtin_model.h) with
+// `ferry train`'s byte-level tokenizer, so it works offline. Routing traces: --record-trace F
+// writes the routing; --replay-trace F forces it; --synthetic-trace calibrated|spread forces a
+// generated one. Text goes to stdout; --json adds ids, timings and pager counters.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "apps/ferry/commands.h"
+#include "core/file_util.h"
+#include "core/json.h"
+#include "model/model_binding.h"
+#include "model/tokenizer/tokenizer.h"
+#include "serve/builtin_model.h"
+#include "serve/engine.h"
+#include "serve/routing_trace.h"
+#include "serve/trace_synth.h"
+#include "train/builtin_model.h"
+
+namespace ferry::app {
+namespace {
+
+struct GenerateConfig {
+  std::string model_dir;
+  std::string prompt;
+  std::string token_ids_file;
+  int max_new_tokens = 32;
+  bool greedy = false;
+  float temperature = 0.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+  std::uint64_t seed = 0;
+  std::vector<std::string> stop;
+  std::vector<int> stop_ids;
+  std::string mode = "resident";
+  int expert_slots = 0;
+  double expert_budget_mib = 0;
+  std::string policy = "lru";
+  int max_batch_tokens = 64;
+  double kv_budget_mib = 64;
+  int kv_block_tokens = 16;
+  std::string record_trace, replay_trace, synthetic_trace;
+  bool json = false;
+};
+
+Result<std::vector<std::int32_t>> read_ids(const std::string& path) {
+  FERRY_ASSIGN_OR_RETURN(const std::string text, read_file(path));
+  std::vector<std::int32_t> ids;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    if (std::isspace(static_cast<unsigned char>(text[i]))) {
+      ++i;
+      continue;
+    }
+    std::size_t j = i;
+    while (j < text.size() && !std::isspace(static_cast<unsigned char>(text[j]))) ++j;
+    const std::string tok = text.substr(i, j - i);
+    char* end = nullptr;
+    const long long v = std::strtoll(tok.c_str(), &end, 10);
+    if (end != tok.c_str() + tok.size() || v < 0 || v > INT32_MAX) {
+      return invalid_argument("generate: {}: '{}' is not a non-negative token id", path, tok);
+    }
+    ids.push_back(static_cast<std::int32_t>(v));
+    i = j;
+  }
+  return ids;
+}
+
+// The model the engine runs: a loaded HF folder or the built-in MoE; both own their weights.
+struct ModelHolder {
+  std::unique_ptr<model::LoadedModel> loaded;
+  std::unique_ptr<serve::BuiltinModel> builtin;
+  std::optional<model::Tokenizer> tokenizer;
+  const model::DecoderGeometry& geometry() const {
+    return loaded ? loaded->geometry : builtin->geometry;
+  }
+  const model::ModelParams& params() const { return loaded ? loaded->params : builtin->params; }
+  const model::ModelConfig& config() const { return loaded ? loaded->config : builtin->config; }
+};
+
+Result<ModelHolder> load(const GenerateConfig& cfg) {
+  ModelHolder h;
+  if (!cfg.model_dir.empty()) {
+    FERRY_ASSIGN_OR_RETURN(h.loaded, model::load_model_f32(cfg.model_dir));
+    const std::string tok = cfg.model_dir + "/tokenizer.json";
+    if (std::filesystem::exists(tok)) {
+      FERRY_ASSIGN_OR_RETURN(model::Tokenizer t, model::Tokenizer::from_file(tok));
+      h.tokenizer.emplace(std::move(t));
+    }
+  } else {
+    FERRY_ASSIGN_OR_RETURN(h.builtin, serve::make_builtin_moe({}, /*seed=*/0x5eed));
+    FERRY_ASSIGN_OR_RETURN(model::Tokenizer t, model::Tokenizer::from_json_text(
+                                                   train::builtin_tokenizer_json(), "builtin"));
+    h.tokenizer.emplace(std::move(t));
+  }
+  return h;
+}
+
+Result<serve::EngineConfig> engine_config(const GenerateConfig& cfg) {
+  serve::EngineConfig ec;
+  FERRY_ASSIGN_OR_RETURN(ec.pager.mode, serve::parse_expert_mode(cfg.mode));
+  FERRY_ASSIGN_OR_RETURN(ec.pager.policy, serve::parse_eviction_policy(cfg.policy));
+  ec.pager.slots_per_layer = cfg.expert_slots;
+  ec.pager.budget_bytes = static_cast<std::size_t>(cfg.expert_budget_mib * 1024 * 1024);
+  ec.kv.budget_bytes = static_cast<std::size_t>(cfg.kv_budget_mib * 1024 * 1024);
+  ec.kv.block_tokens = cfg.kv_block_tokens;
+  ec.max_batch_tokens = cfg.max_batch_tokens;
+  ec.max_running = 1;
+  return ec;
+}
+
+int run_generate(const GenerateConfig& cfg) {
+  auto holder = load(cfg);
+  if (!holder.ok()) return fail(holder.status());
+  const model::DecoderGeometry& geo = holder->geometry();
+  serve::GenerationRequest req;
+  if (!cfg.token_ids_file.empty()) {
+    auto ids = read_ids(cfg.token_ids_file);
+    if (!ids.ok()) return fail(ids.status());
+    req.prompt = std::move(*ids);
+  } else {
+    if (!holder->tokenizer) {
+      return fail(
+          invalid_argument("generate: {} has no tokenizer.json; use --token-ids", cfg.model_dir));
+    }
+    auto ids = holder->tokenizer->encode(cfg.prompt);
+    if (!ids.ok()) return fail(ids.status());
+    req.prompt.assign(ids->begin(), ids->end());
+  }
+  req.max_new_tokens = cfg.max_new_tokens;
+  if (!cfg.greedy) {
+    req.sampling = {
+        .temperature = cfg.temperature, .top_k = cfg.top_k, .top_p = cfg.top_p, .seed = cfg.seed};
+  }
+  req.stop_strings = cfg.stop;
+  req.stop_token_ids.assign(cfg.stop_ids.begin(), cfg.stop_ids.end());
+  if (holder->tokenizer) {
+    const model::Tokenizer* tok = &*holder->tokenizer;
+    req.detokenize = [tok](std::span<const std::int32_t> ids) { return tok->decode(ids); };
+  } else if (!req.stop_strings.empty()) {
+    return fail(invalid_argument("generate: --stop needs a tokenizer.json in the model folder"));
+  }
+
+  auto ec = engine_config(cfg);
+  if (!ec.ok()) return fail(ec.status());
+  ec->max_seq_len = static_cast<int>(holder->config().max_position_embeddings);
+  auto engine = serve::Engine::create(geo, holder->params(), *ec);
+  if (!engine.ok()) return fail(engine.status());
+  serve::Engine& eng = **engine;
+
+  std::unique_ptr<serve::TraceRecorder> recorder;
+  std::unique_ptr<serve::TraceReplayer> replayer;
+  std::vector<int> moe_layers;
+  for (int l = 0; l < geo.layers; ++l) {
+    if (geo.layer_is_moe[l]) moe_layers.push_back(l);
+  }
+  if (!cfg.replay_trace.empty() || !cfg.synthetic_trace.empty()) {
+    serve::RoutingTrace trace;
+    if (!cfg.replay_trace.empty()) {
+      auto t = serve::RoutingTrace::load(cfg.replay_trace);
+      if (!t.ok()) return fail(t.status());
+      trace = std::move(*t);
+    } else {
+      trace = serve::make_synthetic_trace({.experts = geo.experts,
+                                           .top_k = geo.top_k,
+                                           .moe_layers = moe_layers,
+                                           .sessions = 1,
+                                           .prefill_tokens = static_cast<int>(req.prompt.size()),
+                                           .decode_tokens = cfg.max_new_tokens,
+                                           .spread = cfg.synthetic_trace == "spread",
+                                           .seed = cfg.seed + 1});
+    }
+    if (trace.experts != geo.experts || trace.top_k != geo.top_k) {
+      return fail(invalid_argument("generate: trace routes {} of {} experts, the model {} of {}",
+                                   trace.top_k, trace.experts, geo.top_k, geo.experts));
+    }
+    replayer = std::make_unique<serve::TraceReplayer>(std::move(trace));
+    eng.set_routing_hook(replayer.get());
+  } else if (!cfg.record_trace.empty()) {
+    recorder = std::make_unique<serve::TraceRecorder>(geo.experts, geo.top_k);
+    eng.set_routing_hook(recorder.get());
+  }
+
+  auto id = eng.submit(std::move(req));
+  if (!id.ok()) return fail(id.status());
+  const auto t0 = std::chrono::steady_clock::now();
+  std::optional<double> ttft_s;
+  std::vector<std::int32_t> streamed;
+  while (!eng.idle()) {
+    auto events = eng.step();
+    if (!events.ok()) return fail(events.status());
+    if (!ttft_s && !events->empty()) {
+      ttft_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+  }
+  const double total_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  auto out = eng.take_output(*id);
+  if (!out.ok()) return fail(out.status());
+  if (recorder) {
+    if (Status s = recorder->trace().save(cfg.record_trace); !s.ok()) return fail(s);
+  }
+  const serve::ExpertExecutor& ex = eng.experts();
+  if (cfg.json) {
+    Json j = {{"model", cfg.model_dir.empty() ? "builtin-qwen3-moe" : cfg.model_dir},
+              {"mode", cfg.mode},
+              {"policy", cfg.policy},
+              {"ids", out->tokens},
+              {"text", out->text},
+              {"finish_reason", std::string(serve::to_string(out->finish))},
+              {"prefill_tokens", eng.stats().prefill_tokens},
+              {"decode_tokens", eng.stats().decode_tokens},
+              {"steps", eng.stats().steps},
+              {"ttft_s", ttft_s.value_or(0.0)},
+              {"total_s", total_s},
+              {"kv_blocks_peak", eng.stats().kv_blocks_peak},
+              {"expert_device_bytes", ex.device_bytes()},
+              {"static_bytes_copied", ex.counters().static_bytes_copied}};
+    if (const serve::ExpertPager* p = ex.pager()) {
+      const serve::PagerCounters& c = p->counters();
+      j["pager"] = {{"hits", c.hits},
+                    {"misses", c.misses},
+                    {"hit_rate", c.hit_rate()},
+                    {"bytes_copied", c.bytes_copied},
+                    {"evictions", c.evictions},
+                    {"copy_batches", c.copy_batches},
+                    {"slots_layer0", p->capacity(moe_layers.empty() ? 0 : moe_layers[0])},
+                    {"budget_bytes", p->budget().bytes_limit()}};
+    }
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    if (holder->tokenizer) {
+      std::printf("%s\n", out->text.c_str());
+    } else {
+      for (std::size_t i = 0; i < out->tokens.size(); ++i) {
+        std::printf("%s%d", i ? " " : "", out->tokens[i]);
+      }
+      std::printf("\n");
+    }
+  }
+  return 0;
+}
+
+void register_generate(CLI::App& app, CommandFn& run) {
+  auto cfg = std::make_shared<GenerateConfig>();
+  auto* cmd =
+      app.add_subcommand("generate", "generate text from one prompt with the serving engine");
+  cmd->add_option("--model", cfg->model_dir, "Hugging Face model folder (default: built-in MoE)")
+      ->check(CLI::ExistingDirectory)
+      ->envname("FERRY_MODEL");
+  auto* prompt = cmd->add_option("--prompt", cfg->prompt, "prompt text");
+  auto* ids =
+      cmd->add_option("--token-ids", cfg->token_ids_file, "file of whitespace-separated ids")
+          ->check(CLI::ExistingFile);
+  prompt->excludes(ids);
+  cmd->add_option("--max-new-tokens", cfg->max_new_tokens, "tokens to generate")
+      ->check(CLI::Range(1, 1 << 20));
+  auto* greedy = cmd->add_flag("--greedy", cfg->greedy, "argmax decoding (the default)");
+  auto* temp =
+      cmd->add_option("--temperature", cfg->temperature, "sampling temperature (0: greedy)")
+          ->check(CLI::Range(0.0, 100.0));
+  auto* topk = cmd->add_option("--top-k", cfg->top_k, "keep the K most likely (0: all)")
+                   ->check(CLI::Range(0, 1 << 24));
+  auto* topp = cmd->add_option("--top-p", cfg->top_p, "nucleus mass in (0, 1]")
+                   ->check(CLI::Range(1e-6, 1.0));
+  cmd->add_option("--seed", cfg->seed, "sampling seed (reproducible per request)");
+  greedy->excludes(temp)->excludes(topk)->excludes(topp);
+  cmd->add_option("--stop", cfg->stop, "stop string (repeatable)");
+  cmd->add_option("--stop-id", cfg->stop_ids, "stop token id (repeatable)");
+  cmd->add_option("--mode", cfg->mode, "expert mode: resident, static, cpu-experts, paged")
+      ->envname("FERRY_EXPERT_MODE");
+  auto* slots = cmd->add_option("--expert-slots", cfg->expert_slots, "pager slots per MoE layer")
+                    ->check(CLI::Range(1, 1 << 20));
+  auto* budget = cmd->add_option("--expert-budget-mib", cfg->expert_budget_mib,
+                                 "expert device budget in MiB (slots = what fits)")
+                     ->check(CLI::Range(0.0, 1e9));
+  slots->excludes(budget);
+  cmd->add_option("--policy", cfg->policy, "pager eviction policy: lru, lfu, lfru");
+  cmd->add_option("--max-batch-tokens", cfg->max_batch_tokens,
+                  "tokens per engine step (prefill chunk)")
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--kv-budget-mib", cfg->kv_budget_mib, "KV block pool budget in MiB")
+      ->check(CLI::Range(0.001, 1e9));
+  cmd->add_option("--kv-block-tokens", cfg->kv_block_tokens, "tokens per KV block")
+      ->check(CLI::Range(1, 4096));
+  auto* rec = cmd->add_option("--record-trace", cfg->record_trace, "write the routing trace here");
+  auto* rep = cmd->add_option("--replay-trace", cfg->replay_trace, "force routing from a trace")
+                  ->check(CLI::ExistingFile);
+  auto* syn = cmd->add_option("--synthetic-trace", cfg->synthetic_trace,
+                              "force a generated trace: calibrated or spread")
+                  ->check(CLI::IsMember({"calibrated", "spread"}));
+  rep->excludes(syn);
+  rec->excludes(rep)->excludes(syn);
+  cmd->add_flag("--json", cfg->json, "JSON output: ids, text, timings, pager counters");
+  cmd->callback([cfg, &run, prompt, ids] {
+    if (prompt->count() == 0 && ids->count() == 0) {
+      throw CLI::RequiredError("--prompt or --token-ids");
+    }
+    run = [cfg] { return run_generate(*cfg); };
+  });
+}
+
+}  // namespace
+FERRY_REGISTER_COMMAND(register_generate);
+}  // namespace ferry::app
