@@ -1,0 +1,306 @@
+// SPDX-License-Identifier: Apache-2.0
+// User-space WAN emulator (see wan_proxy.h). One accept thread; per connection and direction a
+// reader thread (stamps each chunk with its departure time) and a writer thread (sleeps until
+// then and writes), so a slow direction never stalls the other.
+#include "route/transport/wan_proxy.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <list>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/log.h"
+
+namespace ferry::route {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Chunk {
+  Clock::time_point out;
+  std::vector<char> bytes;  // empty = end of stream
+};
+
+// One direction of one connection: a modelled link from `from` to `to`.
+class Pipe {
+ public:
+  Pipe(int from, int to, WanLink link, std::atomic<std::int64_t>* counter)
+      : from_(from), to_(to), link_(link), counter_(counter) {}
+  void start() {
+    reader_ = std::thread([this] { read_loop(); });
+    writer_ = std::thread([this] { write_loop(); });
+  }
+  void join() {
+    if (reader_.joinable()) reader_.join();
+    if (writer_.joinable()) writer_.join();
+  }
+  // Both threads have returned (their join will not block).
+  bool finished() const { return done_.load() == 2; }
+  void abort() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      aborted_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  void read_loop() {
+    read_body();
+    ++done_;
+  }
+  void write_loop() {
+    write_body();
+    ++done_;
+  }
+  void read_body() {
+    std::vector<char> buf(64 * 1024);
+    Clock::time_point tx_end = Clock::now();
+    for (;;) {
+      const ssize_t n = ::recv(from_, buf.data(), buf.size(), 0);
+      if (n < 0 && errno == EINTR) continue;
+      Chunk c;
+      const auto now = Clock::now();
+      if (n > 0) {
+        c.bytes.assign(buf.begin(), buf.begin() + n);
+        const auto tx_start = std::max(now, tx_end);
+        const double tx_s = link_.rate_mbps > 0 ? n * 8.0 / (link_.rate_mbps * 1e6) : 0.0;
+        tx_end = tx_start +
+                 std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(tx_s));
+        counter_->fetch_add(n);
+      } else {
+        tx_end = std::max(now, tx_end);  // EOF or error: close after what is queued
+      }
+      c.out = tx_end + std::chrono::duration_cast<Clock::duration>(
+                           std::chrono::duration<double, std::milli>(link_.delay_ms));
+      const bool eof = n <= 0;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        queue_.push_back(std::move(c));
+      }
+      cv_.notify_all();
+      if (eof) return;
+    }
+  }
+  void write_body() {
+    for (;;) {
+      Chunk c;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return aborted_ || !queue_.empty(); });
+        if (aborted_) return;
+        const auto out = queue_.front().out;
+        if (cv_.wait_until(lock, out, [&] { return aborted_; })) return;
+        c = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      if (c.bytes.empty()) {
+        ::shutdown(to_, SHUT_WR);  // pass the half-close on
+        return;
+      }
+      std::size_t off = 0;
+      while (off < c.bytes.size()) {
+        const ssize_t n = ::send(to_, c.bytes.data() + off, c.bytes.size() - off, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+          ::shutdown(from_, SHUT_RD);  // the peer is gone: stop reading this direction too
+          return;
+        }
+        off += static_cast<std::size_t>(n);
+      }
+    }
+  }
+
+  int from_, to_;
+  WanLink link_;
+  std::atomic<std::int64_t>* counter_;
+  std::thread reader_, writer_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Chunk> queue_;
+  bool aborted_ = false;
+  std::atomic<int> done_{0};
+};
+
+struct Connection {
+  int client = -1, upstream = -1;
+  std::unique_ptr<Pipe> up, down;
+};
+
+int connect_to(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return -1;
+  int fd = -1;
+  for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd >= 0 && ::connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ::freeaddrinfo(res);
+  return fd;
+}
+
+void no_delay(int fd) {
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+}  // namespace
+
+Status validate(const WanProxyOptions& o) {
+  if (o.upstream_port <= 0 || o.upstream_port > 65535) {
+    return invalid_argument("wan proxy: upstream port {} out of range", o.upstream_port);
+  }
+  for (const WanLink* l : {&o.uplink, &o.downlink}) {
+    if (!(l->delay_ms >= 0 && l->delay_ms <= 60000)) {
+      return invalid_argument("wan proxy: delay_ms must be in [0, 60000] ({})", l->delay_ms);
+    }
+    if (!(l->rate_mbps >= 0 && l->rate_mbps <= 1e6)) {
+      return invalid_argument("wan proxy: rate_mbps must be in [0, 1e6] ({})", l->rate_mbps);
+    }
+  }
+  return ok_status();
+}
+
+struct WanProxy::Impl {
+  WanProxyOptions opts;
+  int listen_fd = -1;
+  std::thread acceptor;
+  std::mutex mu;
+  std::list<Connection> conns;
+  bool stopping = false;
+  std::atomic<std::int64_t> connections{0}, bytes_up{0}, bytes_down{0};
+
+  // Joins and closes connections whose both directions have ended (caller holds mu), so a
+  // long-running proxy does not keep threads and descriptors of closed connections.
+  void reap_finished() {
+    for (auto it = conns.begin(); it != conns.end();) {
+      if (it->up->finished() && it->down->finished()) {
+        it->up->join();
+        it->down->join();
+        ::close(it->client);
+        ::close(it->upstream);
+        it = conns.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  void accept_loop() {
+    for (;;) {
+      const int c = ::accept(listen_fd, nullptr, nullptr);
+      if (c < 0) {
+        if (errno == EINTR) continue;
+        return;  // listener closed by stop()
+      }
+      const int u = connect_to(opts.upstream_host, opts.upstream_port);
+      if (u < 0) {  // upstream down: refuse this client the way the server itself would
+        ::close(c);
+        continue;
+      }
+      no_delay(c);
+      no_delay(u);
+      std::lock_guard<std::mutex> lock(mu);
+      reap_finished();
+      if (stopping) {
+        ::close(c);
+        ::close(u);
+        return;
+      }
+      ++connections;
+      Connection& k = conns.emplace_back();
+      k.client = c;
+      k.upstream = u;
+      k.up = std::make_unique<Pipe>(c, u, opts.uplink, &bytes_up);
+      k.down = std::make_unique<Pipe>(u, c, opts.downlink, &bytes_down);
+      k.up->start();
+      k.down->start();
+    }
+  }
+};
+
+WanProxy::WanProxy(WanProxyOptions o) : impl_(std::make_unique<Impl>()) {
+  impl_->opts = std::move(o);
+}
+
+WanProxy::~WanProxy() { stop(); }
+
+Result<int> WanProxy::start(const std::string& host, int port) {
+  Impl& m = *impl_;
+  FERRY_TRY(validate(m.opts));
+  if (m.listen_fd >= 0) return invalid_argument("wan proxy: already running");
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return io_error("wan proxy: socket: {}", std::strerror(errno));
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
+    ::close(fd);
+    return invalid_argument("wan proxy: listen host must be an IPv4 address ({})", host);
+  }
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, 128) != 0) {
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    return unavailable("wan proxy: cannot listen on {}:{}: {}", host, port, why);
+  }
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  m.listen_fd = fd;
+  m.stopping = false;
+  m.acceptor = std::thread([&m] { m.accept_loop(); });
+  return static_cast<int>(ntohs(addr.sin_port));
+}
+
+void WanProxy::stop() {
+  Impl& m = *impl_;
+  if (m.listen_fd < 0) return;
+  ::shutdown(m.listen_fd, SHUT_RDWR);  // wakes accept()
+  if (m.acceptor.joinable()) m.acceptor.join();
+  ::close(m.listen_fd);
+  m.listen_fd = -1;
+  std::list<Connection> conns;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.stopping = true;
+    conns.swap(m.conns);
+  }
+  for (Connection& k : conns) {
+    ::shutdown(k.client, SHUT_RDWR);
+    ::shutdown(k.upstream, SHUT_RDWR);
+    k.up->abort();
+    k.down->abort();
+  }
+  for (Connection& k : conns) {
+    k.up->join();
+    k.down->join();
+    ::close(k.client);
+    ::close(k.upstream);
+  }
+}
+
+WanProxyStats WanProxy::stats() const {
+  return {impl_->connections.load(), impl_->bytes_up.load(), impl_->bytes_down.load()};
+}
+
+}  // namespace ferry::route
