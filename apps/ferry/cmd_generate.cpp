@@ -234,7 +234,8 @@ int run_generate(const GenerateConfig& cfg) {
                     {"evictions", c.evictions},
                     {"copy_batches", c.copy_batches},
                     {"slots_layer0", p->capacity(moe_layers.empty() ? 0 : moe_layers[0])},
-                    {"budget_bytes", p->budget().bytes_limit()}};
+                    {"budget_bytes", p->budget().bytes_limit()},
+                    {"budget_peak_bytes", p->budget().bytes_peak()}};
     }
     std::printf("%s\n", j.dump().c_str());
   } else {

@@ -20,8 +20,10 @@ struct Variant {
   EvictionPolicy policy = EvictionPolicy::kLru;
   int cap = 0;
   bool hot = false;
+  bool uneven = false;  // per-layer caps alternate between top-k and cap
   std::string name() const {
-    return fmt::format("{}/{}/cap{}{}", to_string(mode), to_string(policy), cap, hot ? "/hot" : "");
+    return fmt::format("{}/{}/cap{}{}{}", to_string(mode), to_string(policy), cap,
+                       hot ? "/hot" : "", uneven ? "/uneven" : "");
   }
 };
 
@@ -42,6 +44,12 @@ Result<RunRecord> run_variant(const model::LoadedModel& m, const Variant& v) {
   cfg.pager.mode = v.mode;
   cfg.pager.policy = v.policy;
   cfg.pager.slots_per_layer = v.cap;
+  if (v.uneven) {
+    cfg.pager.layer_slots.assign(m.geometry.layers, 0);
+    for (int l = 0; l < m.geometry.layers; ++l) {
+      cfg.pager.layer_slots[l] = l % 2 == 0 ? m.geometry.top_k : v.cap;
+    }
+  }
   if (v.hot) {
     cfg.pager.hot_experts.assign(m.geometry.layers, {});
     for (int l = 0; l < m.geometry.layers; ++l) {
@@ -71,6 +79,7 @@ TEST_P(ByteIdentity, EveryModePolicyAndCapGivesTheSameBits) {
       variants.push_back({ExpertMode::kPaged, p, cap});
     }
     variants.push_back({ExpertMode::kPaged, p, m.geometry.top_k + 1, /*hot=*/true});
+    variants.push_back({ExpertMode::kPaged, p, m.geometry.experts, false, /*uneven=*/true});
   }
   int compared_rows = 0;
   for (const Variant& v : variants) {
@@ -103,8 +112,17 @@ TEST_P(ByteIdentity, TightCapsMissEvictAndSplit) {
   cfg.kv = {.block_tokens = 4, .budget_bytes = 1 << 20};
   auto eng = Engine::create(m.geometry, m.params, cfg);
   ASSERT_TRUE(eng.ok());
+  ExpertPager& pager = *(*eng)->experts().pager();
+  int over_budget = 0, events = 0;
+  pager.set_observer([&](const SlotEvent&) {
+    over_budget += pager.resident_bytes() > pager.budget().bytes_limit();
+    ++events;
+  });
   ASSERT_TRUE(run_engine(**eng, requests(m.geometry.vocab)).ok());
-  const PagerCounters& c = (*eng)->experts().pager()->counters();
+  EXPECT_EQ(over_budget, 0);
+  EXPECT_GT(events, 0);
+  EXPECT_LE(pager.budget().bytes_peak(), pager.budget().bytes_limit());
+  const PagerCounters& c = pager.counters();
   EXPECT_GT(c.misses, 0u);
   EXPECT_GT(c.evictions, 0u);
   std::uint64_t moe_layers = 0;
