@@ -4,8 +4,8 @@
 // is less confident, the strong one mostly succeeds. Two synthetic estimators score each frame:
 // `skip` sees only scene statistics a pixel model could see (object count, small-object share),
 // `cond` sees only the weak detections (count, low-confidence share). Both are noisy.
-// NOTE(route): this generates records, not images; the image generator + CNN detectors of the
-// issue are not implemented yet (see docs/route.md).
+// This generates records, not images: it is the fast path for tests and the server's replay. The
+// drawn-image generator with real detectors is scene_images.h / scene_detectors.h.
 #pragma once
 
 #include <cstdint>
