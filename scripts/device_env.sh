@@ -4,6 +4,11 @@
 if [ ! -d /tmp/debroot/usr ]; then
   for f in .debs/*.deb; do dpkg -x "$f" /tmp/debroot; done
 fi
+# CBC's pkg-config asks for -lbz2; Ubuntu has the runtime but not the dev symlink.
+if [ ! -e /tmp/debroot/usr/lib/x86_64-linux-gnu/libbz2.so ] && [ -e /usr/lib/x86_64-linux-gnu/libbz2.so.1.0 ]; then
+  ln -s /usr/lib/x86_64-linux-gnu/libbz2.so.1.0 /tmp/debroot/usr/lib/x86_64-linux-gnu/libbz2.so
+fi
+export LIBRARY_PATH=/tmp/debroot/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}
 export CMAKE_PREFIX_PATH=/tmp/debroot/usr
 export PKG_CONFIG_LIBDIR=/tmp/debroot/usr/lib/x86_64-linux-gnu/pkgconfig:/tmp/debroot/usr/share/pkgconfig
 export PKG_CONFIG_SYSROOT_DIR=/tmp/debroot
