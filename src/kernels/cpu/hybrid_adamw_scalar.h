@@ -5,6 +5,8 @@
 //
 // Per element i (g = grad * grad_scale; mo, vo = old moments, decoded for kQ8):
 //   m = b1 mo + (1-b1) g;  v = b2 vo + (1-b2) g g;  denom = sqrt(v inv_bc2) + eps
+//   (kQ8: denom = sqrt(v) sqrt(inv_bc2) + eps, reusing the sqrt(v) that is stored — one square
+//   root less per element; equal up to f32 rounding)
 //   u = (m inv_bc1) / denom + wd p                     (p = the weight as f32)
 //   kF32:       p' = p - lr u
 //   kBf16Kahan: y = c - lr u; t = bf16(p + y); c' = bf16(y - (t - p)); p' = t
@@ -57,14 +59,21 @@ inline std::uint32_t random_bits(std::uint32_t index, std::uint32_t key_lo, std:
   return mix32(mix32(index * 0x9e3779b1u + key_lo) ^ key_hi);
 }
 
-// Old moments -> new moments + master update of element i (the formula in the file header).
-template <MasterKind MK>
+// Old moments -> new moments + master update of element i (the formula in the file header);
+// with kQ8 also sqrt(v) in *si.
+template <MasterKind MK, bool kQ8 = false>
 inline void step_element(const AdamWConstants& k, const HybridAdamWSpan& s, std::int64_t i,
-                         float mo, float vo, float& mi, float& vi) {
+                         float mo, float vo, float& mi, float& vi, float* si = nullptr) {
   const float g = s.grad[i] * k.grad_scale;
   mi = k.beta1 * mo + k.one_minus_beta1 * g;
   vi = k.beta2 * vo + k.one_minus_beta2 * (g * g);
-  const float denom = std::sqrt(vi * k.inv_bc2) + k.eps;
+  float denom;
+  if constexpr (kQ8) {
+    *si = std::sqrt(vi);
+    denom = *si * std::sqrt(k.inv_bc2) + k.eps;
+  } else {
+    denom = std::sqrt(vi * k.inv_bc2) + k.eps;
+  }
   if constexpr (MK == MasterKind::kF32) {
     const float p = s.p32[i];
     const float update = mi * k.inv_bc1 / denom + k.weight_decay * p;
@@ -114,14 +123,32 @@ inline void q8_pass_a_range(const AdamWConstants& k, const HybridAdamWSpan& s, s
   for (std::int64_t i = b; i < e; ++i) {
     const float mo = q8::decode_m(s.m8[i], deq_m);
     const float so = q8::decode_s(s.v8[i], deq_s);
-    float mi, vi;
-    step_element<MK>(k, s, i, mo, so * so, mi, vi);
-    const float si = std::sqrt(vi);
+    float mi, vi, si;
+    step_element<MK, true>(k, s, i, mo, so * so, mi, vi, &si);
     scratch_m[i - base] = mi;
     scratch_s[i - base] = si;
     const float am = q8::float_of(q8::bits_of(mi) & 0x7fffffffu);
     amax_m = am > amax_m ? am : amax_m;
     amax_s = si > amax_s ? si : amax_s;
+  }
+}
+
+// Pass B of a block touches only L1 scratch; the SIMD bodies call this once per 16 elements of it
+// with j = the matching element of the next block, so that block's streams are on their way
+// meanwhile (hints only: results do not change).
+template <MasterKind MK>
+inline void prefetch_next_block(const HybridAdamWSpan& s, std::int64_t j) {
+  if (j >= s.n || (j & 15) != 0) return;
+  __builtin_prefetch(s.grad + j);  // 16 f32 = one 64-byte line
+  if constexpr (MK == MasterKind::kF32) {
+    __builtin_prefetch(s.p32 + j, 1);
+  } else if ((j & 31) == 0) {
+    __builtin_prefetch(s.p16 + j, 1);
+    if constexpr (MK == MasterKind::kBf16Kahan) __builtin_prefetch(s.comp16 + j, 1);
+  }
+  if ((j & 63) == 0) {
+    __builtin_prefetch(s.m8 + j, 1);
+    __builtin_prefetch(s.v8 + j, 1);
   }
 }
 

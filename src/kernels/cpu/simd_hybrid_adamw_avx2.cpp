@@ -6,6 +6,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "kernels/cpu/hybrid_adamw_scalar.h"
 #include "kernels/cpu/hybrid_adamw_simd.h"
@@ -16,7 +17,7 @@ namespace ferry::kernels::cpu::hybrid {
 namespace {
 
 struct C256 {
-  __m256 gs, b1, b2, omb1, omb2, ibc1, ibc2, eps, wd, lr;
+  __m256 gs, b1, b2, omb1, omb2, ibc1, ibc2, sqrt_ibc2, eps, wd, lr;
   __m256i key_lo, key_hi, iota;
 };
 
@@ -28,6 +29,7 @@ FERRY_T256 inline C256 make_consts(const AdamWConstants& k, const HybridAdamWSpa
           _mm256_set1_ps(k.one_minus_beta2),
           _mm256_set1_ps(k.inv_bc1),
           _mm256_set1_ps(k.inv_bc2),
+          _mm256_set1_ps(std::sqrt(k.inv_bc2)),
           _mm256_set1_ps(k.eps),
           _mm256_set1_ps(k.weight_decay),
           _mm256_set1_ps(k.lr),
@@ -92,13 +94,19 @@ FERRY_T256 inline __m256i sr_bits(const C256& c, __m256 f, std::uint32_t idx0) {
   return select(normal, kept, special);
 }
 
-template <MasterKind MK>
+template <MasterKind MK, bool kQ8 = false>
 FERRY_T256 inline void step(const C256& c, const HybridAdamWSpan& s, std::int64_t i, __m256 mo,
-                            __m256 vo, __m256& mi, __m256& vi) {
+                            __m256 vo, __m256& mi, __m256& vi, __m256* si = nullptr) {
   const __m256 g = _mm256_mul_ps(_mm256_loadu_ps(s.grad + i), c.gs);
   mi = _mm256_add_ps(_mm256_mul_ps(c.b1, mo), _mm256_mul_ps(c.omb1, g));
   vi = _mm256_add_ps(_mm256_mul_ps(c.b2, vo), _mm256_mul_ps(c.omb2, _mm256_mul_ps(g, g)));
-  const __m256 denom = _mm256_add_ps(_mm256_sqrt_ps(_mm256_mul_ps(vi, c.ibc2)), c.eps);
+  __m256 denom;
+  if constexpr (kQ8) {
+    *si = _mm256_sqrt_ps(vi);
+    denom = _mm256_add_ps(_mm256_mul_ps(*si, c.sqrt_ibc2), c.eps);
+  } else {
+    denom = _mm256_add_ps(_mm256_sqrt_ps(_mm256_mul_ps(vi, c.ibc2)), c.eps);
+  }
   const __m256 adam = _mm256_div_ps(_mm256_mul_ps(mi, c.ibc1), denom);
   if constexpr (MK == MasterKind::kF32) {
     const __m256 p = _mm256_loadu_ps(s.p32 + i);
@@ -207,9 +215,8 @@ FERRY_T256 void q8_states(const AdamWConstants& k, const HybridAdamWSpan& s) {
       const __m256 mo = _mm256_castsi256_ps(_mm256_or_si256(
           _mm256_castps_si256(mag), _mm256_slli_epi32(_mm256_and_si256(cm, i32(0x80)), 24)));
       const __m256 so = _mm256_mul_ps(decode_mag<q8::kVBits>(load_codes(s.v8 + i)), vdeq_s);
-      __m256 mi, vi;
-      step<MK>(c, s, i, mo, _mm256_mul_ps(so, so), mi, vi);
-      const __m256 si = _mm256_sqrt_ps(vi);
+      __m256 mi, vi, si;
+      step<MK, true>(c, s, i, mo, _mm256_mul_ps(so, so), mi, vi, &si);
       _mm256_store_ps(scratch_m + (i - b0), mi);
       _mm256_store_ps(scratch_s + (i - b0), si);
       vamax_m = _mm256_max_ps(
@@ -225,6 +232,7 @@ FERRY_T256 void q8_states(const AdamWConstants& k, const HybridAdamWSpan& s) {
     const float inv_s = q8::encode_multiplier<q8::kVBits>(amax_s);
     const __m256 vinv_m = _mm256_set1_ps(inv_m), vinv_s = _mm256_set1_ps(inv_s);
     for (std::int64_t i = b0; i < vend; i += 8) {
+      prefetch_next_block<MK>(s, i + q8::kBlock);
       const __m256i b = _mm256_castps_si256(_mm256_load_ps(scratch_m + (i - b0)));
       const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(b, 31), 7);
       const __m256 ym = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(b, abs_mask)), vinv_m);

@@ -7,6 +7,14 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
+
+// NOTE(optim): GCC 12 at -O3 reports -Wmaybe-uninitialized inside avx512fintrin.h (its
+// `__m512 __Y = __Y;` placeholder for _mm512_undefined_*), a known false positive that also hits
+// simd_adamw.cpp; silence it for this file only so -Werror release builds stay usable.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 #include "kernels/cpu/hybrid_adamw_scalar.h"
 #include "kernels/cpu/hybrid_adamw_simd.h"
@@ -17,7 +25,7 @@ namespace ferry::kernels::cpu::hybrid {
 namespace {
 
 struct C512 {
-  __m512 gs, b1, b2, omb1, omb2, ibc1, ibc2, eps, wd, lr;
+  __m512 gs, b1, b2, omb1, omb2, ibc1, ibc2, sqrt_ibc2, eps, wd, lr;
   __m512i key_lo, key_hi, iota;
 };
 
@@ -29,6 +37,7 @@ FERRY_T512 inline C512 make_consts(const AdamWConstants& k, const HybridAdamWSpa
           _mm512_set1_ps(k.one_minus_beta2),
           _mm512_set1_ps(k.inv_bc1),
           _mm512_set1_ps(k.inv_bc2),
+          _mm512_set1_ps(std::sqrt(k.inv_bc2)),
           _mm512_set1_ps(k.eps),
           _mm512_set1_ps(k.weight_decay),
           _mm512_set1_ps(k.lr),
@@ -89,13 +98,19 @@ FERRY_T512 inline __m512i sr_bits(const C512& c, __m512 f, std::uint32_t idx0) {
   return _mm512_mask_blend_epi32(special, normal, kept);
 }
 
-template <MasterKind MK>
+template <MasterKind MK, bool kQ8 = false>
 FERRY_T512 inline void step(const C512& c, const HybridAdamWSpan& s, std::int64_t i, __m512 mo,
-                            __m512 vo, __m512& mi, __m512& vi) {
+                            __m512 vo, __m512& mi, __m512& vi, __m512* si = nullptr) {
   const __m512 g = _mm512_mul_ps(_mm512_loadu_ps(s.grad + i), c.gs);
   mi = _mm512_add_ps(_mm512_mul_ps(c.b1, mo), _mm512_mul_ps(c.omb1, g));
   vi = _mm512_add_ps(_mm512_mul_ps(c.b2, vo), _mm512_mul_ps(c.omb2, _mm512_mul_ps(g, g)));
-  const __m512 denom = _mm512_add_ps(_mm512_sqrt_ps(_mm512_mul_ps(vi, c.ibc2)), c.eps);
+  __m512 denom;
+  if constexpr (kQ8) {
+    *si = _mm512_sqrt_ps(vi);
+    denom = _mm512_add_ps(_mm512_mul_ps(*si, c.sqrt_ibc2), c.eps);
+  } else {
+    denom = _mm512_add_ps(_mm512_sqrt_ps(_mm512_mul_ps(vi, c.ibc2)), c.eps);
+  }
   const __m512 adam = _mm512_div_ps(_mm512_mul_ps(mi, c.ibc1), denom);
   if constexpr (MK == MasterKind::kF32) {
     const __m512 p = _mm512_loadu_ps(s.p32 + i);
@@ -189,9 +204,8 @@ FERRY_T512 void q8_states(const AdamWConstants& k, const HybridAdamWSpan& s) {
       const __m512 mo = _mm512_castsi512_ps(_mm512_or_si512(
           _mm512_castps_si512(mag), _mm512_slli_epi32(_mm512_and_si512(cm, i32(0x80)), 24)));
       const __m512 so = _mm512_mul_ps(decode_mag<q8::kVBits>(load_codes(s.v8 + i)), vdeq_s);
-      __m512 mi, vi;
-      step<MK>(c, s, i, mo, _mm512_mul_ps(so, so), mi, vi);
-      const __m512 si = _mm512_sqrt_ps(vi);
+      __m512 mi, vi, si;
+      step<MK, true>(c, s, i, mo, _mm512_mul_ps(so, so), mi, vi, &si);
       _mm512_store_ps(scratch_m + (i - b0), mi);
       _mm512_store_ps(scratch_s + (i - b0), si);
       vamax_m = _mm512_max_ps(
@@ -207,6 +221,7 @@ FERRY_T512 void q8_states(const AdamWConstants& k, const HybridAdamWSpan& s) {
     const float inv_s = q8::encode_multiplier<q8::kVBits>(amax_s);
     const __m512 vinv_m = _mm512_set1_ps(inv_m), vinv_s = _mm512_set1_ps(inv_s);
     for (std::int64_t i = b0; i < vend; i += 16) {
+      prefetch_next_block<MK>(s, i + q8::kBlock);
       const __m512i b = _mm512_castps_si512(_mm512_load_ps(scratch_m + (i - b0)));
       const __m512i sign = _mm512_slli_epi32(_mm512_srli_epi32(b, 31), 7);
       const __m512 ym = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(b, abs_mask)), vinv_m);
