@@ -61,6 +61,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::DecoderGeometry& geo
   FERRY_ASSIGN_OR_RETURN(e->runner_, ModelRunner::create(geo, params, *e->kv_, *e->experts_,
                                                          cfg.max_batch_tokens, backend));
   e->logits_.resize(std::size_t(cfg.max_running) * std::size_t(geo.vocab));
+  e->sampled_.reserve(std::size_t(cfg.max_running));
   return e;
 }
 
@@ -189,7 +190,8 @@ Result<std::vector<TokenEvent>> Engine::step() {
 
   // Decode tokens first (one per sequence past its prompt), then prompt chunks.
   batch_.clear();
-  std::vector<Sequence*> sampled;  // parallel to batch_.logit_rows
+  std::vector<Sequence*>& sampled = sampled_;  // parallel to batch_.logit_rows
+  sampled.clear();
   std::int64_t budget = cfg_.max_batch_tokens;
   auto add = [&](Sequence& s, std::int64_t n) {
     const auto seq = static_cast<std::int32_t>(batch_.tables.size());

@@ -118,7 +118,8 @@ class Engine {
   std::vector<TokenEvent> pending_;  // events of requests cancelled while waiting
   std::map<RequestId, RequestOutput> done_;
   StepBatch batch_;
-  std::vector<float> logits_;  // [max_running, V]
+  std::vector<float> logits_;       // [max_running, V]
+  std::vector<Sequence*> sampled_;  // sequences sampled this step, parallel to logit rows
   std::vector<std::pair<std::int32_t, double>> sample_scratch_;
   std::function<void(RequestId, int, std::span<const float>)> logits_observer_;
   EngineStats stats_;

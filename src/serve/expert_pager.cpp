@@ -62,6 +62,7 @@ Result<std::unique_ptr<ExpertPager>> ExpertPager::create(const ExpertStore& stor
     ly.meta.assign(ly.cap, SlotMeta{});
     ly.slot_of_expert.assign(store.experts(), -1);
     ly.hot.assign(store.experts(), false);
+    p->missed_.reserve(std::size_t(std::max<int>(int(p->missed_.capacity()), ly.cap)));
   }
   const std::size_t pool = std::size_t(slots) * store.expert_bytes();
   const std::size_t limit = setup.budget_bytes > 0 ? setup.budget_bytes : pool;
@@ -186,7 +187,8 @@ Status ExpertPager::acquire(int layer, std::span<const std::int32_t> experts,
   }
   ++ly.tick;
   ++counters_.acquires;
-  std::vector<int> missed;  // NOTE(serve): small (<= cap); a fixed scratch would avoid it
+  std::vector<int>& missed = missed_;  // reserved to the largest cap at create(): no allocation
+  missed.clear();
   // Hits first, so no later miss can evict them.
   for (std::int32_t e : experts) {
     const int s = ly.slot_of_expert[e];

@@ -102,6 +102,7 @@ class ExpertPager {
   mem::Arena arena_;
   std::vector<Layer> layers_;
   std::size_t occupied_ = 0;  // slots not empty
+  std::vector<int> missed_;   // acquire()'s miss list, reserved for the largest cap
   PagerCounters counters_;
   std::function<void(const SlotEvent&)> observer_;
 };
