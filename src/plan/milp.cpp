@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include <coin/CbcModel.hpp>
@@ -12,6 +13,7 @@
 
 #include "plan/evaluate.h"
 #include "plan/osi_model.h"
+#include "plan/policies.h"
 
 namespace ferry::plan {
 namespace {
@@ -74,6 +76,30 @@ Result<Plan> solve_milp(const PlanProblem& p, const SolveOptions& o) {
   FERRY_TRY(validate(p));
   const ScheduleModel sm(p);
   const CbcOutcome r = run_cbc(sm.model(), o);
+  // The best fixed policy within the model (span <= max_span), if it beats CBC's incumbent.
+  std::optional<Plan> seed;
+  if (o.seed_with_fixed_policies && !r.optimal && !r.infeasible) {
+    for (const FixedPolicy& pol : fixed_policies(p.num_layers)) {
+      if (pol.span > p.max_span) continue;
+      Result<Plan> fp = solve_policy(p, pol);
+      if (!fp.ok()) continue;
+      const double obj = fp->solver.objective_ms;
+      if ((!r.has_solution || obj < r.objective - 1e-9) &&
+          (!seed || obj < seed->solver.objective_ms)) {
+        seed = std::move(fp).value();
+      }
+    }
+  }
+  if (seed) {
+    seed->policy = "solved";
+    seed->solver.solver = "cbc+seed";
+    seed->solver.status = "time_limit";
+    seed->solver.bound_ms = r.has_solution ? r.bound : 0;
+    const double obj = seed->solver.objective_ms;
+    seed->solver.gap = obj > 0 ? std::max(0.0, (obj - seed->solver.bound_ms) / obj) : 0;
+    seed->solver.seconds = r.seconds;
+    return std::move(*seed);
+  }
   if (!r.has_solution) {
     if (r.infeasible || !r.time_limit) return no_fit_status(p);
     return deadline_exceeded("plan: cbc found no feasible plan in {:.1f} s (batch {})",

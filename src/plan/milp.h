@@ -26,6 +26,9 @@ struct SolveOptions {
   double time_limit_s = 30;  // wall clock
   double rel_gap = 1e-9;     // stop when (incumbent - bound) / incumbent <= this
   int log_level = 0;         // CBC's log level (0 quiet)
+  // Also price the fixed policies (policies.h) the model admits and keep one if it beats CBC's
+  // incumbent (possible only when the time limit stopped CBC); the plan then says "cbc+seed".
+  bool seed_with_fixed_policies = true;
 };
 
 // resource_exhausted("plan: no plan fits ...") when infeasible; deadline_exceeded when the time

@@ -144,6 +144,13 @@ Result<Infeasibility> diagnose_infeasible(const PlanProblem& p, const SolveOptio
   if (inf.tier == Tier::kHost && p.host_fixed_gb > p.host_cap_gb) {
     where = fmt::format(" (model state alone needs {:.2f} GB)", p.host_fixed_gb);
   }
+  if (inf.tier == Tier::kGpu) {  // where the GPU peaks in the plan at the smallest budget
+    PlanProblem at_min = p;
+    at_min.gpu_cap_gb = inf.min_capacity_gb;
+    if (Result<Plan> r = solve_milp(at_min, o); r.ok()) {
+      where = fmt::format(" (peak in {})", window_description(p, r->predicted.gpu_peak_window));
+    }
+  }
   inf.message = fmt::format(
       "plan: no plan fits at batch {} x seq {}: binding constraint {} (capacity {:.2f} GB){}; "
       "the smallest {} budget that fits is {}{:.2f} GB with the other budgets unchanged{}",

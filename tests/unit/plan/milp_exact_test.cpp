@@ -49,6 +49,7 @@ TEST(MilpVsExact, SameOptimumOnRandomSmallInstances) {
       continue;
     }
     ASSERT_TRUE(milp.ok()) << milp.status().to_string();
+    EXPECT_EQ(milp->solver.solver, "cbc");  // CBC's own optimum, not a fixed-policy seed
     EXPECT_EQ(milp->solver.status, "optimal");
     const double want = exact->best.solver.objective_ms;
     EXPECT_NEAR(milp->solver.objective_ms, want, kRelTol * std::max(1.0, want));

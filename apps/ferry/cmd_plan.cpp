@@ -1,0 +1,253 @@
+// SPDX-License-Identifier: Apache-2.0
+// `ferry plan (--model DIR | --geometry NAME) (--batch-size B | --batch-size auto) --seq-len S
+//   --gpu-mem-gb G --host-mem-gb H [--nvme-dir D --nvme-gb N] [--json OUT] [--time-limit-s T]`:
+// solves the activation schedule (src/plan, docs/plan.md) and prints it (per boundary: home or
+// recompute; per window: predicted exposure), the predicted step and peak memory per tier, and the
+// fixed policies next to it; --json writes the plan. `--compare --gpu-caps 24,40,80` prints, as
+// JSON, the solved plan against the fixed policies at each GPU cap. Every figure is a prediction
+// of the cost model (analytic, or a measured profile when one is cached), never a measurement.
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "apps/ferry/commands.h"
+#include "core/file_util.h"
+#include "core/log.h"
+#include "model/config.h"
+#include "plan/compare.h"
+#include "plan/cost_model.h"
+#include "plan/geometry.h"
+#include "plan/plan_json.h"
+#include "plan/profile.h"
+#include "plan/report.h"
+#include "plan/search.h"
+
+namespace ferry::app {
+namespace {
+
+struct PlanConfig {
+  std::string model_dir;
+  std::string geometry;
+  std::string batch = "auto";
+  int seq_len = 1024;
+  double gpu_mem_gb = 0;
+  double host_mem_gb = 0;
+  std::string nvme_dir;
+  double nvme_gb = 0;
+  std::string json_out;
+  double time_limit_s = 30;
+  int max_span = 4;
+  int max_batch = 512;
+  double host_state_bytes_per_param = 16;
+  std::string profile;  // explicit profile; else the cached one for machine + geometry, if any
+  std::string machine = "h200";
+  bool compare = false;
+  std::string gpu_caps = "24,40,80";
+  bool no_policies = false;
+};
+
+PlanConfig& plan_config() {
+  static PlanConfig c;
+  return c;
+}
+
+Result<model::ModelConfig> load_geometry(const PlanConfig& c) {
+  if (!c.model_dir.empty() && !c.geometry.empty()) {
+    return invalid_argument("plan: give --model or --geometry, not both");
+  }
+  if (!c.model_dir.empty()) return model::load_model_config(c.model_dir);
+  if (!c.geometry.empty()) return plan::builtin_geometry(c.geometry);
+  return invalid_argument("plan: need --model DIR or --geometry NAME");
+}
+
+// Problem factory for one GPU cap: analytic costs, overridden by a profile when one applies.
+Result<plan::ProblemAt> make_problem_at(const PlanConfig& c, const model::ModelConfig& cfg,
+                                        double gpu_gb) {
+  std::optional<plan::Profile> prof;
+  std::string path = c.profile;
+  if (path.empty()) {
+    const std::string cached = plan::default_profile_path(c.machine, plan::geometry_key(cfg));
+    if (std::filesystem::exists(cached)) path = cached;
+  }
+  if (!path.empty()) {
+    FERRY_ASSIGN_OR_RETURN(plan::Profile p, plan::read_profile(path));
+    log::get("plan")->info("profile={} measured_by=\"{}\"", path, p.measured_by);
+    prof = std::move(p);
+  } else {
+    log::get("plan")->info(
+        "no measured profile for machine={} geometry={}: analytic cost model "
+        "(the profiler needs the GPU streaming executor, issue #4)",
+        c.machine, plan::geometry_key(cfg));
+  }
+  plan::MachineSpec machine;
+  machine.name = c.machine;
+  const plan::Capacities caps{
+      .gpu_gb = gpu_gb, .host_gb = c.host_mem_gb, .nvme_gb = c.nvme_dir.empty() ? 0.0 : c.nvme_gb};
+  return plan::ProblemAt([=](int batch) -> Result<plan::PlanProblem> {
+    plan::TrainShape shape{.batch_size = batch,
+                           .seq_len = c.seq_len,
+                           .host_state_bytes_per_param = c.host_state_bytes_per_param,
+                           .max_span = c.max_span};
+    FERRY_ASSIGN_OR_RETURN(plan::PlanProblem p, plan::analytic_problem(cfg, machine, shape, caps));
+    if (prof) FERRY_TRY(plan::apply_profile(*prof, p));
+    return p;
+  });
+}
+
+Result<int> parse_batch(const std::string& s) {
+  if (s == "auto") return 0;
+  try {
+    std::size_t used = 0;
+    const int b = std::stoi(s, &used);
+    if (used == s.size() && b >= 1) return b;
+  } catch (const std::exception&) {
+  }
+  return invalid_argument("plan: --batch-size must be a positive integer or auto, got \"{}\"", s);
+}
+
+Status run_compare(const PlanConfig& c, const model::ModelConfig& cfg, int batch) {
+  std::vector<double> caps;
+  std::stringstream ss(c.gpu_caps);
+  for (std::string item; std::getline(ss, item, ',');) {
+    try {
+      caps.push_back(std::stod(item));
+    } catch (const std::exception&) {
+      return invalid_argument("plan: --gpu-caps: bad number \"{}\"", item);
+    }
+  }
+  Json out = {{"what",
+               "predicted by ferry's plan cost model, not measured: measured-vs-predicted "
+               "needs the GPU streaming executor (issue #4)"},
+              {"geometry", plan::geometry_key(cfg)},
+              {"seq_len", c.seq_len},
+              {"host_mem_gb", c.host_mem_gb},
+              {"host_state_bytes_per_param", c.host_state_bytes_per_param},
+              {"machine", c.machine},
+              {"caps", Json::array()}};
+  for (double gpu : caps) {
+    FERRY_ASSIGN_OR_RETURN(plan::ProblemAt at, make_problem_at(c, cfg, gpu));
+    const plan::SolveOptions solve{.time_limit_s = c.time_limit_s};
+    const plan::SolveOptions probe{.time_limit_s = std::min(c.time_limit_s, 10.0)};
+    int b = batch;
+    std::optional<plan::Plan> solved;
+    if (b == 0) {  // auto: the solved plan's own batch
+      auto r = plan::largest_batch(
+          at, [&](const plan::PlanProblem& p) { return plan::solve_milp(p, probe); },
+          plan::BatchSearchOptions{.max_batch = c.max_batch});
+      if (!r.ok()) return r.status();
+      b = r->batch;
+      FERRY_ASSIGN_OR_RETURN(plan::PlanProblem p, at(b));
+      FERRY_ASSIGN_OR_RETURN(plan::Plan full, plan::solve_milp(p, solve));
+      solved = std::move(full);
+    }
+    plan::CompareOptions o{.solve = solve, .probe_solve = probe, .max_batch = c.max_batch};
+    if (solved) o.solved_at_batch = &*solved;
+    FERRY_ASSIGN_OR_RETURN(plan::Comparison cmp, plan::compare_policies(at, b, o));
+    Json j = plan::to_json(cmp);
+    j["gpu_cap_gb"] = gpu;
+    out["caps"].push_back(j);
+    log::get("plan")->info("compare gpu_cap_gb={} batch={} done", gpu, b);
+  }
+  std::printf("%s\n", out.dump(2).c_str());
+  if (!c.json_out.empty()) FERRY_TRY(write_file_atomic(c.json_out, out.dump(2) + "\n"));
+  return ok_status();
+}
+
+Status run_plan_status() {
+  const PlanConfig& c = plan_config();
+  FERRY_ASSIGN_OR_RETURN(model::ModelConfig cfg, load_geometry(c));
+  FERRY_ASSIGN_OR_RETURN(int batch, parse_batch(c.batch));
+  if (!c.nvme_dir.empty() && !std::filesystem::is_directory(c.nvme_dir)) {
+    return not_found("plan: --nvme-dir {} is not a directory", c.nvme_dir);
+  }
+  if (c.nvme_dir.empty() != (c.nvme_gb <= 0)) {
+    return invalid_argument("plan: --nvme-dir and --nvme-gb go together");
+  }
+  if (c.compare) return run_compare(c, cfg, batch);
+
+  FERRY_ASSIGN_OR_RETURN(plan::ProblemAt at, make_problem_at(c, cfg, c.gpu_mem_gb));
+  const plan::SolveOptions solve{.time_limit_s = c.time_limit_s};
+  const plan::SolveOptions probe{.time_limit_s = std::min(c.time_limit_s, 10.0)};
+  if (batch == 0) {
+    FERRY_ASSIGN_OR_RETURN(
+        plan::BatchSearchResult r,
+        plan::largest_batch(
+            at, [&](const plan::PlanProblem& p) { return plan::solve_milp(p, probe); },
+            plan::BatchSearchOptions{.max_batch = c.max_batch}));
+    batch = r.batch;
+    log::get("plan")->info("batch=auto -> {} (largest fitting {}, exposure {} {:.1f}%, {} probes)",
+                           r.batch, r.largest_fitting, r.exposure_ok ? "within" : "above", 2.0,
+                           r.probes);
+  }
+  FERRY_ASSIGN_OR_RETURN(plan::PlanProblem p, at(batch));
+  FERRY_ASSIGN_OR_RETURN(plan::Plan solved, plan::solve_or_diagnose(p, solve));
+  std::printf("%s", plan::plan_text(p, solved).c_str());
+  if (!c.no_policies) {
+    plan::CompareOptions o{.solve = solve, .probe_solve = probe, .max_batch = c.max_batch};
+    o.solved_at_batch = &solved;
+    FERRY_ASSIGN_OR_RETURN(plan::Comparison cmp, plan::compare_policies(at, batch, o));
+    std::printf("%s", plan::comparison_text(cmp).c_str());
+  }
+  std::fflush(stdout);
+  if (!c.json_out.empty()) FERRY_TRY(plan::write_plan_file(c.json_out, solved, &p));
+  return ok_status();
+}
+
+int run_plan() {
+  const Status s = run_plan_status();
+  return s.ok() ? 0 : fail(s);
+}
+
+void register_plan(CLI::App& app, CommandFn& run) {
+  auto* cmd = app.add_subcommand(
+      "plan", "solve the activation checkpoint/placement/transfer schedule of a training step");
+  PlanConfig& c = plan_config();
+  cmd->add_option("--model", c.model_dir, "Hugging Face model folder (config.json)")
+      ->check(CLI::ExistingDirectory)
+      ->envname("FERRY_PLAN_MODEL");
+  cmd->add_option("--geometry", c.geometry,
+                  "built-in geometry instead of --model: qwen2.5-0.5b|1.5b|3b|7b|14b");
+  cmd->add_option("--batch-size", c.batch,
+                  "sequences per step, or auto (largest that fits with "
+                  "exposure <= 2% of the step)")
+      ->envname("FERRY_PLAN_BATCH_SIZE");
+  cmd->add_option("--seq-len", c.seq_len, "tokens per sequence")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--gpu-mem-gb", c.gpu_mem_gb, "GPU memory budget (GB = 1e9 bytes)")
+      ->check(CLI::Range(0.0, 1e6))
+      ->envname("FERRY_PLAN_GPU_MEM_GB");
+  cmd->add_option("--host-mem-gb", c.host_mem_gb, "host memory budget (GB)")
+      ->required()
+      ->check(CLI::Range(0.0, 1e6))
+      ->envname("FERRY_PLAN_HOST_MEM_GB");
+  cmd->add_option("--nvme-dir", c.nvme_dir, "folder of the NVMe activation spill store");
+  cmd->add_option("--nvme-gb", c.nvme_gb, "NVMe spill budget (GB)")->check(CLI::Range(0.0, 1e7));
+  cmd->add_option("--json", c.json_out, "write the plan (or the --compare report) as JSON here");
+  cmd->add_option("--time-limit-s", c.time_limit_s, "CBC wall-clock limit per solve")
+      ->check(CLI::Range(0.1, 86400.0));
+  cmd->add_option("--max-span", c.max_span, "longest recomputed span R (layers + 1)")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--max-batch", c.max_batch, "upper end of the batch search")
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--host-state-bytes-per-param", c.host_state_bytes_per_param,
+                  "host bytes per parameter of model state (16: fp32 master + fp32 AdamW)")
+      ->check(CLI::Range(2.0, 64.0));
+  cmd->add_option("--profile", c.profile, "measured cost profile JSON (docs/plan.md)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--machine", c.machine, "machine name for defaults and the profile cache");
+  cmd->add_flag("--compare", c.compare, "print solved plan vs fixed policies per GPU cap as JSON");
+  cmd->add_option("--gpu-caps", c.gpu_caps, "GPU caps for --compare, comma-separated GB");
+  cmd->add_flag("--no-policies", c.no_policies, "skip the fixed-policy comparison");
+  cmd->callback([&run, cmd] {
+    run = run_plan;
+    if (!plan_config().compare && cmd->count("--gpu-mem-gb") == 0) {
+      throw CLI::RequiredError("--gpu-mem-gb");
+    }
+  });
+}
+
+}  // namespace
+FERRY_REGISTER_COMMAND(register_plan);
+}  // namespace ferry::app

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Solved plan vs fixed policies (checkpoint every 4, all boundaries on the GPU, all in host
+# memory) for Qwen2.5-3B and 7B geometry at GPU caps of 24, 40 and 80 GB, seq 1024: predicted step
+# time, TFLOPS (6*N*B*S / step) and the largest feasible batch of each, as JSON.
+# These are PREDICTIONS of ferry's plan cost model (analytic H200 rates, docs/plan.md), not
+# measurements: measured-vs-predicted needs the GPU streaming executor (issue #4).
+#
+#   bench/plan/plan_compare.sh build/release/apps/ferry/ferry [OUT_DIR]
+#
+# Host memory: 125 GB (the H200 machine) with 10 bytes/param of host state (bf16 weights +
+# fp32 master + 8-bit AdamW states + bf16 grads): 16 bytes/param would not fit 7B in 125 GB.
+set -euo pipefail
+FERRY="$1"; OUT="${2:-.}"
+mkdir -p "$OUT"
+for g in qwen2.5-3b qwen2.5-7b; do
+  "$FERRY" plan --geometry "$g" --compare --gpu-caps 24,40,80 --batch-size auto --seq-len 1024 \
+    --host-mem-gb 125 --host-state-bytes-per-param 10 --time-limit-s "${TIME_LIMIT_S:-20}" \
+    --max-batch 512 --json "$OUT/plan_compare_$g.json" > /dev/null
+  echo "wrote $OUT/plan_compare_$g.json"
+done

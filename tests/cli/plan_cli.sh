@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# CLI checks of `ferry plan` on a built-in geometry (no download): a fixed batch prints the
+# boundary and window tables, the prediction and the policy comparison, and writes a JSON plan
+# whose predicted peaks respect the budgets; --batch-size auto picks a batch; a GPU budget no plan
+# fits exits 1 naming the binding constraint and the smallest budget, and that budget works;
+# usage errors exit 2.
+set -euo pipefail
+FERRY="$1"; ROOT="$2"
+TMP="$(mktemp -d)"; trap 'rm -rf "$TMP"' EXIT
+base=(plan --geometry qwen2.5-0.5b --seq-len 512 --host-mem-gb 64 --time-limit-s 10 --max-batch 64)
+
+"$FERRY" "${base[@]}" --batch-size 8 --gpu-mem-gb 24 --json "$TMP/p.json" > "$TMP/out" 2> "$TMP/err" ||
+  { echo "plan failed"; cat "$TMP/err"; exit 1; }
+for want in "^boundary  home" "^window  compute_ms" "^predicted step" "^peak memory: gpu" \
+            "^solved " "^checkpoint-every-4 " "^all-gpu " "^all-host "; do
+  grep -q "$want" "$TMP/out" || { echo "missing '$want'"; cat "$TMP/out"; exit 1; }
+done
+python3 - "$TMP/p.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["format"] == "ferry-plan" and j["batch_size"] == 8 and j["num_layers"] == 24, j.keys()
+assert len(j["boundaries"]) == 25 and len(j["predicted"]["window_exposed_ms"]) == 49
+pr, prob = j["predicted"], j["problem"]
+assert 0 < pr["gpu_peak_gb"] <= prob["gpu_cap_gb"] + 1e-6, pr["gpu_peak_gb"]
+assert pr["host_peak_gb"] <= prob["host_cap_gb"] + 1e-6
+assert pr["step_ms"] > 0 and pr["tflops"] > 0
+assert j["spans"][0]["start"] == 0 and j["spans"][-1]["end"] == 24
+PY
+
+"$FERRY" "${base[@]}" --batch-size auto --gpu-mem-gb 24 --no-policies --json "$TMP/a.json" \
+  > "$TMP/out" 2> "$TMP/err" || { echo "auto failed"; cat "$TMP/err"; exit 1; }
+grep -q "batch=auto -> " "$TMP/err" || { echo "no auto line"; cat "$TMP/err"; exit 1; }
+python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert j['batch_size'] >= 8, j['batch_size']" "$TMP/a.json"
+
+set +e
+"$FERRY" "${base[@]}" --batch-size 64 --gpu-mem-gb 4 --no-policies > /dev/null 2> "$TMP/err"; rc=$?
+set -e
+[ "$rc" -eq 1 ] || { echo "infeasible: rc=$rc"; cat "$TMP/err"; exit 1; }
+grep -q "binding constraint gpu memory (capacity 4.00 GB)" "$TMP/err" || { cat "$TMP/err"; exit 1; }
+need=$(sed -n 's/.*smallest gpu memory budget that fits is \([0-9.]*\) GB.*/\1/p' "$TMP/err")
+[ -n "$need" ] || { echo "no budget in message"; cat "$TMP/err"; exit 1; }
+"$FERRY" "${base[@]}" --batch-size 64 --gpu-mem-gb "$need" --no-policies > /dev/null 2> "$TMP/err" ||
+  { echo "reported budget $need does not fit"; cat "$TMP/err"; exit 1; }
+
+set +e
+"$FERRY" plan --geometry qwen2.5-0.5b --batch-size 4 --host-mem-gb 64 > /dev/null 2>&1; rc=$?
+[ "$rc" -eq 2 ] || { echo "missing --gpu-mem-gb: rc=$rc"; exit 1; }
+"$FERRY" plan --geometry qwen2.5-0.5b --batch-size zero --gpu-mem-gb 8 --host-mem-gb 64 > /dev/null 2> "$TMP/err"; rc=$?
+[ "$rc" -eq 1 ] && grep -q "positive integer or auto" "$TMP/err" || { echo "bad batch: rc=$rc"; exit 1; }
+"$FERRY" plan --geometry nope --batch-size 4 --gpu-mem-gb 8 --host-mem-gb 64 > /dev/null 2> "$TMP/err"; rc=$?
+[ "$rc" -eq 1 ] && grep -q "no built-in geometry" "$TMP/err" || { echo "bad geometry: rc=$rc"; exit 1; }
+set -e
+echo "plan cli: ok"

@@ -1,0 +1,47 @@
+// SPDX-License-Identifier: Apache-2.0
+// The MILP on a published geometry (Qwen2.5-0.5B, 24 layers, analytic H200 costs) under a GPU
+// budget tight enough that the plan must recompute or offload: it solves within the time limit,
+// its plan passes the evaluator's capacity check at the solver's cost, and it is no slower than
+// any fixed policy that fits the same budget.
+#include <gtest/gtest.h>
+
+#include "plan/cost_model.h"
+#include "plan/evaluate.h"
+#include "plan/geometry.h"
+#include "plan/milp.h"
+#include "plan/policies.h"
+
+namespace ferry::plan {
+namespace {
+
+TEST(RealGeometry, TightBudgetPlanFitsAndBeatsFixedPolicies) {
+  auto cfg = builtin_geometry("qwen2.5-0.5b");
+  ASSERT_TRUE(cfg.ok());
+  auto p = analytic_problem(*cfg, MachineSpec{}, TrainShape{.batch_size = 48, .seq_len = 1024},
+                            Capacities{.gpu_gb = 16, .host_gb = 64});
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  auto all_gpu = solve_policy(*p, fixed_policies(p->num_layers)[1]);
+  ASSERT_EQ(fixed_policies(p->num_layers)[1].name, "all-gpu");
+  EXPECT_FALSE(all_gpu.ok()) << "budget meant to be too small for all-gpu";
+
+  auto plan = solve_milp(*p, SolveOptions{.time_limit_s = 20, .seed_with_fixed_policies = false});
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  auto pred = evaluate(*p, *plan);
+  ASSERT_TRUE(pred.ok());
+  EXPECT_TRUE(check_fits(*p, *pred).ok()) << check_fits(*p, *pred).to_string();
+  EXPECT_NEAR(pred->objective_ms, plan->solver.objective_ms, 1e-6 * plan->solver.objective_ms);
+  std::printf("qwen2.5-0.5b B=48 gpu 16 GB: cbc %s in %.2f s, gap %.4f%%, step %.1f ms\n",
+              plan->solver.status.c_str(), plan->solver.seconds, 100 * plan->solver.gap,
+              plan->predicted.step_ms);
+  int fitting = 0;
+  for (const FixedPolicy& pol : fixed_policies(p->num_layers)) {
+    auto fp = solve_policy(*p, pol);
+    if (!fp.ok()) continue;
+    ++fitting;
+    EXPECT_LE(plan->predicted.objective_ms, fp->predicted.objective_ms * (1 + 1e-9)) << pol.name;
+  }
+  EXPECT_GE(fitting, 1);
+}
+
+}  // namespace
+}  // namespace ferry::plan
