@@ -18,6 +18,7 @@
 #include "apps/ferry/commands.h"
 #include "core/file_util.h"
 #include "core/json.h"
+#include "core/log.h"
 #include "model/model_binding.h"
 #include "model/tokenizer/tokenizer.h"
 #include "serve/builtin_model.h"
@@ -239,6 +240,17 @@ int run_generate(const GenerateConfig& cfg) {
     }
     std::printf("%s\n", j.dump().c_str());
   } else {
+    // Human summary on stderr (stdout carries only the generated text).
+    auto lg = log::get("serve");
+    lg->info("mode={} prefill_tokens={} decode_tokens={} steps={} total_s={:.3f} ttft_s={:.3f}",
+             cfg.mode, eng.stats().prefill_tokens, eng.stats().decode_tokens, eng.stats().steps,
+             total_s, ttft_s.value_or(0.0));
+    if (const serve::ExpertPager* p = ex.pager()) {
+      const serve::PagerCounters& c = p->counters();
+      lg->info("pager policy={} hits={} misses={} hit_rate={:.3f} copied_mib={:.1f} evictions={}",
+               cfg.policy, c.hits, c.misses, c.hit_rate(), double(c.bytes_copied) / (1 << 20),
+               c.evictions);
+    }
     if (holder->tokenizer) {
       std::printf("%s\n", out->text.c_str());
     } else {

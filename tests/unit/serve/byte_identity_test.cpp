@@ -132,6 +132,47 @@ TEST_P(ByteIdentity, TightCapsMissEvictAndSplit) {
       << "no step was split into token groups";
 }
 
+// What each mode moves: static copies every MoE layer's E experts once per step, paged copies
+// exactly its misses, resident and cpu-experts copy nothing and hold no device bytes.
+TEST_P(ByteIdentity, EachModeCopiesWhatItShould) {
+  const testing::Fixture f = testing::load_fixture(GetParam());
+  ASSERT_TRUE(f.model);
+  const model::LoadedModel& m = *f.model;
+  std::uint64_t moe_layers = 0;
+  for (bool b : m.geometry.layer_is_moe) moe_layers += b;
+  for (ExpertMode mode :
+       {ExpertMode::kResident, ExpertMode::kStatic, ExpertMode::kCpuExperts, ExpertMode::kPaged}) {
+    EngineConfig cfg;
+    cfg.pager.mode = mode;
+    cfg.pager.slots_per_layer = m.geometry.top_k;
+    cfg.max_batch_tokens = 8;
+    cfg.max_running = 3;
+    cfg.kv = {.block_tokens = 4, .budget_bytes = 1 << 20};
+    auto eng = Engine::create(m.geometry, m.params, cfg);
+    ASSERT_TRUE(eng.ok());
+    ASSERT_TRUE(run_engine(**eng, requests(m.geometry.vocab)).ok());
+    const ExpertExecutor& ex = (*eng)->experts();
+    const std::uint64_t steps = (*eng)->stats().steps;
+    const std::size_t eb = ex.store() ? ex.store()->expert_bytes() : 0;
+    switch (mode) {
+      case ExpertMode::kStatic:
+        EXPECT_EQ(ex.counters().static_bytes_copied,
+                  steps * moe_layers * std::uint64_t(m.geometry.experts) * eb);
+        EXPECT_EQ(ex.device_bytes(), std::size_t(m.geometry.experts) * eb);
+        break;
+      case ExpertMode::kPaged:
+        EXPECT_EQ(ex.pager()->counters().bytes_copied, ex.pager()->counters().misses * eb);
+        EXPECT_EQ(ex.device_bytes(), moe_layers * m.geometry.top_k * eb);
+        EXPECT_EQ(ex.counters().static_bytes_copied, 0u);
+        break;
+      default:
+        EXPECT_EQ(ex.device_bytes(), 0u) << to_string(mode);
+        EXPECT_EQ(ex.counters().static_bytes_copied, 0u) << to_string(mode);
+        EXPECT_EQ(ex.pager(), nullptr);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(MoeFixtures, ByteIdentity,
                          ::testing::Values("qwen3_moe", "mixtral", "olmoe"),
                          [](const auto& pi) { return std::string(pi.param); });
