@@ -39,7 +39,7 @@ struct GenerateConfig {
   float temperature = 0.0f;
   int top_k = 0;
   float top_p = 1.0f;
-  std::uint64_t seed = 0;
+  std::optional<std::uint64_t> seed;
   std::vector<std::string> stop;
   std::vector<int> stop_ids;
   std::string mode = "resident";
@@ -178,7 +178,7 @@ int run_generate(const GenerateConfig& cfg) {
                                            .prefill_tokens = static_cast<int>(req.prompt.size()),
                                            .decode_tokens = cfg.max_new_tokens,
                                            .spread = cfg.synthetic_trace == "spread",
-                                           .seed = cfg.seed + 1});
+                                           .seed = cfg.seed.value_or(0) + 1});
     }
     if (trace.experts != geo.experts || trace.top_k != geo.top_k) {
       return fail(invalid_argument("generate: trace routes {} of {} experts, the model {} of {}",
@@ -285,7 +285,7 @@ void register_generate(CLI::App& app, CommandFn& run) {
                    ->check(CLI::Range(0, 1 << 24));
   auto* topp = cmd->add_option("--top-p", cfg->top_p, "nucleus mass in (0, 1]")
                    ->check(CLI::Range(1e-6, 1.0));
-  cmd->add_option("--seed", cfg->seed, "sampling seed (reproducible per request)");
+  cmd->add_option("--seed", cfg->seed, "sampling seed (default: the engine's fixed seed)");
   greedy->excludes(temp)->excludes(topk)->excludes(topp);
   cmd->add_option("--stop", cfg->stop, "stop string (repeatable)");
   cmd->add_option("--stop-id", cfg->stop_ids, "stop token id (repeatable)");

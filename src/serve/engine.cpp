@@ -94,7 +94,9 @@ Result<RequestId> Engine::submit(GenerationRequest r) {
   s->id = next_id_++;
   s->prompt_len = std::int64_t(r.prompt.size());
   s->tokens = r.prompt;
-  s->rng = Rng(r.sampling.seed);
+  s->rng = Rng(r.sampling.seed.has_value()
+                   ? *r.sampling.seed
+                   : cfg_.seed ^ (0x9E3779B97F4A7C15ull * std::uint64_t(s->id + 1)));
   s->req = std::move(r);
   s->tokens.reserve(std::size_t(total));
   const RequestId id = s->id;

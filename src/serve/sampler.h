@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -22,7 +23,9 @@ struct SamplingParams {
   float temperature = 0.0f;  // 0: greedy
   int top_k = 0;             // 0: no limit
   float top_p = 1.0f;        // (0, 1]
-  std::uint64_t seed = 0;
+  // Seeds the request's Rng. Unset: the engine derives one from its own seed and the request
+  // id (distinct per request, reproducible per engine run).
+  std::optional<std::uint64_t> seed;
 };
 
 Status validate(const SamplingParams& p);

@@ -57,10 +57,11 @@ struct KvConfig {
 struct EngineConfig {
   PagerConfig pager;
   KvConfig kv;
-  int max_batch_tokens = 64;  // tokens per step: decode tokens first, then prefill chunks
-  int max_running = 4;        // sequences decoded concurrently (continuous batching)
-  int max_seq_len = 0;        // prompt + new tokens; 0: no limit but the KV pool (the CLI passes
-                              // max_position_embeddings)
+  int max_batch_tokens = 64;     // tokens per step: decode tokens first, then prefill chunks
+  int max_running = 4;           // sequences decoded concurrently (continuous batching)
+  std::uint64_t seed = 0x5e12e;  // for requests without a sampling seed
+  int max_seq_len = 0;           // prompt + new tokens; 0: no limit but the KV pool (the CLI passes
+                                 // max_position_embeddings)
 };
 
 }  // namespace ferry::serve

@@ -161,6 +161,24 @@ TEST(Engine, BadInputIsAStatus) {
   EXPECT_EQ(e2.status().code(), StatusCode::kResourceExhausted);
 }
 
+TEST(Engine, UnseededRequestsDifferFromEachOtherButRepeatPerEngineRun) {
+  auto m = builtin();
+  ASSERT_TRUE(m);
+  const GenerationRequest r{
+      .prompt = prompt(6, 3), .sampling = {.temperature = 1.5f}, .max_new_tokens = 12};
+  auto run = [&] {
+    auto eng = Engine::create(m->geometry, m->params, config());
+    EXPECT_TRUE(eng.ok());
+    auto rec = testing::run_engine(**eng, {r, r});
+    EXPECT_TRUE(rec.ok());
+    return rec.ok() ? rec->tokens : std::map<RequestId, std::vector<std::int32_t>>{};
+  };
+  const auto a = run(), b = run();
+  ASSERT_EQ(a.size(), 2u);
+  EXPECT_NE(a.at(0), a.at(1)) << "two unseeded requests drew the same stream";
+  EXPECT_EQ(a, b);
+}
+
 TEST(Engine, ContinuousBatchingAgreesWithRunningAlone) {
   auto m = builtin();
   ASSERT_TRUE(m);
