@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "apps/ferry/commands.h"
 #include "core/file_util.h"
 #include "core/log.h"
@@ -44,6 +46,7 @@ struct PlanConfig {
   double host_state_bytes_per_param = 16;
   std::string profile;  // explicit profile; else the cached one for machine + geometry, if any
   std::string machine = "h200";
+  double link_gbps = 0;  // > 0: override the link (h2d = d2h = X, duplex 1.8X, loaded 1.5X)
   bool compare = false;
   std::string gpu_caps = "24,40,80";
   bool no_policies = false;
@@ -84,6 +87,12 @@ Result<plan::ProblemAt> make_problem_at(const PlanConfig& c, const model::ModelC
   }
   plan::MachineSpec machine;
   machine.name = c.machine;
+  if (c.link_gbps > 0) {
+    machine.link.h2d_gbps = machine.link.d2h_gbps = c.link_gbps;
+    machine.link.duplex_gbps = 1.8 * c.link_gbps;
+    machine.link.duplex_loaded_gbps = 1.5 * c.link_gbps;
+    machine.name += fmt::format("-link{:g}", c.link_gbps);
+  }
   const plan::Capacities caps{
       .gpu_gb = gpu_gb, .host_gb = c.host_mem_gb, .nvme_gb = c.nvme_dir.empty() ? 0.0 : c.nvme_gb};
   return plan::ProblemAt([=](int batch) -> Result<plan::PlanProblem> {
@@ -237,6 +246,9 @@ void register_plan(CLI::App& app, CommandFn& run) {
   cmd->add_option("--profile", c.profile, "measured cost profile JSON (docs/plan.md)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--machine", c.machine, "machine name for defaults and the profile cache");
+  cmd->add_option("--link-gbps", c.link_gbps,
+                  "what-if: host<->GPU rate per direction (duplex 1.8x, under optimizer load 1.5x)")
+      ->check(CLI::Range(0.1, 1000.0));
   cmd->add_flag("--compare", c.compare, "print solved plan vs fixed policies per GPU cap as JSON");
   cmd->add_option("--gpu-caps", c.gpu_caps, "GPU caps for --compare, comma-separated GB");
   cmd->add_flag("--no-policies", c.no_policies, "skip the fixed-policy comparison");
