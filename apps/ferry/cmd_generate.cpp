@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // `ferry generate [--model DIR] (--prompt STR | --token-ids FILE) [--max-new-tokens N]
 //   [--greedy | --temperature T --top-k K --top-p P --seed S] [--stop STR]... [--mode M]
-//   [--expert-slots N | --expert-budget-mib M] [--policy lru|lfu|lfru] [--json]`
+//   [--expert-slots N | --layer-slots N,N,.. | --expert-budget-mib M] [--policy lru|lfu|lfru]
+//   [--json]`
 // One prompt through the serving engine (paged KV cache, chunked prefill, expert pager) on the
 // CPU. Without --model it runs the built-in random-weight Qwen3-MoE (serve/builtin_model.h) with
 // `ferry train`'s byte-level tokenizer, so it works offline. Routing traces: --record-trace F
 // writes the routing; --replay-trace F forces it; --synthetic-trace calibrated|spread forces a
 // generated one. Text goes to stdout; --json adds ids, timings and pager counters.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -44,6 +46,7 @@ struct GenerateConfig {
   std::vector<int> stop_ids;
   std::string mode = "resident";
   int expert_slots = 0;
+  std::vector<int> layer_slots;  // per MoE layer, in layer order
   double expert_budget_mib = 0;
   std::string policy = "lru";
   int max_batch_tokens = 64;
@@ -106,11 +109,28 @@ Result<ModelHolder> load(const GenerateConfig& cfg) {
   return h;
 }
 
-Result<serve::EngineConfig> engine_config(const GenerateConfig& cfg) {
+Result<serve::EngineConfig> engine_config(const GenerateConfig& cfg,
+                                          const model::DecoderGeometry& geo) {
   serve::EngineConfig ec;
   FERRY_ASSIGN_OR_RETURN(ec.pager.mode, serve::parse_expert_mode(cfg.mode));
   FERRY_ASSIGN_OR_RETURN(ec.pager.policy, serve::parse_eviction_policy(cfg.policy));
   ec.pager.slots_per_layer = cfg.expert_slots;
+  if (!cfg.layer_slots.empty()) {
+    int moe = 0;
+    ec.pager.layer_slots.assign(geo.layers, 0);
+    for (int l = 0; l < geo.layers; ++l) {
+      if (!geo.layer_is_moe[l]) continue;
+      if (moe >= static_cast<int>(cfg.layer_slots.size())) break;
+      ec.pager.layer_slots[l] = cfg.layer_slots[moe++];
+    }
+    if (moe != static_cast<int>(cfg.layer_slots.size()) ||
+        moe !=
+            static_cast<int>(std::count(geo.layer_is_moe.begin(), geo.layer_is_moe.end(), true))) {
+      return invalid_argument("generate: --layer-slots has {} entries, the model has {} MoE layers",
+                              cfg.layer_slots.size(),
+                              std::count(geo.layer_is_moe.begin(), geo.layer_is_moe.end(), true));
+    }
+  }
   ec.pager.budget_bytes = static_cast<std::size_t>(cfg.expert_budget_mib * 1024 * 1024);
   ec.kv.budget_bytes = static_cast<std::size_t>(cfg.kv_budget_mib * 1024 * 1024);
   ec.kv.block_tokens = cfg.kv_block_tokens;
@@ -151,7 +171,7 @@ int run_generate(const GenerateConfig& cfg) {
     return fail(invalid_argument("generate: --stop needs a tokenizer.json in the model folder"));
   }
 
-  auto ec = engine_config(cfg);
+  auto ec = engine_config(cfg, geo);
   if (!ec.ok()) return fail(ec.status());
   ec->max_seq_len = static_cast<int>(holder->config().max_position_embeddings);
   auto engine = serve::Engine::create(geo, holder->params(), *ec);
@@ -228,13 +248,15 @@ int run_generate(const GenerateConfig& cfg) {
               {"static_bytes_copied", ex.counters().static_bytes_copied}};
     if (const serve::ExpertPager* p = ex.pager()) {
       const serve::PagerCounters& c = p->counters();
+      std::vector<int> slots;  // per MoE layer
+      for (int l : moe_layers) slots.push_back(p->capacity(l));
       j["pager"] = {{"hits", c.hits},
                     {"misses", c.misses},
                     {"hit_rate", c.hit_rate()},
                     {"bytes_copied", c.bytes_copied},
                     {"evictions", c.evictions},
                     {"copy_batches", c.copy_batches},
-                    {"slots_layer0", p->capacity(moe_layers.empty() ? 0 : moe_layers[0])},
+                    {"slots", slots},
                     {"budget_bytes", p->budget().bytes_limit()},
                     {"budget_peak_bytes", p->budget().bytes_peak()}};
     }
@@ -296,7 +318,12 @@ void register_generate(CLI::App& app, CommandFn& run) {
   auto* budget = cmd->add_option("--expert-budget-mib", cfg->expert_budget_mib,
                                  "expert device budget in MiB (slots = what fits)")
                      ->check(CLI::Range(0.0, 1e9));
-  slots->excludes(budget);
+  auto* layer_slots =
+      cmd->add_option("--layer-slots", cfg->layer_slots, "pager slots of each MoE layer (list)")
+          ->delimiter(',')
+          ->check(CLI::Range(1, 1 << 20));
+  slots->excludes(budget)->excludes(layer_slots);
+  budget->excludes(layer_slots);
   cmd->add_option("--policy", cfg->policy, "pager eviction policy: lru, lfu, lfru");
   cmd->add_option("--max-batch-tokens", cfg->max_batch_tokens,
                   "tokens per engine step (prefill chunk)")
