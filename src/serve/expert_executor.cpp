@@ -6,6 +6,7 @@
 #include "core/thread_pool.h"
 #include "mem/stream.h"
 #include "mem/transfer_engine.h"
+#include "serve/pool_tier.h"
 
 namespace ferry::serve {
 
@@ -97,7 +98,7 @@ Result<std::unique_ptr<ExpertExecutor>> ExpertExecutor::create(const model::Deco
     mem::ArenaPlan plan;
     plan.add("static expert staging", need);
     FERRY_ASSIGN_OR_RETURN(x->staging_,
-                           mem::make_arena(plan, mem::MemTier::kDevice, x->staging_budget_,
+                           mem::make_arena(plan, cpu_engine_pool_tier(), x->staging_budget_,
                                            {.what = "static expert staging"}));
   } else if (pc.mode == ExpertMode::kPaged) {
     FERRY_ASSIGN_OR_RETURN(std::vector<int> caps, resolve_expert_caps(geo, eb, pc));
@@ -107,6 +108,15 @@ Result<std::unique_ptr<ExpertExecutor>> ExpertExecutor::create(const model::Deco
                      .hot = pc.hot_experts,
                      .budget_bytes = pc.budget_bytes};
     FERRY_ASSIGN_OR_RETURN(x->pager_, ExpertPager::create(*x->store_, setup));
+    for (int l = 0; l < geo.layers; ++l) {
+      if (geo.layer_is_moe[l] && x->pager_->group_limit(l) < geo.top_k) {
+        return invalid_argument(
+            "serve: layer {}: {} slots minus {} hot experts leave {} for routed experts, fewer "
+            "than top-k = {}",
+            l, x->pager_->capacity(l), x->pager_->hot_count(l), x->pager_->group_limit(l),
+            geo.top_k);
+      }
+    }
     x->hot_.assign(geo.layers, std::vector<bool>(geo.experts, false));
     for (int l = 0; l < geo.layers; ++l) {
       if (!geo.layer_is_moe[l]) continue;

@@ -207,6 +207,12 @@ TEST(PagerErrors, BudgetBelowTopKIsAClearError) {
   ex = ExpertExecutor::create(m->geometry, m->params, pc);
   ASSERT_FALSE(ex.ok());
   EXPECT_EQ(ex.status().code(), StatusCode::kResourceExhausted);
+  // A hot set that leaves fewer than top-k free slots.
+  pc = {.mode = ExpertMode::kPaged, .slots_per_layer = 3, .hot_experts = {{0, 1}, {}}};
+  ex = ExpertExecutor::create(m->geometry, m->params, pc);
+  ASSERT_FALSE(ex.ok());
+  EXPECT_EQ(ex.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(ex.status().to_string().find("hot"), std::string::npos) << ex.status().to_string();
   // Budget exactly top-k per layer works.
   pc = {.mode = ExpertMode::kPaged, .budget_bytes = (*store)->expert_bytes() * 4};
   ex = ExpertExecutor::create(m->geometry, m->params, pc);
