@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "core/check.h"
+#include "mem/tier_alloc.h"
 
 namespace ferry::mem {
 
@@ -22,6 +23,8 @@ std::string_view to_string(MemTier t) {
   }
   return "?";
 }
+
+bool device_tier_is_host_memory() { return detail::device_tier_emulated(); }
 
 std::string format_bytes(std::size_t b) {
   const double v = static_cast<double>(b);

@@ -19,4 +19,8 @@ inline constexpr int kNumTiers = 5;
 
 std::string_view to_string(MemTier t);
 
+// True when kDevice is host memory (the emulated tier of CPU builds), i.e. CPU code may read and
+// write device-tier buffers. False in CUDA builds, where kDevice is cudaMalloc'd GPU memory.
+bool device_tier_is_host_memory();
+
 }  // namespace ferry::mem
