@@ -5,6 +5,7 @@
 // reporting exact-match accuracy on a held-out split (no downloads).
 //   ferry train --output-dir runs/demo
 //   ferry train --model DIR --data sft.jsonl --output-dir out --max-steps 200 --lr 1e-5
+//   ferry train --output-dir runs/q8 --optimizer-states 8bit --master bf16-kahan
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -19,6 +20,8 @@ void register_train(CLI::App& app, CommandFn& run) {
   auto cfg = std::make_shared<train::TrainConfig>();
   auto schedule = std::make_shared<std::string>("cosine");
   auto overlong = std::make_shared<std::string>("truncate");
+  auto states = std::make_shared<std::string>("fp32");
+  auto master = std::make_shared<std::string>("fp32");
   auto* cmd = app.add_subcommand(
       "train", "fine-tune a model (CPU, in-memory); no --model/--data: the embedded demo");
   auto* model = cmd->add_option("--model", cfg->model_dir, "Hugging Face model folder")
@@ -62,6 +65,15 @@ void register_train(CLI::App& app, CommandFn& run) {
       ->check(CLI::Range(0.0, 10.0));
   cmd->add_option("--max-grad-norm", cfg->adamw.max_grad_norm, "global-norm clip; 0 = off")
       ->check(CLI::Range(0.0, 1e9));
+  cmd->add_option("--optimizer-states", *states,
+                  "AdamW m, v: fp32, or 8bit (block-wise 8-bit codes, 2.004 bytes/param)")
+      ->check(CLI::IsMember({"fp32", "8bit"}))
+      ->envname("FERRY_OPTIMIZER_STATES");
+  cmd->add_option("--master", *master,
+                  "master weights: fp32, bf16-kahan (bf16 + bf16 compensation) or bf16-sr "
+                  "(bf16, stochastic rounding keyed by --seed); see docs/optimizer.md")
+      ->check(CLI::IsMember({"fp32", "bf16-kahan", "bf16-sr"}))
+      ->envname("FERRY_MASTER");
   cmd->add_option("--beta1", cfg->adamw.beta1)->check(CLI::Range(0.0, 0.999999));
   cmd->add_option("--beta2", cfg->adamw.beta2)->check(CLI::Range(0.0, 0.999999));
   cmd->add_option("--save-every", cfg->save_every, "checkpoint every N steps; 0 = none")
@@ -79,11 +91,18 @@ void register_train(CLI::App& app, CommandFn& run) {
       ->check(CLI::Range(1, 64));
   cmd->add_option("--demo-hidden", cfg->builtin.hidden, "embedded model: hidden size (32 * heads)")
       ->check(CLI::Range(8, 4096));
-  cmd->callback([cfg, schedule, overlong, lr, &run] {
+  cmd->callback([cfg, schedule, overlong, states, master, lr, &run] {
     if (lr->count() == 0 && !cfg->model_dir.empty()) cfg->lr = 1e-5;
     auto sched = train::parse_lr_schedule(*schedule);
     if (!sched.ok()) throw CLI::ValidationError("--schedule", sched.status().message());
     cfg->schedule = *sched;
+    auto states_kind = train::parse_optimizer_states(*states);
+    if (!states_kind.ok()) {
+      throw CLI::ValidationError("--optimizer-states", states_kind.status().message());
+    }
+    auto mw = train::parse_master_weights(*master);
+    if (!mw.ok()) throw CLI::ValidationError("--master", mw.status().message());
+    cfg->optim = {.master = *mw, .states = *states_kind};
     cfg->overlong =
         *overlong == "skip" ? train::OverlongPolicy::kSkip : train::OverlongPolicy::kTruncate;
     if (cfg->builtin.hidden % cfg->builtin.head_dim != 0) {
