@@ -51,6 +51,7 @@ struct GenerateConfig {
   std::string policy = "lru";
   int max_batch_tokens = 64;
   double kv_budget_mib = 64;
+  double device_budget_mib = 0;
   int kv_block_tokens = 16;
   std::string record_trace, replay_trace, synthetic_trace;
   bool json = false;
@@ -134,6 +135,7 @@ Result<serve::EngineConfig> engine_config(const GenerateConfig& cfg,
   ec.pager.budget_bytes = static_cast<std::size_t>(cfg.expert_budget_mib * 1024 * 1024);
   ec.kv.budget_bytes = static_cast<std::size_t>(cfg.kv_budget_mib * 1024 * 1024);
   ec.kv.block_tokens = cfg.kv_block_tokens;
+  ec.device_budget_bytes = static_cast<std::size_t>(cfg.device_budget_mib * 1024 * 1024);
   ec.max_batch_tokens = cfg.max_batch_tokens;
   ec.max_running = 1;
   return ec;
@@ -244,6 +246,7 @@ int run_generate(const GenerateConfig& cfg) {
               {"ttft_s", ttft_s.value_or(0.0)},
               {"total_s", total_s},
               {"kv_blocks_peak", eng.stats().kv_blocks_peak},
+              {"device_peak_bytes", eng.device_budget().bytes_peak()},
               {"expert_device_bytes", ex.device_bytes()},
               {"static_bytes_copied", ex.counters().static_bytes_copied}};
     if (const serve::ExpertPager* p = ex.pager()) {
@@ -330,6 +333,9 @@ void register_generate(CLI::App& app, CommandFn& run) {
       ->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--kv-budget-mib", cfg->kv_budget_mib, "KV block pool budget in MiB")
       ->check(CLI::Range(0.001, 1e9));
+  cmd->add_option("--device-budget-mib", cfg->device_budget_mib,
+                  "one device budget over KV blocks and expert slots/staging (0: none)")
+      ->check(CLI::Range(0.0, 1e9));
   cmd->add_option("--kv-block-tokens", cfg->kv_block_tokens, "tokens per KV block")
       ->check(CLI::Range(1, 4096));
   auto* rec = cmd->add_option("--record-trace", cfg->record_trace, "write the routing trace here");

@@ -56,8 +56,13 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::DecoderGeometry& geo
   }
   std::unique_ptr<Engine> e(new Engine(geo, params, cfg));
   if (e->cfg_.max_seq_len <= 0) e->cfg_.max_seq_len = std::numeric_limits<int>::max();
-  FERRY_ASSIGN_OR_RETURN(e->kv_, KvCache::create(geo, cfg.kv));
-  FERRY_ASSIGN_OR_RETURN(e->experts_, ExpertExecutor::create(geo, params, cfg.pager));
+  e->device_budget_ = std::make_unique<mem::MemoryBudget>(
+      mem::MemTier::kDevice,
+      cfg.device_budget_bytes > 0 ? cfg.device_budget_bytes : mem::MemoryBudget::kUnlimited);
+  // Experts first: with a tight device budget the expert request is the one the error names.
+  FERRY_ASSIGN_OR_RETURN(e->experts_,
+                         ExpertExecutor::create(geo, params, cfg.pager, e->device_budget_.get()));
+  FERRY_ASSIGN_OR_RETURN(e->kv_, KvCache::create(geo, cfg.kv, e->device_budget_.get()));
   FERRY_ASSIGN_OR_RETURN(e->runner_, ModelRunner::create(geo, params, *e->kv_, *e->experts_,
                                                          cfg.max_batch_tokens, backend));
   e->logits_.resize(std::size_t(cfg.max_running) * std::size_t(geo.vocab));

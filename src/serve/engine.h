@@ -96,6 +96,8 @@ class Engine {
   const EngineStats& stats() const { return stats_; }
   ExpertExecutor& experts() { return *experts_; }
   KvCache& kv() { return *kv_; }
+  // The one device budget (KV pool + expert slots / staging); bytes_peak() is the reported peak.
+  const mem::MemoryBudget& device_budget() const { return *device_budget_; }
   const EngineConfig& config() const { return cfg_; }
 
  private:
@@ -109,6 +111,8 @@ class Engine {
   model::DecoderGeometry geo_;
   const model::ModelParams& params_;
   EngineConfig cfg_;
+  // Declared before the components charged to it, so it outlives them.
+  std::unique_ptr<mem::MemoryBudget> device_budget_;
   std::unique_ptr<KvCache> kv_;
   std::unique_ptr<ExpertExecutor> experts_;
   std::unique_ptr<ModelRunner> runner_;

@@ -76,7 +76,8 @@ Result<std::vector<int>> resolve_expert_caps(const model::DecoderGeometry& geo,
 
 Result<std::unique_ptr<ExpertExecutor>> ExpertExecutor::create(const model::DecoderGeometry& geo,
                                                                const model::ModelParams& params,
-                                                               const PagerConfig& pc) {
+                                                               const PagerConfig& pc,
+                                                               mem::MemoryBudget* shared) {
   std::unique_ptr<ExpertExecutor> x(new ExpertExecutor(geo, params));
   x->mode_ = pc.mode;
   if (geo.experts == 0) return x;  // dense model: nothing to page
@@ -97,6 +98,8 @@ Result<std::unique_ptr<ExpertExecutor>> ExpertExecutor::create(const model::Deco
     }
     mem::ArenaPlan plan;
     plan.add("static expert staging", need);
+    FERRY_ASSIGN_OR_RETURN(x->staging_charge_, BudgetCharge::take(shared, plan.allocation_bytes(),
+                                                                  "static expert staging"));
     FERRY_ASSIGN_OR_RETURN(x->staging_,
                            mem::make_arena(plan, cpu_engine_pool_tier(), x->staging_budget_,
                                            {.what = "static expert staging"}));
@@ -106,7 +109,8 @@ Result<std::unique_ptr<ExpertExecutor>> ExpertExecutor::create(const model::Deco
                      .policy = pc.policy,
                      .lfru_half_life = pc.lfru_half_life,
                      .hot = pc.hot_experts,
-                     .budget_bytes = pc.budget_bytes};
+                     .budget_bytes = pc.budget_bytes,
+                     .shared = shared};
     FERRY_ASSIGN_OR_RETURN(x->pager_, ExpertPager::create(*x->store_, setup));
     for (int l = 0; l < geo.layers; ++l) {
       if (geo.layer_is_moe[l] && x->pager_->group_limit(l) < geo.top_k) {

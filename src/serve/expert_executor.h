@@ -24,6 +24,7 @@
 #include "mem/arena.h"
 #include "serve/expert_pager.h"
 #include "serve/expert_store.h"
+#include "serve/pool_tier.h"
 #include "serve/serve_config.h"
 
 namespace ferry::serve {
@@ -46,9 +47,11 @@ Result<std::vector<int>> resolve_expert_caps(const model::DecoderGeometry& geo,
 
 class ExpertExecutor {
  public:
+  // shared: the engine's device budget, charged the slot pool or staging bytes (may be null).
   static Result<std::unique_ptr<ExpertExecutor>> create(const model::DecoderGeometry& geo,
                                                         const model::ModelParams& params,
-                                                        const PagerConfig& pc);
+                                                        const PagerConfig& pc,
+                                                        mem::MemoryBudget* shared = nullptr);
 
   // x: [T, C]; ids: [T, K] distinct per row; eout: [T*K, C].
   Status run(int layer, const float* x, const std::int32_t* ids, std::int64_t T, float* eout);
@@ -62,7 +65,7 @@ class ExpertExecutor {
 
  private:
   ExpertExecutor(const model::DecoderGeometry& geo, const model::ModelParams& params)
-      : geo_(geo), params_(params), staging_budget_(mem::MemTier::kDevice) {}
+      : geo_(geo), params_(params), staging_budget_(cpu_engine_pool_tier()) {}
   Status compute_group(int layer, const float* x, const std::int32_t* ids, std::int64_t t0,
                        std::int64_t t1, float* eout);
 
@@ -72,7 +75,8 @@ class ExpertExecutor {
   std::unique_ptr<ExpertStore> store_;
   std::unique_ptr<ExpertPager> pager_;
   mem::MemoryBudget staging_budget_;
-  mem::Arena staging_;  // static mode: one layer's E blocks
+  BudgetCharge staging_charge_;  // on the engine's device budget
+  mem::Arena staging_;           // static mode: one layer's E blocks
   ExecutorCounters counters_;
   // Per-group scratch, sized once: distinct experts and their refs, by expert id.
   std::vector<std::int32_t> distinct_;

@@ -5,6 +5,7 @@
 
 #include "mem/stream.h"
 #include "mem/transfer_engine.h"
+#include "serve/pool_tier.h"
 
 namespace ferry::serve {
 
@@ -40,7 +41,7 @@ bool is_legal_slot_transition(ExpertSlotState from, ExpertSlotState to) {
 ExpertPager::ExpertPager(const ExpertStore& store, const PagerSetup& setup)
     : store_(store),
       ranker_(setup.policy, std::max(1, setup.lfru_half_life)),
-      budget_(mem::MemTier::kDevice) {}
+      budget_(cpu_engine_pool_tier()) {}
 
 Result<std::unique_ptr<ExpertPager>> ExpertPager::create(const ExpertStore& store,
                                                          const PagerSetup& setup) {
@@ -74,7 +75,10 @@ Result<std::unique_ptr<ExpertPager>> ExpertPager::create(const ExpertStore& stor
   }
   mem::ArenaPlan plan;
   if (pool > 0) plan.add("expert slots", pool);
-  FERRY_ASSIGN_OR_RETURN(p->arena_, mem::make_arena(plan, mem::MemTier::kDevice, p->budget_,
+  FERRY_ASSIGN_OR_RETURN(
+      p->shared_charge_,
+      BudgetCharge::take(setup.shared, plan.allocation_bytes(), "expert slot pool"));
+  FERRY_ASSIGN_OR_RETURN(p->arena_, mem::make_arena(plan, cpu_engine_pool_tier(), p->budget_,
                                                     {.what = "expert slot pool"}));
   // Pinned hot set: loaded now, never evicted.
   for (int l = 0; l < L && l < static_cast<int>(setup.hot.size()); ++l) {

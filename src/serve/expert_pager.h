@@ -23,6 +23,7 @@
 #include "core/result.h"
 #include "mem/arena.h"
 #include "mem/budget.h"
+#include "serve/budget_charge.h"
 #include "serve/eviction_policy.h"
 #include "serve/expert_store.h"
 
@@ -47,8 +48,9 @@ struct PagerSetup {
   std::vector<int> caps;  // [L] slots per layer, 0 for dense layers
   EvictionPolicy policy = EvictionPolicy::kLru;
   int lfru_half_life = 8;
-  std::vector<std::vector<int>> hot;  // [L] (or empty) pinned hot experts
-  std::size_t budget_bytes = 0;       // 0: exactly the pool's size
+  std::vector<std::vector<int>> hot;    // [L] (or empty) pinned hot experts
+  std::size_t budget_bytes = 0;         // 0: exactly the pool's size
+  mem::MemoryBudget* shared = nullptr;  // the engine's device budget, charged too (may be null)
 };
 
 class ExpertPager {
@@ -99,6 +101,7 @@ class ExpertPager {
   const ExpertStore& store_;
   EvictionRanker ranker_;
   mem::MemoryBudget budget_;
+  BudgetCharge shared_charge_;
   mem::Arena arena_;
   std::vector<Layer> layers_;
   std::size_t occupied_ = 0;  // slots not empty

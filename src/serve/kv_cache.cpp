@@ -2,6 +2,7 @@
 #include "serve/kv_cache.h"
 
 #include "core/check.h"
+#include "serve/pool_tier.h"
 
 namespace ferry::serve {
 
@@ -9,7 +10,7 @@ KvCache::KvCache(const model::DecoderGeometry& geo, const KvConfig& kv)
     : layers_(geo.layers),
       row_floats_(geo.kv_heads * geo.head_dim),
       block_tokens_(kv.block_tokens),
-      budget_(mem::MemTier::kDevice, kv.budget_bytes) {}
+      budget_(cpu_engine_pool_tier(), kv.budget_bytes) {}
 
 std::size_t KvCache::block_bytes() const {
   return std::size_t(layers_) * 2 * std::size_t(block_tokens_) * std::size_t(row_floats_) *
@@ -17,7 +18,7 @@ std::size_t KvCache::block_bytes() const {
 }
 
 Result<std::unique_ptr<KvCache>> KvCache::create(const model::DecoderGeometry& geo,
-                                                 const KvConfig& kv) {
+                                                 const KvConfig& kv, mem::MemoryBudget* shared) {
   if (kv.block_tokens <= 0) {
     return invalid_argument("serve: kv block size must be positive, got {}", kv.block_tokens);
   }
@@ -33,7 +34,9 @@ Result<std::unique_ptr<KvCache>> KvCache::create(const model::DecoderGeometry& g
   c->num_blocks_ = static_cast<int>(std::min<std::size_t>(blocks, 1u << 30));
   mem::ArenaPlan plan;
   const mem::SlotId id = plan.add("kv blocks", std::size_t(c->num_blocks_) * per_block);
-  FERRY_ASSIGN_OR_RETURN(c->arena_, mem::make_arena(plan, mem::MemTier::kDevice, c->budget_,
+  FERRY_ASSIGN_OR_RETURN(c->shared_charge_,
+                         BudgetCharge::take(shared, plan.allocation_bytes(), "kv block pool"));
+  FERRY_ASSIGN_OR_RETURN(c->arena_, mem::make_arena(plan, cpu_engine_pool_tier(), c->budget_,
                                                     {.what = "kv block pool"}));
   c->base_ = c->arena_.as<float>(id);
   c->free_.reserve(c->num_blocks_);

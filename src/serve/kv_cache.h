@@ -20,6 +20,7 @@
 #include "mem/arena.h"
 #include "mem/budget.h"
 #include "model/model_compute.h"
+#include "serve/budget_charge.h"
 #include "serve/serve_config.h"
 
 namespace ferry::serve {
@@ -32,8 +33,10 @@ class KvCache {
  public:
   // Sizes the pool from kv.budget_bytes: as many whole blocks as fit (at least one, else
   // resource_exhausted naming the bytes one block needs).
+  // shared: the engine's device budget, charged the pool's bytes as well (may be null).
   static Result<std::unique_ptr<KvCache>> create(const model::DecoderGeometry& geo,
-                                                 const KvConfig& kv);
+                                                 const KvConfig& kv,
+                                                 mem::MemoryBudget* shared = nullptr);
 
   int block_tokens() const { return block_tokens_; }
   int num_blocks() const { return num_blocks_; }
@@ -64,6 +67,7 @@ class KvCache {
   int block_tokens_ = 0;
   int num_blocks_ = 0;
   mem::MemoryBudget budget_;
+  BudgetCharge shared_charge_;
   mem::Arena arena_;
   float* base_ = nullptr;
   std::vector<std::int32_t> free_;  // LIFO free list

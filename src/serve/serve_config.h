@@ -57,6 +57,9 @@ struct KvConfig {
 struct EngineConfig {
   PagerConfig pager;
   KvConfig kv;
+  // One hard device budget over the KV pool and the expert slots / staging together (each also
+  // keeps its own limit above); its peak is reported. 0: unlimited (only the parts' limits).
+  std::size_t device_budget_bytes = 0;
   int max_batch_tokens = 64;     // tokens per step: decode tokens first, then prefill chunks
   int max_running = 4;           // sequences decoded concurrently (continuous batching)
   std::uint64_t seed = 0x5e12e;  // for requests without a sampling seed

@@ -179,6 +179,30 @@ TEST(Engine, UnseededRequestsDifferFromEachOtherButRepeatPerEngineRun) {
   EXPECT_EQ(a, b);
 }
 
+TEST(Engine, OneDeviceBudgetCoversKvAndExperts) {
+  auto m = builtin();
+  ASSERT_TRUE(m);
+  for (ExpertMode mode : {ExpertMode::kPaged, ExpertMode::kStatic}) {
+    EngineConfig cfg = config();
+    cfg.pager.mode = mode;
+    auto free_run = Engine::create(m->geometry, m->params, cfg);
+    ASSERT_TRUE(free_run.ok());
+    const std::size_t sum =
+        (*free_run)->kv().budget().bytes_used() + (*free_run)->experts().device_bytes();
+    EXPECT_GT((*free_run)->experts().device_bytes(), 0u);
+    EXPECT_EQ((*free_run)->device_budget().bytes_peak(), sum);
+    cfg.device_budget_bytes = sum;
+    auto exact = Engine::create(m->geometry, m->params, cfg);
+    ASSERT_TRUE(exact.ok()) << exact.status().to_string();
+    ASSERT_TRUE(testing::run_engine(**exact, {{.prompt = prompt(9, 1), .max_new_tokens = 5}}).ok());
+    EXPECT_LE((*exact)->device_budget().bytes_peak(), sum);
+    cfg.device_budget_bytes = sum - 1;
+    auto over = Engine::create(m->geometry, m->params, cfg);
+    ASSERT_FALSE(over.ok());
+    EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted) << over.status().to_string();
+  }
+}
+
 TEST(Engine, ContinuousBatchingAgreesWithRunningAlone) {
   auto m = builtin();
   ASSERT_TRUE(m);
