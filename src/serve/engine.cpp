@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "serve/pool_tier.h"
+
 namespace ferry::serve {
 
 std::string_view to_string(FinishReason r) {
@@ -56,8 +58,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::DecoderGeometry& geo
   }
   std::unique_ptr<Engine> e(new Engine(geo, params, cfg));
   if (e->cfg_.max_seq_len <= 0) e->cfg_.max_seq_len = std::numeric_limits<int>::max();
+  // The same tier as the pools it covers (pool_tier.h).
   e->device_budget_ = std::make_unique<mem::MemoryBudget>(
-      mem::MemTier::kDevice,
+      cpu_engine_pool_tier(),
       cfg.device_budget_bytes > 0 ? cfg.device_budget_bytes : mem::MemoryBudget::kUnlimited);
   // Experts first: with a tight device budget the expert request is the one the error names.
   FERRY_ASSIGN_OR_RETURN(e->experts_,
