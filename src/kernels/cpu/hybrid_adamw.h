@@ -7,10 +7,12 @@
 //   states  kF32        f32 m, v
 //           kQ8         block-wise 8-bit codes (q8_code.h): m signed, sqrt(v) unsigned, one f32
 //                       absmax per kBlock elements and state
-// One pass over memory: for each block the old codes are decoded, AdamW runs in f32 exactly as
-// simd_adamw.cpp does (same operations in the same order; the clip factor arrives folded into
-// grad_scale, so clipping costs nothing here), the master is updated and the new m and sqrt(v)
-// go to an L1-resident scratch row, from which they are encoded with the new block absmax.
+// One pass over memory: for each block the old codes are decoded, AdamW runs in f32 as
+// simd_adamw.cpp does (same operations in the same order with f32 states; with 8-bit states the
+// denominator reuses the stored sqrt(v): sqrt(v) * sqrt(inv_bc2) + eps; the clip factor arrives
+// folded into grad_scale, so clipping costs nothing here), the master is updated and the new m
+// and sqrt(v) go to an L1-resident scratch row, from which they are encoded with the new block
+// absmax.
 //
 // Variants: AVX-512, AVX2 and the scalar twin (hybrid_adamw_scalar.h), chosen by the caller's Isa
 // (cpu_isa.h). All variants perform the same f32 operations in the same order (no FMA) and the

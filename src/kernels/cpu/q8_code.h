@@ -26,8 +26,8 @@
 namespace ferry::kernels::cpu::q8 {
 
 // Elements per block (one f32 absmax per block and state). NOTE(optim): 2048 keeps a block's
-// working set (grad + master + two f32 scratch rows = 24 KiB with f32 master) inside L1/L2 and
-// the scale overhead at 2 * 4 / 2048 = 0.004 bytes/param; see docs/optimizer.md.
+// working set (f32 grad + f32 master + two f32 scratch rows = 32 KiB) inside L1/L2 and the scale
+// overhead at 2 * 4 / 2048 = 0.004 bytes/param; see docs/optimizer.md.
 inline constexpr std::int64_t kBlock = 2048;
 
 inline constexpr int kMBits = 3;  // fraction bits of m's magnitude
