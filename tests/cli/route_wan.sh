@@ -1,6 +1,6 @@
 #!/bin/bash
 # Edge agent and cloud server as separate processes over an emulated WAN, without root:
-# `ferry route serve` <- `ferry route wan` (user-space link model: 20 ms each way, 20 Mbit/s
+# `ferry route serve` <- `ferry route wan` (user-space link model: 20 ms each way, 50 Mbit/s
 # uplink) <- `ferry route agent`. Offloads succeed and take at least one RTT; with the deadline
 # below the RTT every offload falls back to the weak result and no frame is lost; killing the
 # emulator mid-run (the WAN goes down) loses no frame either. tests/cli/route_netns.sh does the
@@ -26,7 +26,7 @@ wait_port() {  # wait_port <stdout file> -> prints the port
 spid=$!
 sport=$(wait_port "$tmp/serve.out")
 [ -n "$sport" ] || fail "server did not start"
-"$FERRY" route wan --port 0 --upstream-port "$sport" --delay-ms 20 --uplink-mbps 20 \
+"$FERRY" route wan --port 0 --upstream-port "$sport" --delay-ms 20 --uplink-mbps 50 \
   >"$tmp/wan.out" 2>"$tmp/wan.err" &
 wpid=$!
 wport=$(wait_port "$tmp/wan.out")
@@ -43,7 +43,7 @@ PY
 
 # Deadline well above the RTT: offloads succeed and take at least one RTT (40 ms).
 "$FERRY" route agent --server "$URL" "${SYN[@]}" --rho 0.5 --frames 200 --fps 100 \
-  --deadline-ms 2000 --frame-bytes 8192 --concurrency 16 >"$tmp/a1.json" 2>"$tmp/a1.err" ||
+  --deadline-ms 2000 --frame-bytes 4096 --concurrency 32 >"$tmp/a1.json" 2>"$tmp/a1.err" ||
   fail "agent run 1"
 check "$tmp/a1.json" "s['accounted'] and s['frames'] == 200"
 check "$tmp/a1.json" "abs(s['realised_rho'] - 0.5) <= 0.01"
@@ -57,11 +57,21 @@ check "$tmp/a2.json" "s['accounted'] and s['frames'] == 100"
 check "$tmp/a2.json" "s['offloaded_ok'] == 0 and s['offloaded_fallback'] == 50"
 check "$tmp/a2.json" "s['ap']['produced'] == s['ap']['weak_only']"
 
-# The WAN goes down 1.5 s into a 3 s run (the emulator is killed): no frame lost, budget held.
+# The WAN goes down mid-run (the emulator is killed once the server has answered 20 of this
+# run's offloads through it): no frame lost, budget held.
+ok_count() {
+  curl -s "http://127.0.0.1:$sport/metrics" |
+    awk '/^ferry_route_server_requests_total\{outcome="ok"\} /{print int($2)}'
+}
+before=$(ok_count)
 "$FERRY" route agent --server "$URL" "${SYN[@]}" --rho 0.5 --frames 300 --fps 100 \
   --deadline-ms 500 --concurrency 16 >"$tmp/a3.json" 2>"$tmp/a3.err" &
 apid=$!
-sleep 1.5
+for _ in $(seq 600); do
+  now=$(ok_count)
+  [ -n "$now" ] && [ "$now" -ge $((before + 20)) ] && break
+  sleep 0.02
+done
 kill "$wpid"
 wait "$apid" || fail "agent run 3"
 wait "$wpid" 2>/dev/null; wpid=""
