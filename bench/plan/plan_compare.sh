@@ -12,9 +12,14 @@
 set -euo pipefail
 FERRY="$1"; OUT="${2:-.}"
 mkdir -p "$OUT"
-for g in qwen2.5-3b qwen2.5-7b; do
-  "$FERRY" plan --geometry "$g" --compare --gpu-caps 24,40,80 --batch-size auto --seq-len 1024 \
-    --host-mem-gb 125 --host-state-bytes-per-param 10 --time-limit-s "${TIME_LIMIT_S:-20}" \
-    --max-batch 512 --json "$OUT/plan_compare_$g.json" > /dev/null
-  echo "wrote $OUT/plan_compare_$g.json"
+# Second set: LazyTrain's 12 GB/s link assumption (--link-gbps 12), where offloading is not free.
+for link in h200 12; do
+  extra=(); suffix=""
+  if [ "$link" != h200 ]; then extra=(--link-gbps "$link"); suffix="_link$link"; fi
+  for g in qwen2.5-3b qwen2.5-7b; do
+    "$FERRY" plan --geometry "$g" --compare --gpu-caps 24,40,80 --batch-size auto --seq-len 1024 \
+      --host-mem-gb 125 --host-state-bytes-per-param 10 --time-limit-s "${TIME_LIMIT_S:-20}" \
+      --max-batch 512 "${extra[@]}" --json "$OUT/plan_compare_$g$suffix.json" > /dev/null
+    echo "wrote $OUT/plan_compare_$g$suffix.json"
+  done
 done

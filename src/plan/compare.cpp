@@ -49,6 +49,10 @@ Result<Comparison> compare_policies(const ProblemAt& problem_at, int batch,
     PolicyRow row{.policy = pol.name};
     FERRY_TRY(keep(solve_policy(at_batch, pol), row.at_batch));
     FERRY_TRY(fill_largest(row, [&](const PlanProblem& p) { return solve_policy(p, pol); }));
+    if (row.at_largest) {
+      FERRY_ASSIGN_OR_RETURN(PlanProblem p, problem_at(row.largest_batch));
+      FERRY_TRY(keep(solve_milp(p, o.solve), row.solved_at_largest));
+    }
     c.rows.push_back(std::move(row));
   }
   return c;
@@ -72,6 +76,10 @@ Json to_json(const Comparison& c) {
     Json row = {{"policy", r.policy}, {"largest_batch", r.largest_batch}};
     row["at_batch"] = r.at_batch ? summary(*r.at_batch) : Json(nullptr);
     row["at_largest_batch"] = r.at_largest ? summary(*r.at_largest) : Json(nullptr);
+    if (r.policy != "solved") {
+      row["solved_at_same_batch"] =
+          r.solved_at_largest ? summary(*r.solved_at_largest) : Json(nullptr);
+    }
     rows.push_back(row);
   }
   return {{"batch_size", c.batch}, {"policies", rows}};

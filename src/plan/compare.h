@@ -22,6 +22,9 @@ struct PolicyRow {
   std::optional<Plan> at_batch;    // empty: does not fit at the common batch
   int largest_batch = 0;           // 0: not even batch 1 fits
   std::optional<Plan> at_largest;  // the plan at largest_batch
+  // Fixed policies only: the solved plan at this policy's largest batch (same batch, same budget:
+  // the like-for-like comparison; never slower, since the policy is one of its candidates).
+  std::optional<Plan> solved_at_largest;
 };
 
 struct Comparison {

@@ -48,8 +48,10 @@ std::string plan_text(const PlanProblem& p, const Plan& plan) {
 
 std::string comparison_text(const Comparison& c) {
   std::string s = fmt::format(
-      "\npolicy               at batch {:<4}                     | largest batch\n"
-      "                     step_ms    TFLOPS  exposed_ms |  batch  step_ms    TFLOPS\n",
+      "\npolicy               at batch {:<4}                     | largest batch                "
+      "| solved plan there\n"
+      "                     step_ms    TFLOPS  exposed_ms |  batch  step_ms    TFLOPS |  "
+      "step_ms    TFLOPS\n",
       c.batch);
   for (const PolicyRow& r : c.rows) {
     std::string a = "does not fit";
@@ -62,7 +64,12 @@ std::string comparison_text(const Comparison& c) {
       b = fmt::format("{:>6} {:>9.1f} {:>9.1f}", r.largest_batch, r.at_largest->predicted.step_ms,
                       r.at_largest->predicted.tflops);
     }
-    s += fmt::format("{:<20} {:<31} | {}\n", r.policy, a, b);
+    std::string same;
+    if (r.solved_at_largest) {
+      same = fmt::format(" | {:>8.1f} {:>9.1f}", r.solved_at_largest->predicted.step_ms,
+                         r.solved_at_largest->predicted.tflops);
+    }
+    s += fmt::format("{:<20} {:<31} | {:<24}{}\n", r.policy, a, b, same);
   }
   return s;
 }
