@@ -142,20 +142,21 @@ FERRY_T256 inline __m256i encode_mag(__m256 y) {
                                      _mm256_and_si256(_mm256_srli_epi32(b, 23 - M), i32(1)));
   const __m256i code_n = _mm256_min_epi32(
       _mm256_sub_epi32(_mm256_srli_epi32(r, 23 - M), i32(112u << M)), i32(q8::kMaxCode<M>));
+  const __m256 normal_ps = _mm256_cmp_ps(y, _mm256_set1_ps(q8::kMinNormal), _CMP_GE_OQ);
+  if (_mm256_movemask_ps(normal_ps) == 0xff) return code_n;  // common case: no subnormal lane
   __m256 t = _mm256_mul_ps(y, _mm256_set1_ps(q8::kSubScale<M>));
   t = _mm256_sub_ps(_mm256_add_ps(t, _mm256_set1_ps(8388608.0f)), _mm256_set1_ps(8388608.0f));
   const __m256i code_s = _mm256_cvttps_epi32(t);
-  const __m256i normal =
-      _mm256_castps_si256(_mm256_cmp_ps(y, _mm256_set1_ps(q8::kMinNormal), _CMP_GE_OQ));
-  return select(code_s, code_n, normal);
+  return select(code_s, code_n, _mm256_castps_si256(normal_ps));
 }
 
 template <int M>
 FERRY_T256 inline __m256 decode_mag(__m256i code) {
   const __m256 normal =
       _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(code, 23 - M), i32(112u << 23)));
-  const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(code), _mm256_set1_ps(q8::kSubStep<M>));
   const __m256i is_sub = _mm256_cmpgt_epi32(i32(1u << M), code);
+  if (_mm256_testz_si256(is_sub, is_sub)) return normal;
+  const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(code), _mm256_set1_ps(q8::kSubStep<M>));
   return _mm256_blendv_ps(normal, sub, _mm256_castsi256_ps(is_sub));
 }
 

@@ -147,10 +147,11 @@ FERRY_T512 inline __m512i encode_mag(__m512 y) {
                                      _mm512_and_si512(_mm512_srli_epi32(b, 23 - M), i32(1)));
   const __m512i code_n = _mm512_min_epi32(
       _mm512_sub_epi32(_mm512_srli_epi32(r, 23 - M), i32(112u << M)), i32(q8::kMaxCode<M>));
+  const __mmask16 normal = _mm512_cmp_ps_mask(y, _mm512_set1_ps(q8::kMinNormal), _CMP_GE_OQ);
+  if (normal == 0xffff) return code_n;  // the common case: skip the subnormal lanes' work
   __m512 t = _mm512_mul_ps(y, _mm512_set1_ps(q8::kSubScale<M>));
   t = _mm512_sub_ps(_mm512_add_ps(t, _mm512_set1_ps(8388608.0f)), _mm512_set1_ps(8388608.0f));
   const __m512i code_s = _mm512_cvttps_epi32(t);
-  const __mmask16 normal = _mm512_cmp_ps_mask(y, _mm512_set1_ps(q8::kMinNormal), _CMP_GE_OQ);
   return _mm512_mask_blend_epi32(normal, code_s, code_n);
 }
 
@@ -158,8 +159,9 @@ template <int M>
 FERRY_T512 inline __m512 decode_mag(__m512i code) {
   const __m512 normal =
       _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(code, 23 - M), i32(112u << 23)));
-  const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(code), _mm512_set1_ps(q8::kSubStep<M>));
   const __mmask16 is_sub = _mm512_cmplt_epi32_mask(code, i32(1u << M));
+  if (is_sub == 0) return normal;
+  const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(code), _mm512_set1_ps(q8::kSubStep<M>));
   return _mm512_mask_blend_ps(is_sub, normal, sub);
 }
 
