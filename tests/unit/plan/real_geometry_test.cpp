@@ -55,3 +55,38 @@ TEST(RealGeometry, TightBudgetPlanFitsAndBeatsFixedPolicies) {
 
 }  // namespace
 }  // namespace ferry::plan
+
+namespace ferry::plan {
+namespace {
+
+// A time limit far below what the instance needs: CBC stops, keeps its best incumbent (or the
+// best fixed-policy seed) and reports a bound below it; the plan it returns still fits and the
+// evaluator prices it at the reported objective.
+TEST(TimeLimit, KeepsAFittingIncumbentAndReportsTheGap) {
+  auto cfg = builtin_geometry("qwen2.5-3b");
+  ASSERT_TRUE(cfg.ok());
+  auto p = analytic_problem(*cfg, MachineSpec{}, TrainShape{.batch_size = 96, .seq_len = 1024},
+                            Capacities{.gpu_gb = 24, .host_gb = 125});
+  ASSERT_TRUE(p.ok());
+  p->link = LinkRates{12, 12, 20, 18, 0, 0};
+  auto plan = solve_milp(*p, SolveOptions{.time_limit_s = 0.2});
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_EQ(plan->solver.status, "time_limit") << "instance solved too fast to test the limit";
+  EXPECT_LE(plan->solver.bound_ms, plan->solver.objective_ms);
+  EXPECT_GE(plan->solver.gap, 0.0);
+  EXPECT_NEAR(plan->solver.gap,
+              (plan->solver.objective_ms - plan->solver.bound_ms) / plan->solver.objective_ms,
+              1e-12);
+  EXPECT_LT(plan->solver.seconds, 5.0);
+  auto pred = evaluate(*p, *plan);
+  ASSERT_TRUE(pred.ok());
+  EXPECT_TRUE(check_fits(*p, *pred).ok());
+  EXPECT_NEAR(pred->objective_ms, plan->solver.objective_ms, 1e-6 * plan->solver.objective_ms);
+  // More time never gives a worse plan.
+  auto longer = solve_milp(*p, SolveOptions{.time_limit_s = 5});
+  ASSERT_TRUE(longer.ok());
+  EXPECT_LE(longer->solver.objective_ms, plan->solver.objective_ms * (1 + 1e-9));
+}
+
+}  // namespace
+}  // namespace ferry::plan
