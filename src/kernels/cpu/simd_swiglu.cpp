@@ -5,6 +5,11 @@
 // sig)).
 #include <immintrin.h>
 
+// GCC 12 -O3 false positive inside avx512fintrin.h; see simd_adamw.cpp.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 #include "kernels/cpu/simd_kernels.h"
 #include "kernels/cpu/simd_math.h"
 
