@@ -1,0 +1,377 @@
+// SPDX-License-Identifier: Apache-2.0
+// See http_server.h. Handler flow: parse (openai_api.h) -> prompt ids -> EngineWorker::submit ->
+// wait on the request's channel (whole answer) or stream its tokens as SSE chunks.
+#include "serve/http/http_server.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <exception>
+#include <thread>
+
+#include "core/json.h"
+#include "core/log.h"
+#include "serve/http/engine_worker.h"
+#include "serve/http/openai_api.h"
+
+namespace ferry::serve::http {
+namespace {
+
+std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+void send_error(httplib::Response& res, int status, const std::string& type,
+                const std::string& message) {
+  res.status = status;
+  res.set_content(dump({{"error", {{"message", message}, {"type", type}}}}), "application/json");
+}
+
+// An engine/worker Status as an HTTP error: the caller's fault is 400, the rest 5xx.
+void send_status(httplib::Response& res, const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kOutOfRange:
+    case StatusCode::kResourceExhausted:
+      send_error(res, 400, "invalid_request_error", s.message());
+      break;
+    case StatusCode::kUnavailable:
+    case StatusCode::kCancelled:
+      send_error(res, 503, "unavailable", s.message());
+      break;
+    default:
+      send_error(res, 500, "server_error", s.message());
+  }
+}
+
+std::string_view finish_reason(FinishReason r) {
+  switch (r) {
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    default:
+      return "stop";
+  }
+}
+
+std::int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+std::vector<std::int32_t> default_stop_ids(const model::Tokenizer& tokenizer) {
+  std::vector<std::int32_t> ids;
+  for (const char* t : {"<|im_end|>", "<|endoftext|>"}) {
+    const std::int32_t id = tokenizer.token_to_id(t);
+    if (id >= 0) ids.push_back(id);
+  }
+  return ids;
+}
+
+struct HttpServer::Impl {
+  Impl(Engine& e, const model::Tokenizer* t, HttpServerConfig c)
+      : engine(e), tokenizer(t), cfg(std::move(c)), worker(e, &metrics) {
+    if (tokenizer) stop_ids = default_stop_ids(*tokenizer);
+  }
+
+  Engine& engine;
+  const model::Tokenizer* tokenizer;
+  HttpServerConfig cfg;
+  ServerMetrics metrics;  // before the worker, which points at it
+  EngineWorker worker;
+  std::vector<std::int32_t> stop_ids;
+  httplib::Server http;
+  std::thread listener;
+  std::shared_ptr<std::atomic<bool>> exited = std::make_shared<std::atomic<bool>>(false);
+  bool stopped = false;
+
+  void routes();
+  void completion(const httplib::Request& req, httplib::Response& res, bool chat);
+  Result<std::string> detokenize(std::span<const std::int32_t> ids) const {
+    return tokenizer->decode(ids, {.skip_special_tokens = true});
+  }
+};
+
+namespace {
+
+// One streamed request: what has been sent so far.
+struct StreamState {
+  EngineWorker::Submitted sub;
+  std::size_t seen = 0;        // tokens seen
+  std::size_t sent_bytes = 0;  // bytes of the detokenized text already sent
+  std::size_t hold_back = 0;   // longest stop string - 1: text that may still be cut
+  bool role_sent = false, finished = false;
+};
+
+}  // namespace
+
+void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response& res, bool chat) {
+  Result<CompletionParams> parsed =
+      parse_completion_request(req.body, chat, cfg.default_max_tokens);
+  if (!parsed.ok()) {
+    ++metrics.requests_client_error;
+    return send_error(res, 400, "invalid_request_error", parsed.status().message());
+  }
+  const CompletionParams& p = *parsed;
+  if (!p.model.empty() && p.model != cfg.model_name) {
+    ++metrics.requests_client_error;
+    return send_error(
+        res, 404, "invalid_request_error",
+        "model '" + p.model + "' does not exist; this server runs '" + cfg.model_name + "'");
+  }
+  GenerationRequest g;
+  if (!p.prompt_ids.empty()) {
+    g.prompt = p.prompt_ids;
+  } else {
+    if (!tokenizer) {
+      ++metrics.requests_client_error;
+      return send_error(res, 400, "invalid_request_error",
+                        "this model has no tokenizer; send 'prompt' as token ids");
+    }
+    const std::string text = chat ? model::render_chatml(p.messages, true) : *p.prompt;
+    Result<std::vector<model::TokenId>> ids = tokenizer->encode(text);
+    if (!ids.ok()) {
+      ++metrics.requests_client_error;
+      return send_error(res, 400, "invalid_request_error", ids.status().message());
+    }
+    g.prompt.assign(ids->begin(), ids->end());
+  }
+  const std::size_t prompt_tokens = g.prompt.size();
+  g.sampling = p.sampling;
+  g.max_new_tokens = p.max_tokens;
+  g.stop_strings = p.stop;
+  if (!p.ignore_eos) g.stop_token_ids = stop_ids;
+  if (tokenizer) {
+    g.detokenize = [this](std::span<const std::int32_t> ids) { return detokenize(ids); };
+  } else if (!g.stop_strings.empty()) {
+    ++metrics.requests_client_error;
+    return send_error(res, 400, "invalid_request_error", "'stop' needs a tokenizer");
+  }
+  Result<EngineWorker::Submitted> sub = worker.submit(std::move(g));
+  if (!sub.ok()) {
+    const bool client = sub.status().code() == StatusCode::kInvalidArgument ||
+                        sub.status().code() == StatusCode::kOutOfRange ||
+                        sub.status().code() == StatusCode::kResourceExhausted;
+    ++(client ? metrics.requests_client_error : metrics.requests_server_error);
+    return send_status(res, sub.status());
+  }
+  const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(sub->id);
+  const std::int64_t created = unix_now();
+  // One choice object: the whole text, or one streamed delta.
+  auto choice = [chat](const std::string& text, const Json& finish, bool stream, bool role) {
+    Json c = {{"index", 0}, {"finish_reason", finish}};
+    if (!chat) {
+      c["text"] = text;
+      c["logprobs"] = nullptr;
+    } else if (stream) {
+      c["delta"] = Json::object();
+      if (role) c["delta"]["role"] = "assistant";
+      c["delta"]["content"] = text;
+    } else {
+      c["message"] = {{"role", "assistant"}, {"content", text}};
+    }
+    return c;
+  };
+
+  if (!p.stream) {
+    RequestChannel::Snapshot snap;
+    do {
+      snap = sub->channel->wait(snap.tokens.size(), std::chrono::milliseconds(cfg.poll_ms));
+    } while (!snap.output);
+    if (!snap.output->ok()) {
+      ++metrics.requests_server_error;
+      return send_status(res, snap.output->status());
+    }
+    const RequestOutput& out = **snap.output;
+    std::string text;
+    append_utf8_sanitized(out.text, 0, /*final=*/true, text);
+    ++(out.finish == FinishReason::kCancelled ? metrics.requests_cancelled : metrics.requests_ok);
+    const Json body = {
+        {"id", id},
+        {"object", chat ? "chat.completion" : "text_completion"},
+        {"created", created},
+        {"model", cfg.model_name},
+        {"choices", Json::array({choice(text, finish_reason(out.finish), false, false)})},
+        {"usage",
+         {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", out.tokens.size()},
+          {"total_tokens", prompt_tokens + out.tokens.size()}}}};
+    res.set_content(dump(body), "application/json");
+    return;
+  }
+
+  auto st = std::make_shared<StreamState>();
+  st->sub = std::move(*sub);
+  for (const std::string& s : p.stop) st->hold_back = std::max(st->hold_back, s.size() - 1);
+  const std::string object = chat ? "chat.completion.chunk" : "text_completion";
+  auto event = [=, this](const std::string& text, const Json& finish, bool role) {
+    const Json j = {{"id", id},
+                    {"object", object},
+                    {"created", created},
+                    {"model", cfg.model_name},
+                    {"choices", Json::array({choice(text, finish, true, role)})}};
+    return "data: " + dump(j) + "\n\n";
+  };
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, st, event, chat](std::size_t, httplib::DataSink& sink) {
+        auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
+        auto gone = [&] {  // the client went away: cancel in the engine, end this response
+          worker.cancel(st->sub.id);
+          return false;
+        };
+        if (chat && !st->role_sent) {
+          st->role_sent = true;
+          if (!write(event("", nullptr, true))) return gone();
+        }
+        RequestChannel::Snapshot snap =
+            st->sub.channel->wait(st->seen, std::chrono::milliseconds(cfg.poll_ms));
+        std::string delta;
+        if (snap.output && !snap.output->ok()) {
+          ++metrics.requests_server_error;
+          st->finished = true;
+          const Json err = {
+              {"error", {{"message", snap.output->status().message()}, {"type", "server_error"}}}};
+          write("data: " + dump(err) + "\n\n");
+          write("data: [DONE]\n\n");
+          sink.done();
+          return true;
+        }
+        if (snap.output) {
+          const std::string& final_text = (*snap.output)->text;
+          if (final_text.size() >= st->sent_bytes) {
+            st->sent_bytes = append_utf8_sanitized(final_text, st->sent_bytes, true, delta);
+          }
+        } else if (snap.tokens.size() > st->seen && tokenizer) {
+          Result<std::string> bytes = detokenize(snap.tokens);
+          if (bytes.ok() && bytes->size() > st->hold_back + st->sent_bytes) {
+            const std::string_view safe(bytes->data(), bytes->size() - st->hold_back);
+            st->sent_bytes = append_utf8_sanitized(safe, st->sent_bytes, false, delta);
+          }
+        }
+        st->seen = snap.tokens.size();
+        if (!delta.empty() && !write(event(delta, nullptr, false))) return gone();
+        if (snap.output) {
+          const RequestOutput& out = **snap.output;
+          st->finished = true;
+          if (out.finish == FinishReason::kCancelled) {
+            ++metrics.requests_cancelled;
+          } else {
+            ++metrics.requests_ok;
+          }
+          if (!write(event("", finish_reason(out.finish), false)) || !write("data: [DONE]\n\n")) {
+            return false;
+          }
+          sink.done();
+        }
+        return true;
+      },
+      [this, st](bool /*success*/) {
+        if (!st->finished) {  // ended before the engine finished it: the client went away
+          worker.cancel(st->sub.id);
+          ++metrics.requests_cancelled;
+          st->finished = true;
+        }
+      });
+}
+
+void HttpServer::Impl::routes() {
+  http.set_tcp_nodelay(true);
+  http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(R"({"status":"ok"})", "application/json");
+  });
+  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    const Json body = {{"object", "list"},
+                       {"data", Json::array({{{"id", cfg.model_name},
+                                              {"object", "model"},
+                                              {"created", 0},
+                                              {"owned_by", "ferry"}}})}};
+    res.set_content(dump(body), "application/json");
+  });
+  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics.render(), "text/plain; version=0.0.4");
+  });
+  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    completion(req, res, false);
+  });
+  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    completion(req, res, true);
+  });
+  http.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unknown exception";
+        try {
+          if (ep) std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        send_error(res, 500, "server_error", what);
+      });
+  http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    if (res.status == 404) send_error(res, 404, "invalid_request_error", "no route " + req.path);
+  });
+}
+
+HttpServer::HttpServer(Engine& engine, const model::Tokenizer* tokenizer, HttpServerConfig cfg)
+    : impl_(std::make_unique<Impl>(engine, tokenizer, std::move(cfg))) {
+  impl_->routes();
+}
+
+HttpServer::~HttpServer() { stop(); }
+
+const ServerMetrics& HttpServer::metrics() const { return impl_->metrics; }
+
+Result<int> HttpServer::start(const std::string& host, int port) {
+  Impl& m = *impl_;
+  if (m.listener.joinable() || m.stopped) return invalid_argument("serve http: already started");
+  std::signal(SIGPIPE, SIG_IGN);
+  const int bound =
+      port == 0 ? m.http.bind_to_any_port(host) : (m.http.bind_to_port(host, port) ? port : -1);
+  if (bound <= 0) return unavailable("serve http: cannot bind {}:{}", host, port);
+  m.listener = std::thread([&m, exited = m.exited] {
+    try {
+      m.http.listen_after_bind();
+    } catch (const std::exception& e) {
+      log::get("serve")->error("serve http: listener stopped: {}", e.what());
+    }
+    exited->store(true);
+  });
+  // httplib's stop() is lost if it comes before the listener runs (it would then block in
+  // accept() forever), so start returns only once the listener runs or has exited.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!m.http.is_running() && !m.exited->load()) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      m.listener.detach();
+      return unavailable("serve http: listener on {}:{} did not start within 10 s", host, bound);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  if (m.exited->load()) {
+    m.listener.join();
+    return unavailable("serve http: listener on {}:{} exited at once", host, bound);
+  }
+  return bound;
+}
+
+void HttpServer::stop() {
+  Impl& m = *impl_;
+  if (m.stopped) return;
+  m.stopped = true;
+  // The worker first: it cancels what runs and wakes every handler waiting on a channel, so
+  // httplib's stop can join its pool.
+  m.worker.stop();
+  if (m.listener.joinable()) {
+    m.http.stop();  // once only: a second stop on a closed socket asserts in httplib
+    m.listener.join();
+  }
+}
+
+}  // namespace ferry::serve::http

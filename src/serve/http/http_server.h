@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: Apache-2.0
+// HttpServer: OpenAI-style HTTP over one Engine (cpp-httplib; docs/serve.md "HTTP server").
+//   GET  /health               {"status": "ok"}
+//   GET  /v1/models            the one model this server runs
+//   POST /v1/completions       prompt text or token ids -> text (openai_api.h for the fields)
+//   POST /v1/chat/completions  messages -> ChatML prompt -> assistant text
+//   GET  /metrics              Prometheus text (metrics.h)
+// "stream": true answers with server-sent events (`data: {...}\n\n` ..., `data: [DONE]\n\n`);
+// a client that goes away mid-stream has its request cancelled in the engine. Errors are
+// {"error": {"message", "type"}} with a 4xx status (400 bad body/values/too long a prompt, 404
+// unknown model or path) or 5xx; no exception leaves a handler and the server keeps serving.
+// Threads: httplib's pool runs handlers; an EngineWorker thread owns the engine.
+// Generation stops at the tokenizer's <|im_end|> and <|endoftext|> (when it has them; see
+// default_stop_ids) and the response text leaves special tokens out.
+//   HttpServer srv(engine, &tokenizer, {.model_name = "m"});
+//   FERRY_ASSIGN_OR_RETURN(int port, srv.start("127.0.0.1", 0));  ... srv.stop();
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/result.h"
+#include "model/tokenizer/tokenizer.h"
+#include "serve/engine.h"
+#include "serve/http/metrics.h"
+
+namespace ferry::serve::http {
+
+struct HttpServerConfig {
+  std::string model_name = "ferry";
+  int default_max_tokens = 16;  // when a request gives no max_tokens (OpenAI's default)
+  int poll_ms = 50;             // how often a waiting stream checks its connection
+};
+
+// The ids generation stops at: <|im_end|> and <|endoftext|>, those the tokenizer has.
+std::vector<std::int32_t> default_stop_ids(const model::Tokenizer& tokenizer);
+
+class HttpServer {
+ public:
+  // engine and tokenizer must outlive the server; without a tokenizer only token-id prompts work.
+  HttpServer(Engine& engine, const model::Tokenizer* tokenizer, HttpServerConfig cfg);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds host:port (0: any free port), starts listening, returns the bound port. Ignores SIGPIPE
+  // for the process (a write to a closed connection must fail, not kill the server).
+  Result<int> start(const std::string& host, int port);
+  // Idempotent: stops listening, cancels what is in flight, joins the threads.
+  void stop();
+  const ServerMetrics& metrics() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ferry::serve::http

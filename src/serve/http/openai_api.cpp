@@ -1,0 +1,188 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "serve/http/openai_api.h"
+
+#include <cmath>
+#include <limits>
+
+#include "core/json.h"
+
+namespace ferry::serve::http {
+namespace {
+
+Status parse_sampling(const Json& j, CompletionParams& p) {
+  if (j.contains("max_tokens") && !j["max_tokens"].is_null()) {
+    const Json& v = j["max_tokens"];
+    if (!v.is_number_integer() || v.get<std::int64_t>() < 1 || v.get<std::int64_t>() > (1 << 24)) {
+      return invalid_argument("'max_tokens' must be an integer in [1, 16777216]");
+    }
+    p.max_tokens = static_cast<int>(v.get<std::int64_t>());
+  }
+  if (j.contains("temperature") && !j["temperature"].is_null()) {
+    const Json& v = j["temperature"];
+    if (!v.is_number() || !(v.get<double>() >= 0.0 && v.get<double>() <= 100.0)) {
+      return invalid_argument("'temperature' must be a number in [0, 100]");
+    }
+    p.sampling.temperature = v.get<float>();
+  }
+  if (j.contains("top_p") && !j["top_p"].is_null()) {
+    const Json& v = j["top_p"];
+    if (!v.is_number() || !(v.get<double>() > 0.0 && v.get<double>() <= 1.0)) {
+      return invalid_argument("'top_p' must be a number in (0, 1]");
+    }
+    p.sampling.top_p = v.get<float>();
+  }
+  if (j.contains("top_k") && !j["top_k"].is_null()) {
+    const Json& v = j["top_k"];
+    // -1 is the vLLM spelling of "no limit".
+    if (!v.is_number_integer() || v.get<std::int64_t>() < -1 || v.get<std::int64_t>() > (1 << 24)) {
+      return invalid_argument("'top_k' must be an integer >= -1 (-1 or 0: no limit)");
+    }
+    p.sampling.top_k = static_cast<int>(std::max<std::int64_t>(0, v.get<std::int64_t>()));
+  }
+  if (j.contains("seed") && !j["seed"].is_null()) {
+    const Json& v = j["seed"];
+    if (!v.is_number_integer()) return invalid_argument("'seed' must be an integer");
+    p.sampling.seed = v.is_number_unsigned() ? v.get<std::uint64_t>()
+                                             : static_cast<std::uint64_t>(v.get<std::int64_t>());
+  }
+  if (j.contains("stop") && !j["stop"].is_null()) {
+    const Json& v = j["stop"];
+    if (v.is_string()) {
+      p.stop.push_back(v.get<std::string>());
+    } else if (v.is_array()) {
+      for (const Json& s : v) {
+        if (!s.is_string()) return invalid_argument("'stop' must be a string or a list of strings");
+        p.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      return invalid_argument("'stop' must be a string or a list of strings");
+    }
+    for (const std::string& s : p.stop) {
+      if (s.empty()) return invalid_argument("'stop' strings must not be empty");
+    }
+  }
+  if (j.contains("stream") && !j["stream"].is_null()) {
+    if (!j["stream"].is_boolean()) return invalid_argument("'stream' must be true or false");
+    p.stream = j["stream"].get<bool>();
+  }
+  if (j.contains("ignore_eos") && !j["ignore_eos"].is_null()) {
+    if (!j["ignore_eos"].is_boolean())
+      return invalid_argument("'ignore_eos' must be true or false");
+    p.ignore_eos = j["ignore_eos"].get<bool>();
+  }
+  if (j.contains("model") && !j["model"].is_null()) {
+    if (!j["model"].is_string()) return invalid_argument("'model' must be a string");
+    p.model = j["model"].get<std::string>();
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Result<CompletionParams> parse_completion_request(std::string_view body, bool chat,
+                                                  int default_max_tokens) {
+  const Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return invalid_argument("the request body is not valid JSON");
+  if (!j.is_object()) return invalid_argument("the request body must be a JSON object");
+  CompletionParams p;
+  p.chat = chat;
+  p.max_tokens = default_max_tokens;
+  if (chat) {
+    if (!j.contains("messages")) return invalid_argument("missing required field 'messages'");
+    const Json& m = j["messages"];
+    if (!m.is_array() || m.empty()) {
+      return invalid_argument("'messages' must be a non-empty list");
+    }
+    for (const Json& msg : m) {
+      if (!msg.is_object() || !msg.contains("role") || !msg["role"].is_string() ||
+          !msg.contains("content") || !msg["content"].is_string()) {
+        return invalid_argument("each message needs string 'role' and 'content'");
+      }
+      p.messages.push_back({msg["role"].get<std::string>(), msg["content"].get<std::string>()});
+    }
+  } else {
+    if (!j.contains("prompt")) return invalid_argument("missing required field 'prompt'");
+    const Json& pr = j["prompt"];
+    if (pr.is_string()) {
+      p.prompt = pr.get<std::string>();
+      if (p.prompt->empty()) return invalid_argument("'prompt' must not be empty");
+    } else if (pr.is_array() && !pr.empty()) {
+      for (const Json& id : pr) {
+        if (!id.is_number_integer() || id.get<std::int64_t>() < 0 ||
+            id.get<std::int64_t>() > std::numeric_limits<std::int32_t>::max()) {
+          return invalid_argument("'prompt' as a list must hold non-negative token ids");
+        }
+        p.prompt_ids.push_back(static_cast<std::int32_t>(id.get<std::int64_t>()));
+      }
+    } else {
+      return invalid_argument("'prompt' must be a string or a non-empty list of token ids");
+    }
+  }
+  FERRY_TRY(parse_sampling(j, p));
+  return p;
+}
+
+std::size_t append_utf8_sanitized(std::string_view b, std::size_t from, bool final,
+                                  std::string& out) {
+  static constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
+  std::size_t i = from;
+  while (i < b.size()) {
+    const auto c = static_cast<unsigned char>(b[i]);
+    if (c < 0x80) {
+      out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    int len = 0;
+    std::uint32_t cp = 0;
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2, cp = c & 0x1F;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3, cp = c & 0x0F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4, cp = c & 0x07;
+    }
+    if (len == 0) {  // a continuation byte or an invalid lead
+      out += kReplacement;
+      ++i;
+      continue;
+    }
+    bool bad = false, incomplete = false;
+    for (int k = 1; k < len; ++k) {
+      if (i + k >= b.size()) {
+        incomplete = true;
+        break;
+      }
+      const auto d = static_cast<unsigned char>(b[i + k]);
+      if ((d & 0xC0) != 0x80) {
+        bad = true;
+        break;
+      }
+      cp = (cp << 6) | (d & 0x3F);
+      // Reject overlong forms, surrogates and > U+10FFFF as soon as the second byte shows them.
+      if (k == 1) {
+        if ((c == 0xE0 && d < 0xA0) || (c == 0xED && d > 0x9F) || (c == 0xF0 && d < 0x90) ||
+            (c == 0xF4 && d > 0x8F)) {
+          bad = true;
+          break;
+        }
+      }
+    }
+    if (incomplete && !bad) {
+      if (!final) return i;  // wait for the rest of the sequence
+      out += kReplacement;
+      ++i;
+      continue;
+    }
+    if (bad) {
+      out += kReplacement;
+      ++i;
+      continue;
+    }
+    out.append(b.substr(i, static_cast<std::size_t>(len)));
+    i += static_cast<std::size_t>(len);
+  }
+  return i;
+}
+
+}  // namespace ferry::serve::http

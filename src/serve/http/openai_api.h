@@ -1,0 +1,47 @@
+// SPDX-License-Identifier: Apache-2.0
+// The OpenAI-style request bodies the HTTP server accepts, parsed into plain structs, and the
+// text rules of its responses. Pure functions (no engine, no sockets), so they test alone.
+//   POST /v1/completions       {"prompt": "text" | [ids], "max_tokens", "temperature", "top_p",
+//                               "top_k", "seed", "stop": "s" | ["s", ..], "stream", "model",
+//                               "ignore_eos" (vLLM extension)}
+//   POST /v1/chat/completions  {"messages": [{"role", "content"}, ..], same parameters}
+// Malformed JSON, a missing or mistyped field and out-of-range values are invalid_argument with
+// a message naming the field; the server turns them into 400 {"error": {...}}.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/result.h"
+#include "model/tokenizer/chat_template.h"
+#include "serve/sampler.h"
+
+namespace ferry::serve::http {
+
+struct CompletionParams {
+  bool chat = false;
+  std::string model;                         // "" when the body names none
+  std::optional<std::string> prompt;         // completions: text prompt
+  std::vector<std::int32_t> prompt_ids;      // completions: token-id prompt
+  std::vector<model::ChatMessage> messages;  // chat
+  int max_tokens = 16;
+  SamplingParams sampling;
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool ignore_eos = false;  // vLLM's extension: do not stop at the tokenizer's end tokens
+};
+
+Result<CompletionParams> parse_completion_request(std::string_view body, bool chat,
+                                                  int default_max_tokens);
+
+// Appends bytes[from..] to `out` as valid UTF-8: each byte that does not start a well-formed
+// sequence becomes U+FFFD. Unless `final`, an incomplete but so-far valid sequence at the end is
+// left for later. Returns the index after the last byte consumed. Decisions depend only on the
+// bytes of one sequence, so sanitizing a stream piecewise gives the same text as all at once.
+std::size_t append_utf8_sanitized(std::string_view bytes, std::size_t from, bool final,
+                                  std::string& out);
+
+}  // namespace ferry::serve::http

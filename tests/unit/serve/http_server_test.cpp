@@ -1,0 +1,507 @@
+// SPDX-License-Identifier: Apache-2.0
+// The OpenAI-style HTTP server (serve/http/) over loopback with a real httplib::Client, on the
+// built-in random-weight MoE and a byte-level tokenizer. Answers are checked against the same
+// engine configuration run directly (greedy output, stop strings), streams against whole answers.
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/json.h"
+#include "model/tokenizer/byte_level.h"
+#include "model/tokenizer/chat_template.h"
+#include "model/tokenizer/tokenizer.h"
+#include "serve/builtin_model.h"
+#include "serve/engine.h"
+#include "serve/http/http_server.h"
+#include "serve/http/openai_api.h"
+
+namespace ferry::serve::http {
+namespace {
+
+// 256 byte tokens + <|endoftext|>, <|im_start|>, <|im_end|> (ids 256..258), no merges: the same
+// ids as `ferry train`'s built-in tokenizer, which lives in ferry_train (not linked here).
+model::Tokenizer byte_tokenizer() {
+  Json vocab = Json::object();
+  for (int b = 0; b < 256; ++b)
+    vocab[model::tok::byte_to_unicode_utf8(static_cast<unsigned char>(b))] = b;
+  Json added = Json::array();
+  int id = 256;
+  for (const char* t : {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}) {
+    added.push_back({{"id", id++},
+                     {"content", t},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
+  }
+  const Json bl = {{"type", "ByteLevel"},
+                   {"add_prefix_space", false},
+                   {"trim_offsets", false},
+                   {"use_regex", false}};
+  const Json j = {{"version", "1.0"},
+                  {"added_tokens", added},
+                  {"normalizer", nullptr},
+                  {"pre_tokenizer", bl},
+                  {"post_processor", bl},
+                  {"decoder", bl},
+                  {"model",
+                   {{"type", "BPE"},
+                    {"dropout", nullptr},
+                    {"unk_token", nullptr},
+                    {"continuing_subword_prefix", nullptr},
+                    {"end_of_word_suffix", nullptr},
+                    {"fuse_unk", false},
+                    {"byte_fallback", false},
+                    {"vocab", vocab},
+                    {"merges", Json::array()}}}};
+  auto t = model::Tokenizer::from_json_text(j.dump(), "test byte tokenizer");
+  EXPECT_TRUE(t.ok()) << t.status().message();
+  return std::move(*t);
+}
+
+EngineConfig engine_config(const BuiltinModel& m) {
+  EngineConfig ec;
+  ec.max_running = 4;
+  ec.max_seq_len = static_cast<int>(m.config.max_position_embeddings);
+  return ec;
+}
+
+std::string sanitized(const std::string& raw) {
+  std::string s;
+  append_utf8_sanitized(raw, 0, true, s);
+  return s;
+}
+
+struct Sse {
+  std::vector<Json> chunks;
+  bool done = false;
+  bool well_formed = true;
+};
+
+Sse parse_sse(const std::string& body) {
+  Sse out;
+  std::size_t i = 0;
+  while (i < body.size()) {
+    const std::size_t end = body.find("\n\n", i);
+    if (end == std::string::npos || body.compare(i, 6, "data: ") != 0 || out.done) {
+      out.well_formed = false;
+      break;
+    }
+    const std::string data = body.substr(i + 6, end - i - 6);
+    if (data == "[DONE]") {
+      out.done = true;
+    } else {
+      Json j = Json::parse(data, nullptr, false);
+      if (j.is_discarded()) out.well_formed = false;
+      out.chunks.push_back(std::move(j));
+    }
+    i = end + 2;
+  }
+  return out;
+}
+
+// Text of a stream: completions' "text" or chat deltas' "content"; plus the last finish_reason.
+std::pair<std::string, std::string> stream_text(const Sse& s) {
+  std::string text, finish;
+  for (const Json& c : s.chunks) {
+    if (!c.contains("choices")) continue;
+    const Json& ch = c["choices"][0];
+    if (ch.contains("text")) text += ch["text"].get<std::string>();
+    if (ch.contains("delta") && ch["delta"].contains("content")) {
+      text += ch["delta"]["content"].get<std::string>();
+    }
+    if (ch["finish_reason"].is_string()) finish = ch["finish_reason"].get<std::string>();
+  }
+  return {text, finish};
+}
+
+// Minimal Prometheus text checker: HELP/TYPE before samples, well-formed sample lines,
+// histograms cumulative with +Inf == _count. Returns "" or the first problem.
+std::string check_prometheus(const std::string& text) {
+  static const std::regex sample(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$)");
+  std::map<std::string, std::string> types;
+  std::map<std::string, double> last_bucket;
+  std::istringstream in(text);
+  std::string line;
+  int samples = 0;
+  while (std::getline(in, line)) {
+    if (line.rfind("# TYPE ", 0) == 0) {
+      std::istringstream t(line.substr(7));
+      std::string name, type;
+      t >> name >> type;
+      if (type != "counter" && type != "gauge" && type != "histogram") return "bad type: " + line;
+      types[name] = type;
+      continue;
+    }
+    if (line.rfind("# HELP ", 0) == 0) continue;
+    std::smatch m;
+    if (!std::regex_match(line, m, sample)) return "bad line: " + line;
+    std::string name = m[1];
+    char* end = nullptr;
+    const std::string vs = m[3];
+    const double v = std::strtod(vs.c_str(), &end);
+    if (end != vs.c_str() + vs.size() || std::isnan(v)) return "bad value: " + line;
+    std::string base = name;
+    for (const char* suf : {"_bucket", "_sum", "_count"}) {
+      const std::string s = suf;
+      if (base.size() > s.size() && base.compare(base.size() - s.size(), s.size(), s) == 0 &&
+          types.count(base.substr(0, base.size() - s.size()))) {
+        base = base.substr(0, base.size() - s.size());
+      }
+    }
+    if (!types.count(base)) return "sample before its TYPE: " + line;
+    if (types[base] == "histogram" && name == base + "_bucket") {
+      if (v < last_bucket[base]) return "buckets not cumulative: " + line;
+      last_bucket[base] = v;
+    }
+    if (types[base] == "histogram" && name == base + "_count" && v != last_bucket[base]) {
+      return "+Inf bucket != count: " + line;
+    }
+    ++samples;
+  }
+  return samples > 0 ? "" : "no samples";
+}
+
+class HttpServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto m = make_builtin_moe({}, /*seed=*/0x5eed);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    model_ = std::move(*m);
+    tok_.emplace(byte_tokenizer());
+    auto e = Engine::create(model_->geometry, model_->params, engine_config(*model_));
+    ASSERT_TRUE(e.ok()) << e.status().message();
+    engine_ = std::move(*e);
+    server_ = std::make_unique<HttpServer>(*engine_, &*tok_,
+                                           HttpServerConfig{.model_name = "tiny", .poll_ms = 10});
+    auto port = server_->start("127.0.0.1", 0);
+    ASSERT_TRUE(port.ok()) << port.status().message();
+    port_ = *port;
+  }
+  void TearDown() override {
+    if (server_) server_->stop();
+  }
+
+  httplib::Client client() {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(120, 0);
+    return c;
+  }
+  // POST a JSON body; returns (status, body).
+  std::pair<int, std::string> post(const std::string& path, const std::string& body) {
+    auto c = client();
+    auto r = c.Post(path.c_str(), body, "application/json");
+    if (!r) return {-1, "no response: " + httplib::to_string(r.error())};
+    return {r->status, r->body};
+  }
+
+  // The engine's own output for a prompt, on a fresh engine of the same configuration.
+  RequestOutput reference(const std::vector<std::int32_t>& prompt, int max_tokens,
+                          std::vector<std::string> stop, bool ignore_eos,
+                          SamplingParams sampling = {}) {
+    auto e = Engine::create(model_->geometry, model_->params, engine_config(*model_));
+    EXPECT_TRUE(e.ok());
+    GenerationRequest g;
+    g.prompt = prompt;
+    g.max_new_tokens = max_tokens;
+    g.stop_strings = std::move(stop);
+    g.sampling = sampling;
+    if (!ignore_eos) g.stop_token_ids = default_stop_ids(*tok_);
+    const model::Tokenizer* t = &*tok_;
+    g.detokenize = [t](std::span<const std::int32_t> ids) {
+      return t->decode(ids, {.skip_special_tokens = true});
+    };
+    auto id = (*e)->submit(std::move(g));
+    EXPECT_TRUE(id.ok()) << id.status().message();
+    EXPECT_TRUE((*e)->run_until_idle().ok());
+    auto out = (*e)->take_output(*id);
+    EXPECT_TRUE(out.ok());
+    return *out;
+  }
+  std::vector<std::int32_t> encode(const std::string& s) {
+    auto ids = tok_->encode(s);
+    EXPECT_TRUE(ids.ok());
+    return {ids->begin(), ids->end()};
+  }
+
+  std::unique_ptr<BuiltinModel> model_;
+  std::optional<model::Tokenizer> tok_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<HttpServer> server_;
+  int port_ = 0;
+};
+
+TEST_F(HttpServerTest, HealthAndModels) {
+  auto c = client();
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  auto m = c.Get("/v1/models");
+  ASSERT_TRUE(m);
+  ASSERT_EQ(m->status, 200);
+  const Json j = Json::parse(m->body);
+  EXPECT_EQ(j["data"][0]["id"], "tiny");
+}
+
+TEST_F(HttpServerTest, CompletionEqualsEngineGreedyOutput) {
+  const std::string prompt = "The quick brown fox";
+  const RequestOutput ref = reference(encode(prompt), 24, {}, false);
+  auto [status, body] = post(
+      "/v1/completions", Json{{"prompt", prompt}, {"max_tokens", 24}, {"model", "tiny"}}.dump());
+  ASSERT_EQ(status, 200) << body;
+  const Json j = Json::parse(body);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["choices"][0]["text"].get<std::string>(), sanitized(ref.text));
+  EXPECT_EQ(j["usage"]["completion_tokens"].get<std::size_t>(), ref.tokens.size());
+  EXPECT_EQ(j["usage"]["prompt_tokens"].get<std::size_t>(), prompt.size());
+  EXPECT_EQ(j["choices"][0]["finish_reason"],
+            ref.finish == FinishReason::kLength ? "length" : "stop");
+
+  // The same prompt as token ids gives the same answer.
+  auto [s2, b2] =
+      post("/v1/completions", Json{{"prompt", encode(prompt)}, {"max_tokens", 24}}.dump());
+  ASSERT_EQ(s2, 200) << b2;
+  EXPECT_EQ(Json::parse(b2)["choices"][0]["text"], j["choices"][0]["text"]);
+}
+
+TEST_F(HttpServerTest, StreamConcatenatesToTheWholeAnswer) {
+  const Json req = {{"prompt", "Once upon a time"}, {"max_tokens", 32}, {"ignore_eos", true}};
+  auto [s1, whole] = post("/v1/completions", req.dump());
+  ASSERT_EQ(s1, 200) << whole;
+  Json sreq = req;
+  sreq["stream"] = true;
+  auto [s2, body] = post("/v1/completions", sreq.dump());
+  ASSERT_EQ(s2, 200) << body;
+  const Sse sse = parse_sse(body);
+  EXPECT_TRUE(sse.well_formed) << body;
+  EXPECT_TRUE(sse.done) << "no data: [DONE]";
+  EXPECT_GT(sse.chunks.size(), 2u);
+  auto [text, finish] = stream_text(sse);
+  EXPECT_EQ(text, Json::parse(whole)["choices"][0]["text"].get<std::string>());
+  EXPECT_EQ(finish, "length");
+}
+
+TEST_F(HttpServerTest, ChatStreamMatchesChatAnswer) {
+  const Json msgs = Json::array(
+      {{{"role", "system"}, {"content", "be brief"}}, {{"role", "user"}, {"content", "hi there"}}});
+  const Json req = {{"messages", msgs}, {"max_tokens", 20}};
+  auto [s1, whole] = post("/v1/chat/completions", req.dump());
+  ASSERT_EQ(s1, 200) << whole;
+  const Json w = Json::parse(whole);
+  EXPECT_EQ(w["object"], "chat.completion");
+  EXPECT_EQ(w["choices"][0]["message"]["role"], "assistant");
+  // The prompt is the ChatML rendering of the messages.
+  const std::vector<model::ChatMessage> m = {{"system", "be brief"}, {"user", "hi there"}};
+  const RequestOutput ref = reference(encode(model::render_chatml(m, true)), 20, {}, false);
+  EXPECT_EQ(w["choices"][0]["message"]["content"].get<std::string>(), sanitized(ref.text));
+  Json sreq = req;
+  sreq["stream"] = true;
+  auto [s2, body] = post("/v1/chat/completions", sreq.dump());
+  ASSERT_EQ(s2, 200) << body;
+  const Sse sse = parse_sse(body);
+  EXPECT_TRUE(sse.well_formed && sse.done) << body;
+  ASSERT_FALSE(sse.chunks.empty());
+  EXPECT_EQ(sse.chunks[0]["object"], "chat.completion.chunk");
+  EXPECT_EQ(sse.chunks[0]["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(stream_text(sse).first, w["choices"][0]["message"]["content"].get<std::string>());
+}
+
+TEST_F(HttpServerTest, StopSequenceCutsTheText) {
+  const std::string prompt = "stop here:";
+  // Sampled with a fixed seed: greedy decoding of the random model repeats one byte.
+  const SamplingParams sampling = {.temperature = 1.0f, .seed = 11};
+  const RequestOutput free_run = reference(encode(prompt), 64, {}, true, sampling);
+  // An ASCII byte the free run produces after a few tokens is a stop string the answer must end
+  // before (at its first occurrence).
+  std::string stop;
+  for (std::size_t i = 3; i < free_run.text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(free_run.text[i]);
+    if (c >= 0x21 && c < 0x7f) {
+      stop = std::string(1, static_cast<char>(c));
+      break;
+    }
+  }
+  ASSERT_FALSE(stop.empty()) << "the free run has no ASCII byte to stop at: "
+                             << ::testing::PrintToString(free_run.tokens);
+  const std::string expected = sanitized(free_run.text.substr(0, free_run.text.find(stop)));
+  const Json req = {{"prompt", prompt},   {"max_tokens", 64},
+                    {"ignore_eos", true}, {"temperature", 1.0},
+                    {"seed", 11},         {"stop", Json::array({stop, "never-seen-xyz"})}};
+  auto [s1, whole] = post("/v1/completions", req.dump());
+  ASSERT_EQ(s1, 200) << whole;
+  const Json w = Json::parse(whole);
+  EXPECT_EQ(w["choices"][0]["text"].get<std::string>(), expected);
+  EXPECT_EQ(w["choices"][0]["finish_reason"], "stop");
+  Json sreq = req;
+  sreq["stream"] = true;
+  auto [s2, body] = post("/v1/completions", sreq.dump());
+  ASSERT_EQ(s2, 200);
+  auto [text, finish] = stream_text(parse_sse(body));
+  EXPECT_EQ(text, expected);
+  EXPECT_EQ(finish, "stop");
+}
+
+TEST_F(HttpServerTest, SeededSamplingIsReproducible) {
+  const Json req = {{"prompt", "abc"}, {"max_tokens", 16}, {"temperature", 0.8}, {"top_p", 0.9},
+                    {"top_k", 50},     {"seed", 7},        {"ignore_eos", true}};
+  auto [s1, a] = post("/v1/completions", req.dump());
+  auto [s2, b] = post("/v1/completions", req.dump());
+  ASSERT_EQ(s1, 200) << a;
+  ASSERT_EQ(s2, 200) << b;
+  EXPECT_EQ(Json::parse(a)["choices"][0]["text"], Json::parse(b)["choices"][0]["text"]);
+  // And equals the engine's own output for the same sampling settings and seed.
+  const RequestOutput ref = reference(encode("abc"), 16, {}, true,
+                                      {.temperature = 0.8f, .top_k = 50, .top_p = 0.9f, .seed = 7});
+  EXPECT_EQ(Json::parse(a)["choices"][0]["text"].get<std::string>(), sanitized(ref.text));
+}
+
+TEST_F(HttpServerTest, ConcurrentRequestsAllComplete) {
+  constexpr int kN = 5;
+  std::vector<std::thread> threads;
+  std::vector<int> status(kN, 0);
+  std::vector<std::string> bodies(kN);
+  for (int i = 0; i < kN; ++i) {
+    threads.emplace_back([&, i] {
+      Json req = {{"prompt", "request " + std::to_string(i)},
+                  {"max_tokens", 12 + i},
+                  {"ignore_eos", true},
+                  {"stream", i % 2 == 1}};
+      std::tie(status[i], bodies[i]) = post("/v1/completions", req.dump());
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kN; ++i) {
+    ASSERT_EQ(status[i], 200) << bodies[i];
+    if (i % 2 == 1) {
+      const Sse s = parse_sse(bodies[i]);
+      EXPECT_TRUE(s.done);
+      EXPECT_EQ(stream_text(s).second, "length");
+    } else {
+      const Json j = Json::parse(bodies[i]);
+      EXPECT_EQ(j["usage"]["completion_tokens"].get<int>(), 12 + i);
+    }
+  }
+  EXPECT_EQ(server_->metrics().requests_ok.load(), static_cast<std::uint64_t>(kN));
+}
+
+TEST_F(HttpServerTest, ClientDisconnectCancelsTheRequest) {
+  // A long stream whose client hangs up after the first token chunk.
+  std::atomic<int> chunks{0};
+  std::thread disconnecting([&] {
+    auto c = client();
+    httplib::Request r;
+    r.method = "POST";
+    r.path = "/v1/completions";
+    r.set_header("Content-Type", "application/json");
+    r.body =
+        Json{{"prompt", "long story"}, {"max_tokens", 400}, {"ignore_eos", true}, {"stream", true}}
+            .dump();
+    r.content_receiver = [&](const char*, std::size_t, std::uint64_t, std::uint64_t) {
+      return ++chunks < 2;  // stop reading: the client closes the connection
+    };
+    (void)c.send(r);
+  });
+  disconnecting.join();
+  EXPECT_GE(chunks.load(), 1);
+  // The engine finishes it as cancelled, well before 400 tokens.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while ((server_->metrics().finish_cancelled.load() == 0 ||
+          server_->metrics().requests_cancelled.load() == 0) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(server_->metrics().finish_cancelled.load(), 1u);
+  EXPECT_EQ(server_->metrics().requests_cancelled.load(), 1u);
+  EXPECT_LT(server_->metrics().generated_tokens.load(), 400u);
+  // Others are unaffected: a normal request still equals the engine's own output.
+  const RequestOutput ref = reference(encode("after"), 10, {}, false);
+  auto [s, body] = post("/v1/completions", Json{{"prompt", "after"}, {"max_tokens", 10}}.dump());
+  ASSERT_EQ(s, 200) << body;
+  EXPECT_EQ(Json::parse(body)["choices"][0]["text"].get<std::string>(), sanitized(ref.text));
+}
+
+TEST_F(HttpServerTest, BadRequestsGet4xxJsonAndTheServerKeepsServing) {
+  struct Case {
+    std::string path, body;
+    int status;
+  };
+  const std::vector<std::int32_t> long_prompt(600, 'a');  // > 512 positions of the model
+  const std::vector<Case> cases = {
+      {"/v1/completions", "{not json", 400},
+      {"/v1/completions", "[1, 2]", 400},
+      {"/v1/completions", R"({"max_tokens": 4})", 400},
+      {"/v1/completions", R"({"prompt": "x", "temperature": -1})", 400},
+      {"/v1/completions", R"({"prompt": "x", "top_p": 0})", 400},
+      {"/v1/completions", R"({"prompt": "x", "max_tokens": 0})", 400},
+      {"/v1/completions", R"({"prompt": "x", "stop": [3]})", 400},
+      {"/v1/completions", Json{{"prompt", long_prompt}}.dump(), 400},
+      {"/v1/completions", R"({"prompt": [999999]})", 400},
+      {"/v1/completions", R"({"prompt": "x", "model": "nope"})", 404},
+      {"/v1/chat/completions", R"({"messages": "hi"})", 400},
+      {"/v1/chat/completions", R"({"prompt": "x"})", 400},
+      {"/v1/nothing", "{}", 404},
+  };
+  for (const Case& c : cases) {
+    auto [status, body] = post(c.path, c.body);
+    EXPECT_EQ(status, c.status) << c.path << " " << c.body << " -> " << body;
+    const Json j = Json::parse(body, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << body;
+    EXPECT_TRUE(j["error"]["message"].is_string()) << body;
+    EXPECT_TRUE(j["error"]["type"].is_string()) << body;
+  }
+  auto [status, body] = post("/v1/completions", R"({"prompt": "still here", "max_tokens": 3})");
+  EXPECT_EQ(status, 200) << body;
+  EXPECT_GE(server_->metrics().requests_client_error.load(), 12u);
+}
+
+TEST_F(HttpServerTest, MetricsAreValidPrometheusText) {
+  auto [s, b] = post("/v1/completions", R"({"prompt": "m", "max_tokens": 5, "ignore_eos": true})");
+  ASSERT_EQ(s, 200) << b;
+  (void)post("/v1/completions", "{bad");
+  auto c = client();
+  auto r = c.Get("/metrics");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  EXPECT_EQ(check_prometheus(r->body), "") << r->body;
+  EXPECT_NE(r->body.find("ferry_serve_requests_total{outcome=\"ok\"} 1\n"), std::string::npos)
+      << r->body;
+  EXPECT_NE(r->body.find("ferry_serve_requests_total{outcome=\"client_error\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(r->body.find("ferry_serve_generated_tokens_total 5\n"), std::string::npos);
+  EXPECT_NE(r->body.find("ferry_serve_time_to_first_token_seconds_count 1\n"), std::string::npos);
+  EXPECT_NE(r->body.find("ferry_serve_inter_token_seconds_count 4\n"), std::string::npos);
+  EXPECT_NE(r->body.find("ferry_serve_kv_blocks_used 0\n"), std::string::npos);
+  EXPECT_NE(r->body.find("ferry_serve_pager_misses_total"), std::string::npos);
+}
+
+TEST(Utf8Sanitize, PiecewiseEqualsWhole) {
+  const std::string bytes = "a\xE2\x82\xAC\xE2q\xF0\x9F\x98\x80\xC0\x80z\xED\xA0\x80\xE2\x82";
+  std::string whole;
+  append_utf8_sanitized(bytes, 0, true, whole);
+  EXPECT_EQ(whole,
+            "a\xE2\x82\xAC\xEF\xBF\xBDq\xF0\x9F\x98\x80\xEF\xBF\xBD\xEF\xBF\xBDz"
+            "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
+  for (std::size_t cut = 0; cut <= bytes.size(); ++cut) {
+    std::string piece;
+    const std::size_t used =
+        append_utf8_sanitized(std::string_view(bytes).substr(0, cut), 0, false, piece);
+    append_utf8_sanitized(bytes, used, true, piece);
+    EXPECT_EQ(piece, whole) << "cut " << cut;
+  }
+}
+
+}  // namespace
+}  // namespace ferry::serve::http
