@@ -1,0 +1,183 @@
+// SPDX-License-Identifier: Apache-2.0
+// `ferry serve [--model DIR] [--host H] [--port P] [--name NAME] [--mode M]
+//   [--expert-slots N | --layer-slots N,N,.. | --expert-budget-mib M] [--policy lru|lfu|lfru]
+//   [--max-running N] [--max-batch-tokens N] [--kv-budget-mib M] [--kv-block-tokens N]
+//   [--device-budget-mib M] [--max-tokens-default N] [--duration-s S]`
+// OpenAI-style HTTP (serve/http/http_server.h, docs/serve.md "HTTP server") over the CPU serving
+// engine. Without --model it serves the built-in random-weight Qwen3-MoE with `ferry train`'s
+// byte-level tokenizer, as `ferry generate` does. Prints "listening port=<P>" on stdout once
+// bound (useful with --port 0); stops on SIGINT/SIGTERM or after --duration-s.
+// The model/engine setup mirrors cmd_generate.cpp; it stays here because the built-in tokenizer
+// lives in ferry_train, which ferry_serve must not depend on.
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "apps/ferry/commands.h"
+#include "model/model_binding.h"
+#include "model/tokenizer/tokenizer.h"
+#include "serve/builtin_model.h"
+#include "serve/engine.h"
+#include "serve/http/http_server.h"
+#include "train/builtin_model.h"
+
+namespace ferry::app {
+namespace {
+
+volatile std::sig_atomic_t g_stop = 0;
+void on_signal(int) { g_stop = 1; }
+
+struct ServeCliConfig {
+  std::string model_dir;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string name;
+  std::string mode = "resident";
+  int expert_slots = 0;
+  std::vector<int> layer_slots;
+  double expert_budget_mib = 0;
+  std::string policy = "lru";
+  int max_running = 4;
+  int max_batch_tokens = 64;
+  double kv_budget_mib = 64;
+  double device_budget_mib = 0;
+  int kv_block_tokens = 16;
+  int default_max_tokens = 16;
+  double duration_s = 0;
+};
+
+int run_serve(const ServeCliConfig& c) {
+  std::unique_ptr<model::LoadedModel> loaded;
+  std::unique_ptr<serve::BuiltinModel> builtin;
+  std::optional<model::Tokenizer> tokenizer;
+  if (!c.model_dir.empty()) {
+    auto m = model::load_model_f32(c.model_dir);
+    if (!m.ok()) return fail(m.status());
+    loaded = std::move(*m);
+    const std::string tok = c.model_dir + "/tokenizer.json";
+    if (std::filesystem::exists(tok)) {
+      auto t = model::Tokenizer::from_file(tok);
+      if (!t.ok()) return fail(t.status());
+      tokenizer.emplace(std::move(*t));
+    }
+  } else {
+    auto m = serve::make_builtin_moe({}, /*seed=*/0x5eed);
+    if (!m.ok()) return fail(m.status());
+    builtin = std::move(*m);
+    auto t = model::Tokenizer::from_json_text(train::builtin_tokenizer_json(), "builtin");
+    if (!t.ok()) return fail(t.status());
+    tokenizer.emplace(std::move(*t));
+  }
+  const model::DecoderGeometry& geo = loaded ? loaded->geometry : builtin->geometry;
+  const model::ModelParams& params = loaded ? loaded->params : builtin->params;
+  const model::ModelConfig& mcfg = loaded ? loaded->config : builtin->config;
+
+  serve::EngineConfig ec;
+  auto mode = serve::parse_expert_mode(c.mode);
+  if (!mode.ok()) return fail(mode.status());
+  auto policy = serve::parse_eviction_policy(c.policy);
+  if (!policy.ok()) return fail(policy.status());
+  ec.pager.mode = *mode;
+  ec.pager.policy = *policy;
+  ec.pager.slots_per_layer = c.expert_slots;
+  if (!c.layer_slots.empty()) {
+    const auto moe = static_cast<std::size_t>(
+        std::count(geo.layer_is_moe.begin(), geo.layer_is_moe.end(), true));
+    if (moe != c.layer_slots.size()) {
+      return fail(
+          invalid_argument("serve: --layer-slots has {} entries, the model has {} MoE layers",
+                           c.layer_slots.size(), moe));
+    }
+    ec.pager.layer_slots.assign(geo.layers, 0);
+    std::size_t k = 0;
+    for (int l = 0; l < geo.layers; ++l) {
+      if (geo.layer_is_moe[l]) ec.pager.layer_slots[l] = c.layer_slots[k++];
+    }
+  }
+  ec.pager.budget_bytes = static_cast<std::size_t>(c.expert_budget_mib * 1024 * 1024);
+  ec.kv.budget_bytes = static_cast<std::size_t>(c.kv_budget_mib * 1024 * 1024);
+  ec.kv.block_tokens = c.kv_block_tokens;
+  ec.device_budget_bytes = static_cast<std::size_t>(c.device_budget_mib * 1024 * 1024);
+  ec.max_batch_tokens = c.max_batch_tokens;
+  ec.max_running = c.max_running;
+  ec.max_seq_len = static_cast<int>(mcfg.max_position_embeddings);
+  auto engine = serve::Engine::create(geo, params, ec);
+  if (!engine.ok()) return fail(engine.status());
+
+  serve::http::HttpServerConfig hc;
+  hc.model_name = !c.name.empty()       ? c.name
+                  : c.model_dir.empty() ? std::string("builtin-qwen3-moe")
+                                        : std::filesystem::path(c.model_dir).filename().string();
+  hc.default_max_tokens = c.default_max_tokens;
+  serve::http::HttpServer server(**engine, tokenizer ? &*tokenizer : nullptr, hc);
+  auto port = server.start(c.host, c.port);
+  if (!port.ok()) return fail(port.status());
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  std::printf("listening port=%d model=%s mode=%s\n", *port, hc.model_name.c_str(), c.mode.c_str());
+  std::fflush(stdout);
+  const auto start = std::chrono::steady_clock::now();
+  while (!g_stop) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (c.duration_s > 0 &&
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
+            c.duration_s) {
+      break;
+    }
+  }
+  server.stop();
+  return 0;
+}
+
+void register_serve(CLI::App& app, CommandFn& run) {
+  auto c = std::make_shared<ServeCliConfig>();
+  auto* cmd = app.add_subcommand("serve", "OpenAI-style HTTP server over the serving engine");
+  cmd->add_option("--model", c->model_dir, "Hugging Face model folder (default: built-in MoE)")
+      ->check(CLI::ExistingDirectory)
+      ->envname("FERRY_MODEL");
+  cmd->add_option("--host", c->host, "address to bind");
+  cmd->add_option("--port", c->port, "port (0 = ephemeral)")->check(CLI::Range(0, 65535));
+  cmd->add_option("--name", c->name, "model name in the API (default: the folder name)");
+  cmd->add_option("--mode", c->mode, "expert mode: resident, static, cpu-experts, paged")
+      ->envname("FERRY_EXPERT_MODE");
+  auto* slots = cmd->add_option("--expert-slots", c->expert_slots, "pager slots per MoE layer")
+                    ->check(CLI::Range(1, 1 << 20));
+  auto* budget = cmd->add_option("--expert-budget-mib", c->expert_budget_mib,
+                                 "expert device budget in MiB (slots = what fits)")
+                     ->check(CLI::Range(0.0, 1e9));
+  auto* layer_slots =
+      cmd->add_option("--layer-slots", c->layer_slots, "pager slots of each MoE layer (list)")
+          ->delimiter(',')
+          ->check(CLI::Range(1, 1 << 20));
+  slots->excludes(budget)->excludes(layer_slots);
+  budget->excludes(layer_slots);
+  cmd->add_option("--policy", c->policy, "pager eviction policy: lru, lfu, lfru");
+  cmd->add_option("--max-running", c->max_running, "sequences decoded concurrently")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--max-batch-tokens", c->max_batch_tokens, "tokens per engine step")
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--kv-budget-mib", c->kv_budget_mib, "KV block pool budget in MiB")
+      ->check(CLI::Range(0.001, 1e9));
+  cmd->add_option("--device-budget-mib", c->device_budget_mib,
+                  "one device budget over KV blocks and expert slots/staging (0: none)")
+      ->check(CLI::Range(0.0, 1e9));
+  cmd->add_option("--kv-block-tokens", c->kv_block_tokens, "tokens per KV block")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--max-tokens-default", c->default_max_tokens,
+                  "max_tokens of a request that gives none")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--duration-s", c->duration_s, "stop after this long (0 = until a signal)")
+      ->check(CLI::Range(0.0, 1e7));
+  cmd->callback([&run, c] { run = [c] { return run_serve(*c); }; });
+}
+
+}  // namespace
+FERRY_REGISTER_COMMAND(register_serve);
+}  // namespace ferry::app
