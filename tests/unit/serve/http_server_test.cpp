@@ -487,6 +487,36 @@ TEST_F(HttpServerTest, MetricsAreValidPrometheusText) {
   EXPECT_NE(r->body.find("ferry_serve_pager_misses_total"), std::string::npos);
 }
 
+TEST(HttpServerKv, PromptOverTheKvPoolIs400) {
+  auto m = make_builtin_moe({}, /*seed=*/0x5eed);
+  ASSERT_TRUE(m.ok());
+  const model::Tokenizer tok = byte_tokenizer();
+  EngineConfig ec = engine_config(**m);
+  {
+    EngineConfig probe = engine_config(**m);
+    auto e = Engine::create((*m)->geometry, (*m)->params, probe);
+    ASSERT_TRUE(e.ok());
+    ec.kv.budget_bytes = probe.kv.budget_bytes / (*e)->kv().num_blocks() * 4;  // 4 blocks
+  }
+  auto e = Engine::create((*m)->geometry, (*m)->params, ec);
+  ASSERT_TRUE(e.ok()) << e.status().message();
+  const int capacity = (*e)->kv().num_blocks() * ec.kv.block_tokens;
+  ASSERT_LT(capacity + 8, ec.max_seq_len);  // the pool, not the context, is the limit here
+  HttpServer server(**e, &tok, {.model_name = "tiny"});
+  auto port = server.start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok());
+  httplib::Client c("127.0.0.1", *port);
+  const std::vector<std::int32_t> prompt(static_cast<std::size_t>(capacity), 'a');
+  auto r = c.Post("/v1/completions", Json{{"prompt", prompt}, {"max_tokens", 8}}.dump(),
+                  "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_TRUE(Json::parse(r->body)["error"]["message"].is_string());
+  auto ok = c.Post("/v1/completions", R"({"prompt": "fits", "max_tokens": 8})", "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+}
+
 TEST(Utf8Sanitize, PiecewiseEqualsWhole) {
   const std::string bytes = "a\xE2\x82\xAC\xE2q\xF0\x9F\x98\x80\xC0\x80z\xED\xA0\x80\xE2\x82";
   std::string whole;
