@@ -12,6 +12,6 @@ PKGS=(libfmt-dev libfmt9 libspdlog-dev libspdlog1.10 nlohmann-json3-dev libcli11
       libopenblas0-pthread libopenblas-pthread-dev libgfortran5 coinor-libcbc-dev coinor-libcbc3
       coinor-libcgl1 coinor-libclp1 coinor-libcoinutils3v5 coinor-libosi1v5 coinor-libcgl-dev
       coinor-libclp-dev coinor-libcoinutils-dev coinor-libosi-dev libcpp-httplib-dev
-      libcpp-httplib0.11 ccache libicu-dev libicu72)
+      libcpp-httplib0.11 ccache libicu-dev libicu72 libbrotli-dev)
 apt-get download "${PKGS[@]}" >/dev/null
 ls -1 | wc -l

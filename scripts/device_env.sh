@@ -8,6 +8,12 @@ fi
 if [ ! -e /tmp/debroot/usr/lib/x86_64-linux-gnu/libbz2.so ] && [ -e /usr/lib/x86_64-linux-gnu/libbz2.so.1.0 ]; then
   ln -s /usr/lib/x86_64-linux-gnu/libbz2.so.1.0 /tmp/debroot/usr/lib/x86_64-linux-gnu/libbz2.so
 fi
+# cpp-httplib's pkg-config requires openssl, zlib and brotli .pc files; the GPU machine has their
+# headers and runtimes (brotli headers come from the carried libbrotli-dev) but not all .pc files.
+for n in openssl zlib libbrotlicommon libbrotlidec libbrotlienc; do
+  pc=/tmp/debroot/usr/lib/x86_64-linux-gnu/pkgconfig/$n.pc
+  [ -f "$pc" ] || printf "Name: %s\nDescription: stub, system runtime\nVersion: 1.0\nLibs:\nCflags:\n" "$n" >"$pc"
+done
 export LIBRARY_PATH=/tmp/debroot/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}
 export CMAKE_PREFIX_PATH=/tmp/debroot/usr
 export PKG_CONFIG_LIBDIR=/tmp/debroot/usr/lib/x86_64-linux-gnu/pkgconfig:/tmp/debroot/usr/share/pkgconfig
