@@ -66,7 +66,7 @@ PY
 
 # Deadline well above the RTT: offloads succeed and take at least one RTT (40 ms).
 ip netns exec "$NS_A" "$FERRY" route agent --server "$URL" "${SYN[@]}" --rho 0.5 --frames 200 \
-  --fps 100 --deadline-ms 3000 --frame-bytes 4096 --concurrency 32 \
+  --fps 100 --deadline-ms 5000 --frame-bytes 4096 --concurrency 32 \
   >"$tmp/a1.json" 2>"$tmp/a1.err" || fail "agent run 1"
 check "$tmp/a1.json" "s['accounted'] and s['frames'] == 200"
 check "$tmp/a1.json" "abs(s['realised_rho'] - 0.5) <= 0.01"
