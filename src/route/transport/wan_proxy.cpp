@@ -34,11 +34,33 @@ struct Chunk {
   std::vector<char> bytes;  // empty = end of stream
 };
 
-// One direction of one connection: a modelled link from `from` to `to`.
+// The serialiser of one direction of the link, shared by every connection: a modelled uplink has
+// one rate, however many TCP connections cross it. Reservations are handed out in arrival order,
+// so each connection's chunks also leave in order.
+class LinkClock {
+ public:
+  explicit LinkClock(double rate_mbps) : rate_mbps_(rate_mbps) {}
+  // Serialises `bytes` arriving at `now`; returns when the last bit is on the wire.
+  Clock::time_point reserve(Clock::time_point now, std::size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto start = std::max(now, tx_end_);
+    const double tx_s = rate_mbps_ > 0 ? bytes * 8.0 / (rate_mbps_ * 1e6) : 0.0;
+    tx_end_ =
+        start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(tx_s));
+    return tx_end_;
+  }
+
+ private:
+  const double rate_mbps_;
+  std::mutex mu_;
+  Clock::time_point tx_end_{};
+};
+
+// One direction of one connection: chunks from `from` cross the shared link to `to`.
 class Pipe {
  public:
-  Pipe(int from, int to, WanLink link, std::atomic<std::int64_t>* counter)
-      : from_(from), to_(to), link_(link), counter_(counter) {}
+  Pipe(int from, int to, WanLink link, LinkClock* clock, std::atomic<std::int64_t>* counter)
+      : from_(from), to_(to), link_(link), clock_(clock), counter_(counter) {}
   void start() {
     reader_ = std::thread([this] { read_loop(); });
     writer_ = std::thread([this] { write_loop(); });
@@ -76,10 +98,7 @@ class Pipe {
       const auto now = Clock::now();
       if (n > 0) {
         c.bytes.assign(buf.begin(), buf.begin() + n);
-        const auto tx_start = std::max(now, tx_end);
-        const double tx_s = link_.rate_mbps > 0 ? n * 8.0 / (link_.rate_mbps * 1e6) : 0.0;
-        tx_end = tx_start +
-                 std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(tx_s));
+        tx_end = clock_->reserve(now, static_cast<std::size_t>(n));
         counter_->fetch_add(n);
       } else {
         tx_end = std::max(now, tx_end);  // EOF or error: close after what is queued
@@ -126,6 +145,7 @@ class Pipe {
 
   int from_, to_;
   WanLink link_;
+  LinkClock* clock_;
   std::atomic<std::int64_t>* counter_;
   std::thread reader_, writer_;
   std::mutex mu_;
@@ -188,6 +208,7 @@ struct WanProxy::Impl {
   std::list<Connection> conns;
   bool stopping = false;
   std::atomic<std::int64_t> connections{0}, bytes_up{0}, bytes_down{0};
+  std::unique_ptr<LinkClock> up_clock_ptr, down_clock_ptr;
 
   // Joins and closes connections whose both directions have ended (caller holds mu), so a
   // long-running proxy does not keep threads and descriptors of closed connections.
@@ -230,8 +251,8 @@ struct WanProxy::Impl {
       Connection& k = conns.emplace_back();
       k.client = c;
       k.upstream = u;
-      k.up = std::make_unique<Pipe>(c, u, opts.uplink, &bytes_up);
-      k.down = std::make_unique<Pipe>(u, c, opts.downlink, &bytes_down);
+      k.up = std::make_unique<Pipe>(c, u, opts.uplink, up_clock_ptr.get(), &bytes_up);
+      k.down = std::make_unique<Pipe>(u, c, opts.downlink, down_clock_ptr.get(), &bytes_down);
       k.up->start();
       k.down->start();
     }
@@ -268,6 +289,8 @@ Result<int> WanProxy::start(const std::string& host, int port) {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   m.listen_fd = fd;
   m.stopping = false;
+  m.up_clock_ptr = std::make_unique<LinkClock>(m.opts.uplink.rate_mbps);
+  m.down_clock_ptr = std::make_unique<LinkClock>(m.opts.downlink.rate_mbps);
   m.acceptor = std::thread([&m] { m.accept_loop(); });
   return static_cast<int>(ntohs(addr.sin_port));
 }

@@ -4,8 +4,9 @@
 // one-way `delay_ms` (propagation). A chunk read at time t leaves at
 //   tx_start = max(t, previous tx_end);  tx_end = tx_start + bytes·8 / rate;  out = tx_end + delay,
 // so RTT = 2·delay for small messages and large uploads pay their serialisation time, as over a
-// real uplink. It runs without root or sch_netem (which CI and containers often lack), so the
-// edge agent and cloud server can be tested and benchmarked over an emulated WAN anywhere;
+// real uplink. The serialiser of each direction is shared by all connections (one link, one rate).
+// It runs without root or sch_netem (which CI and containers often lack), so the edge agent and
+// cloud server can be tested and benchmarked over an emulated WAN anywhere;
 // tests/cli/route_netns.sh uses tc netem between namespaces where it is available.
 #pragma once
 

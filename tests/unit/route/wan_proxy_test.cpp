@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <string>
+#include <thread>
 
 #include "route/agent.h"
 #include "route/replay.h"
@@ -78,6 +79,22 @@ TEST(WanProxy, UploadsPayTheirSerialisationTime) {
   EXPECT_GE(r->status, 400);
   EXPECT_GE(ms_since(t), 200.0);
   EXPECT_GE(st.proxy->stats().bytes_up, 200 * 1000);
+}
+
+TEST(WanProxy, ConnectionsShareTheLinkRate) {
+  Stack st(1, 8);  // one 8 Mbit/s uplink: two concurrent 100 kB uploads take >= 200 ms together
+  const std::string body(100 * 1000, 'x');
+  const auto t = Clock::now();
+  auto upload = [&] {
+    HttpClient c(HttpEndpoint{"127.0.0.1", st.proxy_port}, 10000);
+    auto r = c.post("/v2/models/strong/infer", body);
+    EXPECT_TRUE(r.ok());
+  };
+  std::thread a(upload), b(upload);
+  a.join();
+  b.join();
+  EXPECT_GE(ms_since(t), 200.0);
+  EXPECT_GE(st.proxy->stats().connections, 2);
 }
 
 TEST(WanProxy, AgentFallsBackWhenTheDeadlineIsBelowTheRtt) {
