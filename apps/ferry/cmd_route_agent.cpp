@@ -18,14 +18,6 @@
 namespace ferry::app {
 namespace {
 
-CLI::App* route_cmd(CLI::App& app) {  // shared parent; see cmd_route_ap.cpp
-  auto found = app.get_subcommands([](CLI::App* a) { return a->get_name() == "route"; });
-  if (!found.empty()) return found.front();
-  auto* r = app.add_subcommand("route", "budget-adaptive edge-cloud routing (docs/route.md)");
-  r->require_subcommand(1);
-  return r;
-}
-
 struct AgentConfig {
   route::AgentOptions agent;
   std::string rho = "0.5", records, router, split = "test";

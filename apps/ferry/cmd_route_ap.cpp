@@ -11,15 +11,6 @@
 namespace ferry::app {
 namespace {
 
-// The `route` parent command; whichever cmd_route_*.cpp registers first creates it.
-CLI::App* route_cmd(CLI::App& app) {
-  auto found = app.get_subcommands([](CLI::App* a) { return a->get_name() == "route"; });
-  if (!found.empty()) return found.front();
-  auto* r = app.add_subcommand("route", "budget-adaptive edge-cloud routing (docs/route.md)");
-  r->require_subcommand(1);
-  return r;
-}
-
 struct ApConfig {
   std::string gt_path, dets_path, metric = "voc07", class_map_path;
   double iou = 0.5;

@@ -16,14 +16,6 @@
 namespace ferry::app {
 namespace {
 
-CLI::App* route_cmd(CLI::App& app) {  // shared parent; see cmd_route_ap.cpp
-  auto found = app.get_subcommands([](CLI::App* a) { return a->get_name() == "route"; });
-  if (!found.empty()) return found.front();
-  auto* r = app.add_subcommand("route", "budget-adaptive edge-cloud routing (docs/route.md)");
-  r->require_subcommand(1);
-  return r;
-}
-
 struct DemoConfig {
   int frames = 1200;
   double shift = 0.1, rtt_ms = 20, uplink_mbps = 20, frame_kib = 48;

@@ -10,14 +10,6 @@
 namespace ferry::app {
 namespace {
 
-CLI::App* route_cmd(CLI::App& app) {  // shared parent; see cmd_route_ap.cpp
-  auto found = app.get_subcommands([](CLI::App* a) { return a->get_name() == "route"; });
-  if (!found.empty()) return found.front();
-  auto* r = app.add_subcommand("route", "budget-adaptive edge-cloud routing (docs/route.md)");
-  r->require_subcommand(1);
-  return r;
-}
-
 int run_paper(const std::string& dir) {
   auto r = route::replay_paper_data(dir);
   if (!r.ok()) return fail(r.status());

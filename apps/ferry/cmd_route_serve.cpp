@@ -4,10 +4,7 @@
 // --synthetic-frames/--seed/--shift as the agent, over KServe v2 JSON/HTTP until SIGINT/SIGTERM.
 // Prints "listening port=<P>" on stdout once bound (useful with --port 0).
 #include <atomic>
-#include <chrono>
-#include <csignal>
 #include <cstdio>
-#include <thread>
 
 #include "apps/ferry/commands.h"
 #include "route/server.h"
@@ -15,17 +12,6 @@
 
 namespace ferry::app {
 namespace {
-
-CLI::App* route_cmd(CLI::App& app) {  // shared parent; see cmd_route_ap.cpp
-  auto found = app.get_subcommands([](CLI::App* a) { return a->get_name() == "route"; });
-  if (!found.empty()) return found.front();
-  auto* r = app.add_subcommand("route", "budget-adaptive edge-cloud routing (docs/route.md)");
-  r->require_subcommand(1);
-  return r;
-}
-
-volatile std::sig_atomic_t g_stop = 0;
-void on_signal(int) { g_stop = 1; }
 
 struct ServeConfig {
   route::ServerOptions server;
@@ -53,20 +39,11 @@ int run_serve(ServeConfig c) {
   route::DetectionServer server(c.server, rs);
   auto port = server.start();
   if (!port.ok()) return fail(port.status());
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGTERM, on_signal);
+  install_stop_signals();
   std::printf("listening port=%d model=%s frames=%zu\n", *port, c.server.model.c_str(),
               rs.frames.size());
   std::fflush(stdout);
-  const auto start = std::chrono::steady_clock::now();
-  while (!g_stop) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    if (c.duration_s > 0 &&
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
-            c.duration_s) {
-      break;
-    }
-  }
+  wait_for_stop(c.duration_s);
   server.stop();
   return 0;
 }

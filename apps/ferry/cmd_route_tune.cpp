@@ -13,14 +13,6 @@
 namespace ferry::app {
 namespace {
 
-CLI::App* route_cmd(CLI::App& app) {  // shared parent; see cmd_route_ap.cpp
-  auto found = app.get_subcommands([](CLI::App* a) { return a->get_name() == "route"; });
-  if (!found.empty()) return found.front();
-  auto* r = app.add_subcommand("route", "budget-adaptive edge-cloud routing (docs/route.md)");
-  r->require_subcommand(1);
-  return r;
-}
-
 struct TuneConfig {
   std::string records, out = "router.json", curves_out, skip_col = "skip", cond_col = "cond";
   std::string router_path, controller = "feedback";

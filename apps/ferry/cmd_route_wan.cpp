@@ -4,27 +4,13 @@
 //   ferry route wan --upstream-port 8000 --port 8001 --delay-ms 20 --uplink-mbps 20
 // Prints "listening port=<P>" on stdout once bound; runs until SIGINT/SIGTERM (or --duration-s),
 // then prints the bytes it carried.
-#include <chrono>
-#include <csignal>
 #include <cstdio>
-#include <thread>
 
 #include "apps/ferry/commands.h"
 #include "route/transport/wan_proxy.h"
 
 namespace ferry::app {
 namespace {
-
-CLI::App* route_cmd(CLI::App& app) {  // shared parent; see cmd_route_ap.cpp
-  auto found = app.get_subcommands([](CLI::App* a) { return a->get_name() == "route"; });
-  if (!found.empty()) return found.front();
-  auto* r = app.add_subcommand("route", "budget-adaptive edge-cloud routing (docs/route.md)");
-  r->require_subcommand(1);
-  return r;
-}
-
-volatile std::sig_atomic_t g_stop = 0;
-void on_signal(int) { g_stop = 1; }
 
 struct WanConfig {
   route::WanProxyOptions proxy;
@@ -37,21 +23,12 @@ int run_wan(const WanConfig& c) {
   route::WanProxy proxy(c.proxy);
   auto port = proxy.start(c.host, c.port);
   if (!port.ok()) return fail(port.status());
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGTERM, on_signal);
+  install_stop_signals();
   std::printf("listening port=%d upstream=%s:%d delay_ms=%.1f/%.1f rate_mbps=%.1f/%.1f\n", *port,
               c.proxy.upstream_host.c_str(), c.proxy.upstream_port, c.proxy.uplink.delay_ms,
               c.proxy.downlink.delay_ms, c.proxy.uplink.rate_mbps, c.proxy.downlink.rate_mbps);
   std::fflush(stdout);
-  const auto start = std::chrono::steady_clock::now();
-  while (!g_stop) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    if (c.duration_s > 0 &&
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
-            c.duration_s) {
-      break;
-    }
-  }
+  wait_for_stop(c.duration_s);
   proxy.stop();
   const route::WanProxyStats s = proxy.stats();
   std::printf("connections=%lld bytes_up=%lld bytes_down=%lld\n",

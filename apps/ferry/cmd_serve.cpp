@@ -10,14 +10,11 @@
 // The model/engine setup mirrors cmd_generate.cpp; it stays here because the built-in tokenizer
 // lives in ferry_train, which ferry_serve must not depend on.
 #include <algorithm>
-#include <chrono>
-#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "apps/ferry/commands.h"
@@ -30,9 +27,6 @@
 
 namespace ferry::app {
 namespace {
-
-volatile std::sig_atomic_t g_stop = 0;
-void on_signal(int) { g_stop = 1; }
 
 struct ServeCliConfig {
   std::string model_dir;
@@ -119,19 +113,10 @@ int run_serve(const ServeCliConfig& c) {
   serve::http::HttpServer server(**engine, tokenizer ? &*tokenizer : nullptr, hc);
   auto port = server.start(c.host, c.port);
   if (!port.ok()) return fail(port.status());
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGTERM, on_signal);
+  install_stop_signals();
   std::printf("listening port=%d model=%s mode=%s\n", *port, hc.model_name.c_str(), c.mode.c_str());
   std::fflush(stdout);
-  const auto start = std::chrono::steady_clock::now();
-  while (!g_stop) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    if (c.duration_s > 0 &&
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
-            c.duration_s) {
-      break;
-    }
-  }
+  wait_for_stop(c.duration_s);
   server.stop();
   return 0;
 }

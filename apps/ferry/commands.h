@@ -23,6 +23,14 @@ int fail(const Status& s);
 
 std::vector<RegisterFn>& command_registry();
 
+// The `ferry route` parent subcommand, created by whichever route command registers first.
+CLI::App* route_cmd(CLI::App& app);
+
+// Long-running commands (servers, the WAN emulator): install SIGINT/SIGTERM handlers before
+// announcing readiness, then block until a signal arrives or `duration_s` (> 0) has passed.
+void install_stop_signals();
+void wait_for_stop(double duration_s);
+
 struct CommandRegistrar {
   explicit CommandRegistrar(RegisterFn fn) { command_registry().push_back(fn); }
 };
