@@ -115,6 +115,10 @@ View* slot_for(ModelTensors<View>& t, const ParamSpec& spec, const DecoderGeomet
 
 }  // namespace
 
+ConstTensorView* param_slot(ModelParams& params, const ParamSpec& spec, const DecoderGeometry& g) {
+  return slot_for(params, spec, g);
+}
+
 Result<std::unique_ptr<LoadedModel>> load_model_f32(const std::string& dir) {
   auto m = std::make_unique<LoadedModel>();
   FERRY_ASSIGN_OR_RETURN(ModelWeights w, ModelWeights::load(dir, {.dtype = DType::kF32}));

@@ -18,6 +18,11 @@ namespace ferry::model {
 
 Result<DecoderGeometry> make_geometry(const ModelConfig& config);
 
+// The view of `params` that parameter `spec` binds to (its ParamSpec role -> the ModelParams
+// field; layers and expert lists are sized from `g` on first use). A spec whose role does not
+// fit its layer/global position is a bug.
+ConstTensorView* param_slot(ModelParams& params, const ParamSpec& spec, const DecoderGeometry& g);
+
 struct LoadedModel {
   ModelConfig config;
   DecoderGeometry geometry;

@@ -24,66 +24,6 @@ std::string builtin_moe_config_json(const BuiltinMoeSpec& s) {
       s.max_positions, s.experts, s.top_k, s.expert_width);
 }
 
-namespace {
-
-ConstTensorView* slot_of(model::ModelParams& p, const model::ParamSpec& spec, int experts) {
-  using model::ParamRole;
-  if (spec.layer < 0) {
-    switch (spec.role) {
-      case ParamRole::kEmbed:
-        return &p.embed;
-      case ParamRole::kFinalNorm:
-        return &p.final_norm;
-      case ParamRole::kLmHead:
-        return &p.lm_head;
-      default:
-        return nullptr;
-    }
-  }
-  auto& L = p.layers[spec.layer];
-  if (model::is_expert_role(spec.role) && static_cast<int>(L.expert_gate.size()) != experts) {
-    L.expert_gate.resize(experts);
-    L.expert_up.resize(experts);
-    L.expert_down.resize(experts);
-  }
-  switch (spec.role) {
-    case ParamRole::kAttnNorm:
-      return &L.attn_norm;
-    case ParamRole::kQProj:
-      return &L.q;
-    case ParamRole::kKProj:
-      return &L.k;
-    case ParamRole::kVProj:
-      return &L.v;
-    case ParamRole::kOProj:
-      return &L.o;
-    case ParamRole::kQNorm:
-      return &L.q_norm;
-    case ParamRole::kKNorm:
-      return &L.k_norm;
-    case ParamRole::kMlpNorm:
-      return &L.mlp_norm;
-    case ParamRole::kGate:
-      return &L.gate;
-    case ParamRole::kUp:
-      return &L.up;
-    case ParamRole::kDown:
-      return &L.down;
-    case ParamRole::kRouter:
-      return &L.router;
-    case ParamRole::kExpertGate:
-      return &L.expert_gate[spec.expert];
-    case ParamRole::kExpertUp:
-      return &L.expert_up[spec.expert];
-    case ParamRole::kExpertDown:
-      return &L.expert_down[spec.expert];
-    default:
-      return nullptr;  // biases: Qwen3-MoE has none
-  }
-}
-
-}  // namespace
-
 Result<std::unique_ptr<BuiltinModel>> make_builtin_moe(const BuiltinMoeSpec& spec,
                                                        std::uint64_t seed) {
   auto m = std::make_unique<BuiltinModel>();
@@ -108,11 +48,7 @@ Result<std::unique_ptr<BuiltinModel>> make_builtin_moe(const BuiltinMoeSpec& spe
             ? ConstTensorView::contiguous(buf.data(), DType::kF32, Device::kCpu, {ps.shape[0]})
             : ConstTensorView::contiguous(buf.data(), DType::kF32, Device::kCpu,
                                           {ps.shape[0], ps.shape[1]});
-    ConstTensorView* slot = slot_of(m->params, ps, m->geometry.experts);
-    if (slot == nullptr) {
-      return internal_error("serve: builtin model has no slot for {}", ps.hf_name);
-    }
-    *slot = v;
+    *model::param_slot(m->params, ps, m->geometry) = v;
   }
   return m;
 }
