@@ -18,6 +18,9 @@ scripts/setup.sh
 stamp "format check"
 scripts/check_format.sh
 
+stamp "fuzzers"
+scripts/run_fuzzers.sh
+
 if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null 2>&1; then
   PRESET=cuda-ci
 else
@@ -27,11 +30,26 @@ fi
 stamp "$PRESET: build (CPU code under ASan/UBSan, every CUDA file, tests, benchmarks)"
 cmake --preset "$PRESET" >/dev/null
 cmake --build --preset "$PRESET" -j "$JOBS"
-stamp "$PRESET: tests"
-ctest --preset "$PRESET" -j "$JOBS"
 stamp "gpu tests (each reports SKIPPED without a device)"
-ctest --test-dir "build/$PRESET" -L gpu -j "$JOBS" --output-on-failure
+log_dir="build/$PRESET/test-logs"
+mkdir -p "$log_dir"
+ctest --test-dir "build/$PRESET" -L gpu -j "$JOBS" --output-on-failure 2>&1 | tee "$log_dir/gpu.log"
 
-stamp "fuzzers"
-scripts/run_fuzzers.sh
+stamp "$PRESET: tests"
+# set -o pipefail makes a failing ctest fail the script through the tee.
+ctest --preset "$PRESET" -j "$JOBS" 2>&1 | tee "$log_dir/cpu.log"
+
+# One closing line over both runs, counted from ctest's own summaries (the CI reads a test
+# runner's closing lines; ours would otherwise end in the fuzzers' output).
+count() {  # count FILE -> "total failed skipped"
+  local total failed skipped
+  total=$(sed -n 's/.*tests failed out of \([0-9]*\).*/\1/p' "$1" | tail -n1)
+  failed=$(sed -n 's/.* \([0-9]*\) tests failed out of.*/\1/p' "$1" | tail -n1)
+  skipped=$(grep -c '(Skipped)' "$1" || true)
+  echo "${total:-0} ${failed:-0} ${skipped:-0}"
+}
+read -r t1 f1 s1 < <(count "$log_dir/cpu.log")
+read -r t2 f2 s2 < <(count "$log_dir/gpu.log")
+if [ "$t1" -eq 0 ]; then echo "no test ran"; exit 1; fi
 stamp "all passed"
+echo "ctest: $(( t1 + t2 - f1 - f2 - s1 - s2 )) passed, $(( f1 + f2 )) failed, $(( s1 + s2 )) skipped"
