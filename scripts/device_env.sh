@@ -12,7 +12,9 @@ fi
 # headers and runtimes (brotli headers come from the carried libbrotli-dev) but not all .pc files.
 for n in openssl zlib libbrotlicommon libbrotlidec libbrotlienc; do
   pc=/tmp/debroot/usr/lib/x86_64-linux-gnu/pkgconfig/$n.pc
-  [ -f "$pc" ] || printf "Name: %s\nDescription: stub, system runtime\nVersion: 1.0\nLibs:\nCflags:\n" "$n" >"$pc"
+  # A high version: httplib.pc asks for e.g. openssl >= 1.1.1.
+  [ -f "$pc" ] && grep -q "^Description: stub" "$pc" && rm "$pc"
+  [ -f "$pc" ] || printf "Name: %s\nDescription: stub, system runtime\nVersion: 99.0\nLibs:\nCflags:\n" "$n" >"$pc"
 done
 export LIBRARY_PATH=/tmp/debroot/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}
 export CMAKE_PREFIX_PATH=/tmp/debroot/usr
