@@ -132,17 +132,23 @@ void BM_AttnFwdBwd(benchmark::State& st) {
                                   .k = k.view(DType::kBF16, {t, g, d}),
                                   .v = v.view(DType::kBF16, {t, g, d}),
                                   .cu_seqlens = cu.view(DType::kI32, {b + 1})};
-  const kernels::AttentionBackwardArgs ba{.d_q = dq.view(DType::kBF16, {t, h, d}),
-                                          .d_k = dk.view(DType::kBF16, {t, g, d}),
-                                          .d_v = dv.view(DType::kBF16, {t, g, d}),
-                                          .d_out = dout.view(DType::kBF16, {t, h, d}),
-                                          .q = fa.q,
-                                          .k = fa.k,
-                                          .v = fa.v,
-                                          .out = fa.out,
-                                          .lse = fa.lse,
-                                          .cu_seqlens = fa.cu_seqlens};
-  const bool fwd_only = st.range(5) != 0;
+  kernels::AttentionBackwardArgs ba{.d_q = dq.view(DType::kBF16, {t, h, d}),
+                                    .d_k = dk.view(DType::kBF16, {t, g, d}),
+                                    .d_v = dv.view(DType::kBF16, {t, g, d}),
+                                    .d_out = dout.view(DType::kBF16, {t, h, d}),
+                                    .q = fa.q,
+                                    .k = fa.k,
+                                    .v = fa.v,
+                                    .out = fa.out,
+                                    .lse = fa.lse,
+                                    .cu_seqlens = fa.cu_seqlens};
+  // mode 0: forward + backward with the backward's workspace (per-query-head dK/dV slices);
+  // 1: forward only; 2: forward + backward without a workspace (the low-memory path).
+  const std::int64_t mode = st.range(5);
+  const bool fwd_only = mode == 1;
+  std::size_t ws_bytes = mode == 0 ? env->be->workspace_bytes(ba) : 0;
+  Dev ws(ws_bytes > 0 ? ws_bytes : 16, 0);
+  if (ws_bytes > 0) ba.workspace = ws.view(DType::kU8, {static_cast<std::int64_t>(ws_bytes)});
   // causal: forward 2 GEMMs of 2*S*S/2*D each per head; backward 2.5x the forward.
   const double fwd_flops = 2.0 * 2.0 * b * h * (s * s / 2.0) * d;
   run(
@@ -240,6 +246,7 @@ BENCHMARK(BM_AttnFwdBwd)
     ->Args({4096, 2, 16, 2, 128, 0})
     ->Args({4096, 2, 28, 4, 128, 0})
     ->Args({2048, 4, 16, 2, 128, 1})
+    ->Args({2048, 4, 16, 2, 128, 2})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_RmsNorm)->Args({8192, 2048})->Args({8192, 3584})->UseManualTime();

@@ -116,6 +116,9 @@ struct AttentionBackwardArgs {
   ConstTensorView cu_seqlens;  // [S + 1] i32
   float scale = 0.0f;
   bool causal = true;
+  // Optional scratch (u8, up to Backend::workspace_bytes(args)): the CUDA backend uses it to
+  // compute dK/dV for each query head of a group in parallel; empty = the low-memory path.
+  TensorView workspace;
 };
 
 // out = silu(gate) * up.

@@ -116,11 +116,9 @@ HostTensor cu_of(const std::vector<std::int64_t>& lens) {
 class KernelsAttention : public CudaTest {};
 
 TEST_F(KernelsAttention, ForwardBackwardWithinTwiceNaiveBf16) {
-  const Case cases[] = {{{1}, 1, 1, 64, true},
-                        {{17, 64, 130}, 4, 2, 64, true},
-                        {{200}, 2, 1, 128, false},
-                        {{5, 129, 77}, 4, 4, 128, true},
-                        {{256}, 8, 2, 128, true}};
+  const Case cases[] = {{{1}, 1, 1, 64, true},     {{17, 64, 130}, 4, 2, 64, true},
+                        {{200}, 2, 1, 128, false}, {{5, 129, 77}, 4, 4, 128, true},
+                        {{256}, 8, 2, 128, true},  {{300, 70}, 16, 2, 128, true}};
   for (const Case& c : cases) {
     std::int64_t t = 0;
     for (auto l : c.lens) t += l;
@@ -201,6 +199,27 @@ TEST_F(KernelsAttention, ForwardBackwardWithinTwiceNaiveBf16) {
     EXPECT_TRUE(same_bits(gq1, gq.download())) << what;
     EXPECT_TRUE(same_bits(gk1, gk.download())) << what;
     EXPECT_TRUE(same_bits(gv1, gv.download())) << what;
+
+    // The workspace path (dK/dV per query-head slice, partials added in slice order): the full
+    // workspace (one slice per query head) and a quarter of it (fewer, larger slices).
+    const std::size_t full = cuda().workspace_bytes(ba);
+    ASSERT_EQ(full, static_cast<std::size_t>(2 * t * c.h * c.d) * sizeof(float));
+    for (std::size_t bytes : {full, full / 4}) {
+      DeviceTensor ws(std::vector<std::int64_t>{static_cast<std::int64_t>(bytes)}, DType::kU8);
+      kernels::AttentionBackwardArgs bw = ba;
+      bw.workspace = ws.view();
+      FERRY_ASSERT_OK(cuda().attention_backward(bw, stream()));
+      sync();
+      const std::string w = what + " workspace=" + std::to_string(bytes);
+      const auto wq = gq.download(), wk = gk.download(), wv = gv.download();
+      EXPECT_TRUE(same_bits(gq1, wq)) << "dq does not use the workspace " << w;
+      EXPECT_TRUE(within_twice_naive(wk, dk_w, dk_n, 1e-3)) << "dk " << w;
+      EXPECT_TRUE(within_twice_naive(wv, dv_w, dv_n, 1e-3)) << "dv " << w;
+      FERRY_ASSERT_OK(cuda().attention_backward(bw, stream()));
+      sync();
+      EXPECT_TRUE(same_bits(wk, gk.download())) << w;
+      EXPECT_TRUE(same_bits(wv, gv.download())) << w;
+    }
   }
 }
 

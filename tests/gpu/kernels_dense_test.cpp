@@ -69,7 +69,20 @@ TEST_F(KernelsDense, GemmBf16MatchesReference) {
 
 TEST_F(KernelsDense, RmsNormForwardBackward) {
   for (auto [n, c] : std::vector<std::pair<std::int64_t, std::int64_t>>{
-           {1, 1}, {3, 7}, {17, 129}, {64, 1000}, {300, 4096}}) {
+           // 1000: unvectorised; 520 / 2048 / 3584 / 4096: a warp per row holding 4 (a partial
+           // last vector round) / 8 / 16 (partial) / 16 vectors per lane; 12288 / 16384 / 40960:
+           // a CTA per row with 2, 2 and 5 (of 8) vectors per thread.
+           {1, 1},
+           {3, 7},
+           {17, 129},
+           {64, 1000},
+           {7, 520},
+           {9, 2048},
+           {4, 3584},
+           {300, 4096},
+           {2, 12288},
+           {5, 16384},
+           {3, 40960}}) {
     const auto x = random_tensor({n, c}, kBf, 10 + n);
     const auto w = random_tensor({c}, kBf, 11 + c, 0.5, 1.5);
     const auto dy = random_tensor({n, c}, kBf, 12 + n);

@@ -3,11 +3,14 @@
 // atomics. Three kernels on one stream:
 //   1. dsum[t, h] = rowsum(dO * O) (f32), stashed in the first 4 bytes of d_q's own row (t, h):
 //      d_q is overwritten later anyway and AttentionBackwardArgs carries no workspace.
-//   2. dK, dV: one CTA per 64 keys of a kv head; loops over the H/G query heads of its group and
-//      over query tiles, recomputing P^T = exp(S^T - lse) from K Q^T, so dK and dV are written
-//      once.
-//   3. dQ: one CTA per 64 query rows of a head; loops over key tiles; reads its rows' dsum before
-//      overwriting them with dQ.
+//   2. dK, dV: one CTA per 64 keys of a kv head and per slice of its group's H/G query heads;
+//      loops over those heads and over query tiles (double-buffered through cp.async),
+//      recomputing P^T = exp(S^T - lse) from K Q^T. With one slice (no workspace) dK and dV are
+//      written once, in bf16. With W slices (a caller-provided f32 workspace, W x [T, G, D] x 2)
+//      each slice writes its partial sums and a fourth kernel adds the W partials in slice order:
+//      W times the CTAs (a kv head's group no longer serialises on 4 warps), same determinism.
+//   3. dQ: one CTA per 64 query rows of a head; loops over key tiles (double-buffered); reads its
+//      rows' dsum before overwriting them with dQ. Causal: heavy query blocks first.
 // Each kernel computes its products with mma.sync m16n8k16 and reuses C fragments as A fragments
 // (attention_common.cuh). Tested in tests/gpu/kernels_attention_test.cpp.
 #include "kernels/cuda/attention_common.cuh"
@@ -38,9 +41,12 @@ __global__ void attention_bwd_dsum_kernel(bf16* __restrict__ d_q, const bf16* __
   if (lane == 0) dsum_slot(d_q, row / heads, row % heads, heads, D)[0] = acc;
 }
 
+// Heads [h_begin, h_begin + heads) of kv head blockIdx.y / slices; slice = blockIdx.y % slices.
+// partial == nullptr: bf16 dK (scaled) and dV straight out; else f32 partials for the reduction.
 template <int D, int BQ>
 __global__ void __launch_bounds__(kThreads)
     attention_bwd_dkdv_kernel(bf16* __restrict__ d_k, bf16* __restrict__ d_v,
+                              float* __restrict__ partial, int slices,
                               bf16* __restrict__ d_q_scratch, const bf16* __restrict__ d_out,
                               const bf16* __restrict__ q, const bf16* __restrict__ k,
                               const bf16* __restrict__ v, const float* __restrict__ lse,
@@ -49,21 +55,46 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* ks = reinterpret_cast<bf16*>(smem_raw);
   bf16* vs = ks + kBK * kStr;
-  bf16* qs = vs + kBK * kStr;
-  bf16* dos = qs + BQ * kStr;
-  float* lse2_s = reinterpret_cast<float*>(dos + BQ * kStr);
-  float* dsum_s = lse2_s + BQ;
+  // Buffer b of Q is qbuf + b * kTile (pointer arithmetic: an indexed pointer array would live
+  // in local memory); lse and dsum: lsebuf + b * BQ, dsumbuf + b * BQ.
+  constexpr int kTile = BQ * kStr;
+  bf16* const qbuf = vs + kBK * kStr;
+  bf16* const dobuf = qbuf + 2 * kTile;
+  float* const lsebuf = reinterpret_cast<float*>(dobuf + 2 * kTile);
+  float* const dsumbuf = lsebuf + 2 * BQ;
 
   SeqBlock sb;
   if (!find_block(cu, sh.s, kBK, blockIdx.x, &sb)) return;
-  const std::int64_t kvh = blockIdx.y;
+  const std::int64_t kvh = blockIdx.y / slices;
+  const int slice = static_cast<int>(blockIdx.y % slices);
   const std::int64_t group = sh.h / sh.g;
+  const std::int64_t per_slice = group / slices;
+  const std::int64_t h_begin = kvh * group + slice * per_slice;
   const std::int64_t s0 = sb.start, len = sb.len, k0 = sb.block * kBK;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const std::int64_t kr[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
 
-  load_rows<D>(ks, k, s0, k0, len, kBK, sh.g, kvh);
-  load_rows<D>(vs, v, s0, k0, len, kBK, sh.g, kvh);
+  // Work items: (head, query tile) pairs, flattened so one pipeline runs across heads.
+  const std::int64_t qstart = sh.causal ? (k0 / BQ) * BQ : 0;
+  const std::int64_t qtiles = len > qstart ? (len - qstart + BQ - 1) / BQ : 0;
+  const std::int64_t items = per_slice * qtiles;
+  auto issue = [&](std::int64_t item, int buf) {
+    const std::int64_t h = h_begin + item / qtiles;
+    const std::int64_t q0 = qstart + (item % qtiles) * BQ;
+    load_rows_async<D>(qbuf + buf * kTile, q, s0, q0, len, BQ, sh.h, h);
+    load_rows_async<D>(dobuf + buf * kTile, d_out, s0, q0, len, BQ, sh.h, h);
+    for (int i = threadIdx.x; i < BQ; i += blockDim.x) {
+      const bool valid = q0 + i < len;
+      cp_async4(lsebuf + buf * BQ + i, valid ? lse + h * sh.t + s0 + q0 + i : lse, valid);
+      cp_async4(dsumbuf + buf * BQ + i,
+                valid ? dsum_slot(d_q_scratch, s0 + q0 + i, h, sh.h, D) : lse, valid);
+    }
+  };
+
+  load_rows_async<D>(ks, k, s0, k0, len, kBK, sh.g, kvh);
+  load_rows_async<D>(vs, v, s0, k0, len, kBK, sh.g, kvh);
+  if (items > 0) issue(0, 0);
+  cp_async_commit();
 
   float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
@@ -72,77 +103,89 @@ __global__ void __launch_bounds__(kThreads)
     dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
   }
 
-  for (std::int64_t hh = 0; hh < group; ++hh) {
-    const std::int64_t h = kvh * group + hh;
-    const std::int64_t qstart = sh.causal ? (k0 / BQ) * BQ : 0;
-    for (std::int64_t q0 = qstart; q0 < len; q0 += BQ) {
-      __syncthreads();
-      load_rows<D>(qs, q, s0, q0, len, BQ, sh.h, h);
-      load_rows<D>(dos, d_out, s0, q0, len, BQ, sh.h, h);
-      for (int i = threadIdx.x; i < BQ; i += blockDim.x) {
-        const bool valid = q0 + i < len;
-        lse2_s[i] = valid ? lse[h * sh.t + s0 + q0 + i] * kLog2e : 0.0f;
-        dsum_s[i] = valid ? dsum_slot(d_q_scratch, s0 + q0 + i, h, sh.h, D)[0] : 0.0f;
-      }
-      __syncthreads();
+  for (std::int64_t it = 0; it < items; ++it) {
+    cp_async_wait_all();
+    __syncthreads();  // item `it` (and K, V) landed for all; all are done with item it - 1
+    if (it + 1 < items) issue(it + 1, static_cast<int>((it + 1) & 1));
+    cp_async_commit();
+    const int buf = static_cast<int>(it & 1);
+    const bf16* qs = qbuf + buf * kTile;
+    const bf16* dos = dobuf + buf * kTile;
+    const float* lse_s = lsebuf + buf * BQ;
+    const float* dsum_s = dsumbuf + buf * BQ;
+    const std::int64_t q0 = qstart + (it % qtiles) * BQ;
 
-      // S^T = K Q^T for this warp's 16 keys x BQ queries; then P^T in place.
-      float st[BQ / 8][4];
-      float dpt[BQ / 8][4];
+    // S^T = K Q^T for this warp's 16 keys x BQ queries; then P^T in place.
+    float st[BQ / 8][4];
+    float dpt[BQ / 8][4];
 #pragma unroll
-      for (int i = 0; i < BQ / 8; ++i) {
-        st[i][0] = st[i][1] = st[i][2] = st[i][3] = 0.0f;
-        dpt[i][0] = dpt[i][1] = dpt[i][2] = dpt[i][3] = 0.0f;
+    for (int i = 0; i < BQ / 8; ++i) {
+      st[i][0] = st[i][1] = st[i][2] = st[i][3] = 0.0f;
+      dpt[i][0] = dpt[i][1] = dpt[i][2] = dpt[i][3] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      std::uint32_t ak[4], av[4];
+      load_a(ak, ks, kStr, warp * 16, kk);
+      load_a(av, vs, kStr, warp * 16, kk);
+#pragma unroll
+      for (int nt = 0; nt < BQ / 8; nt += 2) {
+        std::uint32_t bq[4], bd[4];
+        ldmatrix_b_pair(bq, qs, kStr, nt * 8, kk);
+        ldmatrix_b_pair(bd, dos, kStr, nt * 8, kk);
+        mma_bf16(st[nt], ak, bq[0], bq[1]);
+        mma_bf16(st[nt + 1], ak, bq[2], bq[3]);
+        mma_bf16(dpt[nt], av, bd[0], bd[1]);
+        mma_bf16(dpt[nt + 1], av, bd[2], bd[3]);
       }
+    }
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        std::uint32_t ak[4], av[4];
-        load_a(ak, ks, kStr, warp * 16, kk);
-        load_a(av, vs, kStr, warp * 16, kk);
+    for (int nt = 0; nt < BQ / 8; ++nt) {
 #pragma unroll
-        for (int nt = 0; nt < BQ / 8; ++nt) {
-          const bf16* pq = qs + (nt * 8 + g) * kStr + kk * 16 + 2 * t;
-          mma_bf16(st[nt], ak, lds32(pq), lds32(pq + 8));
-          const bf16* pd = dos + (nt * 8 + g) * kStr + kk * 16 + 2 * t;
-          mma_bf16(dpt[nt], av, lds32(pd), lds32(pd + 8));
-        }
+      for (int e = 0; e < 4; ++e) {
+        const int ql = nt * 8 + 2 * t + (e & 1);
+        const std::int64_t qi = q0 + ql;
+        const bool ok = qi < len && kr[e >> 1] < len && (!sh.causal || qi >= kr[e >> 1]);
+        const float p = ok ? fast_exp2(st[nt][e] * scale_log2 - lse_s[ql] * kLog2e) : 0.0f;
+        st[nt][e] = p;
+        dpt[nt][e] = p * (dpt[nt][e] - dsum_s[ql]);  // dS^T
       }
+    }
+    // dV += P^T dO ; dK += dS^T Q  (k dimension = queries)
 #pragma unroll
-      for (int nt = 0; nt < BQ / 8; ++nt) {
+    for (int kc = 0; kc < BQ / 16; ++kc) {
+      std::uint32_t ap[4], ads[4];
+      c_to_a(ap, st[2 * kc], st[2 * kc + 1]);
+      c_to_a(ads, dpt[2 * kc], dpt[2 * kc + 1]);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int ql = nt * 8 + 2 * t + (e & 1);
-          const std::int64_t qi = q0 + ql;
-          const bool ok = qi < len && kr[e >> 1] < len && (!sh.causal || qi >= kr[e >> 1]);
-          const float p = ok ? exp2f(st[nt][e] * scale_log2 - lse2_s[ql]) : 0.0f;
-          st[nt][e] = p;
-          dpt[nt][e] = p * (dpt[nt][e] - dsum_s[ql]);  // dS^T
-        }
-      }
-      // dV += P^T dO ; dK += dS^T Q  (k dimension = queries)
-#pragma unroll
-      for (int kc = 0; kc < BQ / 16; ++kc) {
-        std::uint32_t ap[4], ads[4];
-        c_to_a(ap, st[2 * kc], st[2 * kc + 1]);
-        c_to_a(ads, dpt[2 * kc], dpt[2 * kc + 1]);
-#pragma unroll
-        for (int nd = 0; nd < D / 8; ++nd) {
-          std::uint32_t b0, b1;
-          ldmatrix_b_trans(b0, b1, dos + kc * 16 * kStr + nd * 8, kStr);
-          mma_bf16(dv[nd], ap, b0, b1);
-          ldmatrix_b_trans(b0, b1, qs + kc * 16 * kStr + nd * 8, kStr);
-          mma_bf16(dk[nd], ads, b0, b1);
-        }
+      for (int nd = 0; nd < D / 8; ++nd) {
+        std::uint32_t b0, b1;
+        ldmatrix_b_trans(b0, b1, dos + kc * 16 * kStr + nd * 8, kStr);
+        mma_bf16(dv[nd], ap, b0, b1);
+        ldmatrix_b_trans(b0, b1, qs + kc * 16 * kStr + nd * 8, kStr);
+        mma_bf16(dk[nd], ads, b0, b1);
       }
     }
   }
+  cp_async_wait_all();  // nothing may be in flight into smem when the CTA exits
 
   const float scale = sh.scale;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (kr[r] >= len) continue;
-    bf16* dkp = d_k + ((s0 + kr[r]) * sh.g + kvh) * D + 2 * t;
-    bf16* dvp = d_v + ((s0 + kr[r]) * sh.g + kvh) * D + 2 * t;
+    const std::int64_t row = (s0 + kr[r]) * sh.g + kvh;
+    if (partial != nullptr) {
+      float* pk = partial + (static_cast<std::int64_t>(slice) * sh.t * sh.g + row) * D + 2 * t;
+      float* pv = pk + static_cast<std::int64_t>(slices) * sh.t * sh.g * D;
+#pragma unroll
+      for (int nd = 0; nd < D / 8; ++nd) {
+        *reinterpret_cast<float2*>(pk + nd * 8) = make_float2(dk[nd][2 * r], dk[nd][2 * r + 1]);
+        *reinterpret_cast<float2*>(pv + nd * 8) = make_float2(dv[nd][2 * r], dv[nd][2 * r + 1]);
+      }
+      continue;
+    }
+    bf16* dkp = d_k + row * D + 2 * t;
+    bf16* dvp = d_v + row * D + 2 * t;
 #pragma unroll
     for (int nd = 0; nd < D / 8; ++nd) {
       *reinterpret_cast<std::uint32_t*>(dkp + nd * 8) =
@@ -150,6 +193,22 @@ __global__ void __launch_bounds__(kThreads)
       *reinterpret_cast<std::uint32_t*>(dvp + nd * 8) = pack_bf16(dv[nd][2 * r], dv[nd][2 * r + 1]);
     }
   }
+}
+
+// dK = scale * sum_w partial_k[w], dV = sum_w partial_v[w], slices added in order 0..W-1.
+__global__ void attention_bwd_reduce_kernel(bf16* __restrict__ d_k, bf16* __restrict__ d_v,
+                                            const float* __restrict__ partial, int slices,
+                                            std::int64_t n, float scale) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float* pv = partial + static_cast<std::int64_t>(slices) * n;
+  float sk = 0.0f, sv = 0.0f;
+  for (int w = 0; w < slices; ++w) {
+    sk += partial[w * n + i];
+    sv += pv[w * n + i];
+  }
+  d_k[i] = __float2bfloat16_rn(sk * scale);
+  d_v[i] = __float2bfloat16_rn(sv);
 }
 
 template <int D, int BN>
@@ -162,19 +221,28 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* qs = reinterpret_cast<bf16*>(smem_raw);
   bf16* dos = qs + kBK * kStr;
-  bf16* ks = dos + kBK * kStr;
-  bf16* vs = ks + BN * kStr;
+  constexpr int kTile = BN * kStr;  // buffer b of K: kbuf + b * kTile (no local-memory array)
+  bf16* const kbuf = dos + kBK * kStr;
+  bf16* const vbuf = kbuf + 2 * kTile;
 
   SeqBlock sb;
   if (!find_block(cu, sh.s, kBK, blockIdx.x, &sb)) return;
+  if (sh.causal) sb.block = sb.blocks - 1 - sb.block;  // heavy blocks first
   const std::int64_t h = blockIdx.y;
   const std::int64_t kvh = h / (sh.h / sh.g);
   const std::int64_t s0 = sb.start, len = sb.len, q0 = sb.block * kBK;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const std::int64_t qi[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
 
-  load_rows<D>(qs, q, s0, q0, len, kBK, sh.h, h);
-  load_rows<D>(dos, d_out, s0, q0, len, kBK, sh.h, h);
+  const std::int64_t kend = sh.causal ? min(len, q0 + kBK) : len;
+  const std::int64_t tiles = (kend + BN - 1) / BN;
+  load_rows_async<D>(qs, q, s0, q0, len, kBK, sh.h, h);
+  load_rows_async<D>(dos, d_out, s0, q0, len, kBK, sh.h, h);
+  if (tiles > 0) {
+    load_rows_async<D>(kbuf, k, s0, 0, len, BN, sh.g, kvh);
+    load_rows_async<D>(vbuf, v, s0, 0, len, BN, sh.g, kvh);
+  }
+  cp_async_commit();
   float lse2[2], dsum[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -182,18 +250,26 @@ __global__ void __launch_bounds__(kThreads)
     lse2[r] = valid ? lse[h * sh.t + s0 + qi[r]] * kLog2e : 0.0f;
     dsum[r] = valid ? dsum_slot(d_q, s0 + qi[r], h, sh.h, D)[0] : 0.0f;
   }
-  __syncthreads();  // every dsum read happens before any d_q write below
+  cp_async_wait_all();
+  __syncthreads();  // every dsum read happens before any d_q write below; Q, dO, tile 0 landed
 
   float dq[D / 8][4];
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
 
-  const std::int64_t kend = sh.causal ? min(len, q0 + kBK) : len;
-  for (std::int64_t k0 = 0; k0 < kend; k0 += BN) {
-    __syncthreads();
-    load_rows<D>(ks, k, s0, k0, len, BN, sh.g, kvh);
-    load_rows<D>(vs, v, s0, k0, len, BN, sh.g, kvh);
-    __syncthreads();
+  for (std::int64_t j = 0; j < tiles; ++j) {
+    const std::int64_t k0 = j * BN;
+    if (j > 0) {
+      cp_async_wait_all();
+      __syncthreads();
+    }
+    if (j + 1 < tiles) {
+      load_rows_async<D>(kbuf + ((j + 1) & 1) * kTile, k, s0, k0 + BN, len, BN, sh.g, kvh);
+      load_rows_async<D>(vbuf + ((j + 1) & 1) * kTile, v, s0, k0 + BN, len, BN, sh.g, kvh);
+    }
+    cp_async_commit();
+    const bf16* ks = kbuf + (j & 1) * kTile;
+    const bf16* vs = vbuf + (j & 1) * kTile;
     float s[BN / 8][4], dp[BN / 8][4];
 #pragma unroll
     for (int i = 0; i < BN / 8; ++i) {
@@ -206,11 +282,14 @@ __global__ void __launch_bounds__(kThreads)
       load_a(aq, qs, kStr, warp * 16, kk);
       load_a(ad, dos, kStr, warp * 16, kk);
 #pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt) {
-        const bf16* pk = ks + (nt * 8 + g) * kStr + kk * 16 + 2 * t;
-        mma_bf16(s[nt], aq, lds32(pk), lds32(pk + 8));
-        const bf16* pv = vs + (nt * 8 + g) * kStr + kk * 16 + 2 * t;
-        mma_bf16(dp[nt], ad, lds32(pv), lds32(pv + 8));
+      for (int nt = 0; nt < BN / 8; nt += 2) {
+        std::uint32_t bk[4], bv[4];
+        ldmatrix_b_pair(bk, ks, kStr, nt * 8, kk);
+        ldmatrix_b_pair(bv, vs, kStr, nt * 8, kk);
+        mma_bf16(s[nt], aq, bk[0], bk[1]);
+        mma_bf16(s[nt + 1], aq, bk[2], bk[3]);
+        mma_bf16(dp[nt], ad, bv[0], bv[1]);
+        mma_bf16(dp[nt + 1], ad, bv[2], bv[3]);
       }
     }
 #pragma unroll
@@ -220,7 +299,7 @@ __global__ void __launch_bounds__(kThreads)
         const int r = e >> 1;
         const std::int64_t kj = k0 + nt * 8 + 2 * t + (e & 1);
         const bool ok = qi[r] < len && kj < len && (!sh.causal || kj <= qi[r]);
-        const float p = ok ? exp2f(s[nt][e] * scale_log2 - lse2[r]) : 0.0f;
+        const float p = ok ? fast_exp2(s[nt][e] * scale_log2 - lse2[r]) : 0.0f;
         dp[nt][e] = p * (dp[nt][e] - dsum[r]);  // dS
       }
     }
@@ -236,6 +315,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
+  cp_async_wait_all();
 
   const float scale = sh.scale;
 #pragma unroll
@@ -252,7 +332,8 @@ __global__ void __launch_bounds__(kThreads)
 template <int D, int BQ, int BN>
 cudaError_t launch_bwd_d(void* d_q, void* d_k, void* d_v, const void* d_out, const void* q,
                          const void* k, const void* v, const void* out, const float* lse,
-                         const std::int32_t* cu, AttnShape sh, cudaStream_t stream) {
+                         const std::int32_t* cu, AttnShape sh, float* workspace,
+                         std::int64_t workspace_floats, cudaStream_t stream) {
   constexpr int kStr = D + 8;
   const float scale_log2 = sh.scale * kLog2e;
   auto* dq = static_cast<bf16*>(d_q);
@@ -265,17 +346,37 @@ cudaError_t launch_bwd_d(void* d_q, void* d_k, void* d_v, const void* d_out, con
   attention_bwd_dsum_kernel<D><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(
       dq, dout, static_cast<const bf16*>(out), rows, sh.h);
 
-  const int smem_kv = (2 * kBK + 2 * BQ) * kStr * static_cast<int>(sizeof(bf16)) +
-                      2 * BQ * static_cast<int>(sizeof(float));
+  // Slices of each kv head's query-head group: as many as the workspace holds (a divisor of the
+  // group size), 1 without a workspace.
+  const std::int64_t group = sh.h / sh.g;
+  const std::int64_t per_slice_floats = 2 * sh.t * sh.g * D;
+  int slices = 1;
+  if (workspace != nullptr) {
+    for (std::int64_t w = group; w > 1; --w) {
+      if (group % w == 0 && w * per_slice_floats <= workspace_floats) {
+        slices = static_cast<int>(w);
+        break;
+      }
+    }
+  }
+  float* partial = slices > 1 ? workspace : nullptr;
+
+  const int smem_kv = (2 * kBK + 4 * BQ) * kStr * static_cast<int>(sizeof(bf16)) +
+                      4 * BQ * static_cast<int>(sizeof(float));
   cudaError_t err = cudaFuncSetAttribute(attention_bwd_dkdv_kernel<D, BQ>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem_kv);
   if (err != cudaSuccess) return err;
   attention_bwd_dkdv_kernel<D, BQ>
-      <<<dim3(grid_blocks(sh.t, sh.s, kBK), static_cast<unsigned>(sh.g)), kThreads, smem_kv,
-         stream>>>(static_cast<bf16*>(d_k), static_cast<bf16*>(d_v), dq, dout, qq, kk, vv, lse, cu,
-                   sh, scale_log2);
+      <<<dim3(grid_blocks(sh.t, sh.s, kBK), static_cast<unsigned>(sh.g * slices)), kThreads,
+         smem_kv, stream>>>(static_cast<bf16*>(d_k), static_cast<bf16*>(d_v), partial, slices, dq,
+                            dout, qq, kk, vv, lse, cu, sh, scale_log2);
+  if (partial != nullptr) {
+    const std::int64_t n = sh.t * sh.g * D;
+    attention_bwd_reduce_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
+        static_cast<bf16*>(d_k), static_cast<bf16*>(d_v), partial, slices, n, sh.scale);
+  }
 
-  const int smem_q = (2 * kBK + 2 * BN) * kStr * static_cast<int>(sizeof(bf16));
+  const int smem_q = (2 * kBK + 4 * BN) * kStr * static_cast<int>(sizeof(bf16));
   err = cudaFuncSetAttribute(attention_bwd_dq_kernel<D, BN>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem_q);
   if (err != cudaSuccess) return err;
@@ -287,18 +388,23 @@ cudaError_t launch_bwd_d(void* d_q, void* d_k, void* d_v, const void* d_out, con
 
 }  // namespace
 
+std::int64_t attention_bwd_workspace_floats(std::int64_t t, std::int64_t h, std::int64_t d) {
+  // Every query head its own slice: 2 (dK, dV) x [H, T, D] f32 (H = slices x G).
+  return 2 * t * h * d;
+}
+
 cudaError_t launch_attention_bwd(void* d_q, void* d_k, void* d_v, const void* d_out, const void* q,
                                  const void* k, const void* v, const void* out, const float* lse,
-                                 const std::int32_t* cu_seqlens, AttnShape sh,
-                                 cudaStream_t stream) {
+                                 const std::int32_t* cu_seqlens, AttnShape sh, float* workspace,
+                                 std::int64_t workspace_floats, cudaStream_t stream) {
   if (sh.t == 0) return cudaSuccess;
   switch (sh.d) {
     case 64:
       return launch_bwd_d<64, 64, 64>(d_q, d_k, d_v, d_out, q, k, v, out, lse, cu_seqlens, sh,
-                                      stream);
+                                      workspace, workspace_floats, stream);
     case 128:
       return launch_bwd_d<128, 32, 32>(d_q, d_k, d_v, d_out, q, k, v, out, lse, cu_seqlens, sh,
-                                       stream);
+                                       workspace, workspace_floats, stream);
     default:
       return cudaErrorInvalidValue;
   }

@@ -41,6 +41,20 @@ __device__ __forceinline__ void ldmatrix_b_trans(std::uint32_t& b0, std::uint32_
                : "r"(addr));
 }
 
+// B fragments of two adjacent n-tiles (n0..n0+7 and n0+8..n0+15) at k-chunk kk, from a tile stored
+// [n][k] row-major (K or Q rows: n = row, k = head dim): one ldmatrix.x4 instead of four 32-bit
+// loads. b[0], b[1] = (b0, b1) of n-tile n0; b[2], b[3] = of n-tile n0 + 8.
+__device__ __forceinline__ void ldmatrix_b_pair(std::uint32_t (&b)[4], const bf16* tile, int stride,
+                                                int n0, int kk) {
+  const int lane = threadIdx.x & 31;
+  const bf16* p =
+      tile + (n0 + ((lane >> 4) << 3) + (lane & 7)) * stride + kk * 16 + (((lane >> 3) & 1) << 3);
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+               : "r"(addr));
+}
+
 __device__ __forceinline__ std::uint32_t lds32(const bf16* p) {
   return *reinterpret_cast<const std::uint32_t*>(p);
 }
@@ -87,11 +101,50 @@ __device__ __forceinline__ void load_rows(bf16* dst, const bf16* src, std::int64
   }
 }
 
+// Asynchronous 16-byte global -> shared copy (cp.async, sm_80+), zero-filling when !valid (the
+// source address is then not read but must still be a valid pointer).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
+}
+// 4-byte variant (per-row scalars such as lse).
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until every committed group of this thread has landed (then __syncthreads for the CTA).
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+// load_rows() through cp.async: the copy proceeds while the CTA computes on another buffer.
+template <int D>
+__device__ __forceinline__ void load_rows_async(bf16* dst, const bf16* src, std::int64_t s0,
+                                                std::int64_t r0, std::int64_t len, int rows,
+                                                std::int64_t heads, std::int64_t head) {
+  constexpr int kVecPerRow = D / 8;
+  constexpr int kStride = D + 8;
+  for (int i = threadIdx.x; i < rows * kVecPerRow; i += blockDim.x) {
+    const int r = i / kVecPerRow, c = (i % kVecPerRow) * 8;
+    const std::int64_t rr = r0 + r;
+    const bool ok = rr < len;
+    cp_async16(dst + r * kStride + c, ok ? src + ((s0 + rr) * heads + head) * D + c : src, ok);
+  }
+}
+
+// 2^x with the hardware approximation (rel. error ~2^-22, far below bf16's 2^-8 rounding of P).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Maps a flat block index to (sequence start, length, block within the sequence) for blocks of
 // `bm` rows over the packed sequences. False for indices past the last block (the grid is an
 // upper bound, ceil(T / bm) + S, because the host cannot read cu_seqlens without a sync).
 struct SeqBlock {
-  std::int64_t start, len, block;
+  std::int64_t start, len, block, blocks;  // blocks: of this sequence
 };
 __device__ __forceinline__ bool find_block(const std::int32_t* cu, std::int64_t s, int bm,
                                            std::int64_t bid, SeqBlock* out) {
@@ -99,7 +152,7 @@ __device__ __forceinline__ bool find_block(const std::int32_t* cu, std::int64_t 
     const std::int64_t len = cu[i + 1] - cu[i];
     const std::int64_t nb = (len + bm - 1) / bm;
     if (bid < nb) {
-      *out = {cu[i], len, bid};
+      *out = {cu[i], len, bid, nb};
       return true;
     }
     bid -= nb;

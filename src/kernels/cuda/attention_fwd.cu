@@ -2,10 +2,12 @@
 // Flash-style attention forward (FlashAttention-2 algorithm, our own code): causal or not,
 // grouped-query, packed varlen (cu_seqlens), bf16 in/out, f32 accumulation, D in {64, 128}.
 // One CTA = 64 query rows of one head (4 warps x 16 rows); it streams 64-key tiles of K and V
-// through shared memory, keeps S, P and O in registers (mma.sync m16n8k16), and uses the online
-// softmax in the log2 domain, so no T x T matrix ever exists. Writes lse = log-sum-exp of the
-// scaled scores (natural log) for the backward. Deterministic (no atomics, fixed order).
-// Tested in tests/gpu/kernels_attention_test.cpp against the reference backend.
+// through double-buffered shared memory (cp.async: tile j+1 loads while tile j is computed),
+// keeps S, P and O in registers (mma.sync m16n8k16), and uses the online softmax in the log2
+// domain, so no T x T matrix ever exists. Causal: a sequence's last query blocks (the most key
+// tiles) are scheduled first, so the short blocks fill the tail of the grid. Writes lse =
+// log-sum-exp of the scaled scores (natural log) for the backward. Deterministic (no atomics, fixed
+// order). Tested in tests/gpu/kernels_attention_test.cpp against the reference backend.
 #include "kernels/cuda/attention_common.cuh"
 
 namespace ferry::kernels::cuda {
@@ -25,17 +27,29 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kStr = D + 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* qs = reinterpret_cast<bf16*>(smem_raw);
-  bf16* ks = qs + kBM * kStr;
-  bf16* vs = ks + kBN * kStr;
+  // Buffer b of K is kbuf + b * kTile (pointer arithmetic, not a pointer array: an indexed
+  // array would live in local memory).
+  constexpr int kTile = kBN * kStr;
+  bf16* const kbuf = qs + kBM * kStr;
+  bf16* const vbuf = kbuf + 2 * kTile;
 
   SeqBlock sb;
   if (!find_block(cu, sh.s, kBM, blockIdx.x, &sb)) return;
+  if (sh.causal) sb.block = sb.blocks - 1 - sb.block;  // heavy blocks first
   const std::int64_t h = blockIdx.y;
   const std::int64_t kvh = h / (sh.h / sh.g);
   const std::int64_t s0 = sb.start, len = sb.len, q0 = sb.block * kBM;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 
-  load_rows<D>(qs, q, s0, q0, len, kBM, sh.h, h);
+  const std::int64_t kend = sh.causal ? min(len, q0 + kBM) : len;
+  const std::int64_t tiles = (kend + kBN - 1) / kBN;
+  load_rows_async<D>(qs, q, s0, q0, len, kBM, sh.h, h);
+  if (tiles > 0) {
+    load_rows_async<D>(kbuf, k, s0, 0, len, kBN, sh.g, kvh);
+    load_rows_async<D>(vbuf, v, s0, 0, len, kBN, sh.g, kvh);
+  }
+  cp_async_commit();
+  cp_async_wait_all();
   __syncthreads();
   std::uint32_t qf[D / 16][4];
 #pragma unroll
@@ -47,12 +61,19 @@ __global__ void __launch_bounds__(kThreads)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const std::int64_t qi[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
 
-  const std::int64_t kend = sh.causal ? min(len, q0 + kBM) : len;
-  for (std::int64_t k0 = 0; k0 < kend; k0 += kBN) {
-    __syncthreads();
-    load_rows<D>(ks, k, s0, k0, len, kBN, sh.g, kvh);
-    load_rows<D>(vs, v, s0, k0, len, kBN, sh.g, kvh);
-    __syncthreads();
+  for (std::int64_t j = 0; j < tiles; ++j) {
+    const std::int64_t k0 = j * kBN;
+    if (j > 0) {
+      cp_async_wait_all();  // tile j landed (this thread's part) ...
+      __syncthreads();      // ... and everyone's; everyone is also done with tile j - 1
+    }
+    if (j + 1 < tiles) {
+      load_rows_async<D>(kbuf + ((j + 1) & 1) * kTile, k, s0, k0 + kBN, len, kBN, sh.g, kvh);
+      load_rows_async<D>(vbuf + ((j + 1) & 1) * kTile, v, s0, k0 + kBN, len, kBN, sh.g, kvh);
+    }
+    cp_async_commit();
+    const bf16* ks = kbuf + (j & 1) * kTile;
+    const bf16* vs = vbuf + (j & 1) * kTile;
 
     float s[kBN / 8][4];
 #pragma unroll
@@ -60,11 +81,15 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
-      for (int nt = 0; nt < kBN / 8; ++nt) {
-        const bf16* p = ks + (nt * 8 + g) * kStr + kk * 16 + 2 * t;
-        mma_bf16(s[nt], qf[kk], lds32(p), lds32(p + 8));
+      for (int nt = 0; nt < kBN / 8; nt += 2) {
+        std::uint32_t b[4];
+        ldmatrix_b_pair(b, ks, kStr, nt * 8, kk);
+        mma_bf16(s[nt], qf[kk], b[0], b[1]);
+        mma_bf16(s[nt + 1], qf[kk], b[2], b[3]);
       }
     }
+    // Only the diagonal tile (causal) and the sequence's last tile need a mask.
+    const bool masked = k0 + kBN > len || (sh.causal && k0 + kBN > q0);
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < kBN / 8; ++nt) {
@@ -72,7 +97,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; ++e) {
         const std::int64_t kj = k0 + nt * 8 + 2 * t + (e & 1);
         const int r = e >> 1;
-        const bool ok = kj < len && (!sh.causal || kj <= qi[r]);
+        const bool ok = !masked || (kj < len && (!sh.causal || kj <= qi[r]));
         const float x = ok ? s[nt][e] * scale_log2 : -INFINITY;
         s[nt][e] = x;
         mx[r] = fmaxf(mx[r], x);
@@ -85,14 +110,14 @@ __global__ void __launch_bounds__(kThreads)
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
       const float mn = fmaxf(m[r], mx[r]);
       mu[r] = mn == -INFINITY ? 0.0f : mn;
-      alpha[r] = exp2f(m[r] - mu[r]);
+      alpha[r] = fast_exp2(m[r] - mu[r]);
       m[r] = mn;
     }
 #pragma unroll
     for (int nt = 0; nt < kBN / 8; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float p = exp2f(s[nt][e] - mu[e >> 1]);
+        const float p = fast_exp2(s[nt][e] - mu[e >> 1]);
         s[nt][e] = p;
         rs[e >> 1] += p;
       }
@@ -140,7 +165,7 @@ template <int D>
 cudaError_t launch_fwd_d(void* out, float* lse, const void* q, const void* k, const void* v,
                          const std::int32_t* cu, AttnShape sh, cudaStream_t stream) {
   constexpr int kStr = D + 8;
-  const int smem = (kBM + 2 * kBN) * kStr * static_cast<int>(sizeof(bf16));
+  const int smem = (kBM + 4 * kBN) * kStr * static_cast<int>(sizeof(bf16));
   cudaError_t err = cudaFuncSetAttribute(attention_fwd_kernel<D>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;

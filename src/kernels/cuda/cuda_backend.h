@@ -27,6 +27,7 @@ class CudaBackend final : public Backend {
   Device device() const override { return Device::kCuda; }
   bool supports(OpKind op, DType dt) const override;
   std::size_t workspace_bytes(const CrossEntropyArgs& a) const override;
+  std::size_t workspace_bytes(const AttentionBackwardArgs& a) const override;
 
   Status gemm(const GemmArgs& a, Stream& stream) override;
   Status embedding(const EmbeddingArgs& a, Stream& stream) override;

@@ -74,11 +74,28 @@ Status CudaBackend::attention_backward(const AttentionBackwardArgs& a, Stream& s
                                  a.d_k.data, a.d_v.data}));
   sh.scale = a.scale != 0.0f ? a.scale : static_cast<float>(1.0 / std::sqrt(double(sh.d)));
   sh.causal = a.causal;
-  FERRY_LAUNCH_TRY(op, native(stream),
-                   launch_attention_bwd(a.d_q.data, a.d_k.data, a.d_v.data, a.d_out.data, a.q.data,
-                                        a.k.data, a.v.data, a.out.data, a.lse.as<float>(),
-                                        a.cu_seqlens.as<std::int32_t>(), sh, native(stream)));
+  float* ws = nullptr;
+  std::int64_t ws_floats = 0;
+  if (!a.workspace.empty_view()) {
+    if (a.workspace.device != Device::kCuda)
+      return invalid_argument("cuda attention_backward: workspace is not device memory");
+    FERRY_TRY(check_aligned16(op, {a.workspace.data}));
+    ws = static_cast<float*>(a.workspace.data);
+    ws_floats = static_cast<std::int64_t>(a.workspace.bytes() / sizeof(float));
+  }
+  FERRY_LAUNCH_TRY(
+      op, native(stream),
+      launch_attention_bwd(a.d_q.data, a.d_k.data, a.d_v.data, a.d_out.data, a.q.data, a.k.data,
+                           a.v.data, a.out.data, a.lse.as<float>(), a.cu_seqlens.as<std::int32_t>(),
+                           sh, ws, ws_floats, native(stream)));
   return ok_status();
+}
+
+std::size_t CudaBackend::workspace_bytes(const AttentionBackwardArgs& a) const {
+  if (a.q.ndim != 3) return 0;
+  return static_cast<std::size_t>(
+             attention_bwd_workspace_floats(a.q.shape[0], a.q.shape[1], a.q.shape[2])) *
+         sizeof(float);
 }
 
 Status CudaBackend::router(const RouterArgs& a, Stream& stream) {

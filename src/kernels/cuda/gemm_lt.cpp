@@ -2,6 +2,7 @@
 #include "kernels/cuda/gemm_lt.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "kernels/cuda/cuda_util.h"
 
@@ -14,6 +15,16 @@ int pointer_alignment(const void* p) {
   while (a > 1 && (v % static_cast<std::uintptr_t>(a)) != 0) a /= 2;
   return a;
 }
+
+// FERRY_DETERMINISTIC=1 keeps the heuristic's first algorithm (the same choice in every process);
+// otherwise the first call of each shape times the heuristic's candidates and keeps the fastest.
+bool autotune_enabled() {
+  const char* v = std::getenv("FERRY_DETERMINISTIC");
+  return v == nullptr || v[0] == '\0' || v[0] == '0';
+}
+
+constexpr int kCandidates = 16;  // heuristic results timed per shape
+constexpr int kTimedReps = 5;    // timed launches per candidate (after one untimed warm-up)
 
 }  // namespace
 
@@ -99,17 +110,20 @@ Result<LtGemm::Entry*> LtGemm::entry_for(const GemmProblem& p, int align, bool b
        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
     cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof(al));
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kCandidates]{};
   int found = 0;
-  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(handle_, e->op, e->la, e->lb, e->lc,
-                                                           e->lc, pref, 1, &result, &found);
+  const cublasStatus_t hs =
+      cublasLtMatmulAlgoGetHeuristic(handle_, e->op, e->la, e->lb, e->lc, e->lc, pref,
+                                     autotune_enabled() ? kCandidates : 1, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (hs != CUBLAS_STATUS_SUCCESS || found == 0)
     return unimplemented(
         "kernels: cublasLt has no algorithm for gemm m={} n={} k={} trans_a={} trans_b={} "
         "align={}",
         p.m, p.n, p.k, p.trans_a, p.trans_b, align);
-  e->algo = result.algo;
+  e->algo = results[0].algo;
+  for (int i = 1; i < found; ++i) e->candidates.push_back(results[i].algo);
+  e->tuned = e->candidates.empty();
   Entry* raw = e.get();
   cache_.emplace(key, std::move(e));
   return raw;
@@ -126,9 +140,52 @@ Status LtGemm::run(const GemmProblem& p, const void* a, const void* b, void* out
   if (p.has_bias)
     FERRY_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                     sizeof(bias)));
+  // beta == 0 overwrites `out`, so candidates can be timed on the real operands; the launch below
+  // then writes the final result. With beta != 0 (accumulation) the heuristic's choice stays.
+  if (!e->tuned && beta == 0.0f) FERRY_TRY(tune(e, a, b, out, ws, alpha, stream));
   FERRY_CUBLAS_TRY(cublasLtMatmul(handle_, e->op, &alpha, b, e->la, a, e->lb, &beta, out, e->lc,
                                   out, e->lc, &e->algo, ws, kWorkspaceBytes, stream));
   return check_launch(cudaGetLastError(), "cublasLtMatmul", stream, __FILE__, __LINE__);
+}
+
+Status LtGemm::tune(Entry* e, const void* a, const void* b, void* out, void* ws, float alpha,
+                    cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FERRY_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return ok_status();  // cannot time inside a graph
+  e->tuned = true;
+  FERRY_ASSIGN_OR_RETURN(OwnedEvent start, OwnedEvent::create());
+  FERRY_ASSIGN_OR_RETURN(OwnedEvent stop, OwnedEvent::create());
+  const float beta = 0.0f;
+  float best_ms = -1.0f;
+  std::vector<cublasLtMatmulAlgo_t> all{e->algo};
+  all.insert(all.end(), e->candidates.begin(), e->candidates.end());
+  for (const cublasLtMatmulAlgo_t& algo : all) {
+    // A candidate the library rejects for these operands is skipped, not an error.
+    if (cublasLtMatmul(handle_, e->op, &alpha, b, e->la, a, e->lb, &beta, out, e->lc, out, e->lc,
+                       &algo, ws, kWorkspaceBytes, stream) != CUBLAS_STATUS_SUCCESS)
+      continue;
+    // Each launch timed on its own; the median decides (one slow outlier does not).
+    float reps[kTimedReps];
+    bool ok = true;
+    for (int r = 0; r < kTimedReps && ok; ++r) {
+      FERRY_CUDA_TRY(cudaEventRecord(start.get(), stream));
+      ok = cublasLtMatmul(handle_, e->op, &alpha, b, e->la, a, e->lb, &beta, out, e->lc, out,
+                          e->lc, &algo, ws, kWorkspaceBytes, stream) == CUBLAS_STATUS_SUCCESS;
+      FERRY_CUDA_TRY(cudaEventRecord(stop.get(), stream));
+      FERRY_CUDA_TRY(cudaEventSynchronize(stop.get()));
+      FERRY_CUDA_TRY(cudaEventElapsedTime(&reps[r], start.get(), stop.get()));
+    }
+    if (!ok) continue;
+    std::sort(reps, reps + kTimedReps);
+    const float ms = reps[kTimedReps / 2];
+    if (best_ms < 0.0f || ms < best_ms) {
+      best_ms = ms;
+      e->algo = algo;
+    }
+  }
+  e->candidates.clear();
+  return ok_status();
 }
 
 }  // namespace ferry::kernels::cuda

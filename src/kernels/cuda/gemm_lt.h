@@ -2,8 +2,12 @@
 // Row-major GEMM through cuBLASLt: out[M,N] = alpha * op(a) @ op(b) + beta * out (+ bias[N]).
 // bf16 or f32 inputs, f32 accumulation (CUBLAS_COMPUTE_32F: no TF32 for f32 inputs), output bf16
 // or f32, bias through the BIAS epilogue. Row-major is handled by asking cuBLASLt (column-major)
-// for out^T = op(b)^T op(a)^T. Descriptors and the heuristic's first algorithm are cached per
-// problem key (shape, transposes, dtypes, strides, pointer alignment, bias, beta != 0).
+// for out^T = op(b)^T op(a)^T. Descriptors and an algorithm are cached per problem key (shape,
+// transposes, dtypes, strides, pointer alignment, bias, beta != 0). The algorithm: the first time
+// a key runs with beta == 0, the heuristic's top 16 candidates are timed on the real operands
+// (one-time warm-up cost with a host sync; skipped while the stream is being captured) and the
+// fastest is kept — so which algorithm, and hence the exact bits, may differ between processes.
+// FERRY_DETERMINISTIC=1 keeps the heuristic's first algorithm instead (same bits every process).
 // Workspace: one 32 MiB device buffer per stream, allocated the first time a stream is used (a
 // one-time warm-up allocation, never in steady state); GEMMs on one stream serialise on it.
 // Thread-safe (one mutex around the cache and the launch). Tested in kernels_gemm_test.cpp.
@@ -51,6 +55,8 @@ class LtGemm {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    std::vector<cublasLtMatmulAlgo_t> candidates;  // untimed alternatives until tuned
+    bool tuned = false;
     ~Entry();
   };
   using Key = std::tuple<std::int64_t, std::int64_t, std::int64_t, int, int, int, int, std::int64_t,
@@ -58,6 +64,8 @@ class LtGemm {
 
   Result<Entry*> entry_for(const GemmProblem& p, int align, bool beta_nonzero);
   Result<void*> workspace_for(cudaStream_t stream);
+  Status tune(Entry* e, const void* a, const void* b, void* out, void* ws, float alpha,
+              cudaStream_t stream);
 
   int device_ = 0;
   cublasLtHandle_t handle_ = nullptr;

@@ -102,9 +102,12 @@ struct AttnShape {
 // bf16 q/k/v/out; lse [h, t] f32 (may be null).
 cudaError_t launch_attention_fwd(void* out, float* lse, const void* q, const void* k, const void* v,
                                  const std::int32_t* cu_seqlens, AttnShape sh, cudaStream_t stream);
-// lse required; d_q/d_k/d_v overwritten; deterministic (no atomics).
+// lse required; d_q/d_k/d_v overwritten; deterministic (no atomics). workspace (f32, may be
+// null): up to attention_bwd_workspace_floats() floats; more of it = more dK/dV parallelism.
 cudaError_t launch_attention_bwd(void* d_q, void* d_k, void* d_v, const void* d_out, const void* q,
                                  const void* k, const void* v, const void* out, const float* lse,
-                                 const std::int32_t* cu_seqlens, AttnShape sh, cudaStream_t stream);
+                                 const std::int32_t* cu_seqlens, AttnShape sh, float* workspace,
+                                 std::int64_t workspace_floats, cudaStream_t stream);
+std::int64_t attention_bwd_workspace_floats(std::int64_t t, std::int64_t h, std::int64_t d);
 
 }  // namespace ferry::kernels::cuda

@@ -1,9 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// RMSNorm forward and backward. Forward: one warp per row, two passes over the row (the second
-// re-reads from L1/L2), 16-byte vector accesses when C and alignment allow, f32 math. Backward:
+// RMSNorm forward and backward. Forward, rows of 64..512 16-byte vectors (C = 512..4096 bf16):
+// one warp per row, each lane holding its 2-16 vectors in registers, so the row is read from
+// memory once with many loads in flight; wider rows: one CTA per row (1-8 vectors per thread,
+// a fixed-order block sum); narrow rows (per-head q/k norms): one warp per row, two passes over
+// the row (the second hits L1). f32 math throughout. Backward:
 // d_in one warp per row; d_weight by a second kernel in which each thread owns one column and a
 // fixed slice of rows, reduced across slices in a fixed order, so d_weight is bitwise deterministic
 // (no atomics). Tested in tests/gpu/kernels_dense_test.cpp.
+#include <algorithm>
+
 #include "kernels/cuda/common.cuh"
 
 namespace ferry::kernels::cuda {
@@ -69,6 +74,92 @@ __global__ void rms_norm_kernel(T* __restrict__ out, float* __restrict__ rstd,
   }
 }
 
+// One warp per row (kRowsPerBlock rows per CTA); lane i holds vectors i, i + 32, ... (up to kVpt).
+template <typename T, int kVpt>
+__global__ void rms_norm_warp_regs_kernel(T* __restrict__ out, float* __restrict__ rstd,
+                                          const T* __restrict__ in, const T* __restrict__ weight,
+                                          std::int64_t n, std::int64_t c, float eps) {
+  using V = Vec16<T>;
+  const int lane = threadIdx.x & 31;
+  const std::int64_t row =
+      static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  if (row >= n) return;
+  const std::int64_t nv = c / V::kN;
+  const V* xv = reinterpret_cast<const V*>(in + row * c);
+  V x[kVpt];
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kVpt; ++j) {
+    const std::int64_t i = lane + 32 * j;
+    if (i < nv) {
+      x[j] = xv[i];
+#pragma unroll
+      for (int e = 0; e < V::kN; ++e) {
+        const float f = to_f32(x[j].v[e]);
+        ss = fmaf(f, f, ss);
+      }
+    }
+  }
+  ss = warp_sum(ss);
+  const float r = rsqrtf(ss / static_cast<float>(c) + eps);
+  if (rstd != nullptr && lane == 0) rstd[row] = r;
+  const V* wv = reinterpret_cast<const V*>(weight);
+  V* yv = reinterpret_cast<V*>(out + row * c);
+#pragma unroll
+  for (int j = 0; j < kVpt; ++j) {
+    const std::int64_t i = lane + 32 * j;
+    if (i < nv) {
+      const V w = wv[i];
+      V o;
+#pragma unroll
+      for (int e = 0; e < V::kN; ++e) o.v[e] = from_f32<T>(to_f32(x[j].v[e]) * r * to_f32(w.v[e]));
+      yv[i] = o;
+    }
+  }
+}
+
+// One CTA per row; thread i holds vectors i, i + blockDim, ... (kVpt of them) in registers.
+template <typename T, int kVpt>
+__global__ void __launch_bounds__(1024)
+    rms_norm_row_kernel(T* __restrict__ out, float* __restrict__ rstd, const T* __restrict__ in,
+                        const T* __restrict__ weight, std::int64_t c, float eps) {
+  using V = Vec16<T>;
+  __shared__ float scratch[32];
+  const std::int64_t row = blockIdx.x;
+  const std::int64_t nv = c / V::kN;
+  const V* xv = reinterpret_cast<const V*>(in + row * c);
+  V x[kVpt];
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kVpt; ++j) {
+    const std::int64_t i = threadIdx.x + static_cast<std::int64_t>(j) * blockDim.x;
+    if (i < nv) {
+      x[j] = xv[i];
+#pragma unroll
+      for (int e = 0; e < V::kN; ++e) {
+        const float f = to_f32(x[j].v[e]);
+        ss = fmaf(f, f, ss);
+      }
+    }
+  }
+  ss = block_sum(ss, scratch);
+  const float r = rsqrtf(ss / static_cast<float>(c) + eps);
+  if (rstd != nullptr && threadIdx.x == 0) rstd[row] = r;
+  const V* wv = reinterpret_cast<const V*>(weight);
+  V* yv = reinterpret_cast<V*>(out + row * c);
+#pragma unroll
+  for (int j = 0; j < kVpt; ++j) {
+    const std::int64_t i = threadIdx.x + static_cast<std::int64_t>(j) * blockDim.x;
+    if (i < nv) {
+      const V w = wv[i];
+      V o;
+#pragma unroll
+      for (int e = 0; e < V::kN; ++e) o.v[e] = from_f32<T>(to_f32(x[j].v[e]) * r * to_f32(w.v[e]));
+      yv[i] = o;
+    }
+  }
+}
+
 template <typename T>
 __global__ void rms_norm_backward_dx_kernel(T* __restrict__ d_in, const T* __restrict__ d_out,
                                             const T* __restrict__ in, const T* __restrict__ weight,
@@ -123,7 +214,41 @@ cudaError_t launch_rms_norm(Elt e, void* out, float* rstd, const void* in, const
   return dispatch_elt(e, [&](auto tag) {
     using T = decltype(tag);
     const bool vec = c % Vec16<T>::kN == 0 && aligned16(out) && aligned16(in) && aligned16(weight);
-    if (vec) {
+    const std::int64_t nv = c / Vec16<T>::kN;
+    const unsigned warp_blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
+    auto warp_regs = [&](auto kernel) {
+      kernel<<<warp_blocks, 32 * kRowsPerBlock, 0, stream>>>(
+          static_cast<T*>(out), rstd, static_cast<const T*>(in), static_cast<const T*>(weight), n,
+          c, eps);
+    };
+    if (vec && nv >= 64 && nv <= 16 * 32) {
+      if (nv <= 2 * 32) {
+        warp_regs(rms_norm_warp_regs_kernel<T, 2>);
+      } else if (nv <= 4 * 32) {
+        warp_regs(rms_norm_warp_regs_kernel<T, 4>);
+      } else if (nv <= 8 * 32) {
+        warp_regs(rms_norm_warp_regs_kernel<T, 8>);
+      } else {
+        warp_regs(rms_norm_warp_regs_kernel<T, 16>);
+      }
+    } else if (vec && nv > 16 * 32 && nv <= 8 * 1024) {
+      const int threads = static_cast<int>(std::min<std::int64_t>(1024, (nv + 31) / 32 * 32));
+      const std::int64_t vpt = (nv + threads - 1) / threads;
+      const unsigned rows = static_cast<unsigned>(n);
+      auto go = [&](auto kernel) {
+        kernel<<<rows, threads, 0, stream>>>(static_cast<T*>(out), rstd, static_cast<const T*>(in),
+                                             static_cast<const T*>(weight), c, eps);
+      };
+      if (vpt == 1) {
+        go(rms_norm_row_kernel<T, 1>);
+      } else if (vpt == 2) {
+        go(rms_norm_row_kernel<T, 2>);
+      } else if (vpt <= 4) {
+        go(rms_norm_row_kernel<T, 4>);
+      } else {
+        go(rms_norm_row_kernel<T, 8>);
+      }
+    } else if (vec) {
       rms_norm_kernel<T, true><<<blocks, 32 * kRowsPerBlock, 0, stream>>>(
           static_cast<T*>(out), rstd, static_cast<const T*>(in), static_cast<const T*>(weight), n,
           c, eps);
