@@ -22,6 +22,13 @@ Status rt_event_record(void* event, void* stream);
 Result<bool> rt_event_query(void* event);
 Status rt_event_synchronize(void* event);
 
+// CUDA graphs (graph.h): thread-local capture on a stream; end returns the instantiated
+// cudaGraphExec_t (the intermediate cudaGraph_t is destroyed).
+Status rt_graph_begin_capture(void* stream);
+Result<void*> rt_graph_end_capture(void* stream, int device);
+Status rt_graph_launch(void* exec, void* stream);
+void rt_graph_destroy(void* exec, int device);
+
 enum class RtCopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice, kHostToHost };
 Status rt_memcpy_async(void* dst, const void* src, std::size_t bytes, RtCopyKind kind,
                        void* stream);

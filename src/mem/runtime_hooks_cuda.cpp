@@ -69,6 +69,38 @@ Status rt_event_synchronize(void* event) {
   return {};
 }
 
+Status rt_graph_begin_capture(void* stream) {
+  // Thread-local mode: another thread's unsafe calls (cudaMalloc, ...) do not break this capture,
+  // while this thread's are refused with an error instead of being silently recorded.
+  FERRY_CUDA_TRY(
+      cudaStreamBeginCapture(static_cast<cudaStream_t>(stream), cudaStreamCaptureModeThreadLocal));
+  return {};
+}
+
+Result<void*> rt_graph_end_capture(void* stream, int device) {
+  ScopedDevice guard(device);
+  FERRY_CUDA_TRY(guard.status());
+  cudaGraph_t graph = nullptr;
+  FERRY_CUDA_TRY(cudaStreamEndCapture(static_cast<cudaStream_t>(stream), &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);  // the executable graph does not need it
+  FERRY_CUDA_TRY(e);
+  return static_cast<void*>(exec);
+}
+
+Status rt_graph_launch(void* exec, void* stream) {
+  FERRY_CUDA_TRY(
+      cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec), static_cast<cudaStream_t>(stream)));
+  return {};
+}
+
+void rt_graph_destroy(void* exec, int device) {
+  ScopedDevice guard(device);
+  const cudaError_t e = cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec));
+  FERRY_CHECK(e == cudaSuccess, "mem: cudaGraphExecDestroy failed: {}", cudaGetErrorName(e));
+}
+
 Status rt_memcpy_async(void* dst, const void* src, std::size_t bytes, RtCopyKind kind,
                        void* stream) {
   cudaMemcpyKind k = cudaMemcpyDefault;

@@ -28,6 +28,11 @@ Status rt_event_record(void*, void*) { no_handles("rt_event_record"); }
 Result<bool> rt_event_query(void*) { no_handles("rt_event_query"); }
 Status rt_event_synchronize(void*) { no_handles("rt_event_synchronize"); }
 
+Status rt_graph_begin_capture(void*) { no_handles("rt_graph_begin_capture"); }
+Result<void*> rt_graph_end_capture(void*, int) { no_handles("rt_graph_end_capture"); }
+Status rt_graph_launch(void*, void*) { no_handles("rt_graph_launch"); }
+void rt_graph_destroy(void*, int) { no_handles("rt_graph_destroy"); }
+
 Status rt_memcpy_async(void*, const void*, std::size_t, RtCopyKind, void*) {
   no_handles("rt_memcpy_async");
 }
