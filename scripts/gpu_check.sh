@@ -52,12 +52,16 @@ else
   echo "manual link: $(ls "$GT" "$BENCH" 2>&1 | tr '\n' ' ')"
   timeout 200 "$GT" >"$OUT/ctest.log" 2>&1 || status=1
 fi
+# The attention forward's 16-rows-per-warp variant (FERRY_ATTN_FWD_MT=1) is tested too.
+FERRY_ATTN_FWD_MT=1 timeout 100 "$GT" --gtest_filter='KernelsAttention.*' >>"$OUT/ctest.log" 2>&1 || status=1
 grep -E "tests passed|PASSED|FAILED|Failed|Error|Expected|Which is|err |failure" "$OUT/ctest.log" | head -60
 
 PY=python3
 $PY -c "import torch" 2>/dev/null || PY=/opt/torch/.venv/bin/python3
 timeout 150 "$BENCH" --benchmark_out="$OUT/ferry_bench.json" \
   --benchmark_out_format=json >"$OUT/summary.log" 2>&1
+FERRY_ATTN_FWD_MT=1 timeout 60 "$BENCH" --benchmark_filter=AttnFwdBwd \
+  --benchmark_out="$OUT/ferry_bench_fwd_mt1.json" --benchmark_out_format=json >>"$OUT/summary.log" 2>&1
 timeout 120 $PY tools/bench/torch_baselines.py --out "$OUT/torch_bench.json" >>"$OUT/summary.log" 2>&1
 $PY tools/bench/compare.py "$OUT/ferry_bench.json" "$OUT/torch_bench.json" \
   --out "$OUT/bench_summary.json" >>"$OUT/summary.log" 2>&1

@@ -8,6 +8,8 @@
 // tiles) are scheduled first, so the short blocks fill the tail of the grid. Writes lse =
 // log-sum-exp of the scaled scores (natural log) for the backward. Deterministic (no atomics, fixed
 // order). Tested in tests/gpu/kernels_attention_test.cpp against the reference backend.
+#include <cstdlib>
+
 #include "kernels/cuda/attention_common.cuh"
 
 namespace ferry::kernels::cuda {
@@ -15,15 +17,17 @@ namespace {
 
 using namespace attn;
 
-constexpr int kBM = 64;  // query rows per CTA
-constexpr int kBN = 64;  // keys per tile
-
-template <int D>
+// Each warp owns kMT m-tiles (16 * kMT query rows), so every K and V fragment read from shared
+// memory feeds kMT MMAs (FA2's reuse); the CTA's 4 warps cover kBM = 64 * kMT rows. Q fragments
+// stay in registers; S, P and O are in registers.
+template <int D, int kMT, int kBN>
 __global__ void __launch_bounds__(kThreads)
     attention_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse,
                          const bf16* __restrict__ q, const bf16* __restrict__ k,
                          const bf16* __restrict__ v, const std::int32_t* __restrict__ cu,
                          AttnShape sh, float scale_log2) {
+  constexpr int kBM = 64 * kMT;
+  constexpr int kWarpRows = 16 * kMT;
   constexpr int kStr = D + 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* qs = reinterpret_cast<bf16*>(smem_raw);
@@ -40,6 +44,7 @@ __global__ void __launch_bounds__(kThreads)
   const std::int64_t kvh = h / (sh.h / sh.g);
   const std::int64_t s0 = sb.start, len = sb.len, q0 = sb.block * kBM;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const std::int64_t qw = q0 + warp * kWarpRows;  // this warp's first row
 
   const std::int64_t kend = sh.causal ? min(len, q0 + kBM) : len;
   const std::int64_t tiles = (kend + kBN - 1) / kBN;
@@ -51,15 +56,25 @@ __global__ void __launch_bounds__(kThreads)
   cp_async_commit();
   cp_async_wait_all();
   __syncthreads();
-  std::uint32_t qf[D / 16][4];
+  std::uint32_t qf[kMT][D / 16][4];
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) load_a(qf[kk], qs, kStr, warp * 16, kk);
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      load_a(qf[mt][kk], qs, kStr, warp * kWarpRows + mt * 16, kk);
 
-  float o[D / 8][4];
+  float o[kMT][D / 8][4];
+  float m[kMT][2], l[kMT][2];
+  std::int64_t qi[kMT][2];
 #pragma unroll
-  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  const std::int64_t qi[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.0f;
+    m[mt][0] = m[mt][1] = -INFINITY;
+    l[mt][0] = l[mt][1] = 0.0f;
+    qi[mt][0] = qw + mt * 16 + g;
+    qi[mt][1] = qw + mt * 16 + g + 8;
+  }
 
   for (std::int64_t j = 0; j < tiles; ++j) {
     const std::int64_t k0 = j * kBN;
@@ -72,108 +87,137 @@ __global__ void __launch_bounds__(kThreads)
       load_rows_async<D>(vbuf + ((j + 1) & 1) * kTile, v, s0, k0 + kBN, len, kBN, sh.g, kvh);
     }
     cp_async_commit();
+    // Causal: a tile entirely right of this warp's last row contributes nothing to it.
+    if (sh.causal && k0 > qw + kWarpRows - 1) continue;
     const bf16* ks = kbuf + (j & 1) * kTile;
     const bf16* vs = vbuf + (j & 1) * kTile;
 
-    float s[kBN / 8][4];
+    float s[kMT][kBN / 8][4];
 #pragma unroll
-    for (int i = 0; i < kBN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int i = 0; i < kBN / 8; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
       for (int nt = 0; nt < kBN / 8; nt += 2) {
         std::uint32_t b[4];
         ldmatrix_b_pair(b, ks, kStr, nt * 8, kk);
-        mma_bf16(s[nt], qf[kk], b[0], b[1]);
-        mma_bf16(s[nt + 1], qf[kk], b[2], b[3]);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_bf16(s[mt][nt], qf[mt][kk], b[0], b[1]);
+          mma_bf16(s[mt][nt + 1], qf[mt][kk], b[2], b[3]);
+        }
       }
     }
-    // Only the diagonal tile (causal) and the sequence's last tile need a mask.
-    const bool masked = k0 + kBN > len || (sh.causal && k0 + kBN > q0);
-    float mx[2] = {-INFINITY, -INFINITY};
+    // Only the diagonal tiles (causal) and the sequence's last tile need a mask.
+    const bool masked = k0 + kBN > len || (sh.causal && k0 + kBN > qw);
 #pragma unroll
-    for (int nt = 0; nt < kBN / 8; ++nt) {
+    for (int mt = 0; mt < kMT; ++mt) {
+      float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const std::int64_t kj = k0 + nt * 8 + 2 * t + (e & 1);
-        const int r = e >> 1;
-        const bool ok = !masked || (kj < len && (!sh.causal || kj <= qi[r]));
-        const float x = ok ? s[nt][e] * scale_log2 : -INFINITY;
-        s[nt][e] = x;
-        mx[r] = fmaxf(mx[r], x);
+      for (int nt = 0; nt < kBN / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const std::int64_t kj = k0 + nt * 8 + 2 * t + (e & 1);
+          const int r = e >> 1;
+          const bool ok = !masked || (kj < len && (!sh.causal || kj <= qi[mt][r]));
+          const float x = ok ? s[mt][nt][e] * scale_log2 : -INFINITY;
+          s[mt][nt][e] = x;
+          mx[r] = fmaxf(mx[r], x);
+        }
       }
-    }
-    float alpha[2], mu[2], rs[2] = {0.0f, 0.0f};
+      float alpha[2], mu[2], rs[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float mn = fmaxf(m[r], mx[r]);
-      mu[r] = mn == -INFINITY ? 0.0f : mn;
-      alpha[r] = fast_exp2(m[r] - mu[r]);
-      m[r] = mn;
-    }
-#pragma unroll
-    for (int nt = 0; nt < kBN / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float p = fast_exp2(s[nt][e] - mu[e >> 1]);
-        s[nt][e] = p;
-        rs[e >> 1] += p;
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float mn = fmaxf(m[mt][r], mx[r]);
+        mu[r] = mn == -INFINITY ? 0.0f : mn;
+        alpha[r] = fast_exp2(m[mt][r] - mu[r]);
+        m[mt][r] = mn;
       }
-    }
-    l[0] = l[0] * alpha[0] + rs[0];
-    l[1] = l[1] * alpha[1] + rs[1];
 #pragma unroll
-    for (int nd = 0; nd < D / 8; ++nd) {
-      o[nd][0] *= alpha[0];
-      o[nd][1] *= alpha[0];
-      o[nd][2] *= alpha[1];
-      o[nd][3] *= alpha[1];
+      for (int nt = 0; nt < kBN / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float p = fast_exp2(s[mt][nt][e] - mu[e >> 1]);
+          s[mt][nt][e] = p;
+          rs[e >> 1] += p;
+        }
+      }
+      l[mt][0] = l[mt][0] * alpha[0] + rs[0];
+      l[mt][1] = l[mt][1] * alpha[1] + rs[1];
+#pragma unroll
+      for (int nd = 0; nd < D / 8; ++nd) {
+        o[mt][nd][0] *= alpha[0];
+        o[mt][nd][1] *= alpha[0];
+        o[mt][nd][2] *= alpha[1];
+        o[mt][nd][3] *= alpha[1];
+      }
     }
 #pragma unroll
     for (int kc = 0; kc < kBN / 16; ++kc) {
-      std::uint32_t a[4];
-      c_to_a(a, s[2 * kc], s[2 * kc + 1]);
+      std::uint32_t a[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) c_to_a(a[mt], s[mt][2 * kc], s[mt][2 * kc + 1]);
 #pragma unroll
       for (int nd = 0; nd < D / 8; ++nd) {
         std::uint32_t b0, b1;
         ldmatrix_b_trans(b0, b1, vs + kc * 16 * kStr + nd * 8, kStr);
-        mma_bf16(o[nd], a, b0, b1);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) mma_bf16(o[mt][nd], a[mt], b0, b1);
       }
     }
   }
+  cp_async_wait_all();
 
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    if (qi[r] >= len) continue;
-    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-    bf16* dst = out + ((s0 + qi[r]) * sh.h + h) * D + 2 * t;
+  for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-    for (int nd = 0; nd < D / 8; ++nd) {
-      const std::uint32_t pk = pack_bf16(o[nd][2 * r] * inv, o[nd][2 * r + 1] * inv);
-      *reinterpret_cast<std::uint32_t*>(dst + nd * 8) = pk;
+    for (int r = 0; r < 2; ++r) {
+      float lr = l[mt][r];
+      lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+      lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+      const std::int64_t row = qi[mt][r];
+      if (row >= len) continue;
+      const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+      bf16* dst = out + ((s0 + row) * sh.h + h) * D + 2 * t;
+#pragma unroll
+      for (int nd = 0; nd < D / 8; ++nd) {
+        const std::uint32_t pk = pack_bf16(o[mt][nd][2 * r] * inv, o[mt][nd][2 * r + 1] * inv);
+        *reinterpret_cast<std::uint32_t*>(dst + nd * 8) = pk;
+      }
+      if (lse != nullptr && t == 0)
+        lse[h * sh.t + s0 + row] = lr > 0.0f ? (m[mt][r] + log2f(lr)) * kLn2 : -INFINITY;
     }
-    if (lse != nullptr && t == 0)
-      lse[h * sh.t + s0 + qi[r]] = l[r] > 0.0f ? (m[r] + log2f(l[r])) * kLn2 : -INFINITY;
   }
 }
 
-template <int D>
+template <int D, int kMT, int kBN>
 cudaError_t launch_fwd_d(void* out, float* lse, const void* q, const void* k, const void* v,
                          const std::int32_t* cu, AttnShape sh, cudaStream_t stream) {
   constexpr int kStr = D + 8;
+  constexpr int kBM = 64 * kMT;
   const int smem = (kBM + 4 * kBN) * kStr * static_cast<int>(sizeof(bf16));
-  cudaError_t err = cudaFuncSetAttribute(attention_fwd_kernel<D>,
+  cudaError_t err = cudaFuncSetAttribute(attention_fwd_kernel<D, kMT, kBN>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(grid_blocks(sh.t, sh.s, kBM), static_cast<unsigned>(sh.h));
-  attention_fwd_kernel<D><<<grid, kThreads, smem, stream>>>(
+  attention_fwd_kernel<D, kMT, kBN><<<grid, kThreads, smem, stream>>>(
       static_cast<bf16*>(out), lse, static_cast<const bf16*>(q), static_cast<const bf16*>(k),
       static_cast<const bf16*>(v), cu, sh, sh.scale * kLog2e);
   return cudaGetLastError();
+}
+
+// Rows per warp: 32 (2 m-tiles, default) or 16 with FERRY_ATTN_FWD_MT=1 (kept to compare the two
+// on other GPUs; scripts/gpu_check.sh tests both).
+int fwd_m_tiles() {
+  static const int mt = [] {
+    const char* e = std::getenv("FERRY_ATTN_FWD_MT");
+    return e != nullptr && e[0] == '1' ? 1 : 2;
+  }();
+  return mt;
 }
 
 }  // namespace
@@ -182,11 +226,14 @@ cudaError_t launch_attention_fwd(void* out, float* lse, const void* q, const voi
                                  const std::int32_t* cu_seqlens, AttnShape sh,
                                  cudaStream_t stream) {
   if (sh.t == 0) return cudaSuccess;
+  const bool two = fwd_m_tiles() == 2;
   switch (sh.d) {
     case 64:
-      return launch_fwd_d<64>(out, lse, q, k, v, cu_seqlens, sh, stream);
+      return two ? launch_fwd_d<64, 2, 64>(out, lse, q, k, v, cu_seqlens, sh, stream)
+                 : launch_fwd_d<64, 1, 64>(out, lse, q, k, v, cu_seqlens, sh, stream);
     case 128:
-      return launch_fwd_d<128>(out, lse, q, k, v, cu_seqlens, sh, stream);
+      return two ? launch_fwd_d<128, 2, 32>(out, lse, q, k, v, cu_seqlens, sh, stream)
+                 : launch_fwd_d<128, 1, 64>(out, lse, q, k, v, cu_seqlens, sh, stream);
     default:
       return cudaErrorInvalidValue;  // the backend reports unimplemented before getting here
   }
