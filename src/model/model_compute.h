@@ -2,10 +2,17 @@
 // Whole-model forward and backward of a decoder-only transformer (Llama, Qwen2/2.5, Qwen3,
 // Qwen3-MoE, Mixtral, OLMoE) on any Backend, over a packed batch of variable-length sequences.
 //
-// This is the straight-line, everything-resident path: every activation backward needs is kept
-// (the streaming trainer [T1] replaces this memory policy, not the arithmetic). It is the path the
-// golden tests compare against transformers (tests/golden/model_golden_test.cpp) and what
-// `ferry perplexity` runs.
+// Two ways to drive it, same arithmetic, same bits:
+//   whole model  forward()/backward(): every activation backward needs is kept, per layer. This is
+//                the path the golden tests compare against transformers
+//                (tests/golden/model_golden_test.cpp) and what `ferry perplexity` runs.
+//   per layer    embed / layer_forward / head_forward, then head_backward / layer_backward /
+//                embed_backward (train/stream): the caller owns the layer boundaries (each
+//                layer's input) and decides where they live; ModelCompute keeps the internals of
+//                the last layer_forward in one of `work_layers` workspaces, and layer_backward(l)
+//                consumes those of layer l, so an executor recomputes a layer's internals from its
+//                boundary just before the layer's backward. The CPU kernels are deterministic for
+//                a given thread count, so a recomputed layer is bit-identical to the first pass.
 //
 // Memory is planned, not discovered: ModelCompute sizes every activation buffer for max_tokens at
 // construction; forward()/backward() never allocate. Buffers live in host memory, so the backend
@@ -98,9 +105,16 @@ struct ForwardResult {
 class ModelCompute {
  public:
   // max_tokens: the largest T forward() will be called with. Allocates every buffer now.
+  // work_layers: how many layers' internal activations are kept (default: all L, which the
+  // whole-model forward()/backward() need; the per-layer API works with 1).
   static Result<std::unique_ptr<ModelCompute>> create(const DecoderGeometry& geo,
                                                       std::int64_t max_tokens,
-                                                      kernels::Backend& backend);
+                                                      kernels::Backend& backend,
+                                                      int work_layers = -1);
+  // Bytes create() would allocate for these arguments (activations + scratch + the loss chunk's
+  // workspace), without allocating: what a planner charges for ModelCompute's buffers.
+  static Result<std::size_t> planned_bytes(const DecoderGeometry& geo, std::int64_t max_tokens,
+                                           kernels::Backend& backend, int work_layers = -1);
 
   // Runs the model over the batch. When targets are given, fills nll_out ([T] f32, optional)
   // and returns the loss; when logits_out ([T, V] f32) is given, writes the full logits too (tests
@@ -112,8 +126,37 @@ class ModelCompute {
   // (zero them first for a fresh step). Requires targets in the batch.
   Status backward(const ModelParams& params, const PackedBatch& batch, const ModelGrads& grads);
 
+  // ---- Per-layer API (see the header comment). T = batch.ids.numel() <= max_tokens. ----
+  // x0 [T, C] = table[ids].
+  Status embed(const ConstTensorView& table, const PackedBatch& batch, const TensorView& x0);
+  // x_out [T, C] = layer l (x_in [T, C]); keeps the layer's internals in workspace l % work_layers
+  // (overwriting what was there). x_in must stay unchanged until layer_backward(l).
+  Status layer_forward(int l, const LayerTensors<ConstTensorView>& p, const PackedBatch& batch,
+                       const ConstTensorView& x_in, const TensorView& x_out);
+  // Final norm + fused lm_head / cross-entropy over x_final [T, C] (kept by the caller until
+  // head_backward). Requires targets.
+  Result<ForwardResult> head_forward(const ConstTensorView& final_norm,
+                                     const ConstTensorView& lm_head, const PackedBatch& batch,
+                                     const ConstTensorView& x_final, TensorView nll_out = {});
+  // Gradients of the mean loss of the last head_forward: ADDED into d_final_norm and d_lm_head;
+  // leaves d loss / d x_final in the running gradient.
+  Status head_backward(const ConstTensorView& final_norm, const ConstTensorView& lm_head,
+                       const TensorView& d_final_norm, const TensorView& d_lm_head,
+                       const PackedBatch& batch, const ConstTensorView& x_final);
+  // Running gradient d(layer l output) -> d(layer l input); weight gradients ADDED into g. Uses
+  // the internals of the last layer_forward(l) (same x_in, same weights, same batch).
+  Status layer_backward(int l, const LayerTensors<ConstTensorView>& p,
+                        const LayerTensors<TensorView>& g, const PackedBatch& batch,
+                        const ConstTensorView& x_in);
+  // Running gradient -> embedding rows (ADDED into d_table; padding_idx rows excluded).
+  Status embed_backward(const TensorView& d_table, const PackedBatch& batch);
+  // True when the last head_forward counted no target (then there is no gradient at all).
+  bool last_loss_empty() const { return last_counted_ == 0; }
+
   const DecoderGeometry& geometry() const { return geo_; }
   std::size_t activation_bytes() const;
+  // Everything create() allocated (activations + scratch + cross-entropy workspace).
+  std::size_t total_bytes() const;
 
  private:
   struct LayerActs;
@@ -122,22 +165,31 @@ class ModelCompute {
   ~ModelCompute();
   friend struct std::default_delete<ModelCompute>;
 
-  Status layer_forward(int l, const LayerTensors<ConstTensorView>& p, std::int64_t T,
-                       const PackedBatch& batch);
-  Status layer_backward(int l, const LayerTensors<ConstTensorView>& p,
-                        const LayerTensors<TensorView>& g, std::int64_t T,
-                        const PackedBatch& batch);
-  Status attention_forward(int l, const LayerTensors<ConstTensorView>& p, std::int64_t T,
-                           const PackedBatch& batch);
-  Status attention_backward(int l, const LayerTensors<ConstTensorView>& p,
+  // The internal steps work on one layer's workspace `a`; x_in/x_out are [T*C] f32.
+  Status run_layer_forward(int l, LayerActs& a, const LayerTensors<ConstTensorView>& p,
+                           std::int64_t T, const PackedBatch& batch, const float* x_in,
+                           float* x_out);
+  Status run_layer_backward(int l, LayerActs& a, const LayerTensors<ConstTensorView>& p,
+                            const LayerTensors<TensorView>& g, std::int64_t T,
+                            const PackedBatch& batch, const float* x_in);
+  Status attention_forward(LayerActs& a, const LayerTensors<ConstTensorView>& p, std::int64_t T,
+                           const PackedBatch& batch, const float* x_in);
+  Status attention_backward(LayerActs& a, const LayerTensors<ConstTensorView>& p,
                             const LayerTensors<TensorView>& g, std::int64_t T,
                             const PackedBatch& batch);
-  Status mlp_forward(int l, const LayerTensors<ConstTensorView>& p, std::int64_t T);
-  Status mlp_backward(int l, const LayerTensors<ConstTensorView>& p,
+  Status mlp_forward(LayerActs& a, const LayerTensors<ConstTensorView>& p, std::int64_t T);
+  Status mlp_backward(LayerActs& a, const LayerTensors<ConstTensorView>& p,
                       const LayerTensors<TensorView>& g, std::int64_t T);
-  Status moe_forward(int l, const LayerTensors<ConstTensorView>& p, std::int64_t T);
-  Status moe_backward(int l, const LayerTensors<ConstTensorView>& p,
+  Status moe_forward(LayerActs& a, const LayerTensors<ConstTensorView>& p, std::int64_t T);
+  Status moe_backward(LayerActs& a, const LayerTensors<ConstTensorView>& p,
                       const LayerTensors<TensorView>& g, std::int64_t T);
+  Status check_layer_call(int l, const PackedBatch& batch, const ConstTensorView& x) const;
+  Result<ForwardResult> run_head_forward(const ConstTensorView& lm_head, const PackedBatch& batch,
+                                         TensorView nll_out);
+  Status run_head_backward(const ConstTensorView& final_norm, const ConstTensorView& lm_head,
+                           const TensorView& d_final_norm, const TensorView& d_lm_head,
+                           const PackedBatch& batch, const float* x_final);
+  Status run_embed_backward(const TensorView& d_table, const PackedBatch& batch);
 
   DecoderGeometry geo_;
   std::int64_t max_tokens_;

@@ -36,9 +36,8 @@ static Status linear_backward(kernels::Backend& be, const TensorView& dx, const 
   return be.gemm({.out = dx, .a = dy, .b = w, .beta = accumulate_dx ? 1.0f : 0.0f}, host());
 }
 
-Status ModelCompute::mlp_backward(int l, const LayerTensors<ConstTensorView>& p,
+Status ModelCompute::mlp_backward(LayerActs& a, const LayerTensors<ConstTensorView>& p,
                                   const LayerTensors<TensorView>& g, std::int64_t T) {
-  LayerActs& a = acts_[l];
   Scratch& s = *scratch_;
   const std::int64_t C = geo_.hidden, F = geo_.mlp_width;
   const ConstTensorView dy = f32_view(s.dx, {T, C});
@@ -61,9 +60,8 @@ Status ModelCompute::mlp_backward(int l, const LayerTensors<ConstTensorView>& p,
                          ones, true);
 }
 
-Status ModelCompute::moe_backward(int l, const LayerTensors<ConstTensorView>& p,
+Status ModelCompute::moe_backward(LayerActs& a, const LayerTensors<ConstTensorView>& p,
                                   const LayerTensors<TensorView>& g, std::int64_t T) {
-  LayerActs& a = acts_[l];
   Scratch& s = *scratch_;
   const std::int64_t C = geo_.hidden, E = geo_.experts, K = geo_.top_k, Fe = geo_.expert_width;
   // y = combine(eout, weights)
@@ -123,10 +121,9 @@ Status ModelCompute::moe_backward(int l, const LayerTensors<ConstTensorView>& p,
                          f32_view(a.h2, {T, C}), p.router, f32_view(s.ones, {T}), true);
 }
 
-Status ModelCompute::attention_backward(int l, const LayerTensors<ConstTensorView>& p,
+Status ModelCompute::attention_backward(LayerActs& a, const LayerTensors<ConstTensorView>& p,
                                         const LayerTensors<TensorView>& g, std::int64_t T,
                                         const PackedBatch& batch) {
-  LayerActs& a = acts_[l];
   Scratch& s = *scratch_;
   const std::int64_t C = geo_.hidden, H = geo_.heads, G = geo_.kv_heads, D = geo_.head_dim;
   const ConstTensorView ones = f32_view(s.ones, {T});
@@ -198,14 +195,13 @@ Status ModelCompute::attention_backward(int l, const LayerTensors<ConstTensorVie
 }
 
 // On entry s.dx holds d loss / d (layer output); on exit d loss / d (layer input).
-Status ModelCompute::layer_backward(int l, const LayerTensors<ConstTensorView>& p,
-                                    const LayerTensors<TensorView>& g, std::int64_t T,
-                                    const PackedBatch& batch) {
-  LayerActs& a = acts_[l];
+Status ModelCompute::run_layer_backward(int l, LayerActs& a, const LayerTensors<ConstTensorView>& p,
+                                        const LayerTensors<TensorView>& g, std::int64_t T,
+                                        const PackedBatch& batch, const float* x_in) {
   Scratch& s = *scratch_;
   const std::int64_t C = geo_.hidden;
   // x_out = x_mid + mlp(h2): dh = d mlp input
-  FERRY_TRY(geo_.layer_is_moe[l] ? moe_backward(l, p, g, T) : mlp_backward(l, p, g, T));
+  FERRY_TRY(geo_.layer_is_moe[l] ? moe_backward(a, p, g, T) : mlp_backward(a, p, g, T));
   // h2 = rms_norm(x_mid): dx_mid = dx + norm_backward(dh)
   const TensorView tmp = f32_view(s.tmp_c, {T, C});
   FERRY_TRY(be_.rms_norm_backward({.d_in = tmp,
@@ -217,17 +213,91 @@ Status ModelCompute::layer_backward(int l, const LayerTensors<ConstTensorView>& 
                                   host()));
   FERRY_TRY(
       be_.add({.out = f32_view(s.dx_mid, {T, C}), .a = f32_view(s.dx, {T, C}), .b = tmp}, host()));
-  FERRY_TRY(attention_backward(l, p, g, T, batch));
+  FERRY_TRY(attention_backward(a, p, g, T, batch));
   // h1 = rms_norm(x_in): dx = dx_mid + norm_backward(dh)
-  FERRY_TRY(be_.rms_norm_backward({.d_in = tmp,
-                                   .d_weight = g.attn_norm,
-                                   .d_out = f32_view(s.dh, {T, C}),
-                                   .in = f32_view(a.x_in, {T, C}),
-                                   .weight = p.attn_norm,
-                                   .rstd = f32_view(a.rstd1, {T})},
-                                  host()));
+  FERRY_TRY(be_.rms_norm_backward(
+      {.d_in = tmp,
+       .d_weight = g.attn_norm,
+       .d_out = f32_view(s.dh, {T, C}),
+       .in = ConstTensorView::contiguous(x_in, DType::kF32, Device::kCpu, {T, C}),
+       .weight = p.attn_norm,
+       .rstd = f32_view(a.rstd1, {T})},
+      host()));
   return be_.add({.out = f32_view(s.dx, {T, C}), .a = f32_view(s.dx_mid, {T, C}), .b = tmp},
                  host());
+}
+
+// loss = mean nll over counted targets; logits = hf lm_head^T; hf = rms_norm(x_final).
+// Leaves d loss / d x_final in s.dx.
+Status ModelCompute::run_head_backward(const ConstTensorView& final_norm,
+                                       const ConstTensorView& lm_head,
+                                       const TensorView& d_final_norm, const TensorView& d_lm_head,
+                                       const PackedBatch& batch, const float* x_final) {
+  Scratch& s = *scratch_;
+  const std::int64_t T = batch.ids.numel(), C = geo_.hidden;
+  FERRY_TRY(be_.cross_entropy(
+      {.nll = f32_view(s.nll, {T}),
+       .d_hidden = f32_view(s.dh, {T, C}),
+       .d_weight = d_lm_head,
+       .workspace = TensorView::contiguous(s.ce_workspace.data(), DType::kU8, Device::kCpu,
+                                           {static_cast<std::int64_t>(s.ce_workspace.size())}),
+       .hidden = f32_view(s.hf, {T, C}),
+       .weight = lm_head,
+       .targets = batch.targets,
+       .chunk_tokens = kCeChunkTokens,
+       .grad_scale = 1.0f / static_cast<float>(last_counted_)},
+      host()));
+  return be_.rms_norm_backward(
+      {.d_in = f32_view(s.dx, {T, C}),
+       .d_weight = d_final_norm,
+       .d_out = f32_view(s.dh, {T, C}),
+       .in = ConstTensorView::contiguous(x_final, DType::kF32, Device::kCpu, {T, C}),
+       .weight = final_norm,
+       .rstd = f32_view(s.rstd_f, {T})},
+      host());
+}
+
+// x_in[0] = embed(ids). Like torch's Embedding(padding_idx=...), the padding row's gradient gets
+// no contribution from the lookup (the tied lm_head's contribution still counts).
+Status ModelCompute::run_embed_backward(const TensorView& d_table, const PackedBatch& batch) {
+  Scratch& s = *scratch_;
+  const std::int64_t T = batch.ids.numel(), C = geo_.hidden;
+  if (geo_.padding_idx >= 0) {
+    const auto* id = batch.ids.as<std::int32_t>();
+    for (std::int64_t t = 0; t < T; ++t) {
+      if (id[t] == geo_.padding_idx) std::fill_n(s.dx.begin() + t * C, C, 0.0f);
+    }
+  }
+  return be_.embedding_backward(
+      {.d_table = d_table, .d_out = f32_view(s.dx, {T, C}), .ids = batch.ids}, host());
+}
+
+Status ModelCompute::head_backward(const ConstTensorView& final_norm,
+                                   const ConstTensorView& lm_head, const TensorView& d_final_norm,
+                                   const TensorView& d_lm_head, const PackedBatch& batch,
+                                   const ConstTensorView& x_final) {
+  FERRY_TRY(check_layer_call(-1, batch, x_final));
+  if (batch.ids.numel() != last_T_) {
+    return invalid_argument("model: head_backward over {} tokens after a forward over {}",
+                            batch.ids.numel(), last_T_);
+  }
+  if (last_counted_ == 0) return {};  // every target ignored: the loss has no gradient
+  return run_head_backward(final_norm, lm_head, d_final_norm, d_lm_head, batch,
+                           x_final.as<float>());
+}
+
+Status ModelCompute::layer_backward(int l, const LayerTensors<ConstTensorView>& p,
+                                    const LayerTensors<TensorView>& g, const PackedBatch& batch,
+                                    const ConstTensorView& x_in) {
+  FERRY_TRY(check_layer_call(l, batch, x_in));
+  if (last_counted_ == 0) return {};
+  return run_layer_backward(l, acts_[l % acts_.size()], p, g, batch.ids.numel(), batch,
+                            x_in.as<float>());
+}
+
+Status ModelCompute::embed_backward(const TensorView& d_table, const PackedBatch& batch) {
+  if (last_counted_ == 0) return {};
+  return run_embed_backward(d_table, batch);
 }
 
 Status ModelCompute::backward(const ModelParams& params, const PackedBatch& batch,
@@ -241,43 +311,16 @@ Status ModelCompute::backward(const ModelParams& params, const PackedBatch& batc
     return invalid_argument("model: {} layer gradient sets for {} layers", grads.layers.size(),
                             geo_.layers);
   }
-  Scratch& s = *scratch_;
-  const std::int64_t C = geo_.hidden;
+  FERRY_CHECK(static_cast<int>(acts_.size()) == geo_.layers,
+              "model: whole-model backward on a ModelCompute created for the per-layer API");
   if (last_counted_ == 0) return {};  // every target ignored: the loss has no gradient
-  // loss = mean nll over counted targets; logits = hf lm_head^T
-  FERRY_TRY(be_.cross_entropy(
-      {.nll = f32_view(s.nll, {T}),
-       .d_hidden = f32_view(s.dh, {T, C}),
-       .d_weight = grads.lm_head,
-       .workspace = TensorView::contiguous(s.ce_workspace.data(), DType::kU8, Device::kCpu,
-                                           {static_cast<std::int64_t>(s.ce_workspace.size())}),
-       .hidden = f32_view(s.hf, {T, C}),
-       .weight = params.lm_head,
-       .targets = batch.targets,
-       .chunk_tokens = kCeChunkTokens,
-       .grad_scale = 1.0f / static_cast<float>(last_counted_)},
-      host()));
-  // hf = rms_norm(x_final)
-  FERRY_TRY(be_.rms_norm_backward({.d_in = f32_view(s.dx, {T, C}),
-                                   .d_weight = grads.final_norm,
-                                   .d_out = f32_view(s.dh, {T, C}),
-                                   .in = f32_view(s.x_final, {T, C}),
-                                   .weight = params.final_norm,
-                                   .rstd = f32_view(s.rstd_f, {T})},
-                                  host()));
+  FERRY_TRY(run_head_backward(params.final_norm, params.lm_head, grads.final_norm, grads.lm_head,
+                              batch, scratch_->x_final.data()));
   for (int l = geo_.layers - 1; l >= 0; --l) {
-    FERRY_TRY(layer_backward(l, params.layers[l], grads.layers[l], T, batch));
+    FERRY_TRY(run_layer_backward(l, acts_[l], params.layers[l], grads.layers[l], T, batch,
+                                 acts_[l].x_in.data()));
   }
-  // x_in[0] = embed(ids). Like torch's Embedding(padding_idx=...), the padding row's gradient
-  // gets no contribution from the lookup (the tied lm_head's contribution still counts).
-  if (geo_.padding_idx >= 0) {
-    const auto* id = batch.ids.as<std::int32_t>();
-    for (std::int64_t t = 0; t < T; ++t) {
-      if (id[t] == geo_.padding_idx) std::fill_n(s.dx.begin() + t * C, C, 0.0f);
-    }
-  }
-  return be_.embedding_backward(
-      {.d_table = grads.embed, .d_out = f32_view(s.dx, {T, C}), .ids = batch.ids}, host());
+  return run_embed_backward(grads.embed, batch);
 }
 
 }  // namespace ferry::model
