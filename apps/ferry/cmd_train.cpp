@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// `ferry train`: fine-tunes a model on the CPU with the in-memory reference executor
-// (src/train/trainer.h). Without --model/--data it trains the embedded default: a tiny
-// Qwen3-architecture model with a byte-level tokenizer on synthetic arithmetic word problems,
-// reporting exact-match accuracy on a held-out split (no downloads).
+// `ferry train`: fine-tunes a model on the CPU with the in-memory reference executor or the
+// layer-streaming executor (--executor stream; src/train/trainer.h, src/train/stream/). Without
+// --model/--data it trains the embedded default: a tiny Qwen3-architecture model with a byte-level
+// tokenizer on synthetic arithmetic word problems, reporting exact-match accuracy on a held-out
+// split (no downloads).
 //   ferry train --output-dir runs/demo
 //   ferry train --model DIR --data sft.jsonl --output-dir out --max-steps 200 --lr 1e-5
 //   ferry train --output-dir runs/q8 --optimizer-states 8bit --master bf16-kahan
+//   ferry train --output-dir runs/s --executor stream --policy every:2 --device-budget-mib 64
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -22,6 +24,7 @@ void register_train(CLI::App& app, CommandFn& run) {
   auto overlong = std::make_shared<std::string>("truncate");
   auto states = std::make_shared<std::string>("fp32");
   auto master = std::make_shared<std::string>("fp32");
+  auto executor = std::make_shared<std::string>("memory");
   auto* cmd = app.add_subcommand(
       "train", "fine-tune a model (CPU, in-memory); no --model/--data: the embedded demo");
   auto* model = cmd->add_option("--model", cfg->model_dir, "Hugging Face model folder")
@@ -91,7 +94,25 @@ void register_train(CLI::App& app, CommandFn& run) {
       ->check(CLI::Range(1, 64));
   cmd->add_option("--demo-hidden", cfg->builtin.hidden, "embedded model: hidden size (32 * heads)")
       ->check(CLI::Range(8, 4096));
-  cmd->callback([cfg, schedule, overlong, states, master, lr, &run] {
+  cmd->add_option("--executor", *executor,
+                  "memory (everything resident, the reference) or stream (layer streaming)")
+      ->check(CLI::IsMember({"memory", "stream"}));
+  cmd->add_option("--policy", cfg->policy,
+                  "stream: activation policy: device, host, nvme:DIR, every:K[:host|:nvme:DIR], "
+                  "mix:LETTERS[:DIR] (d/h/n/r per layer boundary)");
+  cmd->add_option("--plan", cfg->plan_file,
+                  "stream: run the activation policy of a `ferry plan` JSON (implies "
+                  "--executor stream)");
+  cmd->add_option("--nvme-dir", cfg->nvme_dir, "stream: directory for NVMe homes of a --plan");
+  cmd->add_option("--prefetch", cfg->prefetch, "stream: weight slots prefetched ahead")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--device-budget-mib", cfg->device_budget_mib,
+                  "stream: device-tier budget in MiB; a batch that does not fit is refused "
+                  "(0 = unlimited)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30));
+  cmd->callback([cfg, schedule, overlong, states, master, executor, lr, &run] {
+    cfg->executor = *executor == "stream" || !cfg->plan_file.empty() ? train::Executor::kStream
+                                                                     : train::Executor::kMemory;
     if (lr->count() == 0 && !cfg->model_dir.empty()) cfg->lr = 1e-5;
     auto sched = train::parse_lr_schedule(*schedule);
     if (!sched.ok()) throw CLI::ValidationError("--schedule", sched.status().message());

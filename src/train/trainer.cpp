@@ -19,6 +19,8 @@
 #include "model/tokenizer/chat_template.h"
 #include "train/batcher.h"
 #include "train/greedy_eval.h"
+#include "train/stream/plan_policy.h"
+#include "train/stream/stream_executor.h"
 #include "train/train_checkpoint.h"
 
 namespace ferry::train {
@@ -39,6 +41,8 @@ Status validate(const TrainConfig& c) {
   if (c.save_every < 0 || c.eval_every < 0 || c.log_every < 1) {
     return invalid_argument("train: --save-every/--eval-every must be >= 0, --log-every >= 1");
   }
+  if (c.prefetch < 1) return invalid_argument("train: --prefetch must be >= 1");
+  if (c.device_budget_mib < 0) return invalid_argument("train: --device-budget-mib must be >= 0");
   if (c.data_path.empty() != c.model_dir.empty()) {
     return invalid_argument(
         "train: give both --model and --data, or neither (the embedded default)");
@@ -212,6 +216,46 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
         arena.total() * static_cast<double>(sum.params) / 1e9, here);
   }
 
+  std::unique_ptr<stream::StreamExecutor> streamer;
+  if (!c.plan_file.empty() && c.executor != Executor::kStream) {
+    return invalid_argument("train: --plan runs on --executor stream");
+  }
+  if (c.executor == Executor::kStream) {
+    stream::ActivationPolicy policy;
+    if (!c.plan_file.empty()) {
+      FERRY_ASSIGN_OR_RETURN(const stream::PlanPolicy pp,
+                             stream::read_plan_policy(c.plan_file, s.geometry.layers, c.nvme_dir));
+      policy = pp.policy;
+      if (pp.batch_size != c.batch_size || pp.seq_len != c.seq_len) {
+        lg->warn("plan {} was solved for batch {} x seq {}; running batch {} x seq {}", c.plan_file,
+                 pp.batch_size, pp.seq_len, c.batch_size, c.seq_len);
+      }
+      if (pp.keep_weight_spans > 0) {
+        lg->warn("plan {}: {} spans keep their weights on the GPU; this executor re-streams them",
+                 c.plan_file, pp.keep_weight_spans);
+      }
+    } else {
+      FERRY_ASSIGN_OR_RETURN(policy, stream::parse_policy(c.policy, s.geometry.layers));
+    }
+    const stream::StreamOptions so{
+        .policy = policy,
+        .prefetch = c.prefetch,
+        .device_budget_bytes = c.device_budget_mib > 0
+                                   ? static_cast<std::size_t>(c.device_budget_mib) << 20
+                                   : mem::MemoryBudget::kUnlimited};
+    FERRY_ASSIGN_OR_RETURN(streamer,
+                           stream::StreamExecutor::create(s, c.batch_size, c.seq_len, so, be));
+    sum.host_bytes_per_param = streamer->arena().bytes_per_param();
+    lg->info(
+        "executor: stream | policy {} | {} weight slots | device tier {} planned (budget {}) | "
+        "host arena {} = {:.2f} bytes/param",
+        policy.describe(), c.prefetch + 1, mem::format_bytes(streamer->device_planned_bytes()),
+        c.device_budget_mib > 0 ? mem::format_bytes(so.device_budget_bytes) : "unlimited",
+        mem::format_bytes(streamer->arena().total_bytes()), sum.host_bytes_per_param);
+  }
+  // Eval, checkpoints and the export read TrainState: bring the streamed state back first.
+  auto sync_state = [&]() -> Status { return streamer ? streamer->store_to(s) : Status{}; };
+
   std::ofstream metrics;
   if (!c.metrics_out.empty()) {
     metrics.open(c.metrics_out, c.resume.empty() ? std::ios::trunc : std::ios::app);
@@ -219,6 +263,7 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
   }
   auto run_eval = [&](std::int64_t step) -> Status {
     if (job.eval.empty()) return {};
+    FERRY_TRY(sync_state());
     Timer t;
     FERRY_ASSIGN_OR_RETURN(const EvalResult r,
                            evaluate(*compute, s.params, *job.tok, job.eval, batcher.max_tokens(),
@@ -256,22 +301,37 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
   while (ts.step < c.max_steps) {
     const std::int64_t step = ts.step + 1;
     Timer step_timer;
-    s.grads->zero();
+    const double exposed_before = streamer ? streamer->stats().exposed_s : 0.0;
+    if (streamer) {
+      streamer->begin_step(c.grad_accum);
+    } else {
+      s.grads->zero();
+    }
     double loss = 0.0;
     std::int64_t useful = 0, padded = 0, computed = 0;
     for (int a = 0; a < c.grad_accum; ++a) {
       batcher.next(ts.cursor, mb);
       const model::PackedBatch batch = mb.view();
-      FERRY_ASSIGN_OR_RETURN(const model::ForwardResult r, compute->forward(s.params, batch));
-      FERRY_TRY(compute->backward(s.params, batch, s.grads->grads));
+      model::ForwardResult r;
+      if (streamer) {
+        FERRY_ASSIGN_OR_RETURN(r, streamer->micro_batch(batch));
+      } else {
+        FERRY_ASSIGN_OR_RETURN(r, compute->forward(s.params, batch));
+        FERRY_TRY(compute->backward(s.params, batch, s.grads->grads));
+      }
       loss += r.mean_loss() / c.grad_accum;
       useful += mb.useful_tokens;
       padded += mb.padded_tokens;
       computed += mb.tokens();
     }
     const double lr = lr_at(sched, ts.opt_step + 1);
-    FERRY_ASSIGN_OR_RETURN(const StepOutcome o,
-                           optimizer_step(s, c.adamw, lr, ts.opt_step + 1, c.grad_accum, be));
+    StepOutcome o;
+    if (streamer) {
+      FERRY_ASSIGN_OR_RETURN(o, streamer->finish_step(c.adamw, lr, ts.opt_step + 1));
+    } else {
+      FERRY_ASSIGN_OR_RETURN(o, optimizer_step(s, c.adamw, lr, ts.opt_step + 1, c.grad_accum, be));
+    }
+    const double exposed_ms = streamer ? (streamer->stats().exposed_s - exposed_before) * 1e3 : 0.0;
     ts.step = step;
     if (o.applied) {
       ++ts.opt_step;
@@ -284,12 +344,16 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
     sum.losses.push_back(loss);
     const double step_s = step_timer.elapsed_s();
     if (!c.quiet && (step % c.log_every == 0 || step == c.max_steps)) {
+      const std::string stream_part =
+          streamer ? fmt::format(" | exposed transfer {:.1f} ms | device peak {}", exposed_ms,
+                                 mem::format_bytes(streamer->device_peak_bytes()))
+                   : std::string();
       std::printf(
           "step %5lld/%lld | loss %.4f | lr %.2e | %7.1f ms | tok/s %.0f (padded %.0f, "
-          "computed %lld tok) | norm %.3f%s\n",
+          "computed %lld tok) | norm %.3f%s%s\n",
           static_cast<long long>(step), static_cast<long long>(c.max_steps), loss, lr, step_s * 1e3,
           double(useful) / step_s, double(padded) / step_s, static_cast<long long>(computed),
-          o.grad_norm, o.applied ? "" : " | SKIPPED");
+          o.grad_norm, stream_part.c_str(), o.applied ? "" : " | SKIPPED");
       std::fflush(stdout);
     }
     if (metrics.is_open()) {
@@ -305,7 +369,10 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
                       {"computed_tokens", computed},
                       {"grad_norm", o.grad_norm},
                       {"clip", o.clip},
-                      {"skipped", !o.applied}}
+                      {"skipped", !o.applied},
+                      {"exposed_transfer_ms", exposed_ms},
+                      {"device_peak_bytes",
+                       streamer ? static_cast<std::int64_t>(streamer->device_peak_bytes()) : 0}}
                      .dump()
               << "\n";
       metrics.flush();
@@ -322,10 +389,16 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
       FERRY_TRY(run_eval(step));
     }
     if (c.save_every > 0 && step % c.save_every == 0) {
+      FERRY_TRY(sync_state());
       FERRY_TRY(save_checkpoint(c.output_dir, s, ts, c.keep_checkpoints));
     }
   }
   if (bar) bar->finish();
+  FERRY_TRY(sync_state());
+  if (streamer) {
+    sum.exposed_transfer_s = streamer->stats().exposed_s;
+    sum.device_peak_bytes = streamer->device_peak_bytes();
+  }
   FERRY_TRY(run_eval(ts.step));
   if (c.save_every > 0 && ts.step % c.save_every != 0) {
     FERRY_TRY(save_checkpoint(c.output_dir, s, ts, c.keep_checkpoints));

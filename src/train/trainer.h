@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// The training job on the in-memory executor: everything resident on the host, one
-// ModelCompute on the CPU backend, fp32 master weights + AdamW. This is the reference the
-// streaming executor [T1] must match bit for bit.
+// The training job. Two executors run the same step (and give the same bits on the CPU backend):
+//   memory  everything resident on the host, one whole-model ModelCompute, optimizer.h after
+//           backward — the reference;
+//   stream  the layer-streaming executor (stream/stream_executor.h): host arena, weight slots in
+//           a budgeted device tier fed by a transfer thread, an activation policy, the optimizer
+//           on a CPU worker overlapping the next step's forward.
 //
 // One step, top to bottom (run_training):
 //   zero grads; for each of grad_accum micro-batches: forward + backward (grads accumulate)
@@ -29,6 +32,8 @@
 
 namespace ferry::train {
 
+enum class Executor : std::uint8_t { kMemory, kStream };
+
 struct TrainConfig {
   std::string model_dir;       // empty: the embedded default model
   std::string data_path;       // empty: the embedded arithmetic data
@@ -51,6 +56,13 @@ struct TrainConfig {
   std::int64_t warmup_steps = 20;
   AdamWConfig adamw;
   OptimMode optim;  // master weights x optimizer states (docs/optimizer.md)
+
+  Executor executor = Executor::kMemory;
+  std::string policy = "device";       // stream: activation policy (stream/activation_policy.h)
+  int prefetch = 2;                    // stream: weight slots beyond the one in use
+  std::int64_t device_budget_mib = 0;  // stream: device-tier budget, 0 = unlimited
+  std::string plan_file;               // stream: take the policy from a `ferry plan` JSON
+  std::string nvme_dir;                // stream: directory of NVMe-homed boundaries of a plan
 
   std::int64_t save_every = 0;  // 0: only at the end (when > 0 checkpoints are also kept)
   int keep_checkpoints = 2;
@@ -81,6 +93,10 @@ struct TrainSummary {
   std::int64_t final_step = 0;
   double wall_s = 0.0;
   std::int64_t params = 0;
+  // stream executor only
+  double exposed_transfer_s = 0.0;    // compute blocked on copies / weight slots, whole run
+  std::size_t device_peak_bytes = 0;  // peak of the device tier
+  double host_bytes_per_param = 0.0;  // host arena bytes / parameters
 };
 
 Result<TrainSummary> run_training(const TrainConfig& c);

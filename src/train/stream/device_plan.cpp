@@ -1,0 +1,97 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "train/stream/device_plan.h"
+
+#include "mem/budget.h"
+
+namespace ferry::train::stream {
+
+Result<DevicePlan> plan_device(const model::DecoderGeometry& geo, const ModelSizes& sizes,
+                               const ActivationPolicy& policy, int slots, std::int64_t tokens,
+                               kernels::Backend& backend) {
+  if (slots < 2) return invalid_argument("train: {} weight slots; the ring needs >= 2", slots);
+  if (policy.layers() != geo.layers) {
+    return invalid_argument("train: policy for {} layers, model has {}", policy.layers(),
+                            geo.layers);
+  }
+  DevicePlan d;
+  const std::size_t f = sizeof(float);
+  const std::size_t act = static_cast<std::size_t>(tokens) * geo.hidden * f;
+  const std::size_t layer = static_cast<std::size_t>(sizes.max_layer_elements) * f;
+  const std::size_t globals = static_cast<std::size_t>(sizes.globals_elements) * f;
+  d.globals_w = d.plan.add("globals.weights", globals);
+  d.globals_g = d.plan.add("globals.grads", globals);
+  for (int s = 0; s < slots; ++s) d.slots.push_back(d.plan.add("slot." + std::to_string(s), layer));
+  d.grad = d.plan.add("grad", layer);
+  d.boundary.resize(static_cast<std::size_t>(geo.layers));
+  for (int i = 0; i < geo.layers; ++i) {
+    if (policy.homes[i] == Home::kDevice) {
+      d.boundary[i] = d.plan.add("boundary." + std::to_string(i), act);
+    }
+  }
+  d.x_final = d.plan.add("x_final", act);
+  d.transit.push_back(d.plan.add("transit.0", act));
+  d.transit.push_back(d.plan.add("transit.1", act));
+  const bool offloaded = policy.count(Home::kHost) + policy.count(Home::kNvme) > 0;
+  d.fetch = d.plan.add("fetch", offloaded ? act : 0);
+  for (int r = 0; r < policy.max_recomputed(); ++r) {
+    d.recompute.push_back(d.plan.add("recompute." + std::to_string(r), act));
+  }
+  FERRY_ASSIGN_OR_RETURN(d.compute_bytes,
+                         model::ModelCompute::planned_bytes(geo, tokens, backend, 1));
+  return d;
+}
+
+Result<int> largest_batch(const model::DecoderGeometry& geo, const ModelSizes& sizes,
+                          const ActivationPolicy& policy, int slots, std::int64_t seq_len,
+                          std::size_t budget, kernels::Backend& backend, int limit_batch) {
+  auto fits = [&](int b) -> Result<bool> {
+    FERRY_ASSIGN_OR_RETURN(const DevicePlan d,
+                           plan_device(geo, sizes, policy, slots, b * seq_len, backend));
+    return d.total_bytes() <= budget;
+  };
+  FERRY_ASSIGN_OR_RETURN(const bool one, fits(1));
+  if (!one) return 0;
+  // Bytes grow with the batch: grow an upper bound, then bisect.
+  int lo = 1, hi = 2;
+  for (;;) {
+    if (hi > limit_batch) {
+      hi = limit_batch + 1;
+      break;
+    }
+    FERRY_ASSIGN_OR_RETURN(const bool ok, fits(hi));
+    if (!ok) break;
+    lo = hi;
+    hi *= 2;
+  }
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    FERRY_ASSIGN_OR_RETURN(const bool ok, fits(mid));
+    (ok ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+Status check_budget(const model::DecoderGeometry& geo, const ModelSizes& sizes,
+                    const ActivationPolicy& policy, int slots, int batch, std::int64_t seq_len,
+                    std::size_t budget, kernels::Backend& backend) {
+  FERRY_ASSIGN_OR_RETURN(const DevicePlan d,
+                         plan_device(geo, sizes, policy, slots, batch * seq_len, backend));
+  if (d.total_bytes() <= budget) return {};
+  FERRY_ASSIGN_OR_RETURN(const int best,
+                         largest_batch(geo, sizes, policy, slots, seq_len, budget, backend));
+  if (best == 0) {
+    FERRY_ASSIGN_OR_RETURN(const DevicePlan one,
+                           plan_device(geo, sizes, policy, slots, seq_len, backend));
+    return resource_exhausted(
+        "train: the device budget of {} does not fit even batch 1 (needs {}) under policy {} "
+        "with {} weight slots; raise --device-budget-mib, lower --seq-len or --prefetch",
+        mem::format_bytes(budget), mem::format_bytes(one.total_bytes()), policy.describe(), slots);
+  }
+  return resource_exhausted(
+      "train: batch {} (x seq {}) needs {} of device tier under policy {} ({} weight slots; {} "
+      "of it compute workspace), the budget is {}: the largest batch that fits is {}",
+      batch, seq_len, mem::format_bytes(d.total_bytes()), policy.describe(), slots,
+      mem::format_bytes(d.compute_bytes), mem::format_bytes(budget), best);
+}
+
+}  // namespace ferry::train::stream

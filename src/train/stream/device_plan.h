@@ -1,0 +1,61 @@
+// SPDX-License-Identifier: Apache-2.0
+// DevicePlan: every byte the streaming executor holds in the device tier for one micro-batch of
+// T tokens, as one mem::ArenaPlan plus the compute workspace (ModelCompute's one-layer
+// internals, scratch and the loss's logits chunk, ModelCompute::planned_bytes):
+//   globals   embedding / final norm / untied lm_head weights + their gradients (resident)
+//   slot.i    prefetch ring of weight slots (each the largest layer)
+//   grad      one layer-gradient slot (filled by backward, drained to the host arena)
+//   boundary  [T, C] f32 per device-homed boundary, x_final, two transit buffers (forward of
+//             boundaries kept elsewhere or recomputed), one fetch buffer (host/NVMe boundaries
+//             coming back) and one per boundary a recompute span regenerates
+// The executor allocates exactly this; check_budget() refuses a batch that does not fit before
+// training starts, naming the largest batch that would. Tests: stream_executor_test.cpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/result.h"
+#include "kernels/backend.h"
+#include "mem/arena.h"
+#include "model/model_compute.h"
+#include "train/stream/activation_policy.h"
+
+namespace ferry::train::stream {
+
+struct ModelSizes {
+  std::int64_t globals_elements = 0;    // embed + final_norm (+ lm_head when untied)
+  std::int64_t max_layer_elements = 0;  // the largest layer's parameters
+};
+
+struct DevicePlan {
+  mem::ArenaPlan plan;
+  mem::SlotId globals_w, globals_g, grad, x_final, fetch;
+  std::vector<mem::SlotId> slots;      // [prefetch slots]
+  std::vector<mem::SlotId> boundary;   // [L]: device-homed boundaries (others unused)
+  std::vector<mem::SlotId> transit;    // [2]
+  std::vector<mem::SlotId> recompute;  // [policy.max_recomputed()]
+  std::size_t compute_bytes = 0;       // ModelCompute(work_layers = 1) buffers
+  std::size_t total_bytes() const { return plan.allocation_bytes() + compute_bytes; }
+};
+
+// slots >= 2: the weight ring (prefetch depth + the slot in use).
+Result<DevicePlan> plan_device(const model::DecoderGeometry& geo, const ModelSizes& sizes,
+                               const ActivationPolicy& policy, int slots, std::int64_t tokens,
+                               kernels::Backend& backend);
+
+// Largest batch b in [1, limit_batch] whose plan (tokens = b * seq_len) fits `budget` bytes;
+// 0 when not even b = 1 fits.
+Result<int> largest_batch(const model::DecoderGeometry& geo, const ModelSizes& sizes,
+                          const ActivationPolicy& policy, int slots, std::int64_t seq_len,
+                          std::size_t budget, kernels::Backend& backend, int limit_batch = 1 << 16);
+
+// OK when batch * seq_len tokens fit; otherwise resource_exhausted naming what the batch needs,
+// the budget, and the largest batch that fits (or that even batch 1 does not).
+Status check_budget(const model::DecoderGeometry& geo, const ModelSizes& sizes,
+                    const ActivationPolicy& policy, int slots, int batch, std::int64_t seq_len,
+                    std::size_t budget, kernels::Backend& backend);
+
+}  // namespace ferry::train::stream

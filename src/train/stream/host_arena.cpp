@@ -1,0 +1,129 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "train/stream/host_arena.h"
+
+#include <cstring>
+
+#include "model/param_spec.h"
+#include "train/optim/optim_state.h"
+
+namespace ferry::train::stream {
+
+namespace {
+constexpr std::size_t kPage = 4096;
+}
+
+Result<std::unique_ptr<HostArena>> HostArena::create(const TrainState& s) {
+  if (s.optim.mode.master != MasterWeights::kF32) {
+    return unimplemented(
+        "train: the stream executor keeps f32 masters; --master-weights {} "
+        "runs on --executor memory only",
+        to_string(s.optim.mode.master));
+  }
+  std::unique_ptr<HostArena> a(new HostArena());
+  a->mode_ = s.optim.mode;
+  const std::vector<model::ParamSpec> specs = model::param_specs(s.config);
+  if (specs.size() != s.num_params()) {
+    return internal_error("train: {} param specs for {} parameters", specs.size(), s.num_params());
+  }
+  const int L = s.geometry.layers;
+  a->units_.resize(static_cast<std::size_t>(L) + 1);
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const int u = specs[i].layer >= 0 ? specs[i].layer : L;
+    Unit& unit = a->units_[u];
+    ParamLoc p;
+    p.index = static_cast<int>(i);
+    p.unit = u;
+    p.n = s.master->named[i].second.numel();
+    p.offset = unit.elements;
+    p.block0 = unit.blocks;
+    p.decay = s.decay[i];
+    unit.elements += p.n;
+    unit.blocks += q8_blocks(p.n);
+    unit.params.push_back(p.index);
+    a->elements_ += p.n;
+    a->params_.push_back(p);
+  }
+  const bool q8 = a->mode_.states == OptimizerStates::k8Bit;
+  mem::ArenaPlan plan;
+  for (int u = 0; u <= L; ++u) {
+    Unit& unit = a->units_[u];
+    const std::size_t f32 = static_cast<std::size_t>(unit.elements) * sizeof(float);
+    const std::string pre = u < L ? "layer" + std::to_string(u) : std::string("globals");
+    unit.weights = plan.add(pre + ".weights", f32, kPage);
+    unit.master = plan.add(pre + ".master", f32, kPage);
+    const std::size_t state = q8 ? static_cast<std::size_t>(unit.elements) : f32;
+    unit.m = plan.add(pre + ".m", state, kPage);
+    unit.v = plan.add(pre + ".v", state, kPage);
+    if (q8) {
+      const std::size_t scales = static_cast<std::size_t>(unit.blocks) * sizeof(float);
+      unit.m_absmax = plan.add(pre + ".m_absmax", scales, kPage);
+      unit.v_absmax = plan.add(pre + ".v_absmax", scales, kPage);
+    }
+    unit.grads = plan.add(pre + ".grads", f32, kPage);
+  }
+  FERRY_ASSIGN_OR_RETURN(a->arena_, mem::make_arena(plan, mem::MemTier::kPinnedHost, a->budget_,
+                                                    {.what = "train host arena"}));
+  FERRY_TRY(a->load_from(s));
+  return a;
+}
+
+std::int64_t HostArena::max_layer_elements() const {
+  std::int64_t m = 0;
+  for (int u = 0; u + 1 < num_units(); ++u) m = std::max(m, units_[u].elements);
+  return m;
+}
+
+Status HostArena::load_from(const TrainState& s) {
+  if (s.optim.mode != mode_) {
+    return invalid_argument("train: state mode {} differs from the arena's {}",
+                            describe(s.optim.mode), describe(mode_));
+  }
+  const bool q8 = mode_.states == OptimizerStates::k8Bit;
+  for (const ParamLoc& p : params_) {
+    const std::size_t bytes = static_cast<std::size_t>(p.n) * sizeof(float);
+    const float* w = s.master->named[p.index].second.as<float>();
+    std::memcpy(master(p.unit) + p.offset, w, bytes);
+    std::memcpy(weights(p.unit) + p.offset, w, bytes);
+    std::memset(grads(p.unit) + p.offset, 0, bytes);
+    if (q8) {
+      const ParamOptimState& st = s.optim.params[p.index];
+      std::memcpy(m8(p.unit) + p.offset, st.m8.data(), static_cast<std::size_t>(p.n));
+      std::memcpy(v8(p.unit) + p.offset, st.v8.data(), static_cast<std::size_t>(p.n));
+      std::memcpy(m_absmax(p.unit) + p.block0, st.m_absmax.data(),
+                  st.m_absmax.size() * sizeof(float));
+      std::memcpy(v_absmax(p.unit) + p.block0, st.v_absmax.data(),
+                  st.v_absmax.size() * sizeof(float));
+    } else {
+      std::memcpy(m32(p.unit) + p.offset, s.m->named[p.index].second.as<float>(), bytes);
+      std::memcpy(v32(p.unit) + p.offset, s.v->named[p.index].second.as<float>(), bytes);
+    }
+  }
+  return {};
+}
+
+Status HostArena::store_to(TrainState& s) const {
+  if (s.optim.mode != mode_) {
+    return invalid_argument("train: state mode {} differs from the arena's {}",
+                            describe(s.optim.mode), describe(mode_));
+  }
+  const bool q8 = mode_.states == OptimizerStates::k8Bit;
+  for (const ParamLoc& p : params_) {
+    const std::size_t bytes = static_cast<std::size_t>(p.n) * sizeof(float);
+    std::memcpy(s.master->named[p.index].second.data, master(p.unit) + p.offset, bytes);
+    if (q8) {
+      ParamOptimState& st = s.optim.params[p.index];
+      std::memcpy(st.m8.data(), m8(p.unit) + p.offset, static_cast<std::size_t>(p.n));
+      std::memcpy(st.v8.data(), v8(p.unit) + p.offset, static_cast<std::size_t>(p.n));
+      std::memcpy(st.m_absmax.data(), m_absmax(p.unit) + p.block0,
+                  st.m_absmax.size() * sizeof(float));
+      std::memcpy(st.v_absmax.data(), v_absmax(p.unit) + p.block0,
+                  st.v_absmax.size() * sizeof(float));
+    } else {
+      std::memcpy(s.m->named[p.index].second.data, m32(p.unit) + p.offset, bytes);
+      std::memcpy(s.v->named[p.index].second.data, v32(p.unit) + p.offset, bytes);
+    }
+  }
+  return {};
+}
+
+}  // namespace ferry::train::stream

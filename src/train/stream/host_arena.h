@@ -1,0 +1,86 @@
+// SPDX-License-Identifier: Apache-2.0
+// HostArena: the streaming executor's host-resident model state in ONE exact-size, page-aligned
+// allocation of the mem layer's pinned host tier (cudaHostAlloc in CUDA builds, mmap'd pages in
+// CPU builds), laid out unit by unit — unit l < L is layer l, unit L the globals (embedding,
+// final norm, untied lm_head) — and inside a unit section by section:
+//   weights   the streaming copy the device reads (compute dtype: f32 on the CPU backend)
+//   master    f32 master weights (what AdamW updates; copied into `weights` after the update)
+//   states    f32 m, v — or 8-bit m, v codes + one f32 absmax per 2048 (optim/q8_code.h)
+//   grads     f32 gradient landing buffer (accumulated over micro-batches)
+// Each section holds the unit's parameters back to back in param_specs order and starts on a
+// 4096-byte page, so a unit's weights are one contiguous copy and its state is adjacent.
+// bf16 masters are not supported here yet (the in-memory executor has them).
+// Ownership: the arena owns its memory; TrainState stays the checkpoint/eval/export format, with
+// load_from / store_to copying bit for bit. Tests: tests/unit/train/stream_executor_test.cpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/result.h"
+#include "mem/arena.h"
+#include "mem/budget.h"
+#include "train/optim/optim_modes.h"
+#include "train/train_state.h"
+
+namespace ferry::train::stream {
+
+struct ParamLoc {
+  int index = 0;            // position in TrainState::master->named (param_specs order)
+  int unit = 0;             // layer, or L for the globals
+  std::int64_t n = 0;       // elements
+  std::int64_t offset = 0;  // elements from the start of its unit's sections
+  std::int64_t block0 = 0;  // first 8-bit block (absmax entry) within the unit
+  bool decay = false;
+};
+
+class HostArena {
+ public:
+  // Sizes the arena for `s`'s geometry and mode, then copies s's weights and states in.
+  static Result<std::unique_ptr<HostArena>> create(const TrainState& s);
+
+  Status load_from(const TrainState& s);  // weights + master + states (grads zeroed)
+  Status store_to(TrainState& s) const;   // master + states, bit for bit
+  int num_units() const { return static_cast<int>(units_.size()); }
+  int globals_unit() const { return num_units() - 1; }
+  const std::vector<ParamLoc>& params() const { return params_; }
+  const std::vector<int>& unit_params(int u) const { return units_[u].params; }
+  std::int64_t unit_elements(int u) const { return units_[u].elements; }
+  std::int64_t unit_blocks(int u) const { return units_[u].blocks; }
+  std::int64_t max_layer_elements() const;
+
+  float* weights(int u) const { return arena_.as<float>(units_[u].weights); }
+  float* master(int u) const { return arena_.as<float>(units_[u].master); }
+  float* m32(int u) const { return arena_.as<float>(units_[u].m); }
+  float* v32(int u) const { return arena_.as<float>(units_[u].v); }
+  std::uint8_t* m8(int u) const { return arena_.as<std::uint8_t>(units_[u].m); }
+  std::uint8_t* v8(int u) const { return arena_.as<std::uint8_t>(units_[u].v); }
+  float* m_absmax(int u) const { return arena_.as<float>(units_[u].m_absmax); }
+  float* v_absmax(int u) const { return arena_.as<float>(units_[u].v_absmax); }
+  float* grads(int u) const { return arena_.as<float>(units_[u].grads); }
+
+  const OptimMode& mode() const { return mode_; }
+  std::size_t total_bytes() const { return arena_.plan().allocation_bytes(); }
+  std::int64_t num_elements() const { return elements_; }
+  double bytes_per_param() const { return double(total_bytes()) / double(elements_); }
+
+ private:
+  struct Unit {
+    std::vector<int> params;
+    std::int64_t elements = 0, blocks = 0;
+    mem::SlotId weights, master, m, v, m_absmax, v_absmax, grads;
+  };
+  HostArena() = default;
+
+  OptimMode mode_;
+  std::vector<ParamLoc> params_;
+  std::vector<Unit> units_;
+  std::int64_t elements_ = 0;
+  mem::MemoryBudget budget_{mem::MemTier::kPinnedHost};
+  mem::Arena arena_;
+};
+
+}  // namespace ferry::train::stream

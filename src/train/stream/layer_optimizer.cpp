@@ -1,0 +1,110 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "train/stream/layer_optimizer.h"
+
+#include <cstring>
+
+#include "core/timer.h"
+#include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/hybrid_adamw.h"
+#include "kernels/cpu/simd_kernels.h"
+
+namespace ferry::train::stream {
+
+namespace kc = kernels::cpu;
+
+LayerOptimizer::LayerOptimizer(HostArena& arena) : arena_(arena) {
+  order_.push_back(arena.globals_unit());
+  for (int u = 0; u < arena.globals_unit(); ++u) order_.push_back(u);
+  done_.assign(static_cast<std::size_t>(arena.num_units()), 0);
+  worker_ = std::thread([this] { run(); });
+}
+
+LayerOptimizer::~LayerOptimizer() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+}
+
+void LayerOptimizer::submit(const UpdateArgs& args) {
+  wait_all();
+  {
+    std::lock_guard lk(mu_);
+    args_ = args;
+    ++submitted_;
+  }
+  cv_.notify_all();
+}
+
+void LayerOptimizer::wait_ready(int unit) {
+  std::unique_lock lk(mu_);
+  cv_.wait(lk, [&] { return done_[static_cast<std::size_t>(unit)] >= submitted_; });
+}
+
+void LayerOptimizer::wait_all() {
+  for (int u : order_) wait_ready(u);
+}
+
+double LayerOptimizer::busy_s() const {
+  std::lock_guard lk(mu_);
+  return busy_s_;
+}
+
+void LayerOptimizer::run() {
+  std::uint64_t applied = 0;
+  for (;;) {
+    UpdateArgs a;
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || submitted_ > applied; });
+      if (stop_) return;
+      a = args_;
+      applied = submitted_;
+    }
+    for (int u : order_) {
+      Timer t;
+      update_unit(u, a);
+      {
+        std::lock_guard lk(mu_);
+        done_[static_cast<std::size_t>(u)] = applied;
+        busy_s_ += t.elapsed_s();
+      }
+      cv_.notify_all();
+    }
+  }
+}
+
+void LayerOptimizer::update_unit(int u, const UpdateArgs& a) {
+  const kc::Isa isa = kc::best_isa();
+  const bool q8 = arena_.mode().states == OptimizerStates::k8Bit;
+  for (int idx : arena_.unit_params(u)) {
+    const ParamLoc& p = arena_.params()[static_cast<std::size_t>(idx)];
+    const kc::AdamWConstants k = kc::make_adamw_constants(
+        a.lr, a.beta1, a.beta2, a.eps, p.decay ? a.weight_decay : 0.0f, a.grad_scale, a.step);
+    float* w = arena_.master(u) + p.offset;
+    const float* g = arena_.grads(u) + p.offset;
+    if (!q8) {
+      kc::adamw_span(isa, k, w, arena_.m32(u) + p.offset, arena_.v32(u) + p.offset, nullptr, g,
+                     p.n);
+    } else {
+      kc::HybridAdamWSpan s;
+      s.n = p.n;
+      s.grad = g;
+      s.p32 = w;
+      s.m8 = arena_.m8(u) + p.offset;
+      s.v8 = arena_.v8(u) + p.offset;
+      s.m_absmax = arena_.m_absmax(u) + p.block0;
+      s.v_absmax = arena_.v_absmax(u) + p.block0;
+      s.index0 = 0;
+      s.sr_key = kc::sr_key(a.sr_seed, a.step, static_cast<std::uint64_t>(p.index));
+      kc::hybrid_adamw_span(isa, kc::MasterKind::kF32, kc::StateKind::kQ8, k, s);
+    }
+  }
+  // The streaming copy the device reads (on a GPU build: the bf16 conversion).
+  std::memcpy(arena_.weights(u), arena_.master(u),
+              static_cast<std::size_t>(arena_.unit_elements(u)) * sizeof(float));
+}
+
+}  // namespace ferry::train::stream

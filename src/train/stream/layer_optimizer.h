@@ -1,0 +1,65 @@
+// SPDX-License-Identifier: Apache-2.0
+// LayerOptimizer: the streaming executor's AdamW, off the critical path. submit() hands one
+// step's update to a CPU worker thread, which updates the units in the order the next forward
+// needs them — globals (the embedding is read first), then layers 0..L-1 — and after each unit
+// publishes a per-unit ready generation. wait_ready(u) blocks only until unit u is done, so the
+// next step's forward of layer i waits for layer i's update alone.
+//
+// Per parameter the update is exactly the in-memory executor's (optimizer.h): the fused AdamW
+// span kernel (fp32 states) or the hybrid kernel (8-bit states), grad_scale = clip / accum
+// folded in, weight decay where ParamLoc::decay says; then the unit's master is copied into its
+// streaming weights. The worker calls the span kernels directly on its own thread (the global
+// ThreadPool is single-caller and belongs to the compute thread); the kernels' results do not
+// depend on how a parameter is split, so the bits equal the reference's.
+// Thread-safety: submit / wait_* from one thread (the executor's); the worker owns the arena's
+// master, states and weights of a unit between submit() and that unit's ready generation.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "train/stream/host_arena.h"
+
+namespace ferry::train::stream {
+
+struct UpdateArgs {
+  float lr = 0.0f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f;
+  float grad_scale = 1.0f;
+  std::int64_t step = 1;  // 1-based AdamW step
+  std::uint64_t sr_seed = 0;
+};
+
+class LayerOptimizer {
+ public:
+  explicit LayerOptimizer(HostArena& arena);
+  ~LayerOptimizer();
+  LayerOptimizer(const LayerOptimizer&) = delete;
+  LayerOptimizer& operator=(const LayerOptimizer&) = delete;
+
+  // Starts the update of every unit (waits for a previous one to finish first).
+  void submit(const UpdateArgs& args);
+  void wait_ready(int unit);
+  void wait_all();
+  // Seconds the worker spent updating (cumulative).
+  double busy_s() const;
+
+ private:
+  void run();
+  void update_unit(int u, const UpdateArgs& a);
+
+  HostArena& arena_;
+  std::vector<int> order_;  // globals, then layers
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::uint64_t submitted_ = 0;      // generation of the newest submitted update
+  std::vector<std::uint64_t> done_;  // per unit: newest generation applied
+  UpdateArgs args_;
+  bool stop_ = false;
+  double busy_s_ = 0.0;
+  std::thread worker_;
+};
+
+}  // namespace ferry::train::stream

@@ -1,0 +1,64 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "train/stream/plan_policy.h"
+
+#include "core/file_util.h"
+#include "core/json.h"
+
+namespace ferry::train::stream {
+
+Result<PlanPolicy> plan_policy_from_text(const std::string& text, const std::string& what,
+                                         int layers, const std::string& nvme_dir) {
+  FERRY_ASSIGN_OR_RETURN(const Json j, parse_json(text, what));
+  PlanPolicy out;
+  try {
+    if (!j.contains("format") || j.at("format").get<std::string>() != "ferry-plan") {
+      return corrupt("train: {} is not a ferry-plan document", what);
+    }
+    const int L = j.at("num_layers").get<int>();
+    if (L != layers) {
+      return invalid_argument("train: plan {} is for {} layers, the model has {}", what, L, layers);
+    }
+    out.batch_size = j.at("batch_size").get<int>();
+    out.seq_len = j.at("seq_len").get<int>();
+    const Json& bs = j.at("boundaries");
+    if (!bs.is_array() || static_cast<int>(bs.size()) != L + 1) {
+      return corrupt("train: plan {} has no home for each of its {} boundaries", what, L + 1);
+    }
+    for (int i = 0; i < L; ++i) {
+      const Json& b = bs.at(static_cast<std::size_t>(i));
+      if (b.at("boundary").get<int>() != i)
+        return corrupt("train: plan {}: boundaries out of order", what);
+      const std::string h = b.at("home").get<std::string>();
+      if (h == "gpu") {
+        out.policy.homes.push_back(Home::kDevice);
+      } else if (h == "host") {
+        out.policy.homes.push_back(Home::kHost);
+      } else if (h == "nvme") {
+        out.policy.homes.push_back(Home::kNvme);
+      } else if (h == "recompute") {
+        out.policy.homes.push_back(Home::kRecompute);
+      } else {
+        return corrupt("train: plan {}: boundary {} has home \"{}\"", what, i, h);
+      }
+    }
+    if (j.contains("spans")) {
+      for (const Json& s : j.at("spans")) {
+        if (s.value("keep_weights", false)) ++out.keep_weight_spans;
+      }
+    }
+    out.policy.name = "plan:" + j.value("policy", std::string("?"));
+  } catch (const std::exception& e) {
+    return corrupt("train: plan {}: {}", what, e.what());
+  }
+  out.policy.nvme_dir = nvme_dir;
+  FERRY_TRY(validate(out.policy));
+  return out;
+}
+
+Result<PlanPolicy> read_plan_policy(const std::string& path, int layers,
+                                    const std::string& nvme_dir) {
+  FERRY_ASSIGN_OR_RETURN(const std::string text, read_file(path));
+  return plan_policy_from_text(text, path, layers, nvme_dir);
+}
+
+}  // namespace ferry::train::stream

@@ -1,0 +1,32 @@
+// SPDX-License-Identifier: Apache-2.0
+// Reads the activation policy out of a `ferry plan` JSON document (docs/plan.md, written by
+// src/plan/plan_json.cpp): the "boundaries" homes gpu / host / nvme / recompute of boundaries
+// 0..L-1 become an ActivationPolicy (boundary L always stays on the device). Only the document's
+// public JSON is read, so ferry_train does not depend on the planner (and its solver) at all.
+// What the executor does not follow yet is reported, not silently dropped: spans that keep their
+// weights on the GPU run with re-streamed weights, and the per-window transfer schedule is
+// replaced by "move each boundary right after it is produced / just before it is needed".
+// Tests: tests/unit/train/stream_executor_test.cpp (StreamPolicy.*).
+#pragma once
+
+#include <string>
+
+#include "core/result.h"
+#include "train/stream/activation_policy.h"
+
+namespace ferry::train::stream {
+
+struct PlanPolicy {
+  ActivationPolicy policy;
+  int batch_size = 0;  // what the plan was solved for
+  int seq_len = 0;
+  int keep_weight_spans = 0;  // spans the plan runs with kept weights (executed re-streamed)
+};
+
+// nvme_dir: where NVMe-homed boundaries go (the plan does not name a directory).
+Result<PlanPolicy> read_plan_policy(const std::string& path, int layers,
+                                    const std::string& nvme_dir);
+Result<PlanPolicy> plan_policy_from_text(const std::string& text, const std::string& what,
+                                         int layers, const std::string& nvme_dir);
+
+}  // namespace ferry::train::stream

@@ -1,0 +1,139 @@
+// SPDX-License-Identifier: Apache-2.0
+// StreamExecutor: the layer-streaming training executor over the device tier (emulated by host
+// memory in CPU builds, with a hard byte budget). Model state lives in the HostArena; per
+// micro-batch the device holds only what DevicePlan lists. One step:
+//
+//   begin_step(accum)
+//   micro_batch(b) x accum:
+//     [a == 0: wait for the globals' update, copy globals in, zero their gradients]
+//     forward   embed; layer 0..L-1 on weights streamed into the slot ring by the transfer
+//               thread (WeightStreamer); each produced boundary goes to its home (device buffer,
+//               D2H to pinned host, or D2H + NVMe write; recomputed ones are dropped)
+//     loss      final norm + chunked cross-entropy, then its backward
+//     backward  per span (s, e) from the top: bring boundary s back, recompute layers s..e-2 on
+//               re-streamed weights, then for l = e-1..s: re-run layer l's forward from its input
+//               (internals), fill the gradient slot (zero on the first micro-batch, else the
+//               host's accumulated gradient), backward, drain the slot to the host arena; on the
+//               last micro-batch take each parameter's sum of squares as its gradient lands
+//     embed backward; [last: drain the globals' gradients, their sums of squares]
+//   finish_step(lr, step): ||G|| from the per-parameter sums (in parameter order, as the
+//     in-memory executor) -> clip -> LayerOptimizer::submit (CPU worker, layer order); returns at
+//     once. Non-finite ||G||: nothing is submitted (the caller counts skips).
+//
+// Bit-identical to the in-memory executor (trainer.h) for every policy on the CPU backend: the
+// same kernels run on the same values in the same order; recompute is deterministic.
+// Not yet: bf16 streaming weights / bf16 masters, GPU kernels on a CUDA device tier (create()
+// refuses a device tier that is not host memory), asynchronous D2H of gradients/boundaries
+// (they are synchronous copies on the compute thread, counted as exposed transfer time).
+// Tests: tests/unit/train/stream_executor_test.cpp.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/result.h"
+#include "kernels/backend.h"
+#include "mem/budget.h"
+#include "mem/nvme_store.h"
+#include "model/model_compute.h"
+#include "train/optimizer.h"
+#include "train/stream/activation_policy.h"
+#include "train/stream/device_plan.h"
+#include "train/stream/host_arena.h"
+#include "train/stream/layer_optimizer.h"
+#include "train/stream/weight_streamer.h"
+#include "train/train_state.h"
+
+namespace ferry::train::stream {
+
+struct StreamOptions {
+  ActivationPolicy policy;
+  int prefetch = 2;  // weight slots beyond the one in use (ring = prefetch + 1, >= 2)
+  std::size_t device_budget_bytes = mem::MemoryBudget::kUnlimited;
+};
+
+// Bytes moved, cumulative since create() (or reset_counters()).
+struct TransferStats {
+  std::uint64_t weight_h2d = 0;   // layer weights into slots (forward, recompute, backward)
+  std::uint64_t globals_h2d = 0;  // embedding / final norm / lm_head weights, once per step
+  std::uint64_t grad_d2h = 0;     // layer + globals gradients out
+  std::uint64_t grad_h2d = 0;     // accumulated layer gradients back in (micro-batch > 0)
+  std::uint64_t act_d2h = 0;      // boundaries to host / NVMe staging
+  std::uint64_t act_h2d = 0;      // boundaries back
+  std::uint64_t nvme_write = 0, nvme_read = 0;
+  double exposed_s = 0.0;  // compute thread blocked on copies or weight slots
+};
+
+class StreamExecutor {
+ public:
+  // Builds the host arena from `s` (weights, states), plans the device tier for micro-batches
+  // of up to max_tokens = batch * seq_len and refuses it (check_budget's message) when it does
+  // not fit the budget.
+  static Result<std::unique_ptr<StreamExecutor>> create(const TrainState& s, int batch,
+                                                        std::int64_t seq_len,
+                                                        const StreamOptions& opts,
+                                                        kernels::Backend& backend);
+  ~StreamExecutor();
+
+  void begin_step(int accum);
+  Result<model::ForwardResult> micro_batch(const model::PackedBatch& batch);
+  Result<StepOutcome> finish_step(const AdamWConfig& cfg, double lr, std::int64_t opt_step);
+
+  // Waits for the pending update, then copies master + states into / from `s`.
+  Status store_to(TrainState& s);
+  Status load_from(const TrainState& s);
+
+  const TransferStats& stats() const { return stats_; }
+  void reset_counters();
+  std::size_t device_peak_bytes() const { return budget_.bytes_peak(); }
+  std::size_t device_planned_bytes() const { return plan_.total_bytes(); }
+  const HostArena& arena() const { return *arena_; }
+  double optimizer_busy_s() const { return opt_->busy_s(); }
+
+ private:
+  StreamExecutor(kernels::Backend& be, const StreamOptions& opts)
+      : be_(be), opts_(opts), budget_(mem::MemTier::kDevice, opts.device_budget_bytes) {}
+  Status init(const TrainState& s, std::int64_t max_tokens);
+  float* dev(mem::SlotId id) const { return device_.as<float>(id); }
+  TensorView act_view(float* p, std::int64_t T) const;
+  Status copy(void* dst, const void* src, std::size_t bytes, mem::CopyKind kind,
+              std::uint64_t* counter);
+  float* boundary_ptr(int i) const;  // where boundary i lives during forward
+  Status store_boundary(int i, const float* x, std::int64_t T);
+  Result<const float*> fetch_boundary(int i, std::int64_t T);
+  Status take_sumsq(int unit);
+
+  kernels::Backend& be_;
+  StreamOptions opts_;
+  model::DecoderGeometry geo_;
+  mem::MemoryBudget budget_;
+  mem::MemoryBudget host_act_budget_{mem::MemTier::kPinnedHost};
+  mem::MemoryBudget nvme_budget_{mem::MemTier::kNvme};
+  std::unique_ptr<HostArena> arena_;
+  DevicePlan plan_;
+  mem::Arena device_;
+  mem::Arena host_acts_;                    // pinned: host-homed boundaries + NVMe staging
+  std::vector<mem::SlotId> host_boundary_;  // [L]
+  mem::SlotId nvme_staging_;
+  std::unique_ptr<mem::NvmeStore> nvme_;
+  std::vector<mem::RecordId> nvme_record_;  // [L]
+  std::unique_ptr<model::ModelCompute> compute_;
+  std::unique_ptr<mem::StreamSet> streams_;
+  std::unique_ptr<LayerOptimizer> opt_;
+  std::unique_ptr<WeightStreamer> streamer_;
+
+  model::ModelParams globals_;  // device globals (embed, final_norm, lm_head)
+  model::ModelGrads globals_grad_;
+  std::vector<model::ModelParams> slot_params_;  // [slot]: every layer bound to that slot
+  model::ModelGrads grad_slot_;                  // every layer bound to the gradient slot
+  std::vector<double> sumsq_;                    // [param] of the step's gradient
+  std::vector<Span> spans_;
+  std::uint64_t sr_seed_ = 0;
+  bool workspace_charged_ = false;
+  std::int64_t max_tokens_ = 0;
+  int accum_ = 1, micro_ = 0;
+  TransferStats stats_;
+};
+
+}  // namespace ferry::train::stream

@@ -1,0 +1,113 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "train/stream/weight_streamer.h"
+
+#include "core/timer.h"
+
+namespace ferry::train::stream {
+
+WeightStreamer::WeightStreamer(const HostArena& arena, LayerOptimizer& opt,
+                               std::vector<float*> slots, std::vector<int> schedule,
+                               mem::TransferEngine& engine, mem::Stream& h2d)
+    : arena_(arena),
+      opt_(opt),
+      slots_(std::move(slots)),
+      schedule_(std::move(schedule)),
+      engine_(engine),
+      h2d_(h2d) {
+  FERRY_CHECK(slots_.size() >= 2, "train: weight streamer needs >= 2 slots, got {}", slots_.size());
+  thread_ = std::thread([this] { run(); });
+}
+
+WeightStreamer::~WeightStreamer() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void WeightStreamer::start_micro_batch() {
+  {
+    std::lock_guard lk(mu_);
+    FERRY_CHECK(produced_ == static_cast<int>(schedule_.size()) || epoch_ == 0,
+                "train: micro-batch started before the previous one was streamed");
+    ++epoch_;
+    produced_ = 0;
+    released_ = 0;
+  }
+  cv_.notify_all();
+}
+
+Result<int> WeightStreamer::acquire(int j, double* waited_s) {
+  Timer t;
+  std::unique_lock lk(mu_);
+  cv_.wait(lk, [&] { return produced_ > j || !error_.ok(); });
+  *waited_s += t.elapsed_s();
+  FERRY_TRY(error_);
+  return j % static_cast<int>(slots_.size());
+}
+
+void WeightStreamer::release(int j) {
+  {
+    std::lock_guard lk(mu_);
+    FERRY_CHECK(j == released_, "train: slot items released out of order ({} after {})", j,
+                released_);
+    released_ = j + 1;
+  }
+  cv_.notify_all();
+}
+
+Status WeightStreamer::finish() {
+  std::unique_lock lk(mu_);
+  cv_.wait(lk, [&] { return produced_ == static_cast<int>(schedule_.size()) || !error_.ok(); });
+  return error_;
+}
+
+std::uint64_t WeightStreamer::h2d_bytes() const {
+  std::lock_guard lk(mu_);
+  return bytes_;
+}
+
+void WeightStreamer::run() {
+  std::uint64_t seen = 0;
+  const int n = static_cast<int>(schedule_.size());
+  const int depth = static_cast<int>(slots_.size());
+  for (;;) {
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || epoch_ > seen; });
+      if (stop_) return;
+      seen = epoch_;
+    }
+    for (int j = 0; j < n; ++j) {
+      {
+        // The slot of item j held item j - depth: free once that item was released.
+        std::unique_lock lk(mu_);
+        cv_.wait(lk, [&] { return stop_ || released_ > j - depth; });
+        if (stop_) return;
+      }
+      const int layer = schedule_[static_cast<std::size_t>(j)];
+      opt_.wait_ready(layer);
+      const std::size_t bytes =
+          static_cast<std::size_t>(arena_.unit_elements(layer)) * sizeof(float);
+      Status st = engine_.h2d(slots_[static_cast<std::size_t>(j % depth)], arena_.weights(layer),
+                              bytes, h2d_);
+      if (st.ok()) st = h2d_.synchronize();
+      {
+        std::lock_guard lk(mu_);
+        if (!st.ok()) {
+          error_ = st;
+          produced_ = n;
+        } else {
+          bytes_ += bytes;
+          produced_ = j + 1;
+        }
+      }
+      cv_.notify_all();
+      if (!st.ok()) break;
+    }
+  }
+}
+
+}  // namespace ferry::train::stream

@@ -1,0 +1,70 @@
+// SPDX-License-Identifier: Apache-2.0
+// WeightStreamer: a dedicated transfer thread that copies layer weights from the host arena into
+// a ring of device weight slots ahead of compute, following one micro-batch's weight schedule
+// (activation_policy.h weight_schedule: forward, recompute and backward streams in order).
+//
+//   start_micro_batch();                       // the thread begins copying item 0, 1, ...
+//   int s = acquire(j);  ... compute reads slot s in place ...  release(j);
+//
+// Item j goes to slot j % slots. The thread copies item j once (a) item j - slots was released
+// (its slot is free) and (b) the layer's pending optimizer update is done (LayerOptimizer::
+// wait_ready) — so at most `slots` items are in flight, prefetch depth = slots - 1 beyond the
+// one in use. Copies go through mem::TransferEngine (h2d on the h2d stream; the host engine's
+// memcpy in CPU builds) and are counted here. acquire() returns the seconds compute waited.
+// Threading: acquire/release/start from the compute thread only.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "mem/stream_set.h"
+#include "mem/transfer_engine.h"
+#include "train/stream/host_arena.h"
+#include "train/stream/layer_optimizer.h"
+
+namespace ferry::train::stream {
+
+class WeightStreamer {
+ public:
+  // slots: device-tier buffers of max_layer_elements floats each (>= 2).
+  WeightStreamer(const HostArena& arena, LayerOptimizer& opt, std::vector<float*> slots,
+                 std::vector<int> schedule, mem::TransferEngine& engine, mem::Stream& h2d);
+  ~WeightStreamer();
+  WeightStreamer(const WeightStreamer&) = delete;
+  WeightStreamer& operator=(const WeightStreamer&) = delete;
+
+  void start_micro_batch();
+  // Blocks until item j (layer schedule()[j]) is in its slot; *waited_s += seconds blocked.
+  Result<int> acquire(int j, double* waited_s);
+  void release(int j);
+  // Blocks until the thread has copied the whole schedule (end of a micro-batch).
+  Status finish();
+
+  const std::vector<int>& schedule() const { return schedule_; }
+  std::uint64_t h2d_bytes() const;
+
+ private:
+  void run();
+
+  const HostArena& arena_;
+  LayerOptimizer& opt_;
+  std::vector<float*> slots_;
+  std::vector<int> schedule_;
+  mem::TransferEngine& engine_;
+  mem::Stream& h2d_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::uint64_t epoch_ = 0;  // micro-batches started
+  int produced_ = 0;         // items of the current micro-batch copied
+  int released_ = 0;         // items of the current micro-batch released
+  std::uint64_t bytes_ = 0;
+  Status error_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace ferry::train::stream

@@ -1,0 +1,389 @@
+// SPDX-License-Identifier: Apache-2.0
+// The layer-streaming executor against the in-memory reference (ModelCompute whole-model forward
+// + backward, optimizer_step): after several steps with gradient accumulation and active
+// clipping, losses and every master weight / AdamW state are bit-identical for each fixed
+// activation policy (device, host, NVMe, checkpoint-every-K, mixes), on the dense builtin model
+// and on a MoE model (the qwen3_moe fixture: random init, MoE and dense layers, untied head);
+// the bytes moved match what the policy predicts; the device budget refuses batch b+1 and
+// accepts batch b, naming b; the per-layer ModelCompute API plans exactly what it allocates.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "kernels/backend.h"
+#include "model/model_binding.h"
+#include "test_util.h"
+#include "train/builtin_model.h"
+#include "train/optimizer.h"
+#include "train/rng.h"
+#include "train/stream/device_plan.h"
+#include "train/stream/plan_policy.h"
+#include "train/stream/stream_executor.h"
+#include "train/train_state.h"
+
+namespace ferry::train::stream {
+namespace {
+
+constexpr std::int64_t kSeq = 24;  // tokens per sequence (max)
+constexpr int kBatch = 3;          // sequences per micro-batch
+
+struct Batch {
+  std::vector<std::int32_t> ids, pos, cu, tg;
+  model::PackedBatch view() const {
+    auto v = [](const std::vector<std::int32_t>& x) {
+      return ConstTensorView::contiguous(x.data(), DType::kI32, Device::kCpu,
+                                         {static_cast<std::int64_t>(x.size())});
+    };
+    return {.ids = v(ids), .positions = v(pos), .cu_seqlens = v(cu), .targets = v(tg)};
+  }
+};
+
+// Packed micro-batches of kBatch sequences of random length; about a third of the targets
+// ignored (-100), like response-only SFT masks.
+std::vector<Batch> make_batches(int count, int vocab, std::uint64_t seed) {
+  Rng rng(seed);
+  std::vector<Batch> out(static_cast<std::size_t>(count));
+  for (Batch& b : out) {
+    b.cu.push_back(0);
+    for (int s = 0; s < kBatch; ++s) {
+      const int len = 4 + static_cast<int>(rng.next_u64() % (kSeq - 3));
+      for (int t = 0; t < len; ++t) {
+        b.ids.push_back(static_cast<std::int32_t>(rng.next_u64() % vocab));
+        b.pos.push_back(t);
+        b.tg.push_back(rng.next_u64() % 3 == 0 ? -100
+                                               : static_cast<std::int32_t>(rng.next_u64() % vocab));
+      }
+      b.cu.push_back(static_cast<std::int32_t>(b.ids.size()));
+    }
+  }
+  return out;
+}
+
+std::unique_ptr<model::LoadedModel> dense_model(const std::string& dir) {
+  const BuiltinModelSpec spec{.layers = 4,
+                              .hidden = 32,
+                              .heads = 2,
+                              .kv_heads = 1,
+                              .head_dim = 16,
+                              .intermediate = 48,
+                              .max_positions = 64,
+                              .init_std = 0.05};
+  EXPECT_TRUE(write_builtin_model(dir, spec, 7).ok());
+  auto m = model::load_model_f32(dir);
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  return std::move(*m);
+}
+
+std::unique_ptr<model::LoadedModel> moe_model() {
+  auto m = model::load_model_f32(std::string(FERRY_TEST_DATA_DIR) + "/models/qwen3_moe");
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  return std::move(*m);
+}
+
+struct RunSpec {
+  int steps = 3;
+  int accum = 2;
+  OptimMode mode;
+};
+
+AdamWConfig adamw() {
+  AdamWConfig c;
+  c.weight_decay = 0.1;
+  c.max_grad_norm = 0.05;  // well below the gradient norms here: clipping is active
+  return c;
+}
+double lr_of(int step) { return 2e-2 / (1.0 + step); }
+
+struct RunResult {
+  std::vector<double> losses;
+  std::vector<StepOutcome> outcomes;
+  std::unique_ptr<TrainState> state;
+  TransferStats stats;
+  std::size_t peak = 0, planned = 0;
+  std::int64_t tokens = 0;  // summed over micro-batches
+};
+
+RunResult run_reference(const model::LoadedModel& m, const RunSpec& r, const std::vector<Batch>& data) {
+  RunResult out;
+  auto s = TrainState::from_loaded(m, r.mode, 99);
+  EXPECT_TRUE(s.ok());
+  out.state = std::move(*s);
+  kernels::Backend& be = kernels::cpu_backend();
+  auto mc = model::ModelCompute::create(m.geometry, kBatch * kSeq, be);
+  EXPECT_TRUE(mc.ok());
+  std::int64_t opt_step = 0;
+  std::size_t next = 0;
+  for (int step = 0; step < r.steps; ++step) {
+    out.state->grads->zero();
+    double loss = 0.0;
+    for (int a = 0; a < r.accum; ++a) {
+      const model::PackedBatch b = data[next++].view();
+      auto f = (*mc)->forward(out.state->params, b);
+      EXPECT_TRUE(f.ok());
+      EXPECT_TRUE((*mc)->backward(out.state->params, b, out.state->grads->grads).ok());
+      loss += f->mean_loss() / r.accum;
+    }
+    auto o = optimizer_step(*out.state, adamw(), lr_of(step), opt_step + 1, r.accum, be);
+    EXPECT_TRUE(o.ok());
+    if (o->applied) ++opt_step;
+    out.losses.push_back(loss);
+    out.outcomes.push_back(*o);
+  }
+  return out;
+}
+
+RunResult run_stream(const model::LoadedModel& m, const RunSpec& r, const std::vector<Batch>& data,
+               const std::string& policy, int prefetch = 2) {
+  RunResult out;
+  auto s = TrainState::from_loaded(m, r.mode, 99);
+  EXPECT_TRUE(s.ok());
+  out.state = std::move(*s);
+  auto pol = parse_policy(policy, m.geometry.layers);
+  EXPECT_TRUE(pol.ok()) << pol.status().to_string();
+  StreamOptions so{.policy = *pol, .prefetch = prefetch};
+  auto ex = StreamExecutor::create(*out.state, kBatch, kSeq, so, kernels::cpu_backend());
+  EXPECT_TRUE(ex.ok()) << ex.status().to_string();
+  if (!ex.ok()) return out;
+  std::int64_t opt_step = 0;
+  std::size_t next = 0;
+  for (int step = 0; step < r.steps; ++step) {
+    (*ex)->begin_step(r.accum);
+    double loss = 0.0;
+    for (int a = 0; a < r.accum; ++a) {
+      const model::PackedBatch b = data[next++].view();
+      out.tokens += b.ids.numel();
+      auto f = (*ex)->micro_batch(b);
+      EXPECT_TRUE(f.ok()) << f.status().to_string();
+      loss += f->mean_loss() / r.accum;
+    }
+    auto o = (*ex)->finish_step(adamw(), lr_of(step), opt_step + 1);
+    EXPECT_TRUE(o.ok());
+    if (o->applied) ++opt_step;
+    out.losses.push_back(loss);
+    out.outcomes.push_back(*o);
+  }
+  EXPECT_TRUE((*ex)->store_to(*out.state).ok());
+  out.stats = (*ex)->stats();
+  out.peak = (*ex)->device_peak_bytes();
+  out.planned = (*ex)->device_planned_bytes();
+  return out;
+}
+
+void expect_same_state(const TrainState& a, const TrainState& b, const std::string& what) {
+  ASSERT_EQ(a.num_params(), b.num_params());
+  for (std::size_t i = 0; i < a.num_params(); ++i) {
+    const TensorView& wa = a.master->named[i].second;
+    const TensorView& wb = b.master->named[i].second;
+    EXPECT_EQ(std::memcmp(wa.data, wb.data, wa.bytes()), 0)
+        << what << ": weights of " << a.master->named[i].first << " differ";
+    if (a.m) {
+      EXPECT_EQ(std::memcmp(a.m->named[i].second.data, b.m->named[i].second.data, wa.bytes()), 0)
+          << what << ": m of " << a.master->named[i].first;
+      EXPECT_EQ(std::memcmp(a.v->named[i].second.data, b.v->named[i].second.data, wa.bytes()), 0)
+          << what << ": v of " << a.master->named[i].first;
+    } else {
+      EXPECT_EQ(a.optim.params[i].m8, b.optim.params[i].m8) << what;
+      EXPECT_EQ(a.optim.params[i].v8, b.optim.params[i].v8) << what;
+      EXPECT_EQ(a.optim.params[i].m_absmax, b.optim.params[i].m_absmax) << what;
+      EXPECT_EQ(a.optim.params[i].v_absmax, b.optim.params[i].v_absmax) << what;
+    }
+  }
+}
+
+std::string nvme_dir() { return testing::temp_dir("stream_nvme"); }
+
+void check_policies(const model::LoadedModel& m, const std::vector<std::string>& policies,
+                    const RunSpec& spec) {
+  const std::vector<Batch> data = make_batches(spec.steps * spec.accum, m.geometry.vocab, 5);
+  const RunResult ref = run_reference(m, spec, data);
+  bool clipped = false;
+  for (const StepOutcome& o : ref.outcomes) clipped |= o.applied && o.clip < 1.0;
+  EXPECT_TRUE(clipped) << "the test should exercise clipping";
+  for (const std::string& p : policies) {
+    const RunResult st = run_stream(m, spec, data, p);
+    ASSERT_EQ(st.losses.size(), ref.losses.size()) << p;
+    for (std::size_t i = 0; i < ref.losses.size(); ++i) {
+      EXPECT_EQ(st.losses[i], ref.losses[i]) << p << " step " << i;
+      EXPECT_EQ(st.outcomes[i].grad_norm, ref.outcomes[i].grad_norm) << p << " step " << i;
+    }
+    expect_same_state(*ref.state, *st.state, p);
+    EXPECT_LE(st.peak, st.planned) << p;
+  }
+}
+
+TEST(StreamExecutor, DenseMatchesInMemoryBitForBitForEveryPolicy) {
+  const std::string dir = testing::temp_dir("stream_dense");
+  auto m = dense_model(dir + "/model");
+  const std::string nv = nvme_dir();
+  check_policies(*m,
+                 {"device", "host", "nvme:" + nv, "every:2", "every:3:host", "every:4",
+                  "every:2:nvme:" + nv, "mix:dhrn:" + nv, "mix:hrrd"},
+                 {});
+}
+
+TEST(StreamExecutor, MoeMatchesInMemoryBitForBitForEveryPolicy) {
+  auto m = moe_model();
+  ASSERT_GT(m->geometry.experts, 0);
+  const std::string nv = nvme_dir();
+  check_policies(*m, {"device", "host", "nvme:" + nv, "every:2", "every:3", "mix:nrh:" + nv}, {});
+}
+
+TEST(StreamExecutor, EightBitStatesMatchInMemory) {
+  const std::string dir = testing::temp_dir("stream_q8");
+  auto m = dense_model(dir + "/model");
+  RunSpec spec;
+  spec.mode.states = OptimizerStates::k8Bit;
+  check_policies(*m, {"every:2"}, spec);
+}
+
+TEST(StreamExecutor, BytesMovedAreWhatThePolicyPredicts) {
+  const std::string dir = testing::temp_dir("stream_bytes");
+  auto m = dense_model(dir + "/model");
+  const RunSpec spec{.steps = 2, .accum = 3};
+  const std::vector<Batch> data = make_batches(spec.steps * spec.accum, m->geometry.vocab, 11);
+  const std::string nv = nvme_dir();
+  const int L = m->geometry.layers;
+  const std::uint64_t C = static_cast<std::uint64_t>(m->geometry.hidden);
+  for (const std::string& p : {std::string("device"), std::string("every:2"),
+                               std::string("every:3:host"), "mix:dnrh:" + nv}) {
+    for (int prefetch : {1, 3}) {
+      const RunResult st = run_stream(*m, spec, data, p, prefetch);
+      auto pol = parse_policy(p, L);
+      ASSERT_TRUE(pol.ok());
+      auto arena = HostArena::create(*st.state);
+      ASSERT_TRUE(arena.ok());
+      // Layer l's weights cross once in forward, once in backward, and once more when the
+      // boundary above it is recomputed (layer l regenerates it).
+      std::uint64_t per_micro = 0, layer_total = 0;
+      for (int l = 0; l < L; ++l) {
+        const std::uint64_t w = static_cast<std::uint64_t>((*arena)->unit_elements(l)) * 4;
+        const bool recomputes = l + 1 < L && pol->homes[l + 1] == Home::kRecompute;
+        per_micro += w * (recomputes ? 3 : 2);
+        layer_total += w;
+      }
+      const std::uint64_t micro = spec.steps * spec.accum;
+      const std::uint64_t g =
+          static_cast<std::uint64_t>((*arena)->unit_elements((*arena)->globals_unit())) * 4;
+      EXPECT_EQ(st.stats.weight_h2d, micro * per_micro) << p;
+      EXPECT_EQ(st.stats.globals_h2d, spec.steps * g) << p;
+      EXPECT_EQ(st.stats.grad_d2h, micro * layer_total + spec.steps * g) << p;
+      EXPECT_EQ(st.stats.grad_h2d, spec.steps * (spec.accum - 1) * layer_total) << p;
+      const std::uint64_t offloaded =
+          static_cast<std::uint64_t>(pol->count(Home::kHost) + pol->count(Home::kNvme));
+      const std::uint64_t act_bytes = static_cast<std::uint64_t>(st.tokens) * C * 4;
+      EXPECT_EQ(st.stats.act_d2h, offloaded * act_bytes) << p;
+      EXPECT_EQ(st.stats.act_h2d, offloaded * act_bytes) << p;
+      const std::uint64_t record = (kBatch * kSeq * C * 4 + 4095) / 4096 * 4096;
+      EXPECT_EQ(st.stats.nvme_write, micro * pol->count(Home::kNvme) * record) << p;
+      EXPECT_EQ(st.stats.nvme_read, st.stats.nvme_write) << p;
+      EXPECT_EQ(st.peak, st.planned) << p;
+    }
+  }
+}
+
+TEST(StreamExecutor, BudgetRefusesTheBatchAboveTheLargestThatFits) {
+  const std::string dir = testing::temp_dir("stream_budget");
+  auto m = dense_model(dir + "/model");
+  auto s = TrainState::from_loaded(*m, {}, 1);
+  ASSERT_TRUE(s.ok());
+  auto pol = parse_policy("every:2", m->geometry.layers);
+  ASSERT_TRUE(pol.ok());
+  auto arena = HostArena::create(**s);
+  ASSERT_TRUE(arena.ok());
+  const ModelSizes sizes{.globals_elements = (*arena)->unit_elements((*arena)->globals_unit()),
+                         .max_layer_elements = (*arena)->max_layer_elements()};
+  kernels::Backend& be = kernels::cpu_backend();
+  constexpr std::int64_t S = 32;
+  auto p5 = plan_device(m->geometry, sizes, *pol, 3, 5 * S, be);
+  auto p6 = plan_device(m->geometry, sizes, *pol, 3, 6 * S, be);
+  ASSERT_TRUE(p5.ok() && p6.ok());
+  ASSERT_LT(p5->total_bytes(), p6->total_bytes());
+  // A budget between the two: 5 fits, 6 does not.
+  const std::size_t budget = (p5->total_bytes() + p6->total_bytes()) / 2;
+  auto best = largest_batch(m->geometry, sizes, *pol, 3, S, budget, be);
+  ASSERT_TRUE(best.ok());
+  EXPECT_EQ(*best, 5);
+  StreamOptions so{.policy = *pol, .prefetch = 2, .device_budget_bytes = budget};
+  auto ok = StreamExecutor::create(**s, 5, S, so, be);
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+  EXPECT_EQ((*ok)->device_planned_bytes(), p5->total_bytes());
+  ok->reset();
+  auto refused = StreamExecutor::create(**s, 6, S, so, be);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("the largest batch that fits is 5"), std::string::npos)
+      << refused.status().message();
+  // More prefetch slots cost device memory: the same budget then fits fewer sequences.
+  auto deeper = largest_batch(m->geometry, sizes, *pol, 8, S, budget, be);
+  ASSERT_TRUE(deeper.ok());
+  EXPECT_LT(*deeper, 5);
+  // Not even one sequence: said so.
+  so.device_budget_bytes = sizes.max_layer_elements * 4;
+  auto none = StreamExecutor::create(**s, 1, S, so, be);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("does not fit even batch 1"), std::string::npos)
+      << none.status().message();
+}
+
+TEST(StreamExecutor, PlannedComputeBytesAreWhatModelComputeAllocates) {
+  const std::string dir = testing::temp_dir("stream_planned");
+  auto dense = dense_model(dir + "/model");
+  auto moe = moe_model();
+  kernels::Backend& be = kernels::cpu_backend();
+  for (const model::LoadedModel* m : {dense.get(), moe.get()}) {
+    for (int work : {1, 2, m->geometry.layers}) {
+      auto planned = model::ModelCompute::planned_bytes(m->geometry, 77, be, work);
+      auto mc = model::ModelCompute::create(m->geometry, 77, be, work);
+      ASSERT_TRUE(planned.ok() && mc.ok());
+      EXPECT_EQ(*planned, (*mc)->total_bytes()) << "work_layers " << work;
+    }
+  }
+}
+
+TEST(StreamPolicy, ParsesFixedPoliciesAndMixes) {
+  auto every = parse_policy("every:3", 7);
+  ASSERT_TRUE(every.ok());
+  EXPECT_EQ(every->describe(), "every:3 = drrdrrd");
+  ASSERT_EQ(every->spans().size(), 3u);
+  EXPECT_EQ(every->max_recomputed(), 2);
+  EXPECT_EQ(weight_schedule(*every),
+            (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 6, 3, 4, 5, 4, 3, 0, 1, 2, 1, 0}));
+  auto host = parse_policy("every:2:host", 3);
+  ASSERT_TRUE(host.ok());
+  EXPECT_EQ(host->describe(), "every:2:host = hrh");
+  auto mix = parse_policy("mix:dnrh:/tmp/x", 4);
+  ASSERT_TRUE(mix.ok());
+  EXPECT_EQ(mix->nvme_dir, "/tmp/x");
+  EXPECT_FALSE(parse_policy("mix:rd", 2).ok());  // boundary 0 must be kept
+  EXPECT_FALSE(parse_policy("mix:dn", 2).ok());  // NVMe without a directory
+  EXPECT_FALSE(parse_policy("every:0", 2).ok());
+  EXPECT_FALSE(parse_policy("mix:dd", 3).ok());  // wrong length
+  EXPECT_FALSE(parse_policy("sometimes", 3).ok());
+}
+
+TEST(StreamPolicy, ReadsTheHomesOfAFerryPlanDocument) {
+  // The document shape src/plan/plan_json.cpp writes (docs/plan.md), trimmed to what is read.
+  const std::string doc = R"({"format": "ferry-plan", "version": 1, "policy": "solved",
+    "num_layers": 4, "batch_size": 8, "seq_len": 1024,
+    "boundaries": [{"boundary": 0, "home": "gpu"}, {"boundary": 1, "home": "recompute"},
+                   {"boundary": 2, "home": "host"}, {"boundary": 3, "home": "nvme"},
+                   {"boundary": 4, "home": "gpu"}],
+    "spans": [{"start": 0, "end": 2, "keep_weights": true},
+              {"start": 2, "end": 3, "keep_weights": false},
+              {"start": 3, "end": 4, "keep_weights": false}],
+    "transfers": []})";
+  auto p = plan_policy_from_text(doc, "test plan", 4, "/tmp/nv");
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(p->policy.describe(), "plan:solved = drhn");
+  EXPECT_EQ(p->policy.nvme_dir, "/tmp/nv");
+  EXPECT_EQ(p->batch_size, 8);
+  EXPECT_EQ(p->keep_weight_spans, 1);
+  EXPECT_FALSE(plan_policy_from_text(doc, "test plan", 5, "/tmp/nv").ok());  // layer count
+  EXPECT_FALSE(plan_policy_from_text(doc, "test plan", 4, "").ok());  // NVMe needs a directory
+  EXPECT_FALSE(plan_policy_from_text("{\"format\": \"other\"}", "x", 4, "").ok());
+}
+
+}  // namespace
+}  // namespace ferry::train::stream
