@@ -6,6 +6,9 @@
 // fixed policies next to it; --json writes the plan. `--compare --gpu-caps 24,40,80` prints, as
 // JSON, the solved plan against the fixed policies at each GPU cap. Every figure is a prediction
 // of the cost model (analytic, or a measured profile when one is cached), never a measurement.
+// `ferry plan --measure-machine [--geometry NAME | --model DIR] [--nvme-dir D] [--machine NAME]
+//   [--machine-profile OUT]` measures this machine's rates (plan/machine_profile.h) and caches
+// them; later plans for that --machine use them instead of the assumed defaults.
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -22,6 +25,7 @@
 #include "plan/compare.h"
 #include "plan/cost_model.h"
 #include "plan/geometry.h"
+#include "plan/machine_profile.h"
 #include "plan/plan_json.h"
 #include "plan/profile.h"
 #include "plan/report.h"
@@ -50,6 +54,8 @@ struct PlanConfig {
   bool compare = false;
   std::string gpu_caps = "24,40,80";
   bool no_policies = false;
+  bool measure_machine = false;
+  std::string machine_profile;  // explicit machine profile (in or, with --measure-machine, out)
 };
 
 PlanConfig& plan_config() {
@@ -87,6 +93,24 @@ Result<plan::ProblemAt> make_problem_at(const PlanConfig& c, const model::ModelC
   }
   plan::MachineSpec machine;
   machine.name = c.machine;
+  std::string mpath = c.machine_profile;
+  if (mpath.empty()) {
+    const std::string cached = plan::default_machine_profile_path(c.machine);
+    if (std::filesystem::exists(cached)) mpath = cached;
+  }
+  if (!mpath.empty()) {
+    FERRY_ASSIGN_OR_RETURN(plan::MachineProfile mp, plan::read_machine_profile(mpath));
+    plan::apply_machine_profile(mp, machine);
+    std::string assumed;
+    for (const plan::NotMeasured& n : mp.not_measured)
+      assumed += (assumed.empty() ? "" : ",") + n.field;
+    log::get("plan")->info("machine profile={} measured={} assumed={}", mpath, mp.measured.size(),
+                           assumed.empty() ? "none" : assumed);
+  } else {
+    log::get("plan")->info(
+        "no machine profile for machine={}: assumed rates (run ferry plan --measure-machine)",
+        c.machine);
+  }
   if (c.link_gbps > 0) {
     machine.link.h2d_gbps = machine.link.d2h_gbps = c.link_gbps;
     machine.link.duplex_gbps = 1.8 * c.link_gbps;
@@ -165,13 +189,45 @@ Status run_compare(const PlanConfig& c, const model::ModelConfig& cfg, int batch
   return ok_status();
 }
 
+Status run_measure_machine(const PlanConfig& c) {
+  PlanConfig g = c;
+  if (g.model_dir.empty() && g.geometry.empty()) g.geometry = "qwen2.5-3b";
+  FERRY_ASSIGN_OR_RETURN(model::ModelConfig cfg, load_geometry(g));
+  plan::MachineProfileOptions o;
+  o.machine = c.machine;
+  o.nvme_dir = c.nvme_dir;
+  o.seq_len = c.seq_len;
+  FERRY_ASSIGN_OR_RETURN(plan::MachineProfile p, plan::measure_machine(cfg, o));
+  const std::string path =
+      c.machine_profile.empty() ? plan::default_machine_profile_path(c.machine) : c.machine_profile;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  FERRY_TRY(plan::write_machine_profile(path, p));
+  const plan::MachineSpec assumed;
+  const Json measured = plan::to_json(p);
+  std::printf("machine %s (gpu %s, %d cpu threads): %s\n", p.machine.c_str(), p.gpu.c_str(),
+              p.cpu_threads, p.measured_by.c_str());
+  std::printf("%-28s %12s %12s\n", "rate", "measured", "assumed");
+  const Json assumed_rates = plan::to_json(plan::MachineProfile{.spec = assumed})["rates"];
+  for (const std::string& f : p.measured) {
+    std::printf("%-28s %12.2f %12.2f\n", f.c_str(), measured["rates"][f].get<double>(),
+                assumed_rates[f].get<double>());
+  }
+  for (const plan::NotMeasured& n : p.not_measured) {
+    std::printf("%-28s %12s %12.2f  (%s)\n", n.field.c_str(), "-",
+                assumed_rates[n.field].get<double>(), n.why.c_str());
+  }
+  std::printf("written to %s\n", path.c_str());
+  return ok_status();
+}
+
 Status run_plan_status() {
   const PlanConfig& c = plan_config();
-  FERRY_ASSIGN_OR_RETURN(model::ModelConfig cfg, load_geometry(c));
-  FERRY_ASSIGN_OR_RETURN(int batch, parse_batch(c.batch));
+  if (c.measure_machine) return run_measure_machine(c);
   if (!c.nvme_dir.empty() && !std::filesystem::is_directory(c.nvme_dir)) {
     return not_found("plan: --nvme-dir {} is not a directory", c.nvme_dir);
   }
+  FERRY_ASSIGN_OR_RETURN(model::ModelConfig cfg, load_geometry(c));
+  FERRY_ASSIGN_OR_RETURN(int batch, parse_batch(c.batch));
   if (c.nvme_dir.empty() != (c.nvme_gb <= 0)) {
     return invalid_argument("plan: --nvme-dir and --nvme-gb go together");
   }
@@ -228,7 +284,6 @@ void register_plan(CLI::App& app, CommandFn& run) {
       ->check(CLI::Range(0.0, 1e6))
       ->envname("FERRY_PLAN_GPU_MEM_GB");
   cmd->add_option("--host-mem-gb", c.host_mem_gb, "host memory budget (GB)")
-      ->required()
       ->check(CLI::Range(0.0, 1e6))
       ->envname("FERRY_PLAN_HOST_MEM_GB");
   cmd->add_option("--nvme-dir", c.nvme_dir, "folder of the NVMe activation spill store");
@@ -252,11 +307,19 @@ void register_plan(CLI::App& app, CommandFn& run) {
   cmd->add_flag("--compare", c.compare, "print solved plan vs fixed policies per GPU cap as JSON");
   cmd->add_option("--gpu-caps", c.gpu_caps, "GPU caps for --compare, comma-separated GB");
   cmd->add_flag("--no-policies", c.no_policies, "skip the fixed-policy comparison");
+  cmd->add_flag("--measure-machine", c.measure_machine,
+                "measure this machine's link, NVMe, GEMM, attention and CPU-optimizer rates "
+                "(with --nvme-dir for NVMe) and cache them for --machine");
+  cmd->add_option("--machine-profile", c.machine_profile,
+                  "machine profile JSON to use (default: the cached one for --machine), or to "
+                  "write with --measure-machine");
   cmd->callback([&run, cmd] {
     run = run_plan;
+    if (plan_config().measure_machine) return;
     if (!plan_config().compare && cmd->count("--gpu-mem-gb") == 0) {
       throw CLI::RequiredError("--gpu-mem-gb");
     }
+    if (cmd->count("--host-mem-gb") == 0) throw CLI::RequiredError("--host-mem-gb");
   });
 }
 

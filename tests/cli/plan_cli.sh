@@ -7,6 +7,7 @@
 set -euo pipefail
 FERRY="$1"; ROOT="$2"
 TMP="$(mktemp -d)"; trap 'rm -rf "$TMP"' EXIT
+export FERRY_CACHE_DIR="$TMP/cache"  # no cached profile from this machine's user leaks in
 base=(plan --geometry qwen2.5-0.5b --seq-len 512 --host-mem-gb 64 --time-limit-s 10 --max-batch 64)
 
 "$FERRY" "${base[@]}" --batch-size 8 --gpu-mem-gb 24 --json "$TMP/p.json" > "$TMP/out" 2> "$TMP/err" ||
@@ -50,4 +51,22 @@ set +e
 "$FERRY" plan --geometry nope --batch-size 4 --gpu-mem-gb 8 --host-mem-gb 64 > /dev/null 2> "$TMP/err"; rc=$?
 [ "$rc" -eq 1 ] && grep -q "no built-in geometry" "$TMP/err" || { echo "bad geometry: rc=$rc"; exit 1; }
 set -e
+
+# --measure-machine writes a machine profile (the cache for --machine by default); a plan for
+# that machine then uses it and says so.
+"$FERRY" plan --measure-machine --geometry qwen2.5-0.5b --machine testbox --nvme-dir "$TMP/nvme" \
+  > "$TMP/out" 2> "$TMP/err" || { echo "measure failed"; cat "$TMP/err"; exit 1; }
+for want in "^cpu_optimizer_gparams_per_s" "^nvme_read_gbps" "^written to $TMP/cache/plan/"; do
+  grep -q "$want" "$TMP/out" || { echo "missing '$want'"; cat "$TMP/out"; exit 1; }
+done
+python3 - "$TMP/cache/plan/machine__testbox.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["format"] == "ferry-machine-profile" and j["machine"] == "testbox", j
+assert "cpu_optimizer_gparams_per_s" in j["measured"] and j["rates"]["nvme_read_gbps"] > 0
+PY
+"$FERRY" "${base[@]}" --machine testbox --batch-size 8 --gpu-mem-gb 24 --no-policies \
+  > /dev/null 2> "$TMP/err" || { echo "plan with machine profile failed"; cat "$TMP/err"; exit 1; }
+grep -q "machine profile=$TMP/cache/plan/machine__testbox.json" "$TMP/err" ||
+  { echo "machine profile not used"; cat "$TMP/err"; exit 1; }
 echo "plan cli: ok"
