@@ -57,7 +57,9 @@ void register_route_serve(CLI::App& app, CommandFn& run) {
       ->check(CLI::Range(0, 65535))
       ->envname("FERRY_ROUTE_PORT");
   cmd->add_option("--model", c->server.model, "model name served");
-  cmd->add_option("--threads", c->server.threads, "HTTP worker threads (0 = 2*max-batch+4, >= 8)")
+  cmd->add_option(
+         "--threads", c->server.threads,
+         "HTTP worker threads = client connections served at once (0 = max(64, 2*max-batch+4))")
       ->check(CLI::Range(0, 4096));
   cmd->add_option("--max-batch", b.max_batch, "largest batch")->check(CLI::Range(1, 1024));
   cmd->add_option("--batch-timeout-ms", b.batch_timeout_ms, "wait for a batch to fill")

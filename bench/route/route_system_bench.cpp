@@ -9,9 +9,14 @@
 //      (RTT, uplink rate, frame bytes): realised mAP (pooled 11-pt AP@.5 of what the agent
 //      produced), latency p50/p90 and deadline fallbacks at each ρ, on drawn scenes
 //      (scene_detectors.h).
-// Usage: route_system_bench [--json FILE] [--quick]
+// Usage: route_system_bench [--json FILE] [--quick] [--wan-only] [--trace DIR]
+//                           [--server-threads N] [--concurrency N]
+// --trace writes per-request timelines of each WAN run (agent send/reply, proxy chunk in/out,
+// server receive/batch/reply) as CSV; the last two options vary the WAN section's server HTTP
+// threads and agent offload workers.
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -26,12 +31,16 @@
 #include "route/replay.h"
 #include "route/scene_detectors.h"
 #include "route/server.h"
+#include "route/transport/kserve.h"
 #include "route/transport/wan_proxy.h"
 
 namespace {
 
 using namespace ferry;
 using Clock = std::chrono::steady_clock;
+// cpp-httplib's POST request line and headers for /v2/models/strong/infer: measured through the
+// proxy as 58,866 B uplink per request (321 requests) against a 58,702 B JSON body.
+constexpr double kHttpRequestHeaderBytes = 164;
 
 std::string cpu_model() {
   std::ifstream f("/proc/cpuinfo");
@@ -127,12 +136,50 @@ Json bench_throughput(const route::RecordSet& all, const route::TunedRouter& rou
   return out;
 }
 
-Json bench_wan(const route::RecordSet& all, const route::TuneResult& tuned, bool quick) {
+struct WanConfig {
+  int server_threads = 0;  // 0 = the server's default
+  int concurrency = 32;    // agent offload workers
+  std::string trace_dir;   // per-run CSV timelines (agent, proxy, server) when set
+};
+
+// Writes the three timelines of one WAN run, times in ms since the run's first frame arrival.
+void write_traces(const std::string& dir, const std::string& tag, const route::AgentSummary& s,
+                  const route::WanProxy& wan, const route::DetectionServer& server) {
+  if (dir.empty() || s.trace.empty()) return;
+  const std::int64_t t0 = s.trace.front().arrival_ns;
+  const auto ms = [t0](std::int64_t t) { return t == 0 ? -1.0 : (t - t0) / 1e6; };
+  std::ofstream a(dir + "/" + tag + "_agent.csv");
+  a << "frame,worker,offload,arrival_ms,send_ms,reply_ms,done_ms,http_status,outcome\n";
+  for (const auto& f : s.trace) {
+    a << fmt::format("{},{},{},{:.3f},{:.3f},{:.3f},{:.3f},{},{}\n", f.frame, f.worker,
+                     f.offload ? 1 : 0, ms(f.arrival_ns), ms(f.send_ns), ms(f.reply_ns),
+                     ms(f.done_ns), f.http_status, f.outcome);
+  }
+  std::ofstream p(dir + "/" + tag + "_proxy.csv");
+  p << "conn,kind,bytes,in_ms,written_ms\n";
+  for (const auto& e : wan.trace()) {
+    if (e.in_ns < t0) continue;  // earlier runs share the proxy
+    p << fmt::format("{},{},{},{:.3f},{:.3f}\n", e.conn, e.kind, e.bytes, ms(e.in_ns),
+                     ms(e.written_ns));
+  }
+  std::ofstream v(dir + "/" + tag + "_server.csv");
+  v << "id,recv_ms,batch_start_ms,reply_ms,status,batch_size\n";
+  for (const auto& r : server.trace()) {
+    if (r.recv_ns < t0) continue;
+    v << fmt::format("{},{:.3f},{:.3f},{:.3f},{},{}\n", r.id, ms(r.recv_ns), ms(r.batch_start_ns),
+                     ms(r.reply_ns), r.status, r.batch_size);
+  }
+}
+
+Json bench_wan(const route::RecordSet& all, const route::TuneResult& tuned, bool quick,
+               const WanConfig& cfg) {
   const double one_way_ms = 40, uplink_mbps = 20, frame_kib = 16, weak_ms = 24.7, deadline = 400;
   route::ServerOptions so;
   so.batcher.batch_base_ms = 4.49;  // the cost model's strong-detector time, per batch
   so.batcher.per_frame_ms = 0;
   so.batcher.max_queue = 100000;
+  so.threads = cfg.server_threads;
+  so.trace = !cfg.trace_dir.empty();
   route::DetectionServer server(so, all);
   auto sport = server.start();
   if (!sport.ok()) return Json{{"error", sport.status().to_string()}};
@@ -140,6 +187,7 @@ Json bench_wan(const route::RecordSet& all, const route::TuneResult& tuned, bool
   wo.upstream_port = *sport;
   wo.uplink = {one_way_ms, uplink_mbps};
   wo.downlink = {one_way_ms, 0};
+  wo.trace = !cfg.trace_dir.empty();
   route::WanProxy wan(wo);
   auto wport = wan.start("127.0.0.1", 0);
   if (!wport.ok()) return Json{{"error", wport.status().to_string()}};
@@ -163,11 +211,12 @@ Json bench_wan(const route::RecordSet& all, const route::TuneResult& tuned, bool
       o.deadline_ms = deadline;
       o.weak_ms = weak_ms;
       o.frame_bytes = static_cast<std::size_t>(frame_kib * 1024);
-      o.concurrency = 32;
+      o.concurrency = cfg.concurrency;
       o.frames = quick ? 120 : 400;
       auto s = route::run_agent(test, *r, o, nullptr);
       if (!s.ok()) return Json{{"error", s.status().to_string()}};
       const char* name = r == &tuned.router ? "paper_rule" : "cost_aware";
+      write_traces(cfg.trace_dir, fmt::format("{}_rho{:.1f}", name, rho), *s, wan, server);
       const std::string placement(route::to_string(r->table.placement(rho)));
       row[name] = Json{{"placement", placement},
                        {"map_pooled11", s->ap_produced},
@@ -181,24 +230,42 @@ Json bench_wan(const route::RecordSet& all, const route::TuneResult& tuned, bool
     std::printf("%s\n", line.c_str());
     rows.push_back(row);
   }
-  return Json{{"one_way_ms", one_way_ms}, {"uplink_mbps", uplink_mbps},
-              {"frame_kib", frame_kib},   {"weak_ms", weak_ms},
-              {"deadline_ms", deadline},  {"fps", 20},
-              {"lambda_per_ms", 0.001},   {"rows", rows}};
+  return Json{{"one_way_ms", one_way_ms},
+              {"uplink_mbps", uplink_mbps},
+              {"agent_concurrency", cfg.concurrency},
+              {"server_threads", cfg.server_threads},
+              {"frame_kib", frame_kib},
+              {"weak_ms", weak_ms},
+              {"deadline_ms", deadline},
+              {"fps", 20},
+              {"lambda_per_ms", 0.001},
+              {"rows", rows}};
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string json_path;
-  bool quick = false;
+  bool quick = false, wan_only = false;
+  WanConfig wan;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc)
       json_path = argv[++i];
     else if (std::strcmp(argv[i], "--quick") == 0)
       quick = true;
+    else if (std::strcmp(argv[i], "--wan-only") == 0)
+      wan_only = true;
+    else if (std::strcmp(argv[i], "--trace") == 0 && i + 1 < argc)
+      wan.trace_dir = argv[++i];
+    else if (std::strcmp(argv[i], "--server-threads") == 0 && i + 1 < argc)
+      wan.server_threads = std::atoi(argv[++i]);
+    else if (std::strcmp(argv[i], "--concurrency") == 0 && i + 1 < argc)
+      wan.concurrency = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--json FILE] [--quick]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--json FILE] [--quick] [--wan-only] [--trace DIR] "
+                   "[--server-threads N] [--concurrency N]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -206,7 +273,7 @@ int main(int argc, char** argv) {
       fmt::format("{} ({} hardware threads)", cpu_model(), std::thread::hardware_concurrency());
   std::printf("# machine: %s\n", machine.c_str());
   Json report{{"machine", machine}, {"quick", quick}};
-  report["decision"] = bench_decision(quick);
+  if (!wan_only) report["decision"] = bench_decision(quick);
 
   route::SceneRecordOptions sr;
   sr.frames = quick ? 400 : 1200;
@@ -216,16 +283,24 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", all.status().to_string().c_str());
     return 1;
   }
+  // The network term uses the bytes one offload really puts on the uplink: the KServe v2 JSON
+  // body the agent sends (UINT8 pixels as decimal numbers, ~3.6 bytes each) plus its HTTP
+  // request line and headers.
+  const std::size_t body_bytes =
+      route::kserve::encode_frame_request("edge-0-100", 100, 16 * 1024, "edge-0", 20).size();
+  const double wire_bytes = static_cast<double>(body_bytes) + kHttpRequestHeaderBytes;
+  std::printf("upload per offload: %zu B JSON body + ~%.0f B HTTP header for 16384 B of pixels\n",
+              body_bytes, kHttpRequestHeaderBytes);
+  report["upload_bytes_per_offload"] = wire_bytes;
   route::ReplayOptions ro;
-  ro.cost = {24.695, 44.124, 3.079, 0, 4.49, 280.37, 0.153, {80, 20, 16 * 1024 * 3.5, 0}};
-  // (frame bytes x3.5: the agent uploads UINT8 pixels as KServe v2 JSON numbers)
+  ro.cost = {24.695, 44.124, 3.079, 0, 4.49, 280.37, 0.153, {80, 20, wire_bytes, 0}};
   auto tuned = route::tune_router(all->subset("calib"), "skip", "cond", ro, 0.001);
   if (!tuned.ok()) {
     std::fprintf(stderr, "%s\n", tuned.status().to_string().c_str());
     return 1;
   }
-  report["agent_throughput"] = bench_throughput(*all, tuned->router, quick);
-  report["wan_cost_aware_vs_paper_rule"] = bench_wan(*all, *tuned, quick);
+  if (!wan_only) report["agent_throughput"] = bench_throughput(*all, tuned->router, quick);
+  report["wan_cost_aware_vs_paper_rule"] = bench_wan(*all, *tuned, quick, wan);
   if (!json_path.empty()) {
     std::ofstream(json_path) << report.dump(2) << "\n";
     std::printf("# wrote %s\n", json_path.c_str());

@@ -7,7 +7,6 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -58,6 +57,14 @@ void sleep_ms(double ms) {
   if (ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
 }
 
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+std::int64_t to_ns(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
 struct FrameSlot {
   Outcome outcome = Outcome::kPending;
   Placement placement = Placement::kCond;
@@ -66,6 +73,8 @@ struct FrameSlot {
   double latency_ms = 0;
   std::string reason;
   std::vector<Detection> dets;  // what the agent produced for this frame
+  int worker = -1, http_status = 0;
+  std::int64_t send_ns = 0, reply_ns = 0, done_ns = 0;
 };
 
 struct Metrics {
@@ -115,7 +124,10 @@ class Agent {
       poll_rho();
       poller_ = std::thread([this] { poll_loop(); });
     }
-    for (int w = 0; w < o_.concurrency; ++w) workers_.emplace_back([this] { work(); });
+    job_.assign(static_cast<std::size_t>(o_.concurrency), -1);
+    wake_ = std::make_unique<std::condition_variable[]>(static_cast<std::size_t>(o_.concurrency));
+    for (int w = o_.concurrency - 1; w >= 0; --w) idle_.push_back(w);  // worker 0 on top
+    for (int w = 0; w < o_.concurrency; ++w) workers_.emplace_back([this, w] { work(w); });
 
     const auto start = Clock::now();
     double rho_sum = 0;
@@ -149,7 +161,7 @@ class Agent {
       std::unique_lock<std::mutex> lock(mu_);
       stop_ = true;
     }
-    cv_.notify_all();
+    for (int w = 0; w < o_.concurrency; ++w) wake_[static_cast<std::size_t>(w)].notify_all();
     for (auto& t : workers_) t.join();
     if (poller_.joinable()) {
       {
@@ -176,6 +188,11 @@ class Agent {
         ++sum.offloaded_fallback, ++sum.fallback_reasons[s.reason];
       lat.push_back(s.latency_ms);
       produced[i] = std::move(s.dets);
+      sum.trace.push_back({split_.frames[i], s.worker, s.offload, to_ns(s.arrival), s.send_ns,
+                           s.reply_ns, s.done_ns, s.http_status,
+                           s.outcome == Outcome::kLocal ? "local"
+                           : s.outcome == Outcome::kOk  ? "ok"
+                                                        : s.reason});
     }
     sum.realised_rho = n ? static_cast<double>(offloaded) / n : 0;
     sum.served_rho = n ? static_cast<double>(sum.offloaded_ok) / n : 0;
@@ -198,6 +215,7 @@ class Agent {
     s.outcome = out;
     s.reason = std::move(reason);
     s.latency_ms = ms_since(s.arrival);
+    s.done_ns = now_ns();
     const double sec = s.latency_ms / 1000.0;
     if (m_.latency) m_.latency->observe(sec);
     if (out == Outcome::kLocal && m_.local) m_.local->inc();
@@ -210,30 +228,40 @@ class Agent {
   }
   // With a frame rate, a saturated pool means the frame falls back now (the stream cannot wait);
   // without one (throughput mode) the loop waits for a free worker.
+  // The job goes to the most recently idle worker (a LIFO stack), so offloads reuse the few
+  // connections that are already warm and the number of open keep-alive connections follows the
+  // peak number of requests in flight, not `concurrency`. Handing jobs to any idle worker instead
+  // rotated them over all `concurrency` connections; cpp-httplib serves each keep-alive
+  // connection on one thread until it idles out (5 s), so connections beyond the server's thread
+  // pool were never read and their frames missed the deadline (docs/route_system.md).
   bool submit(int i) {
     std::unique_lock<std::mutex> lock(mu_);
-    if (o_.fps <= 0) free_cv_.wait(lock, [&] { return inflight_ < o_.concurrency; });
-    if (inflight_ >= o_.concurrency) return false;
-    ++inflight_;
-    jobs_.push_back(i);
-    cv_.notify_one();
+    if (o_.fps <= 0) free_cv_.wait(lock, [&] { return !idle_.empty(); });
+    if (idle_.empty()) return false;
+    const int w = idle_.back();
+    idle_.pop_back();
+    job_[static_cast<std::size_t>(w)] = i;
+    lock.unlock();
+    wake_[static_cast<std::size_t>(w)].notify_one();
     return true;
   }
-  void work() {
+  void work(int w) {
     HttpClient cli(ep_, o_.deadline_ms);
     const std::string path = fmt::format("/v2/models/{}/infer", o_.model);
+    const auto slot = static_cast<std::size_t>(w);
     while (true) {
       int i;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;
-        i = jobs_.front();
-        jobs_.pop_front();
+        wake_[slot].wait(lock, [&] { return stop_ || job_[slot] >= 0; });
+        if (job_[slot] < 0) return;  // stopping, nothing assigned
+        i = job_[slot];
       }
+      slots_[static_cast<std::size_t>(i)].worker = w;
       offload(cli, path, i);
       std::lock_guard<std::mutex> lock(mu_);
-      --inflight_;
+      job_[slot] = -1;
+      idle_.push_back(w);
       free_cv_.notify_one();
     }
   }
@@ -244,8 +272,12 @@ class Agent {
     cli.set_timeout_ms(left_ms);
     const std::string id = fmt::format("{}-{}", o_.client, i);
     const int frame = split_.frames[i];
-    Result<HttpReply> r =
-        cli.post(path, kserve::encode_frame_request(id, frame, o_.frame_bytes, o_.client, o_.fps));
+    const std::string body =
+        kserve::encode_frame_request(id, frame, o_.frame_bytes, o_.client, o_.fps);
+    s.send_ns = now_ns();
+    Result<HttpReply> r = cli.post(path, body);
+    s.reply_ns = now_ns();
+    if (r.ok()) s.http_status = r->status;
     if (!r.ok()) {
       const StatusCode c = r.status().code();
       return fallback(i, c == StatusCode::kUnavailable        ? "unavailable"
@@ -302,10 +334,11 @@ class Agent {
   std::unordered_map<int, std::vector<Detection>> weak_;
   std::vector<FrameSlot> slots_;  // [n]; slot i is written by one thread at a time
   std::atomic<double> rho_{0};
-  std::mutex mu_;
-  std::condition_variable cv_, free_cv_;
-  std::deque<int> jobs_;
-  int inflight_ = 0;
+  std::mutex mu_;  // guards idle_, job_, stop_
+  std::condition_variable free_cv_;
+  std::unique_ptr<std::condition_variable[]> wake_;  // [concurrency], one per worker
+  std::vector<int> idle_;                            // idle workers; back = most recent
+  std::vector<int> job_;                             // [concurrency] frame assigned, -1 none
   bool stop_ = false;
   std::vector<std::thread> workers_;
   std::mutex poll_mu_;

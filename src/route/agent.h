@@ -8,7 +8,9 @@
 // of local, offloaded_ok, offloaded_fallback, so local + ok + fallback = frames; no frame is lost.
 // "Running the weak detector" reads the frame's weak detections from the records after an
 // emulated weak_ms; under the skip placement an offloaded frame never runs it unless it falls back.
-// Offloads run on `concurrency` worker threads (one keep-alive connection each); when all are
+// Offloads run on `concurrency` worker threads (one keep-alive connection each); each job goes to
+// the most recently idle worker, so only as many connections stay open as requests were in flight
+// at the peak (a server serves a bounded number of connections at once). When all workers are
 // busy the frame falls back at once (reason "busy") rather than stalling the stream; with fps = 0
 // (throughput mode) the loop waits for a free worker instead.
 // Thread-safety: run_agent is one blocking call; metrics may be rendered concurrently.
@@ -51,6 +53,17 @@ struct LatencyStats {
 };
 LatencyStats latency_stats(std::vector<double> ms);
 
+// One frame's timeline for diagnosis (steady_clock nanoseconds since its epoch, so it lines up
+// with WanProxy and DetectionServer traces taken in the same process; 0 = did not happen).
+struct FrameTrace {
+  int frame = 0;
+  int worker = -1;  // offload worker (each holds one keep-alive connection); -1 = none
+  bool offload = false;
+  std::int64_t arrival_ns = 0, send_ns = 0, reply_ns = 0, done_ns = 0;
+  int http_status = 0;  // 0 = no reply
+  std::string outcome;  // local, ok, or the fallback reason
+};
+
 struct AgentSummary {
   int frames = 0, local = 0, offloaded_ok = 0, offloaded_fallback = 0;
   int skip_frames = 0, cond_frames = 0;
@@ -62,6 +75,7 @@ struct AgentSummary {
   double ap_produced = 0, ap_weak_only = 0, ap_strong_only = 0;  // pooled 11-pt AP@.5
   double coco_produced = 0, coco_weak_only = 0, coco_strong_only = 0;
   double wall_s = 0;
+  std::vector<FrameTrace> trace;  // [frames]; not part of to_json
   bool accounted() const { return local + offloaded_ok + offloaded_fallback == frames; }
   Json to_json() const;
 };

@@ -35,6 +35,8 @@ Status validate(const ServerOptions& o) {
   return ok_status();
 }
 
+int default_http_threads(const BatcherOptions& b) { return std::max(64, 2 * b.max_batch + 4); }
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -68,6 +70,30 @@ class DemandTracker {
   std::map<std::string, std::pair<double, Clock::time_point>> seen_;
 };
 
+// cpp-httplib runs each accepted connection as one task that keeps its thread until the
+// connection closes (keep-alive included: up to 5 s idle), so a connection queued here has no
+// thread and its requests are not read at all, whatever admission control would say. Counting
+// both makes that visible: ferry_route_server_http_connections{state="active"|"waiting"}.
+class CountingPool : public httplib::TaskQueue {
+ public:
+  CountingPool(std::size_t threads, PromGauge* active, PromGauge* waiting)
+      : pool_(threads), active_(active), waiting_(waiting) {}
+  void enqueue(std::function<void()> fn) override {
+    waiting_->add(1);
+    pool_.enqueue([this, fn = std::move(fn)] {
+      waiting_->add(-1);
+      active_->add(1);
+      fn();
+      active_->add(-1);
+    });
+  }
+  void shutdown() override { pool_.shutdown(); }
+
+ private:
+  httplib::ThreadPool pool_;
+  PromGauge *active_, *waiting_;
+};
+
 }  // namespace
 
 struct DetectionServer::Impl {
@@ -77,12 +103,25 @@ struct DetectionServer::Impl {
   PromCounter *req_ok, *req_bad, *req_not_found, *req_rejected, *req_error, *batches;
   PromHistogram *batch_size, *latency_s;
   PromGauge *queue_depth, *rho_gauge, *demand_gauge, *capacity_gauge;
+  PromGauge *conn_active, *conn_waiting;
   PromCounter* rejected_total;
   DemandTracker demand;
   std::unique_ptr<Batcher> batcher;
   httplib::Server http;
   HttpListener listener{http, "route server"};  // after http: stopped before it is destroyed
   bool running = false;
+  mutable std::mutex trace_mu;
+  std::vector<RequestTrace> traces;
+
+  static std::int64_t ns(Clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+  }
+  void note_trace(RequestTrace t) {
+    if (!opts.trace) return;
+    t.reply_ns = ns(Clock::now());
+    std::lock_guard<std::mutex> lock(trace_mu);
+    traces.push_back(std::move(t));
+  }
 
   double capacity_fps() const {
     return opts.batcher.capacity_fps > 0 ? opts.batcher.capacity_fps : service_fps(opts.batcher);
@@ -171,8 +210,10 @@ struct DetectionServer::Impl {
     }
     demand.note(fr->client, fr->stream_fps);
     double retry_after_s = 1;
+    const auto t_admit = Clock::now();
     Result<BatchReply> r = batcher->run(fr->frame, &retry_after_s);
     if (!r.ok()) {
+      note_trace({fr->id, ns(t0), 0, 0, 503, 0});
       const StatusCode c = r.status().code();
       if (c == StatusCode::kResourceExhausted) {
         rejected_total->inc();
@@ -187,6 +228,8 @@ struct DetectionServer::Impl {
     res.set_header("X-Ferry-Batch-Size", std::to_string(r->batch_size));
     reply(res, 200, kserve::encode_detections(opts.model, fr->id, r->dets));
     latency_s->observe(std::chrono::duration<double>(Clock::now() - t0).count());
+    note_trace({fr->id, ns(t0), ns(t_admit) + static_cast<std::int64_t>(r->queue_ms * 1e6), 0, 200,
+                r->batch_size});
   }
 
   void routes() {
@@ -253,6 +296,10 @@ struct DetectionServer::Impl {
     rho_gauge = &reg.gauge("ferry_route_server_sustainable_rho", "published offload ratio");
     demand_gauge = &reg.gauge("ferry_route_server_demand_fps", "reported client frame rate");
     capacity_gauge = &reg.gauge("ferry_route_server_capacity_fps", "frames per second served");
+    const std::string conn = "ferry_route_server_http_connections";
+    const std::string conn_help = "open HTTP connections: served by a thread, or waiting for one";
+    conn_active = &reg.gauge(conn, conn_help, R"(state="active")");
+    conn_waiting = &reg.gauge(conn, conn_help, R"(state="waiting")");
   }
 };
 
@@ -276,9 +323,10 @@ DetectionServer::DetectionServer(ServerOptions opts, const RecordSet& records)
         m.batch_size->observe(n);
       });
   m.routes();
-  const int threads =
-      m.opts.threads > 0 ? m.opts.threads : std::max(8, 2 * m.opts.batcher.max_batch + 4);
-  m.http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  const int threads = m.opts.threads > 0 ? m.opts.threads : default_http_threads(m.opts.batcher);
+  m.http.new_task_queue = [&m, threads] {
+    return new CountingPool(static_cast<std::size_t>(threads), m.conn_active, m.conn_waiting);
+  };
   m.http.set_payload_max_length(kserve::kMaxImageBytes * 5);
   m.http.set_keep_alive_max_count(1000);
   m.http.set_tcp_nodelay(true);  // replies are small; Nagle + delayed ACK would add ~40 ms
@@ -307,5 +355,10 @@ void DetectionServer::stop() {
 double DetectionServer::sustainable_rho() const { return impl_->rho(); }
 
 std::string DetectionServer::metrics_text() const { return impl_->render(); }
+
+std::vector<RequestTrace> DetectionServer::trace() const {
+  std::lock_guard<std::mutex> lock(impl_->trace_mu);
+  return impl_->traces;
+}
 
 }  // namespace ferry::route

@@ -14,8 +14,10 @@
 // Covered by tests/unit/route/server_test.cpp and tests/cli/route_e2e.sh.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/result.h"
 #include "route/records.h"
@@ -29,9 +31,24 @@ struct ServerOptions {
   std::string model = "strong";
   BatcherOptions batcher;
   double headroom = 0.9;  // fraction of capacity published as sustainable
-  int threads = 0;        // HTTP worker threads; 0 = max(8, 2·max_batch + 4)
+  // HTTP worker threads; 0 = default_http_threads(batcher). cpp-httplib gives each open
+  // connection a thread until it closes (a keep-alive connection idles up to 5 s), so this bounds
+  // the client connections served at once; the others wait unread (gauge
+  // ferry_route_server_http_connections{state="waiting"}).
+  int threads = 0;
+  bool trace = false;  // keep a RequestTrace per infer request (diagnosis; grows unbounded)
 };
 Status validate(const ServerOptions& o);
+// max(64, 2·max_batch + 4): room for many agents' keep-alive connections plus full batches.
+int default_http_threads(const BatcherOptions& b);
+
+// One infer request's timeline (steady_clock nanoseconds since its epoch; 0 = did not happen).
+// recv_ns is when the handler ran, i.e. after httplib read the whole request on a worker thread.
+struct RequestTrace {
+  std::string id;
+  std::int64_t recv_ns = 0, batch_start_ns = 0, reply_ns = 0;
+  int status = 0, batch_size = 0;
+};
 
 class DetectionServer {
  public:
@@ -45,6 +62,7 @@ class DetectionServer {
   void stop();
   double sustainable_rho() const;
   std::string metrics_text() const;
+  std::vector<RequestTrace> trace() const;  // empty unless ServerOptions::trace
 
  private:
   struct Impl;

@@ -29,8 +29,29 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+std::int64_t ns(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+// Collects WanTraceEvents from every pipe when tracing is on.
+class TraceSink {
+ public:
+  void add(WanTraceEvent e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(e);
+  }
+  std::vector<WanTraceEvent> events() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return events_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<WanTraceEvent> events_;
+};
+
 struct Chunk {
-  Clock::time_point out;
+  Clock::time_point in, out;
   std::vector<char> bytes;  // empty = end of stream
 };
 
@@ -59,8 +80,16 @@ class LinkClock {
 // One direction of one connection: chunks from `from` cross the shared link to `to`.
 class Pipe {
  public:
-  Pipe(int from, int to, WanLink link, LinkClock* clock, std::atomic<std::int64_t>* counter)
-      : from_(from), to_(to), link_(link), clock_(clock), counter_(counter) {}
+  Pipe(int from, int to, WanLink link, LinkClock* clock, std::atomic<std::int64_t>* counter,
+       TraceSink* trace, int conn, char kind)
+      : from_(from),
+        to_(to),
+        link_(link),
+        clock_(clock),
+        counter_(counter),
+        trace_(trace),
+        conn_(conn),
+        kind_(kind) {}
   void start() {
     reader_ = std::thread([this] { read_loop(); });
     writer_ = std::thread([this] { write_loop(); });
@@ -96,6 +125,7 @@ class Pipe {
       if (n < 0 && errno == EINTR) continue;
       Chunk c;
       const auto now = Clock::now();
+      c.in = now;
       if (n > 0) {
         c.bytes.assign(buf.begin(), buf.begin() + n);
         tx_end = clock_->reserve(now, static_cast<std::size_t>(n));
@@ -140,6 +170,10 @@ class Pipe {
         }
         off += static_cast<std::size_t>(n);
       }
+      if (trace_) {
+        trace_->add(
+            {conn_, kind_, static_cast<std::int64_t>(c.bytes.size()), ns(c.in), ns(Clock::now())});
+      }
     }
   }
 
@@ -147,6 +181,9 @@ class Pipe {
   WanLink link_;
   LinkClock* clock_;
   std::atomic<std::int64_t>* counter_;
+  TraceSink* trace_;  // null = not tracing
+  int conn_;
+  char kind_;
   std::thread reader_, writer_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -209,6 +246,7 @@ struct WanProxy::Impl {
   bool stopping = false;
   std::atomic<std::int64_t> connections{0}, bytes_up{0}, bytes_down{0};
   std::unique_ptr<LinkClock> up_clock_ptr, down_clock_ptr;
+  TraceSink trace;
 
   // Joins and closes connections whose both directions have ended (caller holds mu), so a
   // long-running proxy does not keep threads and descriptors of closed connections.
@@ -233,6 +271,7 @@ struct WanProxy::Impl {
         if (errno == EINTR) continue;
         return;  // listener closed by stop()
       }
+      const auto accepted = Clock::now();
       const int u = connect_to(opts.upstream_host, opts.upstream_port);
       if (u < 0) {  // upstream down: refuse this client the way the server itself would
         ::close(c);
@@ -247,12 +286,16 @@ struct WanProxy::Impl {
         ::close(u);
         return;
       }
-      ++connections;
+      const int id = static_cast<int>(connections++);
+      TraceSink* sink = opts.trace ? &trace : nullptr;
+      if (sink) sink->add({id, 'a', 0, ns(accepted), ns(Clock::now())});
       Connection& k = conns.emplace_back();
       k.client = c;
       k.upstream = u;
-      k.up = std::make_unique<Pipe>(c, u, opts.uplink, up_clock_ptr.get(), &bytes_up);
-      k.down = std::make_unique<Pipe>(u, c, opts.downlink, down_clock_ptr.get(), &bytes_down);
+      k.up =
+          std::make_unique<Pipe>(c, u, opts.uplink, up_clock_ptr.get(), &bytes_up, sink, id, 'u');
+      k.down = std::make_unique<Pipe>(u, c, opts.downlink, down_clock_ptr.get(), &bytes_down, sink,
+                                      id, 'd');
       k.up->start();
       k.down->start();
     }
@@ -321,6 +364,8 @@ void WanProxy::stop() {
     ::close(k.upstream);
   }
 }
+
+std::vector<WanTraceEvent> WanProxy::trace() const { return impl_->trace.events(); }
 
 WanProxyStats WanProxy::stats() const {
   return {impl_->connections.load(), impl_->bytes_up.load(), impl_->bytes_down.load()};

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/result.h"
 
@@ -26,14 +27,24 @@ struct WanLink {
 struct WanProxyOptions {
   std::string upstream_host = "127.0.0.1";
   int upstream_port = 0;
-  WanLink uplink;    // client -> upstream (the edge's upload)
-  WanLink downlink;  // upstream -> client
+  WanLink uplink;      // client -> upstream (the edge's upload)
+  WanLink downlink;    // upstream -> client
+  bool trace = false;  // keep a WanTraceEvent per accepted connection and chunk (diagnosis)
 };
 Status validate(const WanProxyOptions& o);
 
 struct WanProxyStats {
   std::int64_t connections = 0;
   std::int64_t bytes_up = 0, bytes_down = 0;
+};
+
+// steady_clock nanoseconds since its epoch, so traces line up with the agent's and the server's.
+struct WanTraceEvent {
+  int conn = 0;
+  char kind = 'a';  // 'a' accepted (upstream connected), 'u' uplink chunk, 'd' downlink chunk
+  std::int64_t bytes = 0;
+  std::int64_t in_ns = 0;       // read from the sender (accept time for 'a')
+  std::int64_t written_ns = 0;  // written to the receiver (upstream connected for 'a')
 };
 
 class WanProxy {
@@ -48,6 +59,7 @@ class WanProxy {
   // Closes the listener and every open connection; idempotent.
   void stop();
   WanProxyStats stats() const;
+  std::vector<WanTraceEvent> trace() const;  // empty unless WanProxyOptions::trace
 
  private:
   struct Impl;

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
 
 #include "route/server.h"
 #include "route/transport/http_client.h"
@@ -146,6 +147,45 @@ TEST(RouteAgent, SlowServerMissesTheDeadlineAndFallsBack) {
                 s->fallback_reasons.at("busy"),
             10);
   EXPECT_LT(s->latency_ms.max, 250);  // bounded by the deadline (+ slack), not the 500 ms server
+}
+
+// Regression (route_system_bench's WAN misses): cpp-httplib serves one keep-alive connection per
+// thread until it idles out, so an agent that rotated its offloads over all `concurrency` workers
+// (one connection each) left the connections beyond the server's thread pool unread, and their
+// frames missed the deadline. With the most recently idle worker taking each job, offloads that
+// never overlap use one connection.
+TEST(RouteAgent, MoreWorkersThanServerThreadsStillServesEveryOffload) {
+  World st;
+  ServerOptions so = fast();
+  so.threads = 3;
+  Server srv(st.all, so);
+  AgentOptions o;
+  o.server_url = srv.url();
+  o.rho = 1;
+  o.fps = 40;  // 25 ms apart; each offload takes ~1 ms
+  o.concurrency = 12;
+  o.deadline_ms = 1000;
+  o.frames = 60;
+  auto s = run_agent(st.test, st.router, o, nullptr);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  expect_accounted(*s, 60);
+  EXPECT_EQ(s->offloaded_fallback, 0);
+  EXPECT_EQ(s->offloaded_ok, 60);
+  std::set<int> workers;
+  ASSERT_EQ(s->trace.size(), 60u);
+  for (const FrameTrace& f : s->trace) {
+    workers.insert(f.worker);
+    EXPECT_TRUE(f.offload);
+    EXPECT_EQ(f.outcome, "ok");
+    EXPECT_EQ(f.http_status, 200);
+    EXPECT_LE(f.arrival_ns, f.send_ns);
+    EXPECT_LE(f.send_ns, f.reply_ns);
+    EXPECT_LE(f.reply_ns, f.done_ns);
+  }
+  EXPECT_LE(workers.size(), 3u) << "offloads spread over more connections than server threads";
+  std::map<std::string, double> v;
+  ASSERT_EQ(testing::check_prometheus(srv.s->metrics_text(), &v), "");
+  EXPECT_EQ(v["ferry_route_server_http_connections{state=\"waiting\"}"], 0);
 }
 
 TEST(RouteAgent, AutoFollowsThePublishedRho) {
