@@ -12,7 +12,8 @@ namespace ferry::train::stream {
 
 namespace kc = kernels::cpu;
 
-LayerOptimizer::LayerOptimizer(HostArena& arena) : arena_(arena) {
+LayerOptimizer::LayerOptimizer(HostArena& arena, std::function<void(int)> before_unit)
+    : arena_(arena), before_unit_(std::move(before_unit)) {
   order_.push_back(arena.globals_unit());
   for (int u = 0; u < arena.globals_unit(); ++u) order_.push_back(u);
   done_.assign(static_cast<std::size_t>(arena.num_units()), 0);
@@ -43,6 +44,11 @@ void LayerOptimizer::wait_ready(int unit) {
   cv_.wait(lk, [&] { return done_[static_cast<std::size_t>(unit)] >= submitted_; });
 }
 
+bool LayerOptimizer::is_ready(int unit) const {
+  std::lock_guard lk(mu_);
+  return done_[static_cast<std::size_t>(unit)] >= submitted_;
+}
+
 void LayerOptimizer::wait_all() {
   for (int u : order_) wait_ready(u);
 }
@@ -64,6 +70,7 @@ void LayerOptimizer::run() {
       applied = submitted_;
     }
     for (int u : order_) {
+      if (before_unit_) before_unit_(u);
       Timer t;
       update_unit(u, a);
       {

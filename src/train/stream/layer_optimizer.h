@@ -17,6 +17,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -34,7 +35,8 @@ struct UpdateArgs {
 
 class LayerOptimizer {
  public:
-  explicit LayerOptimizer(HostArena& arena);
+  // before_unit (tests): called on the worker before each unit's update.
+  explicit LayerOptimizer(HostArena& arena, std::function<void(int unit)> before_unit = {});
   ~LayerOptimizer();
   LayerOptimizer(const LayerOptimizer&) = delete;
   LayerOptimizer& operator=(const LayerOptimizer&) = delete;
@@ -43,6 +45,7 @@ class LayerOptimizer {
   void submit(const UpdateArgs& args);
   void wait_ready(int unit);
   void wait_all();
+  bool is_ready(int unit) const;  // no update of `unit` pending
   // Seconds the worker spent updating (cumulative).
   double busy_s() const;
 
@@ -51,6 +54,7 @@ class LayerOptimizer {
   void update_unit(int u, const UpdateArgs& a);
 
   HostArena& arena_;
+  std::function<void(int)> before_unit_;
   std::vector<int> order_;  // globals, then layers
   mutable std::mutex mu_;
   std::condition_variable cv_;

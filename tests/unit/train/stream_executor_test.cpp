@@ -9,8 +9,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 
 #include "kernels/backend.h"
 #include "model/model_binding.h"
@@ -19,6 +21,7 @@
 #include "train/optimizer.h"
 #include "train/rng.h"
 #include "train/stream/device_plan.h"
+#include "train/stream/layer_optimizer.h"
 #include "train/stream/plan_policy.h"
 #include "train/stream/stream_executor.h"
 #include "train/train_state.h"
@@ -105,7 +108,8 @@ struct RunResult {
   std::int64_t tokens = 0;  // summed over micro-batches
 };
 
-RunResult run_reference(const model::LoadedModel& m, const RunSpec& r, const std::vector<Batch>& data) {
+RunResult run_reference(const model::LoadedModel& m, const RunSpec& r,
+                        const std::vector<Batch>& data) {
   RunResult out;
   auto s = TrainState::from_loaded(m, r.mode, 99);
   EXPECT_TRUE(s.ok());
@@ -135,7 +139,7 @@ RunResult run_reference(const model::LoadedModel& m, const RunSpec& r, const std
 }
 
 RunResult run_stream(const model::LoadedModel& m, const RunSpec& r, const std::vector<Batch>& data,
-               const std::string& policy, int prefetch = 2) {
+                     const std::string& policy, int prefetch = 2) {
   RunResult out;
   auto s = TrainState::from_loaded(m, r.mode, 99);
   EXPECT_TRUE(s.ok());
@@ -325,6 +329,72 @@ TEST(StreamExecutor, BudgetRefusesTheBatchAboveTheLargestThatFits) {
   ASSERT_FALSE(none.ok());
   EXPECT_NE(none.status().message().find("does not fit even batch 1"), std::string::npos)
       << none.status().message();
+}
+
+// The next step may start a layer as soon as that layer is updated: with the worker held before
+// the last layer, the globals and layer 0 are ready (and equal the reference update) while the
+// last layer is not.
+TEST(LayerOptimizer, EachLayerIsReadyAsSoonAsItsOwnUpdateIsDone) {
+  const std::string dir = testing::temp_dir("stream_overlap");
+  auto m = dense_model(dir + "/model");
+  const int L = m->geometry.layers;
+  auto ref = TrainState::from_loaded(*m, {}, 1);
+  auto s = TrainState::from_loaded(*m, {}, 1);
+  ASSERT_TRUE(ref.ok() && s.ok());
+  Rng rng(3);
+  for (auto* st : {ref->get(), s->get()}) {
+    Rng r = rng;  // same gradients in both
+    for (auto& [name, g] : st->grads->named) {
+      for (std::int64_t i = 0; i < g.numel(); ++i) {
+        g.as<float>()[i] = static_cast<float>(r.normal() * 1e-2);
+      }
+    }
+  }
+  auto arena = HostArena::create(**s);
+  ASSERT_TRUE(arena.ok());
+  for (const ParamLoc& p : (*arena)->params()) {
+    std::memcpy((*arena)->grads(p.unit) + p.offset, (*s)->grads->named[p.index].second.data,
+                static_cast<std::size_t>(p.n) * 4);
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  LayerOptimizer opt(**arena, [&](int unit) {
+    if (unit != L - 1) return;
+    std::unique_lock lk(mu);
+    cv.wait(lk, [&] { return release; });
+  });
+  AdamWConfig cfg;
+  cfg.max_grad_norm = 0.0;
+  opt.submit({.lr = 1e-3f,
+              .beta1 = static_cast<float>(cfg.beta1),
+              .beta2 = static_cast<float>(cfg.beta2),
+              .eps = static_cast<float>(cfg.eps),
+              .weight_decay = static_cast<float>(cfg.weight_decay),
+              .grad_scale = 1.0f,
+              .step = 1});
+  opt.wait_ready((*arena)->globals_unit());
+  opt.wait_ready(0);
+  EXPECT_FALSE(opt.is_ready(L - 1));
+  ASSERT_TRUE(optimizer_step(**ref, cfg, 1e-3, 1, 1, kernels::cpu_backend()).ok());
+  for (int idx : (*arena)->unit_params(0)) {
+    const ParamLoc& p = (*arena)->params()[static_cast<std::size_t>(idx)];
+    EXPECT_EQ(std::memcmp((*arena)->weights(0) + p.offset, (*ref)->master->named[idx].second.data,
+                          static_cast<std::size_t>(p.n) * 4),
+              0);
+  }
+  {
+    std::lock_guard lk(mu);
+    release = true;
+  }
+  cv.notify_all();
+  opt.wait_all();
+  EXPECT_TRUE(opt.is_ready(L - 1));
+  ASSERT_TRUE((*arena)->store_to(**s).ok());
+  for (std::size_t i = 0; i < (*s)->num_params(); ++i) {
+    const TensorView& a = (*ref)->master->named[i].second;
+    EXPECT_EQ(std::memcmp(a.data, (*s)->master->named[i].second.data, a.bytes()), 0);
+  }
 }
 
 TEST(StreamExecutor, PlannedComputeBytesAreWhatModelComputeAllocates) {
