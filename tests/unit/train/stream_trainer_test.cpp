@@ -71,6 +71,31 @@ TEST(StreamTrainer, ResumeIsBitExact) {
   EXPECT_TRUE(*wa == *wc) << "final weights differ after resume";
 }
 
+// --plan FILE: the homes of a `ferry plan` document drive the executor (same bits again).
+TEST(StreamTrainer, RunsThePolicyOfAPlanFile) {
+  const std::string a_dir = testing::temp_dir("st_plan_mem");
+  const std::string b_dir = testing::temp_dir("st_plan");
+  TrainConfig mem_cfg = stream_config(a_dir);
+  mem_cfg.executor = Executor::kMemory;
+  auto ra = run_training(mem_cfg);
+  ASSERT_TRUE(ra.ok()) << ra.status().to_string();
+  const std::string plan = b_dir + "/plan.json";
+  ASSERT_TRUE(write_file_atomic(plan, R"({"format": "ferry-plan", "version": 1,
+    "policy": "solved", "num_layers": 3, "batch_size": 4, "seq_len": 128,
+    "boundaries": [{"boundary": 0, "home": "host"}, {"boundary": 1, "home": "nvme"},
+                   {"boundary": 2, "home": "recompute"}, {"boundary": 3, "home": "gpu"}],
+    "spans": [], "transfers": []})")
+                  .ok());
+  TrainConfig c = stream_config(b_dir);
+  c.plan_file = plan;
+  c.nvme_dir = b_dir + "/nvme";
+  auto rb = run_training(c);
+  ASSERT_TRUE(rb.ok()) << rb.status().to_string();
+  EXPECT_EQ(ra->losses, rb->losses);
+  c.executor = Executor::kMemory;
+  EXPECT_FALSE(run_training(c).ok());  // --plan needs the stream executor
+}
+
 TEST(StreamTrainer, BatchOverTheDeviceBudgetIsRefusedBeforeTraining) {
   const std::string out = testing::temp_dir("st_budget");
   TrainConfig c = stream_config(out);
