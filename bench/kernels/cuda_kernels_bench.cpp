@@ -253,7 +253,9 @@ BENCHMARK(BM_RmsNorm)->Args({8192, 2048})->Args({8192, 3584})->UseManualTime();
 BENCHMARK(BM_SwiGlu)->Args({8192, 11008})->Args({8192, 18944})->UseManualTime();
 BENCHMARK(BM_Add)->Args({8192 * 3584})->UseManualTime();
 BENCHMARK(BM_AdamW)->Args({100000000})->UseManualTime();
-BENCHMARK(BM_Copy)->Args({1LL << 30})->UseManualTime();
+// 1 GiB: the bandwidth ceiling. 32 / 56 MiB: copies moving as many bytes as rms_norm 8192x2048 /
+// x3584 (read + write), where launch and tail are a comparable share of the time.
+BENCHMARK(BM_Copy)->Args({1LL << 30})->Args({32LL << 20})->Args({56LL << 20})->UseManualTime();
 
 }  // namespace
 

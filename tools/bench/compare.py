@@ -19,7 +19,8 @@ def main():
     fj = json.load(open(a.ferry))
     tj = json.load(open(a.torch))
     ours = {b["name"]: b for b in fj["benchmarks"] if b.get("run_type", "iteration") == "iteration"}
-    copy_gbs = next((b["GB/s"] for n, b in ours.items() if n.startswith("BM_Copy")), None)
+    copies = {int(n.split("/")[1]): b["GB/s"] for n, b in ours.items() if n.startswith("BM_Copy/")}
+    copy_gbs = copies.get(max(copies)) if copies else None  # the largest copy: the ceiling
     rows = []
     for name, b in ours.items():
         row = {"name": name, "ferry_ms": b.get("ms")}
@@ -29,6 +30,11 @@ def main():
             row["ferry_gbs"] = b["GB/s"]
             if copy_gbs and not name.startswith("BM_Copy"):
                 row["fraction_of_copy_bw"] = b["GB/s"] / copy_gbs
+                # Also against the copy whose traffic (read + write) is closest to this op's.
+                traffic = b["GB/s"] * 1e9 * b["ms"] / 1e3
+                near = min(copies, key=lambda c: abs(2 * c - traffic))
+                row["same_size_copy_bytes"] = near
+                row["fraction_of_same_size_copy"] = b["GB/s"] / copies[near]
         t = tj.get(name)
         if t and b.get("ms"):
             row["torch_ms"] = t["ms"]
@@ -45,6 +51,7 @@ def main():
             extra += f" {r['ferry_tflops']:.1f} TFLOP/s"
         if "fraction_of_copy_bw" in r:
             extra += f" {r['ferry_gbs']:.0f} GB/s = {100 * r['fraction_of_copy_bw']:.0f}% of copy"
+            extra += f" ({100 * r['fraction_of_same_size_copy']:.0f}% of a {r['same_size_copy_bytes'] >> 20} MiB copy)"
         sp = f" torch {r['torch_ms']:.3f} ms, ratio torch/ferry {r['speed_vs_torch']:.2f}" if "speed_vs_torch" in r else ""
         print(f"{r['name']}: ferry {r['ferry_ms']:.3f} ms{extra}{sp}")
 
