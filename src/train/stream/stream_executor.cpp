@@ -258,13 +258,15 @@ Result<const float*> StreamExecutor::fetch_boundary(int i, std::int64_t T) {
   return internal_error("train: boundary {} is recomputed, not fetched", i);
 }
 
-Status StreamExecutor::take_sumsq(int unit) {
+// On the device copy of the unit's gradient, right after its backward: the global norm then
+// needs no pass over the host arena (the GPU executor runs the same kernel on the GPU).
+Status StreamExecutor::take_sumsq(int unit, const float* grads) {
   float part = 0.0f;
   const TensorView out = TensorView::contiguous(&part, DType::kF32, Device::kCpu, {1});
   for (int idx : arena_->unit_params(unit)) {
     const ParamLoc& p = arena_->params()[static_cast<std::size_t>(idx)];
-    const TensorView g =
-        TensorView::contiguous(arena_->grads(unit) + p.offset, DType::kF32, Device::kCpu, {p.n});
+    const ConstTensorView g =
+        ConstTensorView::contiguous(grads + p.offset, DType::kF32, Device::kCpu, {p.n});
     FERRY_TRY(be_.sum_squares({.out = out, .x = g}, mem::Stream::host()));
     sumsq_[static_cast<std::size_t>(idx)] = static_cast<double>(part);
   }
@@ -342,17 +344,17 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
       }
       FERRY_TRY(compute_->layer_backward(l, p, grad_slot_.layers[l], b, x_in));
       streamer_->release(j++);
+      if (last) FERRY_TRY(take_sumsq(l, dev(plan_.grad)));
       FERRY_TRY(copy(arena_->grads(l), dev(plan_.grad), lbytes, mem::CopyKind::kDeviceToHost,
                      &stats_.grad_d2h));
-      if (last) FERRY_TRY(take_sumsq(l));
     }
   }
   FERRY_TRY(compute_->embed_backward(globals_grad_.embed, b));
   FERRY_TRY(streamer_->finish());
   if (last) {
+    FERRY_TRY(take_sumsq(G, dev(plan_.globals_g)));
     FERRY_TRY(copy(arena_->grads(G), dev(plan_.globals_g), gbytes, mem::CopyKind::kDeviceToHost,
                    &stats_.grad_d2h));
-    FERRY_TRY(take_sumsq(G));
   }
   stats_.weight_h2d = streamer_->h2d_bytes();
   return r;

@@ -13,8 +13,8 @@
 //     backward  per span (s, e) from the top: bring boundary s back, recompute layers s..e-2 on
 //               re-streamed weights, then for l = e-1..s: re-run layer l's forward from its input
 //               (internals), fill the gradient slot (zero on the first micro-batch, else the
-//               host's accumulated gradient), backward, drain the slot to the host arena; on the
-//               last micro-batch take each parameter's sum of squares as its gradient lands
+//               host's accumulated gradient), backward; on the last micro-batch take each
+//               parameter's sum of squares on the device slot; drain the slot to the host arena
 //     embed backward; [last: drain the globals' gradients, their sums of squares]
 //   finish_step(lr, step): ||G|| from the per-parameter sums (in parameter order, as the
 //     in-memory executor) -> clip -> LayerOptimizer::submit (CPU worker, layer order); returns at
@@ -102,7 +102,7 @@ class StreamExecutor {
   float* boundary_ptr(int i) const;  // where boundary i lives during forward
   Status store_boundary(int i, const float* x, std::int64_t T);
   Result<const float*> fetch_boundary(int i, std::int64_t T);
-  Status take_sumsq(int unit);
+  Status take_sumsq(int unit, const float* grads);
 
   kernels::Backend& be_;
   StreamOptions opts_;
