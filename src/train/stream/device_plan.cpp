@@ -21,7 +21,8 @@ Result<DevicePlan> plan_device(const model::DecoderGeometry& geo, const ModelSiz
   d.globals_w = d.plan.add("globals.weights", globals);
   d.globals_g = d.plan.add("globals.grads", globals);
   for (int s = 0; s < slots; ++s) d.slots.push_back(d.plan.add("slot." + std::to_string(s), layer));
-  d.grad = d.plan.add("grad", layer);
+  for (int g = 0; g < kGradSlots; ++g)
+    d.grads.push_back(d.plan.add("grad." + std::to_string(g), layer));
   d.boundary.resize(static_cast<std::size_t>(geo.layers));
   for (int i = 0; i < geo.layers; ++i) {
     if (policy.homes[i] == Home::kDevice) {

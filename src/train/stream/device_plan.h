@@ -4,7 +4,7 @@
 // internals, scratch and the loss's logits chunk, ModelCompute::planned_bytes):
 //   globals   embedding / final norm / untied lm_head weights + their gradients (resident)
 //   slot.i    prefetch ring of weight slots (each the largest layer)
-//   grad      one layer-gradient slot (filled by backward, drained to the host arena)
+//   grad.k    two layer-gradient slots (one filled by backward while the other drains)
 //   boundary  [T, C] f32 per device-homed boundary, x_final, two transit buffers (forward of
 //             boundaries kept elsewhere or recomputed), one fetch buffer (host/NVMe boundaries
 //             coming back) and one per boundary a recompute span regenerates
@@ -30,10 +30,13 @@ struct ModelSizes {
   std::int64_t max_layer_elements = 0;  // the largest layer's parameters
 };
 
+inline constexpr int kGradSlots = 2;
+
 struct DevicePlan {
   mem::ArenaPlan plan;
-  mem::SlotId globals_w, globals_g, grad, x_final, fetch;
+  mem::SlotId globals_w, globals_g, x_final, fetch;
   std::vector<mem::SlotId> slots;      // [prefetch slots]
+  std::vector<mem::SlotId> grads;      // [kGradSlots]
   std::vector<mem::SlotId> boundary;   // [L]: device-homed boundaries (others unused)
   std::vector<mem::SlotId> transit;    // [2]
   std::vector<mem::SlotId> recompute;  // [policy.max_recomputed()]

@@ -178,20 +178,25 @@ Status StreamExecutor::init(const TrainState& s, std::int64_t max_tokens) {
     slot_params_.push_back(
         bind_views(specs, *arena_, geo_, false, [&](int) -> const float* { return dev(id); }));
   }
-  grad_slot_ = writable(bind_views(specs, *arena_, geo_, false,
-                                   [&](int) -> const float* { return dev(plan_.grad); }));
+  for (mem::SlotId id : plan_.grads) {
+    grad_slots_.push_back(writable(
+        bind_views(specs, *arena_, geo_, false, [&](int) -> const float* { return dev(id); })));
+  }
+  std::vector<float*> gslots;
+  for (mem::SlotId id : plan_.grads) gslots.push_back(dev(id));
+  drain_ =
+      std::make_unique<GradDrain>(std::move(gslots), mem::host_transfer_engine(), streams_->d2h());
   spans_ = pol.spans();
   sumsq_.assign(arena_->params().size(), 0.0);
   return {};
 }
 
 StreamExecutor::~StreamExecutor() {
+  drain_.reset();
   streamer_.reset();
   opt_.reset();
   if (workspace_charged_) budget_.release(plan_.compute_bytes);
 }
-
-void StreamExecutor::reset_counters() { stats_ = TransferStats{}; }
 
 TensorView StreamExecutor::act_view(float* p, std::int64_t T) const {
   return TensorView::contiguous(p, DType::kF32, Device::kCpu, {T, std::int64_t(geo_.hidden)});
@@ -336,27 +341,31 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
       // The layer's internals, from its input (the output is not needed again).
       FERRY_TRY(compute_->layer_forward(l, p, b, x_in, act_view(dev(plan_.transit[0]), T)));
       const std::size_t lbytes = static_cast<std::size_t>(arena_->unit_elements(l)) * sizeof(float);
+      const int gk = drain_->acquire(&stats_.exposed_s);
+      float* gslot = dev(plan_.grads[static_cast<std::size_t>(gk)]);
       if (a == 0) {
-        std::memset(dev(plan_.grad), 0, lbytes);
+        std::memset(gslot, 0, lbytes);
       } else {
-        FERRY_TRY(copy(dev(plan_.grad), arena_->grads(l), lbytes, mem::CopyKind::kHostToDevice,
-                       &stats_.grad_h2d));
+        FERRY_TRY(
+            copy(gslot, arena_->grads(l), lbytes, mem::CopyKind::kHostToDevice, &stats_.grad_h2d));
       }
-      FERRY_TRY(compute_->layer_backward(l, p, grad_slot_.layers[l], b, x_in));
+      FERRY_TRY(compute_->layer_backward(l, p, grad_slots_[gk].layers[l], b, x_in));
       streamer_->release(j++);
-      if (last) FERRY_TRY(take_sumsq(l, dev(plan_.grad)));
-      FERRY_TRY(copy(arena_->grads(l), dev(plan_.grad), lbytes, mem::CopyKind::kDeviceToHost,
-                     &stats_.grad_d2h));
+      if (last) FERRY_TRY(take_sumsq(l, gslot));
+      drain_->submit(arena_->grads(l), lbytes);
     }
   }
   FERRY_TRY(compute_->embed_backward(globals_grad_.embed, b));
   FERRY_TRY(streamer_->finish());
+  // The next micro-batch reads these gradients back (or the optimizer does).
+  FERRY_TRY(drain_->flush(&stats_.exposed_s));
   if (last) {
     FERRY_TRY(take_sumsq(G, dev(plan_.globals_g)));
     FERRY_TRY(copy(arena_->grads(G), dev(plan_.globals_g), gbytes, mem::CopyKind::kDeviceToHost,
-                   &stats_.grad_d2h));
+                   &globals_grad_d2h_));
   }
   stats_.weight_h2d = streamer_->h2d_bytes();
+  stats_.grad_d2h = drain_->bytes() + globals_grad_d2h_;
   return r;
 }
 

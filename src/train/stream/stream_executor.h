@@ -12,9 +12,10 @@
 //     loss      final norm + chunked cross-entropy, then its backward
 //     backward  per span (s, e) from the top: bring boundary s back, recompute layers s..e-2 on
 //               re-streamed weights, then for l = e-1..s: re-run layer l's forward from its input
-//               (internals), fill the gradient slot (zero on the first micro-batch, else the
+//               (internals), fill a gradient slot (zero on the first micro-batch, else the
 //               host's accumulated gradient), backward; on the last micro-batch take each
-//               parameter's sum of squares on the device slot; drain the slot to the host arena
+//               parameter's sum of squares on the device slot; GradDrain copies the slot to the
+//               host arena on its own thread while compute moves on to the next layer
 //     embed backward; [last: drain the globals' gradients, their sums of squares]
 //   finish_step(lr, step): ||G|| from the per-parameter sums (in parameter order, as the
 //     in-memory executor) -> clip -> LayerOptimizer::submit (CPU worker, layer order); returns at
@@ -23,8 +24,9 @@
 // Bit-identical to the in-memory executor (trainer.h) for every policy on the CPU backend: the
 // same kernels run on the same values in the same order; recompute is deterministic.
 // Not yet: bf16 streaming weights / bf16 masters, GPU kernels on a CUDA device tier (create()
-// refuses a device tier that is not host memory), asynchronous D2H of gradients/boundaries
-// (they are synchronous copies on the compute thread, counted as exposed transfer time).
+// refuses a device tier that is not host memory), asynchronous boundary offload (boundaries and
+// the once-per-step globals are synchronous copies on the compute thread, counted as exposed
+// transfer time).
 // Tests: tests/unit/train/stream_executor_test.cpp.
 #pragma once
 
@@ -40,6 +42,7 @@
 #include "train/optimizer.h"
 #include "train/stream/activation_policy.h"
 #include "train/stream/device_plan.h"
+#include "train/stream/grad_drain.h"
 #include "train/stream/host_arena.h"
 #include "train/stream/layer_optimizer.h"
 #include "train/stream/weight_streamer.h"
@@ -85,7 +88,6 @@ class StreamExecutor {
   Status load_from(const TrainState& s);
 
   const TransferStats& stats() const { return stats_; }
-  void reset_counters();
   std::size_t device_peak_bytes() const { return budget_.bytes_peak(); }
   std::size_t device_planned_bytes() const { return plan_.total_bytes(); }
   const HostArena& arena() const { return *arena_; }
@@ -122,12 +124,14 @@ class StreamExecutor {
   std::unique_ptr<mem::StreamSet> streams_;
   std::unique_ptr<LayerOptimizer> opt_;
   std::unique_ptr<WeightStreamer> streamer_;
+  std::unique_ptr<GradDrain> drain_;
 
   model::ModelParams globals_;  // device globals (embed, final_norm, lm_head)
   model::ModelGrads globals_grad_;
   std::vector<model::ModelParams> slot_params_;  // [slot]: every layer bound to that slot
-  model::ModelGrads grad_slot_;                  // every layer bound to the gradient slot
-  std::vector<double> sumsq_;                    // [param] of the step's gradient
+  std::vector<model::ModelGrads> grad_slots_;    // [grad slot]: every layer bound to it
+  std::uint64_t globals_grad_d2h_ = 0;
+  std::vector<double> sumsq_;  // [param] of the step's gradient
   std::vector<Span> spans_;
   std::uint64_t sr_seed_ = 0;
   bool workspace_charged_ = false;
