@@ -56,7 +56,7 @@ struct StreamOptions {
   std::size_t device_budget_bytes = mem::MemoryBudget::kUnlimited;
 };
 
-// Bytes moved, cumulative since create() (or reset_counters()).
+// Bytes moved and time exposed, cumulative since create().
 struct TransferStats {
   std::uint64_t weight_h2d = 0;   // layer weights into slots (forward, recompute, backward)
   std::uint64_t globals_h2d = 0;  // embedding / final norm / lm_head weights, once per step
