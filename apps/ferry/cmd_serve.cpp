@@ -2,7 +2,13 @@
 // `ferry serve [--model DIR] [--host H] [--port P] [--name NAME] [--mode M]
 //   [--expert-slots N | --layer-slots N,N,.. | --expert-budget-mib M] [--policy lru|lfu|lfru]
 //   [--max-running N] [--max-batch-tokens N] [--kv-budget-mib M] [--kv-block-tokens N]
-//   [--device-budget-mib M] [--max-tokens-default N] [--duration-s S]`
+//   [--device-budget-mib M] [--max-tokens-default N] [--duration-s S]
+//   [--split fixed|auto [--wsa-max-context N] [--wsa-decide-steps N]]`
+// `ferry serve --plan-only --trace FILE --budget-gib X [--model DIR] [--link-gbps G]
+//   [--plan-bytes-per-param B] [--max-running N] [--wsa-max-context N]` prints the MV-WSA split
+// for that trace and budget (serve/wsa/trace_plan.h) and exits.
+// --split auto: one device budget (--device-budget-mib) divided live between expert slots and KV
+// blocks by MV-WSA (serve/wsa/live_split.h, docs/serve_wsa.md); implies --mode paged.
 // OpenAI-style HTTP (serve/http/http_server.h, docs/serve.md "HTTP server") over the CPU serving
 // engine. Without --model it serves the built-in random-weight Qwen3-MoE with `ferry train`'s
 // byte-level tokenizer, as `ferry generate` does. Prints "listening port=<P>" on stdout once
@@ -23,6 +29,9 @@
 #include "serve/builtin_model.h"
 #include "serve/engine.h"
 #include "serve/http/http_server.h"
+#include "serve/routing_trace.h"
+#include "serve/wsa/live_split.h"
+#include "serve/wsa/trace_plan.h"
 #include "train/builtin_model.h"
 
 namespace ferry::app {
@@ -45,7 +54,55 @@ struct ServeCliConfig {
   int kv_block_tokens = 16;
   int default_max_tokens = 16;
   double duration_s = 0;
+  std::string split = "fixed";
+  int wsa_max_context = 0;
+  int wsa_decide_steps = 16;
+  bool plan_only = false;
+  std::string trace;
+  double budget_gib = 0;
+  double link_gbps = 24;
+  int plan_bytes_per_param = 4;
 };
+
+std::string slots_text(const std::vector<int>& slots) {
+  std::string t;
+  for (std::size_t i = 0; i < slots.size(); ++i) t += (i ? "," : "") + std::to_string(slots[i]);
+  return t;
+}
+
+int run_plan(const ServeCliConfig& c, const model::DecoderGeometry& geo) {
+  if (c.trace.empty() || c.budget_gib <= 0) {
+    return fail(invalid_argument("serve: --plan-only needs --trace FILE and --budget-gib X"));
+  }
+  auto trace = serve::RoutingTrace::load(c.trace);
+  if (!trace.ok()) return fail(trace.status());
+  serve::wsa::TracePlanSpec spec{
+      .budget_bytes = static_cast<std::size_t>(c.budget_gib * double(1ull << 30)),
+      .bytes_per_param = c.plan_bytes_per_param,
+      .block_tokens = c.kv_block_tokens,
+      .concurrency = c.max_running,
+      .max_context = c.wsa_max_context,
+      .link_bytes_per_s = c.link_gbps * 1e9};
+  auto plan = serve::wsa::plan_from_trace(*trace, geo, spec);
+  if (!plan.ok()) return fail(plan.status());
+  const serve::wsa::SplitProblem& p = plan->problem;
+  std::printf(
+      "plan: budget %.3f GiB for expert slots + kv blocks; expert %s, kv block %s (%d tokens); "
+      "kv floor %d blocks; link %.1f GB/s\n",
+      c.budget_gib, mem::format_bytes(p.expert_bytes).c_str(),
+      mem::format_bytes(p.kv_block_bytes).c_str(), c.kv_block_tokens, p.kv_floor_blocks,
+      c.link_gbps);
+  auto row = [&](const serve::wsa::PlanRow& r) {
+    std::printf("%-14s step %.5f ms (modelled)  kv_blocks=%d  bytes=%s  slots=%s\n", r.name.c_str(),
+                r.step_s * 1e3, r.split.kv_blocks, mem::format_bytes(r.split.bytes(p)).c_str(),
+                slots_text(r.split.slots).c_str());
+  };
+  row(plan->chosen);
+  for (const auto& r : plan->fixed) row(r);
+  std::printf("moe layers (engine index of each slot entry): %s\n",
+              slots_text(plan->moe_layers).c_str());
+  return 0;
+}
 
 int run_serve(const ServeCliConfig& c) {
   std::unique_ptr<model::LoadedModel> loaded;
@@ -72,6 +129,7 @@ int run_serve(const ServeCliConfig& c) {
   const model::DecoderGeometry& geo = loaded ? loaded->geometry : builtin->geometry;
   const model::ModelParams& params = loaded ? loaded->params : builtin->params;
   const model::ModelConfig& mcfg = loaded ? loaded->config : builtin->config;
+  if (c.plan_only) return run_plan(c, geo);
 
   serve::EngineConfig ec;
   auto mode = serve::parse_expert_mode(c.mode);
@@ -102,8 +160,34 @@ int run_serve(const ServeCliConfig& c) {
   ec.max_batch_tokens = c.max_batch_tokens;
   ec.max_running = c.max_running;
   ec.max_seq_len = static_cast<int>(mcfg.max_position_embeddings);
+  const bool auto_split = c.split == "auto";
+  if (!auto_split && c.split != "fixed") {
+    return fail(invalid_argument("serve: --split is fixed or auto, got '{}'", c.split));
+  }
+  const int wsa_ctx = c.wsa_max_context > 0 ? c.wsa_max_context : ec.max_seq_len;
+  const int floor_blocks = c.max_running * ((wsa_ctx + c.kv_block_tokens - 1) / c.kv_block_tokens);
+  if (auto_split) {
+    if (c.device_budget_mib <= 0) {
+      return fail(invalid_argument(
+          "serve: --split auto needs --device-budget-mib (the budget it divides)"));
+    }
+    if (Status st = serve::wsa::configure_auto_split(geo, ec.device_budget_bytes, floor_blocks, ec);
+        !st.ok()) {
+      return fail(st);
+    }
+  }
   auto engine = serve::Engine::create(geo, params, ec);
   if (!engine.ok()) return fail(engine.status());
+  std::unique_ptr<serve::wsa::LiveSplit> live;
+  if (auto_split) {
+    auto ls = serve::wsa::LiveSplit::attach(**engine, {.budget_bytes = ec.device_budget_bytes,
+                                                       .concurrency = c.max_running,
+                                                       .max_context_tokens = wsa_ctx,
+                                                       .decide_every_steps = c.wsa_decide_steps,
+                                                       .link_bytes_per_s = c.link_gbps * 1e9});
+    if (!ls.ok()) return fail(ls.status());
+    live = std::move(*ls);
+  }
 
   serve::http::HttpServerConfig hc;
   hc.model_name = !c.name.empty()       ? c.name
@@ -118,6 +202,13 @@ int run_serve(const ServeCliConfig& c) {
   std::fflush(stdout);
   wait_for_stop(c.duration_s);
   server.stop();
+  if (live) {
+    const auto& st = live->stats();
+    std::fprintf(stderr, "wsa: decisions=%llu moves=%llu final kv_blocks=%d slots=%s\n",
+                 static_cast<unsigned long long>(st.decisions),
+                 static_cast<unsigned long long>(st.moves), live->current().kv_blocks,
+                 slots_text(live->current().slots).c_str());
+  }
   return 0;
 }
 
@@ -160,6 +251,28 @@ void register_serve(CLI::App& app, CommandFn& run) {
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--duration-s", c->duration_s, "stop after this long (0 = until a signal)")
       ->check(CLI::Range(0.0, 1e7));
+  cmd->add_option("--split", c->split,
+                  "fixed: the pools keep their sizes; auto: MV-WSA divides --device-budget-mib "
+                  "between expert slots and KV blocks while serving")
+      ->check(CLI::IsMember({"fixed", "auto"}))
+      ->envname("FERRY_SPLIT");
+  cmd->add_option("--wsa-max-context", c->wsa_max_context,
+                  "max context for the KV admission floor (floor = max-running x this; 0: the "
+                  "model's max positions)")
+      ->check(CLI::Range(0, 1 << 24));
+  cmd->add_option("--wsa-decide-steps", c->wsa_decide_steps, "steps between MV-WSA decisions")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_flag("--plan-only", c->plan_only,
+                "print the MV-WSA split for --trace and --budget-gib, then exit");
+  cmd->add_option("--trace", c->trace, "routing trace file for --plan-only")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--budget-gib", c->budget_gib, "expert slots + KV budget for --plan-only (GiB)")
+      ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--link-gbps", c->link_gbps, "host-to-device link for the miss cost (GB/s)")
+      ->check(CLI::Range(0.001, 1e4));
+  cmd->add_option("--plan-bytes-per-param", c->plan_bytes_per_param,
+                  "bytes per expert/KV element in the plan (4: this engine's f32; 2: bf16)")
+      ->check(CLI::Range(1, 8));
   cmd->callback([&run, c] { run = [c] { return run_serve(*c); }; });
 }
 

@@ -21,11 +21,23 @@ class BudgetCharge {
   static Result<BudgetCharge> take(mem::MemoryBudget* budget, std::size_t bytes,
                                    std::string_view what) {
     BudgetCharge c;
-    if (budget == nullptr || bytes == 0) return c;
-    FERRY_TRY(budget->reserve(bytes, what));
+    if (budget == nullptr) return c;
+    if (bytes > 0) FERRY_TRY(budget->reserve(bytes, what));
     c.budget_ = budget;
     c.bytes_ = bytes;
     return c;
+  }
+  // Changes the held bytes (MV-WSA resizes): growth is reserved first (resource_exhausted leaves
+  // the charge as it was), shrinkage released. Without a budget only the count changes.
+  Status resize(std::size_t bytes, std::string_view what) {
+    if (budget_ != nullptr && bytes > bytes_) FERRY_TRY(budget_->reserve(bytes - bytes_, what));
+    if (budget_ != nullptr && bytes < bytes_) budget_->release(bytes_ - bytes);
+    bytes_ = bytes;
+    return ok_status();
+  }
+  // What the shared budget can still give (unlimited without one).
+  std::size_t budget_free() const {
+    return budget_ != nullptr ? budget_->bytes_free() : mem::MemoryBudget::kUnlimited;
   }
   BudgetCharge(BudgetCharge&& o) noexcept : budget_(o.budget_), bytes_(o.bytes_) {
     o.budget_ = nullptr;
@@ -45,7 +57,7 @@ class BudgetCharge {
   BudgetCharge& operator=(const BudgetCharge&) = delete;
   ~BudgetCharge() { reset(); }
   void reset() {
-    if (budget_ != nullptr) budget_->release(bytes_);
+    if (budget_ != nullptr && bytes_ > 0) budget_->release(bytes_);
     budget_ = nullptr;
     bytes_ = 0;
   }

@@ -29,7 +29,8 @@ struct Engine::Sequence {
   GenerationRequest req;
   std::vector<std::int32_t> tokens;  // prompt, then generated
   std::int64_t prompt_len = 0;
-  std::int64_t computed = 0;  // tokens whose K/V are in the cache
+  std::int64_t computed = 0;    // tokens whose K/V are in the cache
+  std::int64_t high_water = 0;  // most tokens ever computed (below it: recompute after preemption)
   BlockTable table;
   Rng rng;
   bool cancel = false;
@@ -132,13 +133,90 @@ Status Engine::cancel(RequestId id) {
 void Engine::admit() {
   while (!waiting_.empty() && static_cast<int>(running_.size()) < cfg_.max_running) {
     Sequence& s = *waiting_.front();
-    const std::int64_t total = s.prompt_len + s.req.max_new_tokens;
-    if (!kv_->reserve(s.table, total).ok()) break;  // FIFO: wait for blocks, no overtaking
+    // kv_preempt: what the next steps compute (the prompt, or everything to recompute).
+    const std::int64_t need =
+        cfg_.kv_preempt ? std::int64_t(s.tokens.size()) : s.prompt_len + s.req.max_new_tokens;
+    if (!kv_->reserve(s.table, need).ok()) break;  // FIFO: wait for blocks, no overtaking
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }
   stats_.kv_blocks = kv_->num_blocks() - kv_->free_blocks();
   stats_.kv_blocks_peak = std::max(stats_.kv_blocks_peak, stats_.kv_blocks);
+}
+
+void Engine::preempt(std::size_t i) {
+  std::unique_ptr<Sequence> s = std::move(running_[i]);
+  running_.erase(running_.begin() + std::ptrdiff_t(i));
+  stats_.preempted_blocks_last_step += static_cast<int>(s->table.blocks.size());
+  kv_->release(s->table);
+  s->computed = 0;
+  ++stats_.preemptions;
+  // Back to the head of the queue: preempted in youngest-first order, so older ones end first.
+  waiting_.push_front(std::move(s));
+}
+
+Status Engine::grow_for_decode() {
+  if (!cfg_.kv_preempt) return ok_status();
+  for (std::size_t i = 0; i < running_.size(); ++i) {
+    Sequence& s = *running_[i];
+    if (s.computed < s.prompt_len || std::int64_t(s.tokens.size()) - s.computed != 1) continue;
+    while (!kv_->reserve(s.table, s.computed + 1).ok()) {
+      // The youngest running request gives its blocks back; that may be this one (then the loop
+      // has nothing after it). Alone it always fits: submit() checked its total against the pool
+      // and resize_pools() never goes below an outstanding request's need.
+      const std::size_t victim = running_.size() - 1;
+      FERRY_CHECK(running_.size() > 1, "serve: a lone request cannot grow its kv ({} blocks)",
+                  kv_->num_blocks());
+      preempt(victim);
+      if (victim == i) break;
+    }
+  }
+  return ok_status();
+}
+
+int Engine::max_request_blocks() const {
+  int m = 0;
+  auto need = [&](const Sequence& s) {
+    m = std::max(m, kv_->blocks_for(s.prompt_len + s.req.max_new_tokens));
+  };
+  for (const auto& s : running_) need(*s);
+  for (const auto& s : waiting_) need(*s);
+  return m;
+}
+
+KvDemandSample Engine::kv_demand() const {
+  KvDemandSample d;
+  d.used = kv_->used_blocks();
+  d.preempted = stats_.preempted_blocks_last_step;
+  int slots = cfg_.max_running - static_cast<int>(running_.size());
+  for (const auto& s : waiting_) {
+    if (slots-- <= 0) break;
+    const std::int64_t need =
+        cfg_.kv_preempt ? std::int64_t(s->tokens.size()) : s->prompt_len + s->req.max_new_tokens;
+    d.waiting_need += kv_->blocks_for(need);
+  }
+  return d;
+}
+
+Status Engine::resize_pools(std::span<const int> caps, int kv_blocks) {
+  const bool kv_change = kv_blocks > 0 && kv_blocks != kv_->num_blocks();
+  if (kv_change && kv_blocks < max_request_blocks()) {
+    return invalid_argument(
+        "serve: kv resize to {} blocks is below the {} an outstanding request "
+        "needs",
+        kv_blocks, max_request_blocks());
+  }
+  std::vector<BlockTable*> tables;
+  for (auto& s : running_) tables.push_back(&s->table);
+  for (auto& s : waiting_) {
+    if (!s->table.blocks.empty()) tables.push_back(&s->table);
+  }
+  const bool kv_shrinks = kv_change && kv_blocks < kv_->num_blocks();
+  if (kv_shrinks) FERRY_TRY(kv_->resize(kv_blocks, tables));
+  if (!caps.empty()) FERRY_TRY(experts_->resize_caps(caps));
+  if (kv_change && !kv_shrinks) FERRY_TRY(kv_->resize(kv_blocks, tables));
+  ++stats_.pool_resizes;
+  return ok_status();
 }
 
 void Engine::finish(Sequence& s, FinishReason r) {
@@ -195,6 +273,9 @@ Result<std::vector<TokenEvent>> Engine::step() {
     }
   }
   std::erase_if(running_, [](const auto& s) { return s->finish != FinishReason::kNone; });
+  if (step_hook_) FERRY_TRY(step_hook_(*this));
+  stats_.preempted_blocks_last_step = 0;
+  FERRY_TRY(grow_for_decode());
   admit();
   if (running_.empty()) return events;
 
@@ -213,20 +294,28 @@ Result<std::vector<TokenEvent>> Engine::step() {
       batch_.seq_of.push_back(seq);
     }
     (s.computed >= s.prompt_len ? stats_.decode_tokens : stats_.prefill_tokens) += n;
+    stats_.recompute_tokens += std::uint64_t(
+        std::max<std::int64_t>(0, std::min(s.computed + n, s.high_water) - s.computed));
     s.computed += n;
+    s.high_water = std::max(s.high_water, s.computed);
     budget -= n;
     if (s.computed == std::int64_t(s.tokens.size())) {
       batch_.logit_rows.push_back(static_cast<std::int32_t>(batch_.ids.size() - 1));
       sampled.push_back(&s);
     }
   };
+  // Decoding: past the prompt with one token to compute. Everything else is a prompt chunk (or,
+  // after a preemption, a chunk of the prompt and generated tokens being recomputed).
+  auto decoding = [](const Sequence& s) {
+    return s.computed >= s.prompt_len && std::int64_t(s.tokens.size()) - s.computed == 1;
+  };
   for (auto& s : running_) {
-    if (s->computed >= s->prompt_len) add(*s, 1);
+    if (decoding(*s)) add(*s, 1);
   }
+  // (A sequence decoded above has nothing left to compute: pending == 0.)
   for (auto& s : running_) {
-    if (s->computed < s->prompt_len && budget > 0) {
-      add(*s, std::min(budget, s->prompt_len - s->computed));
-    }
+    const std::int64_t pending = std::int64_t(s->tokens.size()) - s->computed;
+    if (pending > 0 && !decoding(*s) && budget > 0) add(*s, std::min(budget, pending));
   }
   const std::int64_t T = batch_.tokens();
   FERRY_TRY(runner_->forward(batch_, logits_.data()));

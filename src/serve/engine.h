@@ -4,14 +4,19 @@
 //   step() -> token events          one scheduler iteration: admit, batch, forward, sample
 //   cancel(id)                      finish a request early (client went away)
 //   take_output(id)                 the finished request's tokens, text and finish reason
-// Scheduling (continuous batching, no preemption): requests are admitted FIFO while fewer than
-// max_running run and the KV pool can hold prompt + max_new_tokens (reserved whole at admission,
-// so a running request never waits for blocks). Each step takes one decode token from every
-// running sequence that has finished its prompt, then fills the rest of max_batch_tokens with
-// prompt chunks (chunked prefill), oldest first. A sequence is sampled when the step computes its
-// last known token.
-// Threading: not thread-safe. A server calls every method from one engine thread and hands
-// events to connections through its own queue.
+// Scheduling (continuous batching): requests are admitted FIFO while fewer than max_running run
+// and the KV pool can hold prompt + max_new_tokens (reserved whole at admission, so a running
+// request never waits for blocks) -- or, with EngineConfig::kv_preempt, what is computed so far:
+// blocks then grow one at a time and a decode that cannot get one preempts the youngest running
+// request (its blocks freed; it goes back to the head of the queue and is recomputed, prompt and
+// generated tokens, before it samples again: the same tokens come out).
+// Resizing (MV-WSA): resize_pools() changes the expert caps and the KV block count between steps
+// without draining (ExpertPager::resize, KvCache::resize); a step hook runs at every step boundary
+// (before admission) so a controller can call it (serve/wsa/live_split.h). Each step takes one
+// decode token from every running sequence that has finished its prompt, then fills the rest of
+// max_batch_tokens with prompt chunks (chunked prefill), oldest first. A sequence is sampled when
+// the step computes its last known token. Threading: not thread-safe. A server calls every method
+// from one engine thread and hands events to connections through its own queue.
 //   auto eng = Engine::create(geo, params, cfg).value();
 //   RequestId id = eng->submit({.prompt = ids, .max_new_tokens = 32}).value();
 //   while (!eng->idle()) for (const TokenEvent& ev : eng->step().value()) stream(ev);
@@ -67,6 +72,16 @@ struct RequestOutput {
 struct EngineStats {
   std::uint64_t steps = 0, prefill_tokens = 0, decode_tokens = 0, max_step_tokens = 0;
   int kv_blocks = 0, kv_blocks_peak = 0;
+  std::uint64_t preemptions = 0, recompute_tokens = 0, pool_resizes = 0;
+  int preempted_blocks_last_step = 0;  // blocks freed by preemptions in the last step
+};
+
+// What the KV pool was asked for at a step boundary (MV-WSA's KV demand signal).
+struct KvDemandSample {
+  int used = 0;          // blocks held by running requests
+  int waiting_need = 0;  // blocks the waiting requests need to be admitted (up to max_running)
+  int preempted = 0;     // blocks freed by preemptions in the last step (work to redo)
+  int blocks() const { return used + waiting_need + preempted; }
 };
 
 class Engine {
@@ -93,18 +108,35 @@ class Engine {
     logits_observer_ = std::move(fn);
   }
 
+  // Sets the expert caps ([L]; empty: unchanged) and the KV block count (<= 0: unchanged) between
+  // steps. Order: the shrinking pool first, so the device budget never holds both. Errors:
+  // invalid_argument (a cap or block count out of range, KV below the blocks in use or below what
+  // an outstanding request needs), resource_exhausted (the device budget); a failed grow after a
+  // successful shrink leaves the shrink in place (the budget holds).
+  Status resize_pools(std::span<const int> caps, int kv_blocks);
+  // Runs at the start of every step(), before admission (a step boundary: nothing in use).
+  void set_step_hook(std::function<Status(Engine&)> fn) { step_hook_ = std::move(fn); }
+  KvDemandSample kv_demand() const;
+  int running() const { return static_cast<int>(running_.size()); }
+  int waiting() const { return static_cast<int>(waiting_.size()); }
+  // The most blocks any outstanding request needs (prompt + max_new_tokens).
+  int max_request_blocks() const;
+
   const EngineStats& stats() const { return stats_; }
   ExpertExecutor& experts() { return *experts_; }
   KvCache& kv() { return *kv_; }
   // The one device budget (KV pool + expert slots / staging); bytes_peak() is the reported peak.
   const mem::MemoryBudget& device_budget() const { return *device_budget_; }
   const EngineConfig& config() const { return cfg_; }
+  const model::DecoderGeometry& geometry() const { return geo_; }
 
  private:
   struct Sequence;
   Engine(const model::DecoderGeometry& geo, const model::ModelParams& params,
          const EngineConfig& cfg);
   void admit();
+  Status grow_for_decode();
+  void preempt(std::size_t running_index);
   void finish(Sequence& s, FinishReason r);
   Status after_sample(Sequence& s, std::int32_t token, std::vector<TokenEvent>& events);
 
@@ -126,6 +158,7 @@ class Engine {
   std::vector<Sequence*> sampled_;  // sequences sampled this step, parallel to logit rows
   std::vector<std::pair<std::int32_t, double>> sample_scratch_;
   std::function<void(RequestId, int, std::span<const float>)> logits_observer_;
+  std::function<Status(Engine&)> step_hook_;
   EngineStats stats_;
 };
 

@@ -105,11 +105,17 @@ Result<std::unique_ptr<ExpertExecutor>> ExpertExecutor::create(const model::Deco
                                            {.what = "static expert staging"}));
   } else if (pc.mode == ExpertMode::kPaged) {
     FERRY_ASSIGN_OR_RETURN(std::vector<int> caps, resolve_expert_caps(geo, eb, pc));
+    std::vector<int> max_caps;
+    if (pc.resizable) {
+      for (int l = 0; l < geo.layers; ++l)
+        max_caps.push_back(geo.layer_is_moe[l] ? geo.experts : 0);
+    }
     PagerSetup setup{.caps = caps,
+                     .max_caps = max_caps,
                      .policy = pc.policy,
                      .lfru_half_life = pc.lfru_half_life,
                      .hot = pc.hot_experts,
-                     .budget_bytes = pc.budget_bytes,
+                     .budget_bytes = pc.resizable ? 0 : pc.budget_bytes,
                      .shared = shared};
     FERRY_ASSIGN_OR_RETURN(x->pager_, ExpertPager::create(*x->store_, setup));
     for (int l = 0; l < geo.layers; ++l) {
@@ -128,6 +134,20 @@ Result<std::unique_ptr<ExpertExecutor>> ExpertExecutor::create(const model::Deco
     }
   }
   return x;
+}
+
+Status ExpertExecutor::resize_caps(std::span<const int> caps) {
+  if (!pager_) return invalid_argument("serve: expert caps can only be resized in paged mode");
+  if (static_cast<int>(caps.size()) != geo_.layers) {
+    return invalid_argument("serve: {} caps for {} layers", caps.size(), geo_.layers);
+  }
+  for (int l = 0; l < geo_.layers; ++l) {
+    if (geo_.layer_is_moe[l] && caps[l] - pager_->hot_count(l) < geo_.top_k) {
+      return invalid_argument("serve: layer {}: cap {} minus {} hot experts is below top-k = {}", l,
+                              caps[l], pager_->hot_count(l), geo_.top_k);
+    }
+  }
+  return pager_->resize(caps);
 }
 
 std::size_t ExpertExecutor::device_bytes() const {
@@ -202,6 +222,9 @@ Status ExpertExecutor::run(int layer, const float* x, const std::int32_t* ids, s
     if (ids[i] < 0 || ids[i] >= geo_.experts) {
       return invalid_argument("serve: expert id {} outside [0, {})", ids[i], geo_.experts);
     }
+  }
+  if (access_observer_) {
+    access_observer_(layer, std::span<const std::int32_t>(ids, std::size_t(T * K)));
   }
   if (mode_ == ExpertMode::kStatic) {
     // The layer's blocks are contiguous in the store: one bulk copy, one sync.

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <utility>
@@ -56,6 +57,14 @@ class ExpertExecutor {
   // x: [T, C]; ids: [T, K] distinct per row; eout: [T*K, C].
   Status run(int layer, const float* x, const std::int32_t* ids, std::int64_t T, float* eout);
 
+  // Paged mode: sets the live caps ([L], dense entries ignored); each MoE layer keeps at least
+  // top-k slots beside its hot experts. Between steps only. Errors: ExpertPager::resize's.
+  Status resize_caps(std::span<const int> caps);
+  // Sees every layer's routed ids ([T*K], row-major) before they run (MV-WSA's stack distances).
+  void set_access_observer(std::function<void(int, std::span<const std::int32_t>)> fn) {
+    access_observer_ = std::move(fn);
+  }
+
   ExpertMode mode() const { return mode_; }
   const ExpertStore* store() const { return store_.get(); }
   ExpertPager* pager() const { return pager_.get(); }
@@ -78,6 +87,7 @@ class ExpertExecutor {
   BudgetCharge staging_charge_;  // on the engine's device budget
   mem::Arena staging_;           // static mode: one layer's E blocks
   ExecutorCounters counters_;
+  std::function<void(int, std::span<const std::int32_t>)> access_observer_;
   // Per-group scratch, sized once: distinct experts and their refs, by expert id.
   std::vector<std::int32_t> distinct_;
   std::vector<ExpertRef> distinct_refs_;

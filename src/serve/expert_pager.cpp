@@ -56,16 +56,26 @@ Result<std::unique_ptr<ExpertPager>> ExpertPager::create(const ExpertStore& stor
       return invalid_argument("serve: layer {} asks for {} expert slots, need 1..{}", l, ly.cap,
                               store.experts());
     }
+    ly.max_cap = ly.cap;
+    if (!setup.max_caps.empty() && store.has_layer(l)) {
+      if (static_cast<int>(setup.max_caps.size()) != L || setup.max_caps[l] < ly.cap ||
+          setup.max_caps[l] > store.experts()) {
+        return invalid_argument("serve: layer {}: max cap {} must lie in [{}, {}]", l,
+                                setup.max_caps[l], ly.cap, store.experts());
+      }
+      ly.max_cap = setup.max_caps[l];
+    }
     ly.first_slot = slots;
-    slots += ly.cap;
-    ly.expert_of_slot.assign(ly.cap, -1);
-    ly.state.assign(ly.cap, ExpertSlotState::kEmpty);
-    ly.meta.assign(ly.cap, SlotMeta{});
+    slots += ly.max_cap;
+    ly.expert_of_slot.assign(ly.max_cap, -1);
+    ly.state.assign(ly.max_cap, ExpertSlotState::kEmpty);
+    ly.meta.assign(ly.max_cap, SlotMeta{});
     ly.slot_of_expert.assign(store.experts(), -1);
     ly.hot.assign(store.experts(), false);
-    p->missed_.reserve(std::size_t(std::max<int>(int(p->missed_.capacity()), ly.cap)));
+    p->missed_.reserve(std::size_t(std::max<int>(int(p->missed_.capacity()), ly.max_cap)));
   }
   const std::size_t pool = std::size_t(slots) * store.expert_bytes();
+  const std::size_t live = p->live_bytes();
   const std::size_t limit = setup.budget_bytes > 0 ? setup.budget_bytes : pool;
   FERRY_TRY(p->budget_.set_limit(limit));
   if (pool > limit) {
@@ -77,7 +87,8 @@ Result<std::unique_ptr<ExpertPager>> ExpertPager::create(const ExpertStore& stor
   if (pool > 0) plan.add("expert slots", pool);
   FERRY_ASSIGN_OR_RETURN(
       p->shared_charge_,
-      BudgetCharge::take(setup.shared, plan.allocation_bytes(), "expert slot pool"));
+      BudgetCharge::take(setup.shared, setup.max_caps.empty() ? plan.allocation_bytes() : live,
+                         "expert slot pool"));
   FERRY_ASSIGN_OR_RETURN(p->arena_, mem::make_arena(plan, cpu_engine_pool_tier(), p->budget_,
                                                     {.what = "expert slot pool"}));
   // Pinned hot set: loaded now, never evicted.
@@ -134,11 +145,8 @@ float* ExpertPager::slot_data(int layer, int slot) const {
          (layers_[layer].first_slot + slot) * std::int64_t(store_.expert_floats());
 }
 
-int ExpertPager::take_slot(int layer) {
-  Layer& ly = layers_[layer];
-  for (int s = 0; s < ly.cap; ++s) {
-    if (ly.state[s] == ExpertSlotState::kEmpty) return s;
-  }
+int ExpertPager::pick_victim(int layer) const {
+  const Layer& ly = layers_[layer];
   int victim = -1;
   for (int s = 0; s < ly.cap; ++s) {
     // Only resident, non-hot experts may go: in-use ones are the current working set and
@@ -148,6 +156,15 @@ int ExpertPager::take_slot(int layer) {
       victim = s;
     }
   }
+  return victim;
+}
+
+int ExpertPager::take_slot(int layer) {
+  Layer& ly = layers_[layer];
+  for (int s = 0; s < ly.cap; ++s) {
+    if (ly.state[s] == ExpertSlotState::kEmpty) return s;
+  }
+  const int victim = pick_victim(layer);
   if (victim < 0) return -1;
   ly.slot_of_expert[ly.expert_of_slot[victim]] = -1;
   move(layer, victim, ExpertSlotState::kEmpty);
@@ -224,6 +241,89 @@ Status ExpertPager::acquire(int layer, std::span<const std::int32_t> experts,
   for (std::size_t i = 0; i < experts.size(); ++i) {
     refs[i] = store_.ref_in(slot_data(layer, ly.slot_of_expert[experts[i]]));
   }
+  return ok_status();
+}
+
+std::size_t ExpertPager::live_bytes() const {
+  std::size_t slots = 0;
+  for (const Layer& ly : layers_) slots += std::size_t(ly.cap);
+  return slots * store_.expert_bytes();
+}
+
+Status ExpertPager::shrink(int layer, int cap) {
+  Layer& ly = layers_[layer];
+  int occupied = 0;
+  for (int s = 0; s < ly.cap; ++s) occupied += ly.state[s] != ExpertSlotState::kEmpty;
+  // Evict by the policy until the survivors fit the new cap (resize checked cap > hot count).
+  while (occupied > cap) {
+    const int v = pick_victim(layer);
+    FERRY_CHECK(v >= 0, "serve: layer {} has no evictable expert while shrinking", layer);
+    ly.slot_of_expert[ly.expert_of_slot[v]] = -1;
+    move(layer, v, ExpertSlotState::kEmpty);
+    ly.expert_of_slot[v] = -1;
+    --occupied_;
+    --occupied;
+    ++counters_.resize_evictions;
+  }
+  // Survivors above the cap move down into empty slots (device-to-device, one sync).
+  mem::Stream& stream = mem::Stream::host();
+  int low = 0;
+  bool copied = false;
+  for (int s = cap; s < ly.cap; ++s) {
+    if (ly.state[s] == ExpertSlotState::kEmpty) continue;
+    while (ly.state[low] != ExpertSlotState::kEmpty) ++low;  // exists: occupied <= cap
+    const int e = ly.expert_of_slot[s];
+    ly.expert_of_slot[low] = e;
+    move(layer, low, ExpertSlotState::kLoading);
+    FERRY_TRY(mem::host_transfer_engine().d2d(slot_data(layer, low), slot_data(layer, s),
+                                              store_.expert_bytes(), stream));
+    copied = true;
+    counters_.bytes_moved += store_.expert_bytes();
+    ly.meta[low] = ly.meta[s];
+    ly.slot_of_expert[e] = low;
+    move(layer, s, ExpertSlotState::kEmpty);
+    ly.expert_of_slot[s] = -1;
+  }
+  if (copied) FERRY_TRY(stream.synchronize());
+  for (int s = 0; s < cap; ++s) {
+    if (ly.state[s] == ExpertSlotState::kLoading) move(layer, s, ExpertSlotState::kResident);
+  }
+  ly.cap = cap;
+  return ok_status();
+}
+
+Status ExpertPager::resize(std::span<const int> caps) {
+  const int L = static_cast<int>(layers_.size());
+  if (static_cast<int>(caps.size()) != L) {
+    return invalid_argument("serve: pager resize got {} caps for {} layers", caps.size(), L);
+  }
+  std::size_t slots = 0;
+  for (int l = 0; l < L; ++l) {
+    const Layer& ly = layers_[l];
+    FERRY_CHECK(ly.in_use.empty(), "serve: pager resize while layer {} is in use", l);
+    if (ly.max_cap == 0) continue;
+    if (caps[l] <= ly.hot_count || caps[l] > ly.max_cap) {
+      return invalid_argument("serve: layer {}: cap {} outside [{}, {}] (hot experts + 1, max cap)",
+                              l, caps[l], ly.hot_count + 1, ly.max_cap);
+    }
+    slots += std::size_t(caps[l]);
+  }
+  const std::size_t now = live_bytes(), next = slots * store_.expert_bytes();
+  if (next > now && next - now > shared_charge_.budget_free()) {
+    return resource_exhausted("serve: pager resize needs {} more, the device budget has {} free",
+                              mem::format_bytes(next - now),
+                              mem::format_bytes(shared_charge_.budget_free()));
+  }
+  // Shrink first so the shared budget never holds both the old and the new bytes.
+  for (int l = 0; l < L; ++l) {
+    if (layers_[l].max_cap > 0 && caps[l] < layers_[l].cap) FERRY_TRY(shrink(l, caps[l]));
+  }
+  if (next < now) FERRY_TRY(shared_charge_.resize(next, "expert slot pool"));
+  if (next > now) FERRY_TRY(shared_charge_.resize(next, "expert slot pool"));
+  for (int l = 0; l < L; ++l) {
+    if (layers_[l].max_cap > 0 && caps[l] > layers_[l].cap) layers_[l].cap = caps[l];
+  }
+  ++counters_.resizes;
   return ok_status();
 }
 

@@ -11,6 +11,13 @@
 //   empty -> loading -> in-use <-> resident -> empty      (loading -> resident: hot preload)
 // Invariants (tests/unit/serve/pager_test.cpp): resident bytes <= budget; a hit never copies; an
 // in-use or hot expert is never evicted; an expert occupies at most one slot of its layer.
+// Resizing (MV-WSA, docs/serve_wsa.md): with PagerSetup::max_caps the slot arena is laid out for
+// the largest caps, and resize() changes the live caps between steps (nothing in use): growing
+// adds empty slots; shrinking evicts by the policy down to the new cap, never a hot expert, then
+// moves survivors above the cap into empty slots below it (a device-to-device copy). The shared
+// budget is charged the live caps' bytes only (shrink first, then grow), so the device budget is
+// what MV-WSA divides; the arena behind it is reserved at max_caps (on the emulated tier; a CUDA
+// build would map physical pages into that reservation).
 // Not thread-safe: the engine's step drives it.
 #pragma once
 
@@ -41,11 +48,13 @@ struct SlotEvent {
 struct PagerCounters {
   std::uint64_t hits = 0, misses = 0, evictions = 0;
   std::uint64_t bytes_copied = 0, copy_batches = 0, acquires = 0;
+  std::uint64_t resizes = 0, resize_evictions = 0, bytes_moved = 0;  // resize(): d2d moves
   double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 0.0; }
 };
 
 struct PagerSetup {
-  std::vector<int> caps;  // [L] slots per layer, 0 for dense layers
+  std::vector<int> caps;      // [L] slots per layer, 0 for dense layers
+  std::vector<int> max_caps;  // [L] or empty (= caps): the most slots resize() may give a layer
   EvictionPolicy policy = EvictionPolicy::kLru;
   int lfru_half_life = 8;
   std::vector<std::vector<int>> hot;    // [L] (or empty) pinned hot experts
@@ -69,6 +78,13 @@ class ExpertPager {
   Status acquire(int layer, std::span<const std::int32_t> experts, std::span<ExpertRef> refs);
   // Ends the layer's current use: in-use slots become resident.
   void release(int layer);
+  // Sets every layer's live cap ([L], entries of dense layers ignored). Only between steps (no
+  // layer in use: a bug otherwise). invalid_argument: a cap outside [hot + 1, max cap];
+  // resource_exhausted: the shared budget cannot take the growth (nothing changed then).
+  Status resize(std::span<const int> caps);
+  int max_capacity(int layer) const { return layers_[layer].max_cap; }
+  // The live caps' bytes (what the shared budget is charged).
+  std::size_t live_bytes() const;
 
   const PagerCounters& counters() const { return counters_; }
   std::size_t resident_bytes() const { return occupied_ * store_.expert_bytes(); }
@@ -82,7 +98,7 @@ class ExpertPager {
 
  private:
   struct Layer {
-    int cap = 0, hot_count = 0;
+    int cap = 0, hot_count = 0, max_cap = 0;
     std::int64_t first_slot = 0;         // into the arena, in slots
     std::vector<int> expert_of_slot;     // [cap], -1 empty
     std::vector<ExpertSlotState> state;  // [cap]
@@ -97,6 +113,8 @@ class ExpertPager {
   float* slot_data(int layer, int slot) const;
   int take_slot(int layer);  // a free slot, evicting if needed; -1 if none can be had
   Status copy_in(int layer, std::span<const int> slots);
+  int pick_victim(int layer) const;  // a resident, non-hot slot to evict; -1 if none
+  Status shrink(int layer, int cap);
 
   const ExpertStore& store_;
   EvictionRanker ranker_;

@@ -9,11 +9,17 @@
 // Invariants: a block is in at most one table or on the free list; reserve() either grows a table
 // to the requested size or changes nothing (resource_exhausted). Not thread-safe: the engine's
 // step owns it.
+// Resizing (MV-WSA): the layout strides by capacity_blocks() (KvConfig::max_budget_bytes), so a
+// block never moves when the live count changes. Free blocks are handed out lowest id first, so
+// the top of the pool tends to be free; resize() below a used block moves that block's K/V (all
+// layers) into a free block under the new size and rewrites its table entry. The shared device
+// budget is charged the live blocks only.
 // Tests: tests/unit/serve/kv_cache_test.cpp.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "core/result.h"
@@ -40,6 +46,9 @@ class KvCache {
 
   int block_tokens() const { return block_tokens_; }
   int num_blocks() const { return num_blocks_; }
+  int capacity_blocks() const { return capacity_blocks_; }
+  int used_blocks() const { return num_blocks_ - free_blocks(); }
+  std::uint64_t blocks_moved() const { return blocks_moved_; }
   int free_blocks() const { return static_cast<int>(free_.size()); }
   int blocks_for(std::int64_t tokens) const {
     return static_cast<int>((tokens + block_tokens_ - 1) / block_tokens_);
@@ -51,6 +60,10 @@ class KvCache {
   Status reserve(BlockTable& table, std::int64_t tokens);
   // Returns every block of `table` to the pool and clears it.
   void release(BlockTable& table);
+  // Sets the live block count. `tables` must be every table holding blocks (blocks above the new
+  // size are moved and the tables rewritten). invalid_argument: outside [1, capacity] or below the
+  // blocks in use; resource_exhausted: the shared budget cannot take the growth (no change).
+  Status resize(int blocks, std::span<BlockTable* const> tables);
 
   // The K / V row of position `pos` in `table`, [G*D] f32. pos must be covered (a bug otherwise).
   float* k_row(int layer, const BlockTable& table, std::int64_t pos);
@@ -66,11 +79,13 @@ class KvCache {
   int row_floats_ = 0;  // G*D
   int block_tokens_ = 0;
   int num_blocks_ = 0;
+  int capacity_blocks_ = 0;  // the layout's stride: blocks the arena holds
+  std::uint64_t blocks_moved_ = 0;
   mem::MemoryBudget budget_;
   BudgetCharge shared_charge_;
   mem::Arena arena_;
   float* base_ = nullptr;
-  std::vector<std::int32_t> free_;  // LIFO free list
+  std::vector<std::int32_t> free_;  // descending: back() is the lowest free id
 };
 
 }  // namespace ferry::serve

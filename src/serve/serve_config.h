@@ -47,11 +47,17 @@ struct PagerConfig {
   // Pinned hot set: hot_experts[layer] are loaded at start and never evicted (count against cap).
   std::vector<std::vector<int>> hot_experts;
   int lfru_half_life = 8;  // accesses of a layer after which an LFRU score halves
+  // MV-WSA (paged mode): the caps may be resized while serving, up to E per layer; the slot
+  // arena is laid out for E per layer and the device budget is charged the live caps only.
+  bool resizable = false;
 };
 
 struct KvConfig {
   int block_tokens = 16;                   // tokens per KV block
   std::size_t budget_bytes = 64ull << 20;  // K and V of every layer, all blocks
+  // MV-WSA: the pool may later be resized up to this many bytes (KvCache::resize); its backing
+  // is laid out for that many blocks. 0: budget_bytes (fixed size).
+  std::size_t max_budget_bytes = 0;
 };
 
 struct EngineConfig {
@@ -63,8 +69,13 @@ struct EngineConfig {
   int max_batch_tokens = 64;     // tokens per step: decode tokens first, then prefill chunks
   int max_running = 4;           // sequences decoded concurrently (continuous batching)
   std::uint64_t seed = 0x5e12e;  // for requests without a sampling seed
-  int max_seq_len = 0;           // prompt + new tokens; 0: no limit but the KV pool (the CLI passes
-                                 // max_position_embeddings)
+  // KV admission. false: reserve prompt + max_new_tokens at admission (a running request never
+  // waits). true: reserve what is computed now and grow block by block; a decode step whose
+  // block cannot be had preempts the youngest running request (blocks freed, re-queued first,
+  // recomputed on re-admission with its tokens and Rng kept, so its output is unchanged).
+  bool kv_preempt = false;
+  int max_seq_len = 0;  // prompt + new tokens; 0: no limit but the KV pool (the CLI passes
+                        // max_position_embeddings)
 };
 
 }  // namespace ferry::serve

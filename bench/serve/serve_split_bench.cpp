@@ -1,0 +1,211 @@
+// SPDX-License-Identifier: Apache-2.0
+// serve_split_bench: compares ways of dividing one budget between expert slots and KV blocks on
+// the same multi-session agentic workload, with the trace-driven simulator (serve/wsa/split_sim.h):
+//   fixed 50/50, expert-heavy (all but the KV floor to experts), KV-heavy (top-k slots per layer),
+//   MV-WSA offline (allocate() on curves profiled in a 50/50 run, then fixed), MV-WSA live (the
+//   controller from 50/50), and the oracle (best uniform split by exhaustive search over caps).
+// Default geometry: Qwen3-30B-A3B bf16 (48 MoE layers, 128 experts, top-8, expert 2048x768x3,
+// 4 KV heads x 128, vocab 151936), 24 GiB total budget minus dense weights and a workspace
+// reserve. Every time it prints is a model output (step_base_s + token_s * tokens +
+// misses * expert_bytes / link), not a GPU measurement; it states the machine it ran on.
+//   serve_split_bench [--budget-gib 24] [--link-gbps 24] [--sessions 8] [--concurrency 4]
+//                     [--turns 4] [--prefix 1536] [--seed 1] [--json FILE]
+#include <sys/utsname.h>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+#include "core/timer.h"
+#include "serve/wsa/split_sim.h"
+
+namespace {
+
+using namespace ferry::serve::wsa;
+
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown";
+}
+
+std::string describe(const Split& s) {
+  int lo = 1 << 30, hi = 0;
+  long total = 0;
+  for (int c : s.slots) lo = std::min(lo, c), hi = std::max(hi, c), total += c;
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "slots/layer %d..%d (mean %.1f), kv %d blocks", lo, hi,
+                double(total) / double(s.slots.size()), s.kv_blocks);
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  double budget_gib = 24, link_gbps = 24;
+  int sessions = 8, concurrency = 4, turns = 4, prefix = 1536;
+  std::uint64_t seed = 1;
+  std::string json_path;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    const char* v = argv[i + 1];
+    if (a == "--budget-gib")
+      budget_gib = std::atof(v);
+    else if (a == "--link-gbps")
+      link_gbps = std::atof(v);
+    else if (a == "--sessions")
+      sessions = std::atoi(v);
+    else if (a == "--concurrency")
+      concurrency = std::atoi(v);
+    else if (a == "--turns")
+      turns = std::atoi(v);
+    else if (a == "--prefix")
+      prefix = std::atoi(v);
+    else if (a == "--seed")
+      seed = std::strtoull(v, nullptr, 10);
+    else if (a == "--json")
+      json_path = v;
+    else {
+      std::fprintf(stderr, "serve_split_bench: unknown flag %s\n", a.c_str());
+      return 2;
+    }
+  }
+  // Qwen3-30B-A3B, bf16.
+  constexpr int kLayers = 48, kExperts = 128, kTopK = 8, kHidden = 2048, kExpertWidth = 768;
+  constexpr int kHeads = 32, kKvHeads = 4, kHeadDim = 128, kVocab = 151936;
+  const std::size_t expert_bytes = 3ull * kHidden * kExpertWidth * 2;
+  const std::size_t kv_per_token = std::size_t(kLayers) * 2 * kKvHeads * kHeadDim * 2;
+  const std::size_t attn = std::size_t(kHidden) * kHeads * kHeadDim * 2 +
+                           std::size_t(kHidden) * kKvHeads * kHeadDim * 2;  // q,o + k,v
+  const std::size_t dense_bytes =
+      2 * (2ull * kVocab * kHidden + kLayers * (attn + std::size_t(kHidden) * kExperts));
+  const std::size_t workspace_bytes = 1ull << 30;  // activations + workspace reserve (assumed)
+  const std::size_t total = std::size_t(budget_gib * double(1ull << 30));
+
+  SimConfig cfg;
+  cfg.expert_bytes = expert_bytes;
+  cfg.kv_bytes_per_token = kv_per_token;
+  cfg.block_tokens = 16;
+  cfg.budget_bytes = total - dense_bytes - workspace_bytes;
+  cfg.max_running = concurrency;
+  cfg.max_batch_tokens = 512;
+  cfg.link_bytes_per_s = link_gbps * 1e9;
+  cfg.controller = {
+      .hysteresis = 0.05, .horizon_steps = 256, .link_bytes_per_s = cfg.link_bytes_per_s};
+
+  ferry::Timer gen_timer;
+  const AgenticWorkload w({.sessions = sessions,
+                           .turns = turns,
+                           .prefix_tokens = prefix,
+                           .moe_layers = kLayers,
+                           .experts = kExperts,
+                           .top_k = kTopK,
+                           .seed = seed});
+  const double gen_s = gen_timer.elapsed_s();
+  cfg.kv_floor_blocks = concurrency * ((w.max_context() + cfg.block_tokens - 1) / cfg.block_tokens);
+  const SplitProblem skel = sim_problem(cfg, kLayers, kExperts, kTopK);
+
+  struct Row {
+    std::string name;
+    Split split;
+    SimResult r;
+    bool live = false;
+  };
+  std::vector<Row> rows;
+  auto run = [&](const std::string& name, const Split& s, bool live) -> SimResult {
+    auto r = simulate(cfg, w, s, live);
+    FERRY_CHECK(r.ok(), "{}: {}", name, r.status().to_string());
+    rows.push_back({name, live ? r->final_split : s, *r, live});
+    return *r;
+  };
+  ferry::Timer sim_timer;
+  auto half = fraction_split(skel, 0.5);
+  FERRY_CHECK(half.ok(), "50/50: {}", half.status().to_string());
+  const std::vector<Split> uniform = all_uniform_splits(skel);
+  FERRY_CHECK(!uniform.empty(), "no uniform split fits the budget");
+  const SplitProblem profile = run("fixed 50/50", *half, false).profile;  // a copy: rows grows
+  run("expert-heavy", uniform.back(), false);
+  run("kv-heavy", uniform.front(), false);
+  auto offline = allocate(profile);
+  FERRY_CHECK(offline.ok(), "offline: {}", offline.status().to_string());
+  run("mv-wsa offline", *offline, false);
+  run("mv-wsa live", *half, true);
+  // Oracle: every uniform cap.
+  double best_s = 1e300;
+  Split best;
+  SimResult best_r;
+  for (const Split& u : uniform) {
+    auto r = simulate(cfg, w, u, false);
+    FERRY_CHECK(r.ok(), "oracle: {}", r.status().to_string());
+    if (r->total_s < best_s) best_s = r->total_s, best = u, best_r = *r;
+  }
+  rows.push_back({"oracle (best fixed)", best, best_r, false});
+  const double sim_s = sim_timer.elapsed_s();
+
+  utsname un{};
+  uname(&un);
+  std::printf(
+      "serve-split simulator: Qwen3-30B-A3B geometry bf16, total budget %.1f GiB "
+      "(experts+KV %.2f GiB after %.2f GiB dense + %.2f GiB workspace)\n",
+      budget_gib, double(cfg.budget_bytes) / double(1ull << 30),
+      double(dense_bytes) / double(1ull << 30), double(workspace_bytes) / double(1ull << 30));
+  std::printf(
+      "workload: %d sessions x %d turns, prefix ~%d tokens, concurrency %d, max context %d, "
+      "kv floor %d blocks (%.2f GiB)\n",
+      sessions, turns, prefix, concurrency, w.max_context(), cfg.kv_floor_blocks,
+      double(cfg.kv_floor_blocks) * double(cfg.kv_block_bytes()) / double(1ull << 30));
+  std::printf(
+      "model: step %.1f ms + %.2f ms/token + misses x %.2f ms (%.1f GB/s link); machine: "
+      "%s (%s %s); routing %.1f s, simulations %.1f s\n",
+      cfg.step_base_s * 1e3, cfg.token_s * 1e3, double(expert_bytes) / cfg.link_bytes_per_s * 1e3,
+      link_gbps, cpu_model().c_str(), un.sysname, un.release, gen_s, sim_s);
+  std::printf("%-20s %10s %9s %9s %7s %8s %6s  %s\n", "policy", "total_s", "ttft_s", "dec_tok/s",
+              "hit", "preempt", "x_best", "split");
+  nlohmann::json j;
+  j["what"] = "trace-driven split simulator (serve/wsa/split_sim.h); modelled times, not GPU runs";
+  j["machine"] = {{"cpu", cpu_model()}, {"os", std::string(un.sysname) + " " + un.release}};
+  j["geometry"] = "Qwen3-30B-A3B bf16";
+  j["budget_gib"] = budget_gib;
+  j["experts_kv_budget_bytes"] = cfg.budget_bytes;
+  j["link_gbps"] = link_gbps;
+  j["step_base_s"] = cfg.step_base_s;
+  j["token_s"] = cfg.token_s;
+  j["workload"] = {{"sessions", sessions},
+                   {"turns", turns},
+                   {"prefix", prefix},
+                   {"concurrency", concurrency},
+                   {"max_context", w.max_context()},
+                   {"seed", seed}};
+  j["kv_floor_blocks"] = cfg.kv_floor_blocks;
+  for (const Row& row : rows) {
+    const double x = best_s / row.r.total_s;
+    std::printf("%-20s %10.1f %9.2f %9.2f %7.3f %8llu %6.3f  %s%s\n", row.name.c_str(),
+                row.r.total_s, row.r.mean_ttft_s, row.r.decode_tokens_per_s, row.r.hit_rate(),
+                static_cast<unsigned long long>(row.r.preemptions), x, row.live ? "final " : "",
+                describe(row.split).c_str());
+    j["policies"].push_back({{"name", row.name},
+                             {"total_s", row.r.total_s},
+                             {"mean_ttft_s", row.r.mean_ttft_s},
+                             {"decode_tokens_per_s", row.r.decode_tokens_per_s},
+                             {"hit_rate", row.r.hit_rate()},
+                             {"preemptions", row.r.preemptions},
+                             {"recompute_tokens", row.r.recompute_tokens},
+                             {"moves", row.r.moves},
+                             {"speed_vs_best_fixed", x},
+                             {"slots", row.split.slots},
+                             {"kv_blocks", row.split.kv_blocks}});
+  }
+  std::printf("x_best: oracle total / policy total (> 1 is faster than the best fixed split)\n");
+  if (!json_path.empty()) {
+    std::ofstream(json_path) << j.dump(2) << "\n";
+  }
+  return 0;
+}

@@ -1,0 +1,191 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "serve/wsa/live_split.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+
+namespace ferry::serve::wsa {
+
+Result<InitialSplit> initial_split(const model::DecoderGeometry& geo, std::size_t expert_bytes,
+                                   std::size_t kv_block_bytes, std::size_t budget_bytes,
+                                   int kv_floor_blocks, double expert_fraction) {
+  int moe = 0;
+  for (bool m : geo.layer_is_moe) moe += m;
+  if (moe == 0) return invalid_argument("wsa: the model has no MoE layer to split against");
+  const std::size_t floor_bytes = std::size_t(kv_floor_blocks) * kv_block_bytes;
+  int cap = static_cast<int>(double(budget_bytes) * expert_fraction /
+                             (double(expert_bytes) * double(moe)));
+  cap = std::clamp(cap, geo.top_k, geo.experts);
+  while (cap > geo.top_k && std::size_t(cap) * moe * expert_bytes + floor_bytes > budget_bytes) {
+    --cap;
+  }
+  const std::size_t experts = std::size_t(cap) * std::size_t(moe) * expert_bytes;
+  if (experts + std::max(floor_bytes, kv_block_bytes) > budget_bytes) {
+    return resource_exhausted(
+        "wsa: budget {} cannot hold top-k = {} slots in {} layers ({}) and the kv floor ({})",
+        mem::format_bytes(budget_bytes), geo.top_k, moe, mem::format_bytes(experts),
+        mem::format_bytes(floor_bytes));
+  }
+  InitialSplit s;
+  for (bool m : geo.layer_is_moe) s.caps.push_back(m ? cap : 0);
+  s.kv_bytes = (budget_bytes - experts) / kv_block_bytes * kv_block_bytes;
+  return s;
+}
+
+Status configure_auto_split(const model::DecoderGeometry& geo, std::size_t budget_bytes,
+                            int kv_floor_blocks, EngineConfig& ec) {
+  // The engine's f32 layouts (expert_store.h, kv_cache.h).
+  const std::size_t eb =
+      3 * std::size_t(geo.hidden) * std::size_t(geo.expert_width) * sizeof(float);
+  const std::size_t kb = std::size_t(geo.layers) * 2 * std::size_t(ec.kv.block_tokens) *
+                         std::size_t(geo.kv_heads) * std::size_t(geo.head_dim) * sizeof(float);
+  FERRY_ASSIGN_OR_RETURN(InitialSplit init,
+                         initial_split(geo, eb, kb, budget_bytes, kv_floor_blocks));
+  ec.pager.mode = ExpertMode::kPaged;
+  ec.pager.resizable = true;
+  ec.pager.layer_slots = init.caps;
+  ec.pager.slots_per_layer = 0;
+  ec.pager.budget_bytes = 0;
+  ec.kv.budget_bytes = init.kv_bytes;
+  ec.kv.max_budget_bytes = budget_bytes;
+  ec.kv_preempt = true;
+  ec.device_budget_bytes = budget_bytes;
+  return ok_status();
+}
+
+Result<std::unique_ptr<LiveSplit>> LiveSplit::attach(Engine& eng, const LiveSplitConfig& cfg) {
+  ExpertPager* pager = eng.experts().pager();
+  if (pager == nullptr) return invalid_argument("wsa: --split auto needs the paged expert mode");
+  const model::DecoderGeometry& geo = eng.geometry();
+  std::unique_ptr<LiveSplit> ls(new LiveSplit(eng, cfg));
+  if (ls->cfg_.controller.link_bytes_per_s <= 0) {
+    ls->cfg_.controller.link_bytes_per_s = cfg.link_bytes_per_s;
+  }
+  ls->ctl_ = SplitController(ls->cfg_.controller);
+  const int L = static_cast<int>(geo.layer_is_moe.size());
+  ls->layer_index_.assign(std::size_t(L), -1);
+  int max_hot = 0;
+  for (int l = 0; l < L; ++l) {
+    if (!geo.layer_is_moe[std::size_t(l)]) continue;
+    if (pager->max_capacity(l) < geo.experts) {
+      return invalid_argument("wsa: the pager is not resizable (PagerConfig::resizable)");
+    }
+    ls->layer_index_[std::size_t(l)] = static_cast<int>(ls->moe_layers_.size());
+    ls->moe_layers_.push_back(l);
+    ls->sd_.emplace_back(geo.experts);
+    ls->current_.slots.push_back(pager->capacity(l));
+    max_hot = std::max(max_hot, pager->hot_count(l));
+  }
+  KvCache& kv = eng.kv();
+  if ((std::size_t(kv.capacity_blocks()) + 1) * kv.block_bytes() <= cfg.budget_bytes) {
+    return invalid_argument(
+        "wsa: the kv pool is not resizable up to the budget (max_budget_bytes)");
+  }
+  ls->current_.kv_blocks = kv.num_blocks();
+  int ctx = cfg.max_context_tokens;
+  if (ctx <= 0 && eng.config().max_seq_len > 0 && eng.config().max_seq_len < (1 << 30)) {
+    ctx = eng.config().max_seq_len;
+  }
+  CostModel& m = ls->model_;
+  m.budget_bytes = cfg.budget_bytes;
+  m.expert_bytes = eng.experts().store()->expert_bytes();
+  m.kv_block_bytes = kv.block_bytes();
+  m.min_slots = geo.top_k + max_hot;
+  m.kv_floor_blocks = ctx > 0 ? cfg.concurrency * kv.blocks_for(ctx) : 0;
+  m.kv_max_blocks = static_cast<int>(cfg.budget_bytes / m.kv_block_bytes);
+  m.link_bytes_per_s = cfg.link_bytes_per_s;
+  m.kv_block_cost_s = double(kv.block_tokens()) * cfg.prefill_token_s;
+  LiveSplit* self = ls.get();
+  eng.experts().set_access_observer(
+      [self, K = geo.top_k](int layer, std::span<const std::int32_t> ids) {
+        const int i = self->layer_index_[std::size_t(layer)];
+        if (i < 0) return;
+        for (std::size_t r = 0; r + std::size_t(K) <= ids.size(); r += std::size_t(K)) {
+          for (int k = 0; k < K; ++k) self->sd_[std::size_t(i)].access(ids[r + std::size_t(k)]);
+        }
+      });
+  eng.set_step_hook([self](Engine& e) { return self->on_step(e); });
+  return ls;
+}
+
+LiveSplit::~LiveSplit() {
+  eng_.experts().set_access_observer(nullptr);
+  eng_.set_step_hook(nullptr);
+}
+
+SplitProblem LiveSplit::problem(const Engine& eng) const {
+  CostModel m = model_;
+  // Never below what is in use or what an outstanding request needs (KvCache / Engine refuse).
+  m.kv_floor_blocks = std::max({m.kv_floor_blocks, eng.kv_demand().used, eng.max_request_blocks()});
+  m.kv_max_blocks = std::max(m.kv_max_blocks, m.kv_floor_blocks);
+  return make_problem(m, sd_, steps_, kv_.samples());
+}
+
+Status LiveSplit::apply(Engine& eng, const Split& s) {
+  std::vector<int> caps(layer_index_.size(), 0);
+  for (std::size_t i = 0; i < moe_layers_.size(); ++i)
+    caps[std::size_t(moe_layers_[i])] = s.slots[i];
+  FERRY_TRY(eng.resize_pools(caps, s.kv_blocks));
+  current_ = s;
+  // The iso-budget invariant, on what the pools really hold now.
+  std::size_t bytes = std::size_t(eng.kv().num_blocks()) * eng.kv().block_bytes();
+  for (int l : moe_layers_) {
+    bytes += std::size_t(eng.experts().pager()->capacity(l)) * model_.expert_bytes;
+  }
+  FERRY_CHECK(bytes <= cfg_.budget_bytes, "wsa: split holds {} bytes, budget {}", bytes,
+              cfg_.budget_bytes);
+  FERRY_CHECK(eng.kv().num_blocks() >= model_.kv_floor_blocks,
+              "wsa: kv pool of {} blocks below the floor of {}", eng.kv().num_blocks(),
+              model_.kv_floor_blocks);
+  stats_.max_bytes = std::max(stats_.max_bytes, bytes);
+  stats_.min_kv_blocks = stats_.min_kv_blocks < 0
+                             ? eng.kv().num_blocks()
+                             : std::min(stats_.min_kv_blocks, eng.kv().num_blocks());
+  return ok_status();
+}
+
+void LiveSplit::sync() {
+  for (std::size_t i = 0; i < moe_layers_.size(); ++i) {
+    current_.slots[i] = eng_.experts().pager()->capacity(moe_layers_[i]);
+  }
+  current_.kv_blocks = eng_.kv().num_blocks();
+}
+
+Status LiveSplit::on_step(Engine& eng) {
+  kv_.record(double(eng.kv_demand().blocks()));
+  steps_ += 1;
+  // A split that cannot be had now (the allocator finds none, or a resize is refused) is not a
+  // serving failure: the pools stay as they are and serving goes on.
+  if (forced_) {
+    const Split s = std::move(*forced_);
+    forced_.reset();
+    if (Status st = apply(eng, s); !st.ok()) {
+      ++stats_.refused;
+      sync();
+      return ok_status();
+    }
+    ++stats_.forced;
+    return ok_status();
+  }
+  if (++since_decision_ < std::uint64_t(std::max(cfg_.decide_every_steps, 1))) return ok_status();
+  since_decision_ = 0;
+  const SplitProblem p = problem(eng);
+  auto d = ctl_.decide(p, current_);
+  ++stats_.decisions;
+  if (!d.ok()) {
+    ++stats_.refused;
+  } else if (d->move) {
+    if (apply(eng, d->target).ok()) {
+      ++stats_.moves;
+    } else {
+      ++stats_.refused;
+      sync();
+    }
+  }
+  for (StackDistance& s : sd_) s.scale(cfg_.age_factor);
+  steps_ *= cfg_.age_factor;
+  return ok_status();
+}
+
+}  // namespace ferry::serve::wsa

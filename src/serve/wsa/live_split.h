@@ -1,0 +1,94 @@
+// SPDX-License-Identifier: Apache-2.0
+// LiveSplit: MV-WSA while serving (`--split auto`). Attached to an Engine whose pager and KV pool
+// are resizable (PagerConfig::resizable, KvConfig::max_budget_bytes), it
+//   - feeds every routed (layer, expert) access into that layer's StackDistance (executor hook),
+//   - samples the engine's KV demand at every step boundary (Engine::kv_demand),
+//   - every decide_every_steps steps builds the SplitProblem (per-step curves, the floor raised to
+//     the blocks in use and to the largest outstanding request), asks the SplitController, and on
+//     a move calls Engine::resize_pools at that boundary (no draining), then ages the curves.
+// Invariant, checked after every resize (a violation is a bug and aborts): expert slot bytes + KV
+// block bytes <= budget_bytes, and KV blocks >= the configured floor.
+// Tests: tests/unit/serve/wsa_live_test.cpp (outputs equal a fixed split's with forced resizes).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "serve/engine.h"
+#include "serve/wsa/demand.h"
+#include "serve/wsa/split_controller.h"
+
+namespace ferry::serve::wsa {
+
+struct LiveSplitConfig {
+  std::size_t budget_bytes = 0;  // expert slots + KV blocks (the engine's pools)
+  int concurrency = 4;           // admission floor = concurrency x max_context_tokens
+  int max_context_tokens = 0;    // 0: the engine's max_seq_len (if bounded), else no floor
+  int decide_every_steps = 16;
+  double age_factor = 0.5;  // curve weight kept after each decision
+  double link_bytes_per_s = 24e9;
+  double prefill_token_s = 2e-4;  // a missing KV block costs block_tokens x this per step
+  ControllerConfig controller;    // its link_bytes_per_s defaults to the one above
+};
+
+struct LiveSplitStats {
+  std::uint64_t decisions = 0, moves = 0, forced = 0;
+  std::uint64_t refused = 0;  // decisions or resizes that could not be had (pools unchanged)
+  std::size_t max_bytes = 0;  // largest expert + KV bytes seen after a resize
+  int min_kv_blocks = -1;     // smallest KV block count seen after a resize
+};
+
+class LiveSplit {
+ public:
+  // Installs the hooks; the engine must outlive this object (or be detached first).
+  static Result<std::unique_ptr<LiveSplit>> attach(Engine& eng, const LiveSplitConfig& cfg);
+  ~LiveSplit();
+  // Applies `s` at the next step boundary (tests: forced resizes up and down).
+  void force(Split s) { forced_ = std::move(s); }
+  const Split& current() const { return current_; }
+  const LiveSplitStats& stats() const { return stats_; }
+  int kv_floor_blocks() const { return model_.kv_floor_blocks; }
+  const CostModel& model() const { return model_; }
+  // The problem on the current curves (for reports).
+  SplitProblem problem(const Engine& eng) const;
+
+ private:
+  LiveSplit(Engine& eng, const LiveSplitConfig& cfg) : eng_(eng), cfg_(cfg), ctl_(cfg.controller) {}
+  Status on_step(Engine& eng);
+  Status apply(Engine& eng, const Split& s);
+  void sync();  // current_ := what the engine's pools hold
+
+  Engine& eng_;
+  LiveSplitConfig cfg_;
+  SplitController ctl_;
+  CostModel model_;
+  std::vector<int> moe_layers_;    // engine layer of each split entry
+  std::vector<int> layer_index_;   // [L] split entry of an engine layer, -1 dense
+  std::vector<StackDistance> sd_;  // [L_moe]
+  KvDemand kv_;
+  double steps_ = 0;
+  std::uint64_t since_decision_ = 0;
+  Split current_;
+  std::optional<Split> forced_;
+  LiveSplitStats stats_;
+};
+
+// The split a resizable engine starts from: experts get `expert_fraction` of the budget as a
+// uniform cap (at least top-k), the KV pool the rest (at least the floor).
+struct InitialSplit {
+  std::vector<int> caps;  // [L], 0 for dense layers
+  std::size_t kv_bytes = 0;
+};
+Result<InitialSplit> initial_split(const model::DecoderGeometry& geo, std::size_t expert_bytes,
+                                   std::size_t kv_block_bytes, std::size_t budget_bytes,
+                                   int kv_floor_blocks, double expert_fraction = 0.5);
+
+// Makes `ec` a resizable engine for --split auto: paged experts with resizable caps, KV pool
+// resizable up to the budget with on-demand growth and preemption, one device budget of
+// `budget_bytes`, starting from the 50/50 split (initial_split).
+Status configure_auto_split(const model::DecoderGeometry& geo, std::size_t budget_bytes,
+                            int kv_floor_blocks, EngineConfig& ec);
+
+}  // namespace ferry::serve::wsa

@@ -1,0 +1,268 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "serve/wsa/split_allocator.h"
+
+#include <algorithm>
+#include <numeric>
+#include <queue>
+
+#include "core/check.h"
+#include "mem/budget.h"
+#include "serve/wsa/convex_curve.h"
+
+namespace ferry::serve::wsa {
+namespace {
+
+int layers(const SplitProblem& p) { return static_cast<int>(p.expert_misses.size()); }
+
+double expert_cost(const SplitProblem& p, int l, int c) {
+  return p.miss_cost_s * p.expert_misses[std::size_t(l)][std::size_t(c)];
+}
+double kv_cost(const SplitProblem& p, int k) {
+  return p.kv_block_cost_s * p.kv_short[std::size_t(std::min(k, p.kv_max_blocks()))];
+}
+
+Status check_problem(const SplitProblem& p) {
+  if (p.expert_bytes == 0 || p.kv_block_bytes == 0 || p.kv_short.empty() || layers(p) == 0) {
+    return invalid_argument("wsa: split problem needs expert and kv block sizes and curves");
+  }
+  for (const auto& m : p.expert_misses) {
+    if (static_cast<int>(m.size()) != p.experts() + 1) {
+      return invalid_argument("wsa: every layer's miss curve needs E + 1 = {} points",
+                              p.experts() + 1);
+    }
+  }
+  if (p.min_slots < 1 || p.min_slots > p.experts()) {
+    return invalid_argument("wsa: min slots {} outside [1, {}]", p.min_slots, p.experts());
+  }
+  if (p.kv_floor_blocks > p.kv_max_blocks()) {
+    return invalid_argument("wsa: kv floor of {} blocks beyond the kv curve's {} blocks",
+                            p.kv_floor_blocks, p.kv_max_blocks());
+  }
+  const std::size_t base = std::size_t(layers(p)) * std::size_t(p.min_slots) * p.expert_bytes +
+                           std::size_t(p.kv_floor_blocks) * p.kv_block_bytes;
+  if (base > p.budget_bytes) {
+    return resource_exhausted(
+        "wsa: budget {} holds less than the minimum split ({} layers x {} slots of {} + kv "
+        "floor of {} blocks of {} = {})",
+        mem::format_bytes(p.budget_bytes), layers(p), p.min_slots,
+        mem::format_bytes(p.expert_bytes), p.kv_floor_blocks, mem::format_bytes(p.kv_block_bytes),
+        mem::format_bytes(base));
+  }
+  return ok_status();
+}
+
+// Spends leftover bytes where they cannot hurt (every curve is non-increasing): KV first (the
+// convention of the fixed splits, "KV gets the rest"), then one slot at a time round-robin.
+void fill_leftover(const SplitProblem& p, Split& s) {
+  std::size_t left = p.budget_bytes - s.bytes(p);
+  const int add_kv = static_cast<int>(
+      std::min<std::size_t>(left / p.kv_block_bytes, std::size_t(p.kv_max_blocks() - s.kv_blocks)));
+  s.kv_blocks += add_kv;
+  left -= std::size_t(add_kv) * p.kv_block_bytes;
+  for (bool grew = true; grew && left >= p.expert_bytes;) {
+    grew = false;
+    for (int& c : s.slots) {
+      if (c < p.experts() && left >= p.expert_bytes) {
+        ++c;
+        left -= p.expert_bytes;
+        grew = true;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::size_t Split::bytes(const SplitProblem& p) const {
+  const std::size_t slots_total = std::accumulate(slots.begin(), slots.end(), std::size_t(0));
+  return slots_total * p.expert_bytes + std::size_t(kv_blocks) * p.kv_block_bytes;
+}
+
+double modelled_step_s(const SplitProblem& p, const Split& s) {
+  double t = kv_cost(p, s.kv_blocks);
+  for (int l = 0; l < layers(p); ++l) t += expert_cost(p, l, s.slots[std::size_t(l)]);
+  return t;
+}
+
+bool feasible(const SplitProblem& p, const Split& s) {
+  if (static_cast<int>(s.slots.size()) != layers(p)) return false;
+  for (int c : s.slots) {
+    if (c < p.min_slots || c > p.experts()) return false;
+  }
+  return s.kv_blocks >= p.kv_floor_blocks && s.bytes(p) <= p.budget_bytes;
+}
+
+Result<Split> uniform_split(const SplitProblem& p, int cap) {
+  FERRY_TRY(check_problem(p));
+  Split s{.slots = std::vector<int>(std::size_t(layers(p)), cap), .kv_blocks = 0};
+  const std::size_t experts = s.bytes(p);
+  if (cap < p.min_slots || cap > p.experts() || experts > p.budget_bytes) {
+    return resource_exhausted("wsa: uniform cap {} does not fit", cap);
+  }
+  s.kv_blocks = static_cast<int>(std::min<std::size_t>(
+      (p.budget_bytes - experts) / p.kv_block_bytes, std::size_t(p.kv_max_blocks())));
+  if (s.kv_blocks < p.kv_floor_blocks) {
+    return resource_exhausted("wsa: uniform cap {} leaves {} kv blocks, below the floor of {}", cap,
+                              s.kv_blocks, p.kv_floor_blocks);
+  }
+  return s;
+}
+
+std::vector<Split> all_uniform_splits(const SplitProblem& p) {
+  std::vector<Split> out;
+  for (int c = p.min_slots; c <= p.experts(); ++c) {
+    auto s = uniform_split(p, c);
+    if (s.ok()) out.push_back(std::move(*s));
+  }
+  return out;
+}
+
+Result<Split> fraction_split(const SplitProblem& p, double expert_fraction) {
+  FERRY_TRY(check_problem(p));
+  const double bytes = std::clamp(expert_fraction, 0.0, 1.0) * double(p.budget_bytes);
+  int cap = static_cast<int>(bytes / (double(p.expert_bytes) * layers(p)));
+  cap = std::clamp(cap, p.min_slots, p.experts());
+  // Lower the cap until the KV floor fits (the minimum split fits: checked above).
+  for (; cap >= p.min_slots; --cap) {
+    auto s = uniform_split(p, cap);
+    if (s.ok()) return s;
+  }
+  return resource_exhausted("wsa: no uniform split fits the kv floor");
+}
+
+Result<Split> greedy_on_hulls(const SplitProblem& p) {
+  FERRY_TRY(check_problem(p));
+  const int L = layers(p);
+  // Curve i < L: layer i over x = min_slots..E; curve L: KV over x = floor..max.
+  struct Curve {
+    int x0 = 0;
+    std::size_t unit = 0;
+    std::vector<double> y;
+    std::vector<int> hull;  // vertex offsets from x0
+    std::size_t next = 0;   // next segment: hull[next] -> hull[next + 1]
+  };
+  std::vector<Curve> cv(std::size_t(L) + 1);
+  for (int i = 0; i <= L; ++i) {
+    Curve& c = cv[std::size_t(i)];
+    const bool kv = i == L;
+    c.x0 = kv ? p.kv_floor_blocks : p.min_slots;
+    c.unit = kv ? p.kv_block_bytes : p.expert_bytes;
+    const int x1 = kv ? p.kv_max_blocks() : p.experts();
+    for (int x = c.x0; x <= x1; ++x) c.y.push_back(kv ? kv_cost(p, x) : expert_cost(p, i, x));
+    c.hull = lower_convex_hull(c.y);
+  }
+  Split s{.slots = std::vector<int>(std::size_t(L), p.min_slots), .kv_blocks = p.kv_floor_blocks};
+  std::size_t left = p.budget_bytes - s.bytes(p);
+  using Item = std::pair<double, int>;  // (saving per byte, curve)
+  std::priority_queue<Item> pq;
+  auto push = [&](int i) {
+    const Curve& c = cv[std::size_t(i)];
+    if (c.next + 1 >= c.hull.size()) return;
+    const int a = c.hull[c.next], b = c.hull[c.next + 1];
+    const double gain = c.y[std::size_t(a)] - c.y[std::size_t(b)];
+    pq.push({gain / (double(b - a) * double(c.unit)), i});
+  };
+  auto grow = [&](int i, int units) {
+    if (i == L) {
+      s.kv_blocks += units;
+    } else {
+      s.slots[std::size_t(i)] += units;
+    }
+  };
+  for (int i = 0; i <= L; ++i) push(i);
+  while (!pq.empty()) {
+    const auto [rate, i] = pq.top();
+    pq.pop();
+    if (rate <= 0) break;  // the heap's best saves nothing: neither does anything after it
+    Curve& c = cv[std::size_t(i)];
+    const int units = c.hull[c.next + 1] - c.hull[c.next];
+    const std::size_t bytes = std::size_t(units) * c.unit;
+    if (bytes <= left) {
+      grow(i, units);
+      left -= bytes;
+      ++c.next;
+      push(i);
+    } else {
+      // Part of the segment, then this curve is closed: its later segments save less per byte.
+      const int part = static_cast<int>(left / c.unit);
+      grow(i, part);
+      left -= std::size_t(part) * c.unit;
+    }
+  }
+  fill_leftover(p, s);
+  return s;
+}
+
+Result<Split> allocate(const SplitProblem& p) {
+  FERRY_ASSIGN_OR_RETURN(Split best, greedy_on_hulls(p));
+  double best_t = modelled_step_s(p, best);
+  for (Split& u : all_uniform_splits(p)) {
+    const double t = modelled_step_s(p, u);
+    if (t < best_t) best = std::move(u), best_t = t;
+  }
+  // Polish on the real curves: move one slot between layers, or trade one slot for the KV blocks
+  // its bytes buy (and back), taking the best move while it lowers T. Moves are scored by their
+  // cost deltas (O(L) per round); each accepted move lowers T strictly, so the loop ends.
+  const int L = layers(p);
+  constexpr double kInf = 1e300;
+  for (int round = 0; round < 1'000'000; ++round) {
+    const std::size_t left = p.budget_bytes - best.bytes(p);
+    // loss[a]: T added by one slot fewer in layer a; gain[b]: T saved by one slot more in b.
+    int a1 = -1, a2 = -1, b1 = -1, b2 = -1;
+    double l1 = kInf, l2 = kInf, g1 = -kInf, g2 = -kInf;
+    for (int l = 0; l < L; ++l) {
+      const int c = best.slots[std::size_t(l)];
+      if (c > p.min_slots) {
+        const double loss = expert_cost(p, l, c - 1) - expert_cost(p, l, c);
+        if (loss < l1)
+          a2 = a1, l2 = l1, a1 = l, l1 = loss;
+        else if (loss < l2)
+          a2 = l, l2 = loss;
+      }
+      if (c < p.experts()) {
+        const double gain = expert_cost(p, l, c) - expert_cost(p, l, c + 1);
+        if (gain > g1)
+          b2 = b1, g2 = g1, b1 = l, g1 = gain;
+        else if (gain > g2)
+          b2 = l, g2 = gain;
+      }
+    }
+    double best_net = 1e-12 * std::max(best_t, 1e-300);
+    int kind = 0, from = -1, to = -1, blocks = 0;
+    // slot a -> slot b
+    if (a1 >= 0 && b1 >= 0) {
+      const bool same = a1 == b1;
+      const double n1 = same ? (b2 >= 0 ? g2 - l1 : -kInf) : g1 - l1;
+      const double n2 = same && a2 >= 0 ? g1 - l2 : -kInf;
+      if (n1 > best_net) best_net = n1, kind = 1, from = a1, to = same ? b2 : b1;
+      if (n2 > best_net) best_net = n2, kind = 1, from = a2, to = b1;
+    }
+    // slot a -> KV blocks (the freed bytes plus any leftover)
+    if (a1 >= 0) {
+      const int add =
+          static_cast<int>(std::min<std::size_t>((left + p.expert_bytes) / p.kv_block_bytes,
+                                                 std::size_t(p.kv_max_blocks() - best.kv_blocks)));
+      const double net = kv_cost(p, best.kv_blocks) - kv_cost(p, best.kv_blocks + add) - l1;
+      if (add > 0 && net > best_net) best_net = net, kind = 2, from = a1, blocks = add;
+    }
+    // KV blocks -> slot b (as few blocks as make the slot fit)
+    if (b1 >= 0) {
+      const std::size_t need = left >= p.expert_bytes ? 0 : p.expert_bytes - left;
+      const int drop = static_cast<int>((need + p.kv_block_bytes - 1) / p.kv_block_bytes);
+      if (best.kv_blocks - drop >= p.kv_floor_blocks) {
+        const double net = g1 - (kv_cost(p, best.kv_blocks - drop) - kv_cost(p, best.kv_blocks));
+        if (net > best_net) best_net = net, kind = 3, to = b1, blocks = drop;
+      }
+    }
+    if (kind == 0) break;
+    if (kind == 1) --best.slots[std::size_t(from)], ++best.slots[std::size_t(to)];
+    if (kind == 2) --best.slots[std::size_t(from)], best.kv_blocks += blocks;
+    if (kind == 3) best.kv_blocks -= blocks, ++best.slots[std::size_t(to)];
+    FERRY_CHECK(feasible(p, best), "wsa: polish left the feasible set (move kind {})", kind);
+    best_t = modelled_step_s(p, best);
+  }
+  fill_leftover(p, best);
+  return best;
+}
+
+}  // namespace ferry::serve::wsa

@@ -1,0 +1,68 @@
+// SPDX-License-Identifier: Apache-2.0
+// The MV-WSA allocator (serve.md item 6 and "MV-WSA"): divides one byte budget between expert
+// slots (one cap per MoE layer; caps may differ) and KV blocks, minimising the modelled step time
+//   T = miss_cost_s * sum_l m_l(C_l) + kv_block_cost_s * s(k)
+// subject to sum_l C_l * expert_bytes + k * kv_block_bytes <= budget, min_slots <= C_l <= E and
+// k >= kv_floor_blocks. m_l is layer l's LRU miss curve (misses per step at capacity C, from
+// StackDistance), s the KV shortage curve (blocks missing per step, convex_curve.h).
+// Method: every curve is convexified; starting from the minimum allocation, the hull segment with
+// the largest latency saved per byte is taken next (whole segments, so each curve stays on a
+// hull vertex, where hull == curve), a segment that no longer fits is taken partly and closes its
+// curve. The marginal savings per byte are then (up to one quantum) equal across pools, the
+// optimum of the convexified problem. Because the real curves are not convex and quanta are
+// whole, the result is then polished on the real curves: single-quantum exchanges between pools
+// while one lowers T, and every uniform split (the fixed-split family) is a candidate too.
+// Tests: tests/unit/serve/wsa_allocator_test.cpp (budget, floor, <= every fixed split, greedy
+// within one segment of the brute-force optimum).
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "core/result.h"
+
+namespace ferry::serve::wsa {
+
+struct SplitProblem {
+  std::size_t budget_bytes = 0;                    // expert slots + KV blocks together
+  std::size_t expert_bytes = 0;                    // one expert slot
+  std::size_t kv_block_bytes = 0;                  // one KV block (all layers, K and V)
+  int min_slots = 1;                               // per MoE layer (top-k plus hot experts)
+  std::vector<std::vector<double>> expert_misses;  // [L_moe][E+1] misses per step at capacity C
+  std::vector<double> kv_short;  // [max_blocks+1] KV blocks missing per step at k blocks
+  int kv_floor_blocks = 0;       // admission floor: concurrency x max context, in blocks
+  double miss_cost_s = 0;        // one expert miss: expert_bytes / link bandwidth
+  double kv_block_cost_s = 0;    // one block missing for one step (recompute or queueing)
+  int experts() const {
+    return expert_misses.empty() ? 0 : static_cast<int>(expert_misses[0].size()) - 1;
+  }
+  int kv_max_blocks() const { return static_cast<int>(kv_short.size()) - 1; }
+};
+
+struct Split {
+  std::vector<int> slots;  // [L_moe] expert slots per MoE layer
+  int kv_blocks = 0;
+  std::size_t bytes(const SplitProblem& p) const;
+  friend bool operator==(const Split&, const Split&) = default;
+};
+
+// The modelled step time of a split on the problem's (real, not convexified) curves.
+double modelled_step_s(const SplitProblem& p, const Split& s);
+// Whether a split respects the budget, the slot range and the KV floor.
+bool feasible(const SplitProblem& p, const Split& s);
+
+// The fixed split with `cap` slots in every MoE layer and every remaining byte in KV blocks
+// (capped at the curve's end); infeasible (resource_exhausted) if the KV floor no longer fits.
+Result<Split> uniform_split(const SplitProblem& p, int cap);
+// Every feasible uniform split, cap = min_slots..E (the oracle searches these exhaustively).
+std::vector<Split> all_uniform_splits(const SplitProblem& p);
+// The fixed split giving experts `expert_fraction` of the budget (rounded down to a uniform cap,
+// clamped to the feasible range).
+Result<Split> fraction_split(const SplitProblem& p, double expert_fraction);
+
+// The marginal-value greedy on convexified curves alone (no polish), for tests.
+Result<Split> greedy_on_hulls(const SplitProblem& p);
+// greedy_on_hulls, then polished on the real curves (see the file comment).
+Result<Split> allocate(const SplitProblem& p);
+
+}  // namespace ferry::serve::wsa

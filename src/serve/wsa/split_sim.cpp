@@ -1,0 +1,292 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "serve/wsa/split_sim.h"
+
+#include <algorithm>
+#include <deque>
+#include <limits>
+
+#include "core/check.h"
+#include "serve/wsa/convex_curve.h"
+
+namespace ferry::serve::wsa {
+namespace {
+
+// One layer's LRU cache of expert ids at a resizable capacity.
+class LruCache {
+ public:
+  explicit LruCache(int experts) : last_(std::size_t(experts), 0), in_(std::size_t(experts), 0) {}
+  void set_capacity(int cap) {
+    cap_ = cap;
+    while (size_ > cap_) evict();
+  }
+  bool access(int e) {  // true on a hit
+    ++tick_;
+    const bool hit = in_[std::size_t(e)] != 0;
+    if (!hit) {
+      if (size_ == cap_) evict();
+      in_[std::size_t(e)] = 1;
+      ++size_;
+    }
+    last_[std::size_t(e)] = tick_;
+    return hit;
+  }
+
+ private:
+  void evict() {
+    int v = -1;
+    for (std::size_t e = 0; e < in_.size(); ++e) {
+      if (in_[e] && (v < 0 || last_[e] < last_[std::size_t(v)])) v = static_cast<int>(e);
+    }
+    in_[std::size_t(v)] = 0;
+    --size_;
+  }
+  std::vector<std::uint64_t> last_;
+  std::vector<std::uint8_t> in_;
+  int cap_ = 0, size_ = 0;
+  std::uint64_t tick_ = 0;
+};
+
+struct Seq {
+  int session = 0, turn = 0;
+  int prompt = 0, output = 0, generated = 0;
+  int computed = 0, high_water = 0, blocks = 0;
+  double arrival_s = 0;
+  bool first = false;
+  int tokens() const { return prompt + generated; }
+};
+
+}  // namespace
+
+SplitProblem sim_problem(const SimConfig& cfg, int moe_layers, int experts, int top_k) {
+  SplitProblem p;
+  p.budget_bytes = cfg.budget_bytes;
+  p.expert_bytes = cfg.expert_bytes;
+  p.kv_block_bytes = cfg.kv_block_bytes();
+  p.min_slots = top_k;
+  p.kv_floor_blocks = cfg.kv_floor_blocks;
+  p.miss_cost_s = double(cfg.expert_bytes) / cfg.link_bytes_per_s;
+  p.kv_block_cost_s = cfg.kv_block_cost_s();
+  p.expert_misses.assign(std::size_t(moe_layers), std::vector<double>(std::size_t(experts) + 1, 0));
+  p.kv_short.assign(std::size_t(cfg.budget_bytes / p.kv_block_bytes) + 1, 0.0);
+  return p;
+}
+
+Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const Split& start,
+                           bool live) {
+  const AgenticSpec& ws = w.spec();
+  const int L = ws.moe_layers, E = ws.experts;
+  const int bt = cfg.block_tokens;
+  auto blocks_for = [bt](int tokens) { return (tokens + bt - 1) / bt; };
+  SplitProblem skel = sim_problem(cfg, L, E, ws.top_k);
+  if (!feasible(skel, start)) {
+    return invalid_argument("wsa sim: the starting split is not feasible for this budget");
+  }
+  if (blocks_for(w.max_context()) > start.kv_blocks) {
+    return invalid_argument("wsa sim: {} kv blocks cannot hold the longest turn ({} tokens)",
+                            start.kv_blocks, w.max_context());
+  }
+  Split split = start;
+  std::vector<LruCache> lru(static_cast<std::size_t>(L), LruCache(E));
+  for (int l = 0; l < L; ++l) lru[std::size_t(l)].set_capacity(split.slots[std::size_t(l)]);
+  std::vector<StackDistance> sd(static_cast<std::size_t>(L), StackDistance(E));  // live, aged
+  std::vector<StackDistance> profile_sd(static_cast<std::size_t>(L), StackDistance(E));
+  std::vector<double> profile_kv;
+  KvDemand kv_demand(4096);
+  const SplitController ctl(cfg.controller);
+  CostModel model{.budget_bytes = cfg.budget_bytes,
+                  .expert_bytes = cfg.expert_bytes,
+                  .kv_block_bytes = cfg.kv_block_bytes(),
+                  .min_slots = ws.top_k,
+                  .kv_floor_blocks = cfg.kv_floor_blocks,
+                  .kv_max_blocks = static_cast<int>(cfg.budget_bytes / cfg.kv_block_bytes()),
+                  .link_bytes_per_s = cfg.link_bytes_per_s,
+                  .kv_block_cost_s = cfg.kv_block_cost_s()};
+
+  SimResult res;
+  double now = 0, ttft_sum = 0, live_steps = 0, profile_steps = 0;
+  std::uint64_t turns_done = 0;
+  int free_blocks = split.kv_blocks, preempted_last = 0;
+  std::deque<Seq> waiting;
+  std::vector<Seq> running;
+  // Next arrivals: (time, session, turn); every session's first turn at t = 0.
+  std::vector<std::pair<double, std::pair<int, int>>> arrivals;
+  for (int s = 0; s < w.sessions(); ++s) arrivals.push_back({0.0, {s, 0}});
+  auto arrive = [&]() {
+    std::sort(arrivals.begin(), arrivals.end());
+    while (!arrivals.empty() && arrivals.front().first <= now) {
+      const auto [t, st] = arrivals.front();
+      arrivals.erase(arrivals.begin());
+      const AgenticTurn& turn = w.turns(st.first)[std::size_t(st.second)];
+      waiting.push_back({.session = st.first,
+                         .turn = st.second,
+                         .prompt = turn.prompt(),
+                         .output = turn.output,
+                         .arrival_s = t});
+    }
+  };
+  std::vector<int> distinct;
+  std::vector<std::uint8_t> seen(std::size_t(E), 0);
+  std::vector<std::pair<int, int>> batch;  // (running index, tokens)
+  std::uint64_t since_decision = 0;
+  for (;;) {
+    arrive();
+    if (waiting.empty() && running.empty()) {
+      if (arrivals.empty()) break;
+      now = std::max(now, std::min_element(arrivals.begin(), arrivals.end())->first);
+      continue;
+    }
+    // KV demand at the step boundary: used + what the queue needs to run + preempted work.
+    int used = split.kv_blocks - free_blocks, waiting_need = 0, max_need = 0;
+    {
+      int slots = cfg.max_running - static_cast<int>(running.size());
+      for (const Seq& q : waiting) {
+        if (slots-- > 0) waiting_need += blocks_for(q.tokens());
+        max_need = std::max(max_need, blocks_for(q.prompt + q.output));
+      }
+      for (const Seq& q : running) max_need = std::max(max_need, blocks_for(q.prompt + q.output));
+    }
+    kv_demand.record(double(used + waiting_need + preempted_last));
+    profile_kv.push_back(double(used + waiting_need + preempted_last));
+    profile_steps += 1;
+    live_steps += 1;
+    preempted_last = 0;
+    if (live && ++since_decision >= std::uint64_t(std::max(cfg.decide_every_steps, 1))) {
+      since_decision = 0;
+      CostModel m = model;
+      m.kv_floor_blocks = std::max({m.kv_floor_blocks, used, max_need});
+      m.kv_max_blocks = std::max(m.kv_max_blocks, m.kv_floor_blocks);
+      const SplitProblem p = make_problem(m, sd, live_steps, kv_demand.samples());
+      FERRY_ASSIGN_OR_RETURN(Decision d, ctl.decide(p, split));
+      if (d.move) {
+        ++res.moves;
+        free_blocks += d.target.kv_blocks - split.kv_blocks;
+        split = d.target;
+        for (int l = 0; l < L; ++l) lru[std::size_t(l)].set_capacity(split.slots[std::size_t(l)]);
+        FERRY_CHECK(
+            free_blocks >= 0 && feasible(skel, split) && split.kv_blocks >= cfg.kv_floor_blocks,
+            "wsa sim: live split broke the budget or the floor");
+      }
+      for (StackDistance& s : sd) s.scale(cfg.age_factor);
+      live_steps *= cfg.age_factor;
+    }
+    // Decode growth with youngest-first preemption, then FIFO admission (engine.cpp's order).
+    for (std::size_t i = 0; i < running.size(); ++i) {
+      Seq& q = running[i];
+      if (q.computed < q.prompt || q.tokens() - q.computed != 1) continue;
+      const int need = blocks_for(q.computed + 1) - q.blocks;
+      bool self = false;
+      while (need > free_blocks) {
+        const std::size_t v = running.size() - 1;
+        Seq victim = running[v];
+        running.pop_back();
+        free_blocks += victim.blocks;
+        preempted_last += victim.blocks;
+        victim.blocks = 0;
+        victim.computed = 0;
+        ++res.preemptions;
+        waiting.push_front(victim);
+        if (v == i) {
+          self = true;
+          break;
+        }
+      }
+      if (self) break;
+      free_blocks -= need;
+      q.blocks += need;
+    }
+    while (!waiting.empty() && static_cast<int>(running.size()) < cfg.max_running) {
+      Seq& q = waiting.front();
+      const int need = blocks_for(q.tokens()) - q.blocks;
+      if (need > free_blocks) break;
+      free_blocks -= need;
+      q.blocks += need;
+      running.push_back(q);
+      waiting.pop_front();
+    }
+    if (running.empty()) {
+      // Nothing fits yet: only possible while blocks wait on a resize (never with a feasible
+      // split, which holds the longest turn); advance to the next arrival.
+      if (arrivals.empty()) return internal_error("wsa sim: stalled with nothing running");
+      now = std::max(now, std::min_element(arrivals.begin(), arrivals.end())->first);
+      continue;
+    }
+    batch.clear();
+    int budget = cfg.max_batch_tokens, tokens = 0;
+    auto decoding = [](const Seq& q) {
+      return q.computed >= q.prompt && q.tokens() - q.computed == 1;
+    };
+    for (std::size_t i = 0; i < running.size(); ++i) {
+      if (decoding(running[i])) batch.push_back({int(i), 1}), --budget;
+    }
+    for (std::size_t i = 0; i < running.size() && budget > 0; ++i) {
+      if (decoding(running[i])) continue;
+      const int n = std::min(budget, running[i].tokens() - running[i].computed);
+      batch.push_back({int(i), n});
+      budget -= n;
+    }
+    // Expert accesses: per layer, the step's distinct experts in first-use order.
+    std::uint64_t misses = 0;
+    for (int l = 0; l < L; ++l) {
+      distinct.clear();
+      for (const auto& [i, n] : batch) {
+        const Seq& q = running[std::size_t(i)];
+        for (int p = q.computed; p < q.computed + n; ++p) {
+          for (std::uint8_t e : w.route(q.session, p, l)) {
+            if (!seen[e]) seen[e] = 1, distinct.push_back(e);
+          }
+        }
+      }
+      for (int e : distinct) {
+        seen[std::size_t(e)] = 0;
+        misses += !lru[std::size_t(l)].access(e);
+        sd[std::size_t(l)].access(e);
+        profile_sd[std::size_t(l)].access(e);
+      }
+      res.accesses += distinct.size();
+    }
+    for (const auto& [i, n] : batch) {
+      Seq& q = running[std::size_t(i)];
+      res.recompute_tokens +=
+          std::uint64_t(std::max(0, std::min(q.computed + n, q.high_water) - q.computed));
+      q.computed += n;
+      q.high_water = std::max(q.high_water, q.computed);
+      tokens += n;
+    }
+    res.misses += misses;
+    ++res.steps;
+    now += cfg.step_base_s + cfg.token_s * tokens +
+           double(misses) * double(cfg.expert_bytes) / cfg.link_bytes_per_s;
+    // Sampling: a sequence whose every token is computed emits one.
+    for (Seq& q : running) {
+      if (q.computed != q.tokens()) continue;
+      ++q.generated;
+      ++res.generated;
+      if (!q.first) {
+        q.first = true;
+        ttft_sum += now - q.arrival_s;
+        ++turns_done;
+      }
+    }
+    for (std::size_t i = 0; i < running.size();) {
+      Seq& q = running[i];
+      if (q.generated < q.output) {
+        ++i;
+        continue;
+      }
+      free_blocks += q.blocks;
+      if (q.turn + 1 < static_cast<int>(w.turns(q.session).size())) {
+        arrivals.push_back({now + ws.think_s, {q.session, q.turn + 1}});
+      }
+      running.erase(running.begin() + std::ptrdiff_t(i));
+    }
+  }
+  res.total_s = now;
+  res.mean_ttft_s = turns_done ? ttft_sum / double(turns_done) : 0.0;
+  res.decode_tokens_per_s = now > 0 ? double(res.generated) / now : 0.0;
+  res.final_split = split;
+  // The whole run's curves (not aged) and demand, per step: the offline configurator's input.
+  res.profile = make_problem(model, profile_sd, profile_steps, profile_kv);
+  return res;
+}
+
+}  // namespace ferry::serve::wsa

@@ -1,0 +1,66 @@
+// SPDX-License-Identifier: Apache-2.0
+// A trace-driven simulator of the serving loop that compares ways of splitting one budget between
+// expert slots and KV blocks on the same workload (serve.md MV-WSA; `ferry bench serve-split`).
+// It runs the engine's scheduler (engine.h with kv_preempt: FIFO admission of what is computed,
+// block-by-block growth, youngest-first preemption and recompute; decode tokens first, then
+// prompt chunks up to max_batch_tokens) over an AgenticWorkload, with one LRU expert cache per
+// MoE layer at the split's caps, and charges each step a modelled time:
+//   step_s = step_base_s + token_s * tokens + misses * expert_bytes / link_bytes_per_s
+// (misses: per layer, the step's distinct experts in first-use order through that layer's LRU --
+// one pager acquire per layer and step). Nothing here is measured on a GPU: the three constants
+// are inputs, and every figure it prints is a model output.
+// Policies: a fixed split, or live (LiveSplit's rule: Mattson curves + KV demand samples, the
+// SplitController every decide_every_steps steps; shrinking evicts LRU-last experts, KV never
+// below the blocks in use or the largest waiting request).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/result.h"
+#include "serve/wsa/agentic_workload.h"
+#include "serve/wsa/demand.h"
+#include "serve/wsa/split_controller.h"
+
+namespace ferry::serve::wsa {
+
+struct SimConfig {
+  std::size_t expert_bytes = 0;        // one expert (gate+up+down)
+  std::size_t kv_bytes_per_token = 0;  // K and V of every layer
+  int block_tokens = 16;
+  std::size_t budget_bytes = 0;  // experts + KV (the total budget minus dense weights, workspace)
+  int max_running = 4;
+  int max_batch_tokens = 512;
+  int kv_floor_blocks = 0;  // concurrency x max context, in blocks
+  double link_bytes_per_s = 24e9;
+  double step_base_s = 5e-3;
+  double token_s = 1e-4;
+  // live policy
+  int decide_every_steps = 16;
+  double age_factor = 0.5;
+  ControllerConfig controller;
+  std::size_t kv_block_bytes() const { return kv_bytes_per_token * std::size_t(block_tokens); }
+  double kv_block_cost_s() const { return token_s * block_tokens; }
+};
+
+struct SimResult {
+  double total_s = 0;              // end to end
+  double mean_ttft_s = 0;          // turn arrival -> first token
+  double decode_tokens_per_s = 0;  // generated tokens / total_s
+  std::uint64_t steps = 0, misses = 0, accesses = 0, preemptions = 0, recompute_tokens = 0;
+  std::uint64_t generated = 0, moves = 0;
+  double hit_rate() const { return accesses ? 1.0 - double(misses) / double(accesses) : 0.0; }
+  Split final_split;
+  // Profile for the offline configurator: per-step curves and KV demand samples of this run.
+  SplitProblem profile;
+};
+
+// Runs the workload under a fixed split (live = false) or from `start` under the live controller.
+Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const Split& start,
+                           bool live);
+// The problem skeleton (budget, sizes, floor, costs) for this config; curves empty.
+SplitProblem sim_problem(const SimConfig& cfg, int moe_layers, int experts, int top_k);
+
+}  // namespace ferry::serve::wsa

@@ -1,0 +1,308 @@
+// SPDX-License-Identifier: Apache-2.0
+// MV-WSA while serving (serve/wsa/live_split.h) on the built-in MoE:
+//   - an engine under LiveSplit (automatic decisions every few steps, plus forced resizes up and
+//     down: all experts, top-k only, uneven caps, a KV pool shrunk so used blocks must move)
+//     produces the same tokens and bit-identical logits as a fixed-split engine, finishes every
+//     request by length, and never holds more than the budget or less than the KV floor;
+//   - with on-demand KV and preemption, a pool too small for every request at once preempts and
+//     recomputes, yet the tokens equal an unconstrained run (logits within the f32 GEMM noise of a
+//     different batch, as in engine_test's batching check), and no request is lost;
+//   - pager and KV resize units: budget accounting, eviction of only resident experts, block
+//     moves keep the K/V rows.
+#include <array>
+#include <cmath>
+#include <cstring>
+
+#include "serve/builtin_model.h"
+#include "serve/wsa/live_split.h"
+#include "serve_test_util.h"
+
+namespace ferry::serve {
+namespace {
+
+std::unique_ptr<BuiltinModel> builtin() {
+  auto m = make_builtin_moe({.layers = 2,
+                             .hidden = 64,
+                             .heads = 4,
+                             .kv_heads = 2,
+                             .head_dim = 16,
+                             .experts = 8,
+                             .top_k = 2,
+                             .expert_width = 32},
+                            23);
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  return m.ok() ? std::move(*m) : nullptr;
+}
+
+std::vector<GenerationRequest> requests() {
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<std::int32_t> p;
+    for (int j = 0; j < 6 + 5 * i; ++j) p.push_back((j * 37 + i * 11 + 5) % 256);
+    reqs.push_back({.prompt = p, .max_new_tokens = 10 + i});
+  }
+  reqs[2].sampling = {.temperature = 0.8f, .top_k = 20, .seed = 99};
+  return reqs;
+}
+
+constexpr int kBlockTokens = 4;
+
+EngineConfig base_config() {
+  EngineConfig cfg;
+  cfg.pager.mode = ExpertMode::kPaged;
+  cfg.max_batch_tokens = 24;
+  cfg.max_running = 3;
+  return cfg;
+}
+
+struct Run {
+  testing::RunRecord rec;
+  std::vector<FinishReason> finish;
+};
+
+// Steps until idle, calling `at_step(step)` before each step; records tokens, logits, finishes.
+Result<Run> run(Engine& eng, const std::vector<GenerationRequest>& reqs,
+                const std::function<void(int)>& at_step = {}) {
+  Run r;
+  eng.set_logits_observer([&r](RequestId id, int, std::span<const float> row) {
+    r.rec.logits[id].emplace_back(row.begin(), row.end());
+  });
+  std::vector<RequestId> ids;
+  for (const auto& q : reqs) {
+    FERRY_ASSIGN_OR_RETURN(RequestId id, eng.submit(q));
+    ids.push_back(id);
+  }
+  for (int step = 0; !eng.idle(); ++step) {
+    if (at_step) at_step(step);
+    FERRY_TRY(eng.step().status());
+  }
+  for (RequestId id : ids) {
+    FERRY_ASSIGN_OR_RETURN(RequestOutput out, eng.take_output(id));
+    r.rec.tokens[id] = out.tokens;
+    r.finish.push_back(out.finish);
+  }
+  eng.set_logits_observer(nullptr);
+  return r;
+}
+
+TEST(WsaLive, ResizingWhileServingKeepsOutputsBitIdentical) {
+  auto m = builtin();
+  ASSERT_TRUE(m);
+  const auto reqs = requests();
+  // The fixed split: 4 of 8 experts per layer, KV for every request at once.
+  EngineConfig fixed_cfg = base_config();
+  fixed_cfg.pager.slots_per_layer = 4;
+  auto fixed = Engine::create(m->geometry, m->params, fixed_cfg);
+  ASSERT_TRUE(fixed.ok()) << fixed.status().to_string();
+  const std::size_t eb = (*fixed)->experts().store()->expert_bytes();
+  fixed_cfg.kv = {.block_tokens = kBlockTokens, .budget_bytes = 0};
+  // Sized after the block size is known: 40 blocks hold all six requests' whole reservations.
+  auto probe =
+      KvCache::create(m->geometry, {.block_tokens = kBlockTokens, .budget_bytes = 1 << 20});
+  ASSERT_TRUE(probe.ok());
+  const std::size_t kb = (*probe)->block_bytes();
+  fixed_cfg.kv.budget_bytes = 40 * kb;
+  fixed = Engine::create(m->geometry, m->params, fixed_cfg);
+  ASSERT_TRUE(fixed.ok()) << fixed.status().to_string();
+  auto want = run(**fixed, reqs);
+  ASSERT_TRUE(want.ok()) << want.status().to_string();
+
+  // The live engine: one budget of 2 x 8 slots + 40 blocks, starting from 3 slots per layer.
+  const std::size_t budget = 2 * 8 * eb + 40 * kb;
+  EngineConfig live_cfg = base_config();
+  live_cfg.pager.slots_per_layer = 3;
+  live_cfg.pager.resizable = true;
+  live_cfg.kv = {.block_tokens = kBlockTokens,
+                 .budget_bytes = budget - 2 * 3 * eb,
+                 .max_budget_bytes = budget};
+  live_cfg.device_budget_bytes = budget;
+  auto live = Engine::create(m->geometry, m->params, live_cfg);
+  ASSERT_TRUE(live.ok()) << live.status().to_string();
+  // Floor 3 x 11 blocks: at least the three largest requests' reservations (31 blocks), so
+  // admission never waits on the KV pool and the schedule -- hence every batch -- is the fixed
+  // run's; what changes is only where experts and blocks live.
+  auto ls = wsa::LiveSplit::attach(**live, {.budget_bytes = budget,
+                                            .concurrency = 3,
+                                            .max_context_tokens = 44,
+                                            .decide_every_steps = 3,
+                                            .link_bytes_per_s = 1e9});
+  ASSERT_TRUE(ls.ok()) << ls.status().to_string();
+  Engine& eng = **live;
+  auto got = run(eng, reqs, [&](int step) {
+    switch (step) {
+      case 2:  // all experts resident, the KV pool at the rest of the budget
+        (*ls)->force({.slots = {8, 8}, .kv_blocks = 40});
+        break;
+      case 5:  // top-k only
+        (*ls)->force({.slots = {2, 2}, .kv_blocks = 40});
+        break;
+      case 8:  // uneven caps
+        (*ls)->force({.slots = {7, 2}, .kv_blocks = 40});
+        break;
+      case 11:  // KV down to the floor
+        (*ls)->force({.slots = {2, 6}, .kv_blocks = 33});
+        break;
+      default:
+        break;
+    }
+  });
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_EQ(got->rec.tokens, want->rec.tokens);
+  ASSERT_EQ(got->rec.logits.size(), want->rec.logits.size());
+  for (const auto& [id, rows] : want->rec.logits) {
+    ASSERT_EQ(got->rec.logits.at(id).size(), rows.size()) << id;
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      EXPECT_TRUE(testing::same_bits(got->rec.logits.at(id)[r], rows[r])) << id << " " << r;
+    }
+  }
+  for (FinishReason f : got->finish) EXPECT_EQ(f, FinishReason::kLength);
+  const auto& st = (*ls)->stats();
+  EXPECT_EQ(st.forced, 4u);
+  EXPECT_EQ(st.refused, 0u);
+  EXPECT_EQ((*ls)->kv_floor_blocks(), 33);
+  EXPECT_GT(st.decisions, 0u);
+  EXPECT_LE(st.max_bytes, budget);
+  EXPECT_GE(st.min_kv_blocks, (*ls)->kv_floor_blocks());
+  EXPECT_LE(eng.device_budget().bytes_peak(), budget);
+  const PagerCounters& pc = eng.experts().pager()->counters();
+  EXPECT_GE(pc.resizes, 4u);
+  EXPECT_GT(pc.resize_evictions, 0u) << "no shrink evicted anything: the test lost its teeth";
+}
+
+TEST(WsaLive, PreemptionRecomputesAndKeepsTokens) {
+  auto m = builtin();
+  ASSERT_TRUE(m);
+  const auto reqs = requests();
+  EngineConfig roomy = base_config();
+  roomy.pager.slots_per_layer = 4;
+  roomy.kv = {.block_tokens = kBlockTokens, .budget_bytes = 8 << 20};
+  auto a = Engine::create(m->geometry, m->params, roomy);
+  ASSERT_TRUE(a.ok());
+  auto want = run(**a, reqs);
+  ASSERT_TRUE(want.ok()) << want.status().to_string();
+
+  EngineConfig tight = roomy;
+  tight.kv_preempt = true;
+  auto probe =
+      KvCache::create(m->geometry, {.block_tokens = kBlockTokens, .budget_bytes = 1 << 20});
+  ASSERT_TRUE(probe.ok());
+  // The largest request needs 12 blocks; 14 cannot hold three growing requests at once.
+  tight.kv.budget_bytes = 14 * (*probe)->block_bytes();
+  auto b = Engine::create(m->geometry, m->params, tight);
+  ASSERT_TRUE(b.ok());
+  auto got = run(**b, reqs);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_GT((*b)->stats().preemptions, 0u);
+  EXPECT_GT((*b)->stats().recompute_tokens, 0u);
+  EXPECT_EQ(got->rec.tokens, want->rec.tokens);
+  for (FinishReason f : got->finish) EXPECT_EQ(f, FinishReason::kLength);
+  for (const auto& [id, rows] : want->rec.logits) {
+    ASSERT_EQ(got->rec.logits.at(id).size(), rows.size());
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      for (std::size_t v = 0; v < rows[r].size(); ++v) {
+        ASSERT_NEAR(got->rec.logits.at(id)[r][v], rows[r][v], 1e-4 * (1 + std::fabs(rows[r][v])));
+      }
+    }
+  }
+}
+
+TEST(WsaLive, KvResizeMovesUsedBlocksWithTheirRows) {
+  auto m = builtin();
+  ASSERT_TRUE(m);
+  auto probe =
+      KvCache::create(m->geometry, {.block_tokens = kBlockTokens, .budget_bytes = 1 << 20});
+  ASSERT_TRUE(probe.ok());
+  const std::size_t kb = (*probe)->block_bytes();
+  mem::MemoryBudget shared(cpu_engine_pool_tier(), 10 * kb);
+  auto kv = KvCache::create(
+      m->geometry,
+      {.block_tokens = kBlockTokens, .budget_bytes = 8 * kb, .max_budget_bytes = 16 * kb}, &shared);
+  ASSERT_TRUE(kv.ok()) << kv.status().to_string();
+  KvCache& c = **kv;
+  EXPECT_EQ(c.num_blocks(), 8);
+  EXPECT_EQ(c.capacity_blocks(), 16);
+  EXPECT_EQ(shared.bytes_used(), 8 * kb);
+  BlockTable a, b;
+  ASSERT_TRUE(c.reserve(a, 5 * kBlockTokens).ok());
+  ASSERT_TRUE(c.reserve(b, 3 * kBlockTokens).ok());
+  c.release(a);  // b holds blocks 5..7: the top of the pool
+  const int row = 2 * 16;
+  for (int l = 0; l < 2; ++l) {
+    for (int p = 0; p < 3 * kBlockTokens; ++p) {
+      for (int i = 0; i < row; ++i) c.k_row(l, b, p)[i] = float(l * 1000 + p * 10 + i);
+    }
+  }
+  std::vector<BlockTable*> tables = {&b};
+  EXPECT_FALSE(c.resize(2, tables).ok());   // below the 3 in use
+  EXPECT_FALSE(c.resize(11, tables).ok());  // the shared budget holds 10
+  EXPECT_EQ(c.num_blocks(), 8);
+  ASSERT_TRUE(c.resize(3, tables).ok());
+  EXPECT_EQ(shared.bytes_used(), 3 * kb);
+  EXPECT_EQ(c.blocks_moved(), 3u);
+  for (std::int32_t blk : b.blocks) EXPECT_LT(blk, 3);
+  for (int l = 0; l < 2; ++l) {
+    for (int p = 0; p < 3 * kBlockTokens; ++p) {
+      for (int i = 0; i < row; ++i) {
+        ASSERT_EQ(c.k_row(l, b, p)[i], float(l * 1000 + p * 10 + i)) << l << " " << p;
+      }
+    }
+  }
+  EXPECT_EQ(c.free_blocks(), 0);
+  ASSERT_TRUE(c.resize(10, tables).ok());
+  EXPECT_EQ(c.free_blocks(), 7);
+  EXPECT_EQ(shared.bytes_used(), 10 * kb);
+}
+
+TEST(WsaLive, PagerResizeEvictsOnlyResidentExpertsAndKeepsBudget) {
+  auto m = builtin();
+  ASSERT_TRUE(m);
+  auto store = ExpertStore::create(m->geometry, m->params);
+  ASSERT_TRUE(store.ok());
+  const std::size_t eb = (*store)->expert_bytes();
+  mem::MemoryBudget shared(cpu_engine_pool_tier(), 12 * eb);
+  auto p = ExpertPager::create(
+      **store, {.caps = {4, 4}, .max_caps = {8, 8}, .hot = {{6}, {}}, .shared = &shared});
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  ExpertPager& pg = **p;
+  EXPECT_EQ(shared.bytes_used(), 8 * eb);
+  std::vector<ExpertRef> refs(3);
+  for (std::vector<std::int32_t> ids :
+       {std::vector<std::int32_t>{0, 1, 2}, std::vector<std::int32_t>{3, 1, 2}}) {
+    ASSERT_TRUE(pg.acquire(0, ids, refs).ok());
+    pg.release(0);
+  }
+  // Layer 0 holds hot 6 and 3, 1, 2 (0 was evicted). Shrink to 2: only 6 and the most recent
+  // survive, in slots below 2, with their bytes intact.
+  const std::array<int, 2> small = {2, 4};
+  ASSERT_TRUE(pg.resize(small).ok());
+  EXPECT_EQ(pg.capacity(0), 2);
+  EXPECT_EQ(shared.bytes_used(), 6 * eb);
+  int hot_found = 0;
+  for (int s = 0; s < 2; ++s) {
+    const int e = pg.expert_in(0, s);
+    ASSERT_GE(e, 0);
+    hot_found += e == 6;
+    // A survivor is a hit and its slot holds its bytes (moved ones were copied whole).
+    const std::uint64_t misses = pg.counters().misses;
+    std::vector<ExpertRef> one(1);
+    ASSERT_TRUE(pg.acquire(0, std::vector<std::int32_t>{e}, one).ok());
+    pg.release(0);
+    EXPECT_EQ(pg.counters().misses, misses);
+    EXPECT_EQ(std::memcmp(one[0].gate, (*store)->block(0, e), eb), 0) << "expert " << e;
+  }
+  EXPECT_EQ(hot_found, 1);
+  const std::array<int, 2> hot_only = {1, 4};  // cap must exceed the hot count
+  EXPECT_FALSE(pg.resize(hot_only).ok());
+  const std::array<int, 2> big = {8, 5};  // 13 slots > the shared 12
+  EXPECT_FALSE(pg.resize(big).ok());
+  EXPECT_EQ(pg.capacity(0), 2);
+  const std::array<int, 2> fits = {8, 4};
+  ASSERT_TRUE(pg.resize(fits).ok());
+  EXPECT_EQ(shared.bytes_used(), 12 * eb);
+  std::vector<ExpertRef> r5(5);
+  ASSERT_TRUE(pg.acquire(0, std::vector<std::int32_t>{0, 1, 2, 3, 4}, r5).ok());
+  pg.release(0);
+}
+
+}  // namespace
+}  // namespace ferry::serve
