@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // `ferry train --executor stream` end to end on the tiny embedded model: the same losses and the
 // same exported weights as the in-memory executor; a run resumed from a checkpoint written by
-// the stream executor reproduces the uninterrupted run exactly; a batch over the device budget
-// is refused before training starts.
+// the stream executor reproduces the uninterrupted run exactly; a plan file drives it; three
+// non-finite steps in a row stop it; a batch over the device budget is refused before training
+// starts.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -94,6 +95,22 @@ TEST(StreamTrainer, RunsThePolicyOfAPlanFile) {
   EXPECT_EQ(ra->losses, rb->losses);
   c.executor = Executor::kMemory;
   EXPECT_FALSE(run_training(c).ok());  // --plan needs the stream executor
+}
+
+TEST(StreamTrainer, ThreeNonFiniteStepsStop) {
+  const std::string out = testing::temp_dir("st_nonfinite");
+  TrainConfig c = stream_config(out);
+  c.lr = 1e30;  // the first update sends every weight to ~1e30: the next forwards overflow
+  c.warmup_steps = 0;
+  c.schedule = LrSchedule::kConstant;
+  c.adamw.weight_decay = 0.0;
+  c.grad_accum = 1;
+  c.max_steps = 10;
+  auto r = run_training(c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("stopping at step 4: 3 consecutive steps had non-finite"),
+            std::string::npos)
+      << r.status().to_string();
 }
 
 TEST(StreamTrainer, BatchOverTheDeviceBudgetIsRefusedBeforeTraining) {
