@@ -30,6 +30,7 @@
 #include "plan/profile.h"
 #include "plan/report.h"
 #include "plan/search.h"
+#include "train/optim/optim_modes.h"
 
 namespace ferry::app {
 namespace {
@@ -48,6 +49,8 @@ struct PlanConfig {
   int max_span = 4;
   int max_batch = 512;
   double host_state_bytes_per_param = 16;
+  std::string master;            // with optimizer_states: host bytes/param from the optimizer mode
+  std::string optimizer_states;  // (train/optim/optim_modes.h) instead of a number
   std::string profile;  // explicit profile; else the cached one for machine + geometry, if any
   std::string machine = "h200";
   double link_gbps = 0;  // > 0: override the link (h2d = d2h = X, duplex 1.8X, loaded 1.5X)
@@ -220,9 +223,33 @@ Status run_measure_machine(const PlanConfig& c) {
   return ok_status();
 }
 
-Status run_plan_status() {
-  const PlanConfig& c = plan_config();
+// --master / --optimizer-states -> host state bytes per parameter of the streaming arena (bf16
+// gradients), the number `ferry train` prints for the same flags.
+Status resolve_host_state(PlanConfig& c, bool explicit_bytes) {
+  if (c.master.empty() && c.optimizer_states.empty()) return ok_status();
+  if (explicit_bytes) {
+    return invalid_argument(
+        "plan: give --host-state-bytes-per-param or --master/--optimizer-states, not both");
+  }
+  train::OptimMode mode;
+  if (!c.master.empty()) {
+    FERRY_ASSIGN_OR_RETURN(mode.master, train::parse_master_weights(c.master));
+  }
+  if (!c.optimizer_states.empty()) {
+    FERRY_ASSIGN_OR_RETURN(mode.states, train::parse_optimizer_states(c.optimizer_states));
+  }
+  const train::HostBytesPerParam b = train::host_bytes_per_param(mode, DType::kBF16);
+  c.host_state_bytes_per_param = b.total();
+  log::get("plan")->info(
+      "host state {:.3f} bytes/param ({}: weights {:g} + master {:g} + states {:.3f} + grads {:g})",
+      b.total(), train::describe(mode), b.weights, b.master, b.states, b.grads);
+  return ok_status();
+}
+
+Status run_plan_status(bool explicit_bytes) {
+  PlanConfig& c = plan_config();
   if (c.measure_machine) return run_measure_machine(c);
+  FERRY_TRY(resolve_host_state(c, explicit_bytes));
   if (!c.nvme_dir.empty() && !std::filesystem::is_directory(c.nvme_dir)) {
     return not_found("plan: --nvme-dir {} is not a directory", c.nvme_dir);
   }
@@ -261,8 +288,10 @@ Status run_plan_status() {
   return ok_status();
 }
 
+bool g_explicit_host_bytes = false;
+
 int run_plan() {
-  const Status s = run_plan_status();
+  const Status s = run_plan_status(g_explicit_host_bytes);
   return s.ok() ? 0 : fail(s);
 }
 
@@ -298,6 +327,11 @@ void register_plan(CLI::App& app, CommandFn& run) {
   cmd->add_option("--host-state-bytes-per-param", c.host_state_bytes_per_param,
                   "host bytes per parameter of model state (16: fp32 master + fp32 AdamW)")
       ->check(CLI::Range(2.0, 64.0));
+  cmd->add_option("--master", c.master,
+                  "master weights fp32|bf16-kahan|bf16-sr: sets the host bytes/param (with "
+                  "--optimizer-states) as ferry train would use them");
+  cmd->add_option("--optimizer-states", c.optimizer_states,
+                  "AdamW states fp32|8bit (see --master)");
   cmd->add_option("--profile", c.profile, "measured cost profile JSON (docs/plan.md)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--machine", c.machine, "machine name for defaults and the profile cache");
@@ -315,6 +349,7 @@ void register_plan(CLI::App& app, CommandFn& run) {
                   "write with --measure-machine");
   cmd->callback([&run, cmd] {
     run = run_plan;
+    g_explicit_host_bytes = cmd->count("--host-state-bytes-per-param") > 0;
     if (plan_config().measure_machine) return;
     if (!plan_config().compare && cmd->count("--gpu-mem-gb") == 0) {
       throw CLI::RequiredError("--gpu-mem-gb");

@@ -52,6 +52,17 @@ set +e
 [ "$rc" -eq 1 ] && grep -q "no built-in geometry" "$TMP/err" || { echo "bad geometry: rc=$rc"; exit 1; }
 set -e
 
+# The optimizer mode sets the host state per parameter (the arena ferry train would build).
+"$FERRY" "${base[@]}" --batch-size 8 --gpu-mem-gb 24 --no-policies --master bf16-kahan \
+  --optimizer-states 8bit > /dev/null 2> "$TMP/err" || { echo "mode plan failed"; cat "$TMP/err"; exit 1; }
+grep -q "host state 8.004 bytes/param (master=bf16-kahan states=8bit" "$TMP/err" ||
+  { echo "no host-state line"; cat "$TMP/err"; exit 1; }
+set +e
+"$FERRY" "${base[@]}" --batch-size 8 --gpu-mem-gb 24 --master fp32 --host-state-bytes-per-param 12 \
+  > /dev/null 2> "$TMP/err"; rc=$?
+set -e
+[ "$rc" -eq 1 ] && grep -q "not both" "$TMP/err" || { echo "mode + bytes: rc=$rc"; cat "$TMP/err"; exit 1; }
+
 # --measure-machine writes a machine profile (the cache for --machine by default); a plan for
 # that machine then uses it and says so.
 "$FERRY" plan --measure-machine --geometry qwen2.5-0.5b --machine testbox --nvme-dir "$TMP/nvme" \
