@@ -170,8 +170,8 @@ Status LtGemm::tune(Entry* e, const void* a, const void* b, void* out, void* ws,
     bool ok = true;
     for (int r = 0; r < kTimedReps && ok; ++r) {
       FERRY_CUDA_TRY(cudaEventRecord(start.get(), stream));
-      ok = cublasLtMatmul(handle_, e->op, &alpha, b, e->la, a, e->lb, &beta, out, e->lc, out,
-                          e->lc, &algo, ws, kWorkspaceBytes, stream) == CUBLAS_STATUS_SUCCESS;
+      ok = cublasLtMatmul(handle_, e->op, &alpha, b, e->la, a, e->lb, &beta, out, e->lc, out, e->lc,
+                          &algo, ws, kWorkspaceBytes, stream) == CUBLAS_STATUS_SUCCESS;
       FERRY_CUDA_TRY(cudaEventRecord(stop.get(), stream));
       FERRY_CUDA_TRY(cudaEventSynchronize(stop.get()));
       FERRY_CUDA_TRY(cudaEventElapsedTime(&reps[r], start.get(), stop.get()));
