@@ -103,6 +103,9 @@ void register_route_agent(CLI::App& app, CommandFn& run) {
       ->check(CLI::Range(0.0, 1e4));
   cmd->add_option("--frame-bytes", a.frame_bytes, "emulated upload bytes per offloaded frame")
       ->check(CLI::Range(0, 16 << 20));
+  cmd->add_flag_function(
+      "--json-upload", [&a](std::int64_t) { a.binary_upload = false; },
+      "send the pixels as KServe JSON numbers instead of the binary tensor extension");
   cmd->add_option("--feedback-gain", a.feedback_gain, "controller gain (0 = auto)")
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--records", c->records, "records folder (default: synthetic generator)")

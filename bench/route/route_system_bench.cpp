@@ -41,6 +41,8 @@ using Clock = std::chrono::steady_clock;
 // cpp-httplib's POST request line and headers for /v2/models/strong/infer: measured through the
 // proxy as 58,866 B uplink per request (321 requests) against a 58,702 B JSON body.
 constexpr double kHttpRequestHeaderBytes = 164;
+// The binary request adds "Inference-Header-Content-Length: N" and a longer Content-Type.
+constexpr double kBinaryExtraHeaderBytes = 44;
 
 std::string cpu_model() {
   std::ifstream f("/proc/cpuinfo");
@@ -140,6 +142,7 @@ struct WanConfig {
   int server_threads = 0;  // 0 = the server's default
   int concurrency = 32;    // agent offload workers
   std::string trace_dir;   // per-run CSV timelines (agent, proxy, server) when set
+  bool binary_upload = true;
 };
 
 // Writes the three timelines of one WAN run, times in ms since the run's first frame arrival.
@@ -212,11 +215,14 @@ Json bench_wan(const route::RecordSet& all, const route::TuneResult& tuned, bool
       o.weak_ms = weak_ms;
       o.frame_bytes = static_cast<std::size_t>(frame_kib * 1024);
       o.concurrency = cfg.concurrency;
+      o.binary_upload = cfg.binary_upload;
       o.frames = quick ? 120 : 400;
       auto s = route::run_agent(test, *r, o, nullptr);
       if (!s.ok()) return Json{{"error", s.status().to_string()}};
       const char* name = r == &tuned.router ? "paper_rule" : "cost_aware";
-      write_traces(cfg.trace_dir, fmt::format("{}_rho{:.1f}", name, rho), *s, wan, server);
+      write_traces(cfg.trace_dir,
+                   fmt::format("{}{}_rho{:.1f}", cfg.binary_upload ? "" : "json_", name, rho), *s,
+                   wan, server);
       const std::string placement(route::to_string(r->table.placement(rho)));
       row[name] = Json{{"placement", placement},
                        {"map_pooled11", s->ap_produced},
@@ -283,24 +289,38 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", all.status().to_string().c_str());
     return 1;
   }
-  // The network term uses the bytes one offload really puts on the uplink: the KServe v2 JSON
-  // body the agent sends (UINT8 pixels as decimal numbers, ~3.6 bytes each) plus its HTTP
-  // request line and headers.
-  const std::size_t body_bytes =
-      route::kserve::encode_frame_request("edge-0-100", 100, 16 * 1024, "edge-0", 20).size();
-  const double wire_bytes = static_cast<double>(body_bytes) + kHttpRequestHeaderBytes;
-  std::printf("upload per offload: %zu B JSON body + ~%.0f B HTTP header for 16384 B of pixels\n",
-              body_bytes, kHttpRequestHeaderBytes);
-  report["upload_bytes_per_offload"] = wire_bytes;
-  route::ReplayOptions ro;
-  ro.cost = {24.695, 44.124, 3.079, 0, 4.49, 280.37, 0.153, {80, 20, wire_bytes, 0}};
-  auto tuned = route::tune_router(all->subset("calib"), "skip", "cond", ro, 0.001);
-  if (!tuned.ok()) {
-    std::fprintf(stderr, "%s\n", tuned.status().to_string().c_str());
-    return 1;
+  // The network term uses the bytes one offload really puts on the uplink: the request body (the
+  // KServe binary tensor extension: JSON header + 1 byte per pixel; or, as the baseline, pixels as
+  // JSON numbers, ~3.6 bytes each) plus its HTTP request line and headers.
+  const std::size_t px = 16 * 1024;
+  const double binary_bytes = static_cast<double>(route::kserve::encode_frame_request_binary(
+                                                      "edge-0-100", 100, px, "edge-0", 20)
+                                                      .body.size()) +
+                              kHttpRequestHeaderBytes + kBinaryExtraHeaderBytes;
+  const double json_bytes =
+      static_cast<double>(
+          route::kserve::encode_frame_request("edge-0-100", 100, px, "edge-0", 20).size()) +
+      kHttpRequestHeaderBytes;
+  std::printf("upload per offload (16384 B of pixels): binary %.0f B, JSON %.0f B (ratio %.2f)\n",
+              binary_bytes, json_bytes, json_bytes / binary_bytes);
+  report["upload_bytes_per_offload"] = Json{{"binary", binary_bytes}, {"json", json_bytes}};
+  for (const bool binary : {true, false}) {
+    route::ReplayOptions ro;
+    ro.cost = {24.695, 44.124, 3.079, 0,
+               4.49,   280.37, 0.153, {80, 20, binary ? binary_bytes : json_bytes, 0}};
+    auto tuned = route::tune_router(all->subset("calib"), "skip", "cond", ro, 0.001);
+    if (!tuned.ok()) {
+      std::fprintf(stderr, "%s\n", tuned.status().to_string().c_str());
+      return 1;
+    }
+    if (binary && !wan_only)
+      report["agent_throughput"] = bench_throughput(*all, tuned->router, quick);
+    WanConfig w = wan;
+    w.binary_upload = binary;
+    std::printf("# upload: %s\n", binary ? "binary tensor extension" : "JSON numbers (baseline)");
+    report[binary ? "wan_cost_aware_vs_paper_rule" : "wan_json_upload_baseline"] =
+        bench_wan(*all, *tuned, quick, w);
   }
-  if (!wan_only) report["agent_throughput"] = bench_throughput(*all, tuned->router, quick);
-  report["wan_cost_aware_vs_paper_rule"] = bench_wan(*all, *tuned, quick, wan);
   if (!json_path.empty()) {
     std::ofstream(json_path) << report.dump(2) << "\n";
     std::printf("# wrote %s\n", json_path.c_str());

@@ -272,10 +272,20 @@ class Agent {
     cli.set_timeout_ms(left_ms);
     const std::string id = fmt::format("{}-{}", o_.client, i);
     const int frame = split_.frames[i];
-    const std::string body =
-        kserve::encode_frame_request(id, frame, o_.frame_bytes, o_.client, o_.fps);
-    s.send_ns = now_ns();
-    Result<HttpReply> r = cli.post(path, body);
+    // The body is built before send_ns, so the trace's send time is when the bytes start to go.
+    Result<HttpReply> r = [&]() -> Result<HttpReply> {
+      if (o_.binary_upload) {
+        kserve::BinaryRequest b =
+            kserve::encode_frame_request_binary(id, frame, o_.frame_bytes, o_.client, o_.fps);
+        s.send_ns = now_ns();
+        return cli.post(path, b.body, "application/octet-stream",
+                        {{kserve::kHeaderLengthHeader, std::to_string(b.header_length)}});
+      }
+      const std::string body =
+          kserve::encode_frame_request(id, frame, o_.frame_bytes, o_.client, o_.fps);
+      s.send_ns = now_ns();
+      return cli.post(path, body);
+    }();
     s.reply_ns = now_ns();
     if (r.ok()) s.http_status = r->status;
     if (!r.ok()) {

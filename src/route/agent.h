@@ -42,6 +42,7 @@ struct AgentOptions {
   int concurrency = 8;             // offload worker threads
   double weak_ms = 0;              // emulated weak-detector time per frame
   std::size_t frame_bytes = 4096;  // emulated upload: UINT8 pixels per offloaded frame
+  bool binary_upload = true;       // KServe binary tensor extension; false = pixels as JSON numbers
   double feedback_gain = 0;        // 0 = auto: the smallest η that holds ±0.01 over the run
   double rho_poll_ms = 250;        // auto: metadata poll period
 };

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -203,7 +204,19 @@ struct DetectionServer::Impl {
   void infer(const httplib::Request& req, httplib::Response& res) {
     const auto t0 = Clock::now();
     if (!check_model(req, res)) return;
-    Result<kserve::FrameRequest> fr = kserve::decode_frame_request(req.body);
+    std::int64_t header_length = -1;  // binary tensor extension when the header is present
+    if (req.has_header(kserve::kHeaderLengthHeader)) {
+      const std::string v = req.get_header_value(kserve::kHeaderLengthHeader);
+      char* end = nullptr;
+      const long long n = std::strtoll(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || n < 0) {
+        reply_error(res, 400,
+                    fmt::format("route server: bad {} '{}'", kserve::kHeaderLengthHeader, v));
+        return;
+      }
+      header_length = n;
+    }
+    Result<kserve::FrameRequest> fr = kserve::decode_frame_request(req.body, header_length);
     if (!fr.ok()) {
       reply_error(res, 400, fr.status().message());
       return;
@@ -240,7 +253,8 @@ struct DetectionServer::Impl {
                reply(res, 200, R"({"ready":true})");
              }));
     http.Get("/v2", guard([this](const httplib::Request&, httplib::Response& res) {
-               reply(res, 200, R"({"name":"ferry-route","version":"1","extensions":[]})");
+               reply(res, 200,
+                     R"({"name":"ferry-route","version":"1","extensions":["binary_tensor_data"]})");
              }));
     http.Get(R"(/v2/models/([^/]+))",
              guard([this](const httplib::Request& q, httplib::Response& s) { metadata(q, s); }));

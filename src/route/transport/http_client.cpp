@@ -93,9 +93,11 @@ Result<HttpReply> HttpClient::get(const std::string& path) {
 }
 
 Result<HttpReply> HttpClient::post(const std::string& path, const std::string& body,
-                                   const std::string& content_type) {
+                                   const std::string& content_type,
+                                   const std::map<std::string, std::string>& headers) {
   try {
-    return to_reply(impl_->cli.Post(path, body, content_type), impl_->ep, path);
+    httplib::Headers h(headers.begin(), headers.end());
+    return to_reply(impl_->cli.Post(path, h, body, content_type), impl_->ep, path);
   } catch (const std::exception& e) {
     return internal_error("route: POST {}: {}", path, e.what());
   }

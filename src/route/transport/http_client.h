@@ -45,7 +45,8 @@ class HttpClient {
   void set_timeout_ms(double timeout_ms);  // connect, read and write each
   Result<HttpReply> get(const std::string& path);
   Result<HttpReply> post(const std::string& path, const std::string& body,
-                         const std::string& content_type = "application/json");
+                         const std::string& content_type = "application/json",
+                         const std::map<std::string, std::string>& headers = {});
 
  private:
   struct Impl;

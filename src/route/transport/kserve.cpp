@@ -45,31 +45,65 @@ Status check_tensor(const Json& t, const std::string& name, const char* dtype) {
 
 }  // namespace
 
-std::string encode_frame_request(const std::string& id, int frame, std::size_t image_bytes,
-                                 const std::string& client, double stream_fps) {
+namespace {
+
+Json request_header(const std::string& id, int frame, const std::string& client,
+                    double stream_fps) {
   Json j;
   j["id"] = id;
   Json p = Json::object();
   if (!client.empty()) p["client"] = client;
   if (stream_fps > 0) p["stream_fps"] = stream_fps;
   j["parameters"] = p;
-  Json inputs = Json::array();
-  inputs.push_back(
-      {{"name", "frame_id"}, {"shape", {1}}, {"datatype", "INT64"}, {"data", {frame}}});
+  j["inputs"] = Json::array(
+      {{{"name", "frame_id"}, {"shape", {1}}, {"datatype", "INT64"}, {"data", {frame}}}});
+  return j;
+}
+
+}  // namespace
+
+BinaryRequest encode_frame_request_binary(const std::string& id, int frame, std::size_t image_bytes,
+                                          const std::string& client, double stream_fps) {
+  Json j = request_header(id, frame, client, stream_fps);
+  if (image_bytes > 0) {
+    j["inputs"].push_back({{"name", "image"},
+                           {"shape", {static_cast<std::int64_t>(image_bytes)}},
+                           {"datatype", "UINT8"},
+                           {"parameters", {{"binary_data_size", image_bytes}}}});
+  }
+  BinaryRequest r;
+  r.body = j.dump();
+  r.header_length = r.body.size();
+  r.body.reserve(r.body.size() + image_bytes);
+  for (std::size_t i = 0; i < image_bytes; ++i)
+    r.body.push_back(static_cast<char>((i * 31 + static_cast<std::size_t>(frame)) & 255));
+  return r;
+}
+
+std::string encode_frame_request(const std::string& id, int frame, std::size_t image_bytes,
+                                 const std::string& client, double stream_fps) {
+  Json j = request_header(id, frame, client, stream_fps);
   if (image_bytes > 0) {
     // Deterministic pseudo-pixels; only their size matters to the emulation.
     std::vector<int> px(image_bytes);
     for (std::size_t i = 0; i < image_bytes; ++i) px[i] = static_cast<int>((i * 31 + frame) & 255);
-    inputs.push_back({{"name", "image"},
-                      {"shape", {static_cast<std::int64_t>(image_bytes)}},
-                      {"datatype", "UINT8"},
-                      {"data", std::move(px)}});
+    j["inputs"].push_back({{"name", "image"},
+                           {"shape", {static_cast<std::int64_t>(image_bytes)}},
+                           {"datatype", "UINT8"},
+                           {"data", std::move(px)}});
   }
-  j["inputs"] = std::move(inputs);
   return j.dump();
 }
 
-Result<FrameRequest> decode_frame_request(std::string_view body) {
+Result<FrameRequest> decode_frame_request(std::string_view body, std::int64_t header_length) {
+  std::string_view binary;  // tensor bytes after the JSON header (binary extension)
+  if (header_length >= 0) {
+    if (static_cast<std::uint64_t>(header_length) > body.size())
+      return invalid_argument("kserve: {} {} exceeds the body ({} bytes)", kHeaderLengthHeader,
+                              header_length, body.size());
+    binary = body.substr(static_cast<std::size_t>(header_length));
+    body = body.substr(0, static_cast<std::size_t>(header_length));
+  }
   FERRY_ASSIGN_OR_RETURN(Json j, parse_json(body, "kserve request"));
   if (!j.is_object()) return bad("request body must be a JSON object");
   FrameRequest r;
@@ -105,6 +139,32 @@ Result<FrameRequest> decode_frame_request(std::string_view body) {
       if (f < 0 || f > std::numeric_limits<int>::max()) return bad("frame_id out of range");
       r.frame = static_cast<int>(f);
       have_frame = true;
+    } else if (name == "image" && t.contains("parameters") && t["parameters"].is_object() &&
+               t["parameters"].contains("binary_data_size")) {
+      if (header_length < 0)
+        return invalid_argument(
+            "kserve: input 'image' has binary_data_size but the request has no "
+            "{} header",
+            kHeaderLengthHeader);
+      const Json& n = t["parameters"]["binary_data_size"];
+      if (!t.contains("datatype") || t["datatype"] != "UINT8")
+        return bad("input 'image' must have datatype UINT8");
+      if (t.contains("data")) return bad("binary input 'image' must not also carry 'data'");
+      FERRY_ASSIGN_OR_RETURN(std::int64_t elems, shape_product(t, name));
+      if (!n.is_number_integer() || n.get<std::int64_t>() != elems)
+        return invalid_argument(
+            "kserve: input 'image' binary_data_size must equal the shape "
+            "product {}",
+            elems);
+      if (static_cast<std::uint64_t>(elems) > kMaxImageBytes)
+        return invalid_argument("kserve: input 'image' has {} bytes, limit {}", elems,
+                                kMaxImageBytes);
+      if (static_cast<std::uint64_t>(elems) != binary.size())
+        return invalid_argument(
+            "kserve: {} binary bytes after the header, binary_data_size says {}", binary.size(),
+            elems);
+      r.image_bytes = static_cast<std::size_t>(elems);
+      binary = {};
     } else if (name == "image") {
       FERRY_TRY(check_tensor(t, name, "UINT8"));
       if (t["data"].size() > kMaxImageBytes)
@@ -120,6 +180,9 @@ Result<FrameRequest> decode_frame_request(std::string_view body) {
     }
   }
   if (!have_frame) return bad("missing input 'frame_id'");
+  if (!binary.empty())
+    return invalid_argument("kserve: {} bytes after the JSON header belong to no binary input",
+                            binary.size());
   return r;
 }
 

@@ -9,6 +9,10 @@
 //               {"name":"scores","shape":[K],"datatype":"FP32","data":[...]},
 //               {"name":"classes","shape":[K],"datatype":"BYTES","data":["cls",...]}]}
 //   error    {"error": "<message>"}
+// Binary tensor extension (KServe v2 / Triton "binary_data"): the body is a JSON header of
+// `Inference-Header-Content-Length` bytes followed by the raw tensor bytes in input order; a
+// binary input has "parameters": {"binary_data_size": n} and no "data". The agent sends the image
+// this way (1 byte per pixel on the wire instead of ~3.6 as JSON numbers); JSON stays accepted.
 // Every decode validates names, datatypes, shapes (product of shape == number of data elements)
 // and value ranges and returns kInvalidArgument on anything malformed; it never throws.
 // Covered by tests/unit/route/transport_kserve_test.cpp.
@@ -40,7 +44,18 @@ struct FrameRequest {
 // Builds the request body; `image_bytes` pseudo-pixels emulate the upload size.
 std::string encode_frame_request(const std::string& id, int frame, std::size_t image_bytes,
                                  const std::string& client, double stream_fps);
-Result<FrameRequest> decode_frame_request(std::string_view body);
+// Decodes a JSON request, or with `header_length` >= 0 (the Inference-Header-Content-Length
+// header) a binary one: body[0, header_length) is the JSON header, the rest the tensor bytes.
+Result<FrameRequest> decode_frame_request(std::string_view body, std::int64_t header_length = -1);
+
+struct BinaryRequest {
+  std::string body;               // JSON header + raw image bytes
+  std::size_t header_length = 0;  // send as Inference-Header-Content-Length
+};
+// The binary-extension form of encode_frame_request (same pseudo-pixels).
+BinaryRequest encode_frame_request_binary(const std::string& id, int frame, std::size_t image_bytes,
+                                          const std::string& client, double stream_fps);
+inline constexpr const char* kHeaderLengthHeader = "Inference-Header-Content-Length";
 
 std::string encode_detections(const std::string& model, const std::string& id,
                               const std::vector<Detection>& dets);

@@ -67,6 +67,7 @@ TEST(RouteAgent, HoldsTheBudgetAndAccountsEveryFrame) {
     AgentOptions o;
     o.server_url = srv.url();
     o.rho = rho;
+    o.binary_upload = rho < 0.5;  // the binary tensor extension and the JSON fallback
     o.deadline_ms = 5000;
     auto s = run_agent(st.test, st.router, o, nullptr);
     ASSERT_TRUE(s.ok()) << s.status().to_string();

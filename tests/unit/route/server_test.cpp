@@ -246,6 +246,21 @@ TEST(RouteServer, MalformedRequestsGet4xxJsonAndServerKeepsServing) {
   ASSERT_TRUE(nowhere.ok());
   EXPECT_EQ(nowhere->status, 404);
   EXPECT_NE(nowhere->body.find("\"error\""), std::string::npos);
+  // Binary tensor extension: a bad or lying Inference-Header-Content-Length is a 400.
+  kserve::BinaryRequest bin = kserve::encode_frame_request_binary("bin", 2, 64, "", 0);
+  for (const std::string& len :
+       {std::string("x"), std::string("-1"), std::to_string(bin.body.size() + 1),
+        std::to_string(bin.header_length + 1)}) {
+    auto bad =
+        c.post(p, bin.body, "application/octet-stream", {{kserve::kHeaderLengthHeader, len}});
+    ASSERT_TRUE(bad.ok());
+    EXPECT_EQ(bad->status, 400) << len;
+  }
+  auto bin_ok = c.post(p, bin.body, "application/octet-stream",
+                       {{kserve::kHeaderLengthHeader, std::to_string(bin.header_length)}});
+  ASSERT_TRUE(bin_ok.ok());
+  EXPECT_EQ(bin_ok->status, 200) << bin_ok->body;
+  EXPECT_TRUE(kserve::decode_detections(bin_ok->body, "bin", 2).ok());
   auto good = c.post(p, kserve::encode_frame_request("ok", 2, 16, "", 0));
   ASSERT_TRUE(good.ok());
   EXPECT_EQ(good->status, 200);

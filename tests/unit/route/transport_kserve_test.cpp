@@ -20,6 +20,57 @@ TEST(RouteKserve, FrameRequestRoundTrip) {
   EXPECT_DOUBLE_EQ(r->stream_fps, 30);
 }
 
+TEST(RouteKserve, BinaryFrameRequestRoundTripAndSize) {
+  const std::size_t px = 16 * 1024;
+  kserve::BinaryRequest b = kserve::encode_frame_request_binary("id-2", 7, px, "edge", 20);
+  ASSERT_EQ(b.body.size(), b.header_length + px);  // 1 byte per pixel after the JSON header
+  EXPECT_EQ(b.body[0], '{');
+  EXPECT_EQ(b.body[b.header_length - 1], '}');
+  EXPECT_EQ(static_cast<unsigned char>(b.body[b.header_length + 1]), (1 * 31 + 7) & 255);
+  auto r = kserve::decode_frame_request(b.body, static_cast<std::int64_t>(b.header_length));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->id, "id-2");
+  EXPECT_EQ(r->frame, 7);
+  EXPECT_EQ(r->image_bytes, px);
+  EXPECT_EQ(r->client, "edge");
+  // The same request as JSON numbers is ~3.6x the bytes.
+  const std::size_t json = kserve::encode_frame_request("id-2", 7, px, "edge", 20).size();
+  EXPECT_GT(json, 3 * b.body.size());
+  // A request without an image needs no binary part.
+  kserve::BinaryRequest none = kserve::encode_frame_request_binary("n", 1, 0, "", 0);
+  EXPECT_EQ(none.body.size(), none.header_length);
+  EXPECT_TRUE(kserve::decode_frame_request(none.body, 0 + none.header_length).ok());
+}
+
+TEST(RouteKserve, RejectsMalformedBinaryRequests) {
+  kserve::BinaryRequest b = kserve::encode_frame_request_binary("id", 3, 100, "", 0);
+  const auto h = static_cast<std::int64_t>(b.header_length);
+  EXPECT_FALSE(kserve::decode_frame_request(b.body).ok());         // binary input, no header length
+  EXPECT_FALSE(kserve::decode_frame_request(b.body, h - 1).ok());  // header cut inside the JSON
+  EXPECT_FALSE(kserve::decode_frame_request(b.body, h + 1).ok());  // one pixel short
+  EXPECT_FALSE(kserve::decode_frame_request(b.body + "x", h).ok());  // a byte too many
+  EXPECT_FALSE(
+      kserve::decode_frame_request(b.body, static_cast<std::int64_t>(b.body.size()) + 1).ok());
+  // binary_data_size disagreeing with the shape, or data given as well.
+  const std::string lie =
+      R"({"id":"l","inputs":[{"name":"frame_id","shape":[1],"datatype":"INT64",)"
+      R"("data":[1]},{"name":"image","shape":[4],"datatype":"UINT8",)"
+      R"("parameters":{"binary_data_size":3}}]})";
+  EXPECT_FALSE(
+      kserve::decode_frame_request(lie + "abc", static_cast<std::int64_t>(lie.size())).ok());
+  const std::string both =
+      R"({"id":"b","inputs":[{"name":"frame_id","shape":[1],"datatype":"INT64",)"
+      R"("data":[1]},{"name":"image","shape":[2],"datatype":"UINT8","data":[1,2],)"
+      R"("parameters":{"binary_data_size":2}}]})";
+  EXPECT_FALSE(
+      kserve::decode_frame_request(both + "ab", static_cast<std::int64_t>(both.size())).ok());
+  // Trailing bytes with no binary input to own them.
+  const std::string plain = kserve::encode_frame_request("p", 1, 0, "", 0);
+  EXPECT_FALSE(
+      kserve::decode_frame_request(plain + "zz", static_cast<std::int64_t>(plain.size())).ok());
+  EXPECT_TRUE(kserve::decode_frame_request(plain, static_cast<std::int64_t>(plain.size())).ok());
+}
+
 TEST(RouteKserve, DetectionsRoundTripAndIdCheck) {
   std::vector<Detection> d = {{4, -1, Box{1.5, 2, 3, 4.25}, 0.875, "car", Source::kStrong},
                               {4, -1, Box{0, 0, 10, 10}, 0.1, "person", Source::kStrong}};
