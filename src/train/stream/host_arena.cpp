@@ -13,12 +13,6 @@ constexpr std::size_t kPage = 4096;
 }
 
 Result<std::unique_ptr<HostArena>> HostArena::create(const TrainState& s) {
-  if (s.optim.mode.master != MasterWeights::kF32) {
-    return unimplemented(
-        "train: the stream executor keeps f32 masters; --master-weights {} "
-        "runs on --executor memory only",
-        to_string(s.optim.mode.master));
-  }
   std::unique_ptr<HostArena> a(new HostArena());
   a->mode_ = s.optim.mode;
   const std::vector<model::ParamSpec> specs = model::param_specs(s.config);
@@ -44,13 +38,19 @@ Result<std::unique_ptr<HostArena>> HostArena::create(const TrainState& s) {
     a->params_.push_back(p);
   }
   const bool q8 = a->mode_.states == OptimizerStates::k8Bit;
+  const bool bf16 = a->bf16_master();
   mem::ArenaPlan plan;
   for (int u = 0; u <= L; ++u) {
     Unit& unit = a->units_[u];
     const std::size_t f32 = static_cast<std::size_t>(unit.elements) * sizeof(float);
     const std::string pre = u < L ? "layer" + std::to_string(u) : std::string("globals");
-    unit.weights = plan.add(pre + ".weights", f32, kPage);
-    unit.master = plan.add(pre + ".master", f32, kPage);
+    const std::size_t b16 = static_cast<std::size_t>(unit.elements) * sizeof(std::uint16_t);
+    unit.weights = plan.add(pre + ".weights", bf16 ? b16 : f32, kPage);
+    if (!bf16) {
+      unit.master = plan.add(pre + ".master", f32, kPage);
+    } else if (a->mode_.master == MasterWeights::kBf16Kahan) {
+      unit.master = plan.add(pre + ".kahan", b16, kPage);
+    }
     const std::size_t state = q8 ? static_cast<std::size_t>(unit.elements) : f32;
     unit.m = plan.add(pre + ".m", state, kPage);
     unit.v = plan.add(pre + ".v", state, kPage);
@@ -73,6 +73,11 @@ std::int64_t HostArena::max_layer_elements() const {
   return m;
 }
 
+std::size_t HostArena::unit_weight_bytes(int u) const {
+  return static_cast<std::size_t>(units_[u].elements) *
+         (bf16_master() ? sizeof(std::uint16_t) : sizeof(float));
+}
+
 Status HostArena::load_from(const TrainState& s) {
   if (s.optim.mode != mode_) {
     return invalid_argument("train: state mode {} differs from the arena's {}",
@@ -81,12 +86,20 @@ Status HostArena::load_from(const TrainState& s) {
   const bool q8 = mode_.states == OptimizerStates::k8Bit;
   for (const ParamLoc& p : params_) {
     const std::size_t bytes = static_cast<std::size_t>(p.n) * sizeof(float);
-    const float* w = s.master->named[p.index].second.as<float>();
-    std::memcpy(master(p.unit) + p.offset, w, bytes);
-    std::memcpy(weights(p.unit) + p.offset, w, bytes);
+    const ParamOptimState& st = s.optim.params[p.index];
+    if (bf16_master()) {
+      const std::size_t b16 = static_cast<std::size_t>(p.n) * sizeof(std::uint16_t);
+      std::memcpy(w16(p.unit) + p.offset, st.w16.data(), b16);
+      if (mode_.master == MasterWeights::kBf16Kahan) {
+        std::memcpy(comp16(p.unit) + p.offset, st.comp16.data(), b16);
+      }
+    } else {
+      const float* w = s.master->named[p.index].second.as<float>();
+      std::memcpy(master(p.unit) + p.offset, w, bytes);
+      std::memcpy(weights(p.unit) + p.offset, w, bytes);
+    }
     std::memset(grads(p.unit) + p.offset, 0, bytes);
     if (q8) {
-      const ParamOptimState& st = s.optim.params[p.index];
       std::memcpy(m8(p.unit) + p.offset, st.m8.data(), static_cast<std::size_t>(p.n));
       std::memcpy(v8(p.unit) + p.offset, st.v8.data(), static_cast<std::size_t>(p.n));
       std::memcpy(m_absmax(p.unit) + p.block0, st.m_absmax.data(),
@@ -109,9 +122,17 @@ Status HostArena::store_to(TrainState& s) const {
   const bool q8 = mode_.states == OptimizerStates::k8Bit;
   for (const ParamLoc& p : params_) {
     const std::size_t bytes = static_cast<std::size_t>(p.n) * sizeof(float);
-    std::memcpy(s.master->named[p.index].second.data, master(p.unit) + p.offset, bytes);
+    ParamOptimState& st = s.optim.params[p.index];
+    if (bf16_master()) {
+      const std::size_t b16 = static_cast<std::size_t>(p.n) * sizeof(std::uint16_t);
+      std::memcpy(st.w16.data(), w16(p.unit) + p.offset, b16);
+      if (mode_.master == MasterWeights::kBf16Kahan) {
+        std::memcpy(st.comp16.data(), comp16(p.unit) + p.offset, b16);
+      }
+    } else {
+      std::memcpy(s.master->named[p.index].second.data, master(p.unit) + p.offset, bytes);
+    }
     if (q8) {
-      ParamOptimState& st = s.optim.params[p.index];
       std::memcpy(st.m8.data(), m8(p.unit) + p.offset, static_cast<std::size_t>(p.n));
       std::memcpy(st.v8.data(), v8(p.unit) + p.offset, static_cast<std::size_t>(p.n));
       std::memcpy(st.m_absmax.data(), m_absmax(p.unit) + p.block0,
@@ -123,6 +144,8 @@ Status HostArena::store_to(TrainState& s) const {
       std::memcpy(s.v->named[p.index].second.data, v32(p.unit) + p.offset, bytes);
     }
   }
+  // TrainState's f32 master is the compute view of the bf16 weights (eval, export read it).
+  s.optim.refresh_compute_view(*s.master);
   return {};
 }
 

@@ -3,13 +3,17 @@
 // allocation of the mem layer's pinned host tier (cudaHostAlloc in CUDA builds, mmap'd pages in
 // CPU builds), laid out unit by unit — unit l < L is layer l, unit L the globals (embedding,
 // final norm, untied lm_head) — and inside a unit section by section:
-//   weights   the streaming copy the device reads (compute dtype: f32 on the CPU backend)
-//   master    f32 master weights (what AdamW updates; copied into `weights` after the update)
+//   weights   the streaming copy the device reads: f32 (the CPU backend's compute dtype) with
+//             an fp32 master; with a bf16 master the bf16 weights themselves (the truth, updated
+//             in place, streamed as bf16 and widened on the device side)
+//   master    f32 master weights (what AdamW updates; copied into `weights` after the update),
+//             the bf16 Kahan compensation (bf16-kahan), or nothing (bf16-sr)
 //   states    f32 m, v — or 8-bit m, v codes + one f32 absmax per 2048 (optim/q8_code.h)
 //   grads     f32 gradient landing buffer (accumulated over micro-batches)
 // Each section holds the unit's parameters back to back in param_specs order and starts on a
 // 4096-byte page, so a unit's weights are one contiguous copy and its state is adjacent.
-// bf16 masters are not supported here yet (the in-memory executor has them).
+// With bf16 masters the arena's bytes/param are host_bytes_per_param(mode, f32 grads) plus page
+// padding (the fp32 master keeps an f32 streaming copy on the CPU backend: 2 bytes more).
 // Ownership: the arena owns its memory; TrainState stays the checkpoint/eval/export format, with
 // load_from / store_to copying bit for bit. Tests: tests/unit/train/stream_executor_test.cpp.
 #pragma once
@@ -52,8 +56,15 @@ class HostArena {
   std::int64_t unit_blocks(int u) const { return units_[u].blocks; }
   std::int64_t max_layer_elements() const;
 
+  // fp32 master only: f32 streaming copy and master.
   float* weights(int u) const { return arena_.as<float>(units_[u].weights); }
   float* master(int u) const { return arena_.as<float>(units_[u].master); }
+  // bf16 masters only: the bf16 weights (also the streaming copy) and the Kahan compensation.
+  std::uint16_t* w16(int u) const { return arena_.as<std::uint16_t>(units_[u].weights); }
+  std::uint16_t* comp16(int u) const { return arena_.as<std::uint16_t>(units_[u].master); }
+  bool bf16_master() const { return mode_.master != MasterWeights::kF32; }
+  // Bytes of unit u's streaming weights (what one H2D copy of the unit moves).
+  std::size_t unit_weight_bytes(int u) const;
   float* m32(int u) const { return arena_.as<float>(units_[u].m); }
   float* v32(int u) const { return arena_.as<float>(units_[u].v); }
   std::uint8_t* m8(int u) const { return arena_.as<std::uint8_t>(units_[u].m); }

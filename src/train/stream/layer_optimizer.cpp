@@ -85,33 +85,51 @@ void LayerOptimizer::run() {
 
 void LayerOptimizer::update_unit(int u, const UpdateArgs& a) {
   const kc::Isa isa = kc::best_isa();
-  const bool q8 = arena_.mode().states == OptimizerStates::k8Bit;
+  const OptimMode& mode = arena_.mode();
+  const bool q8 = mode.states == OptimizerStates::k8Bit;
+  const bool bf16 = arena_.bf16_master();
+  const kc::MasterKind mk = mode.master == MasterWeights::kF32         ? kc::MasterKind::kF32
+                            : mode.master == MasterWeights::kBf16Kahan ? kc::MasterKind::kBf16Kahan
+                                                                       : kc::MasterKind::kBf16Sr;
   for (int idx : arena_.unit_params(u)) {
     const ParamLoc& p = arena_.params()[static_cast<std::size_t>(idx)];
     const kc::AdamWConstants k = kc::make_adamw_constants(
         a.lr, a.beta1, a.beta2, a.eps, p.decay ? a.weight_decay : 0.0f, a.grad_scale, a.step);
-    float* w = arena_.master(u) + p.offset;
     const float* g = arena_.grads(u) + p.offset;
-    if (!q8) {
-      kc::adamw_span(isa, k, w, arena_.m32(u) + p.offset, arena_.v32(u) + p.offset, nullptr, g,
-                     p.n);
+    if (!q8 && !bf16) {
+      // Backend::adamw's kernel: what the in-memory executor runs for fp32/fp32.
+      kc::adamw_span(isa, k, arena_.master(u) + p.offset, arena_.m32(u) + p.offset,
+                     arena_.v32(u) + p.offset, nullptr, g, p.n);
+      continue;
+    }
+    kc::HybridAdamWSpan s;
+    s.n = p.n;
+    s.grad = g;
+    if (bf16) {
+      s.p16 = arena_.w16(u) + p.offset;  // the weights, updated in place (the streaming copy)
+      if (mk == kc::MasterKind::kBf16Kahan) s.comp16 = arena_.comp16(u) + p.offset;
     } else {
-      kc::HybridAdamWSpan s;
-      s.n = p.n;
-      s.grad = g;
-      s.p32 = w;
+      s.p32 = arena_.master(u) + p.offset;
+    }
+    if (q8) {
       s.m8 = arena_.m8(u) + p.offset;
       s.v8 = arena_.v8(u) + p.offset;
       s.m_absmax = arena_.m_absmax(u) + p.block0;
       s.v_absmax = arena_.v_absmax(u) + p.block0;
-      s.index0 = 0;
-      s.sr_key = kc::sr_key(a.sr_seed, a.step, static_cast<std::uint64_t>(p.index));
-      kc::hybrid_adamw_span(isa, kc::MasterKind::kF32, kc::StateKind::kQ8, k, s);
+    } else {
+      s.m32 = arena_.m32(u) + p.offset;
+      s.v32 = arena_.v32(u) + p.offset;
     }
+    s.index0 = 0;  // the whole parameter in one span
+    s.sr_key = kc::sr_key(a.sr_seed, a.step, static_cast<std::uint64_t>(p.index));
+    kc::hybrid_adamw_span(isa, mk, q8 ? kc::StateKind::kQ8 : kc::StateKind::kF32, k, s);
   }
-  // The streaming copy the device reads (on a GPU build: the bf16 conversion).
-  std::memcpy(arena_.weights(u), arena_.master(u),
-              static_cast<std::size_t>(arena_.unit_elements(u)) * sizeof(float));
+  // The streaming copy the device reads (on a GPU build: the bf16 conversion). bf16 masters
+  // were updated in place: they are the streaming copy.
+  if (!bf16) {
+    std::memcpy(arena_.weights(u), arena_.master(u),
+                static_cast<std::size_t>(arena_.unit_elements(u)) * sizeof(float));
+  }
 }
 
 }  // namespace ferry::train::stream

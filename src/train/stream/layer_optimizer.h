@@ -6,13 +6,14 @@
 // next step's forward of layer i waits for layer i's update alone.
 //
 // Per parameter the update is exactly the in-memory executor's (optimizer.h): the fused AdamW
-// span kernel (fp32 states) or the hybrid kernel (8-bit states), grad_scale = clip / accum
-// folded in, weight decay where ParamLoc::decay says; then the unit's master is copied into its
-// streaming weights. The worker calls the span kernels directly on its own thread (the global
-// ThreadPool is single-caller and belongs to the compute thread); the kernels' results do not
-// depend on how a parameter is split, so the bits equal the reference's.
-// Thread-safety: submit / wait_* from one thread (the executor's); the worker owns the arena's
-// master, states and weights of a unit between submit() and that unit's ready generation.
+// span kernel (fp32/fp32) or the hybrid kernel (8-bit states or bf16 masters), grad_scale =
+// clip / accum folded in, weight decay where ParamLoc::decay says; then an fp32 master is copied
+// into the unit's streaming weights (bf16 masters are updated in place: the streaming copy). The
+// worker calls the span kernels directly on its own thread (the global ThreadPool is single-caller
+// and belongs to the compute thread); the kernels' results do not depend on how a parameter is
+// split, so the bits equal the reference's. Thread-safety: submit / wait_* from one thread (the
+// executor's); the worker owns the arena's master, states and weights of a unit between submit()
+// and that unit's ready generation.
 #pragma once
 
 #include <condition_variable>

@@ -10,6 +10,7 @@
 #include "mem/transfer_engine.h"
 #include "model/model_binding.h"
 #include "model/param_spec.h"
+#include "train/stream/bf16_widen.h"
 
 namespace ferry::train::stream {
 
@@ -299,8 +300,16 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
     Timer t;
     opt_->wait_ready(G);
     stats_.exposed_s += t.elapsed_s();
-    FERRY_TRY(copy(dev(plan_.globals_w), arena_->weights(G), gbytes, mem::CopyKind::kHostToDevice,
-                   &stats_.globals_h2d));
+    if (arena_->bf16_master()) {
+      const std::int64_t n = arena_->unit_elements(G);
+      FERRY_TRY(copy(bf16_staging(dev(plan_.globals_w), n), arena_->w16(G),
+                     arena_->unit_weight_bytes(G), mem::CopyKind::kHostToDevice,
+                     &stats_.globals_h2d));
+      widen_bf16_in_place(dev(plan_.globals_w), n);
+    } else {
+      FERRY_TRY(copy(dev(plan_.globals_w), arena_->weights(G), gbytes, mem::CopyKind::kHostToDevice,
+                     &stats_.globals_h2d));
+    }
     std::memset(dev(plan_.globals_g), 0, gbytes);
   }
   // Forward.

@@ -2,6 +2,7 @@
 #include "train/stream/weight_streamer.h"
 
 #include "core/timer.h"
+#include "train/stream/bf16_widen.h"
 
 namespace ferry::train::stream {
 
@@ -89,11 +90,14 @@ void WeightStreamer::run() {
       }
       const int layer = schedule_[static_cast<std::size_t>(j)];
       opt_.wait_ready(layer);
-      const std::size_t bytes =
-          static_cast<std::size_t>(arena_.unit_elements(layer)) * sizeof(float);
-      Status st = engine_.h2d(slots_[static_cast<std::size_t>(j % depth)], arena_.weights(layer),
-                              bytes, h2d_);
+      const std::size_t bytes = arena_.unit_weight_bytes(layer);
+      float* slot = slots_[static_cast<std::size_t>(j % depth)];
+      const std::int64_t elems = arena_.unit_elements(layer);
+      Status st = arena_.bf16_master()
+                      ? engine_.h2d(bf16_staging(slot, elems), arena_.w16(layer), bytes, h2d_)
+                      : engine_.h2d(slot, arena_.weights(layer), bytes, h2d_);
       if (st.ok()) st = h2d_.synchronize();
+      if (st.ok() && arena_.bf16_master()) widen_bf16_in_place(slot, elems);
       {
         std::lock_guard lk(mu_);
         if (!st.ok()) {

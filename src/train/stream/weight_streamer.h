@@ -10,7 +10,8 @@
 // (its slot is free) and (b) the layer's pending optimizer update is done (LayerOptimizer::
 // wait_ready) — so at most `slots` items are in flight, prefetch depth = slots - 1 beyond the
 // one in use. Copies go through mem::TransferEngine (h2d on the h2d stream; the host engine's
-// memcpy in CPU builds) and are counted here. acquire() returns the seconds compute waited.
+// memcpy in CPU builds) and are counted here; bf16 weights (bf16 masters) cross as bf16 and are
+// widened in the slot (bf16_widen.h). acquire() returns the seconds compute waited.
 // Threading: acquire/release/start from the compute thread only.
 #pragma once
 

@@ -182,6 +182,9 @@ void expect_same_state(const TrainState& a, const TrainState& b, const std::stri
     const TensorView& wb = b.master->named[i].second;
     EXPECT_EQ(std::memcmp(wa.data, wb.data, wa.bytes()), 0)
         << what << ": weights of " << a.master->named[i].first << " differ";
+    // bf16 masters: the weights themselves and the Kahan compensation (empty otherwise).
+    EXPECT_EQ(a.optim.params[i].w16, b.optim.params[i].w16) << what;
+    EXPECT_EQ(a.optim.params[i].comp16, b.optim.params[i].comp16) << what;
     if (a.m) {
       EXPECT_EQ(std::memcmp(a.m->named[i].second.data, b.m->named[i].second.data, wa.bytes()), 0)
           << what << ": m of " << a.master->named[i].first;
@@ -240,6 +243,63 @@ TEST(StreamExecutor, EightBitStatesMatchInMemory) {
   RunSpec spec;
   spec.mode.states = OptimizerStates::k8Bit;
   check_policies(*m, {"every:2"}, spec);
+}
+
+const std::vector<OptimMode> kBf16Modes = {
+    {.master = MasterWeights::kBf16Kahan, .states = OptimizerStates::kF32},
+    {.master = MasterWeights::kBf16Kahan, .states = OptimizerStates::k8Bit},
+    {.master = MasterWeights::kBf16Sr, .states = OptimizerStates::kF32},
+    {.master = MasterWeights::kBf16Sr, .states = OptimizerStates::k8Bit}};
+
+TEST(StreamExecutor, Bf16MastersMatchInMemory) {
+  const std::string dir = testing::temp_dir("stream_bf16");
+  auto m = dense_model(dir + "/model");
+  const std::string nv = nvme_dir();
+  for (const OptimMode& mode : kBf16Modes) {
+    SCOPED_TRACE(describe(mode));
+    RunSpec spec;
+    spec.mode = mode;
+    check_policies(*m, {"every:2", "host", "mix:dhrn:" + nv}, spec);
+  }
+}
+
+TEST(StreamExecutor, Bf16MastersMatchInMemoryOnMoe) {
+  auto m = moe_model();
+  for (const OptimMode& mode : {kBf16Modes[0], kBf16Modes[3]}) {
+    SCOPED_TRACE(describe(mode));
+    RunSpec spec;
+    spec.mode = mode;
+    check_policies(*m, {"every:2", "device"}, spec);
+  }
+}
+
+// The arena of a bf16-master run is exactly the mode's figure (f32 gradients on the CPU backend)
+// plus page padding, and its weights cross as bf16: half the bytes of an fp32-master run.
+TEST(StreamExecutor, Bf16ArenaIsTheModesBytesPerParamAndStreamsHalfTheBytes) {
+  const std::string dir = testing::temp_dir("stream_bf16_bytes");
+  auto m = dense_model(dir + "/model");
+  const std::vector<Batch> data = make_batches(2, m->geometry.vocab, 5);
+  RunSpec spec;
+  spec.steps = 1;
+  const RunResult f32 = run_stream(*m, spec, data, "every:2");
+  for (const OptimMode& mode : kBf16Modes) {
+    SCOPED_TRACE(describe(mode));
+    auto s = TrainState::from_loaded(*m, mode, 99);
+    ASSERT_TRUE(s.ok());
+    auto arena = HostArena::create(**s);
+    ASSERT_TRUE(arena.ok()) << arena.status().to_string();
+    const double per_param = host_bytes_per_param(mode, DType::kF32).total();
+    const auto exact = static_cast<std::size_t>(per_param * double((*arena)->num_elements()));
+    // At most one partial page per section: weights, kahan, m, v, 2 absmax, grads.
+    const std::size_t padding = static_cast<std::size_t>((*arena)->num_units()) * 7 * 4096;
+    EXPECT_GE((*arena)->total_bytes() + 8, exact);  // 8: rounding of the absmax share
+    EXPECT_LE((*arena)->total_bytes(), exact + padding);
+    spec.mode = mode;
+    const RunResult b = run_stream(*m, spec, data, "every:2");
+    EXPECT_EQ(2 * b.stats.weight_h2d, f32.stats.weight_h2d);
+    EXPECT_EQ(2 * b.stats.globals_h2d, f32.stats.globals_h2d);
+    EXPECT_GT(b.stats.weight_h2d, 0u);
+  }
 }
 
 TEST(StreamExecutor, BytesMovedAreWhatThePolicyPredicts) {

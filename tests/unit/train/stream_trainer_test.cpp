@@ -72,6 +72,53 @@ TEST(StreamTrainer, ResumeIsBitExact) {
   EXPECT_TRUE(*wa == *wc) << "final weights differ after resume";
 }
 
+// bf16 masters on the stream executor: the memory executor's losses and exported weights, and a
+// resume from the stream executor's checkpoint reproduces the uninterrupted run.
+TEST(StreamTrainer, Bf16MastersMatchMemoryAndResumeExactly) {
+  for (const OptimMode mode :
+       {OptimMode{.master = MasterWeights::kBf16Kahan, .states = OptimizerStates::kF32},
+        OptimMode{.master = MasterWeights::kBf16Sr, .states = OptimizerStates::k8Bit}}) {
+    SCOPED_TRACE(describe(mode));
+    const std::string tag(to_string(mode.master));
+    const std::string mem_dir = testing::temp_dir("st_bf16_mem_" + tag);
+    const std::string a_dir = testing::temp_dir("st_bf16_a_" + tag);
+    const std::string b_dir = testing::temp_dir("st_bf16_b_" + tag);
+    auto config = [&](const std::string& out) {
+      TrainConfig c = stream_config(out);
+      c.optim = mode;
+      return c;
+    };
+    TrainConfig mem_cfg = config(mem_dir);
+    mem_cfg.executor = Executor::kMemory;
+    auto rm = run_training(mem_cfg);
+    ASSERT_TRUE(rm.ok()) << rm.status().to_string();
+    auto ra = run_training(config(a_dir));
+    ASSERT_TRUE(ra.ok()) << ra.status().to_string();
+    EXPECT_EQ(rm->losses, ra->losses);
+    EXPECT_LT(ra->host_bytes_per_param, 20.0);  // smaller than the fp32-master arena
+    auto wm = read_file(mem_dir + "/model.safetensors");
+    auto wa = read_file(a_dir + "/model.safetensors");
+    ASSERT_TRUE(wm.ok() && wa.ok());
+    EXPECT_TRUE(*wm == *wa) << "exported weights differ";
+    {
+      TrainConfig b = config(b_dir);
+      b.save_every = 3;
+      b.keep_checkpoints = 5;
+      ASSERT_TRUE(run_training(b).ok());
+      std::filesystem::remove(b_dir + "/model.safetensors");
+    }
+    TrainConfig resumed = config(b_dir);
+    resumed.resume = b_dir + "/checkpoint-3";
+    auto rc = run_training(resumed);
+    ASSERT_TRUE(rc.ok()) << rc.status().to_string();
+    ASSERT_EQ(rc->losses.size(), 3u);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(rc->losses[i], ra->losses[3 + i]) << "step " << 4 + i;
+    auto wc = read_file(b_dir + "/model.safetensors");
+    ASSERT_TRUE(wc.ok());
+    EXPECT_TRUE(*wa == *wc) << "final weights differ after resume";
+  }
+}
+
 // --plan FILE: the homes of a `ferry plan` document drive the executor (same bits again).
 TEST(StreamTrainer, RunsThePolicyOfAPlanFile) {
   const std::string a_dir = testing::temp_dir("st_plan_mem");
