@@ -10,6 +10,7 @@
 // misses * expert_bytes / link), not a GPU measurement; it states the machine it ran on.
 //   serve_split_bench [--budget-gib 24] [--link-gbps 24] [--sessions 8] [--concurrency 4]
 //                     [--turns 4] [--prefix 1536] [--seed 1] [--json FILE]
+//                     [--live-decide-steps 16] [--live-age 0.5] [--live-hysteresis 0.05]
 #include <sys/utsname.h>
 #include <cmath>
 #include <cstdio>
@@ -54,6 +55,8 @@ int main(int argc, char** argv) {
   int sessions = 8, concurrency = 4, turns = 4, prefix = 1536;
   std::uint64_t seed = 1;
   std::string json_path;
+  int decide_steps = 16;
+  double age = 0.5, hysteresis = 0.05;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const char* v = argv[i + 1];
@@ -73,6 +76,12 @@ int main(int argc, char** argv) {
       seed = std::strtoull(v, nullptr, 10);
     else if (a == "--json")
       json_path = v;
+    else if (a == "--live-decide-steps")
+      decide_steps = std::atoi(v);
+    else if (a == "--live-age")
+      age = std::atof(v);
+    else if (a == "--live-hysteresis")
+      hysteresis = std::atof(v);
     else {
       std::fprintf(stderr, "serve_split_bench: unknown flag %s\n", a.c_str());
       return 2;
@@ -98,8 +107,10 @@ int main(int argc, char** argv) {
   cfg.max_running = concurrency;
   cfg.max_batch_tokens = 512;
   cfg.link_bytes_per_s = link_gbps * 1e9;
+  cfg.decide_every_steps = decide_steps;
+  cfg.age_factor = age;
   cfg.controller = {
-      .hysteresis = 0.05, .horizon_steps = 256, .link_bytes_per_s = cfg.link_bytes_per_s};
+      .hysteresis = hysteresis, .horizon_steps = 256, .link_bytes_per_s = cfg.link_bytes_per_s};
 
   ferry::Timer gen_timer;
   const AgenticWorkload w({.sessions = sessions,
@@ -138,6 +149,7 @@ int main(int argc, char** argv) {
   FERRY_CHECK(offline.ok(), "offline: {}", offline.status().to_string());
   run("mv-wsa offline", *offline, false);
   run("mv-wsa live", *half, true);
+  run("mv-wsa live@offline", *offline, true);  // live, started from the configurator's split
   // Oracle: every uniform cap.
   double best_s = 1e300;
   Split best;
@@ -185,6 +197,8 @@ int main(int argc, char** argv) {
                    {"max_context", w.max_context()},
                    {"seed", seed}};
   j["kv_floor_blocks"] = cfg.kv_floor_blocks;
+  j["live"] = {
+      {"decide_every_steps", decide_steps}, {"age_factor", age}, {"hysteresis", hysteresis}};
   for (const Row& row : rows) {
     const double x = best_s / row.r.total_s;
     std::printf("%-20s %10.1f %9.2f %9.2f %7.3f %8llu %6.3f  %s%s\n", row.name.c_str(),

@@ -97,14 +97,19 @@ Result<std::unique_ptr<LiveSplit>> LiveSplit::attach(Engine& eng, const LiveSpli
   m.link_bytes_per_s = cfg.link_bytes_per_s;
   m.kv_block_cost_s = double(kv.block_tokens()) * cfg.prefill_token_s;
   LiveSplit* self = ls.get();
-  eng.experts().set_access_observer(
-      [self, K = geo.top_k](int layer, std::span<const std::int32_t> ids) {
-        const int i = self->layer_index_[std::size_t(layer)];
-        if (i < 0) return;
-        for (std::size_t r = 0; r + std::size_t(K) <= ids.size(); r += std::size_t(K)) {
-          for (int k = 0; k < K; ++k) self->sd_[std::size_t(i)].access(ids[r + std::size_t(k)]);
-        }
-      });
+  // One access per distinct expert of each layer call (a step's batch, in first-use order): the
+  // pager acquires a step's experts as a set, and the split simulator counts the same way.
+  eng.experts().set_access_observer([self](int layer, std::span<const std::int32_t> ids) {
+    const int i = self->layer_index_[std::size_t(layer)];
+    if (i < 0) return;
+    std::vector<std::uint8_t>& seen = self->seen_;
+    seen.assign(std::size_t(self->sd_[std::size_t(i)].items()), 0);
+    for (std::int32_t e : ids) {
+      if (seen[std::size_t(e)]) continue;
+      seen[std::size_t(e)] = 1;
+      self->sd_[std::size_t(i)].access(e);
+    }
+  });
   eng.set_step_hook([self](Engine& e) { return self->on_step(e); });
   return ls;
 }

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // LiveSplit: MV-WSA while serving (`--split auto`). Attached to an Engine whose pager and KV pool
 // are resizable (PagerConfig::resizable, KvConfig::max_budget_bytes), it
-//   - feeds every routed (layer, expert) access into that layer's StackDistance (executor hook),
+//   - feeds each layer call's distinct routed experts into that layer's StackDistance (executor
+//     hook; one access per expert per step, as the pager acquires them),
 //   - samples the engine's KV demand at every step boundary (Engine::kv_demand),
 //   - every decide_every_steps steps builds the SplitProblem (per-step curves, the floor raised to
 //     the blocks in use and to the largest outstanding request), asks the SplitController, and on
@@ -64,9 +65,10 @@ class LiveSplit {
   LiveSplitConfig cfg_;
   SplitController ctl_;
   CostModel model_;
-  std::vector<int> moe_layers_;    // engine layer of each split entry
-  std::vector<int> layer_index_;   // [L] split entry of an engine layer, -1 dense
-  std::vector<StackDistance> sd_;  // [L_moe]
+  std::vector<int> moe_layers_;     // engine layer of each split entry
+  std::vector<int> layer_index_;    // [L] split entry of an engine layer, -1 dense
+  std::vector<StackDistance> sd_;   // [L_moe]
+  std::vector<std::uint8_t> seen_;  // [E] scratch of the access hook
   KvDemand kv_;
   double steps_ = 0;
   std::uint64_t since_decision_ = 0;

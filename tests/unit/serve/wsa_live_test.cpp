@@ -11,9 +11,12 @@
 //     moves keep the K/V rows.
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <map>
 
 #include "serve/builtin_model.h"
+#include "serve/wsa/agentic_workload.h"
 #include "serve/wsa/live_split.h"
 #include "serve_test_util.h"
 
@@ -302,6 +305,91 @@ TEST(WsaLive, PagerResizeEvictsOnlyResidentExpertsAndKeepsBudget) {
   std::vector<ExpertRef> r5(5);
   ASSERT_TRUE(pg.acquire(0, std::vector<std::int32_t>{0, 1, 2, 3, 4}, r5).ok());
   pg.release(0);
+}
+
+// Multi-turn agentic sessions (each turn re-sends the session's context plus a user message)
+// through an engine under --split auto's configuration: on-demand KV with preemption, a budget
+// whose KV share starts below what the sessions want, automatic decisions. Every turn finishes by
+// length with the tokens of a roomy fixed engine.
+std::map<std::pair<int, int>, std::vector<std::int32_t>> run_agentic(Engine& eng,
+                                                                     const wsa::AgenticWorkload& w,
+                                                                     int vocab) {
+  std::map<std::pair<int, int>, std::vector<std::int32_t>> out;
+  std::map<RequestId, std::pair<int, int>> turn_of;
+  auto submit = [&](int s, int t) {
+    auto id = eng.submit({.prompt = w.turn_prompt(s, t, vocab),
+                          .max_new_tokens = w.turns(s)[std::size_t(t)].output});
+    EXPECT_TRUE(id.ok()) << id.status().to_string();
+    if (id.ok()) turn_of[*id] = {s, t};
+  };
+  for (int s = 0; s < w.sessions(); ++s) submit(s, 0);
+  while (!eng.idle()) {
+    auto ev = eng.step();
+    EXPECT_TRUE(ev.ok()) << ev.status().to_string();
+    if (!ev.ok()) break;
+    for (const TokenEvent& e : *ev) {
+      if (e.finish == FinishReason::kNone) continue;
+      EXPECT_EQ(e.finish, FinishReason::kLength);
+      auto o = eng.take_output(e.id);
+      EXPECT_TRUE(o.ok());
+      const auto [s, t] = turn_of.at(e.id);
+      out[{s, t}] = o->tokens;
+      if (t + 1 < static_cast<int>(w.turns(s).size())) submit(s, t + 1);
+    }
+  }
+  return out;
+}
+
+TEST(WsaLive, AgenticSessionsUnderAutoSplitMatchAFixedEngine) {
+  auto m = builtin();
+  ASSERT_TRUE(m);
+  const wsa::AgenticWorkload w({.sessions = 4,
+                                .turns = 3,
+                                .prefix_tokens = 24,
+                                .user_min = 3,
+                                .user_max = 8,
+                                .output_min = 4,
+                                .output_max = 9,
+                                .moe_layers = 2,
+                                .experts = 8,
+                                .top_k = 2,
+                                .seed = 5});
+  EngineConfig roomy = base_config();
+  roomy.pager.slots_per_layer = 8;
+  roomy.kv = {.block_tokens = kBlockTokens, .budget_bytes = 8 << 20};
+  auto a = Engine::create(m->geometry, m->params, roomy);
+  ASSERT_TRUE(a.ok());
+  const auto want = run_agentic(**a, w, m->geometry.vocab);
+
+  EngineConfig cfg = base_config();
+  cfg.kv.block_tokens = kBlockTokens;
+  auto probe =
+      KvCache::create(m->geometry, {.block_tokens = kBlockTokens, .budget_bytes = 1 << 20});
+  ASSERT_TRUE(probe.ok());
+  const std::size_t kb = (*probe)->block_bytes();
+  const std::size_t eb = 3 * 64 * 32 * sizeof(float);
+  // The longest turn needs blocks_for(max_context) blocks; the floor is one such request.
+  const int floor = (w.max_context() + kBlockTokens - 1) / kBlockTokens;
+  const std::size_t budget = 2 * 5 * eb + std::size_t(floor + 4) * kb;
+  ASSERT_TRUE(wsa::configure_auto_split(m->geometry, budget, floor, cfg).ok());
+  auto b = Engine::create(m->geometry, m->params, cfg);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  auto ls = wsa::LiveSplit::attach(**b, {.budget_bytes = budget,
+                                         .concurrency = 1,
+                                         .max_context_tokens = w.max_context(),
+                                         .decide_every_steps = 2,
+                                         .link_bytes_per_s = 1e9});
+  ASSERT_TRUE(ls.ok()) << ls.status().to_string();
+  const auto got = run_agentic(**b, w, m->geometry.vocab);
+  EXPECT_EQ(got.size(), std::size_t(4 * 3));
+  EXPECT_EQ(got, want);
+  EXPECT_GT((*ls)->stats().decisions, 0u);
+  EXPECT_LE((*b)->device_budget().bytes_peak(), budget);
+  EXPECT_GE((*ls)->stats().min_kv_blocks < 0 ? floor : (*ls)->stats().min_kv_blocks, floor);
+  std::printf("agentic auto split: preemptions=%llu moves=%llu refused=%llu kv_blocks=%d\n",
+              static_cast<unsigned long long>((*b)->stats().preemptions),
+              static_cast<unsigned long long>((*ls)->stats().moves),
+              static_cast<unsigned long long>((*ls)->stats().refused), (*b)->kv().num_blocks());
 }
 
 }  // namespace
