@@ -36,6 +36,10 @@ check "$tmp/a1.json" "s['local'] + s['offloaded_ok'] + s['offloaded_fallback'] =
 check "$tmp/a1.json" "abs(s['realised_rho'] - 0.4) <= 0.01"
 check "$tmp/a1.json" "s['offloaded_fallback'] == 0 and s['offloaded_ok'] > 0"
 check "$tmp/a1.json" "0 < s['ap']['weak_only'] < s['ap']['strong_only'] <= 1"
+# 1b) the same with the JSON-number upload (the fallback to the binary tensor extension).
+"$FERRY" route agent --server "$URL" "${SYN[@]}" --rho 0.4 --frames 100 --deadline-ms 3000 \
+  --json-upload >"$tmp/a1b.json" 2>"$tmp/a1b.err" || fail "agent run 1b rc=$?"
+check "$tmp/a1b.json" "s['accounted'] and s['offloaded_fallback'] == 0 and s['offloaded_ok'] > 0"
 curl -sf "$URL/metrics" >"$tmp/metrics.txt" || fail "server /metrics"
 grep -q '^ferry_route_server_requests_total{outcome="ok"} ' "$tmp/metrics.txt" || fail "metrics"
 

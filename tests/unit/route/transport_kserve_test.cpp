@@ -39,7 +39,8 @@ TEST(RouteKserve, BinaryFrameRequestRoundTripAndSize) {
   // A request without an image needs no binary part.
   kserve::BinaryRequest none = kserve::encode_frame_request_binary("n", 1, 0, "", 0);
   EXPECT_EQ(none.body.size(), none.header_length);
-  EXPECT_TRUE(kserve::decode_frame_request(none.body, 0 + none.header_length).ok());
+  EXPECT_TRUE(
+      kserve::decode_frame_request(none.body, static_cast<std::int64_t>(none.header_length)).ok());
 }
 
 TEST(RouteKserve, RejectsMalformedBinaryRequests) {
