@@ -56,7 +56,7 @@ struct ServeCliConfig {
   double duration_s = 0;
   std::string split = "fixed";
   int wsa_max_context = 0;
-  int wsa_decide_steps = 16;
+  int wsa_decide_steps = 64;
   bool plan_only = false;
   std::string trace;
   double budget_gib = 0;

@@ -10,7 +10,7 @@
 // misses * expert_bytes / link), not a GPU measurement; it states the machine it ran on.
 //   serve_split_bench [--budget-gib 24] [--link-gbps 24] [--sessions 8] [--concurrency 4]
 //                     [--turns 4] [--prefix 1536] [--seed 1] [--json FILE]
-//                     [--live-decide-steps 16] [--live-age 0.5] [--live-hysteresis 0.05]
+//                     [--live-decide-steps 64] [--live-age 0.9] [--live-hysteresis 0.05]
 #include <sys/utsname.h>
 #include <cmath>
 #include <cstdio>
@@ -55,8 +55,8 @@ int main(int argc, char** argv) {
   int sessions = 8, concurrency = 4, turns = 4, prefix = 1536;
   std::uint64_t seed = 1;
   std::string json_path;
-  int decide_steps = 16;
-  double age = 0.5, hysteresis = 0.05;
+  int decide_steps = 64;
+  double age = 0.9, hysteresis = 0.05;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const char* v = argv[i + 1];

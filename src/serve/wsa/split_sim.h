@@ -38,8 +38,8 @@ struct SimConfig {
   double step_base_s = 5e-3;
   double token_s = 1e-4;
   // live policy
-  int decide_every_steps = 16;
-  double age_factor = 0.5;
+  int decide_every_steps = 64;  // LiveSplitConfig's defaults (see the NOTE there)
+  double age_factor = 0.9;
   ControllerConfig controller;
   std::size_t kv_block_bytes() const { return kv_bytes_per_token * std::size_t(block_tokens); }
   double kv_block_cost_s() const { return token_s * block_tokens; }
