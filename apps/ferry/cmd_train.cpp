@@ -72,6 +72,10 @@ void register_train(CLI::App& app, CommandFn& run) {
                   "AdamW m, v: fp32, or 8bit (block-wise 8-bit codes, 2.004 bytes/param)")
       ->check(CLI::IsMember({"fp32", "8bit"}))
       ->envname("FERRY_OPTIMIZER_STATES");
+  cmd->add_option("--8bit-params", cfg->q8_params,
+                  "with --optimizer-states 8bit: ECMAScript regex over HF parameter names "
+                  "selecting the 8-bit ones (e.g. 'mlp|experts'); the others keep fp32 states "
+                  "(default: all)");
   cmd->add_option("--master", *master,
                   "master weights: fp32, bf16-kahan (bf16 + bf16 compensation) or bf16-sr "
                   "(bf16, stochastic rounding keyed by --seed); see docs/optimizer.md")

@@ -65,6 +65,14 @@ ConstTensorView flat_vec(const std::vector<T>& v, DType dt) {
                                      {static_cast<std::int64_t>(v.size())});
 }
 
+std::vector<std::string> q8_param_names(const TrainState& s) {
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < s.num_params(); ++i) {
+    if (s.optim.params[i].q8()) names.push_back(s.master->named[i].first);
+  }
+  return names;
+}
+
 // Every tensor of the state file, by mode (see the header): weights under their HF names (f32
 // master, or the bf16 weights themselves with the parameter's shape), then the optimizer's.
 std::vector<model::NamedTensor> state_tensors(const TrainState& s) {
@@ -84,7 +92,7 @@ std::vector<model::NamedTensor> state_tensors(const TrainState& s) {
         t.push_back({"optim.kahan." + name, flat_vec(p.comp16, DType::kBF16)});
       }
     }
-    if (mode.states == OptimizerStates::kF32) {
+    if (!p.q8()) {
       t.push_back({"optim.m." + name, flat_const(s.m->named[i].second)});
       t.push_back({"optim.v." + name, flat_const(s.v->named[i].second)});
     } else {
@@ -147,17 +155,18 @@ Status save_checkpoint(const std::string& output_dir, const TrainState& s, const
   const std::string state_path = tmp_dir + "/" + kStateFile;
   FERRY_TRY(model::write_safetensors(state_path, tensors, {{"format", "ferry-train"}}));
   FERRY_ASSIGN_OR_RETURN(const std::uint64_t hash, hash_file(state_path));
-  const Json j = {{"format_version", kFormatVersion},
-                  {"step", ts.step},
-                  {"opt_step", ts.opt_step},
-                  {"epoch", ts.cursor.epoch},
-                  {"index", ts.cursor.index},
-                  {"seed", hex64(ts.seed)},
-                  {"nonfinite_run", ts.nonfinite_run},
-                  {"data_fingerprint", hex64(ts.data_fingerprint)},
-                  {"state_fnv1a64", hex64(hash)},
-                  {"master_weights", to_string(s.optim.mode.master)},
-                  {"optimizer_states", to_string(s.optim.mode.states)}};
+  Json j = {{"format_version", kFormatVersion},
+            {"step", ts.step},
+            {"opt_step", ts.opt_step},
+            {"epoch", ts.cursor.epoch},
+            {"index", ts.cursor.index},
+            {"seed", hex64(ts.seed)},
+            {"nonfinite_run", ts.nonfinite_run},
+            {"data_fingerprint", hex64(ts.data_fingerprint)},
+            {"state_fnv1a64", hex64(hash)},
+            {"master_weights", to_string(s.optim.mode.master)},
+            {"optimizer_states", to_string(s.optim.mode.states)}};
+  if (s.optim.mode.states == OptimizerStates::k8Bit) j["q8_params"] = q8_param_names(s);
   FERRY_TRY(write_file_atomic(tmp_dir + "/" + kTrainerStateFile, j.dump(1) + "\n"));
   FERRY_TRY(fsync_dir(tmp_dir));
   if (fs::exists(final_dir, ec)) {  // re-saving a step (after a resume): replace it
@@ -241,7 +250,7 @@ Status load_param(const model::SafetensorsFile& f, TrainState& s, std::size_t i)
       FERRY_TRY(load_vec(f, "optim.kahan." + name, p.comp16, DType::kBF16));
     }
   }
-  if (mode.states == OptimizerStates::kF32) {
+  if (!p.q8()) {
     FERRY_TRY(load_tensor(f, "optim.m." + name, s.m->named[i].second));
     FERRY_TRY(load_tensor(f, "optim.v." + name, s.v->named[i].second));
   } else {
@@ -251,6 +260,39 @@ Status load_param(const model::SafetensorsFile& f, TrainState& s, std::size_t i)
     FERRY_TRY(load_vec(f, "optim.v_absmax." + name, p.v_absmax, DType::kF32));
   }
   return {};
+}
+
+// Which parameters keep 8-bit states; a checkpoint without the field (written before
+// --8bit-params) has them all.
+Status check_q8_selection(const Json& j, const TrainState& s, const std::string& dir,
+                          const std::string& what) {
+  if (s.optim.mode.states != OptimizerStates::k8Bit) return {};
+  std::vector<std::string> saved;
+  if (j.contains("q8_params")) {
+    if (!j["q8_params"].is_array()) return corrupt("{}: bad \"q8_params\"", what);
+    for (const Json& n : j["q8_params"]) {
+      if (!n.is_string()) return corrupt("{}: bad \"q8_params\"", what);
+      saved.push_back(n.get<std::string>());
+    }
+  } else {
+    for (const auto& [name, t] : s.master->named) saved.push_back(name);
+  }
+  const std::vector<std::string> now = q8_param_names(s);
+  if (saved == now) return {};
+  std::string differ;
+  for (const auto& [name, t] : s.master->named) {
+    const bool in_saved = std::find(saved.begin(), saved.end(), name) != saved.end();
+    const bool in_now = std::find(now.begin(), now.end(), name) != now.end();
+    if (in_saved != in_now) {
+      differ = fmt::format("{} is {} there and {} here", name, in_saved ? "8-bit" : "fp32",
+                           in_now ? "8-bit" : "fp32");
+      break;
+    }
+  }
+  return invalid_argument(
+      "train: checkpoint {} keeps 8-bit states for {} parameters but this run's --8bit-params "
+      "selects {} ({}); resume with the same --8bit-params (states are not converted)",
+      dir, saved.size(), now.size(), differ);
 }
 
 // Mode fields; checkpoints written before the hybrid optimizer have neither (fp32 / fp32).
@@ -331,6 +373,7 @@ Result<TrainerState> load_checkpoint(const std::string& path, TrainState& s) {
         "--optimizer-states (states are not converted)",
         dir, describe(*mode), describe(s.optim.mode));
   }
+  FERRY_TRY(check_q8_selection(j, s, dir, what));
   const std::string state_path = dir + "/" + kStateFile;
   auto got_hash = hash_file(state_path);
   if (!got_hash.ok()) return fail(got_hash.status());

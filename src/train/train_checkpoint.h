@@ -6,13 +6,17 @@
 //                       bf16 weights themselves (+ "optim.kahan.<name>" bf16 compensation);
 //                       AdamW moments: fp32 states "optim.m.<name>", "optim.v.<name>"; 8-bit
 //                       states "optim.m8.<name>", "optim.v8.<name>" (u8 codes) and
-//                       "optim.m_absmax.<name>", "optim.v_absmax.<name>" (f32 per block)
+//                       "optim.m_absmax.<name>", "optim.v_absmax.<name>" (f32 per block),
+//                       each parameter by its own kind (--8bit-params selects a subset)
 //   trainer_state.json  step, AdamW step, data cursor, seed, consecutive non-finite skips, a
 //                       fingerprint of the training data, the FNV-1a 64 hash of
 //                       state.safetensors, and the optimizer mode ("master_weights",
-//                       "optimizer_states"; absent in older checkpoints = fp32 / fp32)
+//                       "optimizer_states"; absent in older checkpoints = fp32 / fp32), and
+//                       with 8-bit states "q8_params": the names of the 8-bit parameters
+//                       (absent = all)
 // Everything is stored bit for bit, so a resume continues exactly in every mode. Loading into a
-// TrainState of another mode is refused (invalid argument, naming both modes).
+// TrainState of another mode, or another 8-bit selection, is refused (invalid argument, naming
+// both modes / the first parameter that differs).
 // Written atomically: everything goes into a temporary sibling folder, each file is fsynced,
 // the folder is renamed to its final name and the parent fsynced; a crash leaves either the old
 // set of checkpoints or the new one. Loading re-hashes state.safetensors, so a truncated or

@@ -57,16 +57,13 @@ std::int64_t TrainState::num_elements() const {
 
 Result<std::unique_ptr<TrainState>> TrainState::from_loaded(const model::LoadedModel& loaded,
                                                             const OptimMode& mode,
-                                                            std::uint64_t sr_seed) {
+                                                            std::uint64_t sr_seed,
+                                                            const std::vector<bool>& q8) {
   auto s = std::make_unique<TrainState>();
   s->config = loaded.config;
   s->geometry = loaded.geometry;
   FERRY_ASSIGN_OR_RETURN(s->master, model::GradStorage::create(loaded));
   FERRY_ASSIGN_OR_RETURN(s->grads, model::GradStorage::create(loaded));
-  if (mode.states == OptimizerStates::kF32) {
-    FERRY_ASSIGN_OR_RETURN(s->m, model::GradStorage::create(loaded));
-    FERRY_ASSIGN_OR_RETURN(s->v, model::GradStorage::create(loaded));
-  }
   for (std::size_t i = 0; i < loaded.named.size(); ++i) {
     const ConstTensorView& src = loaded.named[i].second;
     FERRY_CHECK(src.dtype == DType::kF32 && src.is_contiguous(),
@@ -74,7 +71,15 @@ Result<std::unique_ptr<TrainState>> TrainState::from_loaded(const model::LoadedM
     std::memcpy(s->master->named[i].second.data, src.data, src.bytes());
     s->decay.push_back(decays(loaded.named[i].first));
   }
-  s->optim = HybridOptimState::create(mode, sr_seed, *s->master);
+  if (!q8.empty() && q8.size() != loaded.named.size()) {
+    return invalid_argument("train: 8-bit selection of {} for {} parameters", q8.size(),
+                            loaded.named.size());
+  }
+  s->optim = HybridOptimState::create(mode, sr_seed, *s->master, q8);
+  if (s->optim.any_f32_states()) {
+    FERRY_ASSIGN_OR_RETURN(s->m, model::GradStorage::create(loaded));
+    FERRY_ASSIGN_OR_RETURN(s->v, model::GradStorage::create(loaded));
+  }
   s->params = as_params(s->master->grads);
   return s;
 }

@@ -6,8 +6,9 @@
 // storage (optim/optim_state.h) for the non-default modes:
 //   master fp32:       `master` is the f32 master; bf16 masters: `master` is the f32 compute view
 //                      of the bf16 weights in optim.params[i].w16 (rewritten by every update);
-//   states fp32:       `m`, `v` hold the moments; 8bit: `m`, `v` are null (never allocated) and
-//                      the codes live in optim.params[i].
+//   states fp32:       `m`, `v` hold the moments; 8bit: the codes live in optim.params[i], and
+//                      `m`, `v` are null unless --8bit-params left some parameter with f32
+//                      states (then they are allocated for all, used for those only).
 // Ownership: TrainState owns everything; `params` are const views into `master`.
 // Tests: tests/unit/train/optimizer_test.cpp.
 #pragma once
@@ -26,16 +27,18 @@ struct TrainState {
   model::DecoderGeometry geometry;
   std::unique_ptr<model::GradStorage> master;  // writable f32 weights, named in checkpoint order
   std::unique_ptr<model::GradStorage> grads;
-  std::unique_ptr<model::GradStorage> m;  // fp32 states only
-  std::unique_ptr<model::GradStorage> v;  // fp32 states only
-  HybridOptimState optim;                 // mode + bf16 weights / 8-bit codes
-  model::ModelParams params;              // views of master
-  std::vector<bool> decay;                // [num params]
+  std::unique_ptr<model::GradStorage> m;  // when some parameter keeps f32 states
+  std::unique_ptr<model::GradStorage> v;
+  HybridOptimState optim;     // mode + bf16 weights / 8-bit codes
+  model::ModelParams params;  // views of master
+  std::vector<bool> decay;    // [num params]
 
-  // sr_seed keys stochastic rounding (bf16-sr); the trainer passes --seed.
+  // sr_seed keys stochastic rounding (bf16-sr); the trainer passes --seed. q8[i]: parameter i
+  // keeps 8-bit states (8bit mode; empty = all, param_selection.h).
   static Result<std::unique_ptr<TrainState>> from_loaded(const model::LoadedModel& loaded,
                                                          const OptimMode& mode = {},
-                                                         std::uint64_t sr_seed = 0);
+                                                         std::uint64_t sr_seed = 0,
+                                                         const std::vector<bool>& q8 = {});
   std::size_t num_params() const { return master->named.size(); }
   std::int64_t num_elements() const;
 };

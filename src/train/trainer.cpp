@@ -19,6 +19,7 @@
 #include "model/tokenizer/chat_template.h"
 #include "train/batcher.h"
 #include "train/greedy_eval.h"
+#include "train/optim/param_selection.h"
 #include "train/stream/plan_policy.h"
 #include "train/stream/stream_executor.h"
 #include "train/train_checkpoint.h"
@@ -43,6 +44,9 @@ Status validate(const TrainConfig& c) {
   }
   if (c.prefetch < 1) return invalid_argument("train: --prefetch must be >= 1");
   if (c.device_budget_mib < 0) return invalid_argument("train: --device-budget-mib must be >= 0");
+  if (!c.q8_params.empty() && c.optim.states != OptimizerStates::k8Bit) {
+    return invalid_argument("train: --8bit-params needs --optimizer-states 8bit");
+  }
   if (c.data_path.empty() != c.model_dir.empty()) {
     return invalid_argument(
         "train: give both --model and --data, or neither (the embedded default)");
@@ -64,7 +68,13 @@ struct Job {
 
 Status load_model_into(Job& job, const std::string& dir, const TrainConfig& c) {
   FERRY_ASSIGN_OR_RETURN(auto loaded, model::load_model_f32(dir));
-  FERRY_ASSIGN_OR_RETURN(job.state, TrainState::from_loaded(*loaded, c.optim, c.seed));
+  std::vector<bool> q8;
+  if (c.optim.states == OptimizerStates::k8Bit) {
+    std::vector<std::string> names;
+    for (const auto& [name, t] : loaded->named) names.push_back(name);
+    FERRY_ASSIGN_OR_RETURN(q8, select_8bit_params(names, c.q8_params));
+  }
+  FERRY_ASSIGN_OR_RETURN(job.state, TrainState::from_loaded(*loaded, c.optim, c.seed, q8));
   FERRY_ASSIGN_OR_RETURN(job.config_json, read_file(dir + "/config.json"));
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                         "generation_config.json"}) {
@@ -202,18 +212,32 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
   {
     // What this mode costs per parameter in the streaming arena (bf16 gradients from the GPU),
     // and what the in-memory executor holds (f32 gradients, and an f32 compute copy of bf16
-    // weights).
-    const HostBytesPerParam arena = host_bytes_per_param(c.optim);
+    // weights). With --8bit-params the states are the real mixture by element count.
+    std::int64_t q8_elements = 0, q8_count = 0;
+    for (std::size_t i = 0; i < s.num_params(); ++i) {
+      if (!s.optim.params[i].q8()) continue;
+      ++q8_count;
+      q8_elements += s.master->named[i].second.numel();
+    }
+    const double q8_fraction = static_cast<double>(q8_elements) / static_cast<double>(sum.params);
+    const HostBytesPerParam arena = mixed_host_bytes_per_param(c.optim, q8_fraction);
     const double bf16_truth =
         c.optim.master == MasterWeights::kF32 ? 0.0 : arena.weights + arena.master;
+    const double q8_bytes = host_bytes_per_param({c.optim.master, OptimizerStates::k8Bit}).states;
+    const double here_states = (s.m ? 8.0 : 0.0) + q8_fraction * q8_bytes;
     const double here =
-        4.0 /* f32 master or compute view */ + bf16_truth + arena.states + 4.0 /* f32 grads */;
+        4.0 /* f32 master or compute view */ + bf16_truth + here_states + 4.0 /* f32 grads */;
+    const std::string selection =
+        c.q8_params.empty()
+            ? std::string()
+            : fmt::format(" (--8bit-params \"{}\": {} of {} parameters, {:.1f} % of elements)",
+                          c.q8_params, q8_count, s.num_params(), 100.0 * q8_fraction);
     lg->info(
-        "optimizer: {} | host bytes/param (streaming arena): weights {:.0f} + master {:.0f} + "
+        "optimizer: {}{} | host bytes/param (streaming arena): weights {:.0f} + master {:.0f} + "
         "states {:.3f} + grads {:.0f} = {:.3f} ({:.2f} GB for these params); in-memory executor "
         "{:.3f}",
-        describe(c.optim), arena.weights, arena.master, arena.states, arena.grads, arena.total(),
-        arena.total() * static_cast<double>(sum.params) / 1e9, here);
+        describe(c.optim), selection, arena.weights, arena.master, arena.states, arena.grads,
+        arena.total(), arena.total() * static_cast<double>(sum.params) / 1e9, here);
   }
 
   std::unique_ptr<stream::StreamExecutor> streamer;

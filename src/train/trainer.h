@@ -56,6 +56,9 @@ struct TrainConfig {
   std::int64_t warmup_steps = 20;
   AdamWConfig adamw;
   OptimMode optim;  // master weights x optimizer states (docs/optimizer.md)
+  // 8bit states: ECMAScript regex over HF parameter names selecting the 8-bit ones (others keep
+  // fp32 states); empty = all (optim/param_selection.h).
+  std::string q8_params;
 
   Executor executor = Executor::kMemory;
   std::string policy = "device";       // stream: activation policy (stream/activation_policy.h)

@@ -16,8 +16,7 @@ void hybrid_update_param(kc::Isa isa, const kc::AdamWConstants& k, const OptimMo
   const kc::MasterKind mk = mode.master == MasterWeights::kF32         ? kc::MasterKind::kF32
                             : mode.master == MasterWeights::kBf16Kahan ? kc::MasterKind::kBf16Kahan
                                                                        : kc::MasterKind::kBf16Sr;
-  const kc::StateKind sk =
-      mode.states == OptimizerStates::kF32 ? kc::StateKind::kF32 : kc::StateKind::kQ8;
+  const kc::StateKind sk = st.q8() ? kc::StateKind::kQ8 : kc::StateKind::kF32;
   const std::int64_t block = kc::q8::kBlock;
   const std::int64_t blocks = (b.n + block - 1) / block;
   auto run = [&](std::size_t b0, std::size_t b1) {

@@ -18,12 +18,13 @@ namespace ferry::train {
 struct ParamBuffers {
   std::int64_t n = 0;
   float* master = nullptr;      // [n] f32 master (fp32) or compute view written back (bf16)
-  float* m32 = nullptr;         // [n] fp32 states only
-  float* v32 = nullptr;         // [n] fp32 states only
+  float* m32 = nullptr;         // [n] f32 states only (!st.q8())
+  float* v32 = nullptr;         // [n] f32 states only (!st.q8())
   const float* grad = nullptr;  // [n]
 };
 
-// sr_key: kernels::cpu::sr_key(seed, AdamW step, parameter number) (used by bf16-sr only).
+// The states' kind is the parameter's (st.q8()). sr_key: kernels::cpu::sr_key(seed, AdamW step,
+// parameter number) (used by bf16-sr only).
 void hybrid_update_param(kernels::cpu::Isa isa, const kernels::cpu::AdamWConstants& k,
                          const OptimMode& mode, ParamOptimState& st, const ParamBuffers& b,
                          std::uint64_t sr_key);

@@ -71,6 +71,15 @@ HostBytesPerParam host_bytes_per_param(const OptimMode& m, DType grad_dtype) {
   return b;
 }
 
+HostBytesPerParam mixed_host_bytes_per_param(const OptimMode& m, double q8_fraction,
+                                             DType grad_dtype) {
+  HostBytesPerParam b = host_bytes_per_param(m, grad_dtype);
+  if (m.states != OptimizerStates::k8Bit) return b;
+  const double f32 = host_bytes_per_param({m.master, OptimizerStates::kF32}, grad_dtype).states;
+  b.states = q8_fraction * b.states + (1.0 - q8_fraction) * f32;
+  return b;
+}
+
 double optimizer_state_bytes_per_param(const OptimMode& m) {
   const HostBytesPerParam b = host_bytes_per_param(m);
   return b.master + b.states;

@@ -46,6 +46,11 @@ struct HostBytesPerParam {
 // hands back (bf16 in the streaming design, f32 in the in-memory CPU executor).
 HostBytesPerParam host_bytes_per_param(const OptimMode& m, DType grad_dtype = DType::kBF16);
 
+// The same with 8-bit states on a fraction of the elements only (--8bit-params) and fp32 states
+// on the rest: states = f * 8-bit + (1 - f) * fp32. m.states must be 8bit; f in [0, 1].
+HostBytesPerParam mixed_host_bytes_per_param(const OptimMode& m, double q8_fraction,
+                                             DType grad_dtype = DType::kBF16);
+
 // The optimizer's own share (master + states), the part these options change.
 double optimizer_state_bytes_per_param(const OptimMode& m);
 

@@ -10,7 +10,7 @@ std::int64_t q8_blocks(std::int64_t n) {
 }
 
 HybridOptimState HybridOptimState::create(const OptimMode& mode, std::uint64_t sr_seed,
-                                          model::GradStorage& master) {
+                                          model::GradStorage& master, const std::vector<bool>& q8) {
   HybridOptimState h;
   h.mode = mode;
   h.sr_seed = sr_seed;
@@ -28,7 +28,7 @@ HybridOptimState HybridOptimState::create(const OptimMode& mode, std::uint64_t s
       }
       if (mode.master == MasterWeights::kBf16Kahan) p.comp16.assign(n, 0);
     }
-    if (mode.states == OptimizerStates::k8Bit) {
+    if (mode.states == OptimizerStates::k8Bit && (q8.empty() || q8[i])) {
       const auto blocks = static_cast<std::size_t>(q8_blocks(w.numel()));
       p.m8.assign(n, 0);
       p.v8.assign(n, 0);
@@ -37,6 +37,13 @@ HybridOptimState HybridOptimState::create(const OptimMode& mode, std::uint64_t s
     }
   }
   return h;
+}
+
+bool HybridOptimState::any_f32_states() const {
+  for (const ParamOptimState& p : params) {
+    if (!p.q8()) return true;
+  }
+  return false;
 }
 
 void HybridOptimState::refresh_compute_view(model::GradStorage& master) const {

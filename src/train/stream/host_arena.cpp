@@ -31,13 +31,21 @@ Result<std::unique_ptr<HostArena>> HostArena::create(const TrainState& s) {
     p.offset = unit.elements;
     p.block0 = unit.blocks;
     p.decay = s.decay[i];
+    p.q8 = s.optim.params[i].q8();
+    p.state_offset = unit.state_bytes;
     unit.elements += p.n;
-    unit.blocks += q8_blocks(p.n);
+    if (p.q8) unit.blocks += q8_blocks(p.n);
+    // Each parameter's f32 states start 4-byte aligned (8-bit runs before them may be odd).
+    unit.state_bytes += p.q8 ? p.n : 4 * p.n;
+    if (!p.q8 && p.state_offset % 4 != 0) {
+      const std::int64_t pad = 4 - p.state_offset % 4;
+      p.state_offset += pad;
+      unit.state_bytes += pad;
+    }
     unit.params.push_back(p.index);
     a->elements_ += p.n;
     a->params_.push_back(p);
   }
-  const bool q8 = a->mode_.states == OptimizerStates::k8Bit;
   const bool bf16 = a->bf16_master();
   mem::ArenaPlan plan;
   for (int u = 0; u <= L; ++u) {
@@ -51,10 +59,10 @@ Result<std::unique_ptr<HostArena>> HostArena::create(const TrainState& s) {
     } else if (a->mode_.master == MasterWeights::kBf16Kahan) {
       unit.master = plan.add(pre + ".kahan", b16, kPage);
     }
-    const std::size_t state = q8 ? static_cast<std::size_t>(unit.elements) : f32;
+    const auto state = static_cast<std::size_t>(unit.state_bytes);
     unit.m = plan.add(pre + ".m", state, kPage);
     unit.v = plan.add(pre + ".v", state, kPage);
-    if (q8) {
+    if (unit.blocks > 0) {
       const std::size_t scales = static_cast<std::size_t>(unit.blocks) * sizeof(float);
       unit.m_absmax = plan.add(pre + ".m_absmax", scales, kPage);
       unit.v_absmax = plan.add(pre + ".v_absmax", scales, kPage);
@@ -78,12 +86,23 @@ std::size_t HostArena::unit_weight_bytes(int u) const {
          (bf16_master() ? sizeof(std::uint16_t) : sizeof(float));
 }
 
-Status HostArena::load_from(const TrainState& s) {
+Status HostArena::check_layout(const TrainState& s) const {
   if (s.optim.mode != mode_) {
     return invalid_argument("train: state mode {} differs from the arena's {}",
                             describe(s.optim.mode), describe(mode_));
   }
-  const bool q8 = mode_.states == OptimizerStates::k8Bit;
+  for (const ParamLoc& p : params_) {
+    if (s.optim.params[p.index].q8() != p.q8) {
+      return invalid_argument("train: parameter {} has {} states in the state, {} in the arena",
+                              s.master->named[p.index].first, p.q8 ? "fp32" : "8-bit",
+                              p.q8 ? "8-bit" : "fp32");
+    }
+  }
+  return {};
+}
+
+Status HostArena::load_from(const TrainState& s) {
+  FERRY_TRY(check_layout(s));
   for (const ParamLoc& p : params_) {
     const std::size_t bytes = static_cast<std::size_t>(p.n) * sizeof(float);
     const ParamOptimState& st = s.optim.params[p.index];
@@ -99,27 +118,21 @@ Status HostArena::load_from(const TrainState& s) {
       std::memcpy(weights(p.unit) + p.offset, w, bytes);
     }
     std::memset(grads(p.unit) + p.offset, 0, bytes);
-    if (q8) {
-      std::memcpy(m8(p.unit) + p.offset, st.m8.data(), static_cast<std::size_t>(p.n));
-      std::memcpy(v8(p.unit) + p.offset, st.v8.data(), static_cast<std::size_t>(p.n));
-      std::memcpy(m_absmax(p.unit) + p.block0, st.m_absmax.data(),
-                  st.m_absmax.size() * sizeof(float));
-      std::memcpy(v_absmax(p.unit) + p.block0, st.v_absmax.data(),
-                  st.v_absmax.size() * sizeof(float));
+    if (p.q8) {
+      std::memcpy(m8(p), st.m8.data(), static_cast<std::size_t>(p.n));
+      std::memcpy(v8(p), st.v8.data(), static_cast<std::size_t>(p.n));
+      std::memcpy(m_absmax(p), st.m_absmax.data(), st.m_absmax.size() * sizeof(float));
+      std::memcpy(v_absmax(p), st.v_absmax.data(), st.v_absmax.size() * sizeof(float));
     } else {
-      std::memcpy(m32(p.unit) + p.offset, s.m->named[p.index].second.as<float>(), bytes);
-      std::memcpy(v32(p.unit) + p.offset, s.v->named[p.index].second.as<float>(), bytes);
+      std::memcpy(m32(p), s.m->named[p.index].second.as<float>(), bytes);
+      std::memcpy(v32(p), s.v->named[p.index].second.as<float>(), bytes);
     }
   }
   return {};
 }
 
 Status HostArena::store_to(TrainState& s) const {
-  if (s.optim.mode != mode_) {
-    return invalid_argument("train: state mode {} differs from the arena's {}",
-                            describe(s.optim.mode), describe(mode_));
-  }
-  const bool q8 = mode_.states == OptimizerStates::k8Bit;
+  FERRY_TRY(check_layout(s));
   for (const ParamLoc& p : params_) {
     const std::size_t bytes = static_cast<std::size_t>(p.n) * sizeof(float);
     ParamOptimState& st = s.optim.params[p.index];
@@ -132,16 +145,14 @@ Status HostArena::store_to(TrainState& s) const {
     } else {
       std::memcpy(s.master->named[p.index].second.data, master(p.unit) + p.offset, bytes);
     }
-    if (q8) {
-      std::memcpy(st.m8.data(), m8(p.unit) + p.offset, static_cast<std::size_t>(p.n));
-      std::memcpy(st.v8.data(), v8(p.unit) + p.offset, static_cast<std::size_t>(p.n));
-      std::memcpy(st.m_absmax.data(), m_absmax(p.unit) + p.block0,
-                  st.m_absmax.size() * sizeof(float));
-      std::memcpy(st.v_absmax.data(), v_absmax(p.unit) + p.block0,
-                  st.v_absmax.size() * sizeof(float));
+    if (p.q8) {
+      std::memcpy(st.m8.data(), m8(p), static_cast<std::size_t>(p.n));
+      std::memcpy(st.v8.data(), v8(p), static_cast<std::size_t>(p.n));
+      std::memcpy(st.m_absmax.data(), m_absmax(p), st.m_absmax.size() * sizeof(float));
+      std::memcpy(st.v_absmax.data(), v_absmax(p), st.v_absmax.size() * sizeof(float));
     } else {
-      std::memcpy(s.m->named[p.index].second.data, m32(p.unit) + p.offset, bytes);
-      std::memcpy(s.v->named[p.index].second.data, v32(p.unit) + p.offset, bytes);
+      std::memcpy(s.m->named[p.index].second.data, m32(p), bytes);
+      std::memcpy(s.v->named[p.index].second.data, v32(p), bytes);
     }
   }
   // TrainState's f32 master is the compute view of the bf16 weights (eval, export read it).

@@ -8,7 +8,9 @@
 //             in place, streamed as bf16 and widened on the device side)
 //   master    f32 master weights (what AdamW updates; copied into `weights` after the update),
 //             the bf16 Kahan compensation (bf16-kahan), or nothing (bf16-sr)
-//   states    f32 m, v — or 8-bit m, v codes + one f32 absmax per 2048 (optim/q8_code.h)
+//   states    f32 m, v — or 8-bit m, v codes + one f32 absmax per 2048 (optim/q8_code.h) — per
+//             parameter (--8bit-params may select a subset), so the m and v sections are the
+//             unit's mixture: 4 bytes per f32-state element, 1 per 8-bit one
 //   grads     f32 gradient landing buffer (accumulated over micro-batches)
 // Each section holds the unit's parameters back to back in param_specs order and starts on a
 // 4096-byte page, so a unit's weights are one contiguous copy and its state is adjacent.
@@ -33,11 +35,13 @@
 namespace ferry::train::stream {
 
 struct ParamLoc {
-  int index = 0;            // position in TrainState::master->named (param_specs order)
-  int unit = 0;             // layer, or L for the globals
-  std::int64_t n = 0;       // elements
-  std::int64_t offset = 0;  // elements from the start of its unit's sections
-  std::int64_t block0 = 0;  // first 8-bit block (absmax entry) within the unit
+  int index = 0;                  // position in TrainState::master->named (param_specs order)
+  int unit = 0;                   // layer, or L for the globals
+  std::int64_t n = 0;             // elements
+  std::int64_t offset = 0;        // elements from the start of its unit's sections
+  std::int64_t block0 = 0;        // first 8-bit block (absmax entry) within the unit (8-bit only)
+  std::int64_t state_offset = 0;  // bytes from the start of its unit's m (and v) section
+  bool q8 = false;                // 8-bit states (else f32 m, v): --8bit-params
   bool decay = false;
 };
 
@@ -65,12 +69,21 @@ class HostArena {
   bool bf16_master() const { return mode_.master != MasterWeights::kF32; }
   // Bytes of unit u's streaming weights (what one H2D copy of the unit moves).
   std::size_t unit_weight_bytes(int u) const;
-  float* m32(int u) const { return arena_.as<float>(units_[u].m); }
-  float* v32(int u) const { return arena_.as<float>(units_[u].v); }
-  std::uint8_t* m8(int u) const { return arena_.as<std::uint8_t>(units_[u].m); }
-  std::uint8_t* v8(int u) const { return arena_.as<std::uint8_t>(units_[u].v); }
-  float* m_absmax(int u) const { return arena_.as<float>(units_[u].m_absmax); }
-  float* v_absmax(int u) const { return arena_.as<float>(units_[u].v_absmax); }
+  // One parameter's states: f32 m, v (!p.q8) or the 8-bit codes and block scales (p.q8).
+  float* m32(const ParamLoc& p) const {
+    return reinterpret_cast<float*>(state(units_[p.unit].m, p));
+  }
+  float* v32(const ParamLoc& p) const {
+    return reinterpret_cast<float*>(state(units_[p.unit].v, p));
+  }
+  std::uint8_t* m8(const ParamLoc& p) const { return state(units_[p.unit].m, p); }
+  std::uint8_t* v8(const ParamLoc& p) const { return state(units_[p.unit].v, p); }
+  float* m_absmax(const ParamLoc& p) const {
+    return arena_.as<float>(units_[p.unit].m_absmax) + p.block0;
+  }
+  float* v_absmax(const ParamLoc& p) const {
+    return arena_.as<float>(units_[p.unit].v_absmax) + p.block0;
+  }
   float* grads(int u) const { return arena_.as<float>(units_[u].grads); }
 
   const OptimMode& mode() const { return mode_; }
@@ -81,10 +94,14 @@ class HostArena {
  private:
   struct Unit {
     std::vector<int> params;
-    std::int64_t elements = 0, blocks = 0;
+    std::int64_t elements = 0, blocks = 0, state_bytes = 0;
     mem::SlotId weights, master, m, v, m_absmax, v_absmax, grads;
   };
   HostArena() = default;
+  Status check_layout(const TrainState& s) const;  // same mode and 8-bit selection
+  std::uint8_t* state(mem::SlotId section, const ParamLoc& p) const {
+    return arena_.as<std::uint8_t>(section) + p.state_offset;
+  }
 
   OptimMode mode_;
   std::vector<ParamLoc> params_;

@@ -86,7 +86,6 @@ void LayerOptimizer::run() {
 void LayerOptimizer::update_unit(int u, const UpdateArgs& a) {
   const kc::Isa isa = kc::best_isa();
   const OptimMode& mode = arena_.mode();
-  const bool q8 = mode.states == OptimizerStates::k8Bit;
   const bool bf16 = arena_.bf16_master();
   const kc::MasterKind mk = mode.master == MasterWeights::kF32         ? kc::MasterKind::kF32
                             : mode.master == MasterWeights::kBf16Kahan ? kc::MasterKind::kBf16Kahan
@@ -96,10 +95,11 @@ void LayerOptimizer::update_unit(int u, const UpdateArgs& a) {
     const kc::AdamWConstants k = kc::make_adamw_constants(
         a.lr, a.beta1, a.beta2, a.eps, p.decay ? a.weight_decay : 0.0f, a.grad_scale, a.step);
     const float* g = arena_.grads(u) + p.offset;
-    if (!q8 && !bf16) {
-      // Backend::adamw's kernel: what the in-memory executor runs for fp32/fp32.
-      kc::adamw_span(isa, k, arena_.master(u) + p.offset, arena_.m32(u) + p.offset,
-                     arena_.v32(u) + p.offset, nullptr, g, p.n);
+    if (mode == OptimMode{}) {
+      // Backend::adamw's kernel: what the in-memory executor runs for fp32/fp32 (every other
+      // mode, fp32-state parameters of an 8-bit subset included, takes the hybrid kernel there).
+      kc::adamw_span(isa, k, arena_.master(u) + p.offset, arena_.m32(p), arena_.v32(p), nullptr, g,
+                     p.n);
       continue;
     }
     kc::HybridAdamWSpan s;
@@ -111,18 +111,18 @@ void LayerOptimizer::update_unit(int u, const UpdateArgs& a) {
     } else {
       s.p32 = arena_.master(u) + p.offset;
     }
-    if (q8) {
-      s.m8 = arena_.m8(u) + p.offset;
-      s.v8 = arena_.v8(u) + p.offset;
-      s.m_absmax = arena_.m_absmax(u) + p.block0;
-      s.v_absmax = arena_.v_absmax(u) + p.block0;
+    if (p.q8) {
+      s.m8 = arena_.m8(p);
+      s.v8 = arena_.v8(p);
+      s.m_absmax = arena_.m_absmax(p);
+      s.v_absmax = arena_.v_absmax(p);
     } else {
-      s.m32 = arena_.m32(u) + p.offset;
-      s.v32 = arena_.v32(u) + p.offset;
+      s.m32 = arena_.m32(p);
+      s.v32 = arena_.v32(p);
     }
     s.index0 = 0;  // the whole parameter in one span
     s.sr_key = kc::sr_key(a.sr_seed, a.step, static_cast<std::uint64_t>(p.index));
-    kc::hybrid_adamw_span(isa, mk, q8 ? kc::StateKind::kQ8 : kc::StateKind::kF32, k, s);
+    kc::hybrid_adamw_span(isa, mk, p.q8 ? kc::StateKind::kQ8 : kc::StateKind::kF32, k, s);
   }
   // The streaming copy the device reads (on a GPU build: the bf16 conversion). bf16 masters
   // were updated in place: they are the streaming copy.

@@ -23,7 +23,8 @@
 //
 // Bit-identical to the in-memory executor (trainer.h) for every policy on the CPU backend: the
 // same kernels run on the same values in the same order; recompute is deterministic.
-// Not yet: bf16 streaming weights / bf16 masters, GPU kernels on a CUDA device tier (create()
+// bf16 masters: the arena's bf16 weights stream as bf16 and are widened on the device tier.
+// Not yet: bf16 streaming weights with an fp32 master, GPU kernels on a CUDA device tier (create()
 // refuses a device tier that is not host memory), asynchronous boundary offload (boundaries and
 // the once-per-step globals are synchronous copies on the compute thread, counted as exposed
 // transfer time).

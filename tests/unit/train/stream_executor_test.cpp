@@ -18,6 +18,7 @@
 #include "model/model_binding.h"
 #include "test_util.h"
 #include "train/builtin_model.h"
+#include "train/optim/param_selection.h"
 #include "train/optimizer.h"
 #include "train/rng.h"
 #include "train/stream/device_plan.h"
@@ -89,7 +90,22 @@ struct RunSpec {
   int steps = 3;
   int accum = 2;
   OptimMode mode;
+  std::string q8_params;  // 8bit states: --8bit-params (empty = all)
 };
+
+std::unique_ptr<TrainState> make_state(const model::LoadedModel& m, const RunSpec& r) {
+  std::vector<bool> q8;
+  if (r.mode.states == OptimizerStates::k8Bit) {
+    std::vector<std::string> names;
+    for (const auto& [name, t] : m.named) names.push_back(name);
+    auto sel = select_8bit_params(names, r.q8_params);
+    EXPECT_TRUE(sel.ok()) << sel.status().to_string();
+    if (sel.ok()) q8 = *sel;
+  }
+  auto s = TrainState::from_loaded(m, r.mode, 99, q8);
+  EXPECT_TRUE(s.ok()) << s.status().to_string();
+  return std::move(s).value();
+}
 
 AdamWConfig adamw() {
   AdamWConfig c;
@@ -111,9 +127,7 @@ struct RunResult {
 RunResult run_reference(const model::LoadedModel& m, const RunSpec& r,
                         const std::vector<Batch>& data) {
   RunResult out;
-  auto s = TrainState::from_loaded(m, r.mode, 99);
-  EXPECT_TRUE(s.ok());
-  out.state = std::move(*s);
+  out.state = make_state(m, r);
   kernels::Backend& be = kernels::cpu_backend();
   auto mc = model::ModelCompute::create(m.geometry, kBatch * kSeq, be);
   EXPECT_TRUE(mc.ok());
@@ -141,9 +155,7 @@ RunResult run_reference(const model::LoadedModel& m, const RunSpec& r,
 RunResult run_stream(const model::LoadedModel& m, const RunSpec& r, const std::vector<Batch>& data,
                      const std::string& policy, int prefetch = 2) {
   RunResult out;
-  auto s = TrainState::from_loaded(m, r.mode, 99);
-  EXPECT_TRUE(s.ok());
-  out.state = std::move(*s);
+  out.state = make_state(m, r);
   auto pol = parse_policy(policy, m.geometry.layers);
   EXPECT_TRUE(pol.ok()) << pol.status().to_string();
   StreamOptions so{.policy = *pol, .prefetch = prefetch};
@@ -190,12 +202,13 @@ void expect_same_state(const TrainState& a, const TrainState& b, const std::stri
           << what << ": m of " << a.master->named[i].first;
       EXPECT_EQ(std::memcmp(a.v->named[i].second.data, b.v->named[i].second.data, wa.bytes()), 0)
           << what << ": v of " << a.master->named[i].first;
-    } else {
-      EXPECT_EQ(a.optim.params[i].m8, b.optim.params[i].m8) << what;
-      EXPECT_EQ(a.optim.params[i].v8, b.optim.params[i].v8) << what;
-      EXPECT_EQ(a.optim.params[i].m_absmax, b.optim.params[i].m_absmax) << what;
-      EXPECT_EQ(a.optim.params[i].v_absmax, b.optim.params[i].v_absmax) << what;
     }
+    // 8-bit states (empty for parameters with f32 states).
+    EXPECT_EQ(a.optim.params[i].q8(), b.optim.params[i].q8()) << what;
+    EXPECT_EQ(a.optim.params[i].m8, b.optim.params[i].m8) << what;
+    EXPECT_EQ(a.optim.params[i].v8, b.optim.params[i].v8) << what;
+    EXPECT_EQ(a.optim.params[i].m_absmax, b.optim.params[i].m_absmax) << what;
+    EXPECT_EQ(a.optim.params[i].v_absmax, b.optim.params[i].v_absmax) << what;
   }
 }
 
@@ -245,6 +258,23 @@ TEST(StreamExecutor, EightBitStatesMatchInMemory) {
   check_policies(*m, {"every:2"}, spec);
 }
 
+// --8bit-params: a subset of 8-bit states, the rest fp32 (mixed sections in the arena).
+TEST(StreamExecutor, EightBitSubsetMatchesInMemory) {
+  const std::string dir = testing::temp_dir("stream_q8_subset");
+  auto dense = dense_model(dir + "/model");
+  RunSpec spec;
+  spec.mode.states = OptimizerStates::k8Bit;
+  spec.q8_params = "mlp";
+  check_policies(*dense, {"every:2", "host"}, spec);
+  spec.mode.master = MasterWeights::kBf16Sr;
+  spec.q8_params = "self_attn|embed";
+  check_policies(*dense, {"every:2"}, spec);
+  auto moe = moe_model();
+  spec.mode.master = MasterWeights::kF32;
+  spec.q8_params = "experts";
+  check_policies(*moe, {"every:2", "device"}, spec);
+}
+
 const std::vector<OptimMode> kBf16Modes = {
     {.master = MasterWeights::kBf16Kahan, .states = OptimizerStates::kF32},
     {.master = MasterWeights::kBf16Kahan, .states = OptimizerStates::k8Bit},
@@ -284,9 +314,10 @@ TEST(StreamExecutor, Bf16ArenaIsTheModesBytesPerParamAndStreamsHalfTheBytes) {
   const RunResult f32 = run_stream(*m, spec, data, "every:2");
   for (const OptimMode& mode : kBf16Modes) {
     SCOPED_TRACE(describe(mode));
-    auto s = TrainState::from_loaded(*m, mode, 99);
-    ASSERT_TRUE(s.ok());
-    auto arena = HostArena::create(**s);
+    RunSpec rs;
+    rs.mode = mode;
+    std::unique_ptr<TrainState> s = make_state(*m, rs);
+    auto arena = HostArena::create(*s);
     ASSERT_TRUE(arena.ok()) << arena.status().to_string();
     const double per_param = host_bytes_per_param(mode, DType::kF32).total();
     const auto exact = static_cast<std::size_t>(per_param * double((*arena)->num_elements()));
