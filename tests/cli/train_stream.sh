@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# `ferry train --executor stream --policy every:2` on the embedded task:
+#  1. the same per-step losses and gradient norms (metrics JSONL) and the same exported weights
+#     as `--executor memory`;
+#  2. a stream run SIGKILLed mid-way and resumed from its newest checkpoint reproduces the
+#     uninterrupted stream run's losses and final weights (model.safetensors bytes);
+#  3. a batch over --device-budget-mib exits non-zero naming the largest batch that fits, and
+#     that batch does run under the same budget.
+set -euo pipefail
+FERRY="$1"; ROOT="$2"
+TMP="$(mktemp -d)"; trap 'rm -rf "$TMP"' EXIT
+base=(--demo-layers 4 --demo-hidden 32 --seq-len 128 --eval-every 0 --seed 11 --lr 3e-3
+      --warmup-steps 3 --max-grad-norm 0.5)
+common=("${base[@]}" --batch-size 4 --max-steps 24)
+stream=(--executor stream --policy every:2 --prefetch 2)
+
+compare_losses() {  # reference.jsonl candidate.jsonl what
+  python3 - "$1" "$2" "$3" <<'PY'
+import json, sys
+def steps(p):
+    return {r["step"]: (r["loss"], r["grad_norm"]) for r in map(json.loads, open(p))
+            if r["type"] == "step"}
+a, b = steps(sys.argv[1]), steps(sys.argv[2])
+assert b, f"{sys.argv[3]}: no step lines"
+for s, v in b.items():
+    assert a[s] == v, (sys.argv[3], s, a[s], v)
+print(f"train_stream: {sys.argv[3]}: steps {min(b)}..{max(b)} identical")
+PY
+}
+
+# 1. stream == memory.
+"$FERRY" train "${common[@]}" --output-dir "$TMP/mem" --metrics-out "$TMP/mem.jsonl" \
+  > "$TMP/mem.log" 2> "$TMP/mem.err"
+"$FERRY" train "${common[@]}" "${stream[@]}" --output-dir "$TMP/a" --metrics-out "$TMP/a.jsonl" \
+  > "$TMP/a.log" 2> "$TMP/a.err"
+grep -q "executor: stream | policy every:2" "$TMP/a.log" "$TMP/a.err" ||
+  { echo "train_stream: the stream executor did not run"; cat "$TMP/a.log" "$TMP/a.err"; exit 1; }
+[ "$(grep -c '"type":"step"' "$TMP/a.jsonl")" = 24 ] || { echo "expected 24 step lines"; exit 1; }
+compare_losses "$TMP/mem.jsonl" "$TMP/a.jsonl" "stream vs memory"
+cmp "$TMP/mem/model.safetensors" "$TMP/a/model.safetensors" ||
+  { echo "train_stream: stream and memory executors export different weights"; exit 1; }
+
+# 2. SIGKILL mid-way, resume.
+"$FERRY" train "${common[@]}" "${stream[@]}" --output-dir "$TMP/b" --save-every 4 \
+  > "$TMP/b1.log" 2> "$TMP/b1.err" &
+pid=$!
+for _ in $(seq 1 6000); do
+  [ -d "$TMP/b/checkpoint-8" ] && break
+  sleep 0.01
+done
+kill -9 "$pid" 2> /dev/null || true
+wait "$pid" 2> /dev/null || true
+if [ -f "$TMP/b/model.safetensors" ]; then
+  echo "train_stream: the child finished before it was killed; the test did not test anything"
+  exit 1
+fi
+ls "$TMP/b" | grep -q '^checkpoint-' || { echo "no checkpoint written before the kill"; exit 1; }
+"$FERRY" train "${common[@]}" "${stream[@]}" --output-dir "$TMP/b" --save-every 4 \
+  --resume "$TMP/b" --metrics-out "$TMP/b2.jsonl" > "$TMP/b2.log" 2> "$TMP/b2.err"
+python3 - "$TMP/b2.jsonl" <<'PY'
+import json, sys
+steps = [r["step"] for r in map(json.loads, open(sys.argv[1])) if r["type"] == "step"]
+assert steps and steps[0] > 1 and steps[-1] == 24, steps
+PY
+compare_losses "$TMP/a.jsonl" "$TMP/b2.jsonl" "killed + resumed vs uninterrupted"
+cmp "$TMP/a/model.safetensors" "$TMP/b/model.safetensors" ||
+  { echo "train_stream: weights differ after kill + resume"; exit 1; }
+
+# 3. Over the device budget: refused before training, naming the largest batch that fits.
+set +e
+"$FERRY" train "${base[@]}" "${stream[@]}" --batch-size 64 --max-steps 24 --device-budget-mib 2 \
+  --output-dir "$TMP/c" > "$TMP/c.log" 2> "$TMP/c.err"; rc=$?
+set -e
+[ "$rc" -ne 0 ] || { echo "train_stream: an over-budget batch was accepted"; exit 1; }
+best="$(grep -ho 'the largest batch that fits is [0-9]*' "$TMP/c.log" "$TMP/c.err" | grep -o '[0-9]*$' || true)"
+[ -n "$best" ] && [ "$best" -ge 1 ] && [ "$best" -lt 64 ] ||
+  { echo "train_stream: no largest batch named"; cat "$TMP/c.log" "$TMP/c.err"; exit 1; }
+[ -f "$TMP/c/model.safetensors" ] && { echo "train_stream: refused run wrote weights"; exit 1; }
+"$FERRY" train "${base[@]}" "${stream[@]}" --batch-size "$best" --device-budget-mib 2 \
+  --max-steps 2 --output-dir "$TMP/d" > "$TMP/d.log" 2> "$TMP/d.err" ||
+  { echo "train_stream: the named batch $best does not run under the budget"; cat "$TMP/d.err"; exit 1; }
+echo "train_stream: over-budget batch 64 refused, largest batch $best runs"
+echo "train stream cli: ok"
