@@ -84,23 +84,6 @@ __device__ __forceinline__ void c_to_a(std::uint32_t (&a)[4], const float (&c0)[
   a[3] = pack_bf16(c1[2], c1[3]);
 }
 
-// Copies rows [r0, r0 + rows) of one sequence (token offset s0, length len) and one head of a
-// packed [T, heads, D] tensor into smem [rows][D + 8]; rows at or past len are zero.
-template <int D>
-__device__ __forceinline__ void load_rows(bf16* dst, const bf16* src, std::int64_t s0,
-                                          std::int64_t r0, std::int64_t len, int rows,
-                                          std::int64_t heads, std::int64_t head) {
-  constexpr int kVecPerRow = D / 8;
-  constexpr int kStride = D + 8;
-  for (int i = threadIdx.x; i < rows * kVecPerRow; i += blockDim.x) {
-    const int r = i / kVecPerRow, c = (i % kVecPerRow) * 8;
-    const std::int64_t rr = r0 + r;
-    uint4 val = make_uint4(0u, 0u, 0u, 0u);
-    if (rr < len) val = *reinterpret_cast<const uint4*>(src + ((s0 + rr) * heads + head) * D + c);
-    *reinterpret_cast<uint4*>(dst + r * kStride + c) = val;
-  }
-}
-
 // Asynchronous 16-byte global -> shared copy (cp.async, sm_80+), zero-filling when !valid (the
 // source address is then not read but must still be a valid pointer).
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
@@ -118,7 +101,9 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 // Waits until every committed group of this thread has landed (then __syncthreads for the CTA).
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
-// load_rows() through cp.async: the copy proceeds while the CTA computes on another buffer.
+// Copies rows [r0, r0 + rows) of one sequence (token offset s0, length len) and one head of a
+// packed [T, heads, D] tensor into smem [rows][D + 8], rows at or past len zero-filled, through
+// cp.async: the copy proceeds while the CTA computes on another buffer.
 template <int D>
 __device__ __forceinline__ void load_rows_async(bf16* dst, const bf16* src, std::int64_t s0,
                                                 std::int64_t r0, std::int64_t len, int rows,

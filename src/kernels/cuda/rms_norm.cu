@@ -74,23 +74,22 @@ __global__ void rms_norm_kernel(T* __restrict__ out, float* __restrict__ rstd,
   }
 }
 
-// One warp per row (kRowsPerBlock rows per CTA); lane i holds vectors i, i + 32, ... (up to kVpt).
-template <typename T, int kVpt>
-__global__ void rms_norm_warp_regs_kernel(T* __restrict__ out, float* __restrict__ rstd,
-                                          const T* __restrict__ in, const T* __restrict__ weight,
-                                          std::int64_t n, std::int64_t c, float eps) {
+// The row-in-registers body shared by the two kernels below: `lane` of `lanes` threads holds
+// vectors lane, lane + lanes, ... (up to kVpt) of the row; `reduce` sums across those threads.
+template <typename T, int kVpt, typename Reduce>
+__device__ __forceinline__ void rms_norm_row_in_registers(T* __restrict__ out, float* rstd,
+                                                          const T* __restrict__ in,
+                                                          const T* __restrict__ weight,
+                                                          std::int64_t c, float eps, int lane,
+                                                          int lanes, Reduce reduce) {
   using V = Vec16<T>;
-  const int lane = threadIdx.x & 31;
-  const std::int64_t row =
-      static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
-  if (row >= n) return;
   const std::int64_t nv = c / V::kN;
-  const V* xv = reinterpret_cast<const V*>(in + row * c);
+  const V* xv = reinterpret_cast<const V*>(in);
   V x[kVpt];
   float ss = 0.0f;
 #pragma unroll
   for (int j = 0; j < kVpt; ++j) {
-    const std::int64_t i = lane + 32 * j;
+    const std::int64_t i = lane + static_cast<std::int64_t>(j) * lanes;
     if (i < nv) {
       x[j] = xv[i];
 #pragma unroll
@@ -100,14 +99,14 @@ __global__ void rms_norm_warp_regs_kernel(T* __restrict__ out, float* __restrict
       }
     }
   }
-  ss = warp_sum(ss);
+  ss = reduce(ss);
   const float r = rsqrtf(ss / static_cast<float>(c) + eps);
-  if (rstd != nullptr && lane == 0) rstd[row] = r;
+  if (rstd != nullptr && lane == 0) *rstd = r;
   const V* wv = reinterpret_cast<const V*>(weight);
-  V* yv = reinterpret_cast<V*>(out + row * c);
+  V* yv = reinterpret_cast<V*>(out);
 #pragma unroll
   for (int j = 0; j < kVpt; ++j) {
-    const std::int64_t i = lane + 32 * j;
+    const std::int64_t i = lane + static_cast<std::int64_t>(j) * lanes;
     if (i < nv) {
       const V w = wv[i];
       V o;
@@ -118,46 +117,29 @@ __global__ void rms_norm_warp_regs_kernel(T* __restrict__ out, float* __restrict
   }
 }
 
-// One CTA per row; thread i holds vectors i, i + blockDim, ... (kVpt of them) in registers.
+// One warp per row (kRowsPerBlock rows per CTA).
+template <typename T, int kVpt>
+__global__ void rms_norm_warp_regs_kernel(T* __restrict__ out, float* __restrict__ rstd,
+                                          const T* __restrict__ in, const T* __restrict__ weight,
+                                          std::int64_t n, std::int64_t c, float eps) {
+  const std::int64_t row =
+      static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  if (row >= n) return;
+  rms_norm_row_in_registers<T, kVpt>(out + row * c, rstd != nullptr ? rstd + row : nullptr,
+                                     in + row * c, weight, c, eps, threadIdx.x & 31, 32,
+                                     [](float v) { return warp_sum(v); });
+}
+
+// One CTA per row.
 template <typename T, int kVpt>
 __global__ void __launch_bounds__(1024)
     rms_norm_row_kernel(T* __restrict__ out, float* __restrict__ rstd, const T* __restrict__ in,
                         const T* __restrict__ weight, std::int64_t c, float eps) {
-  using V = Vec16<T>;
   __shared__ float scratch[32];
   const std::int64_t row = blockIdx.x;
-  const std::int64_t nv = c / V::kN;
-  const V* xv = reinterpret_cast<const V*>(in + row * c);
-  V x[kVpt];
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kVpt; ++j) {
-    const std::int64_t i = threadIdx.x + static_cast<std::int64_t>(j) * blockDim.x;
-    if (i < nv) {
-      x[j] = xv[i];
-#pragma unroll
-      for (int e = 0; e < V::kN; ++e) {
-        const float f = to_f32(x[j].v[e]);
-        ss = fmaf(f, f, ss);
-      }
-    }
-  }
-  ss = block_sum(ss, scratch);
-  const float r = rsqrtf(ss / static_cast<float>(c) + eps);
-  if (rstd != nullptr && threadIdx.x == 0) rstd[row] = r;
-  const V* wv = reinterpret_cast<const V*>(weight);
-  V* yv = reinterpret_cast<V*>(out + row * c);
-#pragma unroll
-  for (int j = 0; j < kVpt; ++j) {
-    const std::int64_t i = threadIdx.x + static_cast<std::int64_t>(j) * blockDim.x;
-    if (i < nv) {
-      const V w = wv[i];
-      V o;
-#pragma unroll
-      for (int e = 0; e < V::kN; ++e) o.v[e] = from_f32<T>(to_f32(x[j].v[e]) * r * to_f32(w.v[e]));
-      yv[i] = o;
-    }
-  }
+  rms_norm_row_in_registers<T, kVpt>(out + row * c, rstd != nullptr ? rstd + row : nullptr,
+                                     in + row * c, weight, c, eps, threadIdx.x, blockDim.x,
+                                     [&](float v) { return block_sum(v, scratch); });
 }
 
 template <typename T>
