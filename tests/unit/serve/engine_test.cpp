@@ -11,19 +11,7 @@
 namespace ferry::serve {
 namespace {
 
-std::unique_ptr<BuiltinModel> builtin() {
-  auto m = make_builtin_moe({.layers = 2,
-                             .hidden = 64,
-                             .heads = 4,
-                             .kv_heads = 2,
-                             .head_dim = 16,
-                             .experts = 8,
-                             .top_k = 2,
-                             .expert_width = 32},
-                            11);
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  return m.ok() ? std::move(*m) : nullptr;
-}
+std::unique_ptr<BuiltinModel> builtin() { return testing::tiny_builtin_moe(11); }
 
 EngineConfig config(int running = 4) {
   EngineConfig cfg;

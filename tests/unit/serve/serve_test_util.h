@@ -14,9 +14,25 @@
 
 #include "model/model_binding.h"
 #include "model/safetensors.h"
+#include "serve/builtin_model.h"
 #include "serve/engine.h"
 
 namespace ferry::serve::testing {
+
+// The tiny random Qwen3-MoE the engine tests share (2 layers, 8 experts, top-2), by seed.
+inline std::unique_ptr<BuiltinModel> tiny_builtin_moe(std::uint64_t seed) {
+  auto m = make_builtin_moe({.layers = 2,
+                             .hidden = 64,
+                             .heads = 4,
+                             .kv_heads = 2,
+                             .head_dim = 16,
+                             .experts = 8,
+                             .top_k = 2,
+                             .expert_width = 32},
+                            seed);
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  return m.ok() ? std::move(*m) : nullptr;
+}
 
 inline std::string fixture_dir(const std::string& arch) {
   return std::string(FERRY_TEST_DATA_DIR) + "/models/" + arch;

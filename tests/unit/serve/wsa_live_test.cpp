@@ -23,19 +23,7 @@
 namespace ferry::serve {
 namespace {
 
-std::unique_ptr<BuiltinModel> builtin() {
-  auto m = make_builtin_moe({.layers = 2,
-                             .hidden = 64,
-                             .heads = 4,
-                             .kv_heads = 2,
-                             .head_dim = 16,
-                             .experts = 8,
-                             .top_k = 2,
-                             .expert_width = 32},
-                            23);
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  return m.ok() ? std::move(*m) : nullptr;
-}
+std::unique_ptr<BuiltinModel> builtin() { return testing::tiny_builtin_moe(23); }
 
 std::vector<GenerationRequest> requests() {
   std::vector<GenerationRequest> reqs;
