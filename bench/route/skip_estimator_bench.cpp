@@ -7,10 +7,18 @@
 // OpenCV DNN settings buy (docs/route_estimators.md "Latency"): forward alone on a prepared blob,
 // per batch of frames (per-frame time = time / `batch`), with layer fusion off (the
 // default is on), with 2 threads (not the target; for reference), and the share of convolution
-// time in depthwise, pointwise and the first full 3x3 convolution (getPerfProfile).
+// time in depthwise, pointwise and the first full 3x3 convolution (getPerfProfile); `dw` picks who
+// runs the depthwise convolutions (0: OpenCV 4.6's own layer, 1: ferry's kernel through
+// route/depthwise_conv_layer.h, the estimator's default).
+// BM_SkipForwardDepthwise runs both nets in one process, alternating frame by frame so load
+// changes on the shared machine hit both alike, and reports the median per-frame time of each
+// (wall and this thread's CPU time) and their ratio.
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
+#include <ctime>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -18,6 +26,7 @@
 #include <opencv2/core.hpp>
 #include <opencv2/dnn.hpp>
 
+#include "route/depthwise_conv_layer.h"
 #include "route/features.h"
 #include "route/onnx_estimator.h"
 #include "route/xgboost_model.h"
@@ -33,9 +42,13 @@ std::string data_dir() {
 }
 std::string model_path() { return data_dir() + "skip_mobilenet_v2_offloadbin.onnx"; }
 
+// args = {image side, dw}: dw 0 = OpenCV-only, 1 = ferry's depthwise kernel (the default).
 void BM_SkipEstimator128(benchmark::State& state) {
   cv::setNumThreads(1);
-  auto est = ferry::route::SkipEstimator::load(model_path());
+  ferry::route::SkipEstimatorOptions opt;
+  opt.depthwise = state.range(1) != 0 ? ferry::route::SkipDepthwise::kFerryKernel
+                                      : ferry::route::SkipDepthwise::kOpenCv;
+  auto est = ferry::route::SkipEstimator::load(model_path(), opt);
   if (!est.ok()) {
     state.SkipWithError(est.status().to_string().c_str());
     return;
@@ -48,7 +61,11 @@ void BM_SkipEstimator128(benchmark::State& state) {
     benchmark::DoNotOptimize(s);
   }
 }
-BENCHMARK(BM_SkipEstimator128)->Arg(128)->Arg(500)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_SkipEstimator128)
+    ->ArgNames({"side", "dw"})
+    ->ArgsProduct({{128, 500}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 void BM_SkipPreprocess(benchmark::State& state) {
   auto est = ferry::route::SkipEstimator::load(model_path());
@@ -65,13 +82,21 @@ void BM_SkipPreprocess(benchmark::State& state) {
 }
 BENCHMARK(BM_SkipPreprocess)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// Forward only: args = {batch, threads, fusion}.
-void BM_SkipForward(benchmark::State& state) {
-  const int batch = static_cast<int>(state.range(0));
-  cv::setNumThreads(static_cast<int>(state.range(1)));
+// The net as SkipEstimator::load builds it; ferry_dw: depthwise convolutions on ferry's kernel.
+cv::dnn::Net read_net(bool ferry_dw) {
+  std::optional<ferry::route::ScopedDepthwiseConvLayer> dw;
+  if (ferry_dw) dw.emplace();
   cv::dnn::Net net = cv::dnn::readNetFromONNX(model_path());
   net.setPreferableBackend(cv::dnn::DNN_BACKEND_OPENCV);
   net.setPreferableTarget(cv::dnn::DNN_TARGET_CPU);
+  return net;
+}
+
+// Forward only: args = {batch, threads, fusion, dw}.
+void BM_SkipForward(benchmark::State& state) {
+  const int batch = static_cast<int>(state.range(0));
+  cv::setNumThreads(static_cast<int>(state.range(1)));
+  cv::dnn::Net net = read_net(state.range(3) != 0);
   net.enableFusion(state.range(2) != 0);
   const int shape[4] = {batch, 3, 128, 128};
   cv::Mat blob(4, shape, CV_32F);
@@ -120,13 +145,65 @@ void BM_SkipForward(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_SkipForward)
-    ->ArgNames({"batch", "threads", "fusion"})
-    ->Args({1, 1, 1})
-    ->Args({1, 1, 0})
-    ->Args({4, 1, 1})
-    ->Args({16, 1, 1})
-    ->Args({1, 2, 1})
+    ->ArgNames({"batch", "threads", "fusion", "dw"})
+    ->Args({1, 1, 1, 0})
+    ->Args({1, 1, 1, 1})
+    ->Args({1, 1, 0, 0})
+    ->Args({1, 1, 0, 1})
+    ->Args({4, 1, 1, 0})
+    ->Args({4, 1, 1, 1})
+    ->Args({1, 2, 1, 0})
     ->Unit(benchmark::kMillisecond);
+
+double thread_cpu_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// One core, batch 1, fusion on: OpenCV-only vs ferry's depthwise kernel, one forward of each per
+// iteration (the iteration time is the sum of both). Counters: median ms per frame of each,
+// wall and thread CPU, and opencv / ferry ratios.
+void BM_SkipForwardDepthwise(benchmark::State& state) {
+  cv::setNumThreads(1);
+  cv::dnn::Net nets[2] = {read_net(false), read_net(true)};  // 0: OpenCV, 1: ferry kernel
+  const int shape[4] = {1, 3, 128, 128};
+  cv::Mat blob(4, shape, CV_32F);
+  cv::randn(blob, 0, 1);
+  try {
+    for (auto& net : nets) {
+      net.setInput(blob);
+      for (int i = 0; i < 3; ++i) net.forward();
+    }
+  } catch (const cv::Exception& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  std::vector<double> wall[2], cpu[2];
+  for (auto _ : state) {
+    for (int k = 0; k < 2; ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const double c0 = thread_cpu_ms();
+      nets[k].setInput(blob);
+      cv::Mat out = nets[k].forward();
+      benchmark::DoNotOptimize(out.data);
+      cpu[k].push_back(thread_cpu_ms() - c0);
+      wall[k].push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  state.counters["opencv_wall_ms"] = median(wall[0]);
+  state.counters["ferry_wall_ms"] = median(wall[1]);
+  state.counters["opencv_cpu_ms"] = median(cpu[0]);
+  state.counters["ferry_cpu_ms"] = median(cpu[1]);
+  state.counters["ratio_wall"] = median(wall[0]) / median(wall[1]);
+  state.counters["ratio_cpu"] = median(cpu[0]) / median(cpu[1]);
+}
+BENCHMARK(BM_SkipForwardDepthwise)->Unit(benchmark::kMillisecond)->MinTime(2.0);
 
 void BM_CondXgboost(benchmark::State& state) {
   auto model = ferry::route::XgbModel::load(data_dir() + "cond_xgboost_moric.model.json");

@@ -3,9 +3,14 @@
 #include "route/onnx_estimator.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
+#include <optional>
+#include <string_view>
 
 #include <opencv2/imgproc.hpp>
+
+#include "route/depthwise_conv_layer.h"
 
 namespace ferry::route {
 
@@ -22,10 +27,24 @@ Result<SkipEstimator> SkipEstimator::load(const std::string& onnx_path, SkipEsti
   if (!std::filesystem::is_regular_file(onnx_path, ec)) {
     return not_found("route: skip estimator: model {} not found", onnx_path);
   }
+  if (opt.depthwise == SkipDepthwise::kDefault) {
+    const char* env = std::getenv("FERRY_ROUTE_DW");
+    const std::string_view v = env != nullptr ? env : "";
+    if (v.empty() || v == "ferry") {
+      opt.depthwise = SkipDepthwise::kFerryKernel;
+    } else if (v == "opencv") {
+      opt.depthwise = SkipDepthwise::kOpenCv;
+    } else {
+      return invalid_argument("route: skip estimator: FERRY_ROUTE_DW={} is not ferry or opencv", v);
+    }
+  }
   SkipEstimator e;
   e.opt_ = opt;
   try {
+    std::optional<ScopedDepthwiseConvLayer> dw;
+    if (opt.depthwise == SkipDepthwise::kFerryKernel) dw.emplace();
     e.net_ = cv::dnn::readNetFromONNX(onnx_path);
+    if (dw) e.ferry_depthwise_layers_ = dw->depthwise_layers();
   } catch (const cv::Exception& ex) {
     return corrupt("route: skip estimator: opencv cannot read {}: {}", onnx_path, ex.what());
   }

@@ -1,14 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 // The ONNX skip estimator under OpenCV DNN against PyTorch's outputs of the original checkpoint
 // (tests/data/route/skip_parity.json, written by tools/route/export_skip_estimator.py on the same
-// images), plus preprocessing and bad-input cases.
+// images), ferry's depthwise kernel against OpenCV-only on a few frames, plus preprocessing and
+// bad-input cases.
 #include "route/onnx_estimator.h"
 
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include <gtest/gtest.h>
+#include <opencv2/dnn/all_layers.hpp>
 #include <opencv2/imgproc.hpp>
 
 #include "core/file_util.h"
@@ -82,6 +86,75 @@ TEST(RouteOnnxEstimator, MatchesPyTorchWithin1e4) {
     ASSERT_TRUE(sbig.ok());
     EXPECT_NEAR(*sbig, *sb, 1e-6) << "image " << i << " (256x256)";
   }
+}
+
+// Ferry's depthwise kernel in the net gives OpenCV-only's score within 1e-5 on the synthetic
+// images and random frames of several sizes, and really is in use (13 depthwise layers of the
+// MobileNetV2 cut at block 13). Also: loading with the kernel leaves OpenCV's own convolution
+// registered for the next net.
+TEST(RouteOnnxEstimator, FerryDepthwiseMatchesOpenCvWithin1e5) {
+  if (!std::filesystem::exists(kOnnx)) GTEST_SKIP() << "SKIPPED: no " << kOnnx;
+  SkipEstimatorOptions ferry_opt, cv_opt;
+  ferry_opt.depthwise = SkipDepthwise::kFerryKernel;
+  cv_opt.depthwise = SkipDepthwise::kOpenCv;
+  auto fast = SkipEstimator::load(kOnnx, ferry_opt);
+  ASSERT_TRUE(fast.ok()) << fast.status().to_string();
+  auto plain = SkipEstimator::load(kOnnx, cv_opt);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(fast->ferry_depthwise_layers(), 13);
+  EXPECT_EQ(plain->ferry_depthwise_layers(), 0);
+  std::vector<cv::Mat> frames;
+  for (int i = 0; i < 4; ++i) frames.push_back(synthetic_rgb(i));
+  std::mt19937 rng(6);
+  for (const int side : {128, 97, 300}) {
+    cv::Mat img(side, side + 13, CV_8UC3);
+    cv::randu(img, 0, 256);
+    frames.push_back(img);
+  }
+  int differing = 0;
+  for (std::size_t i = 0; i < frames.size(); ++i) {
+    auto a = fast->score(frames[i]);
+    auto b = plain->score(frames[i]);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_NEAR(*a, *b, 1e-5) << "frame " << i;
+    differing += *a != *b;
+  }
+  // Different summation order: bit-identical scores on every frame would mean the kernel is not in
+  // the path at all.
+  EXPECT_GT(differing, 0);
+  // The scope is over: a plain readNetFromONNX gets OpenCV's layers again.
+  cv::dnn::Net net = cv::dnn::readNetFromONNX(kOnnx);
+  int own_convs = 0;
+  for (const auto& name : net.getLayerNames()) {
+    cv::Ptr<cv::dnn::Layer> l = net.getLayer(name);
+    own_convs += l->type == "Convolution" && l.dynamicCast<cv::dnn::ConvolutionLayer>().empty();
+  }
+  EXPECT_EQ(own_convs, 0);
+}
+
+TEST(RouteOnnxEstimator, DepthwiseEnvSelectsTheRuntime) {
+  if (!std::filesystem::exists(kOnnx)) GTEST_SKIP() << "SKIPPED: no " << kOnnx;
+  const char* old = std::getenv("FERRY_ROUTE_DW");
+  const std::string saved = old != nullptr ? old : "";
+  setenv("FERRY_ROUTE_DW", "opencv", 1);
+  auto a = SkipEstimator::load(kOnnx);
+  setenv("FERRY_ROUTE_DW", "ferry", 1);
+  auto b = SkipEstimator::load(kOnnx);
+  setenv("FERRY_ROUTE_DW", "fast", 1);
+  auto c = SkipEstimator::load(kOnnx);
+  SkipEstimatorOptions explicit_opt;  // an explicit option wins over the environment
+  explicit_opt.depthwise = SkipDepthwise::kFerryKernel;
+  auto d = SkipEstimator::load(kOnnx, explicit_opt);
+  if (old != nullptr) {
+    setenv("FERRY_ROUTE_DW", saved.c_str(), 1);
+  } else {
+    unsetenv("FERRY_ROUTE_DW");
+  }
+  ASSERT_TRUE(a.ok() && b.ok() && d.ok());
+  EXPECT_EQ(a->ferry_depthwise_layers(), 0);
+  EXPECT_EQ(b->ferry_depthwise_layers(), 13);
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(d->ferry_depthwise_layers(), 13);
 }
 
 // Pixel (R, G, B) = (255, 0, 128) -> ((1 − 0.485)/0.229, (0 − 0.456)/0.224,
