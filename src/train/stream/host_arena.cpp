@@ -69,7 +69,7 @@ Result<std::unique_ptr<HostArena>> HostArena::create(const TrainState& s) {
     }
     unit.grads = plan.add(pre + ".grads", f32, kPage);
   }
-  FERRY_ASSIGN_OR_RETURN(a->arena_, mem::make_arena(plan, mem::MemTier::kPinnedHost, a->budget_,
+  FERRY_ASSIGN_OR_RETURN(a->arena_, mem::make_arena(plan, cpu_pinned_tier(), a->budget_,
                                                     {.what = "train host arena"}));
   FERRY_TRY(a->load_from(s));
   return a;

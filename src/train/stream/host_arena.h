@@ -30,6 +30,7 @@
 #include "mem/arena.h"
 #include "mem/budget.h"
 #include "train/optim/optim_modes.h"
+#include "train/stream/cpu_tiers.h"
 #include "train/train_state.h"
 
 namespace ferry::train::stream {
@@ -107,7 +108,7 @@ class HostArena {
   std::vector<ParamLoc> params_;
   std::vector<Unit> units_;
   std::int64_t elements_ = 0;
-  mem::MemoryBudget budget_{mem::MemTier::kPinnedHost};
+  mem::MemoryBudget budget_{cpu_pinned_tier()};
   mem::Arena arena_;
 };
 

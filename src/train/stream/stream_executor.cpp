@@ -94,10 +94,10 @@ Result<std::unique_ptr<StreamExecutor>> StreamExecutor::create(const TrainState&
                                                                std::int64_t seq_len,
                                                                const StreamOptions& opts,
                                                                kernels::Backend& backend) {
-  if (!mem::device_tier_is_host_memory() || backend.device() != Device::kCpu) {
+  if (backend.device() != Device::kCpu) {
     return unimplemented(
-        "train: the stream executor runs CPU kernels on the emulated device tier only (GPU "
-        "kernels on a CUDA device tier are not wired yet)");
+        "train: the stream executor runs CPU kernels only (GPU kernels on the CUDA device tier "
+        "are not wired yet)");
   }
   if (opts.prefetch < 1) return invalid_argument("train: --prefetch must be >= 1");
   FERRY_TRY(validate(opts.policy));
@@ -124,7 +124,7 @@ Status StreamExecutor::init(const TrainState& s, std::int64_t max_tokens) {
   const ModelSizes sizes{.globals_elements = arena_->unit_elements(arena_->globals_unit()),
                          .max_layer_elements = arena_->max_layer_elements()};
   FERRY_ASSIGN_OR_RETURN(plan_, plan_device(geo_, sizes, pol, opts_.prefetch + 1, max_tokens, be_));
-  FERRY_ASSIGN_OR_RETURN(device_, mem::make_arena(plan_.plan, mem::MemTier::kDevice, budget_,
+  FERRY_ASSIGN_OR_RETURN(device_, mem::make_arena(plan_.plan, cpu_device_tier(), budget_,
                                                   {.what = "train device tier"}));
   // ModelCompute's buffers are the device-tier workspace of this executor: charged here.
   FERRY_TRY(budget_.reserve(plan_.compute_bytes, "train compute workspace"));
@@ -156,9 +156,8 @@ Status StreamExecutor::init(const TrainState& s, std::int64_t max_tokens) {
       }
     }
   }
-  FERRY_ASSIGN_OR_RETURN(host_acts_,
-                         mem::make_arena(hp, mem::MemTier::kPinnedHost, host_act_budget_,
-                                         {.what = "train host activations"}));
+  FERRY_ASSIGN_OR_RETURN(host_acts_, mem::make_arena(hp, cpu_pinned_tier(), host_act_budget_,
+                                                     {.what = "train host activations"}));
 
   FERRY_ASSIGN_OR_RETURN(mem::StreamSet ss, mem::StreamSet::create(Device::kCpu));
   streams_ = std::make_unique<mem::StreamSet>(std::move(ss));

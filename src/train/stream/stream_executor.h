@@ -42,6 +42,7 @@
 #include "model/model_compute.h"
 #include "train/optimizer.h"
 #include "train/stream/activation_policy.h"
+#include "train/stream/cpu_tiers.h"
 #include "train/stream/device_plan.h"
 #include "train/stream/grad_drain.h"
 #include "train/stream/host_arena.h"
@@ -96,7 +97,7 @@ class StreamExecutor {
 
  private:
   StreamExecutor(kernels::Backend& be, const StreamOptions& opts)
-      : be_(be), opts_(opts), budget_(mem::MemTier::kDevice, opts.device_budget_bytes) {}
+      : be_(be), opts_(opts), budget_(cpu_device_tier(), opts.device_budget_bytes) {}
   Status init(const TrainState& s, std::int64_t max_tokens);
   float* dev(mem::SlotId id) const { return device_.as<float>(id); }
   TensorView act_view(float* p, std::int64_t T) const;
@@ -111,7 +112,7 @@ class StreamExecutor {
   StreamOptions opts_;
   model::DecoderGeometry geo_;
   mem::MemoryBudget budget_;
-  mem::MemoryBudget host_act_budget_{mem::MemTier::kPinnedHost};
+  mem::MemoryBudget host_act_budget_{cpu_pinned_tier()};
   mem::MemoryBudget nvme_budget_{mem::MemTier::kNvme};
   std::unique_ptr<HostArena> arena_;
   DevicePlan plan_;
