@@ -51,6 +51,7 @@ struct PlanConfig {
   double host_state_bytes_per_param = 16;
   std::string master;            // with optimizer_states: host bytes/param from the optimizer mode
   std::string optimizer_states;  // (train/optim/optim_modes.h) instead of a number
+  bool host_state_bytes_given = false;  // --host-state-bytes-per-param was on the command line
   std::string profile;  // explicit profile; else the cached one for machine + geometry, if any
   std::string machine = "h200";
   double link_gbps = 0;  // > 0: override the link (h2d = d2h = X, duplex 1.8X, loaded 1.5X)
@@ -225,9 +226,9 @@ Status run_measure_machine(const PlanConfig& c) {
 
 // --master / --optimizer-states -> host state bytes per parameter of the streaming arena (bf16
 // gradients), the number `ferry train` prints for the same flags.
-Status resolve_host_state(PlanConfig& c, bool explicit_bytes) {
+Status resolve_host_state(PlanConfig& c) {
   if (c.master.empty() && c.optimizer_states.empty()) return ok_status();
-  if (explicit_bytes) {
+  if (c.host_state_bytes_given) {
     return invalid_argument(
         "plan: give --host-state-bytes-per-param or --master/--optimizer-states, not both");
   }
@@ -246,10 +247,10 @@ Status resolve_host_state(PlanConfig& c, bool explicit_bytes) {
   return ok_status();
 }
 
-Status run_plan_status(bool explicit_bytes) {
+Status run_plan_status() {
   PlanConfig& c = plan_config();
   if (c.measure_machine) return run_measure_machine(c);
-  FERRY_TRY(resolve_host_state(c, explicit_bytes));
+  FERRY_TRY(resolve_host_state(c));
   if (!c.nvme_dir.empty() && !std::filesystem::is_directory(c.nvme_dir)) {
     return not_found("plan: --nvme-dir {} is not a directory", c.nvme_dir);
   }
@@ -288,10 +289,8 @@ Status run_plan_status(bool explicit_bytes) {
   return ok_status();
 }
 
-bool g_explicit_host_bytes = false;
-
 int run_plan() {
-  const Status s = run_plan_status(g_explicit_host_bytes);
+  const Status s = run_plan_status();
   return s.ok() ? 0 : fail(s);
 }
 
@@ -349,7 +348,7 @@ void register_plan(CLI::App& app, CommandFn& run) {
                   "write with --measure-machine");
   cmd->callback([&run, cmd] {
     run = run_plan;
-    g_explicit_host_bytes = cmd->count("--host-state-bytes-per-param") > 0;
+    plan_config().host_state_bytes_given = cmd->count("--host-state-bytes-per-param") > 0;
     if (plan_config().measure_machine) return;
     if (!plan_config().compare && cmd->count("--gpu-mem-gb") == 0) {
       throw CLI::RequiredError("--gpu-mem-gb");

@@ -7,6 +7,9 @@
 #include <filesystem>
 #include <string>
 
+#include <gtest/gtest.h>
+
+#include "core/file_util.h"
 #include "train/trainer.h"
 
 namespace ferry::train::testing {
@@ -41,6 +44,20 @@ inline TrainConfig tiny_config(const std::string& out) {
   c.eval_every = 0;
   c.quiet = true;
   return c;
+}
+
+// A run resumed from checkpoint-<from> reproduces the uninterrupted one: the same losses for every
+// step after `from` and byte-identical exported weights (model.safetensors of each output dir).
+inline void expect_resume_reproduces(const TrainSummary& full, const std::string& full_dir,
+                                     const TrainSummary& resumed, const std::string& resumed_dir,
+                                     std::size_t from) {
+  ASSERT_EQ(resumed.losses.size() + from, full.losses.size());
+  for (std::size_t i = 0; i < resumed.losses.size(); ++i)
+    EXPECT_EQ(resumed.losses[i], full.losses[from + i]) << "step " << from + 1 + i;
+  auto wa = read_file(full_dir + "/model.safetensors");
+  auto wc = read_file(resumed_dir + "/model.safetensors");
+  ASSERT_TRUE(wa.ok() && wc.ok());
+  EXPECT_TRUE(*wa == *wc) << "final weights differ after resume";
 }
 
 }  // namespace ferry::train::testing

@@ -61,12 +61,7 @@ TEST(Trainer, ResumeIsBitExact) {
   auto rc = run_training(resumed);
   ASSERT_TRUE(rc.ok()) << rc.status().to_string();
   ASSERT_EQ(rc->first_step, 3);
-  ASSERT_EQ(rc->losses.size(), 3u);
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(rc->losses[i], ra->losses[3 + i]) << "step " << 4 + i;
-  auto wa = read_file(a_dir + "/model.safetensors");
-  auto wc = read_file(b_dir + "/model.safetensors");
-  ASSERT_TRUE(wa.ok() && wc.ok());
-  EXPECT_TRUE(*wa == *wc) << "final weights differ after resume";
+  testing::expect_resume_reproduces(*ra, a_dir, *rc, b_dir, 3);
 }
 
 TEST(Trainer, CorruptCheckpointIsRefusedAndThePreviousStillWorks) {
