@@ -50,9 +50,13 @@ CbcOutcome run_cbc(const LinearModel& m, const SolveOptions& o) {
 
   CbcOutcome r;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.optimal = model.isProvenOptimal();
-  r.infeasible = model.isProvenInfeasible();
-  r.time_limit = model.isSecondsLimitReached();
+  r.optimal = model.isProvenOptimal() && model.bestSolution() != nullptr;
+  // CBC's status flags are not trusted when the clock ran out early: a CI run under sanitizers
+  // reported "no plan fits" for an instance where fixed policies fit, i.e. CBC stopped inside
+  // preprocessing or the root LP with its infeasible flag set. A run that used up its time is a
+  // time-limit stop, and "optimal" needs a solution.
+  r.time_limit = model.isSecondsLimitReached() || r.seconds >= o.time_limit_s;
+  r.infeasible = model.isProvenInfeasible() && !r.time_limit;
   const double* best = model.bestSolution();
   if (best != nullptr && model.getNumCols() == m.num_cols()) {
     r.has_solution = true;
@@ -76,9 +80,11 @@ Result<Plan> solve_milp(const PlanProblem& p, const SolveOptions& o) {
   FERRY_TRY(validate(p));
   const ScheduleModel sm(p);
   const CbcOutcome r = run_cbc(sm.model(), o);
-  // The best fixed policy within the model (span <= max_span), if it beats CBC's incumbent.
+  // The best fixed policy within the model (span <= max_span), if it beats CBC's incumbent. Also
+  // tried when CBC says infeasible: a fitting fixed policy is a proof that it is not, and a few LP
+  // solves cost nothing next to a wrong "no plan fits".
   std::optional<Plan> seed;
-  if (o.seed_with_fixed_policies && !r.optimal && !r.infeasible) {
+  if (o.seed_with_fixed_policies && !r.optimal) {
     for (const FixedPolicy& pol : fixed_policies(p.num_layers)) {
       if (pol.span > p.max_span) continue;
       Result<Plan> fp = solve_policy(p, pol);
@@ -93,7 +99,7 @@ Result<Plan> solve_milp(const PlanProblem& p, const SolveOptions& o) {
   if (seed) {
     seed->policy = "solved";
     seed->solver.solver = "cbc+seed";
-    seed->solver.status = "time_limit";
+    seed->solver.status = r.time_limit ? "time_limit" : "cbc_no_incumbent";
     seed->solver.bound_ms = r.has_solution ? r.bound : 0;
     const double obj = seed->solver.objective_ms;
     seed->solver.gap = obj > 0 ? std::max(0.0, (obj - seed->solver.bound_ms) / obj) : 0;

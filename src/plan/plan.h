@@ -58,8 +58,9 @@ struct Prediction {
 };
 
 struct SolverInfo {
-  std::string solver;       // "cbc", "exact", "fixed"
-  std::string status;       // "optimal", "time_limit" (incumbent kept), "evaluated"
+  std::string solver;  // "cbc", "exact", "fixed"
+  std::string status;  // "optimal", "time_limit" (incumbent kept), "cbc_no_incumbent" (CBC stopped
+                       // early without a plan; the best fixed policy kept), "evaluated"
   double objective_ms = 0;  // the solver's own objective value
   double bound_ms = 0;      // best lower bound (== objective when optimal)
   double gap = 0;           // (objective - bound) / objective

@@ -90,3 +90,33 @@ TEST(TimeLimit, KeepsAFittingIncumbentAndReportsTheGap) {
 
 }  // namespace
 }  // namespace ferry::plan
+
+namespace ferry::plan {
+namespace {
+
+// A limit that expires before CBC has any incumbent (or even finishes its root) must not be
+// reported as "no plan fits" when a fixed policy fits: CI machines under sanitizers are slow
+// enough for the 0.2 s limit above to expire that early.
+TEST(TimeLimit, ExpiringBeforeAnyIncumbentStillReturnsAFittingPlan) {
+  auto cfg = builtin_geometry("qwen2.5-3b");
+  ASSERT_TRUE(cfg.ok());
+  auto p = analytic_problem(*cfg, MachineSpec{}, TrainShape{.batch_size = 96, .seq_len = 1024},
+                            Capacities{.gpu_gb = 24, .host_gb = 125});
+  ASSERT_TRUE(p.ok());
+  p->link = LinkRates{12, 12, 20, 18, 0, 0};
+  int fitting = 0;
+  for (const FixedPolicy& pol : fixed_policies(p->num_layers))
+    fitting += solve_policy(*p, pol).ok();
+  ASSERT_GT(fitting, 0) << "the instance must have a fitting fixed policy for this test";
+  for (double limit : {1e-6, 0.01, 0.05}) {
+    auto plan = solve_milp(*p, SolveOptions{.time_limit_s = limit});
+    ASSERT_TRUE(plan.ok()) << "limit " << limit << ": " << plan.status().to_string();
+    EXPECT_EQ(plan->solver.status, "time_limit");
+    auto pred = evaluate(*p, *plan);
+    ASSERT_TRUE(pred.ok());
+    EXPECT_TRUE(check_fits(*p, *pred).ok());
+  }
+}
+
+}  // namespace
+}  // namespace ferry::plan
