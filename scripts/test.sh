@@ -33,11 +33,13 @@ cmake --build --preset "$PRESET" -j "$JOBS"
 stamp "gpu tests (each reports SKIPPED without a device)"
 log_dir="build/$PRESET/test-logs"
 mkdir -p "$log_dir"
-ctest --test-dir "build/$PRESET" -L gpu -j "$JOBS" --output-on-failure 2>&1 | tee "$log_dir/gpu.log"
+# Failures are remembered, not fatal here: the closing count below is printed either way.
+rc=0
+ctest --test-dir "build/$PRESET" -L gpu -j "$JOBS" --output-on-failure 2>&1 | tee "$log_dir/gpu.log" || rc=1
 
 stamp "$PRESET: tests"
-# set -o pipefail makes a failing ctest fail the script through the tee.
-ctest --preset "$PRESET" -j "$JOBS" 2>&1 | tee "$log_dir/cpu.log"
+# set -o pipefail makes a failing ctest fail the pipeline through the tee.
+ctest --preset "$PRESET" -j "$JOBS" 2>&1 | tee "$log_dir/cpu.log" || rc=1
 
 # One closing line over both runs, counted from ctest's own summaries (the CI reads a test
 # runner's closing lines; ours would otherwise end in the fuzzers' output).
@@ -51,5 +53,6 @@ count() {  # count FILE -> "total failed skipped"
 read -r t1 f1 s1 < <(count "$log_dir/cpu.log")
 read -r t2 f2 s2 < <(count "$log_dir/gpu.log")
 if [ "$t1" -eq 0 ]; then echo "no test ran"; exit 1; fi
-stamp "all passed"
+if [ "$rc" -eq 0 ]; then stamp "all passed"; else stamp "FAILED (the failing tests are listed above)"; fi
 echo "ctest: $(( t1 + t2 - f1 - f2 - s1 - s2 )) passed, $(( f1 + f2 )) failed, $(( s1 + s2 )) skipped"
+exit "$rc"
