@@ -91,6 +91,9 @@ void register_train(CLI::App& app, CommandFn& run) {
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
   cmd->add_option("--eval-max-new-tokens", cfg->eval_max_new_tokens, "greedy decoding cap")
       ->check(CLI::Range(1, 4096));
+  cmd->add_option("--peak-tflops", cfg->peak_tflops,
+                  "compute device's peak TFLOP/s for MFU (default: known GPU peak; none on CPU)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--log-every", cfg->log_every, "print a step line every N steps")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40));
   cmd->add_option("--seed", cfg->seed, "seed for init (embedded model) and data order");

@@ -12,6 +12,7 @@
 #include "core/file_util.h"
 #include "core/json.h"
 #include "core/log.h"
+#include "core/process_memory.h"
 #include "core/progress.h"
 #include "core/timer.h"
 #include "kernels/backend.h"
@@ -20,6 +21,7 @@
 #include "train/batcher.h"
 #include "train/greedy_eval.h"
 #include "train/optim/param_selection.h"
+#include "train/step_flops.h"
 #include "train/stream/plan_policy.h"
 #include "train/stream/stream_executor.h"
 #include "train/train_checkpoint.h"
@@ -43,6 +45,9 @@ Status validate(const TrainConfig& c) {
     return invalid_argument("train: --save-every/--eval-every must be >= 0, --log-every >= 1");
   }
   if (c.prefetch < 1) return invalid_argument("train: --prefetch must be >= 1");
+  if (!(c.peak_tflops >= 0.0) || !std::isfinite(c.peak_tflops)) {
+    return invalid_argument("train: --peak-tflops must be a finite number >= 0");
+  }
   if (c.device_budget_mib < 0) return invalid_argument("train: --device-budget-mib must be >= 0");
   if (!c.q8_params.empty() && c.optim.states != OptimizerStates::k8Bit) {
     return invalid_argument("train: --8bit-params needs --optimizer-states 8bit");
@@ -319,6 +324,13 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
 
   if (ts.step == 0 && c.eval_every > 0) FERRY_TRY(run_eval(0));
 
+  // Throughput accounting (step_flops.h). This trainer computes on the CPU backend, whose peak
+  // is not known: MFU only with --peak-tflops.
+  const TokenMatmulParams matmul_params = token_matmul_params(s.geometry);
+  const double peak_flops = c.peak_tflops * 1e12;
+  StepFlops run_flops;
+  double run_step_s = 0.0;
+
   std::unique_ptr<ProgressBar> bar;
   if (!c.quiet) bar = std::make_unique<ProgressBar>("train", c.max_steps, "step");
   MicroBatch mb;
@@ -333,16 +345,23 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
     }
     double loss = 0.0;
     std::int64_t useful = 0, padded = 0, computed = 0;
+    StepFlops flops;
     for (int a = 0; a < c.grad_accum; ++a) {
       batcher.next(ts.cursor, mb);
       const model::PackedBatch batch = mb.view();
       model::ForwardResult r;
+      std::uint64_t fwd = 0, bwd = 0;
       if (streamer) {
+        const stream::TransferStats before = streamer->stats();
         FERRY_ASSIGN_OR_RETURN(r, streamer->micro_batch(batch));
+        fwd = streamer->stats().layer_forwards - before.layer_forwards;
+        bwd = streamer->stats().layer_backwards - before.layer_backwards;
       } else {
         FERRY_ASSIGN_OR_RETURN(r, compute->forward(s.params, batch));
         FERRY_TRY(compute->backward(s.params, batch, s.grads->grads));
+        fwd = bwd = static_cast<std::uint64_t>(s.geometry.layers);
       }
+      flops += micro_batch_flops(s.geometry, matmul_params, mb.cu_seqlens, fwd, bwd);
       loss += r.mean_loss() / c.grad_accum;
       useful += mb.useful_tokens;
       padded += mb.padded_tokens;
@@ -367,17 +386,25 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
     }
     sum.losses.push_back(loss);
     const double step_s = step_timer.elapsed_s();
+    run_flops += flops;
+    run_step_s += step_s;
+    const double model_tflops = flops.model / step_s / 1e12;
+    const double hw_tflops = flops.hardware / step_s / 1e12;
+    const double mfu = peak_flops > 0 ? flops.model / step_s / peak_flops : 0.0;
+    const std::size_t host_peak = host_peak_rss_bytes();
     if (!c.quiet && (step % c.log_every == 0 || step == c.max_steps)) {
       const std::string stream_part =
           streamer ? fmt::format(" | exposed transfer {:.1f} ms | device peak {}", exposed_ms,
                                  mem::format_bytes(streamer->device_peak_bytes()))
                    : std::string();
+      const std::string mfu_part = peak_flops > 0 ? fmt::format(", MFU {:.1f} %", 100 * mfu) : "";
       std::printf(
           "step %5lld/%lld | loss %.4f | lr %.2e | %7.1f ms | tok/s %.0f (padded %.0f, "
-          "computed %lld tok) | norm %.3f%s%s\n",
+          "computed %lld tok) | TFLOPS %.3g (6N; hw %.3g%s) | norm %.3f | host peak %s%s%s\n",
           static_cast<long long>(step), static_cast<long long>(c.max_steps), loss, lr, step_s * 1e3,
           double(useful) / step_s, double(padded) / step_s, static_cast<long long>(computed),
-          o.grad_norm, stream_part.c_str(), o.applied ? "" : " | SKIPPED");
+          model_tflops, hw_tflops, mfu_part.c_str(), o.grad_norm,
+          mem::format_bytes(host_peak).c_str(), stream_part.c_str(), o.applied ? "" : " | SKIPPED");
       std::fflush(stdout);
     }
     if (metrics.is_open()) {
@@ -395,6 +422,10 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
                       {"clip", o.clip},
                       {"skipped", !o.applied},
                       {"exposed_transfer_ms", exposed_ms},
+                      {"tflops", model_tflops},
+                      {"hardware_tflops", hw_tflops},
+                      {"mfu", peak_flops > 0 ? Json(mfu) : Json(nullptr)},
+                      {"host_peak_bytes", static_cast<std::int64_t>(host_peak)},
                       {"device_peak_bytes",
                        streamer ? static_cast<std::int64_t>(streamer->device_peak_bytes()) : 0}}
                      .dump()
@@ -418,6 +449,12 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
     }
   }
   if (bar) bar->finish();
+  if (run_step_s > 0) {
+    sum.model_tflops = run_flops.model / run_step_s / 1e12;
+    sum.hardware_tflops = run_flops.hardware / run_step_s / 1e12;
+    sum.mfu = peak_flops > 0 ? run_flops.model / run_step_s / peak_flops : 0.0;
+  }
+  sum.host_peak_bytes = host_peak_rss_bytes();
   FERRY_TRY(sync_state());
   if (streamer) {
     sum.exposed_transfer_s = streamer->stats().exposed_s;

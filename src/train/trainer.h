@@ -72,6 +72,9 @@ struct TrainConfig {
   std::int64_t eval_every = 100;  // 0: only at the end
   int eval_max_new_tokens = 8;
   std::int64_t log_every = 1;
+  // MFU denominator, TFLOP/s of the compute device (dense bf16 on a GPU); 0: the device's known
+  // peak (step_flops.h), none on the CPU backend (MFU then not shown).
+  double peak_tflops = 0;
   std::uint64_t seed = 1234;
   bool quiet = false;  // no per-step lines / progress bar (tests)
 
@@ -100,6 +103,11 @@ struct TrainSummary {
   double exposed_transfer_s = 0.0;    // compute blocked on copies / weight slots, whole run
   std::size_t device_peak_bytes = 0;  // peak of the device tier
   double host_bytes_per_param = 0.0;  // host arena bytes / parameters
+  // Throughput of the steps run in this process (step_flops.h): FLOPs over the summed step time.
+  double model_tflops = 0.0;        // 6 N tokens convention
+  double hardware_tflops = 0.0;     // what ran, recompute included
+  double mfu = 0.0;                 // model FLOPs / peak; 0 when the peak is unknown
+  std::size_t host_peak_bytes = 0;  // peak resident set of the process
 };
 
 Result<TrainSummary> run_training(const TrainConfig& c);

@@ -317,6 +317,7 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
   int j = 0;
   for (int l = 0; l < L; ++l) {
     FERRY_ASSIGN_OR_RETURN(const int slot, streamer_->acquire(j, &stats_.exposed_s));
+    ++stats_.layer_forwards;
     FERRY_TRY(compute_->layer_forward(l, slot_params_[slot].layers[l], b,
                                       act_view(boundary_ptr(l), T),
                                       act_view(boundary_ptr(l + 1), T)));
@@ -337,6 +338,7 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
     };
     for (int l = s; l <= e - 2; ++l) {  // regenerate boundaries s+1 .. e-1
       FERRY_ASSIGN_OR_RETURN(const int slot, streamer_->acquire(j, &stats_.exposed_s));
+      ++stats_.layer_forwards;
       FERRY_TRY(compute_->layer_forward(
           l, slot_params_[slot].layers[l], b, act_view(const_cast<float*>(input_of(l)), T),
           act_view(dev(plan_.recompute[static_cast<std::size_t>(l - s)]), T)));
@@ -347,6 +349,7 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
       const model::LayerTensors<ConstTensorView>& p = slot_params_[slot].layers[l];
       const TensorView x_in = act_view(const_cast<float*>(input_of(l)), T);
       // The layer's internals, from its input (the output is not needed again).
+      ++stats_.layer_forwards;
       FERRY_TRY(compute_->layer_forward(l, p, b, x_in, act_view(dev(plan_.transit[0]), T)));
       const std::size_t lbytes = static_cast<std::size_t>(arena_->unit_elements(l)) * sizeof(float);
       const int gk = drain_->acquire(&stats_.exposed_s);
@@ -357,6 +360,7 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
         FERRY_TRY(
             copy(gslot, arena_->grads(l), lbytes, mem::CopyKind::kHostToDevice, &stats_.grad_h2d));
       }
+      ++stats_.layer_backwards;
       FERRY_TRY(compute_->layer_backward(l, p, grad_slots_[gk].layers[l], b, x_in));
       streamer_->release(j++);
       if (last) FERRY_TRY(take_sumsq(l, gslot));

@@ -68,6 +68,8 @@ struct TransferStats {
   std::uint64_t act_h2d = 0;      // boundaries back
   std::uint64_t nvme_write = 0, nvme_read = 0;
   double exposed_s = 0.0;  // compute thread blocked on copies or weight slots
+  // Work, for the FLOP count (step_flops.h): layer passes run, recomputes included.
+  std::uint64_t layer_forwards = 0, layer_backwards = 0;
 };
 
 class StreamExecutor {
