@@ -54,6 +54,7 @@ class Backend {
   virtual Status cross_entropy(const CrossEntropyArgs& a, Stream& stream) = 0;
   virtual Status adamw(const AdamWArgs& a, Stream& stream) = 0;
   virtual Status sum_squares(const SumSquaresArgs& a, Stream& stream) = 0;
+  virtual Status convert(const ConvertArgs& a, Stream& stream) = 0;
 };
 
 Backend& reference_backend();  // ref/: naive loops, f64 accumulation — the executable spec

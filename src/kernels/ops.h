@@ -34,6 +34,7 @@ enum class OpKind : std::uint8_t {
   kCrossEntropy,
   kAdamW,
   kSumSquares,
+  kConvert,
 };
 
 // out = alpha * op(a) @ op(b) + beta * out (+ bias broadcast over rows when given).
@@ -233,6 +234,15 @@ struct AdamWArgs {
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
   float grad_scale = 1.0f;
   std::int64_t step = 1;  // 1-based
+};
+
+// out = in, element by element, converted between float dtypes: f32 -> bf16 rounds to nearest
+// even (NaN stays NaN), bf16 -> f32 is exact; equal dtypes copy. Shapes may differ as long as the
+// element counts agree (both views contiguous). Used to feed f32 activations to bf16-only kernels
+// (CUDA attention) and back. The reference also accepts f64 on either side.
+struct ConvertArgs {
+  TensorView out;      // [N...] f32 or bf16
+  ConstTensorView in;  // [N...] f32 or bf16, same element count
 };
 
 // out[0] = sum of squares of x, accumulated in f64 on CPU (f32 on GPU).

@@ -27,13 +27,16 @@ bool ReferenceBackend::supports(OpKind op, DType dt) const {
     case OpKind::kMoeCombine:
     case OpKind::kMoeCombineBackward:
     case OpKind::kCrossEntropy:
+    case OpKind::kConvert:
       return true;
     default:
       return false;
   }
 }
 
-bool CpuBackend::supports(OpKind, DType dt) const { return dt == DType::kF32; }
+bool CpuBackend::supports(OpKind op, DType dt) const {
+  return dt == DType::kF32 || (op == OpKind::kConvert && dt == DType::kBF16);
+}
 
 Backend& reference_backend() {
   static ReferenceBackend backend;

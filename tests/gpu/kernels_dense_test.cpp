@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // CUDA backend vs the reference backend (f64) for the dense ops: gemm (+bias), rms_norm (+bwd),
 // rope (+bwd), swiglu (+bwd), embedding (+bwd), add, adamw, sum_squares, on swept shapes
+// (convert f32 <-> bf16: bit-equal to the CPU backend, special values included)
 // (1, primes, non-multiples of tiles, one larger case), with the tolerance rule of style.md
 // (gpu_test_util.h). Determinism: rms_norm_backward's d_weight and the bf16 embedding backward are
 // bitwise repeatable; rms_norm rows do not depend on which other rows are in the batch.
 #include <cmath>
+#include <cstring>
+#include <iterator>
 
 #include "kernels/rope_table.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -307,6 +310,37 @@ TEST_F(KernelsDense, AdamWAndSumSquares) {
     EXPECT_TRUE(same_bits(dbf.download(), converted(dp.download(), kBf)));
     EXPECT_LE(std::fabs(dss.download().get(0) - ss_want.get(0)), 1e-5 * ss_want.get(0) + 1e-6);
   }
+}
+
+TEST_F(KernelsDense, ConvertMatchesCpuBitForBit) {
+  // Rounding is exact arithmetic (round to nearest even), so CUDA must equal the CPU bit for bit.
+  for (std::int64_t n : {1, 7, 33, 4099, 1 << 20}) {
+    HostTensor x = random_tensor({n}, kF32, static_cast<std::uint64_t>(n) + 5, -1e3, 1e3);
+    auto* p = static_cast<float*>(x.data());
+    for (std::int64_t i = 0; i < n; i += 3) p[i] *= std::ldexp(1.0f, static_cast<int>(i % 60) - 30);
+    // Specials: halfway ties, a carry into the exponent, overflow to inf, signed zero, subnormal.
+    const std::uint32_t specials[] = {0x3f808000u, 0x3f818000u, 0x3fff8000u, 0x7f7fffffu,
+                                      0x80000000u, 0x00018000u, 0x7f800000u};
+    for (std::size_t j = 0; j < std::size(specials) && static_cast<std::int64_t>(j) < n; ++j)
+      std::memcpy(p + j, &specials[j], 4);
+    HostTensor want({n}, kBf), back_want({n}, kF32);
+    FERRY_ASSERT_OK(
+        kernels::cpu_backend().convert({.out = want.view(), .in = x.cview()}, mem::Stream::host()));
+    FERRY_ASSERT_OK(kernels::cpu_backend().convert({.out = back_want.view(), .in = want.cview()},
+                                                   mem::Stream::host()));
+    DeviceTensor dx(x), dy(std::vector<std::int64_t>{n}, kBf),
+        dback(std::vector<std::int64_t>{n}, kF32);
+    FERRY_ASSERT_OK(cuda().convert({.out = dy.view(), .in = dx.cview()}, stream()));
+    FERRY_ASSERT_OK(cuda().convert({.out = dback.view(), .in = dy.cview()}, stream()));
+    sync();
+    EXPECT_TRUE(same_bits(dy.download(), want)) << "f32 -> bf16, n=" << n;
+    EXPECT_TRUE(same_bits(dback.download(), back_want)) << "bf16 -> f32, n=" << n;
+  }
+  DeviceTensor a(std::vector<std::int64_t>{4}, kF32), b(std::vector<std::int64_t>{3}, kBf);
+  EXPECT_EQ(cuda().convert({.out = b.view(), .in = a.cview()}, stream()).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(cuda().convert({.out = b.view(), .in = a.cview()}, mem::Stream::host()).code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST_F(KernelsDense, RejectsBadArguments) {

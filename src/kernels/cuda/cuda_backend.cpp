@@ -321,4 +321,25 @@ Status CudaBackend::sum_squares(const SumSquaresArgs& a, Stream& stream) {
   return ok_status();
 }
 
+Status CudaBackend::convert(const ConvertArgs& a, Stream& stream) {
+  constexpr const char* op = "convert";
+  FERRY_TRY(check_stream(op, stream));
+  if (a.in.data == nullptr || a.out.data == nullptr)
+    return invalid_argument("cuda convert: out and in are required");
+  if (a.in.numel() != a.out.numel())
+    return invalid_argument("cuda convert: in {} and out {} differ in element count",
+                            a.in.shape_string(), a.out.shape_string());
+  for (const ConstTensorView* v : {&a.in, static_cast<const ConstTensorView*>(nullptr)}) {
+    const ConstTensorView& x = v ? *v : ConstTensorView(a.out);
+    if (x.device != Device::kCuda) return invalid_argument("cuda convert: a view is not on cuda");
+    if (!x.is_contiguous()) return unimplemented("cuda convert: views must be contiguous");
+    if (x.dtype != DType::kF32 && x.dtype != DType::kBF16)
+      return unimplemented("cuda convert: dtype {}", to_string(x.dtype));
+  }
+  FERRY_LAUNCH_TRY(op, native(stream),
+                   launch_convert(elt(a.out.dtype), a.out.data, elt(a.in.dtype), a.in.data,
+                                  a.out.numel(), native(stream)));
+  return ok_status();
+}
+
 }  // namespace ferry::kernels::cuda

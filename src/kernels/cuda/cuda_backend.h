@@ -49,6 +49,7 @@ class CudaBackend final : public Backend {
   Status cross_entropy(const CrossEntropyArgs& a, Stream& stream) override;
   Status adamw(const AdamWArgs& a, Stream& stream) override;
   Status sum_squares(const SumSquaresArgs& a, Stream& stream) override;
+  Status convert(const ConvertArgs& a, Stream& stream) override;
 
  private:
   Status check_stream(const char* op, const Stream& s) const;

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Memory-bound elementwise ops: add, swiglu (+backward), adamw, sum_squares. Grid-stride loops;
-// add and swiglu use 16-byte vector accesses when every pointer is 16-byte aligned, with a scalar
-// tail. f32 math, bf16 or f32 storage.
-// Tested in tests/gpu/kernels_dense_test.cpp against the CPU/reference backends.
+// Memory-bound elementwise ops: add, swiglu (+backward), adamw, sum_squares, convert (f32 <->
+// bf16). Grid-stride loops; add and swiglu use 16-byte vector accesses when every pointer is
+// 16-byte aligned, with a scalar tail. f32 math, bf16 or f32 storage. Tested in
+// tests/gpu/kernels_dense_test.cpp against the CPU/reference backends.
 #include "kernels/cuda/common.cuh"
 
 namespace ferry::kernels::cuda {
@@ -132,6 +132,15 @@ __global__ void sum_squares_kernel(float* out, const T* x, std::int64_t n) {
   if (threadIdx.x == 0) atomicAdd(out, acc);
 }
 
+// out[i] = in[i] converted (f32 -> bf16: __float2bfloat16_rn, round to nearest even).
+template <typename To, typename From>
+__global__ void convert_kernel(To* __restrict__ out, const From* __restrict__ in, std::int64_t n) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride)
+    out[i] = from_f32<To>(to_f32(in[i]));
+}
+
 unsigned blocks_for(std::int64_t n) {
   // Enough blocks to fill the device several times over; grid-stride covers the rest.
   return grid_for(n, kThreads, 132LL * 16);
@@ -187,6 +196,19 @@ cudaError_t launch_adamw(float* param, float* m, float* v, void* param_bf16, con
         param, m, v, static_cast<bf16*>(param_bf16), grad, n, p);
   }
   return cudaGetLastError();
+}
+
+cudaError_t launch_convert(Elt e_out, void* out, Elt e_in, const void* in, std::int64_t n,
+                           cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return dispatch_elt(e_out, [&](auto out_tag) {
+    using To = decltype(out_tag);
+    (void)dispatch_elt(e_in, [&](auto in_tag) {
+      using From = decltype(in_tag);
+      convert_kernel<To, From><<<blocks_for(n), kThreads, 0, stream>>>(
+          static_cast<To*>(out), static_cast<const From*>(in), n);
+    });
+  });
 }
 
 cudaError_t launch_sum_squares(Elt e, float* out, const void* x, std::int64_t n,

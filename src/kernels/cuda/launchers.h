@@ -35,6 +35,10 @@ cudaError_t launch_adamw(float* param, float* m, float* v, void* param_bf16, con
 cudaError_t launch_sum_squares(Elt e, float* out, const void* x, std::int64_t n,
                                cudaStream_t stream);
 
+// out [n] (Elt e_out) = in [n] (Elt e_in) converted; f32 -> bf16 rounds to nearest even.
+cudaError_t launch_convert(Elt e_out, void* out, Elt e_in, const void* in, std::int64_t n,
+                           cudaStream_t stream);
+
 // rms_norm.cu ------------------------------------------------------------------------------------
 // out, in: [n, c]; weight [c] (same Elt); rstd [n] f32, optional.
 cudaError_t launch_rms_norm(Elt e, void* out, float* rstd, const void* in, const void* weight,

@@ -36,6 +36,7 @@ class ReferenceBackend final : public Backend {
   Status cross_entropy(const CrossEntropyArgs& a, Stream& stream) override;
   Status adamw(const AdamWArgs& a, Stream& stream) override;
   Status sum_squares(const SumSquaresArgs& a, Stream& stream) override;
+  Status convert(const ConvertArgs& a, Stream& stream) override;
 };
 
 }  // namespace ferry::kernels
