@@ -3,8 +3,9 @@
 // FlashAttention tolerance rule: err(cuda) <= 2 * err(naive bf16 attention) + atol, where the
 // naive algorithm materialises S, P, dP, dS in bf16 (PyTorch's math path in bf16). Shapes sweep
 // causal / non-causal, grouped-query, packed varlen with lengths 1, primes and non-multiples of
-// the 64-row tiles, head dims 64 and 128. Determinism: bitwise repeatable, and a sequence's
-// outputs do not depend on which other sequences are packed with it. D = 96 is unimplemented.
+// the 64-row tiles, head dims 16, 32 (tiny models), 64 and 128. Determinism: bitwise repeatable,
+// and a sequence's outputs do not depend on which other sequences are packed with it. D = 96 is
+// unimplemented.
 #include <cmath>
 
 #include "tests/gpu/gpu_test_util.h"
@@ -116,9 +117,11 @@ HostTensor cu_of(const std::vector<std::int64_t>& lens) {
 class KernelsAttention : public CudaTest {};
 
 TEST_F(KernelsAttention, ForwardBackwardWithinTwiceNaiveBf16) {
-  const Case cases[] = {{{1}, 1, 1, 64, true},     {{17, 64, 130}, 4, 2, 64, true},
-                        {{200}, 2, 1, 128, false}, {{5, 129, 77}, 4, 4, 128, true},
-                        {{256}, 8, 2, 128, true},  {{300, 70}, 16, 2, 128, true}};
+  const Case cases[] = {{{1}, 1, 1, 64, true},          {{17, 64, 130}, 4, 2, 64, true},
+                        {{200}, 2, 1, 128, false},      {{5, 129, 77}, 4, 4, 128, true},
+                        {{256}, 8, 2, 128, true},       {{300, 70}, 16, 2, 128, true},
+                        {{7, 23, 100}, 4, 2, 16, true}, {{65, 1}, 4, 1, 32, true},
+                        {{90}, 2, 2, 32, false}};
   for (const Case& c : cases) {
     std::int64_t t = 0;
     for (auto l : c.lens) t += l;

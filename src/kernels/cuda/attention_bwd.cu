@@ -399,6 +399,12 @@ cudaError_t launch_attention_bwd(void* d_q, void* d_k, void* d_v, const void* d_
                                  std::int64_t workspace_floats, cudaStream_t stream) {
   if (sh.t == 0) return cudaSuccess;
   switch (sh.d) {
+    case 16:
+      return launch_bwd_d<16, 64, 64>(d_q, d_k, d_v, d_out, q, k, v, out, lse, cu_seqlens, sh,
+                                      workspace, workspace_floats, stream);
+    case 32:
+      return launch_bwd_d<32, 64, 64>(d_q, d_k, d_v, d_out, q, k, v, out, lse, cu_seqlens, sh,
+                                      workspace, workspace_floats, stream);
     case 64:
       return launch_bwd_d<64, 64, 64>(d_q, d_k, d_v, d_out, q, k, v, out, lse, cu_seqlens, sh,
                                       workspace, workspace_floats, stream);

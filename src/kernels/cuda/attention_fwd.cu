@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Flash-style attention forward (FlashAttention-2 algorithm, our own code): causal or not,
-// grouped-query, packed varlen (cu_seqlens), bf16 in/out, f32 accumulation, D in {64, 128}.
+// grouped-query, packed varlen (cu_seqlens), bf16 in/out, f32 accumulation, D in {16, 32, 64, 128}.
 // One CTA = 64 query rows of one head (4 warps x 16 rows); it streams 64-key tiles of K and V
 // through double-buffered shared memory (cp.async: tile j+1 loads while tile j is computed),
 // keeps S, P and O in registers (mma.sync m16n8k16), and uses the online softmax in the log2
@@ -229,6 +229,13 @@ cudaError_t launch_attention_fwd(void* out, float* lse, const void* q, const voi
   if (sh.t == 0) return cudaSuccess;
   const bool two = fwd_m_tiles() == 2;
   switch (sh.d) {
+    // D = 16 / 32: small models (the tiny Hugging Face fixtures of tests/gpu/model_gpu_test.cpp).
+    case 16:
+      return two ? launch_fwd_d<16, 2, 64>(out, lse, q, k, v, cu_seqlens, sh, stream)
+                 : launch_fwd_d<16, 1, 64>(out, lse, q, k, v, cu_seqlens, sh, stream);
+    case 32:
+      return two ? launch_fwd_d<32, 2, 64>(out, lse, q, k, v, cu_seqlens, sh, stream)
+                 : launch_fwd_d<32, 1, 64>(out, lse, q, k, v, cu_seqlens, sh, stream);
     case 64:
       return two ? launch_fwd_d<64, 2, 64>(out, lse, q, k, v, cu_seqlens, sh, stream)
                  : launch_fwd_d<64, 1, 64>(out, lse, q, k, v, cu_seqlens, sh, stream);

@@ -22,8 +22,8 @@ Status check_attention_common(const char* op, const ConstTensorView& q, const Co
   if (g <= 0 || h % g != 0)
     return invalid_argument("cuda {}: {} query heads not a multiple of {} kv heads", op, h, g);
   if (cu.shape[0] < 1) return invalid_argument("cuda {}: cu_seqlens is empty", op);
-  if (d != 64 && d != 128)
-    return unimplemented("cuda {}: head dim {} (instantiated: 64, 128)", op, d);
+  if (d != 16 && d != 32 && d != 64 && d != 128)
+    return unimplemented("cuda {}: head dim {} (instantiated: 16, 32, 64, 128)", op, d);
   sh->t = t;
   sh->h = h;
   sh->g = g;
