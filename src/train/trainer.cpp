@@ -24,6 +24,7 @@
 #include "train/step_flops.h"
 #include "train/stream/plan_policy.h"
 #include "train/stream/stream_executor.h"
+#include "train/stream/window_report.h"
 #include "train/train_checkpoint.h"
 
 namespace ferry::train {
@@ -246,6 +247,7 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
   }
 
   std::unique_ptr<stream::StreamExecutor> streamer;
+  stream::PlanPolicy plan_policy;  // the --plan document's predictions, if any
   if (!c.plan_file.empty() && c.executor != Executor::kStream) {
     return invalid_argument("train: --plan runs on --executor stream");
   }
@@ -255,6 +257,7 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
       FERRY_ASSIGN_OR_RETURN(const stream::PlanPolicy pp,
                              stream::read_plan_policy(c.plan_file, s.geometry.layers, c.nvme_dir));
       policy = pp.policy;
+      plan_policy = pp;
       if (pp.batch_size != c.batch_size || pp.seq_len != c.seq_len) {
         lg->warn("plan {} was solved for batch {} x seq {}; running batch {} x seq {}", c.plan_file,
                  pp.batch_size, pp.seq_len, c.batch_size, c.seq_len);
@@ -449,6 +452,18 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
     }
   }
   if (bar) bar->finish();
+  if (streamer && ts.step > sum.first_step) {
+    stream::WindowReport wr = stream::make_window_report(
+        s.geometry.layers, ts.step - sum.first_step, streamer->stats().window_s,
+        streamer->stats().window_exposed_s, run_step_s);
+    wr.predicted_compute_ms = plan_policy.window_compute_ms;
+    wr.predicted_exposed_ms = plan_policy.window_exposed_ms;
+    wr.predicted_step_ms = plan_policy.predicted_step_ms;
+    if (!c.quiet) std::printf("%s", stream::format_window_table(wr).c_str());
+    if (metrics.is_open()) metrics << stream::window_report_json(wr).dump() << "\n";
+    sum.window_ms = wr.measured_ms;
+    sum.window_exposed_ms = wr.measured_exposed_ms;
+  }
   if (run_step_s > 0) {
     sum.model_tflops = run_flops.model / run_step_s / 1e12;
     sum.hardware_tflops = run_flops.hardware / run_step_s / 1e12;

@@ -46,6 +46,16 @@ Result<PlanPolicy> plan_policy_from_text(const std::string& text, const std::str
         if (s.value("keep_weights", false)) ++out.keep_weight_spans;
       }
     }
+    if (j.contains("predicted")) {
+      const Json& pr = j.at("predicted");
+      out.window_compute_ms = pr.at("window_compute_ms").get<std::vector<double>>();
+      out.window_exposed_ms = pr.at("window_exposed_ms").get<std::vector<double>>();
+      out.predicted_step_ms = pr.at("step_ms").get<double>();
+      const auto windows = static_cast<std::size_t>(2 * L + 1);
+      if (out.window_compute_ms.size() != windows || out.window_exposed_ms.size() != windows) {
+        return corrupt("train: plan {}: predicted windows are not 2L+1 = {}", what, windows);
+      }
+    }
     out.policy.name = "plan:" + j.value("policy", std::string("?"));
   } catch (const std::exception& e) {
     return corrupt("train: plan {}: {}", what, e.what());

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "core/result.h"
 #include "train/stream/activation_policy.h"
@@ -21,6 +22,10 @@ struct PlanPolicy {
   int batch_size = 0;  // what the plan was solved for
   int seq_len = 0;
   int keep_weight_spans = 0;  // spans the plan runs with kept weights (executed re-streamed)
+  // The plan's prediction per compute window ([2L+1], plan/problem.h numbering; empty when the
+  // document has none): what the trainer prints next to the measured window times.
+  std::vector<double> window_compute_ms, window_exposed_ms;
+  double predicted_step_ms = 0;
 };
 
 // nvme_dir: where NVMe-homed boundaries go (the plan does not name a directory).

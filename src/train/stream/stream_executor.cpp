@@ -117,6 +117,8 @@ Result<std::unique_ptr<StreamExecutor>> StreamExecutor::create(const TrainState&
 }
 
 Status StreamExecutor::init(const TrainState& s, std::int64_t max_tokens) {
+  stats_.window_s.assign(static_cast<std::size_t>(2 * s.geometry.layers + 1), 0.0);
+  stats_.window_exposed_s.assign(stats_.window_s.size(), 0.0);
   max_tokens_ = max_tokens;
   sr_seed_ = s.optim.sr_seed;
   const ActivationPolicy& pol = opts_.policy;
@@ -316,6 +318,7 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
   FERRY_TRY(store_boundary(0, boundary_ptr(0), T));
   int j = 0;
   for (int l = 0; l < L; ++l) {
+    window_begin(l);
     FERRY_ASSIGN_OR_RETURN(const int slot, streamer_->acquire(j, &stats_.exposed_s));
     ++stats_.layer_forwards;
     FERRY_TRY(compute_->layer_forward(l, slot_params_[slot].layers[l], b,
@@ -323,15 +326,19 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
                                       act_view(boundary_ptr(l + 1), T)));
     streamer_->release(j++);
     if (l + 1 < L) FERRY_TRY(store_boundary(l + 1, boundary_ptr(l + 1), T));
+    window_end();
   }
+  window_begin(L);
   const ConstTensorView x_final = act_view(dev(plan_.x_final), T);
   FERRY_ASSIGN_OR_RETURN(const model::ForwardResult r,
                          compute_->head_forward(globals_.final_norm, globals_.lm_head, b, x_final));
   FERRY_TRY(compute_->head_backward(globals_.final_norm, globals_.lm_head, globals_grad_.final_norm,
                                     globals_grad_.lm_head, b, x_final));
+  window_end();
   // Backward, span by span from the top.
   for (auto it = spans_.rbegin(); it != spans_.rend(); ++it) {
     const int s = it->start, e = it->end;
+    window_begin(2 * L - (e - 1));  // the span's fetch and recompute run in the top layer's window
     FERRY_ASSIGN_OR_RETURN(const float* xs, fetch_boundary(s, T));
     auto input_of = [&](int l) -> const float* {
       return l == s ? xs : dev(plan_.recompute[static_cast<std::size_t>(l - s - 1)]);
@@ -345,6 +352,7 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
       streamer_->release(j++);
     }
     for (int l = e - 1; l >= s; --l) {
+      if (l != e - 1) window_begin(2 * L - l);
       FERRY_ASSIGN_OR_RETURN(const int slot, streamer_->acquire(j, &stats_.exposed_s));
       const model::LayerTensors<ConstTensorView>& p = slot_params_[slot].layers[l];
       const TensorView x_in = act_view(const_cast<float*>(input_of(l)), T);
@@ -365,6 +373,7 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
       streamer_->release(j++);
       if (last) FERRY_TRY(take_sumsq(l, gslot));
       drain_->submit(arena_->grads(l), lbytes);
+      window_end();
     }
   }
   FERRY_TRY(compute_->embed_backward(globals_grad_.embed, b));
@@ -379,6 +388,19 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
   stats_.weight_h2d = streamer_->h2d_bytes();
   stats_.grad_d2h = drain_->bytes() + globals_grad_d2h_;
   return r;
+}
+
+void StreamExecutor::window_begin(int t) {
+  window_ = t;
+  window_timer_.reset();
+  window_exposed_at_ = stats_.exposed_s;
+}
+
+void StreamExecutor::window_end() {
+  const auto t = static_cast<std::size_t>(window_);
+  stats_.window_s[t] += window_timer_.elapsed_s();
+  stats_.window_exposed_s[t] += stats_.exposed_s - window_exposed_at_;
+  window_ = -1;
 }
 
 Result<StepOutcome> StreamExecutor::finish_step(const AdamWConfig& cfg, double lr,

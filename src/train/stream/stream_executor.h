@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "core/result.h"
+#include "core/timer.h"
 #include "kernels/backend.h"
 #include "mem/budget.h"
 #include "mem/nvme_store.h"
@@ -70,6 +71,11 @@ struct TransferStats {
   double exposed_s = 0.0;  // compute thread blocked on copies or weight slots
   // Work, for the FLOP count (step_flops.h): layer passes run, recomputes included.
   std::uint64_t layer_forwards = 0, layer_backwards = 0;
+  // Per compute window of the plan's numbering ([2L+1]: forward of layer j = j, loss = L,
+  // backward of layer j = 2L - j, its span's recompute included): wall time spent in the window
+  // and the part of it the compute thread was blocked on copies (plan/problem.h). The embedding,
+  // the globals' copies and the final gradient flush belong to no window (the plan's fixed part).
+  std::vector<double> window_s, window_exposed_s;
 };
 
 class StreamExecutor {
@@ -109,6 +115,8 @@ class StreamExecutor {
   Status store_boundary(int i, const float* x, std::int64_t T);
   Result<const float*> fetch_boundary(int i, std::int64_t T);
   Status take_sumsq(int unit, const float* grads);
+  void window_begin(int t);
+  void window_end();
 
   kernels::Backend& be_;
   StreamOptions opts_;
@@ -142,6 +150,9 @@ class StreamExecutor {
   std::int64_t max_tokens_ = 0;
   int accum_ = 1, micro_ = 0;
   TransferStats stats_;
+  int window_ = -1;  // open window, -1: none
+  Timer window_timer_;
+  double window_exposed_at_ = 0.0;
 };
 
 }  // namespace ferry::train::stream

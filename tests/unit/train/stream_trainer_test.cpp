@@ -10,6 +10,8 @@
 
 #include "core/file_util.h"
 #include "test_util.h"
+#include "train/stream/plan_policy.h"
+#include "train/stream/window_report.h"
 #include "train/trainer.h"
 
 namespace ferry::train {
@@ -133,6 +135,60 @@ TEST(StreamTrainer, RunsThePolicyOfAPlanFile) {
   EXPECT_EQ(ra->losses, rb->losses);
   c.executor = Executor::kMemory;
   EXPECT_FALSE(run_training(c).ok());  // --plan needs the stream executor
+}
+
+// Run-time instrumentation: per compute window (plan numbering) the measured time and exposed
+// transfer time, inside the step time; with a plan, its predictions travel into the report.
+TEST(StreamTrainer, MeasuresEveryWindowAndReportsThePlansPrediction) {
+  const std::string dir = testing::temp_dir("st_windows");
+  TrainConfig c = stream_config(dir);
+  c.policy = "every:2";
+  c.metrics_out = dir + "/metrics.jsonl";
+  auto r = run_training(c);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const std::size_t windows = 2 * 3 + 1;
+  ASSERT_EQ(r->window_ms.size(), windows);
+  ASSERT_EQ(r->window_exposed_ms.size(), windows);
+  double sum = 0;
+  for (std::size_t t = 0; t < windows; ++t) {
+    EXPECT_GT(r->window_ms[t], 0.0) << "window " << t;
+    EXPECT_GE(r->window_exposed_ms[t], 0.0);
+    EXPECT_LE(r->window_exposed_ms[t], r->window_ms[t]);
+    sum += r->window_ms[t];
+  }
+  // The windows lie inside the steps (the step also has the embedding, globals and the flush).
+  EXPECT_LT(sum, r->wall_s * 1e3 / double(c.max_steps));
+  auto text = read_file(c.metrics_out);
+  ASSERT_TRUE(text.ok());
+  EXPECT_NE(text->find(R"("type":"windows")"), std::string::npos);
+
+  stream::WindowReport wr = stream::make_window_report(
+      3, 2, {0.002, 0.004, 0.006, 0.008, 0.010, 0.012, 0.014}, {0, 0.001, 0, 0, 0, 0, 0.002}, 0.1);
+  EXPECT_DOUBLE_EQ(wr.measured_ms[1], 2.0);
+  EXPECT_DOUBLE_EQ(wr.measured_exposed_ms[6], 1.0);
+  EXPECT_DOUBLE_EQ(wr.measured_step_ms, 50.0);
+  wr.predicted_compute_ms.assign(windows, 1.0);
+  wr.predicted_exposed_ms.assign(windows, 0.5);
+  wr.predicted_step_ms = 40.0;
+  const std::string table = stream::format_window_table(wr);
+  for (const char* w : {"f0", "f2", "loss", "b2", "b0", "predicted", "+25.0 %"})
+    EXPECT_NE(table.find(w), std::string::npos) << w << " in\n" << table;
+
+  // A plan document's predicted windows are read (and a wrong count refused).
+  const std::string doc = R"({"format": "ferry-plan", "version": 1, "policy": "solved",
+    "num_layers": 1, "batch_size": 4, "seq_len": 128,
+    "boundaries": [{"boundary": 0, "home": "gpu"}, {"boundary": 1, "home": "gpu"}],
+    "spans": [], "transfers": [],
+    "predicted": {"step_ms": 9.5, "window_compute_ms": [1, 2, 3],
+                  "window_exposed_ms": [0.5, 0, 0.25]}})";
+  auto pp = stream::plan_policy_from_text(doc, "doc", 1, "");
+  ASSERT_TRUE(pp.ok()) << pp.status().to_string();
+  EXPECT_EQ(pp->window_compute_ms, (std::vector<double>{1, 2, 3}));
+  EXPECT_EQ(pp->window_exposed_ms, (std::vector<double>{0.5, 0, 0.25}));
+  EXPECT_DOUBLE_EQ(pp->predicted_step_ms, 9.5);
+  std::string bad = doc;
+  bad.replace(bad.find("[1, 2, 3]"), 9, "[1, 2]");
+  EXPECT_FALSE(stream::plan_policy_from_text(bad, "doc", 1, "").ok());
 }
 
 TEST(StreamTrainer, ThreeNonFiniteStepsStop) {
