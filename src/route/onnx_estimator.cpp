@@ -10,9 +10,27 @@
 
 #include <opencv2/imgproc.hpp>
 
-#include "route/depthwise_conv_layer.h"
+#include "route/conv_layer_scope.h"
 
 namespace ferry::route {
+namespace {
+
+// kDefault -> what environment variable `var` asks for (unset or "ferry": ferry's kernel).
+Status resolve_kernel(const char* var, SkipConvKernel& kernel) {
+  if (kernel != SkipConvKernel::kDefault) return Status::ok_status();
+  const char* env = std::getenv(var);
+  const std::string_view v = env != nullptr ? env : "";
+  if (v.empty() || v == "ferry") {
+    kernel = SkipConvKernel::kFerryKernel;
+  } else if (v == "opencv") {
+    kernel = SkipConvKernel::kOpenCv;
+  } else {
+    return invalid_argument("route: skip estimator: {}={} is not ferry or opencv", var, v);
+  }
+  return Status::ok_status();
+}
+
+}  // namespace
 
 Result<SkipEstimator> SkipEstimator::load(const std::string& onnx_path, SkipEstimatorOptions opt) {
   if (opt.size < 8 || opt.size > 4096) {
@@ -27,24 +45,20 @@ Result<SkipEstimator> SkipEstimator::load(const std::string& onnx_path, SkipEsti
   if (!std::filesystem::is_regular_file(onnx_path, ec)) {
     return not_found("route: skip estimator: model {} not found", onnx_path);
   }
-  if (opt.depthwise == SkipDepthwise::kDefault) {
-    const char* env = std::getenv("FERRY_ROUTE_DW");
-    const std::string_view v = env != nullptr ? env : "";
-    if (v.empty() || v == "ferry") {
-      opt.depthwise = SkipDepthwise::kFerryKernel;
-    } else if (v == "opencv") {
-      opt.depthwise = SkipDepthwise::kOpenCv;
-    } else {
-      return invalid_argument("route: skip estimator: FERRY_ROUTE_DW={} is not ferry or opencv", v);
-    }
-  }
+  FERRY_TRY(resolve_kernel("FERRY_ROUTE_DW", opt.depthwise));
+  FERRY_TRY(resolve_kernel("FERRY_ROUTE_PW", opt.pointwise));
   SkipEstimator e;
   e.opt_ = opt;
   try {
-    std::optional<ScopedDepthwiseConvLayer> dw;
-    if (opt.depthwise == SkipDepthwise::kFerryKernel) dw.emplace();
+    std::optional<ScopedFerryConvLayers> scope;
+    const FerryConvKinds kinds{.depthwise = opt.depthwise == SkipConvKernel::kFerryKernel,
+                               .pointwise = opt.pointwise == SkipConvKernel::kFerryKernel};
+    if (kinds.depthwise || kinds.pointwise) scope.emplace(kinds);
     e.net_ = cv::dnn::readNetFromONNX(onnx_path);
-    if (dw) e.ferry_depthwise_layers_ = dw->depthwise_layers();
+    if (scope) {
+      e.ferry_depthwise_layers_ = scope->depthwise_layers();
+      e.ferry_pointwise_layers_ = scope->pointwise_layers();
+    }
   } catch (const cv::Exception& ex) {
     return corrupt("route: skip estimator: opencv cannot read {}: {}", onnx_path, ex.what());
   }

@@ -11,11 +11,12 @@
 // Not thread-safe: cv::dnn::Net::forward mutates the net; use one estimator per thread.
 // Thread count is OpenCV's global setting (cv::setNumThreads); the latency target (≤ 3 ms at
 // 128x128) is for one thread (bench/route/skip_estimator_bench.cpp).
-// Depthwise 3x3 convolutions run on ferry's kernel (depthwise_conv_layer.h) unless turned off
-// (SkipDepthwise::kOpenCv, or FERRY_ROUTE_DW=opencv with the default option): OpenCV 4.6 runs
-// them at ~2.4 GMAC/s, over half of the forward time (docs/route_estimators.md "Latency").
-// Covered by tests/unit/route/onnx_estimator_test.cpp (parity with PyTorch to 1e-4, ferry kernel
-// vs OpenCV-only to 1e-5).
+// Depthwise 3x3 and pointwise 1x1 convolutions run on ferry's kernels (conv_layer_scope.h)
+// unless turned off (SkipConvKernel::kOpenCv, or FERRY_ROUTE_DW=opencv / FERRY_ROUTE_PW=opencv
+// with the default option): OpenCV 4.6 runs depthwise at ~2.4 GMAC/s and pointwise at 12-30
+// GMAC/s, together ~90 % of its forward time (docs/route_estimators.md "Latency").
+// Covered by tests/unit/route/onnx_estimator_test.cpp (parity with PyTorch to 1e-4, ferry kernels
+// vs OpenCV-only to 1e-5, layer by layer and end to end).
 #pragma once
 
 #include <array>
@@ -29,16 +30,19 @@
 
 namespace ferry::route {
 
-// Who runs the depthwise 3x3 convolutions. kDefault reads FERRY_ROUTE_DW: unset or "ferry" ->
+// Who runs one kind of convolution. kDefault reads the kind's variable (FERRY_ROUTE_DW for the
+// depthwise 3x3 layers, FERRY_ROUTE_PW for the pointwise 1x1 ones): unset or "ferry" ->
 // kFerryKernel, "opencv" -> kOpenCv, anything else -> load() fails with kInvalidArgument.
-enum class SkipDepthwise : std::uint8_t { kDefault, kFerryKernel, kOpenCv };
+// Both kOpenCv (FERRY_ROUTE_DW=opencv FERRY_ROUTE_PW=opencv) is OpenCV DNN alone.
+enum class SkipConvKernel : std::uint8_t { kDefault, kFerryKernel, kOpenCv };
 
 struct SkipEstimatorOptions {
   int size = 128;
   std::array<float, 3> mean = {0.485f, 0.456f, 0.406f};  // RGB order
   std::array<float, 3> std = {0.229f, 0.224f, 0.225f};
   bool bgr_input = true;  // images come as OpenCV BGR; false: already RGB
-  SkipDepthwise depthwise = SkipDepthwise::kDefault;
+  SkipConvKernel depthwise = SkipConvKernel::kDefault;
+  SkipConvKernel pointwise = SkipConvKernel::kDefault;
 };
 
 class SkipEstimator {
@@ -57,12 +61,15 @@ class SkipEstimator {
   // Convolution layers of the net that run on ferry's depthwise kernel (0 with kOpenCv; 13 for
   // the MobileNetV2 cut at block 13).
   int ferry_depthwise_layers() const { return ferry_depthwise_layers_; }
+  // Convolution layers on ferry's pointwise kernel (0 with kOpenCv; 25 for this net).
+  int ferry_pointwise_layers() const { return ferry_pointwise_layers_; }
 
  private:
   cv::dnn::Net net_;
   SkipEstimatorOptions opt_;
   cv::Mat resized_, rgb_;  // reused buffers
   int ferry_depthwise_layers_ = 0;
+  int ferry_pointwise_layers_ = 0;
 };
 
 }  // namespace ferry::route
