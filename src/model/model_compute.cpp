@@ -4,19 +4,25 @@
 #include "model/model_compute.h"
 
 #include <cmath>
+#include <cstring>
+#include <string>
+#include <tuple>
 
+#include "mem/arena.h"
+#include "mem/budget.h"
+#include "mem/tier.h"
+#include "mem/transfer_engine.h"
 #include "model/model_compute_buffers.h"
 
 namespace ferry::model {
 
+using detail::bf16_view;
 using detail::f32_view;
 using detail::i32_view;
+using detail::kCeChunkTokens;
 using detail::reshaped;
 using detail::rows_of;
 using kernels::Stream;
-
-using detail::host;
-using detail::kCeChunkTokens;
 
 ModelCompute::ModelCompute(const DecoderGeometry& geo, std::int64_t max_tokens,
                            kernels::Backend& backend)
@@ -43,22 +49,26 @@ Status check_geometry(const DecoderGeometry& geo, std::int64_t max_tokens,
   if (work_layers < 1 || work_layers > geo.layers) {
     return invalid_argument("model: work_layers {} outside [1, {}]", work_layers, geo.layers);
   }
-  if (backend.device() != Device::kCpu) {
-    return unimplemented(
-        "model: ModelCompute keeps activations in host memory; backend {} "
-        "needs device buffers (not written yet)",
-        backend.name());
+  if (backend.device() != Device::kCpu &&
+      (backend.device() != Device::kCuda || mem::device_tier_is_host_memory())) {
+    return unavailable("model: ModelCompute on backend {} needs device memory (built without CUDA)",
+                       backend.name());
   }
   return {};
 }
 
 std::size_t ce_workspace_bytes(const DecoderGeometry& geo, std::int64_t T,
                                kernels::Backend& backend) {
+  // Sized for the backward too (d_hidden given): some backends need room for d_logits.
   kernels::CrossEntropyArgs probe;
   probe.hidden = ConstTensorView::contiguous(nullptr, DType::kF32, Device::kCpu,
                                              {T, std::int64_t(geo.hidden)});
   probe.weight = ConstTensorView::contiguous(nullptr, DType::kF32, Device::kCpu,
                                              {geo.vocab, std::int64_t(geo.hidden)});
+  // Only the shapes and presence of the views matter to workspace_bytes(); nothing is read.
+  static float never_read = 0.0f;
+  probe.d_hidden =
+      TensorView::contiguous(&never_read, DType::kF32, Device::kCpu, {T, std::int64_t(geo.hidden)});
   probe.chunk_tokens = kCeChunkTokens;
   return backend.workspace_bytes(probe);
 }
@@ -72,90 +82,160 @@ void workspace_kinds(const DecoderGeometry& geo, int w, int n, bool* moe, bool* 
 
 }  // namespace
 
-Result<std::unique_ptr<ModelCompute>> ModelCompute::create(const DecoderGeometry& geo,
-                                                           std::int64_t max_tokens,
-                                                           kernels::Backend& backend,
-                                                           int work_layers) {
-  if (work_layers < 0) work_layers = geo.layers;
-  FERRY_TRY(check_geometry(geo, max_tokens, backend, work_layers));
-  std::unique_ptr<ModelCompute> mc(new ModelCompute(geo, max_tokens, backend));
+void ModelCompute::plan_buffers(const DecoderGeometry& geo, std::int64_t T, int work_layers,
+                                kernels::Backend& backend, std::vector<LayerActs>& acts, Scratch& s,
+                                detail::BufferTable& tab, std::size_t* activation_bytes) {
   const bool whole = work_layers == geo.layers;
-  const std::int64_t T = max_tokens, C = geo.hidden, HD = std::int64_t(geo.heads) * geo.head_dim,
+  const bool device = backend.device() != Device::kCpu;
+  const bool bf16_attn = !backend.supports(kernels::OpKind::kAttention, DType::kF32);
+  const std::int64_t C = geo.hidden, HD = std::int64_t(geo.heads) * geo.head_dim,
                      GD = std::int64_t(geo.kv_heads) * geo.head_dim, H = geo.heads,
                      G = geo.kv_heads, F = geo.mlp_width, Fe = geo.expert_width, E = geo.experts,
                      K = geo.top_k;
-  mc->acts_.resize(work_layers);
+  acts.resize(work_layers);
   for (int w = 0; w < work_layers; ++w) {
-    LayerActs& a = mc->acts_[w];
+    LayerActs& a = acts[w];
     bool moe = false, dense = false;
     workspace_kinds(geo, w, work_layers, &moe, &dense);
+    const std::string p = "l" + std::to_string(w) + ".";
     // The whole-model path keeps every boundary in its layer's workspace; per-layer callers own
     // the boundaries.
-    if (whole) a.x_in.resize(T * C);
-    a.h1.resize(T * C);
-    a.rstd1.resize(T);
+    if (whole) tab.add(a.x_in, p + "x_in", T * C);
+    tab.add(a.h1, p + "h1", T * C);
+    tab.add(a.rstd1, p + "rstd1", T);
     if (geo.qk_norm != QkNorm::kNone) {
-      a.q_pre.resize(T * HD);
-      a.k_pre.resize(T * GD);
-      a.q_rstd.resize(geo.qk_norm == QkNorm::kPerHead ? T * H : T);
-      a.k_rstd.resize(geo.qk_norm == QkNorm::kPerHead ? T * G : T);
+      tab.add(a.q_pre, p + "q_pre", T * HD);
+      tab.add(a.k_pre, p + "k_pre", T * GD);
+      tab.add(a.q_rstd, p + "q_rstd", geo.qk_norm == QkNorm::kPerHead ? T * H : T);
+      tab.add(a.k_rstd, p + "k_rstd", geo.qk_norm == QkNorm::kPerHead ? T * G : T);
     }
-    a.q.resize(T * HD);
-    a.k.resize(T * GD);
-    a.v.resize(T * GD);
-    a.attn.resize(T * HD);
-    a.lse.resize(H * T);
-    a.x_mid.resize(T * C);
-    a.h2.resize(T * C);
-    a.rstd2.resize(T);
+    tab.add(a.q, p + "q", T * HD);
+    tab.add(a.k, p + "k", T * GD);
+    tab.add(a.v, p + "v", T * GD);
+    tab.add(a.attn, p + "attn", T * HD);
+    tab.add(a.lse, p + "lse", H * T);
+    tab.add(a.x_mid, p + "x_mid", T * C);
+    tab.add(a.h2, p + "h2", T * C);
+    tab.add(a.rstd2, p + "rstd2", T);
     if (moe) {
-      a.router_logits.resize(T * E);
-      a.probs.resize(T * E);
-      a.weights.resize(T * K);
-      a.ids.resize(T * K);
-      a.slot_of.resize(T * K);
-      a.offsets.resize(E + 1);
-      a.gathered.resize(T * K * C);
-      a.egate.resize(T * K * Fe);
-      a.eup.resize(T * K * Fe);
-      a.eact.resize(T * K * Fe);
-      a.eout.resize(T * K * C);
+      tab.add(a.router_logits, p + "router_logits", T * E);
+      tab.add(a.probs, p + "probs", T * E);
+      tab.add(a.weights, p + "weights", T * K);
+      tab.add(a.ids, p + "ids", T * K);
+      tab.add(a.slot_of, p + "slot_of", T * K);
+      tab.add(a.offsets, p + "offsets", E + 1);
+      tab.add(a.gathered, p + "gathered", T * K * C);
+      tab.add(a.egate, p + "egate", T * K * Fe);
+      tab.add(a.eup, p + "eup", T * K * Fe);
+      tab.add(a.eact, p + "eact", T * K * Fe);
+      tab.add(a.eout, p + "eout", T * K * C);
+      if (device) a.h_offsets.resize(E + 1);
     }
     if (dense) {
-      a.gate.resize(T * F);
-      a.up.resize(T * F);
-      a.act.resize(T * F);
+      tab.add(a.gate, p + "gate", T * F);
+      tab.add(a.up, p + "up", T * F);
+      tab.add(a.act, p + "act", T * F);
     }
   }
-  auto s = std::make_unique<Scratch>();
-  if (whole) s->x_final.resize(T * C);
-  s->hf.resize(T * C);
-  s->rstd_f.resize(T);
-  s->nll.resize(T);
-  s->ones.assign(T, 1.0f);
-  s->tmp_c.resize(T * C);
-  s->dx.resize(T * C);
-  s->dx_mid.resize(T * C);
-  s->dh.resize(T * C);
-  s->dq.resize(T * HD);
-  s->dk.resize(T * GD);
-  s->dv.resize(T * GD);
-  s->dq_pre.resize(T * HD);
-  s->dk_pre.resize(T * GD);
-  s->d_attn.resize(T * HD);
-  s->d_act.resize(T * F);
-  s->d_gate.resize(T * F);
-  s->d_up.resize(T * F);
-  if (E > 0) {
-    s->d_eout.resize(T * K * C);
-    s->d_gathered.resize(T * K * C);
-    s->d_eact.resize(T * K * Fe);
-    s->d_egate.resize(T * K * Fe);
-    s->d_eup.resize(T * K * Fe);
-    s->d_weights.resize(T * K);
-    s->d_router_logits.resize(T * E);
+  *activation_bytes = tab.plan().total_bytes();
+  if (whole) tab.add(s.x_final, "x_final", T * C);
+  tab.add(s.hf, "hf", T * C);
+  tab.add(s.rstd_f, "rstd_f", T);
+  tab.add(s.nll, "nll", T);
+  tab.add(s.ones, "ones", T);
+  tab.add(s.inv_freq, "inv_freq", static_cast<std::int64_t>(geo.rope.inv_freq.size()));
+  if (device) {
+    tab.add(s.zeros, "zeros", E > 0 ? T * C : (geo.padding_idx >= 0 ? C : 0));
+    s.h_nll.resize(T);
+    s.h_ids.resize(T);
+    s.h_target.resize(T);
   }
-  s->ce_workspace.resize(ce_workspace_bytes(geo, T, backend));
+  tab.add(s.tmp_c, "tmp_c", T * C);
+  tab.add(s.dx, "dx", T * C);
+  tab.add(s.dx_mid, "dx_mid", T * C);
+  tab.add(s.dh, "dh", T * C);
+  tab.add(s.dq, "dq", T * HD);
+  tab.add(s.dk, "dk", T * GD);
+  tab.add(s.dv, "dv", T * GD);
+  tab.add(s.dq_pre, "dq_pre", T * HD);
+  tab.add(s.dk_pre, "dk_pre", T * GD);
+  tab.add(s.d_attn, "d_attn", T * HD);
+  tab.add(s.d_act, "d_act", T * F);
+  tab.add(s.d_gate, "d_gate", T * F);
+  tab.add(s.d_up, "d_up", T * F);
+  if (E > 0) {
+    tab.add(s.d_eout, "d_eout", T * K * C);
+    tab.add(s.d_gathered, "d_gathered", T * K * C);
+    tab.add(s.d_eact, "d_eact", T * K * Fe);
+    tab.add(s.d_egate, "d_egate", T * K * Fe);
+    tab.add(s.d_eup, "d_eup", T * K * Fe);
+    tab.add(s.d_weights, "d_weights", T * K);
+    tab.add(s.d_router_logits, "d_router_logits", T * E);
+  }
+  if (bf16_attn) {
+    for (auto [buf, name, n] : {std::tuple{&s.q16, "q16", T * HD},
+                                {&s.k16, "k16", T * GD},
+                                {&s.v16, "v16", T * GD},
+                                {&s.o16, "o16", T * HD},
+                                {&s.do16, "do16", T * HD},
+                                {&s.dq16, "dq16", T * HD},
+                                {&s.dk16, "dk16", T * GD},
+                                {&s.dv16, "dv16", T * GD}}) {
+      tab.add(*buf, name, n);
+    }
+  }
+  tab.add(s.ce_workspace, "ce_workspace",
+          static_cast<std::int64_t>(ce_workspace_bytes(geo, T, backend)));
+}
+
+Result<std::unique_ptr<ModelCompute>> ModelCompute::create(const DecoderGeometry& geo,
+                                                           std::int64_t max_tokens,
+                                                           kernels::Backend& backend,
+                                                           int work_layers, Stream* stream) {
+  if (work_layers < 0) work_layers = geo.layers;
+  FERRY_TRY(check_geometry(geo, max_tokens, backend, work_layers));
+  const Device dev = backend.device();
+  if (stream == nullptr) {
+    if (dev != Device::kCpu) {
+      return invalid_argument("model: backend {} needs a CUDA stream (create()'s stream argument)",
+                              backend.name());
+    }
+    stream = &Stream::host();
+  }
+  if (stream->device() != dev) {
+    return invalid_argument("model: a {} stream given for backend {}", to_string(stream->device()),
+                            backend.name());
+  }
+  std::unique_ptr<ModelCompute> mc(new ModelCompute(geo, max_tokens, backend));
+  mc->stream_ = stream;
+  mc->dev_ = dev;
+  mc->attn_bf16_ = !backend.supports(kernels::OpKind::kAttention, DType::kF32);
+  auto s = std::make_unique<Scratch>();
+  detail::BufferTable table;
+  plan_buffers(geo, max_tokens, work_layers, backend, mc->acts_, *s, table, &mc->activation_bytes_);
+  const mem::MemTier tier =
+      dev == Device::kCpu ? mem::MemTier::kPageableHost : mem::MemTier::kDevice;
+  mc->budget_ = std::make_unique<mem::MemoryBudget>(tier);
+  FERRY_ASSIGN_OR_RETURN(mem::Arena arena, mem::make_arena(table.plan(), tier, *mc->budget_,
+                                                           {.device = stream->device_index(),
+                                                            .what = "model compute activations"}));
+  mc->arena_ = std::make_unique<mem::Arena>(std::move(arena));
+  table.bind(*mc->arena_, dev);
+  if (dev == Device::kCpu) {
+    mc->te_ = &mem::host_transfer_engine();
+  } else {
+    FERRY_ASSIGN_OR_RETURN(mc->own_te_, mem::cuda_transfer_engine(stream->device_index()));
+    mc->te_ = mc->own_te_.get();
+  }
+  // Constants: ones (bias gradients), the rope frequencies, zeros (device zero fills).
+  const std::vector<float> ones(static_cast<std::size_t>(s->ones.n), 1.0f);
+  const std::vector<float> zeros(static_cast<std::size_t>(s->zeros.n), 0.0f);
+  for (auto [dst, src, n] : {std::tuple{s->ones.ptr, ones.data(), ones.size()},
+                             {s->inv_freq.ptr, geo.rope.inv_freq.data(), geo.rope.inv_freq.size()},
+                             {s->zeros.ptr, zeros.data(), zeros.size()}}) {
+    if (n > 0) FERRY_TRY(mc->te_->h2d(dst, src, n * sizeof(float), *stream));
+  }
+  FERRY_TRY(stream->synchronize());  // the host vectors above die here
   mc->scratch_ = std::move(s);
   return mc;
 }
@@ -164,57 +244,41 @@ Result<std::size_t> ModelCompute::planned_bytes(const DecoderGeometry& geo, std:
                                                 kernels::Backend& backend, int work_layers) {
   if (work_layers < 0) work_layers = geo.layers;
   FERRY_TRY(check_geometry(geo, max_tokens, backend, work_layers));
-  const bool whole = work_layers == geo.layers;
-  const std::int64_t T = max_tokens, C = geo.hidden, HD = std::int64_t(geo.heads) * geo.head_dim,
-                     GD = std::int64_t(geo.kv_heads) * geo.head_dim, H = geo.heads,
-                     G = geo.kv_heads, F = geo.mlp_width, Fe = geo.expert_width, E = geo.experts,
-                     K = geo.top_k;
-  std::int64_t f32 = 0, i32 = 0;
-  for (int w = 0; w < work_layers; ++w) {
-    bool moe = false, dense = false;
-    workspace_kinds(geo, w, work_layers, &moe, &dense);
-    f32 += (whole ? T * C : 0) + T * C + T + T * HD + 2 * T * GD + T * HD + H * T + 2 * T * C + T;
-    if (geo.qk_norm != QkNorm::kNone) {
-      f32 += T * HD + T * GD + (geo.qk_norm == QkNorm::kPerHead ? T * (H + G) : 2 * T);
-    }
-    if (moe) {
-      f32 += 2 * T * E + T * K + 2 * T * K * C + 3 * T * K * Fe;
-      i32 += 2 * T * K + E + 1;
-    }
-    if (dense) f32 += 3 * T * F;
-  }
-  f32 += (whole ? T * C : 0) + T * C + 3 * T + 4 * T * C + 3 * T * HD + 3 * T * GD + 3 * T * F;
-  if (E > 0) f32 += 2 * T * K * C + 3 * T * K * Fe + T * K + T * E;
-  return static_cast<std::size_t>(f32) * sizeof(float) +
-         static_cast<std::size_t>(i32) * sizeof(std::int32_t) + ce_workspace_bytes(geo, T, backend);
+  std::vector<LayerActs> acts;
+  Scratch s;
+  detail::BufferTable table;
+  std::size_t activation = 0;
+  plan_buffers(geo, max_tokens, work_layers, backend, acts, s, table, &activation);
+  return table.plan().allocation_bytes();
 }
 
-std::size_t ModelCompute::total_bytes() const {
-  const Scratch& s = *scratch_;
-  std::size_t n = activation_bytes() + s.ce_workspace.size();
-  for (const auto* v : {&s.x_final, &s.hf,      &s.rstd_f, &s.nll,       &s.ones,
-                        &s.tmp_c,   &s.dx,      &s.dx_mid, &s.dh,        &s.dq,
-                        &s.dk,      &s.dv,      &s.dq_pre, &s.dk_pre,    &s.d_attn,
-                        &s.d_act,   &s.d_gate,  &s.d_up,   &s.d_eout,    &s.d_gathered,
-                        &s.d_eact,  &s.d_egate, &s.d_eup,  &s.d_weights, &s.d_router_logits}) {
-    n += v->size() * sizeof(float);
-  }
-  return n;
-}
+std::size_t ModelCompute::total_bytes() const { return arena_->plan().allocation_bytes(); }
 
-std::size_t ModelCompute::activation_bytes() const {
-  std::size_t n = 0;
-  for (const auto& a : acts_) {
-    for (const auto* v :
-         {&a.x_in,     &a.h1,    &a.rstd1, &a.q_pre, &a.k_pre,         &a.q_rstd, &a.k_rstd,
-          &a.q,        &a.k,     &a.v,     &a.attn,  &a.lse,           &a.x_mid,  &a.h2,
-          &a.rstd2,    &a.gate,  &a.up,    &a.act,   &a.router_logits, &a.probs,  &a.weights,
-          &a.gathered, &a.egate, &a.eup,   &a.eact,  &a.eout}) {
-      n += v->size() * sizeof(float);
-    }
-    n += (a.ids.size() + a.slot_of.size() + a.offsets.size()) * sizeof(std::int32_t);
+std::size_t ModelCompute::activation_bytes() const { return activation_bytes_; }
+
+template <typename T>
+Result<const T*> ModelCompute::read_to_host(const T* src, std::vector<T>& mirror, std::int64_t n) {
+  if (dev_ == Device::kCpu) return src;
+  FERRY_CHECK(static_cast<std::int64_t>(mirror.size()) >= n, "model: host copy of {} for {}",
+              mirror.size(), n);
+  FERRY_TRY(te_->d2h(mirror.data(), src, static_cast<std::size_t>(n) * sizeof(T), st()));
+  FERRY_TRY(st().synchronize());
+  return static_cast<const T*>(mirror.data());
+}
+template Result<const float*> ModelCompute::read_to_host(const float*, std::vector<float>&,
+                                                         std::int64_t);
+template Result<const std::int32_t*> ModelCompute::read_to_host(const std::int32_t*,
+                                                                std::vector<std::int32_t>&,
+                                                                std::int64_t);
+
+Status ModelCompute::zero_fill(float* p, std::int64_t n) {
+  if (dev_ == Device::kCpu) {
+    std::memset(p, 0, static_cast<std::size_t>(n) * sizeof(float));
+    return {};
   }
-  return n;
+  const F32Buf& z = scratch_->zeros;
+  FERRY_CHECK(n <= z.n, "model: zero fill of {} floats, {} planned", n, z.n);
+  return te_->d2d(p, z.ptr, static_cast<std::size_t>(n) * sizeof(float), st());
 }
 
 Status ModelCompute::attention_forward(LayerActs& a, const LayerTensors<ConstTensorView>& p,
@@ -226,70 +290,88 @@ Status ModelCompute::attention_forward(LayerActs& a, const LayerTensors<ConstTen
   // Projections: into q_pre/k_pre when a q/k norm follows, else straight into q/k.
   const TensorView q_proj = normed ? f32_view(a.q_pre, {T, H * D}) : f32_view(a.q, {T, H * D});
   const TensorView k_proj = normed ? f32_view(a.k_pre, {T, G * D}) : f32_view(a.k, {T, G * D});
-  FERRY_TRY(
-      be_.gemm({.out = q_proj, .a = h1, .b = p.q, .bias = p.q_bias, .trans_b = true}, host()));
-  FERRY_TRY(
-      be_.gemm({.out = k_proj, .a = h1, .b = p.k, .bias = p.k_bias, .trans_b = true}, host()));
+  FERRY_TRY(be_.gemm({.out = q_proj, .a = h1, .b = p.q, .bias = p.q_bias, .trans_b = true}, st()));
+  FERRY_TRY(be_.gemm({.out = k_proj, .a = h1, .b = p.k, .bias = p.k_bias, .trans_b = true}, st()));
   FERRY_TRY(be_.gemm(
       {.out = f32_view(a.v, {T, G * D}), .a = h1, .b = p.v, .bias = p.v_bias, .trans_b = true},
-      host()));
+      st()));
   if (geo_.qk_norm == QkNorm::kPerHead) {
     FERRY_TRY(be_.rms_norm({.out = f32_view(a.q, {T * H, D}),
                             .rstd = f32_view(a.q_rstd, {T * H}),
                             .in = f32_view(a.q_pre, {T * H, D}),
                             .weight = p.q_norm,
                             .eps = geo_.rms_eps},
-                           host()));
+                           st()));
     FERRY_TRY(be_.rms_norm({.out = f32_view(a.k, {T * G, D}),
                             .rstd = f32_view(a.k_rstd, {T * G}),
                             .in = f32_view(a.k_pre, {T * G, D}),
                             .weight = p.k_norm,
                             .eps = geo_.rms_eps},
-                           host()));
+                           st()));
   } else if (geo_.qk_norm == QkNorm::kFullWidth) {
     FERRY_TRY(be_.rms_norm({.out = f32_view(a.q, {T, H * D}),
                             .rstd = f32_view(a.q_rstd, {T}),
                             .in = f32_view(a.q_pre, {T, H * D}),
                             .weight = p.q_norm,
                             .eps = geo_.rms_eps},
-                           host()));
+                           st()));
     FERRY_TRY(be_.rms_norm({.out = f32_view(a.k, {T, G * D}),
                             .rstd = f32_view(a.k_rstd, {T}),
                             .in = f32_view(a.k_pre, {T, G * D}),
                             .weight = p.k_norm,
                             .eps = geo_.rms_eps},
-                           host()));
+                           st()));
   }
-  const ConstTensorView inv_freq =
-      ConstTensorView::contiguous(geo_.rope.inv_freq.data(), DType::kF32, Device::kCpu,
-                                  {static_cast<std::int64_t>(geo_.rope.inv_freq.size())});
+  const ConstTensorView inv_freq = f32_view(scratch_->inv_freq, {scratch_->inv_freq.n});
   FERRY_TRY(be_.rope({.x = f32_view(a.q, {T, H, D}),
                       .positions = batch.positions,
                       .inv_freq = inv_freq,
                       .attention_scaling = geo_.rope.attention_scaling},
-                     host()));
+                     st()));
   FERRY_TRY(be_.rope({.x = f32_view(a.k, {T, G, D}),
                       .positions = batch.positions,
                       .inv_freq = inv_freq,
                       .attention_scaling = geo_.rope.attention_scaling},
-                     host()));
-  FERRY_TRY(be_.attention({.out = f32_view(a.attn, {T, H, D}),
-                           .lse = f32_view(a.lse, {H, T}),
-                           .q = f32_view(a.q, {T, H, D}),
-                           .k = f32_view(a.k, {T, G, D}),
-                           .v = f32_view(a.v, {T, G, D}),
-                           .cu_seqlens = batch.cu_seqlens,
-                           .scale = 1.0f / std::sqrt(static_cast<float>(D))},
-                          host()));
+                     st()));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  if (!attn_bf16_) {
+    FERRY_TRY(be_.attention({.out = f32_view(a.attn, {T, H, D}),
+                             .lse = f32_view(a.lse, {H, T}),
+                             .q = f32_view(a.q, {T, H, D}),
+                             .k = f32_view(a.k, {T, G, D}),
+                             .v = f32_view(a.v, {T, G, D}),
+                             .cu_seqlens = batch.cu_seqlens,
+                             .scale = scale},
+                            st()));
+  } else {
+    // bf16-only attention: cast q, k, v down, the output back up (lse stays f32).
+    Scratch& s = *scratch_;
+    FERRY_TRY(
+        be_.convert({.out = bf16_view(s.q16, {T, H, D}), .in = f32_view(a.q, {T, H, D})}, st()));
+    FERRY_TRY(
+        be_.convert({.out = bf16_view(s.k16, {T, G, D}), .in = f32_view(a.k, {T, G, D})}, st()));
+    FERRY_TRY(
+        be_.convert({.out = bf16_view(s.v16, {T, G, D}), .in = f32_view(a.v, {T, G, D})}, st()));
+    FERRY_TRY(be_.attention({.out = bf16_view(s.o16, {T, H, D}),
+                             .lse = f32_view(a.lse, {H, T}),
+                             .q = bf16_view(s.q16, {T, H, D}),
+                             .k = bf16_view(s.k16, {T, G, D}),
+                             .v = bf16_view(s.v16, {T, G, D}),
+                             .cu_seqlens = batch.cu_seqlens,
+                             .scale = scale},
+                            st()));
+    FERRY_TRY(
+        be_.convert({.out = f32_view(a.attn, {T, H, D}), .in = bf16_view(s.o16, {T, H, D})}, st()));
+  }
   // x_mid = x_in + attn Wo^T
   const TensorView tmp = f32_view(scratch_->tmp_c, {T, C});
   FERRY_TRY(be_.gemm(
       {.out = tmp, .a = f32_view(a.attn, {T, H * D}), .b = p.o, .bias = p.o_bias, .trans_b = true},
-      host()));
+      st()));
   return be_.add({.out = f32_view(a.x_mid, {T, C}),
-                  .a = ConstTensorView::contiguous(x_in, DType::kF32, Device::kCpu, {T, C}),
+                  .a = ConstTensorView::contiguous(x_in, DType::kF32, dev_, {T, C}),
                   .b = tmp},
-                 host());
+                 st());
 }
 
 Status ModelCompute::mlp_forward(LayerActs& a, const LayerTensors<ConstTensorView>& p,
@@ -297,17 +379,17 @@ Status ModelCompute::mlp_forward(LayerActs& a, const LayerTensors<ConstTensorVie
   const std::int64_t C = geo_.hidden, F = geo_.mlp_width;
   const ConstTensorView h2 = f32_view(a.h2, {T, C});
   FERRY_TRY(
-      be_.gemm({.out = f32_view(a.gate, {T, F}), .a = h2, .b = p.gate, .trans_b = true}, host()));
-  FERRY_TRY(be_.gemm({.out = f32_view(a.up, {T, F}), .a = h2, .b = p.up, .trans_b = true}, host()));
+      be_.gemm({.out = f32_view(a.gate, {T, F}), .a = h2, .b = p.gate, .trans_b = true}, st()));
+  FERRY_TRY(be_.gemm({.out = f32_view(a.up, {T, F}), .a = h2, .b = p.up, .trans_b = true}, st()));
   FERRY_TRY(be_.swiglu({.out = f32_view(a.act, {T, F}),
                         .gate = f32_view(a.gate, {T, F}),
                         .up = f32_view(a.up, {T, F})},
-                       host()));
+                       st()));
   return be_.gemm({.out = f32_view(scratch_->tmp_c, {T, C}),
                    .a = f32_view(a.act, {T, F}),
                    .b = p.down,
                    .trans_b = true},
-                  host());
+                  st());
 }
 
 Status ModelCompute::moe_forward(LayerActs& a, const LayerTensors<ConstTensorView>& p,
@@ -315,72 +397,74 @@ Status ModelCompute::moe_forward(LayerActs& a, const LayerTensors<ConstTensorVie
   const std::int64_t C = geo_.hidden, E = geo_.experts, K = geo_.top_k, Fe = geo_.expert_width;
   const ConstTensorView h2 = f32_view(a.h2, {T, C});
   FERRY_TRY(be_.gemm(
-      {.out = f32_view(a.router_logits, {T, E}), .a = h2, .b = p.router, .trans_b = true}, host()));
+      {.out = f32_view(a.router_logits, {T, E}), .a = h2, .b = p.router, .trans_b = true}, st()));
   FERRY_TRY(be_.router({.weights = f32_view(a.weights, {T, K}),
                         .ids = i32_view(a.ids, {T, K}),
                         .probs = f32_view(a.probs, {T, E}),
                         .logits = f32_view(a.router_logits, {T, E}),
                         .top_k = geo_.top_k,
                         .renormalize = geo_.renormalize_topk},
-                       host()));
+                       st()));
   FERRY_TRY(be_.moe_dispatch({.gathered = f32_view(a.gathered, {T * K, C}),
                               .expert_offsets = i32_view(a.offsets, {E + 1}),
                               .slot_of = i32_view(a.slot_of, {T, K}),
                               .x = h2,
                               .ids = i32_view(a.ids, {T, K}),
                               .num_experts = geo_.experts},
-                             host()));
+                             st()));
+  // The per-expert GEMMs need each expert's row range on the host.
+  FERRY_ASSIGN_OR_RETURN(const std::int32_t* offsets,
+                         read_to_host(a.offsets.ptr, a.h_offsets, E + 1));
   const TensorView gathered = f32_view(a.gathered, {T * K, C});
   const TensorView egate = f32_view(a.egate, {T * K, Fe}), eup = f32_view(a.eup, {T * K, Fe}),
                    eact = f32_view(a.eact, {T * K, Fe}), eout = f32_view(a.eout, {T * K, C});
   for (std::int64_t e = 0; e < E; ++e) {
-    const std::int64_t r0 = a.offsets[e], r1 = a.offsets[e + 1];
+    const std::int64_t r0 = offsets[e], r1 = offsets[e + 1];
     if (r1 == r0) continue;
     const ConstTensorView x_e = rows_of(ConstTensorView(gathered), r0, r1);
     FERRY_TRY(be_.gemm(
-        {.out = rows_of(egate, r0, r1), .a = x_e, .b = p.expert_gate[e], .trans_b = true}, host()));
+        {.out = rows_of(egate, r0, r1), .a = x_e, .b = p.expert_gate[e], .trans_b = true}, st()));
     FERRY_TRY(be_.gemm(
-        {.out = rows_of(eup, r0, r1), .a = x_e, .b = p.expert_up[e], .trans_b = true}, host()));
+        {.out = rows_of(eup, r0, r1), .a = x_e, .b = p.expert_up[e], .trans_b = true}, st()));
     FERRY_TRY(be_.swiglu({.out = rows_of(eact, r0, r1),
                           .gate = rows_of(ConstTensorView(egate), r0, r1),
                           .up = rows_of(ConstTensorView(eup), r0, r1)},
-                         host()));
+                         st()));
     FERRY_TRY(be_.gemm({.out = rows_of(eout, r0, r1),
                         .a = rows_of(ConstTensorView(eact), r0, r1),
                         .b = p.expert_down[e],
                         .trans_b = true},
-                       host()));
+                       st()));
   }
   return be_.moe_combine({.out = f32_view(scratch_->tmp_c, {T, C}),
                           .expert_out = eout,
                           .weights = f32_view(a.weights, {T, K}),
                           .slot_of = i32_view(a.slot_of, {T, K})},
-                         host());
+                         st());
 }
 
 Status ModelCompute::run_layer_forward(int l, LayerActs& a, const LayerTensors<ConstTensorView>& p,
                                        std::int64_t T, const PackedBatch& batch, const float* x_in,
                                        float* x_out) {
   const std::int64_t C = geo_.hidden;
-  FERRY_TRY(
-      be_.rms_norm({.out = f32_view(a.h1, {T, C}),
-                    .rstd = f32_view(a.rstd1, {T}),
-                    .in = ConstTensorView::contiguous(x_in, DType::kF32, Device::kCpu, {T, C}),
-                    .weight = p.attn_norm,
-                    .eps = geo_.rms_eps},
-                   host()));
+  FERRY_TRY(be_.rms_norm({.out = f32_view(a.h1, {T, C}),
+                          .rstd = f32_view(a.rstd1, {T}),
+                          .in = ConstTensorView::contiguous(x_in, DType::kF32, dev_, {T, C}),
+                          .weight = p.attn_norm,
+                          .eps = geo_.rms_eps},
+                         st()));
   FERRY_TRY(attention_forward(a, p, T, batch, x_in));
   FERRY_TRY(be_.rms_norm({.out = f32_view(a.h2, {T, C}),
                           .rstd = f32_view(a.rstd2, {T}),
                           .in = f32_view(a.x_mid, {T, C}),
                           .weight = p.mlp_norm,
                           .eps = geo_.rms_eps},
-                         host()));
+                         st()));
   FERRY_TRY(geo_.layer_is_moe[l] ? moe_forward(a, p, T) : mlp_forward(a, p, T));
-  return be_.add({.out = TensorView::contiguous(x_out, DType::kF32, Device::kCpu, {T, C}),
+  return be_.add({.out = TensorView::contiguous(x_out, DType::kF32, dev_, {T, C}),
                   .a = f32_view(a.x_mid, {T, C}),
                   .b = f32_view(scratch_->tmp_c, {T, C})},
-                 host());
+                 st());
 }
 
 Status ModelCompute::check_layer_call(int l, const PackedBatch& batch,
@@ -390,9 +474,10 @@ Status ModelCompute::check_layer_call(int l, const PackedBatch& batch,
     return invalid_argument("model: batch of {} tokens outside [1, {}] planned", T, max_tokens_);
   }
   if (l < -1 || l >= geo_.layers) return invalid_argument("model: layer {} out of range", l);
-  if (x.dtype != DType::kF32 || !x.is_contiguous() || x.numel() != T * geo_.hidden) {
-    return invalid_argument("model: activation {} is not a contiguous f32 [{}, {}]",
-                            x.shape_string(), T, geo_.hidden);
+  if (x.dtype != DType::kF32 || !x.is_contiguous() || x.numel() != T * geo_.hidden ||
+      x.device != dev_) {
+    return invalid_argument("model: activation {} is not a contiguous f32 [{}, {}] on {}",
+                            x.shape_string(), T, geo_.hidden, to_string(dev_));
   }
   return {};
 }
@@ -403,7 +488,7 @@ Status ModelCompute::embed(const ConstTensorView& table, const PackedBatch& batc
   const std::int64_t T = batch.ids.numel();
   return be_.embedding(
       {.out = reshaped(x0, {T, std::int64_t(geo_.hidden)}), .table = table, .ids = batch.ids},
-      host());
+      st());
 }
 
 Status ModelCompute::layer_forward(int l, const LayerTensors<ConstTensorView>& p,
@@ -429,7 +514,7 @@ Result<ForwardResult> ModelCompute::head_forward(const ConstTensorView& final_no
                           .in = reshaped(x_final, {T, C}),
                           .weight = final_norm,
                           .eps = geo_.rms_eps},
-                         host()));
+                         st()));
   last_T_ = T;
   return run_head_forward(lm_head, batch, nll_out);
 }
@@ -443,21 +528,29 @@ Result<ForwardResult> ModelCompute::run_head_forward(const ConstTensorView& lm_h
   const TensorView nll = f32_view(s.nll, {T});
   FERRY_TRY(be_.cross_entropy(
       {.nll = nll,
-       .workspace = TensorView::contiguous(s.ce_workspace.data(), DType::kU8, Device::kCpu,
-                                           {static_cast<std::int64_t>(s.ce_workspace.size())}),
+       .workspace = detail::typed_view(s.ce_workspace, DType::kU8, {s.ce_workspace.n}),
        .hidden = f32_view(s.hf, {T, C}),
        .weight = lm_head,
        .targets = batch.targets,
        .chunk_tokens = kCeChunkTokens},
-      host()));
-  const auto* tg = batch.targets.as<std::int32_t>();
+      st()));
+  if (!nll_out.empty_view()) {
+    if (nll_out.device != dev_ || nll_out.dtype != DType::kF32 || nll_out.numel() != T) {
+      return invalid_argument("model: nll_out {} is not an f32 [{}] on {}", nll_out.shape_string(),
+                              T, to_string(dev_));
+    }
+    FERRY_TRY(te_->d2d(nll_out.data, s.nll.ptr, static_cast<std::size_t>(T) * sizeof(float), st()));
+  }
+  // The loss sum is read on the host (device: copies back and waits for the stream).
+  FERRY_ASSIGN_OR_RETURN(const std::int32_t* tg,
+                         read_to_host(batch.targets.as<std::int32_t>(), s.h_target, T));
+  FERRY_ASSIGN_OR_RETURN(const float* nll_h, read_to_host(s.nll.ptr, s.h_nll, T));
   for (std::int64_t t = 0; t < T; ++t) {
     if (tg[t] == -100) continue;
-    res.loss_sum += s.nll[t];
+    res.loss_sum += nll_h[t];
     ++res.counted;
   }
   last_counted_ = res.counted;
-  if (!nll_out.empty_view()) std::memcpy(nll_out.data, s.nll.data(), T * sizeof(float));
   return res;
 }
 
@@ -478,10 +571,10 @@ Result<ForwardResult> ModelCompute::forward(const ModelParams& params, const Pac
               "model: whole-model forward on a ModelCompute created for the per-layer API");
   const std::int64_t C = geo_.hidden;
   FERRY_TRY(be_.embedding(
-      {.out = f32_view(acts_[0].x_in, {T, C}), .table = params.embed, .ids = batch.ids}, host()));
+      {.out = f32_view(acts_[0].x_in, {T, C}), .table = params.embed, .ids = batch.ids}, st()));
   for (int l = 0; l < geo_.layers; ++l) {
     // The layer's output is the next layer's input (or the final norm's).
-    std::vector<float>& x_out = (l + 1 < geo_.layers) ? acts_[l + 1].x_in : scratch_->x_final;
+    F32Buf& x_out = (l + 1 < geo_.layers) ? acts_[l + 1].x_in : scratch_->x_final;
     FERRY_TRY(run_layer_forward(l, acts_[l], params.layers[l], T, batch, acts_[l].x_in.data(),
                                 x_out.data()));
   }
@@ -491,11 +584,11 @@ Result<ForwardResult> ModelCompute::forward(const ModelParams& params, const Pac
                           .in = f32_view(s.x_final, {T, C}),
                           .weight = params.final_norm,
                           .eps = geo_.rms_eps},
-                         host()));
+                         st()));
   if (!logits_out.empty_view()) {
     FERRY_TRY(be_.gemm(
         {.out = logits_out, .a = f32_view(s.hf, {T, C}), .b = params.lm_head, .trans_b = true},
-        host()));
+        st()));
   }
   last_T_ = T;
   if (batch.targets.empty_view()) return ForwardResult{};

@@ -15,8 +15,18 @@
 //                a given thread count, so a recomputed layer is bit-identical to the first pass.
 //
 // Memory is planned, not discovered: ModelCompute sizes every activation buffer for max_tokens at
-// construction; forward()/backward() never allocate. Buffers live in host memory, so the backend
-// must be a CPU backend for now (TODO(#3): device-resident buffers for the CUDA backend).
+// construction, in one arena (model_compute_buffers.h); forward()/backward() never allocate.
+//
+// Where things live: the arena is in the backend's memory: pageable host memory for CPU backends,
+// GPU memory (MemTier::kDevice, cudaMalloc) for a CUDA backend (Device::kCuda), where every op
+// is enqueued on the CUDA stream given to create(). Everything the caller passes (params, grads,
+// PackedBatch views, nll_out / logits_out, per-layer boundaries) must then be device views on
+// that GPU too. The few numbers the host needs (per-token nll and targets for the loss sum, MoE
+// expert row offsets for the per-expert GEMMs, token ids for the padding row) are copied back
+// explicitly (small D2H copies, then a stream synchronize); those are the only host syncs.
+// Activations stay f32; when the backend has no f32 attention (supports(kAttention, kF32) is
+// false, e.g. CUDA), q/k/v are cast to bf16 just for attention and its output back to f32 (and
+// dO, dQ, dK, dV likewise in the backward) through Backend::convert. CPU backends never cast.
 //
 // One layer, as the code reads top to bottom (shapes in docs/glossary.md):
 //   h1 = rms_norm(x, attn_norm); q,k,v = h1 W^T (+b); [q/k norm]; rope(q,k); o = attn(q,k,v)
@@ -35,7 +45,16 @@
 #include "model/config.h"
 #include "tensor/tensor_view.h"
 
+namespace ferry::mem {
+class Arena;
+class MemoryBudget;
+class TransferEngine;
+}  // namespace ferry::mem
+
 namespace ferry::model {
+namespace detail {
+class BufferTable;
+}  // namespace detail
 
 // The numbers the arithmetic needs, derived from a ModelConfig (model_binding.h).
 struct DecoderGeometry {
@@ -107,18 +126,32 @@ class ModelCompute {
   // max_tokens: the largest T forward() will be called with. Allocates every buffer now.
   // work_layers: how many layers' internal activations are kept (default: all L, which the
   // whole-model forward()/backward() need; the per-layer API works with 1).
+  // stream: where every op is enqueued. CPU backends: a host stream (default Stream::host()).
+  // CUDA backends: required, a CUDA stream of the backend's device (owned by the caller, e.g.
+  // a mem::StreamSet's compute(), and outliving this object); forward()/backward() return once
+  // the work is enqueued, except for the host syncs listed in the header comment. In a build
+  // without CUDA a CUDA backend cannot exist; create() returns unavailable for any non-CPU device.
+  //
+  //   FERRY_ASSIGN_OR_RETURN(kernels::Backend* be, kernels::cuda_backend(0));
+  //   FERRY_ASSIGN_OR_RETURN(mem::StreamSet ss, mem::StreamSet::create(Device::kCuda, 0));
+  //   FERRY_ASSIGN_OR_RETURN(auto mc, ModelCompute::create(geo, T, *be, -1, &ss.compute()));
   static Result<std::unique_ptr<ModelCompute>> create(const DecoderGeometry& geo,
                                                       std::int64_t max_tokens,
                                                       kernels::Backend& backend,
-                                                      int work_layers = -1);
+                                                      int work_layers = -1,
+                                                      mem::Stream* stream = nullptr);
   // Bytes create() would allocate for these arguments (activations + scratch + the loss chunk's
-  // workspace), without allocating: what a planner charges for ModelCompute's buffers.
+  // workspace + 256-byte slot alignment, in the backend's memory), without allocating: what a
+  // planner charges for ModelCompute's buffers. Equals total_bytes() of the created object. Not
+  // counted: the small host copies of the header comment (O(T + L*E) values, device arenas only).
   static Result<std::size_t> planned_bytes(const DecoderGeometry& geo, std::int64_t max_tokens,
                                            kernels::Backend& backend, int work_layers = -1);
 
   // Runs the model over the batch. When targets are given, fills nll_out ([T] f32, optional)
   // and returns the loss; when logits_out ([T, V] f32) is given, writes the full logits too (tests
-  // and small vocabularies only: normal runs never materialise [T, V]).
+  // and small vocabularies only: normal runs never materialise [T, V]). All views live on the
+  // backend's device. With targets the loss is read back, so the call returns after the stream
+  // has drained; without targets it returns once everything is enqueued.
   Result<ForwardResult> forward(const ModelParams& params, const PackedBatch& batch,
                                 TensorView nll_out = {}, TensorView logits_out = {});
 
@@ -155,8 +188,13 @@ class ModelCompute {
 
   const DecoderGeometry& geometry() const { return geo_; }
   std::size_t activation_bytes() const;
-  // Everything create() allocated (activations + scratch + cross-entropy workspace).
+  // Everything create() allocated (activations + scratch + cross-entropy workspace, one arena in
+  // the backend's memory).
   std::size_t total_bytes() const;
+  // Device::kCuda when the buffers are GPU memory, else Device::kCpu.
+  Device buffer_device() const { return dev_; }
+  // True when attention runs on bf16 copies of q/k/v (backend without f32 attention).
+  bool attention_in_bf16() const { return attn_bf16_; }
 
  private:
   struct LayerActs;
@@ -164,6 +202,18 @@ class ModelCompute {
   ModelCompute(const DecoderGeometry& geo, std::int64_t max_tokens, kernels::Backend& backend);
   ~ModelCompute();
   friend struct std::default_delete<ModelCompute>;
+
+  // The size table shared by create() and planned_bytes() (model_compute_buffers.h).
+  static void plan_buffers(const DecoderGeometry& geo, std::int64_t T, int work_layers,
+                           kernels::Backend& backend, std::vector<LayerActs>& acts, Scratch& s,
+                           detail::BufferTable& table, std::size_t* activation_bytes);
+  kernels::Stream& st() const { return *stream_; }
+  // n elements at src (arena or caller memory on the buffer device) as a host pointer: src itself
+  // for host buffers, else a D2H copy into `mirror` followed by a stream synchronize.
+  template <typename T>
+  Result<const T*> read_to_host(const T* src, std::vector<T>& mirror, std::int64_t n);
+  // Sets n floats at p (arena memory) to +0.0: memset on the host, a copy from s.zeros on device.
+  Status zero_fill(float* p, std::int64_t n);
 
   // The internal steps work on one layer's workspace `a`; x_in/x_out are [T*C] f32.
   Status run_layer_forward(int l, LayerActs& a, const LayerTensors<ConstTensorView>& p,
@@ -194,6 +244,14 @@ class ModelCompute {
   DecoderGeometry geo_;
   std::int64_t max_tokens_;
   kernels::Backend& be_;
+  kernels::Stream* stream_ = nullptr;
+  Device dev_ = Device::kCpu;
+  bool attn_bf16_ = false;
+  std::unique_ptr<mem::MemoryBudget> budget_;  // unlimited; outlives arena_ (declared first)
+  std::unique_ptr<mem::Arena> arena_;
+  std::unique_ptr<mem::TransferEngine> own_te_;  // the CUDA engine (device arenas)
+  mem::TransferEngine* te_ = nullptr;            // own_te_ or host_transfer_engine()
+  std::size_t activation_bytes_ = 0;
   std::vector<LayerActs> acts_;
   std::unique_ptr<Scratch> scratch_;
   std::int64_t last_T_ = 0;

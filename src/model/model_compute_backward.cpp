@@ -4,36 +4,36 @@
 // gradient accumulation work without special cases). Each step names the forward line it undoes.
 #include <algorithm>
 #include <cmath>
+#include <tuple>
+#include <utility>
 
 #include "model/model_compute.h"
 #include "model/model_compute_buffers.h"
 
 namespace ferry::model {
 
+using detail::bf16_view;
 using detail::f32_view;
 using detail::i32_view;
-using detail::rows_of;
-using detail::zero_host;
-using kernels::Stream;
-
-using detail::host;
 using detail::kCeChunkTokens;
+using detail::rows_of;
+using kernels::Stream;
 
 // Linear layer y = x W^T (+ b) backward, given dy:
 //   dW += dy^T x;  db += 1^T dy;  dx = dy W  (or dx += dy W when accumulate_dx).
 static Status linear_backward(kernels::Backend& be, const TensorView& dx, const TensorView& dw,
                               const TensorView& db, const ConstTensorView& dy,
                               const ConstTensorView& x, const ConstTensorView& w,
-                              const ConstTensorView& ones, bool accumulate_dx) {
-  FERRY_TRY(be.gemm({.out = dw, .a = dy, .b = x, .trans_a = true, .beta = 1.0f}, host()));
+                              const ConstTensorView& ones, bool accumulate_dx, Stream& stream) {
+  FERRY_TRY(be.gemm({.out = dw, .a = dy, .b = x, .trans_a = true, .beta = 1.0f}, stream));
   if (!db.empty_view()) {
     const TensorView db_row = TensorView::contiguous(db.data, db.dtype, db.device, {1, db.numel()});
     const ConstTensorView ones_row =
         ConstTensorView::contiguous(ones.data, ones.dtype, ones.device, {1, dy.shape[0]});
-    FERRY_TRY(be.gemm({.out = db_row, .a = ones_row, .b = dy, .beta = 1.0f}, host()));
+    FERRY_TRY(be.gemm({.out = db_row, .a = ones_row, .b = dy, .beta = 1.0f}, stream));
   }
   if (dx.empty_view()) return {};
-  return be.gemm({.out = dx, .a = dy, .b = w, .beta = accumulate_dx ? 1.0f : 0.0f}, host());
+  return be.gemm({.out = dx, .a = dy, .b = w, .beta = accumulate_dx ? 1.0f : 0.0f}, stream);
 }
 
 Status ModelCompute::mlp_backward(LayerActs& a, const LayerTensors<ConstTensorView>& p,
@@ -44,20 +44,20 @@ Status ModelCompute::mlp_backward(LayerActs& a, const LayerTensors<ConstTensorVi
   const ConstTensorView ones = f32_view(s.ones, {T});
   // y = act Wd^T
   FERRY_TRY(linear_backward(be_, f32_view(s.d_act, {T, F}), g.down, {}, dy, f32_view(a.act, {T, F}),
-                            p.down, ones, false));
+                            p.down, ones, false, st()));
   // act = silu(gate) * up
   FERRY_TRY(be_.swiglu_backward({.d_gate = f32_view(s.d_gate, {T, F}),
                                  .d_up = f32_view(s.d_up, {T, F}),
                                  .d_out = f32_view(s.d_act, {T, F}),
                                  .gate = f32_view(a.gate, {T, F}),
                                  .up = f32_view(a.up, {T, F})},
-                                host()));
+                                st()));
   // gate = h2 Wg^T, up = h2 Wu^T  ->  dh = d_gate Wg + d_up Wu
   const ConstTensorView h2 = f32_view(a.h2, {T, C});
   FERRY_TRY(linear_backward(be_, f32_view(s.dh, {T, C}), g.gate, {}, f32_view(s.d_gate, {T, F}), h2,
-                            p.gate, ones, false));
+                            p.gate, ones, false, st()));
   return linear_backward(be_, f32_view(s.dh, {T, C}), g.up, {}, f32_view(s.d_up, {T, F}), h2, p.up,
-                         ones, true);
+                         ones, true, st());
 }
 
 Status ModelCompute::moe_backward(LayerActs& a, const LayerTensors<ConstTensorView>& p,
@@ -71,7 +71,7 @@ Status ModelCompute::moe_backward(LayerActs& a, const LayerTensors<ConstTensorVi
                                       .expert_out = f32_view(a.eout, {T * K, C}),
                                       .weights = f32_view(a.weights, {T, K}),
                                       .slot_of = i32_view(a.slot_of, {T, K})},
-                                     host()));
+                                     st()));
   const TensorView d_eout = f32_view(s.d_eout, {T * K, C}),
                    d_eact = f32_view(s.d_eact, {T * K, Fe}),
                    d_egate = f32_view(s.d_egate, {T * K, Fe}),
@@ -80,35 +80,36 @@ Status ModelCompute::moe_backward(LayerActs& a, const LayerTensors<ConstTensorVi
   const TensorView gathered = f32_view(a.gathered, {T * K, C}),
                    egate = f32_view(a.egate, {T * K, Fe}), eup = f32_view(a.eup, {T * K, Fe}),
                    eact = f32_view(a.eact, {T * K, Fe});
+  // The forward's expert row ranges (read back to the host there when on a device).
+  const std::int32_t* offsets = dev_ == Device::kCpu ? a.offsets.ptr : a.h_offsets.data();
   for (std::int64_t e = 0; e < E; ++e) {
-    const std::int64_t r0 = a.offsets[e], r1 = a.offsets[e + 1];
+    const std::int64_t r0 = offsets[e], r1 = offsets[e + 1];
     if (r1 == r0) continue;
-    const ConstTensorView ones_e =
-        ConstTensorView::contiguous(s.ones.data(), DType::kF32, Device::kCpu, {r1 - r0});
+    const ConstTensorView ones_e = f32_view(s.ones, {r1 - r0});
     // eout_e = eact_e Wd_e^T
     FERRY_TRY(linear_backward(be_, rows_of(d_eact, r0, r1), g.expert_down[e], {},
                               rows_of(ConstTensorView(d_eout), r0, r1),
                               rows_of(ConstTensorView(eact), r0, r1), p.expert_down[e], ones_e,
-                              false));
+                              false, st()));
     FERRY_TRY(be_.swiglu_backward({.d_gate = rows_of(d_egate, r0, r1),
                                    .d_up = rows_of(d_eup, r0, r1),
                                    .d_out = rows_of(ConstTensorView(d_eact), r0, r1),
                                    .gate = rows_of(ConstTensorView(egate), r0, r1),
                                    .up = rows_of(ConstTensorView(eup), r0, r1)},
-                                  host()));
+                                  st()));
     const ConstTensorView x_e = rows_of(ConstTensorView(gathered), r0, r1);
     FERRY_TRY(linear_backward(be_, rows_of(d_gathered, r0, r1), g.expert_gate[e], {},
                               rows_of(ConstTensorView(d_egate), r0, r1), x_e, p.expert_gate[e],
-                              ones_e, false));
+                              ones_e, false, st()));
     FERRY_TRY(linear_backward(be_, rows_of(d_gathered, r0, r1), g.expert_up[e], {},
                               rows_of(ConstTensorView(d_eup), r0, r1), x_e, p.expert_up[e], ones_e,
-                              true));
+                              true, st()));
   }
   // gathered = dispatch(h2)  ->  dh accumulates every copy of a token's row
   const TensorView dh = f32_view(s.dh, {T, C});
-  zero_host(dh);
+  FERRY_TRY(zero_fill(s.dh.ptr, T * C));
   FERRY_TRY(be_.moe_dispatch_backward(
-      {.d_x = dh, .d_gathered = d_gathered, .slot_of = i32_view(a.slot_of, {T, K})}, host()));
+      {.d_x = dh, .d_gathered = d_gathered, .slot_of = i32_view(a.slot_of, {T, K})}, st()));
   // weights, ids = router(h2 Wr^T)
   FERRY_TRY(be_.router_backward({.d_logits = f32_view(s.d_router_logits, {T, E}),
                                  .d_weights = f32_view(s.d_weights, {T, K}),
@@ -116,9 +117,9 @@ Status ModelCompute::moe_backward(LayerActs& a, const LayerTensors<ConstTensorVi
                                  .ids = i32_view(a.ids, {T, K}),
                                  .top_k = geo_.top_k,
                                  .renormalize = geo_.renormalize_topk},
-                                host()));
+                                st()));
   return linear_backward(be_, dh, g.router, {}, f32_view(s.d_router_logits, {T, E}),
-                         f32_view(a.h2, {T, C}), p.router, f32_view(s.ones, {T}), true);
+                         f32_view(a.h2, {T, C}), p.router, f32_view(s.ones, {T}), true, st());
 }
 
 Status ModelCompute::attention_backward(LayerActs& a, const LayerTensors<ConstTensorView>& p,
@@ -130,39 +131,67 @@ Status ModelCompute::attention_backward(LayerActs& a, const LayerTensors<ConstTe
   // x_mid = x_in + attn Wo^T
   FERRY_TRY(linear_backward(be_, f32_view(s.d_attn, {T, H * D}), g.o, g.o_bias,
                             f32_view(s.dx_mid, {T, C}), f32_view(a.attn, {T, H * D}), p.o, ones,
-                            false));
+                            false, st()));
   // attn = attention(q, k, v)
-  FERRY_TRY(be_.attention_backward({.d_q = f32_view(s.dq, {T, H, D}),
-                                    .d_k = f32_view(s.dk, {T, G, D}),
-                                    .d_v = f32_view(s.dv, {T, G, D}),
-                                    .d_out = f32_view(s.d_attn, {T, H, D}),
-                                    .q = f32_view(a.q, {T, H, D}),
-                                    .k = f32_view(a.k, {T, G, D}),
-                                    .v = f32_view(a.v, {T, G, D}),
-                                    .out = f32_view(a.attn, {T, H, D}),
-                                    .lse = f32_view(a.lse, {H, T}),
-                                    .cu_seqlens = batch.cu_seqlens,
-                                    .scale = 1.0f / std::sqrt(static_cast<float>(D))},
-                                   host()));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  if (!attn_bf16_) {
+    FERRY_TRY(be_.attention_backward({.d_q = f32_view(s.dq, {T, H, D}),
+                                      .d_k = f32_view(s.dk, {T, G, D}),
+                                      .d_v = f32_view(s.dv, {T, G, D}),
+                                      .d_out = f32_view(s.d_attn, {T, H, D}),
+                                      .q = f32_view(a.q, {T, H, D}),
+                                      .k = f32_view(a.k, {T, G, D}),
+                                      .v = f32_view(a.v, {T, G, D}),
+                                      .out = f32_view(a.attn, {T, H, D}),
+                                      .lse = f32_view(a.lse, {H, T}),
+                                      .cu_seqlens = batch.cu_seqlens,
+                                      .scale = scale},
+                                     st()));
+  } else {
+    // bf16-only attention: recast the saved f32 q/k/v/out (the same bf16 values the forward used:
+    // rounding is deterministic and attn holds the bf16 output exactly) and dO; dQ/dK/dV back up.
+    const std::int64_t nq = T * H * D, nk = T * G * D;
+    for (auto [out, in, n] : {std::tuple{&s.q16, &a.q, nq},
+                              {&s.k16, &a.k, nk},
+                              {&s.v16, &a.v, nk},
+                              {&s.o16, &a.attn, nq},
+                              {&s.do16, &s.d_attn, nq}}) {
+      FERRY_TRY(be_.convert({.out = bf16_view(*out, {n}), .in = f32_view(*in, {n})}, st()));
+    }
+    FERRY_TRY(be_.attention_backward({.d_q = bf16_view(s.dq16, {T, H, D}),
+                                      .d_k = bf16_view(s.dk16, {T, G, D}),
+                                      .d_v = bf16_view(s.dv16, {T, G, D}),
+                                      .d_out = bf16_view(s.do16, {T, H, D}),
+                                      .q = bf16_view(s.q16, {T, H, D}),
+                                      .k = bf16_view(s.k16, {T, G, D}),
+                                      .v = bf16_view(s.v16, {T, G, D}),
+                                      .out = bf16_view(s.o16, {T, H, D}),
+                                      .lse = f32_view(a.lse, {H, T}),
+                                      .cu_seqlens = batch.cu_seqlens,
+                                      .scale = scale},
+                                     st()));
+    for (auto [out, in, n] :
+         {std::tuple{&s.dq, &s.dq16, nq}, {&s.dk, &s.dk16, nk}, {&s.dv, &s.dv16, nk}}) {
+      FERRY_TRY(be_.convert({.out = f32_view(*out, {n}), .in = bf16_view(*in, {n})}, st()));
+    }
+  }
   // rope(q), rope(k): the transpose rotation
-  const ConstTensorView inv_freq =
-      ConstTensorView::contiguous(geo_.rope.inv_freq.data(), DType::kF32, Device::kCpu,
-                                  {static_cast<std::int64_t>(geo_.rope.inv_freq.size())});
+  const ConstTensorView inv_freq = f32_view(scratch_->inv_freq, {scratch_->inv_freq.n});
   FERRY_TRY(be_.rope({.x = f32_view(s.dq, {T, H, D}),
                       .positions = batch.positions,
                       .inv_freq = inv_freq,
                       .attention_scaling = geo_.rope.attention_scaling,
                       .backward = true},
-                     host()));
+                     st()));
   FERRY_TRY(be_.rope({.x = f32_view(s.dk, {T, G, D}),
                       .positions = batch.positions,
                       .inv_freq = inv_freq,
                       .attention_scaling = geo_.rope.attention_scaling,
                       .backward = true},
-                     host()));
+                     st()));
   // q/k norm
-  std::vector<float>* dq_proj = &s.dq;
-  std::vector<float>* dk_proj = &s.dk;
+  F32Buf* dq_proj = &s.dq;
+  F32Buf* dk_proj = &s.dk;
   if (geo_.qk_norm != QkNorm::kNone) {
     const bool per_head = geo_.qk_norm == QkNorm::kPerHead;
     const std::int64_t qr = per_head ? T * H : T, qc = per_head ? D : H * D;
@@ -173,14 +202,14 @@ Status ModelCompute::attention_backward(LayerActs& a, const LayerTensors<ConstTe
                                      .in = f32_view(a.q_pre, {qr, qc}),
                                      .weight = p.q_norm,
                                      .rstd = f32_view(a.q_rstd, {qr})},
-                                    host()));
+                                    st()));
     FERRY_TRY(be_.rms_norm_backward({.d_in = f32_view(s.dk_pre, {kr, kc}),
                                      .d_weight = g.k_norm,
                                      .d_out = f32_view(s.dk, {kr, kc}),
                                      .in = f32_view(a.k_pre, {kr, kc}),
                                      .weight = p.k_norm,
                                      .rstd = f32_view(a.k_rstd, {kr})},
-                                    host()));
+                                    st()));
     dq_proj = &s.dq_pre;
     dk_proj = &s.dk_pre;
   }
@@ -188,10 +217,11 @@ Status ModelCompute::attention_backward(LayerActs& a, const LayerTensors<ConstTe
   const ConstTensorView h1 = f32_view(a.h1, {T, C});
   const TensorView dh = f32_view(s.dh, {T, C});
   FERRY_TRY(linear_backward(be_, dh, g.q, g.q_bias, f32_view(*dq_proj, {T, H * D}), h1, p.q, ones,
-                            false));
-  FERRY_TRY(
-      linear_backward(be_, dh, g.k, g.k_bias, f32_view(*dk_proj, {T, G * D}), h1, p.k, ones, true));
-  return linear_backward(be_, dh, g.v, g.v_bias, f32_view(s.dv, {T, G * D}), h1, p.v, ones, true);
+                            false, st()));
+  FERRY_TRY(linear_backward(be_, dh, g.k, g.k_bias, f32_view(*dk_proj, {T, G * D}), h1, p.k, ones,
+                            true, st()));
+  return linear_backward(be_, dh, g.v, g.v_bias, f32_view(s.dv, {T, G * D}), h1, p.v, ones, true,
+                         st());
 }
 
 // On entry s.dx holds d loss / d (layer output); on exit d loss / d (layer input).
@@ -210,21 +240,20 @@ Status ModelCompute::run_layer_backward(int l, LayerActs& a, const LayerTensors<
                                    .in = f32_view(a.x_mid, {T, C}),
                                    .weight = p.mlp_norm,
                                    .rstd = f32_view(a.rstd2, {T})},
-                                  host()));
+                                  st()));
   FERRY_TRY(
-      be_.add({.out = f32_view(s.dx_mid, {T, C}), .a = f32_view(s.dx, {T, C}), .b = tmp}, host()));
+      be_.add({.out = f32_view(s.dx_mid, {T, C}), .a = f32_view(s.dx, {T, C}), .b = tmp}, st()));
   FERRY_TRY(attention_backward(a, p, g, T, batch));
   // h1 = rms_norm(x_in): dx = dx_mid + norm_backward(dh)
-  FERRY_TRY(be_.rms_norm_backward(
-      {.d_in = tmp,
-       .d_weight = g.attn_norm,
-       .d_out = f32_view(s.dh, {T, C}),
-       .in = ConstTensorView::contiguous(x_in, DType::kF32, Device::kCpu, {T, C}),
-       .weight = p.attn_norm,
-       .rstd = f32_view(a.rstd1, {T})},
-      host()));
-  return be_.add({.out = f32_view(s.dx, {T, C}), .a = f32_view(s.dx_mid, {T, C}), .b = tmp},
-                 host());
+  FERRY_TRY(
+      be_.rms_norm_backward({.d_in = tmp,
+                             .d_weight = g.attn_norm,
+                             .d_out = f32_view(s.dh, {T, C}),
+                             .in = ConstTensorView::contiguous(x_in, DType::kF32, dev_, {T, C}),
+                             .weight = p.attn_norm,
+                             .rstd = f32_view(a.rstd1, {T})},
+                            st()));
+  return be_.add({.out = f32_view(s.dx, {T, C}), .a = f32_view(s.dx_mid, {T, C}), .b = tmp}, st());
 }
 
 // loss = mean nll over counted targets; logits = hf lm_head^T; hf = rms_norm(x_final).
@@ -239,22 +268,21 @@ Status ModelCompute::run_head_backward(const ConstTensorView& final_norm,
       {.nll = f32_view(s.nll, {T}),
        .d_hidden = f32_view(s.dh, {T, C}),
        .d_weight = d_lm_head,
-       .workspace = TensorView::contiguous(s.ce_workspace.data(), DType::kU8, Device::kCpu,
-                                           {static_cast<std::int64_t>(s.ce_workspace.size())}),
+       .workspace = detail::typed_view(s.ce_workspace, DType::kU8, {s.ce_workspace.n}),
        .hidden = f32_view(s.hf, {T, C}),
        .weight = lm_head,
        .targets = batch.targets,
        .chunk_tokens = kCeChunkTokens,
        .grad_scale = 1.0f / static_cast<float>(last_counted_)},
-      host()));
+      st()));
   return be_.rms_norm_backward(
       {.d_in = f32_view(s.dx, {T, C}),
        .d_weight = d_final_norm,
        .d_out = f32_view(s.dh, {T, C}),
-       .in = ConstTensorView::contiguous(x_final, DType::kF32, Device::kCpu, {T, C}),
+       .in = ConstTensorView::contiguous(x_final, DType::kF32, dev_, {T, C}),
        .weight = final_norm,
        .rstd = f32_view(s.rstd_f, {T})},
-      host());
+      st());
 }
 
 // x_in[0] = embed(ids). Like torch's Embedding(padding_idx=...), the padding row's gradient gets
@@ -263,13 +291,14 @@ Status ModelCompute::run_embed_backward(const TensorView& d_table, const PackedB
   Scratch& s = *scratch_;
   const std::int64_t T = batch.ids.numel(), C = geo_.hidden;
   if (geo_.padding_idx >= 0) {
-    const auto* id = batch.ids.as<std::int32_t>();
+    FERRY_ASSIGN_OR_RETURN(const std::int32_t* id,
+                           read_to_host(batch.ids.as<std::int32_t>(), s.h_ids, T));
     for (std::int64_t t = 0; t < T; ++t) {
-      if (id[t] == geo_.padding_idx) std::fill_n(s.dx.begin() + t * C, C, 0.0f);
+      if (id[t] == geo_.padding_idx) FERRY_TRY(zero_fill(s.dx.ptr + t * C, C));
     }
   }
   return be_.embedding_backward(
-      {.d_table = d_table, .d_out = f32_view(s.dx, {T, C}), .ids = batch.ids}, host());
+      {.d_table = d_table, .d_out = f32_view(s.dx, {T, C}), .ids = batch.ids}, st());
 }
 
 Status ModelCompute::head_backward(const ConstTensorView& final_norm,
@@ -315,10 +344,10 @@ Status ModelCompute::backward(const ModelParams& params, const PackedBatch& batc
               "model: whole-model backward on a ModelCompute created for the per-layer API");
   if (last_counted_ == 0) return {};  // every target ignored: the loss has no gradient
   FERRY_TRY(run_head_backward(params.final_norm, params.lm_head, grads.final_norm, grads.lm_head,
-                              batch, scratch_->x_final.data()));
+                              batch, scratch_->x_final.ptr));
   for (int l = geo_.layers - 1; l >= 0; --l) {
     FERRY_TRY(run_layer_backward(l, acts_[l], params.layers[l], grads.layers[l], T, batch,
-                                 acts_[l].x_in.data()));
+                                 acts_[l].x_in.ptr));
   }
   return run_embed_backward(grads.embed, batch);
 }

@@ -1,13 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
 // Internal to model_compute*.cpp: the activation buffers ModelCompute plans at construction
-// (llm.c's "size table, then one allocation", one vector per tensor for readability) and small
-// view helpers. Host memory only (see model_compute.h).
+// (llm.c's "size table, then one allocation": BufferTable names every buffer, create() lays them
+// out in one mem::Arena and planned_bytes() runs the same table without allocating, so the two
+// agree by construction) and small view helpers. The arena is pageable host memory for CPU
+// backends and device memory (MemTier::kDevice) for CUDA backends; DevBuf records which, so every
+// view ModelCompute hands a kernel carries the right Device.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <string>
 #include <vector>
 
+#include "mem/arena.h"
 #include "model/model_compute.h"
 
 namespace ferry::model::detail {
@@ -15,14 +21,64 @@ namespace ferry::model::detail {
 // Tokens per logits chunk of the fused lm_head + cross-entropy (forward and backward must agree,
 // since the workspace is sized for it).
 inline constexpr int kCeChunkTokens = 128;
-inline kernels::Stream& host() { return kernels::Stream::host(); }
 
-inline TensorView f32_view(std::vector<float>& buf, std::initializer_list<std::int64_t> dims) {
-  return TensorView::contiguous(buf.data(), DType::kF32, Device::kCpu, dims);
+// n elements of T inside ModelCompute's arena (host or device memory, see `device`). Empty when
+// the geometry does not need it (n == 0, data() == nullptr).
+template <typename T>
+struct DevBuf {
+  T* ptr = nullptr;
+  std::int64_t n = 0;
+  Device device = Device::kCpu;
+  T* data() const { return ptr; }
+  std::int64_t size() const { return n; }
+};
+using F32Buf = DevBuf<float>;
+using I32Buf = DevBuf<std::int32_t>;
+using Bf16Buf = DevBuf<std::uint16_t>;
+
+// The size table. add() records a buffer (name, element count); bind() points every recorded
+// buffer into an arena made from plan().
+class BufferTable {
+ public:
+  template <typename T>
+  void add(DevBuf<T>& b, std::string name, std::int64_t n) {
+    if (n <= 0) return;
+    b.n = n;
+    entries_.push_back(
+        {plan_.add(name, static_cast<std::size_t>(n) * sizeof(T)), [&b](std::byte* p, Device d) {
+           b.ptr = reinterpret_cast<T*>(p);
+           b.device = d;
+         }});
+  }
+  const mem::ArenaPlan& plan() const { return plan_; }
+  void bind(mem::Arena& arena, Device device) {
+    for (const Entry& e : entries_) e.bind(arena.data(e.slot), device);
+  }
+
+ private:
+  struct Entry {
+    mem::SlotId slot;
+    std::function<void(std::byte*, Device)> bind;
+  };
+  mem::ArenaPlan plan_;
+  std::vector<Entry> entries_;
+};
+
+template <typename T>
+TensorView typed_view(const DevBuf<T>& b, DType dt, std::initializer_list<std::int64_t> dims) {
+  TensorView v = TensorView::contiguous(b.ptr, dt, b.device, dims);
+  FERRY_CHECK(v.numel() <= b.n, "model: view {} larger than its buffer ({} elements)",
+              v.shape_string(), b.n);
+  return v;
 }
-inline TensorView i32_view(std::vector<std::int32_t>& buf,
-                           std::initializer_list<std::int64_t> dims) {
-  return TensorView::contiguous(buf.data(), DType::kI32, Device::kCpu, dims);
+inline TensorView f32_view(const F32Buf& b, std::initializer_list<std::int64_t> dims) {
+  return typed_view(b, DType::kF32, dims);
+}
+inline TensorView i32_view(const I32Buf& b, std::initializer_list<std::int64_t> dims) {
+  return typed_view(b, DType::kI32, dims);
+}
+inline TensorView bf16_view(const Bf16Buf& b, std::initializer_list<std::int64_t> dims) {
+  return typed_view(b, DType::kBF16, dims);
 }
 
 // Rows [r0, r1) of a row-major 2-D view.
@@ -49,53 +105,67 @@ View reshaped(const View& v, std::initializer_list<std::int64_t> dims) {
   return out;
 }
 
-inline void zero_host(const TensorView& v) { std::memset(v.data, 0, v.bytes()); }
-
 }  // namespace ferry::model::detail
 
 namespace ferry::model {
 
+using detail::Bf16Buf;
+using detail::F32Buf;
+using detail::I32Buf;
+
 struct ModelCompute::LayerActs {
-  std::vector<float> x_in;     // [T, C] residual stream entering the layer
-  std::vector<float> h1;       // [T, C] attn_norm output
-  std::vector<float> rstd1;    // [T]
-  std::vector<float> q_pre;    // [T, H*D] projection output before q/k norm (when normed)
-  std::vector<float> k_pre;    // [T, G*D]
-  std::vector<float> q_rstd;   // [T*H] or [T]
-  std::vector<float> k_rstd;   // [T*G] or [T]
-  std::vector<float> q, k, v;  // [T, H*D], [T, G*D], [T, G*D] after norm + rope
-  std::vector<float> attn;     // [T, H*D]
-  std::vector<float> lse;      // [H, T]
-  std::vector<float> x_mid;    // [T, C] after the attention residual
-  std::vector<float> h2;       // [T, C] mlp_norm output
-  std::vector<float> rstd2;    // [T]
-  // dense MLP
-  std::vector<float> gate, up, act;  // [T, F]
+  F32Buf x_in;           // [T, C] residual stream entering the layer
+  F32Buf h1;             // [T, C] attn_norm output
+  F32Buf rstd1;          // [T]
+  F32Buf q_pre;          // [T, H*D] projection output before q/k norm (when normed)
+  F32Buf k_pre;          // [T, G*D]
+  F32Buf q_rstd;         // [T*H] or [T]
+  F32Buf k_rstd;         // [T*G] or [T]
+  F32Buf q, k, v;        // [T, H*D], [T, G*D], [T, G*D] after norm + rope
+  F32Buf attn;           // [T, H*D]
+  F32Buf lse;            // [H, T]
+  F32Buf x_mid;          // [T, C] after the attention residual
+  F32Buf h2;             // [T, C] mlp_norm output
+  F32Buf rstd2;          // [T]
+  F32Buf gate, up, act;  // dense MLP: [T, F]
   // MoE
-  std::vector<float> router_logits, probs;  // [T, E]
-  std::vector<float> weights;               // [T, K]
-  std::vector<std::int32_t> ids, slot_of;   // [T, K]
-  std::vector<std::int32_t> offsets;        // [E + 1]
-  std::vector<float> gathered;              // [T*K, C]
-  std::vector<float> egate, eup, eact;      // [T*K, Fe]
-  std::vector<float> eout;                  // [T*K, C]
+  F32Buf router_logits, probs;  // [T, E]
+  F32Buf weights;               // [T, K]
+  I32Buf ids, slot_of;          // [T, K]
+  I32Buf offsets;               // [E + 1]
+  F32Buf gathered;              // [T*K, C]
+  F32Buf egate, eup, eact;      // [T*K, Fe]
+  F32Buf eout;                  // [T*K, C]
+  // Host copy of `offsets` (the per-expert GEMMs need the row ranges on the host), read back
+  // after dispatch when the arena is device memory; host memory, not part of the arena.
+  std::vector<std::int32_t> h_offsets;  // [E + 1]
 };
 
 struct ModelCompute::Scratch {
-  std::vector<float> x_final, hf, rstd_f;  // [T, C], [T, C], [T]
-  std::vector<float> nll;                  // [T]
-  std::vector<std::uint8_t> ce_workspace;
-  std::vector<float> ones;                    // [T] of 1.0 (bias gradients as a GEMM)
-  std::vector<float> tmp_c;                   // [T, C]
-  std::vector<float> dx, dx_mid, dh;          // [T, C]
-  std::vector<float> dq, dk, dv;              // [T, H*D], [T, G*D], [T, G*D]
-  std::vector<float> dq_pre, dk_pre;          // same
-  std::vector<float> d_attn;                  // [T, H*D]
-  std::vector<float> d_act, d_gate, d_up;     // [T, F]
-  std::vector<float> d_eout, d_gathered;      // [T*K, C]
-  std::vector<float> d_eact, d_egate, d_eup;  // [T*K, Fe]
-  std::vector<float> d_weights;               // [T, K]
-  std::vector<float> d_router_logits;         // [T, E]
+  F32Buf x_final, hf, rstd_f;                 // [T, C], [T, C], [T]
+  F32Buf nll;                                 // [T]
+  detail::DevBuf<std::uint8_t> ce_workspace;  // [workspace_bytes] u8
+  F32Buf ones;                                // [T] of 1.0 (bias gradients as a GEMM)
+  F32Buf inv_freq;                            // [R/2] rope frequencies (geo.rope.inv_freq)
+  F32Buf zeros;                   // device only: [T*C] (MoE) or [C] (padding row) of 0.0
+  F32Buf tmp_c;                   // [T, C]
+  F32Buf dx, dx_mid, dh;          // [T, C]
+  F32Buf dq, dk, dv;              // [T, H*D], [T, G*D], [T, G*D]
+  F32Buf dq_pre, dk_pre;          // same
+  F32Buf d_attn;                  // [T, H*D]
+  F32Buf d_act, d_gate, d_up;     // [T, F]
+  F32Buf d_eout, d_gathered;      // [T*K, C]
+  F32Buf d_eact, d_egate, d_eup;  // [T*K, Fe]
+  F32Buf d_weights;               // [T, K]
+  F32Buf d_router_logits;         // [T, E]
+  // bf16 attention (backends without f32 attention): q/k/v/out and the backward's dO, dQ, dK,
+  // dV, shared by all layers (recast from the f32 activations in the backward).
+  Bf16Buf q16, k16, v16, o16;      // [T, H*D], [T, G*D], [T, G*D], [T, H*D]
+  Bf16Buf do16, dq16, dk16, dv16;  // same
+  // Host copies of what the host reads when the arena is device memory.
+  std::vector<float> h_nll;            // [T]
+  std::vector<std::int32_t> h_ids;     // [T]
+  std::vector<std::int32_t> h_target;  // [T]
 };
 
 }  // namespace ferry::model

@@ -1,0 +1,408 @@
+// SPDX-License-Identifier: Apache-2.0
+// Whole tiny models on the GPU (issue #3): ModelCompute with device-resident buffers on the CUDA
+// backend, forward + backward over every Hugging Face fixture of tests/golden/model_golden_test.cpp
+// (llama, qwen2, qwen3, qwen3_moe, mixtral, olmoe), compared with transformers 5.17 (the fixture,
+// float64 values stored as f32) and with the CPU backend's f32 result.
+//
+// Tolerance (style.md's FlashAttention rule, derived, not tuned): the CUDA path computes
+// attention in bf16 (q/k/v/out/dO/dQ/dK/dV rounded to bf16, P rounded to bf16 inside the kernel);
+// everything else is f32. The "naive same-precision" implementation is the CPU backend with the
+// same bf16 attention inputs and outputs (Bf16AttentionCpu below: it rounds q/k/v to bf16, runs
+// the CPU's f32 attention and rounds out, and likewise dO in and dQ/dK/dV out in the backward).
+// With err() measured against a reference R:
+//   err(cuda, R) <= 2 * err(naive, R) + floor
+// for R = the transformers fixture and R = the CPU f32 result, where floor is the f32 path's own
+// golden tolerance (1e-4 relative for logits and loss, 1e-3 relative norm for each gradient), so a
+// quantity that bf16 attention does not disturb is still held to f32 accuracy. Metrics: logits,
+// max abs error / max |ref|; loss, relative; each gradient, ||got - ref|| / ||ref||.
+// Skips with a reason when no CUDA device exists.
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "model/model_binding.h"
+#include "model/safetensors.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace ferry::testing {
+namespace {
+
+using mem::Stream;
+using model::ModelCompute;
+using model::PackedBatch;
+
+constexpr double kLogitsFloor = 1e-4;  // the golden f32 tolerances (model_golden_test.cpp)
+constexpr double kGradFloor = 1e-3;
+
+std::string fixture_dir(const std::string& arch) {
+  return std::string(FERRY_TEST_DATA_DIR) + "/models/" + arch;
+}
+
+std::vector<float> to_f32(const ConstTensorView& v) {
+  std::vector<float> out(static_cast<std::size_t>(v.numel()));
+  EXPECT_TRUE(convert_elements(v.data, v.dtype, out.data(), DType::kF32, out.size()));
+  return out;
+}
+
+double rel_norm_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+double rel_max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double mx = 0, err = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    mx = std::max(mx, std::fabs(double(b[i])));
+    err = std::max(err, std::fabs(double(a[i]) - b[i]));
+  }
+  return err / mx;
+}
+
+// The naive same-precision twin of the CUDA path: the CPU backend, but attention sees and
+// produces bf16 (supports(kAttention, kF32) is false, so ModelCompute casts around it exactly as
+// it does for CUDA). Inside, the values are widened to f32 and the CPU's f32 attention runs.
+class Bf16AttentionCpu final : public kernels::Backend {
+ public:
+  std::string_view name() const override { return "cpu+bf16-attention"; }
+  Device device() const override { return Device::kCpu; }
+  bool supports(kernels::OpKind op, DType dt) const override {
+    if (op == kernels::OpKind::kAttention || op == kernels::OpKind::kAttentionBackward)
+      return dt == DType::kBF16;
+    return cpu().supports(op, dt);
+  }
+  std::size_t workspace_bytes(const kernels::CrossEntropyArgs& a) const override {
+    return cpu().workspace_bytes(a);
+  }
+  Status gemm(const kernels::GemmArgs& a, Stream& s) override { return cpu().gemm(a, s); }
+  Status embedding(const kernels::EmbeddingArgs& a, Stream& s) override {
+    return cpu().embedding(a, s);
+  }
+  Status embedding_backward(const kernels::EmbeddingBackwardArgs& a, Stream& s) override {
+    return cpu().embedding_backward(a, s);
+  }
+  Status rms_norm(const kernels::RmsNormArgs& a, Stream& s) override {
+    return cpu().rms_norm(a, s);
+  }
+  Status rms_norm_backward(const kernels::RmsNormBackwardArgs& a, Stream& s) override {
+    return cpu().rms_norm_backward(a, s);
+  }
+  Status rope(const kernels::RopeArgs& a, Stream& s) override { return cpu().rope(a, s); }
+  Status swiglu(const kernels::SwiGluArgs& a, Stream& s) override { return cpu().swiglu(a, s); }
+  Status swiglu_backward(const kernels::SwiGluBackwardArgs& a, Stream& s) override {
+    return cpu().swiglu_backward(a, s);
+  }
+  Status add(const kernels::AddArgs& a, Stream& s) override { return cpu().add(a, s); }
+  Status router(const kernels::RouterArgs& a, Stream& s) override { return cpu().router(a, s); }
+  Status router_backward(const kernels::RouterBackwardArgs& a, Stream& s) override {
+    return cpu().router_backward(a, s);
+  }
+  Status moe_dispatch(const kernels::MoeDispatchArgs& a, Stream& s) override {
+    return cpu().moe_dispatch(a, s);
+  }
+  Status moe_dispatch_backward(const kernels::MoeDispatchBackwardArgs& a, Stream& s) override {
+    return cpu().moe_dispatch_backward(a, s);
+  }
+  Status moe_combine(const kernels::MoeCombineArgs& a, Stream& s) override {
+    return cpu().moe_combine(a, s);
+  }
+  Status moe_combine_backward(const kernels::MoeCombineBackwardArgs& a, Stream& s) override {
+    return cpu().moe_combine_backward(a, s);
+  }
+  Status cross_entropy(const kernels::CrossEntropyArgs& a, Stream& s) override {
+    return cpu().cross_entropy(a, s);
+  }
+  Status adamw(const kernels::AdamWArgs& a, Stream& s) override { return cpu().adamw(a, s); }
+  Status sum_squares(const kernels::SumSquaresArgs& a, Stream& s) override {
+    return cpu().sum_squares(a, s);
+  }
+  Status convert(const kernels::ConvertArgs& a, Stream& s) override { return cpu().convert(a, s); }
+
+  Status attention(const kernels::AttentionArgs& a, Stream& s) override {
+    HostTensor q = widened(a.q), k = widened(a.k), v = widened(a.v), out = like(a.out);
+    FERRY_TRY(cpu().attention({.out = out.view(),
+                               .lse = a.lse,
+                               .q = q.cview(),
+                               .k = k.cview(),
+                               .v = v.cview(),
+                               .cu_seqlens = a.cu_seqlens,
+                               .scale = a.scale,
+                               .causal = a.causal},
+                              s));
+    return narrow_into(out, a.out, s);
+  }
+  Status attention_backward(const kernels::AttentionBackwardArgs& a, Stream& s) override {
+    HostTensor q = widened(a.q), k = widened(a.k), v = widened(a.v), out = widened(a.out),
+               dout = widened(a.d_out), dq = like(a.d_q), dk = like(a.d_k), dv = like(a.d_v);
+    FERRY_TRY(cpu().attention_backward({.d_q = dq.view(),
+                                        .d_k = dk.view(),
+                                        .d_v = dv.view(),
+                                        .d_out = dout.cview(),
+                                        .q = q.cview(),
+                                        .k = k.cview(),
+                                        .v = v.cview(),
+                                        .out = out.cview(),
+                                        .lse = a.lse,
+                                        .cu_seqlens = a.cu_seqlens,
+                                        .scale = a.scale,
+                                        .causal = a.causal},
+                                       s));
+    FERRY_TRY(narrow_into(dq, a.d_q, s));
+    FERRY_TRY(narrow_into(dk, a.d_k, s));
+    return narrow_into(dv, a.d_v, s);
+  }
+
+ private:
+  static kernels::Backend& cpu() { return kernels::cpu_backend(); }
+  static std::vector<std::int64_t> dims(const ConstTensorView& v) {
+    return std::vector<std::int64_t>(v.shape.begin(), v.shape.begin() + v.ndim);
+  }
+  static HostTensor like(const ConstTensorView& v) { return HostTensor(dims(v), DType::kF32); }
+  static HostTensor widened(const ConstTensorView& v) {
+    HostTensor t = like(v);
+    EXPECT_TRUE(convert_elements(v.data, v.dtype, t.data(), DType::kF32,
+                                 static_cast<std::size_t>(v.numel())));
+    return t;
+  }
+  static Status narrow_into(const HostTensor& f32, const TensorView& out, Stream& s) {
+    return cpu().convert({.out = out, .in = f32.cview()}, s);
+  }
+};
+
+// One run's results, on the host.
+struct Results {
+  std::vector<float> logits;
+  double loss = 0;
+  std::map<std::string, std::vector<float>> grads;
+};
+
+struct Fixture {
+  std::unique_ptr<model::LoadedModel> m;
+  std::optional<model::SafetensorsFile> expected;
+  ConstTensorView ids, positions, cu, targets;
+  std::int64_t T = 0, V = 0;
+};
+
+Results run_on_host(kernels::Backend& be, Fixture& f) {
+  Results r;
+  auto mc = ModelCompute::create(f.m->geometry, f.T, be);
+  EXPECT_TRUE(mc.ok()) << mc.status().to_string();
+  if (!mc.ok()) return r;
+  r.logits.resize(static_cast<std::size_t>(f.T * f.V));
+  const PackedBatch batch{
+      .ids = f.ids, .positions = f.positions, .cu_seqlens = f.cu, .targets = f.targets};
+  auto fwd = (*mc)->forward(
+      f.m->params, batch, {},
+      TensorView::contiguous(r.logits.data(), DType::kF32, Device::kCpu, {f.T, f.V}));
+  EXPECT_TRUE(fwd.ok()) << fwd.status().to_string();
+  if (!fwd.ok()) return r;
+  r.loss = fwd->mean_loss();
+  auto grads = model::GradStorage::create(*f.m);
+  EXPECT_TRUE(grads.ok());
+  const Status s = (*mc)->backward(f.m->params, batch, (*grads)->grads);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  for (const auto& [name, g] : (*grads)->named) r.grads[name] = to_f32(g);
+  return r;
+}
+
+class ModelGpu : public CudaTest, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(ModelGpu, ForwardBackwardOnCudaMatchesTransformersAndCpu) {
+  const std::string arch = GetParam();
+  Fixture f;
+  auto loaded = model::load_model_f32(fixture_dir(arch));
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  f.m = std::move(*loaded);
+  auto expected = model::SafetensorsFile::open(fixture_dir(arch) + "/expected.safetensors");
+  ASSERT_TRUE(expected.ok()) << expected.status().to_string();
+  f.expected.emplace(std::move(*expected));
+  auto view = [&](const std::string& name) {
+    auto v = f.expected->view(name);
+    EXPECT_TRUE(v.ok()) << name << ": " << v.status().to_string();
+    return v.ok() ? *v : ConstTensorView{};
+  };
+  f.ids = view("input_ids");
+  f.positions = view("positions");
+  f.cu = view("cu_seqlens");
+  f.targets = view("targets");
+  f.T = f.ids.numel();
+  f.V = f.m->geometry.vocab;
+
+  // References: the fixture (transformers), the CPU backend in f32, the naive bf16-attention twin.
+  Results hf;
+  hf.logits = to_f32(view("logits"));
+  hf.loss = to_f32(view("loss"))[0];
+  for (const auto& [name, v] : f.m->named) hf.grads[name] = to_f32(view("grad." + name));
+  const Results cpu = run_on_host(kernels::cpu_backend(), f);
+  Bf16AttentionCpu naive_be;
+  const Results naive = run_on_host(naive_be, f);
+  ASSERT_FALSE(HasFailure());
+
+  // ---- CUDA: params, batch and gradients as device copies. ----
+  std::map<const void*, DeviceTensor> dparams;  // host param data -> device copy
+  for (const auto& [name, v] : f.m->named) {
+    if (dparams.count(v.data) != 0) continue;
+    HostTensor h(std::vector<std::int64_t>(v.shape.begin(), v.shape.begin() + v.ndim), DType::kF32);
+    ASSERT_TRUE(convert_elements(v.data, v.dtype, h.data(), DType::kF32,
+                                 static_cast<std::size_t>(v.numel())));
+    dparams.emplace(v.data, DeviceTensor(h));
+  }
+  auto on_device = [&](ConstTensorView& v) {
+    if (v.data == nullptr) return;
+    auto it = dparams.find(v.data);
+    ASSERT_NE(it, dparams.end()) << "a parameter view outside LoadedModel::named";
+    v.data = it->second.data();
+    v.device = Device::kCuda;
+  };
+  model::ModelParams dp = f.m->params;
+  on_device(dp.embed);
+  on_device(dp.final_norm);
+  on_device(dp.lm_head);
+  for (auto& l : dp.layers) {
+    for (ConstTensorView* v :
+         {&l.attn_norm, &l.q, &l.k, &l.v, &l.o, &l.q_bias, &l.k_bias, &l.v_bias, &l.o_bias,
+          &l.q_norm, &l.k_norm, &l.mlp_norm, &l.gate, &l.up, &l.down, &l.router})
+      on_device(*v);
+    for (auto* list : {&l.expert_gate, &l.expert_up, &l.expert_down})
+      for (ConstTensorView& v : *list) on_device(v);
+  }
+  auto host_grads = model::GradStorage::create(*f.m);
+  ASSERT_TRUE(host_grads.ok());
+  std::map<const void*, DeviceTensor> dgrads;  // zeroed device gradient per host buffer
+  std::vector<std::pair<std::string, const DeviceTensor*>> dgrad_named;
+  for (const auto& [name, g] : (*host_grads)->named) {
+    auto it = dgrads.find(g.data);
+    if (it == dgrads.end()) {
+      it = dgrads
+               .emplace(g.data,
+                        DeviceTensor(HostTensor(
+                            std::vector<std::int64_t>(g.shape.begin(), g.shape.begin() + g.ndim),
+                            DType::kF32)))
+               .first;
+    }
+    dgrad_named.emplace_back(name, &it->second);
+  }
+  auto grad_on_device = [&](TensorView& v) {
+    if (v.data == nullptr) return;
+    auto it = dgrads.find(v.data);
+    ASSERT_NE(it, dgrads.end());
+    v.data = it->second.data();
+    v.device = Device::kCuda;
+  };
+  model::ModelGrads dg = (*host_grads)->grads;
+  grad_on_device(dg.embed);
+  grad_on_device(dg.final_norm);
+  grad_on_device(dg.lm_head);
+  for (auto& l : dg.layers) {
+    for (TensorView* v :
+         {&l.attn_norm, &l.q, &l.k, &l.v, &l.o, &l.q_bias, &l.k_bias, &l.v_bias, &l.o_bias,
+          &l.q_norm, &l.k_norm, &l.mlp_norm, &l.gate, &l.up, &l.down, &l.router})
+      grad_on_device(*v);
+    for (auto* list : {&l.expert_gate, &l.expert_up, &l.expert_down})
+      for (TensorView& v : *list) grad_on_device(v);
+  }
+  auto upload = [](const ConstTensorView& v) {
+    HostTensor h(std::vector<std::int64_t>(v.shape.begin(), v.shape.begin() + v.ndim), v.dtype);
+    std::memcpy(h.data(), v.data, v.bytes());
+    return DeviceTensor(h);
+  };
+  const DeviceTensor d_ids = upload(f.ids), d_pos = upload(f.positions), d_cu = upload(f.cu),
+                     d_tg = upload(f.targets);
+  const PackedBatch dbatch{.ids = d_ids.cview(),
+                           .positions = d_pos.cview(),
+                           .cu_seqlens = d_cu.cview(),
+                           .targets = d_tg.cview()};
+  DeviceTensor d_logits(std::vector<std::int64_t>{f.T, f.V}, DType::kF32),
+      d_nll(std::vector<std::int64_t>{f.T}, DType::kF32);
+
+  // A CUDA backend refuses to run without a CUDA stream.
+  EXPECT_EQ(ModelCompute::create(f.m->geometry, f.T, cuda()).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      ModelCompute::create(f.m->geometry, f.T, cuda(), -1, &mem::Stream::host()).status().code(),
+      StatusCode::kInvalidArgument);
+  auto mc = ModelCompute::create(f.m->geometry, f.T, cuda(), -1, &stream());
+  ASSERT_TRUE(mc.ok()) << mc.status().to_string();
+  EXPECT_EQ((*mc)->buffer_device(), Device::kCuda);
+  EXPECT_TRUE((*mc)->attention_in_bf16());
+  auto planned = ModelCompute::planned_bytes(f.m->geometry, f.T, cuda());
+  ASSERT_TRUE(planned.ok());
+  EXPECT_EQ(*planned, (*mc)->total_bytes());
+
+  auto fwd = (*mc)->forward(dp, dbatch, d_nll.view(), d_logits.view());
+  ASSERT_TRUE(fwd.ok()) << fwd.status().to_string();
+  const Status bs = (*mc)->backward(dp, dbatch, dg);
+  ASSERT_TRUE(bs.ok()) << bs.to_string();
+  sync();
+  Results gpu;
+  gpu.loss = fwd->mean_loss();
+  {
+    const HostTensor l = d_logits.download();
+    gpu.logits.assign(static_cast<const float*>(l.data()),
+                      static_cast<const float*>(l.data()) + l.numel());
+  }
+  for (const auto& [name, d] : dgrad_named) {
+    const HostTensor g = d->download();
+    gpu.grads[name].assign(static_cast<const float*>(g.data()),
+                           static_cast<const float*>(g.data()) + g.numel());
+  }
+  // nll_out holds the per-token losses whose mean is the returned loss.
+  {
+    const HostTensor nll = d_nll.download();
+    double sum = 0;
+    std::int64_t n = 0;
+    for (std::int64_t t = 0; t < f.T; ++t) {
+      if (f.targets.as<std::int32_t>()[t] == -100) continue;
+      sum += nll.get(t);
+      ++n;
+    }
+    EXPECT_NEAR(sum / double(n), gpu.loss, 1e-6 * std::fabs(gpu.loss));
+  }
+
+  // ---- Compare against both references. ----
+  for (const auto& [rname, ref] :
+       {std::pair<const char*, const Results*>{"transformers", &hf}, {"cpu-f32", &cpu}}) {
+    const double el = rel_max_diff(gpu.logits, ref->logits);
+    const double el_n = rel_max_diff(naive.logits, ref->logits);
+    const double eloss = std::fabs(gpu.loss - ref->loss) / std::fabs(ref->loss);
+    const double eloss_n = std::fabs(naive.loss - ref->loss) / std::fabs(ref->loss);
+    EXPECT_LE(el, 2 * el_n + kLogitsFloor) << arch << " logits vs " << rname;
+    EXPECT_LE(eloss, 2 * eloss_n + kLogitsFloor) << arch << " loss vs " << rname;
+    double worst_ratio = 0, worst_e = 0, worst_en = 0, max_e = 0;
+    std::string worst;
+    for (const auto& [name, want] : ref->grads) {
+      const double e = rel_norm_diff(gpu.grads.at(name), want);
+      const double en = rel_norm_diff(naive.grads.at(name), want);
+      EXPECT_LE(e, 2 * en + kGradFloor) << arch << " grad " << name << " vs " << rname
+                                        << " (naive bf16-attention error " << en << ")";
+      max_e = std::max(max_e, e);
+      const double ratio = e / (2 * en + kGradFloor);
+      if (ratio > worst_ratio) {
+        worst_ratio = ratio;
+        worst = name;
+        worst_e = e;
+        worst_en = en;
+      }
+    }
+    std::cout << "[model_gpu] " << arch << " vs " << rname << ": logits " << el << " (naive "
+              << el_n << ", bound " << 2 * el_n + kLogitsFloor << "), loss " << eloss << " (naive "
+              << eloss_n << "), grads max " << max_e << "; tightest " << worst << " " << worst_e
+              << " vs bound " << 2 * worst_en + kGradFloor << " (naive " << worst_en << ")\n";
+  }
+  std::cout << "[model_gpu] " << arch << " cpu-f32 vs transformers: logits "
+            << rel_max_diff(cpu.logits, hf.logits) << "\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ModelGpu,
+                         ::testing::Values("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral",
+                                           "olmoe"),
+                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+
+}  // namespace
+}  // namespace ferry::testing
