@@ -15,6 +15,7 @@
 // golden tolerance (1e-4 relative for logits and loss, 1e-3 relative norm for each gradient), so a
 // quantity that bf16 attention does not disturb is still held to f32 accuracy. Metrics: logits,
 // max abs error / max |ref|; loss, relative; each gradient, ||got - ref|| / ||ref||.
+// The per-layer API (train/stream's path) is run too and must reproduce the whole-model result.
 // Skips with a reason when no CUDA device exists.
 #include <algorithm>
 #include <cmath>
@@ -211,6 +212,56 @@ Results run_on_host(kernels::Backend& be, Fixture& f) {
   return r;
 }
 
+// Zeroed device gradients bound like a host GradStorage (tied views share one buffer).
+struct DeviceGrads {
+  std::map<const void*, DeviceTensor> bufs;  // host buffer -> device buffer
+  std::vector<std::pair<std::string, const DeviceTensor*>> named;
+  model::ModelGrads grads;  // device views
+  std::map<std::string, std::vector<float>> download() const {
+    std::map<std::string, std::vector<float>> out;
+    for (const auto& [name, d] : named) {
+      const HostTensor g = d->download();
+      out[name].assign(static_cast<const float*>(g.data()),
+                       static_cast<const float*>(g.data()) + g.numel());
+    }
+    return out;
+  }
+};
+
+void make_device_grads(const model::GradStorage& host, DeviceGrads* dg) {
+  for (const auto& [name, g] : host.named) {
+    auto it = dg->bufs.find(g.data);
+    if (it == dg->bufs.end()) {
+      it = dg->bufs
+               .emplace(g.data,
+                        DeviceTensor(HostTensor(
+                            std::vector<std::int64_t>(g.shape.begin(), g.shape.begin() + g.ndim),
+                            DType::kF32)))
+               .first;
+    }
+    dg->named.emplace_back(name, &it->second);
+  }
+  auto on_device = [&](TensorView& v) {
+    if (v.data == nullptr) return;
+    auto it = dg->bufs.find(v.data);
+    ASSERT_NE(it, dg->bufs.end());
+    v.data = it->second.data();
+    v.device = Device::kCuda;
+  };
+  dg->grads = host.grads;
+  on_device(dg->grads.embed);
+  on_device(dg->grads.final_norm);
+  on_device(dg->grads.lm_head);
+  for (auto& l : dg->grads.layers) {
+    for (TensorView* v :
+         {&l.attn_norm, &l.q, &l.k, &l.v, &l.o, &l.q_bias, &l.k_bias, &l.v_bias, &l.o_bias,
+          &l.q_norm, &l.k_norm, &l.mlp_norm, &l.gate, &l.up, &l.down, &l.router})
+      on_device(*v);
+    for (auto* list : {&l.expert_gate, &l.expert_up, &l.expert_down})
+      for (TensorView& v : *list) on_device(v);
+  }
+}
+
 class ModelGpu : public CudaTest, public ::testing::WithParamInterface<std::string> {};
 
 TEST_P(ModelGpu, ForwardBackwardOnCudaMatchesTransformersAndCpu) {
@@ -274,39 +325,9 @@ TEST_P(ModelGpu, ForwardBackwardOnCudaMatchesTransformersAndCpu) {
   }
   auto host_grads = model::GradStorage::create(*f.m);
   ASSERT_TRUE(host_grads.ok());
-  std::map<const void*, DeviceTensor> dgrads;  // zeroed device gradient per host buffer
-  std::vector<std::pair<std::string, const DeviceTensor*>> dgrad_named;
-  for (const auto& [name, g] : (*host_grads)->named) {
-    auto it = dgrads.find(g.data);
-    if (it == dgrads.end()) {
-      it = dgrads
-               .emplace(g.data,
-                        DeviceTensor(HostTensor(
-                            std::vector<std::int64_t>(g.shape.begin(), g.shape.begin() + g.ndim),
-                            DType::kF32)))
-               .first;
-    }
-    dgrad_named.emplace_back(name, &it->second);
-  }
-  auto grad_on_device = [&](TensorView& v) {
-    if (v.data == nullptr) return;
-    auto it = dgrads.find(v.data);
-    ASSERT_NE(it, dgrads.end());
-    v.data = it->second.data();
-    v.device = Device::kCuda;
-  };
-  model::ModelGrads dg = (*host_grads)->grads;
-  grad_on_device(dg.embed);
-  grad_on_device(dg.final_norm);
-  grad_on_device(dg.lm_head);
-  for (auto& l : dg.layers) {
-    for (TensorView* v :
-         {&l.attn_norm, &l.q, &l.k, &l.v, &l.o, &l.q_bias, &l.k_bias, &l.v_bias, &l.o_bias,
-          &l.q_norm, &l.k_norm, &l.mlp_norm, &l.gate, &l.up, &l.down, &l.router})
-      grad_on_device(*v);
-    for (auto* list : {&l.expert_gate, &l.expert_up, &l.expert_down})
-      for (TensorView& v : *list) grad_on_device(v);
-  }
+  DeviceGrads dg;
+  make_device_grads(**host_grads, &dg);
+  ASSERT_FALSE(HasFailure());
   auto upload = [](const ConstTensorView& v) {
     HostTensor h(std::vector<std::int64_t>(v.shape.begin(), v.shape.begin() + v.ndim), v.dtype);
     std::memcpy(h.data(), v.data, v.bytes());
@@ -337,7 +358,7 @@ TEST_P(ModelGpu, ForwardBackwardOnCudaMatchesTransformersAndCpu) {
 
   auto fwd = (*mc)->forward(dp, dbatch, d_nll.view(), d_logits.view());
   ASSERT_TRUE(fwd.ok()) << fwd.status().to_string();
-  const Status bs = (*mc)->backward(dp, dbatch, dg);
+  const Status bs = (*mc)->backward(dp, dbatch, dg.grads);
   ASSERT_TRUE(bs.ok()) << bs.to_string();
   sync();
   Results gpu;
@@ -347,11 +368,7 @@ TEST_P(ModelGpu, ForwardBackwardOnCudaMatchesTransformersAndCpu) {
     gpu.logits.assign(static_cast<const float*>(l.data()),
                       static_cast<const float*>(l.data()) + l.numel());
   }
-  for (const auto& [name, d] : dgrad_named) {
-    const HostTensor g = d->download();
-    gpu.grads[name].assign(static_cast<const float*>(g.data()),
-                           static_cast<const float*>(g.data()) + g.numel());
-  }
+  gpu.grads = dg.download();
   // nll_out holds the per-token losses whose mean is the returned loss.
   {
     const HostTensor nll = d_nll.download();
@@ -397,6 +414,48 @@ TEST_P(ModelGpu, ForwardBackwardOnCudaMatchesTransformersAndCpu) {
   }
   std::cout << "[model_gpu] " << arch << " cpu-f32 vs transformers: logits "
             << rel_max_diff(cpu.logits, hf.logits) << "\n";
+
+  // ---- The per-layer API on the GPU (train/stream's path): one layer workspace, boundaries in
+  // caller-owned device buffers, each layer recomputed from its boundary before its backward.
+  // Same kernels in the same order as the whole-model run, so the loss must agree to f32
+  // rounding of the sum and the gradients up to the order of the f32 atomics in the embedding
+  // backward (docs/cuda.md: the only non-deterministic kernel on this path).
+  auto per_layer = ModelCompute::create(f.m->geometry, f.T, cuda(), 1, &stream());
+  ASSERT_TRUE(per_layer.ok()) << per_layer.status().to_string();
+  ModelCompute& pl = **per_layer;
+  const std::int64_t L = f.m->geometry.layers, C = f.m->geometry.hidden;
+  std::vector<DeviceTensor> x;  // x[l]: input of layer l; x[L]: the final hidden state
+  for (std::int64_t l = 0; l <= L + 1; ++l)
+    x.emplace_back(std::vector<std::int64_t>{f.T, C}, DType::kF32);
+  auto grads2_host = model::GradStorage::create(*f.m);
+  ASSERT_TRUE(grads2_host.ok());
+  DeviceGrads dg2;
+  make_device_grads(**grads2_host, &dg2);
+  ASSERT_FALSE(HasFailure());
+  FERRY_ASSERT_OK(pl.embed(dp.embed, dbatch, x[0].view()));
+  for (int l = 0; l < L; ++l)
+    FERRY_ASSERT_OK(pl.layer_forward(l, dp.layers[l], dbatch, x[l].cview(), x[l + 1].view()));
+  auto head = pl.head_forward(dp.final_norm, dp.lm_head, dbatch, x[L].cview());
+  ASSERT_TRUE(head.ok()) << head.status().to_string();
+  FERRY_ASSERT_OK(pl.head_backward(dp.final_norm, dp.lm_head, dg2.grads.final_norm,
+                                   dg2.grads.lm_head, dbatch, x[L].cview()));
+  for (int l = static_cast<int>(L) - 1; l >= 0; --l) {
+    // Recompute layer l's internals (its output goes to a spare buffer), then its backward.
+    FERRY_ASSERT_OK(pl.layer_forward(l, dp.layers[l], dbatch, x[l].cview(), x[L + 1].view()));
+    FERRY_ASSERT_OK(pl.layer_backward(l, dp.layers[l], dg2.grads.layers[l], dbatch, x[l].cview()));
+  }
+  FERRY_ASSERT_OK(pl.embed_backward(dg2.grads.embed, dbatch));
+  sync();
+  EXPECT_NEAR(head->mean_loss(), gpu.loss, 1e-6 * std::fabs(gpu.loss)) << arch;
+  const auto g2 = dg2.download();
+  double worst = 0;
+  for (const auto& [name, want] : gpu.grads) {
+    const double e = rel_norm_diff(g2.at(name), want);
+    worst = std::max(worst, e);
+    EXPECT_LE(e, 1e-5) << arch << " per-layer grad " << name;
+  }
+  std::cout << "[model_gpu] " << arch << " per-layer API vs whole model: loss "
+            << std::fabs(head->mean_loss() - gpu.loss) << ", grads max " << worst << "\n";
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ModelGpu,
