@@ -289,6 +289,31 @@ Status run_plan_status() {
   return ok_status();
 }
 
+}  // namespace
+
+Status write_training_plan(const TrainingPlanRequest& r, const std::string& out_path) {
+  PlanConfig c;
+  c.seq_len = r.seq_len;
+  c.gpu_mem_gb = r.gpu_gb;
+  c.host_mem_gb = r.host_gb;
+  c.nvme_dir = r.nvme_dir;
+  c.nvme_gb = r.nvme_dir.empty() ? 0.0 : r.nvme_gb;
+  c.master = r.master;
+  c.optimizer_states = r.optimizer_states;
+  c.machine = r.machine;
+  c.time_limit_s = r.time_limit_s;
+  FERRY_TRY(resolve_host_state(c));
+  FERRY_ASSIGN_OR_RETURN(plan::ProblemAt at, make_problem_at(c, r.config, c.gpu_mem_gb));
+  FERRY_ASSIGN_OR_RETURN(plan::PlanProblem p, at(r.batch_size));
+  FERRY_ASSIGN_OR_RETURN(plan::Plan solved,
+                         plan::solve_or_diagnose(p, {.time_limit_s = c.time_limit_s}));
+  std::printf("%s", plan::plan_text(p, solved).c_str());
+  std::fflush(stdout);
+  return plan::write_plan_file(out_path, solved, &p);
+}
+
+namespace {
+
 int run_plan() {
   const Status s = run_plan_status();
   return s.ok() ? 0 : fail(s);

@@ -8,15 +8,64 @@
 //   ferry train --model DIR --data sft.jsonl --output-dir out --max-steps 200 --lr 1e-5
 //   ferry train --output-dir runs/q8 --optimizer-states 8bit --master bf16-kahan
 //   ferry train --output-dir runs/s --executor stream --policy every:2 --device-budget-mib 64
+//   ferry train --output-dir runs/p --plan auto --device-budget-mib 64
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 
 #include "apps/ferry/commands.h"
+#include "core/log.h"
+#include "model/config.h"
+#include "train/builtin_model.h"
 #include "train/trainer.h"
 
 namespace ferry::app {
 namespace {
+
+// --plan auto: the plan of this run (model, batch, seq len, optimizer mode) for a GPU budget of
+// --device-budget-mib and this host's physical memory (NVMe: the free space of --nvme-dir),
+// solved as `ferry plan` would and written to OUT/plan.json, which the run then follows.
+Status solve_auto_plan(train::TrainConfig& cfg, const std::string& master,
+                       const std::string& states) {
+  if (cfg.device_budget_mib <= 0) {
+    return invalid_argument(
+        "train: --plan auto needs --device-budget-mib (the GPU memory the plan may use)");
+  }
+  TrainingPlanRequest r;
+  if (cfg.model_dir.empty()) {
+    FERRY_ASSIGN_OR_RETURN(r.config, model::parse_model_config_text(
+                                         train::builtin_config_json(cfg.builtin), "built-in"));
+  } else {
+    FERRY_ASSIGN_OR_RETURN(r.config, model::load_model_config(cfg.model_dir));
+  }
+  r.batch_size = cfg.batch_size;
+  r.seq_len = static_cast<int>(cfg.seq_len);
+  r.gpu_gb = static_cast<double>(cfg.device_budget_mib) * 1048576.0 / 1e9;
+  r.host_gb = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
+              static_cast<double>(::sysconf(_SC_PAGESIZE)) / 1e9;
+  if (!cfg.nvme_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(cfg.nvme_dir, ec);
+    const auto space = std::filesystem::space(cfg.nvme_dir, ec);
+    if (ec) return io_error("train: --nvme-dir {}: {}", cfg.nvme_dir, ec.message());
+    r.nvme_dir = cfg.nvme_dir;
+    r.nvme_gb = static_cast<double>(space.available) / 1e9;
+  }
+  r.master = master;
+  r.optimizer_states = states;
+  std::error_code ec;
+  std::filesystem::create_directories(cfg.output_dir, ec);
+  if (ec) return io_error("train: cannot create {}: {}", cfg.output_dir, ec.message());
+  const std::string path = cfg.output_dir + "/plan.json";
+  FERRY_TRY(write_training_plan(r, path));
+  log::get("train")->info("--plan auto: solved for gpu {:.3f} GB, host {:.1f} GB; written to {}",
+                          r.gpu_gb, r.host_gb, path);
+  cfg.plan_file = path;
+  return ok_status();
+}
 
 void register_train(CLI::App& app, CommandFn& run) {
   auto cfg = std::make_shared<train::TrainConfig>();
@@ -108,7 +157,8 @@ void register_train(CLI::App& app, CommandFn& run) {
                   "stream: activation policy: device, host, nvme:DIR, every:K[:host|:nvme:DIR], "
                   "mix:LETTERS[:DIR] (d/h/n/r per layer boundary)");
   cmd->add_option("--plan", cfg->plan_file,
-                  "stream: run the activation policy of a `ferry plan` JSON (implies "
+                  "stream: run the activation policy of a `ferry plan` JSON, or `auto`: solve one "
+                  "now for --device-budget-mib and this host's memory (OUT/plan.json; implies "
                   "--executor stream)");
   cmd->add_option("--nvme-dir", cfg->nvme_dir, "stream: directory for NVMe homes of a --plan");
   cmd->add_option("--prefetch", cfg->prefetch, "stream: weight slots prefetched ahead")
@@ -143,7 +193,11 @@ void register_train(CLI::App& app, CommandFn& run) {
     if (const Status st = train::validate(*cfg); !st.ok()) {
       throw CLI::ValidationError(st.message());
     }
-    run = [cfg] {
+    run = [cfg, master, states] {
+      if (cfg->plan_file == "auto") {
+        const Status st = solve_auto_plan(*cfg, *master, *states);
+        if (!st.ok()) return fail(st);
+      }
       auto r = train::run_training(*cfg);
       if (!r.ok()) return fail(r.status());
       const train::TrainSummary& s = *r;

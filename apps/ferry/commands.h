@@ -6,12 +6,14 @@
 #pragma once
 
 #include <functional>
+#include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "core/result.h"
 #include "core/status.h"
+#include "model/config.h"
 
 namespace ferry::app {
 
@@ -30,6 +32,22 @@ CLI::App* route_cmd(CLI::App& app);
 // announcing readiness, then block until a signal arrives or `duration_s` (> 0) has passed.
 void install_stop_signals();
 void wait_for_stop(double duration_s);
+
+// `ferry train --plan auto` (cmd_plan.cpp): solves the plan of a training run the way `ferry plan`
+// does (the machine's cached profiles apply), prints its table and writes it as JSON to out_path.
+struct TrainingPlanRequest {
+  model::ModelConfig config;
+  int batch_size = 1;
+  int seq_len = 1;
+  double gpu_gb = 0;
+  double host_gb = 0;
+  std::string nvme_dir;  // empty: no NVMe tier
+  double nvme_gb = 0;
+  std::string master, optimizer_states;  // train's flags: the host bytes/param
+  std::string machine = "h200";
+  double time_limit_s = 30;
+};
+Status write_training_plan(const TrainingPlanRequest& r, const std::string& out_path);
 
 struct CommandRegistrar {
   explicit CommandRegistrar(RegisterFn fn) { command_registry().push_back(fn); }

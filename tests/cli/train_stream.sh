@@ -80,4 +80,22 @@ best="$(grep -ho 'the largest batch that fits is [0-9]*' "$TMP/c.log" "$TMP/c.er
   --max-steps 2 --output-dir "$TMP/d" > "$TMP/d.log" 2> "$TMP/d.err" ||
   { echo "train_stream: the named batch $best does not run under the budget"; cat "$TMP/d.err"; exit 1; }
 echo "train_stream: over-budget batch 64 refused, largest batch $best runs"
+
+# 4. --plan auto: a plan is solved for the budget, written next to the run, followed, and the
+#    per-window report prints measured next to predicted; without a budget it is refused.
+"$FERRY" train "${base[@]}" --plan auto --device-budget-mib 3000 --max-steps 2 \
+  --output-dir "$TMP/e" --metrics-out "$TMP/e.jsonl" > "$TMP/e.log" 2> "$TMP/e.err" ||
+  { echo "train_stream: --plan auto failed"; cat "$TMP/e.err"; exit 1; }
+grep -q '"format": "ferry-plan"' "$TMP/e/plan.json" || { echo "no plan.json written"; exit 1; }
+grep -q 'policy plan:solved' "$TMP/e.err" "$TMP/e.log" || { echo "solved plan not run"; exit 1; }
+grep -q 'per-window times.*predicted by the plan' "$TMP/e.log" ||
+  { echo "train_stream: no per-window report"; cat "$TMP/e.log"; exit 1; }
+grep -q '"type":"windows"' "$TMP/e.jsonl" || { echo "no windows record in the metrics"; exit 1; }
+set +e
+"$FERRY" train "${base[@]}" --plan auto --max-steps 2 --output-dir "$TMP/f" \
+  > "$TMP/f.log" 2> "$TMP/f.err"; rc=$?
+set -e
+[ "$rc" -ne 0 ] && grep -q 'needs --device-budget-mib' "$TMP/f.err" ||
+  { echo "train_stream: --plan auto without a budget not refused clearly"; exit 1; }
+echo "train_stream: --plan auto solved, ran and reported its windows"
 echo "train stream cli: ok"
