@@ -249,7 +249,14 @@ BENCHMARK(BM_AttnFwdBwd)
     ->Args({2048, 4, 16, 2, 128, 2})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_RmsNorm)->Args({8192, 2048})->Args({8192, 3584})->UseManualTime();
+// 8192 tokens (e.g. 2 x 4096) and 32768 / 65536 (a training micro-batch of 8 x 4096 / 16 x 4096
+// at the 7B / 3B width): the larger ones move ~0.5 GB per call, like the SwiGLU shapes below.
+BENCHMARK(BM_RmsNorm)
+    ->Args({8192, 2048})
+    ->Args({8192, 3584})
+    ->Args({32768, 3584})
+    ->Args({65536, 2048})
+    ->UseManualTime();
 BENCHMARK(BM_SwiGlu)->Args({8192, 11008})->Args({8192, 18944})->UseManualTime();
 BENCHMARK(BM_Add)->Args({8192 * 3584})->UseManualTime();
 BENCHMARK(BM_AdamW)->Args({100000000})->UseManualTime();
