@@ -2,6 +2,7 @@
 // `ferry serve [--model DIR] [--host H] [--port P] [--name NAME] [--mode M]
 //   [--expert-slots N | --layer-slots N,N,.. | --expert-budget-mib M] [--policy lru|lfu|lfru]
 //   [--max-running N] [--max-batch-tokens N] [--kv-budget-mib M] [--kv-block-tokens N]
+//   [--no-prefix-cache]
 //   [--device-budget-mib M] [--max-tokens-default N] [--duration-s S]
 //   [--split fixed|auto [--wsa-max-context N] [--wsa-decide-steps N]]`
 // `ferry serve --plan-only --trace FILE --budget-gib X [--model DIR] [--link-gbps G]
@@ -52,6 +53,7 @@ struct ServeCliConfig {
   double kv_budget_mib = 64;
   double device_budget_mib = 0;
   int kv_block_tokens = 16;
+  bool no_prefix_cache = false;
   int default_max_tokens = 16;
   double duration_s = 0;
   std::string split = "fixed";
@@ -156,6 +158,7 @@ int run_serve(const ServeCliConfig& c) {
   ec.pager.budget_bytes = static_cast<std::size_t>(c.expert_budget_mib * 1024 * 1024);
   ec.kv.budget_bytes = static_cast<std::size_t>(c.kv_budget_mib * 1024 * 1024);
   ec.kv.block_tokens = c.kv_block_tokens;
+  ec.kv.prefix_cache = !c.no_prefix_cache;
   ec.device_budget_bytes = static_cast<std::size_t>(c.device_budget_mib * 1024 * 1024);
   ec.max_batch_tokens = c.max_batch_tokens;
   ec.max_running = c.max_running;
@@ -244,6 +247,9 @@ void register_serve(CLI::App& app, CommandFn& run) {
   cmd->add_option("--device-budget-mib", c->device_budget_mib,
                   "one device budget over KV blocks and expert slots/staging (0: none)")
       ->check(CLI::Range(0.0, 1e9));
+  cmd->add_flag("--no-prefix-cache", c->no_prefix_cache,
+                "turn off automatic prefix caching (finished requests' KV blocks kept and reused)")
+      ->envname("FERRY_NO_PREFIX_CACHE");
   cmd->add_option("--kv-block-tokens", c->kv_block_tokens, "tokens per KV block")
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--max-tokens-default", c->default_max_tokens,

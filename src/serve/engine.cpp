@@ -69,6 +69,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::DecoderGeometry& geo
   FERRY_ASSIGN_OR_RETURN(e->kv_, KvCache::create(geo, cfg.kv, e->device_budget_.get()));
   FERRY_ASSIGN_OR_RETURN(e->runner_, ModelRunner::create(geo, params, *e->kv_, *e->experts_,
                                                          cfg.max_batch_tokens, backend));
+  e->runner_->set_batch_invariant(cfg.batch_invariant);
   e->logits_.resize(std::size_t(cfg.max_running) * std::size_t(geo.vocab));
   e->sampled_.reserve(std::size_t(cfg.max_running));
   return e;
@@ -136,7 +137,16 @@ void Engine::admit() {
     // kv_preempt: what the next steps compute (the prompt, or everything to recompute).
     const std::int64_t need =
         cfg_.kv_preempt ? std::int64_t(s.tokens.size()) : s.prompt_len + s.req.max_new_tokens;
-    if (!kv_->reserve(s.table, need).ok()) break;  // FIFO: wait for blocks, no overtaking
+    // Prefix cache: the longest cached block-aligned prefix is taken as computed.
+    const int matched = kv_->match_prefix(s.table, s.tokens);
+    if (!kv_->reserve(s.table, need).ok()) {
+      kv_->release(s.table);  // the matched blocks stay cached
+      break;                  // FIFO: wait for blocks, no overtaking
+    }
+    s.computed = std::int64_t(matched) * kv_->block_tokens();
+    if (kv_->prefix_cache()) kv_->report_lookup(s.table);
+    stats_.prefix_query_tokens += s.tokens.size();
+    stats_.prefix_hit_tokens += std::uint64_t(s.computed);
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }
@@ -319,6 +329,8 @@ Result<std::vector<TokenEvent>> Engine::step() {
   }
   const std::int64_t T = batch_.tokens();
   FERRY_TRY(runner_->forward(batch_, logits_.data()));
+  // Blocks this step filled get their prefix-cache identity (no-op without the prefix cache).
+  for (auto& s : running_) kv_->commit_full_blocks(s->table, s->tokens, s->computed);
   ++stats_.steps;
   stats_.max_step_tokens = std::max<std::uint64_t>(stats_.max_step_tokens, T);
   for (std::size_t r = 0; r < sampled.size(); ++r) {

@@ -10,6 +10,11 @@
 // blocks then grow one at a time and a decode that cannot get one preempts the youngest running
 // request (its blocks freed; it goes back to the head of the queue and is recomputed, prompt and
 // generated tokens, before it samples again: the same tokens come out).
+// Prefix cache (KvConfig::prefix_cache): at admission a request takes its longest cached
+// block-aligned prefix from the pool (KvCache::match_prefix) and computes only the rest; after
+// every forward the blocks it filled are committed to the cache, and they stay cached after it
+// ends until their memory is needed. With EngineConfig::batch_invariant the outputs are
+// bit-identical to a run without it; otherwise they differ by the batching noise above.
 // Resizing (MV-WSA): resize_pools() changes the expert caps and the KV block count between steps
 // without draining (ExpertPager::resize, KvCache::resize); a step hook runs at every step boundary
 // (before admission) so a controller can call it (serve/wsa/live_split.h). Each step takes one
@@ -74,6 +79,12 @@ struct EngineStats {
   int kv_blocks = 0, kv_blocks_peak = 0;
   std::uint64_t preemptions = 0, recompute_tokens = 0, pool_resizes = 0;
   int preempted_blocks_last_step = 0;  // blocks freed by preemptions in the last step
+  // Prefix cache, counted at each admission: tokens the request had (prompt, or prompt and
+  // generated after a preemption) and tokens found cached (not computed again).
+  std::uint64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;
+  double prefix_hit_rate() const {
+    return prefix_query_tokens ? double(prefix_hit_tokens) / double(prefix_query_tokens) : 0.0;
+  }
 };
 
 // What the KV pool was asked for at a step boundary (MV-WSA's KV demand signal).

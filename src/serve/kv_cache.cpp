@@ -14,7 +14,8 @@ KvCache::KvCache(const model::DecoderGeometry& geo, const KvConfig& kv)
     : layers_(geo.layers),
       row_floats_(geo.kv_heads * geo.head_dim),
       block_tokens_(kv.block_tokens),
-      budget_(cpu_engine_pool_tier(), kv.budget_bytes) {}
+      budget_(cpu_engine_pool_tier(), kv.budget_bytes),
+      prefix_cache_(kv.prefix_cache) {}
 
 std::size_t KvCache::block_bytes() const {
   return std::size_t(layers_) * 2 * std::size_t(block_tokens_) * std::size_t(row_floats_) *
@@ -54,9 +55,168 @@ Result<std::unique_ptr<KvCache>> KvCache::create(const model::DecoderGeometry& g
   FERRY_ASSIGN_OR_RETURN(c->arena_, mem::make_arena(plan, cpu_engine_pool_tier(), c->budget_,
                                                     {.what = "kv block pool"}));
   c->base_ = c->arena_.as<float>(id);
-  c->free_.reserve(std::size_t(c->capacity_blocks_));
+  const std::size_t cap = std::size_t(c->capacity_blocks_);
+  c->free_.reserve(cap);
   for (int b = c->num_blocks_ - 1; b >= 0; --b) c->free_.push_back(b);
+  c->ref_.assign(cap, 0);
+  if (c->prefix_cache_) {
+    c->stamp_.assign(cap, 0);
+    c->hash_.assign(cap, 0);
+    c->parent_stamp_.assign(cap, 0);
+    c->in_map_.assign(cap, 0);
+    c->tokens_.assign(cap * std::size_t(kv.block_tokens), 0);
+    c->lru_prev_.assign(cap, -1);
+    c->lru_next_.assign(cap, -1);
+    c->map_.reserve(cap);
+  }
   return c;
+}
+
+std::uint64_t KvCache::block_hash(std::uint64_t prev, const std::int32_t* tokens) const {
+  // FNV-1a over the previous hash and the block's ids, then a splitmix finaliser. Collisions are
+  // harmless (match_prefix compares exactly); this only has to spread keys.
+  std::uint64_t h = 0xcbf29ce484222325ull ^ prev;
+  for (int i = 0; i < block_tokens_; ++i) {
+    h ^= std::uint32_t(tokens[i]);
+    h *= 0x100000001b3ull;
+  }
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebull;
+  return h ^ (h >> 31);
+}
+
+void KvCache::give_back_free(std::int32_t b) {
+  // Keep the list descending so the lowest id is handed out next (resize() shrinks the top).
+  free_.insert(std::upper_bound(free_.begin(), free_.end(), b, std::greater<>()), b);
+}
+
+void KvCache::lru_push_back(std::int32_t b) {
+  lru_prev_[std::size_t(b)] = lru_tail_;
+  lru_next_[std::size_t(b)] = -1;
+  if (lru_tail_ >= 0) {
+    lru_next_[std::size_t(lru_tail_)] = b;
+  } else {
+    lru_head_ = b;
+  }
+  lru_tail_ = b;
+  ++cached_;
+}
+
+void KvCache::lru_remove(std::int32_t b) {
+  const std::int32_t p = lru_prev_[std::size_t(b)], n = lru_next_[std::size_t(b)];
+  (p >= 0 ? lru_next_[std::size_t(p)] : lru_head_) = n;
+  (n >= 0 ? lru_prev_[std::size_t(n)] : lru_tail_) = p;
+  lru_prev_[std::size_t(b)] = lru_next_[std::size_t(b)] = -1;
+  --cached_;
+}
+
+void KvCache::lru_replace(std::int32_t from, std::int32_t to) {
+  const std::int32_t p = lru_prev_[std::size_t(from)], n = lru_next_[std::size_t(from)];
+  lru_prev_[std::size_t(to)] = p;
+  lru_next_[std::size_t(to)] = n;
+  (p >= 0 ? lru_next_[std::size_t(p)] : lru_head_) = to;
+  (n >= 0 ? lru_prev_[std::size_t(n)] : lru_tail_) = to;
+  lru_prev_[std::size_t(from)] = lru_next_[std::size_t(from)] = -1;
+}
+
+void KvCache::evict(std::int32_t b) {
+  FERRY_CHECK(ref_[std::size_t(b)] == 0, "serve: kv evicting block {} with {} references", b,
+              ref_[std::size_t(b)]);
+  lru_remove(b);
+  if (in_map_[std::size_t(b)]) {
+    map_.erase(hash_[std::size_t(b)]);
+    in_map_[std::size_t(b)] = 0;
+  }
+  stamp_[std::size_t(b)] = 0;  // its children can no longer be matched through it
+  ++counters_.evictions;
+}
+
+std::int32_t KvCache::take_block() {
+  std::int32_t b = -1;
+  if (!free_.empty()) {
+    b = free_.back();
+    free_.pop_back();
+  } else {
+    FERRY_CHECK(cached_ > 0, "serve: kv take_block with nothing free or cached");
+    b = lru_head_;
+    evict(b);
+  }
+  if (prefix_cache_) stamp_[std::size_t(b)] = 0;
+  ref_[std::size_t(b)] = 1;
+  return b;
+}
+
+int KvCache::match_prefix(BlockTable& table, std::span<const std::int32_t> tokens) {
+  FERRY_CHECK(table.blocks.empty(), "serve: match_prefix into a table holding {} blocks",
+              table.blocks.size());
+  if (!prefix_cache_ || tokens.empty()) return 0;
+  const int most = static_cast<int>((std::int64_t(tokens.size()) - 1) / block_tokens_);
+  ++counters_.lookups;
+  counters_.query_blocks += std::uint64_t(most);
+  std::uint64_t h = 0, parent = 0;
+  for (int i = 0; i < most; ++i) {
+    const std::int32_t* ids = tokens.data() + std::size_t(i) * std::size_t(block_tokens_);
+    const std::uint64_t hi = block_hash(h, ids);
+    const auto it = map_.find(hi);
+    if (it == map_.end()) break;
+    const std::int32_t b = it->second;
+    const std::int32_t* have = tokens_.data() + std::size_t(b) * std::size_t(block_tokens_);
+    if (parent_stamp_[std::size_t(b)] != parent || !std::equal(ids, ids + block_tokens_, have)) {
+      break;  // a hash collision: not the same prefix
+    }
+    if (ref_[std::size_t(b)]++ == 0) lru_remove(b);
+    table.blocks.push_back(b);
+    h = hi;
+    parent = stamp_[std::size_t(b)];
+  }
+  const int n = static_cast<int>(table.blocks.size());
+  if (observer_) {
+    // The whole chain the request could have matched (hashes past the first miss too).
+    last_chain_.clear();
+    std::uint64_t c = 0;
+    for (int i = 0; i < most; ++i) {
+      c = block_hash(c, tokens.data() + std::size_t(i) * std::size_t(block_tokens_));
+      last_chain_.push_back(c);
+    }
+  }
+  table.identified = n;
+  table.chain_hash = h;
+  table.chain_stopped = false;
+  counters_.hit_blocks += std::uint64_t(n);
+  return n;
+}
+
+void KvCache::commit_full_blocks(BlockTable& table, std::span<const std::int32_t> tokens,
+                                 std::int64_t computed) {
+  if (!prefix_cache_ || table.chain_stopped) return;
+  const int full = static_cast<int>(std::min<std::int64_t>(
+      computed / block_tokens_, static_cast<std::int64_t>(table.blocks.size())));
+  FERRY_CHECK(std::int64_t(tokens.size()) >= std::int64_t(full) * block_tokens_,
+              "serve: commit of {} blocks with {} token ids", full, tokens.size());
+  for (int i = table.identified; i < full; ++i) {
+    const std::int32_t b = table.blocks[std::size_t(i)];
+    const std::int32_t* ids = tokens.data() + std::size_t(i) * std::size_t(block_tokens_);
+    const std::uint64_t h = block_hash(table.chain_hash, ids);
+    if (map_.contains(h)) {
+      // The same content (or a colliding hash) is already cached: this copy stays anonymous and
+      // is freed with its table; so are the table's later blocks (their parent is anonymous).
+      table.chain_stopped = true;
+      return;
+    }
+    stamp_[std::size_t(b)] = next_stamp_++;
+    hash_[std::size_t(b)] = h;
+    parent_stamp_[std::size_t(b)] =
+        i == 0 ? 0 : stamp_[std::size_t(table.blocks[std::size_t(i - 1)])];
+    std::copy(ids, ids + block_tokens_,
+              tokens_.begin() + std::ptrdiff_t(b) * std::ptrdiff_t(block_tokens_));
+    map_.emplace(h, b);
+    in_map_[std::size_t(b)] = 1;
+    ++counters_.registered;
+    table.identified = i + 1;
+    table.chain_hash = h;
+  }
 }
 
 Status KvCache::reserve(BlockTable& table, std::int64_t tokens) {
@@ -66,19 +226,57 @@ Status KvCache::reserve(BlockTable& table, std::int64_t tokens) {
     return resource_exhausted("serve: kv cache needs {} more blocks, {} of {} free", need,
                               free_blocks(), num_blocks_);
   }
-  for (int i = 0; i < need; ++i) {
-    table.blocks.push_back(free_.back());
-    free_.pop_back();
-  }
+  for (int i = 0; i < need; ++i) table.blocks.push_back(take_block());
   return ok_status();
 }
 
 void KvCache::release(BlockTable& table) {
-  for (std::int32_t b : table.blocks) {
-    // Keep the list descending so the lowest id is handed out next (resize() shrinks the top).
-    free_.insert(std::upper_bound(free_.begin(), free_.end(), b, std::greater<>()), b);
+  // Tail first: of one chain, the later blocks become the least recently released (evicted
+  // before the head that every later match needs).
+  for (auto it = table.blocks.rbegin(); it != table.blocks.rend(); ++it) {
+    const std::int32_t b = *it;
+    FERRY_CHECK(ref_[std::size_t(b)] > 0, "serve: kv release of unreferenced block {}", b);
+    if (--ref_[std::size_t(b)] > 0) continue;
+    if (prefix_cache_ && in_map_[std::size_t(b)]) {
+      lru_push_back(b);
+      if (observer_) observer_(false, std::span<const std::uint64_t>(&hash_[std::size_t(b)], 1), 0);
+    } else {
+      if (prefix_cache_) stamp_[std::size_t(b)] = 0;
+      give_back_free(b);
+    }
   }
   table.blocks.clear();
+  table.identified = 0;
+  table.chain_hash = 0;
+  table.chain_stopped = false;
+}
+
+void KvCache::move_block(std::int32_t from, std::int32_t to) {
+  const std::size_t block_floats = std::size_t(block_tokens_) * std::size_t(row_floats_);
+  for (int l = 0; l < layers_; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      const auto at = [&](std::int64_t blk) {
+        return base_ +
+               ((std::int64_t(l) * capacity_blocks_ + blk) * 2 + kv) * std::int64_t(block_floats);
+      };
+      std::memcpy(at(to), at(from), block_floats * sizeof(float));
+    }
+  }
+  ref_[std::size_t(to)] = ref_[std::size_t(from)];
+  ref_[std::size_t(from)] = 0;
+  if (prefix_cache_) {
+    // The identity moves with the content (stamps are unique, so children still find it).
+    stamp_[std::size_t(to)] = stamp_[std::size_t(from)];
+    hash_[std::size_t(to)] = hash_[std::size_t(from)];
+    parent_stamp_[std::size_t(to)] = parent_stamp_[std::size_t(from)];
+    in_map_[std::size_t(to)] = in_map_[std::size_t(from)];
+    std::copy_n(tokens_.begin() + std::ptrdiff_t(from) * block_tokens_, block_tokens_,
+                tokens_.begin() + std::ptrdiff_t(to) * block_tokens_);
+    if (in_map_[std::size_t(to)]) map_[hash_[std::size_t(to)]] = to;
+    stamp_[std::size_t(from)] = 0;
+    in_map_[std::size_t(from)] = 0;
+  }
+  ++blocks_moved_;
 }
 
 Status KvCache::resize(int blocks, std::span<BlockTable* const> tables) {
@@ -97,29 +295,38 @@ Status KvCache::resize(int blocks, std::span<BlockTable* const> tables) {
     num_blocks_ = blocks;
     return ok_status();
   }
-  // Move used blocks at or above the new size into the lowest free ids below it.
-  const std::size_t block_floats = std::size_t(block_tokens_) * std::size_t(row_floats_);
+  // Drop cached blocks, least recently released first, until everything live fits the new size.
+  while (used_blocks() + cached_ > blocks) {
+    const std::int32_t b = lru_head_;
+    evict(b);
+    give_back_free(b);
+  }
+  // Every live block at or above the new size moves once into the lowest free id below it; the
+  // tables (a shared block may sit in several) are rewritten through one map.
+  std::vector<std::int32_t> moved_to(std::size_t(num_blocks_) - std::size_t(blocks), -1);
+  std::erase_if(free_, [&](std::int32_t b) { return b >= blocks; });
+  auto relocate = [&](std::int32_t b) {
+    std::int32_t& to = moved_to[std::size_t(b - blocks)];
+    if (to < 0) {
+      FERRY_CHECK(!free_.empty(), "serve: kv resize found no free block");
+      to = free_.back();
+      free_.pop_back();
+      if (ref_[std::size_t(b)] == 0) lru_replace(b, to);  // a cached block keeps its LRU place
+      move_block(b, to);
+    }
+    return to;
+  };
   for (BlockTable* t : tables) {
     for (std::int32_t& b : t->blocks) {
-      if (b < blocks) continue;
-      FERRY_CHECK(!free_.empty() && free_.back() < blocks, "serve: kv resize found no free block");
-      const std::int32_t to = free_.back();
-      free_.pop_back();
-      for (int l = 0; l < layers_; ++l) {
-        for (int kv = 0; kv < 2; ++kv) {
-          const auto at = [&](std::int64_t blk) {
-            return base_ + ((std::int64_t(l) * capacity_blocks_ + blk) * 2 + kv) *
-                               std::int64_t(block_floats);
-          };
-          std::memcpy(at(to), at(b), block_floats * sizeof(float));
-        }
-      }
-      free_.insert(std::upper_bound(free_.begin(), free_.end(), b, std::greater<>()), b);
-      b = to;
-      ++blocks_moved_;
+      if (b >= blocks) b = relocate(b);
     }
   }
-  std::erase_if(free_, [&](std::int32_t b) { return b >= blocks; });
+  if (prefix_cache_) {
+    // Cached survivors above the new size (no table holds them).
+    for (std::int32_t b = blocks; b < num_blocks_; ++b) {
+      if (ref_[std::size_t(b)] == 0 && in_map_[std::size_t(b)]) relocate(b);
+    }
+  }
   num_blocks_ = blocks;
   FERRY_TRY(shared_charge_.resize(std::size_t(blocks) * per_block, "kv block pool"));
   return ok_status();

@@ -14,12 +14,29 @@
 // the top of the pool tends to be free; resize() below a used block moves that block's K/V (all
 // layers) into a free block under the new size and rewrites its table entry. The shared device
 // budget is charged the live blocks only.
-// Tests: tests/unit/serve/kv_cache_test.cpp.
+// Prefix cache (KvConfig::prefix_cache, vLLM's automatic prefix caching): a block whose
+// block_tokens positions are all computed gets a content identity -- a hash chained over its
+// token ids and those of every earlier block of its table -- and is entered in a hash -> block
+// map. Blocks are reference counted: a table holds one reference on each of its blocks, and a
+// block shared by several tables (a common prefix) has several. When the last reference goes, a
+// block with an identity stays cached (evictable, in an LRU list; a table's blocks are queued
+// tail first, so a chain loses its tail before its head) until reserve() needs its memory; one
+// without goes back to the free list. match_prefix() hands a new table the longest cached
+// block-aligned prefix of its tokens. A hash hit is verified exactly -- the block's own token ids
+// and the identity (stamp) of the block before it, so by induction the whole prefix -- hence no
+// false sharing on a collision. A cached block is never written: a table computes only past its
+// matched blocks, and at least its last token is always left to compute.
+// Block states: free (no content) -> in use (ref >= 1) -> cached (ref 0, evictable) -> in use
+// again (matched) or free (evicted). free_blocks() counts free + cached (what reserve can have),
+// used_blocks() the referenced ones.
+// Tests: tests/unit/serve/kv_cache_test.cpp, prefix_cache_test.cpp.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "core/result.h"
@@ -33,6 +50,20 @@ namespace ferry::serve {
 
 struct BlockTable {
   std::vector<std::int32_t> blocks;  // block ids, position p lives in blocks[p / block_tokens]
+  // Prefix cache bookkeeping (KvCache's; cleared by release()): the leading blocks that have a
+  // content identity, the chained hash through them, and whether a duplicate stopped the chain.
+  int identified = 0;
+  std::uint64_t chain_hash = 0;
+  bool chain_stopped = false;
+};
+
+// Counters of the prefix cache (monotone since create()).
+struct PrefixCacheCounters {
+  std::uint64_t lookups = 0;       // match_prefix() calls
+  std::uint64_t query_blocks = 0;  // full blocks those calls could have matched
+  std::uint64_t hit_blocks = 0;    // blocks they matched
+  std::uint64_t evictions = 0;     // cached blocks whose memory reserve() or resize() took
+  std::uint64_t registered = 0;    // blocks given an identity in the map
 };
 
 class KvCache {
@@ -47,22 +78,59 @@ class KvCache {
   int block_tokens() const { return block_tokens_; }
   int num_blocks() const { return num_blocks_; }
   int capacity_blocks() const { return capacity_blocks_; }
+  // Blocks held by some table (reference count >= 1).
   int used_blocks() const { return num_blocks_ - free_blocks(); }
   std::uint64_t blocks_moved() const { return blocks_moved_; }
-  int free_blocks() const { return static_cast<int>(free_.size()); }
+  // Blocks reserve() can hand out: free ones plus cached ones (evicted on demand).
+  int free_blocks() const { return static_cast<int>(free_.size()) + cached_; }
+  // Cached, unreferenced blocks (evictable); 0 without the prefix cache.
+  int cached_blocks() const { return cached_; }
+  bool prefix_cache() const { return prefix_cache_; }
+  const PrefixCacheCounters& prefix_counters() const { return counters_; }
+  int ref_count(std::int32_t block) const { return ref_[std::size_t(block)]; }
   int blocks_for(std::int64_t tokens) const {
     return static_cast<int>((tokens + block_tokens_ - 1) / block_tokens_);
   }
   std::size_t block_bytes() const;  // one block id across all layers, K and V
   const mem::MemoryBudget& budget() const { return budget_; }
 
-  // Grows `table` to cover `tokens` positions. All or nothing.
+  // Grows `table` to cover `tokens` positions. All or nothing. Takes free blocks first (lowest id
+  // first), then evicts cached blocks, least recently released first.
   Status reserve(BlockTable& table, std::int64_t tokens);
-  // Returns every block of `table` to the pool and clears it.
+  // Drops the table's reference on each of its blocks and clears it; a block nobody references
+  // stays cached if it has an identity (prefix cache), else it is free again.
   void release(BlockTable& table);
+  // Prefix cache: `table` must be empty. Appends the longest run of cached blocks that holds
+  // tokens[0, n * block_tokens) exactly, for n <= (tokens.size() - 1) / block_tokens (the last
+  // token is always left to compute), taking a reference on each. Returns n (0 without the
+  // prefix cache). The caller computes from position n * block_tokens.
+  int match_prefix(BlockTable& table, std::span<const std::int32_t> tokens);
+  // Prefix cache: gives an identity to every block of `table` whose positions are all below
+  // `computed` (their K/V written) and enters it in the map. tokens: the table's token ids (at
+  // least `computed` of them). A block whose content is already in the map stays without one
+  // (and so do the table's later blocks). No-op without the prefix cache.
+  void commit_full_blocks(BlockTable& table, std::span<const std::int32_t> tokens,
+                          std::int64_t computed);
+  // MV-WSA's view of the prefix cache (wsa/prefix_curve.h): called with lookup = false and one
+  // key when a block is released into the cache (a table's blocks tail first), and with
+  // lookup = true, the chained hashes of every full block match_prefix could have matched and
+  // the blocks other tables referenced then, when the caller reports that admission
+  // (report_lookup) -- so a request that waits for blocks and is matched again counts once.
+  using PrefixObserver =
+      std::function<void(bool lookup, std::span<const std::uint64_t> keys, int pinned)>;
+  void set_prefix_observer(PrefixObserver fn) { observer_ = std::move(fn); }
+  // `table`: the admitted request's (its blocks are not counted as pinned).
+  void report_lookup(const BlockTable& table) {
+    if (observer_) {
+      observer_(true, last_chain_, used_blocks() - static_cast<int>(table.blocks.size()));
+    }
+  }
   // Sets the live block count. `tables` must be every table holding blocks (blocks above the new
-  // size are moved and the tables rewritten). invalid_argument: outside [1, capacity] or below the
-  // blocks in use; resource_exhausted: the shared budget cannot take the growth (no change).
+  // size are moved and the tables rewritten; a block shared by several tables moves once).
+  // Cached blocks are dropped, least recently released first, only as far as needed for the
+  // referenced and the remaining cached blocks to fit the new size; survivors above it move.
+  // invalid_argument: outside [1, capacity] or below the referenced blocks; resource_exhausted:
+  // the shared budget cannot take the growth (no change).
   Status resize(int blocks, std::span<BlockTable* const> tables);
 
   // The K / V row of position `pos` in `table`, [G*D] f32. pos must be covered (a bug otherwise).
@@ -74,6 +142,14 @@ class KvCache {
  private:
   KvCache(const model::DecoderGeometry& geo, const KvConfig& kv);
   float* row(int layer, const BlockTable& table, std::int64_t pos, int kv_index) const;
+  std::int32_t take_block();            // a free block, else the LRU cached one (evicted)
+  void evict(std::int32_t b);           // cached -> free content (not on any list)
+  void give_back_free(std::int32_t b);  // onto the free list, keeping it descending
+  void lru_push_back(std::int32_t b);   // most recently released end
+  void lru_remove(std::int32_t b);
+  void lru_replace(std::int32_t from, std::int32_t to);  // `to` takes `from`'s place
+  void move_block(std::int32_t from, std::int32_t to);   // K/V rows and identity
+  std::uint64_t block_hash(std::uint64_t prev, const std::int32_t* tokens) const;
 
   int layers_ = 0;
   int row_floats_ = 0;  // G*D
@@ -86,6 +162,22 @@ class KvCache {
   mem::Arena arena_;
   float* base_ = nullptr;
   std::vector<std::int32_t> free_;  // descending: back() is the lowest free id
+  // Per block id, [capacity]: references, content identity (stamp 0: none), the chained hash,
+  // the stamp of the block before it in its chain (0 for a first block), and its token ids.
+  bool prefix_cache_ = false;
+  std::vector<std::int32_t> ref_;
+  std::vector<std::uint64_t> stamp_, hash_, parent_stamp_;
+  std::vector<std::uint8_t> in_map_;
+  std::vector<std::int32_t> tokens_;  // [capacity, block_tokens]
+  std::uint64_t next_stamp_ = 1;
+  std::unordered_map<std::uint64_t, std::int32_t> map_;  // chained hash -> block
+  // LRU list of cached blocks (intrusive, by id): head = least recently released.
+  std::vector<std::int32_t> lru_prev_, lru_next_;
+  std::int32_t lru_head_ = -1, lru_tail_ = -1;
+  int cached_ = 0;
+  PrefixCacheCounters counters_;
+  PrefixObserver observer_;
+  std::vector<std::uint64_t> last_chain_;  // match_prefix's chain, with an observer only
 };
 
 }  // namespace ferry::serve

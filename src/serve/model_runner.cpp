@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/thread_pool.h"
+#include "serve/expert_ffn.h"
 #include "serve/paged_attention.h"
 
 namespace ferry::serve {
@@ -88,26 +90,53 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const model::DecoderGeo
   return r;
 }
 
+Status ModelRunner::gemm(const kernels::GemmArgs& g) {
+  if (!batch_invariant_) return be_.gemm(g, host());
+  // out[t, n] = dot_fixed(a[t, :], b[n, :]) (+ bias[n]): each row's bits are a function of that
+  // row alone, whatever else the step holds.
+  const bool f32 = g.out.dtype == DType::kF32 && g.a.dtype == DType::kF32 &&
+                   g.b.dtype == DType::kF32 &&
+                   (g.bias.data == nullptr || g.bias.dtype == DType::kF32);
+  if (!f32 || g.trans_a || !g.trans_b || g.alpha != 1.0f || g.beta != 0.0f ||
+      !g.out.is_contiguous() || !g.a.is_contiguous() || !g.b.is_contiguous()) {
+    return unimplemented("serve: batch-invariant gemm needs f32, contiguous, a @ b^T");
+  }
+  const std::int64_t M = g.a.shape[0], K = g.a.shape[1], N = g.b.shape[0];
+  FERRY_CHECK(g.b.shape[1] == K && g.out.shape[0] == M && g.out.shape[1] == N,
+              "serve: batch-invariant gemm shapes disagree");
+  const auto* a = static_cast<const float*>(g.a.data);
+  const auto* b = static_cast<const float*>(g.b.data);
+  const auto* bias = static_cast<const float*>(g.bias.data);
+  auto* out = static_cast<float*>(g.out.data);
+  ThreadPool::global().parallel_for(
+      std::size_t(M) * std::size_t(N), [&](std::size_t i0, std::size_t i1) {
+        for (std::size_t i = i0; i < i1; ++i) {
+          const std::int64_t t = std::int64_t(i) / N, n = std::int64_t(i) % N;
+          const float d = dot_fixed(a + t * K, b + n * K, K);
+          out[i] = bias != nullptr ? d + bias[n] : d;
+        }
+      });
+  return ok_status();
+}
+
 Status ModelRunner::attention(int l, const StepBatch& b) {
   const auto& p = params_.layers[l];
   const std::int64_t T = b.tokens(), C = geo_.hidden, H = geo_.heads, G = geo_.kv_heads,
                      D = geo_.head_dim;
   const ConstTensorView h = f32(h_, {T, C});
   const bool normed = geo_.qk_norm != model::QkNorm::kNone;
-  FERRY_TRY(be_.gemm({.out = normed ? f32(q_pre_, {T, H * D}) : f32(q_, {T, H * D}),
-                      .a = h,
-                      .b = p.q,
-                      .bias = p.q_bias,
-                      .trans_b = true},
-                     host()));
-  FERRY_TRY(be_.gemm({.out = normed ? f32(k_pre_, {T, G * D}) : f32(k_, {T, G * D}),
-                      .a = h,
-                      .b = p.k,
-                      .bias = p.k_bias,
-                      .trans_b = true},
-                     host()));
-  FERRY_TRY(be_.gemm(
-      {.out = f32(v_, {T, G * D}), .a = h, .b = p.v, .bias = p.v_bias, .trans_b = true}, host()));
+  FERRY_TRY(gemm({.out = normed ? f32(q_pre_, {T, H * D}) : f32(q_, {T, H * D}),
+                  .a = h,
+                  .b = p.q,
+                  .bias = p.q_bias,
+                  .trans_b = true}));
+  FERRY_TRY(gemm({.out = normed ? f32(k_pre_, {T, G * D}) : f32(k_, {T, G * D}),
+                  .a = h,
+                  .b = p.k,
+                  .bias = p.k_bias,
+                  .trans_b = true}));
+  FERRY_TRY(
+      gemm({.out = f32(v_, {T, G * D}), .a = h, .b = p.v, .bias = p.v_bias, .trans_b = true}));
   if (geo_.qk_norm == model::QkNorm::kPerHead) {
     FERRY_TRY(be_.rms_norm({.out = f32(q_, {T * H, D}),
                             .rstd = f32(qk_rstd_, {T * H}),
@@ -167,12 +196,11 @@ Status ModelRunner::attention(int l, const StepBatch& b) {
                                   .G = geo_.kv_heads,
                                   .D = geo_.head_dim,
                                   .scale = 1.0f / std::sqrt(static_cast<float>(D))}));
-  FERRY_TRY(be_.gemm({.out = f32(tmp_, {T, C}),
-                      .a = f32(attn_, {T, H * D}),
-                      .b = p.o,
-                      .bias = p.o_bias,
-                      .trans_b = true},
-                     host()));
+  FERRY_TRY(gemm({.out = f32(tmp_, {T, C}),
+                  .a = f32(attn_, {T, H * D}),
+                  .b = p.o,
+                  .bias = p.o_bias,
+                  .trans_b = true}));
   return be_.add({.out = f32(x_, {T, C}), .a = f32(x_, {T, C}), .b = f32(tmp_, {T, C})}, host());
 }
 
@@ -180,20 +208,18 @@ Status ModelRunner::mlp(int l, std::int64_t T) {
   const auto& p = params_.layers[l];
   const std::int64_t C = geo_.hidden, F = geo_.mlp_width;
   const ConstTensorView h = f32(h_, {T, C});
-  FERRY_TRY(be_.gemm({.out = f32(gate_, {T, F}), .a = h, .b = p.gate, .trans_b = true}, host()));
-  FERRY_TRY(be_.gemm({.out = f32(up_, {T, F}), .a = h, .b = p.up, .trans_b = true}, host()));
+  FERRY_TRY(gemm({.out = f32(gate_, {T, F}), .a = h, .b = p.gate, .trans_b = true}));
+  FERRY_TRY(gemm({.out = f32(up_, {T, F}), .a = h, .b = p.up, .trans_b = true}));
   FERRY_TRY(be_.swiglu(
       {.out = f32(act_, {T, F}), .gate = f32(gate_, {T, F}), .up = f32(up_, {T, F})}, host()));
-  return be_.gemm({.out = f32(tmp_, {T, C}), .a = f32(act_, {T, F}), .b = p.down, .trans_b = true},
-                  host());
+  return gemm({.out = f32(tmp_, {T, C}), .a = f32(act_, {T, F}), .b = p.down, .trans_b = true});
 }
 
 Status ModelRunner::moe(int l, const StepBatch& b) {
   const auto& p = params_.layers[l];
   const std::int64_t T = b.tokens(), C = geo_.hidden, E = geo_.experts, K = geo_.top_k;
-  FERRY_TRY(be_.gemm(
-      {.out = f32(router_logits_, {T, E}), .a = f32(h_, {T, C}), .b = p.router, .trans_b = true},
-      host()));
+  FERRY_TRY(gemm(
+      {.out = f32(router_logits_, {T, E}), .a = f32(h_, {T, C}), .b = p.router, .trans_b = true}));
   FERRY_TRY(be_.router({.weights = f32(weights_, {T, K}),
                         .ids = i32(ids_, {T, K}),
                         .probs = f32(probs_, {T, E}),
@@ -275,12 +301,10 @@ Status ModelRunner::forward(const StepBatch& b, float* logits) {
                           .weight = params_.final_norm,
                           .eps = geo_.rms_eps},
                          host()));
-  return be_.gemm(
-      {.out = TensorView::contiguous(logits, DType::kF32, Device::kCpu, {R, geo_.vocab}),
-       .a = f32(rows_h_, {R, C}),
-       .b = params_.lm_head,
-       .trans_b = true},
-      host());
+  return gemm({.out = TensorView::contiguous(logits, DType::kF32, Device::kCpu, {R, geo_.vocab}),
+               .a = f32(rows_h_, {R, C}),
+               .b = params_.lm_head,
+               .trans_b = true});
 }
 
 }  // namespace ferry::serve

@@ -60,6 +60,8 @@ class ModelRunner {
   Status forward(const StepBatch& batch, float* logits);
 
   void set_routing_hook(RoutingHook* hook) { hook_ = hook; }
+  // EngineConfig::batch_invariant: dense GEMMs row by row in dot_fixed order (f32 weights only).
+  void set_batch_invariant(bool on) { batch_invariant_ = on; }
   std::int64_t max_tokens() const { return max_tokens_; }
   const model::DecoderGeometry& geometry() const { return geo_; }
 
@@ -75,6 +77,7 @@ class ModelRunner {
   Status attention(int l, const StepBatch& b);
   Status mlp(int l, std::int64_t T);
   Status moe(int l, const StepBatch& b);
+  Status gemm(const kernels::GemmArgs& a);  // the backend's, or row by row (batch_invariant_)
 
   model::DecoderGeometry geo_;
   const model::ModelParams& params_;
@@ -83,6 +86,7 @@ class ModelRunner {
   std::int64_t max_tokens_;
   kernels::Backend& be_;
   RoutingHook* hook_ = nullptr;
+  bool batch_invariant_ = false;
   // Planned buffers (see create()).
   std::vector<float> x_, h_, rstd_, q_pre_, k_pre_, q_, k_, v_, attn_, tmp_;  // [T, ...]
   std::vector<float> qk_rstd_;

@@ -58,6 +58,11 @@ struct KvConfig {
   // MV-WSA: the pool may later be resized up to this many bytes (KvCache::resize); its backing
   // is laid out for that many blocks. 0: budget_bytes (fixed size).
   std::size_t max_budget_bytes = 0;
+  // Automatic prefix caching (kv_cache.h): full blocks keep their K/V after their request ends,
+  // keyed by a hash chained over token ids, and a new request reuses its longest cached
+  // block-aligned prefix. The CLI turns it on (--no-prefix-cache off); off here by default so a
+  // library user's schedule is the plain one unless asked.
+  bool prefix_cache = false;
 };
 
 struct EngineConfig {
@@ -76,6 +81,11 @@ struct EngineConfig {
   bool kv_preempt = false;
   int max_seq_len = 0;  // prompt + new tokens; 0: no limit but the KV pool (the CLI passes
                         // max_position_embeddings)
+  // Every dense GEMM of the forward pass one row at a time in a fixed summation order
+  // (dot_fixed, expert_ffn.h) instead of BLAS, so a token's bits do not depend on which other
+  // tokens share its step (OpenBLAS sgemm rounds a row differently by its place in the tile).
+  // Slower; what makes outputs with the prefix cache bit-identical to those without it.
+  bool batch_invariant = false;
 };
 
 }  // namespace ferry::serve

@@ -166,7 +166,11 @@ void EngineWorker::publish_gauges() {
   metrics_->in_flight = static_cast<int>(live_.size());
   metrics_->awaiting_first = static_cast<int>(std::count_if(
       live_.begin(), live_.end(), [](const auto& kv) { return !kv.second.got_token; }));
-  metrics_->kv_blocks_used = engine_.kv().num_blocks() - engine_.kv().free_blocks();
+  metrics_->kv_blocks_used = engine_.kv().used_blocks();
+  metrics_->kv_blocks_cached = engine_.kv().cached_blocks();
+  metrics_->kv_blocks_total = engine_.kv().num_blocks();  // MV-WSA resizes it live
+  metrics_->prefix_query_tokens = engine_.stats().prefix_query_tokens;
+  metrics_->prefix_hit_tokens = engine_.stats().prefix_hit_tokens;
   if (const ExpertPager* p = engine_.experts().pager()) {
     metrics_->pager_hits = p->counters().hits;
     metrics_->pager_misses = p->counters().misses;

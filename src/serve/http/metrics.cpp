@@ -78,6 +78,22 @@ std::string ServerMetrics::render() const {
   series(o, "ferry_serve_kv_blocks_used", "", kv_blocks_used.load());
   head(o, "ferry_serve_kv_blocks_total", "gauge", "KV cache blocks in the pool");
   series(o, "ferry_serve_kv_blocks_total", "", kv_blocks_total.load());
+  head(o, "ferry_serve_kv_blocks_cached", "gauge",
+       "KV blocks kept by the prefix cache, unreferenced (evictable)");
+  series(o, "ferry_serve_kv_blocks_cached", "", kv_blocks_cached.load());
+  head(o, "ferry_serve_prefix_cache_query_tokens_total", "counter",
+       "tokens looked up in the prefix cache at admission");
+  series(o, "ferry_serve_prefix_cache_query_tokens_total", "", double(prefix_query_tokens.load()));
+  head(o, "ferry_serve_prefix_cache_hit_tokens_total", "counter",
+       "tokens found in the prefix cache at admission (not computed again)");
+  series(o, "ferry_serve_prefix_cache_hit_tokens_total", "", double(prefix_hit_tokens.load()));
+  {
+    const double q = double(prefix_query_tokens.load());
+    head(o, "ferry_serve_prefix_cache_hit_rate", "gauge",
+         "prefix cache hit tokens / query tokens since start");
+    series(o, "ferry_serve_prefix_cache_hit_rate", "",
+           q > 0 ? double(prefix_hit_tokens.load()) / q : 0.0);
+  }
   head(o, "ferry_serve_pager_hits_total", "counter", "expert pager hits");
   series(o, "ferry_serve_pager_hits_total", "", double(pager_hits.load()));
   head(o, "ferry_serve_pager_misses_total", "counter", "expert pager misses");

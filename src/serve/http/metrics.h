@@ -42,6 +42,10 @@ struct ServerMetrics {
   std::atomic<int> in_flight{0};       // submitted, not finished
   std::atomic<int> awaiting_first{0};  // submitted, no token yet (waiting or in prefill)
   std::atomic<int> kv_blocks_used{0}, kv_blocks_total{0};
+  // Prefix cache: cached (unreferenced, evictable) blocks; prompt tokens looked up at admission
+  // and those found cached (the hit rate is their ratio).
+  std::atomic<int> kv_blocks_cached{0};
+  std::atomic<std::uint64_t> prefix_query_tokens{0}, prefix_hit_tokens{0};
   std::atomic<std::uint64_t> pager_hits{0}, pager_misses{0}, pager_bytes_copied{0};
   std::atomic<std::uint64_t> engine_steps{0};
   Histogram ttft_s;         // submit -> first token

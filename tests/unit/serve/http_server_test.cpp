@@ -517,6 +517,36 @@ TEST(HttpServerKv, PromptOverTheKvPoolIs400) {
   EXPECT_EQ(ok->status, 200) << ok->body;
 }
 
+TEST(HttpServerKv, PrefixCacheHitsShowOnMetrics) {
+  auto m = make_builtin_moe({}, /*seed=*/0x5eed);
+  ASSERT_TRUE(m.ok());
+  const model::Tokenizer tok = byte_tokenizer();
+  EngineConfig ec = engine_config(**m);
+  ec.kv.prefix_cache = true;
+  auto e = Engine::create((*m)->geometry, (*m)->params, ec);
+  ASSERT_TRUE(e.ok()) << e.status().message();
+  HttpServer server(**e, &tok, {.model_name = "tiny"});
+  auto port = server.start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok());
+  httplib::Client c("127.0.0.1", *port);
+  // 40 prompt tokens with the byte tokenizer: 2 full blocks of 16; the second request finds them.
+  const std::string body =
+      R"({"prompt": "the same forty characters of prompt text!", "max_tokens": 2})";
+  for (int i = 0; i < 2; ++i) {
+    auto r = c.Post("/v1/completions", body, "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+  }
+  auto r = c.Get("/metrics");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(check_prometheus(r->body), "") << r->body;
+  EXPECT_NE(r->body.find("ferry_serve_prefix_cache_hit_tokens_total 32\n"), std::string::npos)
+      << r->body;
+  EXPECT_NE(r->body.find("ferry_serve_prefix_cache_hit_rate "), std::string::npos);
+  EXPECT_EQ(r->body.find("ferry_serve_kv_blocks_cached 0\n"), std::string::npos) << r->body;
+  server.stop();
+}
+
 TEST(Utf8Sanitize, PiecewiseEqualsWhole) {
   const std::string bytes = "a\xE2\x82\xAC\xE2q\xF0\x9F\x98\x80\xC0\x80z\xED\xA0\x80\xE2\x82";
   std::string whole;
