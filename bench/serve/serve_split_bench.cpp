@@ -8,9 +8,12 @@
 // 4 KV heads x 128, vocab 151936), 24 GiB total budget minus dense weights and a workspace
 // reserve. Every time it prints is a model output (step_base_s + token_s * tokens +
 // misses * expert_bytes / link), not a GPU measurement; it states the machine it ran on.
+// --prefix-cache off|on|both: every policy without and/or with the engine's automatic prefix
+// cache (a turn reuses the cached blocks of its session's history; split_sim.h).
 //   serve_split_bench [--budget-gib 24] [--link-gbps 24] [--sessions 8] [--concurrency 4]
 //                     [--turns 4] [--prefix 1536] [--seed 1] [--json FILE]
 //                     [--live-decide-steps 64] [--live-age 0.9] [--live-hysteresis 0.05]
+//                     [--prefix-cache both]
 #include <sys/utsname.h>
 #include <cmath>
 #include <cstdio>
@@ -57,6 +60,7 @@ int main(int argc, char** argv) {
   std::string json_path;
   int decide_steps = 64;
   double age = 0.9, hysteresis = 0.05;
+  std::string prefix_cache = "both";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const char* v = argv[i + 1];
@@ -82,6 +86,8 @@ int main(int argc, char** argv) {
       age = std::atof(v);
     else if (a == "--live-hysteresis")
       hysteresis = std::atof(v);
+    else if (a == "--prefix-cache")
+      prefix_cache = v;
     else {
       std::fprintf(stderr, "serve_split_bench: unknown flag %s\n", a.c_str());
       return 2;
@@ -130,36 +136,49 @@ int main(int argc, char** argv) {
     SimResult r;
     bool live = false;
   };
-  std::vector<Row> rows;
-  auto run = [&](const std::string& name, const Split& s, bool live) -> SimResult {
-    auto r = simulate(cfg, w, s, live);
-    FERRY_CHECK(r.ok(), "{}: {}", name, r.status().to_string());
-    rows.push_back({name, live ? r->final_split : s, *r, live});
-    return *r;
+  struct Suite {
+    bool prefix_cache = false;
+    std::vector<Row> rows;
+    double best_s = 0;
   };
+  std::vector<Suite> suites;
   ferry::Timer sim_timer;
-  auto half = fraction_split(skel, 0.5);
-  FERRY_CHECK(half.ok(), "50/50: {}", half.status().to_string());
-  const std::vector<Split> uniform = all_uniform_splits(skel);
-  FERRY_CHECK(!uniform.empty(), "no uniform split fits the budget");
-  const SplitProblem profile = run("fixed 50/50", *half, false).profile;  // a copy: rows grows
-  run("expert-heavy", uniform.back(), false);
-  run("kv-heavy", uniform.front(), false);
-  auto offline = allocate(profile);
-  FERRY_CHECK(offline.ok(), "offline: {}", offline.status().to_string());
-  run("mv-wsa offline", *offline, false);
-  run("mv-wsa live", *half, true);
-  run("mv-wsa live@offline", *offline, true);  // live, started from the configurator's split
-  // Oracle: every uniform cap.
-  double best_s = 1e300;
-  Split best;
-  SimResult best_r;
-  for (const Split& u : uniform) {
-    auto r = simulate(cfg, w, u, false);
-    FERRY_CHECK(r.ok(), "oracle: {}", r.status().to_string());
-    if (r->total_s < best_s) best_s = r->total_s, best = u, best_r = *r;
+  for (bool pc : {false, true}) {
+    if ((pc && prefix_cache == "off") || (!pc && prefix_cache == "on")) continue;
+    cfg.prefix_cache = pc;
+    Suite suite{.prefix_cache = pc};
+    std::vector<Row>& rows = suite.rows;
+    auto run = [&](const std::string& name, const Split& s, bool live) -> SimResult {
+      auto r = simulate(cfg, w, s, live);
+      FERRY_CHECK(r.ok(), "{}: {}", name, r.status().to_string());
+      rows.push_back({name, live ? r->final_split : s, *r, live});
+      return *r;
+    };
+    auto half = fraction_split(skel, 0.5);
+    FERRY_CHECK(half.ok(), "50/50: {}", half.status().to_string());
+    const std::vector<Split> uniform = all_uniform_splits(skel);
+    FERRY_CHECK(!uniform.empty(), "no uniform split fits the budget");
+    const SplitProblem profile = run("fixed 50/50", *half, false).profile;  // a copy: rows grows
+    run("expert-heavy", uniform.back(), false);
+    run("kv-heavy", uniform.front(), false);
+    auto offline = allocate(profile);
+    FERRY_CHECK(offline.ok(), "offline: {}", offline.status().to_string());
+    run("mv-wsa offline", *offline, false);
+    run("mv-wsa live", *half, true);
+    run("mv-wsa live@offline", *offline, true);  // live, started from the configurator's split
+    // Oracle: every uniform cap.
+    double best_s = 1e300;
+    Split best;
+    SimResult best_r;
+    for (const Split& u : uniform) {
+      auto r = simulate(cfg, w, u, false);
+      FERRY_CHECK(r.ok(), "oracle: {}", r.status().to_string());
+      if (r->total_s < best_s) best_s = r->total_s, best = u, best_r = *r;
+    }
+    rows.push_back({"oracle (best fixed)", best, best_r, false});
+    suite.best_s = best_s;
+    suites.push_back(std::move(suite));
   }
-  rows.push_back({"oracle (best fixed)", best, best_r, false});
   const double sim_s = sim_timer.elapsed_s();
 
   utsname un{};
@@ -179,8 +198,6 @@ int main(int argc, char** argv) {
       "%s (%s %s); routing %.1f s, simulations %.1f s\n",
       cfg.step_base_s * 1e3, cfg.token_s * 1e3, double(expert_bytes) / cfg.link_bytes_per_s * 1e3,
       link_gbps, cpu_model().c_str(), un.sysname, un.release, gen_s, sim_s);
-  std::printf("%-20s %10s %9s %9s %7s %8s %6s  %s\n", "policy", "total_s", "ttft_s", "dec_tok/s",
-              "hit", "preempt", "x_best", "split");
   nlohmann::json j;
   j["what"] = "trace-driven split simulator (serve/wsa/split_sim.h); modelled times, not GPU runs";
   j["machine"] = {{"cpu", cpu_model()}, {"os", std::string(un.sysname) + " " + un.release}};
@@ -199,25 +216,44 @@ int main(int argc, char** argv) {
   j["kv_floor_blocks"] = cfg.kv_floor_blocks;
   j["live"] = {
       {"decide_every_steps", decide_steps}, {"age_factor", age}, {"hysteresis", hysteresis}};
-  for (const Row& row : rows) {
-    const double x = best_s / row.r.total_s;
-    std::printf("%-20s %10.1f %9.2f %9.2f %7.3f %8llu %6.3f  %s%s\n", row.name.c_str(),
-                row.r.total_s, row.r.mean_ttft_s, row.r.decode_tokens_per_s, row.r.hit_rate(),
-                static_cast<unsigned long long>(row.r.preemptions), x, row.live ? "final " : "",
-                describe(row.split).c_str());
-    j["policies"].push_back({{"name", row.name},
-                             {"total_s", row.r.total_s},
-                             {"mean_ttft_s", row.r.mean_ttft_s},
-                             {"decode_tokens_per_s", row.r.decode_tokens_per_s},
-                             {"hit_rate", row.r.hit_rate()},
-                             {"preemptions", row.r.preemptions},
-                             {"recompute_tokens", row.r.recompute_tokens},
-                             {"moves", row.r.moves},
-                             {"speed_vs_best_fixed", x},
-                             {"slots", row.split.slots},
-                             {"kv_blocks", row.split.kv_blocks}});
+  for (const Suite& suite : suites) {
+    std::printf("\nprefix cache %s\n", suite.prefix_cache ? "ON" : "OFF");
+    std::printf("%-20s %10s %9s %9s %7s %8s %9s %8s %6s  %s\n", "policy", "total_s", "ttft_s",
+                "dec_tok/s", "hit", "preempt", "prefill", "pfx_hit", "x_best", "split");
+    for (const Row& row : suite.rows) {
+      const double x = suite.best_s / row.r.total_s;
+      std::printf("%-20s %10.1f %9.2f %9.2f %7.3f %8llu %9llu %8.3f %6.3f  %s%s\n",
+                  row.name.c_str(), row.r.total_s, row.r.mean_ttft_s, row.r.decode_tokens_per_s,
+                  row.r.hit_rate(), static_cast<unsigned long long>(row.r.preemptions),
+                  static_cast<unsigned long long>(row.r.prefill_tokens), row.r.prefix_hit_rate(), x,
+                  row.live ? "final " : "", describe(row.split).c_str());
+      j[suite.prefix_cache ? "prefix_cache_on" : "prefix_cache_off"].push_back(
+          {{"name", row.name},
+           {"total_s", row.r.total_s},
+           {"mean_ttft_s", row.r.mean_ttft_s},
+           {"decode_tokens_per_s", row.r.decode_tokens_per_s},
+           {"hit_rate", row.r.hit_rate()},
+           {"preemptions", row.r.preemptions},
+           {"recompute_tokens", row.r.recompute_tokens},
+           {"prefill_tokens", row.r.prefill_tokens},
+           {"prefix_query_blocks", row.r.prefix_query_blocks},
+           {"prefix_hit_blocks", row.r.prefix_hit_blocks},
+           {"prefix_model_hit_blocks", row.r.prefix_model_hit_blocks},
+           {"prefix_evictions", row.r.prefix_evictions},
+           {"moves", row.r.moves},
+           {"speed_vs_best_fixed", x},
+           {"slots", row.split.slots},
+           {"kv_blocks", row.split.kv_blocks}});
+    }
   }
-  std::printf("x_best: oracle total / policy total (> 1 is faster than the best fixed split)\n");
+  if (suites.size() == 2) {
+    std::printf("\nbest fixed split: %.1f s without the prefix cache, %.1f s with it (%.3fx)\n",
+                suites[0].best_s, suites[1].best_s, suites[0].best_s / suites[1].best_s);
+  }
+  std::printf(
+      "x_best: oracle total / policy total within the same prefix-cache setting (> 1 is faster "
+      "than the best fixed split); prefill: computed prompt tokens; pfx_hit: prompt blocks found "
+      "cached / looked up\n");
   if (!json_path.empty()) {
     std::ofstream(json_path) << j.dump(2) << "\n";
   }

@@ -21,7 +21,7 @@ double KvDemand::peak() const {
 }
 
 SplitProblem make_problem(const CostModel& m, std::span<const StackDistance> layers, double steps,
-                          std::span<const double> kv_samples) {
+                          std::span<const double> kv_samples, const PrefixStackDistance* prefix) {
   SplitProblem p;
   p.budget_bytes = m.budget_bytes;
   p.expert_bytes = m.expert_bytes;
@@ -37,6 +37,11 @@ SplitProblem make_problem(const CostModel& m, std::span<const StackDistance> lay
     p.expert_misses.push_back(std::move(c));
   }
   p.kv_short = kv_shortage_curve(kv_samples, std::max(m.kv_max_blocks, m.kv_floor_blocks));
+  if (prefix != nullptr) {
+    p.kv_prefix_misses = prefix->miss_curve();
+    for (double& x : p.kv_prefix_misses) x *= per;
+    p.prefix_block_cost_s = m.prefix_block_cost_s;
+  }
   return p;
 }
 

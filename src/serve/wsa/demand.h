@@ -14,6 +14,7 @@
 #include <span>
 #include <vector>
 
+#include "serve/wsa/prefix_curve.h"
 #include "serve/wsa/split_allocator.h"
 #include "serve/wsa/stack_distance.h"
 
@@ -30,6 +31,26 @@ struct CostModel {
   // One KV block missing for one step: its block_tokens positions are recomputed (preemption)
   // or wait (queueing); either way about block_tokens x the per-token prefill time.
   double kv_block_cost_s = 0;
+  // Prefix cache: one prompt block not found cached costs its prefill, block_tokens x the
+  // observed prefill cost per token (prefill_token_cost_s below); 0: no prefix cache.
+  double prefix_block_cost_s = 0;
+};
+
+// Prefill cost per token from a step's modelled or measured time: the step's time is shared
+// among its tokens in proportion (decode and prefill alike), so a prefill token costs
+// step_s / tokens. Accumulate with add(), read with per_token_s().
+class PrefillCost {
+ public:
+  void add(double step_s, double tokens, double prefill_tokens) {
+    if (tokens <= 0) return;
+    time_s_ += step_s * prefill_tokens / tokens;
+    tokens_ += prefill_tokens;
+  }
+  double per_token_s(double fallback) const { return tokens_ > 0 ? time_s_ / tokens_ : fallback; }
+  void scale(double f) { time_s_ *= f, tokens_ *= f; }
+
+ private:
+  double time_s_ = 0, tokens_ = 0;
 };
 
 class KvDemand {
@@ -45,8 +66,10 @@ class KvDemand {
   std::vector<double> samples_;
 };
 
-// Curves per step: expert misses divided by `steps` (the steps the histograms cover).
+// Curves per step: expert misses divided by `steps` (the steps the histograms cover); the
+// prefix cache's miss curve likewise (prefix: null without a prefix cache).
 SplitProblem make_problem(const CostModel& m, std::span<const StackDistance> layers, double steps,
-                          std::span<const double> kv_samples);
+                          std::span<const double> kv_samples,
+                          const PrefixStackDistance* prefix = nullptr);
 
 }  // namespace ferry::serve::wsa

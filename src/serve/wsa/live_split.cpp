@@ -97,6 +97,16 @@ Result<std::unique_ptr<LiveSplit>> LiveSplit::attach(Engine& eng, const LiveSpli
   m.link_bytes_per_s = cfg.link_bytes_per_s;
   m.kv_block_cost_s = double(kv.block_tokens()) * cfg.prefill_token_s;
   LiveSplit* self = ls.get();
+  if (kv.prefix_cache()) {
+    ls->prefix_ = std::make_unique<PrefixStackDistance>(m.kv_max_blocks);
+    kv.set_prefix_observer([self](bool lookup, std::span<const std::uint64_t> keys, int pinned) {
+      if (lookup) {
+        self->prefix_->lookup(keys, pinned);
+      } else {
+        for (std::uint64_t k : keys) self->prefix_->touch(k);
+      }
+    });
+  }
   // One access per distinct expert of each layer call (a step's batch, in first-use order): the
   // pager acquires a step's experts as a set, and the split simulator counts the same way.
   eng.experts().set_access_observer([self](int layer, std::span<const std::int32_t> ids) {
@@ -116,6 +126,7 @@ Result<std::unique_ptr<LiveSplit>> LiveSplit::attach(Engine& eng, const LiveSpli
 
 LiveSplit::~LiveSplit() {
   eng_.experts().set_access_observer(nullptr);
+  eng_.kv().set_prefix_observer(nullptr);
   eng_.set_step_hook(nullptr);
 }
 
@@ -124,7 +135,24 @@ SplitProblem LiveSplit::problem(const Engine& eng) const {
   // Never below what is in use or what an outstanding request needs (KvCache / Engine refuse).
   m.kv_floor_blocks = std::max({m.kv_floor_blocks, eng.kv_demand().used, eng.max_request_blocks()});
   m.kv_max_blocks = std::max(m.kv_max_blocks, m.kv_floor_blocks);
-  return make_problem(m, sd_, steps_, kv_.samples());
+  m.prefix_block_cost_s =
+      double(eng_.kv().block_tokens()) * prefill_cost_.per_token_s(cfg_.prefill_token_s);
+  return make_problem(m, sd_, steps_, kv_.samples(), prefix_.get());
+}
+
+void LiveSplit::observe_step_cost(const Engine& eng) {
+  const EngineStats& st = eng.stats();
+  const ExpertPager* pager = eng_.experts().pager();
+  const std::uint64_t misses = pager != nullptr ? pager->counters().misses : 0;
+  const double dm = double(misses - last_misses_);
+  const double dp = double(st.prefill_tokens - last_prefill_);
+  const double dd = double(st.decode_tokens - last_decode_);
+  last_misses_ = misses;
+  last_prefill_ = st.prefill_tokens;
+  last_decode_ = st.decode_tokens;
+  const double miss_s =
+      cfg_.link_bytes_per_s > 0 ? double(model_.expert_bytes) / cfg_.link_bytes_per_s : 0.0;
+  prefill_cost_.add(dm * miss_s + cfg_.prefill_token_s * (dp + dd), dp + dd, dp);
 }
 
 Status LiveSplit::apply(Engine& eng, const Split& s) {
@@ -159,6 +187,7 @@ void LiveSplit::sync() {
 
 Status LiveSplit::on_step(Engine& eng) {
   kv_.record(double(eng.kv_demand().blocks()));
+  observe_step_cost(eng);
   steps_ += 1;
   // A split that cannot be had now (the allocator finds none, or a resize is refused) is not a
   // serving failure: the pools stay as they are and serving goes on.
@@ -189,6 +218,8 @@ Status LiveSplit::on_step(Engine& eng) {
     }
   }
   for (StackDistance& s : sd_) s.scale(cfg_.age_factor);
+  if (prefix_) prefix_->scale(cfg_.age_factor);
+  prefill_cost_.scale(cfg_.age_factor);
   steps_ *= cfg_.age_factor;
   return ok_status();
 }

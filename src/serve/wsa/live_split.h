@@ -4,6 +4,10 @@
 //   - feeds each layer call's distinct routed experts into that layer's StackDistance (executor
 //     hook; one access per expert per step, as the pager acquires them),
 //   - samples the engine's KV demand at every step boundary (Engine::kv_demand),
+//   - with the prefix cache on, feeds the pool's block identities (KvCache::set_prefix_observer)
+//     into a PrefixStackDistance: the prefix miss curve over KV capacity, priced at block_tokens
+//     x the prefill cost per token (modelled per step from the pager's misses and the step's
+//     tokens: misses x expert_bytes / link + prefill_token_s x tokens, shared by token),
 //   - every decide_every_steps steps builds the SplitProblem (per-step curves, the floor raised to
 //     the blocks in use and to the largest outstanding request), asks the SplitController, and on
 //     a move calls Engine::resize_pools at that boundary (no draining), then ages the curves.
@@ -63,6 +67,8 @@ class LiveSplit {
   Status apply(Engine& eng, const Split& s);
   void sync();  // current_ := what the engine's pools hold
 
+  void observe_step_cost(const Engine& eng);  // PrefillCost from the last step's counters
+
   Engine& eng_;
   LiveSplitConfig cfg_;
   SplitController ctl_;
@@ -72,6 +78,9 @@ class LiveSplit {
   std::vector<StackDistance> sd_;   // [L_moe]
   std::vector<std::uint8_t> seen_;  // [E] scratch of the access hook
   KvDemand kv_;
+  std::unique_ptr<PrefixStackDistance> prefix_;  // with the engine's prefix cache only
+  PrefillCost prefill_cost_;
+  std::uint64_t last_misses_ = 0, last_prefill_ = 0, last_decode_ = 0;
   double steps_ = 0;
   std::uint64_t since_decision_ = 0;
   Split current_;

@@ -17,9 +17,7 @@ int layers(const SplitProblem& p) { return static_cast<int>(p.expert_misses.size
 double expert_cost(const SplitProblem& p, int l, int c) {
   return p.miss_cost_s * p.expert_misses[std::size_t(l)][std::size_t(c)];
 }
-double kv_cost(const SplitProblem& p, int k) {
-  return p.kv_block_cost_s * p.kv_short[std::size_t(std::min(k, p.kv_max_blocks()))];
-}
+double kv_cost(const SplitProblem& p, int k) { return kv_side_s(p, k); }
 
 Status check_problem(const SplitProblem& p) {
   if (p.expert_bytes == 0 || p.kv_block_bytes == 0 || p.kv_short.empty() || layers(p) == 0) {
@@ -72,6 +70,15 @@ void fill_leftover(const SplitProblem& p, Split& s) {
 }
 
 }  // namespace
+
+double kv_side_s(const SplitProblem& p, int k) {
+  double t = p.kv_block_cost_s * p.kv_short[std::size_t(std::min(k, p.kv_max_blocks()))];
+  if (!p.kv_prefix_misses.empty()) {
+    const int last = static_cast<int>(p.kv_prefix_misses.size()) - 1;
+    t += p.prefix_block_cost_s * p.kv_prefix_misses[std::size_t(std::clamp(k, 0, last))];
+  }
+  return t;
+}
 
 std::size_t Split::bytes(const SplitProblem& p) const {
   const std::size_t slots_total = std::accumulate(slots.begin(), slots.end(), std::size_t(0));

@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // The MV-WSA allocator (serve.md item 6 and "MV-WSA"): divides one byte budget between expert
 // slots (one cap per MoE layer; caps may differ) and KV blocks, minimising the modelled step time
-//   T = miss_cost_s * sum_l m_l(C_l) + kv_block_cost_s * s(k)
+//   T = miss_cost_s * sum_l m_l(C_l) + kv_block_cost_s * s(k) + prefix_block_cost_s * r(k)
 // subject to sum_l C_l * expert_bytes + k * kv_block_bytes <= budget, min_slots <= C_l <= E and
 // k >= kv_floor_blocks. m_l is layer l's LRU miss curve (misses per step at capacity C, from
-// StackDistance), s the KV shortage curve (blocks missing per step, convex_curve.h).
+// StackDistance), s the KV shortage curve (blocks missing per step, convex_curve.h) and r the
+// prefix cache's miss curve (prompt blocks not found cached per step, prefix_curve.h; empty
+// without a prefix cache): cached-but-unreferenced blocks are reclaimable, and what more KV
+// capacity buys is the prefill they save. The KV side is one curve, their weighted sum.
 // Method: every curve is convexified; starting from the minimum allocation, the hull segment with
 // the largest latency saved per byte is taken next (whole segments, so each curve stays on a
 // hull vertex, where hull == curve), a segment that no longer fits is taken partly and closes its
@@ -33,6 +36,10 @@ struct SplitProblem {
   int kv_floor_blocks = 0;       // admission floor: concurrency x max context, in blocks
   double miss_cost_s = 0;        // one expert miss: expert_bytes / link bandwidth
   double kv_block_cost_s = 0;    // one block missing for one step (recompute or queueing)
+  // Prefix cache: [<= max_blocks+1] prompt blocks missing per step at k blocks (the last entry
+  // holds beyond its end; empty: no prefix cache), and the prefill one missing block costs.
+  std::vector<double> kv_prefix_misses;
+  double prefix_block_cost_s = 0;
   int experts() const {
     return expert_misses.empty() ? 0 : static_cast<int>(expert_misses[0].size()) - 1;
   }
@@ -46,6 +53,8 @@ struct Split {
   friend bool operator==(const Split&, const Split&) = default;
 };
 
+// The KV side of T at k blocks: shortage plus prefix-cache misses, each at its cost.
+double kv_side_s(const SplitProblem& p, int k);
 // The modelled step time of a split on the problem's (real, not convexified) curves.
 double modelled_step_s(const SplitProblem& p, const Split& s);
 // Whether a split respects the budget, the slot range and the KV floor.

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <deque>
 #include <limits>
+#include <list>
+#include <unordered_map>
 
 #include "core/check.h"
 #include "serve/wsa/convex_curve.h"
@@ -50,6 +52,8 @@ struct Seq {
   int session = 0, turn = 0;
   int prompt = 0, output = 0, generated = 0;
   int computed = 0, high_water = 0, blocks = 0;
+  int identified = 0;    // leading blocks with a prefix-cache identity
+  bool stopped = false;  // a stale cached copy of a block stopped its identification
   double arrival_s = 0;
   bool first = false;
   int tokens() const { return prompt + generated; }
@@ -92,6 +96,16 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
   std::vector<StackDistance> profile_sd(static_cast<std::size_t>(L), StackDistance(E));
   std::vector<double> profile_kv;
   KvDemand kv_demand(4096);
+  const bool pc = cfg.prefix_cache;
+  const int kv_max = static_cast<int>(cfg.budget_bytes / cfg.kv_block_bytes());
+  PrefixStackDistance psd(pc ? kv_max : 0), profile_psd(pc ? kv_max : 0);  // live (aged), whole
+  PrefillCost prefill_cost, profile_prefill_cost;
+  // The prefix pool: cached (unreferenced) blocks, LRU, front = least recently released.
+  std::list<std::uint64_t> pool_lru;
+  std::unordered_map<std::uint64_t, std::list<std::uint64_t>::iterator> cached;
+  auto key = [](int session, int block) {
+    return (std::uint64_t(session) << 32) | std::uint32_t(block);
+  };
   const SplitController ctl(cfg.controller);
   CostModel model{.budget_bytes = cfg.budget_bytes,
                   .expert_bytes = cfg.expert_bytes,
@@ -105,7 +119,31 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
   SimResult res;
   double now = 0, ttft_sum = 0, live_steps = 0, profile_steps = 0;
   std::uint64_t turns_done = 0;
-  int free_blocks = split.kv_blocks, preempted_last = 0;
+  int free_blocks = split.kv_blocks, preempted_last = 0;  // free: no content, not cached
+  auto avail = [&]() { return free_blocks + static_cast<int>(pool_lru.size()); };
+  auto evict_one = [&]() {
+    cached.erase(pool_lru.front());
+    pool_lru.pop_front();
+    ++res.prefix_evictions;
+  };
+  auto take = [&](int n) {  // n <= avail(): free blocks first, then the LRU cached ones
+    const int f = std::min(n, free_blocks);
+    free_blocks -= f;
+    for (int i = f; i < n; ++i) evict_one();
+  };
+  auto release = [&](Seq& q) {  // identified blocks stay cached (tail first), the rest are free
+    for (int i = q.identified - 1; i >= 0; --i) {
+      const std::uint64_t k = key(q.session, i);
+      pool_lru.push_back(k);
+      cached[k] = std::prev(pool_lru.end());
+      psd.touch(k);
+      profile_psd.touch(k);
+    }
+    free_blocks += q.blocks - q.identified;
+    q.blocks = q.identified = 0;
+    q.stopped = false;
+  };
+  std::vector<std::uint64_t> chain;
   std::deque<Seq> waiting;
   std::vector<Seq> running;
   // Next arrivals: (time, session, turn); every session's first turn at t = 0.
@@ -136,7 +174,7 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
       continue;
     }
     // KV demand at the step boundary: used + what the queue needs to run + preempted work.
-    int used = split.kv_blocks - free_blocks, waiting_need = 0, max_need = 0;
+    int used = split.kv_blocks - avail(), waiting_need = 0, max_need = 0;
     {
       int slots = cfg.max_running - static_cast<int>(running.size());
       for (const Seq& q : waiting) {
@@ -155,11 +193,15 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
       CostModel m = model;
       m.kv_floor_blocks = std::max({m.kv_floor_blocks, used, max_need});
       m.kv_max_blocks = std::max(m.kv_max_blocks, m.kv_floor_blocks);
-      const SplitProblem p = make_problem(m, sd, live_steps, kv_demand.samples());
+      m.prefix_block_cost_s = double(bt) * prefill_cost.per_token_s(cfg.token_s);
+      const SplitProblem p =
+          make_problem(m, sd, live_steps, kv_demand.samples(), pc ? &psd : nullptr);
       FERRY_ASSIGN_OR_RETURN(Decision d, ctl.decide(p, split));
       if (d.move) {
         ++res.moves;
         free_blocks += d.target.kv_blocks - split.kv_blocks;
+        // A shrink takes free blocks, then cached ones, least recently released first.
+        while (free_blocks < 0 && !pool_lru.empty()) evict_one(), ++free_blocks;
         split = d.target;
         for (int l = 0; l < L; ++l) lru[std::size_t(l)].set_capacity(split.slots[std::size_t(l)]);
         FERRY_CHECK(
@@ -167,6 +209,8 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
             "wsa sim: live split broke the budget or the floor");
       }
       for (StackDistance& s : sd) s.scale(cfg.age_factor);
+      psd.scale(cfg.age_factor);
+      prefill_cost.scale(cfg.age_factor);
       live_steps *= cfg.age_factor;
     }
     // Decode growth with youngest-first preemption, then FIFO admission (engine.cpp's order).
@@ -175,13 +219,12 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
       if (q.computed < q.prompt || q.tokens() - q.computed != 1) continue;
       const int need = blocks_for(q.computed + 1) - q.blocks;
       bool self = false;
-      while (need > free_blocks) {
+      while (need > avail()) {
         const std::size_t v = running.size() - 1;
         Seq victim = running[v];
         running.pop_back();
-        free_blocks += victim.blocks;
         preempted_last += victim.blocks;
-        victim.blocks = 0;
+        release(victim);
         victim.computed = 0;
         ++res.preemptions;
         waiting.push_front(victim);
@@ -191,15 +234,40 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
         }
       }
       if (self) break;
-      free_blocks -= need;
+      take(need);
       q.blocks += need;
     }
     while (!waiting.empty() && static_cast<int>(running.size()) < cfg.max_running) {
       Seq& q = waiting.front();
-      const int need = blocks_for(q.tokens()) - q.blocks;
-      if (need > free_blocks) break;
-      free_blocks -= need;
-      q.blocks += need;
+      // Prefix cache: the longest cached prefix of whole blocks, the last token left to compute.
+      int matched = 0;
+      chain.clear();
+      if (pc) {
+        for (int i = 0; i < (q.tokens() - 1) / bt; ++i) chain.push_back(key(q.session, i));
+        while (matched < static_cast<int>(chain.size()) &&
+               cached.contains(chain[std::size_t(matched)])) {
+          ++matched;
+        }
+      }
+      const int need = blocks_for(q.tokens()) - matched;
+      if (need > avail() - matched) break;           // matched blocks leave the evictable set
+      const int pinned = split.kv_blocks - avail();  // referenced by the running requests
+      for (int i = 0; i < matched; ++i) {
+        const auto it = cached.find(chain[std::size_t(i)]);
+        pool_lru.erase(it->second);
+        cached.erase(it);
+      }
+      take(need);
+      q.blocks = matched + need;
+      q.identified = matched;
+      q.computed = matched * bt;
+      if (pc) {
+        res.prefix_query_blocks += chain.size();
+        res.prefix_hit_blocks += std::uint64_t(matched);
+        res.prefix_model_hit_blocks +=
+            std::uint64_t(profile_psd.lookup(chain, pinned, split.kv_blocks));
+        psd.lookup(chain, pinned);
+      }
       running.push_back(q);
       waiting.pop_front();
     }
@@ -244,18 +312,33 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
       }
       res.accesses += distinct.size();
     }
+    int prefill = 0;
     for (const auto& [i, n] : batch) {
       Seq& q = running[std::size_t(i)];
+      if (!decoding(q)) prefill += n;
       res.recompute_tokens +=
           std::uint64_t(std::max(0, std::min(q.computed + n, q.high_water) - q.computed));
       q.computed += n;
       q.high_water = std::max(q.high_water, q.computed);
       tokens += n;
+      // Blocks this step filled get their identity (unless a stale copy is cached).
+      for (int b = q.identified; pc && !q.stopped && b < std::min(q.computed / bt, q.blocks); ++b) {
+        const std::uint64_t k = key(q.session, b);
+        if (cached.contains(k)) {
+          q.stopped = true;
+          break;
+        }
+        q.identified = b + 1;
+      }
     }
     res.misses += misses;
+    res.prefill_tokens += std::uint64_t(prefill);
     ++res.steps;
-    now += cfg.step_base_s + cfg.token_s * tokens +
-           double(misses) * double(cfg.expert_bytes) / cfg.link_bytes_per_s;
+    const double step_s = cfg.step_base_s + cfg.token_s * tokens +
+                          double(misses) * double(cfg.expert_bytes) / cfg.link_bytes_per_s;
+    now += step_s;
+    prefill_cost.add(step_s, tokens, prefill);
+    profile_prefill_cost.add(step_s, tokens, prefill);
     // Sampling: a sequence whose every token is computed emits one.
     for (Seq& q : running) {
       if (q.computed != q.tokens()) continue;
@@ -273,7 +356,7 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
         ++i;
         continue;
       }
-      free_blocks += q.blocks;
+      release(q);
       if (q.turn + 1 < static_cast<int>(w.turns(q.session).size())) {
         arrivals.push_back({now + ws.think_s, {q.session, q.turn + 1}});
       }
@@ -285,7 +368,10 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
   res.decode_tokens_per_s = now > 0 ? double(res.generated) / now : 0.0;
   res.final_split = split;
   // The whole run's curves (not aged) and demand, per step: the offline configurator's input.
-  res.profile = make_problem(model, profile_sd, profile_steps, profile_kv);
+  CostModel whole = model;
+  whole.prefix_block_cost_s = double(bt) * profile_prefill_cost.per_token_s(cfg.token_s);
+  res.profile =
+      make_problem(whole, profile_sd, profile_steps, profile_kv, pc ? &profile_psd : nullptr);
   return res;
 }
 

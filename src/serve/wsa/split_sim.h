@@ -9,6 +9,12 @@
 // (misses: per layer, the step's distinct experts in first-use order through that layer's LRU --
 // one pager acquire per layer and step). Nothing here is measured on a GPU: the three constants
 // are inputs, and every figure it prints is a model output.
+// Prefix cache (SimConfig::prefix_cache, the engine's KvConfig::prefix_cache): a turn's full
+// blocks are identified by (session, block index) -- a session's position always holds the same
+// token -- and kept after the turn ends, LRU, tail first, until a reservation needs them; a new
+// turn (or a preempted one coming back) starts computing after its longest cached prefix, leaving
+// at least its last token. Its miss curve over KV capacity (prefix_curve.h) and the observed
+// prefill cost per token go into the profile and the live problems.
 // Policies: a fixed split, or live (LiveSplit's rule: Mattson curves + KV demand samples, the
 // SplitController every decide_every_steps steps; shrinking evicts LRU-last experts, KV never
 // below the blocks in use or the largest waiting request).
@@ -37,6 +43,7 @@ struct SimConfig {
   double link_bytes_per_s = 24e9;
   double step_base_s = 5e-3;
   double token_s = 1e-4;
+  bool prefix_cache = false;
   // live policy
   int decide_every_steps = 64;  // LiveSplitConfig's defaults (see the NOTE there)
   double age_factor = 0.9;
@@ -51,6 +58,14 @@ struct SimResult {
   double decode_tokens_per_s = 0;  // generated tokens / total_s
   std::uint64_t steps = 0, misses = 0, accesses = 0, preemptions = 0, recompute_tokens = 0;
   std::uint64_t generated = 0, moves = 0;
+  std::uint64_t prefill_tokens = 0;  // computed prompt (and recomputed) tokens
+  // Prefix cache: full prompt blocks looked up at admission, found cached, evicted; and the
+  // hits the stack model (prefix_curve.h) predicts at the pool's size of the moment.
+  std::uint64_t prefix_query_blocks = 0, prefix_hit_blocks = 0, prefix_evictions = 0;
+  std::uint64_t prefix_model_hit_blocks = 0;
+  double prefix_hit_rate() const {
+    return prefix_query_blocks ? double(prefix_hit_blocks) / double(prefix_query_blocks) : 0.0;
+  }
   double hit_rate() const { return accesses ? 1.0 - double(misses) / double(accesses) : 0.0; }
   Split final_split;
   // Profile for the offline configurator: per-step curves and KV demand samples of this run.

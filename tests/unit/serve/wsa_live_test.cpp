@@ -382,3 +382,122 @@ TEST(WsaLive, AgenticSessionsUnderAutoSplitMatchAFixedEngine) {
 
 }  // namespace
 }  // namespace ferry::serve
+
+namespace ferry::serve {
+namespace {
+
+// Agentic sessions that re-send their real history: turn t+1's prompt is turn t's prompt, the
+// tokens turn t generated, then the workload's new user tokens. Records tokens and logits rows.
+struct AgenticRecord {
+  std::map<std::pair<int, int>, std::vector<std::int32_t>> tokens;
+  std::map<std::pair<int, int>, std::vector<std::vector<float>>> logits;
+};
+AgenticRecord run_history(Engine& eng, const wsa::AgenticWorkload& w, int vocab) {
+  AgenticRecord out;
+  std::map<RequestId, std::pair<int, int>> turn_of;
+  std::map<int, std::vector<std::int32_t>> prompt_of;  // by session: the last prompt sent
+  eng.set_logits_observer([&](RequestId id, int, std::span<const float> row) {
+    out.logits[turn_of.at(id)].emplace_back(row.begin(), row.end());
+  });
+  auto submit = [&](int s, int t, std::vector<std::int32_t> prompt) {
+    prompt_of[s] = prompt;
+    auto id = eng.submit(
+        {.prompt = std::move(prompt), .max_new_tokens = w.turns(s)[std::size_t(t)].output});
+    EXPECT_TRUE(id.ok()) << id.status().to_string();
+    if (id.ok()) turn_of[*id] = {s, t};
+  };
+  for (int s = 0; s < w.sessions(); ++s) submit(s, 0, w.turn_prompt(s, 0, vocab));
+  while (!eng.idle()) {
+    auto ev = eng.step();
+    EXPECT_TRUE(ev.ok()) << ev.status().to_string();
+    if (!ev.ok()) break;
+    for (const TokenEvent& e : *ev) {
+      if (e.finish == FinishReason::kNone) continue;
+      EXPECT_EQ(e.finish, FinishReason::kLength);
+      auto o = eng.take_output(e.id);
+      EXPECT_TRUE(o.ok());
+      const auto [s, t] = turn_of.at(e.id);
+      out.tokens[{s, t}] = o->tokens;
+      if (t + 1 >= static_cast<int>(w.turns(s).size())) continue;
+      std::vector<std::int32_t> next = prompt_of[s];
+      next.insert(next.end(), o->tokens.begin(), o->tokens.end());
+      const auto user = w.turn_prompt(s, t + 1, vocab);
+      next.insert(next.end(), user.begin() + std::ptrdiff_t(next.size()), user.end());
+      submit(s, t + 1, std::move(next));
+    }
+  }
+  eng.set_logits_observer(nullptr);
+  return out;
+}
+
+TEST(WsaLive, PrefixCacheUnderAutoSplitIsBitIdenticalAndFeedsTheKvCurve) {
+  auto m = builtin();
+  ASSERT_TRUE(m);
+  const wsa::AgenticWorkload w({.sessions = 4,
+                                .turns = 3,
+                                .prefix_tokens = 24,
+                                .user_min = 3,
+                                .user_max = 8,
+                                .output_min = 4,
+                                .output_max = 9,
+                                .moe_layers = 2,
+                                .experts = 8,
+                                .top_k = 2,
+                                .seed = 5});
+  EngineConfig roomy = base_config();
+  roomy.pager.slots_per_layer = 8;
+  roomy.kv = {.block_tokens = kBlockTokens, .budget_bytes = 8 << 20};
+  roomy.batch_invariant = true;
+  auto a = Engine::create(m->geometry, m->params, roomy);
+  ASSERT_TRUE(a.ok());
+  const AgenticRecord want = run_history(**a, w, m->geometry.vocab);
+
+  EngineConfig cfg = base_config();
+  cfg.kv.block_tokens = kBlockTokens;
+  cfg.kv.prefix_cache = true;
+  cfg.batch_invariant = true;
+  auto probe =
+      KvCache::create(m->geometry, {.block_tokens = kBlockTokens, .budget_bytes = 1 << 20});
+  ASSERT_TRUE(probe.ok());
+  const std::size_t kb = (*probe)->block_bytes();
+  const std::size_t eb = 3 * 64 * 32 * sizeof(float);
+  const int floor = (w.max_context() + kBlockTokens - 1) / kBlockTokens;
+  const std::size_t budget = 2 * 5 * eb + std::size_t(floor + 4) * kb;
+  ASSERT_TRUE(wsa::configure_auto_split(m->geometry, budget, floor, cfg).ok());
+  auto b = Engine::create(m->geometry, m->params, cfg);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  auto ls = wsa::LiveSplit::attach(**b, {.budget_bytes = budget,
+                                         .concurrency = 1,
+                                         .max_context_tokens = w.max_context(),
+                                         .decide_every_steps = 2,
+                                         .link_bytes_per_s = 1e9});
+  ASSERT_TRUE(ls.ok()) << ls.status().to_string();
+  const AgenticRecord got = run_history(**b, w, m->geometry.vocab);
+  ASSERT_EQ(got.tokens.size(), std::size_t(4 * 3));
+  EXPECT_EQ(got.tokens, want.tokens);
+  ASSERT_EQ(got.logits.size(), want.logits.size());
+  for (const auto& [turn, rows] : want.logits) {
+    const auto& other = got.logits.at(turn);
+    ASSERT_EQ(rows.size(), other.size());
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      EXPECT_TRUE(testing::same_bits(rows[r], other[r]))
+          << "session " << turn.first << " turn " << turn.second << " row " << r;
+    }
+  }
+  EXPECT_GT((*b)->stats().prefix_hit_tokens, 0u);
+  EXPECT_GT((*ls)->stats().decisions, 0u);
+  EXPECT_LE((*b)->device_budget().bytes_peak(), budget);
+  const wsa::SplitProblem p = (*ls)->problem(**b);
+  ASSERT_FALSE(p.kv_prefix_misses.empty());
+  EXPECT_GT(p.prefix_block_cost_s, 0);
+  EXPECT_GT(p.kv_prefix_misses.front(), 0);
+  std::printf(
+      "agentic auto split + prefix cache: hit tokens=%llu/%llu preemptions=%llu moves=%llu\n",
+      static_cast<unsigned long long>((*b)->stats().prefix_hit_tokens),
+      static_cast<unsigned long long>((*b)->stats().prefix_query_tokens),
+      static_cast<unsigned long long>((*b)->stats().preemptions),
+      static_cast<unsigned long long>((*ls)->stats().moves));
+}
+
+}  // namespace
+}  // namespace ferry::serve
