@@ -11,10 +11,6 @@
 namespace ferry::route {
 namespace {
 
-// Output channels per register tile. 4 divides every C_out of the skip estimator (16..576), so
-// the narrower row tiles only run for other nets.
-constexpr int kTileRows = 4;
-
 void check_args(const PointwiseConvArgs& a) {
   FERRY_CHECK(a.in != nullptr && a.weight_t != nullptr && a.out != nullptr,
               "route: pointwise conv: null pointer");
@@ -45,53 +41,82 @@ void block_scalar(const PointwiseConvArgs& a, int co_begin, int co_end, int p_be
 // ---- AVX2 + FMA: tiles of kRows output channels x kVecs vectors of 8 pixels
 // ----------------------
 
-constexpr int kAvx2Vecs = 3;  // 4 x 3 accumulators + 3 inputs + 1 broadcast = 16 ymm registers
+// 4 x 3 accumulators + 3 inputs + 1 broadcast = 16 ymm registers. 4 divides every C_out of the
+// skip estimator (16..576), so the narrower row tiles only run for other nets.
+constexpr int kAvx2Rows = 4;
+constexpr int kAvx2Vecs = 3;
 
 template <int kRows, int kVecs>
 __attribute__((target("avx2,fma"))) void tile_avx2(const PointwiseConvArgs& a, int co, int p) {
   const std::size_t pixels = static_cast<std::size_t>(a.pixels);
   __m256 acc[kRows][kVecs];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) {
     const __m256 b = _mm256_set1_ps(a.bias != nullptr ? a.bias[co + r] : 0.0f);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int v = 0; v < kVecs; ++v) acc[r][v] = b;
   }
   const float* x = a.in + p;
   const float* w = a.weight_t + co;
   for (int ci = 0; ci < a.in_channels; ++ci, x += pixels, w += a.out_channels) {
     __m256 xv[kVecs];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int v = 0; v < kVecs; ++v) xv[v] = _mm256_loadu_ps(x + 8 * v);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < kRows; ++r) {
       const __m256 wr = _mm256_broadcast_ss(w + r);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm256_fmadd_ps(wr, xv[v], acc[r][v]);
     }
   }
   const __m256 lo = _mm256_set1_ps(a.clamp_min), hi = _mm256_set1_ps(a.clamp_max);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) {
     float* o = a.out + static_cast<std::size_t>(co + r) * pixels + p;
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int v = 0; v < kVecs; ++v) {
       _mm256_storeu_ps(o + 8 * v, _mm256_min_ps(_mm256_max_ps(acc[r][v], lo), hi));
     }
   }
 }
 
-using TileAvx2 = void (*)(const PointwiseConvArgs&, int, int);
+// tile_avx2<rows, vecs> for run-time rows in [1, kAvx2Rows] and vecs in [1, kAvx2Vecs].
 template <int kRows>
-constexpr TileAvx2 kAvx2Row[kAvx2Vecs] = {tile_avx2<kRows, 1>, tile_avx2<kRows, 2>,
-                                          tile_avx2<kRows, 3>};
-// [rows - 1][vectors - 1]
-constexpr const TileAvx2* kAvx2Tiles[kTileRows] = {kAvx2Row<1>, kAvx2Row<2>, kAvx2Row<3>,
-                                                   kAvx2Row<4>};
+void tile_avx2_vecs(const PointwiseConvArgs& a, int co, int p, int vecs) {
+  switch (vecs) {
+    case 1:
+      return tile_avx2<kRows, 1>(a, co, p);
+    case 2:
+      return tile_avx2<kRows, 2>(a, co, p);
+    case 3:
+      return tile_avx2<kRows, 3>(a, co, p);
+    default:
+      FERRY_CHECK(false, "route: pointwise conv: avx2 tile of {} vectors", vecs);
+  }
+}
+void tile_avx2_dispatch(const PointwiseConvArgs& a, int co, int p, int rows, int vecs) {
+  switch (rows) {
+    case 1:
+      return tile_avx2_vecs<1>(a, co, p, vecs);
+    case 2:
+      return tile_avx2_vecs<2>(a, co, p, vecs);
+    case 3:
+      return tile_avx2_vecs<3>(a, co, p, vecs);
+    case 4:
+      return tile_avx2_vecs<4>(a, co, p, vecs);
+    default:
+      FERRY_CHECK(false, "route: pointwise conv: avx2 tile of {} rows", rows);
+  }
+}
 
 // ---- AVX-512F: tiles of kRows output channels x kVecs vectors of 16 pixels, last one masked -----
 
-constexpr int kAvx512Vecs = 4;  // 4 x 4 accumulators: 64 pixels, the whole 8x8 plane
+// 6 x 4 accumulators (64 pixels: a whole 8x8 plane) + 4 inputs + 1 broadcast = 29 of 32 zmm.
+// Measured against 4x4, 8x2, 8x3 and 6x3 tiles on the net's shapes (scratch program, 2026-11-30,
+// docs/route_estimators.md): 6x4 was fastest, ~15 % under 4x4 in sum, all of it on the layers
+// with 1024-4096 pixels. C_out % 6 != 0 (16, 32, 64 here) ends with a narrower row tile.
+constexpr int kAvx512Rows = 6;
+constexpr int kAvx512Vecs = 4;
 
 // min(max(v, lo), hi). NOTE: the maskz forms with a full mask instead of _mm512_max_ps /
 // _mm512_min_ps: GCC 12's headers build those on _mm512_undefined_ps, which -Wuninitialized flags
@@ -106,31 +131,31 @@ __attribute__((target("avx512f"))) void tile_avx512(const PointwiseConvArgs& a, 
                                                     __mmask16 last) {
   const std::size_t pixels = static_cast<std::size_t>(a.pixels);
   __m512 acc[kRows][kVecs];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) {
     const __m512 b = _mm512_set1_ps(a.bias != nullptr ? a.bias[co + r] : 0.0f);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int v = 0; v < kVecs; ++v) acc[r][v] = b;
   }
   const float* x = a.in + p;
   const float* w = a.weight_t + co;
   for (int ci = 0; ci < a.in_channels; ++ci, x += pixels, w += a.out_channels) {
     __m512 xv[kVecs];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int v = 0; v + 1 < kVecs; ++v) xv[v] = _mm512_loadu_ps(x + 16 * v);
     xv[kVecs - 1] = _mm512_maskz_loadu_ps(last, x + 16 * (kVecs - 1));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < kRows; ++r) {
       const __m512 wr = _mm512_set1_ps(w[r]);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_fmadd_ps(wr, xv[v], acc[r][v]);
     }
   }
   const __m512 lo = _mm512_set1_ps(a.clamp_min), hi = _mm512_set1_ps(a.clamp_max);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) {
     float* o = a.out + static_cast<std::size_t>(co + r) * pixels + p;
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int v = 0; v + 1 < kVecs; ++v) {
       _mm512_storeu_ps(o + 16 * v, clamp_avx512(acc[r][v], lo, hi));
     }
@@ -138,12 +163,41 @@ __attribute__((target("avx512f"))) void tile_avx512(const PointwiseConvArgs& a, 
   }
 }
 
-using TileAvx512 = void (*)(const PointwiseConvArgs&, int, int, __mmask16);
+// tile_avx512<rows, vecs> for run-time rows in [1, kAvx512Rows] and vecs in [1, kAvx512Vecs].
 template <int kRows>
-constexpr TileAvx512 kAvx512Row[kAvx512Vecs] = {tile_avx512<kRows, 1>, tile_avx512<kRows, 2>,
-                                                tile_avx512<kRows, 3>, tile_avx512<kRows, 4>};
-constexpr const TileAvx512* kAvx512Tiles[kTileRows] = {kAvx512Row<1>, kAvx512Row<2>, kAvx512Row<3>,
-                                                       kAvx512Row<4>};
+void tile_avx512_vecs(const PointwiseConvArgs& a, int co, int p, int vecs, __mmask16 last) {
+  switch (vecs) {
+    case 1:
+      return tile_avx512<kRows, 1>(a, co, p, last);
+    case 2:
+      return tile_avx512<kRows, 2>(a, co, p, last);
+    case 3:
+      return tile_avx512<kRows, 3>(a, co, p, last);
+    case 4:
+      return tile_avx512<kRows, 4>(a, co, p, last);
+    default:
+      FERRY_CHECK(false, "route: pointwise conv: avx512 tile of {} vectors", vecs);
+  }
+}
+void tile_avx512_dispatch(const PointwiseConvArgs& a, int co, int p, int rows, int vecs,
+                          __mmask16 last) {
+  switch (rows) {
+    case 1:
+      return tile_avx512_vecs<1>(a, co, p, vecs, last);
+    case 2:
+      return tile_avx512_vecs<2>(a, co, p, vecs, last);
+    case 3:
+      return tile_avx512_vecs<3>(a, co, p, vecs, last);
+    case 4:
+      return tile_avx512_vecs<4>(a, co, p, vecs, last);
+    case 5:
+      return tile_avx512_vecs<5>(a, co, p, vecs, last);
+    case 6:
+      return tile_avx512_vecs<6>(a, co, p, vecs, last);
+    default:
+      FERRY_CHECK(false, "route: pointwise conv: avx512 tile of {} rows", rows);
+  }
+}
 
 }  // namespace
 
@@ -169,9 +223,9 @@ void pointwise_conv_avx2(const PointwiseConvArgs& a) {
   for (int p = 0; p < a.pixels; p += kTilePixels) {
     const int n = std::min(kTilePixels, a.pixels - p);
     const int vecs = n / 8;  // full vectors; the n % 8 pixels after them go to the scalar body
-    for (int co = 0; co < a.out_channels; co += kTileRows) {
-      const int rows = std::min(kTileRows, a.out_channels - co);
-      if (vecs > 0) kAvx2Tiles[rows - 1][vecs - 1](a, co, p);
+    for (int co = 0; co < a.out_channels; co += kAvx2Rows) {
+      const int rows = std::min(kAvx2Rows, a.out_channels - co);
+      if (vecs > 0) tile_avx2_dispatch(a, co, p, rows, vecs);
       if (n % 8 != 0) block_scalar(a, co, co + rows, p + 8 * vecs, p + n);
     }
   }
@@ -186,9 +240,9 @@ void pointwise_conv_avx512(const PointwiseConvArgs& a) {
     const int vecs = (n + 15) / 16;
     const __mmask16 last =
         n % 16 == 0 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n % 16)) - 1);
-    for (int co = 0; co < a.out_channels; co += kTileRows) {
-      const int rows = std::min(kTileRows, a.out_channels - co);
-      kAvx512Tiles[rows - 1][vecs - 1](a, co, p, last);
+    for (int co = 0; co < a.out_channels; co += kAvx512Rows) {
+      const int rows = std::min(kAvx512Rows, a.out_channels - co);
+      tile_avx512_dispatch(a, co, p, rows, vecs, last);
     }
   }
 }

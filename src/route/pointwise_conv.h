@@ -1,20 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 // Pointwise (1x1, stride 1, groups 1) convolution over NCHW float planes with a per-channel bias
-// and a clamp (fused ReLU/ReLU6): the layers that OpenCV DNN 4.6 runs at 12-30 GMAC/s in the skip
-// estimator and that take ~60 % of its forward once the depthwise layers run on ferry's kernel
-// (docs/route_estimators.md "Pointwise").
+// and a clamp (fused ReLU/ReLU6): the layers that OpenCV DNN 4.6 runs at 18-52 GMAC/s in the skip
+// estimator and that take ~74 % of its layers' time once the depthwise layers run on ferry's
+// kernel (docs/route_estimators.md "Pointwise").
 //
 // It is a GEMM: out[co][p] = clamp(b[co] + sum_ci w[co][ci] * in[ci][p]) with p over the H*W
 // pixels. The weights come transposed, wt = [C_in, C_out], so the rows of one output tile are
 // adjacent floats (pointwise_conv_transpose_weights makes them; the layer does it once at load).
-// The vector bodies hold a tile of 4 output channels x up to 4 (AVX-512) or 3 (AVX2) vectors of
-// pixels in registers and run the whole C_in sum there (FMA per input channel, broadcast weight),
-// pixel tiles outermost so the tile's input panel [C_in, tile] stays in L1 while all output
-// channels pass over it. One scalar function does the pixels that do not fill a vector and is the
-// fallback without AVX2 (CPUID at run time; the build has no -march flags). Every path sums in
-// the same order (bias, then input channels in order); the vector ones round once per FMA.
-// Covered by tests/unit/route/pointwise_conv_test.cpp (all paths against a double-precision naive
-// loop over swept shapes) and the estimator tests (ferry vs OpenCV per layer and end to end).
+// The vector bodies hold a tile of 6 output channels x 4 vectors of 16 pixels (AVX-512) or 4 x 3
+// vectors of 8 (AVX2) in registers and run the whole C_in sum there (FMA per input channel,
+// broadcast weight), pixel tiles outermost so the tile's input panel [C_in, tile] stays in L1
+// while all output channels pass over it. One scalar function does the pixels that do not fill a
+// vector and is the fallback without AVX2 (CPUID at run time; the build has no -march flags). Every
+// path sums in the same order (bias, then input channels in order); the vector ones round once per
+// FMA. Covered by tests/unit/route/pointwise_conv_test.cpp (all paths against a double-precision
+// naive loop over swept shapes) and the estimator tests (ferry vs OpenCV per layer and end to end).
 #pragma once
 
 #include <cstddef>
