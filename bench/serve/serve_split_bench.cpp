@@ -13,7 +13,7 @@
 //   serve_split_bench [--budget-gib 24] [--link-gbps 24] [--sessions 8] [--concurrency 4]
 //                     [--turns 4] [--prefix 1536] [--seed 1] [--json FILE]
 //                     [--live-decide-steps 64] [--live-age 0.9] [--live-hysteresis 0.05]
-//                     [--prefix-cache both]
+//                     [--prefix-cache both] [--live-warmup-steps 0]
 #include <sys/utsname.h>
 #include <cmath>
 #include <cstdio>
@@ -61,6 +61,7 @@ int main(int argc, char** argv) {
   int decide_steps = 64;
   double age = 0.9, hysteresis = 0.05;
   std::string prefix_cache = "both";
+  int warmup = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const char* v = argv[i + 1];
@@ -88,6 +89,8 @@ int main(int argc, char** argv) {
       hysteresis = std::atof(v);
     else if (a == "--prefix-cache")
       prefix_cache = v;
+    else if (a == "--live-warmup-steps")
+      warmup = std::atoi(v);
     else {
       std::fprintf(stderr, "serve_split_bench: unknown flag %s\n", a.c_str());
       return 2;
@@ -114,6 +117,7 @@ int main(int argc, char** argv) {
   cfg.max_batch_tokens = 512;
   cfg.link_bytes_per_s = link_gbps * 1e9;
   cfg.decide_every_steps = decide_steps;
+  cfg.warmup_steps = warmup;
   cfg.age_factor = age;
   cfg.controller = {
       .hysteresis = hysteresis, .horizon_steps = 256, .link_bytes_per_s = cfg.link_bytes_per_s};
@@ -214,8 +218,10 @@ int main(int argc, char** argv) {
                    {"max_context", w.max_context()},
                    {"seed", seed}};
   j["kv_floor_blocks"] = cfg.kv_floor_blocks;
-  j["live"] = {
-      {"decide_every_steps", decide_steps}, {"age_factor", age}, {"hysteresis", hysteresis}};
+  j["live"] = {{"decide_every_steps", decide_steps},
+               {"age_factor", age},
+               {"hysteresis", hysteresis},
+               {"warmup_steps", warmup}};
   for (const Suite& suite : suites) {
     std::printf("\nprefix cache %s\n", suite.prefix_cache ? "ON" : "OFF");
     std::printf("%-20s %10s %9s %9s %7s %8s %9s %8s %6s  %s\n", "policy", "total_s", "ttft_s",

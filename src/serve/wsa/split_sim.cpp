@@ -188,7 +188,8 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
     profile_steps += 1;
     live_steps += 1;
     preempted_last = 0;
-    if (live && ++since_decision >= std::uint64_t(std::max(cfg.decide_every_steps, 1))) {
+    if (live && res.steps >= std::uint64_t(std::max(cfg.warmup_steps, 0)) &&
+        ++since_decision >= std::uint64_t(std::max(cfg.decide_every_steps, 1))) {
       since_decision = 0;
       CostModel m = model;
       m.kv_floor_blocks = std::max({m.kv_floor_blocks, used, max_need});

@@ -46,6 +46,7 @@ struct SimConfig {
   bool prefix_cache = false;
   // live policy
   int decide_every_steps = 64;  // LiveSplitConfig's defaults (see the NOTE there)
+  int warmup_steps = 0;         // no decision before this many steps (curves still recorded)
   double age_factor = 0.9;
   ControllerConfig controller;
   std::size_t kv_block_bytes() const { return kv_bytes_per_token * std::size_t(block_tokens); }
