@@ -6,7 +6,8 @@
 // different order, so each is within a few naive-loop errors of the double-precision sum:
 // asserted err(ferry) <= 2 err(naive float) + 1e-6 (style.md rule a) and
 // |ferry - OpenCV| <= 4 err(naive float) + 1e-6 (ferry's bound plus the same bound for OpenCV).
-// Also checks that ferry's layer is what the scope puts in the net (and where).
+// Run for every kernel path the CPU has. Also checks that ferry's layer is what the scope puts in
+// the net (and where).
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -79,35 +80,50 @@ TEST(RoutePointwiseConvLayer, MatchesOpenCvLayerByLayer) {
     const float* x = in.ptr<float>();
     std::vector<float> wt(static_cast<std::size_t>(c_in) * c_out);
     pointwise_conv_transpose_weights(wp, c_out, c_in, wt.data());
-    std::vector<float> got(static_cast<std::size_t>(c_out) * pixels);
-    PointwiseConvArgs a;
-    a.in = x;
-    a.weight_t = wt.data();
-    a.bias = bp;
-    a.out = got.data();
-    a.in_channels = c_in;
-    a.out_channels = c_out;
-    a.pixels = pixels;
-    pointwise_conv(a);
-    double err = 0, err_naive = 0, diff_cv = 0;
+    // Exact (double) and naive float sums, once per layer.
+    std::vector<double> exact(static_cast<std::size_t>(c_out) * pixels);
+    double err_naive = 0;
     for (int co = 0; co < c_out; ++co) {
       for (int p = 0; p < pixels; ++p) {
-        double exact = bp[co];
+        double e = bp[co];
         float naive = bp[co];
         for (int ci = 0; ci < c_in; ++ci) {
           const float wv = wp[static_cast<std::size_t>(co) * c_in + ci];
           const float xv = x[static_cast<std::size_t>(ci) * pixels + p];
-          exact += static_cast<double>(wv) * xv;
+          e += static_cast<double>(wv) * xv;
           naive += wv * xv;
         }
-        const std::size_t i = static_cast<std::size_t>(co) * pixels + p;
-        err = std::max(err, std::abs(got[i] - exact));
-        err_naive = std::max(err_naive, std::abs(naive - exact));
-        diff_cv = std::max(diff_cv, static_cast<double>(std::abs(got[i] - cv_out.ptr<float>()[i])));
+        exact[static_cast<std::size_t>(co) * pixels + p] = e;
+        err_naive = std::max(err_naive, std::abs(naive - e));
       }
     }
-    EXPECT_LE(err, 2 * err_naive + 1e-6) << l->name << " isa=" << pointwise_conv_isa();
-    EXPECT_LE(diff_cv, 4 * err_naive + 1e-6) << l->name << " isa=" << pointwise_conv_isa();
+    // Every path this CPU has (the estimator itself runs the widest).
+    for (const char* isa : {"scalar", "avx2", "avx512"}) {
+      const std::string name = isa;
+      if ((name == "avx2" && !pointwise_conv_have_avx2()) ||
+          (name == "avx512" && !pointwise_conv_have_avx512())) {
+        continue;
+      }
+      std::vector<float> got(static_cast<std::size_t>(c_out) * pixels);
+      PointwiseConvArgs a;
+      a.in = x;
+      a.weight_t = wt.data();
+      a.bias = bp;
+      a.out = got.data();
+      a.in_channels = c_in;
+      a.out_channels = c_out;
+      a.pixels = pixels;
+      if (name == "scalar") pointwise_conv_scalar(a);
+      if (name == "avx2") pointwise_conv_avx2(a);
+      if (name == "avx512") pointwise_conv_avx512(a);
+      double err = 0, diff_cv = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        err = std::max(err, std::abs(got[i] - exact[i]));
+        diff_cv = std::max(diff_cv, static_cast<double>(std::abs(got[i] - cv_out.ptr<float>()[i])));
+      }
+      EXPECT_LE(err, 2 * err_naive + 1e-6) << l->name << " isa=" << name;
+      EXPECT_LE(diff_cv, 4 * err_naive + 1e-6) << l->name << " isa=" << name;
+    }
   }
 }
 
