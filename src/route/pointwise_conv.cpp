@@ -38,8 +38,7 @@ void block_scalar(const PointwiseConvArgs& a, int co_begin, int co_end, int p_be
   }
 }
 
-// ---- AVX2 + FMA: tiles of kRows output channels x kVecs vectors of 8 pixels
-// ----------------------
+// ---- AVX2 + FMA: tiles of kRows output channels x kVecs vectors of 8 pixels ----
 
 // 4 x 3 accumulators + 3 inputs + 1 broadcast = 16 ymm registers. 4 divides every C_out of the
 // skip estimator (16..576), so the narrower row tiles only run for other nets.
@@ -109,7 +108,7 @@ void tile_avx2_dispatch(const PointwiseConvArgs& a, int co, int p, int rows, int
   }
 }
 
-// ---- AVX-512F: tiles of kRows output channels x kVecs vectors of 16 pixels, last one masked -----
+// ---- AVX-512F: tiles of kRows output channels x kVecs vectors of 16 pixels, last one masked ----
 
 // 6 x 4 accumulators (64 pixels: a whole 8x8 plane) + 4 inputs + 1 broadcast = 29 of 32 zmm.
 // Measured against 4x4, 8x2, 8x3 and 6x3 tiles on the net's shapes (scratch program, 2026-11-30,
