@@ -14,19 +14,14 @@
 #include "kernels/backend.h"
 #include "model/model_binding.h"
 #include "model/safetensors.h"
+#include "model_fixtures.h"
 
 namespace ferry::model {
 namespace {
 
-std::string fixture_dir(const std::string& arch) {
-  return std::string(FERRY_TEST_DATA_DIR) + "/models/" + arch;
-}
+std::string fixture_dir(const std::string& arch) { return testing::model_fixture_dir(arch); }
 
-std::vector<float> to_f32(const ConstTensorView& v) {
-  std::vector<float> out(static_cast<std::size_t>(v.numel()));
-  EXPECT_TRUE(convert_elements(v.data, v.dtype, out.data(), DType::kF32, out.size()));
-  return out;
-}
+std::vector<float> to_f32(const ConstTensorView& v) { return testing::fixture_to_f32(v); }
 
 // ||a - b|| / ||b|| over all elements.
 double rel_norm_diff(const float* a, const float* b, std::size_t n) {

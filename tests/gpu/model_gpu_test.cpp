@@ -26,6 +26,7 @@
 
 #include "model/model_binding.h"
 #include "model/safetensors.h"
+#include "model_fixtures.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace ferry::testing {
@@ -38,15 +39,9 @@ using model::PackedBatch;
 constexpr double kLogitsFloor = 1e-4;  // the golden f32 tolerances (model_golden_test.cpp)
 constexpr double kGradFloor = 1e-3;
 
-std::string fixture_dir(const std::string& arch) {
-  return std::string(FERRY_TEST_DATA_DIR) + "/models/" + arch;
-}
+std::string fixture_dir(const std::string& arch) { return testing::model_fixture_dir(arch); }
 
-std::vector<float> to_f32(const ConstTensorView& v) {
-  std::vector<float> out(static_cast<std::size_t>(v.numel()));
-  EXPECT_TRUE(convert_elements(v.data, v.dtype, out.data(), DType::kF32, out.size()));
-  return out;
-}
+std::vector<float> to_f32(const ConstTensorView& v) { return testing::fixture_to_f32(v); }
 
 double rel_norm_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double num = 0, den = 0;

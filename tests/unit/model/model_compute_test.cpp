@@ -12,13 +12,12 @@
 #include "kernels/backend.h"
 #include "model/model_binding.h"
 #include "model/safetensors.h"
+#include "model_fixtures.h"
 
 namespace ferry::model {
 namespace {
 
-std::string fixture_dir(const std::string& arch) {
-  return std::string(FERRY_TEST_DATA_DIR) + "/models/" + arch;
-}
+std::string fixture_dir(const std::string& arch) { return testing::model_fixture_dir(arch); }
 
 TEST(ModelCompute, PlannedBytesEqualsAllocatedOnHostBackends) {
   for (const char* arch : {"qwen3", "qwen3_moe", "olmoe"}) {

@@ -59,16 +59,24 @@ TEST(RealGeometry, TightBudgetPlanFitsAndBeatsFixedPolicies) {
 namespace ferry::plan {
 namespace {
 
+// Qwen2.5-3B at batch 96 x 1024 in 24 GB behind a 12 GB/s link: an instance CBC needs seconds
+// for, where fixed policies fit.
+Result<PlanProblem> slow_link_3b_problem() {
+  FERRY_ASSIGN_OR_RETURN(const model::ModelConfig cfg, builtin_geometry("qwen2.5-3b"));
+  FERRY_ASSIGN_OR_RETURN(
+      PlanProblem p,
+      analytic_problem(cfg, MachineSpec{}, TrainShape{.batch_size = 96, .seq_len = 1024},
+                       Capacities{.gpu_gb = 24, .host_gb = 125}));
+  p.link = LinkRates{12, 12, 20, 18, 0, 0};
+  return p;
+}
+
 // A time limit far below what the instance needs: CBC stops, keeps its best incumbent (or the
 // best fixed-policy seed) and reports a bound below it; the plan it returns still fits and the
 // evaluator prices it at the reported objective.
 TEST(TimeLimit, KeepsAFittingIncumbentAndReportsTheGap) {
-  auto cfg = builtin_geometry("qwen2.5-3b");
-  ASSERT_TRUE(cfg.ok());
-  auto p = analytic_problem(*cfg, MachineSpec{}, TrainShape{.batch_size = 96, .seq_len = 1024},
-                            Capacities{.gpu_gb = 24, .host_gb = 125});
-  ASSERT_TRUE(p.ok());
-  p->link = LinkRates{12, 12, 20, 18, 0, 0};
+  auto p = slow_link_3b_problem();
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
   auto plan = solve_milp(*p, SolveOptions{.time_limit_s = 0.2});
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   EXPECT_EQ(plan->solver.status, "time_limit") << "instance solved too fast to test the limit";
@@ -98,12 +106,8 @@ namespace {
 // reported as "no plan fits" when a fixed policy fits: CI machines under sanitizers are slow
 // enough for the 0.2 s limit above to expire that early.
 TEST(TimeLimit, ExpiringBeforeAnyIncumbentStillReturnsAFittingPlan) {
-  auto cfg = builtin_geometry("qwen2.5-3b");
-  ASSERT_TRUE(cfg.ok());
-  auto p = analytic_problem(*cfg, MachineSpec{}, TrainShape{.batch_size = 96, .seq_len = 1024},
-                            Capacities{.gpu_gb = 24, .host_gb = 125});
-  ASSERT_TRUE(p.ok());
-  p->link = LinkRates{12, 12, 20, 18, 0, 0};
+  auto p = slow_link_3b_problem();
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
   int fitting = 0;
   for (const FixedPolicy& pol : fixed_policies(p->num_layers))
     fitting += solve_policy(*p, pol).ok();
