@@ -2,6 +2,7 @@
 // `ferry generate [--model DIR] (--prompt STR | --token-ids FILE) [--max-new-tokens N]
 //   [--greedy | --temperature T --top-k K --top-p P --seed S] [--stop STR]... [--mode M]
 //   [--expert-slots N | --layer-slots N,N,.. | --expert-budget-mib M] [--policy lru|lfu|lfru]
+//   [--miss-cost-model [--link-gbps G --cpu-gflops F]] [--bypass-window N]
 //   [--json]`
 // One prompt through the serving engine (paged KV cache, chunked prefill, expert pager) on the
 // CPU. Without --model it runs the built-in random-weight Qwen3-MoE (serve/builtin_model.h) with
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "apps/ferry/commands.h"
+#include "apps/ferry/miss_placement_flags.h"
 #include "core/file_util.h"
 #include "core/json.h"
 #include "core/log.h"
@@ -49,6 +51,7 @@ struct GenerateConfig {
   std::vector<int> layer_slots;  // per MoE layer, in layer order
   double expert_budget_mib = 0;
   std::string policy = "lru";
+  MissPlacementFlags miss;  // paged: per-miss copy vs host compute
   int max_batch_tokens = 64;
   double kv_budget_mib = 64;
   double device_budget_mib = 0;
@@ -133,6 +136,7 @@ Result<serve::EngineConfig> engine_config(const GenerateConfig& cfg,
     }
   }
   ec.pager.budget_bytes = static_cast<std::size_t>(cfg.expert_budget_mib * 1024 * 1024);
+  apply_miss_placement(cfg.miss, ec.pager);
   ec.kv.budget_bytes = static_cast<std::size_t>(cfg.kv_budget_mib * 1024 * 1024);
   ec.kv.block_tokens = cfg.kv_block_tokens;
   ec.device_budget_bytes = static_cast<std::size_t>(cfg.device_budget_mib * 1024 * 1024);
@@ -259,6 +263,8 @@ int run_generate(const GenerateConfig& cfg) {
                     {"bytes_copied", c.bytes_copied},
                     {"evictions", c.evictions},
                     {"copy_batches", c.copy_batches},
+                    {"host_computed_misses", ex.counters().cpu_misses},
+                    {"bypassed", ex.counters().bypassed},
                     {"slots", slots},
                     {"budget_bytes", p->budget().bytes_limit()},
                     {"budget_peak_bytes", p->budget().bytes_peak()}};
@@ -272,9 +278,11 @@ int run_generate(const GenerateConfig& cfg) {
              total_s, ttft_s.value_or(0.0));
     if (const serve::ExpertPager* p = ex.pager()) {
       const serve::PagerCounters& c = p->counters();
-      lg->info("pager policy={} hits={} misses={} hit_rate={:.3f} copied_mib={:.1f} evictions={}",
-               cfg.policy, c.hits, c.misses, c.hit_rate(), double(c.bytes_copied) / (1 << 20),
-               c.evictions);
+      lg->info(
+          "pager policy={} hits={} misses={} hit_rate={:.3f} copied_mib={:.1f} evictions={} "
+          "host_computed_misses={} bypassed={}",
+          cfg.policy, c.hits, c.misses, c.hit_rate(), double(c.bytes_copied) / (1 << 20),
+          c.evictions, ex.counters().cpu_misses, ex.counters().bypassed);
     }
     if (holder->tokenizer) {
       std::printf("%s\n", out->text.c_str());
@@ -328,6 +336,7 @@ void register_generate(CLI::App& app, CommandFn& run) {
   slots->excludes(budget)->excludes(layer_slots);
   budget->excludes(layer_slots);
   cmd->add_option("--policy", cfg->policy, "pager eviction policy: lru, lfu, lfru");
+  add_miss_placement_flags(cmd, cfg->miss, /*with_link=*/true);
   cmd->add_option("--max-batch-tokens", cfg->max_batch_tokens,
                   "tokens per engine step (prefill chunk)")
       ->check(CLI::Range(1, 1 << 16));

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // `ferry serve [--model DIR] [--host H] [--port P] [--name NAME] [--mode M]
 //   [--expert-slots N | --layer-slots N,N,.. | --expert-budget-mib M] [--policy lru|lfu|lfru]
+//   [--miss-cost-model [--link-gbps G --cpu-gflops F]] [--bypass-window N]
 //   [--max-running N] [--max-batch-tokens N] [--kv-budget-mib M] [--kv-block-tokens N]
 //   [--no-prefix-cache]
 //   [--device-budget-mib M] [--max-tokens-default N] [--duration-s S]
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "apps/ferry/commands.h"
+#include "apps/ferry/miss_placement_flags.h"
 #include "model/model_binding.h"
 #include "model/tokenizer/tokenizer.h"
 #include "serve/builtin_model.h"
@@ -48,6 +50,7 @@ struct ServeCliConfig {
   std::vector<int> layer_slots;
   double expert_budget_mib = 0;
   std::string policy = "lru";
+  MissPlacementFlags miss;  // paged: per-miss copy vs host compute
   int max_running = 4;
   int max_batch_tokens = 64;
   double kv_budget_mib = 64;
@@ -156,6 +159,8 @@ int run_serve(const ServeCliConfig& c) {
     }
   }
   ec.pager.budget_bytes = static_cast<std::size_t>(c.expert_budget_mib * 1024 * 1024);
+  apply_miss_placement(c.miss, ec.pager);
+  ec.pager.link_gbps = c.link_gbps;  // one link: MV-WSA's and the miss cost model's
   ec.kv.budget_bytes = static_cast<std::size_t>(c.kv_budget_mib * 1024 * 1024);
   ec.kv.block_tokens = c.kv_block_tokens;
   ec.kv.prefix_cache = !c.no_prefix_cache;
@@ -238,6 +243,7 @@ void register_serve(CLI::App& app, CommandFn& run) {
   slots->excludes(budget)->excludes(layer_slots);
   budget->excludes(layer_slots);
   cmd->add_option("--policy", c->policy, "pager eviction policy: lru, lfu, lfru");
+  add_miss_placement_flags(cmd, c->miss, /*with_link=*/false);  // --link-gbps below
   cmd->add_option("--max-running", c->max_running, "sequences decoded concurrently")
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--max-batch-tokens", c->max_batch_tokens, "tokens per engine step")
@@ -274,7 +280,8 @@ void register_serve(CLI::App& app, CommandFn& run) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--budget-gib", c->budget_gib, "expert slots + KV budget for --plan-only (GiB)")
       ->check(CLI::Range(0.0, 1e6));
-  cmd->add_option("--link-gbps", c->link_gbps, "host-to-device link for the miss cost (GB/s)")
+  cmd->add_option("--link-gbps", c->link_gbps,
+                  "host-to-device link (GB/s): MV-WSA's miss cost and --miss-cost-model")
       ->check(CLI::Range(0.001, 1e4));
   cmd->add_option("--plan-bytes-per-param", c->plan_bytes_per_param,
                   "bytes per expert/KV element in the plan (4: this engine's f32; 2: bf16)")

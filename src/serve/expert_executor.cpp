@@ -127,6 +127,18 @@ Result<std::unique_ptr<ExpertExecutor>> ExpertExecutor::create(const model::Deco
             geo.top_k);
       }
     }
+    if (!(pc.link_gbps > 0) || !(pc.cpu_gflops > 0) || pc.bypass_window < 0) {
+      return invalid_argument(
+          "serve: miss placement needs link_gbps > 0, cpu_gflops > 0 and bypass_window >= 0 (got "
+          "{}, {}, {})",
+          pc.link_gbps, pc.cpu_gflops, pc.bypass_window);
+    }
+    x->placement_ = pc;
+    x->layer_step_.assign(static_cast<std::size_t>(geo.layers), 0);
+    x->last_use_.assign(static_cast<std::size_t>(geo.layers),
+                        std::vector<std::uint64_t>(static_cast<std::size_t>(geo.experts), 0));
+    x->paged_.reserve(static_cast<std::size_t>(geo.experts));
+    x->paged_refs_.reserve(static_cast<std::size_t>(geo.experts));
     x->hot_.assign(geo.layers, std::vector<bool>(geo.experts, false));
     for (int l = 0; l < geo.layers; ++l) {
       if (!geo.layer_is_moe[l]) continue;
@@ -190,9 +202,47 @@ Status ExpertExecutor::compute_group(int layer, const float* x, const std::int32
                                            distinct_[i] * std::int64_t(store_->expert_floats()));
       }
       break;
-    case ExpertMode::kPaged:
-      FERRY_TRY(pager_->acquire(layer, distinct_, distinct_refs_));
+    case ExpertMode::kPaged: {
+      // Miss placement: each distinct expert goes to a slot (hits, admitted misses) or is
+      // computed from the host store (cost model, bypass); the pager sees only the former.
+      const std::uint64_t step = layer_step_[std::size_t(layer)];
+      int free = placement_.bypass_window > 0 ? pager_->free_slots(layer) : 0;
+      paged_.clear();
+      for (std::size_t i = 0; i < distinct_.size(); ++i) {
+        const std::int32_t e = distinct_[i];
+        std::int64_t rows_e = 0;
+        for (std::int64_t j = t0 * K; j < t1 * K; ++j) rows_e += ids[j] == e;
+        bool host = false;
+        if (!pager_->is_resident(layer, e) && !pager_->is_hot(layer, e)) {
+          const double copy_s = double(store_->expert_bytes()) / (placement_.link_gbps * 1e9);
+          const double cpu_s =
+              double(rows_e) * 6.0 * double(C) * double(F) / (placement_.cpu_gflops * 1e9);
+          const std::uint64_t last = last_use_[std::size_t(layer)][std::size_t(e)];
+          if (placement_.miss_cost_model && cpu_s < copy_s) {
+            host = true;
+            ++counters_.cpu_misses;
+          } else if (placement_.bypass_window > 0 && free <= 0 &&
+                     (last == 0 || step - last > std::uint64_t(placement_.bypass_window))) {
+            host = true;
+            ++counters_.bypassed;
+          } else if (free > 0) {
+            --free;
+          }
+        }
+        if (host) {
+          distinct_refs_[i] = store_->ref(layer, e);
+        } else {
+          paged_.push_back(e);
+        }
+      }
+      paged_refs_.resize(paged_.size());
+      FERRY_TRY(pager_->acquire(layer, paged_, paged_refs_));
+      for (std::size_t i = 0, j = 0; i < distinct_.size(); ++i) {
+        if (j < paged_.size() && paged_[j] == distinct_[i]) distinct_refs_[i] = paged_refs_[j++];
+      }
+      for (std::int32_t e : distinct_) last_use_[std::size_t(layer)][std::size_t(e)] = step;
       break;
+    }
   }
   for (std::size_t i = 0; i < distinct_.size(); ++i)
     ref_of_expert_[distinct_[i]] = distinct_refs_[i];
@@ -236,6 +286,7 @@ Status ExpertExecutor::run(int layer, const float* x, const std::int32_t* ids, s
     counters_.static_bytes_copied += bytes;
   }
   if (mode_ != ExpertMode::kPaged) return compute_group(layer, x, ids, 0, T, eout);
+  ++layer_step_[std::size_t(layer)];
   const std::vector<std::int64_t> ends =
       split_token_groups(std::span<const std::int32_t>(ids, std::size_t(T * K)), T, K, geo_.experts,
                          pager_->group_limit(layer), hot_[layer]);

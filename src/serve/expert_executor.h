@@ -34,6 +34,9 @@ struct ExecutorCounters {
   std::uint64_t groups = 0;               // expert groups computed (paged may split a step)
   std::uint64_t static_bytes_copied = 0;  // static mode's bulk copies
   std::uint64_t expert_rows = 0;          // (token, k) rows computed
+  // Paged misses not copied (PagerConfig's miss placement): computed from the host store because
+  // the cost model found that cheaper, or bypassed by admission (a one-off; no eviction).
+  std::uint64_t cpu_misses = 0, bypassed = 0;
 };
 
 // Splits tokens [0, T) into consecutive groups whose distinct experts not in `hot` number at most
@@ -94,6 +97,14 @@ class ExpertExecutor {
   std::vector<ExpertRef> ref_of_expert_;  // [E]
   std::vector<bool> seen_;                // [E]
   std::vector<std::vector<bool>> hot_;    // [L][E] the pager's pinned hot set
+  // Miss placement (paged): the config, each layer's step count and each expert's last step.
+  PagerConfig placement_;
+  std::vector<std::uint64_t> layer_step_;             // [L]
+  std::vector<std::vector<std::uint64_t>> last_use_;  // [L][E], 0 = never
+  std::vector<std::int32_t> paged_;                   // the group's experts that go to the pager
+  std::vector<ExpertRef> paged_refs_;
+  // Where each of the group's distinct experts runs: false = a slot, true = the host store.
+  bool on_host(int layer, std::int32_t e, std::int64_t rows);
 };
 
 }  // namespace ferry::serve

@@ -159,6 +159,13 @@ int ExpertPager::pick_victim(int layer) const {
   return victim;
 }
 
+int ExpertPager::free_slots(int layer) const {
+  const Layer& ly = layers_[layer];
+  int n = 0;
+  for (int s = 0; s < ly.cap; ++s) n += ly.state[s] == ExpertSlotState::kEmpty;
+  return n;
+}
+
 int ExpertPager::take_slot(int layer) {
   Layer& ly = layers_[layer];
   for (int s = 0; s < ly.cap; ++s) {

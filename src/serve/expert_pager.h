@@ -70,6 +70,11 @@ class ExpertPager {
   int capacity(int layer) const { return layers_[layer].cap; }
   int hot_count(int layer) const { return layers_[layer].hot_count; }
   bool is_hot(int layer, int expert) const;
+  bool is_resident(int layer, int expert) const {
+    return layers_[layer].slot_of_expert[expert] >= 0;
+  }
+  // Empty slots under the layer's live cap (a miss can be admitted without evicting).
+  int free_slots(int layer) const;
   // Non-hot distinct experts one acquire() of the layer may hold.
   int group_limit(int layer) const { return capacity(layer) - hot_count(layer); }
 

@@ -50,6 +50,19 @@ struct PagerConfig {
   // MV-WSA (paged mode): the caps may be resized while serving, up to E per layer; the slot
   // arena is laid out for E per layer and the device budget is charged the live caps only.
   bool resizable = false;
+  // Per-miss placement (paged mode, docs/serve.md "Miss placement"). A miss is copied into a slot
+  // (the default) unless
+  //   miss_cost_model: computing its rows on the CPU from the host store is cheaper than the
+  //     copy: rows * 6*C*F / (cpu_gflops * 1e9) < expert_bytes / (link_gbps * 1e9) seconds;
+  //   bypass_window > 0 (bypass admission): the layer has no free slot (admitting would evict a
+  //     resident expert) and the expert was not used in the layer's last bypass_window steps —
+  //     a one-off is computed from the host instead; its next use within the window is admitted.
+  // Both placements run expert_ffn_row on the same rows (bits equal here; on a GPU build the
+  // host path is the cpu-experts one).
+  bool miss_cost_model = false;
+  double link_gbps = 24;
+  double cpu_gflops = 50;
+  int bypass_window = 0;
 };
 
 struct KvConfig {

@@ -1,0 +1,43 @@
+// SPDX-License-Identifier: Apache-2.0
+// The paged mode's miss-placement flags (serve_config.h PagerConfig), shared by `ferry generate`
+// and `ferry serve`.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include "serve/serve_config.h"
+
+namespace ferry::app {
+
+struct MissPlacementFlags {
+  bool cost_model = false;
+  double link_gbps = 24;
+  double cpu_gflops = 50;
+  int bypass_window = 0;
+};
+
+// with_link: also registers --link-gbps (a command that already has its own --link-gbps, like
+// `ferry serve` for MV-WSA, copies that value into link_gbps instead: it is the same link).
+inline void add_miss_placement_flags(CLI::App* cmd, MissPlacementFlags& f, bool with_link) {
+  cmd->add_flag("--miss-cost-model", f.cost_model,
+                "paged: compute a miss on the CPU from host memory when that beats copying it");
+  if (with_link) {
+    cmd->add_option("--link-gbps", f.link_gbps, "host->device GB/s the miss cost model assumes")
+        ->check(CLI::Range(1e-9, 1e6));
+  }
+  cmd->add_option("--cpu-gflops", f.cpu_gflops, "CPU expert GFLOP/s the miss cost model assumes")
+      ->check(CLI::Range(1e-9, 1e9));
+  cmd->add_option("--bypass-window", f.bypass_window,
+                  "paged: bypass admission - a miss that would evict and was unused in the "
+                  "layer's last N steps is computed from host memory instead (0: off)")
+      ->check(CLI::Range(0, 1 << 20));
+}
+
+inline void apply_miss_placement(const MissPlacementFlags& f, serve::PagerConfig& pc) {
+  pc.miss_cost_model = f.cost_model;
+  pc.link_gbps = f.link_gbps;
+  pc.cpu_gflops = f.cpu_gflops;
+  pc.bypass_window = f.bypass_window;
+}
+
+}  // namespace ferry::app
