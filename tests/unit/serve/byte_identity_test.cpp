@@ -27,17 +27,7 @@ struct Variant {
   }
 };
 
-std::vector<GenerationRequest> requests(int vocab) {
-  std::vector<GenerationRequest> r(3);
-  for (int i = 0; i < 11; ++i) r[0].prompt.push_back((i * 37 + 5) % vocab);
-  for (int i = 0; i < 6; ++i) r[1].prompt.push_back((i * 91 + 17) % vocab);
-  for (int i = 0; i < 14; ++i) r[2].prompt.push_back((i * 53 + 101) % vocab);
-  r[0].max_new_tokens = 7;
-  r[1].max_new_tokens = 9;
-  r[2].max_new_tokens = 6;
-  r[2].sampling = {.temperature = 0.8f, .top_k = 20, .top_p = 0.9f, .seed = 42};
-  return r;
-}
+std::vector<GenerationRequest> requests(int vocab) { return testing::mixed_requests(vocab); }
 
 Result<RunRecord> run_variant(const model::LoadedModel& m, const Variant& v) {
   EngineConfig cfg;

@@ -34,6 +34,20 @@ inline std::unique_ptr<BuiltinModel> tiny_builtin_moe(std::uint64_t seed) {
   return m.ok() ? std::move(*m) : nullptr;
 }
 
+// Three requests of different lengths (one sampled) that, at 8 tokens per step and 3 running,
+// mix prefill chunks with other requests' decodes: the byte-identity workloads.
+inline std::vector<GenerationRequest> mixed_requests(int vocab) {
+  std::vector<GenerationRequest> r(3);
+  for (int i = 0; i < 11; ++i) r[0].prompt.push_back((i * 37 + 5) % vocab);
+  for (int i = 0; i < 6; ++i) r[1].prompt.push_back((i * 91 + 17) % vocab);
+  for (int i = 0; i < 14; ++i) r[2].prompt.push_back((i * 53 + 101) % vocab);
+  r[0].max_new_tokens = 7;
+  r[1].max_new_tokens = 9;
+  r[2].max_new_tokens = 6;
+  r[2].sampling = {.temperature = 0.8f, .top_k = 20, .top_p = 0.9f, .seed = 42};
+  return r;
+}
+
 inline std::string fixture_dir(const std::string& arch) {
   return std::string(FERRY_TEST_DATA_DIR) + "/models/" + arch;
 }

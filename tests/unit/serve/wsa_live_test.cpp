@@ -328,20 +328,25 @@ std::map<std::pair<int, int>, std::vector<std::int32_t>> run_agentic(Engine& eng
   return out;
 }
 
+// Four sessions of three turns over the built-in model's 2 MoE layers x 8 experts.
+wsa::AgenticSpec tiny_agentic_spec() {
+  return {.sessions = 4,
+          .turns = 3,
+          .prefix_tokens = 24,
+          .user_min = 3,
+          .user_max = 8,
+          .output_min = 4,
+          .output_max = 9,
+          .moe_layers = 2,
+          .experts = 8,
+          .top_k = 2,
+          .seed = 5};
+}
+
 TEST(WsaLive, AgenticSessionsUnderAutoSplitMatchAFixedEngine) {
   auto m = builtin();
   ASSERT_TRUE(m);
-  const wsa::AgenticWorkload w({.sessions = 4,
-                                .turns = 3,
-                                .prefix_tokens = 24,
-                                .user_min = 3,
-                                .user_max = 8,
-                                .output_min = 4,
-                                .output_max = 9,
-                                .moe_layers = 2,
-                                .experts = 8,
-                                .top_k = 2,
-                                .seed = 5});
+  const wsa::AgenticWorkload w(tiny_agentic_spec());
   EngineConfig roomy = base_config();
   roomy.pager.slots_per_layer = 8;
   roomy.kv = {.block_tokens = kBlockTokens, .budget_bytes = 8 << 20};
@@ -433,17 +438,7 @@ AgenticRecord run_history(Engine& eng, const wsa::AgenticWorkload& w, int vocab)
 TEST(WsaLive, PrefixCacheUnderAutoSplitIsBitIdenticalAndFeedsTheKvCurve) {
   auto m = builtin();
   ASSERT_TRUE(m);
-  const wsa::AgenticWorkload w({.sessions = 4,
-                                .turns = 3,
-                                .prefix_tokens = 24,
-                                .user_min = 3,
-                                .user_max = 8,
-                                .output_min = 4,
-                                .output_max = 9,
-                                .moe_layers = 2,
-                                .experts = 8,
-                                .top_k = 2,
-                                .seed = 5});
+  const wsa::AgenticWorkload w(tiny_agentic_spec());
   EngineConfig roomy = base_config();
   roomy.pager.slots_per_layer = 8;
   roomy.kv = {.block_tokens = kBlockTokens, .budget_bytes = 8 << 20};
