@@ -175,6 +175,8 @@ void EngineWorker::publish_gauges() {
     metrics_->pager_hits = p->counters().hits;
     metrics_->pager_misses = p->counters().misses;
     metrics_->pager_bytes_copied = p->counters().bytes_copied;
+    metrics_->host_computed_misses = engine_.experts().counters().cpu_misses;
+    metrics_->bypassed_misses = engine_.experts().counters().bypassed;
   }
 }
 

@@ -100,6 +100,12 @@ std::string ServerMetrics::render() const {
   series(o, "ferry_serve_pager_misses_total", "", double(pager_misses.load()));
   head(o, "ferry_serve_pager_bytes_copied_total", "counter", "bytes the expert pager copied");
   series(o, "ferry_serve_pager_bytes_copied_total", "", double(pager_bytes_copied.load()));
+  head(o, "ferry_serve_expert_misses_on_host_total", "counter",
+       "paged misses computed from host memory instead of copied, by reason");
+  series(o, "ferry_serve_expert_misses_on_host_total", "reason=\"cost_model\"",
+         double(host_computed_misses.load()));
+  series(o, "ferry_serve_expert_misses_on_host_total", "reason=\"bypass\"",
+         double(bypassed_misses.load()));
   head(o, "ferry_serve_time_to_first_token_seconds", "histogram", "submit to first token");
   ttft_s.render("ferry_serve_time_to_first_token_seconds", o);
   head(o, "ferry_serve_inter_token_seconds", "histogram", "time between a request's tokens");

@@ -47,6 +47,8 @@ struct ServerMetrics {
   std::atomic<int> kv_blocks_cached{0};
   std::atomic<std::uint64_t> prefix_query_tokens{0}, prefix_hit_tokens{0};
   std::atomic<std::uint64_t> pager_hits{0}, pager_misses{0}, pager_bytes_copied{0};
+  // Paged misses computed from host memory (miss placement: cost model, bypass admission).
+  std::atomic<std::uint64_t> host_computed_misses{0}, bypassed_misses{0};
   std::atomic<std::uint64_t> engine_steps{0};
   Histogram ttft_s;         // submit -> first token
   Histogram inter_token_s;  // between consecutive tokens of one request

@@ -485,6 +485,8 @@ TEST_F(HttpServerTest, MetricsAreValidPrometheusText) {
   EXPECT_NE(r->body.find("ferry_serve_inter_token_seconds_count 4\n"), std::string::npos);
   EXPECT_NE(r->body.find("ferry_serve_kv_blocks_used 0\n"), std::string::npos);
   EXPECT_NE(r->body.find("ferry_serve_pager_misses_total"), std::string::npos);
+  EXPECT_NE(r->body.find("ferry_serve_expert_misses_on_host_total{reason=\"bypass\"}"),
+            std::string::npos);
 }
 
 TEST(HttpServerKv, PromptOverTheKvPoolIs400) {
