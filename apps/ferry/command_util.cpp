@@ -22,6 +22,14 @@ CLI::App* route_cmd(CLI::App& app) {
   return r;
 }
 
+CLI::App* bench_cmd(CLI::App& app) {
+  auto found = app.get_subcommands([](CLI::App* a) { return a->get_name() == "bench"; });
+  if (!found.empty()) return found.front();
+  auto* b = app.add_subcommand("bench", "benchmarks of the systems (ferry bench serve)");
+  b->require_subcommand(1);
+  return b;
+}
+
 void install_stop_signals() {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);

@@ -27,6 +27,8 @@ std::vector<RegisterFn>& command_registry();
 
 // The `ferry route` parent subcommand, created by whichever route command registers first.
 CLI::App* route_cmd(CLI::App& app);
+// The `ferry bench` parent subcommand (bench serve, later bench train), created the same way.
+CLI::App* bench_cmd(CLI::App& app);
 
 // Long-running commands (servers, the WAN emulator): install SIGINT/SIGTERM handlers before
 // announcing readiness, then block until a signal arrives or `duration_s` (> 0) has passed.

@@ -2,9 +2,11 @@
 // The host (memcpy) transfer engine and the NVMe forwarding shared by all engines.
 #include "mem/transfer_engine.h"
 
+#include <chrono>
 #include <cstring>
 
 #include "core/check.h"
+#include "mem/link_pacer.h"
 
 namespace ferry::mem {
 
@@ -47,7 +49,10 @@ class HostTransferEngine final : public TransferEngine {
     if (bytes == 0) return {};
     FERRY_CHECK(dst != nullptr && src != nullptr, "mem: copy of {} bytes with a null pointer",
                 bytes);
+    const auto start = std::chrono::steady_clock::now();
     std::memmove(dst, src, bytes);
+    // The emulated device tier's link (off unless a benchmark sets a rate: link_pacer.h).
+    if (kind == CopyKind::kHostToDevice) pace_host_copy(start, bytes);
     count(kind, bytes);
     return {};
   }

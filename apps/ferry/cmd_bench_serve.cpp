@@ -1,0 +1,297 @@
+// SPDX-License-Identifier: Apache-2.0
+// `ferry bench serve [--model DIR | --geometry NAME] [--modes resident,static,cpu-experts,paged]
+//   [--budget-gib X | --expert-slots N] [--prompt-tokens P] [--decode-tokens D]
+//   [--trace FILE | --synthetic calibrated|spread] [--link-gbps G] [--policy P] [--seed S]
+//   [--json OUT]`
+// Prefill and single-stream decode throughput of every expert mode on one random-weight model
+// (or a loaded one) with the same prompt and forced routing; the measurement and the definitions
+// are in serve/bench/serve_bench.h, the geometries in serve/bench/bench_geometry.h. A table goes
+// to stdout, logs to stderr, the JSON report to --json (- for stdout instead of the table).
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "apps/ferry/commands.h"
+#include "core/log.h"
+#include "mem/budget.h"
+#include "model/model_binding.h"
+#include "serve/bench/bench_geometry.h"
+#include "serve/bench/serve_bench.h"
+#include "serve/builtin_model.h"
+#include "serve/sampler.h"
+#include "serve/trace_synth.h"
+
+namespace ferry::app {
+namespace {
+
+struct BenchServeConfig {
+  std::string model_dir;
+  std::string geometry = "qwen3-30b-a3b-mini";
+  std::vector<std::string> modes = {"resident", "static", "cpu-experts", "paged"};
+  double budget_gib = 0;  // 0: the geometry's scaled default
+  int expert_slots = 0;
+  int prompt_tokens = 128;
+  int decode_tokens = 64;
+  std::string trace_file;
+  std::string synthetic = "calibrated";
+  double link_gbps = 0;
+  std::string policy = "lru";
+  std::uint64_t seed = 1;
+  std::string json_out;
+};
+
+// MemAvailable of /proc/meminfo in bytes (0 if unknown).
+std::size_t host_memory_available() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  std::size_t kib = 0;
+  std::string unit;
+  while (f >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
+std::string fmt_opt(const Json& j, const char* f) {
+  return j.is_null() ? std::string("-") : fmt::format(fmt::runtime(f), j.get<double>());
+}
+
+void print_table(const Json& rep, const std::string& what) {
+  std::printf("%s\n", what.c_str());
+  std::printf("%-12s %12s %12s %8s %14s %10s %10s %22s %6s\n", "mode", "prefill t/s", "decode t/s",
+              "hit", "h2d B/tok dec", "roofline%", "syncs/tok", "device peak/budget", "ids=");
+  for (const Json& m : rep["modes"]) {
+    const std::string mode = m["mode"];
+    if (!m["ran"].get<bool>()) {
+      std::printf("%-12s skipped: %s\n", mode.c_str(), m["skipped"].get<std::string>().c_str());
+      continue;
+    }
+    const Json& p = m["prefill"];
+    const Json& d = m["decode"];
+    const std::size_t budget = m["device_budget_bytes"];
+    std::printf("%-12s %12.1f %12.2f %8s %14.0f %10s %10.2f %22s %6s\n", mode.c_str(),
+                p["tokens_per_s"].get<double>(), d["tokens_per_s"].get<double>(),
+                fmt_opt(d["hit_rate"], "{:.3f}").c_str(), d["h2d_bytes_per_token"].get<double>(),
+                fmt_opt(d["roofline_pct"], "{:.1f}").c_str(),
+                d["copy_syncs_per_token"].get<double>(),
+                (mem::format_bytes(m["device_peak_bytes"]) + "/" +
+                 (budget ? mem::format_bytes(budget) : std::string("none")))
+                    .c_str(),
+                m["same_tokens_as_reference"].get<bool>() ? "yes" : "NO");
+  }
+  const Json& r = rep["ratios"];
+  std::printf("paged/static: decode %s prefill %s | paged/cpu-experts: decode %s prefill %s\n",
+              fmt_opt(r["paged_over_static_decode"], "{:.2f}x").c_str(),
+              fmt_opt(r["paged_over_static_prefill"], "{:.2f}x").c_str(),
+              fmt_opt(r["paged_over_cpu_experts_decode"], "{:.2f}x").c_str(),
+              fmt_opt(r["paged_over_cpu_experts_prefill"], "{:.2f}x").c_str());
+  std::printf(
+      "hit = device hit rate of expert uses in decode; roofline%% = (h2d bytes / %.1f GB/s) / "
+      "decode time; syncs = host syncs of expert copies (other syncs not counted); resident runs "
+      "without the budget (reference); ids= same greedy ids as the reference\n",
+      rep["link"]["roofline_gbps"].get<double>());
+}
+
+int run_bench_serve(const BenchServeConfig& cfg) {
+  auto lg = log::get("serve");
+  // Modes.
+  serve::bench::ServeBenchConfig bc;
+  for (const std::string& m : cfg.modes) {
+    auto mode = serve::parse_expert_mode(m);
+    if (!mode.ok()) return fail(mode.status());
+    bc.modes.push_back(*mode);
+  }
+  auto policy = serve::parse_eviction_policy(cfg.policy);
+  if (!policy.ok()) return fail(policy.status());
+  bc.policy = *policy;
+
+  // The model: a loaded folder or a built-in geometry with seeded random weights.
+  std::unique_ptr<model::LoadedModel> loaded;
+  std::unique_ptr<serve::BuiltinModel> builtin;
+  std::string what;
+  serve::bench::ParamBytes pb;
+  if (!cfg.model_dir.empty()) {
+    auto m = model::load_model_f32(cfg.model_dir);
+    if (!m.ok()) return fail(m.status());
+    loaded = std::move(*m);
+    pb = serve::bench::count_params(loaded->config);
+    what = "model " + cfg.model_dir;
+  } else {
+    auto g = serve::bench::find_bench_geometry(cfg.geometry);
+    if (!g.ok()) return fail(g.status());
+    auto counted = serve::bench::count_params(g->spec);
+    if (!counted.ok()) return fail(counted.status());
+    pb = *counted;
+    // f32 weights plus the packed expert store the non-resident modes copy them into.
+    const std::size_t need = (pb.total + pb.experts) * sizeof(float);
+    const std::size_t avail = host_memory_available();
+    if (avail > 0 && need > avail * 9 / 10) {
+      return fail(resource_exhausted(
+          "bench serve: geometry {} needs {} of host memory (f32 random weights and the packed "
+          "expert store; this CPU engine computes in f32), {} available; use --geometry "
+          "qwen3-30b-a3b-mini here, the full geometry on the GPU machine",
+          g->name, mem::format_bytes(need), mem::format_bytes(avail)));
+    }
+    lg->info("bench serve: building geometry={} params={} seed={}", g->name, pb.total, cfg.seed);
+    auto b = serve::make_builtin_moe(g->spec, cfg.seed);
+    if (!b.ok()) return fail(b.status());
+    builtin = std::move(*b);
+    what = "geometry " + g->name + " (" + g->scaling + ")";
+  }
+  const model::DecoderGeometry& geo = loaded ? loaded->geometry : builtin->geometry;
+  const model::ModelParams& params = loaded ? loaded->params : builtin->params;
+  if (geo.experts == 0) return fail(invalid_argument("bench serve: {} is a dense model", what));
+  const int max_pos = static_cast<int>(loaded ? loaded->config.max_position_embeddings
+                                              : builtin->config.max_position_embeddings);
+  if (cfg.prompt_tokens + cfg.decode_tokens + 1 > max_pos) {
+    return fail(invalid_argument(
+        "bench serve: --prompt-tokens {} + --decode-tokens {} + 1 exceeds the model's {} positions",
+        cfg.prompt_tokens, cfg.decode_tokens, max_pos));
+  }
+
+  // Sizing: slots, or a total budget with dense weights charged (default: the target's fraction).
+  const std::size_t model_bytes = pb.total * sizeof(float);
+  bc.expert_slots = cfg.expert_slots;
+  bc.dense_bytes = pb.dense() * sizeof(float);
+  std::string budget_basis;
+  if (cfg.expert_slots == 0) {
+    if (cfg.budget_gib > 0) {
+      bc.budget_bytes = static_cast<std::size_t>(cfg.budget_gib * double(1ull << 30));
+      budget_basis = "--budget-gib";
+    } else {
+      bc.expert_fraction = serve::bench::target_expert_fraction();
+      bc.all_expert_bytes = pb.experts * sizeof(float);
+      budget_basis = fmt::format(
+          "default: dense weights + KV + {:.1f}% of the expert bytes, the share 24 GiB holds "
+          "after the dense weights on Qwen3-30B-A3B bf16",
+          100.0 * bc.expert_fraction);
+    }
+  } else {
+    budget_basis = "--expert-slots";
+  }
+
+  // Prompt and routing.
+  serve::Rng rng(cfg.seed * 7919 + 11);
+  for (int i = 0; i < cfg.prompt_tokens; ++i) {
+    bc.prompt.push_back(static_cast<std::int32_t>(rng.next() % std::uint64_t(geo.vocab)));
+  }
+  bc.decode_tokens = cfg.decode_tokens;
+  serve::RoutingTrace trace;
+  std::string trace_what;
+  if (!cfg.trace_file.empty()) {
+    auto t = serve::RoutingTrace::load(cfg.trace_file);
+    if (!t.ok()) return fail(t.status());
+    trace = std::move(*t);
+    if (trace.experts != geo.experts || trace.top_k != geo.top_k) {
+      return fail(
+          invalid_argument("bench serve: trace {} routes {} of {} experts, the model {} of {}",
+                           cfg.trace_file, trace.top_k, trace.experts, geo.top_k, geo.experts));
+    }
+    trace_what = "file " + cfg.trace_file;
+  } else {
+    std::vector<int> moe_layers;
+    for (int l = 0; l < geo.layers; ++l) {
+      if (geo.layer_is_moe[l]) moe_layers.push_back(l);
+    }
+    trace = serve::make_synthetic_trace({.experts = geo.experts,
+                                         .top_k = geo.top_k,
+                                         .moe_layers = moe_layers,
+                                         .sessions = 1,
+                                         .prefill_tokens = cfg.prompt_tokens,
+                                         .decode_tokens = cfg.decode_tokens + 1,
+                                         .spread = cfg.synthetic == "spread",
+                                         .seed = cfg.seed + 1});
+    trace_what = "synthetic " + cfg.synthetic;
+  }
+  bc.trace = &trace;
+
+  bc.link_gbps = cfg.link_gbps;
+  const double memcpy_gbps = serve::bench::measure_host_copy_gbps();
+  bc.roofline_gbps = cfg.link_gbps > 0 ? cfg.link_gbps : memcpy_gbps;
+  lg->info("bench serve: modes={} prompt={} decode={} link_gbps={} memcpy_gbps={:.1f}",
+           cfg.modes.size(), cfg.prompt_tokens, cfg.decode_tokens, cfg.link_gbps, memcpy_gbps);
+
+  auto report = serve::bench::run_serve_bench(geo, params, bc);
+  if (!report.ok()) return fail(report.status());
+  Json j = serve::bench::report_json(*report);
+  j["model"] = what;
+  j["geometry"] = {{"name", cfg.model_dir.empty() ? cfg.geometry : cfg.model_dir},
+                   {"layers", geo.layers},
+                   {"hidden", geo.hidden},
+                   {"experts", geo.experts},
+                   {"top_k", geo.top_k},
+                   {"expert_width", geo.expert_width},
+                   {"vocab", geo.vocab},
+                   {"dtype", "f32"},
+                   {"params", pb.total},
+                   {"expert_params", pb.experts},
+                   {"model_bytes", model_bytes}};
+  j["sizing"]["basis"] = budget_basis;
+  j["sizing"]["budget_bytes"] = report->config.budget_bytes;
+  j["trace"] = trace_what;
+  j["seed"] = cfg.seed;
+  j["link"]["memcpy_gbps"] = memcpy_gbps;
+  j["link"]["roofline_basis"] =
+      cfg.link_gbps > 0 ? "--link-gbps (copies paced to it)" : "measured memcpy rate (unpaced)";
+  j["machine"] =
+      "CPU engine; device tier emulated in host memory (memcpy H2D), not a GPU measurement";
+  if (cfg.json_out != "-") {
+    print_table(j, what + "; trace " + trace_what + "; sizing: " + budget_basis);
+  }
+  if (!cfg.json_out.empty()) {
+    if (cfg.json_out == "-") {
+      std::printf("%s\n", j.dump(2).c_str());
+    } else {
+      std::ofstream f(cfg.json_out);
+      f << j.dump(2) << "\n";
+      if (!f) return fail(io_error("bench serve: cannot write {}", cfg.json_out));
+    }
+  }
+  return 0;
+}
+
+void register_bench_serve(CLI::App& app, CommandFn& run) {
+  auto cfg = std::make_shared<BenchServeConfig>();
+  auto* cmd = bench_cmd(app)->add_subcommand(
+      "serve", "prefill/decode throughput of the expert modes (docs/serve.md)");
+  auto* model = cmd->add_option("--model", cfg->model_dir, "Hugging Face MoE model folder")
+                    ->check(CLI::ExistingDirectory);
+  auto* geometry =
+      cmd->add_option("--geometry", cfg->geometry,
+                      "built-in random-weight geometry: qwen3-30b-a3b, qwen3-30b-a3b-mini "
+                      "(default), serve-builtin, tiny");
+  model->excludes(geometry);
+  cmd->add_option("--modes", cfg->modes, "modes to run, in order (the first is the reference)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"resident", "static", "cpu-experts", "paged"}));
+  auto* budget = cmd->add_option("--budget-gib", cfg->budget_gib,
+                                 "total device budget: dense weights + KV + expert slots")
+                     ->check(CLI::Range(1e-6, 1e6));
+  auto* slots = cmd->add_option("--expert-slots", cfg->expert_slots, "expert slots per MoE layer")
+                    ->check(CLI::Range(1, 1 << 20));
+  budget->excludes(slots);
+  cmd->add_option("--prompt-tokens", cfg->prompt_tokens, "prefill length P")
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--decode-tokens", cfg->decode_tokens, "decode steps D")
+      ->check(CLI::Range(1, 1 << 20));
+  auto* trace = cmd->add_option("--trace", cfg->trace_file, "routing trace file to replay")
+                    ->check(CLI::ExistingFile);
+  auto* syn =
+      cmd->add_option("--synthetic", cfg->synthetic, "synthetic trace profile (default calibrated)")
+          ->check(CLI::IsMember({"calibrated", "spread"}));
+  trace->excludes(syn);
+  cmd->add_option("--link-gbps", cfg->link_gbps,
+                  "pace host->device copies of the emulated tier to G GB/s (PCIe Gen4: 24)")
+      ->check(CLI::Range(1e-3, 1e4));
+  cmd->add_option("--policy", cfg->policy, "pager eviction policy: lru, lfu, lfru")
+      ->check(CLI::IsMember({"lru", "lfu", "lfru"}));
+  cmd->add_option("--seed", cfg->seed, "seed of the weights, prompt and synthetic trace");
+  cmd->add_option("--json", cfg->json_out, "write the JSON report here (-: stdout, no table)");
+  cmd->callback([cfg, &run] { run = [cfg] { return run_bench_serve(*cfg); }; });
+}
+
+}  // namespace
+FERRY_REGISTER_COMMAND(register_bench_serve);
+}  // namespace ferry::app

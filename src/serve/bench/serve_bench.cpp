@@ -1,0 +1,334 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "serve/bench/serve_bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <memory>
+
+#include "mem/budget.h"
+#include "mem/link_pacer.h"
+#include "mem/transfer_engine.h"
+#include "serve/engine.h"
+
+namespace ferry::serve::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Snapshot {
+  std::uint64_t h2d = 0, hits = 0, misses = 0, batches = 0, static_bytes = 0;
+  double wait_s = 0;
+  std::int64_t prefill = 0, decode = 0;
+};
+
+Snapshot snap(Engine& eng) {
+  Snapshot s;
+  s.h2d = mem::host_transfer_engine().counters().h2d_bytes;
+  s.wait_s = mem::host_link_stats().wait_s;
+  if (const ExpertPager* p = eng.experts().pager()) {
+    s.hits = p->counters().hits;
+    s.misses = p->counters().misses;
+    s.batches = p->counters().copy_batches;
+  }
+  s.static_bytes = eng.experts().counters().static_bytes_copied;
+  s.prefill = std::int64_t(eng.stats().prefill_tokens);
+  s.decode = std::int64_t(eng.stats().decode_tokens);
+  return s;
+}
+
+PhaseResult phase(const Snapshot& a, const Snapshot& b, double seconds, bool decode,
+                  std::size_t layer_bytes) {
+  PhaseResult p;
+  p.tokens = decode ? b.decode - a.decode : b.prefill - a.prefill;
+  p.seconds = seconds;
+  p.h2d_bytes = b.h2d - a.h2d;
+  p.hits = b.hits - a.hits;
+  p.misses = b.misses - a.misses;
+  p.copy_syncs =
+      (b.batches - a.batches) + (layer_bytes ? (b.static_bytes - a.static_bytes) / layer_bytes : 0);
+  p.paced_wait_s = b.wait_s - a.wait_s;
+  return p;
+}
+
+std::uint64_t fnv1a(std::uint64_t h, const void* data, std::size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+// Runs one mode; a mode the budget cannot hold comes back with `skipped` set.
+Result<ModeResult> run_mode(const model::DecoderGeometry& geo, const model::ModelParams& params,
+                            const ServeBenchConfig& cfg, const ServeBenchReport& plan,
+                            ExpertMode mode) {
+  ModeResult r;
+  r.mode = mode;
+  EngineConfig ec;
+  ec.pager.mode = mode;
+  ec.pager.policy = cfg.policy;
+  ec.kv.block_tokens = cfg.kv_block_tokens;
+  ec.kv.budget_bytes = plan.kv_bytes;
+  ec.max_batch_tokens = static_cast<int>(cfg.prompt.size());
+  ec.max_running = 1;
+  ec.device_budget_bytes = mode == ExpertMode::kResident ? 0 : plan.device_budget_bytes;
+  if (mode == ExpertMode::kPaged) ec.pager.slots_per_layer = plan.slots_per_layer;
+  const std::size_t layer_bytes = std::size_t(geo.experts) * plan.expert_bytes;
+  if (mode == ExpertMode::kStatic && plan.kv_bytes + layer_bytes > plan.device_budget_bytes) {
+    r.skipped = fmt::format(
+        "static stages one layer's {} experts ({}) beside the KV pool ({}): over the device "
+        "budget {}",
+        geo.experts, mem::format_bytes(layer_bytes), mem::format_bytes(plan.kv_bytes),
+        mem::format_bytes(plan.device_budget_bytes));
+    return r;
+  }
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Engine> eng, Engine::create(geo, params, ec));
+  std::unique_ptr<TraceReplayer> replayer;
+  if (cfg.trace) {
+    replayer = std::make_unique<TraceReplayer>(*cfg.trace);
+    eng->set_routing_hook(replayer.get());
+  }
+  std::uint64_t hash = 1469598103934665603ull;
+  eng->set_logits_observer([&hash](RequestId, int, std::span<const float> row) {
+    hash = fnv1a(hash, row.data(), row.size_bytes());
+  });
+  GenerationRequest req;
+  req.prompt = cfg.prompt;
+  req.max_new_tokens = cfg.decode_tokens + 1;  // the first comes from the prefill step
+  FERRY_ASSIGN_OR_RETURN(const RequestId id, eng->submit(std::move(req)));
+
+  const Snapshot s0 = snap(*eng);
+  const auto t0 = Clock::now();
+  bool first = false;
+  while (!first && !eng->idle()) {
+    FERRY_ASSIGN_OR_RETURN(std::vector<TokenEvent> ev, eng->step());
+    first = !ev.empty();
+  }
+  const auto t1 = Clock::now();
+  const Snapshot s1 = snap(*eng);
+  FERRY_TRY(eng->run_until_idle());
+  const auto t2 = Clock::now();
+  const Snapshot s2 = snap(*eng);
+  const std::size_t static_layer = mode == ExpertMode::kStatic ? layer_bytes : 0;
+  r.prefill = phase(s0, s1, std::chrono::duration<double>(t1 - t0).count(), false, static_layer);
+  r.decode = phase(s1, s2, std::chrono::duration<double>(t2 - t1).count(), true, static_layer);
+  FERRY_ASSIGN_OR_RETURN(RequestOutput out, eng->take_output(id));
+  r.tokens = std::move(out.tokens);
+  r.logits_hash = hash;
+  r.ran = true;
+  r.device_budget_bytes = ec.device_budget_bytes;  // 0: unlimited (resident)
+  r.device_peak_bytes = eng->device_budget().bytes_peak();
+  r.expert_device_bytes = eng->experts().device_bytes();
+  if (const ExpertPager* p = eng->experts().pager()) {
+    for (int l = 0; l < geo.layers; ++l) {
+      if (geo.layer_is_moe[l]) r.slots_per_layer = p->capacity(l);
+    }
+  }
+  r.under_budget = mode != ExpertMode::kResident;
+  return r;
+}
+
+Json phase_json(const PhaseResult& p, ExpertMode mode, double roofline_gbps) {
+  const double per_tok = p.tokens ? double(p.h2d_bytes) / double(p.tokens) : 0.0;
+  Json j = {{"tokens", p.tokens},
+            {"seconds", p.seconds},
+            {"tokens_per_s", p.tokens_per_s()},
+            {"h2d_bytes", p.h2d_bytes},
+            {"h2d_bytes_per_token", per_tok},
+            {"copy_syncs", p.copy_syncs},
+            {"copy_syncs_per_token", p.tokens ? double(p.copy_syncs) / double(p.tokens) : 0.0},
+            {"paced_wait_s", p.paced_wait_s}};
+  // Hit rate of expert uses on the device: paged measured; resident all hits; static none (every
+  // expert is streamed every forward); cpu-experts has no device copies of experts (null).
+  switch (mode) {
+    case ExpertMode::kPaged:
+      j["hit_rate"] = p.hits + p.misses ? double(p.hits) / double(p.hits + p.misses) : 0.0;
+      break;
+    case ExpertMode::kResident:
+      j["hit_rate"] = 1.0;
+      break;
+    case ExpertMode::kStatic:
+      j["hit_rate"] = 0.0;
+      break;
+    case ExpertMode::kCpuExperts:
+      j["hit_rate"] = nullptr;
+      break;
+  }
+  const double link_bps = roofline_gbps * 1e9;
+  if (p.h2d_bytes > 0 && p.seconds > 0) {
+    j["link_busy_s"] = double(p.h2d_bytes) / link_bps;
+    j["roofline_pct"] = 100.0 * double(p.h2d_bytes) / link_bps / p.seconds;
+    j["roofline_tokens_per_s"] = link_bps / per_tok;
+  } else {
+    j["link_busy_s"] = 0.0;
+    j["roofline_pct"] = nullptr;
+    j["roofline_tokens_per_s"] = nullptr;
+  }
+  return j;
+}
+
+const ModeResult* find_mode(const ServeBenchReport& r, ExpertMode m) {
+  for (const ModeResult& x : r.modes) {
+    if (x.mode == m && x.ran) return &x;
+  }
+  return nullptr;
+}
+
+Json ratio(const ModeResult* a, const ModeResult* b, bool decode) {
+  if (!a || !b) return nullptr;
+  const double ta = (decode ? a->decode : a->prefill).tokens_per_s();
+  const double tb = (decode ? b->decode : b->prefill).tokens_per_s();
+  if (tb <= 0) return nullptr;
+  return ta / tb;
+}
+
+}  // namespace
+
+double measure_host_copy_gbps() {
+  const std::size_t n = 64u << 20;
+  std::vector<char> a(n, 1), b(n, 0);
+  double best = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = Clock::now();
+    std::memcpy(b.data(), a.data(), n);
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+    a[std::size_t(rep) * 4096] = b[std::size_t(rep) * 8192];  // keep the copies observable
+  }
+  return double(n) / best / 1e9;
+}
+
+Result<ServeBenchReport> run_serve_bench(const model::DecoderGeometry& geo,
+                                         const model::ModelParams& params,
+                                         const ServeBenchConfig& cfg) {
+  if (geo.experts == 0) return invalid_argument("bench serve: the model is dense (no experts)");
+  if (cfg.modes.empty()) return invalid_argument("bench serve: no modes to run");
+  if (cfg.prompt.empty()) return invalid_argument("bench serve: empty prompt");
+  if (cfg.decode_tokens < 1) return invalid_argument("bench serve: decode tokens must be >= 1");
+  if (cfg.roofline_gbps <= 0) return invalid_argument("bench serve: roofline rate must be > 0");
+  ServeBenchReport r;
+  r.config = cfg;
+  r.expert_bytes = 3 * std::size_t(geo.hidden) * std::size_t(geo.expert_width) * sizeof(float);
+  for (bool m : geo.layer_is_moe) r.moe_layers += m;
+  // The KV pool holds exactly the request: prompt + decode + 1 positions, in whole blocks.
+  const std::int64_t positions = std::int64_t(cfg.prompt.size()) + cfg.decode_tokens + 1;
+  const std::int64_t blocks = (positions + cfg.kv_block_tokens - 1) / cfg.kv_block_tokens;
+  const std::size_t block_bytes = std::size_t(geo.layers) * 2 * std::size_t(cfg.kv_block_tokens) *
+                                  std::size_t(geo.kv_heads) * std::size_t(geo.head_dim) *
+                                  sizeof(float);
+  r.kv_bytes = std::size_t(blocks) * block_bytes;
+  const std::size_t per_slot_row = r.expert_bytes * std::size_t(r.moe_layers);
+  if (cfg.expert_slots > 0) {
+    r.slots_per_layer = std::min(cfg.expert_slots, geo.experts);
+    r.expert_budget_bytes = std::size_t(r.slots_per_layer) * per_slot_row;
+  } else {
+    if (cfg.expert_fraction > 0) {
+      r.config.budget_bytes = cfg.dense_bytes + r.kv_bytes +
+                              std::size_t(cfg.expert_fraction * double(cfg.all_expert_bytes));
+    }
+    const std::size_t budget = r.config.budget_bytes;
+    if (budget == 0) return invalid_argument("bench serve: no budget and no slot count");
+    if (budget <= cfg.dense_bytes + r.kv_bytes) {
+      return resource_exhausted(
+          "bench serve: budget {} does not hold the dense weights ({}) and the KV pool ({})",
+          mem::format_bytes(budget), mem::format_bytes(cfg.dense_bytes),
+          mem::format_bytes(r.kv_bytes));
+    }
+    r.expert_budget_bytes = budget - cfg.dense_bytes - r.kv_bytes;
+    r.slots_per_layer =
+        static_cast<int>(std::min<std::size_t>(r.expert_budget_bytes / per_slot_row, geo.experts));
+    r.expert_budget_bytes = std::size_t(r.slots_per_layer) * per_slot_row;
+  }
+  if (r.slots_per_layer < geo.top_k) {
+    return resource_exhausted(
+        "bench serve: {} expert slots per layer ({} per expert, {} MoE layers), fewer than "
+        "top-k = {}",
+        r.slots_per_layer, mem::format_bytes(r.expert_bytes), r.moe_layers, geo.top_k);
+  }
+  r.device_budget_bytes = r.kv_bytes + r.expert_budget_bytes;
+
+  const double saved_rate = mem::host_link_rate();
+  mem::set_host_link_rate(cfg.link_gbps > 0 ? cfg.link_gbps * 1e9 : 0.0);
+  for (ExpertMode m : cfg.modes) {
+    Result<ModeResult> mr = run_mode(geo, params, cfg, r, m);
+    if (!mr.ok()) {
+      mem::set_host_link_rate(saved_rate);
+      return mr.status();
+    }
+    r.modes.push_back(std::move(*mr));
+  }
+  mem::set_host_link_rate(saved_rate);
+  return r;
+}
+
+Json report_json(const ServeBenchReport& r) {
+  const ServeBenchConfig& c = r.config;
+  const ModeResult* ref = nullptr;
+  for (const ModeResult& m : r.modes) {
+    if (m.ran) {
+      ref = &m;
+      break;
+    }
+  }
+  Json modes = Json::array();
+  for (const ModeResult& m : r.modes) {
+    Json j = {{"mode", std::string(to_string(m.mode))}, {"ran", m.ran}};
+    if (!m.ran) {
+      j["skipped"] = m.skipped;
+      modes.push_back(j);
+      continue;
+    }
+    j["reference"] = &m == ref;
+    j["under_budget"] = m.under_budget;
+    j["prefill"] = phase_json(m.prefill, m.mode, c.roofline_gbps);
+    j["decode"] = phase_json(m.decode, m.mode, c.roofline_gbps);
+    j["tokens"] = m.tokens;
+    j["same_tokens_as_reference"] = ref && m.tokens == ref->tokens;
+    j["same_logits_bits_as_reference"] = ref && m.logits_hash == ref->logits_hash;
+    j["device_budget_bytes"] = m.device_budget_bytes;  // 0: unlimited (resident)
+    j["device_peak_bytes"] = m.device_peak_bytes;
+    j["expert_device_bytes"] = m.expert_device_bytes;
+    j["slots_per_layer"] = m.mode == ExpertMode::kPaged ? Json(m.slots_per_layer) : Json(nullptr);
+    modes.push_back(j);
+  }
+  const ModeResult* paged = find_mode(r, ExpertMode::kPaged);
+  const ModeResult* stat = find_mode(r, ExpertMode::kStatic);
+  const ModeResult* cpu = find_mode(r, ExpertMode::kCpuExperts);
+  const ModeResult* res = find_mode(r, ExpertMode::kResident);
+  return Json{
+      {"prompt_tokens", c.prompt.size()},
+      {"decode_tokens", c.decode_tokens},
+      {"policy", std::string(to_string(c.policy))},
+      {"link",
+       {{"paced", c.link_gbps > 0},
+        {"link_gbps", c.link_gbps},
+        {"roofline_gbps", c.roofline_gbps}}},
+      {"sizing",
+       {{"from", c.expert_slots > 0 ? "expert_slots" : "budget"},
+        {"budget_bytes", c.budget_bytes},
+        {"dense_bytes_charged", c.expert_slots > 0 ? 0 : c.dense_bytes},
+        {"kv_bytes", r.kv_bytes},
+        {"expert_bytes", r.expert_bytes},
+        {"moe_layers", r.moe_layers},
+        {"slots_per_layer", r.slots_per_layer},
+        {"expert_budget_bytes", r.expert_budget_bytes},
+        {"device_budget_bytes", r.device_budget_bytes}}},
+      {"modes", modes},
+      {"ratios",
+       {{"paged_over_static_decode", ratio(paged, stat, true)},
+        {"paged_over_static_prefill", ratio(paged, stat, false)},
+        {"paged_over_cpu_experts_decode", ratio(paged, cpu, true)},
+        {"paged_over_cpu_experts_prefill", ratio(paged, cpu, false)},
+        {"paged_over_resident_decode", ratio(paged, res, true)}}},
+      {"definitions",
+       {{"h2d_bytes", "host->device bytes of the host transfer engine (expert copies)"},
+        {"roofline_pct",
+         "100 * (h2d bytes / roofline rate) / phase seconds = tokens/s over roofline tokens/s "
+         "(roofline tokens/s = rate / h2d bytes per token); null when no bytes move"},
+        {"copy_syncs",
+         "host syncs of expert copies: pager miss batches + static bulk layer copies; other "
+         "host syncs not counted"},
+        {"hit_rate", "paged: pager hits / (hits + misses); resident 1; static 0; cpu-experts null"},
+        {"resident", "run without the budget, as the reference"}}},
+  };
+}
+
+}  // namespace ferry::serve::bench

@@ -1,0 +1,100 @@
+// SPDX-License-Identifier: Apache-2.0
+// `ferry bench serve`'s measurement: for each expert mode, one fresh Engine on the same weights,
+// the same prompt and the same forced routing runs a prefill of P tokens (one step) and a
+// single-stream greedy decode of D tokens (D one-token steps), and reports per phase: tokens/s,
+// expert hit rate, host->device bytes per token, link utilisation against a roofline, copy syncs
+// per token, and the device tier's peak against its budget.
+// Definitions (also written into the JSON):
+//   h2d bytes       the host transfer engine's host->device bytes (expert misses, static bulk
+//                   copies); the emulated device tier's only H2D traffic.
+//   roofline %      (h2d bytes / link rate) / phase wall time: the share of the phase the link
+//                   is busy; equal to tokens/s divided by the roofline tokens/s = link rate /
+//                   (h2d bytes per token). null when a phase moves no bytes.
+//   copy syncs      host syncs of expert copies: one per pager miss batch (PagerCounters::
+//                   copy_batches) and one per static bulk layer copy. Other host syncs (logits,
+//                   sampling) are not counted by the engine.
+// Sizing: with expert_slots, every MoE layer gets that many slots and the device budget is the KV
+// pool plus those slots. With budget_bytes (the total accelerator budget), dense weights and the
+// KV pool (sized for P + D + 1 tokens) are taken off first and the rest is expert slots,
+// equal per layer (expert_fraction sets the budget from the share of experts instead). resident
+// runs without the budget (the reference). A mode that does not fit (static's one-layer staging) is
+// reported as skipped with the reason. Every mode's token ids and logits bits are compared with the
+// first mode run (engine property, docs/serve.md "Byte identity"). Pacing: link_gbps > 0 sets
+// mem::set_host_link_rate for the runs (link_pacer.h) and restores it afterwards. Not thread-safe
+// (global pacing, global pool).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/json.h"
+#include "core/result.h"
+#include "model/model_compute.h"
+#include "serve/routing_trace.h"
+#include "serve/serve_config.h"
+
+namespace ferry::serve::bench {
+
+struct ServeBenchConfig {
+  std::vector<ExpertMode> modes;     // run in this order; the first that runs is the reference
+  std::vector<std::int32_t> prompt;  // P ids
+  int decode_tokens = 64;            // D
+  int expert_slots = 0;              // > 0: slots per MoE layer
+  std::size_t budget_bytes = 0;      // else: total device budget (dense + KV + experts)
+  std::size_t dense_bytes = 0;       // non-expert weight bytes charged to budget_bytes
+  // Else, > 0: budget_bytes = dense_bytes + the KV pool + this fraction of all experts' bytes
+  // (a scaled geometry's default: the share of experts the target budget holds on the target).
+  double expert_fraction = 0;
+  std::size_t all_expert_bytes = 0;  // with expert_fraction
+  EvictionPolicy policy = EvictionPolicy::kLru;
+  double link_gbps = 0;      // > 0: pace H2D copies of the emulated tier to this rate (GB/s)
+  double roofline_gbps = 0;  // the rate the roofline is computed against (> 0)
+  const RoutingTrace* trace = nullptr;  // forced routing of request 0 (null: the router's own)
+  int kv_block_tokens = 16;
+};
+
+struct PhaseResult {
+  std::int64_t tokens = 0;
+  double seconds = 0;
+  std::uint64_t h2d_bytes = 0;
+  std::uint64_t hits = 0, misses = 0;  // paged only
+  std::uint64_t copy_syncs = 0;
+  double paced_wait_s = 0;
+  double tokens_per_s() const { return seconds > 0 ? double(tokens) / seconds : 0.0; }
+};
+
+struct ModeResult {
+  ExpertMode mode = ExpertMode::kResident;
+  bool ran = false;
+  std::string skipped;  // why not, when !ran
+  bool under_budget = true;
+  PhaseResult prefill, decode;
+  std::vector<std::int32_t> tokens;  // greedy ids
+  std::uint64_t logits_hash = 0;     // FNV-1a over every sampled logits row's bits
+  std::size_t device_budget_bytes = 0, device_peak_bytes = 0, expert_device_bytes = 0;
+  int slots_per_layer = 0;  // paged
+};
+
+struct ServeBenchReport {
+  ServeBenchConfig config;
+  std::size_t expert_bytes = 0, kv_bytes = 0, expert_budget_bytes = 0, device_budget_bytes = 0;
+  int slots_per_layer = 0, moe_layers = 0;
+  std::vector<ModeResult> modes;
+};
+
+// Fails (invalid_argument / resource_exhausted) before running anything when the sizing is
+// impossible (budget below dense + KV, fewer than top-k slots, a dense model, ...).
+Result<ServeBenchReport> run_serve_bench(const model::DecoderGeometry& geo,
+                                         const model::ModelParams& params,
+                                         const ServeBenchConfig& cfg);
+
+// GB/s of a plain host memcpy of 64 MiB (the emulated tier's copy rate without pacing).
+double measure_host_copy_gbps();
+
+// The report's JSON (definitions included); ratios are null where a mode is missing.
+Json report_json(const ServeBenchReport& r);
+
+}  // namespace ferry::serve::bench
