@@ -10,9 +10,12 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <sstream>
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "conv_error_check.h"
 
 namespace ferry::route {
 namespace {
@@ -81,16 +84,10 @@ void check_case(const Case& k, unsigned seed, Isa isa) {
   }
   const auto want = naive<double>(k, in, w, b, lo, hi);
   const auto twin = naive<float>(k, in, w, b, lo, hi);
-  double err = 0, err_naive = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(out[i])) << "i=" << i;
-    err = std::max(err, std::abs(out[i] - want[i]));
-    err_naive = std::max(err_naive, std::abs(twin[i] - want[i]));
-  }
-  EXPECT_EQ(out.back(), 12345.0f) << "wrote past the output";
-  EXPECT_LE(err, 2 * err_naive + 1e-6)
-      << "seed=" << seed << " C_out=" << k.c_out << " C_in=" << k.c_in << " P=" << k.pixels
-      << " bias=" << k.bias << " clamp=" << k.clamp << " isa=" << static_cast<int>(isa);
+  std::ostringstream what;
+  what << "seed=" << seed << " C_out=" << k.c_out << " C_in=" << k.c_in << " P=" << k.pixels
+       << " bias=" << k.bias << " clamp=" << k.clamp << " isa=" << static_cast<int>(isa);
+  testing::expect_within_twice_naive(out, want, twin, what.str());
 }
 
 std::vector<Case> cases() {

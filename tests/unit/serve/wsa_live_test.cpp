@@ -328,6 +328,18 @@ std::map<std::pair<int, int>, std::vector<std::int32_t>> run_agentic(Engine& eng
   return out;
 }
 
+// The KV floor (one request of the workload's longest context) and a budget of 5 expert slots
+// per MoE layer plus the floor and 4 blocks: tight enough that the live split has to choose.
+// {0, 0} if the block size cannot be probed.
+std::pair<int, std::size_t> tight_split(const BuiltinModel& m, const wsa::AgenticWorkload& w) {
+  auto probe = KvCache::create(m.geometry, {.block_tokens = kBlockTokens, .budget_bytes = 1 << 20});
+  if (!probe.ok()) return {0, 0};
+  const std::size_t kb = (*probe)->block_bytes();
+  const std::size_t eb = 3 * 64 * 32 * sizeof(float);
+  const int floor = (w.max_context() + kBlockTokens - 1) / kBlockTokens;
+  return {floor, 2 * 5 * eb + std::size_t(floor + 4) * kb};
+}
+
 // Four sessions of three turns over the built-in model's 2 MoE layers x 8 experts.
 wsa::AgenticSpec tiny_agentic_spec() {
   return {.sessions = 4,
@@ -356,14 +368,8 @@ TEST(WsaLive, AgenticSessionsUnderAutoSplitMatchAFixedEngine) {
 
   EngineConfig cfg = base_config();
   cfg.kv.block_tokens = kBlockTokens;
-  auto probe =
-      KvCache::create(m->geometry, {.block_tokens = kBlockTokens, .budget_bytes = 1 << 20});
-  ASSERT_TRUE(probe.ok());
-  const std::size_t kb = (*probe)->block_bytes();
-  const std::size_t eb = 3 * 64 * 32 * sizeof(float);
-  // The longest turn needs blocks_for(max_context) blocks; the floor is one such request.
-  const int floor = (w.max_context() + kBlockTokens - 1) / kBlockTokens;
-  const std::size_t budget = 2 * 5 * eb + std::size_t(floor + 4) * kb;
+  const auto [floor, budget] = tight_split(*m, w);
+  ASSERT_GT(budget, 0u);
   ASSERT_TRUE(wsa::configure_auto_split(m->geometry, budget, floor, cfg).ok());
   auto b = Engine::create(m->geometry, m->params, cfg);
   ASSERT_TRUE(b.ok()) << b.status().to_string();
@@ -451,13 +457,8 @@ TEST(WsaLive, PrefixCacheUnderAutoSplitIsBitIdenticalAndFeedsTheKvCurve) {
   cfg.kv.block_tokens = kBlockTokens;
   cfg.kv.prefix_cache = true;
   cfg.batch_invariant = true;
-  auto probe =
-      KvCache::create(m->geometry, {.block_tokens = kBlockTokens, .budget_bytes = 1 << 20});
-  ASSERT_TRUE(probe.ok());
-  const std::size_t kb = (*probe)->block_bytes();
-  const std::size_t eb = 3 * 64 * 32 * sizeof(float);
-  const int floor = (w.max_context() + kBlockTokens - 1) / kBlockTokens;
-  const std::size_t budget = 2 * 5 * eb + std::size_t(floor + 4) * kb;
+  const auto [floor, budget] = tight_split(*m, w);
+  ASSERT_GT(budget, 0u);
   ASSERT_TRUE(wsa::configure_auto_split(m->geometry, budget, floor, cfg).ok());
   auto b = Engine::create(m->geometry, m->params, cfg);
   ASSERT_TRUE(b.ok()) << b.status().to_string();
