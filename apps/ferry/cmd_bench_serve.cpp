@@ -2,6 +2,7 @@
 // `ferry bench serve [--model DIR | --geometry NAME] [--modes resident,static,cpu-experts,paged]
 //   [--budget-gib X | --expert-slots N] [--prompt-tokens P] [--decode-tokens D]
 //   [--trace FILE | --synthetic calibrated|spread] [--link-gbps G] [--policy P] [--seed S]
+//   [--miss-cost-model [--cpu-gflops F]] [--bypass-window N]
 //   [--json OUT]`
 // Prefill and single-stream decode throughput of every expert mode on one random-weight model
 // (or a loaded one) with the same prompt and forced routing; the measurement and the definitions
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "apps/ferry/commands.h"
+#include "apps/ferry/miss_placement_flags.h"
 #include "core/log.h"
 #include "mem/budget.h"
 #include "model/model_binding.h"
@@ -38,6 +40,7 @@ struct BenchServeConfig {
   std::string synthetic = "calibrated";
   double link_gbps = 0;
   std::string policy = "lru";
+  MissPlacementFlags miss;
   std::uint64_t seed = 1;
   std::string json_out;
 };
@@ -106,6 +109,9 @@ int run_bench_serve(const BenchServeConfig& cfg) {
   auto policy = serve::parse_eviction_policy(cfg.policy);
   if (!policy.ok()) return fail(policy.status());
   bc.policy = *policy;
+  bc.miss_cost_model = cfg.miss.cost_model;
+  bc.cpu_gflops = cfg.miss.cpu_gflops;
+  bc.bypass_window = cfg.miss.bypass_window;
 
   // The model: a loaded folder or a built-in geometry with seeded random weights.
   std::unique_ptr<model::LoadedModel> loaded;
@@ -285,6 +291,7 @@ void register_bench_serve(CLI::App& app, CommandFn& run) {
   cmd->add_option("--link-gbps", cfg->link_gbps,
                   "pace host->device copies of the emulated tier to G GB/s (PCIe Gen4: 24)")
       ->check(CLI::Range(1e-3, 1e4));
+  add_miss_placement_flags(cmd, cfg->miss, /*with_link=*/false);  // the link: --link-gbps
   cmd->add_option("--policy", cfg->policy, "pager eviction policy: lru, lfu, lfru")
       ->check(CLI::IsMember({"lru", "lfu", "lfru"}));
   cmd->add_option("--seed", cfg->seed, "seed of the weights, prompt and synthetic trace");

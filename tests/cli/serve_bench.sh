@@ -83,6 +83,30 @@ assert d["paced_wait_s"] > 0, d
 assert j["modes"][1]["same_tokens_as_reference"]
 PY
 
+# Miss placement: bypass admission moves fewer bytes than copying every miss, the cost model with
+# a fast CPU moves none; both keep the reference's ids and logits bits.
+for flags in "" "--bypass-window 1" "--miss-cost-model --cpu-gflops 1e6"; do
+  # shellcheck disable=SC2086
+  "$FERRY" bench serve --geometry tiny --modes resident,paged --expert-slots 8 --prompt-tokens 16 \
+    --decode-tokens 12 --json "$tmp/m.json" $flags >/dev/null 2>"$tmp/err.txt" \
+    || fail "placement bench '$flags': $(cat "$tmp/err.txt")"
+  python3 - "$tmp/m.json" "$flags" >>"$tmp/m.txt" <<'PY' || fail "placement report '$flags'"
+import json, sys
+j = json.load(open(sys.argv[1]))
+pg = j["modes"][1]
+assert pg["mode"] == "paged" and pg["same_tokens_as_reference"] and pg["same_logits_bits_as_reference"]
+print(sys.argv[2] or "copy", pg["prefill"]["h2d_bytes"] + pg["decode"]["h2d_bytes"],
+      pg["prefill"]["host_computed_misses"] + pg["decode"]["host_computed_misses"])
+PY
+done
+python3 - "$tmp/m.txt" <<'PY' || fail "placement: $(cat "$tmp/m.txt")"
+import sys
+rows = [l.rsplit(" ", 2) for l in open(sys.argv[1]).read().splitlines()]
+(copy_b, copy_h), (byp_b, byp_h), (cm_b, cm_h) = [(int(b), int(h)) for _, b, h in rows]
+assert copy_h == 0 and byp_h > 0 and cm_h > 0, rows
+assert byp_b < copy_b and cm_b == 0, rows
+PY
+
 # Bad flags: usage errors exit 2, runtime conditions exit 1, each with a message.
 expect() {  # expect CODE PATTERN ARGS...
   local code=$1 pat=$2; shift 2

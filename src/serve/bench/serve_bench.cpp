@@ -17,7 +17,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct Snapshot {
-  std::uint64_t h2d = 0, hits = 0, misses = 0, batches = 0, static_bytes = 0;
+  std::uint64_t h2d = 0, hits = 0, misses = 0, batches = 0, static_bytes = 0, host_misses = 0;
   double wait_s = 0;
   std::int64_t prefill = 0, decode = 0;
 };
@@ -32,6 +32,7 @@ Snapshot snap(Engine& eng) {
     s.batches = p->counters().copy_batches;
   }
   s.static_bytes = eng.experts().counters().static_bytes_copied;
+  s.host_misses = eng.experts().counters().cpu_misses + eng.experts().counters().bypassed;
   s.prefill = std::int64_t(eng.stats().prefill_tokens);
   s.decode = std::int64_t(eng.stats().decode_tokens);
   return s;
@@ -44,7 +45,8 @@ PhaseResult phase(const Snapshot& a, const Snapshot& b, double seconds, bool dec
   p.seconds = seconds;
   p.h2d_bytes = b.h2d - a.h2d;
   p.hits = b.hits - a.hits;
-  p.misses = b.misses - a.misses;
+  p.host_misses = b.host_misses - a.host_misses;
+  p.misses = b.misses - a.misses + p.host_misses;
   p.copy_syncs =
       (b.batches - a.batches) + (layer_bytes ? (b.static_bytes - a.static_bytes) / layer_bytes : 0);
   p.paced_wait_s = b.wait_s - a.wait_s;
@@ -71,7 +73,13 @@ Result<ModeResult> run_mode(const model::DecoderGeometry& geo, const model::Mode
   ec.max_batch_tokens = static_cast<int>(cfg.prompt.size());
   ec.max_running = 1;
   ec.device_budget_bytes = mode == ExpertMode::kResident ? 0 : plan.device_budget_bytes;
-  if (mode == ExpertMode::kPaged) ec.pager.slots_per_layer = plan.slots_per_layer;
+  if (mode == ExpertMode::kPaged) {
+    ec.pager.slots_per_layer = plan.slots_per_layer;
+    ec.pager.miss_cost_model = cfg.miss_cost_model;
+    ec.pager.cpu_gflops = cfg.cpu_gflops;
+    ec.pager.bypass_window = cfg.bypass_window;
+    ec.pager.link_gbps = cfg.link_gbps > 0 ? cfg.link_gbps : cfg.roofline_gbps;
+  }
   const std::size_t layer_bytes = std::size_t(geo.experts) * plan.expert_bytes;
   if (mode == ExpertMode::kStatic && plan.kv_bytes + layer_bytes > plan.device_budget_bytes) {
     r.skipped = fmt::format(
@@ -142,6 +150,7 @@ Json phase_json(const PhaseResult& p, ExpertMode mode, double roofline_gbps) {
   switch (mode) {
     case ExpertMode::kPaged:
       j["hit_rate"] = p.hits + p.misses ? double(p.hits) / double(p.hits + p.misses) : 0.0;
+      j["host_computed_misses"] = p.host_misses;
       break;
     case ExpertMode::kResident:
       j["hit_rate"] = 1.0;
@@ -297,6 +306,10 @@ Json report_json(const ServeBenchReport& r) {
       {"prompt_tokens", c.prompt.size()},
       {"decode_tokens", c.decode_tokens},
       {"policy", std::string(to_string(c.policy))},
+      {"miss_placement",
+       {{"cost_model", c.miss_cost_model},
+        {"cpu_gflops", c.cpu_gflops},
+        {"bypass_window", c.bypass_window}}},
       {"link",
        {{"paced", c.link_gbps > 0},
         {"link_gbps", c.link_gbps},
@@ -326,7 +339,9 @@ Json report_json(const ServeBenchReport& r) {
         {"copy_syncs",
          "host syncs of expert copies: pager miss batches + static bulk layer copies; other "
          "host syncs not counted"},
-        {"hit_rate", "paged: pager hits / (hits + misses); resident 1; static 0; cpu-experts null"},
+        {"hit_rate",
+         "paged: pager hits / (hits + misses), misses computed from host memory included; "
+         "resident 1; static 0; cpu-experts null"},
         {"resident", "run without the budget, as the reference"}}},
   };
 }

@@ -50,6 +50,11 @@ struct ServeBenchConfig {
   double expert_fraction = 0;
   std::size_t all_expert_bytes = 0;  // with expert_fraction
   EvictionPolicy policy = EvictionPolicy::kLru;
+  // Paged miss placement (serve_config.h): the cost model prices copies at link_gbps (or, unpaced,
+  // roofline_gbps) against cpu_gflops; bypass_window > 0 turns bypass admission on.
+  bool miss_cost_model = false;
+  double cpu_gflops = 50;
+  int bypass_window = 0;
   double link_gbps = 0;      // > 0: pace H2D copies of the emulated tier to this rate (GB/s)
   double roofline_gbps = 0;  // the rate the roofline is computed against (> 0)
   const RoutingTrace* trace = nullptr;  // forced routing of request 0 (null: the router's own)
@@ -60,7 +65,8 @@ struct PhaseResult {
   std::int64_t tokens = 0;
   double seconds = 0;
   std::uint64_t h2d_bytes = 0;
-  std::uint64_t hits = 0, misses = 0;  // paged only
+  std::uint64_t hits = 0, misses = 0;  // paged only; misses include those computed on the host
+  std::uint64_t host_misses = 0;       // paged misses computed from host memory (no copy)
   std::uint64_t copy_syncs = 0;
   double paced_wait_s = 0;
   double tokens_per_s() const { return seconds > 0 ? double(tokens) / seconds : 0.0; }
