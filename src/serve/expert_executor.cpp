@@ -139,6 +139,7 @@ Result<std::unique_ptr<ExpertExecutor>> ExpertExecutor::create(const model::Deco
                         std::vector<std::uint64_t>(static_cast<std::size_t>(geo.experts), 0));
     x->paged_.reserve(static_cast<std::size_t>(geo.experts));
     x->paged_refs_.reserve(static_cast<std::size_t>(geo.experts));
+    x->rows_of_expert_.assign(static_cast<std::size_t>(geo.experts), 0);
     x->hot_.assign(geo.layers, std::vector<bool>(geo.experts, false));
     for (int l = 0; l < geo.layers; ++l) {
       if (!geo.layer_is_moe[l]) continue;
@@ -205,31 +206,15 @@ Status ExpertExecutor::compute_group(int layer, const float* x, const std::int32
     case ExpertMode::kPaged: {
       // Miss placement: each distinct expert goes to a slot (hits, admitted misses) or is
       // computed from the host store (cost model, bypass); the pager sees only the former.
-      const std::uint64_t step = layer_step_[std::size_t(layer)];
+      if (placement_.miss_cost_model) {  // rows per expert, one pass over the group's ids
+        for (std::int32_t e : distinct_) rows_of_expert_[std::size_t(e)] = 0;
+        for (std::int64_t j = t0 * K; j < t1 * K; ++j) ++rows_of_expert_[std::size_t(ids[j])];
+      }
       int free = placement_.bypass_window > 0 ? pager_->free_slots(layer) : 0;
       paged_.clear();
       for (std::size_t i = 0; i < distinct_.size(); ++i) {
         const std::int32_t e = distinct_[i];
-        std::int64_t rows_e = 0;
-        for (std::int64_t j = t0 * K; j < t1 * K; ++j) rows_e += ids[j] == e;
-        bool host = false;
-        if (!pager_->is_resident(layer, e) && !pager_->is_hot(layer, e)) {
-          const double copy_s = double(store_->expert_bytes()) / (placement_.link_gbps * 1e9);
-          const double cpu_s =
-              double(rows_e) * 6.0 * double(C) * double(F) / (placement_.cpu_gflops * 1e9);
-          const std::uint64_t last = last_use_[std::size_t(layer)][std::size_t(e)];
-          if (placement_.miss_cost_model && cpu_s < copy_s) {
-            host = true;
-            ++counters_.cpu_misses;
-          } else if (placement_.bypass_window > 0 && free <= 0 &&
-                     (last == 0 || step - last > std::uint64_t(placement_.bypass_window))) {
-            host = true;
-            ++counters_.bypassed;
-          } else if (free > 0) {
-            --free;
-          }
-        }
-        if (host) {
+        if (on_host(layer, e, free)) {
           distinct_refs_[i] = store_->ref(layer, e);
         } else {
           paged_.push_back(e);
@@ -240,6 +225,7 @@ Status ExpertExecutor::compute_group(int layer, const float* x, const std::int32
       for (std::size_t i = 0, j = 0; i < distinct_.size(); ++i) {
         if (j < paged_.size() && paged_[j] == distinct_[i]) distinct_refs_[i] = paged_refs_[j++];
       }
+      const std::uint64_t step = layer_step_[std::size_t(layer)];
       for (std::int32_t e : distinct_) last_use_[std::size_t(layer)][std::size_t(e)] = step;
       break;
     }
@@ -263,6 +249,33 @@ Status ExpertExecutor::compute_group(int layer, const float* x, const std::int32
   ++counters_.groups;
   counters_.expert_rows += rows;
   return ok_status();
+}
+
+bool ExpertExecutor::on_host(int layer, std::int32_t e, int& free) {
+  if (pager_->is_resident(layer, e) || pager_->is_hot(layer, e)) return false;  // a hit
+  if (placement_.miss_cost_model) {
+    const double C = geo_.hidden, F = geo_.expert_width;
+    const double copy_s = double(store_->expert_bytes()) / (placement_.link_gbps * 1e9);
+    const double cpu_s =
+        double(rows_of_expert_[std::size_t(e)]) * 6.0 * C * F / (placement_.cpu_gflops * 1e9);
+    if (cpu_s < copy_s) {
+      ++counters_.cpu_misses;
+      return true;
+    }
+  }
+  if (placement_.bypass_window > 0) {
+    if (free > 0) {  // admitted into an empty slot: no eviction, nothing to bypass
+      --free;
+      return false;
+    }
+    const std::uint64_t step = layer_step_[std::size_t(layer)];
+    const std::uint64_t last = last_use_[std::size_t(layer)][std::size_t(e)];
+    if (last == 0 || step - last > std::uint64_t(placement_.bypass_window)) {
+      ++counters_.bypassed;
+      return true;
+    }
+  }
+  return false;
 }
 
 Status ExpertExecutor::run(int layer, const float* x, const std::int32_t* ids, std::int64_t T,

@@ -103,8 +103,10 @@ class ExpertExecutor {
   std::vector<std::vector<std::uint64_t>> last_use_;  // [L][E], 0 = never
   std::vector<std::int32_t> paged_;                   // the group's experts that go to the pager
   std::vector<ExpertRef> paged_refs_;
-  // Where each of the group's distinct experts runs: false = a slot, true = the host store.
-  bool on_host(int layer, std::int32_t e, std::int64_t rows);
+  std::vector<std::int64_t> rows_of_expert_;  // [E] the group's rows per expert (cost model)
+  // Where a distinct expert of the group runs: false = a slot (hit or admitted miss; an admission
+  // into an empty slot decrements `free`), true = computed from the host store.
+  bool on_host(int layer, std::int32_t e, int& free);
 };
 
 }  // namespace ferry::serve
