@@ -355,10 +355,12 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
       model::ForwardResult r;
       std::uint64_t fwd = 0, bwd = 0;
       if (streamer) {
-        const stream::TransferStats before = streamer->stats();
+        // The two counters only: TransferStats also holds per-window vectors (no copy per step).
+        const std::uint64_t fwd0 = streamer->stats().layer_forwards;
+        const std::uint64_t bwd0 = streamer->stats().layer_backwards;
         FERRY_ASSIGN_OR_RETURN(r, streamer->micro_batch(batch));
-        fwd = streamer->stats().layer_forwards - before.layer_forwards;
-        bwd = streamer->stats().layer_backwards - before.layer_backwards;
+        fwd = streamer->stats().layer_forwards - fwd0;
+        bwd = streamer->stats().layer_backwards - bwd0;
       } else {
         FERRY_ASSIGN_OR_RETURN(r, compute->forward(s.params, batch));
         FERRY_TRY(compute->backward(s.params, batch, s.grads->grads));
