@@ -153,6 +153,10 @@ void register_train(CLI::App& app, CommandFn& run) {
   cmd->add_option("--executor", *executor,
                   "memory (everything resident, the reference) or stream (layer streaming)")
       ->check(CLI::IsMember({"memory", "stream"}));
+  cmd->add_option("--device", cfg->device,
+                  "stream: compute on cpu (emulated device tier) or cuda (GPU 0; implies "
+                  "--executor stream)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--policy", cfg->policy,
                   "stream: activation policy: device, host, nvme:DIR, every:K[:host|:nvme:DIR], "
                   "mix:LETTERS[:DIR] (d/h/n/r per layer boundary)");
@@ -168,8 +172,9 @@ void register_train(CLI::App& app, CommandFn& run) {
                   "(0 = unlimited)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30));
   cmd->callback([cfg, schedule, overlong, states, master, executor, lr, &run] {
-    cfg->executor = *executor == "stream" || !cfg->plan_file.empty() ? train::Executor::kStream
-                                                                     : train::Executor::kMemory;
+    cfg->executor = *executor == "stream" || !cfg->plan_file.empty() || cfg->device == "cuda"
+                        ? train::Executor::kStream
+                        : train::Executor::kMemory;
     if (lr->count() == 0 && !cfg->model_dir.empty()) cfg->lr = 1e-5;
     auto sched = train::parse_lr_schedule(*schedule);
     if (!sched.ok()) throw CLI::ValidationError("--schedule", sched.status().message());

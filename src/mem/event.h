@@ -19,7 +19,10 @@ namespace ferry::mem {
 class Event {
  public:
   // Host events always succeed; CUDA events need a CUDA build (unavailable otherwise).
-  static Result<Event> create(Device device, int device_index = 0);
+  // timing: the event carries a timestamp, for elapsed_ms (CUDA; host events have none).
+  static Result<Event> create(Device device, int device_index = 0, bool timing = false);
+  // Milliseconds between two completed timing CUDA events recorded in that order (GPU clock).
+  static Result<float> elapsed_ms(const Event& start, const Event& end);
 
   Event() = default;  // a host event
   Event(Event&& other) noexcept;

@@ -16,11 +16,14 @@ void rt_stream_destroy(void* stream, int device);
 Status rt_stream_synchronize(void* stream);
 Status rt_stream_wait_event(void* stream, void* event);
 
-Result<void*> rt_event_create(int device);
+// timing: events whose elapsed time can be read (rt_event_elapsed_ms); others are cheaper.
+Result<void*> rt_event_create(int device, bool timing = false);
 void rt_event_destroy(void* event, int device);
 Status rt_event_record(void* event, void* stream);
 Result<bool> rt_event_query(void* event);
 Status rt_event_synchronize(void* event);
+// Milliseconds between two completed timing events.
+Result<float> rt_event_elapsed_ms(void* start, void* end);
 
 // CUDA graphs (graph.h): thread-local capture on a stream; end returns the instantiated
 // cudaGraphExec_t (the intermediate cudaGraph_t is destroyed).
@@ -32,5 +35,6 @@ void rt_graph_destroy(void* exec, int device);
 enum class RtCopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice, kHostToHost };
 Status rt_memcpy_async(void* dst, const void* src, std::size_t bytes, RtCopyKind kind,
                        void* stream);
+Status rt_memset_async(void* dst, int value, std::size_t bytes, void* stream);
 
 }  // namespace ferry::mem::detail

@@ -34,11 +34,11 @@ Status rt_stream_wait_event(void* stream, void* event) {
   return {};
 }
 
-Result<void*> rt_event_create(int device) {
+Result<void*> rt_event_create(int device, bool timing) {
   ScopedDevice guard(device);
   FERRY_CUDA_TRY(guard.status());
   cudaEvent_t e = nullptr;
-  FERRY_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  FERRY_CUDA_TRY(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
   return static_cast<void*>(e);
 }
 
@@ -67,6 +67,13 @@ Result<bool> rt_event_query(void* event) {
 Status rt_event_synchronize(void* event) {
   FERRY_CUDA_TRY(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
   return {};
+}
+
+Result<float> rt_event_elapsed_ms(void* start, void* end) {
+  float ms = 0.0f;
+  FERRY_CUDA_TRY(
+      cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)));
+  return ms;
 }
 
 Status rt_graph_begin_capture(void* stream) {
@@ -119,6 +126,11 @@ Status rt_memcpy_async(void* dst, const void* src, std::size_t bytes, RtCopyKind
       break;
   }
   FERRY_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, k, static_cast<cudaStream_t>(stream)));
+  return {};
+}
+
+Status rt_memset_async(void* dst, int value, std::size_t bytes, void* stream) {
+  FERRY_CUDA_TRY(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(stream)));
   return {};
 }
 

@@ -27,12 +27,12 @@ Status Stream::synchronize() {
   return detail::rt_stream_synchronize(native_);
 }
 
-Result<Event> Event::create(Device device, int device_index) {
+Result<Event> Event::create(Device device, int device_index, bool timing) {
   Event e;
   e.device_ = device;
   e.device_index_ = device_index;
   if (device == Device::kCuda) {
-    FERRY_ASSIGN_OR_RETURN(e.native_, detail::rt_event_create(device_index));
+    FERRY_ASSIGN_OR_RETURN(e.native_, detail::rt_event_create(device_index, timing));
   }
   return e;
 }
@@ -67,6 +67,13 @@ Status Event::record(Stream& stream) {
 Result<bool> Event::query() const {
   if (native_ == nullptr) return true;
   return detail::rt_event_query(native_);
+}
+
+Result<float> Event::elapsed_ms(const Event& start, const Event& end) {
+  if (start.native_ == nullptr || end.native_ == nullptr) {
+    return invalid_argument("mem: elapsed time needs two CUDA timing events");
+  }
+  return detail::rt_event_elapsed_ms(start.native_, end.native_);
 }
 
 Status Event::synchronize() const {

@@ -56,6 +56,12 @@ class HostTransferEngine final : public TransferEngine {
     count(kind, bytes);
     return {};
   }
+  Status zero(void* dst, std::size_t bytes, Stream& stream) override {
+    FERRY_CHECK(stream.device() == Device::kCpu, "mem: host transfer engine given a {} stream",
+                to_string(stream.device()));
+    if (bytes != 0) std::memset(dst, 0, bytes);
+    return {};
+  }
 };
 
 }  // namespace

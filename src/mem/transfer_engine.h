@@ -46,6 +46,9 @@ class TransferEngine {
   virtual Status copy(void* dst, const void* src, std::size_t bytes, CopyKind kind,
                       Stream& stream) = 0;
 
+  // Sets `bytes` bytes at dst (device-tier memory) to zero, enqueued on `stream`.
+  virtual Status zero(void* dst, std::size_t bytes, Stream& stream) = 0;
+
   Status h2d(void* d_dst, const void* h_src, std::size_t bytes, Stream& stream) {
     return copy(d_dst, h_src, bytes, CopyKind::kHostToDevice, stream);
   }

@@ -29,6 +29,13 @@ class CudaTransferEngine final : public TransferEngine {
     count(kind, bytes);
     return {};
   }
+  Status zero(void* dst, std::size_t bytes, Stream& stream) override {
+    FERRY_CHECK(stream.device() == Device::kCuda && stream.device_index() == device_,
+                "mem: cuda transfer engine (device {}) given a {} stream of device {}", device_,
+                to_string(stream.device()), stream.device_index());
+    if (bytes == 0) return {};
+    return detail::rt_memset_async(dst, 0, bytes, stream.native());
+  }
 
  private:
   int device_;

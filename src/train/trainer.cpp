@@ -16,6 +16,7 @@
 #include "core/progress.h"
 #include "core/timer.h"
 #include "kernels/backend.h"
+#include "mem/device_info.h"
 #include "model/model_binding.h"
 #include "model/tokenizer/chat_template.h"
 #include "train/batcher.h"
@@ -50,6 +51,12 @@ Status validate(const TrainConfig& c) {
     return invalid_argument("train: --peak-tflops must be a finite number >= 0");
   }
   if (c.device_budget_mib < 0) return invalid_argument("train: --device-budget-mib must be >= 0");
+  if (c.device != "cpu" && c.device != "cuda") {
+    return invalid_argument("train: --device {} (expected cpu or cuda)", c.device);
+  }
+  if (c.device == "cuda" && c.executor != Executor::kStream) {
+    return invalid_argument("train: --device cuda runs the stream executor (--executor stream)");
+  }
   if (!c.q8_params.empty() && c.optim.states != OptimizerStates::k8Bit) {
     return invalid_argument("train: --8bit-params needs --optimizer-states 8bit");
   }
@@ -194,7 +201,14 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
     }
   }
 
-  kernels::Backend& be = kernels::cpu_backend();
+  kernels::Backend& be = kernels::cpu_backend();  // the reference executor, eval, export
+  kernels::Backend* step_be = &be;                // where the stream executor computes
+  std::string device_name;                        // GPU name for the known-peak MFU
+  if (c.device == "cuda") {
+    FERRY_ASSIGN_OR_RETURN(step_be, kernels::cuda_backend(0));
+    const mem::CudaInfo info = mem::query_cuda_info();
+    if (!info.devices.empty()) device_name = info.devices.front().name;
+  }
   Batcher batcher(&job.train, c.seed, c.batch_size, c.seq_len, c.padding,
                   std::max<std::int32_t>(0, job.tok->token_to_id("<|endoftext|>")));
   FERRY_ASSIGN_OR_RETURN(auto compute,
@@ -275,13 +289,14 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
         .device_budget_bytes = c.device_budget_mib > 0
                                    ? static_cast<std::size_t>(c.device_budget_mib) << 20
                                    : mem::MemoryBudget::kUnlimited};
-    FERRY_ASSIGN_OR_RETURN(streamer,
-                           stream::StreamExecutor::create(s, c.batch_size, c.seq_len, so, be));
+    FERRY_ASSIGN_OR_RETURN(
+        streamer, stream::StreamExecutor::create(s, c.batch_size, c.seq_len, so, *step_be));
     sum.host_bytes_per_param = streamer->arena().bytes_per_param();
     lg->info(
-        "executor: stream | policy {} | {} weight slots | device tier {} planned (budget {}) | "
-        "host arena {} = {:.2f} bytes/param",
-        policy.describe(), c.prefetch + 1, mem::format_bytes(streamer->device_planned_bytes()),
+        "executor: stream on {} | policy {} | {} weight slots | device tier {} planned (budget {}) "
+        "| host arena {} = {:.2f} bytes/param",
+        device_name.empty() ? std::string("cpu") : device_name, policy.describe(), c.prefetch + 1,
+        mem::format_bytes(streamer->device_planned_bytes()),
         c.device_budget_mib > 0 ? mem::format_bytes(so.device_budget_bytes) : "unlimited",
         mem::format_bytes(streamer->arena().total_bytes()), sum.host_bytes_per_param);
   }
@@ -327,10 +342,11 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
 
   if (ts.step == 0 && c.eval_every > 0) FERRY_TRY(run_eval(0));
 
-  // Throughput accounting (step_flops.h). This trainer computes on the CPU backend, whose peak
-  // is not known: MFU only with --peak-tflops.
+  // Throughput accounting (step_flops.h). MFU against --peak-tflops, else the GPU's data-sheet
+  // dense bf16 peak when it is known; the CPU backend's peak is not known (no MFU).
   const TokenMatmulParams matmul_params = token_matmul_params(s.geometry);
-  const double peak_flops = c.peak_tflops * 1e12;
+  const double peak_flops =
+      c.peak_tflops > 0 ? c.peak_tflops * 1e12 : known_peak_bf16_flops(device_name);
   StepFlops run_flops;
   double run_step_s = 0.0;
 

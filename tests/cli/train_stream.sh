@@ -33,7 +33,7 @@ PY
   > "$TMP/mem.log" 2> "$TMP/mem.err"
 "$FERRY" train "${common[@]}" "${stream[@]}" --output-dir "$TMP/a" --metrics-out "$TMP/a.jsonl" \
   > "$TMP/a.log" 2> "$TMP/a.err"
-grep -q "executor: stream | policy every:2" "$TMP/a.log" "$TMP/a.err" ||
+grep -q "executor: stream on cpu | policy every:2" "$TMP/a.log" "$TMP/a.err" ||
   { echo "train_stream: the stream executor did not run"; cat "$TMP/a.log" "$TMP/a.err"; exit 1; }
 [ "$(grep -c '"type":"step"' "$TMP/a.jsonl")" = 24 ] || { echo "expected 24 step lines"; exit 1; }
 compare_losses "$TMP/mem.jsonl" "$TMP/a.jsonl" "stream vs memory"
@@ -98,4 +98,34 @@ set -e
 [ "$rc" -ne 0 ] && grep -q 'needs --device-budget-mib' "$TMP/f.err" ||
   { echo "train_stream: --plan auto without a budget not refused clearly"; exit 1; }
 echo "train_stream: --plan auto solved, ran and reported its windows"
+
+# 5. `ferry bench train`: every policy runs, reports throughput and the bytes it moved; the
+#    offloading policies move activations, the device policy none; --device cuda without a GPU
+#    fails with a clear error (or runs, on a GPU machine).
+"$FERRY" bench train --layers 2 --hidden 64 --heads 2 --kv-heads 1 --intermediate 128 \
+  --batch-size 2 --seq-len 32 --steps 2 --policies device,every:2:host \
+  --json "$TMP/bench.json" > "$TMP/bench.log" 2>&1 ||
+  { echo "train_stream: bench train failed"; cat "$TMP/bench.log"; exit 1; }
+python3 - "$TMP/bench.json" <<'PY' || { echo "train_stream: bad bench train report"; exit 1; }
+import json, sys
+r = json.load(open(sys.argv[1]))
+p = {x["policy"]: x for x in r["policies"]}
+assert set(p) == {"device", "every:2:host"}, p.keys()
+for x in p.values():
+    assert "error" not in x, x
+    assert x["tokens_per_s"] > 0 and x["step_ms_median"] > 0, x
+    assert x["weight_h2d_bytes_per_step"] > 0 and x["grad_d2h_bytes_per_step"] > 0, x
+    assert len(x["windows"]["measured_ms"]) == 2 * 2 + 1, x["windows"]
+assert p["device"]["act_bytes_per_step"] == 0, p["device"]
+assert p["every:2:host"]["act_bytes_per_step"] > 0, p["every:2:host"]
+PY
+set +e
+"$FERRY" bench train --device cuda --layers 1 --hidden 64 --heads 2 --kv-heads 1 \
+  --intermediate 128 --steps 1 --seq-len 16 --batch-size 1 > "$TMP/bc.log" 2>&1; rc=$?
+set -e
+if [ "$rc" -ne 0 ]; then
+  grep -qi 'cuda\|gpu\|device' "$TMP/bc.log" ||
+    { echo "train_stream: --device cuda failure unclear"; cat "$TMP/bc.log"; exit 1; }
+fi
+echo "train_stream: bench train reported every policy"
 echo "train stream cli: ok"

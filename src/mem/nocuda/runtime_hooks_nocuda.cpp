@@ -20,13 +20,14 @@ void rt_stream_destroy(void*, int) { no_handles("rt_stream_destroy"); }
 Status rt_stream_synchronize(void*) { no_handles("rt_stream_synchronize"); }
 Status rt_stream_wait_event(void*, void*) { no_handles("rt_stream_wait_event"); }
 
-Result<void*> rt_event_create(int device) {
+Result<void*> rt_event_create(int device, bool) {
   return unavailable("mem: cannot create a CUDA event on device {}: built without CUDA", device);
 }
 void rt_event_destroy(void*, int) { no_handles("rt_event_destroy"); }
 Status rt_event_record(void*, void*) { no_handles("rt_event_record"); }
 Result<bool> rt_event_query(void*) { no_handles("rt_event_query"); }
 Status rt_event_synchronize(void*) { no_handles("rt_event_synchronize"); }
+Result<float> rt_event_elapsed_ms(void*, void*) { no_handles("rt_event_elapsed_ms"); }
 
 Status rt_graph_begin_capture(void*) { no_handles("rt_graph_begin_capture"); }
 Result<void*> rt_graph_end_capture(void*, int) { no_handles("rt_graph_end_capture"); }
@@ -36,5 +37,6 @@ void rt_graph_destroy(void*, int) { no_handles("rt_graph_destroy"); }
 Status rt_memcpy_async(void*, const void*, std::size_t, RtCopyKind, void*) {
   no_handles("rt_memcpy_async");
 }
+Status rt_memset_async(void*, int, std::size_t, void*) { no_handles("rt_memset_async"); }
 
 }  // namespace ferry::mem::detail

@@ -37,6 +37,9 @@ Result<DevicePlan> plan_device(const model::DecoderGeometry& geo, const ModelSiz
   for (int r = 0; r < policy.max_recomputed(); ++r) {
     d.recompute.push_back(d.plan.add("recompute." + std::to_string(r), act));
   }
+  d.sumsq = d.plan.add("sumsq", static_cast<std::size_t>(sizes.params) * f);
+  const std::size_t batch_ints = backend.device() == Device::kCpu ? 0 : 4 * tokens + 1;
+  d.batch = d.plan.add("batch", batch_ints * sizeof(std::int32_t));
   FERRY_ASSIGN_OR_RETURN(d.compute_bytes,
                          model::ModelCompute::planned_bytes(geo, tokens, backend, 1));
   return d;

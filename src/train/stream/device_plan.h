@@ -8,6 +8,9 @@
 //   boundary  [T, C] f32 per device-homed boundary, x_final, two transit buffers (forward of
 //             boundaries kept elsewhere or recomputed), one fetch buffer (host/NVMe boundaries
 //             coming back) and one per boundary a recompute span regenerates
+//   sumsq     [P] f32: each parameter's gradient sum of squares, taken on the device
+//   batch     a GPU backend's copy of the packed batch (ids, positions, targets [T], cu_seqlens
+//             [T + 1] i32); empty for host backends, which read the caller's batch
 // The executor allocates exactly this; check_budget() refuses a batch that does not fit before
 // training starts, naming the largest batch that would. Tests: stream_executor_test.cpp.
 #pragma once
@@ -28,13 +31,14 @@ namespace ferry::train::stream {
 struct ModelSizes {
   std::int64_t globals_elements = 0;    // embed + final_norm (+ lm_head when untied)
   std::int64_t max_layer_elements = 0;  // the largest layer's parameters
+  std::int64_t params = 0;              // parameter tensors (sums of squares)
 };
 
 inline constexpr int kGradSlots = 2;
 
 struct DevicePlan {
   mem::ArenaPlan plan;
-  mem::SlotId globals_w, globals_g, x_final, fetch;
+  mem::SlotId globals_w, globals_g, x_final, fetch, sumsq, batch;
   std::vector<mem::SlotId> slots;      // [prefetch slots]
   std::vector<mem::SlotId> grads;      // [kGradSlots]
   std::vector<mem::SlotId> boundary;   // [L]: device-homed boundaries (others unused)

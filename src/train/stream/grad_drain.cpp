@@ -6,8 +6,27 @@
 
 namespace ferry::train::stream {
 
-GradDrain::GradDrain(std::vector<float*> slots, mem::TransferEngine& engine, mem::Stream& d2h)
-    : slots_(std::move(slots)), engine_(engine), d2h_(d2h), jobs_(slots_.size()) {
+Result<std::unique_ptr<GradDrain>> GradDrain::create(std::vector<float*> slots,
+                                                     mem::TransferEngine& engine, mem::Stream& d2h,
+                                                     mem::Stream& compute) {
+  std::vector<mem::Event> ready;
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    FERRY_ASSIGN_OR_RETURN(mem::Event e,
+                           mem::Event::create(compute.device(), compute.device_index()));
+    ready.push_back(std::move(e));
+  }
+  return std::unique_ptr<GradDrain>(
+      new GradDrain(std::move(slots), engine, d2h, compute, std::move(ready)));
+}
+
+GradDrain::GradDrain(std::vector<float*> slots, mem::TransferEngine& engine, mem::Stream& d2h,
+                     mem::Stream& compute, std::vector<mem::Event> ready)
+    : slots_(std::move(slots)),
+      engine_(engine),
+      d2h_(d2h),
+      compute_(compute),
+      ready_(std::move(ready)),
+      jobs_(slots_.size()) {
   FERRY_CHECK(!slots_.empty(), "train: gradient drain without slots");
   thread_ = std::thread([this] { run(); });
 }
@@ -37,6 +56,9 @@ void GradDrain::submit(float* host_dst, std::size_t bytes) {
   {
     std::lock_guard lk(mu_);
     FERRY_CHECK(acquired_ == submitted_ + 1, "train: gradient drain submitted without acquire");
+    // The slot holds the gradient once the kernels enqueued so far on compute have run.
+    const Status st = ready_[submitted_ % slots_.size()].record(compute_);
+    FERRY_CHECK(st.ok(), "train: recording a gradient slot's ready event: {}", st.to_string());
     jobs_[submitted_ % slots_.size()] = {host_dst, bytes};
     ++submitted_;
   }
@@ -67,7 +89,8 @@ void GradDrain::run() {
       n = done_;
       job = jobs_[n % slots_.size()];
     }
-    Status st = engine_.d2h(job.dst, slots_[n % slots_.size()], job.bytes, d2h_);
+    Status st = d2h_.wait(ready_[n % slots_.size()]);
+    if (st.ok()) st = engine_.d2h(job.dst, slots_[n % slots_.size()], job.bytes, d2h_);
     if (st.ok()) st = d2h_.synchronize();
     {
       std::lock_guard lk(mu_);

@@ -3,7 +3,9 @@
 // while compute goes on with the next layer. The executor fills gradient slot k = n % slots for
 // its n-th layer backward, takes the sums of squares on the device copy, then submit()s the
 // drain; acquire() hands out the next slot once its previous drain has completed.
-// Copies go through mem::TransferEngine on the d2h stream and are counted here.
+// Copies go through mem::TransferEngine on the d2h stream and are counted here. GPU compute runs
+// behind its host thread: submit() records the slot's ready event on the compute stream and the
+// drain's copy waits for it on the d2h stream (host streams: always complete, no change).
 // Threading: acquire / submit / flush from the compute thread only; no allocation after
 // construction.
 #pragma once
@@ -11,17 +13,23 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#include "core/result.h"
+#include "mem/event.h"
 #include "mem/transfer_engine.h"
 
 namespace ferry::train::stream {
 
 class GradDrain {
  public:
-  GradDrain(std::vector<float*> slots, mem::TransferEngine& engine, mem::Stream& d2h);
+  // compute: the stream whose kernels write the slots.
+  static Result<std::unique_ptr<GradDrain>> create(std::vector<float*> slots,
+                                                   mem::TransferEngine& engine, mem::Stream& d2h,
+                                                   mem::Stream& compute);
   ~GradDrain();
   GradDrain(const GradDrain&) = delete;
   GradDrain& operator=(const GradDrain&) = delete;
@@ -39,12 +47,16 @@ class GradDrain {
     float* dst = nullptr;
     std::size_t bytes = 0;
   };
+  GradDrain(std::vector<float*> slots, mem::TransferEngine& engine, mem::Stream& d2h,
+            mem::Stream& compute, std::vector<mem::Event> ready);
   void run();
 
   std::vector<float*> slots_;
   mem::TransferEngine& engine_;
   mem::Stream& d2h_;
-  std::vector<Job> jobs_;  // [slots], job n in jobs_[n % slots]
+  mem::Stream& compute_;
+  std::vector<mem::Event> ready_;  // [slot]: recorded on compute at submit
+  std::vector<Job> jobs_;          // [slots], job n in jobs_[n % slots]
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::uint64_t submitted_ = 0, done_ = 0, acquired_ = 0;

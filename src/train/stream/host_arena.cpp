@@ -12,8 +12,8 @@ namespace {
 constexpr std::size_t kPage = 4096;
 }
 
-Result<std::unique_ptr<HostArena>> HostArena::create(const TrainState& s) {
-  std::unique_ptr<HostArena> a(new HostArena());
+Result<std::unique_ptr<HostArena>> HostArena::create(const TrainState& s, mem::MemTier tier) {
+  std::unique_ptr<HostArena> a(new HostArena(tier));
   a->mode_ = s.optim.mode;
   const std::vector<model::ParamSpec> specs = model::param_specs(s.config);
   if (specs.size() != s.num_params()) {
@@ -69,8 +69,8 @@ Result<std::unique_ptr<HostArena>> HostArena::create(const TrainState& s) {
     }
     unit.grads = plan.add(pre + ".grads", f32, kPage);
   }
-  FERRY_ASSIGN_OR_RETURN(a->arena_, mem::make_arena(plan, cpu_pinned_tier(), a->budget_,
-                                                    {.what = "train host arena"}));
+  FERRY_ASSIGN_OR_RETURN(a->arena_,
+                         mem::make_arena(plan, tier, a->budget_, {.what = "train host arena"}));
   FERRY_TRY(a->load_from(s));
   return a;
 }

@@ -49,7 +49,10 @@ struct ParamLoc {
 class HostArena {
  public:
   // Sizes the arena for `s`'s geometry and mode, then copies s's weights and states in.
-  static Result<std::unique_ptr<HostArena>> create(const TrainState& s);
+  // tier: cpu_pinned_tier() for the CPU executor; MemTier::kPinnedHost (cudaHostAlloc) when a
+  // GPU streams from it.
+  static Result<std::unique_ptr<HostArena>> create(const TrainState& s,
+                                                   mem::MemTier tier = cpu_pinned_tier());
 
   Status load_from(const TrainState& s);  // weights + master + states (grads zeroed)
   Status store_to(TrainState& s) const;   // master + states, bit for bit
@@ -98,7 +101,7 @@ class HostArena {
     std::int64_t elements = 0, blocks = 0, state_bytes = 0;
     mem::SlotId weights, master, m, v, m_absmax, v_absmax, grads;
   };
-  HostArena() = default;
+  explicit HostArena(mem::MemTier tier) : budget_(tier) {}
   Status check_layout(const TrainState& s) const;  // same mode and 8-bit selection
   std::uint8_t* state(mem::SlotId section, const ParamLoc& p) const {
     return arena_.as<std::uint8_t>(section) + p.state_offset;
@@ -108,7 +111,7 @@ class HostArena {
   std::vector<ParamLoc> params_;
   std::vector<Unit> units_;
   std::int64_t elements_ = 0;
-  mem::MemoryBudget budget_{cpu_pinned_tier()};
+  mem::MemoryBudget budget_;
   mem::Arena arena_;
 };
 

@@ -16,8 +16,8 @@ namespace ferry::train::stream {
 
 namespace {
 
-ConstTensorView view_at(const float* p, const std::vector<std::int64_t>& shape) {
-  ConstTensorView v = ConstTensorView::contiguous(p, DType::kF32, Device::kCpu, {1});
+ConstTensorView view_at(const float* p, const std::vector<std::int64_t>& shape, Device device) {
+  ConstTensorView v = ConstTensorView::contiguous(p, DType::kF32, device, {1});
   v.ndim = static_cast<int>(shape.size());
   std::int64_t stride = 1;
   for (int d = v.ndim - 1; d >= 0; --d) {
@@ -76,28 +76,48 @@ model::ModelGrads writable(const model::ModelParams& p) {
 // Binds every parameter of the units selected by `want` at `base(unit) + offset`.
 template <typename Base>
 model::ModelParams bind_views(const std::vector<model::ParamSpec>& specs, const HostArena& arena,
-                              const model::DecoderGeometry& geo, bool globals, Base base) {
+                              const model::DecoderGeometry& geo, bool globals, Device device,
+                              Base base) {
   model::ModelParams mp;
   for (const ParamLoc& p : arena.params()) {
     const bool is_global = p.unit == arena.globals_unit();
     if (is_global != globals) continue;
     *model::param_slot(mp, specs[static_cast<std::size_t>(p.index)], geo) =
-        view_at(base(p.unit) + p.offset, specs[static_cast<std::size_t>(p.index)].shape);
+        view_at(base(p.unit) + p.offset, specs[static_cast<std::size_t>(p.index)].shape, device);
   }
   if (globals && geo.tied_embeddings) mp.lm_head = mp.embed;
   return mp;
 }
 
+ModelSizes model_sizes(const HostArena& arena) {
+  return {.globals_elements = arena.unit_elements(arena.globals_unit()),
+          .max_layer_elements = arena.max_layer_elements(),
+          .params = static_cast<std::int64_t>(arena.params().size())};
+}
+
+// The device tier and the host tier of boundaries / the arena, by where compute runs.
+mem::MemTier device_tier_for(const kernels::Backend& be) {
+  return be.device() == Device::kCpu ? cpu_device_tier() : mem::MemTier::kDevice;
+}
+mem::MemTier pinned_tier_for(const kernels::Backend& be) {
+  return be.device() == Device::kCpu ? cpu_pinned_tier() : mem::MemTier::kPinnedHost;
+}
+
 }  // namespace
+
+StreamExecutor::StreamExecutor(kernels::Backend& be, const StreamOptions& opts)
+    : be_(be),
+      opts_(opts),
+      budget_(device_tier_for(be), opts.device_budget_bytes),
+      host_act_budget_(pinned_tier_for(be)) {}
 
 Result<std::unique_ptr<StreamExecutor>> StreamExecutor::create(const TrainState& s, int batch,
                                                                std::int64_t seq_len,
                                                                const StreamOptions& opts,
                                                                kernels::Backend& backend) {
-  if (backend.device() != Device::kCpu) {
-    return unimplemented(
-        "train: the stream executor runs CPU kernels only (GPU kernels on the CUDA device tier "
-        "are not wired yet)");
+  if (backend.device() != Device::kCpu && backend.device() != Device::kCuda) {
+    return unimplemented("train: the stream executor runs on CPU or CUDA backends, not {}",
+                         to_string(backend.device()));
   }
   if (opts.prefetch < 1) return invalid_argument("train: --prefetch must be >= 1");
   FERRY_TRY(validate(opts.policy));
@@ -107,9 +127,8 @@ Result<std::unique_ptr<StreamExecutor>> StreamExecutor::create(const TrainState&
   }
   std::unique_ptr<StreamExecutor> ex(new StreamExecutor(backend, opts));
   ex->geo_ = s.geometry;
-  FERRY_ASSIGN_OR_RETURN(ex->arena_, HostArena::create(s));
-  const ModelSizes sizes{.globals_elements = ex->arena_->unit_elements(ex->arena_->globals_unit()),
-                         .max_layer_elements = ex->arena_->max_layer_elements()};
+  FERRY_ASSIGN_OR_RETURN(ex->arena_, HostArena::create(s, pinned_tier_for(backend)));
+  const ModelSizes sizes = model_sizes(*ex->arena_);
   FERRY_TRY(check_budget(s.geometry, sizes, opts.policy, opts.prefetch + 1, batch, seq_len,
                          opts.device_budget_bytes, backend));
   FERRY_TRY(ex->init(s, batch * seq_len));
@@ -123,15 +142,24 @@ Status StreamExecutor::init(const TrainState& s, std::int64_t max_tokens) {
   sr_seed_ = s.optim.sr_seed;
   const ActivationPolicy& pol = opts_.policy;
   const int L = geo_.layers;
-  const ModelSizes sizes{.globals_elements = arena_->unit_elements(arena_->globals_unit()),
-                         .max_layer_elements = arena_->max_layer_elements()};
+  const ModelSizes sizes = model_sizes(*arena_);
   FERRY_ASSIGN_OR_RETURN(plan_, plan_device(geo_, sizes, pol, opts_.prefetch + 1, max_tokens, be_));
-  FERRY_ASSIGN_OR_RETURN(device_, mem::make_arena(plan_.plan, cpu_device_tier(), budget_,
+  FERRY_ASSIGN_OR_RETURN(device_, mem::make_arena(plan_.plan, device_tier_for(be_), budget_,
                                                   {.what = "train device tier"}));
   // ModelCompute's buffers are the device-tier workspace of this executor: charged here.
   FERRY_TRY(budget_.reserve(plan_.compute_bytes, "train compute workspace"));
   workspace_charged_ = true;
-  FERRY_ASSIGN_OR_RETURN(compute_, model::ModelCompute::create(geo_, max_tokens, be_, 1));
+  const bool gpu = be_.device() != Device::kCpu;
+  FERRY_ASSIGN_OR_RETURN(mem::StreamSet ss, mem::StreamSet::create(be_.device(), 0));
+  streams_ = std::make_unique<mem::StreamSet>(std::move(ss));
+  if (gpu) {
+    FERRY_ASSIGN_OR_RETURN(own_te_, mem::cuda_transfer_engine(0));
+    te_ = own_te_.get();
+  } else {
+    te_ = &mem::host_transfer_engine();
+  }
+  FERRY_ASSIGN_OR_RETURN(
+      compute_, model::ModelCompute::create(geo_, max_tokens, be_, 1, gpu ? &cs() : nullptr));
 
   // Pinned host homes of boundaries, and the NVMe bounce buffer.
   const std::size_t act = static_cast<std::size_t>(max_tokens) * geo_.hidden * sizeof(float);
@@ -158,38 +186,43 @@ Status StreamExecutor::init(const TrainState& s, std::int64_t max_tokens) {
       }
     }
   }
-  FERRY_ASSIGN_OR_RETURN(host_acts_, mem::make_arena(hp, cpu_pinned_tier(), host_act_budget_,
+  FERRY_ASSIGN_OR_RETURN(host_acts_, mem::make_arena(hp, pinned_tier_for(be_), host_act_budget_,
                                                      {.what = "train host activations"}));
 
-  FERRY_ASSIGN_OR_RETURN(mem::StreamSet ss, mem::StreamSet::create(Device::kCpu));
-  streams_ = std::make_unique<mem::StreamSet>(std::move(ss));
   opt_ = std::make_unique<LayerOptimizer>(*arena_);
   std::vector<float*> slots;
   for (mem::SlotId id : plan_.slots) slots.push_back(dev(id));
-  streamer_ =
-      std::make_unique<WeightStreamer>(*arena_, *opt_, std::move(slots), weight_schedule(pol),
-                                       mem::host_transfer_engine(), streams_->h2d());
+  std::vector<int> schedule = weight_schedule(pol);
+  // Per micro-batch: each schedule item's acquire, and per layer at most a boundary store and a
+  // fetch (NVMe: copy + disk each), a gradient slot and its refill; the globals and the flush.
+  const int max_waits = static_cast<int>(schedule.size()) + 6 * L + 16;
+  FERRY_ASSIGN_OR_RETURN(
+      streamer_, WeightStreamer::create(*arena_, *opt_, std::move(slots), std::move(schedule), *te_,
+                                        streams_->h2d(), cs()));
+  FERRY_ASSIGN_OR_RETURN(clock_,
+                         ExposureClock::create(gpu ? &cs() : nullptr, max_waits, 2 * L + 1));
 
   // Views, bound once: no allocation in the step loop.
   const std::vector<model::ParamSpec> specs = model::param_specs(s.config);
-  globals_ = bind_views(specs, *arena_, geo_, true,
+  const Device d = be_.device();
+  globals_ = bind_views(specs, *arena_, geo_, true, d,
                         [&](int) -> const float* { return dev(plan_.globals_w); });
-  globals_grad_ = writable(bind_views(specs, *arena_, geo_, true,
+  globals_grad_ = writable(bind_views(specs, *arena_, geo_, true, d,
                                       [&](int) -> const float* { return dev(plan_.globals_g); }));
   for (mem::SlotId id : plan_.slots) {
     slot_params_.push_back(
-        bind_views(specs, *arena_, geo_, false, [&](int) -> const float* { return dev(id); }));
+        bind_views(specs, *arena_, geo_, false, d, [&](int) -> const float* { return dev(id); }));
   }
   for (mem::SlotId id : plan_.grads) {
     grad_slots_.push_back(writable(
-        bind_views(specs, *arena_, geo_, false, [&](int) -> const float* { return dev(id); })));
+        bind_views(specs, *arena_, geo_, false, d, [&](int) -> const float* { return dev(id); })));
   }
   std::vector<float*> gslots;
   for (mem::SlotId id : plan_.grads) gslots.push_back(dev(id));
-  drain_ =
-      std::make_unique<GradDrain>(std::move(gslots), mem::host_transfer_engine(), streams_->d2h());
+  FERRY_ASSIGN_OR_RETURN(drain_, GradDrain::create(std::move(gslots), *te_, streams_->d2h(), cs()));
   spans_ = pol.spans();
   sumsq_.assign(arena_->params().size(), 0.0);
+  sumsq_f32_.assign(arena_->params().size(), 0.0f);
   return {};
 }
 
@@ -197,20 +230,59 @@ StreamExecutor::~StreamExecutor() {
   drain_.reset();
   streamer_.reset();
   opt_.reset();
+  // Queued GPU work may still read the device arena or ModelCompute's buffers.
+  if (streams_) (void)streams_->synchronize();
+  compute_.reset();
   if (workspace_charged_) budget_.release(plan_.compute_bytes);
 }
 
 TensorView StreamExecutor::act_view(float* p, std::int64_t T) const {
-  return TensorView::contiguous(p, DType::kF32, Device::kCpu, {T, std::int64_t(geo_.hidden)});
+  return TensorView::contiguous(p, DType::kF32, be_.device(), {T, std::int64_t(geo_.hidden)});
 }
 
+// On the compute stream, in order with the kernels around it; the copy's time on the compute
+// stream is exposed by construction (the ExposureClock pair around it measures it).
 Status StreamExecutor::copy(void* dst, const void* src, std::size_t bytes, mem::CopyKind kind,
                             std::uint64_t* counter) {
-  Timer t;
-  FERRY_TRY(mem::host_transfer_engine().copy(dst, src, bytes, kind, mem::Stream::host()));
-  stats_.exposed_s += t.elapsed_s();
+  FERRY_TRY(clock_->wait_begin());
+  const Status st = te_->copy(dst, src, bytes, kind, cs());
+  FERRY_TRY(clock_->wait_end());
+  FERRY_TRY(st);
   *counter += bytes;
   return {};
+}
+
+// Compute waits (host-blocked) for `what`; the clock charges the GPU's idle time meanwhile.
+template <typename F>
+auto StreamExecutor::timed_wait(F&& what) -> decltype(what()) {
+  if (const Status st = clock_->wait_begin(); !st.ok()) return st;
+  auto r = what();
+  if (const Status st = clock_->wait_end(); !st.ok()) return st;
+  return r;
+}
+
+Result<model::PackedBatch> StreamExecutor::device_batch(const model::PackedBatch& b) {
+  if (be_.device() == Device::kCpu) return b;
+  const std::int64_t T = b.ids.numel();
+  std::int32_t* base = device_.as<std::int32_t>(plan_.batch);
+  const auto put = [&](const ConstTensorView& v, std::int32_t* dst,
+                       std::int64_t cap) -> Result<ConstTensorView> {
+    const std::int64_t n = v.numel();
+    if (n == 0) return Result<ConstTensorView>(ConstTensorView{});
+    if (v.dtype != DType::kI32 || v.device != Device::kCpu || !v.is_contiguous() || n > cap) {
+      return invalid_argument("train: batch tensors must be contiguous host i32 of <= {} values",
+                              cap);
+    }
+    FERRY_TRY(te_->h2d(dst, v.data, static_cast<std::size_t>(n) * sizeof(std::int32_t), cs()));
+    return Result<ConstTensorView>(
+        ConstTensorView::contiguous(dst, DType::kI32, be_.device(), {n}));
+  };
+  model::PackedBatch d;
+  FERRY_ASSIGN_OR_RETURN(d.ids, put(b.ids, base, max_tokens_));
+  FERRY_ASSIGN_OR_RETURN(d.positions, put(b.positions, base + max_tokens_, max_tokens_));
+  FERRY_ASSIGN_OR_RETURN(d.targets, put(b.targets, base + 2 * max_tokens_, max_tokens_));
+  FERRY_ASSIGN_OR_RETURN(d.cu_seqlens, put(b.cu_seqlens, base + 3 * max_tokens_, T + 1));
+  return d;
 }
 
 float* StreamExecutor::boundary_ptr(int i) const {
@@ -228,9 +300,11 @@ Status StreamExecutor::store_boundary(int i, const float* x, std::int64_t T) {
     case Home::kNvme: {
       FERRY_TRY(copy(host_acts_.data(nvme_staging_), x, bytes, mem::CopyKind::kDeviceToHost,
                      &stats_.act_d2h));
-      Timer t;
-      FERRY_TRY(nvme_->write(nvme_record_[i], host_acts_.data(nvme_staging_)));
-      stats_.exposed_s += t.elapsed_s();
+      // The host writes the staging buffer to NVMe once the copy has landed.
+      FERRY_TRY(timed_wait([&]() -> Status {
+        FERRY_TRY(cs().synchronize());
+        return nvme_->write(nvme_record_[i], host_acts_.data(nvme_staging_));
+      }));
       stats_.nvme_write += nvme_->record_stride();
       return {};
     }
@@ -251,9 +325,11 @@ Result<const float*> StreamExecutor::fetch_boundary(int i, std::int64_t T) {
                      mem::CopyKind::kHostToDevice, &stats_.act_h2d));
       return static_cast<const float*>(dev(plan_.fetch));
     case Home::kNvme: {
-      Timer t;
-      FERRY_TRY(nvme_->read(nvme_record_[i], host_acts_.data(nvme_staging_)));
-      stats_.exposed_s += t.elapsed_s();
+      // The staging buffer may still feed an earlier copy on the compute stream.
+      FERRY_TRY(timed_wait([&]() -> Status {
+        FERRY_TRY(cs().synchronize());
+        return nvme_->read(nvme_record_[i], host_acts_.data(nvme_staging_));
+      }));
       stats_.nvme_read += nvme_->record_stride();
       FERRY_TRY(copy(dev(plan_.fetch), host_acts_.data(nvme_staging_), bytes,
                      mem::CopyKind::kHostToDevice, &stats_.act_h2d));
@@ -265,18 +341,28 @@ Result<const float*> StreamExecutor::fetch_boundary(int i, std::int64_t T) {
   return internal_error("train: boundary {} is recomputed, not fetched", i);
 }
 
-// On the device copy of the unit's gradient, right after its backward: the global norm then
-// needs no pass over the host arena (the GPU executor runs the same kernel on the GPU).
+// On the device copy of the unit's gradient, right after its backward, into the device's
+// per-parameter vector: the global norm then needs no pass over the host arena, and a GPU reads
+// the P floats back once per step (read_sumsq).
 Status StreamExecutor::take_sumsq(int unit, const float* grads) {
-  float part = 0.0f;
-  const TensorView out = TensorView::contiguous(&part, DType::kF32, Device::kCpu, {1});
+  float* sums = dev(plan_.sumsq);
   for (int idx : arena_->unit_params(unit)) {
     const ParamLoc& p = arena_->params()[static_cast<std::size_t>(idx)];
+    const TensorView out = TensorView::contiguous(sums + idx, DType::kF32, be_.device(), {1});
     const ConstTensorView g =
-        ConstTensorView::contiguous(grads + p.offset, DType::kF32, Device::kCpu, {p.n});
-    FERRY_TRY(be_.sum_squares({.out = out, .x = g}, mem::Stream::host()));
-    sumsq_[static_cast<std::size_t>(idx)] = static_cast<double>(part);
+        ConstTensorView::contiguous(grads + p.offset, DType::kF32, be_.device(), {p.n});
+    FERRY_TRY(be_.sum_squares({.out = out, .x = g}, cs()));
   }
+  return {};
+}
+
+// After the last micro-batch's work completed: the step's per-parameter sums, as the in-memory
+// executor has them (f32 sums widened to double).
+Status StreamExecutor::read_sumsq() {
+  const std::size_t n = sumsq_f32_.size();
+  FERRY_TRY(te_->d2h(sumsq_f32_.data(), dev(plan_.sumsq), n * sizeof(float), cs()));
+  FERRY_TRY(cs().synchronize());
+  for (std::size_t i = 0; i < n; ++i) sumsq_[i] = static_cast<double>(sumsq_f32_[i]);
   return {};
 }
 
@@ -285,8 +371,13 @@ void StreamExecutor::begin_step(int accum) {
   micro_ = 0;
 }
 
-Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatch& b) {
-  const std::int64_t T = b.ids.numel();
+Result<int> StreamExecutor::acquire_weights(int j) {
+  double host_wait_s = 0.0;  // the clock measures the wait (host time or GPU idle time)
+  return timed_wait([&] { return streamer_->acquire(j, &host_wait_s); });
+}
+
+Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatch& host_batch) {
+  const std::int64_t T = host_batch.ids.numel();
   if (T <= 0 || T > max_tokens_) {
     return invalid_argument("train: micro-batch of {} tokens outside [1, {}] planned", T,
                             max_tokens_);
@@ -296,12 +387,15 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
   const bool last = micro_ == accum_;
   const int L = geo_.layers, G = arena_->globals_unit();
   const std::size_t gbytes = static_cast<std::size_t>(arena_->unit_elements(G)) * sizeof(float);
+  clock_->begin_micro_batch();
   streamer_->start_micro_batch();
+  FERRY_ASSIGN_OR_RETURN(const model::PackedBatch b, device_batch(host_batch));
   if (a == 0) {
-    Timer t;
-    opt_->wait_ready(G);
-    stats_.exposed_s += t.elapsed_s();
-    if (arena_->bf16_master()) {
+    FERRY_TRY(timed_wait([&]() -> Status {
+      opt_->wait_ready(G);
+      return {};
+    }));
+    if (arena_->bf16_master()) {  // CPU compute only (WeightStreamer::create refuses it on GPUs)
       const std::int64_t n = arena_->unit_elements(G);
       FERRY_TRY(copy(bf16_staging(dev(plan_.globals_w), n), arena_->w16(G),
                      arena_->unit_weight_bytes(G), mem::CopyKind::kHostToDevice,
@@ -311,40 +405,41 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
       FERRY_TRY(copy(dev(plan_.globals_w), arena_->weights(G), gbytes, mem::CopyKind::kHostToDevice,
                      &stats_.globals_h2d));
     }
-    std::memset(dev(plan_.globals_g), 0, gbytes);
+    FERRY_TRY(te_->zero(dev(plan_.globals_g), gbytes, cs()));
   }
   // Forward.
   FERRY_TRY(compute_->embed(globals_.embed, b, act_view(boundary_ptr(0), T)));
   FERRY_TRY(store_boundary(0, boundary_ptr(0), T));
   int j = 0;
   for (int l = 0; l < L; ++l) {
-    window_begin(l);
-    FERRY_ASSIGN_OR_RETURN(const int slot, streamer_->acquire(j, &stats_.exposed_s));
+    FERRY_TRY(clock_->window_begin(l));
+    FERRY_ASSIGN_OR_RETURN(const int slot, acquire_weights(j));
     ++stats_.layer_forwards;
     FERRY_TRY(compute_->layer_forward(l, slot_params_[slot].layers[l], b,
                                       act_view(boundary_ptr(l), T),
                                       act_view(boundary_ptr(l + 1), T)));
     streamer_->release(j++);
     if (l + 1 < L) FERRY_TRY(store_boundary(l + 1, boundary_ptr(l + 1), T));
-    window_end();
+    FERRY_TRY(clock_->window_end());
   }
-  window_begin(L);
+  FERRY_TRY(clock_->window_begin(L));
   const ConstTensorView x_final = act_view(dev(plan_.x_final), T);
   FERRY_ASSIGN_OR_RETURN(const model::ForwardResult r,
                          compute_->head_forward(globals_.final_norm, globals_.lm_head, b, x_final));
   FERRY_TRY(compute_->head_backward(globals_.final_norm, globals_.lm_head, globals_grad_.final_norm,
                                     globals_grad_.lm_head, b, x_final));
-  window_end();
+  FERRY_TRY(clock_->window_end());
   // Backward, span by span from the top.
   for (auto it = spans_.rbegin(); it != spans_.rend(); ++it) {
     const int s = it->start, e = it->end;
-    window_begin(2 * L - (e - 1));  // the span's fetch and recompute run in the top layer's window
+    // The span's fetch and recompute run in the top layer's window.
+    FERRY_TRY(clock_->window_begin(2 * L - (e - 1)));
     FERRY_ASSIGN_OR_RETURN(const float* xs, fetch_boundary(s, T));
     auto input_of = [&](int l) -> const float* {
       return l == s ? xs : dev(plan_.recompute[static_cast<std::size_t>(l - s - 1)]);
     };
     for (int l = s; l <= e - 2; ++l) {  // regenerate boundaries s+1 .. e-1
-      FERRY_ASSIGN_OR_RETURN(const int slot, streamer_->acquire(j, &stats_.exposed_s));
+      FERRY_ASSIGN_OR_RETURN(const int slot, acquire_weights(j));
       ++stats_.layer_forwards;
       FERRY_TRY(compute_->layer_forward(
           l, slot_params_[slot].layers[l], b, act_view(const_cast<float*>(input_of(l)), T),
@@ -352,18 +447,20 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
       streamer_->release(j++);
     }
     for (int l = e - 1; l >= s; --l) {
-      if (l != e - 1) window_begin(2 * L - l);
-      FERRY_ASSIGN_OR_RETURN(const int slot, streamer_->acquire(j, &stats_.exposed_s));
+      if (l != e - 1) FERRY_TRY(clock_->window_begin(2 * L - l));
+      FERRY_ASSIGN_OR_RETURN(const int slot, acquire_weights(j));
       const model::LayerTensors<ConstTensorView>& p = slot_params_[slot].layers[l];
       const TensorView x_in = act_view(const_cast<float*>(input_of(l)), T);
       // The layer's internals, from its input (the output is not needed again).
       ++stats_.layer_forwards;
       FERRY_TRY(compute_->layer_forward(l, p, b, x_in, act_view(dev(plan_.transit[0]), T)));
       const std::size_t lbytes = static_cast<std::size_t>(arena_->unit_elements(l)) * sizeof(float);
-      const int gk = drain_->acquire(&stats_.exposed_s);
+      double host_wait_s = 0.0;
+      FERRY_ASSIGN_OR_RETURN(
+          const int gk, timed_wait([&]() -> Result<int> { return drain_->acquire(&host_wait_s); }));
       float* gslot = dev(plan_.grads[static_cast<std::size_t>(gk)]);
       if (a == 0) {
-        std::memset(gslot, 0, lbytes);
+        FERRY_TRY(te_->zero(gslot, lbytes, cs()));
       } else {
         FERRY_TRY(
             copy(gslot, arena_->grads(l), lbytes, mem::CopyKind::kHostToDevice, &stats_.grad_h2d));
@@ -373,34 +470,29 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
       streamer_->release(j++);
       if (last) FERRY_TRY(take_sumsq(l, gslot));
       drain_->submit(arena_->grads(l), lbytes);
-      window_end();
+      FERRY_TRY(clock_->window_end());
     }
   }
   FERRY_TRY(compute_->embed_backward(globals_grad_.embed, b));
   FERRY_TRY(streamer_->finish());
   // The next micro-batch reads these gradients back (or the optimizer does).
-  FERRY_TRY(drain_->flush(&stats_.exposed_s));
+  FERRY_TRY(timed_wait([&] {
+    double host_wait_s = 0.0;
+    return drain_->flush(&host_wait_s);
+  }));
   if (last) {
     FERRY_TRY(take_sumsq(G, dev(plan_.globals_g)));
     FERRY_TRY(copy(arena_->grads(G), dev(plan_.globals_g), gbytes, mem::CopyKind::kDeviceToHost,
                    &globals_grad_d2h_));
+    FERRY_TRY(read_sumsq());
   }
+  // Everything this micro-batch enqueued has run: the caller may reuse its batch, the optimizer
+  // may read the gradients, and the clock's events can be read.
+  FERRY_TRY(cs().synchronize());
+  FERRY_TRY(clock_->collect(&stats_.exposed_s, stats_.window_s, stats_.window_exposed_s));
   stats_.weight_h2d = streamer_->h2d_bytes();
   stats_.grad_d2h = drain_->bytes() + globals_grad_d2h_;
   return r;
-}
-
-void StreamExecutor::window_begin(int t) {
-  window_ = t;
-  window_timer_.reset();
-  window_exposed_at_ = stats_.exposed_s;
-}
-
-void StreamExecutor::window_end() {
-  const auto t = static_cast<std::size_t>(window_);
-  stats_.window_s[t] += window_timer_.elapsed_s();
-  stats_.window_exposed_s[t] += stats_.exposed_s - window_exposed_at_;
-  window_ = -1;
 }
 
 Result<StepOutcome> StreamExecutor::finish_step(const AdamWConfig& cfg, double lr,

@@ -23,11 +23,20 @@
 //
 // Bit-identical to the in-memory executor (trainer.h) for every policy on the CPU backend: the
 // same kernels run on the same values in the same order; recompute is deterministic.
-// bf16 masters: the arena's bf16 weights stream as bf16 and are widened on the device tier.
-// Not yet: bf16 streaming weights with an fp32 master, GPU kernels on a CUDA device tier (create()
-// refuses a device tier that is not host memory), asynchronous boundary offload (boundaries and
-// the once-per-step globals are synchronous copies on the compute thread, counted as exposed
-// transfer time).
+// bf16 masters: the arena's bf16 weights stream as bf16 and are widened on the device tier (CPU
+// compute only for now).
+//
+// On a CUDA backend the same code runs on the GPU (docs/train_gpu_executor.md): the device tier is
+// cudaMalloc'd memory under the same budget, the host arena and boundary homes are pinned, the
+// compute thread enqueues every kernel and copy on the compute stream of a StreamSet, the weight
+// ring is fed on the h2d stream and gradients leave on the d2h stream, ordered by events (a slot
+// is refilled only after the kernels that read it ran; a gradient leaves only after the kernels
+// that wrote it ran). The batch is copied into the device tier; the per-parameter sums of squares
+// stay on the device until the step's last micro-batch reads them back (P floats). Exposed time
+// is GPU time from events (exposure_clock.h), not host time. The host syncs of a micro-batch:
+// ModelCompute's few reads (loss, MoE offsets), NVMe staging, and its end.
+// Not yet: bf16 streaming weights (GPU: fp32 master only), boundary offload overlapped with
+// compute (host/NVMe boundaries move on the compute stream, counted as exposed).
 // Tests: tests/unit/train/stream_executor_test.cpp.
 #pragma once
 
@@ -40,11 +49,13 @@
 #include "kernels/backend.h"
 #include "mem/budget.h"
 #include "mem/nvme_store.h"
+#include "mem/transfer_engine.h"
 #include "model/model_compute.h"
 #include "train/optimizer.h"
 #include "train/stream/activation_policy.h"
 #include "train/stream/cpu_tiers.h"
 #include "train/stream/device_plan.h"
+#include "train/stream/exposure_clock.h"
 #include "train/stream/grad_drain.h"
 #include "train/stream/host_arena.h"
 #include "train/stream/layer_optimizer.h"
@@ -104,8 +115,7 @@ class StreamExecutor {
   double optimizer_busy_s() const { return opt_->busy_s(); }
 
  private:
-  StreamExecutor(kernels::Backend& be, const StreamOptions& opts)
-      : be_(be), opts_(opts), budget_(cpu_device_tier(), opts.device_budget_bytes) {}
+  StreamExecutor(kernels::Backend& be, const StreamOptions& opts);
   Status init(const TrainState& s, std::int64_t max_tokens);
   float* dev(mem::SlotId id) const { return device_.as<float>(id); }
   TensorView act_view(float* p, std::int64_t T) const;
@@ -115,14 +125,19 @@ class StreamExecutor {
   Status store_boundary(int i, const float* x, std::int64_t T);
   Result<const float*> fetch_boundary(int i, std::int64_t T);
   Status take_sumsq(int unit, const float* grads);
-  void window_begin(int t);
-  void window_end();
+  Status read_sumsq();
+  mem::Stream& cs() { return streams_->compute(); }
+  template <typename F>
+  auto timed_wait(F&& what) -> decltype(what());
+  Result<int> acquire_weights(int j);
+  // The batch as the backend reads it: `b` itself on the CPU, a copy in the device tier on a GPU.
+  Result<model::PackedBatch> device_batch(const model::PackedBatch& b);
 
   kernels::Backend& be_;
   StreamOptions opts_;
   model::DecoderGeometry geo_;
   mem::MemoryBudget budget_;
-  mem::MemoryBudget host_act_budget_{cpu_pinned_tier()};
+  mem::MemoryBudget host_act_budget_;
   mem::MemoryBudget nvme_budget_{mem::MemTier::kNvme};
   std::unique_ptr<HostArena> arena_;
   DevicePlan plan_;
@@ -134,6 +149,9 @@ class StreamExecutor {
   std::vector<mem::RecordId> nvme_record_;  // [L]
   std::unique_ptr<model::ModelCompute> compute_;
   std::unique_ptr<mem::StreamSet> streams_;
+  std::unique_ptr<mem::TransferEngine> own_te_;  // the CUDA engine (GPU compute)
+  mem::TransferEngine* te_ = nullptr;            // own_te_ or the host engine
+  std::unique_ptr<ExposureClock> clock_;
   std::unique_ptr<LayerOptimizer> opt_;
   std::unique_ptr<WeightStreamer> streamer_;
   std::unique_ptr<GradDrain> drain_;
@@ -143,16 +161,14 @@ class StreamExecutor {
   std::vector<model::ModelParams> slot_params_;  // [slot]: every layer bound to that slot
   std::vector<model::ModelGrads> grad_slots_;    // [grad slot]: every layer bound to it
   std::uint64_t globals_grad_d2h_ = 0;
-  std::vector<double> sumsq_;  // [param] of the step's gradient
+  std::vector<double> sumsq_;     // [param] of the step's gradient
+  std::vector<float> sumsq_f32_;  // [param] host copy of the device's sums
   std::vector<Span> spans_;
   std::uint64_t sr_seed_ = 0;
   bool workspace_charged_ = false;
   std::int64_t max_tokens_ = 0;
   int accum_ = 1, micro_ = 0;
   TransferStats stats_;
-  int window_ = -1;  // open window, -1: none
-  Timer window_timer_;
-  double window_exposed_at_ = 0.0;
 };
 
 }  // namespace ferry::train::stream

@@ -1,20 +1,43 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "train/stream/weight_streamer.h"
 
+#include "core/check.h"
 #include "core/timer.h"
 #include "train/stream/bf16_widen.h"
 
 namespace ferry::train::stream {
 
+Result<std::unique_ptr<WeightStreamer>> WeightStreamer::create(
+    const HostArena& arena, LayerOptimizer& opt, std::vector<float*> slots,
+    std::vector<int> schedule, mem::TransferEngine& engine, mem::Stream& h2d,
+    mem::Stream& compute) {
+  if (arena.bf16_master() && compute.device() != Device::kCpu) {
+    return unimplemented(
+        "train: bf16 master weights stream only to the host-memory device tier for now (the "
+        "GPU executor streams an fp32 master's f32 weights)");
+  }
+  std::vector<mem::Event> free;
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    FERRY_ASSIGN_OR_RETURN(mem::Event e,
+                           mem::Event::create(compute.device(), compute.device_index()));
+    free.push_back(std::move(e));
+  }
+  return std::unique_ptr<WeightStreamer>(new WeightStreamer(
+      arena, opt, std::move(slots), std::move(schedule), engine, h2d, compute, std::move(free)));
+}
+
 WeightStreamer::WeightStreamer(const HostArena& arena, LayerOptimizer& opt,
                                std::vector<float*> slots, std::vector<int> schedule,
-                               mem::TransferEngine& engine, mem::Stream& h2d)
+                               mem::TransferEngine& engine, mem::Stream& h2d, mem::Stream& compute,
+                               std::vector<mem::Event> free)
     : arena_(arena),
       opt_(opt),
       slots_(std::move(slots)),
       schedule_(std::move(schedule)),
       engine_(engine),
-      h2d_(h2d) {
+      h2d_(h2d),
+      compute_(compute),
+      free_(std::move(free)) {
   FERRY_CHECK(slots_.size() >= 2, "train: weight streamer needs >= 2 slots, got {}", slots_.size());
   thread_ = std::thread([this] { run(); });
 }
@@ -50,6 +73,10 @@ Result<int> WeightStreamer::acquire(int j, double* waited_s) {
 }
 
 void WeightStreamer::release(int j) {
+  // The slot is free once the kernels enqueued so far on compute have run (a bug if this fails:
+  // recording an event on a live stream of its own device cannot fail otherwise).
+  const Status st = free_[static_cast<std::size_t>(j) % free_.size()].record(compute_);
+  FERRY_CHECK(st.ok(), "train: recording a weight slot's free event: {}", st.to_string());
   {
     std::lock_guard lk(mu_);
     FERRY_CHECK(j == released_, "train: slot items released out of order ({} after {})", j,
@@ -93,9 +120,13 @@ void WeightStreamer::run() {
       const std::size_t bytes = arena_.unit_weight_bytes(layer);
       float* slot = slots_[static_cast<std::size_t>(j % depth)];
       const std::int64_t elems = arena_.unit_elements(layer);
-      Status st = arena_.bf16_master()
-                      ? engine_.h2d(bf16_staging(slot, elems), arena_.w16(layer), bytes, h2d_)
-                      : engine_.h2d(slot, arena_.weights(layer), bytes, h2d_);
+      // The kernels that read the slot's previous item must have run (device-side wait).
+      Status st = h2d_.wait(free_[static_cast<std::size_t>(j % depth)]);
+      if (st.ok()) {
+        st = arena_.bf16_master()
+                 ? engine_.h2d(bf16_staging(slot, elems), arena_.w16(layer), bytes, h2d_)
+                 : engine_.h2d(slot, arena_.weights(layer), bytes, h2d_);
+      }
       if (st.ok()) st = h2d_.synchronize();
       if (st.ok() && arena_.bf16_master()) widen_bf16_in_place(slot, elems);
       {

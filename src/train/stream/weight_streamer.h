@@ -11,7 +11,12 @@
 // wait_ready) — so at most `slots` items are in flight, prefetch depth = slots - 1 beyond the
 // one in use. Copies go through mem::TransferEngine (h2d on the h2d stream; the host engine's
 // memcpy in CPU builds) and are counted here; bf16 weights (bf16 masters) cross as bf16 and are
-// widened in the slot (bf16_widen.h). acquire() returns the seconds compute waited.
+// widened in the slot (bf16_widen.h; CPU compute only for now). acquire() returns the
+// seconds compute waited.
+// GPU compute runs behind the thread that enqueues it, so "released" is not "done reading":
+// release(j) records the slot's free event on the compute stream and the copy of item j + slots
+// waits for it on the h2d stream (device side). With host streams the events are always complete
+// and this is the CPU executor's behaviour unchanged.
 // Threading: acquire/release/start from the compute thread only.
 #pragma once
 
@@ -21,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "mem/event.h"
 #include "mem/stream_set.h"
 #include "mem/transfer_engine.h"
 #include "train/stream/host_arena.h"
@@ -31,8 +37,12 @@ namespace ferry::train::stream {
 class WeightStreamer {
  public:
   // slots: device-tier buffers of max_layer_elements floats each (>= 2).
-  WeightStreamer(const HostArena& arena, LayerOptimizer& opt, std::vector<float*> slots,
-                 std::vector<int> schedule, mem::TransferEngine& engine, mem::Stream& h2d);
+  // compute: the stream whose kernels read the slots (events of its device are created here).
+  static Result<std::unique_ptr<WeightStreamer>> create(const HostArena& arena, LayerOptimizer& opt,
+                                                        std::vector<float*> slots,
+                                                        std::vector<int> schedule,
+                                                        mem::TransferEngine& engine,
+                                                        mem::Stream& h2d, mem::Stream& compute);
   ~WeightStreamer();
   WeightStreamer(const WeightStreamer&) = delete;
   WeightStreamer& operator=(const WeightStreamer&) = delete;
@@ -48,6 +58,9 @@ class WeightStreamer {
   std::uint64_t h2d_bytes() const;
 
  private:
+  WeightStreamer(const HostArena& arena, LayerOptimizer& opt, std::vector<float*> slots,
+                 std::vector<int> schedule, mem::TransferEngine& engine, mem::Stream& h2d,
+                 mem::Stream& compute, std::vector<mem::Event> free);
   void run();
 
   const HostArena& arena_;
@@ -56,6 +69,8 @@ class WeightStreamer {
   std::vector<int> schedule_;
   mem::TransferEngine& engine_;
   mem::Stream& h2d_;
+  mem::Stream& compute_;
+  std::vector<mem::Event> free_;  // [slot]: recorded on compute at release
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -26,103 +26,10 @@
 #include "train/stream/plan_policy.h"
 #include "train/stream/stream_executor.h"
 #include "train/train_state.h"
+#include "train_stream_util.h"
 
 namespace ferry::train::stream {
 namespace {
-
-constexpr std::int64_t kSeq = 24;  // tokens per sequence (max)
-constexpr int kBatch = 3;          // sequences per micro-batch
-
-struct Batch {
-  std::vector<std::int32_t> ids, pos, cu, tg;
-  model::PackedBatch view() const {
-    auto v = [](const std::vector<std::int32_t>& x) {
-      return ConstTensorView::contiguous(x.data(), DType::kI32, Device::kCpu,
-                                         {static_cast<std::int64_t>(x.size())});
-    };
-    return {.ids = v(ids), .positions = v(pos), .cu_seqlens = v(cu), .targets = v(tg)};
-  }
-};
-
-// Packed micro-batches of kBatch sequences of random length; about a third of the targets
-// ignored (-100), like response-only SFT masks.
-std::vector<Batch> make_batches(int count, int vocab, std::uint64_t seed) {
-  Rng rng(seed);
-  std::vector<Batch> out(static_cast<std::size_t>(count));
-  for (Batch& b : out) {
-    b.cu.push_back(0);
-    for (int s = 0; s < kBatch; ++s) {
-      const int len = 4 + static_cast<int>(rng.next_u64() % (kSeq - 3));
-      for (int t = 0; t < len; ++t) {
-        b.ids.push_back(static_cast<std::int32_t>(rng.next_u64() % vocab));
-        b.pos.push_back(t);
-        b.tg.push_back(rng.next_u64() % 3 == 0 ? -100
-                                               : static_cast<std::int32_t>(rng.next_u64() % vocab));
-      }
-      b.cu.push_back(static_cast<std::int32_t>(b.ids.size()));
-    }
-  }
-  return out;
-}
-
-std::unique_ptr<model::LoadedModel> dense_model(const std::string& dir) {
-  const BuiltinModelSpec spec{.layers = 4,
-                              .hidden = 32,
-                              .heads = 2,
-                              .kv_heads = 1,
-                              .head_dim = 16,
-                              .intermediate = 48,
-                              .max_positions = 64,
-                              .init_std = 0.05};
-  EXPECT_TRUE(write_builtin_model(dir, spec, 7).ok());
-  auto m = model::load_model_f32(dir);
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  return std::move(*m);
-}
-
-std::unique_ptr<model::LoadedModel> moe_model() {
-  auto m = model::load_model_f32(std::string(FERRY_TEST_DATA_DIR) + "/models/qwen3_moe");
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  return std::move(*m);
-}
-
-struct RunSpec {
-  int steps = 3;
-  int accum = 2;
-  OptimMode mode;
-  std::string q8_params;  // 8bit states: --8bit-params (empty = all)
-};
-
-std::unique_ptr<TrainState> make_state(const model::LoadedModel& m, const RunSpec& r) {
-  std::vector<bool> q8;
-  if (r.mode.states == OptimizerStates::k8Bit) {
-    std::vector<std::string> names;
-    for (const auto& [name, t] : m.named) names.push_back(name);
-    auto sel = select_8bit_params(names, r.q8_params);
-    EXPECT_TRUE(sel.ok()) << sel.status().to_string();
-    if (sel.ok()) q8 = *sel;
-  }
-  auto s = TrainState::from_loaded(m, r.mode, 99, q8);
-  EXPECT_TRUE(s.ok()) << s.status().to_string();
-  return std::move(s).value();
-}
-
-AdamWConfig adamw() {
-  AdamWConfig c;
-  c.weight_decay = 0.1;
-  c.max_grad_norm = 0.05;  // well below the gradient norms here: clipping is active
-  return c;
-}
-double lr_of(int step) { return 2e-2 / (1.0 + step); }
-
-struct RunResult {
-  std::vector<double> losses;
-  std::vector<StepOutcome> outcomes;
-  std::unique_ptr<TrainState> state;
-  TransferStats stats;
-  std::size_t peak = 0, planned = 0;
-  std::int64_t tokens = 0;  // summed over micro-batches
-};
 
 RunResult run_reference(const model::LoadedModel& m, const RunSpec& r,
                         const std::vector<Batch>& data) {
@@ -150,66 +57,6 @@ RunResult run_reference(const model::LoadedModel& m, const RunSpec& r,
     out.outcomes.push_back(*o);
   }
   return out;
-}
-
-RunResult run_stream(const model::LoadedModel& m, const RunSpec& r, const std::vector<Batch>& data,
-                     const std::string& policy, int prefetch = 2) {
-  RunResult out;
-  out.state = make_state(m, r);
-  auto pol = parse_policy(policy, m.geometry.layers);
-  EXPECT_TRUE(pol.ok()) << pol.status().to_string();
-  StreamOptions so{.policy = *pol, .prefetch = prefetch};
-  auto ex = StreamExecutor::create(*out.state, kBatch, kSeq, so, kernels::cpu_backend());
-  EXPECT_TRUE(ex.ok()) << ex.status().to_string();
-  if (!ex.ok()) return out;
-  std::int64_t opt_step = 0;
-  std::size_t next = 0;
-  for (int step = 0; step < r.steps; ++step) {
-    (*ex)->begin_step(r.accum);
-    double loss = 0.0;
-    for (int a = 0; a < r.accum; ++a) {
-      const model::PackedBatch b = data[next++].view();
-      out.tokens += b.ids.numel();
-      auto f = (*ex)->micro_batch(b);
-      EXPECT_TRUE(f.ok()) << f.status().to_string();
-      loss += f->mean_loss() / r.accum;
-    }
-    auto o = (*ex)->finish_step(adamw(), lr_of(step), opt_step + 1);
-    EXPECT_TRUE(o.ok());
-    if (o->applied) ++opt_step;
-    out.losses.push_back(loss);
-    out.outcomes.push_back(*o);
-  }
-  EXPECT_TRUE((*ex)->store_to(*out.state).ok());
-  out.stats = (*ex)->stats();
-  out.peak = (*ex)->device_peak_bytes();
-  out.planned = (*ex)->device_planned_bytes();
-  return out;
-}
-
-void expect_same_state(const TrainState& a, const TrainState& b, const std::string& what) {
-  ASSERT_EQ(a.num_params(), b.num_params());
-  for (std::size_t i = 0; i < a.num_params(); ++i) {
-    const TensorView& wa = a.master->named[i].second;
-    const TensorView& wb = b.master->named[i].second;
-    EXPECT_EQ(std::memcmp(wa.data, wb.data, wa.bytes()), 0)
-        << what << ": weights of " << a.master->named[i].first << " differ";
-    // bf16 masters: the weights themselves and the Kahan compensation (empty otherwise).
-    EXPECT_EQ(a.optim.params[i].w16, b.optim.params[i].w16) << what;
-    EXPECT_EQ(a.optim.params[i].comp16, b.optim.params[i].comp16) << what;
-    if (a.m) {
-      EXPECT_EQ(std::memcmp(a.m->named[i].second.data, b.m->named[i].second.data, wa.bytes()), 0)
-          << what << ": m of " << a.master->named[i].first;
-      EXPECT_EQ(std::memcmp(a.v->named[i].second.data, b.v->named[i].second.data, wa.bytes()), 0)
-          << what << ": v of " << a.master->named[i].first;
-    }
-    // 8-bit states (empty for parameters with f32 states).
-    EXPECT_EQ(a.optim.params[i].q8(), b.optim.params[i].q8()) << what;
-    EXPECT_EQ(a.optim.params[i].m8, b.optim.params[i].m8) << what;
-    EXPECT_EQ(a.optim.params[i].v8, b.optim.params[i].v8) << what;
-    EXPECT_EQ(a.optim.params[i].m_absmax, b.optim.params[i].m_absmax) << what;
-    EXPECT_EQ(a.optim.params[i].v_absmax, b.optim.params[i].v_absmax) << what;
-  }
 }
 
 std::string nvme_dir() { return testing::temp_dir("stream_nvme"); }
@@ -388,7 +235,8 @@ TEST(StreamExecutor, BudgetRefusesTheBatchAboveTheLargestThatFits) {
   auto arena = HostArena::create(**s);
   ASSERT_TRUE(arena.ok());
   const ModelSizes sizes{.globals_elements = (*arena)->unit_elements((*arena)->globals_unit()),
-                         .max_layer_elements = (*arena)->max_layer_elements()};
+                         .max_layer_elements = (*arena)->max_layer_elements(),
+                         .params = static_cast<std::int64_t>((*arena)->params().size())};
   kernels::Backend& be = kernels::cpu_backend();
   constexpr std::int64_t S = 32;
   auto p5 = plan_device(m->geometry, sizes, *pol, 3, 5 * S, be);

@@ -1,0 +1,71 @@
+// SPDX-License-Identifier: Apache-2.0
+// `ferry bench train`: the streaming trainer's step throughput per activation policy on a
+// random-weight model of a chosen geometry (src/train/train_bench.h).
+//   ferry bench train --device cuda --layers 8 --hidden 2048 --heads 16 --kv-heads 2
+//       --head-dim 128 --intermediate 11008 --batch-size 4 --seq-len 1024
+//       --policies device,every:4,host --json r.json   (one line)
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include "apps/ferry/commands.h"
+#include "train/train_bench.h"
+
+namespace ferry::app {
+namespace {
+
+int run_bench_train(const train::TrainBenchConfig& cfg, const std::string& json_out) {
+  auto r = train::run_train_bench(cfg);
+  if (!r.ok()) return fail(r.status());
+  if (json_out != "-") std::fputs(train::format_train_bench(*r).c_str(), stdout);
+  if (json_out == "-") {
+    std::printf("%s\n", r->dump(2).c_str());
+  } else if (!json_out.empty()) {
+    std::ofstream f(json_out);
+    f << r->dump(2) << "\n";
+    if (!f) return fail(io_error("bench train: cannot write {}", json_out));
+  }
+  return 0;
+}
+
+void register_bench_train(CLI::App& app, CommandFn& run) {
+  auto cfg = std::make_shared<train::TrainBenchConfig>();
+  auto json_out = std::make_shared<std::string>();
+  auto* cmd = bench_cmd(app)->add_subcommand(
+      "train", "streaming trainer step throughput per activation policy (docs/train.md)");
+  cmd->add_option("--device", cfg->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--layers", cfg->model.layers, "decoder layers")->check(CLI::Range(1, 256));
+  cmd->add_option("--hidden", cfg->model.hidden, "hidden size C")->check(CLI::Range(8, 16384));
+  cmd->add_option("--heads", cfg->model.heads, "attention heads H")->check(CLI::Range(1, 256));
+  cmd->add_option("--kv-heads", cfg->model.kv_heads, "key/value heads G")
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--head-dim", cfg->model.head_dim, "head dim D (the GPU: 16, 32, 64, 128)")
+      ->check(CLI::Range(8, 256));
+  cmd->add_option("--intermediate", cfg->model.intermediate, "MLP width F")
+      ->check(CLI::Range(8, 1 << 17));
+  cmd->add_option("--batch-size", cfg->batch, "sequences per step")->check(CLI::Range(1, 4096));
+  cmd->add_option("--seq-len", cfg->seq, "tokens per sequence")
+      ->check(CLI::Range(std::int64_t{2}, std::int64_t{1} << 20));
+  cmd->add_option("--steps", cfg->steps, "timed steps per policy")->check(CLI::Range(1, 100000));
+  cmd->add_option("--warmup", cfg->warmup, "untimed steps first")->check(CLI::Range(0, 1000));
+  cmd->add_option("--policies", cfg->policies, "activation policies, in order")->delimiter(',');
+  cmd->add_option("--prefetch", cfg->prefetch, "weight slots prefetched ahead")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--peak-tflops", cfg->peak_tflops, "MFU denominator (default: known GPU peak)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seed", cfg->seed, "seed of the weights and tokens");
+  cmd->add_option("--json", *json_out, "write the JSON report here (-: stdout, no table)");
+  cmd->callback([cfg, json_out, &run] {
+    if (cfg->model.hidden != cfg->model.heads * cfg->model.head_dim) {
+      throw CLI::ValidationError("--hidden", "must equal --heads x --head-dim");
+    }
+    if (cfg->model.heads % cfg->model.kv_heads != 0) {
+      throw CLI::ValidationError("--kv-heads", "must divide --heads");
+    }
+    run = [cfg, json_out] { return run_bench_train(*cfg, *json_out); };
+  });
+}
+
+}  // namespace
+FERRY_REGISTER_COMMAND(register_bench_train);
+}  // namespace ferry::app

@@ -1,0 +1,213 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "train/train_bench.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+#include <algorithm>
+#include <filesystem>
+
+#include "core/timer.h"
+#include "kernels/backend.h"
+#include "mem/budget.h"
+#include "mem/device_info.h"
+#include "model/model_binding.h"
+#include "train/rng.h"
+#include "train/step_flops.h"
+#include "train/stream/activation_policy.h"
+#include "train/stream/stream_executor.h"
+#include "train/stream/window_report.h"
+#include "train/train_state.h"
+
+namespace ferry::train {
+
+namespace {
+
+// B sequences of exactly S random tokens, next-token targets (the last one ignored).
+struct SyntheticBatch {
+  std::vector<std::int32_t> ids, pos, cu, tg;
+  model::PackedBatch view() const {
+    auto v = [](const std::vector<std::int32_t>& x) {
+      return ConstTensorView::contiguous(x.data(), DType::kI32, Device::kCpu,
+                                         {static_cast<std::int64_t>(x.size())});
+    };
+    return {.ids = v(ids), .positions = v(pos), .cu_seqlens = v(cu), .targets = v(tg)};
+  }
+};
+
+SyntheticBatch make_batch(int batch, std::int64_t seq, int vocab, std::uint64_t seed) {
+  Rng rng(seed);
+  SyntheticBatch b;
+  b.cu.push_back(0);
+  for (int s = 0; s < batch; ++s) {
+    const std::size_t first = b.ids.size();
+    for (std::int64_t t = 0; t < seq; ++t) {
+      b.ids.push_back(
+          static_cast<std::int32_t>(rng.next_u64() % static_cast<std::uint64_t>(vocab)));
+      b.pos.push_back(static_cast<std::int32_t>(t));
+    }
+    for (std::int64_t t = 0; t < seq; ++t) {
+      b.tg.push_back(t + 1 < seq ? b.ids[first + static_cast<std::size_t>(t) + 1] : -100);
+    }
+    b.cu.push_back(static_cast<std::int32_t>(b.ids.size()));
+  }
+  return b;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n == 0 ? 0.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
+}
+
+}  // namespace
+
+Result<Json> run_train_bench(const TrainBenchConfig& c) {
+  if (c.steps < 1 || c.warmup < 0 || c.batch < 1 || c.seq < 2) {
+    return invalid_argument("bench train: needs --steps >= 1, --warmup >= 0, batch >= 1, seq >= 2");
+  }
+  if (c.policies.empty()) return invalid_argument("bench train: no --policies");
+  if (c.device != "cpu" && c.device != "cuda") {
+    return invalid_argument("bench train: --device {} (expected cpu or cuda)", c.device);
+  }
+  kernels::Backend* be = &kernels::cpu_backend();
+  std::string device_name = "cpu";
+  if (c.device == "cuda") {
+    FERRY_ASSIGN_OR_RETURN(be, kernels::cuda_backend(0));
+    const mem::CudaInfo info = mem::query_cuda_info();
+    if (!info.devices.empty()) device_name = info.devices.front().name;
+  }
+  const double peak = c.peak_tflops > 0 ? c.peak_tflops * 1e12 : known_peak_bf16_flops(device_name);
+
+  // The random-weight model, written once and loaded once (each policy starts from it).
+  const std::string dir =
+      c.work_dir.empty()
+          ? (std::filesystem::temp_directory_path() / fmt::format("ferry_bench_train_{}", getpid()))
+                .string()
+          : c.work_dir;
+  BuiltinModelSpec spec = c.model;
+  spec.max_positions = std::max<int>(spec.max_positions, static_cast<int>(c.seq));
+  FERRY_TRY(write_builtin_model(dir, spec, c.seed));
+  FERRY_ASSIGN_OR_RETURN(auto loaded, model::load_model_f32(dir));
+  if (c.work_dir.empty()) std::filesystem::remove_all(dir);
+  const model::DecoderGeometry& geo = loaded->geometry;
+  const TokenMatmulParams tm = token_matmul_params(geo);
+  const SyntheticBatch batch = make_batch(c.batch, c.seq, geo.vocab, c.seed + 1);
+  const std::int64_t tokens = static_cast<std::int64_t>(c.batch) * c.seq;
+
+  Json rep{{"bench", "train"},
+           {"device", device_name},
+           {"geometry",
+            {{"layers", geo.layers},
+             {"hidden", geo.hidden},
+             {"heads", geo.heads},
+             {"kv_heads", geo.kv_heads},
+             {"head_dim", geo.head_dim},
+             {"intermediate", geo.mlp_width},
+             {"vocab", geo.vocab}}},
+           {"params", tm.model_params},
+           {"batch", c.batch},
+           {"seq", c.seq},
+           {"steps", c.steps},
+           {"warmup", c.warmup},
+           {"peak_tflops", peak / 1e12},
+           {"policies", Json::array()}};
+  AdamWConfig adamw;
+  for (const std::string& name : c.policies) {
+    FERRY_ASSIGN_OR_RETURN(auto state, TrainState::from_loaded(*loaded));
+    FERRY_ASSIGN_OR_RETURN(const stream::ActivationPolicy pol,
+                           stream::parse_policy(name, geo.layers));
+    const stream::StreamOptions so{
+        .policy = pol, .prefetch = c.prefetch, .device_budget_bytes = c.device_budget_bytes};
+    auto ex = stream::StreamExecutor::create(*state, c.batch, c.seq, so, *be);
+    if (!ex.ok()) {
+      rep["policies"].push_back({{"policy", name}, {"error", ex.status().to_string()}});
+      continue;
+    }
+    stream::StreamExecutor& x = **ex;
+    std::vector<double> step_s;
+    StepFlops flops;
+    double exposed0 = 0, loss_first = 0, loss_last = 0;
+    std::vector<double> w0, we0;
+    stream::TransferStats s0;
+    for (int step = 0; step < c.warmup + c.steps; ++step) {
+      if (step == c.warmup) {  // the timed part starts here
+        s0 = x.stats();
+        exposed0 = s0.exposed_s;
+      }
+      Timer t;
+      x.begin_step(1);
+      const std::uint64_t f0 = x.stats().layer_forwards, b0 = x.stats().layer_backwards;
+      FERRY_ASSIGN_OR_RETURN(const model::ForwardResult r, x.micro_batch(batch.view()));
+      FERRY_ASSIGN_OR_RETURN(const StepOutcome o,
+                             x.finish_step(adamw, 1e-5, static_cast<std::int64_t>(step) + 1));
+      (void)o;
+      const double dt = t.elapsed_s();
+      if (step == 0) loss_first = r.mean_loss();
+      loss_last = r.mean_loss();
+      if (step >= c.warmup) {
+        step_s.push_back(dt);
+        flops += micro_batch_flops(geo, tm, batch.cu, x.stats().layer_forwards - f0,
+                                   x.stats().layer_backwards - b0);
+      }
+    }
+    FERRY_TRY(x.store_to(*state));  // waits for the last update
+    const stream::TransferStats& s = x.stats();
+    double total_s = 0;
+    for (double v : step_s) total_s += v;
+    std::vector<double> ws(s.window_s.size()), wes(s.window_s.size());
+    for (std::size_t w = 0; w < ws.size(); ++w) {
+      ws[w] = s.window_s[w] - s0.window_s[w];
+      wes[w] = s.window_exposed_s[w] - s0.window_exposed_s[w];
+    }
+    const auto report = stream::make_window_report(geo.layers, c.steps, ws, wes, total_s);
+    const double per = 1.0 / c.steps;
+    rep["policies"].push_back(
+        {{"policy", name},
+         {"describe", pol.describe()},
+         {"step_ms_median", median(step_s) * 1e3},
+         {"step_ms_mean", total_s * per * 1e3},
+         {"tokens_per_s", static_cast<double>(tokens) * c.steps / total_s},
+         {"model_tflops", flops.model / total_s / 1e12},
+         {"hardware_tflops", flops.hardware / total_s / 1e12},
+         {"mfu", peak > 0 ? flops.model / total_s / peak : 0.0},
+         {"exposed_ms_per_step", (s.exposed_s - exposed0) * per * 1e3},
+         {"device_peak_bytes", x.device_peak_bytes()},
+         {"device_planned_bytes", x.device_planned_bytes()},
+         {"host_bytes_per_param", x.arena().bytes_per_param()},
+         {"weight_h2d_bytes_per_step", double(s.weight_h2d - s0.weight_h2d) * per},
+         {"grad_d2h_bytes_per_step", double(s.grad_d2h - s0.grad_d2h) * per},
+         {"act_bytes_per_step", double(s.act_d2h - s0.act_d2h + s.act_h2d - s0.act_h2d) * per},
+         {"loss_first", loss_first},
+         {"loss_last", loss_last},
+         {"optimizer_busy_s", x.optimizer_busy_s()},
+         {"windows", stream::window_report_json(report)}});
+  }
+  return rep;
+}
+
+std::string format_train_bench(const Json& r) {
+  std::string out = fmt::format(
+      "bench train on {} | {} layers, hidden {}, {:.3g} B params | batch {} x seq {} | {} timed "
+      "steps\n",
+      r["device"].get<std::string>(), r["geometry"]["layers"].get<int>(),
+      r["geometry"]["hidden"].get<int>(), r["params"].get<double>() / 1e9, r["batch"].get<int>(),
+      r["seq"].get<std::int64_t>(), r["steps"].get<int>());
+  out += fmt::format("{:<22} {:>10} {:>10} {:>8} {:>8} {:>6} {:>11} {:>12}\n", "policy", "step ms",
+                     "tok/s", "TFLOPS", "hw", "MFU%", "exposed ms", "device peak");
+  for (const Json& p : r["policies"]) {
+    if (p.contains("error")) {
+      out +=
+          fmt::format("{:<22} {}\n", p["policy"].get<std::string>(), p["error"].get<std::string>());
+      continue;
+    }
+    out += fmt::format("{:<22} {:>10.1f} {:>10.0f} {:>8.2f} {:>8.2f} {:>6.1f} {:>11.1f} {:>12}\n",
+                       p["policy"].get<std::string>(), p["step_ms_median"].get<double>(),
+                       p["tokens_per_s"].get<double>(), p["model_tflops"].get<double>(),
+                       p["hardware_tflops"].get<double>(), 100 * p["mfu"].get<double>(),
+                       p["exposed_ms_per_step"].get<double>(),
+                       mem::format_bytes(p["device_peak_bytes"].get<std::size_t>()));
+  }
+  return out;
+}
+
+}  // namespace ferry::train

@@ -1,0 +1,43 @@
+// SPDX-License-Identifier: Apache-2.0
+// `ferry bench train`: the stream executor's step throughput on a random-weight model of a given
+// geometry, for several activation policies in one process (so the policies are compared on the
+// same machine state), on the CPU backend or the GPU. Reports per policy: step time (median and
+// mean of the timed steps), tokens/s, TFLOPS in the 6·N·tokens convention and hardware TFLOPS
+// (recompute included; step_flops.h), MFU against the device's data-sheet bf16 peak (GPU) or
+// --peak-tflops, exposed transfer time per step (GPU: from events), device-tier peak and plan,
+// bytes moved per step, and the per-window breakdown (window_report.h).
+// The PyTorch baseline on the same geometry is tools/bench/train_torch_baseline.py; the
+// scripts/gpu_train_check.sh script runs both in one call and prints the ratios.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/json.h"
+#include "core/result.h"
+#include "mem/budget.h"
+#include "train/builtin_model.h"
+
+namespace ferry::train {
+
+struct TrainBenchConfig {
+  std::string device = "cpu";  // cpu | cuda
+  BuiltinModelSpec model;      // geometry of the random-weight model (builtin tokenizer's vocab)
+  int batch = 4;               // sequences per micro-batch, each seq tokens long
+  std::int64_t seq = 256;
+  int steps = 5;   // timed steps per policy
+  int warmup = 1;  // untimed steps first
+  std::vector<std::string> policies{"device", "every:4", "host"};
+  int prefetch = 2;
+  std::size_t device_budget_bytes = mem::MemoryBudget::kUnlimited;
+  double peak_tflops = 0;  // MFU denominator; 0: the GPU's known peak
+  std::uint64_t seed = 1;
+  std::string work_dir;  // where the random model is written; empty: a temp folder
+};
+
+Result<Json> run_train_bench(const TrainBenchConfig& c);
+// The human-readable table of a run_train_bench report.
+std::string format_train_bench(const Json& report);
+
+}  // namespace ferry::train

@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""PyTorch baseline for `ferry bench train`: the same geometry as a Hugging Face Qwen3 model
+(what `ferry bench train` builds: qk-norm, tied embeddings, vocab 259), fully resident on the GPU,
+bf16 weights, SDPA attention, fused torch AdamW — the usual single-GPU fine-tuning setup when the
+model fits. Same batch (B sequences of S random tokens, next-token loss), same step count;
+wall time per step with a CUDA sync at the end of each step. Writes JSON.
+
+  python3 tools/bench/train_torch_baseline.py --layers 8 --hidden 2048 --heads 16 --kv-heads 2 \
+      --head-dim 128 --intermediate 11008 --batch 4 --seq 1024 --steps 5 --out torch_train.json
+"""
+import argparse
+import json
+import statistics
+import time
+
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+
+def main():
+    p = argparse.ArgumentParser()
+    for name, default in [("layers", 4), ("hidden", 128), ("heads", 4), ("kv-heads", 2),
+                          ("head-dim", 32), ("intermediate", 384), ("vocab", 259), ("batch", 4),
+                          ("seq", 256), ("steps", 5), ("warmup", 1)]:
+        p.add_argument("--" + name, type=int, default=default)
+    p.add_argument("--checkpointing", action="store_true",
+                   help="gradient checkpointing every layer (HF's own)")
+    p.add_argument("--out", default="")
+    a = p.parse_args()
+    cfg = Qwen3Config(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
+                      num_hidden_layers=a.layers, num_attention_heads=a.heads,
+                      num_key_value_heads=a.kv_heads, head_dim=a.head_dim,
+                      max_position_embeddings=max(a.seq, 512), tie_word_embeddings=True,
+                      rms_norm_eps=1e-6, attn_implementation="sdpa")
+    torch.manual_seed(1)
+    model = Qwen3ForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16)
+    if a.checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    ids = torch.randint(0, a.vocab, (a.batch, a.seq), device="cuda")
+    params = sum(p.numel() for p in model.parameters())
+    times, losses = [], []
+    torch.cuda.reset_peak_memory_stats()
+    for step in range(a.warmup + a.steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        losses.append(float(out.loss))
+        if step >= a.warmup:
+            times.append(dt)
+    tokens = a.batch * a.seq
+    mean = sum(times) / len(times)
+    rep = {"baseline": "torch", "torch": torch.__version__, "device": torch.cuda.get_device_name(),
+           "params": params, "batch": a.batch, "seq": a.seq, "steps": a.steps,
+           "checkpointing": a.checkpointing, "dtype": "bf16 weights, fused AdamW, SDPA",
+           "step_ms_median": statistics.median(times) * 1e3, "step_ms_mean": mean * 1e3,
+           "tokens_per_s": tokens / mean, "model_tflops": 6 * params * tokens / mean / 1e12,
+           "peak_gpu_bytes": torch.cuda.max_memory_allocated(), "loss_first": losses[0],
+           "loss_last": losses[-1]}
+    print(json.dumps(rep, indent=2))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(rep, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
