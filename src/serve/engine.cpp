@@ -205,6 +205,13 @@ KvDemandSample Engine::kv_demand() const {
         cfg_.kv_preempt ? std::int64_t(s->tokens.size()) : s->prompt_len + s->req.max_new_tokens;
     d.waiting_need += kv_->blocks_for(need);
   }
+  for (const auto& s : running_) {
+    d.final_blocks += kv_->blocks_for(s->prompt_len + s->req.max_new_tokens);
+  }
+  for (const auto& s : waiting_) {
+    d.final_blocks += kv_->blocks_for(s->prompt_len + s->req.max_new_tokens) -
+                      kv_->blocks_for(s->prompt_len);
+  }
   return d;
 }
 

@@ -21,7 +21,8 @@ double KvDemand::peak() const {
 }
 
 SplitProblem make_problem(const CostModel& m, std::span<const StackDistance> layers, double steps,
-                          std::span<const double> kv_samples, const PrefixStackDistance* prefix) {
+                          std::span<const double> kv_samples, const PrefixStackDistance* prefix,
+                          int prefix_held_blocks) {
   SplitProblem p;
   p.budget_bytes = m.budget_bytes;
   p.expert_bytes = m.expert_bytes;
@@ -39,6 +40,10 @@ SplitProblem make_problem(const CostModel& m, std::span<const StackDistance> lay
   p.kv_short = kv_shortage_curve(kv_samples, std::max(m.kv_max_blocks, m.kv_floor_blocks));
   if (prefix != nullptr) {
     p.kv_prefix_misses = prefix->miss_curve();
+    if (m.prefix_reuse_prior) {
+      const std::vector<double> prior = prefix->reuse_prior(prefix_held_blocks);
+      for (std::size_t k = 0; k < prior.size(); ++k) p.kv_prefix_misses[k] += prior[k];
+    }
     for (double& x : p.kv_prefix_misses) x *= per;
     p.prefix_block_cost_s = m.prefix_block_cost_s;
   }

@@ -34,6 +34,9 @@ struct CostModel {
   // Prefix cache: one prompt block not found cached costs its prefill, block_tokens x the
   // observed prefill cost per token (prefill_token_cost_s below); 0: no prefix cache.
   double prefix_block_cost_s = 0;
+  // Live only: add the prefix curve's reuse prior (prefix_curve.h) for the chains the pool holds
+  // now, so blocks that have not been reused yet keep a value before their sessions come back.
+  bool prefix_reuse_prior = false;
 };
 
 // Prefill cost per token from a step's modelled or measured time: the step's time is shared
@@ -67,9 +70,11 @@ class KvDemand {
 };
 
 // Curves per step: expert misses divided by `steps` (the steps the histograms cover); the
-// prefix cache's miss curve likewise (prefix: null without a prefix cache).
+// prefix cache's miss curve likewise (prefix: null without a prefix cache), plus its reuse prior
+// when m.prefix_reuse_prior, with `prefix_held_blocks` the blocks running and queued requests
+// hold or need now (the engine's KvDemandSample::blocks()).
 SplitProblem make_problem(const CostModel& m, std::span<const StackDistance> layers, double steps,
                           std::span<const double> kv_samples,
-                          const PrefixStackDistance* prefix = nullptr);
+                          const PrefixStackDistance* prefix = nullptr, int prefix_held_blocks = 0);
 
 }  // namespace ferry::serve::wsa

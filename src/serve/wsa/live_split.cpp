@@ -137,7 +137,8 @@ SplitProblem LiveSplit::problem(const Engine& eng) const {
   m.kv_max_blocks = std::max(m.kv_max_blocks, m.kv_floor_blocks);
   m.prefix_block_cost_s =
       double(eng_.kv().block_tokens()) * prefill_cost_.per_token_s(cfg_.prefill_token_s);
-  return make_problem(m, sd_, steps_, kv_.samples(), prefix_.get());
+  m.prefix_reuse_prior = cfg_.reuse_prior;
+  return make_problem(m, sd_, steps_, kv_.samples(), prefix_.get(), eng.kv_demand().final_blocks);
 }
 
 void LiveSplit::observe_step_cost(const Engine& eng) {

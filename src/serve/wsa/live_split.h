@@ -7,7 +7,9 @@
 //   - with the prefix cache on, feeds the pool's block identities (KvCache::set_prefix_observer)
 //     into a PrefixStackDistance: the prefix miss curve over KV capacity, priced at block_tokens
 //     x the prefill cost per token (modelled per step from the pager's misses and the step's
-//     tokens: misses x expert_bytes / link + prefill_token_s x tokens, shared by token),
+//     tokens: misses x expert_bytes / link + prefill_token_s x tokens, shared by token), and
+//     its reuse prior (reuse_prior): the chains the pool holds now, plus the blocks running and
+//     queued requests will hold (KvDemandSample::final_blocks), valued before they come back,
 //   - every decide_every_steps steps builds the SplitProblem (per-step curves, the floor raised to
 //     the blocks in use and to the largest outstanding request), asks the SplitController, and on
 //     a move calls Engine::resize_pools at that boundary (no draining), then ages the curves.
@@ -37,7 +39,10 @@ struct LiveSplitConfig {
   double age_factor = 0.9;  // curve weight kept after each decision
   double link_bytes_per_s = 24e9;
   double prefill_token_s = 2e-4;  // a missing KV block costs block_tokens x this per step
-  ControllerConfig controller;    // its link_bytes_per_s defaults to the one above
+  // With the prefix cache: value cached chains that have not come back yet by the prefix
+  // curve's reuse prior (prefix_curve.h), so early decisions do not give their blocks away.
+  bool reuse_prior = true;
+  ControllerConfig controller;  // its link_bytes_per_s defaults to the one above
 };
 
 struct LiveSplitStats {

@@ -65,6 +65,7 @@ void PrefixStackDistance::touch(std::uint64_t key) {
 int PrefixStackDistance::lookup(std::span<const std::uint64_t> chain, int pinned, int k_now) {
   int running = 0, hits_now = 0;
   bool cold = false;
+  if (!chain.empty()) (depth(chain.front()) > 0 ? returns_ : new_chains_) += 1;
   for (std::uint64_t key : chain) {
     const int d = depth(key);
     if (d == 0) cold = true;
@@ -98,6 +99,21 @@ std::vector<double> PrefixStackDistance::miss_curve() const {
 void PrefixStackDistance::scale(double f) {
   for (double& h : hist_) h *= f;
   blocks_ *= f;
+  returns_ *= f;
+  new_chains_ *= f;
+}
+
+int PrefixStackDistance::pending_blocks() const {
+  return static_cast<int>(std::min<std::size_t>(last_.size(), std::size_t(max_depth_)));
+}
+
+std::vector<double> PrefixStackDistance::reuse_prior(int held) const {
+  std::vector<double> m(std::size_t(max_depth_) + 1, 0.0);
+  const long w = long(pending_blocks()) + long(std::max(held, 0));
+  if (w == 0 || w > max_depth_) return m;
+  const double mass = reuse_probability() * double(w);
+  for (long k = 0; k < w; ++k) m[std::size_t(k)] = mass;
+  return m;
 }
 
 }  // namespace ferry::serve::wsa

@@ -23,6 +23,20 @@
 // forgets older ones, so the map holds O(window) keys. Exact while no forgotten key would have
 // climbed back within max_depth (lookups take their chains out of the stack; window >=
 // 4 * max_depth + 4 leaves 2 * max_depth + 2 of slack).
+// Reuse prior (reuse_prior()): the curve above only knows lookups that happened, so before any
+// chain has come back (a session's first turns) it shows no value in keeping cached blocks, and
+// a live controller gives away the KV the next turns would reuse (docs/serve_wsa.md). The prior
+// adds the expected next lookups of the chains the pool holds now, from what a server sees: the
+// released blocks in the stack not looked up since (pending), plus the blocks that running and
+// queued requests hold or need (`held`, the engine's KV demand sample: they are released as
+// identified chains later). Its working-set model: sessions come back in turn, so between two
+// lookups of one chain every other live chain is released or pinned once, and a chain is found
+// iff the pool holds the whole working set W = pending + held. Each of those W blocks is counted
+// as one lookup at depth W, weighted by the observed probability that a chain comes back,
+// Laplace's rule over chain lookups, p = (1 + returns) / (2 + returns + new): a lookup is a
+// return when its chain's first block is in the stack (released before, not forgotten), new
+// otherwise. The counts age with scale(). Without reuse p falls as 1 / new chains; with reuse the
+// prior is worth about one cycle of returns, next to the aged counts of the ones observed.
 #pragma once
 
 #include <cstdint>
@@ -51,6 +65,17 @@ class PrefixStackDistance {
   std::vector<double> miss_curve() const;
   void scale(double f);  // ages the counts (live use)
 
+  // Released blocks in the stack, not looked up since (at most max_depth).
+  int pending_blocks() const;
+  // Chain lookups whose first block was in the stack (returns) and was not (new); aged.
+  double returns() const { return returns_; }
+  double new_chains() const { return new_chains_; }
+  double reuse_probability() const { return (1.0 + returns_) / (2.0 + returns_ + new_chains_); }
+  // [max_depth + 1], in lookups like miss_curve()'s counts: p * W at k < W, 0 from W on, with
+  // W = pending_blocks() + held (all zero when W is 0 or beyond max_depth: no capacity of the
+  // curve holds the working set, so the prior cannot tell capacities apart). See the file comment.
+  std::vector<double> reuse_prior(int held) const;
+
  private:
   int depth(std::uint64_t key) const;  // 0: not in the stack
   void renumber();
@@ -62,6 +87,7 @@ class PrefixStackDistance {
   std::unordered_map<std::uint64_t, int> last_;  // key -> latest timestamp
   std::vector<double> hist_;                     // [max_depth + 2]; last: beyond / cold
   double blocks_ = 0;
+  double returns_ = 0, new_chains_ = 0;
 };
 
 }  // namespace ferry::serve::wsa

@@ -175,13 +175,18 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
     }
     // KV demand at the step boundary: used + what the queue needs to run + preempted work.
     int used = split.kv_blocks - avail(), waiting_need = 0, max_need = 0;
+    int final_blocks = 0;  // Engine::kv_demand's final_blocks (the reuse prior's working set)
     {
       int slots = cfg.max_running - static_cast<int>(running.size());
       for (const Seq& q : waiting) {
         if (slots-- > 0) waiting_need += blocks_for(q.tokens());
         max_need = std::max(max_need, blocks_for(q.prompt + q.output));
+        final_blocks += blocks_for(q.prompt + q.output) - blocks_for(q.prompt);
       }
-      for (const Seq& q : running) max_need = std::max(max_need, blocks_for(q.prompt + q.output));
+      for (const Seq& q : running) {
+        max_need = std::max(max_need, blocks_for(q.prompt + q.output));
+        final_blocks += blocks_for(q.prompt + q.output);
+      }
     }
     kv_demand.record(double(used + waiting_need + preempted_last));
     profile_kv.push_back(double(used + waiting_need + preempted_last));
@@ -195,8 +200,9 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
       m.kv_floor_blocks = std::max({m.kv_floor_blocks, used, max_need});
       m.kv_max_blocks = std::max(m.kv_max_blocks, m.kv_floor_blocks);
       m.prefix_block_cost_s = double(bt) * prefill_cost.per_token_s(cfg.token_s);
+      m.prefix_reuse_prior = cfg.reuse_prior;
       const SplitProblem p =
-          make_problem(m, sd, live_steps, kv_demand.samples(), pc ? &psd : nullptr);
+          make_problem(m, sd, live_steps, kv_demand.samples(), pc ? &psd : nullptr, final_blocks);
       FERRY_ASSIGN_OR_RETURN(Decision d, ctl.decide(p, split));
       if (d.move) {
         ++res.moves;

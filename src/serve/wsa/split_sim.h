@@ -15,9 +15,11 @@
 // turn (or a preempted one coming back) starts computing after its longest cached prefix, leaving
 // at least its last token. Its miss curve over KV capacity (prefix_curve.h) and the observed
 // prefill cost per token go into the profile and the live problems.
-// Policies: a fixed split, or live (LiveSplit's rule: Mattson curves + KV demand samples, the
-// SplitController every decide_every_steps steps; shrinking evicts LRU-last experts, KV never
-// below the blocks in use or the largest waiting request).
+// Policies: a fixed split, or live (LiveSplit's rule: Mattson curves + KV demand samples + with
+// the prefix cache the prefix curve and its reuse prior (SimConfig::reuse_prior, fed the same
+// final_blocks as Engine::kv_demand), the SplitController every decide_every_steps steps;
+// shrinking evicts LRU-last experts, KV never below the blocks in use or the largest waiting
+// request).
 #pragma once
 
 #include <cstdint>
@@ -48,6 +50,7 @@ struct SimConfig {
   int decide_every_steps = 64;  // LiveSplitConfig's defaults (see the NOTE there)
   int warmup_steps = 0;         // no decision before this many steps (curves still recorded)
   double age_factor = 0.9;
+  bool reuse_prior = true;  // the prefix curve's reuse prior (prefix_curve.h) in live problems
   ControllerConfig controller;
   std::size_t kv_block_bytes() const { return kv_bytes_per_token * std::size_t(block_tokens); }
   double kv_block_cost_s() const { return token_s * block_tokens; }

@@ -8,13 +8,18 @@
 //     priced by this test itself; a prefix curve worth more than experts pulls blocks to KV;
 //   - the simulator's prefix pool: fewer prefill tokens, every answer generated, the stack
 //     model's hits equal the pool's when nothing is evicted, evictions and fewer hits at the
-//     floor, and a profile carrying the prefix curve and its cost.
+//     floor, and a profile carrying the prefix curve and its cost;
+//   - the reuse prior (prefix_curve.h): returns and new chains counted, the working set placed
+//     at its depth with Laplace's weight; in a live problem it keeps the working set's blocks
+//     before any chain came back (the allocation without it gives them to experts), and the
+//     simulated live controller with it recomputes less prefill than without it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <list>
 #include <random>
 
+#include "serve/wsa/demand.h"
 #include "serve/wsa/prefix_curve.h"
 #include "serve/wsa/split_allocator.h"
 #include "serve/wsa/split_sim.h"
@@ -180,6 +185,77 @@ TEST(WsaPrefixCurve, AValuablePrefixCurvePullsBlocksToKv) {
   EXPECT_LT(modelled_step_s(p, *with), modelled_step_s(p, *without));
 }
 
+TEST(WsaPrefixPrior, CountsReturnsAndPlacesTheWorkingSetAtItsDepth) {
+  PrefixStackDistance psd(100);
+  EXPECT_DOUBLE_EQ(psd.reuse_probability(), 0.5);
+  for (double x : psd.reuse_prior(0)) EXPECT_EQ(x, 0.0);  // nothing held: no working set
+  const std::vector<std::uint64_t> a = {1, 2, 3};
+  psd.lookup(a);  // a new chain
+  EXPECT_DOUBLE_EQ(psd.new_chains(), 1.0);
+  EXPECT_DOUBLE_EQ(psd.returns(), 0.0);
+  EXPECT_EQ(psd.pending_blocks(), 0);
+  for (int i = 2; i >= 0; --i) psd.touch(a[std::size_t(i)]);  // released, tail first
+  EXPECT_EQ(psd.pending_blocks(), 3);
+  // W = 3 pending + 10 held; p = (1 + 0) / (2 + 0 + 1): W * p lookups below depth 13.
+  std::vector<double> prior = psd.reuse_prior(10);
+  ASSERT_EQ(prior.size(), 101u);
+  for (int k = 0; k <= 100; ++k) {
+    EXPECT_DOUBLE_EQ(prior[std::size_t(k)], k < 13 ? 13.0 / 3.0 : 0.0) << k;
+  }
+  // The real curve is untouched by the prior (it knows one cold lookup only).
+  for (double x : psd.miss_curve()) EXPECT_DOUBLE_EQ(x, 3.0);
+  const std::vector<std::uint64_t> b = {1, 2, 3, 4};
+  psd.lookup(b);  // its first block was released: a return
+  EXPECT_DOUBLE_EQ(psd.returns(), 1.0);
+  EXPECT_DOUBLE_EQ(psd.reuse_probability(), 2.0 / 4.0);
+  EXPECT_EQ(psd.pending_blocks(), 0);
+  for (double x : psd.reuse_prior(200))
+    EXPECT_EQ(x, 0.0);  // beyond the curve: no capacity holds it
+  psd.scale(0.5);
+  EXPECT_DOUBLE_EQ(psd.returns(), 0.5);
+  EXPECT_DOUBLE_EQ(psd.new_chains(), 0.5);
+}
+
+TEST(WsaPrefixPrior, KeepsTheWorkingSetBeforeAnyChainCameBack) {
+  // Two layers of 8 experts whose (skewed) accesses make every slot worth something; three
+  // chains of 10 blocks looked up cold and released, none back yet, 12 blocks held by running
+  // requests. The curve alone sees no reuse: the KV pool gets only its floor. With the prior the
+  // 42 blocks of the working set stay.
+  std::vector<StackDistance> sd(2, StackDistance(8));
+  std::mt19937 rng(7);
+  std::discrete_distribution<int> pick({8, 6, 5, 4, 3, 2, 2, 1});
+  for (int i = 0; i < 400; ++i) {
+    for (StackDistance& s : sd) s.access(pick(rng));
+  }
+  PrefixStackDistance psd(80);
+  for (std::uint64_t c = 0; c < 3; ++c) {
+    std::vector<std::uint64_t> chain;
+    for (std::uint64_t i = 0; i < 10; ++i) chain.push_back(c * 100 + i);
+    psd.lookup(chain);
+    for (int i = 9; i >= 0; --i) psd.touch(chain[std::size_t(i)]);
+  }
+  CostModel m{.budget_bytes = 2 * 8 * 1000 + 8 * 250,
+              .expert_bytes = 1000,
+              .kv_block_bytes = 250,
+              .min_slots = 1,
+              .kv_floor_blocks = 8,
+              .kv_max_blocks = 80,
+              .link_bytes_per_s = 1e7,
+              .kv_block_cost_s = 1e-4,
+              .prefix_block_cost_s = 1e-2};
+  const std::vector<double> kv_samples(100, 8.0);
+  const SplitProblem plain = make_problem(m, sd, 100, kv_samples, &psd, 12);
+  auto without = allocate(plain);
+  ASSERT_TRUE(without.ok()) << without.status().to_string();
+  EXPECT_LT(without->kv_blocks, 42);
+  m.prefix_reuse_prior = true;
+  const SplitProblem with_prior = make_problem(m, sd, 100, kv_samples, &psd, 12);
+  auto with = allocate(with_prior);
+  ASSERT_TRUE(with.ok()) << with.status().to_string();
+  EXPECT_GE(with->kv_blocks, 42);
+  EXPECT_TRUE(feasible(with_prior, *with));
+}
+
 AgenticSpec small_spec() {
   return {.sessions = 6,
           .turns = 3,
@@ -261,6 +337,39 @@ TEST(WsaPrefixSim, PrefixPoolSavesPrefillAndItsModelMatchesWhenNothingIsEvicted)
   ASSERT_TRUE(live.ok()) << live.status().to_string();
   EXPECT_EQ(live->generated, answers);
   EXPECT_TRUE(feasible(sim_problem(live_cfg, 3, 16, 2), live->final_split));
+}
+
+TEST(WsaPrefixSim, ReusePriorKeepsHistoriesTheLiveControllerWouldGiveAway) {
+  // Live from 50/50 with decisions every 8 steps: the first decisions see only first turns (no
+  // chain came back yet). Without the prior the controller trades the cached histories for
+  // expert slots and the next turns recompute them; with it they stay. Two budgets.
+  const AgenticWorkload w(small_spec());
+  std::uint64_t answers = 0;
+  for (int s = 0; s < w.sessions(); ++s) {
+    for (const auto& t : w.turns(s)) answers += std::uint64_t(t.output);
+  }
+  int roomy_blocks = 0;
+  for (int s = 0; s < w.sessions(); ++s) roomy_blocks += (w.session_tokens(s) + 3) / 4 + 1;
+  for (int extra : {0, 120}) {
+    SimResult r[2];
+    for (bool prior : {false, true}) {
+      SimConfig cfg = small_config(w, roomy_blocks + extra, true);
+      cfg.decide_every_steps = 8;
+      cfg.reuse_prior = prior;
+      cfg.controller = {.hysteresis = 0.05, .horizon_steps = 64, .link_bytes_per_s = 1e6};
+      auto start = fraction_split(sim_problem(cfg, 3, 16, 2), 0.5);
+      ASSERT_TRUE(start.ok()) << start.status().to_string();
+      auto res = simulate(cfg, w, *start, true);  // budget and floor checked at every move
+      ASSERT_TRUE(res.ok()) << res.status().to_string();
+      EXPECT_EQ(res->generated, answers);
+      EXPECT_TRUE(feasible(sim_problem(cfg, 3, 16, 2), res->final_split));
+      EXPECT_GT(res->moves, 0u);
+      r[prior] = *res;
+    }
+    EXPECT_LT(double(r[1].prefill_tokens), 0.6 * double(r[0].prefill_tokens)) << extra;
+    EXPECT_GT(r[1].prefix_hit_blocks, 2 * r[0].prefix_hit_blocks) << extra;
+    EXPECT_LT(r[1].total_s, r[0].total_s) << extra;
+  }
 }
 
 }  // namespace
