@@ -13,8 +13,14 @@
 //   serve_split_bench [--budget-gib 24] [--link-gbps 24] [--sessions 8] [--concurrency 4]
 //                     [--turns 4] [--prefix 1536] [--seed 1] [--json FILE]
 //                     [--live-decide-steps 64] [--live-age 0.9] [--live-hysteresis 0.05]
-//                     [--prefix-cache both] [--live-warmup-steps 0]
+//                     [--prefix-cache both] [--live-warmup-steps 0] [--live-reuse-prior on]
+//                     [--oracle on] [--user-max 256] [--output-max 256] [--think-s 0]
+// With the prefix cache, "mv-wsa live" uses the prefix curve's reuse prior (prefix_curve.h;
+// --live-reuse-prior off drops it) and "mv-wsa live, no prior" is the controller without it.
+// x_named: the best of the three named fixed splits (50/50, expert-heavy, KV-heavy) / policy;
+// x_best: the oracle / policy (--oracle off skips its exhaustive search: x_best then empty).
 #include <sys/utsname.h>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -62,6 +68,9 @@ int main(int argc, char** argv) {
   double age = 0.9, hysteresis = 0.05;
   std::string prefix_cache = "both";
   int warmup = 0;
+  bool reuse_prior = true, oracle = true;
+  int user_max = 256, output_max = 256;
+  double think_s = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const char* v = argv[i + 1];
@@ -91,6 +100,16 @@ int main(int argc, char** argv) {
       prefix_cache = v;
     else if (a == "--live-warmup-steps")
       warmup = std::atoi(v);
+    else if (a == "--live-reuse-prior")
+      reuse_prior = std::strcmp(v, "off") != 0;
+    else if (a == "--oracle")
+      oracle = std::strcmp(v, "off") != 0;
+    else if (a == "--user-max")
+      user_max = std::atoi(v);
+    else if (a == "--output-max")
+      output_max = std::atoi(v);
+    else if (a == "--think-s")
+      think_s = std::atof(v);
     else {
       std::fprintf(stderr, "serve_split_bench: unknown flag %s\n", a.c_str());
       return 2;
@@ -119,6 +138,7 @@ int main(int argc, char** argv) {
   cfg.decide_every_steps = decide_steps;
   cfg.warmup_steps = warmup;
   cfg.age_factor = age;
+  cfg.reuse_prior = reuse_prior;
   cfg.controller = {
       .hysteresis = hysteresis, .horizon_steps = 256, .link_bytes_per_s = cfg.link_bytes_per_s};
 
@@ -126,6 +146,9 @@ int main(int argc, char** argv) {
   const AgenticWorkload w({.sessions = sessions,
                            .turns = turns,
                            .prefix_tokens = prefix,
+                           .user_max = user_max,
+                           .output_max = output_max,
+                           .think_s = think_s,
                            .moe_layers = kLayers,
                            .experts = kExperts,
                            .top_k = kTopK,
@@ -143,7 +166,8 @@ int main(int argc, char** argv) {
   struct Suite {
     bool prefix_cache = false;
     std::vector<Row> rows;
-    double best_s = 0;
+    double best_s = 0;   // oracle (0: not searched)
+    double named_s = 0;  // best of the three named fixed splits
   };
   std::vector<Suite> suites;
   ferry::Timer sim_timer;
@@ -165,22 +189,30 @@ int main(int argc, char** argv) {
     const SplitProblem profile = run("fixed 50/50", *half, false).profile;  // a copy: rows grows
     run("expert-heavy", uniform.back(), false);
     run("kv-heavy", uniform.front(), false);
+    suite.named_s = std::min({rows[0].r.total_s, rows[1].r.total_s, rows[2].r.total_s});
     auto offline = allocate(profile);
     FERRY_CHECK(offline.ok(), "offline: {}", offline.status().to_string());
     run("mv-wsa offline", *offline, false);
     run("mv-wsa live", *half, true);
+    if (pc && cfg.reuse_prior) {
+      cfg.reuse_prior = false;
+      run("mv-wsa live, no prior", *half, true);
+      cfg.reuse_prior = true;
+    }
     run("mv-wsa live@offline", *offline, true);  // live, started from the configurator's split
     // Oracle: every uniform cap.
-    double best_s = 1e300;
-    Split best;
-    SimResult best_r;
-    for (const Split& u : uniform) {
-      auto r = simulate(cfg, w, u, false);
-      FERRY_CHECK(r.ok(), "oracle: {}", r.status().to_string());
-      if (r->total_s < best_s) best_s = r->total_s, best = u, best_r = *r;
+    if (oracle) {
+      double best_s = 1e300;
+      Split best;
+      SimResult best_r;
+      for (const Split& u : uniform) {
+        auto r = simulate(cfg, w, u, false);
+        FERRY_CHECK(r.ok(), "oracle: {}", r.status().to_string());
+        if (r->total_s < best_s) best_s = r->total_s, best = u, best_r = *r;
+      }
+      rows.push_back({"oracle (best fixed)", best, best_r, false});
+      suite.best_s = best_s;
     }
-    rows.push_back({"oracle (best fixed)", best, best_r, false});
-    suite.best_s = best_s;
     suites.push_back(std::move(suite));
   }
   const double sim_s = sim_timer.elapsed_s();
@@ -214,6 +246,9 @@ int main(int argc, char** argv) {
   j["workload"] = {{"sessions", sessions},
                    {"turns", turns},
                    {"prefix", prefix},
+                   {"user_max", user_max},
+                   {"output_max", output_max},
+                   {"think_s", think_s},
                    {"concurrency", concurrency},
                    {"max_context", w.max_context()},
                    {"seed", seed}};
@@ -221,18 +256,22 @@ int main(int argc, char** argv) {
   j["live"] = {{"decide_every_steps", decide_steps},
                {"age_factor", age},
                {"hysteresis", hysteresis},
-               {"warmup_steps", warmup}};
+               {"warmup_steps", warmup},
+               {"reuse_prior", reuse_prior}};
   for (const Suite& suite : suites) {
     std::printf("\nprefix cache %s\n", suite.prefix_cache ? "ON" : "OFF");
-    std::printf("%-20s %10s %9s %9s %7s %8s %9s %8s %6s  %s\n", "policy", "total_s", "ttft_s",
-                "dec_tok/s", "hit", "preempt", "prefill", "pfx_hit", "x_best", "split");
+    std::printf("%-22s %10s %9s %9s %7s %8s %9s %8s %7s %6s %5s  %s\n", "policy", "total_s",
+                "ttft_s", "dec_tok/s", "hit", "preempt", "prefill", "pfx_hit", "x_named", "x_best",
+                "moves", "split");
     for (const Row& row : suite.rows) {
       const double x = suite.best_s / row.r.total_s;
-      std::printf("%-20s %10.1f %9.2f %9.2f %7.3f %8llu %9llu %8.3f %6.3f  %s%s\n",
+      const double xn = suite.named_s / row.r.total_s;
+      std::printf("%-22s %10.1f %9.2f %9.2f %7.3f %8llu %9llu %8.3f %7.3f %6.3f %5llu  %s%s\n",
                   row.name.c_str(), row.r.total_s, row.r.mean_ttft_s, row.r.decode_tokens_per_s,
                   row.r.hit_rate(), static_cast<unsigned long long>(row.r.preemptions),
-                  static_cast<unsigned long long>(row.r.prefill_tokens), row.r.prefix_hit_rate(), x,
-                  row.live ? "final " : "", describe(row.split).c_str());
+                  static_cast<unsigned long long>(row.r.prefill_tokens), row.r.prefix_hit_rate(),
+                  xn, x, static_cast<unsigned long long>(row.r.moves), row.live ? "final " : "",
+                  describe(row.split).c_str());
       j[suite.prefix_cache ? "prefix_cache_on" : "prefix_cache_off"].push_back(
           {{"name", row.name},
            {"total_s", row.r.total_s},
@@ -248,6 +287,7 @@ int main(int argc, char** argv) {
            {"prefix_evictions", row.r.prefix_evictions},
            {"moves", row.r.moves},
            {"speed_vs_best_fixed", x},
+           {"speed_vs_best_named_fixed", xn},
            {"slots", row.split.slots},
            {"kv_blocks", row.split.kv_blocks}});
     }
