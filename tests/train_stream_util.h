@@ -85,7 +85,8 @@ struct RunSpec {
   int steps = 3;
   int accum = 2;
   OptimMode mode;
-  std::string q8_params;  // 8bit states: --8bit-params (empty = all)
+  std::string q8_params;      // 8bit states: --8bit-params (empty = all)
+  int optimizer_threads = 0;  // StreamOptions::optimizer_threads
 };
 
 inline std::unique_ptr<TrainState> make_state(const model::LoadedModel& m, const RunSpec& r) {
@@ -126,7 +127,7 @@ inline RunResult run_stream(const model::LoadedModel& m, const RunSpec& r,
   out.state = make_state(m, r);
   auto pol = parse_policy(policy, m.geometry.layers);
   EXPECT_TRUE(pol.ok()) << pol.status().to_string();
-  StreamOptions so{.policy = *pol, .prefetch = prefetch};
+  StreamOptions so{.policy = *pol, .prefetch = prefetch, .optimizer_threads = r.optimizer_threads};
   auto ex = StreamExecutor::create(*out.state, kBatch, kSeq, so, backend);
   EXPECT_TRUE(ex.ok()) << ex.status().to_string();
   if (!ex.ok()) return out;

@@ -51,6 +51,9 @@ void register_bench_train(CLI::App& app, CommandFn& run) {
   cmd->add_option("--policies", cfg->policies, "activation policies, in order")->delimiter(',');
   cmd->add_option("--prefetch", cfg->prefetch, "weight slots prefetched ahead")
       ->check(CLI::Range(1, 64));
+  cmd->add_option("--optimizer-threads", cfg->optimizer_threads,
+                  "AdamW threads (0: 1 beside CPU compute, all cores but two beside a GPU)")
+      ->check(CLI::Range(0, 4096));
   cmd->add_option("--peak-tflops", cfg->peak_tflops, "MFU denominator (default: known GPU peak)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", cfg->seed, "seed of the weights and tokens");

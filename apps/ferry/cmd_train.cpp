@@ -157,6 +157,10 @@ void register_train(CLI::App& app, CommandFn& run) {
                   "stream: compute on cpu (emulated device tier) or cuda (GPU 0; implies "
                   "--executor stream)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--optimizer-threads", cfg->optimizer_threads,
+                  "stream: CPU threads of the AdamW update (0: 1 beside CPU compute, all cores "
+                  "but two beside a GPU)")
+      ->check(CLI::Range(0, 4096));
   cmd->add_option("--policy", cfg->policy,
                   "stream: activation policy: device, host, nvme:DIR, every:K[:host|:nvme:DIR], "
                   "mix:LETTERS[:DIR] (d/h/n/r per layer boundary)");

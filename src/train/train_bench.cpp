@@ -116,8 +116,10 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
     FERRY_ASSIGN_OR_RETURN(auto state, TrainState::from_loaded(*loaded));
     FERRY_ASSIGN_OR_RETURN(const stream::ActivationPolicy pol,
                            stream::parse_policy(name, geo.layers));
-    const stream::StreamOptions so{
-        .policy = pol, .prefetch = c.prefetch, .device_budget_bytes = c.device_budget_bytes};
+    const stream::StreamOptions so{.policy = pol,
+                                   .prefetch = c.prefetch,
+                                   .device_budget_bytes = c.device_budget_bytes,
+                                   .optimizer_threads = c.optimizer_threads};
     auto ex = stream::StreamExecutor::create(*state, c.batch, c.seq, so, *be);
     if (!ex.ok()) {
       rep["policies"].push_back({{"policy", name}, {"error", ex.status().to_string()}});

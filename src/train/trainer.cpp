@@ -288,7 +288,8 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
         .prefetch = c.prefetch,
         .device_budget_bytes = c.device_budget_mib > 0
                                    ? static_cast<std::size_t>(c.device_budget_mib) << 20
-                                   : mem::MemoryBudget::kUnlimited};
+                                   : mem::MemoryBudget::kUnlimited,
+        .optimizer_threads = c.optimizer_threads};
     FERRY_ASSIGN_OR_RETURN(
         streamer, stream::StreamExecutor::create(s, c.batch_size, c.seq_len, so, *step_be));
     sum.host_bytes_per_param = streamer->arena().bytes_per_param();

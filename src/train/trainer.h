@@ -64,6 +64,7 @@ struct TrainConfig {
   // Where the stream executor computes: "cpu" (the CPU backend over the emulated device tier) or
   // "cuda" (GPU 0; stream executor only). Eval and export stay on the CPU.
   std::string device = "cpu";
+  int optimizer_threads = 0;           // stream: AdamW threads (0: StreamOptions' default)
   std::string policy = "device";       // stream: activation policy (stream/activation_policy.h)
   int prefetch = 2;                    // stream: weight slots beyond the one in use
   std::int64_t device_budget_mib = 0;  // stream: device-tier budget, 0 = unlimited

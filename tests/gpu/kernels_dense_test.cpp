@@ -3,8 +3,9 @@
 // rope (+bwd), swiglu (+bwd), embedding (+bwd), add, adamw, sum_squares, on swept shapes
 // (convert f32 <-> bf16: bit-equal to the CPU backend, special values included)
 // (1, primes, non-multiples of tiles, one larger case), with the tolerance rule of style.md
-// (gpu_test_util.h). Determinism: rms_norm_backward's d_weight and the bf16 embedding backward are
-// bitwise repeatable; rms_norm rows do not depend on which other rows are in the batch.
+// (gpu_test_util.h). Determinism: rms_norm_backward's d_weight, the embedding backward (f32 and
+// bf16 tables) and sum_squares are bitwise repeatable; rms_norm rows do not depend on which other
+// rows are in the batch.
 #include <cmath>
 #include <cstring>
 #include <iterator>
@@ -245,12 +246,14 @@ TEST_F(KernelsDense, EmbeddingForwardBackward) {
         {.d_table = dt_want.view(), .d_out = dy64.cview(), .ids = ids.cview()},
         mem::Stream::host()));
     DeviceTensor dtab(table), dids(ids), ddy(dy), dout(std::vector<std::int64_t>{t, c}, kBf);
-    DeviceTensor dtab_f32(HostTensor({v, c}, kF32)), dtab_bf(HostTensor({v, c}, kBf)),
-        dtab_bf2(HostTensor({v, c}, kBf));
+    DeviceTensor dtab_f32(HostTensor({v, c}, kF32)), dtab_f32b(HostTensor({v, c}, kF32)),
+        dtab_bf(HostTensor({v, c}, kBf)), dtab_bf2(HostTensor({v, c}, kBf));
     FERRY_ASSERT_OK(cuda().embedding(
         {.out = dout.view(), .table = dtab.cview(), .ids = dids.cview()}, stream()));
     FERRY_ASSERT_OK(cuda().embedding_backward(
         {.d_table = dtab_f32.view(), .d_out = ddy.cview(), .ids = dids.cview()}, stream()));
+    FERRY_ASSERT_OK(cuda().embedding_backward(
+        {.d_table = dtab_f32b.view(), .d_out = ddy.cview(), .ids = dids.cview()}, stream()));
     FERRY_ASSERT_OK(cuda().embedding_backward(
         {.d_table = dtab_bf.view(), .d_out = ddy.cview(), .ids = dids.cview()}, stream()));
     FERRY_ASSERT_OK(cuda().embedding_backward(
@@ -268,6 +271,8 @@ TEST_F(KernelsDense, EmbeddingForwardBackward) {
       }
     EXPECT_TRUE(within_twice_naive(dtab_bf.download(), dt_want, naive, 1e-6));
     EXPECT_TRUE(same_bits(dtab_bf.download(), dtab_bf2.download()));
+    // Both backwards are deterministic: repeated ids add in token order every time.
+    EXPECT_TRUE(same_bits(dtab_f32.download(), dtab_f32b.download()));
   }
 }
 
@@ -300,9 +305,11 @@ TEST_F(KernelsDense, AdamWAndSumSquares) {
     HostTensor ss_want({1}, kF32);
     FERRY_ASSERT_OK(reference_backend().sum_squares({.out = ss_want.view(), .x = grad.cview()},
                                                     mem::Stream::host()));
-    DeviceTensor dss(std::vector<std::int64_t>{1}, kF32);
+    DeviceTensor dss(std::vector<std::int64_t>{1}, kF32), dss2(std::vector<std::int64_t>{1}, kF32);
     FERRY_ASSERT_OK(cuda().sum_squares({.out = dss.view(), .x = dg.cview()}, stream()));
+    FERRY_ASSERT_OK(cuda().sum_squares({.out = dss2.view(), .x = dg.cview()}, stream()));
     sync();
+    EXPECT_TRUE(same_bits(dss.download(), dss2.download())) << "sum_squares is deterministic";
     // f32 elementwise: a few f32 roundings per element.
     EXPECT_LE(max_abs_diff(dp.download(), p), 4e-7 * (max_abs(p) + 1.0));
     EXPECT_LE(max_abs_diff(dm.download(), m), 4e-7 * (max_abs(m) + 1e-3));

@@ -118,18 +118,28 @@ __global__ void adamw_kernel(float* __restrict__ param, float* __restrict__ m,
   }
 }
 
+// One block walks the whole vector: every element lands in the same thread's accumulator and the
+// block reduction has a fixed order, so the sum is bitwise deterministic run to run (the stream
+// trainer's clipping and exact resume rely on it). A multi-block version would need a partials
+// workspace the op does not have; one SM streams at well over 100 GB/s, and the trainer calls
+// this once per parameter per step, next to a backward that reads every weight several times.
 template <typename T>
 __global__ void sum_squares_kernel(float* out, const T* x, std::int64_t n) {
   __shared__ float scratch[32];
-  float acc = 0.0f;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    const float xi = to_f32(x[i]);
-    acc = fmaf(xi, xi, acc);
+  float acc0 = 0.0f, acc1 = 0.0f;
+  const std::int64_t stride = 2 * static_cast<std::int64_t>(blockDim.x);
+  std::int64_t i = threadIdx.x;
+  for (; i + blockDim.x < n; i += stride) {  // two independent chains hide load latency
+    const float a = to_f32(x[i]), b = to_f32(x[i + blockDim.x]);
+    acc0 = fmaf(a, a, acc0);
+    acc1 = fmaf(b, b, acc1);
   }
-  acc = block_sum(acc, scratch);
-  if (threadIdx.x == 0) atomicAdd(out, acc);
+  if (i < n) {
+    const float a = to_f32(x[i]);
+    acc0 = fmaf(a, a, acc0);
+  }
+  const float total = block_sum(acc0 + acc1, scratch);
+  if (threadIdx.x == 0) *out = total;
 }
 
 // out[i] = in[i] converted (f32 -> bf16: __float2bfloat16_rn, round to nearest even).
@@ -213,11 +223,10 @@ cudaError_t launch_convert(Elt e_out, void* out, Elt e_in, const void* in, std::
 
 cudaError_t launch_sum_squares(Elt e, float* out, const void* x, std::int64_t n,
                                cudaStream_t stream) {
-  cudaError_t err = cudaMemsetAsync(out, 0, sizeof(float), stream);
-  if (err != cudaSuccess || n == 0) return err;
+  if (n == 0) return cudaMemsetAsync(out, 0, sizeof(float), stream);
   return dispatch_elt(e, [&](auto tag) {
     using T = decltype(tag);
-    sum_squares_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(out, static_cast<const T*>(x), n);
+    sum_squares_kernel<T><<<1, 1024, 0, stream>>>(out, static_cast<const T*>(x), n);
   });
 }
 

@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // Embedding lookup and its backward. Forward: one block per token copies its row (an id outside
 // [0, V) writes zeros; ids are device data and the host cannot check them without a sync).
-// Backward: f32 d_table uses atomicAdd (fast, not bitwise deterministic when ids repeat); bf16
-// d_table uses one thread per column walking tokens in order (deterministic, and no bf16 atomics
-// rounding twice). Tested in tests/gpu/kernels_dense_test.cpp.
+// Backward: one thread per column walks the tokens in order, for f32 and bf16 d_table alike:
+// bitwise deterministic (atomics would add repeated ids in a different order each run; the stream
+// trainer's policies and exact resume need the same bits) and no bf16 atomics rounding twice.
+// Tested in tests/gpu/kernels_dense_test.cpp.
 #include "kernels/cuda/common.cuh"
 
 namespace ferry::kernels::cuda {
@@ -24,22 +25,9 @@ __global__ void embedding_kernel(T* __restrict__ out, const T* __restrict__ tabl
   for (std::int64_t i = threadIdx.x; i < c; i += blockDim.x) dst[i] = src[i];
 }
 
-template <typename TD>
-__global__ void embedding_backward_atomic_kernel(float* __restrict__ d_table,
-                                                 const TD* __restrict__ d_out,
-                                                 const std::int32_t* __restrict__ ids,
-                                                 std::int64_t c, std::int64_t v) {
-  const std::int64_t tok = blockIdx.x;
-  const std::int32_t id = ids[tok];
-  if (id < 0 || id >= v) return;
-  float* dst = d_table + static_cast<std::int64_t>(id) * c;
-  const TD* src = d_out + tok * c;
-  for (std::int64_t i = threadIdx.x; i < c; i += blockDim.x) atomicAdd(dst + i, to_f32(src[i]));
-}
-
 // One thread per column; walks tokens 0..T-1 in order: deterministic.
-template <typename TD>
-__global__ void embedding_backward_column_kernel(bf16* __restrict__ d_table,
+template <typename TT, typename TD>
+__global__ void embedding_backward_column_kernel(TT* __restrict__ d_table,
                                                  const TD* __restrict__ d_out,
                                                  const std::int32_t* __restrict__ ids,
                                                  std::int64_t t, std::int64_t c, std::int64_t v) {
@@ -48,8 +36,8 @@ __global__ void embedding_backward_column_kernel(bf16* __restrict__ d_table,
   for (std::int64_t tok = 0; tok < t; ++tok) {
     const std::int32_t id = ids[tok];
     if (id < 0 || id >= v) continue;
-    bf16* p = d_table + static_cast<std::int64_t>(id) * c + col;
-    *p = __float2bfloat16_rn(__bfloat162float(*p) + to_f32(d_out[tok * c + col]));
+    TT* p = d_table + static_cast<std::int64_t>(id) * c + col;
+    *p = from_f32<TT>(to_f32(*p) + to_f32(d_out[tok * c + col]));
   }
 }
 
@@ -72,10 +60,10 @@ cudaError_t launch_embedding_backward(Elt e_table, void* d_table, Elt e_dout, co
   return dispatch_elt(e_dout, [&](auto tag) {
     using TD = decltype(tag);
     if (e_table == Elt::kF32) {
-      embedding_backward_atomic_kernel<TD><<<static_cast<unsigned>(t), 256, 0, stream>>>(
-          static_cast<float*>(d_table), static_cast<const TD*>(d_out), ids, c, v);
+      embedding_backward_column_kernel<float, TD><<<grid_for(c, 128), 128, 0, stream>>>(
+          static_cast<float*>(d_table), static_cast<const TD*>(d_out), ids, t, c, v);
     } else {
-      embedding_backward_column_kernel<TD><<<grid_for(c, 128), 128, 0, stream>>>(
+      embedding_backward_column_kernel<bf16, TD><<<grid_for(c, 128), 128, 0, stream>>>(
           static_cast<bf16*>(d_table), static_cast<const TD*>(d_out), ids, t, c, v);
     }
   });

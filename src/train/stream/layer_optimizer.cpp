@@ -1,19 +1,23 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "train/stream/layer_optimizer.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/timer.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/hybrid_adamw.h"
+#include "kernels/cpu/q8_code.h"
 #include "kernels/cpu/simd_kernels.h"
 
 namespace ferry::train::stream {
 
 namespace kc = kernels::cpu;
 
-LayerOptimizer::LayerOptimizer(HostArena& arena, std::function<void(int)> before_unit)
+LayerOptimizer::LayerOptimizer(HostArena& arena, int threads, std::function<void(int)> before_unit)
     : arena_(arena), before_unit_(std::move(before_unit)) {
+  // The pool's workers plus the worker thread itself (parallel_for runs one chunk on the caller).
+  if (threads > 1) pool_ = std::make_unique<ThreadPool>(static_cast<std::size_t>(threads - 1));
   order_.push_back(arena.globals_unit());
   for (int u = 0; u < arena.globals_unit(); ++u) order_.push_back(u);
   done_.assign(static_cast<std::size_t>(arena.num_units()), 0);
@@ -84,51 +88,74 @@ void LayerOptimizer::run() {
 }
 
 void LayerOptimizer::update_unit(int u, const UpdateArgs& a) {
+  // (parameter, first element) of every chunk of the unit, in order (a member: the pool's threads
+  // read it; only the worker writes it, between parallel_for calls).
+  std::vector<Chunk>& chunks = chunks_;
+  chunks.clear();
+  for (int idx : arena_.unit_params(u)) {
+    const std::int64_t n = arena_.params()[static_cast<std::size_t>(idx)].n;
+    for (std::int64_t b = 0; b < n; b += kChunk) chunks.push_back({idx, b});
+  }
+  auto run_chunks = [&](std::size_t lo, std::size_t hi) {
+    for (std::size_t c = lo; c < hi; ++c) {
+      const ParamLoc& p = arena_.params()[static_cast<std::size_t>(chunks[c].idx)];
+      update_range(u, chunks[c].idx, a, chunks[c].begin, std::min(p.n, chunks[c].begin + kChunk));
+    }
+  };
+  if (pool_) {
+    pool_->parallel_for(chunks.size(), run_chunks);
+  } else {
+    run_chunks(0, chunks.size());
+  }
+}
+
+void LayerOptimizer::update_range(int u, int idx, const UpdateArgs& a, std::int64_t begin,
+                                  std::int64_t end) {
   const kc::Isa isa = kc::best_isa();
   const OptimMode& mode = arena_.mode();
   const bool bf16 = arena_.bf16_master();
   const kc::MasterKind mk = mode.master == MasterWeights::kF32         ? kc::MasterKind::kF32
                             : mode.master == MasterWeights::kBf16Kahan ? kc::MasterKind::kBf16Kahan
                                                                        : kc::MasterKind::kBf16Sr;
-  for (int idx : arena_.unit_params(u)) {
-    const ParamLoc& p = arena_.params()[static_cast<std::size_t>(idx)];
-    const kc::AdamWConstants k = kc::make_adamw_constants(
-        a.lr, a.beta1, a.beta2, a.eps, p.decay ? a.weight_decay : 0.0f, a.grad_scale, a.step);
-    const float* g = arena_.grads(u) + p.offset;
-    if (mode == OptimMode{}) {
-      // Backend::adamw's kernel: what the in-memory executor runs for fp32/fp32 (every other
-      // mode, fp32-state parameters of an 8-bit subset included, takes the hybrid kernel there).
-      kc::adamw_span(isa, k, arena_.master(u) + p.offset, arena_.m32(p), arena_.v32(p), nullptr, g,
-                     p.n);
-      continue;
-    }
+  const ParamLoc& p = arena_.params()[static_cast<std::size_t>(idx)];
+  const std::int64_t n = end - begin;
+  const std::int64_t at = p.offset + begin;  // element offset within the unit's sections
+  const kc::AdamWConstants k = kc::make_adamw_constants(
+      a.lr, a.beta1, a.beta2, a.eps, p.decay ? a.weight_decay : 0.0f, a.grad_scale, a.step);
+  const float* g = arena_.grads(u) + at;
+  if (mode == OptimMode{}) {
+    // Backend::adamw's kernel: what the in-memory executor runs for fp32/fp32 (every other
+    // mode, fp32-state parameters of an 8-bit subset included, takes the hybrid kernel there).
+    kc::adamw_span(isa, k, arena_.master(u) + at, arena_.m32(p) + begin, arena_.v32(p) + begin,
+                   nullptr, g, n);
+  } else {
     kc::HybridAdamWSpan s;
-    s.n = p.n;
+    s.n = n;
     s.grad = g;
     if (bf16) {
-      s.p16 = arena_.w16(u) + p.offset;  // the weights, updated in place (the streaming copy)
-      if (mk == kc::MasterKind::kBf16Kahan) s.comp16 = arena_.comp16(u) + p.offset;
+      s.p16 = arena_.w16(u) + at;  // the weights, updated in place (the streaming copy)
+      if (mk == kc::MasterKind::kBf16Kahan) s.comp16 = arena_.comp16(u) + at;
     } else {
-      s.p32 = arena_.master(u) + p.offset;
+      s.p32 = arena_.master(u) + at;
     }
-    if (p.q8) {
-      s.m8 = arena_.m8(p);
-      s.v8 = arena_.v8(p);
-      s.m_absmax = arena_.m_absmax(p);
-      s.v_absmax = arena_.v_absmax(p);
+    if (p.q8) {  // begin is a multiple of kChunk, itself of the 8-bit block
+      s.m8 = arena_.m8(p) + begin;
+      s.v8 = arena_.v8(p) + begin;
+      s.m_absmax = arena_.m_absmax(p) + begin / kc::q8::kBlock;
+      s.v_absmax = arena_.v_absmax(p) + begin / kc::q8::kBlock;
     } else {
-      s.m32 = arena_.m32(p);
-      s.v32 = arena_.v32(p);
+      s.m32 = arena_.m32(p) + begin;
+      s.v32 = arena_.v32(p) + begin;
     }
-    s.index0 = 0;  // the whole parameter in one span
+    s.index0 = static_cast<std::uint64_t>(begin);
     s.sr_key = kc::sr_key(a.sr_seed, a.step, static_cast<std::uint64_t>(p.index));
     kc::hybrid_adamw_span(isa, mk, p.q8 ? kc::StateKind::kQ8 : kc::StateKind::kF32, k, s);
   }
-  // The streaming copy the device reads (on a GPU build: the bf16 conversion). bf16 masters
-  // were updated in place: they are the streaming copy.
+  // The streaming copy the device reads, while the chunk is in cache. bf16 masters were updated
+  // in place: they are the streaming copy.
   if (!bf16) {
-    std::memcpy(arena_.weights(u), arena_.master(u),
-                static_cast<std::size_t>(arena_.unit_elements(u)) * sizeof(float));
+    std::memcpy(arena_.weights(u) + at, arena_.master(u) + at,
+                static_cast<std::size_t>(n) * sizeof(float));
   }
 }
 

@@ -9,20 +9,24 @@
 // span kernel (fp32/fp32) or the hybrid kernel (8-bit states or bf16 masters), grad_scale =
 // clip / accum folded in, weight decay where ParamLoc::decay says; then an fp32 master is copied
 // into the unit's streaming weights (bf16 masters are updated in place: the streaming copy). The
-// worker calls the span kernels directly on its own thread (the global ThreadPool is single-caller
-// and belongs to the compute thread); the kernels' results do not depend on how a parameter is
-// split, so the bits equal the reference's. Thread-safety: submit / wait_* from one thread (the
-// executor's); the worker owns the arena's master, states and weights of a unit between submit()
-// and that unit's ready generation.
+// worker calls the span kernels on its own thread and, with threads > 1, on a pool of its own (the
+// global ThreadPool is single-caller and belongs to the compute thread): each parameter is cut
+// into chunks of kChunk elements (whole 8-bit blocks) and the fp32 master's streaming copy is
+// written chunk by chunk while it is in cache. The kernels' results do not depend on how a
+// parameter is split, so the bits equal the reference's for any thread count (tested).
+// Thread-safety: submit / wait_* from one thread (the executor's); the worker owns the arena's
+// master, states and weights of a unit between submit() and that unit's ready generation.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#include "core/thread_pool.h"
 #include "train/stream/host_arena.h"
 
 namespace ferry::train::stream {
@@ -37,7 +41,10 @@ struct UpdateArgs {
 class LayerOptimizer {
  public:
   // before_unit (tests): called on the worker before each unit's update.
-  explicit LayerOptimizer(HostArena& arena, std::function<void(int unit)> before_unit = {});
+  // threads: CPU threads updating a unit (1: the worker alone).
+  explicit LayerOptimizer(HostArena& arena, int threads = 1,
+                          std::function<void(int unit)> before_unit = {});
+  static constexpr std::int64_t kChunk = std::int64_t{1} << 16;  // 32 blocks of 2048
   ~LayerOptimizer();
   LayerOptimizer(const LayerOptimizer&) = delete;
   LayerOptimizer& operator=(const LayerOptimizer&) = delete;
@@ -53,6 +60,8 @@ class LayerOptimizer {
  private:
   void run();
   void update_unit(int u, const UpdateArgs& a);
+  // Elements [begin, end) of parameter idx (begin on a kChunk boundary).
+  void update_range(int u, int idx, const UpdateArgs& a, std::int64_t begin, std::int64_t end);
 
   HostArena& arena_;
   std::function<void(int)> before_unit_;
@@ -64,6 +73,12 @@ class LayerOptimizer {
   UpdateArgs args_;
   bool stop_ = false;
   double busy_s_ = 0.0;
+  struct Chunk {
+    int idx;             // parameter
+    std::int64_t begin;  // first element
+  };
+  std::vector<Chunk> chunks_;         // the unit being updated (worker thread)
+  std::unique_ptr<ThreadPool> pool_;  // threads > 1
   std::thread worker_;
 };
 

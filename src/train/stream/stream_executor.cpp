@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "train/stream/stream_executor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "core/timer.h"
 #include "mem/stream_set.h"
@@ -189,7 +191,12 @@ Status StreamExecutor::init(const TrainState& s, std::int64_t max_tokens) {
   FERRY_ASSIGN_OR_RETURN(host_acts_, mem::make_arena(hp, pinned_tier_for(be_), host_act_budget_,
                                                      {.what = "train host activations"}));
 
-  opt_ = std::make_unique<LayerOptimizer>(*arena_);
+  int opt_threads = opts_.optimizer_threads;
+  if (opt_threads <= 0) {
+    const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    opt_threads = gpu ? std::max(1, hw - 2) : 1;
+  }
+  opt_ = std::make_unique<LayerOptimizer>(*arena_, opt_threads);
   std::vector<float*> slots;
   for (mem::SlotId id : plan_.slots) slots.push_back(dev(id));
   std::vector<int> schedule = weight_schedule(pol);

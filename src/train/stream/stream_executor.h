@@ -68,6 +68,9 @@ struct StreamOptions {
   ActivationPolicy policy;
   int prefetch = 2;  // weight slots beyond the one in use (ring = prefetch + 1, >= 2)
   std::size_t device_budget_bytes = mem::MemoryBudget::kUnlimited;
+  // CPU threads of the AdamW update (LayerOptimizer). 0: one beside CPU compute (whose kernels
+  // use every core), all cores but two beside GPU compute (the compute and transfer threads).
+  int optimizer_threads = 0;
 };
 
 // Bytes moved and time exposed, cumulative since create().

@@ -97,6 +97,31 @@ TEST(StreamExecutor, MoeMatchesInMemoryBitForBitForEveryPolicy) {
   check_policies(*m, {"device", "host", "nvme:" + nv, "every:2", "every:3", "mix:nrh:" + nv}, {});
 }
 
+// The optimizer split over threads (parameters cut into chunks) gives the same bits, fp32 and
+// 8-bit states alike, with a layer large enough to span several chunks.
+TEST(StreamExecutor, ThreadedOptimizerMatchesInMemory) {
+  const std::string dir = testing::temp_dir("stream_threads");
+  const BuiltinModelSpec spec{.layers = 2,
+                              .hidden = 256,
+                              .heads = 8,
+                              .kv_heads = 4,
+                              .head_dim = 32,
+                              .intermediate = 320,
+                              .max_positions = 64,
+                              .init_std = 0.05};
+  ASSERT_TRUE(write_builtin_model(dir + "/model", spec, 7).ok());
+  auto m = model::load_model_f32(dir + "/model");
+  ASSERT_TRUE(m.ok());
+  ASSERT_GT(320 * 256, LayerOptimizer::kChunk);  // the MLP matrices span two chunks
+  RunSpec f32;
+  f32.optimizer_threads = 3;
+  f32.steps = 2;
+  check_policies(**m, {"every:2"}, f32);
+  RunSpec q8 = f32;
+  q8.mode.states = OptimizerStates::k8Bit;
+  check_policies(**m, {"device"}, q8);
+}
+
 TEST(StreamExecutor, EightBitStatesMatchInMemory) {
   const std::string dir = testing::temp_dir("stream_q8");
   auto m = dense_model(dir + "/model");
@@ -298,7 +323,7 @@ TEST(LayerOptimizer, EachLayerIsReadyAsSoonAsItsOwnUpdateIsDone) {
   std::mutex mu;
   std::condition_variable cv;
   bool release = false;
-  LayerOptimizer opt(**arena, [&](int unit) {
+  LayerOptimizer opt(**arena, 1, [&](int unit) {
     if (unit != L - 1) return;
     std::unique_lock lk(mu);
     cv.wait(lk, [&] { return release; });
