@@ -1,0 +1,43 @@
+// SPDX-License-Identifier: Apache-2.0
+// Plain argument structs of the serving kernels (serve_kernels.h), shared by the host-side
+// Status API and the .cu launchers (serve_launchers.h); no CUDA or fmt headers.
+#pragma once
+
+#include <cstdint>
+
+namespace ferry::kernels::cuda {
+
+// The paged KV cache's layout (serve/kv_cache.h): per layer l and block b, K rows then V rows,
+// each [block_tokens, G*D] f32:
+//   k(l, b) = base + l * layer_stride + (b * 2 + 0) * block_tokens * G*D;  v: (b * 2 + 1)
+struct PagedKvLayout {
+  float* base = nullptr;
+  std::int64_t layer_stride = 0;  // floats: capacity_blocks * 2 * block_tokens * G*D
+  int block_tokens = 0;
+  int G = 0, D = 0;
+};
+
+// Where each step token goes: sequence, position and that sequence's block table.
+struct PagedStep {
+  const std::int32_t* seq_of = nullptr;  // [T] index into tables
+  const std::int32_t* pos = nullptr;     // [T]
+  const std::int32_t* tables = nullptr;  // [S, table_stride] block ids in position order
+  int table_stride = 0;
+  std::int64_t T = 0;
+};
+
+// Rows i in [row_begin, row_end) of a [T*K] routing: token t = i / K, expert e = ids[i];
+//   act[i, :] = silu(gate_e x_t) * (up_e x_t),   out[i, :] = down_e act[i, :]
+// table: [3, E] pointers (gate_e [F, C], up_e [F, C], down_e [C, F], row-major, device); an id
+// outside [0, E) or a null pointer gives a zero row (the host checked routed ids already).
+struct ExpertFfnArgs {
+  float* out = nullptr;                 // [T*K, C]
+  float* act = nullptr;                 // [T*K, F] scratch
+  const float* x = nullptr;             // [T, C]
+  const std::int32_t* ids = nullptr;    // [T*K]
+  const float* const* table = nullptr;  // [3, E]
+  std::int64_t row_begin = 0, row_end = 0;
+  int K = 0, E = 0;
+  std::int64_t C = 0, F = 0;
+};
+}  // namespace ferry::kernels::cuda

@@ -1,0 +1,65 @@
+// SPDX-License-Identifier: Apache-2.0
+// The Status side of serve_kernels.h: argument checks, then the launchers of paged_attention.cu
+// and expert_ffn.cu, with check_launch (FERRY_DEBUG_SYNC) after each.
+#include "kernels/cuda/serve_kernels.h"
+
+#include "kernels/cuda/cuda_util.h"
+#include "kernels/cuda/serve_launchers.h"
+
+namespace ferry::kernels::cuda {
+namespace {
+
+Status check_common(const char* op, const PagedKvLayout& kv, const PagedStep& step,
+                    const mem::Stream& stream) {
+  if (stream.device() != Device::kCuda) {
+    return invalid_argument("cuda {}: needs a CUDA stream", op);
+  }
+  if (kv.base == nullptr || kv.block_tokens <= 0 || kv.G <= 0 || kv.D <= 0) {
+    return invalid_argument("cuda {}: empty KV layout", op);
+  }
+  if (step.T > 0 && (step.seq_of == nullptr || step.pos == nullptr || step.tables == nullptr ||
+                     step.table_stride <= 0)) {
+    return invalid_argument("cuda {}: step without seq_of / pos / tables", op);
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Status kv_write(const PagedKvLayout& kv, int layer, const PagedStep& step, const float* k,
+                const float* v, mem::Stream& stream) {
+  FERRY_TRY(check_common("kv_write", kv, step, stream));
+  FERRY_LAUNCH_TRY("serve kv_write", native(stream),
+                   launch_kv_write(kv, layer, step, k, v, native(stream)));
+  return ok_status();
+}
+
+Status paged_attention(const PagedKvLayout& kv, int layer, const PagedStep& step, float* out,
+                       const float* q, int H, float scale, mem::Stream& stream) {
+  FERRY_TRY(check_common("paged_attention", kv, step, stream));
+  if (H % kv.G != 0) {
+    return invalid_argument("cuda paged_attention: {} heads not divisible by {} kv heads", H, kv.G);
+  }
+  if (kv.D > 256) return unimplemented("cuda paged_attention: head dim {} > 256", kv.D);
+  FERRY_LAUNCH_TRY("serve paged_attention", native(stream),
+                   launch_paged_attention(kv, layer, step, out, q, H, scale, native(stream)));
+  return ok_status();
+}
+
+Status expert_ffn(const ExpertFfnArgs& a, mem::Stream& stream) {
+  if (stream.device() != Device::kCuda) return invalid_argument("cuda expert_ffn: CUDA stream");
+  const std::int64_t rows = a.row_end - a.row_begin;
+  if (rows <= 0) return ok_status();
+  if (a.out == nullptr || a.act == nullptr || a.x == nullptr || a.ids == nullptr ||
+      a.table == nullptr || a.K <= 0 || a.E <= 0 || a.C <= 0 || a.F <= 0) {
+    return invalid_argument("cuda expert_ffn: missing pointers or empty shapes");
+  }
+  if (rows > 0x7fffffff || (a.F + 7) / 8 > 65535 || (a.C + 7) / 8 > 65535) {
+    return unimplemented("cuda expert_ffn: {} rows, F {}, C {} exceed the launch grid", rows, a.F,
+                         a.C);
+  }
+  FERRY_LAUNCH_TRY("serve expert_ffn", native(stream), launch_expert_ffn(a, native(stream)));
+  return ok_status();
+}
+
+}  // namespace ferry::kernels::cuda

@@ -1,0 +1,44 @@
+// SPDX-License-Identifier: Apache-2.0
+// The serving engine's own CUDA kernels (src/serve on a CUDA backend, docs/serve.md "CUDA path"):
+//   kv_write        a step's K/V rows into the paged KV cache, through the block tables
+//   paged_attention causal GQA of a step's queries (prefill chunks and decodes mixed) against the
+//                   paged cache, one warp per (token, head), online softmax over positions in order
+//   expert_ffn      routed experts' SwiGLU FFN for rows [row_begin, row_end) of a [T*K] routing,
+//                   the weights read through a table of per-expert pointers
+// Host-includable without CUDA headers (only mem::Stream): src/serve calls these in CUDA builds
+// (FERRY_HAVE_CUDA); CPU builds never compile the .cu files and never call them.
+// Contract as launchers.h: device pointers to contiguous row-major f32 data, shapes validated by
+// the caller, enqueued on `stream` (last), no allocation; Status from the launch (FERRY_DEBUG_SYNC
+// synchronizes and checks).
+// Why f32 K/V: the engine computes in f32 end to end (the CPU twin is f32, and the GPU test holds
+// the CUDA path to the CPU's within the same-precision rule); bf16 K/V would halve the pool but
+// change the rounding the twin is checked against. TODO(#5): a bf16 K/V variant.
+// Determinism: every output element is computed by one warp in a fixed order (lane-strided
+// partial sums, then a fixed xor-shuffle tree), never with atomics, and does not depend on which
+// other rows share the launch or where the weights sit; so expert_ffn gives the same bits for an
+// expert in any slot (resident, static staging, paged slot) and any token grouping.
+// Tests: tests/gpu/serve_gpu_test.cpp (vs the CPU paged_attention / expert_ffn_row twins with
+// style.md's rule, and bit identity across slots and groupings).
+#pragma once
+
+#include <cstdint>
+
+#include "core/status.h"
+#include "kernels/cuda/serve_kernel_args.h"
+#include "mem/stream.h"
+
+namespace ferry::kernels::cuda {
+
+// k, v: [T, G*D] -> the cache rows of (seq_of[t], pos[t]) in `layer`.
+Status kv_write(const PagedKvLayout& kv, int layer, const PagedStep& step, const float* k,
+                const float* v, mem::Stream& stream);
+
+// out, q: [T, H, D] (rope applied). Token t attends to positions [0, pos[t]] of its sequence,
+// which must be in the cache. Query head h reads kv head h / (H / G). D <= 256.
+Status paged_attention(const PagedKvLayout& kv, int layer, const PagedStep& step, float* out,
+                       const float* q, int H, float scale, mem::Stream& stream);
+
+// Rows [row_begin, row_end) of ExpertFfnArgs (serve_kernel_args.h).
+Status expert_ffn(const ExpertFfnArgs& a, mem::Stream& stream);
+
+}  // namespace ferry::kernels::cuda

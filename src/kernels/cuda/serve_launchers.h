@@ -1,0 +1,22 @@
+// SPDX-License-Identifier: Apache-2.0
+// cudaError_t launchers of the serving kernels (paged_attention.cu, expert_ffn.cu), called by
+// serve_kernels.cpp, which validates arguments and turns the result into a Status. Contract as
+// launchers.h.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/serve_kernel_args.h"
+
+namespace ferry::kernels::cuda {
+
+cudaError_t launch_kv_write(const PagedKvLayout& kv, int layer, const PagedStep& step,
+                            const float* k, const float* v, cudaStream_t stream);
+// D = kv.D <= 256 (checked by the caller).
+cudaError_t launch_paged_attention(const PagedKvLayout& kv, int layer, const PagedStep& step,
+                                   float* out, const float* q, int H, float scale,
+                                   cudaStream_t stream);
+// Grid limits checked by the caller: rows < 2^31, ceil(F / 8) and ceil(C / 8) <= 65535.
+cudaError_t launch_expert_ffn(const ExpertFfnArgs& a, cudaStream_t stream);
+
+}  // namespace ferry::kernels::cuda
