@@ -42,7 +42,10 @@ struct Engine::Sequence {
 Engine::Engine(const model::DecoderGeometry& geo, const model::ModelParams& params,
                const EngineConfig& cfg)
     : geo_(geo), params_(params), cfg_(cfg) {}
-Engine::~Engine() = default;
+Engine::~Engine() {
+  // Queued device work still reads the pools, slots and weights destroyed below.
+  if (streams_) (void)streams_->synchronize();
+}
 
 Result<std::unique_ptr<Engine>> Engine::create(const model::DecoderGeometry& geo,
                                                const model::ModelParams& params,
@@ -59,21 +62,48 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::DecoderGeometry& geo
   }
   std::unique_ptr<Engine> e(new Engine(geo, params, cfg));
   if (e->cfg_.max_seq_len <= 0) e->cfg_.max_seq_len = std::numeric_limits<int>::max();
-  // The same tier as the pools it covers (pool_tier.h).
+  const bool cuda = backend.device() == Device::kCuda;
+  // The same tier as the pools it covers (pool_tier.h; GPU memory for the CUDA engine).
   e->device_budget_ = std::make_unique<mem::MemoryBudget>(
-      cpu_engine_pool_tier(),
+      cuda ? mem::MemTier::kDevice : cpu_engine_pool_tier(),
       cfg.device_budget_bytes > 0 ? cfg.device_budget_bytes : mem::MemoryBudget::kUnlimited);
-  // Experts first: with a tight device budget the expert request is the one the error names.
-  FERRY_ASSIGN_OR_RETURN(e->experts_,
-                         ExpertExecutor::create(geo, params, cfg.pager, e->device_budget_.get()));
-  FERRY_ASSIGN_OR_RETURN(e->kv_, KvCache::create(geo, cfg.kv, e->device_budget_.get()));
-  FERRY_ASSIGN_OR_RETURN(e->runner_, ModelRunner::create(geo, params, *e->kv_, *e->experts_,
-                                                         cfg.max_batch_tokens, backend));
+  if (!cuda) {
+    // Experts first: with a tight device budget the expert request is the one the error names.
+    FERRY_ASSIGN_OR_RETURN(e->experts_,
+                           ExpertExecutor::create(geo, params, cfg.pager, e->device_budget_.get()));
+    FERRY_ASSIGN_OR_RETURN(e->kv_, KvCache::create(geo, cfg.kv, e->device_budget_.get()));
+    FERRY_ASSIGN_OR_RETURN(e->runner_, ModelRunner::create(geo, params, *e->kv_, *e->experts_,
+                                                           cfg.max_batch_tokens, backend));
+  } else {
+    // NOTE(serve): device 0 (the backend interface does not expose its index).
+    FERRY_ASSIGN_OR_RETURN(mem::StreamSet ss, mem::StreamSet::create(Device::kCuda, 0));
+    e->streams_ = std::make_unique<mem::StreamSet>(std::move(ss));
+    FERRY_ASSIGN_OR_RETURN(e->te_, mem::cuda_transfer_engine(0));
+    mem::Stream& compute = e->streams_->compute();
+    FERRY_ASSIGN_OR_RETURN(
+        e->weights_, DeviceWeights::create(geo, params, cfg.pager.mode == ExpertMode::kResident,
+                                           *e->te_, compute, e->device_budget_.get()));
+    const ExpertDevice dev{.params = &e->weights_->params(),
+                           .te = e->te_.get(),
+                           .compute = &compute,
+                           .copy = &e->streams_->h2d(),
+                           .max_tokens = cfg.max_batch_tokens};
+    FERRY_ASSIGN_OR_RETURN(
+        e->experts_, ExpertExecutor::create(geo, params, cfg.pager, e->device_budget_.get(), &dev));
+    FERRY_ASSIGN_OR_RETURN(
+        e->kv_, KvCache::create(geo, cfg.kv, e->device_budget_.get(), mem::MemTier::kDevice));
+    FERRY_ASSIGN_OR_RETURN(
+        e->runner_, ModelRunner::create_cuda(geo, e->weights_->params(), *e->kv_, *e->experts_,
+                                             cfg.max_batch_tokens, backend, e->weights_->inv_freq(),
+                                             compute, *e->te_, e->device_budget_.get()));
+  }
   e->runner_->set_batch_invariant(cfg.batch_invariant);
   e->logits_.resize(std::size_t(cfg.max_running) * std::size_t(geo.vocab));
   e->sampled_.reserve(std::size_t(cfg.max_running));
   return e;
 }
+
+std::size_t Engine::device_weight_bytes() const { return weights_ ? weights_->bytes() : 0; }
 
 Result<RequestId> Engine::submit(GenerationRequest r) {
   if (r.prompt.empty()) return invalid_argument("serve: empty prompt");
@@ -209,8 +239,8 @@ KvDemandSample Engine::kv_demand() const {
     d.final_blocks += kv_->blocks_for(s->prompt_len + s->req.max_new_tokens);
   }
   for (const auto& s : waiting_) {
-    d.final_blocks += kv_->blocks_for(s->prompt_len + s->req.max_new_tokens) -
-                      kv_->blocks_for(s->prompt_len);
+    d.final_blocks +=
+        kv_->blocks_for(s->prompt_len + s->req.max_new_tokens) - kv_->blocks_for(s->prompt_len);
   }
   return d;
 }

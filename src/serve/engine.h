@@ -38,6 +38,9 @@
 
 #include "core/result.h"
 #include "kernels/backend.h"
+#include "mem/stream_set.h"
+#include "mem/transfer_engine.h"
+#include "serve/device_weights.h"
 #include "serve/expert_executor.h"
 #include "serve/kv_cache.h"
 #include "serve/model_runner.h"
@@ -100,6 +103,11 @@ struct KvDemandSample {
 
 class Engine {
  public:
+  // backend: the CPU backend (default), or a CUDA backend (kernels::cuda_backend(0)): then the
+  // engine owns a StreamSet on device 0 (compute: every op; h2d: expert copies) and the CUDA
+  // transfer engine, uploads the weights (DeviceWeights: dense ones, plus the experts in resident
+  // mode) and keeps activations, KV blocks and expert slots / staging in GPU memory, all charged
+  // to the one device budget (docs/serve.md "CUDA path"). `params` stay host views either way.
   static Result<std::unique_ptr<Engine>> create(const model::DecoderGeometry& geo,
                                                 const model::ModelParams& params,
                                                 const EngineConfig& cfg,
@@ -142,6 +150,9 @@ class Engine {
   // The one device budget (KV pool + expert slots / staging); bytes_peak() is the reported peak.
   const mem::MemoryBudget& device_budget() const { return *device_budget_; }
   const EngineConfig& config() const { return cfg_; }
+  // True for the CUDA engine; the bytes of weights it holds in GPU memory (0 on the CPU).
+  bool on_cuda() const { return streams_ != nullptr; }
+  std::size_t device_weight_bytes() const;
   const model::DecoderGeometry& geometry() const { return geo_; }
 
  private:
@@ -157,8 +168,13 @@ class Engine {
   model::DecoderGeometry geo_;
   const model::ModelParams& params_;
   EngineConfig cfg_;
+  // CUDA engine: its streams and copy engine, declared first so they outlive everything that
+  // queues work on them (a StreamSet synchronizes before it is destroyed).
+  std::unique_ptr<mem::StreamSet> streams_;
+  std::unique_ptr<mem::TransferEngine> te_;
   // Declared before the components charged to it, so it outlives them.
   std::unique_ptr<mem::MemoryBudget> device_budget_;
+  std::unique_ptr<DeviceWeights> weights_;  // CUDA engine only
   std::unique_ptr<KvCache> kv_;
   std::unique_ptr<ExpertExecutor> experts_;
   std::unique_ptr<ModelRunner> runner_;

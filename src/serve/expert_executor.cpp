@@ -77,15 +77,25 @@ Result<std::vector<int>> resolve_expert_caps(const model::DecoderGeometry& geo,
 Result<std::unique_ptr<ExpertExecutor>> ExpertExecutor::create(const model::DecoderGeometry& geo,
                                                                const model::ModelParams& params,
                                                                const PagerConfig& pc,
-                                                               mem::MemoryBudget* shared) {
-  std::unique_ptr<ExpertExecutor> x(new ExpertExecutor(geo, params));
+                                                               mem::MemoryBudget* shared,
+                                                               const ExpertDevice* dev) {
+  const mem::MemTier tier = dev != nullptr ? mem::MemTier::kDevice : cpu_engine_pool_tier();
+  std::unique_ptr<ExpertExecutor> x(new ExpertExecutor(geo, params, tier));
   x->mode_ = pc.mode;
   if (geo.experts == 0) return x;  // dense model: nothing to page
   x->ref_of_expert_.resize(geo.experts);
   x->seen_.assign(geo.experts, false);
   x->distinct_.reserve(geo.experts);
   x->distinct_refs_.reserve(geo.experts);
-  if (pc.mode == ExpertMode::kResident) return x;
+  if (dev != nullptr && pc.mode == ExpertMode::kPaged &&
+      (pc.miss_cost_model || pc.bypass_window > 0)) {
+    return unimplemented(
+        "serve: paged miss placement (cost model, bypass) is not implemented on CUDA");
+  }
+  if (pc.mode == ExpertMode::kResident) {
+    if (dev != nullptr) FERRY_TRY(x->create_device(*dev, shared));
+    return x;
+  }
   FERRY_ASSIGN_OR_RETURN(x->store_, ExpertStore::create(geo, params));
   const std::size_t eb = x->store_->expert_bytes();
   if (pc.mode == ExpertMode::kStatic) {
@@ -100,9 +110,8 @@ Result<std::unique_ptr<ExpertExecutor>> ExpertExecutor::create(const model::Deco
     plan.add("static expert staging", need);
     FERRY_ASSIGN_OR_RETURN(x->staging_charge_, BudgetCharge::take(shared, plan.allocation_bytes(),
                                                                   "static expert staging"));
-    FERRY_ASSIGN_OR_RETURN(x->staging_,
-                           mem::make_arena(plan, cpu_engine_pool_tier(), x->staging_budget_,
-                                           {.what = "static expert staging"}));
+    FERRY_ASSIGN_OR_RETURN(x->staging_, mem::make_arena(plan, tier, x->staging_budget_,
+                                                        {.what = "static expert staging"}));
   } else if (pc.mode == ExpertMode::kPaged) {
     FERRY_ASSIGN_OR_RETURN(std::vector<int> caps, resolve_expert_caps(geo, eb, pc));
     std::vector<int> max_caps;
@@ -116,7 +125,10 @@ Result<std::unique_ptr<ExpertExecutor>> ExpertExecutor::create(const model::Deco
                      .lfru_half_life = pc.lfru_half_life,
                      .hot = pc.hot_experts,
                      .budget_bytes = pc.resizable ? 0 : pc.budget_bytes,
-                     .shared = shared};
+                     .shared = shared,
+                     .te = dev != nullptr ? dev->te : nullptr,
+                     .copy = dev != nullptr ? dev->copy : nullptr,
+                     .compute = dev != nullptr ? dev->compute : nullptr};
     FERRY_ASSIGN_OR_RETURN(x->pager_, ExpertPager::create(*x->store_, setup));
     for (int l = 0; l < geo.layers; ++l) {
       if (geo.layer_is_moe[l] && x->pager_->group_limit(l) < geo.top_k) {
@@ -146,6 +158,7 @@ Result<std::unique_ptr<ExpertExecutor>> ExpertExecutor::create(const model::Deco
       for (int e = 0; e < geo.experts; ++e) x->hot_[l][e] = x->pager_->is_hot(l, e);
     }
   }
+  if (dev != nullptr) FERRY_TRY(x->create_device(*dev, shared));
   return x;
 }
 
@@ -168,10 +181,9 @@ std::size_t ExpertExecutor::device_bytes() const {
   return staging_.total_bytes();
 }
 
-Status ExpertExecutor::compute_group(int layer, const float* x, const std::int32_t* ids,
-                                     std::int64_t t0, std::int64_t t1, float* eout) {
+Status ExpertExecutor::resolve_group(int layer, const std::int32_t* ids, std::int64_t t0,
+                                     std::int64_t t1) {
   const int K = geo_.top_k;
-  const std::int64_t C = geo_.hidden, F = geo_.expert_width;
   // Distinct experts of the group, in first-appearance order.
   distinct_.clear();
   for (std::int64_t i = t0 * K; i < t1 * K; ++i) {
@@ -232,6 +244,14 @@ Status ExpertExecutor::compute_group(int layer, const float* x, const std::int32
   }
   for (std::size_t i = 0; i < distinct_.size(); ++i)
     ref_of_expert_[distinct_[i]] = distinct_refs_[i];
+  return ok_status();
+}
+
+Status ExpertExecutor::compute_group(int layer, const float* x, const std::int32_t* ids,
+                                     std::int64_t t0, std::int64_t t1, float* eout) {
+  const int K = geo_.top_k;
+  const std::int64_t C = geo_.hidden, F = geo_.expert_width;
+  FERRY_TRY(resolve_group(layer, ids, t0, t1));
   const std::int64_t rows = (t1 - t0) * K;
   ThreadPool::global().parallel_for(
       static_cast<std::size_t>(rows),

@@ -49,16 +49,47 @@ std::vector<std::int64_t> split_token_groups(std::span<const std::int32_t> ids, 
 Result<std::vector<int>> resolve_expert_caps(const model::DecoderGeometry& geo,
                                              std::size_t expert_bytes, const PagerConfig& pc);
 
+// The CUDA engine's side of the executor (docs/serve.md "CUDA path"). Expert FFNs run on
+// `compute` through serve/device_ops.h's expert_ffn, which reads each expert's weights through a
+// [3, E] pointer table in GPU memory, so only pointers differ between modes:
+//   resident     the table points at `params`' experts (device views), fixed at create()
+//   static       the table points into a device staging area, refilled in bulk on `copy` every
+//                forward (compute waits on an event), fixed at create()
+//   paged        the routed ids are read back (one D2H + sync per MoE layer), the host pager
+//                resolves each token group to slots (misses copied on `copy`, pager.h), and the
+//                group's table is uploaded before its expert_ffn
+//   cpu-experts  x and ids read back, experts computed by the CPU from the pinned host store
+//                (expert_ffn_row), rows copied up: the one mode that is not bit-identical to the
+//                others on CUDA (CPU vs GPU arithmetic); tested against a tolerance
+// Paged miss placement (miss_cost_model, bypass_window) is not implemented on CUDA.
+struct ExpertDevice {
+  const model::ModelParams* params = nullptr;  // device views (resident mode's experts)
+  mem::TransferEngine* te = nullptr;           // the CUDA transfer engine
+  mem::Stream* compute = nullptr;              // where expert FFNs run (the runner's stream)
+  mem::Stream* copy = nullptr;                 // H2D copies of misses / static staging
+  std::int64_t max_tokens = 0;                 // the runner's step size
+};
+
 class ExpertExecutor {
  public:
   // shared: the engine's device budget, charged the slot pool or staging bytes (may be null).
+  // dev: the CUDA engine's streams and device weights (null: the CPU engine). `params` are the
+  // host views either way (the expert store is packed from them).
   static Result<std::unique_ptr<ExpertExecutor>> create(const model::DecoderGeometry& geo,
                                                         const model::ModelParams& params,
                                                         const PagerConfig& pc,
-                                                        mem::MemoryBudget* shared = nullptr);
+                                                        mem::MemoryBudget* shared = nullptr,
+                                                        const ExpertDevice* dev = nullptr);
+  ~ExpertExecutor();
 
   // x: [T, C]; ids: [T, K] distinct per row; eout: [T*K, C].
   Status run(int layer, const float* x, const std::int32_t* ids, std::int64_t T, float* eout);
+  // The CUDA engine's run(): device pointers, enqueued on dev->compute. d_act: [T*K, F] scratch.
+  // Resident and static modes do not block the host; paged and cpu-experts synchronize compute
+  // once (the routed ids). Routed ids outside [0, E) give zero rows (not checked: no sync).
+  Status run_device(int layer, const float* d_x, const std::int32_t* d_ids, std::int64_t T,
+                    float* d_act, float* d_eout);
+  bool on_device() const { return dev_ != nullptr; }
 
   // Paged mode: sets the live caps ([L], dense entries ignored); each MoE layer keeps at least
   // top-k slots beside its hot experts. Between steps only. Errors: ExpertPager::resize's.
@@ -76,10 +107,17 @@ class ExpertExecutor {
   std::size_t device_bytes() const;
 
  private:
-  ExpertExecutor(const model::DecoderGeometry& geo, const model::ModelParams& params)
-      : geo_(geo), params_(params), staging_budget_(cpu_engine_pool_tier()) {}
+  struct DeviceState;  // expert_executor_cuda.cpp
+  ExpertExecutor(const model::DecoderGeometry& geo, const model::ModelParams& params,
+                 mem::MemTier tier);  // expert_executor_cuda.cpp (DeviceState is complete there)
   Status compute_group(int layer, const float* x, const std::int32_t* ids, std::int64_t t0,
                        std::int64_t t1, float* eout);
+  // The group's distinct experts and where each one's weights are (ref_of_expert_); paged:
+  // acquires them from the pager (the caller releases after computing).
+  Status resolve_group(int layer, const std::int32_t* ids, std::int64_t t0, std::int64_t t1);
+  Status create_device(const ExpertDevice& dev, mem::MemoryBudget* shared);
+  Status device_group(int layer, const float* d_x, const std::int32_t* d_ids, std::int64_t t0,
+                      std::int64_t t1, int group, float* d_act, float* d_eout);
 
   model::DecoderGeometry geo_;
   const model::ModelParams& params_;
@@ -91,6 +129,7 @@ class ExpertExecutor {
   mem::Arena staging_;           // static mode: one layer's E blocks
   ExecutorCounters counters_;
   std::function<void(int, std::span<const std::int32_t>)> access_observer_;
+  std::unique_ptr<DeviceState> dev_;  // the CUDA engine's buffers and streams; null on the CPU
   // Per-group scratch, sized once: distinct experts and their refs, by expert id.
   std::vector<std::int32_t> distinct_;
   std::vector<ExpertRef> distinct_refs_;

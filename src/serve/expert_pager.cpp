@@ -40,13 +40,30 @@ bool is_legal_slot_transition(ExpertSlotState from, ExpertSlotState to) {
 
 ExpertPager::ExpertPager(const ExpertStore& store, const PagerSetup& setup)
     : store_(store),
+      te_(setup.te),
+      copy_(setup.copy),
+      compute_(setup.compute),
       ranker_(setup.policy, std::max(1, setup.lfru_half_life)),
-      budget_(cpu_engine_pool_tier()) {}
+      budget_(setup.te != nullptr ? mem::MemTier::kDevice : cpu_engine_pool_tier()) {}
+
+Status ExpertPager::order_after_compute() {
+  FERRY_TRY(consumed_.record(*compute_));
+  return copy_->wait(consumed_);
+}
 
 Result<std::unique_ptr<ExpertPager>> ExpertPager::create(const ExpertStore& store,
                                                          const PagerSetup& setup) {
   const int L = static_cast<int>(setup.caps.size());
+  if ((setup.te != nullptr) != (setup.copy != nullptr && setup.compute != nullptr)) {
+    return invalid_argument("serve: a device pager needs a transfer engine and both streams");
+  }
   std::unique_ptr<ExpertPager> p(new ExpertPager(store, setup));
+  if (setup.te != nullptr) {
+    FERRY_ASSIGN_OR_RETURN(p->consumed_,
+                           mem::Event::create(setup.copy->device(), setup.copy->device_index()));
+    FERRY_ASSIGN_OR_RETURN(p->ready_,
+                           mem::Event::create(setup.copy->device(), setup.copy->device_index()));
+  }
   p->layers_.resize(L);
   std::int64_t slots = 0;
   for (int l = 0; l < L; ++l) {
@@ -89,7 +106,7 @@ Result<std::unique_ptr<ExpertPager>> ExpertPager::create(const ExpertStore& stor
       p->shared_charge_,
       BudgetCharge::take(setup.shared, setup.max_caps.empty() ? plan.allocation_bytes() : live,
                          "expert slot pool"));
-  FERRY_ASSIGN_OR_RETURN(p->arena_, mem::make_arena(plan, cpu_engine_pool_tier(), p->budget_,
+  FERRY_ASSIGN_OR_RETURN(p->arena_, mem::make_arena(plan, p->budget_.tier(), p->budget_,
                                                     {.what = "expert slot pool"}));
   // Pinned hot set: loaded now, never evicted.
   for (int l = 0; l < L && l < static_cast<int>(setup.hot.size()); ++l) {
@@ -184,15 +201,22 @@ int ExpertPager::take_slot(int layer) {
 Status ExpertPager::copy_in(int layer, std::span<const int> slots) {
   if (slots.empty()) return ok_status();
   Layer& ly = layers_[layer];
-  mem::TransferEngine& te = mem::host_transfer_engine();
-  mem::Stream& stream = mem::Stream::host();
+  mem::TransferEngine& te = te_ != nullptr ? *te_ : mem::host_transfer_engine();
+  mem::Stream& stream = copy_ != nullptr ? *copy_ : mem::Stream::host();
+  // Device: an evicted slot may still be read by expert FFNs queued on compute.
+  if (te_ != nullptr) FERRY_TRY(order_after_compute());
   for (int s : slots) {
     FERRY_TRY(te.h2d(slot_data(layer, s), store_.block(layer, ly.expert_of_slot[s]),
                      store_.expert_bytes(), stream));
     counters_.bytes_copied += store_.expert_bytes();
   }
-  // One sync for the whole batch (a CUDA engine would have queued every copy first).
-  FERRY_TRY(stream.synchronize());
+  if (te_ != nullptr) {
+    // The batch is queued; compute waits for it on the device, the host goes on.
+    FERRY_TRY(ready_.record(stream));
+    FERRY_TRY(compute_->wait(ready_));
+  } else {
+    FERRY_TRY(stream.synchronize());  // one sync for the whole batch
+  }
   ++counters_.copy_batches;
   return ok_status();
 }
@@ -273,7 +297,9 @@ Status ExpertPager::shrink(int layer, int cap) {
     ++counters_.resize_evictions;
   }
   // Survivors above the cap move down into empty slots (device-to-device, one sync).
-  mem::Stream& stream = mem::Stream::host();
+  mem::TransferEngine& te = te_ != nullptr ? *te_ : mem::host_transfer_engine();
+  mem::Stream& stream = copy_ != nullptr ? *copy_ : mem::Stream::host();
+  if (te_ != nullptr) FERRY_TRY(order_after_compute());
   int low = 0;
   bool copied = false;
   for (int s = cap; s < ly.cap; ++s) {
@@ -282,8 +308,7 @@ Status ExpertPager::shrink(int layer, int cap) {
     const int e = ly.expert_of_slot[s];
     ly.expert_of_slot[low] = e;
     move(layer, low, ExpertSlotState::kLoading);
-    FERRY_TRY(mem::host_transfer_engine().d2d(slot_data(layer, low), slot_data(layer, s),
-                                              store_.expert_bytes(), stream));
+    FERRY_TRY(te.d2d(slot_data(layer, low), slot_data(layer, s), store_.expert_bytes(), stream));
     copied = true;
     counters_.bytes_moved += store_.expert_bytes();
     ly.meta[low] = ly.meta[s];

@@ -30,6 +30,8 @@
 #include "core/result.h"
 #include "mem/arena.h"
 #include "mem/budget.h"
+#include "mem/event.h"
+#include "mem/transfer_engine.h"
 #include "serve/budget_charge.h"
 #include "serve/eviction_policy.h"
 #include "serve/expert_store.h"
@@ -60,6 +62,13 @@ struct PagerSetup {
   std::vector<std::vector<int>> hot;    // [L] (or empty) pinned hot experts
   std::size_t budget_bytes = 0;         // 0: exactly the pool's size
   mem::MemoryBudget* shared = nullptr;  // the engine's device budget, charged too (may be null)
+  // CUDA engine: slots in GPU memory (tier kDevice); misses are copied by `te` (the CUDA transfer
+  // engine) on `copy`, after the work already queued on `compute` (the last readers of an evicted
+  // slot), and `compute` waits for the copies (events; no host sync). All null: the host engine
+  // and synchronous copies on the pool tier of the CPU engine (pool_tier.h).
+  mem::TransferEngine* te = nullptr;
+  mem::Stream* copy = nullptr;
+  mem::Stream* compute = nullptr;
 };
 
 class ExpertPager {
@@ -122,6 +131,12 @@ class ExpertPager {
   Status shrink(int layer, int cap);
 
   const ExpertStore& store_;
+  // Device copies (PagerSetup::te/copy/compute): null on the host path.
+  mem::TransferEngine* te_ = nullptr;
+  mem::Stream* copy_ = nullptr;
+  mem::Stream* compute_ = nullptr;
+  mem::Event consumed_, ready_;  // compute -> copy (slot reuse), copy -> compute (slot ready)
+  Status order_after_compute();  // copy_ waits for what compute_ has queued
   EvictionRanker ranker_;
   mem::MemoryBudget budget_;
   BudgetCharge shared_charge_;

@@ -10,11 +10,11 @@
 
 namespace ferry::serve {
 
-KvCache::KvCache(const model::DecoderGeometry& geo, const KvConfig& kv)
+KvCache::KvCache(const model::DecoderGeometry& geo, const KvConfig& kv, mem::MemTier tier)
     : layers_(geo.layers),
       row_floats_(geo.kv_heads * geo.head_dim),
       block_tokens_(kv.block_tokens),
-      budget_(cpu_engine_pool_tier(), kv.budget_bytes),
+      budget_(tier, kv.budget_bytes),
       prefix_cache_(kv.prefix_cache) {}
 
 std::size_t KvCache::block_bytes() const {
@@ -23,11 +23,12 @@ std::size_t KvCache::block_bytes() const {
 }
 
 Result<std::unique_ptr<KvCache>> KvCache::create(const model::DecoderGeometry& geo,
-                                                 const KvConfig& kv, mem::MemoryBudget* shared) {
+                                                 const KvConfig& kv, mem::MemoryBudget* shared,
+                                                 std::optional<mem::MemTier> tier) {
   if (kv.block_tokens <= 0) {
     return invalid_argument("serve: kv block size must be positive, got {}", kv.block_tokens);
   }
-  std::unique_ptr<KvCache> c(new KvCache(geo, kv));
+  std::unique_ptr<KvCache> c(new KvCache(geo, kv, tier.value_or(cpu_engine_pool_tier())));
   const std::size_t per_block = c->block_bytes();
   // The arena may pad its base to the 256-byte alignment every tier guarantees: nothing extra.
   const std::size_t blocks = kv.budget_bytes / per_block;
@@ -52,8 +53,8 @@ Result<std::unique_ptr<KvCache>> KvCache::create(const model::DecoderGeometry& g
       BudgetCharge::take(
           shared, resizable ? std::size_t(c->num_blocks_) * per_block : plan.allocation_bytes(),
           "kv block pool"));
-  FERRY_ASSIGN_OR_RETURN(c->arena_, mem::make_arena(plan, cpu_engine_pool_tier(), c->budget_,
-                                                    {.what = "kv block pool"}));
+  FERRY_ASSIGN_OR_RETURN(
+      c->arena_, mem::make_arena(plan, c->budget_.tier(), c->budget_, {.what = "kv block pool"}));
   c->base_ = c->arena_.as<float>(id);
   const std::size_t cap = std::size_t(c->capacity_blocks_);
   c->free_.reserve(cap);
@@ -280,6 +281,10 @@ void KvCache::move_block(std::int32_t from, std::int32_t to) {
 }
 
 Status KvCache::resize(int blocks, std::span<BlockTable* const> tables) {
+  if (tier() == mem::MemTier::kDevice && !mem::device_tier_is_host_memory()) {
+    // TODO(#5): move blocks with device-to-device copies (move_block is a memcpy).
+    return unimplemented("serve: kv resize of a pool in GPU memory");
+  }
   if (blocks < 1 || blocks > capacity_blocks_) {
     return invalid_argument("serve: kv resize to {} blocks outside [1, {}]", blocks,
                             capacity_blocks_);

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -71,9 +72,13 @@ class KvCache {
   // Sizes the pool from kv.budget_bytes: as many whole blocks as fit (at least one, else
   // resource_exhausted naming the bytes one block needs).
   // shared: the engine's device budget, charged the pool's bytes as well (may be null).
+  // tier: where the blocks live; the CPU engine's pool tier (pool_tier.h) by default, kDevice
+  // for the CUDA engine (rows are then GPU memory: k_row/v_row give device addresses that only
+  // kernels may dereference, and resize() is unimplemented).
   static Result<std::unique_ptr<KvCache>> create(const model::DecoderGeometry& geo,
                                                  const KvConfig& kv,
-                                                 mem::MemoryBudget* shared = nullptr);
+                                                 mem::MemoryBudget* shared = nullptr,
+                                                 std::optional<mem::MemTier> tier = std::nullopt);
 
   int block_tokens() const { return block_tokens_; }
   int num_blocks() const { return num_blocks_; }
@@ -93,6 +98,13 @@ class KvCache {
   }
   std::size_t block_bytes() const;  // one block id across all layers, K and V
   const mem::MemoryBudget& budget() const { return budget_; }
+  // The CUDA kernels' view of the pool (kernels/cuda/serve_kernel_args.h's PagedKvLayout):
+  // the arena base and the floats between layers.
+  float* base() const { return base_; }
+  std::int64_t layer_stride_floats() const {
+    return std::int64_t(capacity_blocks_) * 2 * block_tokens_ * row_floats_;
+  }
+  mem::MemTier tier() const { return budget_.tier(); }
 
   // Grows `table` to cover `tokens` positions. All or nothing. Takes free blocks first (lowest id
   // first), then evicts cached blocks, least recently released first.
@@ -140,7 +152,7 @@ class KvCache {
   const float* v_row(int layer, const BlockTable& table, std::int64_t pos) const;
 
  private:
-  KvCache(const model::DecoderGeometry& geo, const KvConfig& kv);
+  KvCache(const model::DecoderGeometry& geo, const KvConfig& kv, mem::MemTier tier);
   float* row(int layer, const BlockTable& table, std::int64_t pos, int kv_index) const;
   std::int32_t take_block();            // a free block, else the LRU cached one (evicted)
   void evict(std::int32_t b);           // cached -> free content (not on any list)

@@ -43,6 +43,32 @@ void weights_for_ids(const float* probs, std::span<const std::int32_t> ids, bool
   }
 }
 
+Status apply_routing_hook(RoutingHook& hook, const StepBatch& b, int l,
+                          const model::DecoderGeometry& geo, std::int32_t* ids, const float* probs,
+                          float* weights, std::int32_t* before) {
+  const std::int64_t T = b.tokens(), E = geo.experts, K = geo.top_k;
+  for (std::int64_t t = 0; t < T; ++t) {
+    std::int32_t* row = ids + t * K;
+    std::copy(row, row + K, before);
+    const RouteKey key{b.requests[b.seq_of[t]], b.positions[t], l};
+    FERRY_TRY(hook.on_route(key, std::span<std::int32_t>(row, std::size_t(K))));
+    if (std::equal(row, row + K, before)) continue;
+    for (std::int64_t i = 0; i < K; ++i) {
+      if (row[i] < 0 || row[i] >= E) {
+        return invalid_argument("serve: forced expert {} outside [0, {})", row[i], E);
+      }
+      for (std::int64_t j = 0; j < i; ++j) {
+        if (row[i] == row[j]) {
+          return invalid_argument("serve: forced routing repeats expert {} (layer {})", row[i], l);
+        }
+      }
+    }
+    weights_for_ids(probs + t * E, std::span<const std::int32_t>(row, std::size_t(K)),
+                    geo.renormalize_topk, weights + t * K);
+  }
+  return ok_status();
+}
+
 Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const model::DecoderGeometry& geo,
                                                          const model::ModelParams& params,
                                                          KvCache& kv, ExpertExecutor& experts,
@@ -50,7 +76,8 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const model::DecoderGeo
                                                          kernels::Backend& backend) {
   if (max_tokens <= 0) return invalid_argument("serve: max_tokens must be positive");
   if (backend.device() != Device::kCpu) {
-    return unimplemented("serve: the engine runs on CPU backends only (got {})", backend.name());
+    return unimplemented("serve: ModelRunner::create is the CPU runner (got {}; see create_cuda)",
+                         backend.name());
   }
   if (static_cast<int>(params.layers.size()) != geo.layers) {
     return invalid_argument("serve: {} layer parameter sets for {} layers", params.layers.size(),
@@ -228,26 +255,8 @@ Status ModelRunner::moe(int l, const StepBatch& b) {
                         .renormalize = geo_.renormalize_topk},
                        host()));
   if (hook_ != nullptr) {
-    for (std::int64_t t = 0; t < T; ++t) {
-      std::int32_t* row = ids_.data() + t * K;
-      std::copy(row, row + K, before_.begin());
-      const RouteKey key{b.requests[b.seq_of[t]], b.positions[t], l};
-      FERRY_TRY(hook_->on_route(key, std::span<std::int32_t>(row, std::size_t(K))));
-      if (std::equal(row, row + K, before_.begin())) continue;
-      for (std::int64_t i = 0; i < K; ++i) {
-        if (row[i] < 0 || row[i] >= E) {
-          return invalid_argument("serve: forced expert {} outside [0, {})", row[i], E);
-        }
-        for (std::int64_t j = 0; j < i; ++j) {
-          if (row[i] == row[j]) {
-            return invalid_argument("serve: forced routing repeats expert {} (layer {})", row[i],
-                                    l);
-          }
-        }
-      }
-      weights_for_ids(probs_.data() + t * E, std::span<const std::int32_t>(row, std::size_t(K)),
-                      geo_.renormalize_topk, weights_.data() + t * K);
-    }
+    FERRY_TRY(apply_routing_hook(*hook_, b, l, geo_, ids_.data(), probs_.data(), weights_.data(),
+                                 before_.data()));
   }
   FERRY_TRY(experts_.run(l, h_.data(), ids_.data(), T, eout_.data()));
   return be_.moe_combine({.out = f32(tmp_, {T, C}),

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // ModelRunner: one forward pass of a scheduler step — any mix of prefill chunks and decode tokens
-// from several sequences — over the paged KV cache, on a CPU backend in f32.
+// from several sequences — over the paged KV cache, in f32, on a CPU backend (this file) or a
+// CUDA backend (create_cuda, model_runner_cuda.cpp: same steps, device buffers, CUDA kernels
+// for the KV writes and paged attention).
 // One layer, top to bottom (shapes: T step tokens, C hidden, H/G heads, D head dim, K top-k):
 //   h1 = rms_norm(x); q,k,v = h1 W^T (+b); [q/k norm]; rope(q, k at each token's position)
 //   write k, v rows into the cache at (sequence, position); o = paged_attention(q, cache)
@@ -22,6 +24,8 @@
 
 #include "core/result.h"
 #include "kernels/backend.h"
+#include "mem/budget.h"
+#include "mem/transfer_engine.h"
 #include "model/model_compute.h"
 #include "serve/expert_executor.h"
 #include "serve/kv_cache.h"
@@ -48,16 +52,38 @@ struct StepBatch {
 void weights_for_ids(const float* probs, std::span<const std::int32_t> ids, bool renormalize,
                      float* weights);
 
+// Runs the routing hook over a step's host-side routing of one layer: ids [T, K] may be changed
+// (checked: in [0, E), distinct per row), and a changed row gets weights_for_ids() of probs
+// [T, E]. before: [K] scratch. Shared by the CPU and CUDA runners.
+Status apply_routing_hook(RoutingHook& hook, const StepBatch& b, int layer,
+                          const model::DecoderGeometry& geo, std::int32_t* ids, const float* probs,
+                          float* weights, std::int32_t* before);
+
 class ModelRunner {
  public:
+  // The CPU runner (a CPU backend; unimplemented for others: see create_cuda).
   static Result<std::unique_ptr<ModelRunner>> create(const model::DecoderGeometry& geo,
                                                      const model::ModelParams& params, KvCache& kv,
                                                      ExpertExecutor& experts,
                                                      std::int64_t max_tokens,
                                                      kernels::Backend& backend);
+  // The CUDA runner (model_runner_cuda.cpp). `params`: device views (DeviceWeights), experts
+  // empty unless resident; d_inv_freq: the rope table on the device; kv: a pool in GPU memory;
+  // experts: created with an ExpertDevice on the same streams. Every op is enqueued on `stream`
+  // (a CUDA stream of the backend's device, owned by the caller and outliving the runner); the
+  // activations live in one kDevice arena sized for max_tokens here, charged to `shared` (the
+  // engine's device budget, may be null) as "activations". forward() copies back only the
+  // logits rows it is asked for and returns once they are in `logits` (one stream sync; paged and
+  // cpu-experts modes add one per MoE layer for the routed ids, a routing hook one more).
+  static Result<std::unique_ptr<ModelRunner>> create_cuda(
+      const model::DecoderGeometry& geo, const model::ModelParams& params, KvCache& kv,
+      ExpertExecutor& experts, std::int64_t max_tokens, kernels::Backend& backend,
+      const float* d_inv_freq, mem::Stream& stream, mem::TransferEngine& te,
+      mem::MemoryBudget* shared);
+  virtual ~ModelRunner() = default;
 
-  // logits: [batch.logit_rows.size(), V] f32.
-  Status forward(const StepBatch& batch, float* logits);
+  // logits: [batch.logit_rows.size(), V] f32, host memory.
+  virtual Status forward(const StepBatch& batch, float* logits);
 
   void set_routing_hook(RoutingHook* hook) { hook_ = hook; }
   // EngineConfig::batch_invariant: dense GEMMs row by row in dot_fixed order (f32 weights only).
@@ -65,7 +91,7 @@ class ModelRunner {
   std::int64_t max_tokens() const { return max_tokens_; }
   const model::DecoderGeometry& geometry() const { return geo_; }
 
- private:
+ protected:
   ModelRunner(const model::DecoderGeometry& geo, const model::ModelParams& params, KvCache& kv,
               ExpertExecutor& experts, std::int64_t max_tokens, kernels::Backend& backend)
       : geo_(geo),
@@ -74,11 +100,14 @@ class ModelRunner {
         experts_(experts),
         max_tokens_(max_tokens),
         be_(backend) {}
+
+ private:
   Status attention(int l, const StepBatch& b);
   Status mlp(int l, std::int64_t T);
   Status moe(int l, const StepBatch& b);
   Status gemm(const kernels::GemmArgs& a);  // the backend's, or row by row (batch_invariant_)
 
+ protected:
   model::DecoderGeometry geo_;
   const model::ModelParams& params_;
   KvCache& kv_;
@@ -87,6 +116,8 @@ class ModelRunner {
   kernels::Backend& be_;
   RoutingHook* hook_ = nullptr;
   bool batch_invariant_ = false;
+
+ private:
   // Planned buffers (see create()).
   std::vector<float> x_, h_, rstd_, q_pre_, k_pre_, q_, k_, v_, attn_, tmp_;  // [T, ...]
   std::vector<float> qk_rstd_;

@@ -1,0 +1,25 @@
+// SPDX-License-Identifier: Apache-2.0
+// The serving engine's CUDA kernels as seen from src/serve (kernels/cuda/serve_kernels.h), so the
+// engine's device path compiles in every build: in CUDA builds these forward to the kernels; in
+// CPU builds they return unavailable (no CUDA engine can be created there: cuda_backend() is
+// unavailable first). Argument structs: kernels/cuda/serve_kernel_args.h (plain, no CUDA).
+// Enqueued on `stream` (a CUDA stream), which comes last; nothing blocks the host.
+#pragma once
+
+#include "core/status.h"
+#include "kernels/cuda/serve_kernel_args.h"
+#include "mem/stream.h"
+
+namespace ferry::serve::device {
+
+using kernels::cuda::ExpertFfnArgs;
+using kernels::cuda::PagedKvLayout;
+using kernels::cuda::PagedStep;
+
+Status kv_write(const PagedKvLayout& kv, int layer, const PagedStep& step, const float* k,
+                const float* v, mem::Stream& stream);
+Status paged_attention(const PagedKvLayout& kv, int layer, const PagedStep& step, float* out,
+                       const float* q, int H, float scale, mem::Stream& stream);
+Status expert_ffn(const ExpertFfnArgs& a, mem::Stream& stream);
+
+}  // namespace ferry::serve::device

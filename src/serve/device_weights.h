@@ -1,0 +1,47 @@
+// SPDX-License-Identifier: Apache-2.0
+// DeviceWeights: the CUDA engine's copy of a model's parameters in GPU memory — one Arena on
+// MemTier::kDevice charged to the engine's device budget (label "dense weights", or "weights"
+// with experts) — and the ModelParams of device views the runner computes with.
+// Routed experts are uploaded only when asked (resident mode); the other modes read them from
+// the pager's slots, the static staging area or the host store. Tied embeddings are uploaded once.
+// Every parameter is converted to f32 on the host first (the engine computes in f32) and the
+// whole arena is filled by one host-to-device copy on `stream`, synchronized before create()
+// returns (startup only). Also holds the rope inverse frequencies the CUDA rope kernel reads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "core/result.h"
+#include "mem/arena.h"
+#include "mem/budget.h"
+#include "mem/stream.h"
+#include "mem/transfer_engine.h"
+#include "model/model_compute.h"
+#include "serve/budget_charge.h"
+
+namespace ferry::serve {
+
+class DeviceWeights {
+ public:
+  // host: the model's views (any dtype convertible to f32, host memory). shared: the engine's
+  // device budget (may be null). resource_exhausted when the budget cannot hold them.
+  static Result<std::unique_ptr<DeviceWeights>> create(const model::DecoderGeometry& geo,
+                                                       const model::ModelParams& host,
+                                                       bool with_experts, mem::TransferEngine& te,
+                                                       mem::Stream& stream,
+                                                       mem::MemoryBudget* shared);
+  const model::ModelParams& params() const { return params_; }
+  const float* inv_freq() const { return inv_freq_; }  // [rope.inv_freq.size()] device
+  std::size_t bytes() const { return arena_.total_bytes(); }
+
+ private:
+  DeviceWeights() = default;
+  mem::MemoryBudget budget_{mem::MemTier::kDevice};
+  BudgetCharge charge_;
+  mem::Arena arena_;
+  model::ModelParams params_;
+  const float* inv_freq_ = nullptr;
+};
+
+}  // namespace ferry::serve

@@ -1,0 +1,243 @@
+// SPDX-License-Identifier: Apache-2.0
+// ExpertExecutor's CUDA engine path (expert_executor.h, ExpertDevice): pointer tables, the static
+// bulk copy on the copy stream, the paged groups' slot tables and the cpu-experts round trip.
+// Memory (all allocated by create_device, none in run_device):
+//   device  [L + max_tokens, 3, E] expert pointers: one fixed table per layer (resident, static),
+//           then one per token group of a paged step (a step has at most max_tokens groups)
+//   pinned  the tables' host mirror, the routed ids [T*K], and for cpu-experts x [T, C] and the
+//           expert rows [T*K, C]
+// Reuse of the pinned mirror: a paged layer's groups use distinct table entries, and every paged
+// or cpu-experts run_device starts by synchronizing compute (the ids read-back), so the previous
+// layer's table uploads and row copies have completed before their host memory is written again.
+#include <cstring>
+
+#include "core/thread_pool.h"
+#include "serve/device_ops.h"
+#include "serve/expert_executor.h"
+#include "serve/expert_ffn.h"
+
+namespace ferry::serve {
+
+struct ExpertExecutor::DeviceState {
+  ExpertDevice dev;
+  mem::MemoryBudget device_budget{mem::MemTier::kDevice};
+  BudgetCharge charge;  // on the engine's device budget
+  mem::Arena tables;    // [L + max_tokens, 3, E] const float*
+  mem::MemoryBudget host_budget{mem::MemTier::kPinnedHost};
+  mem::Buffer h_tables, h_ids, h_x, h_eout;
+  mem::Event consumed, staged;  // static: compute -> copy (staging reuse), copy -> compute
+  const float** host_table(std::int64_t index, int E) const {
+    return reinterpret_cast<const float**>(h_tables.data()) + index * 3 * E;
+  }
+  const float* const* device_table(std::int64_t index, int E) const {
+    return tables.as<const float*>(mem::SlotId{0}) + index * 3 * E;
+  }
+};
+
+ExpertExecutor::ExpertExecutor(const model::DecoderGeometry& geo, const model::ModelParams& params,
+                               mem::MemTier tier)
+    : geo_(geo), params_(params), staging_budget_(tier) {}
+ExpertExecutor::~ExpertExecutor() = default;
+
+Status ExpertExecutor::create_device(const ExpertDevice& d, mem::MemoryBudget* shared) {
+  if (d.te == nullptr || d.compute == nullptr || d.copy == nullptr || d.max_tokens <= 0) {
+    return invalid_argument(
+        "serve: a device executor needs a transfer engine, two streams and "
+        "max_tokens");
+  }
+  auto s = std::make_unique<DeviceState>();
+  s->dev = d;
+  const int L = geo_.layers, E = geo_.experts, K = geo_.top_k;
+  const std::int64_t T = d.max_tokens, C = geo_.hidden;
+  const std::size_t table_bytes = std::size_t(L + T) * 3 * std::size_t(E) * sizeof(float*);
+  mem::ArenaPlan plan;
+  plan.add("expert pointer tables", table_bytes);
+  FERRY_ASSIGN_OR_RETURN(
+      s->charge, BudgetCharge::take(shared, plan.allocation_bytes(), "expert pointer tables"));
+  FERRY_ASSIGN_OR_RETURN(s->tables, mem::make_arena(plan, mem::MemTier::kDevice, s->device_budget,
+                                                    {.what = "expert pointer tables"}));
+  auto pinned = [&](std::size_t bytes, std::string_view what) {
+    return mem::Buffer::allocate(mem::MemTier::kPinnedHost, bytes, s->host_budget, {.what = what});
+  };
+  FERRY_ASSIGN_OR_RETURN(s->h_tables, pinned(table_bytes, "expert pointer tables (host)"));
+  FERRY_ASSIGN_OR_RETURN(s->h_ids,
+                         pinned(std::size_t(T * K) * sizeof(std::int32_t), "routed ids (host)"));
+  if (mode_ == ExpertMode::kCpuExperts) {
+    FERRY_ASSIGN_OR_RETURN(s->h_x, pinned(std::size_t(T * C) * sizeof(float), "expert x (host)"));
+    FERRY_ASSIGN_OR_RETURN(s->h_eout,
+                           pinned(std::size_t(T * K * C) * sizeof(float), "expert rows (host)"));
+  }
+  if (mode_ == ExpertMode::kStatic) {
+    FERRY_ASSIGN_OR_RETURN(s->consumed,
+                           mem::Event::create(d.copy->device(), d.copy->device_index()));
+    FERRY_ASSIGN_OR_RETURN(s->staged, mem::Event::create(d.copy->device(), d.copy->device_index()));
+  }
+  std::memset(s->h_tables.data(), 0, table_bytes);
+  const std::size_t mat = std::size_t(geo_.expert_width) * std::size_t(C);
+  for (int l = 0; l < L; ++l) {
+    if (!geo_.layer_is_moe[l]) continue;
+    const float** t = s->host_table(l, E);
+    for (int e = 0; e < E; ++e) {
+      ExpertRef r;
+      if (mode_ == ExpertMode::kResident) {
+        if (d.params == nullptr) return invalid_argument("serve: resident on CUDA needs weights");
+        const auto& p = d.params->layers.at(std::size_t(l));
+        for (const ConstTensorView* v :
+             {&p.expert_gate.at(std::size_t(e)), &p.expert_up.at(std::size_t(e)),
+              &p.expert_down.at(std::size_t(e))}) {
+          if (v->device != Device::kCuda || v->dtype != DType::kF32 ||
+              std::size_t(v->numel()) != mat || !v->is_contiguous()) {
+            return invalid_argument(
+                "serve: layer {} expert {}: expected a contiguous f32 device view of {} x {}", l, e,
+                geo_.expert_width, C);
+          }
+        }
+        r = {p.expert_gate[e].as<float>(), p.expert_up[e].as<float>(),
+             p.expert_down[e].as<float>()};
+      } else if (mode_ == ExpertMode::kStatic) {
+        r = store_->ref_in(staging_.as<float>(mem::SlotId{0}) +
+                           std::int64_t(e) * std::int64_t(store_->expert_floats()));
+      } else {
+        continue;  // paged: per group; cpu-experts: no table
+      }
+      t[e] = r.gate;
+      t[E + e] = r.up;
+      t[2 * E + e] = r.down;
+    }
+  }
+  FERRY_TRY(d.te->h2d(s->tables.data(mem::SlotId{0}), s->h_tables.data(),
+                      std::size_t(L) * 3 * std::size_t(E) * sizeof(float*), *d.compute));
+  FERRY_TRY(d.compute->synchronize());
+  dev_ = std::move(s);
+  return ok_status();
+}
+
+Status ExpertExecutor::device_group(int layer, const float* d_x, const std::int32_t* d_ids,
+                                    std::int64_t t0, std::int64_t t1, int group, float* d_act,
+                                    float* d_eout) {
+  DeviceState& s = *dev_;
+  const int E = geo_.experts, K = geo_.top_k;
+  const auto* h_ids = reinterpret_cast<const std::int32_t*>(s.h_ids.data());
+  FERRY_TRY(resolve_group(layer, h_ids, t0, t1));
+  const std::int64_t index = geo_.layers + group;
+  const float** t = s.host_table(index, E);
+  std::fill(t, t + 3 * E, nullptr);
+  for (std::int32_t e : distinct_) {
+    const ExpertRef& r = ref_of_expert_[std::size_t(e)];
+    t[e] = r.gate;
+    t[E + e] = r.up;
+    t[2 * E + e] = r.down;
+  }
+  mem::Stream& cs = *s.dev.compute;
+  FERRY_TRY(s.dev.te->h2d(s.tables.as<const float*>(mem::SlotId{0}) + index * 3 * E, t,
+                          3 * std::size_t(E) * sizeof(float*), cs));
+  FERRY_TRY(device::expert_ffn({.out = d_eout,
+                                .act = d_act,
+                                .x = d_x,
+                                .ids = d_ids,
+                                .table = s.device_table(index, E),
+                                .row_begin = t0 * K,
+                                .row_end = t1 * K,
+                                .K = K,
+                                .E = E,
+                                .C = geo_.hidden,
+                                .F = geo_.expert_width},
+                               cs));
+  if (pager_) pager_->release(layer);
+  ++counters_.groups;
+  counters_.expert_rows += std::uint64_t((t1 - t0) * K);
+  return ok_status();
+}
+
+Status ExpertExecutor::run_device(int layer, const float* d_x, const std::int32_t* d_ids,
+                                  std::int64_t T, float* d_act, float* d_eout) {
+  FERRY_CHECK(dev_ != nullptr, "serve: run_device on a CPU executor");
+  DeviceState& s = *dev_;
+  FERRY_CHECK(T > 0 && T <= s.dev.max_tokens, "serve: {} tokens outside [1, {}]", T,
+              s.dev.max_tokens);
+  const int E = geo_.experts, K = geo_.top_k;
+  const std::int64_t C = geo_.hidden, F = geo_.expert_width, rows = T * K;
+  mem::Stream& cs = *s.dev.compute;
+  mem::TransferEngine& te = *s.dev.te;
+  const bool need_ids = mode_ == ExpertMode::kPaged || mode_ == ExpertMode::kCpuExperts ||
+                        static_cast<bool>(access_observer_);
+  auto* h_ids = reinterpret_cast<std::int32_t*>(s.h_ids.data());
+  if (need_ids) {
+    FERRY_TRY(te.d2h(h_ids, d_ids, std::size_t(rows) * sizeof(std::int32_t), cs));
+    if (mode_ == ExpertMode::kCpuExperts) {
+      FERRY_TRY(te.d2h(s.h_x.data(), d_x, std::size_t(T * C) * sizeof(float), cs));
+    }
+    FERRY_TRY(cs.synchronize());
+    for (std::int64_t i = 0; i < rows; ++i) {
+      if (h_ids[i] < 0 || h_ids[i] >= E) {
+        return invalid_argument("serve: expert id {} outside [0, {})", h_ids[i], E);
+      }
+    }
+    if (access_observer_) access_observer_(layer, std::span<const std::int32_t>(h_ids, rows));
+  }
+  const device::ExpertFfnArgs whole{.out = d_eout,
+                                    .act = d_act,
+                                    .x = d_x,
+                                    .ids = d_ids,
+                                    .table = s.device_table(layer, E),
+                                    .row_begin = 0,
+                                    .row_end = rows,
+                                    .K = K,
+                                    .E = E,
+                                    .C = C,
+                                    .F = F};
+  switch (mode_) {
+    case ExpertMode::kResident:
+      FERRY_TRY(device::expert_ffn(whole, cs));
+      break;
+    case ExpertMode::kStatic: {
+      // The layer's blocks are contiguous in the store: one bulk copy on the copy stream, after
+      // the previous layer's FFN (the staging area's last reader); compute waits for it.
+      const std::size_t bytes = std::size_t(E) * store_->expert_bytes();
+      FERRY_TRY(s.consumed.record(cs));
+      FERRY_TRY(s.dev.copy->wait(s.consumed));
+      FERRY_TRY(te.h2d(staging_.data(mem::SlotId{0}), store_->block(layer, 0), bytes, *s.dev.copy));
+      FERRY_TRY(s.staged.record(*s.dev.copy));
+      FERRY_TRY(cs.wait(s.staged));
+      counters_.static_bytes_copied += bytes;
+      FERRY_TRY(device::expert_ffn(whole, cs));
+      break;
+    }
+    case ExpertMode::kCpuExperts: {
+      const auto* h_x = reinterpret_cast<const float*>(s.h_x.data());
+      auto* h_eout = reinterpret_cast<float*>(s.h_eout.data());
+      ThreadPool::global().parallel_for(
+          static_cast<std::size_t>(rows),
+          [&](std::size_t b, std::size_t e) {
+            thread_local std::vector<float> scratch;
+            if (static_cast<std::int64_t>(scratch.size()) < F) scratch.resize(std::size_t(F));
+            for (std::size_t r = b; r < e; ++r) {
+              const std::int64_t i = static_cast<std::int64_t>(r), t = i / K;
+              expert_ffn_row(store_->ref(layer, h_ids[i]), h_x + t * C, h_eout + i * C, C, F,
+                             scratch.data());
+            }
+          },
+          2);
+      FERRY_TRY(te.h2d(d_eout, h_eout, std::size_t(rows * C) * sizeof(float), cs));
+      break;
+    }
+    case ExpertMode::kPaged: {
+      ++layer_step_[std::size_t(layer)];
+      const std::vector<std::int64_t> ends =
+          split_token_groups(std::span<const std::int32_t>(h_ids, std::size_t(rows)), T, K, E,
+                             pager_->group_limit(layer), hot_[layer]);
+      std::int64_t t0 = 0;
+      int group = 0;
+      for (std::int64_t t1 : ends) {
+        FERRY_TRY(device_group(layer, d_x, d_ids, t0, t1, group++, d_act, d_eout));
+        t0 = t1;
+      }
+      return ok_status();
+    }
+  }
+  ++counters_.groups;
+  counters_.expert_rows += std::uint64_t(rows);
+  return ok_status();
+}
+
+}  // namespace ferry::serve

@@ -1,0 +1,374 @@
+// SPDX-License-Identifier: Apache-2.0
+// The CUDA runner (ModelRunner::create_cuda): the CPU runner's step, top to bottom, on a CUDA
+// backend. Differences from model_runner.cpp, all about where bytes live:
+//   - activations: one kDevice arena planned for max_tokens (below), charged to the engine's
+//     device budget; the step's host inputs (ids, positions, sequence of each token, block tables)
+//     go up in one copy from a pinned buffer;
+//   - K/V rows are scattered into the cache and attention reads it through the block tables with
+//     the serve kernels (kernels/cuda/serve_kernels.h), both on the device;
+//   - experts run through ExpertExecutor::run_device;
+//   - only the sampled rows' logits come back (one D2H + one sync per step).
+// The pinned step buffer is reused every step: the previous step ended with that sync.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "serve/device_ops.h"
+#include "serve/model_runner.h"
+
+namespace ferry::serve {
+namespace {
+
+class CudaModelRunner final : public ModelRunner {
+ public:
+  CudaModelRunner(const model::DecoderGeometry& geo, const model::ModelParams& params, KvCache& kv,
+                  ExpertExecutor& experts, std::int64_t max_tokens, kernels::Backend& backend,
+                  const float* d_inv_freq, mem::Stream& stream, mem::TransferEngine& te)
+      : ModelRunner(geo, params, kv, experts, max_tokens, backend),
+        st_(stream),
+        te_(te),
+        inv_freq_(d_inv_freq) {}
+  Status init(mem::MemoryBudget* shared);
+  Status forward(const StepBatch& b, float* logits) override;
+
+ private:
+  struct Slots {
+    mem::SlotId x, h, tmp, rstd, q_pre, k_pre, q, k, v, attn, qk_rstd, gate, up, act;
+    mem::SlotId router_logits, probs, weights, ids, identity, eout, eact;
+    mem::SlotId step, rows_x, rows_h, rows_rstd, logits;
+  };
+  TensorView f32(mem::SlotId s, std::initializer_list<std::int64_t> dims) const {
+    return TensorView::contiguous(arena_.as<float>(s), DType::kF32, Device::kCuda, dims);
+  }
+  TensorView i32(std::int32_t* p, std::initializer_list<std::int64_t> dims) const {
+    return TensorView::contiguous(p, DType::kI32, Device::kCuda, dims);
+  }
+  std::int32_t* step_i32() const { return arena_.as<std::int32_t>(s_.step); }
+  Status attention(int l, std::int64_t T, const kernels::cuda::PagedStep& step);
+  Status mlp(int l, std::int64_t T);
+  Status moe(int l, const StepBatch& b);
+
+  mem::Stream& st_;
+  mem::TransferEngine& te_;
+  const float* inv_freq_;
+  mem::MemoryBudget budget_{mem::MemTier::kDevice};
+  BudgetCharge charge_;
+  mem::Arena arena_;
+  Slots s_;
+  mem::MemoryBudget host_budget_{mem::MemTier::kPinnedHost};
+  mem::Buffer h_step_, h_logits_, h_route_;
+  std::int64_t table_capacity_ = 0;  // ints of the step's block-table region
+  std::vector<std::int32_t> before_;
+};
+
+Status CudaModelRunner::init(mem::MemoryBudget* shared) {
+  const std::int64_t T = max_tokens_, C = geo_.hidden,
+                     HD = std::int64_t(geo_.heads) * geo_.head_dim,
+                     GD = std::int64_t(geo_.kv_heads) * geo_.head_dim, V = geo_.vocab;
+  const std::int64_t E = geo_.experts, K = geo_.top_k;
+  bool any_dense = false, any_moe = false;
+  for (bool m : geo_.layer_is_moe) (m ? any_moe : any_dense) = true;
+  // A step has at most T sequences, each table at most the pool's capacity.
+  table_capacity_ = T * std::int64_t(kv_.capacity_blocks());
+  const auto f = [](std::int64_t n) { return std::size_t(std::max<std::int64_t>(n, 1)) * 4; };
+  mem::ArenaPlan plan;
+  s_.x = plan.add("x", f(T * C));
+  s_.h = plan.add("h", f(T * C));
+  s_.tmp = plan.add("tmp", f(T * C));
+  s_.rstd = plan.add("rstd", f(T));
+  s_.q = plan.add("q", f(T * HD));
+  s_.k = plan.add("k", f(T * GD));
+  s_.v = plan.add("v", f(T * GD));
+  s_.attn = plan.add("attn", f(T * HD));
+  if (geo_.qk_norm != model::QkNorm::kNone) {
+    s_.q_pre = plan.add("q_pre", f(T * HD));
+    s_.k_pre = plan.add("k_pre", f(T * GD));
+    s_.qk_rstd = plan.add("qk_rstd", f(T * std::max(geo_.heads, geo_.kv_heads)));
+  }
+  if (any_dense) {
+    s_.gate = plan.add("gate", f(T * geo_.mlp_width));
+    s_.up = plan.add("up", f(T * geo_.mlp_width));
+    s_.act = plan.add("act", f(T * geo_.mlp_width));
+  }
+  if (any_moe) {
+    s_.router_logits = plan.add("router_logits", f(T * E));
+    s_.probs = plan.add("probs", f(T * E));
+    s_.weights = plan.add("weights", f(T * K));
+    s_.ids = plan.add("ids", f(T * K));
+    s_.identity = plan.add("identity", f(T * K));
+    s_.eout = plan.add("eout", f(T * K * C));
+    s_.eact = plan.add("eact", f(T * K * geo_.expert_width));
+  }
+  s_.step = plan.add("step inputs", f(3 * T + table_capacity_));
+  s_.rows_x = plan.add("rows_x", f(T * C));
+  s_.rows_h = plan.add("rows_h", f(T * C));
+  s_.rows_rstd = plan.add("rows_rstd", f(T));
+  s_.logits = plan.add("logits", f(T * V));
+  FERRY_ASSIGN_OR_RETURN(charge_,
+                         BudgetCharge::take(shared, plan.allocation_bytes(), "activations"));
+  FERRY_ASSIGN_OR_RETURN(
+      arena_, mem::make_arena(plan, mem::MemTier::kDevice, budget_, {.what = "serve activations"}));
+  auto pinned = [&](std::size_t bytes, std::string_view what) {
+    return mem::Buffer::allocate(mem::MemTier::kPinnedHost, bytes, host_budget_, {.what = what});
+  };
+  FERRY_ASSIGN_OR_RETURN(h_step_, pinned(f(3 * T + table_capacity_), "step inputs (host)"));
+  FERRY_ASSIGN_OR_RETURN(h_logits_, pinned(f(T * V), "logits (host)"));
+  if (any_moe) {
+    // Routing hook round trip: ids [T, K] i32, weights [T, K], probs [T, E].
+    FERRY_ASSIGN_OR_RETURN(h_route_, pinned(f(T * K) * 2 + f(T * E), "routing (host)"));
+    auto* id = reinterpret_cast<std::int32_t*>(h_route_.data());
+    for (std::int64_t i = 0; i < T * K; ++i) id[i] = static_cast<std::int32_t>(i);
+    FERRY_TRY(te_.h2d(arena_.data(s_.identity), id, std::size_t(T * K) * 4, st_));
+    FERRY_TRY(st_.synchronize());
+    before_.resize(std::size_t(K));
+  }
+  return ok_status();
+}
+
+Status CudaModelRunner::attention(int l, std::int64_t T, const kernels::cuda::PagedStep& step) {
+  const auto& p = params_.layers[l];
+  const std::int64_t C = geo_.hidden, H = geo_.heads, G = geo_.kv_heads, D = geo_.head_dim;
+  const ConstTensorView h = f32(s_.h, {T, C});
+  const bool normed = geo_.qk_norm != model::QkNorm::kNone;
+  FERRY_TRY(be_.gemm({.out = normed ? f32(s_.q_pre, {T, H * D}) : f32(s_.q, {T, H * D}),
+                      .a = h,
+                      .b = p.q,
+                      .bias = p.q_bias,
+                      .trans_b = true},
+                     st_));
+  FERRY_TRY(be_.gemm({.out = normed ? f32(s_.k_pre, {T, G * D}) : f32(s_.k, {T, G * D}),
+                      .a = h,
+                      .b = p.k,
+                      .bias = p.k_bias,
+                      .trans_b = true},
+                     st_));
+  FERRY_TRY(be_.gemm(
+      {.out = f32(s_.v, {T, G * D}), .a = h, .b = p.v, .bias = p.v_bias, .trans_b = true}, st_));
+  if (geo_.qk_norm == model::QkNorm::kPerHead) {
+    FERRY_TRY(be_.rms_norm({.out = f32(s_.q, {T * H, D}),
+                            .rstd = f32(s_.qk_rstd, {T * H}),
+                            .in = f32(s_.q_pre, {T * H, D}),
+                            .weight = p.q_norm,
+                            .eps = geo_.rms_eps},
+                           st_));
+    FERRY_TRY(be_.rms_norm({.out = f32(s_.k, {T * G, D}),
+                            .rstd = f32(s_.qk_rstd, {T * G}),
+                            .in = f32(s_.k_pre, {T * G, D}),
+                            .weight = p.k_norm,
+                            .eps = geo_.rms_eps},
+                           st_));
+  } else if (geo_.qk_norm == model::QkNorm::kFullWidth) {
+    FERRY_TRY(be_.rms_norm({.out = f32(s_.q, {T, H * D}),
+                            .rstd = f32(s_.qk_rstd, {T}),
+                            .in = f32(s_.q_pre, {T, H * D}),
+                            .weight = p.q_norm,
+                            .eps = geo_.rms_eps},
+                           st_));
+    FERRY_TRY(be_.rms_norm({.out = f32(s_.k, {T, G * D}),
+                            .rstd = f32(s_.qk_rstd, {T}),
+                            .in = f32(s_.k_pre, {T, G * D}),
+                            .weight = p.k_norm,
+                            .eps = geo_.rms_eps},
+                           st_));
+  }
+  const ConstTensorView positions =
+      ConstTensorView::contiguous(step.pos, DType::kI32, Device::kCuda, {T});
+  const ConstTensorView inv_freq =
+      ConstTensorView::contiguous(inv_freq_, DType::kF32, Device::kCuda,
+                                  {static_cast<std::int64_t>(geo_.rope.inv_freq.size())});
+  FERRY_TRY(be_.rope({.x = f32(s_.q, {T, H, D}),
+                      .positions = positions,
+                      .inv_freq = inv_freq,
+                      .attention_scaling = geo_.rope.attention_scaling},
+                     st_));
+  FERRY_TRY(be_.rope({.x = f32(s_.k, {T, G, D}),
+                      .positions = positions,
+                      .inv_freq = inv_freq,
+                      .attention_scaling = geo_.rope.attention_scaling},
+                     st_));
+  // The step's keys and values join the cache before anyone reads it (same stream: ordered).
+  const kernels::cuda::PagedKvLayout layout{.base = kv_.base(),
+                                            .layer_stride = kv_.layer_stride_floats(),
+                                            .block_tokens = kv_.block_tokens(),
+                                            .G = geo_.kv_heads,
+                                            .D = geo_.head_dim};
+  FERRY_TRY(device::kv_write(layout, l, step, arena_.as<float>(s_.k), arena_.as<float>(s_.v), st_));
+  FERRY_TRY(device::paged_attention(layout, l, step, arena_.as<float>(s_.attn),
+                                    arena_.as<float>(s_.q), geo_.heads,
+                                    1.0f / std::sqrt(static_cast<float>(D)), st_));
+  FERRY_TRY(be_.gemm({.out = f32(s_.tmp, {T, C}),
+                      .a = f32(s_.attn, {T, H * D}),
+                      .b = p.o,
+                      .bias = p.o_bias,
+                      .trans_b = true},
+                     st_));
+  return be_.add({.out = f32(s_.x, {T, C}), .a = f32(s_.x, {T, C}), .b = f32(s_.tmp, {T, C})}, st_);
+}
+
+Status CudaModelRunner::mlp(int l, std::int64_t T) {
+  const auto& p = params_.layers[l];
+  const std::int64_t C = geo_.hidden, F = geo_.mlp_width;
+  const ConstTensorView h = f32(s_.h, {T, C});
+  FERRY_TRY(be_.gemm({.out = f32(s_.gate, {T, F}), .a = h, .b = p.gate, .trans_b = true}, st_));
+  FERRY_TRY(be_.gemm({.out = f32(s_.up, {T, F}), .a = h, .b = p.up, .trans_b = true}, st_));
+  FERRY_TRY(be_.swiglu(
+      {.out = f32(s_.act, {T, F}), .gate = f32(s_.gate, {T, F}), .up = f32(s_.up, {T, F})}, st_));
+  return be_.gemm(
+      {.out = f32(s_.tmp, {T, C}), .a = f32(s_.act, {T, F}), .b = p.down, .trans_b = true}, st_);
+}
+
+Status CudaModelRunner::moe(int l, const StepBatch& b) {
+  const auto& p = params_.layers[l];
+  const std::int64_t T = b.tokens(), C = geo_.hidden, E = geo_.experts, K = geo_.top_k;
+  auto* d_ids = arena_.as<std::int32_t>(s_.ids);
+  FERRY_TRY(be_.gemm({.out = f32(s_.router_logits, {T, E}),
+                      .a = f32(s_.h, {T, C}),
+                      .b = p.router,
+                      .trans_b = true},
+                     st_));
+  FERRY_TRY(be_.router({.weights = f32(s_.weights, {T, K}),
+                        .ids = i32(d_ids, {T, K}),
+                        .probs = f32(s_.probs, {T, E}),
+                        .logits = f32(s_.router_logits, {T, E}),
+                        .top_k = geo_.top_k,
+                        .renormalize = geo_.renormalize_topk},
+                       st_));
+  if (hook_ != nullptr) {
+    // The hook sees (and may force) the routing on the host: one round trip per MoE layer.
+    auto* h_ids = reinterpret_cast<std::int32_t*>(h_route_.data());
+    auto* h_w = reinterpret_cast<float*>(h_route_.data() + std::size_t(max_tokens_ * K) * 4);
+    auto* h_probs = h_w + max_tokens_ * K;
+    const std::size_t tk = std::size_t(T * K) * 4;
+    FERRY_TRY(te_.d2h(h_ids, d_ids, tk, st_));
+    FERRY_TRY(te_.d2h(h_w, arena_.data(s_.weights), tk, st_));
+    FERRY_TRY(te_.d2h(h_probs, arena_.data(s_.probs), std::size_t(T * E) * 4, st_));
+    FERRY_TRY(st_.synchronize());
+    FERRY_TRY(apply_routing_hook(*hook_, b, l, geo_, h_ids, h_probs, h_w, before_.data()));
+    FERRY_TRY(te_.h2d(d_ids, h_ids, tk, st_));
+    FERRY_TRY(te_.h2d(arena_.data(s_.weights), h_w, tk, st_));
+  }
+  FERRY_TRY(experts_.run_device(l, arena_.as<float>(s_.h), d_ids, T, arena_.as<float>(s_.eact),
+                                arena_.as<float>(s_.eout)));
+  return be_.moe_combine({.out = f32(s_.tmp, {T, C}),
+                          .expert_out = f32(s_.eout, {T * K, C}),
+                          .weights = f32(s_.weights, {T, K}),
+                          .slot_of = i32(arena_.as<std::int32_t>(s_.identity), {T, K})},
+                         st_);
+}
+
+Status CudaModelRunner::forward(const StepBatch& b, float* logits) {
+  const std::int64_t T = b.tokens(), C = geo_.hidden, V = geo_.vocab;
+  if (T <= 0 || T > max_tokens_) {
+    return invalid_argument("serve: step of {} tokens outside [1, {}]", T, max_tokens_);
+  }
+  FERRY_CHECK(b.positions.size() == b.ids.size() && b.seq_of.size() == b.ids.size(),
+              "serve: step batch fields disagree");
+  // Step inputs: [ids T | positions T | seq_of T | tables S x stride], one copy up.
+  const std::int64_t S = static_cast<std::int64_t>(b.tables.size());
+  std::int64_t stride = 1;
+  for (const BlockTable* t : b.tables) {
+    stride = std::max<std::int64_t>(stride, static_cast<std::int64_t>(t->blocks.size()));
+  }
+  FERRY_CHECK(S * stride <= table_capacity_, "serve: {} tables of {} blocks exceed the plan", S,
+              stride);
+  auto* h = reinterpret_cast<std::int32_t*>(h_step_.data());
+  std::copy(b.ids.begin(), b.ids.end(), h);
+  std::copy(b.positions.begin(), b.positions.end(), h + T);
+  std::copy(b.seq_of.begin(), b.seq_of.end(), h + 2 * T);
+  for (std::int64_t s = 0; s < S; ++s) {
+    const auto& blocks = b.tables[std::size_t(s)]->blocks;
+    std::int32_t* row = h + 3 * T + s * stride;
+    std::copy(blocks.begin(), blocks.end(), row);
+    std::fill(row + blocks.size(), row + stride, 0);
+  }
+  for (std::int64_t t = 0; t < T; ++t) {
+    const BlockTable& table = *b.tables[std::size_t(b.seq_of[std::size_t(t)])];
+    FERRY_CHECK(
+        b.positions[std::size_t(t)] >= 0 &&
+            b.positions[std::size_t(t)] < std::int64_t(table.blocks.size()) * kv_.block_tokens(),
+        "serve: position {} is not covered by its block table", b.positions[std::size_t(t)]);
+  }
+  std::int32_t* d = step_i32();
+  FERRY_TRY(te_.h2d(d, h, std::size_t(3 * T + S * stride) * 4, st_));
+  const kernels::cuda::PagedStep step{
+      .seq_of = d + 2 * T, .pos = d + T, .tables = d + 3 * T, .table_stride = int(stride), .T = T};
+
+  FERRY_TRY(be_.embedding({.out = f32(s_.x, {T, C}),
+                           .table = params_.embed,
+                           .ids = ConstTensorView::contiguous(d, DType::kI32, Device::kCuda, {T})},
+                          st_));
+  for (int l = 0; l < geo_.layers; ++l) {
+    const auto& p = params_.layers[l];
+    FERRY_TRY(be_.rms_norm({.out = f32(s_.h, {T, C}),
+                            .rstd = f32(s_.rstd, {T}),
+                            .in = f32(s_.x, {T, C}),
+                            .weight = p.attn_norm,
+                            .eps = geo_.rms_eps},
+                           st_));
+    FERRY_TRY(attention(l, T, step));
+    FERRY_TRY(be_.rms_norm({.out = f32(s_.h, {T, C}),
+                            .rstd = f32(s_.rstd, {T}),
+                            .in = f32(s_.x, {T, C}),
+                            .weight = p.mlp_norm,
+                            .eps = geo_.rms_eps},
+                           st_));
+    FERRY_TRY(geo_.layer_is_moe[l] ? moe(l, b) : mlp(l, T));
+    FERRY_TRY(
+        be_.add({.out = f32(s_.x, {T, C}), .a = f32(s_.x, {T, C}), .b = f32(s_.tmp, {T, C})}, st_));
+  }
+  const std::int64_t R = static_cast<std::int64_t>(b.logit_rows.size());
+  if (R == 0) return st_.synchronize();  // nothing to read; the pinned step buffer is free again
+  FERRY_CHECK(R <= max_tokens_, "serve: {} logit rows for a {}-token plan", R, max_tokens_);
+  for (std::int64_t r = 0; r < R; ++r) {
+    const std::int32_t t = b.logit_rows[std::size_t(r)];
+    FERRY_CHECK(t >= 0 && t < T, "serve: logit row {} outside the step", t);
+    FERRY_TRY(te_.d2d(arena_.as<float>(s_.rows_x) + r * C, arena_.as<float>(s_.x) + t * C,
+                      std::size_t(C) * 4, st_));
+  }
+  FERRY_TRY(be_.rms_norm({.out = f32(s_.rows_h, {R, C}),
+                          .rstd = f32(s_.rows_rstd, {R}),
+                          .in = f32(s_.rows_x, {R, C}),
+                          .weight = params_.final_norm,
+                          .eps = geo_.rms_eps},
+                         st_));
+  FERRY_TRY(be_.gemm({.out = f32(s_.logits, {R, V}),
+                      .a = f32(s_.rows_h, {R, C}),
+                      .b = params_.lm_head,
+                      .trans_b = true},
+                     st_));
+  FERRY_TRY(te_.d2h(h_logits_.data(), arena_.data(s_.logits), std::size_t(R * V) * 4, st_));
+  FERRY_TRY(st_.synchronize());
+  std::memcpy(logits, h_logits_.data(), std::size_t(R * V) * 4);
+  return ok_status();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ModelRunner>> ModelRunner::create_cuda(
+    const model::DecoderGeometry& geo, const model::ModelParams& params, KvCache& kv,
+    ExpertExecutor& experts, std::int64_t max_tokens, kernels::Backend& backend,
+    const float* d_inv_freq, mem::Stream& stream, mem::TransferEngine& te,
+    mem::MemoryBudget* shared) {
+  if (max_tokens <= 0) return invalid_argument("serve: max_tokens must be positive");
+  if (backend.device() != Device::kCuda || stream.device() != Device::kCuda) {
+    return invalid_argument("serve: the CUDA runner needs a CUDA backend and a CUDA stream");
+  }
+  if (static_cast<int>(params.layers.size()) != geo.layers) {
+    return invalid_argument("serve: {} layer parameter sets for {} layers", params.layers.size(),
+                            geo.layers);
+  }
+  if (kv.tier() != mem::MemTier::kDevice || (geo.experts > 0 && !experts.on_device())) {
+    return invalid_argument(
+        "serve: the CUDA runner needs the KV pool in GPU memory and a device expert executor");
+  }
+  if (geo.head_dim > 256) {
+    return unimplemented("serve: CUDA paged attention supports head dim <= 256, got {}",
+                         geo.head_dim);
+  }
+  auto r = std::make_unique<CudaModelRunner>(geo, params, kv, experts, max_tokens, backend,
+                                             d_inv_freq, stream, te);
+  FERRY_TRY(r->init(shared));
+  return std::unique_ptr<ModelRunner>(std::move(r));
+}
+
+}  // namespace ferry::serve
