@@ -20,6 +20,7 @@
 
 #include "apps/ferry/commands.h"
 #include "apps/ferry/miss_placement_flags.h"
+#include "apps/ferry/serve_device_flag.h"
 #include "core/file_util.h"
 #include "core/json.h"
 #include "core/log.h"
@@ -57,6 +58,7 @@ struct GenerateConfig {
   double device_budget_mib = 0;
   int kv_block_tokens = 16;
   std::string record_trace, replay_trace, synthetic_trace;
+  std::string device = "cpu";
   bool json = false;
 };
 
@@ -180,7 +182,9 @@ int run_generate(const GenerateConfig& cfg) {
   auto ec = engine_config(cfg, geo);
   if (!ec.ok()) return fail(ec.status());
   ec->max_seq_len = static_cast<int>(holder->config().max_position_embeddings);
-  auto engine = serve::Engine::create(geo, holder->params(), *ec);
+  auto backend = serve_backend(cfg.device);
+  if (!backend.ok()) return fail(backend.status());
+  auto engine = serve::Engine::create(geo, holder->params(), *ec, **backend);
   if (!engine.ok()) return fail(engine.status());
   serve::Engine& eng = **engine;
 
@@ -250,6 +254,8 @@ int run_generate(const GenerateConfig& cfg) {
               {"ttft_s", ttft_s.value_or(0.0)},
               {"total_s", total_s},
               {"kv_blocks_peak", eng.stats().kv_blocks_peak},
+              {"device", cfg.device},
+              {"device_weight_bytes", eng.device_weight_bytes()},
               {"device_peak_bytes", eng.device_budget().bytes_peak()},
               {"expert_device_bytes", ex.device_bytes()},
               {"static_bytes_copied", ex.counters().static_bytes_copied}};
@@ -355,6 +361,7 @@ void register_generate(CLI::App& app, CommandFn& run) {
                   ->check(CLI::IsMember({"calibrated", "spread"}));
   rep->excludes(syn);
   rec->excludes(rep)->excludes(syn);
+  add_serve_device_flag(cmd, cfg->device);
   cmd->add_flag("--json", cfg->json, "JSON output: ids, text, timings, pager counters");
   cmd->callback([cfg, &run, prompt, ids] {
     if (prompt->count() == 0 && ids->count() == 0) {

@@ -27,6 +27,7 @@
 
 #include "apps/ferry/commands.h"
 #include "apps/ferry/miss_placement_flags.h"
+#include "apps/ferry/serve_device_flag.h"
 #include "model/model_binding.h"
 #include "model/tokenizer/tokenizer.h"
 #include "serve/builtin_model.h"
@@ -55,6 +56,7 @@ struct ServeCliConfig {
   int max_batch_tokens = 64;
   double kv_budget_mib = 64;
   double device_budget_mib = 0;
+  std::string device = "cpu";
   int kv_block_tokens = 16;
   bool no_prefix_cache = false;
   int default_max_tokens = 16;
@@ -184,7 +186,13 @@ int run_serve(const ServeCliConfig& c) {
       return fail(st);
     }
   }
-  auto engine = serve::Engine::create(geo, params, ec);
+  if (c.device == "cuda" && c.split == "auto") {
+    // MV-WSA resizes the KV pool, which the CUDA engine cannot do yet (docs/serve.md).
+    return fail(unimplemented("serve: --split auto is not implemented with --device cuda"));
+  }
+  auto backend = serve_backend(c.device);
+  if (!backend.ok()) return fail(backend.status());
+  auto engine = serve::Engine::create(geo, params, ec, **backend);
   if (!engine.ok()) return fail(engine.status());
   std::unique_ptr<serve::wsa::LiveSplit> live;
   if (auto_split) {
@@ -250,6 +258,7 @@ void register_serve(CLI::App& app, CommandFn& run) {
       ->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--kv-budget-mib", c->kv_budget_mib, "KV block pool budget in MiB")
       ->check(CLI::Range(0.001, 1e9));
+  add_serve_device_flag(cmd, c->device);
   cmd->add_option("--device-budget-mib", c->device_budget_mib,
                   "one device budget over KV blocks and expert slots/staging (0: none)")
       ->check(CLI::Range(0.0, 1e9));
