@@ -110,10 +110,11 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
            {"steps", c.steps},
            {"warmup", c.warmup},
            {"peak_tflops", peak / 1e12},
+           {"optimizer", describe(c.optim)},
            {"policies", Json::array()}};
   AdamWConfig adamw;
   for (const std::string& name : c.policies) {
-    FERRY_ASSIGN_OR_RETURN(auto state, TrainState::from_loaded(*loaded));
+    FERRY_ASSIGN_OR_RETURN(auto state, TrainState::from_loaded(*loaded, c.optim, c.seed));
     FERRY_ASSIGN_OR_RETURN(const stream::ActivationPolicy pol,
                            stream::parse_policy(name, geo.layers));
     const stream::StreamOptions so{.policy = pol,
@@ -190,10 +191,10 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
 std::string format_train_bench(const Json& r) {
   std::string out = fmt::format(
       "bench train on {} | {} layers, hidden {}, {:.3g} B params | batch {} x seq {} | {} timed "
-      "steps\n",
+      "steps | {}\n",
       r["device"].get<std::string>(), r["geometry"]["layers"].get<int>(),
       r["geometry"]["hidden"].get<int>(), r["params"].get<double>() / 1e9, r["batch"].get<int>(),
-      r["seq"].get<std::int64_t>(), r["steps"].get<int>());
+      r["seq"].get<std::int64_t>(), r["steps"].get<int>(), r["optimizer"].get<std::string>());
   out += fmt::format("{:<22} {:>10} {:>10} {:>8} {:>8} {:>6} {:>11} {:>12}\n", "policy", "step ms",
                      "tok/s", "TFLOPS", "hw", "MFU%", "exposed ms", "device peak");
   for (const Json& p : r["policies"]) {

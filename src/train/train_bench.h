@@ -18,6 +18,7 @@
 #include "core/result.h"
 #include "mem/budget.h"
 #include "train/builtin_model.h"
+#include "train/optim/optim_modes.h"
 
 namespace ferry::train {
 
@@ -31,6 +32,7 @@ struct TrainBenchConfig {
   std::vector<std::string> policies{"device", "every:4", "host"};
   int prefetch = 2;
   int optimizer_threads = 0;  // StreamOptions::optimizer_threads
+  OptimMode optim;            // master weights x optimizer states (GPU: fp32 master)
   std::size_t device_budget_bytes = mem::MemoryBudget::kUnlimited;
   double peak_tflops = 0;  // MFU denominator; 0: the GPU's known peak
   std::uint64_t seed = 1;
