@@ -7,7 +7,8 @@
 # GPU and the PyTorch baseline (tools/bench/train_torch_baseline.py) on the same geometry, and a
 # ratio summary. Geometry: FERRY_BENCH_GEOM (ferry bench train flags; default: Qwen2.5-3B layer
 # shapes, 8 layers, vocab 259). Files in $OUT: build.log gpu_test.log memcheck.log
-# bench_train.json torch_train.json summary.log.
+# bench_train.json torch_train.json summary.log (+ bench_train_extra.json with
+# FERRY_BENCH_EXTRA, train_cuda.log: `ferry train --device cuda --plan auto` on the embedded task).
 # Exit status: non-zero when the build or the tests fail (the benchmark still runs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,10 +35,10 @@ FILTER=${FERRY_GPU_FILTER:-TrainStreamGpu.*}
 timeout 300 "$GT" --gtest_filter="$FILTER" >"$OUT/gpu_test.log" 2>&1 || status=1
 grep -E "^\[  PASSED|^\[  FAILED|^\[  SKIPPED|^\[       OK|train_stream_gpu|Failure|Expected|Which is|error" \
   "$OUT/gpu_test.log" | head -80
+MEMCHECK=${FERRY_MEMCHECK_FILTER:-TrainStreamGpu.DenseGradients*:TrainStreamGpu.DenseEvery*}
 if command -v compute-sanitizer >/dev/null 2>&1; then
   timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$GT" \
-    --gtest_filter='TrainStreamGpu.DenseGradients*:TrainStreamGpu.DenseEvery*' >"$OUT/memcheck.log" 2>&1 ||
-    status=1
+    --gtest_filter="$MEMCHECK" >"$OUT/memcheck.log" 2>&1 || status=1
   grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/memcheck.log" | head -5
 fi
 
@@ -46,6 +47,16 @@ RUN=${FERRY_BENCH_RUN:---batch-size 4 --seq-len 1024 --steps 4 --warmup 1}
 POL=${FERRY_BENCH_POLICIES:-device,every:4,host}
 timeout 400 "$FERRY" bench train --device cuda $GEOM $RUN --policies "$POL" \
   --json "$OUT/bench_train.json" >"$OUT/summary.log" 2>&1 || echo "bench train failed (see summary.log)"
+if [ -n "${FERRY_BENCH_EXTRA:-}" ]; then  # a second bench, e.g. 8-bit states, larger batch
+  timeout 300 "$FERRY" bench train --device cuda $GEOM $FERRY_BENCH_EXTRA \
+    --json "$OUT/bench_train_extra.json" >>"$OUT/summary.log" 2>&1 || echo "extra bench failed"
+fi
+# The CLI end to end on the GPU: the embedded task, a plan solved for a budget, windows reported.
+timeout 120 "$FERRY" train --device cuda --plan auto --device-budget-mib 2000 --max-steps 40 \
+  --eval-every 0 --output-dir /tmp/ferry_train_cuda --log-every 10 >"$OUT/train_cuda.log" 2>&1 ||
+  echo "ferry train --device cuda failed (train_cuda.log)"
+{ grep -E "executor|step +(10|20|30|40)/" "$OUT/train_cuda.log"; tail -28 "$OUT/train_cuda.log"; } \
+  >>"$OUT/summary.log"
 cat "$OUT/summary.log"
 PY=python3
 $PY -c "import transformers" 2>/dev/null || PY=/opt/torch/.venv/bin/python3

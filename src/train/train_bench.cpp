@@ -11,6 +11,7 @@
 #include "mem/budget.h"
 #include "mem/device_info.h"
 #include "model/model_binding.h"
+#include "train/batcher.h"
 #include "train/rng.h"
 #include "train/step_flops.h"
 #include "train/stream/activation_policy.h"
@@ -23,33 +24,24 @@ namespace ferry::train {
 namespace {
 
 // B sequences of exactly S random tokens, next-token targets (the last one ignored).
-struct SyntheticBatch {
-  std::vector<std::int32_t> ids, pos, cu, tg;
-  model::PackedBatch view() const {
-    auto v = [](const std::vector<std::int32_t>& x) {
-      return ConstTensorView::contiguous(x.data(), DType::kI32, Device::kCpu,
-                                         {static_cast<std::int64_t>(x.size())});
-    };
-    return {.ids = v(ids), .positions = v(pos), .cu_seqlens = v(cu), .targets = v(tg)};
-  }
-};
-
-SyntheticBatch make_batch(int batch, std::int64_t seq, int vocab, std::uint64_t seed) {
+MicroBatch make_batch(int batch, std::int64_t seq, int vocab, std::uint64_t seed) {
   Rng rng(seed);
-  SyntheticBatch b;
-  b.cu.push_back(0);
+  MicroBatch b;
+  b.cu_seqlens.push_back(0);
   for (int s = 0; s < batch; ++s) {
     const std::size_t first = b.ids.size();
     for (std::int64_t t = 0; t < seq; ++t) {
       b.ids.push_back(
           static_cast<std::int32_t>(rng.next_u64() % static_cast<std::uint64_t>(vocab)));
-      b.pos.push_back(static_cast<std::int32_t>(t));
+      b.positions.push_back(static_cast<std::int32_t>(t));
     }
     for (std::int64_t t = 0; t < seq; ++t) {
-      b.tg.push_back(t + 1 < seq ? b.ids[first + static_cast<std::size_t>(t) + 1] : -100);
+      b.targets.push_back(t + 1 < seq ? b.ids[first + static_cast<std::size_t>(t) + 1] : -100);
     }
-    b.cu.push_back(static_cast<std::int32_t>(b.ids.size()));
+    b.cu_seqlens.push_back(static_cast<std::int32_t>(b.ids.size()));
   }
+  b.useful_tokens = b.padded_tokens = b.tokens();
+  b.counted = b.tokens() - batch;
   return b;
 }
 
@@ -91,7 +83,7 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
   if (c.work_dir.empty()) std::filesystem::remove_all(dir);
   const model::DecoderGeometry& geo = loaded->geometry;
   const TokenMatmulParams tm = token_matmul_params(geo);
-  const SyntheticBatch batch = make_batch(c.batch, c.seq, geo.vocab, c.seed + 1);
+  const MicroBatch batch = make_batch(c.batch, c.seq, geo.vocab, c.seed + 1);
   const std::int64_t tokens = static_cast<std::int64_t>(c.batch) * c.seq;
 
   Json rep{{"bench", "train"},
@@ -149,7 +141,7 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
       loss_last = r.mean_loss();
       if (step >= c.warmup) {
         step_s.push_back(dt);
-        flops += micro_batch_flops(geo, tm, batch.cu, x.stats().layer_forwards - f0,
+        flops += micro_batch_flops(geo, tm, batch.cu_seqlens, x.stats().layer_forwards - f0,
                                    x.stats().layer_backwards - b0);
       }
     }
