@@ -11,6 +11,7 @@
 // them; later plans for that --machine use them instead of the assumed defaults.
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -22,6 +23,7 @@
 #include "core/file_util.h"
 #include "core/log.h"
 #include "model/config.h"
+#include "plan/bench_profile.h"
 #include "plan/compare.h"
 #include "plan/cost_model.h"
 #include "plan/geometry.h"
@@ -30,6 +32,7 @@
 #include "plan/profile.h"
 #include "plan/report.h"
 #include "plan/search.h"
+#include "train/builtin_model.h"
 #include "train/optim/optim_modes.h"
 
 namespace ferry::app {
@@ -59,6 +62,8 @@ struct PlanConfig {
   std::string gpu_caps = "24,40,80";
   bool no_policies = false;
   bool measure_machine = false;
+  std::string from_bench;       // `ferry bench train` JSON: predicted vs measured per policy
+  std::string write_profile;    // with --from-bench: write the measured profile (PATH or auto)
   std::string machine_profile;  // explicit machine profile (in or, with --measure-machine, out)
 };
 
@@ -247,9 +252,67 @@ Status resolve_host_state(PlanConfig& c) {
   return ok_status();
 }
 
+// --from-bench: the bench's all-on-GPU run as a measured profile; every benched policy priced
+// under it next to its measured step time (plan/bench_profile.h).
+Status run_from_bench(const PlanConfig& c) {
+  std::ifstream in(c.from_bench);
+  if (!in) return not_found("plan: --from-bench {}: cannot open", c.from_bench);
+  Json report;
+  try {
+    report = Json::parse(in);
+  } catch (const std::exception& e) {
+    return corrupt("plan: --from-bench {}: {}", c.from_bench, e.what());
+  }
+  if (report.value("bench", "") != "train") {
+    return invalid_argument("plan: --from-bench {} is not a `ferry bench train` report",
+                            c.from_bench);
+  }
+  // The benched model: the built-in Qwen3 layout at the report's geometry (train_bench.h).
+  const Json& g = report.at("geometry");
+  const train::BuiltinModelSpec spec{.layers = g.at("layers").get<int>(),
+                                     .hidden = g.at("hidden").get<int>(),
+                                     .heads = g.at("heads").get<int>(),
+                                     .kv_heads = g.at("kv_heads").get<int>(),
+                                     .head_dim = g.at("head_dim").get<int>(),
+                                     .intermediate = g.at("intermediate").get<int>(),
+                                     .max_positions = report.at("seq").get<int>()};
+  FERRY_ASSIGN_OR_RETURN(
+      model::ModelConfig cfg,
+      model::parse_model_config_text(train::builtin_config_json(spec), "bench train geometry"));
+  plan::MachineSpec machine;
+  machine.name = c.machine;
+  std::string mpath = c.machine_profile;
+  if (mpath.empty()) {
+    const std::string cached = plan::default_machine_profile_path(c.machine);
+    if (std::filesystem::exists(cached)) mpath = cached;
+  }
+  if (!mpath.empty()) {
+    FERRY_ASSIGN_OR_RETURN(plan::MachineProfile mp, plan::read_machine_profile(mpath));
+    plan::apply_machine_profile(mp, machine);
+    log::get("plan")->info("machine profile={} (link rates)", mpath);
+  }
+  FERRY_ASSIGN_OR_RETURN(const plan::BenchPrediction b, plan::predict_bench(report, cfg, machine));
+  std::printf("%s", plan::bench_prediction_text(b).c_str());
+  std::fflush(stdout);
+  if (!c.write_profile.empty()) {
+    const std::string path = c.write_profile == "auto"
+                                 ? plan::default_profile_path(c.machine, b.profile.geometry)
+                                 : c.write_profile;
+    FERRY_TRY(plan::write_profile(path, b.profile));
+    log::get("plan")->info("profile written to {}", path);
+  }
+  if (!c.json_out.empty()) {
+    std::ofstream out(c.json_out);
+    out << plan::to_json(b).dump(2) << "\n";
+    if (!out) return io_error("plan: cannot write {}", c.json_out);
+  }
+  return ok_status();
+}
+
 Status run_plan_status() {
   PlanConfig& c = plan_config();
   if (c.measure_machine) return run_measure_machine(c);
+  if (!c.from_bench.empty()) return run_from_bench(c);
   FERRY_TRY(resolve_host_state(c));
   if (!c.nvme_dir.empty() && !std::filesystem::is_directory(c.nvme_dir)) {
     return not_found("plan: --nvme-dir {} is not a directory", c.nvme_dir);
@@ -368,13 +431,19 @@ void register_plan(CLI::App& app, CommandFn& run) {
   cmd->add_flag("--measure-machine", c.measure_machine,
                 "measure this machine's link, NVMe, GEMM, attention and CPU-optimizer rates "
                 "(with --nvme-dir for NVMe) and cache them for --machine");
+  cmd->add_option("--from-bench", c.from_bench,
+                  "a `ferry bench train --json` report: its device run as a measured profile, and "
+                  "each benched policy's measured step next to the plan's prediction")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--write-profile", c.write_profile,
+                  "with --from-bench: write that profile here (auto: the cache for --machine)");
   cmd->add_option("--machine-profile", c.machine_profile,
                   "machine profile JSON to use (default: the cached one for --machine), or to "
                   "write with --measure-machine");
   cmd->callback([&run, cmd] {
     run = run_plan;
     plan_config().host_state_bytes_given = cmd->count("--host-state-bytes-per-param") > 0;
-    if (plan_config().measure_machine) return;
+    if (plan_config().measure_machine || !plan_config().from_bench.empty()) return;
     if (!plan_config().compare && cmd->count("--gpu-mem-gb") == 0) {
       throw CLI::RequiredError("--gpu-mem-gb");
     }

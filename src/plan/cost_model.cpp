@@ -15,6 +15,9 @@ Result<PlanProblem> analytic_problem(const model::ModelConfig& c, const MachineS
     return invalid_argument("plan: batch {} x seq {}: both must be >= 1", shape.batch_size,
                             shape.seq_len);
   }
+  if (!(shape.weight_bytes_per_param > 0 && shape.activation_bytes > 0)) {
+    return invalid_argument("plan: weight and activation bytes must be > 0");
+  }
   if (!(m.gemm_tflops > 0 && m.attn_fwd_tflops > 0 && m.attn_bwd_tflops > 0 && m.hbm_gbps > 0 &&
         m.cpu_optimizer_gparams_per_s > 0)) {
     return invalid_argument("plan: machine {}: compute rates must be > 0", m.name);
@@ -34,7 +37,7 @@ Result<PlanProblem> analytic_problem(const model::ModelConfig& c, const MachineS
 
   PlanProblem p;
   p.num_layers = L;
-  p.boundary_gb.assign(L + 1, N * C * kBf16 / kGB);
+  p.boundary_gb.assign(L + 1, N * C * shape.activation_bytes / kGB);
   p.layers.resize(L);
   double max_w = 0, max_g = 0;
   for (int j = 0; j < L; ++j) {
@@ -63,7 +66,7 @@ Result<PlanProblem> analytic_problem(const model::ModelConfig& c, const MachineS
     lc.fwd_ms = fwd;
     lc.rec_ms = fwd;
     lc.bwd_ms = bwd;
-    lc.weight_gb = params * kBf16 / kGB;
+    lc.weight_gb = params * shape.weight_bytes_per_param / kGB;
     lc.grad_gb = params * shape.grad_bytes_per_param / kGB;
     // Forward: norm out, q, k, v, attention out, gate, up, activation (transient).
     lc.work_fwd_gb = N * (2 * C + 2 * Q + 2 * K + 3 * F) * kBf16 / kGB;
@@ -74,7 +77,7 @@ Result<PlanProblem> analytic_problem(const model::ModelConfig& c, const MachineS
     max_g = std::max(max_g, lc.grad_gb);
   }
   const double head_params = V * C + C;  // lm_head (tied or not: streamed the same) + final norm
-  p.head_weight_gb = head_params * kBf16 / kGB;
+  p.head_weight_gb = head_params * shape.weight_bytes_per_param / kGB;
   p.head_grad_gb = head_params * shape.grad_bytes_per_param / kGB;
   const double chunk = std::min<double>(N, shape.ce_chunk_tokens);
   // lm_head weights + fp32 gradient accumulator, one chunk's fp32 logits and bf16 dlogits, the
@@ -89,7 +92,7 @@ Result<PlanProblem> analytic_problem(const model::ModelConfig& c, const MachineS
   const double a0 = p.boundary_gb[0];
   const double w0 = p.layers[0].weight_gb, g0 = p.layers[0].grad_gb;
   const double opt_rate = m.cpu_optimizer_gparams_per_s * kGB / 1e3;  // params per ms
-  const double layer0_params = w0 * kGB / kBf16;
+  const double layer0_params = w0 * kGB / shape.weight_bytes_per_param;
   const double rows_params = std::min(V, N) * C;
   p.step_fixed_ms = (a0 + w0) / r.h2d_gbps * 1e3 + (a0 + g0) / r.d2h_gbps * 1e3 +
                     (layer0_params + rows_params) / opt_rate;

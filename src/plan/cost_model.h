@@ -35,9 +35,13 @@ struct TrainShape {
   int seq_len = 1024;
   double host_state_bytes_per_param = 16;  // bf16 weights + fp32 master + fp32 m, v + bf16 grads
   double grad_bytes_per_param = 2;         // gradients leave the GPU in bf16
-  int prefetch_depth = 2;                  // layers of weights in flight ahead of compute
-  int ce_chunk_tokens = 2048;              // tokens per fused lm_head + cross-entropy chunk
-  int max_span = 4;                        // R of the MILP
+  // Bytes per streamed weight and per boundary activation element: 2 (bf16, the design) or 4
+  // (the stream executor today streams f32 weights and keeps f32 boundaries: bench_profile.h).
+  double weight_bytes_per_param = 2;
+  double activation_bytes = 2;
+  int prefetch_depth = 2;      // layers of weights in flight ahead of compute
+  int ce_chunk_tokens = 2048;  // tokens per fused lm_head + cross-entropy chunk
+  int max_span = 4;            // R of the MILP
 };
 
 struct Capacities {

@@ -40,8 +40,12 @@ struct Transfer {
 // What a plan costs under a PlanProblem (filled by evaluate()).
 struct Prediction {
   double gpu_step_ms = 0;  // compute + exposed transfers + step_fixed
-  double step_ms = 0;      // max(gpu_step_ms, cpu_optimizer_ms): the step as predicted
-  double compute_ms = 0;   // sum of window compute, incl. recompute
+  double step_ms = 0;      // max(gpu_step_ms + optimizer_wait_ms, cpu_optimizer_ms)
+  // Forward windows held back by the CPU optimizer: the update of the previous step runs layer by
+  // layer from the step's start (units in forward order) and layer i's forward needs layer i's
+  // update (the executor's LayerOptimizer gate); beyond the layer-0 update step_fixed_ms counts.
+  double optimizer_wait_ms = 0;
+  double compute_ms = 0;  // sum of window compute, incl. recompute
   double recompute_ms = 0;
   double exposed_ms = 0;    // transfer time no compute hides
   double objective_ms = 0;  // gpu_step_ms + move penalty (what the solvers minimize)

@@ -18,6 +18,7 @@ Result<Home> home_from_string(const std::string& s) {
 Json prediction_to_json(const Prediction& r) {
   return {{"step_ms", r.step_ms},
           {"gpu_step_ms", r.gpu_step_ms},
+          {"optimizer_wait_ms", r.optimizer_wait_ms},
           {"compute_ms", r.compute_ms},
           {"recompute_ms", r.recompute_ms},
           {"exposed_ms", r.exposed_ms},
@@ -37,6 +38,7 @@ Prediction prediction_from_json(const Json& j) {
   Prediction r;
   r.step_ms = j.at("step_ms").get<double>();
   r.gpu_step_ms = j.at("gpu_step_ms").get<double>();
+  r.optimizer_wait_ms = j.value("optimizer_wait_ms", 0.0);  // absent in plans written before it
   r.compute_ms = j.at("compute_ms").get<double>();
   r.recompute_ms = j.at("recompute_ms").get<double>();
   r.exposed_ms = j.at("exposed_ms").get<double>();

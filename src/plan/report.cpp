@@ -32,9 +32,10 @@ std::string plan_text(const PlanProblem& p, const Plan& plan) {
   }
   s += fmt::format(
       "\npredicted step {:.1f} ms (gpu {:.1f}: compute {:.1f} incl. recompute {:.1f}, exposed "
-      "{:.2f}, serial {:.1f}; cpu optimizer {:.1f}), {:.1f} TFLOPS (6*N*B*S / step)\n",
+      "{:.2f}, serial {:.1f}; forward held by the optimizer {:.1f}; cpu optimizer {:.1f}), {:.1f} "
+      "TFLOPS (6*N*B*S / step)\n",
       r.step_ms, r.gpu_step_ms, r.compute_ms, r.recompute_ms, r.exposed_ms, p.step_fixed_ms,
-      p.cpu_optimizer_ms, r.tflops);
+      r.optimizer_wait_ms, p.cpu_optimizer_ms, r.tflops);
   s += fmt::format(
       "peak memory: gpu {:.2f} / {:.2f} GB ({}), host {:.2f} / {:.2f} GB, nvme {:.2f} "
       "/ {:.2f} GB\n",

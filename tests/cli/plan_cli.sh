@@ -80,4 +80,27 @@ PY
   > /dev/null 2> "$TMP/err" || { echo "plan with machine profile failed"; cat "$TMP/err"; exit 1; }
 grep -q "machine profile=$TMP/cache/plan/machine__testbox.json" "$TMP/err" ||
   { echo "machine profile not used"; cat "$TMP/err"; exit 1; }
+
+# --from-bench: a `ferry bench train` report measured on the H200 (committed with the bench) gives
+# a profile and predicted vs measured per policy; --write-profile auto caches the profile, which a
+# later plan for that geometry then uses.
+BENCH="$ROOT/bench/train/results/h200_2026-11-30_bench_train.json"
+"$FERRY" plan --from-bench "$BENCH" --machine testbox --write-profile auto --json "$TMP/pvm.json" \
+  > "$TMP/out" 2> "$TMP/err" || { echo "from-bench failed"; cat "$TMP/err"; exit 1; }
+grep -q "checkpoint-every-4" "$TMP/out" || { echo "no every:4 prediction"; cat "$TMP/out"; exit 1; }
+python3 - "$TMP/pvm.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+checks = {c["policy"]: c for c in j["checks"]}
+assert set(checks) == {"device", "every:4", "host"}, checks.keys()
+for c in checks.values():
+    assert c["measured_step_ms"] > 0 and c["predicted_step_ms"] > 0, c
+assert j["profile"]["format"] == "ferry-plan-profile" and len(j["profile"]["layers"]) == 8
+PY
+ls "$TMP"/cache/plan/testbox__qwen3-L8-*.json > /dev/null ||
+  { echo "profile not cached"; ls -R "$TMP/cache"; exit 1; }
+set +e
+"$FERRY" plan --from-bench "$TMP/err" > /dev/null 2> "$TMP/err2"; rc=$?
+set -e
+[ "$rc" -ne 0 ] && grep -q "from-bench" "$TMP/err2" || { echo "bad report not refused"; exit 1; }
 echo "plan cli: ok"

@@ -1,0 +1,140 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "plan/bench_profile.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "plan/evaluate.h"
+#include "plan/policies.h"
+
+namespace ferry::plan {
+
+namespace {
+
+const Json* find_policy(const Json& report, const std::string& name) {
+  for (const Json& p : report.at("policies")) {
+    if (p.value("policy", "") == name && !p.contains("error")) return &p;
+  }
+  return nullptr;
+}
+
+// Measured window time minus exposed time, window t.
+double compute_ms(const Json& windows, int t) {
+  return windows.at("measured_ms").at(t).get<double>() -
+         windows.at("measured_exposed_ms").at(t).get<double>();
+}
+
+}  // namespace
+
+std::string plan_policy_name(const std::string& p) {
+  if (p == "device") return "all-gpu";
+  if (p == "host") return "all-host";
+  if (p.rfind("every:", 0) == 0 && p.find(':', 6) == std::string::npos) {
+    return "checkpoint-every-" + p.substr(6);
+  }
+  return "";
+}
+
+Result<BenchPrediction> predict_bench(const Json& report, const model::ModelConfig& cfg,
+                                      const MachineSpec& machine) {
+  const int L = static_cast<int>(cfg.num_hidden_layers);
+  const Json* dev = find_policy(report, "device");
+  if (dev == nullptr) {
+    return invalid_argument(
+        "plan: the bench report has no successful `device` policy run (the profile is taken "
+        "from the all-on-GPU run; bench with --policies device,...)");
+  }
+  const Json& w = dev->at("windows");
+  if (static_cast<int>(w.at("measured_ms").size()) != 2 * L + 1) {
+    return invalid_argument("plan: the bench report has {} windows, the model {} layers",
+                            w.at("measured_ms").size(), L);
+  }
+  const int batch = report.at("batch").get<int>();
+  const int seq = report.at("seq").get<int>();
+  const int steps = report.at("steps").get<int>(), warmup = report.at("warmup").get<int>();
+
+  BenchPrediction out;
+  Profile& prof = out.profile;
+  prof.machine = machine.name;
+  prof.geometry = geometry_key(cfg);
+  prof.batch_size = batch;
+  prof.seq_len = seq;
+  prof.measured_by = fmt::format("ferry bench train on {} (policy device, {} timed steps)",
+                                 report.value("device", "?"), steps);
+  prof.link = machine.link;
+  double windows_ms = 0;
+  for (int j = 0; j < L; ++j) {
+    const double f = compute_ms(w, j), b = compute_ms(w, 2 * L - j);
+    prof.layers.push_back({.fwd_ms = f, .bwd_ms = b, .rec_ms = f});
+  }
+  prof.loss_ms = compute_ms(w, L);
+  for (const Json& v : w.at("measured_ms")) windows_ms += v.get<double>();
+  prof.cpu_optimizer_ms =
+      dev->at("optimizer_busy_s").get<double>() * 1e3 / static_cast<double>(steps + warmup);
+  out.serial_ms = std::max(0.0, dev->at("step_ms_mean").get<double>() - windows_ms);
+
+  const TrainShape shape{.batch_size = batch,
+                         .seq_len = seq,
+                         .grad_bytes_per_param = 4,
+                         .weight_bytes_per_param = 4,
+                         .activation_bytes = 4};
+  const Capacities caps{.gpu_gb = 1e6, .host_gb = 1e6, .nvme_gb = 0};
+  FERRY_ASSIGN_OR_RETURN(PlanProblem problem, analytic_problem(cfg, machine, shape, caps));
+  FERRY_TRY(apply_profile(prof, problem));
+  problem.cpu_optimizer_ms = prof.cpu_optimizer_ms;
+  // The serial part as measured, plus layer 0's update, which the model counts as serial
+  // (step_fixed_ms) while the executor waits for it inside window f0.
+  double total_w = 0;
+  for (const LayerCost& lc : problem.layers) total_w += lc.weight_gb;
+  problem.step_fixed_ms =
+      out.serial_ms + prof.cpu_optimizer_ms * problem.layers[0].weight_gb / total_w;
+  for (const Json& p : report.at("policies")) {
+    const std::string name = p.value("policy", "");
+    const std::string plan_name = plan_policy_name(name);
+    if (plan_name.empty() || p.contains("error")) continue;
+    FERRY_ASSIGN_OR_RETURN(const FixedPolicy fp, fixed_policy_by_name(plan_name, L));
+    FERRY_ASSIGN_OR_RETURN(const Plan plan, solve_policy(problem, fp));
+    const Prediction& pr = plan.predicted;
+    out.checks.push_back({.policy = name,
+                          .plan_policy = plan_name,
+                          .measured_ms = p.at("step_ms_mean").get<double>(),
+                          .predicted_ms = pr.step_ms,
+                          .measured_exposed_ms = p.at("exposed_ms_per_step").get<double>(),
+                          .predicted_exposed_ms = pr.exposed_ms + pr.optimizer_wait_ms});
+  }
+  return out;
+}
+
+Json to_json(const BenchPrediction& b) {
+  Json checks = Json::array();
+  for (const BenchCheck& c : b.checks) {
+    checks.push_back({{"policy", c.policy},
+                      {"plan_policy", c.plan_policy},
+                      {"measured_step_ms", c.measured_ms},
+                      {"predicted_step_ms", c.predicted_ms},
+                      {"error", c.error()},
+                      {"measured_exposed_ms", c.measured_exposed_ms},
+                      {"predicted_exposed_ms", c.predicted_exposed_ms}});
+  }
+  return {{"what", "plan predictions under the profile measured by the bench's device run"},
+          {"profile", to_json(b.profile)},
+          {"serial_ms", b.serial_ms},
+          {"checks", checks}};
+}
+
+std::string bench_prediction_text(const BenchPrediction& b) {
+  std::string s =
+      fmt::format("profile from {} | serial part {:.1f} ms | cpu optimizer {:.1f} ms/step\n",
+                  b.profile.measured_by, b.serial_ms, b.profile.cpu_optimizer_ms);
+  s += fmt::format("{:<10} {:<20} {:>12} {:>13} {:>8} {:>12} {:>13}\n", "policy", "plan policy",
+                   "measured ms", "predicted ms", "error", "exposed ms", "predicted exp");
+  for (const BenchCheck& c : b.checks) {
+    s += fmt::format("{:<10} {:<20} {:>12.1f} {:>13.1f} {:>+7.1f}% {:>12.1f} {:>13.1f}\n", c.policy,
+                     c.plan_policy, c.measured_ms, c.predicted_ms, 100 * c.error(),
+                     c.measured_exposed_ms, c.predicted_exposed_ms);
+  }
+  return s;
+}
+
+}  // namespace ferry::plan

@@ -1,0 +1,56 @@
+// SPDX-License-Identifier: Apache-2.0
+// Predicted vs measured (issue #7) from a `ferry bench train` report (src/train/train_bench.h,
+// measured on the GPU): the report's all-on-GPU run becomes a measured plan Profile (profile.h) —
+// per layer, forward = the forward window's GPU time minus its exposed time, backward likewise
+// (it includes the re-run of the layer's internals), recompute = forward; the loss window; the
+// CPU optimizer's busy time per step — and every other benched policy the planner knows
+// (every:K = checkpoint-every-K, host = all-host, device = all-gpu) is priced under that profile
+// and set next to its measured step time.
+//
+// What is measured and what is modelled: layer compute times come from the device run; link
+// rates from the machine description (MachineSpec, or a measured machine profile); the serial
+// part outside the windows (embedding, flushes, the step's end) is the device run's step time
+// minus its windows, assumed the same for every policy. Transfers (boundaries out and back,
+// re-streamed weights of recompute), their overlap with compute and the forward windows held
+// back by the CPU optimizer (Prediction::optimizer_wait_ms) are the model's — so the device run
+// itself checks the optimizer model and the other policies check transfers and recompute.
+// The stream executor streams f32 weights and keeps f32 boundaries today: the problem is built
+// with 4 bytes per weight, gradient and activation element.
+// Tests: tests/unit/plan/bench_profile_test.cpp.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/json.h"
+#include "core/result.h"
+#include "model/config.h"
+#include "plan/cost_model.h"
+#include "plan/profile.h"
+
+namespace ferry::plan {
+
+struct BenchCheck {
+  std::string policy;       // the executor's name ("every:4")
+  std::string plan_policy;  // the planner's ("checkpoint-every-4")
+  double measured_ms = 0, predicted_ms = 0;
+  double measured_exposed_ms = 0, predicted_exposed_ms = 0;  // predicted: link + optimizer wait
+  double error() const { return predicted_ms / measured_ms - 1.0; }
+};
+
+struct BenchPrediction {
+  Profile profile;
+  double serial_ms = 0;  // the device run's step time outside the windows
+  std::vector<BenchCheck> checks;
+};
+
+// The planner's name of an executor policy, or "" when it has none.
+std::string plan_policy_name(const std::string& executor_policy);
+
+// cfg: the benched model's config (its layer count and seq must match the report).
+Result<BenchPrediction> predict_bench(const Json& report, const model::ModelConfig& cfg,
+                                      const MachineSpec& machine);
+Json to_json(const BenchPrediction& b);
+std::string bench_prediction_text(const BenchPrediction& b);
+
+}  // namespace ferry::plan
