@@ -153,6 +153,13 @@ class Engine {
   // True for the CUDA engine; the bytes of weights it holds in GPU memory (0 on the CPU).
   bool on_cuda() const { return streams_ != nullptr; }
   std::size_t device_weight_bytes() const;
+  // The CUDA engine's transfer engine (its counters: every H2D/D2H byte of the engine); null on
+  // the CPU, whose expert copies go through mem::host_transfer_engine().
+  const mem::TransferEngine* transfer_engine() const { return te_.get(); }
+  // Host waits on the device so far (runner + expert executor; CUDA engine, 0 on the CPU).
+  std::uint64_t host_syncs() const {
+    return runner_->host_syncs() + experts_->counters().host_syncs;
+  }
   const model::DecoderGeometry& geometry() const { return geo_; }
 
  private:

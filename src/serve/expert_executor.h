@@ -37,6 +37,8 @@ struct ExecutorCounters {
   // Paged misses not copied (PagerConfig's miss placement): computed from the host store because
   // the cost model found that cheaper, or bypassed by admission (a one-off; no eviction).
   std::uint64_t cpu_misses = 0, bypassed = 0;
+  // CUDA engine: host waits for the routed ids (paged, cpu-experts: one per MoE layer and step).
+  std::uint64_t host_syncs = 0;
 };
 
 // Splits tokens [0, T) into consecutive groups whose distinct experts not in `hot` number at most

@@ -167,6 +167,7 @@ Status ExpertExecutor::run_device(int layer, const float* d_x, const std::int32_
     if (mode_ == ExpertMode::kCpuExperts) {
       FERRY_TRY(te.d2h(s.h_x.data(), d_x, std::size_t(T * C) * sizeof(float), cs));
     }
+    ++counters_.host_syncs;
     FERRY_TRY(cs.synchronize());
     for (std::int64_t i = 0; i < rows; ++i) {
       if (h_ids[i] < 0 || h_ids[i] >= E) {

@@ -90,6 +90,10 @@ class ModelRunner {
   void set_batch_invariant(bool on) { batch_invariant_ = on; }
   std::int64_t max_tokens() const { return max_tokens_; }
   const model::DecoderGeometry& geometry() const { return geo_; }
+  // Host waits on the device in forward() (CUDA runner: the logits read-back, one per step, and
+  // the routing hook's round trip, one per MoE layer); 0 on the CPU runner. The expert
+  // executor's own syncs are ExecutorCounters::host_syncs.
+  std::uint64_t host_syncs() const { return host_syncs_; }
 
  protected:
   ModelRunner(const model::DecoderGeometry& geo, const model::ModelParams& params, KvCache& kv,
@@ -116,6 +120,7 @@ class ModelRunner {
   kernels::Backend& be_;
   RoutingHook* hook_ = nullptr;
   bool batch_invariant_ = false;
+  std::uint64_t host_syncs_ = 0;
 
  private:
   // Planned buffers (see create()).

@@ -242,6 +242,7 @@ Status CudaModelRunner::moe(int l, const StepBatch& b) {
     FERRY_TRY(te_.d2h(h_ids, d_ids, tk, st_));
     FERRY_TRY(te_.d2h(h_w, arena_.data(s_.weights), tk, st_));
     FERRY_TRY(te_.d2h(h_probs, arena_.data(s_.probs), std::size_t(T * E) * 4, st_));
+    ++host_syncs_;
     FERRY_TRY(st_.synchronize());
     FERRY_TRY(apply_routing_hook(*hook_, b, l, geo_, h_ids, h_probs, h_w, before_.data()));
     FERRY_TRY(te_.h2d(d_ids, h_ids, tk, st_));
@@ -317,6 +318,7 @@ Status CudaModelRunner::forward(const StepBatch& b, float* logits) {
         be_.add({.out = f32(s_.x, {T, C}), .a = f32(s_.x, {T, C}), .b = f32(s_.tmp, {T, C})}, st_));
   }
   const std::int64_t R = static_cast<std::int64_t>(b.logit_rows.size());
+  ++host_syncs_;  // the step's one read-back (or, with no logits rows, its plain sync)
   if (R == 0) return st_.synchronize();  // nothing to read; the pinned step buffer is free again
   FERRY_CHECK(R <= max_tokens_, "serve: {} logit rows for a {}-token plan", R, max_tokens_);
   for (std::int64_t r = 0; r < R; ++r) {
