@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "core/process_memory.h"
 #include "core/timer.h"
 #include "kernels/backend.h"
 #include "mem/budget.h"
@@ -156,6 +157,13 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
     }
     const auto report = stream::make_window_report(geo.layers, c.steps, ws, wes, total_s);
     const double per = 1.0 / c.steps;
+    // The optimizer's time per step and a lower bound on how much of it compute hid: the forward
+    // windows' exposed time is at most what the forward waited for updates (it also holds weight
+    // copies), so 1 - that / optimizer time is a floor on the overlap.
+    const double opt_ms = x.optimizer_busy_s() * 1e3 / (c.warmup + c.steps);
+    double fwd_exposed_ms = 0;
+    for (int l = 0; l < geo.layers; ++l) fwd_exposed_ms += report.measured_exposed_ms[l];
+    const double hidden = opt_ms > 0 ? 1.0 - std::min(1.0, fwd_exposed_ms / opt_ms) : 1.0;
     rep["policies"].push_back(
         {{"policy", name},
          {"describe", pol.describe()},
@@ -166,6 +174,10 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
          {"hardware_tflops", flops.hardware / total_s / 1e12},
          {"mfu", peak > 0 ? flops.model / total_s / peak : 0.0},
          {"exposed_ms_per_step", (s.exposed_s - exposed0) * per * 1e3},
+         {"exposed_pct", 100 * (s.exposed_s - exposed0) / total_s},
+         {"optimizer_ms_per_step", opt_ms},
+         {"optimizer_hidden_pct_at_least", 100 * hidden},
+         {"host_peak_bytes", host_peak_rss_bytes()},
          {"device_peak_bytes", x.device_peak_bytes()},
          {"device_planned_bytes", x.device_planned_bytes()},
          {"host_bytes_per_param", x.arena().bytes_per_param()},
@@ -187,20 +199,23 @@ std::string format_train_bench(const Json& r) {
       r["device"].get<std::string>(), r["geometry"]["layers"].get<int>(),
       r["geometry"]["hidden"].get<int>(), r["params"].get<double>() / 1e9, r["batch"].get<int>(),
       r["seq"].get<std::int64_t>(), r["steps"].get<int>(), r["optimizer"].get<std::string>());
-  out += fmt::format("{:<22} {:>10} {:>10} {:>8} {:>8} {:>6} {:>11} {:>12}\n", "policy", "step ms",
-                     "tok/s", "TFLOPS", "hw", "MFU%", "exposed ms", "device peak");
+  out += fmt::format("{:<22} {:>10} {:>10} {:>8} {:>8} {:>6} {:>11} {:>8} {:>12} {:>10}\n",
+                     "policy", "step ms", "tok/s", "TFLOPS", "hw", "MFU%", "exposed ms", "opt ms",
+                     "device peak", "host peak");
   for (const Json& p : r["policies"]) {
     if (p.contains("error")) {
       out +=
           fmt::format("{:<22} {}\n", p["policy"].get<std::string>(), p["error"].get<std::string>());
       continue;
     }
-    out += fmt::format("{:<22} {:>10.1f} {:>10.0f} {:>8.2f} {:>8.2f} {:>6.1f} {:>11.1f} {:>12}\n",
-                       p["policy"].get<std::string>(), p["step_ms_median"].get<double>(),
-                       p["tokens_per_s"].get<double>(), p["model_tflops"].get<double>(),
-                       p["hardware_tflops"].get<double>(), 100 * p["mfu"].get<double>(),
-                       p["exposed_ms_per_step"].get<double>(),
-                       mem::format_bytes(p["device_peak_bytes"].get<std::size_t>()));
+    out += fmt::format(
+        "{:<22} {:>10.1f} {:>10.0f} {:>8.2f} {:>8.2f} {:>6.1f} {:>11.1f} {:>8.1f} {:>12} {:>10}\n",
+        p["policy"].get<std::string>(), p["step_ms_median"].get<double>(),
+        p["tokens_per_s"].get<double>(), p["model_tflops"].get<double>(),
+        p["hardware_tflops"].get<double>(), 100 * p["mfu"].get<double>(),
+        p["exposed_ms_per_step"].get<double>(), p["optimizer_ms_per_step"].get<double>(),
+        mem::format_bytes(p["device_peak_bytes"].get<std::size_t>()),
+        mem::format_bytes(p["host_peak_bytes"].get<std::size_t>()));
   }
   return out;
 }
