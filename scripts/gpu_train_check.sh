@@ -61,7 +61,7 @@ cat "$OUT/summary.log"
 PY=python3
 $PY -c "import transformers" 2>/dev/null || PY=/opt/torch/.venv/bin/python3
 # Same flags, torch spelling.
-TG=$(echo "$GEOM $RUN" | sed 's/--batch-size/--batch/; s/--seq-len/--seq/')
+TG=$(echo "$GEOM $RUN" | sed 's/--batch-size/--batch/; s/--seq-len/--seq/; s/--optimizer-states [a-z0-9]*//')
 timeout 300 $PY tools/bench/train_torch_baseline.py $TG --out "$OUT/torch_train.json" \
   >>"$OUT/summary.log" 2>&1 || echo "torch baseline failed (see summary.log)"
 $PY - "$OUT/bench_train.json" "$OUT/torch_train.json" <<'PYEOF' | tee -a "$OUT/summary.log"
