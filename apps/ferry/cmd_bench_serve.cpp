@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // `ferry bench serve [--model DIR | --geometry NAME] [--modes resident,static,cpu-experts,paged]
 //   [--budget-gib X | --expert-slots N] [--prompt-tokens P] [--decode-tokens D]
-//   [--trace FILE | --synthetic calibrated|spread] [--link-gbps G] [--policy P] [--seed S]
-//   [--miss-cost-model [--cpu-gflops F]] [--bypass-window N]
+//   [--trace FILE | --synthetic calibrated|spread|none] [--link-gbps G] [--policy P] [--seed S]
+//   [--miss-cost-model [--cpu-gflops F]] [--bypass-window N] [--device cpu|cuda]
 //   [--json OUT]`
+// --device cuda runs every mode on the CUDA engine (GPU 0); its roofline rate is a pinned
+// host->GPU copy measured in the same process, and pacing (--link-gbps) is refused there.
 // Prefill and single-stream decode throughput of every expert mode on one random-weight model
 // (or a loaded one) with the same prompt and forced routing; the measurement and the definitions
 // are in serve/bench/serve_bench.h, the geometries in serve/bench/bench_geometry.h. A table goes
@@ -16,6 +18,7 @@
 
 #include "apps/ferry/commands.h"
 #include "apps/ferry/miss_placement_flags.h"
+#include "apps/ferry/serve_device_flag.h"
 #include "core/log.h"
 #include "mem/budget.h"
 #include "model/model_binding.h"
@@ -43,6 +46,7 @@ struct BenchServeConfig {
   MissPlacementFlags miss;
   std::uint64_t seed = 1;
   std::string json_out;
+  std::string device = "cpu";
 };
 
 // MemAvailable of /proc/meminfo in bytes (0 if unknown).
@@ -63,6 +67,7 @@ std::string fmt_opt(const Json& j, const char* f) {
 
 void print_table(const Json& rep, const std::string& what) {
   std::printf("%s\n", what.c_str());
+  const bool cuda = rep["device"] == "cuda";
   std::printf("%-12s %12s %12s %8s %14s %10s %10s %22s %6s\n", "mode", "prefill t/s", "decode t/s",
               "hit", "h2d B/tok dec", "roofline%", "syncs/tok", "device peak/budget", "ids=");
   for (const Json& m : rep["modes"]) {
@@ -78,7 +83,7 @@ void print_table(const Json& rep, const std::string& what) {
                 p["tokens_per_s"].get<double>(), d["tokens_per_s"].get<double>(),
                 fmt_opt(d["hit_rate"], "{:.3f}").c_str(), d["h2d_bytes_per_token"].get<double>(),
                 fmt_opt(d["roofline_pct"], "{:.1f}").c_str(),
-                d["copy_syncs_per_token"].get<double>(),
+                d[cuda ? "host_syncs_per_token" : "copy_syncs_per_token"].get<double>(),
                 (mem::format_bytes(m["device_peak_bytes"]) + "/" +
                  (budget ? mem::format_bytes(budget) : std::string("none")))
                     .c_str(),
@@ -92,13 +97,27 @@ void print_table(const Json& rep, const std::string& what) {
               fmt_opt(r["paged_over_cpu_experts_prefill"], "{:.2f}x").c_str());
   std::printf(
       "hit = device hit rate of expert uses in decode; roofline%% = (h2d bytes / %.1f GB/s) / "
-      "decode time; syncs = host syncs of expert copies (other syncs not counted); resident runs "
-      "without the budget (reference); ids= same greedy ids as the reference\n",
-      rep["link"]["roofline_gbps"].get<double>());
+      "decode time; %s; resident runs without the budget (reference); ids= same greedy ids as "
+      "the reference\n",
+      rep["link"]["roofline_gbps"].get<double>(),
+      cuda ? "syncs = every host wait on the GPU (logits, routing hook, routed ids); f32 engine"
+           : "syncs = host syncs of expert copies (other syncs not counted)");
 }
 
 int run_bench_serve(const BenchServeConfig& cfg) {
   auto lg = log::get("serve");
+  // The backend first: --device cuda without CUDA or a GPU fails here, before any weights exist.
+  auto backend = serve_backend(cfg.device);
+  if (!backend.ok()) {
+    return fail(Status(backend.status().code(),
+                       "bench serve --device cuda: " + backend.status().message()));
+  }
+  const bool cuda = cfg.device == "cuda";
+  if (cuda && cfg.link_gbps > 0) {
+    return fail(invalid_argument(
+        "bench serve: --link-gbps paces the CPU engine's emulated tier only; with --device cuda "
+        "the copies run at the real link's rate (measured, used as the roofline)"));
+  }
   // Modes.
   serve::bench::ServeBenchConfig bc;
   for (const std::string& m : cfg.modes) {
@@ -136,8 +155,8 @@ int run_bench_serve(const BenchServeConfig& cfg) {
     if (avail > 0 && need > avail * 9 / 10) {
       return fail(resource_exhausted(
           "bench serve: geometry {} needs {} of host memory (f32 random weights and the packed "
-          "expert store; this CPU engine computes in f32), {} available; use --geometry "
-          "qwen3-30b-a3b-mini here, the full geometry on the GPU machine",
+          "expert store; the engine computes in f32), {} available; use --geometry "
+          "qwen3-30b-a3b-mini or qwen3-30b-a3b-2l",
           g->name, mem::format_bytes(need), mem::format_bytes(avail)));
     }
     lg->info("bench serve: building geometry={} params={} seed={}", g->name, pb.total, cfg.seed);
@@ -196,7 +215,7 @@ int run_bench_serve(const BenchServeConfig& cfg) {
                            cfg.trace_file, trace.top_k, trace.experts, geo.top_k, geo.experts));
     }
     trace_what = "file " + cfg.trace_file;
-  } else {
+  } else if (cfg.synthetic != "none") {
     std::vector<int> moe_layers;
     for (int l = 0; l < geo.layers; ++l) {
       if (geo.layer_is_moe[l]) moe_layers.push_back(l);
@@ -211,13 +230,26 @@ int run_bench_serve(const BenchServeConfig& cfg) {
                                          .seed = cfg.seed + 1});
     trace_what = "synthetic " + cfg.synthetic;
   }
-  bc.trace = &trace;
+  // none: the model's own router decides (no routing hook, so no hook round trip on CUDA).
+  const bool forced = !cfg.trace_file.empty() || cfg.synthetic != "none";
+  if (!forced) trace_what = "none (the model's own router)";
+  bc.trace = forced ? &trace : nullptr;
 
   bc.link_gbps = cfg.link_gbps;
+  bc.backend = cuda ? *backend : nullptr;
   const double memcpy_gbps = serve::bench::measure_host_copy_gbps();
-  bc.roofline_gbps = cfg.link_gbps > 0 ? cfg.link_gbps : memcpy_gbps;
-  lg->info("bench serve: modes={} prompt={} decode={} link_gbps={} memcpy_gbps={:.1f}",
-           cfg.modes.size(), cfg.prompt_tokens, cfg.decode_tokens, cfg.link_gbps, memcpy_gbps);
+  double pinned_gbps = 0;
+  if (cuda) {
+    auto g = serve::bench::measure_pinned_h2d_gbps();
+    if (!g.ok()) return fail(g.status());
+    pinned_gbps = *g;
+  }
+  bc.roofline_gbps = cuda ? pinned_gbps : cfg.link_gbps > 0 ? cfg.link_gbps : memcpy_gbps;
+  lg->info(
+      "bench serve: device={} modes={} prompt={} decode={} link_gbps={} memcpy_gbps={:.1f} "
+      "pinned_h2d_gbps={:.1f}",
+      cfg.device, cfg.modes.size(), cfg.prompt_tokens, cfg.decode_tokens, cfg.link_gbps,
+      memcpy_gbps, pinned_gbps);
 
   auto report = serve::bench::run_serve_bench(geo, params, bc);
   if (!report.ok()) return fail(report.status());
@@ -239,10 +271,15 @@ int run_bench_serve(const BenchServeConfig& cfg) {
   j["trace"] = trace_what;
   j["seed"] = cfg.seed;
   j["link"]["memcpy_gbps"] = memcpy_gbps;
+  j["link"]["pinned_h2d_gbps"] = cuda ? Json(pinned_gbps) : Json(nullptr);
   j["link"]["roofline_basis"] =
-      cfg.link_gbps > 0 ? "--link-gbps (copies paced to it)" : "measured memcpy rate (unpaced)";
+      cuda ? "pinned host->GPU 0 copy rate (256 MiB, best of 5) measured in this process; copies "
+             "not paced (pacing is CPU-only)"
+      : cfg.link_gbps > 0 ? "--link-gbps (copies paced to it)"
+                          : "measured memcpy rate (unpaced)";
   j["machine"] =
-      "CPU engine; device tier emulated in host memory (memcpy H2D), not a GPU measurement";
+      cuda ? "CUDA engine on GPU 0 (f32 weights, K/V and activations; pinned host expert store)"
+           : "CPU engine; device tier emulated in host memory (memcpy H2D), not a GPU measurement";
   if (cfg.json_out != "-") {
     print_table(j, what + "; trace " + trace_what + "; sizing: " + budget_basis);
   }
@@ -266,8 +303,8 @@ void register_bench_serve(CLI::App& app, CommandFn& run) {
                     ->check(CLI::ExistingDirectory);
   auto* geometry =
       cmd->add_option("--geometry", cfg->geometry,
-                      "built-in random-weight geometry: qwen3-30b-a3b, qwen3-30b-a3b-mini "
-                      "(default), serve-builtin, tiny");
+                      "built-in random-weight geometry: qwen3-30b-a3b, qwen3-30b-a3b-2l, "
+                      "qwen3-30b-a3b-mini (default), serve-builtin, tiny");
   model->excludes(geometry);
   cmd->add_option("--modes", cfg->modes, "modes to run, in order (the first is the reference)")
       ->delimiter(',')
@@ -285,8 +322,9 @@ void register_bench_serve(CLI::App& app, CommandFn& run) {
   auto* trace = cmd->add_option("--trace", cfg->trace_file, "routing trace file to replay")
                     ->check(CLI::ExistingFile);
   auto* syn =
-      cmd->add_option("--synthetic", cfg->synthetic, "synthetic trace profile (default calibrated)")
-          ->check(CLI::IsMember({"calibrated", "spread"}));
+      cmd->add_option("--synthetic", cfg->synthetic,
+                      "synthetic trace profile (default calibrated); none: the model's own router")
+          ->check(CLI::IsMember({"calibrated", "spread", "none"}));
   trace->excludes(syn);
   cmd->add_option("--link-gbps", cfg->link_gbps,
                   "pace host->device copies of the emulated tier to G GB/s (PCIe Gen4: 24)")
@@ -296,6 +334,7 @@ void register_bench_serve(CLI::App& app, CommandFn& run) {
       ->check(CLI::IsMember({"lru", "lfu", "lfru"}));
   cmd->add_option("--seed", cfg->seed, "seed of the weights, prompt and synthetic trace");
   cmd->add_option("--json", cfg->json_out, "write the JSON report here (-: stdout, no table)");
+  add_serve_device_flag(cmd, cfg->device);
   cmd->callback([cfg, &run] { run = [cfg] { return run_bench_serve(*cfg); }; });
 }
 

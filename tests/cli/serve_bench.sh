@@ -123,4 +123,24 @@ expect 1 "unknown geometry 'nope'" --geometry nope
 expect 1 "fewer than top-k" --geometry tiny --expert-slots 2
 expect 1 "does not hold" --geometry tiny --budget-gib 0.00001
 expect 1 "exceeds the model's 512 positions" --geometry tiny --prompt-tokens 600
+expect 2 "device" --geometry tiny --device tpu
+
+# --device cuda: without CUDA or a GPU it fails (exit 1) naming the device, before building
+# anything; on a GPU machine it runs the CUDA engine and says so in the JSON.
+"$FERRY" bench serve --geometry tiny --expert-slots 8 --prompt-tokens 8 --decode-tokens 4 \
+  --device cuda --json "$tmp/c.json" >"$tmp/o.txt" 2>"$tmp/e.txt"
+rc=$?
+if [ "$rc" = 0 ]; then
+  python3 - "$tmp/c.json" <<'PY' || fail "cuda report: $(cat "$tmp/c.json")"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["device"] == "cuda" and j["link"]["pinned_h2d_gbps"] > 0, j["link"]
+for m in j["modes"]:
+    assert m["ran"] and m["decode"]["host_syncs_per_token"] >= 1, m
+PY
+else
+  [ "$rc" = 1 ] || fail "--device cuda exited $rc, want 1 without a GPU: $(cat "$tmp/e.txt")"
+  grep -q "bench serve --device cuda: " "$tmp/e.txt" || fail "--device cuda: unclear: $(cat "$tmp/e.txt")"
+  grep -qiE "cuda|gpu" "$tmp/e.txt" || fail "--device cuda: no cause: $(cat "$tmp/e.txt")"
+fi
 echo "serve_bench: ok"

@@ -4,6 +4,8 @@
 //   qwen3-30b-a3b       the benchmark geometry (48 layers, C 2048, 128 experts, top-8,
 //                       expert width 768, vocab 151936); for the GPU machine: in this CPU
 //                       engine's f32 it needs ~2x 114 GiB of host memory and is refused.
+//   qwen3-30b-a3b-2l    the target's layer widths unscaled on 2 layers, vocab / 8: real expert
+//                       sizes (18.9 MB f32) for the GPU machine; ~10 GiB of host memory.
 //   qwen3-30b-a3b-mini  the same E = 128, K = 8 and the same ratios between widths (F/C = 0.375,
 //                       q width 2C, kv width C/4, heads/kv-heads 8), every width / 8, vocab / 8,
 //                       4 layers instead of 48: per-layer expert bytes / per-layer attention bytes

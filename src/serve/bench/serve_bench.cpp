@@ -7,7 +7,9 @@
 #include <memory>
 
 #include "mem/budget.h"
+#include "mem/buffer.h"
 #include "mem/link_pacer.h"
+#include "mem/stream_set.h"
 #include "mem/transfer_engine.h"
 #include "serve/engine.h"
 
@@ -18,18 +20,25 @@ using Clock = std::chrono::steady_clock;
 
 struct Snapshot {
   std::uint64_t h2d = 0, hits = 0, misses = 0, batches = 0, static_bytes = 0, host_misses = 0;
+  std::uint64_t paged_bytes = 0, host_syncs = 0, steps = 0;
   double wait_s = 0;
   std::int64_t prefill = 0, decode = 0;
 };
 
 Snapshot snap(Engine& eng) {
   Snapshot s;
-  s.h2d = mem::host_transfer_engine().counters().h2d_bytes;
+  // The CUDA engine copies through its own transfer engine; the CPU engine's expert copies go
+  // through the host one.
+  s.h2d = eng.transfer_engine() ? eng.transfer_engine()->counters().h2d_bytes.load()
+                                : mem::host_transfer_engine().counters().h2d_bytes.load();
+  s.host_syncs = eng.host_syncs();
+  s.steps = eng.stats().steps;
   s.wait_s = mem::host_link_stats().wait_s;
   if (const ExpertPager* p = eng.experts().pager()) {
     s.hits = p->counters().hits;
     s.misses = p->counters().misses;
     s.batches = p->counters().copy_batches;
+    s.paged_bytes = p->counters().bytes_copied;
   }
   s.static_bytes = eng.experts().counters().static_bytes_copied;
   s.host_misses = eng.experts().counters().cpu_misses + eng.experts().counters().bypassed;
@@ -39,7 +48,7 @@ Snapshot snap(Engine& eng) {
 }
 
 PhaseResult phase(const Snapshot& a, const Snapshot& b, double seconds, bool decode,
-                  std::size_t layer_bytes) {
+                  std::size_t layer_bytes, bool cuda) {
   PhaseResult p;
   p.tokens = decode ? b.decode - a.decode : b.prefill - a.prefill;
   p.seconds = seconds;
@@ -47,8 +56,13 @@ PhaseResult phase(const Snapshot& a, const Snapshot& b, double seconds, bool dec
   p.hits = b.hits - a.hits;
   p.host_misses = b.host_misses - a.host_misses;
   p.misses = b.misses - a.misses + p.host_misses;
-  p.copy_syncs =
-      (b.batches - a.batches) + (layer_bytes ? (b.static_bytes - a.static_bytes) / layer_bytes : 0);
+  // CUDA: copy batches and static's bulk copies are ordered by events, not host syncs.
+  p.copy_syncs = cuda ? 0
+                      : (b.batches - a.batches) +
+                            (layer_bytes ? (b.static_bytes - a.static_bytes) / layer_bytes : 0);
+  p.expert_h2d_bytes = (b.paged_bytes - a.paged_bytes) + (b.static_bytes - a.static_bytes);
+  p.host_syncs = b.host_syncs - a.host_syncs;
+  p.steps = b.steps - a.steps;
   p.paced_wait_s = b.wait_s - a.wait_s;
   return p;
 }
@@ -81,15 +95,18 @@ Result<ModeResult> run_mode(const model::DecoderGeometry& geo, const model::Mode
     ec.pager.link_gbps = cfg.link_gbps > 0 ? cfg.link_gbps : cfg.roofline_gbps;
   }
   const std::size_t layer_bytes = std::size_t(geo.experts) * plan.expert_bytes;
-  if (mode == ExpertMode::kStatic && plan.kv_bytes + layer_bytes > plan.device_budget_bytes) {
+  // Beside the staging: the KV pool (CPU), or every fixed device byte (CUDA).
+  const std::size_t beside = plan.cuda ? plan.device_fixed_bytes : plan.kv_bytes;
+  if (mode == ExpertMode::kStatic && beside + layer_bytes > plan.device_budget_bytes) {
     r.skipped = fmt::format(
-        "static stages one layer's {} experts ({}) beside the KV pool ({}): over the device "
-        "budget {}",
-        geo.experts, mem::format_bytes(layer_bytes), mem::format_bytes(plan.kv_bytes),
-        mem::format_bytes(plan.device_budget_bytes));
+        "static stages one layer's {} experts ({}) beside {} ({}): over the device budget {}",
+        geo.experts, mem::format_bytes(layer_bytes),
+        plan.cuda ? "dense weights, KV, tables and activations" : "the KV pool",
+        mem::format_bytes(beside), mem::format_bytes(plan.device_budget_bytes));
     return r;
   }
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Engine> eng, Engine::create(geo, params, ec));
+  kernels::Backend& backend = cfg.backend ? *cfg.backend : kernels::cpu_backend();
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Engine> eng, Engine::create(geo, params, ec, backend));
   std::unique_ptr<TraceReplayer> replayer;
   if (cfg.trace) {
     replayer = std::make_unique<TraceReplayer>(*cfg.trace);
@@ -117,8 +134,10 @@ Result<ModeResult> run_mode(const model::DecoderGeometry& geo, const model::Mode
   const auto t2 = Clock::now();
   const Snapshot s2 = snap(*eng);
   const std::size_t static_layer = mode == ExpertMode::kStatic ? layer_bytes : 0;
-  r.prefill = phase(s0, s1, std::chrono::duration<double>(t1 - t0).count(), false, static_layer);
-  r.decode = phase(s1, s2, std::chrono::duration<double>(t2 - t1).count(), true, static_layer);
+  r.prefill =
+      phase(s0, s1, std::chrono::duration<double>(t1 - t0).count(), false, static_layer, plan.cuda);
+  r.decode =
+      phase(s1, s2, std::chrono::duration<double>(t2 - t1).count(), true, static_layer, plan.cuda);
   FERRY_ASSIGN_OR_RETURN(RequestOutput out, eng->take_output(id));
   r.tokens = std::move(out.tokens);
   r.logits_hash = hash;
@@ -135,7 +154,7 @@ Result<ModeResult> run_mode(const model::DecoderGeometry& geo, const model::Mode
   return r;
 }
 
-Json phase_json(const PhaseResult& p, ExpertMode mode, double roofline_gbps) {
+Json phase_json(const PhaseResult& p, ExpertMode mode, double roofline_gbps, bool cuda) {
   const double per_tok = p.tokens ? double(p.h2d_bytes) / double(p.tokens) : 0.0;
   Json j = {{"tokens", p.tokens},
             {"seconds", p.seconds},
@@ -144,7 +163,15 @@ Json phase_json(const PhaseResult& p, ExpertMode mode, double roofline_gbps) {
             {"h2d_bytes_per_token", per_tok},
             {"copy_syncs", p.copy_syncs},
             {"copy_syncs_per_token", p.tokens ? double(p.copy_syncs) / double(p.tokens) : 0.0},
-            {"paced_wait_s", p.paced_wait_s}};
+            {"paced_wait_s", p.paced_wait_s},
+            {"expert_h2d_bytes", p.expert_h2d_bytes},
+            {"expert_h2d_bytes_per_token",
+             p.tokens ? double(p.expert_h2d_bytes) / double(p.tokens) : 0.0},
+            {"steps", p.steps}};
+  // Counted on the CUDA engine only (the CPU engine has no device to wait on).
+  j["host_syncs"] = cuda ? Json(p.host_syncs) : Json(nullptr);
+  j["host_syncs_per_token"] =
+      cuda && p.tokens ? Json(double(p.host_syncs) / double(p.tokens)) : Json(nullptr);
   // Hit rate of expert uses on the device: paged measured; resident all hits; static none (every
   // expert is streamed every forward); cpu-experts has no device copies of experts (null).
   switch (mode) {
@@ -205,6 +232,26 @@ double measure_host_copy_gbps() {
   return double(n) / best / 1e9;
 }
 
+Result<double> measure_pinned_h2d_gbps() {
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<mem::TransferEngine> te, mem::cuda_transfer_engine(0));
+  FERRY_ASSIGN_OR_RETURN(mem::StreamSet ss, mem::StreamSet::create(Device::kCuda, 0));
+  const std::size_t n = 256u << 20;
+  mem::MemoryBudget host_budget(mem::MemTier::kPinnedHost), dev_budget(mem::MemTier::kDevice);
+  FERRY_ASSIGN_OR_RETURN(mem::Buffer h, mem::Buffer::allocate(mem::MemTier::kPinnedHost, n,
+                                                              host_budget, {.what = "h2d probe"}));
+  FERRY_ASSIGN_OR_RETURN(mem::Buffer d, mem::Buffer::allocate(mem::MemTier::kDevice, n, dev_budget,
+                                                              {.what = "h2d probe"}));
+  std::memset(h.data(), 1, n);
+  double best = 1e30;
+  for (int rep = 0; rep < 6; ++rep) {  // the first warms the mapping up
+    const auto t0 = Clock::now();
+    FERRY_TRY(te->h2d(d.data(), h.data(), n, ss.h2d()));
+    FERRY_TRY(ss.h2d().synchronize());
+    if (rep > 0) best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return double(n) / best / 1e9;
+}
+
 Result<ServeBenchReport> run_serve_bench(const model::DecoderGeometry& geo,
                                          const model::ModelParams& params,
                                          const ServeBenchConfig& cfg) {
@@ -215,6 +262,12 @@ Result<ServeBenchReport> run_serve_bench(const model::DecoderGeometry& geo,
   if (cfg.roofline_gbps <= 0) return invalid_argument("bench serve: roofline rate must be > 0");
   ServeBenchReport r;
   r.config = cfg;
+  r.cuda = cfg.backend != nullptr && cfg.backend->device() == Device::kCuda;
+  if (r.cuda && cfg.link_gbps > 0) {
+    return invalid_argument(
+        "bench serve: link pacing is CPU-only (it paces the emulated tier's memcpy); the CUDA "
+        "engine's copies run at the real link's rate");
+  }
   r.expert_bytes = 3 * std::size_t(geo.hidden) * std::size_t(geo.expert_width) * sizeof(float);
   for (bool m : geo.layer_is_moe) r.moe_layers += m;
   // The KV pool holds exactly the request: prompt + decode + 1 positions, in whole blocks.
@@ -225,23 +278,46 @@ Result<ServeBenchReport> run_serve_bench(const model::DecoderGeometry& geo,
                                   sizeof(float);
   r.kv_bytes = std::size_t(blocks) * block_bytes;
   const std::size_t per_slot_row = r.expert_bytes * std::size_t(r.moe_layers);
+  // Bytes of the device budget that are not expert slots: the CPU engine's plan charges dense
+  // weights (read in place) and KV; the CUDA engine holds dense weights, KV, pointer tables and
+  // activations in GPU memory, measured on a probe engine (its peak minus its top-k slots).
+  std::size_t fixed = r.kv_bytes + (cfg.expert_slots > 0 ? 0 : cfg.dense_bytes);
+  if (r.cuda) {
+    EngineConfig pc;
+    pc.pager.mode = ExpertMode::kPaged;
+    pc.pager.slots_per_layer = geo.top_k;
+    pc.kv.block_tokens = cfg.kv_block_tokens;
+    pc.kv.budget_bytes = r.kv_bytes;
+    pc.max_batch_tokens = static_cast<int>(cfg.prompt.size());
+    pc.max_running = 1;
+    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Engine> probe,
+                           Engine::create(geo, params, pc, *cfg.backend));
+    r.device_fixed_bytes = probe->device_budget().bytes_peak() - probe->experts().device_bytes();
+    fixed = r.device_fixed_bytes;
+  }
   if (cfg.expert_slots > 0) {
     r.slots_per_layer = std::min(cfg.expert_slots, geo.experts);
     r.expert_budget_bytes = std::size_t(r.slots_per_layer) * per_slot_row;
   } else {
     if (cfg.expert_fraction > 0) {
-      r.config.budget_bytes = cfg.dense_bytes + r.kv_bytes +
-                              std::size_t(cfg.expert_fraction * double(cfg.all_expert_bytes));
+      r.config.budget_bytes =
+          fixed + std::size_t(cfg.expert_fraction * double(cfg.all_expert_bytes));
     }
     const std::size_t budget = r.config.budget_bytes;
     if (budget == 0) return invalid_argument("bench serve: no budget and no slot count");
-    if (budget <= cfg.dense_bytes + r.kv_bytes) {
+    if (budget <= fixed) {
+      if (r.cuda) {
+        return resource_exhausted(
+            "bench serve: budget {} does not hold the dense weights, the KV pool, the pointer "
+            "tables and the activations ({} on the CUDA engine)",
+            mem::format_bytes(budget), mem::format_bytes(fixed));
+      }
       return resource_exhausted(
           "bench serve: budget {} does not hold the dense weights ({}) and the KV pool ({})",
           mem::format_bytes(budget), mem::format_bytes(cfg.dense_bytes),
           mem::format_bytes(r.kv_bytes));
     }
-    r.expert_budget_bytes = budget - cfg.dense_bytes - r.kv_bytes;
+    r.expert_budget_bytes = budget - fixed;
     r.slots_per_layer =
         static_cast<int>(std::min<std::size_t>(r.expert_budget_bytes / per_slot_row, geo.experts));
     r.expert_budget_bytes = std::size_t(r.slots_per_layer) * per_slot_row;
@@ -252,7 +328,7 @@ Result<ServeBenchReport> run_serve_bench(const model::DecoderGeometry& geo,
         "top-k = {}",
         r.slots_per_layer, mem::format_bytes(r.expert_bytes), r.moe_layers, geo.top_k);
   }
-  r.device_budget_bytes = r.kv_bytes + r.expert_budget_bytes;
+  r.device_budget_bytes = (r.cuda ? fixed : r.kv_bytes) + r.expert_budget_bytes;
 
   const double saved_rate = mem::host_link_rate();
   mem::set_host_link_rate(cfg.link_gbps > 0 ? cfg.link_gbps * 1e9 : 0.0);
@@ -287,8 +363,8 @@ Json report_json(const ServeBenchReport& r) {
     }
     j["reference"] = &m == ref;
     j["under_budget"] = m.under_budget;
-    j["prefill"] = phase_json(m.prefill, m.mode, c.roofline_gbps);
-    j["decode"] = phase_json(m.decode, m.mode, c.roofline_gbps);
+    j["prefill"] = phase_json(m.prefill, m.mode, c.roofline_gbps, r.cuda);
+    j["decode"] = phase_json(m.decode, m.mode, c.roofline_gbps, r.cuda);
     j["tokens"] = m.tokens;
     j["same_tokens_as_reference"] = ref && m.tokens == ref->tokens;
     j["same_logits_bits_as_reference"] = ref && m.logits_hash == ref->logits_hash;
@@ -310,6 +386,10 @@ Json report_json(const ServeBenchReport& r) {
        {{"cost_model", c.miss_cost_model},
         {"cpu_gflops", c.cpu_gflops},
         {"bypass_window", c.bypass_window}}},
+      {"device", r.cuda ? "cuda" : "cpu"},
+      {"dtype",
+       "f32 weights, K/V and activations (the engine is f32; the issue's target is bf16: expert "
+       "bytes are 2x bf16's)"},
       {"link",
        {{"paced", c.link_gbps > 0},
         {"link_gbps", c.link_gbps},
@@ -319,6 +399,7 @@ Json report_json(const ServeBenchReport& r) {
         {"budget_bytes", c.budget_bytes},
         {"dense_bytes_charged", c.expert_slots > 0 ? 0 : c.dense_bytes},
         {"kv_bytes", r.kv_bytes},
+        {"device_fixed_bytes", r.cuda ? Json(r.device_fixed_bytes) : Json(nullptr)},
         {"expert_bytes", r.expert_bytes},
         {"moe_layers", r.moe_layers},
         {"slots_per_layer", r.slots_per_layer},
@@ -332,13 +413,27 @@ Json report_json(const ServeBenchReport& r) {
         {"paged_over_cpu_experts_prefill", ratio(paged, cpu, false)},
         {"paged_over_resident_decode", ratio(paged, res, true)}}},
       {"definitions",
-       {{"h2d_bytes", "host->device bytes of the host transfer engine (expert copies)"},
+       {{"h2d_bytes",
+         r.cuda ? "every host->device byte of the CUDA engine's transfer engine (expert copies, "
+                  "step inputs, pointer tables, the routing hook's ids, cpu-experts' rows)"
+                : "host->device bytes of the host transfer engine (expert copies)"},
+        {"expert_h2d_bytes", "expert bytes copied: pager misses + static bulk layer copies"},
+        {"host_syncs",
+         r.cuda ? "host waits on the GPU, counted: 1 per step (logits read-back) + 1 per MoE layer "
+                  "and step for the routing hook (trace replay) + 1 per MoE layer and step for "
+                  "the routed ids (paged, cpu-experts)"
+                : "null: the CPU engine has no device to wait on"},
+        {"device_fixed_bytes",
+         "CUDA: dense weights + KV + pointer tables + activations, the budget's non-slot part, "
+         "measured on a probe engine"},
         {"roofline_pct",
          "100 * (h2d bytes / roofline rate) / phase seconds = tokens/s over roofline tokens/s "
          "(roofline tokens/s = rate / h2d bytes per token); null when no bytes move"},
         {"copy_syncs",
-         "host syncs of expert copies: pager miss batches + static bulk layer copies; other "
-         "host syncs not counted"},
+         r.cuda ? "0 on CUDA: pager miss batches and static bulk copies are ordered by events on "
+                  "the device, not by host syncs (see host_syncs)"
+                : "host syncs of expert copies: pager miss batches + static bulk layer copies; "
+                  "other host syncs not counted"},
         {"hit_rate",
          "paged: pager hits / (hits + misses), misses computed from host memory included; "
          "resident 1; static 0; cpu-experts null"},

@@ -22,6 +22,18 @@
 // first mode run (engine property, docs/serve.md "Byte identity"). Pacing: link_gbps > 0 sets
 // mem::set_host_link_rate for the runs (link_pacer.h) and restores it afterwards. Not thread-safe
 // (global pacing, global pool).
+// CUDA (backend = a CUDA backend): every mode runs the CUDA engine (docs/serve.md "CUDA path"),
+// whose one device budget also holds the dense weights (f32), the expert pointer tables and the
+// activations. A probe engine (paged, top-k slots, no budget, no steps) measures those fixed
+// bytes (dense + KV + tables + activations = its peak - its slots); the budget is fixed bytes +
+// expert slots (with budget_bytes: the slots are what is left after the fixed bytes). h2d bytes
+// are then every H2D byte of the engine's CUDA transfer engine (expert copies, step inputs,
+// pointer tables, the routing hook's ids, cpu-experts' rows); expert_h2d_bytes the expert copies
+// alone. host syncs are counted where the host waits on the device: one per step (logits), one per
+// MoE layer for the routing hook (a trace is replayed through it), one per MoE layer for the
+// routed ids (paged, cpu-experts). Pager copy batches and static's bulk copies are ordered by
+// events (no host sync), so copy_syncs is 0 there. Pacing is CPU-only (link_pacer.h paces the host
+// transfer engine): link_gbps must be 0 with a CUDA backend.
 #pragma once
 
 #include <cstddef>
@@ -32,6 +44,7 @@
 
 #include "core/json.h"
 #include "core/result.h"
+#include "kernels/backend.h"
 #include "model/model_compute.h"
 #include "serve/routing_trace.h"
 #include "serve/serve_config.h"
@@ -59,6 +72,7 @@ struct ServeBenchConfig {
   double roofline_gbps = 0;  // the rate the roofline is computed against (> 0)
   const RoutingTrace* trace = nullptr;  // forced routing of request 0 (null: the router's own)
   int kv_block_tokens = 16;
+  kernels::Backend* backend = nullptr;  // null: the CPU engine; a CUDA backend: the CUDA engine
 };
 
 struct PhaseResult {
@@ -68,6 +82,9 @@ struct PhaseResult {
   std::uint64_t hits = 0, misses = 0;  // paged only; misses include those computed on the host
   std::uint64_t host_misses = 0;       // paged misses computed from host memory (no copy)
   std::uint64_t copy_syncs = 0;
+  std::uint64_t expert_h2d_bytes = 0;  // pager miss copies + static bulk copies
+  std::uint64_t host_syncs = 0;        // CUDA: every host wait on the device (see above)
+  std::uint64_t steps = 0;
   double paced_wait_s = 0;
   double tokens_per_s() const { return seconds > 0 ? double(tokens) / seconds : 0.0; }
 };
@@ -88,6 +105,9 @@ struct ServeBenchReport {
   ServeBenchConfig config;
   std::size_t expert_bytes = 0, kv_bytes = 0, expert_budget_bytes = 0, device_budget_bytes = 0;
   int slots_per_layer = 0, moe_layers = 0;
+  bool cuda = false;
+  // CUDA: dense weights + KV + pointer tables + activations, measured by the probe engine.
+  std::size_t device_fixed_bytes = 0;
   std::vector<ModeResult> modes;
 };
 
@@ -99,6 +119,10 @@ Result<ServeBenchReport> run_serve_bench(const model::DecoderGeometry& geo,
 
 // GB/s of a plain host memcpy of 64 MiB (the emulated tier's copy rate without pacing).
 double measure_host_copy_gbps();
+
+// GB/s of a pinned host -> GPU 0 copy of 256 MiB through the CUDA transfer engine (best of 5);
+// unavailable without CUDA or a GPU.
+Result<double> measure_pinned_h2d_gbps();
 
 // The report's JSON (definitions included); ratios are null where a mode is missing.
 Json report_json(const ServeBenchReport& r);
