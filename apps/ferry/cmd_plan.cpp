@@ -81,25 +81,8 @@ Result<model::ModelConfig> load_geometry(const PlanConfig& c) {
   return invalid_argument("plan: need --model DIR or --geometry NAME");
 }
 
-// Problem factory for one GPU cap: analytic costs, overridden by a profile when one applies.
-Result<plan::ProblemAt> make_problem_at(const PlanConfig& c, const model::ModelConfig& cfg,
-                                        double gpu_gb) {
-  std::optional<plan::Profile> prof;
-  std::string path = c.profile;
-  if (path.empty()) {
-    const std::string cached = plan::default_profile_path(c.machine, plan::geometry_key(cfg));
-    if (std::filesystem::exists(cached)) path = cached;
-  }
-  if (!path.empty()) {
-    FERRY_ASSIGN_OR_RETURN(plan::Profile p, plan::read_profile(path));
-    log::get("plan")->info("profile={} measured_by=\"{}\"", path, p.measured_by);
-    prof = std::move(p);
-  } else {
-    log::get("plan")->info(
-        "no measured profile for machine={} geometry={}: analytic cost model "
-        "(the profiler needs the GPU streaming executor, issue #4)",
-        c.machine, plan::geometry_key(cfg));
-  }
+// The machine's rates: --machine-profile, else the cached profile of --machine, else assumed.
+Result<plan::MachineSpec> machine_spec(const PlanConfig& c) {
   plan::MachineSpec machine;
   machine.name = c.machine;
   std::string mpath = c.machine_profile;
@@ -120,6 +103,29 @@ Result<plan::ProblemAt> make_problem_at(const PlanConfig& c, const model::ModelC
         "no machine profile for machine={}: assumed rates (run ferry plan --measure-machine)",
         c.machine);
   }
+  return machine;
+}
+
+// Problem factory for one GPU cap: analytic costs, overridden by a profile when one applies.
+Result<plan::ProblemAt> make_problem_at(const PlanConfig& c, const model::ModelConfig& cfg,
+                                        double gpu_gb) {
+  std::optional<plan::Profile> prof;
+  std::string path = c.profile;
+  if (path.empty()) {
+    const std::string cached = plan::default_profile_path(c.machine, plan::geometry_key(cfg));
+    if (std::filesystem::exists(cached)) path = cached;
+  }
+  if (!path.empty()) {
+    FERRY_ASSIGN_OR_RETURN(plan::Profile p, plan::read_profile(path));
+    log::get("plan")->info("profile={} measured_by=\"{}\"", path, p.measured_by);
+    prof = std::move(p);
+  } else {
+    log::get("plan")->info(
+        "no measured profile for machine={} geometry={}: analytic cost model "
+        "(the profiler needs the GPU streaming executor, issue #4)",
+        c.machine, plan::geometry_key(cfg));
+  }
+  FERRY_ASSIGN_OR_RETURN(plan::MachineSpec machine, machine_spec(c));
   if (c.link_gbps > 0) {
     machine.link.h2d_gbps = machine.link.d2h_gbps = c.link_gbps;
     machine.link.duplex_gbps = 1.8 * c.link_gbps;
@@ -279,18 +285,7 @@ Status run_from_bench(const PlanConfig& c) {
   FERRY_ASSIGN_OR_RETURN(
       model::ModelConfig cfg,
       model::parse_model_config_text(train::builtin_config_json(spec), "bench train geometry"));
-  plan::MachineSpec machine;
-  machine.name = c.machine;
-  std::string mpath = c.machine_profile;
-  if (mpath.empty()) {
-    const std::string cached = plan::default_machine_profile_path(c.machine);
-    if (std::filesystem::exists(cached)) mpath = cached;
-  }
-  if (!mpath.empty()) {
-    FERRY_ASSIGN_OR_RETURN(plan::MachineProfile mp, plan::read_machine_profile(mpath));
-    plan::apply_machine_profile(mp, machine);
-    log::get("plan")->info("machine profile={} (link rates)", mpath);
-  }
+  FERRY_ASSIGN_OR_RETURN(const plan::MachineSpec machine, machine_spec(c));  // link rates
   FERRY_ASSIGN_OR_RETURN(const plan::BenchPrediction b, plan::predict_bench(report, cfg, machine));
   std::printf("%s", plan::bench_prediction_text(b).c_str());
   std::fflush(stdout);
