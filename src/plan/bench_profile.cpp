@@ -82,7 +82,6 @@ Result<BenchPrediction> predict_bench(const Json& report, const model::ModelConf
   const Capacities caps{.gpu_gb = 1e6, .host_gb = 1e6, .nvme_gb = 0};
   FERRY_ASSIGN_OR_RETURN(PlanProblem problem, analytic_problem(cfg, machine, shape, caps));
   FERRY_TRY(apply_profile(prof, problem));
-  problem.cpu_optimizer_ms = prof.cpu_optimizer_ms;
   // The serial part as measured, plus layer 0's update, which the model counts as serial
   // (step_fixed_ms) while the executor waits for it inside window f0.
   double total_w = 0;

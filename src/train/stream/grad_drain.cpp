@@ -2,7 +2,6 @@
 #include "train/stream/grad_drain.h"
 
 #include "core/check.h"
-#include "core/timer.h"
 
 namespace ferry::train::stream {
 
@@ -40,15 +39,13 @@ GradDrain::~GradDrain() {
   thread_.join();
 }
 
-int GradDrain::acquire(double* waited_s) {
-  Timer t;
+int GradDrain::acquire() {
   std::unique_lock lk(mu_);
   FERRY_CHECK(acquired_ == submitted_, "train: gradient slot acquired twice without a submit");
   // Job n reuses the slot of job n - slots: wait for that drain.
   const std::uint64_t n = submitted_;
   cv_.wait(lk, [&] { return done_ + slots_.size() > n; });
   ++acquired_;
-  *waited_s += t.elapsed_s();
   return static_cast<int>(n % slots_.size());
 }
 
@@ -65,11 +62,9 @@ void GradDrain::submit(float* host_dst, std::size_t bytes) {
   cv_.notify_all();
 }
 
-Status GradDrain::flush(double* waited_s) {
-  Timer t;
+Status GradDrain::flush() {
   std::unique_lock lk(mu_);
   cv_.wait(lk, [&] { return done_ == submitted_; });
-  *waited_s += t.elapsed_s();
   return error_;
 }
 

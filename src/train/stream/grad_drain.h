@@ -34,12 +34,12 @@ class GradDrain {
   GradDrain(const GradDrain&) = delete;
   GradDrain& operator=(const GradDrain&) = delete;
 
-  // The next slot, once its previous drain is done; *waited_s += seconds blocked.
-  int acquire(double* waited_s);
+  // The next slot, once its previous drain is done.
+  int acquire();
   // Drains `bytes` of the slot acquire() returned last into host_dst.
   void submit(float* host_dst, std::size_t bytes);
   // Blocks until every submitted drain completed; the first copy error, if any.
-  Status flush(double* waited_s);
+  Status flush();
   std::uint64_t bytes() const;
 
  private:

@@ -21,6 +21,15 @@ LayerOptimizer::LayerOptimizer(HostArena& arena, int threads, std::function<void
   order_.push_back(arena.globals_unit());
   for (int u = 0; u < arena.globals_unit(); ++u) order_.push_back(u);
   done_.assign(static_cast<std::size_t>(arena.num_units()), 0);
+  // Each unit's chunks, in parameter order: the same every step, so listed once here.
+  chunks_.resize(static_cast<std::size_t>(arena.num_units()));
+  for (int u = 0; u < arena.num_units(); ++u) {
+    for (int idx : arena.unit_params(u)) {
+      const std::int64_t n = arena.params()[static_cast<std::size_t>(idx)].n;
+      for (std::int64_t b = 0; b < n; b += kChunk)
+        chunks_[static_cast<std::size_t>(u)].push_back({idx, b});
+    }
+  }
   worker_ = std::thread([this] { run(); });
 }
 
@@ -88,14 +97,7 @@ void LayerOptimizer::run() {
 }
 
 void LayerOptimizer::update_unit(int u, const UpdateArgs& a) {
-  // (parameter, first element) of every chunk of the unit, in order (a member: the pool's threads
-  // read it; only the worker writes it, between parallel_for calls).
-  std::vector<Chunk>& chunks = chunks_;
-  chunks.clear();
-  for (int idx : arena_.unit_params(u)) {
-    const std::int64_t n = arena_.params()[static_cast<std::size_t>(idx)].n;
-    for (std::int64_t b = 0; b < n; b += kChunk) chunks.push_back({idx, b});
-  }
+  const std::vector<Chunk>& chunks = chunks_[static_cast<std::size_t>(u)];
   auto run_chunks = [&](std::size_t lo, std::size_t hi) {
     for (std::size_t c = lo; c < hi; ++c) {
       const ParamLoc& p = arena_.params()[static_cast<std::size_t>(chunks[c].idx)];

@@ -77,8 +77,8 @@ class LayerOptimizer {
     int idx;             // parameter
     std::int64_t begin;  // first element
   };
-  std::vector<Chunk> chunks_;         // the unit being updated (worker thread)
-  std::unique_ptr<ThreadPool> pool_;  // threads > 1
+  std::vector<std::vector<Chunk>> chunks_;  // [unit], fixed at construction
+  std::unique_ptr<ThreadPool> pool_;        // threads > 1
   std::thread worker_;
 };
 

@@ -378,9 +378,9 @@ void StreamExecutor::begin_step(int accum) {
   micro_ = 0;
 }
 
+// The clock measures the wait (host time, or the GPU's idle time meanwhile).
 Result<int> StreamExecutor::acquire_weights(int j) {
-  double host_wait_s = 0.0;  // the clock measures the wait (host time or GPU idle time)
-  return timed_wait([&] { return streamer_->acquire(j, &host_wait_s); });
+  return timed_wait([&] { return streamer_->acquire(j); });
 }
 
 Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatch& host_batch) {
@@ -462,9 +462,8 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
       ++stats_.layer_forwards;
       FERRY_TRY(compute_->layer_forward(l, p, b, x_in, act_view(dev(plan_.transit[0]), T)));
       const std::size_t lbytes = static_cast<std::size_t>(arena_->unit_elements(l)) * sizeof(float);
-      double host_wait_s = 0.0;
-      FERRY_ASSIGN_OR_RETURN(
-          const int gk, timed_wait([&]() -> Result<int> { return drain_->acquire(&host_wait_s); }));
+      FERRY_ASSIGN_OR_RETURN(const int gk,
+                             timed_wait([&]() -> Result<int> { return drain_->acquire(); }));
       float* gslot = dev(plan_.grads[static_cast<std::size_t>(gk)]);
       if (a == 0) {
         FERRY_TRY(te_->zero(gslot, lbytes, cs()));
@@ -483,10 +482,7 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
   FERRY_TRY(compute_->embed_backward(globals_grad_.embed, b));
   FERRY_TRY(streamer_->finish());
   // The next micro-batch reads these gradients back (or the optimizer does).
-  FERRY_TRY(timed_wait([&] {
-    double host_wait_s = 0.0;
-    return drain_->flush(&host_wait_s);
-  }));
+  FERRY_TRY(timed_wait([&] { return drain_->flush(); }));
   if (last) {
     FERRY_TRY(take_sumsq(G, dev(plan_.globals_g)));
     FERRY_TRY(copy(arena_->grads(G), dev(plan_.globals_g), gbytes, mem::CopyKind::kDeviceToHost,

@@ -82,7 +82,9 @@ struct TransferStats {
   std::uint64_t act_d2h = 0;      // boundaries to host / NVMe staging
   std::uint64_t act_h2d = 0;      // boundaries back
   std::uint64_t nvme_write = 0, nvme_read = 0;
-  double exposed_s = 0.0;  // compute thread blocked on copies or weight slots
+  // Compute waiting on copies or weight slots (exposure_clock.h): host time on the CPU backend,
+  // the GPU's idle / copy time from events on a GPU.
+  double exposed_s = 0.0;
   // Work, for the FLOP count (step_flops.h): layer passes run, recomputes included.
   std::uint64_t layer_forwards = 0, layer_backwards = 0;
   // Per compute window of the plan's numbering ([2L+1]: forward of layer j = j, loss = L,

@@ -2,7 +2,6 @@
 #include "train/stream/weight_streamer.h"
 
 #include "core/check.h"
-#include "core/timer.h"
 #include "train/stream/bf16_widen.h"
 
 namespace ferry::train::stream {
@@ -63,11 +62,9 @@ void WeightStreamer::start_micro_batch() {
   cv_.notify_all();
 }
 
-Result<int> WeightStreamer::acquire(int j, double* waited_s) {
-  Timer t;
+Result<int> WeightStreamer::acquire(int j) {
   std::unique_lock lk(mu_);
   cv_.wait(lk, [&] { return produced_ > j || !error_.ok(); });
-  *waited_s += t.elapsed_s();
   FERRY_TRY(error_);
   return j % static_cast<int>(slots_.size());
 }

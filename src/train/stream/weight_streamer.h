@@ -11,8 +11,8 @@
 // wait_ready) — so at most `slots` items are in flight, prefetch depth = slots - 1 beyond the
 // one in use. Copies go through mem::TransferEngine (h2d on the h2d stream; the host engine's
 // memcpy in CPU builds) and are counted here; bf16 weights (bf16 masters) cross as bf16 and are
-// widened in the slot (bf16_widen.h; CPU compute only for now). acquire() returns the
-// seconds compute waited.
+// widened in the slot (bf16_widen.h; CPU compute only for now). The executor's ExposureClock
+// measures how long compute waits in acquire().
 // GPU compute runs behind the thread that enqueues it, so "released" is not "done reading":
 // release(j) records the slot's free event on the compute stream and the copy of item j + slots
 // waits for it on the h2d stream (device side). With host streams the events are always complete
@@ -48,8 +48,8 @@ class WeightStreamer {
   WeightStreamer& operator=(const WeightStreamer&) = delete;
 
   void start_micro_batch();
-  // Blocks until item j (layer schedule()[j]) is in its slot; *waited_s += seconds blocked.
-  Result<int> acquire(int j, double* waited_s);
+  // Blocks until item j (layer schedule()[j]) is in its slot.
+  Result<int> acquire(int j);
   void release(int j);
   // Blocks until the thread has copied the whole schedule (end of a micro-batch).
   Status finish();
