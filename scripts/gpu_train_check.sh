@@ -7,7 +7,7 @@
 # GPU and the PyTorch baseline (tools/bench/train_torch_baseline.py) on the same geometry, and a
 # ratio summary. Geometry: FERRY_BENCH_GEOM (ferry bench train flags; default: Qwen2.5-3B layer
 # shapes, 8 layers, vocab 259). Files in $OUT: build.log gpu_test.log memcheck.log
-# bench_train.json torch_train.json summary.log (+ bench_train_extra.json with
+# bench_train.json torch_train.json summary.log (+ bench_train_extra.jsonl with
 # FERRY_BENCH_EXTRA, train_cuda.log: `ferry train --device cuda --plan auto` on the embedded task).
 # Exit status: non-zero when the build or the tests fail (the benchmark still runs).
 set -uo pipefail
@@ -47,9 +47,18 @@ RUN=${FERRY_BENCH_RUN:---batch-size 4 --seq-len 1024 --steps 4 --warmup 1}
 POL=${FERRY_BENCH_POLICIES:-device,every:4,host}
 timeout 400 "$FERRY" bench train --device cuda $GEOM $RUN --policies "$POL" \
   --json "$OUT/bench_train.json" >"$OUT/summary.log" 2>&1 || echo "bench train failed (see summary.log)"
-if [ -n "${FERRY_BENCH_EXTRA:-}" ]; then  # a second bench, e.g. 8-bit states, larger batch
-  timeout 300 "$FERRY" bench train --device cuda $GEOM $FERRY_BENCH_EXTRA \
-    --json "$OUT/bench_train_extra.json" >>"$OUT/summary.log" 2>&1 || echo "extra bench failed"
+# More benches (e.g. f32 GEMMs for the before/after ratio, 8-bit states, larger batches):
+# FERRY_BENCH_EXTRA holds ';'-separated flag sets; their reports go to bench_train_extra.jsonl,
+# one JSON document per line, in order.
+if [ -n "${FERRY_BENCH_EXTRA:-}" ]; then
+  : >"$OUT/bench_train_extra.jsonl"
+  IFS=';' read -ra EXTRAS <<<"$FERRY_BENCH_EXTRA"
+  for extra in "${EXTRAS[@]}"; do
+    timeout 400 "$FERRY" bench train --device cuda $GEOM $extra --json /tmp/ferry_extra.json \
+      >>"$OUT/summary.log" 2>&1 || echo "extra bench failed: $extra"
+    [ -f /tmp/ferry_extra.json ] && { tr -d '\n' </tmp/ferry_extra.json; echo; } \
+      >>"$OUT/bench_train_extra.jsonl" && rm -f /tmp/ferry_extra.json
+  done
 fi
 # The CLI end to end on the GPU: the embedded task, a plan solved for a budget, windows reported.
 timeout 120 "$FERRY" train --device cuda --plan auto --device-budget-mib 2000 --max-steps 40 \

@@ -87,6 +87,7 @@ struct RunSpec {
   OptimMode mode;
   std::string q8_params;      // 8bit states: --8bit-params (empty = all)
   int optimizer_threads = 0;  // StreamOptions::optimizer_threads
+  model::GemmPrecision gemm_precision = model::GemmPrecision::kF32;
 };
 
 inline std::unique_ptr<TrainState> make_state(const model::LoadedModel& m, const RunSpec& r) {
@@ -127,7 +128,10 @@ inline RunResult run_stream(const model::LoadedModel& m, const RunSpec& r,
   out.state = make_state(m, r);
   auto pol = parse_policy(policy, m.geometry.layers);
   EXPECT_TRUE(pol.ok()) << pol.status().to_string();
-  StreamOptions so{.policy = *pol, .prefetch = prefetch, .optimizer_threads = r.optimizer_threads};
+  StreamOptions so{.policy = *pol,
+                   .prefetch = prefetch,
+                   .optimizer_threads = r.optimizer_threads,
+                   .gemm_precision = r.gemm_precision};
   auto ex = StreamExecutor::create(*out.state, kBatch, kSeq, so, backend);
   EXPECT_TRUE(ex.ok()) << ex.status().to_string();
   if (!ex.ok()) return out;

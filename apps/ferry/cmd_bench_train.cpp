@@ -52,6 +52,10 @@ void register_bench_train(CLI::App& app, CommandFn& run) {
   cmd->add_option("--policies", cfg->policies, "activation policies, in order")->delimiter(',');
   cmd->add_option("--prefetch", cfg->prefetch, "weight slots prefetched ahead")
       ->check(CLI::Range(1, 64));
+  cmd->add_option("--gemm-precision", cfg->gemm_precision,
+                  "stream: linear layers' GEMMs: bf16 (operands rounded to bf16, f32 "
+                  "accumulation; PyTorch autocast), f32, or auto (bf16 on cuda, f32 on cpu)")
+      ->check(CLI::IsMember({"auto", "bf16", "f32"}));
   cmd->add_option("--optimizer-threads", cfg->optimizer_threads,
                   "AdamW threads (0: 1 beside CPU compute, all cores but two beside a GPU)")
       ->check(CLI::Range(0, 4096));

@@ -157,6 +157,10 @@ void register_train(CLI::App& app, CommandFn& run) {
                   "stream: compute on cpu (emulated device tier) or cuda (GPU 0; implies "
                   "--executor stream)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--gemm-precision", cfg->gemm_precision,
+                  "stream: linear layers' GEMMs: bf16 (operands rounded to bf16, f32 "
+                  "accumulation; PyTorch autocast), f32, or auto (bf16 on cuda, f32 on cpu)")
+      ->check(CLI::IsMember({"auto", "bf16", "f32"}));
   cmd->add_option("--optimizer-threads", cfg->optimizer_threads,
                   "stream: CPU threads of the AdamW update (0: 1 beside CPU compute, all cores "
                   "but two beside a GPU)")

@@ -83,8 +83,9 @@ void workspace_kinds(const DecoderGeometry& geo, int w, int n, bool* moe, bool* 
 }  // namespace
 
 void ModelCompute::plan_buffers(const DecoderGeometry& geo, std::int64_t T, int work_layers,
-                                kernels::Backend& backend, std::vector<LayerActs>& acts, Scratch& s,
-                                detail::BufferTable& tab, std::size_t* activation_bytes) {
+                                kernels::Backend& backend, GemmPrecision precision,
+                                std::vector<LayerActs>& acts, Scratch& s, detail::BufferTable& tab,
+                                std::size_t* activation_bytes) {
   const bool whole = work_layers == geo.layers;
   const bool device = backend.device() != Device::kCpu;
   const bool bf16_attn = !backend.supports(kernels::OpKind::kAttention, DType::kF32);
@@ -184,6 +185,7 @@ void ModelCompute::plan_buffers(const DecoderGeometry& geo, std::int64_t T, int 
       tab.add(*buf, name, n);
     }
   }
+  if (precision == GemmPrecision::kBf16) plan_linear_buffers(geo, T, backend, s, tab);
   tab.add(s.ce_workspace, "ce_workspace",
           static_cast<std::int64_t>(ce_workspace_bytes(geo, T, backend)));
 }
@@ -191,7 +193,8 @@ void ModelCompute::plan_buffers(const DecoderGeometry& geo, std::int64_t T, int 
 Result<std::unique_ptr<ModelCompute>> ModelCompute::create(const DecoderGeometry& geo,
                                                            std::int64_t max_tokens,
                                                            kernels::Backend& backend,
-                                                           int work_layers, Stream* stream) {
+                                                           int work_layers, Stream* stream,
+                                                           GemmPrecision precision) {
   if (work_layers < 0) work_layers = geo.layers;
   FERRY_TRY(check_geometry(geo, max_tokens, backend, work_layers));
   const Device dev = backend.device();
@@ -210,9 +213,12 @@ Result<std::unique_ptr<ModelCompute>> ModelCompute::create(const DecoderGeometry
   mc->stream_ = stream;
   mc->dev_ = dev;
   mc->attn_bf16_ = !backend.supports(kernels::OpKind::kAttention, DType::kF32);
+  mc->precision_ = precision;
+  mc->native_bf16_gemm_ = backend.supports(kernels::OpKind::kGemm, DType::kBF16);
   auto s = std::make_unique<Scratch>();
   detail::BufferTable table;
-  plan_buffers(geo, max_tokens, work_layers, backend, mc->acts_, *s, table, &mc->activation_bytes_);
+  plan_buffers(geo, max_tokens, work_layers, backend, precision, mc->acts_, *s, table,
+               &mc->activation_bytes_);
   const mem::MemTier tier =
       dev == Device::kCpu ? mem::MemTier::kPageableHost : mem::MemTier::kDevice;
   mc->budget_ = std::make_unique<mem::MemoryBudget>(tier);
@@ -241,14 +247,15 @@ Result<std::unique_ptr<ModelCompute>> ModelCompute::create(const DecoderGeometry
 }
 
 Result<std::size_t> ModelCompute::planned_bytes(const DecoderGeometry& geo, std::int64_t max_tokens,
-                                                kernels::Backend& backend, int work_layers) {
+                                                kernels::Backend& backend, int work_layers,
+                                                GemmPrecision precision) {
   if (work_layers < 0) work_layers = geo.layers;
   FERRY_TRY(check_geometry(geo, max_tokens, backend, work_layers));
   std::vector<LayerActs> acts;
   Scratch s;
   detail::BufferTable table;
   std::size_t activation = 0;
-  plan_buffers(geo, max_tokens, work_layers, backend, acts, s, table, &activation);
+  plan_buffers(geo, max_tokens, work_layers, backend, precision, acts, s, table, &activation);
   return table.plan().allocation_bytes();
 }
 
@@ -290,11 +297,9 @@ Status ModelCompute::attention_forward(LayerActs& a, const LayerTensors<ConstTen
   // Projections: into q_pre/k_pre when a q/k norm follows, else straight into q/k.
   const TensorView q_proj = normed ? f32_view(a.q_pre, {T, H * D}) : f32_view(a.q, {T, H * D});
   const TensorView k_proj = normed ? f32_view(a.k_pre, {T, G * D}) : f32_view(a.k, {T, G * D});
-  FERRY_TRY(be_.gemm({.out = q_proj, .a = h1, .b = p.q, .bias = p.q_bias, .trans_b = true}, st()));
-  FERRY_TRY(be_.gemm({.out = k_proj, .a = h1, .b = p.k, .bias = p.k_bias, .trans_b = true}, st()));
-  FERRY_TRY(be_.gemm(
-      {.out = f32_view(a.v, {T, G * D}), .a = h1, .b = p.v, .bias = p.v_bias, .trans_b = true},
-      st()));
+  FERRY_TRY(linear(q_proj, h1, p.q, p.q_bias));
+  FERRY_TRY(linear(k_proj, h1, p.k, p.k_bias));
+  FERRY_TRY(linear(f32_view(a.v, {T, G * D}), h1, p.v, p.v_bias));
   if (geo_.qk_norm == QkNorm::kPerHead) {
     FERRY_TRY(be_.rms_norm({.out = f32_view(a.q, {T * H, D}),
                             .rstd = f32_view(a.q_rstd, {T * H}),
@@ -365,9 +370,7 @@ Status ModelCompute::attention_forward(LayerActs& a, const LayerTensors<ConstTen
   }
   // x_mid = x_in + attn Wo^T
   const TensorView tmp = f32_view(scratch_->tmp_c, {T, C});
-  FERRY_TRY(be_.gemm(
-      {.out = tmp, .a = f32_view(a.attn, {T, H * D}), .b = p.o, .bias = p.o_bias, .trans_b = true},
-      st()));
+  FERRY_TRY(linear(tmp, f32_view(a.attn, {T, H * D}), p.o, p.o_bias));
   return be_.add({.out = f32_view(a.x_mid, {T, C}),
                   .a = ConstTensorView::contiguous(x_in, DType::kF32, dev_, {T, C}),
                   .b = tmp},
@@ -378,26 +381,20 @@ Status ModelCompute::mlp_forward(LayerActs& a, const LayerTensors<ConstTensorVie
                                  std::int64_t T) {
   const std::int64_t C = geo_.hidden, F = geo_.mlp_width;
   const ConstTensorView h2 = f32_view(a.h2, {T, C});
-  FERRY_TRY(
-      be_.gemm({.out = f32_view(a.gate, {T, F}), .a = h2, .b = p.gate, .trans_b = true}, st()));
-  FERRY_TRY(be_.gemm({.out = f32_view(a.up, {T, F}), .a = h2, .b = p.up, .trans_b = true}, st()));
+  FERRY_TRY(linear(f32_view(a.gate, {T, F}), h2, p.gate));
+  FERRY_TRY(linear(f32_view(a.up, {T, F}), h2, p.up));
   FERRY_TRY(be_.swiglu({.out = f32_view(a.act, {T, F}),
                         .gate = f32_view(a.gate, {T, F}),
                         .up = f32_view(a.up, {T, F})},
                        st()));
-  return be_.gemm({.out = f32_view(scratch_->tmp_c, {T, C}),
-                   .a = f32_view(a.act, {T, F}),
-                   .b = p.down,
-                   .trans_b = true},
-                  st());
+  return linear(f32_view(scratch_->tmp_c, {T, C}), f32_view(a.act, {T, F}), p.down);
 }
 
 Status ModelCompute::moe_forward(LayerActs& a, const LayerTensors<ConstTensorView>& p,
                                  std::int64_t T) {
   const std::int64_t C = geo_.hidden, E = geo_.experts, K = geo_.top_k, Fe = geo_.expert_width;
   const ConstTensorView h2 = f32_view(a.h2, {T, C});
-  FERRY_TRY(be_.gemm(
-      {.out = f32_view(a.router_logits, {T, E}), .a = h2, .b = p.router, .trans_b = true}, st()));
+  FERRY_TRY(linear(f32_view(a.router_logits, {T, E}), h2, p.router));
   FERRY_TRY(be_.router({.weights = f32_view(a.weights, {T, K}),
                         .ids = i32_view(a.ids, {T, K}),
                         .probs = f32_view(a.probs, {T, E}),
@@ -422,19 +419,14 @@ Status ModelCompute::moe_forward(LayerActs& a, const LayerTensors<ConstTensorVie
     const std::int64_t r0 = offsets[e], r1 = offsets[e + 1];
     if (r1 == r0) continue;
     const ConstTensorView x_e = rows_of(ConstTensorView(gathered), r0, r1);
-    FERRY_TRY(be_.gemm(
-        {.out = rows_of(egate, r0, r1), .a = x_e, .b = p.expert_gate[e], .trans_b = true}, st()));
-    FERRY_TRY(be_.gemm(
-        {.out = rows_of(eup, r0, r1), .a = x_e, .b = p.expert_up[e], .trans_b = true}, st()));
+    FERRY_TRY(linear(rows_of(egate, r0, r1), x_e, p.expert_gate[e]));
+    FERRY_TRY(linear(rows_of(eup, r0, r1), x_e, p.expert_up[e]));
     FERRY_TRY(be_.swiglu({.out = rows_of(eact, r0, r1),
                           .gate = rows_of(ConstTensorView(egate), r0, r1),
                           .up = rows_of(ConstTensorView(eup), r0, r1)},
                          st()));
-    FERRY_TRY(be_.gemm({.out = rows_of(eout, r0, r1),
-                        .a = rows_of(ConstTensorView(eact), r0, r1),
-                        .b = p.expert_down[e],
-                        .trans_b = true},
-                       st()));
+    FERRY_TRY(
+        linear(rows_of(eout, r0, r1), rows_of(ConstTensorView(eact), r0, r1), p.expert_down[e]));
   }
   return be_.moe_combine({.out = f32_view(scratch_->tmp_c, {T, C}),
                           .expert_out = eout,
@@ -526,11 +518,14 @@ Result<ForwardResult> ModelCompute::run_head_forward(const ConstTensorView& lm_h
   Scratch& s = *scratch_;
   ForwardResult res;
   const TensorView nll = f32_view(s.nll, {T});
+  FERRY_ASSIGN_OR_RETURN(const ConstTensorView hidden,
+                         gemm_operand(f32_view(s.hf, {T, C}), s.hf16, s.hf16_f));
+  FERRY_ASSIGN_OR_RETURN(const ConstTensorView weight, gemm_operand(lm_head, s.head16, s.head16_f));
   FERRY_TRY(be_.cross_entropy(
       {.nll = nll,
        .workspace = detail::typed_view(s.ce_workspace, DType::kU8, {s.ce_workspace.n}),
-       .hidden = f32_view(s.hf, {T, C}),
-       .weight = lm_head,
+       .hidden = hidden,
+       .weight = weight,
        .targets = batch.targets,
        .chunk_tokens = kCeChunkTokens},
       st()));
@@ -586,9 +581,12 @@ Result<ForwardResult> ModelCompute::forward(const ModelParams& params, const Pac
                           .eps = geo_.rms_eps},
                          st()));
   if (!logits_out.empty_view()) {
-    FERRY_TRY(be_.gemm(
-        {.out = logits_out, .a = f32_view(s.hf, {T, C}), .b = params.lm_head, .trans_b = true},
-        st()));
+    // The lm_head's operands live in the loss's buffers (the weight is [V, C], wider than w16).
+    FERRY_ASSIGN_OR_RETURN(const ConstTensorView hidden,
+                           gemm_operand(f32_view(s.hf, {T, C}), s.hf16, s.hf16_f));
+    FERRY_ASSIGN_OR_RETURN(const ConstTensorView weight,
+                           gemm_operand(params.lm_head, s.head16, s.head16_f));
+    FERRY_TRY(be_.gemm({.out = logits_out, .a = hidden, .b = weight, .trans_b = true}, st()));
   }
   last_T_ = T;
   if (batch.targets.empty_view()) return ForwardResult{};

@@ -24,7 +24,13 @@
 // that GPU too. The few numbers the host needs (per-token nll and targets for the loss sum, MoE
 // expert row offsets for the per-expert GEMMs, token ids for the padding row) are copied back
 // explicitly (small D2H copies, then a stream synchronize); those are the only host syncs.
-// Activations stay f32; when the backend has no f32 attention (supports(kAttention, kF32) is
+// Activations stay f32. Linear layers (every x W^T, their two backward GEMMs and the lm_head inside
+// the loss) multiply in the GemmPrecision chosen at create(): kF32 (the default; what the golden
+// tests compare), or kBf16, PyTorch autocast's bf16 matmul: both operands rounded to bf16 (round
+// to nearest even), products accumulated in f32, f32 out, so the residual stream, norms, softmax
+// and gradients stay f32 while the GEMMs run on bf16 tensor cores (model_compute_linear.cpp). A
+// backend without bf16 GEMMs (CPU) runs kBf16 as its twin: the same rounding, then f32 GEMMs.
+// When the backend has no f32 attention (supports(kAttention, kF32) is
 // false, e.g. CUDA), q/k/v are cast to bf16 just for attention and its output back to f32 (and
 // dO, dQ, dK, dV likewise in the backward) through Backend::convert. CPU backends never cast.
 //
@@ -37,6 +43,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "core/result.h"
@@ -54,6 +61,8 @@ class TransferEngine;
 namespace ferry::model {
 namespace detail {
 class BufferTable;
+template <typename T>
+struct DevBuf;
 }  // namespace detail
 
 // The numbers the arithmetic needs, derived from a ModelConfig (model_binding.h).
@@ -115,6 +124,16 @@ struct PackedBatch {
   ConstTensorView targets;     // [T] i32, -100 = ignored; may be empty for forward-only logits
 };
 
+// How linear layers multiply (see the header comment).
+enum class GemmPrecision : std::uint8_t {
+  kF32,   // f32 operands
+  kBf16,  // operands rounded to bf16, f32 accumulation and output
+};
+std::string_view to_string(GemmPrecision p);
+// "f32" | "bf16" | "auto" (bf16 when computing on a GPU, f32 on a CPU, where bf16 would only add
+// rounding); anything else is invalid_argument naming the value.
+Result<GemmPrecision> parse_gemm_precision(std::string_view s, Device compute);
+
 struct ForwardResult {
   double loss_sum = 0.0;     // sum of nll over counted targets
   std::int64_t counted = 0;  // targets != ignore index
@@ -135,17 +154,17 @@ class ModelCompute {
   //   FERRY_ASSIGN_OR_RETURN(kernels::Backend* be, kernels::cuda_backend(0));
   //   FERRY_ASSIGN_OR_RETURN(mem::StreamSet ss, mem::StreamSet::create(Device::kCuda, 0));
   //   FERRY_ASSIGN_OR_RETURN(auto mc, ModelCompute::create(geo, T, *be, -1, &ss.compute()));
-  static Result<std::unique_ptr<ModelCompute>> create(const DecoderGeometry& geo,
-                                                      std::int64_t max_tokens,
-                                                      kernels::Backend& backend,
-                                                      int work_layers = -1,
-                                                      mem::Stream* stream = nullptr);
+  static Result<std::unique_ptr<ModelCompute>> create(
+      const DecoderGeometry& geo, std::int64_t max_tokens, kernels::Backend& backend,
+      int work_layers = -1, mem::Stream* stream = nullptr,
+      GemmPrecision precision = GemmPrecision::kF32);
   // Bytes create() would allocate for these arguments (activations + scratch + the loss chunk's
   // workspace + 256-byte slot alignment, in the backend's memory), without allocating: what a
   // planner charges for ModelCompute's buffers. Equals total_bytes() of the created object. Not
   // counted: the small host copies of the header comment (O(T + L*E) values, device arenas only).
   static Result<std::size_t> planned_bytes(const DecoderGeometry& geo, std::int64_t max_tokens,
-                                           kernels::Backend& backend, int work_layers = -1);
+                                           kernels::Backend& backend, int work_layers = -1,
+                                           GemmPrecision precision = GemmPrecision::kF32);
 
   // Runs the model over the batch. When targets are given, fills nll_out ([T] f32, optional)
   // and returns the loss; when logits_out ([T, V] f32) is given, writes the full logits too (tests
@@ -195,6 +214,7 @@ class ModelCompute {
   Device buffer_device() const { return dev_; }
   // True when attention runs on bf16 copies of q/k/v (backend without f32 attention).
   bool attention_in_bf16() const { return attn_bf16_; }
+  GemmPrecision gemm_precision() const { return precision_; }
 
  private:
   struct LayerActs;
@@ -205,8 +225,13 @@ class ModelCompute {
 
   // The size table shared by create() and planned_bytes() (model_compute_buffers.h).
   static void plan_buffers(const DecoderGeometry& geo, std::int64_t T, int work_layers,
-                           kernels::Backend& backend, std::vector<LayerActs>& acts, Scratch& s,
-                           detail::BufferTable& table, std::size_t* activation_bytes);
+                           kernels::Backend& backend, GemmPrecision precision,
+                           std::vector<LayerActs>& acts, Scratch& s, detail::BufferTable& table,
+                           std::size_t* activation_bytes);
+  // The GEMM operand buffers of GemmPrecision::kBf16 (model_compute_linear.cpp).
+  static void plan_linear_buffers(const DecoderGeometry& geo, std::int64_t T,
+                                  kernels::Backend& backend, Scratch& s,
+                                  detail::BufferTable& table);
   kernels::Stream& st() const { return *stream_; }
   // n elements at src (arena or caller memory on the buffer device) as a host pointer: src itself
   // for host buffers, else a D2H copy into `mirror` followed by a stream synchronize.
@@ -214,6 +239,22 @@ class ModelCompute {
   Result<const T*> read_to_host(const T* src, std::vector<T>& mirror, std::int64_t n);
   // Sets n floats at p (arena memory) to +0.0: memset on the host, a copy from s.zeros on device.
   Status zero_fill(float* p, std::int64_t n);
+
+  // Linear layers in the GemmPrecision (model_compute_linear.cpp).
+  // y = x w^T (+ bias), y f32 [N, out], x f32 [N, in], w [out, in].
+  Status linear(const TensorView& y, const ConstTensorView& x, const ConstTensorView& w,
+                const ConstTensorView& bias = {});
+  // Backward of y = x w^T + b given dy: dw += dy^T x; db += 1^T dy (f32, exact operands);
+  // dx = dy w (dx += dy w when accumulate_dx). dx may be empty.
+  Status linear_backward(const TensorView& dx, const TensorView& dw, const TensorView& db,
+                         const ConstTensorView& dy, const ConstTensorView& x,
+                         const ConstTensorView& w, bool accumulate_dx);
+  // The view a GEMM reads for v in the GemmPrecision: v itself (kF32, or v already bf16 on a
+  // bf16 backend); else v rounded to bf16 in `b16` (a bf16 view on a bf16-GEMM backend, or
+  // widened back into `f32` on the CPU twin).
+  Result<ConstTensorView> gemm_operand(const ConstTensorView& v,
+                                       const detail::DevBuf<std::uint16_t>& b16,
+                                       const detail::DevBuf<float>& f32);
 
   // The internal steps work on one layer's workspace `a`; x_in/x_out are [T*C] f32.
   Status run_layer_forward(int l, LayerActs& a, const LayerTensors<ConstTensorView>& p,
@@ -247,6 +288,8 @@ class ModelCompute {
   kernels::Stream* stream_ = nullptr;
   Device dev_ = Device::kCpu;
   bool attn_bf16_ = false;
+  GemmPrecision precision_ = GemmPrecision::kF32;
+  bool native_bf16_gemm_ = false;              // the backend multiplies bf16 operands itself
   std::unique_ptr<mem::MemoryBudget> budget_;  // unlimited; outlives arena_ (declared first)
   std::unique_ptr<mem::Arena> arena_;
   std::unique_ptr<mem::TransferEngine> own_te_;  // the CUDA engine (device arenas)

@@ -19,32 +19,14 @@ using detail::kCeChunkTokens;
 using detail::rows_of;
 using kernels::Stream;
 
-// Linear layer y = x W^T (+ b) backward, given dy:
-//   dW += dy^T x;  db += 1^T dy;  dx = dy W  (or dx += dy W when accumulate_dx).
-static Status linear_backward(kernels::Backend& be, const TensorView& dx, const TensorView& dw,
-                              const TensorView& db, const ConstTensorView& dy,
-                              const ConstTensorView& x, const ConstTensorView& w,
-                              const ConstTensorView& ones, bool accumulate_dx, Stream& stream) {
-  FERRY_TRY(be.gemm({.out = dw, .a = dy, .b = x, .trans_a = true, .beta = 1.0f}, stream));
-  if (!db.empty_view()) {
-    const TensorView db_row = TensorView::contiguous(db.data, db.dtype, db.device, {1, db.numel()});
-    const ConstTensorView ones_row =
-        ConstTensorView::contiguous(ones.data, ones.dtype, ones.device, {1, dy.shape[0]});
-    FERRY_TRY(be.gemm({.out = db_row, .a = ones_row, .b = dy, .beta = 1.0f}, stream));
-  }
-  if (dx.empty_view()) return {};
-  return be.gemm({.out = dx, .a = dy, .b = w, .beta = accumulate_dx ? 1.0f : 0.0f}, stream);
-}
-
 Status ModelCompute::mlp_backward(LayerActs& a, const LayerTensors<ConstTensorView>& p,
                                   const LayerTensors<TensorView>& g, std::int64_t T) {
   Scratch& s = *scratch_;
   const std::int64_t C = geo_.hidden, F = geo_.mlp_width;
   const ConstTensorView dy = f32_view(s.dx, {T, C});
-  const ConstTensorView ones = f32_view(s.ones, {T});
   // y = act Wd^T
-  FERRY_TRY(linear_backward(be_, f32_view(s.d_act, {T, F}), g.down, {}, dy, f32_view(a.act, {T, F}),
-                            p.down, ones, false, st()));
+  FERRY_TRY(linear_backward(f32_view(s.d_act, {T, F}), g.down, {}, dy, f32_view(a.act, {T, F}),
+                            p.down, false));
   // act = silu(gate) * up
   FERRY_TRY(be_.swiglu_backward({.d_gate = f32_view(s.d_gate, {T, F}),
                                  .d_up = f32_view(s.d_up, {T, F}),
@@ -54,10 +36,10 @@ Status ModelCompute::mlp_backward(LayerActs& a, const LayerTensors<ConstTensorVi
                                 st()));
   // gate = h2 Wg^T, up = h2 Wu^T  ->  dh = d_gate Wg + d_up Wu
   const ConstTensorView h2 = f32_view(a.h2, {T, C});
-  FERRY_TRY(linear_backward(be_, f32_view(s.dh, {T, C}), g.gate, {}, f32_view(s.d_gate, {T, F}), h2,
-                            p.gate, ones, false, st()));
-  return linear_backward(be_, f32_view(s.dh, {T, C}), g.up, {}, f32_view(s.d_up, {T, F}), h2, p.up,
-                         ones, true, st());
+  FERRY_TRY(linear_backward(f32_view(s.dh, {T, C}), g.gate, {}, f32_view(s.d_gate, {T, F}), h2,
+                            p.gate, false));
+  return linear_backward(f32_view(s.dh, {T, C}), g.up, {}, f32_view(s.d_up, {T, F}), h2, p.up,
+                         true);
 }
 
 Status ModelCompute::moe_backward(LayerActs& a, const LayerTensors<ConstTensorView>& p,
@@ -85,12 +67,10 @@ Status ModelCompute::moe_backward(LayerActs& a, const LayerTensors<ConstTensorVi
   for (std::int64_t e = 0; e < E; ++e) {
     const std::int64_t r0 = offsets[e], r1 = offsets[e + 1];
     if (r1 == r0) continue;
-    const ConstTensorView ones_e = f32_view(s.ones, {r1 - r0});
     // eout_e = eact_e Wd_e^T
-    FERRY_TRY(linear_backward(be_, rows_of(d_eact, r0, r1), g.expert_down[e], {},
+    FERRY_TRY(linear_backward(rows_of(d_eact, r0, r1), g.expert_down[e], {},
                               rows_of(ConstTensorView(d_eout), r0, r1),
-                              rows_of(ConstTensorView(eact), r0, r1), p.expert_down[e], ones_e,
-                              false, st()));
+                              rows_of(ConstTensorView(eact), r0, r1), p.expert_down[e], false));
     FERRY_TRY(be_.swiglu_backward({.d_gate = rows_of(d_egate, r0, r1),
                                    .d_up = rows_of(d_eup, r0, r1),
                                    .d_out = rows_of(ConstTensorView(d_eact), r0, r1),
@@ -98,12 +78,11 @@ Status ModelCompute::moe_backward(LayerActs& a, const LayerTensors<ConstTensorVi
                                    .up = rows_of(ConstTensorView(eup), r0, r1)},
                                   st()));
     const ConstTensorView x_e = rows_of(ConstTensorView(gathered), r0, r1);
-    FERRY_TRY(linear_backward(be_, rows_of(d_gathered, r0, r1), g.expert_gate[e], {},
+    FERRY_TRY(linear_backward(rows_of(d_gathered, r0, r1), g.expert_gate[e], {},
                               rows_of(ConstTensorView(d_egate), r0, r1), x_e, p.expert_gate[e],
-                              ones_e, false, st()));
-    FERRY_TRY(linear_backward(be_, rows_of(d_gathered, r0, r1), g.expert_up[e], {},
-                              rows_of(ConstTensorView(d_eup), r0, r1), x_e, p.expert_up[e], ones_e,
-                              true, st()));
+                              false));
+    FERRY_TRY(linear_backward(rows_of(d_gathered, r0, r1), g.expert_up[e], {},
+                              rows_of(ConstTensorView(d_eup), r0, r1), x_e, p.expert_up[e], true));
   }
   // gathered = dispatch(h2)  ->  dh accumulates every copy of a token's row
   const TensorView dh = f32_view(s.dh, {T, C});
@@ -118,8 +97,8 @@ Status ModelCompute::moe_backward(LayerActs& a, const LayerTensors<ConstTensorVi
                                  .top_k = geo_.top_k,
                                  .renormalize = geo_.renormalize_topk},
                                 st()));
-  return linear_backward(be_, dh, g.router, {}, f32_view(s.d_router_logits, {T, E}),
-                         f32_view(a.h2, {T, C}), p.router, f32_view(s.ones, {T}), true, st());
+  return linear_backward(dh, g.router, {}, f32_view(s.d_router_logits, {T, E}),
+                         f32_view(a.h2, {T, C}), p.router, true);
 }
 
 Status ModelCompute::attention_backward(LayerActs& a, const LayerTensors<ConstTensorView>& p,
@@ -127,11 +106,9 @@ Status ModelCompute::attention_backward(LayerActs& a, const LayerTensors<ConstTe
                                         const PackedBatch& batch) {
   Scratch& s = *scratch_;
   const std::int64_t C = geo_.hidden, H = geo_.heads, G = geo_.kv_heads, D = geo_.head_dim;
-  const ConstTensorView ones = f32_view(s.ones, {T});
   // x_mid = x_in + attn Wo^T
-  FERRY_TRY(linear_backward(be_, f32_view(s.d_attn, {T, H * D}), g.o, g.o_bias,
-                            f32_view(s.dx_mid, {T, C}), f32_view(a.attn, {T, H * D}), p.o, ones,
-                            false, st()));
+  FERRY_TRY(linear_backward(f32_view(s.d_attn, {T, H * D}), g.o, g.o_bias,
+                            f32_view(s.dx_mid, {T, C}), f32_view(a.attn, {T, H * D}), p.o, false));
   // attn = attention(q, k, v)
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   if (!attn_bf16_) {
@@ -216,12 +193,9 @@ Status ModelCompute::attention_backward(LayerActs& a, const LayerTensors<ConstTe
   // q, k, v = h1 W^T + b  ->  dh = dq Wq + dk Wk + dv Wv
   const ConstTensorView h1 = f32_view(a.h1, {T, C});
   const TensorView dh = f32_view(s.dh, {T, C});
-  FERRY_TRY(linear_backward(be_, dh, g.q, g.q_bias, f32_view(*dq_proj, {T, H * D}), h1, p.q, ones,
-                            false, st()));
-  FERRY_TRY(linear_backward(be_, dh, g.k, g.k_bias, f32_view(*dk_proj, {T, G * D}), h1, p.k, ones,
-                            true, st()));
-  return linear_backward(be_, dh, g.v, g.v_bias, f32_view(s.dv, {T, G * D}), h1, p.v, ones, true,
-                         st());
+  FERRY_TRY(linear_backward(dh, g.q, g.q_bias, f32_view(*dq_proj, {T, H * D}), h1, p.q, false));
+  FERRY_TRY(linear_backward(dh, g.k, g.k_bias, f32_view(*dk_proj, {T, G * D}), h1, p.k, true));
+  return linear_backward(dh, g.v, g.v_bias, f32_view(s.dv, {T, G * D}), h1, p.v, true);
 }
 
 // On entry s.dx holds d loss / d (layer output); on exit d loss / d (layer input).
@@ -264,13 +238,17 @@ Status ModelCompute::run_head_backward(const ConstTensorView& final_norm,
                                        const PackedBatch& batch, const float* x_final) {
   Scratch& s = *scratch_;
   const std::int64_t T = batch.ids.numel(), C = geo_.hidden;
+  // The same rounded operands as the forward's (recast: the rounding is deterministic).
+  FERRY_ASSIGN_OR_RETURN(const ConstTensorView hidden,
+                         gemm_operand(f32_view(s.hf, {T, C}), s.hf16, s.hf16_f));
+  FERRY_ASSIGN_OR_RETURN(const ConstTensorView weight, gemm_operand(lm_head, s.head16, s.head16_f));
   FERRY_TRY(be_.cross_entropy(
       {.nll = f32_view(s.nll, {T}),
        .d_hidden = f32_view(s.dh, {T, C}),
        .d_weight = d_lm_head,
        .workspace = detail::typed_view(s.ce_workspace, DType::kU8, {s.ce_workspace.n}),
-       .hidden = f32_view(s.hf, {T, C}),
-       .weight = lm_head,
+       .hidden = hidden,
+       .weight = weight,
        .targets = batch.targets,
        .chunk_tokens = kCeChunkTokens,
        .grad_scale = 1.0f / static_cast<float>(last_counted_)},

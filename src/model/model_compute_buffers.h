@@ -162,6 +162,12 @@ struct ModelCompute::Scratch {
   // dV, shared by all layers (recast from the f32 activations in the backward).
   Bf16Buf q16, k16, v16, o16;      // [T, H*D], [T, G*D], [T, G*D], [T, H*D]
   Bf16Buf do16, dq16, dk16, dv16;  // same
+  // GemmPrecision::kBf16 operands (model_compute_linear.cpp): a GEMM's activation operand (x),
+  // its output gradient (dy), its weight (w), and the loss's hidden rows and lm_head (hf16,
+  // head16). The *_f buffers hold the same values widened to f32, only on a backend without bf16
+  // GEMMs (the CPU twin).
+  Bf16Buf x16, dy16, w16, hf16, head16;
+  F32Buf x16_f, dy16_f, w16_f, hf16_f, head16_f;
   // Host copies of what the host reads when the arena is device memory.
   std::vector<float> h_nll;            // [T]
   std::vector<std::int32_t> h_ids;     // [T]

@@ -70,6 +70,8 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
     if (!info.devices.empty()) device_name = info.devices.front().name;
   }
   const double peak = c.peak_tflops > 0 ? c.peak_tflops * 1e12 : known_peak_bf16_flops(device_name);
+  FERRY_ASSIGN_OR_RETURN(const model::GemmPrecision precision,
+                         model::parse_gemm_precision(c.gemm_precision, be->device()));
 
   // The random-weight model, written once and loaded once (each policy starts from it).
   const std::string dir =
@@ -104,6 +106,7 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
            {"warmup", c.warmup},
            {"peak_tflops", peak / 1e12},
            {"optimizer", describe(c.optim)},
+           {"gemm_precision", model::to_string(precision)},
            {"policies", Json::array()}};
   AdamWConfig adamw;
   for (const std::string& name : c.policies) {
@@ -113,7 +116,8 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
     const stream::StreamOptions so{.policy = pol,
                                    .prefetch = c.prefetch,
                                    .device_budget_bytes = c.device_budget_bytes,
-                                   .optimizer_threads = c.optimizer_threads};
+                                   .optimizer_threads = c.optimizer_threads,
+                                   .gemm_precision = precision};
     auto ex = stream::StreamExecutor::create(*state, c.batch, c.seq, so, *be);
     if (!ex.ok()) {
       rep["policies"].push_back({{"policy", name}, {"error", ex.status().to_string()}});
@@ -189,10 +193,11 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
 std::string format_train_bench(const Json& r) {
   std::string out = fmt::format(
       "bench train on {} | {} layers, hidden {}, {:.3g} B params | batch {} x seq {} | {} timed "
-      "steps | {}\n",
+      "steps | {} | {} GEMMs\n",
       r["device"].get<std::string>(), r["geometry"]["layers"].get<int>(),
       r["geometry"]["hidden"].get<int>(), r["params"].get<double>() / 1e9, r["batch"].get<int>(),
-      r["seq"].get<std::int64_t>(), r["steps"].get<int>(), r["optimizer"].get<std::string>());
+      r["seq"].get<std::int64_t>(), r["steps"].get<int>(), r["optimizer"].get<std::string>(),
+      r.value("gemm_precision", std::string("f32")));
   out += fmt::format("{:<22} {:>10} {:>10} {:>8} {:>8} {:>6} {:>11} {:>8} {:>12} {:>10}\n",
                      "policy", "step ms", "tok/s", "TFLOPS", "hw", "MFU%", "exposed ms", "opt ms",
                      "device peak", "host peak");

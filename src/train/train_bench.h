@@ -31,8 +31,9 @@ struct TrainBenchConfig {
   int warmup = 1;  // untimed steps first
   std::vector<std::string> policies{"device", "every:4", "host"};
   int prefetch = 2;
-  int optimizer_threads = 0;  // StreamOptions::optimizer_threads
-  OptimMode optim;            // master weights x optimizer states (GPU: fp32 master)
+  int optimizer_threads = 0;            // StreamOptions::optimizer_threads
+  std::string gemm_precision = "auto";  // stream: auto | bf16 | f32 (model::parse_gemm_precision)
+  OptimMode optim;                      // master weights x optimizer states (GPU: fp32 master)
   std::size_t device_budget_bytes = mem::MemoryBudget::kUnlimited;
   double peak_tflops = 0;  // MFU denominator; 0: the GPU's known peak
   std::uint64_t seed = 1;

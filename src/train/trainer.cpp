@@ -283,21 +283,24 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
     } else {
       FERRY_ASSIGN_OR_RETURN(policy, stream::parse_policy(c.policy, s.geometry.layers));
     }
+    FERRY_ASSIGN_OR_RETURN(const model::GemmPrecision gemm_precision,
+                           model::parse_gemm_precision(c.gemm_precision, step_be->device()));
     const stream::StreamOptions so{
         .policy = policy,
         .prefetch = c.prefetch,
         .device_budget_bytes = c.device_budget_mib > 0
                                    ? static_cast<std::size_t>(c.device_budget_mib) << 20
                                    : mem::MemoryBudget::kUnlimited,
-        .optimizer_threads = c.optimizer_threads};
+        .optimizer_threads = c.optimizer_threads,
+        .gemm_precision = gemm_precision};
     FERRY_ASSIGN_OR_RETURN(
         streamer, stream::StreamExecutor::create(s, c.batch_size, c.seq_len, so, *step_be));
     sum.host_bytes_per_param = streamer->arena().bytes_per_param();
     lg->info(
-        "executor: stream on {} | policy {} | {} weight slots | device tier {} planned (budget {}) "
-        "| host arena {} = {:.2f} bytes/param",
-        device_name.empty() ? std::string("cpu") : device_name, policy.describe(), c.prefetch + 1,
-        mem::format_bytes(streamer->device_planned_bytes()),
+        "executor: stream on {} | {} GEMMs | policy {} | {} weight slots | device tier {} planned "
+        "(budget {}) | host arena {} = {:.2f} bytes/param",
+        device_name.empty() ? std::string("cpu") : device_name, model::to_string(gemm_precision),
+        policy.describe(), c.prefetch + 1, mem::format_bytes(streamer->device_planned_bytes()),
         c.device_budget_mib > 0 ? mem::format_bytes(so.device_budget_bytes) : "unlimited",
         mem::format_bytes(streamer->arena().total_bytes()), sum.host_bytes_per_param);
   }

@@ -64,12 +64,13 @@ struct TrainConfig {
   // Where the stream executor computes: "cpu" (the CPU backend over the emulated device tier) or
   // "cuda" (GPU 0; stream executor only). Eval and export stay on the CPU.
   std::string device = "cpu";
-  int optimizer_threads = 0;           // stream: AdamW threads (0: StreamOptions' default)
-  std::string policy = "device";       // stream: activation policy (stream/activation_policy.h)
-  int prefetch = 2;                    // stream: weight slots beyond the one in use
-  std::int64_t device_budget_mib = 0;  // stream: device-tier budget, 0 = unlimited
-  std::string plan_file;               // stream: take the policy from a `ferry plan` JSON
-  std::string nvme_dir;                // stream: directory of NVMe-homed boundaries of a plan
+  int optimizer_threads = 0;            // stream: AdamW threads (0: StreamOptions' default)
+  std::string gemm_precision = "auto";  // stream: auto | bf16 | f32 (model::parse_gemm_precision)
+  std::string policy = "device";        // stream: activation policy (stream/activation_policy.h)
+  int prefetch = 2;                     // stream: weight slots beyond the one in use
+  std::int64_t device_budget_mib = 0;   // stream: device-tier budget, 0 = unlimited
+  std::string plan_file;                // stream: take the policy from a `ferry plan` JSON
+  std::string nvme_dir;                 // stream: directory of NVMe-homed boundaries of a plan
 
   std::int64_t save_every = 0;  // 0: only at the end (when > 0 checkpoints are also kept)
   int keep_checkpoints = 2;

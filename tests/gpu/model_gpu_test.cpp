@@ -16,6 +16,10 @@
 // quantity that bf16 attention does not disturb is still held to f32 accuracy. Metrics: logits,
 // max abs error / max |ref|; loss, relative; each gradient, ||got - ref|| / ||ref||.
 // The per-layer API (train/stream's path) is run too and must reproduce the whole-model result.
+// Each fixture runs twice: with f32 GEMMs, and with bf16 GEMMs (GemmPrecision::kBf16: operands
+// rounded to bf16, f32 accumulation on tensor cores), where the naive twin is the same CPU
+// backend with the same GemmPrecision (it rounds the operands at the same points and multiplies
+// in f32, tests/golden/model_bf16_gemm_test.cpp) and the f32 reference stays the CPU's f32 run.
 // Skips with a reason when no CUDA device exists.
 #include <algorithm>
 #include <cmath>
@@ -76,9 +80,10 @@ struct Fixture {
   std::int64_t T = 0, V = 0;
 };
 
-Results run_on_host(kernels::Backend& be, Fixture& f) {
+Results run_on_host(kernels::Backend& be, Fixture& f,
+                    model::GemmPrecision precision = model::GemmPrecision::kF32) {
   Results r;
-  auto mc = ModelCompute::create(f.m->geometry, f.T, be);
+  auto mc = ModelCompute::create(f.m->geometry, f.T, be, -1, nullptr, precision);
   EXPECT_TRUE(mc.ok()) << mc.status().to_string();
   if (!mc.ok()) return r;
   r.logits.resize(static_cast<std::size_t>(f.T * f.V));
@@ -148,10 +153,16 @@ void make_device_grads(const model::GradStorage& host, DeviceGrads* dg) {
   }
 }
 
-class ModelGpu : public CudaTest, public ::testing::WithParamInterface<std::string> {};
+struct GpuCase {
+  std::string arch;
+  model::GemmPrecision precision;
+};
+
+class ModelGpu : public CudaTest, public ::testing::WithParamInterface<GpuCase> {};
 
 TEST_P(ModelGpu, ForwardBackwardOnCudaMatchesTransformersAndCpu) {
-  const std::string arch = GetParam();
+  const std::string arch = GetParam().arch;
+  const model::GemmPrecision precision = GetParam().precision;
   Fixture f;
   auto loaded = model::load_model_f32(fixture_dir(arch));
   ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
@@ -178,7 +189,7 @@ TEST_P(ModelGpu, ForwardBackwardOnCudaMatchesTransformersAndCpu) {
   for (const auto& [name, v] : f.m->named) hf.grads[name] = to_f32(view("grad." + name));
   const Results cpu = run_on_host(kernels::cpu_backend(), f);
   Bf16AttentionCpu naive_be;
-  const Results naive = run_on_host(naive_be, f);
+  const Results naive = run_on_host(naive_be, f, precision);
   ASSERT_FALSE(HasFailure());
 
   // ---- CUDA: params, batch and gradients as device copies. ----
@@ -234,11 +245,11 @@ TEST_P(ModelGpu, ForwardBackwardOnCudaMatchesTransformersAndCpu) {
   EXPECT_EQ(
       ModelCompute::create(f.m->geometry, f.T, cuda(), -1, &mem::Stream::host()).status().code(),
       StatusCode::kInvalidArgument);
-  auto mc = ModelCompute::create(f.m->geometry, f.T, cuda(), -1, &stream());
+  auto mc = ModelCompute::create(f.m->geometry, f.T, cuda(), -1, &stream(), precision);
   ASSERT_TRUE(mc.ok()) << mc.status().to_string();
   EXPECT_EQ((*mc)->buffer_device(), Device::kCuda);
   EXPECT_TRUE((*mc)->attention_in_bf16());
-  auto planned = ModelCompute::planned_bytes(f.m->geometry, f.T, cuda());
+  auto planned = ModelCompute::planned_bytes(f.m->geometry, f.T, cuda(), -1, precision);
   ASSERT_TRUE(planned.ok());
   EXPECT_EQ(*planned, (*mc)->total_bytes());
 
@@ -293,10 +304,11 @@ TEST_P(ModelGpu, ForwardBackwardOnCudaMatchesTransformersAndCpu) {
         worst_en = en;
       }
     }
-    std::cout << "[model_gpu] " << arch << " vs " << rname << ": logits " << el << " (naive "
-              << el_n << ", bound " << 2 * el_n + kLogitsFloor << "), loss " << eloss << " (naive "
-              << eloss_n << "), grads max " << max_e << "; tightest " << worst << " " << worst_e
-              << " vs bound " << 2 * worst_en + kGradFloor << " (naive " << worst_en << ")\n";
+    std::cout << "[model_gpu] " << arch << " " << model::to_string(precision) << " vs " << rname
+              << ": logits " << el << " (naive " << el_n << ", bound " << 2 * el_n + kLogitsFloor
+              << "), loss " << eloss << " (naive " << eloss_n << "), grads max " << max_e
+              << "; tightest " << worst << " " << worst_e << " vs bound "
+              << 2 * worst_en + kGradFloor << " (naive " << worst_en << ")\n";
   }
   std::cout << "[model_gpu] " << arch << " cpu-f32 vs transformers: logits "
             << rel_max_diff(cpu.logits, hf.logits) << "\n";
@@ -306,7 +318,7 @@ TEST_P(ModelGpu, ForwardBackwardOnCudaMatchesTransformersAndCpu) {
   // Same kernels in the same order as the whole-model run, so the loss must agree to f32
   // rounding of the sum and the gradients up to the order of the f32 atomics in the embedding
   // backward (docs/cuda.md: the only non-deterministic kernel on this path).
-  auto per_layer = ModelCompute::create(f.m->geometry, f.T, cuda(), 1, &stream());
+  auto per_layer = ModelCompute::create(f.m->geometry, f.T, cuda(), 1, &stream(), precision);
   ASSERT_TRUE(per_layer.ok()) << per_layer.status().to_string();
   ModelCompute& pl = **per_layer;
   const std::int64_t L = f.m->geometry.layers, C = f.m->geometry.hidden;
@@ -344,10 +356,20 @@ TEST_P(ModelGpu, ForwardBackwardOnCudaMatchesTransformersAndCpu) {
             << std::fabs(head->mean_loss() - gpu.loss) << ", grads max " << worst << "\n";
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, ModelGpu,
-                         ::testing::Values("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral",
-                                           "olmoe"),
-                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+std::vector<GpuCase> gpu_cases() {
+  std::vector<GpuCase> out;
+  for (const char* arch : {"llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "olmoe"}) {
+    for (model::GemmPrecision p : {model::GemmPrecision::kF32, model::GemmPrecision::kBf16})
+      out.push_back({arch, p});
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ModelGpu, ::testing::ValuesIn(gpu_cases()),
+                         [](const ::testing::TestParamInfo<GpuCase>& p) {
+                           return p.param.arch + "_" +
+                                  std::string(model::to_string(p.param.precision));
+                         });
 
 }  // namespace
 }  // namespace ferry::testing

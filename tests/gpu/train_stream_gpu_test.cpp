@@ -55,10 +55,10 @@ void expect_transfers_equal(const TransferStats& a, const TransferStats& b, cons
   EXPECT_EQ(a.layer_backwards, b.layer_backwards) << p;
 }
 
-void check_policies_on_gpu(const model::LoadedModel& m, const std::vector<std::string>& policies) {
+void check_policies_on_gpu(const model::LoadedModel& m, const std::vector<std::string>& policies,
+                           const RunSpec& spec = {}) {  // 3 steps x accum 2
   kernels::Backend* be = cuda_or_null();
   ASSERT_NE(be, nullptr);
-  const RunSpec spec;  // 3 steps x accum 2
   const std::vector<Batch> data = make_batches(spec.steps * spec.accum, m.geometry.vocab, 5);
   const RunResult base = run_stream(m, spec, data, "device", 2, *be);
   ASSERT_EQ(base.losses.size(), static_cast<std::size_t>(spec.steps));
@@ -74,7 +74,7 @@ void check_policies_on_gpu(const model::LoadedModel& m, const std::vector<std::s
     }
     expect_same_state(*base.state, *g.state, p + " (cuda) vs device (cuda)");
     EXPECT_LE(g.peak, g.planned) << p;
-    const RunResult c = run_stream(m, spec, data, p);  // the CPU executor, same policy
+    const RunResult c = run_stream(m, spec, data, p);  // the CPU executor, same policy and GEMMs
     expect_transfers_equal(g.stats, c.stats, p);
     double window_exposed = 0.0;
     for (double w : g.stats.window_exposed_s) window_exposed += w;
@@ -95,6 +95,18 @@ TEST(TrainStreamGpu, DenseEveryPolicyBitIdenticalOnGpu) {
   check_policies_on_gpu(*m, {"host", "nvme:" + nv, "every:2", "every:3:host", "mix:dhrn:" + nv});
 }
 
+// bf16 GEMMs (the trainer's default on a GPU): still every policy bit-identical to "device".
+TEST(TrainStreamGpu, Bf16GemmsEveryPolicyBitIdenticalOnGpu) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = testing::temp_dir("stream_gpu_bf16");
+  auto m = dense_model(dir + "/model");
+  RunSpec spec;
+  spec.gemm_precision = model::GemmPrecision::kBf16;
+  check_policies_on_gpu(*m, {"host", "every:2", "every:3:host"}, spec);
+  auto moe = moe_model();
+  check_policies_on_gpu(*moe, {"every:2"}, spec);
+}
+
 TEST(TrainStreamGpu, MoeEveryPolicyBitIdenticalOnGpu) {
   if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
   auto m = moe_model();
@@ -110,12 +122,14 @@ struct OneStep {
 };
 
 OneStep one_step(const model::LoadedModel& m, const Batch& batch, const std::string& policy,
-                 kernels::Backend& be) {
+                 kernels::Backend& be,
+                 model::GemmPrecision precision = model::GemmPrecision::kF32) {
   OneStep out;
   auto state = make_state(m, {});
   auto pol = parse_policy(policy, m.geometry.layers);
   EXPECT_TRUE(pol.ok());
-  auto ex = StreamExecutor::create(*state, kBatch, kSeq, {.policy = *pol}, be);
+  auto ex = StreamExecutor::create(*state, kBatch, kSeq,
+                                   {.policy = *pol, .gemm_precision = precision}, be);
   EXPECT_TRUE(ex.ok()) << ex.status().to_string();
   if (!ex.ok()) return out;
   (*ex)->begin_step(1);
@@ -141,14 +155,17 @@ double rel_norm_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
-void check_against_cpu(const model::LoadedModel& m, const std::string& policy) {
+// The CPU f32 run is the reference; the naive twin uses the GPU's precision (bf16 attention, and
+// bf16-rounded GEMM operands when `precision` is kBf16).
+void check_against_cpu(const model::LoadedModel& m, const std::string& policy,
+                       model::GemmPrecision precision = model::GemmPrecision::kF32) {
   kernels::Backend* be = cuda_or_null();
   ASSERT_NE(be, nullptr);
   const Batch batch = make_batches(1, m.geometry.vocab, 11).front();
   const OneStep cpu = one_step(m, batch, policy, kernels::cpu_backend());
   ferry::testing::Bf16AttentionCpu naive_be;
-  const OneStep naive = one_step(m, batch, policy, naive_be);
-  const OneStep gpu = one_step(m, batch, policy, *be);
+  const OneStep naive = one_step(m, batch, policy, naive_be, precision);
+  const OneStep gpu = one_step(m, batch, policy, *be, precision);
   ASSERT_EQ(gpu.grads.size(), cpu.grads.size());
   ASSERT_EQ(naive.grads.size(), cpu.grads.size());
   const double eloss = std::fabs(gpu.loss - cpu.loss) / std::fabs(cpu.loss);
@@ -164,8 +181,9 @@ void check_against_cpu(const model::LoadedModel& m, const std::string& policy) {
       worst_bound = 2 * en + 1e-3;
     }
   }
-  std::cout << "[train_stream_gpu] " << policy << " vs CPU: loss " << eloss << " (naive " << eloss_n
-            << "), tightest unit gradient " << worst << " vs bound " << worst_bound << "\n";
+  std::cout << "[train_stream_gpu] " << policy << " " << model::to_string(precision)
+            << " vs CPU: loss " << eloss << " (naive " << eloss_n << "), tightest unit gradient "
+            << worst << " vs bound " << worst_bound << "\n";
 }
 
 TEST(TrainStreamGpu, DenseGradientsMatchCpuWithinBf16AttentionTolerance) {
@@ -179,6 +197,15 @@ TEST(TrainStreamGpu, MoeGradientsMatchCpuWithinBf16AttentionTolerance) {
   if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
   auto m = moe_model();
   check_against_cpu(*m, "every:2");
+}
+
+TEST(TrainStreamGpu, Bf16GemmGradientsMatchCpuWithinTheRule) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = testing::temp_dir("stream_gpu_bf16_vs_cpu");
+  auto m = dense_model(dir + "/model");
+  check_against_cpu(*m, "every:2:host", model::GemmPrecision::kBf16);
+  auto moe = moe_model();
+  check_against_cpu(*moe, "every:2", model::GemmPrecision::kBf16);
 }
 
 // The budget is enforced on GPU memory as on the emulated tier: one byte short of the plan is

@@ -7,7 +7,7 @@ namespace ferry::train::stream {
 
 Result<DevicePlan> plan_device(const model::DecoderGeometry& geo, const ModelSizes& sizes,
                                const ActivationPolicy& policy, int slots, std::int64_t tokens,
-                               kernels::Backend& backend) {
+                               kernels::Backend& backend, model::GemmPrecision precision) {
   if (slots < 2) return invalid_argument("train: {} weight slots; the ring needs >= 2", slots);
   if (policy.layers() != geo.layers) {
     return invalid_argument("train: policy for {} layers, model has {}", policy.layers(),
@@ -41,16 +41,17 @@ Result<DevicePlan> plan_device(const model::DecoderGeometry& geo, const ModelSiz
   const std::size_t batch_ints = backend.device() == Device::kCpu ? 0 : 4 * tokens + 1;
   d.batch = d.plan.add("batch", batch_ints * sizeof(std::int32_t));
   FERRY_ASSIGN_OR_RETURN(d.compute_bytes,
-                         model::ModelCompute::planned_bytes(geo, tokens, backend, 1));
+                         model::ModelCompute::planned_bytes(geo, tokens, backend, 1, precision));
   return d;
 }
 
 Result<int> largest_batch(const model::DecoderGeometry& geo, const ModelSizes& sizes,
                           const ActivationPolicy& policy, int slots, std::int64_t seq_len,
-                          std::size_t budget, kernels::Backend& backend, int limit_batch) {
+                          std::size_t budget, kernels::Backend& backend,
+                          model::GemmPrecision precision, int limit_batch) {
   auto fits = [&](int b) -> Result<bool> {
     FERRY_ASSIGN_OR_RETURN(const DevicePlan d,
-                           plan_device(geo, sizes, policy, slots, b * seq_len, backend));
+                           plan_device(geo, sizes, policy, slots, b * seq_len, backend, precision));
     return d.total_bytes() <= budget;
   };
   FERRY_ASSIGN_OR_RETURN(const bool one, fits(1));
@@ -77,15 +78,15 @@ Result<int> largest_batch(const model::DecoderGeometry& geo, const ModelSizes& s
 
 Status check_budget(const model::DecoderGeometry& geo, const ModelSizes& sizes,
                     const ActivationPolicy& policy, int slots, int batch, std::int64_t seq_len,
-                    std::size_t budget, kernels::Backend& backend) {
-  FERRY_ASSIGN_OR_RETURN(const DevicePlan d,
-                         plan_device(geo, sizes, policy, slots, batch * seq_len, backend));
+                    std::size_t budget, kernels::Backend& backend, model::GemmPrecision precision) {
+  FERRY_ASSIGN_OR_RETURN(const DevicePlan d, plan_device(geo, sizes, policy, slots, batch * seq_len,
+                                                         backend, precision));
   if (d.total_bytes() <= budget) return {};
-  FERRY_ASSIGN_OR_RETURN(const int best,
-                         largest_batch(geo, sizes, policy, slots, seq_len, budget, backend));
+  FERRY_ASSIGN_OR_RETURN(const int best, largest_batch(geo, sizes, policy, slots, seq_len, budget,
+                                                       backend, precision));
   if (best == 0) {
     FERRY_ASSIGN_OR_RETURN(const DevicePlan one,
-                           plan_device(geo, sizes, policy, slots, seq_len, backend));
+                           plan_device(geo, sizes, policy, slots, seq_len, backend, precision));
     return resource_exhausted(
         "train: the device budget of {} does not fit even batch 1 (needs {}) under policy {} "
         "with {} weight slots; raise --device-budget-mib, lower --seq-len or --prefetch",

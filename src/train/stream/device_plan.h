@@ -51,18 +51,22 @@ struct DevicePlan {
 // slots >= 2: the weight ring (prefetch depth + the slot in use).
 Result<DevicePlan> plan_device(const model::DecoderGeometry& geo, const ModelSizes& sizes,
                                const ActivationPolicy& policy, int slots, std::int64_t tokens,
-                               kernels::Backend& backend);
+                               kernels::Backend& backend,
+                               model::GemmPrecision precision = model::GemmPrecision::kF32);
 
 // Largest batch b in [1, limit_batch] whose plan (tokens = b * seq_len) fits `budget` bytes;
 // 0 when not even b = 1 fits.
 Result<int> largest_batch(const model::DecoderGeometry& geo, const ModelSizes& sizes,
                           const ActivationPolicy& policy, int slots, std::int64_t seq_len,
-                          std::size_t budget, kernels::Backend& backend, int limit_batch = 1 << 16);
+                          std::size_t budget, kernels::Backend& backend,
+                          model::GemmPrecision precision = model::GemmPrecision::kF32,
+                          int limit_batch = 1 << 16);
 
 // OK when batch * seq_len tokens fit; otherwise resource_exhausted naming what the batch needs,
 // the budget, and the largest batch that fits (or that even batch 1 does not).
 Status check_budget(const model::DecoderGeometry& geo, const ModelSizes& sizes,
                     const ActivationPolicy& policy, int slots, int batch, std::int64_t seq_len,
-                    std::size_t budget, kernels::Backend& backend);
+                    std::size_t budget, kernels::Backend& backend,
+                    model::GemmPrecision precision = model::GemmPrecision::kF32);
 
 }  // namespace ferry::train::stream

@@ -132,7 +132,7 @@ Result<std::unique_ptr<StreamExecutor>> StreamExecutor::create(const TrainState&
   FERRY_ASSIGN_OR_RETURN(ex->arena_, HostArena::create(s, pinned_tier_for(backend)));
   const ModelSizes sizes = model_sizes(*ex->arena_);
   FERRY_TRY(check_budget(s.geometry, sizes, opts.policy, opts.prefetch + 1, batch, seq_len,
-                         opts.device_budget_bytes, backend));
+                         opts.device_budget_bytes, backend, opts.gemm_precision));
   FERRY_TRY(ex->init(s, batch * seq_len));
   return ex;
 }
@@ -145,7 +145,8 @@ Status StreamExecutor::init(const TrainState& s, std::int64_t max_tokens) {
   const ActivationPolicy& pol = opts_.policy;
   const int L = geo_.layers;
   const ModelSizes sizes = model_sizes(*arena_);
-  FERRY_ASSIGN_OR_RETURN(plan_, plan_device(geo_, sizes, pol, opts_.prefetch + 1, max_tokens, be_));
+  FERRY_ASSIGN_OR_RETURN(plan_, plan_device(geo_, sizes, pol, opts_.prefetch + 1, max_tokens, be_,
+                                            opts_.gemm_precision));
   FERRY_ASSIGN_OR_RETURN(device_, mem::make_arena(plan_.plan, device_tier_for(be_), budget_,
                                                   {.what = "train device tier"}));
   // ModelCompute's buffers are the device-tier workspace of this executor: charged here.
@@ -161,7 +162,8 @@ Status StreamExecutor::init(const TrainState& s, std::int64_t max_tokens) {
     te_ = &mem::host_transfer_engine();
   }
   FERRY_ASSIGN_OR_RETURN(
-      compute_, model::ModelCompute::create(geo_, max_tokens, be_, 1, gpu ? &cs() : nullptr));
+      compute_, model::ModelCompute::create(geo_, max_tokens, be_, 1, gpu ? &cs() : nullptr,
+                                            opts_.gemm_precision));
 
   // Pinned host homes of boundaries, and the NVMe bounce buffer.
   const std::size_t act = static_cast<std::size_t>(max_tokens) * geo_.hidden * sizeof(float);

@@ -71,6 +71,9 @@ struct StreamOptions {
   // CPU threads of the AdamW update (LayerOptimizer). 0: one beside CPU compute (whose kernels
   // use every core), all cores but two beside GPU compute (the compute and transfer threads).
   int optimizer_threads = 0;
+  // How ModelCompute's linear layers multiply (model_compute.h): kBf16 runs the GEMMs on bf16
+  // tensor cores (f32 accumulation); kF32 is the reference arithmetic.
+  model::GemmPrecision gemm_precision = model::GemmPrecision::kF32;
 };
 
 // Bytes moved and time exposed, cumulative since create().

@@ -36,7 +36,8 @@ RunResult run_reference(const model::LoadedModel& m, const RunSpec& r,
   RunResult out;
   out.state = make_state(m, r);
   kernels::Backend& be = kernels::cpu_backend();
-  auto mc = model::ModelCompute::create(m.geometry, kBatch * kSeq, be);
+  auto mc =
+      model::ModelCompute::create(m.geometry, kBatch * kSeq, be, -1, nullptr, r.gemm_precision);
   EXPECT_TRUE(mc.ok());
   std::int64_t opt_step = 0;
   std::size_t next = 0;
@@ -95,6 +96,19 @@ TEST(StreamExecutor, MoeMatchesInMemoryBitForBitForEveryPolicy) {
   ASSERT_GT(m->geometry.experts, 0);
   const std::string nv = nvme_dir();
   check_policies(*m, {"device", "host", "nvme:" + nv, "every:2", "every:3", "mix:nrh:" + nv}, {});
+}
+
+// bf16 GEMMs (the CPU twin of the GPU's bf16 tensor-core path: operands rounded to bf16) keep the
+// executor's property: every policy, recompute included, gives the in-memory run's bits.
+TEST(StreamExecutor, Bf16GemmsMatchInMemoryBitForBit) {
+  const std::string dir = testing::temp_dir("stream_bf16");
+  auto dense = dense_model(dir + "/model");
+  auto moe = moe_model();
+  const std::string nv = nvme_dir();
+  RunSpec spec;
+  spec.gemm_precision = model::GemmPrecision::kBf16;
+  check_policies(*dense, {"device", "every:2", "mix:hrrd"}, spec);
+  check_policies(*moe, {"host", "every:2:nvme:" + nv}, spec);
 }
 
 // The optimizer split over threads (parameters cut into chunks) gives the same bits, fp32 and

@@ -1,0 +1,101 @@
+// SPDX-License-Identifier: Apache-2.0
+// ModelCompute's linear layers in the chosen GemmPrecision (model_compute.h's header comment).
+//
+// kBf16 is PyTorch autocast's bf16 matmul: each GEMM operand is rounded to bf16 (Backend::convert,
+// round to nearest even) into a scratch buffer and the backend multiplies bf16 x bf16 with f32
+// accumulation into an f32 output. Everything between GEMMs (residual stream, norms, softmax,
+// gradients, weight gradients) stays f32, so only the multiplications lose precision, the same
+// place they do in PyTorch. On a backend without bf16 GEMMs (CPU) the rounded operands are widened
+// back to f32 and multiplied in f32: the products of two bf16 values are exact in f32, so the CPU
+// twin differs from the GPU only in the order of the f32 sums (the tolerance rule of style.md).
+//
+// Bias gradients are column sums (1^T dy); they stay f32 GEMMs on the exact dy, as torch's do.
+#include "core/check.h"
+#include "model/model_compute.h"
+#include "model/model_compute_buffers.h"
+
+namespace ferry::model {
+
+using detail::f32_view;
+
+std::string_view to_string(GemmPrecision p) { return p == GemmPrecision::kBf16 ? "bf16" : "f32"; }
+
+Result<GemmPrecision> parse_gemm_precision(std::string_view s, Device compute) {
+  if (s == "f32") return GemmPrecision::kF32;
+  if (s == "bf16") return GemmPrecision::kBf16;
+  if (s == "auto") return compute == Device::kCpu ? GemmPrecision::kF32 : GemmPrecision::kBf16;
+  return invalid_argument("model: GEMM precision '{}' (expected auto, f32 or bf16)", s);
+}
+
+void ModelCompute::plan_linear_buffers(const DecoderGeometry& geo, std::int64_t T,
+                                       kernels::Backend& backend, Scratch& s,
+                                       detail::BufferTable& tab) {
+  const std::int64_t C = geo.hidden, HD = std::int64_t(geo.heads) * geo.head_dim,
+                     GD = std::int64_t(geo.kv_heads) * geo.head_dim, F = geo.mlp_width,
+                     Fe = geo.expert_width, E = geo.experts, K = geo.top_k, V = geo.vocab;
+  // The widest operand of each kind: activations and output gradients are [T, in|out] of a
+  // dense linear or [T*K, in|out] of an expert's; weights [out, in].
+  const std::int64_t widest = std::max({C, HD, GD, F, E});
+  const std::int64_t rows = std::max(T * widest, E > 0 ? T * K * std::max(C, Fe) : 0);
+  const std::int64_t weight = C * std::max({HD, GD, F, E, Fe});
+  const bool twin = !backend.supports(kernels::OpKind::kGemm, DType::kBF16);
+  tab.add(s.x16, "gemm.x16", rows);
+  tab.add(s.dy16, "gemm.dy16", rows);
+  tab.add(s.w16, "gemm.w16", weight);
+  tab.add(s.hf16, "gemm.hf16", T * C);
+  tab.add(s.head16, "gemm.head16", V * C);
+  if (twin) {
+    tab.add(s.x16_f, "gemm.x16_f", rows);
+    tab.add(s.dy16_f, "gemm.dy16_f", rows);
+    tab.add(s.w16_f, "gemm.w16_f", weight);
+    tab.add(s.hf16_f, "gemm.hf16_f", T * C);
+    tab.add(s.head16_f, "gemm.head16_f", V * C);
+  }
+}
+
+Result<ConstTensorView> ModelCompute::gemm_operand(const ConstTensorView& v, const Bf16Buf& b16,
+                                                   const F32Buf& f32) {
+  if (precision_ == GemmPrecision::kF32) return v;
+  if (v.dtype == DType::kBF16 && native_bf16_gemm_) return v;
+  FERRY_CHECK(v.ndim == 2 && v.is_contiguous(), "model: GEMM operand {} is not a contiguous 2-d",
+              v.shape_string());
+  const std::int64_t r = v.shape[0], c = v.shape[1];
+  ConstTensorView rounded = v;
+  if (v.dtype != DType::kBF16) {
+    const TensorView out = detail::typed_view(b16, DType::kBF16, {r, c});
+    FERRY_TRY(be_.convert({.out = out, .in = v}, st()));
+    rounded = out;
+  }
+  if (native_bf16_gemm_) return rounded;
+  const TensorView wide = f32_view(f32, {r, c});
+  FERRY_TRY(be_.convert({.out = wide, .in = rounded}, st()));
+  return ConstTensorView(wide);
+}
+
+Status ModelCompute::linear(const TensorView& y, const ConstTensorView& x, const ConstTensorView& w,
+                            const ConstTensorView& bias) {
+  Scratch& s = *scratch_;
+  FERRY_ASSIGN_OR_RETURN(const ConstTensorView xa, gemm_operand(x, s.x16, s.x16_f));
+  FERRY_ASSIGN_OR_RETURN(const ConstTensorView wa, gemm_operand(w, s.w16, s.w16_f));
+  return be_.gemm({.out = y, .a = xa, .b = wa, .bias = bias, .trans_b = true}, st());
+}
+
+Status ModelCompute::linear_backward(const TensorView& dx, const TensorView& dw,
+                                     const TensorView& db, const ConstTensorView& dy,
+                                     const ConstTensorView& x, const ConstTensorView& w,
+                                     bool accumulate_dx) {
+  Scratch& s = *scratch_;
+  FERRY_ASSIGN_OR_RETURN(const ConstTensorView dya, gemm_operand(dy, s.dy16, s.dy16_f));
+  FERRY_ASSIGN_OR_RETURN(const ConstTensorView xa, gemm_operand(x, s.x16, s.x16_f));
+  FERRY_TRY(be_.gemm({.out = dw, .a = dya, .b = xa, .trans_a = true, .beta = 1.0f}, st()));
+  if (!db.empty_view()) {
+    const TensorView db_row = TensorView::contiguous(db.data, db.dtype, db.device, {1, db.numel()});
+    const ConstTensorView ones_row = f32_view(s.ones, {1, dy.shape[0]});
+    FERRY_TRY(be_.gemm({.out = db_row, .a = ones_row, .b = dy, .beta = 1.0f}, st()));
+  }
+  if (dx.empty_view()) return {};
+  FERRY_ASSIGN_OR_RETURN(const ConstTensorView wa, gemm_operand(w, s.w16, s.w16_f));
+  return be_.gemm({.out = dx, .a = dya, .b = wa, .beta = accumulate_dx ? 1.0f : 0.0f}, st());
+}
+
+}  // namespace ferry::model
