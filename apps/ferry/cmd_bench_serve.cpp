@@ -2,7 +2,8 @@
 // `ferry bench serve [--model DIR | --geometry NAME] [--modes resident,static,cpu-experts,paged]
 //   [--budget-gib X | --expert-slots N] [--prompt-tokens P] [--decode-tokens D]
 //   [--trace FILE | --synthetic calibrated|spread|none] [--link-gbps G] [--policy P] [--seed S]
-//   [--miss-cost-model [--cpu-gflops F]] [--bypass-window N] [--device cpu|cuda]
+//   [--miss-cost-model [--cpu-gflops F]] [--bypass-window N] [--serial-miss-copies]
+//   [--device cpu|cuda]
 //   [--json OUT]`
 // --device cuda runs every mode on the CUDA engine (GPU 0); its roofline rate is a pinned
 // host->GPU copy measured in the same process, and pacing (--link-gbps) is refused there.
@@ -131,6 +132,7 @@ int run_bench_serve(const BenchServeConfig& cfg) {
   bc.miss_cost_model = cfg.miss.cost_model;
   bc.cpu_gflops = cfg.miss.cpu_gflops;
   bc.bypass_window = cfg.miss.bypass_window;
+  bc.overlap_misses = !cfg.miss.serial_copies;
 
   // The model: a loaded folder or a built-in geometry with seeded random weights.
   std::unique_ptr<model::LoadedModel> loaded;

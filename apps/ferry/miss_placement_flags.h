@@ -14,6 +14,7 @@ struct MissPlacementFlags {
   double link_gbps = 24;
   double cpu_gflops = 50;
   int bypass_window = 0;
+  bool serial_copies = false;  // PagerConfig::overlap_misses = false
 };
 
 // with_link: also registers --link-gbps (a command that already has its own --link-gbps, like
@@ -31,6 +32,9 @@ inline void add_miss_placement_flags(CLI::App* cmd, MissPlacementFlags& f, bool 
                   "paged: bypass admission - a miss that would evict and was unused in the "
                   "layer's last N steps is computed from host memory instead (0: off)")
       ->check(CLI::Range(0, 1 << 20));
+  cmd->add_flag("--serial-miss-copies", f.serial_copies,
+                "paged on CUDA: compute waits for a group's whole miss batch, no overlap with the "
+                "resident experts' rows (the pre-overlap order, for comparison; same bits)");
 }
 
 inline void apply_miss_placement(const MissPlacementFlags& f, serve::PagerConfig& pc) {
@@ -38,6 +42,7 @@ inline void apply_miss_placement(const MissPlacementFlags& f, serve::PagerConfig
   pc.link_gbps = f.link_gbps;
   pc.cpu_gflops = f.cpu_gflops;
   pc.bypass_window = f.bypass_window;
+  pc.overlap_misses = !f.serial_copies;
 }
 
 }  // namespace ferry::app

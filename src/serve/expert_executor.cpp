@@ -41,6 +41,29 @@ std::vector<std::int64_t> split_token_groups(std::span<const std::int32_t> ids, 
   return ends;
 }
 
+std::int64_t order_rows_by_readiness(std::span<const std::int32_t> ids, std::int64_t i0,
+                                     std::int64_t i1, std::span<const int> copy_of_expert,
+                                     std::span<const std::int32_t> expert_of_copy,
+                                     std::int32_t* out, std::vector<std::int64_t>& seg_end) {
+  std::int64_t n = 0;
+  for (std::int64_t i = i0; i < i1; ++i) {
+    if (copy_of_expert[std::size_t(ids[i])] < 0) out[n++] = std::int32_t(i);
+  }
+  const std::int64_t resident = n;
+  seg_end.clear();
+  // One pass per copy: a group has few copies (at most its distinct experts), and this keeps
+  // each expert's rows in routing order without a sort.
+  for (const std::int32_t e : expert_of_copy) {
+    for (std::int64_t i = i0; i < i1; ++i) {
+      if (ids[i] == e) out[n++] = std::int32_t(i);
+    }
+    seg_end.push_back(n);
+  }
+  FERRY_CHECK(n == i1 - i0, "serve: {} rows ordered for a group of {} (an expert neither resident "
+              "nor copied)", n, i1 - i0);
+  return resident;
+}
+
 Result<std::vector<int>> resolve_expert_caps(const model::DecoderGeometry& geo,
                                              std::size_t expert_bytes, const PagerConfig& pc) {
   int moe_layers = 0;
@@ -128,7 +151,8 @@ Result<std::unique_ptr<ExpertExecutor>> ExpertExecutor::create(const model::Deco
                      .shared = shared,
                      .te = dev != nullptr ? dev->te : nullptr,
                      .copy = dev != nullptr ? dev->copy : nullptr,
-                     .compute = dev != nullptr ? dev->compute : nullptr};
+                     .compute = dev != nullptr ? dev->compute : nullptr,
+                     .overlap = dev != nullptr && pc.overlap_misses};
     FERRY_ASSIGN_OR_RETURN(x->pager_, ExpertPager::create(*x->store_, setup));
     for (int l = 0; l < geo.layers; ++l) {
       if (geo.layer_is_moe[l] && x->pager_->group_limit(l) < geo.top_k) {
@@ -151,6 +175,10 @@ Result<std::unique_ptr<ExpertExecutor>> ExpertExecutor::create(const model::Deco
                         std::vector<std::uint64_t>(static_cast<std::size_t>(geo.experts), 0));
     x->paged_.reserve(static_cast<std::size_t>(geo.experts));
     x->paged_refs_.reserve(static_cast<std::size_t>(geo.experts));
+    x->copy_index_.reserve(static_cast<std::size_t>(geo.experts));
+    x->expert_of_copy_.reserve(static_cast<std::size_t>(geo.experts));
+    x->copy_of_expert_.assign(static_cast<std::size_t>(geo.experts), -1);
+    x->seg_end_.reserve(static_cast<std::size_t>(geo.experts));
     x->rows_of_expert_.assign(static_cast<std::size_t>(geo.experts), 0);
     x->hot_.assign(geo.layers, std::vector<bool>(geo.experts, false));
     for (int l = 0; l < geo.layers; ++l) {
@@ -233,7 +261,17 @@ Status ExpertExecutor::resolve_group(int layer, const std::int32_t* ids, std::in
         }
       }
       paged_refs_.resize(paged_.size());
-      FERRY_TRY(pager_->acquire(layer, paged_, paged_refs_));
+      copy_index_.resize(paged_.size());
+      FERRY_TRY(pager_->acquire(layer, paged_, paged_refs_, copy_index_));
+      expert_of_copy_.clear();
+      for (std::int32_t e : distinct_) copy_of_expert_[std::size_t(e)] = -1;
+      for (std::size_t i = 0; i < paged_.size(); ++i) {
+        const int j = copy_index_[i];
+        if (j < 0) continue;
+        if (expert_of_copy_.size() <= std::size_t(j)) expert_of_copy_.resize(std::size_t(j) + 1, -1);
+        expert_of_copy_[std::size_t(j)] = paged_[i];
+        copy_of_expert_[std::size_t(paged_[i])] = j;
+      }
       for (std::size_t i = 0, j = 0; i < distinct_.size(); ++i) {
         if (j < paged_.size() && paged_[j] == distinct_[i]) distinct_refs_[i] = paged_refs_[j++];
       }

@@ -46,6 +46,17 @@ struct ExecutorCounters {
 std::vector<std::int64_t> split_token_groups(std::span<const std::int32_t> ids, std::int64_t T,
                                              int K, int E, int limit, const std::vector<bool>& hot);
 
+// The paged CUDA executor's launch order for one token group (rows i in [i0, i1) of a routing
+// `ids`): writes to out[0, i1 - i0) first the rows whose expert is resident (copy_of_expert[e] <
+// 0), then the rows of expert_of_copy[0], then of expert_of_copy[1], ...; each group in routing
+// order. seg_end[j] (resized to expert_of_copy.size()) is the end in `out` of copy j's rows; the
+// return value is the number of resident rows. Every row appears exactly once (every routed
+// expert of the group must be resident or in expert_of_copy: a bug otherwise).
+std::int64_t order_rows_by_readiness(std::span<const std::int32_t> ids, std::int64_t i0,
+                                     std::int64_t i1, std::span<const int> copy_of_expert,
+                                     std::span<const std::int32_t> expert_of_copy,
+                                     std::int32_t* out, std::vector<std::int64_t>& seg_end);
+
 // The per-layer slot counts a PagerConfig asks for ([L], 0 for dense layers), or
 // resource_exhausted when a MoE layer would get fewer than top-k slots.
 Result<std::vector<int>> resolve_expert_caps(const model::DecoderGeometry& geo,
@@ -58,8 +69,11 @@ Result<std::vector<int>> resolve_expert_caps(const model::DecoderGeometry& geo,
 //   static       the table points into a device staging area, refilled in bulk on `copy` every
 //                forward (compute waits on an event), fixed at create()
 //   paged        the routed ids are read back (one D2H + sync per MoE layer), the host pager
-//                resolves each token group to slots (misses copied on `copy`, pager.h), and the
-//                group's table is uploaded before its expert_ffn
+//                resolves each token group to slots (misses copied in one batch on `copy`,
+//                pager.h), and the group's table is uploaded before its expert_ffn; with
+//                PagerConfig::overlap_misses (default) the rows of the group's resident experts
+//                run while the batch is in flight and each missed expert's rows run once its own
+//                copy has landed (events), else one launch after the whole batch
 //   cpu-experts  x and ids read back, experts computed by the CPU from the pinned host store
 //                (expert_ffn_row), rows copied up: the one mode that is not bit-identical to the
 //                others on CUDA (CPU vs GPU arithmetic); tested against a tolerance
@@ -145,6 +159,12 @@ class ExpertExecutor {
   std::vector<std::int32_t> paged_;                   // the group's experts that go to the pager
   std::vector<ExpertRef> paged_refs_;
   std::vector<std::int64_t> rows_of_expert_;  // [E] the group's rows per expert (cost model)
+  // The group's pager outcome per distinct expert (-1 hit, else its copy's place in the batch),
+  // indexed like paged_, and by copy: which expert it brought in.
+  std::vector<int> copy_index_;
+  std::vector<std::int32_t> expert_of_copy_;
+  std::vector<int> copy_of_expert_;        // [E] for the group's experts: -1 hit, else the copy
+  std::vector<std::int64_t> seg_end_;      // device overlap: end of each copy's rows in the list
   // Where a distinct expert of the group runs: false = a slot (hit or admitted miss; an admission
   // into an empty slot decrements `free`), true = computed from the host store.
   bool on_host(int layer, std::int32_t e, int& free);

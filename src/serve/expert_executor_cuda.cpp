@@ -3,12 +3,19 @@
 // bulk copy on the copy stream, the paged groups' slot tables and the cpu-experts round trip.
 // Memory (all allocated by create_device, none in run_device):
 //   device  [L + max_tokens, 3, E] expert pointers: one fixed table per layer (resident, static),
-//           then one per token group of a paged step (a step has at most max_tokens groups)
-//   pinned  the tables' host mirror, the routed ids [T*K], and for cpu-experts x [T, C] and the
-//           expert rows [T*K, C]
-// Reuse of the pinned mirror: a paged layer's groups use distinct table entries, and every paged
-// or cpu-experts run_device starts by synchronizing compute (the ids read-back), so the previous
-// layer's table uploads and row copies have completed before their host memory is written again.
+//           then one per token group of a paged step (a step has at most max_tokens groups);
+//           [max_tokens * K] row list (paged overlap: a group's rows ordered hits, then by copy)
+//   pinned  the tables' and the row list's host mirrors, the routed ids [T*K], and for
+//           cpu-experts x [T, C] and the expert rows [T*K, C]
+// Reuse of the pinned mirror: a paged layer's groups use distinct table entries and distinct row
+// list ranges (group [t0, t1) owns [t0*K, t1*K)), and every paged or cpu-experts run_device
+// starts by synchronizing compute (the ids read-back), so the previous layer's table and row list
+// uploads and row copies have completed before their host memory is written again.
+// Paged overlap (PagerConfig::overlap_misses), one group:
+//   copy:     [wait compute's queue] miss 0 -> ev0, miss 1 -> ev1, ...          (pager.acquire)
+//   compute:  table + row list up, FFN(hit rows) | wait ev0, FFN(rows of miss 0) | wait ev1, ...
+// so the link is busy while the resident experts compute, and each missed expert computes while
+// the next one is still copying; a row is written by exactly one launch, with the same bits.
 #include <cstring>
 
 #include "core/thread_pool.h"
@@ -24,7 +31,8 @@ struct ExpertExecutor::DeviceState {
   BudgetCharge charge;  // on the engine's device budget
   mem::Arena tables;    // [L + max_tokens, 3, E] const float*
   mem::MemoryBudget host_budget{mem::MemTier::kPinnedHost};
-  mem::Buffer h_tables, h_ids, h_x, h_eout;
+  mem::Buffer h_tables, h_ids, h_x, h_eout, h_rows;
+  mem::SlotId d_rows{1};  // [max_tokens * K] int32 in `tables`
   mem::Event consumed, staged;  // static: compute -> copy (staging reuse), copy -> compute
   const float** host_table(std::int64_t index, int E) const {
     return reinterpret_cast<const float**>(h_tables.data()) + index * 3 * E;
@@ -50,8 +58,10 @@ Status ExpertExecutor::create_device(const ExpertDevice& d, mem::MemoryBudget* s
   const int L = geo_.layers, E = geo_.experts, K = geo_.top_k;
   const std::int64_t T = d.max_tokens, C = geo_.hidden;
   const std::size_t table_bytes = std::size_t(L + T) * 3 * std::size_t(E) * sizeof(float*);
+  const std::size_t rows_bytes = std::size_t(T * K) * sizeof(std::int32_t);
   mem::ArenaPlan plan;
   plan.add("expert pointer tables", table_bytes);
+  s->d_rows = plan.add("expert row lists", rows_bytes);
   FERRY_ASSIGN_OR_RETURN(
       s->charge, BudgetCharge::take(shared, plan.allocation_bytes(), "expert pointer tables"));
   FERRY_ASSIGN_OR_RETURN(s->tables, mem::make_arena(plan, mem::MemTier::kDevice, s->device_budget,
@@ -62,6 +72,9 @@ Status ExpertExecutor::create_device(const ExpertDevice& d, mem::MemoryBudget* s
   FERRY_ASSIGN_OR_RETURN(s->h_tables, pinned(table_bytes, "expert pointer tables (host)"));
   FERRY_ASSIGN_OR_RETURN(s->h_ids,
                          pinned(std::size_t(T * K) * sizeof(std::int32_t), "routed ids (host)"));
+  if (mode_ == ExpertMode::kPaged) {
+    FERRY_ASSIGN_OR_RETURN(s->h_rows, pinned(rows_bytes, "expert row lists (host)"));
+  }
   if (mode_ == ExpertMode::kCpuExperts) {
     FERRY_ASSIGN_OR_RETURN(s->h_x, pinned(std::size_t(T * C) * sizeof(float), "expert x (host)"));
     FERRY_ASSIGN_OR_RETURN(s->h_eout,
@@ -131,18 +144,44 @@ Status ExpertExecutor::device_group(int layer, const float* d_x, const std::int3
   mem::Stream& cs = *s.dev.compute;
   FERRY_TRY(s.dev.te->h2d(s.tables.as<const float*>(mem::SlotId{0}) + index * 3 * E, t,
                           3 * std::size_t(E) * sizeof(float*), cs));
-  FERRY_TRY(device::expert_ffn({.out = d_eout,
-                                .act = d_act,
-                                .x = d_x,
-                                .ids = d_ids,
-                                .table = s.device_table(index, E),
-                                .row_begin = t0 * K,
-                                .row_end = t1 * K,
-                                .K = K,
-                                .E = E,
-                                .C = geo_.hidden,
-                                .F = geo_.expert_width},
-                               cs));
+  device::ExpertFfnArgs a{.out = d_eout,
+                          .act = d_act,
+                          .x = d_x,
+                          .ids = d_ids,
+                          .table = s.device_table(index, E),
+                          .row_begin = t0 * K,
+                          .row_end = t1 * K,
+                          .K = K,
+                          .E = E,
+                          .C = geo_.hidden,
+                          .F = geo_.expert_width};
+  if (!pager_->overlaps_copies() || expert_of_copy_.empty()) {
+    // Serial order (or nothing copied): one launch over the group's rows; with overlap off the
+    // pager already made compute wait for the whole batch.
+    FERRY_TRY(device::expert_ffn(a, cs));
+  } else {
+    // Rows by readiness: resident experts' rows first, then each copy's expert's rows, in the
+    // group's range of the row list. copy_of_expert: -1 resident, else its copy (all E entries
+    // of the group's experts are set by resolve_group's copy_index).
+    auto* h_rows = reinterpret_cast<std::int32_t*>(s.h_rows.data());
+    std::int32_t* out = h_rows + t0 * K;
+    const int copies = static_cast<int>(expert_of_copy_.size());
+    const std::int64_t n = (t1 - t0) * K;
+    const std::int64_t hits = order_rows_by_readiness(
+        std::span<const std::int32_t>(h_ids, std::size_t(t1 * K)), t0 * K, t1 * K,
+        copy_of_expert_, expert_of_copy_, out, seg_end_);
+    std::int32_t* d_rows = s.tables.as<std::int32_t>(s.d_rows);  // positions index it directly
+    FERRY_TRY(s.dev.te->h2d(d_rows + t0 * K, out, std::size_t(n) * sizeof(std::int32_t), cs));
+    a.row_list = d_rows;
+    a.row_end = t0 * K + hits;
+    FERRY_TRY(device::expert_ffn(a, cs));  // no-op when every expert missed
+    for (int j = 0; j < copies; ++j) {
+      FERRY_TRY(pager_->wait_copy(j, cs));
+      a.row_begin = a.row_end;
+      a.row_end = t0 * K + seg_end_[std::size_t(j)];
+      FERRY_TRY(device::expert_ffn(a, cs));
+    }
+  }
   if (pager_) pager_->release(layer);
   ++counters_.groups;
   counters_.expert_rows += std::uint64_t((t1 - t0) * K);

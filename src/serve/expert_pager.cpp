@@ -43,6 +43,7 @@ ExpertPager::ExpertPager(const ExpertStore& store, const PagerSetup& setup)
       te_(setup.te),
       copy_(setup.copy),
       compute_(setup.compute),
+      overlap_(setup.overlap && setup.te != nullptr),
       ranker_(setup.policy, std::max(1, setup.lfru_half_life)),
       budget_(setup.te != nullptr ? mem::MemTier::kDevice : cpu_engine_pool_tier()) {}
 
@@ -63,6 +64,9 @@ Result<std::unique_ptr<ExpertPager>> ExpertPager::create(const ExpertStore& stor
                            mem::Event::create(setup.copy->device(), setup.copy->device_index()));
     FERRY_ASSIGN_OR_RETURN(p->ready_,
                            mem::Event::create(setup.copy->device(), setup.copy->device_index()));
+  }
+  if (setup.overlap && setup.te == nullptr) {
+    return invalid_argument("serve: overlapped miss copies need a device pager (streams)");
   }
   p->layers_.resize(L);
   std::int64_t slots = 0;
@@ -90,6 +94,16 @@ Result<std::unique_ptr<ExpertPager>> ExpertPager::create(const ExpertStore& stor
     ly.slot_of_expert.assign(store.experts(), -1);
     ly.hot.assign(store.experts(), false);
     p->missed_.reserve(std::size_t(std::max<int>(int(p->missed_.capacity()), ly.max_cap)));
+  }
+  if (p->overlap_) {  // one event per copy of the largest batch (a batch fits the layer's slots)
+    int largest = 0;
+    for (const Layer& ly : p->layers_) largest = std::max(largest, ly.max_cap);
+    for (int j = 0; j < largest; ++j) {
+      FERRY_ASSIGN_OR_RETURN(mem::Event ev,
+                             mem::Event::create(setup.copy->device(), setup.copy->device_index()));
+      p->copied_.push_back(std::move(ev));
+    }
+    p->waited_.assign(p->copied_.size(), true);
   }
   const std::size_t pool = std::size_t(slots) * store.expert_bytes();
   const std::size_t live = p->live_bytes();
@@ -132,7 +146,7 @@ Result<std::unique_ptr<ExpertPager>> ExpertPager::create(const ExpertStore& stor
       ++p->occupied_;
       slots_loaded.push_back(s);
     }
-    FERRY_TRY(p->copy_in(l, slots_loaded));
+    FERRY_TRY(p->copy_in(l, slots_loaded, /*defer=*/false));  // compute waits: nobody else will
     for (int s : slots_loaded) {
       p->ranker_.on_load(ly.meta[s], 0);
       p->move(l, s, ExpertSlotState::kResident);
@@ -198,19 +212,28 @@ int ExpertPager::take_slot(int layer) {
   return victim;
 }
 
-Status ExpertPager::copy_in(int layer, std::span<const int> slots) {
+Status ExpertPager::copy_in(int layer, std::span<const int> slots, bool defer) {
   if (slots.empty()) return ok_status();
+  FERRY_CHECK(!defer || slots.size() <= copied_.size(), "serve: {} copies, {} events", slots.size(),
+              copied_.size());
   Layer& ly = layers_[layer];
   mem::TransferEngine& te = te_ != nullptr ? *te_ : mem::host_transfer_engine();
   mem::Stream& stream = copy_ != nullptr ? *copy_ : mem::Stream::host();
   // Device: an evicted slot may still be read by expert FFNs queued on compute.
   if (te_ != nullptr) FERRY_TRY(order_after_compute());
-  for (int s : slots) {
+  for (std::size_t j = 0; j < slots.size(); ++j) {
+    const int s = slots[j];
     FERRY_TRY(te.h2d(slot_data(layer, s), store_.block(layer, ly.expert_of_slot[s]),
                      store_.expert_bytes(), stream));
     counters_.bytes_copied += store_.expert_bytes();
+    if (defer) {  // this expert's readers may start as soon as its own copy lands
+      FERRY_TRY(copied_[j].record(stream));
+      waited_[j] = false;
+    }
   }
-  if (te_ != nullptr) {
+  if (defer) {
+    batch_size_ = static_cast<int>(slots.size());
+  } else if (te_ != nullptr) {
     // The batch is queued; compute waits for it on the device, the host goes on.
     FERRY_TRY(ready_.record(stream));
     FERRY_TRY(compute_->wait(ready_));
@@ -222,10 +245,14 @@ Status ExpertPager::copy_in(int layer, std::span<const int> slots) {
 }
 
 Status ExpertPager::acquire(int layer, std::span<const std::int32_t> experts,
-                            std::span<ExpertRef> refs) {
+                            std::span<ExpertRef> refs, std::span<int> copy_index) {
   Layer& ly = layers_[layer];
   FERRY_CHECK(ly.in_use.empty(), "serve: pager layer {} acquired twice without release", layer);
   FERRY_CHECK(refs.size() == experts.size(), "serve: pager refs/experts size mismatch");
+  FERRY_CHECK(copy_index.empty() || copy_index.size() == experts.size(),
+              "serve: pager copy_index/experts size mismatch");
+  FERRY_CHECK(!overlap_ || !copy_index.empty(),
+              "serve: an overlapping pager's caller must take copy_index (and wait_copy)");
   int non_hot = 0;
   for (std::int32_t e : experts) {
     if (e < 0 || e >= store_.experts()) {
@@ -263,7 +290,8 @@ Status ExpertPager::acquire(int layer, std::span<const std::int32_t> experts,
     missed.push_back(s);
     ++counters_.misses;
   }
-  FERRY_TRY(copy_in(layer, missed));
+  batch_size_ = 0;
+  FERRY_TRY(copy_in(layer, missed, overlap_));
   for (int s : missed) {
     ranker_.on_load(ly.meta[s], ly.tick);
     move(layer, s, ExpertSlotState::kInUse);
@@ -272,6 +300,24 @@ Status ExpertPager::acquire(int layer, std::span<const std::int32_t> experts,
   for (std::size_t i = 0; i < experts.size(); ++i) {
     refs[i] = store_.ref_in(slot_data(layer, ly.slot_of_expert[experts[i]]));
   }
+  if (!copy_index.empty()) {
+    // missed[j] is the slot of the j-th copy; a hit's slot is not in it.
+    for (std::size_t i = 0; i < experts.size(); ++i) {
+      const int s = ly.slot_of_expert[experts[i]];
+      const auto it = std::find(missed.begin(), missed.end(), s);
+      copy_index[i] = it == missed.end() ? -1 : static_cast<int>(it - missed.begin());
+    }
+  }
+  if (!overlap_) batch_size_ = static_cast<int>(missed.size());
+  return ok_status();
+}
+
+Status ExpertPager::wait_copy(int j, mem::Stream& stream) {
+  FERRY_CHECK(j >= 0 && j < batch_size_, "serve: wait_copy({}) of a batch of {} copies", j,
+              batch_size_);
+  if (!overlap_) return ok_status();  // acquire() made compute wait for the whole batch
+  FERRY_TRY(stream.wait(copied_[std::size_t(j)]));
+  waited_[std::size_t(j)] = true;
   return ok_status();
 }
 
@@ -361,6 +407,11 @@ Status ExpertPager::resize(std::span<const int> caps) {
 
 void ExpertPager::release(int layer) {
   Layer& ly = layers_[layer];
+  for (int j = 0; j < batch_size_ && overlap_; ++j) {
+    FERRY_CHECK(waited_[std::size_t(j)],
+                "serve: layer {} released with copy {} of its batch never waited for", layer, j);
+  }
+  batch_size_ = 0;
   for (int s : ly.in_use) move(layer, s, ExpertSlotState::kResident);
   ly.in_use.clear();
 }

@@ -4,7 +4,8 @@
 //   - slot pool: one Arena of sum(caps) slots, each one expert block; caps may differ per layer;
 //   - acquire(layer, experts): hits are marked in use and never copy; misses take a free slot or
 //     evict a resident expert that is neither in use (the current working set) nor hot, chosen by
-//     the EvictionRanker; all misses of the call are then copied in one batch (one sync);
+//     the EvictionRanker; all misses of the call are then copied in one batch (one sync; on the
+//     device, one batch on the copy stream ordered by events, see PagerSetup::overlap);
 //   - release(layer): the working set goes back to resident (evictable);
 //   - a pinned hot set per layer is loaded at create() and never evicted.
 // Slot states and the only legal transitions (anything else aborts: a pager bug):
@@ -69,6 +70,12 @@ struct PagerSetup {
   mem::TransferEngine* te = nullptr;
   mem::Stream* copy = nullptr;
   mem::Stream* compute = nullptr;
+  // Device pager only: overlap the miss copies with compute on the experts already resident.
+  // acquire() then does not make `compute` wait for its batch; it records one event after each
+  // miss's copy instead, reports which experts were copied (copy_index) and the caller makes each
+  // reader of a missed expert wait for that expert's copy with wait_copy() before launching it.
+  // release() aborts if a copy of the acquire was never waited for (a reader could race it).
+  bool overlap = false;
 };
 
 class ExpertPager {
@@ -88,8 +95,16 @@ class ExpertPager {
   int group_limit(int layer) const { return capacity(layer) - hot_count(layer); }
 
   // Makes `experts` (distinct, at most group_limit non-hot) resident and in use; refs[i] points
-  // at experts[i]'s slot. Misses are copied in one batch before it returns.
-  Status acquire(int layer, std::span<const std::int32_t> experts, std::span<ExpertRef> refs);
+  // at experts[i]'s slot. Misses are copied in one batch (queued before it returns on a device
+  // pager). copy_index (empty, or experts.size()): -1 for an expert that was resident (a hit, no
+  // copy), else j, its place in the batch's copy order (0, 1, ...: the argument to wait_copy).
+  Status acquire(int layer, std::span<const std::int32_t> experts, std::span<ExpertRef> refs,
+                 std::span<int> copy_index = {});
+  // Overlap mode (PagerSetup::overlap): makes `stream` wait for the j-th copy of the last
+  // acquire() (j from its copy_index). Without overlap, acquire() already ordered compute after
+  // the whole batch and this only checks j.
+  Status wait_copy(int j, mem::Stream& stream);
+  bool overlaps_copies() const { return overlap_; }
   // Ends the layer's current use: in-use slots become resident.
   void release(int layer);
   // Sets every layer's live cap ([L], entries of dense layers ignored). Only between steps (no
@@ -126,7 +141,8 @@ class ExpertPager {
   void move(int layer, int slot, ExpertSlotState to);
   float* slot_data(int layer, int slot) const;
   int take_slot(int layer);  // a free slot, evicting if needed; -1 if none can be had
-  Status copy_in(int layer, std::span<const int> slots);
+  // defer: overlap mode's per-copy events instead of making compute wait for the batch.
+  Status copy_in(int layer, std::span<const int> slots, bool defer);
   int pick_victim(int layer) const;  // a resident, non-hot slot to evict; -1 if none
   Status shrink(int layer, int cap);
 
@@ -137,6 +153,12 @@ class ExpertPager {
   mem::Stream* compute_ = nullptr;
   mem::Event consumed_, ready_;  // compute -> copy (slot reuse), copy -> compute (slot ready)
   Status order_after_compute();  // copy_ waits for what compute_ has queued
+  // Overlap mode: copied_[j] is recorded on copy_ after the batch's j-th copy; waited_[j] says
+  // whether the caller ordered its readers after it (checked at release()).
+  bool overlap_ = false;
+  std::vector<mem::Event> copied_;
+  std::vector<bool> waited_;
+  int batch_size_ = 0;  // copies of the last acquire()
   EvictionRanker ranker_;
   mem::MemoryBudget budget_;
   BudgetCharge shared_charge_;

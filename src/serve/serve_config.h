@@ -63,6 +63,12 @@ struct PagerConfig {
   double link_gbps = 24;
   double cpu_gflops = 50;
   int bypass_window = 0;
+  // CUDA engine, paged mode: a group's misses are copied in one batch on the copy stream while
+  // compute runs the rows of its resident experts, then each missed expert's rows as soon as its
+  // own copy has landed (an event per copy, no host sync). false: compute waits for the whole
+  // batch before the group's one launch (the serial order; kept to measure the overlap against).
+  // Same bits either way. The CPU engine's copies are synchronous and ignore it.
+  bool overlap_misses = true;
 };
 
 struct KvConfig {

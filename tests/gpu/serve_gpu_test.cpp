@@ -4,19 +4,23 @@
 //     an f64 loop: err(cuda) <= 2 * err(cpu twin, a naive f32 implementation) + 1e-6:
 //       paged_attention (f32 K/V, scattered block tables, a prefill chunk + decodes, GQA,
 //       D = 16 / 64 / 128) vs serve::paged_attention; expert_ffn vs expert_ffn_row;
-//   - expert_ffn gives the same bits for an expert at two device addresses and for any split of
-//     the rows into launches (what the mode identity rests on);
+//   - expert_ffn gives the same bits for an expert at two device addresses, for any split of
+//     the rows into launches and through a row list in segments (what the mode identity and the
+//     paged overlap rest on);
 //   - whole engines on the Hugging Face fixtures: the CUDA engine's sampled logits within the
 //     golden f32 tolerance (max err / max |ref| <= 1e-4) of the CPU engine's, greedy tokens equal,
 //     for all six architectures; on the MoE fixtures (Qwen3-MoE, Mixtral, OLMoE), resident vs
-//     static vs paged at several caps (top-k up to E, LRU and LFU) on CUDA: the same token ids and
-//     the same logits bits, with 3 concurrent requests mixing prefill chunks and decodes;
+//     static vs paged at several caps (top-k up to E, LRU and LFU; miss copies overlapped with
+//     compute, and serial) on CUDA: the same token ids and the same logits bits, with 3 concurrent
+//     requests mixing prefill chunks and decodes;
 //     cpu-experts (CPU arithmetic) within the tolerance instead.
 // Skips, saying so, without a CUDA device.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <iostream>
 #include <random>
+#include <utility>
 
 #include "kernels/cuda/serve_kernels.h"
 #include "serve/expert_ffn.h"
@@ -260,10 +264,25 @@ TEST_F(ServeKernels, ExpertFfnMatchesItsTwinAndIgnoresSlotAndGrouping) {
     ASSERT_TRUE(
         kernels::cuda::expert_ffn(args(d_o2.p, d_t2.p, r0, std::min(rows, r0 + 3)), stream()).ok());
   }
+  // The paged overlap's launches: a row list (here reversed) run in uneven segments.
+  std::vector<std::int32_t> order(rows);
+  for (std::int64_t p = 0; p < rows; ++p) order[p] = std::int32_t(rows - 1 - p);
+  DeviceBuf d_order(rows * 4), d_o3(rows * C * 4);
+  up(d_order.p, order);
+  ASSERT_EQ(cudaMemset(d_o3.p, 0xff, rows * C * 4), cudaSuccess);  // NaN poison: all rows written
+  for (const auto& [r0, r1] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+           {0, 1}, {1, 6}, {6, 6}, {6, rows}}) {
+    auto a = args(d_o3.p, d_t2.p, r0, r1);
+    a.row_list = d_order.as<std::int32_t>();
+    ASSERT_TRUE(kernels::cuda::expert_ffn(a, stream()).ok());
+  }
   sync();
   const std::vector<float> g1 = down<float>(d_o1.p, rows * C), g2 = down<float>(d_o2.p, rows * C);
+  const std::vector<float> g3 = down<float>(d_o3.p, rows * C);
   EXPECT_EQ(std::memcmp(g1.data(), g2.data(), g1.size() * 4), 0)
       << "expert_ffn bits depend on the slot address or the row grouping";
+  EXPECT_EQ(std::memcmp(g1.data(), g3.data(), g1.size() * 4), 0)
+      << "expert_ffn bits depend on the row list / its segments";
   std::vector<float> cpu(rows * C), scratch(F);
   std::vector<double> want(rows * C);
   for (std::int64_t i = 0; i < rows; ++i) {
@@ -301,9 +320,10 @@ double rel_max(const std::vector<float>& got, const std::vector<float>& ref) {
   return mx > 0 ? err / mx : err;
 }
 
-EngineConfig engine_config(ExpertMode mode, int cap, EvictionPolicy policy) {
+EngineConfig engine_config(ExpertMode mode, int cap, EvictionPolicy policy, bool overlap = true) {
   EngineConfig cfg;
   cfg.pager.mode = mode;
+  cfg.pager.overlap_misses = overlap;
   cfg.pager.slots_per_layer = cap;
   cfg.pager.policy = policy;
   cfg.max_batch_tokens = 8;  // prompts in chunks, mixed with other requests' decodes
@@ -375,18 +395,21 @@ TEST_P(ServeModesCuda, ResidentStaticPagedSameBitsCpuExpertsWithinTol) {
     ExpertMode mode;
     int cap;
     EvictionPolicy policy;
+    bool overlap = true;  // paged: miss copies overlapped with the resident experts' rows
   };
   std::vector<V> variants = {{ExpertMode::kStatic, 0, EvictionPolicy::kLru}};
   for (int cap : {K, K + 1, std::max(K, E / 2), E}) {
     variants.push_back({ExpertMode::kPaged, cap, EvictionPolicy::kLru});
   }
   variants.push_back({ExpertMode::kPaged, K, EvictionPolicy::kLfu});
+  variants.push_back({ExpertMode::kPaged, K, EvictionPolicy::kLru, false});  // serial copies
+  variants.push_back({ExpertMode::kPaged, K + 1, EvictionPolicy::kLru, false});
   int rows = 0;
   for (const V& v : variants) {
     std::uint64_t misses = 0;
-    auto got = run_on(m, engine_config(v.mode, v.cap, v.policy), cuda(), &misses);
-    const std::string name =
-        fmt::format("{} {} cap {} {}", GetParam(), to_string(v.mode), v.cap, to_string(v.policy));
+    auto got = run_on(m, engine_config(v.mode, v.cap, v.policy, v.overlap), cuda(), &misses);
+    const std::string name = fmt::format("{} {} cap {} {}{}", GetParam(), to_string(v.mode), v.cap,
+                                         to_string(v.policy), v.overlap ? "" : " serial copies");
     ASSERT_TRUE(got.ok()) << name << ": " << got.status().to_string();
     EXPECT_EQ(got->tokens, ref->tokens) << name;
     for (const auto& [id, want] : ref->logits) {

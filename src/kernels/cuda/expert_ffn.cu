@@ -5,8 +5,8 @@
 //           act[i, f] = g / (1 + e^-g) * u
 //   pass 2, grid (rows, ceil(C / 8)): warp -> (row i, c): out[i, c] = down_e[c] . act[i]
 // Each dot product: lane-strided partial sums in index order, then warp_sum's fixed xor tree.
-// Nothing depends on the pointer values, on which rows share the launch or on the launch's row
-// range, so an expert gives the same bits from any slot and in any token group: what makes the
+// Nothing depends on the pointer values, on which rows share the launch, on the launch's row
+// range or on the row list that picks them, so an expert gives the same bits from any slot and in any token group: what makes the
 // resident, static and paged modes bit-identical on CUDA (tests/gpu/serve_gpu_test.cpp).
 // Plain on purpose (each row re-reads its expert's weights): correctness and identity first; a
 // grouped GEMM over the rows of one expert is the obvious next step (docs/serve.md).
@@ -27,9 +27,10 @@ __device__ __forceinline__ float dot_warp(const float* __restrict__ a, const flo
 
 __global__ void expert_ffn_up_kernel(ExpertFfnArgs a) {
   const int lane = threadIdx.x & 31;
-  const std::int64_t i = a.row_begin + blockIdx.x;
+  const std::int64_t p = a.row_begin + blockIdx.x;
   const std::int64_t f = std::int64_t(blockIdx.y) * kWarps + (threadIdx.x >> 5);
-  if (i >= a.row_end || f >= a.F) return;
+  if (p >= a.row_end || f >= a.F) return;
+  const std::int64_t i = a.row_list != nullptr ? a.row_list[p] : p;
   const std::int32_t e = a.ids[i];
   const float* gate = e >= 0 && e < a.E ? a.table[e] : nullptr;
   const float* up = e >= 0 && e < a.E ? a.table[a.E + e] : nullptr;
@@ -45,9 +46,10 @@ __global__ void expert_ffn_up_kernel(ExpertFfnArgs a) {
 
 __global__ void expert_ffn_down_kernel(ExpertFfnArgs a) {
   const int lane = threadIdx.x & 31;
-  const std::int64_t i = a.row_begin + blockIdx.x;
+  const std::int64_t p = a.row_begin + blockIdx.x;
   const std::int64_t c = std::int64_t(blockIdx.y) * kWarps + (threadIdx.x >> 5);
-  if (i >= a.row_end || c >= a.C) return;
+  if (p >= a.row_end || c >= a.C) return;
+  const std::int64_t i = a.row_list != nullptr ? a.row_list[p] : p;
   const std::int32_t e = a.ids[i];
   const float* down = e >= 0 && e < a.E ? a.table[2 * a.E + e] : nullptr;
   float r = 0.0f;

@@ -92,6 +92,7 @@ Result<ModeResult> run_mode(const model::DecoderGeometry& geo, const model::Mode
     ec.pager.miss_cost_model = cfg.miss_cost_model;
     ec.pager.cpu_gflops = cfg.cpu_gflops;
     ec.pager.bypass_window = cfg.bypass_window;
+    ec.pager.overlap_misses = cfg.overlap_misses;
     ec.pager.link_gbps = cfg.link_gbps > 0 ? cfg.link_gbps : cfg.roofline_gbps;
   }
   const std::size_t layer_bytes = std::size_t(geo.experts) * plan.expert_bytes;
@@ -385,7 +386,8 @@ Json report_json(const ServeBenchReport& r) {
       {"miss_placement",
        {{"cost_model", c.miss_cost_model},
         {"cpu_gflops", c.cpu_gflops},
-        {"bypass_window", c.bypass_window}}},
+        {"bypass_window", c.bypass_window},
+        {"overlap_misses", c.overlap_misses}}},
       {"device", r.cuda ? "cuda" : "cpu"},
       {"dtype",
        "f32 weights, K/V and activations (the engine is f32; the issue's target is bf16: expert "

@@ -7,10 +7,12 @@
 //   - the slow twin: victim choice equals a plain reference LRU / LFU written in the test;
 //   - errors: a budget below top-k experts per layer, an unknown mode or policy.
 #include <algorithm>
+#include <cstring>
 #include <list>
 #include <map>
 #include <set>
 
+#include "mem/stream.h"
 #include "serve/builtin_model.h"
 #include "serve/expert_executor.h"
 #include "serve/expert_pager.h"
@@ -253,6 +255,119 @@ TEST(PagerGroups, SplitKeepsEveryGroupWithinTheLimit) {
       }
       t0 = ends[gi];
     }
+  }
+}
+
+// acquire()'s copy_index: -1 for a hit, else the expert's place in the batch's copy order, which
+// is the order of the copies (bytes_copied grows by one block per copy) — what the CUDA executor
+// waits on per expert (wait_copy) to run a missed expert's rows as soon as its copy lands.
+TEST(PagerCopies, CopyIndexNamesEachMissInBatchOrder) {
+  auto m = small_model();
+  ASSERT_TRUE(m);
+  auto store = ExpertStore::create(m->geometry, m->params);
+  ASSERT_TRUE(store.ok());
+  auto pager = ExpertPager::create(**store, {.caps = {3, 3}});
+  ASSERT_TRUE(pager.ok()) << pager.status().to_string();
+  ExpertPager& p = **pager;
+  const std::size_t eb = (*store)->expert_bytes();
+  std::vector<ExpertRef> refs(3);
+  std::vector<int> copy(3, 7);
+  const std::vector<std::int32_t> first = {5, 2, 6};
+  ASSERT_TRUE(p.acquire(0, first, refs, copy).ok());
+  EXPECT_EQ(copy, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(p.counters().bytes_copied, 3 * eb);
+  for (int j = 0; j < 3; ++j) EXPECT_TRUE(p.wait_copy(j, mem::Stream::host()).ok());
+  p.release(0);
+  // 2 and 6 hit; 1 evicts LRU's victim (5) and is the batch's only copy.
+  const std::vector<std::int32_t> second = {2, 1, 6};
+  ASSERT_TRUE(p.acquire(0, second, refs, copy).ok());
+  EXPECT_EQ(copy, (std::vector<int>{-1, 0, -1}));
+  EXPECT_EQ(p.counters().bytes_copied, 4 * eb);
+  EXPECT_FALSE(p.is_resident(0, 5));
+  // The slot the copy landed in holds expert 1's block.
+  EXPECT_EQ(std::memcmp(refs[1].gate, (*store)->block(0, 1), eb), 0);
+  p.release(0);
+  // All hits: nothing to wait for.
+  ASSERT_TRUE(p.acquire(0, second, refs, copy).ok());
+  EXPECT_EQ(copy, (std::vector<int>{-1, -1, -1}));
+  EXPECT_EQ(p.counters().bytes_copied, 4 * eb);
+  p.release(0);
+}
+
+TEST(PagerCopies, OverlapNeedsADevicePagerAndWaitsAreChecked) {
+  auto m = small_model();
+  ASSERT_TRUE(m);
+  auto store = ExpertStore::create(m->geometry, m->params);
+  ASSERT_TRUE(store.ok());
+  auto host_overlap = ExpertPager::create(**store, {.caps = {3, 3}, .overlap = true});
+  ASSERT_FALSE(host_overlap.ok());
+  EXPECT_EQ(host_overlap.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(host_overlap.status().message().find("device pager"), std::string::npos)
+      << host_overlap.status().message();
+  auto pager = ExpertPager::create(**store, {.caps = {3, 3}});
+  ASSERT_TRUE(pager.ok());
+  std::vector<ExpertRef> refs(2);
+  std::vector<int> copy(2);
+  const std::vector<std::int32_t> ids = {0, 1};
+  ASSERT_TRUE((*pager)->acquire(1, ids, refs, copy).ok());
+  // A copy index outside the last batch is a caller bug.
+  EXPECT_DEATH((void)(*pager)->wait_copy(2, mem::Stream::host()), "wait_copy");
+  (*pager)->release(1);
+}
+
+// The paged CUDA executor's launch order: every row of the group exactly once, resident experts'
+// rows first, then one segment per copy holding only that copy's expert, each in routing order.
+TEST(PagerGroups, RowsByReadinessCoverEveryRowOnceHitsFirst) {
+  Rng rng(11);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int E = 12, K = 3, T = 1 + static_cast<int>(rng.next() % 9);
+    std::vector<std::int32_t> ids;
+    for (int t = 0; t < T; ++t) {
+      auto g = random_group(rng, E, K);
+      ids.insert(ids.end(), g.begin(), g.end());
+    }
+    const std::int64_t t0 = static_cast<std::int64_t>(rng.next() % std::uint64_t(T));
+    const std::int64_t i0 = t0 * K, i1 = std::int64_t(T) * K;
+    // The group's distinct experts, a random subset of them copied in a random order.
+    std::vector<std::int32_t> distinct;
+    for (std::int64_t i = i0; i < i1; ++i) {
+      if (std::find(distinct.begin(), distinct.end(), ids[i]) == distinct.end())
+        distinct.push_back(ids[i]);
+    }
+    std::vector<int> copy_of(E, 5);  // junk for experts outside the group: must not be read
+    std::vector<std::int32_t> copies;
+    for (std::int32_t e : distinct) {
+      copy_of[e] = -1;
+      if (rng.next() % 2) copies.push_back(e);
+    }
+    for (std::size_t j = copies.size(); j > 1; --j)
+      std::swap(copies[j - 1], copies[rng.next() % j]);
+    for (std::size_t j = 0; j < copies.size(); ++j) copy_of[copies[j]] = int(j);
+    std::vector<std::int32_t> out(std::size_t(i1 - i0), -1);
+    std::vector<std::int64_t> seg;
+    const std::int64_t hits = order_rows_by_readiness(ids, i0, i1, copy_of, copies, out.data(), seg);
+    ASSERT_EQ(seg.size(), copies.size());
+    std::vector<std::int32_t> sorted = out;
+    std::sort(sorted.begin(), sorted.end());
+    for (std::int64_t i = i0; i < i1; ++i) ASSERT_EQ(sorted[std::size_t(i - i0)], i) << trial;
+    for (std::int64_t p = 0; p < hits; ++p) {
+      EXPECT_LT(copy_of[ids[out[p]]], 0);
+      if (p > 0) {
+        EXPECT_LT(out[p - 1], out[p]);
+      }
+    }
+    std::int64_t begin = hits;
+    for (std::size_t j = 0; j < copies.size(); ++j) {
+      EXPECT_GT(seg[j], begin) << "copy " << j << " has no rows";
+      for (std::int64_t p = begin; p < seg[j]; ++p) {
+        EXPECT_EQ(ids[out[p]], copies[j]);
+        if (p > begin) {
+          EXPECT_LT(out[p - 1], out[p]);
+        }
+      }
+      begin = seg[j];
+    }
+    EXPECT_EQ(begin, i1 - i0);
   }
 }
 
