@@ -64,6 +64,8 @@ Json to_json(const Comparison& c) {
                 {"step_ms", p.predicted.step_ms},
                 {"gpu_step_ms", p.predicted.gpu_step_ms},
                 {"exposed_ms", p.predicted.exposed_ms},
+                {"optimizer_wait_ms", p.predicted.optimizer_wait_ms},
+                {"optimizer_bound_ms", p.predicted.optimizer_bound_ms},
                 {"recompute_ms", p.predicted.recompute_ms},
                 {"tflops", p.predicted.tflops},
                 {"gpu_peak_gb", p.predicted.gpu_peak_gb},

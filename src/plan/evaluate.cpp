@@ -214,24 +214,21 @@ Result<Prediction> evaluate(const PlanProblem& p, const Plan& plan) {
   r.recompute_ms = recompute;
   r.moved_gb = moved;
   r.gpu_step_ms = r.compute_ms + r.exposed_ms + p.step_fixed_ms;
-  // The forward pipeline behind the optimizer: updates take cpu_optimizer_ms in proportion to
-  // each layer's weights, in layer order; forward window i starts once window i-1 ended and layer
-  // i's update is done. (Not part of the objective: the solvers' linear model has no such term.)
-  double total_w = 0;
-  for (int j = 0; j < L; ++j) total_w += p.layers[j].weight_gb;
-  if (p.cpu_optimizer_ms > 0 && total_w > 0) {
-    double updated = 0, t = 0, windows = 0, first = 0;
-    for (int j = 0; j < L; ++j) {
-      updated += p.cpu_optimizer_ms * p.layers[j].weight_gb / total_w;
-      if (j == 0) first = updated;  // in step_fixed_ms already
-      const double w = compute[j] + r.window_exposed_ms[j];
-      t = std::max(t, updated - first) + w;
-      windows += w;
-    }
-    r.optimizer_wait_ms = std::max(0.0, t - windows);
+  // The forward pipeline behind the optimizer (optimizer_ready_ms): forward window j starts once
+  // window j-1 has ended (compute and its transfers) and layer j's update is done.
+  const std::vector<double> ready = optimizer_ready_ms(p);
+  r.window_optimizer_wait_ms.assign(T, 0);
+  double fwd_end = 0;
+  for (int j = 0; j < L; ++j) {
+    const int t = p.fwd_window(j);
+    const double held = std::max(0.0, ready[j] - fwd_end);
+    r.window_optimizer_wait_ms[t] = held;
+    r.optimizer_wait_ms += held;
+    fwd_end += held + compute[t] + r.window_exposed_ms[t];
   }
   r.step_ms = std::max(r.gpu_step_ms + r.optimizer_wait_ms, p.cpu_optimizer_ms);
-  r.objective_ms = r.gpu_step_ms + p.move_penalty_ms_per_gb * moved;
+  r.optimizer_bound_ms = r.step_ms - r.gpu_step_ms - r.optimizer_wait_ms;
+  r.objective_ms = r.step_ms + p.move_penalty_ms_per_gb * moved;
   r.host_peak_gb = p.host_fixed_gb;
   for (int i = 1; i < L; ++i) {
     if (plan.homes[i] == Home::kHost) r.host_peak_gb += A[i];

@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "plan/exact.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <limits>
 
+#include "core/check.h"
 #include "plan/choice.h"
 #include "plan/evaluate.h"
 #include "plan/osi_model.h"
@@ -23,7 +26,6 @@ Result<ExactResult> solve_exact(const PlanProblem& p, int max_layers) {
   const int cols = sm.model().num_cols();
   ExactResult r;
   double best = std::numeric_limits<double>::infinity();
-  std::vector<double> best_sol;
   r.choices = for_each_choice(p, [&](const Choice& c) {
     sm.fix_choice(c.homes, c.spans);
     const LinearModel& m = sm.model();
@@ -33,18 +35,25 @@ Result<ExactResult> solve_exact(const PlanProblem& p, int max_layers) {
     osi->initialSolve();
     if (!osi->isProvenOptimal()) return;
     ++r.feasible;
-    const double obj = osi->getObjValue() + m.obj_constant;
-    if (obj < best) {
-      best = obj;
-      const double* x = osi->getColSolution();
-      best_sol.assign(x, x + cols);
+    // The choice is priced by the evaluator (the step walked window by window, the optimizer gate
+    // as a recursion), not by the LP's objective: the LP only supplies the transfer schedule.
+    const double* x = osi->getColSolution();
+    Plan plan = sm.extract_plan(std::vector<double>(x, x + cols));
+    Result<Prediction> pred = evaluate(p, plan);
+    FERRY_CHECK(pred.ok(), "plan: exact: the LP's schedule is malformed: {}",
+                pred.status().to_string());
+    const double lp = osi->getObjValue() + m.obj_constant;
+    r.max_lp_mismatch_ms = std::max(r.max_lp_mismatch_ms, std::abs(lp - pred->objective_ms));
+    if (pred->objective_ms < best) {
+      best = pred->objective_ms;
+      plan.predicted = *pred;
+      r.best = std::move(plan);
     }
   });
-  if (best_sol.empty()) {
+  if (r.feasible == 0) {
     return resource_exhausted("plan: exact: none of {} choices fits (batch {})", r.choices,
                               p.batch_size);
   }
-  r.best = sm.extract_plan(best_sol);
   r.best.policy = "exact";
   r.best.solver.solver = "exact";
   r.best.solver.status = "optimal";
@@ -52,7 +61,6 @@ Result<ExactResult> solve_exact(const PlanProblem& p, int max_layers) {
   r.best.solver.bound_ms = best;
   r.best.solver.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  FERRY_ASSIGN_OR_RETURN(r.best.predicted, evaluate(p, r.best));
   return r;
 }
 

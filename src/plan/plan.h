@@ -45,10 +45,13 @@ struct Prediction {
   // layer from the step's start (units in forward order) and layer i's forward needs layer i's
   // update (the executor's LayerOptimizer gate); beyond the layer-0 update step_fixed_ms counts.
   double optimizer_wait_ms = 0;
+  // step_ms - gpu_step_ms - optimizer_wait_ms: the GPU done with the step but the CPU optimizer
+  // not (its whole update is longer than the GPU's step); 0 unless the optimizer bounds the step.
+  double optimizer_bound_ms = 0;
   double compute_ms = 0;  // sum of window compute, incl. recompute
   double recompute_ms = 0;
   double exposed_ms = 0;    // transfer time no compute hides
-  double objective_ms = 0;  // gpu_step_ms + move penalty (what the solvers minimize)
+  double objective_ms = 0;  // step_ms + move penalty (what the solvers minimize)
   double moved_gb = 0;      // activation + re-streamed weight bytes moved by choice
   double gpu_peak_gb = 0;
   int gpu_peak_window = 0;
@@ -58,6 +61,12 @@ struct Prediction {
   std::vector<double> window_compute_ms;  // [2L+1]
   std::vector<double> window_exposed_ms;  // [2L+1]
   std::vector<double> window_gpu_gb;      // [2L+1]
+  // [2L+1] how long window t starts late waiting for its layer's update (forward windows only;
+  // sums to optimizer_wait_ms).
+  std::vector<double> window_optimizer_wait_ms;
+  // Time per step the GPU waits on something other than its compute and the serial part: exposed
+  // transfers, forward windows held by the optimizer, and the optimizer outlasting the GPU.
+  double idle_ms() const { return exposed_ms + optimizer_wait_ms + optimizer_bound_ms; }
   bool operator==(const Prediction&) const = default;
 };
 

@@ -19,6 +19,8 @@ Json prediction_to_json(const Prediction& r) {
   return {{"step_ms", r.step_ms},
           {"gpu_step_ms", r.gpu_step_ms},
           {"optimizer_wait_ms", r.optimizer_wait_ms},
+          {"optimizer_bound_ms", r.optimizer_bound_ms},
+          {"idle_ms", r.idle_ms()},
           {"compute_ms", r.compute_ms},
           {"recompute_ms", r.recompute_ms},
           {"exposed_ms", r.exposed_ms},
@@ -31,14 +33,17 @@ Json prediction_to_json(const Prediction& r) {
           {"tflops", r.tflops},
           {"window_compute_ms", r.window_compute_ms},
           {"window_exposed_ms", r.window_exposed_ms},
-          {"window_gpu_gb", r.window_gpu_gb}};
+          {"window_gpu_gb", r.window_gpu_gb},
+          {"window_optimizer_wait_ms", r.window_optimizer_wait_ms}};
 }
 
 Prediction prediction_from_json(const Json& j) {
   Prediction r;
   r.step_ms = j.at("step_ms").get<double>();
   r.gpu_step_ms = j.at("gpu_step_ms").get<double>();
-  r.optimizer_wait_ms = j.value("optimizer_wait_ms", 0.0);  // absent in plans written before it
+  // Absent in plans written before the optimizer terms existed.
+  r.optimizer_wait_ms = j.value("optimizer_wait_ms", 0.0);
+  r.optimizer_bound_ms = j.value("optimizer_bound_ms", 0.0);
   r.compute_ms = j.at("compute_ms").get<double>();
   r.recompute_ms = j.at("recompute_ms").get<double>();
   r.exposed_ms = j.at("exposed_ms").get<double>();
@@ -52,6 +57,9 @@ Prediction prediction_from_json(const Json& j) {
   r.window_compute_ms = j.at("window_compute_ms").get<std::vector<double>>();
   r.window_exposed_ms = j.at("window_exposed_ms").get<std::vector<double>>();
   r.window_gpu_gb = j.at("window_gpu_gb").get<std::vector<double>>();
+  r.window_optimizer_wait_ms = j.contains("window_optimizer_wait_ms")
+                                   ? j.at("window_optimizer_wait_ms").get<std::vector<double>>()
+                                   : std::vector<double>(r.window_gpu_gb.size(), 0.0);
   return r;
 }
 

@@ -19,6 +19,20 @@ std::string window_description(const PlanProblem& p, int t) {
   return fmt::format("backward of layer {}", 2 * p.num_layers - t);
 }
 
+std::vector<double> optimizer_ready_ms(const PlanProblem& p) {
+  const int L = p.num_layers;
+  std::vector<double> ready(L, 0.0);
+  double total_w = 0;
+  for (const LayerCost& c : p.layers) total_w += c.weight_gb;
+  if (!(p.cpu_optimizer_ms > 0) || !(total_w > 0)) return ready;
+  double done = 0;  // updates finished after layer 0's, in ms
+  for (int j = 1; j < L; ++j) {
+    done += p.cpu_optimizer_ms * p.layers[j].weight_gb / total_w;
+    ready[j] = done;
+  }
+  return ready;
+}
+
 namespace {
 
 bool finite_nonneg(double v) { return std::isfinite(v) && v >= 0; }

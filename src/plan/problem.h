@@ -91,6 +91,15 @@ std::string window_name(const PlanProblem& p, int t);
 // "forward of layer 3", "the loss window", "backward of layer 3".
 std::string window_description(const PlanProblem& p, int t);
 
+// The CPU optimizer gate (docs/plan.md, "the optimizer gate"). The previous step's update can
+// only start once the clip scale is known, i.e. after the backward of layer 0 (the last gradient);
+// it then updates the layers in the next forward's order, each in proportion to its weights
+// (AdamW streams every parameter's master, states and gradient once: linear in parameters), so
+// layer j's update takes cpu_optimizer_ms * W_j / sum_k W_k. Layer 0's share is serial
+// (step_fixed_ms). Returns [L] U_j: when layer j's update is done, in ms after the forward of
+// layer 0 starts (U_0 = 0); the forward of layer j cannot start before U_j.
+std::vector<double> optimizer_ready_ms(const PlanProblem& p);
+
 // Sizes and signs consistent; a non-ok Status names the first bad field.
 Status validate(const PlanProblem& p);
 

@@ -141,6 +141,12 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
   eps_.resize(T);
   for (int t = 0; t < T; ++t) eps_[t] = m_.add_col(0, kInf, time_w, false);
   if (min_mode) cap_col_ = m_.add_col(0, kInf, 1.0, false);
+  // The CPU optimizer's two terms (rows at the end): forward windows held back by the update
+  // (wait) and the step waiting for the update to finish beyond the GPU's work (bound), in ms.
+  if (!min_mode && p.cpu_optimizer_ms > 0) {
+    wait_col_ = m_.add_col(0, kInf, 1.0, false);
+    bound_col_ = m_.add_col(0, kInf, 1.0, false);
+  }
 
   const auto d2h_col = [&](int i, int t, bool to_nvme) {
     const XferCols& x = xfer_[i];
@@ -342,6 +348,39 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
       add_exposure({&nv_read}, p.link.nvme_read_gbps);
       add_exposure({&nv_write}, p.link.nvme_write_gbps);
     }
+  }
+
+  // The optimizer gate. Forward window j starts at max(end of window j-1, U_j) and lasts
+  // w_j = fwd_j + eps_j, so the forward pass ends at max_k (U_k + sum_{m>=k} w_m) (U_0 = 0) and
+  // the time it is held back is wait = max(0, max_k (U_k - sum_{m<k} (fwd_m + eps_m))): linear
+  // rows, one per layer k, with wait minimized in the objective. (An eps above its exposure rows'
+  // minimum lowers wait by at most as much, so the optimum is unchanged: docs/plan.md.)
+  if (wait_col_ >= 0) {
+    const std::vector<double> ready = optimizer_ready_ms(p);
+    double fwd_before = 0;  // sum_{m<k} fwd_m
+    for (int k = 1; k < L; ++k) {
+      fwd_before += p.layers[k - 1].fwd_ms;
+      if (ready[k] - fwd_before <= 0) continue;  // never binds: wait, eps >= 0
+      Expr row;
+      row.add(wait_col_, 1);
+      for (int m = 0; m < k; ++m) row.add(eps_[m], 1);
+      m_.add_row(row.terms, ready[k] - fwd_before, kInf);
+    }
+    // The step is never shorter than the whole update: bound >= cpu_optimizer_ms - (gpu step +
+    // wait), the gpu step being the constant compute plus recompute plus exposure.
+    Expr row;
+    row.add(bound_col_, 1);
+    row.add(wait_col_, 1);
+    for (int t = 0; t < T; ++t) row.add(eps_[t], 1);
+    for (int s = 0; s < L; ++s) {
+      for (int e = s + 2; e <= std::min(L, s + R); ++e) {
+        double rec = 0;
+        for (int k = s; k <= e - 2; ++k) rec += p.layers[k].rec_ms;
+        row.add(span_col(s, e, false), rec);
+        row.add(span_col(s, e, true), rec);
+      }
+    }
+    m_.add_row(row.terms, p.cpu_optimizer_ms - m_.obj_constant, kInf);
   }
 }
 

@@ -7,7 +7,9 @@
 //
 // Variables: x[s,e,v] (span s->e, v = re-stream / keep weights), g/c/n[i] (home of boundary i),
 // dc/dn[i,t] (D2H bytes of i in window t, to host / to NVMe), hc/hn[i,t] (H2D bytes), eps[t]
-// (exposure of window t, ms), and in a min-capacity model one capacity column M.
+// (exposure of window t, ms), wait and bound (ms: the forward held back by the CPU optimizer, and
+// the optimizer outlasting the GPU's step; only when the problem has an optimizer time), and in a
+// min-capacity model one capacity column M.
 #pragma once
 
 #include <utility>
@@ -69,6 +71,8 @@ class ScheduleModel {
   std::vector<XferCols> xfer_;               // [L+1]
   std::vector<int> eps_;                     // [2L+1]
   int cap_col_ = -1;
+  int wait_col_ = -1;   // optimizer wait (ms), -1 without an optimizer term
+  int bound_col_ = -1;  // step beyond the GPU's work waiting for the optimizer (ms)
 };
 
 }  // namespace ferry::plan

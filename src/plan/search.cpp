@@ -33,8 +33,21 @@ Result<Probe> probe(const ProblemAt& problem_at, const Planner& planner, int bat
   return std::move(r).take_status();
 }
 
-bool exposure_ok(const Plan& plan, double fraction) {
-  return plan.predicted.exposed_ms <= fraction * plan.predicted.step_ms;
+// The chosen plan's GPU idle (exposed transfers, forward held by the optimizer, the optimizer
+// outlasting the GPU) within `fraction` of its step.
+bool idle_ok(const Plan& plan, double fraction) {
+  return plan.predicted.idle_ms() <= fraction * plan.predicted.step_ms;
+}
+
+// The CPU optimizer's share of that idle alone over the limit.
+bool optimizer_over(const Plan& plan, double fraction) {
+  const Prediction& r = plan.predicted;
+  return r.optimizer_wait_ms + r.optimizer_bound_ms > fraction * r.step_ms;
+}
+
+// Samples per ms of step: the throughput the fallback maximizes (tokens/s up to the fixed seq).
+double throughput(const Probe& pr) {
+  return pr.plan->predicted.step_ms > 0 ? pr.problem.batch_size / pr.plan->predicted.step_ms : 0;
 }
 
 }  // namespace
@@ -47,12 +60,24 @@ Result<BatchSearchResult> largest_batch(const ProblemAt& problem_at, const Plann
     return resource_exhausted("plan: not even batch 1 fits (gpu {:.2f} GB, host {:.2f} GB)",
                               lo.problem.gpu_cap_gb, lo.problem.host_cap_gb);
   }
+  // The fitting probe of the highest throughput (the larger batch on a tie), kept for the case
+  // where no batch meets the idle limit.
+  std::optional<Probe> fastest;
+  const auto consider = [&](const Probe& pr) {
+    if (pr.plan && (!fastest || throughput(pr) > throughput(*fastest) * (1 + 1e-12) ||
+                    (throughput(pr) >= throughput(*fastest) * (1 - 1e-12) &&
+                     pr.problem.batch_size > fastest->problem.batch_size))) {
+      fastest = pr;
+    }
+  };
+  consider(lo);
   // Doubling, then bisection between the last fitting and the first failing batch.
   int good = 1, bad = -1;
   Probe best = std::move(lo);
   while (bad < 0 && good < o.max_batch) {
     const int b = std::min(o.max_batch, good * 2);
     FERRY_ASSIGN_OR_RETURN(Probe pr, probe(problem_at, planner, b, res.probes));
+    consider(pr);
     if (pr.plan) {
       good = b;
       best = std::move(pr);
@@ -63,6 +88,7 @@ Result<BatchSearchResult> largest_batch(const ProblemAt& problem_at, const Plann
   while (bad > 0 && bad - good > 1) {
     const int mid = good + (bad - good) / 2;
     FERRY_ASSIGN_OR_RETURN(Probe pr, probe(problem_at, planner, mid, res.probes));
+    consider(pr);
     if (pr.plan) {
       good = mid;
       best = std::move(pr);
@@ -72,24 +98,34 @@ Result<BatchSearchResult> largest_batch(const ProblemAt& problem_at, const Plann
   }
   res.largest_fitting = good;
   res.batch = good;
-  res.exposure_ok = exposure_ok(*best.plan, o.max_exposed_fraction);
+  res.exposure_ok = idle_ok(*best.plan, o.max_exposed_fraction);
   if (o.require_low_exposure && !res.exposure_ok) {
-    // Walk down in 16 steps at most; fitting is monotone, so every smaller batch fits.
+    // Walk down in 16 steps at most; fitting is monotone, so every smaller batch fits. Stop where
+    // the CPU optimizer alone idles the GPU past the limit: its work per step does not depend on
+    // the batch while the forward compute that hides it shrinks with it, so a smaller batch only
+    // waits longer (docs/plan.md, "batch size").
     const int step = std::max(1, good / 16);
-    for (int b = good - step; b >= 1; b -= step) {
+    bool stop = optimizer_over(*best.plan, o.max_exposed_fraction);
+    for (int b = good - step; b >= 1 && !stop; b -= step) {
       FERRY_ASSIGN_OR_RETURN(Probe pr, probe(problem_at, planner, b, res.probes));
-      if (pr.plan && exposure_ok(*pr.plan, o.max_exposed_fraction)) {
+      if (!pr.plan) continue;
+      consider(pr);
+      if (idle_ok(*pr.plan, o.max_exposed_fraction)) {
         res.batch = b;
         res.exposure_ok = true;
         best = std::move(pr);
         break;
       }
+      stop = optimizer_over(*pr.plan, o.max_exposed_fraction);
     }
     if (!res.exposure_ok) {
+      // None within the limit: the batch of the highest throughput among those solved.
+      best = std::move(*fastest);
+      res.batch = best.problem.batch_size;
       log::get("plan")->warn(
-          "batch={} exposure stays above {:.0f}% of the step at every batch "
-          "tried; keeping the largest fitting batch",
-          good, 100 * o.max_exposed_fraction);
+          "the gpu idles more than {:.0f}% of the step (exposed transfers + optimizer wait) at "
+          "every batch tried; batch={} has the highest predicted throughput (largest fitting {})",
+          100 * o.max_exposed_fraction, res.batch, good);
     }
   }
   res.plan = std::move(*best.plan);

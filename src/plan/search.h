@@ -2,9 +2,14 @@
 // The outer search over batch size and the diagnosis of budgets no plan fits.
 //
 // largest_batch: memory grows with the batch, so "some plan fits" is monotone in B; the search
-// doubles B until nothing fits, then bisects. With require_low_exposure it then walks down from
-// the largest fitting B to the largest whose plan's exposed transfer time is at most
-// max_exposed_fraction of the step (falling back to the largest fitting B, flagged, if none is).
+// doubles B until nothing fits, then bisects. Every probe is priced by the planner's objective,
+// the predicted step time incl. the CPU optimizer (Prediction::step_ms). With
+// require_low_exposure it then walks down from the largest fitting B to the largest whose plan
+// idles the GPU at most max_exposed_fraction of the step (Prediction::idle_ms: exposed transfers,
+// forward windows held by the CPU optimizer, the optimizer outlasting the GPU). The walk stops
+// early where the optimizer's idle alone is over the limit (a smaller batch hides less of it). If
+// no batch tried is within the limit, the one of the highest throughput (B / step_ms) among all
+// solved is chosen, flagged.
 //
 // diagnose_infeasible: for each tier, the smallest capacity of that tier with the other tiers
 // unchanged (an MILP, milp.h min_capacity); the binding constraint is the first tier whose
@@ -28,13 +33,13 @@ using Planner = std::function<Result<Plan>(const PlanProblem&)>;
 struct BatchSearchOptions {
   int max_batch = 1024;
   bool require_low_exposure = true;
-  double max_exposed_fraction = 0.02;  // exposure "near zero": <= 2 % of the step
+  double max_exposed_fraction = 0.02;  // GPU idle "near zero": <= 2 % of the step
 };
 
 struct BatchSearchResult {
   int batch = 0;             // the chosen batch
   int largest_fitting = 0;   // the largest batch some plan fits
-  bool exposure_ok = false;  // the chosen plan's exposure is within max_exposed_fraction
+  bool exposure_ok = false;  // the chosen plan's idle_ms() is within max_exposed_fraction
   int probes = 0;            // plans solved
   Plan plan;
   PlanProblem problem;
