@@ -47,6 +47,9 @@ void register_bench_train(CLI::App& app, CommandFn& run) {
   cmd->add_option("--batch-size", cfg->batch, "sequences per step")->check(CLI::Range(1, 4096));
   cmd->add_option("--seq-len", cfg->seq, "tokens per sequence")
       ->check(CLI::Range(std::int64_t{2}, std::int64_t{1} << 20));
+  cmd->add_option("--grad-accum", cfg->accum,
+                  "micro-batches (each --batch-size x --seq-len) per optimizer step")
+      ->check(CLI::Range(1, 4096));
   cmd->add_option("--steps", cfg->steps, "timed steps per policy")->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", cfg->warmup, "untimed steps first")->check(CLI::Range(0, 1000));
   cmd->add_option("--policies", cfg->policies, "activation policies, in order")->delimiter(',');

@@ -33,6 +33,8 @@ class Backend {
   virtual std::size_t workspace_bytes(const CrossEntropyArgs& a) const = 0;
   // Optional scratch that speeds attention_backward up (0: the backend has no use for it).
   virtual std::size_t workspace_bytes(const AttentionBackwardArgs& a) const { return 0; }
+  // Optional scratch that lets sum_squares use the whole device (0: the backend has no use).
+  virtual std::size_t workspace_bytes(const SumSquaresArgs& a) const { return 0; }
 
   virtual Status gemm(const GemmArgs& a, Stream& stream) = 0;
   virtual Status embedding(const EmbeddingArgs& a, Stream& stream) = 0;

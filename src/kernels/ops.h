@@ -245,10 +245,16 @@ struct ConvertArgs {
   ConstTensorView in;  // [N...] f32 or bf16, same element count
 };
 
-// out[0] = sum of squares of x, accumulated in f64 on CPU (f32 on GPU).
+// out[0] = sum of squares of x, accumulated in f64 on CPU (f32 on GPU). Deterministic on every
+// backend: the same x gives the same bits.
 struct SumSquaresArgs {
   TensorView out;     // [1] f32
   ConstTensorView x;  // [N]
+  // Optional scratch (u8, Backend::workspace_bytes(args)): the CUDA backend then reduces with a
+  // grid of blocks, each summing a fixed slice, and the partials in a fixed order (a different
+  // order than the one-block path, so bits differ between the two, never run to run); empty =
+  // one block walks the whole vector.
+  TensorView workspace;
 };
 
 }  // namespace ferry::kernels

@@ -50,6 +50,12 @@ Result<BenchPrediction> predict_bench(const Json& report, const model::ModelConf
     return invalid_argument("plan: the bench report has {} windows, the model {} layers",
                             w.at("measured_ms").size(), L);
   }
+  if (report.value("grad_accum", 1) != 1) {
+    return invalid_argument(
+        "plan: the bench report accumulates {} micro-batches per step; profile from a run with "
+        "--grad-accum 1 (its windows are one micro-batch's)",
+        report.value("grad_accum", 1));
+  }
   const int batch = report.at("batch").get<int>();
   const int seq = report.at("seq").get<int>();
   const int steps = report.at("steps").get<int>(), warmup = report.at("warmup").get<int>();

@@ -55,8 +55,9 @@ double median(std::vector<double> v) {
 }  // namespace
 
 Result<Json> run_train_bench(const TrainBenchConfig& c) {
-  if (c.steps < 1 || c.warmup < 0 || c.batch < 1 || c.seq < 2) {
-    return invalid_argument("bench train: needs --steps >= 1, --warmup >= 0, batch >= 1, seq >= 2");
+  if (c.steps < 1 || c.warmup < 0 || c.batch < 1 || c.seq < 2 || c.accum < 1) {
+    return invalid_argument(
+        "bench train: needs --steps >= 1, --warmup >= 0, batch >= 1, seq >= 2, grad-accum >= 1");
   }
   if (c.policies.empty()) return invalid_argument("bench train: no --policies");
   if (c.device != "cpu" && c.device != "cuda") {
@@ -101,6 +102,7 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
              {"vocab", geo.vocab}}},
            {"params", tm.model_params},
            {"batch", c.batch},
+           {"grad_accum", c.accum},
            {"seq", c.seq},
            {"steps", c.steps},
            {"warmup", c.warmup},
@@ -131,18 +133,24 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
     for (int step = 0; step < c.warmup + c.steps; ++step) {
       if (step == c.warmup) s0 = x.stats();  // the timed part starts here
       Timer t;
-      x.begin_step(1);
-      const std::uint64_t f0 = x.stats().layer_forwards, b0 = x.stats().layer_backwards;
-      FERRY_ASSIGN_OR_RETURN(const model::ForwardResult r, x.micro_batch(batch.view()));
+      x.begin_step(c.accum);
+      // Gradient accumulation: the optimizer runs once per c.accum micro-batches, the weights
+      // stream twice per micro-batch.
+      double loss = 0;
+      for (int a = 0; a < c.accum; ++a) {
+        const std::uint64_t f0 = x.stats().layer_forwards, b0 = x.stats().layer_backwards;
+        FERRY_ASSIGN_OR_RETURN(const model::ForwardResult r, x.micro_batch(batch.view()));
+        loss += r.mean_loss() / c.accum;
+        if (step >= c.warmup) {
+          flops += micro_batch_flops(geo, tm, batch.cu_seqlens, x.stats().layer_forwards - f0,
+                                     x.stats().layer_backwards - b0);
+        }
+      }
       FERRY_TRY(x.finish_step(adamw, 1e-5, static_cast<std::int64_t>(step) + 1).status());
       const double dt = t.elapsed_s();
-      if (step == 0) loss_first = r.mean_loss();
-      loss_last = r.mean_loss();
-      if (step >= c.warmup) {
-        step_s.push_back(dt);
-        flops += micro_batch_flops(geo, tm, batch.cu_seqlens, x.stats().layer_forwards - f0,
-                                   x.stats().layer_backwards - b0);
-      }
+      if (step == 0) loss_first = loss;
+      loss_last = loss;
+      if (step >= c.warmup) step_s.push_back(dt);
     }
     FERRY_TRY(x.store_to(*state));  // waits for the last update
     const stream::TransferStats& s = x.stats();
@@ -167,7 +175,7 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
          {"describe", pol.describe()},
          {"step_ms_median", median(step_s) * 1e3},
          {"step_ms_mean", total_s * per * 1e3},
-         {"tokens_per_s", static_cast<double>(tokens) * c.steps / total_s},
+         {"tokens_per_s", static_cast<double>(tokens) * c.accum * c.steps / total_s},
          {"model_tflops", flops.model / total_s / 1e12},
          {"hardware_tflops", flops.hardware / total_s / 1e12},
          {"mfu", peak > 0 ? flops.model / total_s / peak : 0.0},
@@ -192,12 +200,12 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
 
 std::string format_train_bench(const Json& r) {
   std::string out = fmt::format(
-      "bench train on {} | {} layers, hidden {}, {:.3g} B params | batch {} x seq {} | {} timed "
-      "steps | {} | {} GEMMs\n",
+      "bench train on {} | {} layers, hidden {}, {:.3g} B params | batch {} x seq {} x accum {} | "
+      "{} timed steps | {} | {} GEMMs\n",
       r["device"].get<std::string>(), r["geometry"]["layers"].get<int>(),
       r["geometry"]["hidden"].get<int>(), r["params"].get<double>() / 1e9, r["batch"].get<int>(),
-      r["seq"].get<std::int64_t>(), r["steps"].get<int>(), r["optimizer"].get<std::string>(),
-      r.value("gemm_precision", std::string("f32")));
+      r["seq"].get<std::int64_t>(), r.value("grad_accum", 1), r["steps"].get<int>(),
+      r["optimizer"].get<std::string>(), r.value("gemm_precision", std::string("f32")));
   out += fmt::format("{:<22} {:>10} {:>10} {:>8} {:>8} {:>6} {:>11} {:>8} {:>12} {:>10}\n",
                      "policy", "step ms", "tok/s", "TFLOPS", "hw", "MFU%", "exposed ms", "opt ms",
                      "device peak", "host peak");

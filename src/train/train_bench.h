@@ -27,6 +27,7 @@ struct TrainBenchConfig {
   BuiltinModelSpec model;      // geometry of the random-weight model (builtin tokenizer's vocab)
   int batch = 4;               // sequences per micro-batch, each seq tokens long
   std::int64_t seq = 256;
+  int accum = 1;   // micro-batches per optimizer step (gradient accumulation)
   int steps = 5;   // timed steps per policy
   int warmup = 1;  // untimed steps first
   std::vector<std::string> policies{"device", "every:4", "host"};

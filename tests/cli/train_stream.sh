@@ -33,7 +33,7 @@ PY
   > "$TMP/mem.log" 2> "$TMP/mem.err"
 "$FERRY" train "${common[@]}" "${stream[@]}" --output-dir "$TMP/a" --metrics-out "$TMP/a.jsonl" \
   > "$TMP/a.log" 2> "$TMP/a.err"
-grep -q "executor: stream on cpu | policy every:2" "$TMP/a.log" "$TMP/a.err" ||
+grep -q "executor: stream on cpu | f32 GEMMs | policy every:2" "$TMP/a.log" "$TMP/a.err" ||
   { echo "train_stream: the stream executor did not run"; cat "$TMP/a.log" "$TMP/a.err"; exit 1; }
 [ "$(grep -c '"type":"step"' "$TMP/a.jsonl")" = 24 ] || { echo "expected 24 step lines"; exit 1; }
 compare_losses "$TMP/mem.jsonl" "$TMP/a.jsonl" "stream vs memory"
@@ -118,7 +118,29 @@ for x in p.values():
     assert len(x["windows"]["measured_ms"]) == 2 * 2 + 1, x["windows"]
 assert p["device"]["act_bytes_per_step"] == 0, p["device"]
 assert p["every:2:host"]["act_bytes_per_step"] > 0, p["every:2:host"]
+assert r["grad_accum"] == 1 and r["gemm_precision"] == "f32", r  # auto on a CPU: f32
 PY
+# Gradient accumulation streams the weights twice per micro-batch (3 micro-batches: 3x the bytes
+# of one), and bf16 GEMMs on the CPU run the twin; the optimizer still runs once per step.
+"$FERRY" bench train --layers 2 --hidden 64 --heads 2 --kv-heads 1 --intermediate 128 \
+  --batch-size 2 --seq-len 32 --steps 2 --policies device --grad-accum 3 --gemm-precision bf16 \
+  --json "$TMP/bench3.json" > "$TMP/bench3.log" 2>&1 ||
+  { echo "train_stream: bench train --grad-accum failed"; cat "$TMP/bench3.log"; exit 1; }
+python3 - "$TMP/bench.json" "$TMP/bench3.json" <<'PY' || { echo "train_stream: bad accum report"; exit 1; }
+import json, sys
+one = json.load(open(sys.argv[1]))["policies"][0]
+r = json.load(open(sys.argv[2]))
+three = r["policies"][0]
+assert r["grad_accum"] == 3 and r["gemm_precision"] == "bf16", r
+assert three["weight_h2d_bytes_per_step"] > 2.5 * one["weight_h2d_bytes_per_step"], (one, three)
+assert three["grad_d2h_bytes_per_step"] > 2.5 * one["grad_d2h_bytes_per_step"], (one, three)
+PY
+if "$FERRY" bench train --layers 1 --hidden 64 --heads 2 --kv-heads 1 --intermediate 128 \
+  --steps 1 --gemm-precision fp8 > "$TMP/bp.log" 2>&1; then
+  echo "train_stream: --gemm-precision fp8 accepted"; exit 1
+fi
+grep -q "gemm-precision" "$TMP/bp.log" ||
+  { echo "train_stream: bad --gemm-precision error unclear"; cat "$TMP/bp.log"; exit 1; }
 set +e
 "$FERRY" bench train --device cuda --layers 1 --hidden 64 --heads 2 --kv-heads 1 \
   --intermediate 128 --steps 1 --seq-len 16 --batch-size 1 > "$TMP/bc.log" 2>&1; rc=$?

@@ -319,6 +319,39 @@ TEST_F(KernelsDense, AdamWAndSumSquares) {
   }
 }
 
+// The grid path of sum_squares (a workspace given): deterministic, within f32 accumulation of the
+// f64 reference at sizes from one slice to many, and a short workspace is refused.
+TEST_F(KernelsDense, SumSquaresGridIsDeterministicAndAccurate) {
+  const std::size_t ws_bytes = cuda().workspace_bytes(kernels::SumSquaresArgs{});
+  ASSERT_GT(ws_bytes, 0u);
+  DeviceTensor ws(std::vector<std::int64_t>{static_cast<std::int64_t>(ws_bytes)}, DType::kU8);
+  for (std::int64_t n : {std::int64_t{100}, (std::int64_t{1} << 16) + 3, std::int64_t{5000017}}) {
+    const HostTensor x = random_tensor({n}, kF32, static_cast<std::uint64_t>(n), -2.0, 2.0);
+    const DeviceTensor dx(x);
+    HostTensor want({1}, kF32);
+    FERRY_ASSERT_OK(
+        reference_backend().sum_squares({.out = want.view(), .x = x.cview()}, mem::Stream::host()));
+    DeviceTensor a(std::vector<std::int64_t>{1}, kF32), b(std::vector<std::int64_t>{1}, kF32);
+    FERRY_ASSERT_OK(
+        cuda().sum_squares({.out = a.view(), .x = dx.cview(), .workspace = ws.view()}, stream()));
+    FERRY_ASSERT_OK(
+        cuda().sum_squares({.out = b.view(), .x = dx.cview(), .workspace = ws.view()}, stream()));
+    sync();
+    EXPECT_TRUE(same_bits(a.download(), b.download())) << n;
+    // f32 accumulation over n terms (sequential within a thread's chain): n * 2^-24 relative.
+    const double w = want.get(0);
+    EXPECT_LE(std::fabs(a.download().get(0) - w), 1e-5 * w) << n;
+  }
+  const DeviceTensor dx(random_tensor({1 << 20}, kF32, 3, -1.0, 1.0));
+  DeviceTensor out(std::vector<std::int64_t>{1}, kF32);
+  TensorView short_ws = ws.view();
+  short_ws.shape[0] = 8;
+  EXPECT_EQ(cuda()
+                .sum_squares({.out = out.view(), .x = dx.cview(), .workspace = short_ws}, stream())
+                .code(),
+            StatusCode::kInvalidArgument);
+}
+
 TEST_F(KernelsDense, ConvertMatchesCpuBitForBit) {
   // Rounding is exact arithmetic (round to nearest even), so CUDA must equal the CPU bit for bit.
   for (std::int64_t n : {1, 7, 33, 4099, 1 << 20}) {

@@ -315,10 +315,22 @@ Status CudaBackend::sum_squares(const SumSquaresArgs& a, Stream& stream) {
   if (a.x.device != Device::kCuda || !a.x.is_contiguous() ||
       (a.x.dtype != DType::kF32 && a.x.dtype != DType::kBF16))
     return unimplemented("cuda sum_squares: x must be a contiguous cuda f32/bf16 tensor");
-  FERRY_LAUNCH_TRY(
-      op, native(stream),
-      launch_sum_squares(elt(a.x.dtype), a.out.as<float>(), a.x.data, a.x.numel(), native(stream)));
+  float* partials = nullptr;
+  if (a.workspace.data != nullptr) {
+    if (a.workspace.device != Device::kCuda || a.workspace.bytes() < workspace_bytes(a))
+      return invalid_argument("cuda sum_squares: workspace of {} bytes on {}, need {} on cuda",
+                              a.workspace.bytes(), to_string(a.workspace.device),
+                              workspace_bytes(a));
+    partials = static_cast<float*>(a.workspace.data);
+  }
+  FERRY_LAUNCH_TRY(op, native(stream),
+                   launch_sum_squares(elt(a.x.dtype), a.out.as<float>(), a.x.data, a.x.numel(),
+                                      partials, native(stream)));
   return ok_status();
+}
+
+std::size_t CudaBackend::workspace_bytes(const SumSquaresArgs&) const {
+  return kSumSquaresBlocks * sizeof(float);
 }
 
 Status CudaBackend::convert(const ConvertArgs& a, Stream& stream) {

@@ -28,6 +28,7 @@ class CudaBackend final : public Backend {
   bool supports(OpKind op, DType dt) const override;
   std::size_t workspace_bytes(const CrossEntropyArgs& a) const override;
   std::size_t workspace_bytes(const AttentionBackwardArgs& a) const override;
+  std::size_t workspace_bytes(const SumSquaresArgs& a) const override;
 
   Status gemm(const GemmArgs& a, Stream& stream) override;
   Status embedding(const EmbeddingArgs& a, Stream& stream) override;

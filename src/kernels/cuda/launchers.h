@@ -31,8 +31,11 @@ struct AdamWParams {
 };
 cudaError_t launch_adamw(float* param, float* m, float* v, void* param_bf16, const float* grad,
                          std::int64_t n, AdamWParams p, cudaStream_t stream);
-// out[0] = sum x^2 (f32 accumulation; blocks combine with atomicAdd, see docs/cuda.md).
-cudaError_t launch_sum_squares(Elt e, float* out, const void* x, std::int64_t n,
+// out[0] = sum x^2, f32 accumulation, deterministic. partials == nullptr: one block walks x.
+// Else (kSumSquaresBlocks floats of scratch): a grid whose size depends only on n, each block
+// summing one fixed slice into partials[b], then one block adds the partials in index order.
+inline constexpr int kSumSquaresBlocks = 512;
+cudaError_t launch_sum_squares(Elt e, float* out, const void* x, std::int64_t n, float* partials,
                                cudaStream_t stream);
 
 // out [n] (Elt e_out) = in [n] (Elt e_in) converted; f32 -> bf16 rounds to nearest even.

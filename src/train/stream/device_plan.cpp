@@ -38,6 +38,7 @@ Result<DevicePlan> plan_device(const model::DecoderGeometry& geo, const ModelSiz
     d.recompute.push_back(d.plan.add("recompute." + std::to_string(r), act));
   }
   d.sumsq = d.plan.add("sumsq", static_cast<std::size_t>(sizes.params) * f);
+  d.sumsq_ws = d.plan.add("sumsq.workspace", backend.workspace_bytes(kernels::SumSquaresArgs{}));
   const std::size_t batch_ints = backend.device() == Device::kCpu ? 0 : 4 * tokens + 1;
   d.batch = d.plan.add("batch", batch_ints * sizeof(std::int32_t));
   FERRY_ASSIGN_OR_RETURN(d.compute_bytes,

@@ -39,6 +39,7 @@ inline constexpr int kGradSlots = 2;
 struct DevicePlan {
   mem::ArenaPlan plan;
   mem::SlotId globals_w, globals_g, x_final, fetch, sumsq, batch;
+  mem::SlotId sumsq_ws;                // the backend's sum_squares scratch (0 bytes on the CPU)
   std::vector<mem::SlotId> slots;      // [prefetch slots]
   std::vector<mem::SlotId> grads;      // [kGradSlots]
   std::vector<mem::SlotId> boundary;   // [L]: device-homed boundaries (others unused)

@@ -355,12 +355,17 @@ Result<const float*> StreamExecutor::fetch_boundary(int i, std::int64_t T) {
 // the P floats back once per step (read_sumsq).
 Status StreamExecutor::take_sumsq(int unit, const float* grads) {
   float* sums = dev(plan_.sumsq);
+  const std::size_t ws_bytes = plan_.plan.slot(plan_.sumsq_ws).size_bytes;
+  const TensorView ws = ws_bytes == 0
+                            ? TensorView{}
+                            : TensorView::contiguous(dev(plan_.sumsq_ws), DType::kU8, be_.device(),
+                                                     {static_cast<std::int64_t>(ws_bytes)});
   for (int idx : arena_->unit_params(unit)) {
     const ParamLoc& p = arena_->params()[static_cast<std::size_t>(idx)];
     const TensorView out = TensorView::contiguous(sums + idx, DType::kF32, be_.device(), {1});
     const ConstTensorView g =
         ConstTensorView::contiguous(grads + p.offset, DType::kF32, be_.device(), {p.n});
-    FERRY_TRY(be_.sum_squares({.out = out, .x = g}, cs()));
+    FERRY_TRY(be_.sum_squares({.out = out, .x = g, .workspace = ws}, cs()));
   }
   return {};
 }

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Run THERE (the GPU machine) after a build (scripts/gpu_train_check.sh builds build/gpu):
+#   FERRY_TRAIN_SWEEP='name|ferry bench train flags;name2|...' bash scripts/gpu_train_sweep.sh
+# For each ';'-separated case: `ferry bench train --device cuda FLAGS` and the PyTorch baseline
+# (tools/bench/train_torch_baseline.py) on the same geometry, batch and sequence length, one after
+# the other in this script (same machine, same minute). Flags the baseline does not take
+# (--policies, --optimizer-states, --gemm-precision, --prefetch) are dropped for it; add
+# `--checkpointing` to a case's name part as `name+ckpt` to run the baseline with HF's activation
+# checkpointing (what a resident run of a big model needs). One JSON line per case goes to
+# $OUT/train_sweep.jsonl ({"case", "ferry": report, "torch": report}); a ratio table to stdout.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/ferry_gpu_train}
+mkdir -p "$OUT"
+B=${FERRY_GPU_BUILD:-build/gpu}
+FERRY="$B/apps/ferry/ferry"
+PY=python3
+$PY -c "import transformers" 2>/dev/null || PY=/opt/torch/.venv/bin/python3
+: >"$OUT/train_sweep.jsonl"
+IFS=';' read -ra CASES <<<"${FERRY_TRAIN_SWEEP:?set FERRY_TRAIN_SWEEP}"
+for c in "${CASES[@]}"; do
+  name=${c%%|*}
+  flags=${c#*|}
+  rm -f /tmp/sweep_ferry.json /tmp/sweep_torch.json
+  timeout "${FERRY_SWEEP_TIMEOUT:-400}" "$FERRY" bench train --device cuda $flags \
+    --json /tmp/sweep_ferry.json >"/tmp/sweep_ferry.log" 2>&1 || {
+    echo "[$name] ferry bench train failed:"
+    tail -5 /tmp/sweep_ferry.log
+  }
+  tflags=$(echo " $flags " | sed -E 's/ --(policies|optimizer-states|gemm-precision|prefetch|optimizer-threads) [^ ]+//g; s/--batch-size/--batch/; s/--seq-len/--seq/')
+  ck=""
+  [[ "$name" == *+ckpt* ]] && ck="--checkpointing"
+  timeout 300 $PY tools/bench/train_torch_baseline.py $tflags $ck --out /tmp/sweep_torch.json \
+    >/tmp/sweep_torch.log 2>&1 || {
+    echo "[$name] torch baseline failed:"
+    tail -3 /tmp/sweep_torch.log
+  }
+  $PY - "$name" /tmp/sweep_ferry.json /tmp/sweep_torch.json "$OUT/train_sweep.jsonl" <<'PYEOF'
+import json, sys
+name, fpath, tpath, out = sys.argv[1:5]
+def load(p):
+    try:
+        return json.load(open(p))
+    except Exception as e:
+        return {"error": str(e)}
+f, t = load(fpath), load(tpath)
+with open(out, "a") as o:
+    o.write(json.dumps({"case": name, "ferry": f, "torch": t}) + "\n")
+tt = t.get("tokens_per_s")
+head = f"[{name}] torch {tt:.0f} tok/s, {t['model_tflops']:.1f} TFLOPS, peak " \
+       f"{t['peak_gpu_bytes'] / 2**30:.1f} GiB" if tt else f"[{name}] torch: {t.get('error', '?')}"
+print(head)
+for p in f.get("policies", []):
+    if "error" in p:
+        print(f"  ferry {p['policy']}: error {p['error']}")
+        continue
+    ratio = f"{p['tokens_per_s'] / tt:.3f}x torch" if tt else "no ratio"
+    print(f"  ferry {p['policy']:>10}: {p['tokens_per_s']:.0f} tok/s = {ratio} | "
+          f"{p['model_tflops']:.1f} TFLOPS | step {p['step_ms_mean']:.1f} ms, exposed "
+          f"{p['exposed_ms_per_step']:.1f}, optimizer {p['optimizer_ms_per_step']:.1f} | device "
+          f"peak {p['device_peak_bytes'] / 2**30:.2f} GiB, host {p['host_peak_bytes'] / 2**30:.1f} GiB")
+PYEOF
+done
