@@ -3,7 +3,7 @@
 //   [--budget-gib X | --expert-slots N] [--prompt-tokens P] [--decode-tokens D]
 //   [--trace FILE | --synthetic calibrated|spread|none] [--link-gbps G] [--policy P] [--seed S]
 //   [--miss-cost-model [--cpu-gflops F]] [--bypass-window N] [--serial-miss-copies]
-//   [--device cpu|cuda]
+//   [--device cpu|cuda] [--expert-dtype f32|bf16]
 //   [--json OUT]`
 // --device cuda runs every mode on the CUDA engine (GPU 0); its roofline rate is a pinned
 // host->GPU copy measured in the same process, and pacing (--link-gbps) is refused there.
@@ -48,6 +48,7 @@ struct BenchServeConfig {
   std::uint64_t seed = 1;
   std::string json_out;
   std::string device = "cpu";
+  std::string expert_dtype = "f32";
 };
 
 // MemAvailable of /proc/meminfo in bytes (0 if unknown).
@@ -96,13 +97,15 @@ void print_table(const Json& rep, const std::string& what) {
               fmt_opt(r["paged_over_static_prefill"], "{:.2f}x").c_str(),
               fmt_opt(r["paged_over_cpu_experts_decode"], "{:.2f}x").c_str(),
               fmt_opt(r["paged_over_cpu_experts_prefill"], "{:.2f}x").c_str());
+  const std::string syncs =
+      cuda ? "syncs = every host wait on the GPU (logits, routing hook, routed ids); experts " +
+                 rep["expert_dtype"].get<std::string>() + ", the rest f32"
+           : std::string("syncs = host syncs of expert copies (other syncs not counted)");
   std::printf(
       "hit = device hit rate of expert uses in decode; roofline%% = (h2d bytes / %.1f GB/s) / "
       "decode time; %s; resident runs without the budget (reference); ids= same greedy ids as "
       "the reference\n",
-      rep["link"]["roofline_gbps"].get<double>(),
-      cuda ? "syncs = every host wait on the GPU (logits, routing hook, routed ids); f32 engine"
-           : "syncs = host syncs of expert copies (other syncs not counted)");
+      rep["link"]["roofline_gbps"].get<double>(), syncs.c_str());
 }
 
 int run_bench_serve(const BenchServeConfig& cfg) {
@@ -133,6 +136,10 @@ int run_bench_serve(const BenchServeConfig& cfg) {
   bc.cpu_gflops = cfg.miss.cpu_gflops;
   bc.bypass_window = cfg.miss.bypass_window;
   bc.overlap_misses = !cfg.miss.serial_copies;
+  auto expert_dtype = serve::parse_expert_dtype(cfg.expert_dtype);
+  if (!expert_dtype.ok()) return fail(expert_dtype.status());
+  bc.expert_dtype = *expert_dtype;
+  const std::size_t expert_elem = dtype_size(bc.expert_dtype);
 
   // The model: a loaded folder or a built-in geometry with seeded random weights.
   std::unique_ptr<model::LoadedModel> loaded;
@@ -152,7 +159,7 @@ int run_bench_serve(const BenchServeConfig& cfg) {
     if (!counted.ok()) return fail(counted.status());
     pb = *counted;
     // f32 weights plus the packed expert store the non-resident modes copy them into.
-    const std::size_t need = (pb.total + pb.experts) * sizeof(float);
+    const std::size_t need = pb.total * sizeof(float) + pb.experts * expert_elem;
     const std::size_t avail = host_memory_available();
     if (avail > 0 && need > avail * 9 / 10) {
       return fail(resource_exhausted(
@@ -189,7 +196,7 @@ int run_bench_serve(const BenchServeConfig& cfg) {
       budget_basis = "--budget-gib";
     } else {
       bc.expert_fraction = serve::bench::target_expert_fraction();
-      bc.all_expert_bytes = pb.experts * sizeof(float);
+      bc.all_expert_bytes = pb.experts * expert_elem;
       budget_basis = fmt::format(
           "default: dense weights + KV + {:.1f}% of the expert bytes, the share 24 GiB holds "
           "after the dense weights on Qwen3-30B-A3B bf16",
@@ -265,6 +272,7 @@ int run_bench_serve(const BenchServeConfig& cfg) {
                    {"expert_width", geo.expert_width},
                    {"vocab", geo.vocab},
                    {"dtype", "f32"},
+                   {"expert_dtype", cfg.expert_dtype},
                    {"params", pb.total},
                    {"expert_params", pb.experts},
                    {"model_bytes", model_bytes}};
@@ -280,7 +288,10 @@ int run_bench_serve(const BenchServeConfig& cfg) {
       : cfg.link_gbps > 0 ? "--link-gbps (copies paced to it)"
                           : "measured memcpy rate (unpaced)";
   j["machine"] =
-      cuda ? "CUDA engine on GPU 0 (f32 weights, K/V and activations; pinned host expert store)"
+      cuda ? fmt::format(
+                 "CUDA engine on GPU 0 ({} routed experts in the pinned host store, slots "
+                 "and copies; f32 dense weights, K/V and activations)",
+                 cfg.expert_dtype)
            : "CPU engine; device tier emulated in host memory (memcpy H2D), not a GPU measurement";
   if (cfg.json_out != "-") {
     print_table(j, what + "; trace " + trace_what + "; sizing: " + budget_basis);
@@ -331,12 +342,17 @@ void register_bench_serve(CLI::App& app, CommandFn& run) {
   cmd->add_option("--link-gbps", cfg->link_gbps,
                   "pace host->device copies of the emulated tier to G GB/s (PCIe Gen4: 24)")
       ->check(CLI::Range(1e-3, 1e4));
-  add_miss_placement_flags(cmd, cfg->miss, /*with_link=*/false);  // the link: --link-gbps
+  add_miss_placement_flags(cmd, cfg->miss, /*with_link=*/false,  // the link: --link-gbps
+                           /*with_dtype=*/false);                // its own --expert-dtype
   cmd->add_option("--policy", cfg->policy, "pager eviction policy: lru, lfu, lfru")
       ->check(CLI::IsMember({"lru", "lfu", "lfru"}));
   cmd->add_option("--seed", cfg->seed, "seed of the weights, prompt and synthetic trace");
   cmd->add_option("--json", cfg->json_out, "write the JSON report here (-: stdout, no table)");
   add_serve_device_flag(cmd, cfg->device);
+  cmd->add_option("--expert-dtype", cfg->expert_dtype,
+                  "routed experts stored and copied in f32 (default) or bf16 (--device cuda only; "
+                  "f32 accumulation)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->callback([cfg, &run] { run = [cfg] { return run_bench_serve(*cfg); }; });
 }
 

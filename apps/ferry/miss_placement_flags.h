@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// The paged mode's miss-placement flags (serve_config.h PagerConfig), shared by `ferry generate`
-// and `ferry serve`.
+// The paged mode's miss-placement flags and the experts' storage dtype (serve_config.h
+// PagerConfig), shared by `ferry generate`, `ferry serve` and `ferry bench serve` (which has its
+// own --expert-dtype).
 #pragma once
+
+#include <string>
 
 #include <CLI/CLI.hpp>
 
@@ -15,11 +18,19 @@ struct MissPlacementFlags {
   double cpu_gflops = 50;
   int bypass_window = 0;
   bool serial_copies = false;  // PagerConfig::overlap_misses = false
+  std::string expert_dtype;    // with_dtype: "f32" (default) or "bf16"
 };
 
 // with_link: also registers --link-gbps (a command that already has its own --link-gbps, like
 // `ferry serve` for MV-WSA, copies that value into link_gbps instead: it is the same link).
-inline void add_miss_placement_flags(CLI::App* cmd, MissPlacementFlags& f, bool with_link) {
+inline void add_miss_placement_flags(CLI::App* cmd, MissPlacementFlags& f, bool with_link,
+                                     bool with_dtype = true) {
+  if (with_dtype) {
+    cmd->add_option("--expert-dtype", f.expert_dtype,
+                    "routed experts stored, copied and read in f32 (default) or bf16 (--device "
+                    "cuda only; f32 accumulation)")
+        ->check(CLI::IsMember({"f32", "bf16"}));
+  }
   cmd->add_flag("--miss-cost-model", f.cost_model,
                 "paged: compute a miss on the CPU from host memory when that beats copying it");
   if (with_link) {
@@ -43,6 +54,7 @@ inline void apply_miss_placement(const MissPlacementFlags& f, serve::PagerConfig
   pc.cpu_gflops = f.cpu_gflops;
   pc.bypass_window = f.bypass_window;
   pc.overlap_misses = !f.serial_copies;
+  if (f.expert_dtype == "bf16") pc.expert_dtype = DType::kBF16;  // CLI checked the spelling
 }
 
 }  // namespace ferry::app

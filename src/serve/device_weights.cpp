@@ -9,13 +9,21 @@ namespace ferry::serve {
 
 Result<std::unique_ptr<DeviceWeights>> DeviceWeights::create(
     const model::DecoderGeometry& geo, const model::ModelParams& host, bool with_experts,
-    mem::TransferEngine& te, mem::Stream& stream, mem::MemoryBudget* shared) {
+    DType expert_dtype, mem::TransferEngine& te, mem::Stream& stream, mem::MemoryBudget* shared) {
+  if (expert_dtype != DType::kF32 && expert_dtype != DType::kBF16) {
+    return invalid_argument("serve: device experts in f32 or bf16, not {}",
+                            to_string(expert_dtype));
+  }
   std::unique_ptr<DeviceWeights> w(new DeviceWeights());
   w->params_ = host;
-  // Every view to upload, once per distinct host address (tied embeddings share one).
+  // Every view to upload, once per distinct host address (tied embeddings share one), with the
+  // dtype it gets on the device.
   std::vector<ConstTensorView*> views;
-  auto add = [&](ConstTensorView& v) {
-    if (v.data != nullptr) views.push_back(&v);
+  std::map<const ConstTensorView*, DType> to;
+  auto add = [&](ConstTensorView& v, DType dt = DType::kF32) {
+    if (v.data == nullptr) return;
+    views.push_back(&v);
+    to[&v] = dt;
   };
   add(w->params_.embed);
   add(w->params_.final_norm);
@@ -29,7 +37,7 @@ Result<std::unique_ptr<DeviceWeights>> DeviceWeights::create(
     for (auto* list : {&l.expert_gate, &l.expert_up, &l.expert_down}) {
       for (ConstTensorView& v : *list) {
         if (with_experts) {
-          add(v);
+          add(v, expert_dtype);
         } else {
           v = ConstTensorView{};  // read from slots / staging / the host store instead
         }
@@ -42,7 +50,7 @@ Result<std::unique_ptr<DeviceWeights>> DeviceWeights::create(
     if (slot_of.count(v->data) != 0) continue;
     if (!v->is_contiguous()) return invalid_argument("serve: a non-contiguous parameter view");
     slot_of.emplace(v->data, plan.add(fmt::format("param{}", slot_of.size()),
-                                      std::size_t(v->numel()) * sizeof(float)));
+                                      std::size_t(v->numel()) * dtype_size(to.at(v))));
   }
   const mem::SlotId rope =
       plan.add("rope inv_freq", std::max<std::size_t>(1, geo.rope.inv_freq.size()) * sizeof(float));
@@ -54,8 +62,9 @@ Result<std::unique_ptr<DeviceWeights>> DeviceWeights::create(
   std::vector<std::byte> staging(w->arena_.total_bytes());
   for (ConstTensorView* v : views) {
     std::byte* dst = staging.data() + plan.slot(slot_of.at(v->data)).offset_bytes;
-    if (!convert_elements(v->data, v->dtype, dst, DType::kF32, std::size_t(v->numel()))) {
-      return invalid_argument("serve: cannot convert a {} parameter to f32", to_string(v->dtype));
+    if (!convert_elements(v->data, v->dtype, dst, to.at(v), std::size_t(v->numel()))) {
+      return invalid_argument("serve: cannot convert a {} parameter to {}", to_string(v->dtype),
+                              to_string(to.at(v)));
     }
   }
   if (!geo.rope.inv_freq.empty()) {
@@ -68,7 +77,7 @@ Result<std::unique_ptr<DeviceWeights>> DeviceWeights::create(
   for (const auto& [src, id] : slot_of) device_of.emplace(src, w->arena_.data(id));
   for (ConstTensorView* v : views) {
     v->data = device_of.at(v->data);
-    v->dtype = DType::kF32;
+    v->dtype = to.at(v);
     v->device = Device::kCuda;
   }
   w->inv_freq_ = w->arena_.as<float>(rope);

@@ -4,9 +4,11 @@
 // with experts) — and the ModelParams of device views the runner computes with.
 // Routed experts are uploaded only when asked (resident mode); the other modes read them from
 // the pager's slots, the static staging area or the host store. Tied embeddings are uploaded once.
-// Every parameter is converted to f32 on the host first (the engine computes in f32) and the
-// whole arena is filled by one host-to-device copy on `stream`, synchronized before create()
-// returns (startup only). Also holds the rope inverse frequencies the CUDA rope kernel reads.
+// Every parameter is converted on the host first — to f32 (the engine computes in f32), routed
+// experts to `expert_dtype` (f32 or bf16, PagerConfig::expert_dtype, the same conversion as the
+// ExpertStore so resident reads the other modes' bits) — and the whole arena is filled by one
+// host-to-device copy on `stream`, synchronized before create() returns (startup only). Also holds
+// the rope inverse frequencies the CUDA rope kernel reads.
 #pragma once
 
 #include <cstdint>
@@ -28,8 +30,8 @@ class DeviceWeights {
   // device budget (may be null). resource_exhausted when the budget cannot hold them.
   static Result<std::unique_ptr<DeviceWeights>> create(const model::DecoderGeometry& geo,
                                                        const model::ModelParams& host,
-                                                       bool with_experts, mem::TransferEngine& te,
-                                                       mem::Stream& stream,
+                                                       bool with_experts, DType expert_dtype,
+                                                       mem::TransferEngine& te, mem::Stream& stream,
                                                        mem::MemoryBudget* shared);
   const model::ModelParams& params() const { return params_; }
   const float* inv_freq() const { return inv_freq_; }  // [rope.inv_freq.size()] device

@@ -81,8 +81,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::DecoderGeometry& geo
     FERRY_ASSIGN_OR_RETURN(e->te_, mem::cuda_transfer_engine(0));
     mem::Stream& compute = e->streams_->compute();
     FERRY_ASSIGN_OR_RETURN(
-        e->weights_, DeviceWeights::create(geo, params, cfg.pager.mode == ExpertMode::kResident,
-                                           *e->te_, compute, e->device_budget_.get()));
+        e->weights_,
+        DeviceWeights::create(geo, params, cfg.pager.mode == ExpertMode::kResident,
+                              cfg.pager.expert_dtype, *e->te_, compute, e->device_budget_.get()));
     const ExpertDevice dev{.params = &e->weights_->params(),
                            .te = e->te_.get(),
                            .compute = &compute,

@@ -59,8 +59,10 @@ std::int64_t order_rows_by_readiness(std::span<const std::int32_t> ids, std::int
     }
     seg_end.push_back(n);
   }
-  FERRY_CHECK(n == i1 - i0, "serve: {} rows ordered for a group of {} (an expert neither resident "
-              "nor copied)", n, i1 - i0);
+  FERRY_CHECK(n == i1 - i0,
+              "serve: {} rows ordered for a group of {} (an expert neither resident "
+              "nor copied)",
+              n, i1 - i0);
   return resident;
 }
 
@@ -105,6 +107,7 @@ Result<std::unique_ptr<ExpertExecutor>> ExpertExecutor::create(const model::Deco
   const mem::MemTier tier = dev != nullptr ? mem::MemTier::kDevice : cpu_engine_pool_tier();
   std::unique_ptr<ExpertExecutor> x(new ExpertExecutor(geo, params, tier));
   x->mode_ = pc.mode;
+  x->expert_dtype_ = pc.expert_dtype;
   if (geo.experts == 0) return x;  // dense model: nothing to page
   x->ref_of_expert_.resize(geo.experts);
   x->seen_.assign(geo.experts, false);
@@ -115,11 +118,23 @@ Result<std::unique_ptr<ExpertExecutor>> ExpertExecutor::create(const model::Deco
     return unimplemented(
         "serve: paged miss placement (cost model, bypass) is not implemented on CUDA");
   }
+  if (pc.expert_dtype != DType::kF32 && pc.expert_dtype != DType::kBF16) {
+    return invalid_argument("serve: experts can be stored in f32 or bf16, not {}",
+                            to_string(pc.expert_dtype));
+  }
+  if (dev == nullptr && pc.expert_dtype != DType::kF32) {
+    // The CPU engine's resident mode reads the model's own f32 views; bf16 slots beside them
+    // would break the identity between modes.
+    return unimplemented(
+        "serve: {} experts need the CUDA engine (--device cuda); the CPU engine keeps experts in "
+        "f32",
+        to_string(pc.expert_dtype));
+  }
   if (pc.mode == ExpertMode::kResident) {
     if (dev != nullptr) FERRY_TRY(x->create_device(*dev, shared));
     return x;
   }
-  FERRY_ASSIGN_OR_RETURN(x->store_, ExpertStore::create(geo, params));
+  FERRY_ASSIGN_OR_RETURN(x->store_, ExpertStore::create(geo, params, pc.expert_dtype));
   const std::size_t eb = x->store_->expert_bytes();
   if (pc.mode == ExpertMode::kStatic) {
     const std::size_t need = std::size_t(geo.experts) * eb;
@@ -227,8 +242,8 @@ Status ExpertExecutor::resolve_group(int layer, const std::int32_t* ids, std::in
       const auto& p = params_.layers[layer];
       for (std::size_t i = 0; i < distinct_.size(); ++i) {
         const int e = distinct_[i];
-        distinct_refs_[i] = {p.expert_gate[e].as<float>(), p.expert_up[e].as<float>(),
-                             p.expert_down[e].as<float>()};
+        distinct_refs_[i] = {p.expert_gate[e].data, p.expert_up[e].data, p.expert_down[e].data,
+                             DType::kF32};  // create() refused other dtypes on the CPU engine
       }
       break;
     }
@@ -239,8 +254,8 @@ Status ExpertExecutor::resolve_group(int layer, const std::int32_t* ids, std::in
       break;
     case ExpertMode::kStatic:
       for (std::size_t i = 0; i < distinct_.size(); ++i) {
-        distinct_refs_[i] = store_->ref_in(staging_.as<float>(mem::SlotId{0}) +
-                                           distinct_[i] * std::int64_t(store_->expert_floats()));
+        distinct_refs_[i] = store_->ref_in(staging_.data(mem::SlotId{0}) +
+                                           distinct_[i] * std::int64_t(store_->expert_bytes()));
       }
       break;
     case ExpertMode::kPaged: {
@@ -268,7 +283,8 @@ Status ExpertExecutor::resolve_group(int layer, const std::int32_t* ids, std::in
       for (std::size_t i = 0; i < paged_.size(); ++i) {
         const int j = copy_index_[i];
         if (j < 0) continue;
-        if (expert_of_copy_.size() <= std::size_t(j)) expert_of_copy_.resize(std::size_t(j) + 1, -1);
+        if (expert_of_copy_.size() <= std::size_t(j))
+          expert_of_copy_.resize(std::size_t(j) + 1, -1);
         expert_of_copy_[std::size_t(j)] = paged_[i];
         copy_of_expert_[std::size_t(paged_[i])] = j;
       }

@@ -116,6 +116,7 @@ class ExpertExecutor {
   }
 
   ExpertMode mode() const { return mode_; }
+  DType expert_dtype() const { return expert_dtype_; }
   const ExpertStore* store() const { return store_.get(); }
   ExpertPager* pager() const { return pager_.get(); }
   const ExecutorCounters& counters() const { return counters_; }
@@ -138,6 +139,7 @@ class ExpertExecutor {
   model::DecoderGeometry geo_;
   const model::ModelParams& params_;
   ExpertMode mode_ = ExpertMode::kResident;
+  DType expert_dtype_ = DType::kF32;  // PagerConfig::expert_dtype
   std::unique_ptr<ExpertStore> store_;
   std::unique_ptr<ExpertPager> pager_;
   mem::MemoryBudget staging_budget_;
@@ -163,8 +165,8 @@ class ExpertExecutor {
   // indexed like paged_, and by copy: which expert it brought in.
   std::vector<int> copy_index_;
   std::vector<std::int32_t> expert_of_copy_;
-  std::vector<int> copy_of_expert_;        // [E] for the group's experts: -1 hit, else the copy
-  std::vector<std::int64_t> seg_end_;      // device overlap: end of each copy's rows in the list
+  std::vector<int> copy_of_expert_;    // [E] for the group's experts: -1 hit, else the copy
+  std::vector<std::int64_t> seg_end_;  // device overlap: end of each copy's rows in the list
   // Where a distinct expert of the group runs: false = a slot (hit or admitted miss; an admission
   // into an empty slot decrements `free`), true = computed from the host store.
   bool on_host(int layer, std::int32_t e, int& free);

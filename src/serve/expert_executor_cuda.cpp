@@ -29,16 +29,16 @@ struct ExpertExecutor::DeviceState {
   ExpertDevice dev;
   mem::MemoryBudget device_budget{mem::MemTier::kDevice};
   BudgetCharge charge;  // on the engine's device budget
-  mem::Arena tables;    // [L + max_tokens, 3, E] const float*
+  mem::Arena tables;    // [L + max_tokens, 3, E] const void* (expert weights, store dtype)
   mem::MemoryBudget host_budget{mem::MemTier::kPinnedHost};
   mem::Buffer h_tables, h_ids, h_x, h_eout, h_rows;
-  mem::SlotId d_rows{1};  // [max_tokens * K] int32 in `tables`
+  mem::SlotId d_rows{1};        // [max_tokens * K] int32 in `tables`
   mem::Event consumed, staged;  // static: compute -> copy (staging reuse), copy -> compute
-  const float** host_table(std::int64_t index, int E) const {
-    return reinterpret_cast<const float**>(h_tables.data()) + index * 3 * E;
+  const void** host_table(std::int64_t index, int E) const {
+    return reinterpret_cast<const void**>(h_tables.data()) + index * 3 * E;
   }
-  const float* const* device_table(std::int64_t index, int E) const {
-    return tables.as<const float*>(mem::SlotId{0}) + index * 3 * E;
+  const void* const* device_table(std::int64_t index, int E) const {
+    return tables.as<const void*>(mem::SlotId{0}) + index * 3 * E;
   }
 };
 
@@ -57,7 +57,7 @@ Status ExpertExecutor::create_device(const ExpertDevice& d, mem::MemoryBudget* s
   s->dev = d;
   const int L = geo_.layers, E = geo_.experts, K = geo_.top_k;
   const std::int64_t T = d.max_tokens, C = geo_.hidden;
-  const std::size_t table_bytes = std::size_t(L + T) * 3 * std::size_t(E) * sizeof(float*);
+  const std::size_t table_bytes = std::size_t(L + T) * 3 * std::size_t(E) * sizeof(void*);
   const std::size_t rows_bytes = std::size_t(T * K) * sizeof(std::int32_t);
   mem::ArenaPlan plan;
   plan.add("expert pointer tables", table_bytes);
@@ -89,7 +89,7 @@ Status ExpertExecutor::create_device(const ExpertDevice& d, mem::MemoryBudget* s
   const std::size_t mat = std::size_t(geo_.expert_width) * std::size_t(C);
   for (int l = 0; l < L; ++l) {
     if (!geo_.layer_is_moe[l]) continue;
-    const float** t = s->host_table(l, E);
+    const void** t = s->host_table(l, E);
     for (int e = 0; e < E; ++e) {
       ExpertRef r;
       if (mode_ == ExpertMode::kResident) {
@@ -98,18 +98,17 @@ Status ExpertExecutor::create_device(const ExpertDevice& d, mem::MemoryBudget* s
         for (const ConstTensorView* v :
              {&p.expert_gate.at(std::size_t(e)), &p.expert_up.at(std::size_t(e)),
               &p.expert_down.at(std::size_t(e))}) {
-          if (v->device != Device::kCuda || v->dtype != DType::kF32 ||
+          if (v->device != Device::kCuda || v->dtype != expert_dtype_ ||
               std::size_t(v->numel()) != mat || !v->is_contiguous()) {
             return invalid_argument(
-                "serve: layer {} expert {}: expected a contiguous f32 device view of {} x {}", l, e,
-                geo_.expert_width, C);
+                "serve: layer {} expert {}: expected a contiguous {} device view of {} x {}", l, e,
+                to_string(expert_dtype_), geo_.expert_width, C);
           }
         }
-        r = {p.expert_gate[e].as<float>(), p.expert_up[e].as<float>(),
-             p.expert_down[e].as<float>()};
+        r = {p.expert_gate[e].data, p.expert_up[e].data, p.expert_down[e].data, expert_dtype_};
       } else if (mode_ == ExpertMode::kStatic) {
-        r = store_->ref_in(staging_.as<float>(mem::SlotId{0}) +
-                           std::int64_t(e) * std::int64_t(store_->expert_floats()));
+        r = store_->ref_in(staging_.data(mem::SlotId{0}) +
+                           std::int64_t(e) * std::int64_t(store_->expert_bytes()));
       } else {
         continue;  // paged: per group; cpu-experts: no table
       }
@@ -119,7 +118,7 @@ Status ExpertExecutor::create_device(const ExpertDevice& d, mem::MemoryBudget* s
     }
   }
   FERRY_TRY(d.te->h2d(s->tables.data(mem::SlotId{0}), s->h_tables.data(),
-                      std::size_t(L) * 3 * std::size_t(E) * sizeof(float*), *d.compute));
+                      std::size_t(L) * 3 * std::size_t(E) * sizeof(void*), *d.compute));
   FERRY_TRY(d.compute->synchronize());
   dev_ = std::move(s);
   return ok_status();
@@ -133,7 +132,7 @@ Status ExpertExecutor::device_group(int layer, const float* d_x, const std::int3
   const auto* h_ids = reinterpret_cast<const std::int32_t*>(s.h_ids.data());
   FERRY_TRY(resolve_group(layer, h_ids, t0, t1));
   const std::int64_t index = geo_.layers + group;
-  const float** t = s.host_table(index, E);
+  const void** t = s.host_table(index, E);
   std::fill(t, t + 3 * E, nullptr);
   for (std::int32_t e : distinct_) {
     const ExpertRef& r = ref_of_expert_[std::size_t(e)];
@@ -142,8 +141,8 @@ Status ExpertExecutor::device_group(int layer, const float* d_x, const std::int3
     t[2 * E + e] = r.down;
   }
   mem::Stream& cs = *s.dev.compute;
-  FERRY_TRY(s.dev.te->h2d(s.tables.as<const float*>(mem::SlotId{0}) + index * 3 * E, t,
-                          3 * std::size_t(E) * sizeof(float*), cs));
+  FERRY_TRY(s.dev.te->h2d(s.tables.as<const void*>(mem::SlotId{0}) + index * 3 * E, t,
+                          3 * std::size_t(E) * sizeof(void*), cs));
   device::ExpertFfnArgs a{.out = d_eout,
                           .act = d_act,
                           .x = d_x,
@@ -154,7 +153,8 @@ Status ExpertExecutor::device_group(int layer, const float* d_x, const std::int3
                           .K = K,
                           .E = E,
                           .C = geo_.hidden,
-                          .F = geo_.expert_width};
+                          .F = geo_.expert_width,
+                          .bf16 = expert_dtype_ == DType::kBF16};
   if (!pager_->overlaps_copies() || expert_of_copy_.empty()) {
     // Serial order (or nothing copied): one launch over the group's rows; with overlap off the
     // pager already made compute wait for the whole batch.
@@ -167,9 +167,9 @@ Status ExpertExecutor::device_group(int layer, const float* d_x, const std::int3
     std::int32_t* out = h_rows + t0 * K;
     const int copies = static_cast<int>(expert_of_copy_.size());
     const std::int64_t n = (t1 - t0) * K;
-    const std::int64_t hits = order_rows_by_readiness(
-        std::span<const std::int32_t>(h_ids, std::size_t(t1 * K)), t0 * K, t1 * K,
-        copy_of_expert_, expert_of_copy_, out, seg_end_);
+    const std::int64_t hits =
+        order_rows_by_readiness(std::span<const std::int32_t>(h_ids, std::size_t(t1 * K)), t0 * K,
+                                t1 * K, copy_of_expert_, expert_of_copy_, out, seg_end_);
     std::int32_t* d_rows = s.tables.as<std::int32_t>(s.d_rows);  // positions index it directly
     FERRY_TRY(s.dev.te->h2d(d_rows + t0 * K, out, std::size_t(n) * sizeof(std::int32_t), cs));
     a.row_list = d_rows;
@@ -225,7 +225,8 @@ Status ExpertExecutor::run_device(int layer, const float* d_x, const std::int32_
                                     .K = K,
                                     .E = E,
                                     .C = C,
-                                    .F = F};
+                                    .F = F,
+                                    .bf16 = expert_dtype_ == DType::kBF16};
   switch (mode_) {
     case ExpertMode::kResident:
       FERRY_TRY(device::expert_ffn(whole, cs));

@@ -13,18 +13,25 @@
 
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace ferry::serve {
 
-// One expert's weights, wherever they live. Row-major.
+// One expert's weights, wherever they live. Row-major, all three in `dtype`: kF32, or kBF16
+// (raw bf16 bits; the arithmetic stays f32: each weight is widened exactly, products and sums
+// are f32 in the same fixed order).
 struct ExpertRef {
-  const float* gate = nullptr;  // [F, C]
-  const float* up = nullptr;    // [F, C]
-  const float* down = nullptr;  // [C, F]
+  const void* gate = nullptr;  // [F, C]
+  const void* up = nullptr;    // [F, C]
+  const void* down = nullptr;  // [C, F]
+  DType dtype = DType::kF32;
 };
 
 float dot_fixed(const float* a, const float* b, std::int64_t n);
+// dot_fixed's order with `a` in bf16 bits.
+float dot_fixed(const std::uint16_t* a, const float* b, std::int64_t n);
 
-// scratch: [F] floats owned by the caller (one per thread).
+// scratch: [F] floats owned by the caller (one per thread). w.dtype must be kF32 or kBF16.
 void expert_ffn_row(const ExpertRef& w, const float* x, float* out, std::int64_t C, std::int64_t F,
                     float* scratch);
 

@@ -171,9 +171,9 @@ void ExpertPager::move(int layer, int slot, ExpertSlotState to) {
   if (observer_) observer_(ev);
 }
 
-float* ExpertPager::slot_data(int layer, int slot) const {
-  return arena_.as<float>(mem::SlotId{0}) +
-         (layers_[layer].first_slot + slot) * std::int64_t(store_.expert_floats());
+std::byte* ExpertPager::slot_data(int layer, int slot) const {
+  return arena_.data(mem::SlotId{0}) +
+         (layers_[layer].first_slot + slot) * std::int64_t(store_.expert_bytes());
 }
 
 int ExpertPager::pick_victim(int layer) const {

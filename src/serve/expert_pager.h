@@ -139,7 +139,7 @@ class ExpertPager {
   };
   ExpertPager(const ExpertStore& store, const PagerSetup& setup);
   void move(int layer, int slot, ExpertSlotState to);
-  float* slot_data(int layer, int slot) const;
+  std::byte* slot_data(int layer, int slot) const;
   int take_slot(int layer);  // a free slot, evicting if needed; -1 if none can be had
   // defer: overlap mode's per-copy events instead of making compute wait for the batch.
   Status copy_in(int layer, std::span<const int> slots, bool defer);

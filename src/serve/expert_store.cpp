@@ -6,8 +6,14 @@
 namespace ferry::serve {
 
 Result<std::unique_ptr<ExpertStore>> ExpertStore::create(const model::DecoderGeometry& geo,
-                                                         const model::ModelParams& params) {
+                                                         const model::ModelParams& params,
+                                                         DType dtype) {
+  if (dtype != DType::kF32 && dtype != DType::kBF16) {
+    return invalid_argument("serve: experts can be stored in f32 or bf16, not {}",
+                            to_string(dtype));
+  }
   std::unique_ptr<ExpertStore> s(new ExpertStore());
+  s->dtype_ = dtype;
   s->C_ = geo.hidden;
   s->F_ = geo.expert_width;
   s->E_ = geo.experts;
@@ -29,32 +35,37 @@ Result<std::unique_ptr<ExpertStore>> ExpertStore::create(const model::DecoderGeo
     }
     for (int e = 0; e < s->E_; ++e) {
       const model::LayerTensors<ConstTensorView>& p = lt;
+      auto* dst = const_cast<std::byte*>(s->block(l, e));
+      const std::size_t part = mat * dtype_size(dtype);
+      int i = 0;
       for (const ConstTensorView* v : {&p.expert_gate[e], &p.expert_up[e], &p.expert_down[e]}) {
-        if (v->dtype != DType::kF32 || std::size_t(v->numel()) != mat || !v->is_contiguous()) {
-          return invalid_argument("serve: layer {} expert {}: expected contiguous f32 [{} x {}]", l,
-                                  e, s->F_, s->C_);
+        if ((v->dtype != DType::kF32 && v->dtype != DType::kBF16) ||
+            std::size_t(v->numel()) != mat || !v->is_contiguous()) {
+          return invalid_argument(
+              "serve: layer {} expert {}: expected contiguous f32 or bf16 [{} x {}], got {}", l, e,
+              s->F_, s->C_, to_string(v->dtype));
         }
+        // Same conversion as DeviceWeights' resident experts (core convert_elements), so every
+        // mode reads the same bits.
+        FERRY_CHECK(convert_elements(v->data, v->dtype, dst + part * i++, dtype, mat),
+                    "serve: {} -> {} conversion", to_string(v->dtype), to_string(dtype));
       }
-      auto* dst = const_cast<float*>(s->block(l, e));
-      std::memcpy(dst, p.expert_gate[e].data, mat * sizeof(float));
-      std::memcpy(dst + mat, p.expert_up[e].data, mat * sizeof(float));
-      std::memcpy(dst + 2 * mat, p.expert_down[e].data, mat * sizeof(float));
     }
   }
   return s;
 }
 
-const float* ExpertStore::block(int layer, int expert) const {
+const std::byte* ExpertStore::block(int layer, int expert) const {
   FERRY_CHECK(layer >= 0 && layer < static_cast<int>(layer_base_.size()) &&
                   layer_base_[layer] >= 0 && expert >= 0 && expert < E_,
               "serve: no expert {} in layer {}", expert, layer);
-  return reinterpret_cast<const float*>(buffer_.data()) +
-         (layer_base_[layer] + expert) * std::int64_t(expert_floats());
+  return buffer_.data() + (layer_base_[layer] + expert) * std::int64_t(expert_bytes());
 }
 
-ExpertRef ExpertStore::ref_in(const float* block) const {
-  const std::size_t mat = std::size_t(F_) * C_;
-  return {block, block + mat, block + 2 * mat};
+ExpertRef ExpertStore::ref_in(const void* block) const {
+  const auto* b = static_cast<const std::byte*>(block);
+  const std::size_t part = std::size_t(F_) * std::size_t(C_) * dtype_size(dtype_);
+  return {b, b + part, b + 2 * part, dtype_};
 }
 
 }  // namespace ferry::serve

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // ExpertStore: the host copy of every routed expert, each (gate, up, down) packed into ONE
 // contiguous block so a miss is one copy (one DMA on a GPU):
-//   block(l, e) = [gate F*C | up F*C | down C*F] f32, blocks of a layer back to back.
+//   block(l, e) = [gate F*C | up F*C | down C*F] in dtype(), blocks of a layer back to back.
+// dtype: f32 (the CPU engine's), or bf16 (the CUDA engine's PagerConfig::expert_dtype: half the
+// host bytes, slot bytes and PCIe bytes per miss; converted once here, round to nearest even).
 // Lives in the pinned host tier (plain mmap'd pages in CPU builds), charged to its own unlimited
 // host budget. Immutable after create(); safe to read from any thread.
 #pragma once
@@ -20,12 +22,15 @@ namespace ferry::serve {
 
 class ExpertStore {
  public:
-  // Copies the experts of every MoE layer out of `params` (f32 views).
+  // Copies the experts of every MoE layer out of `params` (f32 or bf16 host views), converted to
+  // `dtype` (kF32 or kBF16).
   static Result<std::unique_ptr<ExpertStore>> create(const model::DecoderGeometry& geo,
-                                                     const model::ModelParams& params);
+                                                     const model::ModelParams& params,
+                                                     DType dtype = DType::kF32);
 
-  std::size_t expert_floats() const { return 3 * std::size_t(F_) * std::size_t(C_); }
-  std::size_t expert_bytes() const { return expert_floats() * sizeof(float); }
+  DType dtype() const { return dtype_; }
+  std::size_t expert_elements() const { return 3 * std::size_t(F_) * std::size_t(C_); }
+  std::size_t expert_bytes() const { return expert_elements() * dtype_size(dtype_); }
   int experts() const { return E_; }
   int hidden() const { return C_; }
   int width() const { return F_; }
@@ -33,14 +38,15 @@ class ExpertStore {
   int moe_layers() const { return moe_layers_; }
 
   // The packed block of expert e in layer l (a bug if l is dense).
-  const float* block(int layer, int expert) const;
+  const std::byte* block(int layer, int expert) const;
   // Views of gate/up/down inside any block with this store's layout (host block or device slot).
-  ExpertRef ref_in(const float* block) const;
+  ExpertRef ref_in(const void* block) const;
   ExpertRef ref(int layer, int expert) const { return ref_in(block(layer, expert)); }
 
  private:
   ExpertStore() : budget_(mem::MemTier::kPinnedHost) {}
   int C_ = 0, F_ = 0, E_ = 0, moe_layers_ = 0;
+  DType dtype_ = DType::kF32;
   std::vector<std::int64_t> layer_base_;  // [L] first block index of the layer, -1 dense
   mem::MemoryBudget budget_;
   mem::Buffer buffer_;

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/result.h"
 
 namespace ferry::serve {
@@ -32,6 +33,8 @@ enum class EvictionPolicy : std::uint8_t {
 std::string_view to_string(ExpertMode m);
 std::string_view to_string(EvictionPolicy p);
 Result<ExpertMode> parse_expert_mode(std::string_view s);
+// "f32" or "bf16" (PagerConfig::expert_dtype); anything else is invalid_argument.
+Result<DType> parse_expert_dtype(std::string_view s);
 Result<EvictionPolicy> parse_eviction_policy(std::string_view s);
 
 struct PagerConfig {
@@ -69,6 +72,12 @@ struct PagerConfig {
   // batch before the group's one launch (the serial order; kept to measure the overlap against).
   // Same bits either way. The CPU engine's copies are synchronous and ignore it.
   bool overlap_misses = true;
+  // How routed experts are stored and read: kF32, or kBF16 (CUDA engine only: the host store,
+  // the slots / staging / resident copy and the PCIe bytes are bf16, half of f32's; expert_ffn
+  // widens each weight and accumulates in f32). Every mode reads the same bf16 bits, so the modes
+  // stay bit-identical to each other; against f32 weights the difference is the rounding of the
+  // weights to bf16. Dense weights, K/V and activations stay f32. The CPU engine refuses kBF16.
+  DType expert_dtype = DType::kF32;
 };
 
 struct KvConfig {

@@ -13,7 +13,10 @@
 //     static vs paged at several caps (top-k up to E, LRU and LFU; miss copies overlapped with
 //     compute, and serial) on CUDA: the same token ids and the same logits bits, with 3 concurrent
 //     requests mixing prefill chunks and decodes;
-//     cpu-experts (CPU arithmetic) within the tolerance instead.
+//     cpu-experts (CPU arithmetic) within the tolerance instead;
+//   - bf16 experts: the kernel equals the f32 kernel on the widened weights and keeps the rule
+//     against its CPU twin; every mode equals bf16 resident bit for bit; bf16 resident is within
+//     the golden tolerance of the CPU engine on the experts rounded to bf16.
 // Skips, saying so, without a CUDA device.
 #include <algorithm>
 #include <cmath>
@@ -251,7 +254,7 @@ TEST_F(ServeKernels, ExpertFfnMatchesItsTwinAndIgnoresSlotAndGrouping) {
                                         .act = d_act.as<float>(),
                                         .x = d_x.as<float>(),
                                         .ids = d_ids.as<std::int32_t>(),
-                                        .table = static_cast<const float* const*>(table),
+                                        .table = static_cast<const void* const*>(table),
                                         .row_begin = r0,
                                         .row_end = r1,
                                         .K = K,
@@ -270,8 +273,8 @@ TEST_F(ServeKernels, ExpertFfnMatchesItsTwinAndIgnoresSlotAndGrouping) {
   DeviceBuf d_order(rows * 4), d_o3(rows * C * 4);
   up(d_order.p, order);
   ASSERT_EQ(cudaMemset(d_o3.p, 0xff, rows * C * 4), cudaSuccess);  // NaN poison: all rows written
-  for (const auto& [r0, r1] : std::vector<std::pair<std::int64_t, std::int64_t>>{
-           {0, 1}, {1, 6}, {6, 6}, {6, rows}}) {
+  for (const auto& [r0, r1] :
+       std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 1}, {1, 6}, {6, 6}, {6, rows}}) {
     auto a = args(d_o3.p, d_t2.p, r0, r1);
     a.row_list = d_order.as<std::int32_t>();
     ASSERT_TRUE(kernels::cuda::expert_ffn(a, stream()).ok());
@@ -309,6 +312,111 @@ TEST_F(ServeKernels, ExpertFfnMatchesItsTwinAndIgnoresSlotAndGrouping) {
   std::cout << "[serve_gpu] expert_ffn: err cuda " << e << ", cpu twin " << en << "\n";
 }
 
+// bf16 weights (PagerConfig::expert_dtype): the kernel widens each weight exactly and keeps the
+// f32 order, so on bf16 weights it gives the f32 kernel's bits on the widened weights (what lets
+// every bf16 mode be checked against the f32 machinery); against an f64 loop it is within
+// style.md's rule of the CPU twin (expert_ffn_row on the same bf16 bits); a row list in segments
+// gives the same bits.
+TEST_F(ServeKernels, ExpertFfnBf16EqualsF32OnWidenedWeightsAndKeepsTheRule) {
+  const int C = 96, F = 40, E = 5, K = 2;
+  const std::int64_t T = 7, rows = T * K;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.0f, 0.3f);
+  const std::size_t n = std::size_t(E) * 3 * F * C;
+  std::vector<std::uint16_t> wb(n);
+  std::vector<float> wf(n), x(std::size_t(T) * C);
+  for (std::size_t i = 0; i < n; ++i) {
+    wb[i] = f32_to_bf16(nd(rng));
+    wf[i] = bf16_to_f32(wb[i]);
+  }
+  for (float& v : x) v = nd(rng);
+  std::vector<std::int32_t> ids(rows);
+  for (std::int64_t i = 0; i < rows; ++i) ids[i] = std::int32_t((i * 3 + i / K) % E);
+  for (std::int64_t t = 0; t < T; ++t)
+    if (ids[t * K] == ids[t * K + 1]) ids[t * K + 1] = (ids[t * K + 1] + 1) % E;
+  DeviceBuf d_wb(n * 2), d_wf(n * 4), d_x(x.size() * 4), d_ids(rows * 4), d_order(rows * 4);
+  up(d_wb.p, wb);
+  up(d_wf.p, wf);
+  up(d_x.p, x);
+  up(d_ids.p, ids);
+  std::vector<std::int32_t> order(rows);
+  for (std::int64_t p = 0; p < rows; ++p) order[p] = std::int32_t((p * 5) % rows);  // 5 ⟂ 14
+  up(d_order.p, order);
+  auto table_for = [&](const std::byte* base, std::size_t elem) {
+    std::vector<const void*> t(3 * E);
+    for (int e = 0; e < E; ++e) {
+      const std::byte* b = base + std::size_t(e) * 3 * F * C * elem;
+      t[e] = b;
+      t[E + e] = b + std::size_t(F) * C * elem;
+      t[2 * E + e] = b + 2 * std::size_t(F) * C * elem;
+    }
+    return t;
+  };
+  DeviceBuf d_tb(3 * E * 8), d_tf(3 * E * 8), d_act(rows * F * 4), d_ob(rows * C * 4),
+      d_of(rows * C * 4), d_ol(rows * C * 4);
+  up(d_tb.p, table_for(d_wb.as<std::byte>(), 2));
+  up(d_tf.p, table_for(d_wf.as<std::byte>(), 4));
+  auto args = [&](void* out, void* table, bool bf16) {
+    return kernels::cuda::ExpertFfnArgs{.out = static_cast<float*>(out),
+                                        .act = d_act.as<float>(),
+                                        .x = d_x.as<float>(),
+                                        .ids = d_ids.as<std::int32_t>(),
+                                        .table = static_cast<const void* const*>(table),
+                                        .row_begin = 0,
+                                        .row_end = rows,
+                                        .K = K,
+                                        .E = E,
+                                        .C = C,
+                                        .F = F,
+                                        .bf16 = bf16};
+  };
+  ASSERT_TRUE(kernels::cuda::expert_ffn(args(d_ob.p, d_tb.p, true), stream()).ok());
+  ASSERT_TRUE(kernels::cuda::expert_ffn(args(d_of.p, d_tf.p, false), stream()).ok());
+  ASSERT_EQ(cudaMemset(d_ol.p, 0xff, rows * C * 4), cudaSuccess);
+  for (const auto& [r0, r1] :
+       std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 4}, {4, 5}, {5, rows}}) {
+    auto a = args(d_ol.p, d_tb.p, true);
+    a.row_list = d_order.as<std::int32_t>();
+    a.row_begin = r0;
+    a.row_end = r1;
+    ASSERT_TRUE(kernels::cuda::expert_ffn(a, stream()).ok());
+  }
+  sync();
+  const std::vector<float> gb = down<float>(d_ob.p, rows * C), gf = down<float>(d_of.p, rows * C),
+                           gl = down<float>(d_ol.p, rows * C);
+  EXPECT_EQ(std::memcmp(gb.data(), gf.data(), gb.size() * 4), 0)
+      << "bf16 kernel differs from the f32 kernel on the widened weights";
+  EXPECT_EQ(std::memcmp(gb.data(), gl.data(), gb.size() * 4), 0)
+      << "bf16 kernel bits depend on the row list / its segments";
+  std::vector<float> cpu(rows * C), scratch(F);
+  std::vector<double> want(rows * C);
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const std::size_t base = std::size_t(ids[i]) * 3 * F * C;
+    const float* b = wf.data() + base;
+    const float* xt = x.data() + (i / K) * C;
+    expert_ffn_row(
+        {wb.data() + base, wb.data() + base + F * C, wb.data() + base + 2 * F * C, DType::kBF16},
+        xt, cpu.data() + i * C, C, F, scratch.data());
+    std::vector<double> act(F);
+    for (int f = 0; f < F; ++f) {
+      double g = 0, u = 0;
+      for (int c = 0; c < C; ++c) {
+        g += double(b[f * C + c]) * xt[c];
+        u += double(b[F * C + f * C + c]) * xt[c];
+      }
+      act[f] = g / (1 + std::exp(-g)) * u;
+    }
+    for (int c = 0; c < C; ++c) {
+      double o = 0;
+      for (int f = 0; f < F; ++f) o += double(b[2 * F * C + c * F + f]) * act[f];
+      want[i * C + c] = o;
+    }
+  }
+  const double e = max_abs_diff(gb, want), en = max_abs_diff(cpu, want);
+  EXPECT_LE(e, 2 * en + 1e-6);
+  std::cout << "[serve_gpu] expert_ffn bf16: err cuda " << e << ", cpu twin " << en << "\n";
+}
+
 // ---- Whole engines on the HF fixtures. ----
 
 double rel_max(const std::vector<float>& got, const std::vector<float>& ref) {
@@ -320,10 +428,12 @@ double rel_max(const std::vector<float>& got, const std::vector<float>& ref) {
   return mx > 0 ? err / mx : err;
 }
 
-EngineConfig engine_config(ExpertMode mode, int cap, EvictionPolicy policy, bool overlap = true) {
+EngineConfig engine_config(ExpertMode mode, int cap, EvictionPolicy policy, bool overlap = true,
+                           DType expert_dtype = DType::kF32) {
   EngineConfig cfg;
   cfg.pager.mode = mode;
   cfg.pager.overlap_misses = overlap;
+  cfg.pager.expert_dtype = expert_dtype;
   cfg.pager.slots_per_layer = cap;
   cfg.pager.policy = policy;
   cfg.max_batch_tokens = 8;  // prompts in chunks, mixed with other requests' decodes
@@ -435,6 +545,81 @@ TEST_P(ServeModesCuda, ResidentStaticPagedSameBitsCpuExpertsWithinTol) {
 }
 
 INSTANTIATE_TEST_SUITE_P(MoeFixtures, ServeModesCuda,
+                         ::testing::Values("qwen3_moe", "mixtral", "olmoe"));
+
+// bf16 experts on CUDA: every mode reads the same bf16 bits through the same kernel, so static
+// and paged (overlapped and serial copies, caps top-k up to E) equal bf16 resident bit for bit;
+// and since the kernel widens bf16 exactly, bf16 resident equals the f32 path on the weights
+// rounded to bf16: within the golden 1e-4 of the CPU engine run on those rounded weights, with
+// the same greedy tokens (no tolerance widened for bf16: the rounding is in both).
+class ServeModesCudaBf16 : public CudaTest, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(ServeModesCudaBf16, ModesSameBitsAndF32OnRoundedWeightsWithinTol) {
+  const testing::Fixture f = testing::load_fixture(GetParam());
+  ASSERT_TRUE(f.model);
+  const model::LoadedModel& m = *f.model;
+  const int K = m.geometry.top_k, E = m.geometry.experts;
+  const DType bf = DType::kBF16;
+  auto ref =
+      run_on(m, engine_config(ExpertMode::kResident, 0, EvictionPolicy::kLru, true, bf), cuda());
+  ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+  struct V {
+    ExpertMode mode;
+    int cap;
+    bool overlap;
+  };
+  const std::vector<V> variants = {{ExpertMode::kStatic, 0, true},
+                                   {ExpertMode::kPaged, K, true},
+                                   {ExpertMode::kPaged, K + 1, true},
+                                   {ExpertMode::kPaged, E, true},
+                                   {ExpertMode::kPaged, K, false}};
+  for (const V& v : variants) {
+    std::uint64_t misses = 0;
+    auto got = run_on(m, engine_config(v.mode, v.cap, EvictionPolicy::kLru, v.overlap, bf), cuda(),
+                      &misses);
+    const std::string name = fmt::format("{} bf16 {} cap {}{}", GetParam(), to_string(v.mode),
+                                         v.cap, v.overlap ? "" : " serial copies");
+    ASSERT_TRUE(got.ok()) << name << ": " << got.status().to_string();
+    EXPECT_EQ(got->tokens, ref->tokens) << name;
+    for (const auto& [id, want] : ref->logits) {
+      const auto& g = got->logits.at(id);
+      ASSERT_EQ(g.size(), want.size()) << name;
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        EXPECT_TRUE(testing::same_bits(g[i], want[i])) << name << " request " << id << " row " << i;
+      }
+    }
+    if (v.mode == ExpertMode::kPaged && v.cap < E) {
+      EXPECT_GT(misses, 0u) << name;
+    }
+    std::cout << "[serve_gpu] " << name << ": same ids and logits bits as bf16 resident (" << misses
+              << " misses)\n";
+  }
+  // The f32 CPU engine on the experts rounded to bf16 (and widened back: exact).
+  model::ModelParams rounded = m.params;
+  std::vector<std::vector<float>> keep;
+  for (auto& layer : rounded.layers) {
+    for (auto* list : {&layer.expert_gate, &layer.expert_up, &layer.expert_down}) {
+      for (ConstTensorView& v : *list) {
+        ASSERT_EQ(v.dtype, DType::kF32);
+        const auto* src = static_cast<const float*>(v.data);
+        std::vector<float>& w = keep.emplace_back(std::size_t(v.numel()));
+        for (std::size_t i = 0; i < w.size(); ++i) w[i] = bf16_to_f32(f32_to_bf16(src[i]));
+        v.data = w.data();
+      }
+    }
+  }
+  const EngineConfig cfg = engine_config(ExpertMode::kResident, 0, EvictionPolicy::kLru);
+  auto eng = Engine::create(m.geometry, rounded, cfg, kernels::cpu_backend());
+  ASSERT_TRUE(eng.ok()) << eng.status().to_string();
+  auto cpu = testing::run_engine(**eng, testing::mixed_requests(m.geometry.vocab));
+  ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
+  const double e = compare_runs(*ref, *cpu, std::string(GetParam()) + " bf16 cuda vs cpu rounded");
+  EXPECT_LE(e, 1e-4) << GetParam();
+  std::cout << "[serve_gpu] " << GetParam() << " bf16 experts (CUDA) vs the f32 CPU engine on "
+            << "bf16-rounded experts: logits max err / max |ref| " << e << "\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(MoeFixtures, ServeModesCudaBf16,
                          ::testing::Values("qwen3_moe", "mixtral", "olmoe"));
 
 }  // namespace

@@ -28,21 +28,23 @@ struct PagedStep {
 
 // Rows i in [row_begin, row_end) of a [T*K] routing: token t = i / K, expert e = ids[i];
 //   act[i, :] = silu(gate_e x_t) * (up_e x_t),   out[i, :] = down_e act[i, :]
-// table: [3, E] pointers (gate_e [F, C], up_e [F, C], down_e [C, F], row-major, device); an id
-// outside [0, E) or a null pointer gives a zero row (the host checked routed ids already).
+// table: [3, E] pointers (gate_e [F, C], up_e [F, C], down_e [C, F], row-major, device), f32, or
+// bf16 bits when `bf16` (each weight widened exactly; products and sums in f32, same order); an
+// id outside [0, E) or a null pointer gives a zero row (the host checked routed ids already).
 // row_list (optional): positions p in [row_begin, row_end) name the rows i = row_list[p] instead,
 // so one launch can run any subset of the rows (the paged executor runs the rows of its resident
 // experts first, then each missed expert's rows once its copy has landed). A row's bits do not
 // depend on which launch or position computes it.
 struct ExpertFfnArgs {
-  float* out = nullptr;                 // [T*K, C]
-  float* act = nullptr;                 // [T*K, F] scratch
-  const float* x = nullptr;             // [T, C]
-  const std::int32_t* ids = nullptr;    // [T*K]
-  const float* const* table = nullptr;  // [3, E]
+  float* out = nullptr;                    // [T*K, C]
+  float* act = nullptr;                    // [T*K, F] scratch
+  const float* x = nullptr;                // [T, C]
+  const std::int32_t* ids = nullptr;       // [T*K]
+  const void* const* table = nullptr;      // [3, E]
   const std::int32_t* row_list = nullptr;  // [>= row_end] or null (rows are the positions)
   std::int64_t row_begin = 0, row_end = 0;
   int K = 0, E = 0;
   std::int64_t C = 0, F = 0;
+  bool bf16 = false;  // weights in bf16 (else f32)
 };
 }  // namespace ferry::kernels::cuda

@@ -82,6 +82,7 @@ Result<ModeResult> run_mode(const model::DecoderGeometry& geo, const model::Mode
   EngineConfig ec;
   ec.pager.mode = mode;
   ec.pager.policy = cfg.policy;
+  ec.pager.expert_dtype = cfg.expert_dtype;
   ec.kv.block_tokens = cfg.kv_block_tokens;
   ec.kv.budget_bytes = plan.kv_bytes;
   ec.max_batch_tokens = static_cast<int>(cfg.prompt.size());
@@ -269,7 +270,12 @@ Result<ServeBenchReport> run_serve_bench(const model::DecoderGeometry& geo,
         "bench serve: link pacing is CPU-only (it paces the emulated tier's memcpy); the CUDA "
         "engine's copies run at the real link's rate");
   }
-  r.expert_bytes = 3 * std::size_t(geo.hidden) * std::size_t(geo.expert_width) * sizeof(float);
+  if (!r.cuda && cfg.expert_dtype != DType::kF32) {
+    return unimplemented("bench serve: {} experts need --device cuda (the CPU engine is f32)",
+                         to_string(cfg.expert_dtype));
+  }
+  r.expert_bytes =
+      3 * std::size_t(geo.hidden) * std::size_t(geo.expert_width) * dtype_size(cfg.expert_dtype);
   for (bool m : geo.layer_is_moe) r.moe_layers += m;
   // The KV pool holds exactly the request: prompt + decode + 1 positions, in whole blocks.
   const std::int64_t positions = std::int64_t(cfg.prompt.size()) + cfg.decode_tokens + 1;
@@ -286,6 +292,7 @@ Result<ServeBenchReport> run_serve_bench(const model::DecoderGeometry& geo,
   if (r.cuda) {
     EngineConfig pc;
     pc.pager.mode = ExpertMode::kPaged;
+    pc.pager.expert_dtype = cfg.expert_dtype;
     pc.pager.slots_per_layer = geo.top_k;
     pc.kv.block_tokens = cfg.kv_block_tokens;
     pc.kv.budget_bytes = r.kv_bytes;
@@ -390,8 +397,12 @@ Json report_json(const ServeBenchReport& r) {
         {"overlap_misses", c.overlap_misses}}},
       {"device", r.cuda ? "cuda" : "cpu"},
       {"dtype",
-       "f32 weights, K/V and activations (the engine is f32; the issue's target is bf16: expert "
-       "bytes are 2x bf16's)"},
+       c.expert_dtype == DType::kBF16
+           ? "bf16 routed experts (host store, slots, copies; f32 accumulation); f32 dense "
+             "weights, K/V and activations"
+           : "f32 weights, K/V and activations (the issue's target is bf16: expert bytes are 2x "
+             "bf16's)"},
+      {"expert_dtype", std::string(to_string(c.expert_dtype))},
       {"link",
        {{"paced", c.link_gbps > 0},
         {"link_gbps", c.link_gbps},

@@ -68,7 +68,8 @@ struct ServeBenchConfig {
   bool miss_cost_model = false;
   double cpu_gflops = 50;
   int bypass_window = 0;
-  bool overlap_misses = true;  // PagerConfig::overlap_misses (CUDA paged)
+  bool overlap_misses = true;        // PagerConfig::overlap_misses (CUDA paged)
+  DType expert_dtype = DType::kF32;  // PagerConfig::expert_dtype (bf16: CUDA only)
   double link_gbps = 0;      // > 0: pace H2D copies of the emulated tier to this rate (GB/s)
   double roofline_gbps = 0;  // the rate the roofline is computed against (> 0)
   const RoutingTrace* trace = nullptr;  // forced routing of request 0 (null: the router's own)

@@ -5,6 +5,7 @@
 //     query sets;
 //   - expert_ffn_row == an f64 loop (tolerance) and == itself on a misaligned copy (bits);
 //   - KvCache: all-or-nothing reserve, release, distinct rows.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -142,21 +143,22 @@ TEST(ExpertFfn, MatchesF64LoopAndIgnoresAlignment) {
     std::vector<float> w(3 * C * F + 1), x(C), out(C), out2(C), scratch(F);
     for (float& v : w) v = static_cast<float>(rng.uniform() - 0.5);
     for (float& v : x) v = static_cast<float>(rng.uniform() * 2 - 1);
-    const ExpertRef ref{w.data(), w.data() + C * F, w.data() + 2 * C * F};
+    const float *gate = w.data(), *up = w.data() + C * F, *down = w.data() + 2 * C * F;
+    const ExpertRef ref{gate, up, down};
     expert_ffn_row(ref, x.data(), out.data(), C, F, scratch.data());
     // f64 twin.
     std::vector<double> act(F);
     for (int f = 0; f < F; ++f) {
       double g = 0, u = 0;
       for (int c = 0; c < C; ++c) {
-        g += double(ref.gate[f * C + c]) * x[c];
-        u += double(ref.up[f * C + c]) * x[c];
+        g += double(gate[f * C + c]) * x[c];
+        u += double(up[f * C + c]) * x[c];
       }
       act[f] = g / (1 + std::exp(-g)) * u;
     }
     for (int c = 0; c < C; ++c) {
       double y = 0;
-      for (int f = 0; f < F; ++f) y += double(ref.down[c * F + f]) * act[f];
+      for (int f = 0; f < F; ++f) y += double(down[c * F + f]) * act[f];
       EXPECT_NEAR(out[c], y, 1e-5 * (1 + std::fabs(y))) << C << "x" << F << " c " << c;
     }
     // The same weights shifted by one float (different alignment): identical bits.
@@ -166,6 +168,56 @@ TEST(ExpertFfn, MatchesF64LoopAndIgnoresAlignment) {
                          shifted.data() + 1 + 2 * C * F};
     expert_ffn_row(ref2, x.data(), out2.data(), C, F, scratch.data());
     EXPECT_EQ(std::memcmp(out.data(), out2.data(), sizeof(float) * C), 0);
+  }
+}
+
+// bf16 weights (PagerConfig::expert_dtype): style.md's rule (a) against an f64 loop on the same
+// bf16 weights — err(expert_ffn_row) <= 2 * err(a naive sequential f32 loop over the bf16
+// weights) + 1e-6 — and the bf16 path equals the f32 path run on the widened weights bit for bit
+// (bf16 -> f32 is exact and the order is the same), which is what lets the CUDA kernel be checked
+// against this twin.
+TEST(ExpertFfn, Bf16WeightsWithinTwiceTheNaiveErrorAndEqualToWidenedF32) {
+  Rng rng(3);
+  for (auto [C, F] : {std::pair{64, 32}, std::pair{13, 7}, std::pair{1, 1}, std::pair{100, 3}}) {
+    const std::size_t n = std::size_t(3 * C * F);
+    std::vector<std::uint16_t> wb(n);
+    std::vector<float> wf(n), x(C), out(C), outf(C), scratch(F);
+    for (std::size_t i = 0; i < n; ++i) {
+      wb[i] = f32_to_bf16(static_cast<float>(rng.uniform() - 0.5));
+      wf[i] = bf16_to_f32(wb[i]);
+    }
+    for (float& v : x) v = static_cast<float>(rng.uniform() * 2 - 1);
+    const ExpertRef ref{wb.data(), wb.data() + C * F, wb.data() + 2 * C * F, DType::kBF16};
+    expert_ffn_row(ref, x.data(), out.data(), C, F, scratch.data());
+    expert_ffn_row({wf.data(), wf.data() + C * F, wf.data() + 2 * C * F}, x.data(), outf.data(), C,
+                   F, scratch.data());
+    EXPECT_EQ(std::memcmp(out.data(), outf.data(), sizeof(float) * C), 0) << C << "x" << F;
+    std::vector<double> act(F);
+    std::vector<float> nact(F);
+    for (int f = 0; f < F; ++f) {
+      double g = 0, u = 0;
+      float ng = 0, nu = 0;
+      for (int c = 0; c < C; ++c) {
+        g += double(wf[f * C + c]) * x[c];
+        u += double(wf[C * F + f * C + c]) * x[c];
+        ng += bf16_to_f32(wb[f * C + c]) * x[c];
+        nu += bf16_to_f32(wb[C * F + f * C + c]) * x[c];
+      }
+      act[f] = g / (1 + std::exp(-g)) * u;
+      nact[f] = ng / (1.0f + std::exp(-ng)) * nu;
+    }
+    double err = 0, naive = 0;
+    for (int c = 0; c < C; ++c) {
+      double y = 0;
+      float ny = 0;
+      for (int f = 0; f < F; ++f) {
+        y += double(wf[2 * C * F + c * F + f]) * act[f];
+        ny += bf16_to_f32(wb[2 * C * F + c * F + f]) * nact[f];
+      }
+      err = std::max(err, std::fabs(out[c] - y));
+      naive = std::max(naive, std::fabs(double(ny) - y));
+    }
+    EXPECT_LE(err, 2 * naive + 1e-6) << C << "x" << F;
   }
 }
 

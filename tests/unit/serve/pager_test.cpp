@@ -345,7 +345,8 @@ TEST(PagerGroups, RowsByReadinessCoverEveryRowOnceHitsFirst) {
     for (std::size_t j = 0; j < copies.size(); ++j) copy_of[copies[j]] = int(j);
     std::vector<std::int32_t> out(std::size_t(i1 - i0), -1);
     std::vector<std::int64_t> seg;
-    const std::int64_t hits = order_rows_by_readiness(ids, i0, i1, copy_of, copies, out.data(), seg);
+    const std::int64_t hits =
+        order_rows_by_readiness(ids, i0, i1, copy_of, copies, out.data(), seg);
     ASSERT_EQ(seg.size(), copies.size());
     std::vector<std::int32_t> sorted = out;
     std::sort(sorted.begin(), sorted.end());
