@@ -329,9 +329,12 @@ Status run_plan_status() {
             at, [&](const plan::PlanProblem& p) { return plan::solve_milp(p, probe); },
             plan::BatchSearchOptions{.max_batch = c.max_batch}));
     batch = r.batch;
-    log::get("plan")->info("batch=auto -> {} (largest fitting {}, exposure {} {:.1f}%, {} probes)",
-                           r.batch, r.largest_fitting, r.exposure_ok ? "within" : "above", 2.0,
-                           r.probes);
+    const plan::Prediction& pr = r.plan.predicted;
+    log::get("plan")->info(
+        "batch=auto -> {} (largest fitting {}; gpu idle {:.1f} ms = exposed {:.1f} + optimizer "
+        "wait {:.1f} + optimizer bound {:.1f} of a {:.1f} ms step, {} the 2% limit; {} probes)",
+        r.batch, r.largest_fitting, pr.idle_ms(), pr.exposed_ms, pr.optimizer_wait_ms,
+        pr.optimizer_bound_ms, pr.step_ms, r.exposure_ok ? "within" : "above", r.probes);
   }
   FERRY_ASSIGN_OR_RETURN(plan::PlanProblem p, at(batch));
   FERRY_ASSIGN_OR_RETURN(plan::Plan solved, plan::solve_or_diagnose(p, solve));

@@ -52,16 +52,18 @@ std::string plan_text(const PlanProblem& p, const Plan& plan) {
 
 std::string comparison_text(const Comparison& c) {
   std::string s = fmt::format(
-      "\npolicy               at batch {:<4}                     | largest batch                "
-      "| solved plan there\n"
-      "                     step_ms    TFLOPS  exposed_ms |  batch  step_ms    TFLOPS |  "
-      "step_ms    TFLOPS\n",
+      "\npolicy               at batch {:<4}                               | largest batch"
+      "                | solved plan there\n"
+      "                       step_ms    TFLOPS  exposed_ms opt_wait_ms |  batch  step_ms    "
+      "TFLOPS "
+      "|  step_ms    TFLOPS\n",
       c.batch);
   for (const PolicyRow& r : c.rows) {
     std::string a = "does not fit";
     if (r.at_batch) {
-      a = fmt::format("{:>9.1f} {:>9.1f} {:>11.2f}", r.at_batch->predicted.step_ms,
-                      r.at_batch->predicted.tflops, r.at_batch->predicted.exposed_ms);
+      const Prediction& q = r.at_batch->predicted;
+      a = fmt::format("{:>9.1f} {:>9.1f} {:>11.2f} {:>11.2f}", q.step_ms, q.tflops, q.exposed_ms,
+                      q.optimizer_wait_ms);
     }
     std::string b = "      -";
     if (r.at_largest) {
@@ -73,7 +75,7 @@ std::string comparison_text(const Comparison& c) {
       same = fmt::format(" | {:>8.1f} {:>9.1f}", r.solved_at_largest->predicted.step_ms,
                          r.solved_at_largest->predicted.tflops);
     }
-    s += fmt::format("{:<20} {:<31} | {:<24}{}\n", r.policy, a, b, same);
+    s += fmt::format("{:<20} {:<43} | {:<24}{}\n", r.policy, a, b, same);
   }
   return s;
 }

@@ -26,11 +26,25 @@ assert 0 < pr["gpu_peak_gb"] <= prob["gpu_cap_gb"] + 1e-6, pr["gpu_peak_gb"]
 assert pr["host_peak_gb"] <= prob["host_cap_gb"] + 1e-6
 assert pr["step_ms"] > 0 and pr["tflops"] > 0
 assert j["spans"][0]["start"] == 0 and j["spans"][-1]["end"] == 24
+# The CPU optimizer per step: forward windows held by it (per window, summing to the total), the
+# step = gpu + wait + bound, and the solver's objective = that step + the move penalty.
+w = pr["window_optimizer_wait_ms"]
+assert len(w) == 49 and all(x >= 0 for x in w) and all(x == 0 for x in w[24:]), w
+assert abs(sum(w) - pr["optimizer_wait_ms"]) < 1e-6, (sum(w), pr["optimizer_wait_ms"])
+assert pr["optimizer_wait_ms"] > 0  # 0.5B at 2 Gparam/s: ~247 ms of updates vs a ~60 ms forward
+opt = prob["cpu_optimizer_ms"]
+assert abs(pr["step_ms"] - (pr["gpu_step_ms"] + pr["optimizer_wait_ms"] + pr["optimizer_bound_ms"])) < 1e-6
+assert abs(pr["step_ms"] - max(pr["gpu_step_ms"] + pr["optimizer_wait_ms"], opt)) < 1e-6
+pen = prob["move_penalty_ms_per_gb"] * pr["moved_gb"]
+assert abs(j["solver"]["objective_ms"] - (pr["step_ms"] + pen)) <= 1e-6 * pr["step_ms"], j["solver"]
 PY
+grep -q "optimizer wait [0-9.]* (forward held by the cpu optimizer)" "$TMP/out" ||
+  { echo "no optimizer wait in the text"; cat "$TMP/out"; exit 1; }
+grep -q "opt_wait_ms" "$TMP/out" || { echo "no opt_wait_ms column"; cat "$TMP/out"; exit 1; }
 
 "$FERRY" "${base[@]}" --batch-size auto --gpu-mem-gb 24 --no-policies --json "$TMP/a.json" \
   > "$TMP/out" 2> "$TMP/err" || { echo "auto failed"; cat "$TMP/err"; exit 1; }
-grep -q "batch=auto -> " "$TMP/err" || { echo "no auto line"; cat "$TMP/err"; exit 1; }
+grep -q "batch=auto -> .*optimizer wait" "$TMP/err" || { echo "no auto line"; cat "$TMP/err"; exit 1; }
 python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert j['batch_size'] >= 8, j['batch_size']" "$TMP/a.json"
 
 set +e
