@@ -394,7 +394,7 @@ Status ModelCompute::moe_forward(LayerActs& a, const LayerTensors<ConstTensorVie
                                  std::int64_t T) {
   const std::int64_t C = geo_.hidden, E = geo_.experts, K = geo_.top_k, Fe = geo_.expert_width;
   const ConstTensorView h2 = f32_view(a.h2, {T, C});
-  FERRY_TRY(linear(f32_view(a.router_logits, {T, E}), h2, p.router));
+  FERRY_TRY(linear(f32_view(a.router_logits, {T, E}), h2, p.router, {}, /*f32_operands=*/true));
   FERRY_TRY(be_.router({.weights = f32_view(a.weights, {T, K}),
                         .ids = i32_view(a.ids, {T, K}),
                         .probs = f32_view(a.probs, {T, E}),

@@ -241,20 +241,21 @@ class ModelCompute {
   Status zero_fill(float* p, std::int64_t n);
 
   // Linear layers in the GemmPrecision (model_compute_linear.cpp).
-  // y = x w^T (+ bias), y f32 [N, out], x f32 [N, in], w [out, in].
+  // y = x w^T (+ bias), y f32 [N, out], x f32 [N, in], w [out, in]. f32_operands: multiply in
+  // f32 whatever the precision (the MoE router, see model_compute_linear.cpp).
   Status linear(const TensorView& y, const ConstTensorView& x, const ConstTensorView& w,
-                const ConstTensorView& bias = {});
+                const ConstTensorView& bias = {}, bool f32_operands = false);
   // Backward of y = x w^T + b given dy: dw += dy^T x; db += 1^T dy (f32, exact operands);
   // dx = dy w (dx += dy w when accumulate_dx). dx may be empty.
   Status linear_backward(const TensorView& dx, const TensorView& dw, const TensorView& db,
                          const ConstTensorView& dy, const ConstTensorView& x,
-                         const ConstTensorView& w, bool accumulate_dx);
+                         const ConstTensorView& w, bool accumulate_dx, bool f32_operands = false);
   // The view a GEMM reads for v in the GemmPrecision: v itself (kF32, or v already bf16 on a
   // bf16 backend); else v rounded to bf16 in `b16` (a bf16 view on a bf16-GEMM backend, or
   // widened back into `f32` on the CPU twin).
   Result<ConstTensorView> gemm_operand(const ConstTensorView& v,
                                        const detail::DevBuf<std::uint16_t>& b16,
-                                       const detail::DevBuf<float>& f32);
+                                       const detail::DevBuf<float>& f32, bool f32_operands = false);
 
   // The internal steps work on one layer's workspace `a`; x_in/x_out are [T*C] f32.
   Status run_layer_forward(int l, LayerActs& a, const LayerTensors<ConstTensorView>& p,

@@ -97,8 +97,9 @@ Status ModelCompute::moe_backward(LayerActs& a, const LayerTensors<ConstTensorVi
                                  .top_k = geo_.top_k,
                                  .renormalize = geo_.renormalize_topk},
                                 st()));
+  // f32 operands in every precision (model_compute_linear.cpp: the router).
   return linear_backward(dh, g.router, {}, f32_view(s.d_router_logits, {T, E}),
-                         f32_view(a.h2, {T, C}), p.router, true);
+                         f32_view(a.h2, {T, C}), p.router, true, /*f32_operands=*/true);
 }
 
 Status ModelCompute::attention_backward(LayerActs& a, const LayerTensors<ConstTensorView>& p,

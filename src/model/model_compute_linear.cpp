@@ -10,6 +10,10 @@
 // twin differs from the GPU only in the order of the f32 sums (the tolerance rule of style.md).
 //
 // Bias gradients are column sums (1^T dy); they stay f32 GEMMs on the exact dy, as torch's do.
+// The MoE router's GEMMs stay f32 in every precision (Megatron's moe_router_dtype=fp32): they are
+// tiny ([T, C] x [C, E]), and top-k is a discrete choice on the logits, so bf16 logits would flip
+// near-ties between two backends that differ only in the order of their sums (seen on the GPU:
+// one token of the qwen3_moe fixture changed experts).
 #include "core/check.h"
 #include "model/model_compute.h"
 #include "model/model_compute_buffers.h"
@@ -54,8 +58,8 @@ void ModelCompute::plan_linear_buffers(const DecoderGeometry& geo, std::int64_t 
 }
 
 Result<ConstTensorView> ModelCompute::gemm_operand(const ConstTensorView& v, const Bf16Buf& b16,
-                                                   const F32Buf& f32) {
-  if (precision_ == GemmPrecision::kF32) return v;
+                                                   const F32Buf& f32, bool f32_operands) {
+  if (precision_ == GemmPrecision::kF32 || f32_operands) return v;
   if (v.dtype == DType::kBF16 && native_bf16_gemm_) return v;
   FERRY_CHECK(v.ndim == 2 && v.is_contiguous(), "model: GEMM operand {} is not a contiguous 2-d",
               v.shape_string());
@@ -73,20 +77,21 @@ Result<ConstTensorView> ModelCompute::gemm_operand(const ConstTensorView& v, con
 }
 
 Status ModelCompute::linear(const TensorView& y, const ConstTensorView& x, const ConstTensorView& w,
-                            const ConstTensorView& bias) {
+                            const ConstTensorView& bias, bool f32_operands) {
   Scratch& s = *scratch_;
-  FERRY_ASSIGN_OR_RETURN(const ConstTensorView xa, gemm_operand(x, s.x16, s.x16_f));
-  FERRY_ASSIGN_OR_RETURN(const ConstTensorView wa, gemm_operand(w, s.w16, s.w16_f));
+  FERRY_ASSIGN_OR_RETURN(const ConstTensorView xa, gemm_operand(x, s.x16, s.x16_f, f32_operands));
+  FERRY_ASSIGN_OR_RETURN(const ConstTensorView wa, gemm_operand(w, s.w16, s.w16_f, f32_operands));
   return be_.gemm({.out = y, .a = xa, .b = wa, .bias = bias, .trans_b = true}, st());
 }
 
 Status ModelCompute::linear_backward(const TensorView& dx, const TensorView& dw,
                                      const TensorView& db, const ConstTensorView& dy,
                                      const ConstTensorView& x, const ConstTensorView& w,
-                                     bool accumulate_dx) {
+                                     bool accumulate_dx, bool f32_operands) {
   Scratch& s = *scratch_;
-  FERRY_ASSIGN_OR_RETURN(const ConstTensorView dya, gemm_operand(dy, s.dy16, s.dy16_f));
-  FERRY_ASSIGN_OR_RETURN(const ConstTensorView xa, gemm_operand(x, s.x16, s.x16_f));
+  FERRY_ASSIGN_OR_RETURN(const ConstTensorView dya,
+                         gemm_operand(dy, s.dy16, s.dy16_f, f32_operands));
+  FERRY_ASSIGN_OR_RETURN(const ConstTensorView xa, gemm_operand(x, s.x16, s.x16_f, f32_operands));
   FERRY_TRY(be_.gemm({.out = dw, .a = dya, .b = xa, .trans_a = true, .beta = 1.0f}, st()));
   if (!db.empty_view()) {
     const TensorView db_row = TensorView::contiguous(db.data, db.dtype, db.device, {1, db.numel()});
@@ -94,7 +99,7 @@ Status ModelCompute::linear_backward(const TensorView& dx, const TensorView& dw,
     FERRY_TRY(be_.gemm({.out = db_row, .a = ones_row, .b = dy, .beta = 1.0f}, st()));
   }
   if (dx.empty_view()) return {};
-  FERRY_ASSIGN_OR_RETURN(const ConstTensorView wa, gemm_operand(w, s.w16, s.w16_f));
+  FERRY_ASSIGN_OR_RETURN(const ConstTensorView wa, gemm_operand(w, s.w16, s.w16_f, f32_operands));
   return be_.gemm({.out = dx, .a = dya, .b = wa, .beta = accumulate_dx ? 1.0f : 0.0f}, st());
 }
 
