@@ -123,8 +123,9 @@ Result<BatchSearchResult> largest_batch(const ProblemAt& problem_at, const Plann
       best = std::move(*fastest);
       res.batch = best.problem.batch_size;
       log::get("plan")->warn(
-          "the gpu idles more than {:.0f}% of the step (exposed transfers + optimizer wait) at "
-          "every batch tried; batch={} has the highest predicted throughput (largest fitting {})",
+          "the gpu idles more than {:.0f}% of the step (exposed transfers + optimizer wait and "
+          "bound) at every batch tried; batch={} has the highest predicted throughput (largest "
+          "fitting {})",
           100 * o.max_exposed_fraction, res.batch, good);
     }
   }
