@@ -24,9 +24,14 @@ TEST(PlanJson, RoundTripsExactlyThroughTextAndFile) {
   auto min_gpu = min_capacity(p, Tier::kGpu);
   ASSERT_TRUE(min_gpu.ok()) << min_gpu.status().to_string();
   p.gpu_cap_gb = min_gpu->capacity_gb + 0.05;
+  // An optimizer long enough to hold the forward windows, so its fields round-trip non-zero.
+  double fwd = 0;
+  for (const LayerCost& c : p.layers) fwd += c.fwd_ms;
+  p.cpu_optimizer_ms = 3 * fwd;
   auto plan = solve_milp(p);
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   ASSERT_FALSE(plan->transfers.empty()) << "want a plan with transfers to round-trip";
+  ASSERT_GT(plan->predicted.optimizer_wait_ms, 0);
   const std::string text = plan_to_json(*plan, &p).dump(1);
   auto j = parse_json(text, "test");
   ASSERT_TRUE(j.ok());
@@ -44,6 +49,17 @@ TEST(PlanJson, RoundTripsExactlyThroughTextAndFile) {
   ASSERT_TRUE(from_file.ok());
   EXPECT_EQ(*from_file, *plan);
   std::remove(path.c_str());
+
+  // A plan written before the optimizer's fields existed still reads (zeros: no wait recorded).
+  Json old = *j;
+  old["predicted"].erase("optimizer_wait_ms");
+  old["predicted"].erase("optimizer_bound_ms");
+  old["predicted"].erase("window_optimizer_wait_ms");
+  auto old_plan = plan_from_json(old);
+  ASSERT_TRUE(old_plan.ok()) << old_plan.status().to_string();
+  EXPECT_EQ(old_plan->predicted.optimizer_wait_ms, 0);
+  EXPECT_EQ(old_plan->predicted.window_optimizer_wait_ms,
+            std::vector<double>(plan->predicted.window_gpu_gb.size(), 0.0));
 
   Json bad = *j;
   bad["transfers"][0]["direction"] = "sideways";
