@@ -106,7 +106,7 @@ Result<BenchPrediction> predict_bench(const Json& report, const model::ModelConf
                           .measured_ms = p.at("step_ms_mean").get<double>(),
                           .predicted_ms = pr.step_ms,
                           .measured_exposed_ms = p.at("exposed_ms_per_step").get<double>(),
-                          .predicted_exposed_ms = pr.exposed_ms + pr.optimizer_wait_ms});
+                          .predicted_exposed_ms = pr.idle_ms()});
   }
   return out;
 }

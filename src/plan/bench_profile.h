@@ -34,7 +34,8 @@ struct BenchCheck {
   std::string policy;       // the executor's name ("every:4")
   std::string plan_policy;  // the planner's ("checkpoint-every-4")
   double measured_ms = 0, predicted_ms = 0;
-  double measured_exposed_ms = 0, predicted_exposed_ms = 0;  // predicted: link + optimizer wait
+  // predicted: Prediction::idle_ms() (exposed link time + optimizer wait + optimizer bound)
+  double measured_exposed_ms = 0, predicted_exposed_ms = 0;
   double error() const { return predicted_ms / measured_ms - 1.0; }
 };
 
