@@ -170,14 +170,14 @@ TEST(BatchSearch, AutoWithADominantOptimizerTakesTheFastestBatch) {
   const Planner solve = [](const PlanProblem& p) {
     return solve_milp(p, SolveOptions{.time_limit_s = 10});
   };
-  auto r = largest_batch(at, solve, BatchSearchOptions{.max_batch = 256});
+  auto r = largest_batch(at, solve, BatchSearchOptions{.max_batch = 64});
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_FALSE(r->exposure_ok);
   EXPECT_GT(r->plan.predicted.optimizer_wait_ms + r->plan.predicted.optimizer_bound_ms,
             0.02 * r->plan.predicted.step_ms);
   EXPECT_EQ(r->batch, r->largest_fitting);
-  // The search stopped at once instead of walking down: doubling to 256 is 9 probes.
-  EXPECT_LE(r->probes, 9);
+  // The search stopped at once instead of walking down: doubling to 64 is 7 probes.
+  EXPECT_EQ(r->probes, 7);
 }
 
 }  // namespace
