@@ -124,6 +124,22 @@ expect 1 "fewer than top-k" --geometry tiny --expert-slots 2
 expect 1 "does not hold" --geometry tiny --budget-gib 0.00001
 expect 1 "exceeds the model's 512 positions" --geometry tiny --prompt-tokens 600
 expect 2 "device" --geometry tiny --device tpu
+expect 2 "expert-dtype" --geometry tiny --expert-dtype f16
+expect 1 "bf16 experts need --device cuda" --geometry tiny --expert-dtype bf16
+
+# --serial-miss-copies: the JSON says so and the paged mode still gives the reference's bits
+# (on the CPU engine the copies are synchronous either way).
+"$FERRY" bench serve --geometry tiny --expert-slots 8 --prompt-tokens 8 --decode-tokens 4 \
+  --modes resident,paged --serial-miss-copies --json "$tmp/s.json" >/dev/null 2>&1 ||
+  fail "--serial-miss-copies run failed"
+python3 - "$tmp/s.json" <<'PY' || fail "serial report: $(cat "$tmp/s.json")"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["miss_placement"]["overlap_misses"] is False, j["miss_placement"]
+assert j["expert_dtype"] == "f32", j.get("expert_dtype")
+for m in j["modes"]:
+    assert m["same_tokens_as_reference"] and m["same_logits_bits_as_reference"], m["mode"]
+PY
 
 # --device cuda: without CUDA or a GPU it fails (exit 1) naming the device, before building
 # anything; on a GPU machine it runs the CUDA engine and says so in the JSON.

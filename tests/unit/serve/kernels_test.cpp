@@ -86,16 +86,15 @@ TEST(PagedAttention, MatchesPackedCausalAttention) {
     const float scale = 1.0f / std::sqrt(float(D));
     for (auto* be : {&kernels::cpu_backend(), &kernels::reference_backend()}) {
       std::vector<float>& out = be == &kernels::cpu_backend() ? want : ref;
-      ASSERT_TRUE(be->attention({.out = TensorView::contiguous(out.data(), DType::kF32,
-                                                               Device::kCpu, {len, H, D}),
-                                 .q = cview(q, {len, H, D}),
-                                 .k = cview(k, {len, G, D}),
-                                 .v = cview(v, {len, G, D}),
-                                 .cu_seqlens = ConstTensorView::contiguous(cu.data(), DType::kI32,
-                                                                           Device::kCpu, {2}),
-                                 .scale = scale},
-                                mem::Stream::host())
-                      .ok());
+      const Status st = be->attention(
+          {.out = TensorView::contiguous(out.data(), DType::kF32, Device::kCpu, {len, H, D}),
+           .q = cview(q, {len, H, D}),
+           .k = cview(k, {len, G, D}),
+           .v = cview(v, {len, G, D}),
+           .cu_seqlens = ConstTensorView::contiguous(cu.data(), DType::kI32, Device::kCpu, {2}),
+           .scale = scale},
+          mem::Stream::host());
+      ASSERT_TRUE(st.ok()) << st.to_string();
     }
     const BlockTable* tables[] = {&table};
     // All queries at once (prefill), then each alone (decode-like): same result either way.
