@@ -25,26 +25,11 @@
 namespace ferry::model {
 namespace {
 
+using testing::rel_max_diff;
+using testing::rel_norm_diff;
+
 constexpr double kLogitsFloor = 1e-4;
 constexpr double kGradFloor = 1e-3;
-
-double rel_norm_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
-double rel_max_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double mx = 0, err = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    mx = std::max(mx, std::fabs(double(b[i])));
-    err = std::max(err, std::fabs(double(a[i]) - b[i]));
-  }
-  return err / mx;
-}
 
 struct Results {
   std::vector<float> logits;

@@ -48,24 +48,6 @@ std::string fixture_dir(const std::string& arch) { return testing::model_fixture
 
 std::vector<float> to_f32(const ConstTensorView& v) { return testing::fixture_to_f32(v); }
 
-double rel_norm_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
-double rel_max_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double mx = 0, err = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    mx = std::max(mx, std::fabs(double(b[i])));
-    err = std::max(err, std::fabs(double(a[i]) - b[i]));
-  }
-  return err / mx;
-}
-
 // One run's results, on the host.
 struct Results {
   std::vector<float> logits;

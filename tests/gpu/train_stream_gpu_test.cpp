@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "model_fixtures.h"
 #include "tests/gpu/bf16_attention_cpu.h"
 #include "train_stream_util.h"
 
@@ -145,15 +146,7 @@ OneStep one_step(const model::LoadedModel& m, const Batch& batch, const std::str
   return out;
 }
 
-double rel_norm_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0.0, den = 0.0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const double d = static_cast<double>(a[i]) - b[i];
-    num += d * d;
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
+using ferry::testing::rel_norm_diff;
 
 // The CPU f32 run is the reference; the naive twin uses the GPU's precision (bf16 attention, and
 // bf16-rounded GEMM operands when `precision` is kBf16).
