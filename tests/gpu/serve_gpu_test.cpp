@@ -216,6 +216,25 @@ TEST_F(ServeKernels, PagedAttentionWithinTwiceTheCpuTwinsError) {
   }
 }
 
+// One expert row in double: out[c] = sum_f down[c, f] * silu(gate[f] . x) * (up[f] . x), with the
+// expert's [gate; up; down] matrices back to back at b (f32, gate/up [F, C], down [C, F]).
+void expert_ffn_f64(const float* b, const float* xt, int C, int F, double* out) {
+  std::vector<double> act(F);
+  for (int f = 0; f < F; ++f) {
+    double g = 0, u = 0;
+    for (int c = 0; c < C; ++c) {
+      g += double(b[f * C + c]) * xt[c];
+      u += double(b[F * C + f * C + c]) * xt[c];
+    }
+    act[f] = g / (1 + std::exp(-g)) * u;
+  }
+  for (int c = 0; c < C; ++c) {
+    double o = 0;
+    for (int f = 0; f < F; ++f) o += double(b[2 * F * C + c * F + f]) * act[f];
+    out[c] = o;
+  }
+}
+
 TEST_F(ServeKernels, ExpertFfnMatchesItsTwinAndIgnoresSlotAndGrouping) {
   const int C = 96, F = 40, E = 5, K = 2;
   const std::int64_t T = 7, rows = T * K;
@@ -292,20 +311,7 @@ TEST_F(ServeKernels, ExpertFfnMatchesItsTwinAndIgnoresSlotAndGrouping) {
     const float* b = w.data() + std::size_t(ids[i]) * 3 * F * C;
     const float* xt = x.data() + (i / K) * C;
     expert_ffn_row({b, b + F * C, b + 2 * F * C}, xt, cpu.data() + i * C, C, F, scratch.data());
-    std::vector<double> act(F);
-    for (int f = 0; f < F; ++f) {
-      double g = 0, u = 0;
-      for (int c = 0; c < C; ++c) {
-        g += double(b[f * C + c]) * xt[c];
-        u += double(b[F * C + f * C + c]) * xt[c];
-      }
-      act[f] = g / (1 + std::exp(-g)) * u;
-    }
-    for (int c = 0; c < C; ++c) {
-      double o = 0;
-      for (int f = 0; f < F; ++f) o += double(b[2 * F * C + c * F + f]) * act[f];
-      want[i * C + c] = o;
-    }
+    expert_ffn_f64(b, xt, C, F, want.data() + i * C);
   }
   const double e = max_abs_diff(g1, want), en = max_abs_diff(cpu, want);
   EXPECT_LE(e, 2 * en + 1e-6);
@@ -397,20 +403,7 @@ TEST_F(ServeKernels, ExpertFfnBf16EqualsF32OnWidenedWeightsAndKeepsTheRule) {
     expert_ffn_row(
         {wb.data() + base, wb.data() + base + F * C, wb.data() + base + 2 * F * C, DType::kBF16},
         xt, cpu.data() + i * C, C, F, scratch.data());
-    std::vector<double> act(F);
-    for (int f = 0; f < F; ++f) {
-      double g = 0, u = 0;
-      for (int c = 0; c < C; ++c) {
-        g += double(b[f * C + c]) * xt[c];
-        u += double(b[F * C + f * C + c]) * xt[c];
-      }
-      act[f] = g / (1 + std::exp(-g)) * u;
-    }
-    for (int c = 0; c < C; ++c) {
-      double o = 0;
-      for (int f = 0; f < F; ++f) o += double(b[2 * F * C + c * F + f]) * act[f];
-      want[i * C + c] = o;
-    }
+    expert_ffn_f64(b, xt, C, F, want.data() + i * C);
   }
   const double e = max_abs_diff(gb, want), en = max_abs_diff(cpu, want);
   EXPECT_LE(e, 2 * en + 1e-6);
