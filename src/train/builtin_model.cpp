@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "train/builtin_model.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <vector>
 
 #include "core/file_util.h"
 #include "core/json.h"
+#include "core/thread_pool.h"
 #include "model/config.h"
 #include "model/param_spec.h"
 #include "model/safetensors_writer.h"
@@ -104,6 +106,20 @@ std::string builtin_config_json(const BuiltinModelSpec& s) {
   return j.dump(1);
 }
 
+void fill_normal_chunked(float* out, std::int64_t n, double std, std::uint64_t stream_seed) {
+  const std::int64_t chunks = (n + kInitChunk - 1) / kInitChunk;
+  ThreadPool::global().parallel_for(
+      static_cast<std::size_t>(chunks), [&](std::size_t c0, std::size_t c1) {
+        for (std::size_t c = c0; c < c1; ++c) {
+          Rng rng(mix_seed(stream_seed, c));
+          const std::int64_t begin = static_cast<std::int64_t>(c) * kInitChunk;
+          const std::int64_t end = std::min(n, begin + kInitChunk);
+          for (std::int64_t k = begin; k < end; ++k)
+            out[k] = static_cast<float>(rng.normal() * std);
+        }
+      });
+}
+
 Status write_builtin_model(const std::string& dir, const BuiltinModelSpec& spec,
                            std::uint64_t seed) {
   std::error_code ec;
@@ -116,13 +132,21 @@ Status write_builtin_model(const std::string& dir, const BuiltinModelSpec& spec,
   std::vector<std::vector<float>> data(specs.size());
   std::vector<model::NamedTensor> named;
   named.reserve(specs.size());
+  std::int64_t total = 0;
+  for (const model::ParamSpec& p : specs) total += p.numel();
+  const bool chunked = total > kSequentialInitParams;
   Rng rng(mix_seed(seed, 0x1417));
   for (std::size_t i = 0; i < specs.size(); ++i) {
     const model::ParamSpec& p = specs[i];
     data[i].resize(static_cast<std::size_t>(p.numel()));
     const bool norm = model::is_norm_role(p.role);
-    for (float& x : data[i]) {
-      x = norm ? 1.0f : static_cast<float>(rng.normal() * spec.init_std);
+    if (norm) {
+      std::fill(data[i].begin(), data[i].end(), 1.0f);
+    } else if (chunked) {
+      fill_normal_chunked(data[i].data(), p.numel(), spec.init_std,
+                          mix_seed(mix_seed(seed, 0x1418), i));
+    } else {
+      for (float& x : data[i]) x = static_cast<float>(rng.normal() * spec.init_std);
     }
     ConstTensorView v = ConstTensorView::contiguous(data[i].data(), DType::kF32, Device::kCpu, {1});
     v.ndim = static_cast<int>(p.shape.size());

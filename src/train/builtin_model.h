@@ -40,8 +40,19 @@ std::string builtin_tokenizer_config_json();
 std::string builtin_config_json(const BuiltinModelSpec& spec);
 
 // Writes config.json, model.safetensors (seeded init), tokenizer.json and tokenizer_config.json
-// into `dir` (created if missing).
+// into `dir` (created if missing). Models of up to kSequentialInitParams parameters draw every
+// value from one seeded stream, in parameter order (the embedded default and every test model);
+// larger ones (`ferry bench train` at 3B/7B shapes: one stream would take ~25 ns x 7.6e9) fill
+// each tensor in fixed chunks, chunk c of tensor i from its own stream seeded by (seed, i, c),
+// in parallel: the same bits for any thread count (fill_normal_chunked).
 Status write_builtin_model(const std::string& dir, const BuiltinModelSpec& spec,
                            std::uint64_t seed);
+
+inline constexpr std::int64_t kSequentialInitParams = std::int64_t{1} << 26;
+inline constexpr std::int64_t kInitChunk = std::int64_t{1} << 20;  // values per chunk stream
+
+// out[k] = std * N(0, 1) for chunk-seeded streams: out[c * kInitChunk + j] is the j-th normal()
+// of Rng(mix_seed(stream_seed, c)). Runs on ThreadPool::global().
+void fill_normal_chunked(float* out, std::int64_t n, double std, std::uint64_t stream_seed);
 
 }  // namespace ferry::train
