@@ -38,10 +38,11 @@ void ModelCompute::plan_linear_buffers(const DecoderGeometry& geo, std::int64_t 
                      GD = std::int64_t(geo.kv_heads) * geo.head_dim, F = geo.mlp_width,
                      Fe = geo.expert_width, E = geo.experts, K = geo.top_k, V = geo.vocab;
   // The widest operand of each kind: activations and output gradients are [T, in|out] of a
-  // dense linear or [T*K, in|out] of an expert's; weights [out, in].
-  const std::int64_t widest = std::max({C, HD, GD, F, E});
+  // dense linear or [T*K, in|out] of an expert's; weights [out, in]. The router ([E, C]) is not
+  // among them: its GEMMs keep f32 operands.
+  const std::int64_t widest = std::max({C, HD, GD, F});
   const std::int64_t rows = std::max(T * widest, E > 0 ? T * K * std::max(C, Fe) : 0);
-  const std::int64_t weight = C * std::max({HD, GD, F, E, Fe});
+  const std::int64_t weight = C * std::max({HD, GD, F, Fe});
   const bool twin = !backend.supports(kernels::OpKind::kGemm, DType::kBF16);
   tab.add(s.x16, "gemm.x16", rows);
   tab.add(s.dy16, "gemm.dy16", rows);
