@@ -32,6 +32,7 @@ void register_bench_train(CLI::App& app, CommandFn& run) {
   auto cfg = std::make_shared<train::TrainBenchConfig>();
   auto json_out = std::make_shared<std::string>();
   auto states = std::make_shared<std::string>("fp32");
+  auto master = std::make_shared<std::string>("fp32");
   auto* cmd = bench_cmd(app)->add_subcommand(
       "train", "streaming trainer step throughput per activation policy (docs/train.md)");
   cmd->add_option("--device", cfg->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
@@ -64,14 +65,21 @@ void register_bench_train(CLI::App& app, CommandFn& run) {
       ->check(CLI::Range(0, 4096));
   cmd->add_option("--optimizer-states", *states, "AdamW states: fp32 or 8bit (block-wise)")
       ->check(CLI::IsMember({"fp32", "8bit"}));
+  cmd->add_option("--master", *master,
+                  "master weights: fp32 (f32 weights on the link), bf16-kahan or bf16-sr (bf16 "
+                  "weights on the link, half the bytes)")
+      ->check(CLI::IsMember({"fp32", "bf16-kahan", "bf16-sr"}));
   cmd->add_option("--peak-tflops", cfg->peak_tflops, "MFU denominator (default: known GPU peak)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", cfg->seed, "seed of the weights and tokens");
   cmd->add_option("--json", *json_out, "write the JSON report here (-: stdout, no table)");
-  cmd->callback([cfg, json_out, states, &run] {
+  cmd->callback([cfg, json_out, states, master, &run] {
     auto st = train::parse_optimizer_states(*states);
     if (!st.ok()) throw CLI::ValidationError("--optimizer-states", st.status().message());
     cfg->optim.states = *st;
+    auto mw = train::parse_master_weights(*master);
+    if (!mw.ok()) throw CLI::ValidationError("--master", mw.status().message());
+    cfg->optim.master = *mw;
     if (cfg->model.hidden != cfg->model.heads * cfg->model.head_dim) {
       throw CLI::ValidationError("--hidden", "must equal --heads x --head-dim");
     }

@@ -34,7 +34,7 @@ struct TrainBenchConfig {
   int prefetch = 2;
   int optimizer_threads = 0;            // StreamOptions::optimizer_threads
   std::string gemm_precision = "auto";  // stream: auto | bf16 | f32 (model::parse_gemm_precision)
-  OptimMode optim;                      // master weights x optimizer states (GPU: fp32 master)
+  OptimMode optim;                      // master weights x optimizer states
   std::size_t device_budget_bytes = mem::MemoryBudget::kUnlimited;
   double peak_tflops = 0;  // MFU denominator; 0: the GPU's known peak
   std::uint64_t seed = 1;

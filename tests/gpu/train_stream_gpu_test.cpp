@@ -108,6 +108,23 @@ TEST(TrainStreamGpu, Bf16GemmsEveryPolicyBitIdenticalOnGpu) {
   check_policies_on_gpu(*moe, {"every:2"}, spec);
 }
 
+// bf16 masters: bf16 weights on the link (half the bytes), landed in a staging buffer and widened
+// by the convert kernel on the h2d stream. Still every policy bit-identical to "device", and the
+// bytes moved equal the CPU executor's (which widens in place).
+TEST(TrainStreamGpu, Bf16MastersEveryPolicyBitIdenticalOnGpu) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = testing::temp_dir("stream_gpu_bf16_master");
+  auto m = dense_model(dir + "/model");
+  RunSpec spec;
+  spec.gemm_precision = model::GemmPrecision::kBf16;
+  spec.mode.master = MasterWeights::kBf16Kahan;
+  const std::string nv = testing::temp_dir("stream_gpu_bf16_master_nvme");
+  check_policies_on_gpu(*m, {"host", "every:2", "mix:dhrn:" + nv}, spec);
+  auto moe = moe_model();
+  spec.mode = {.master = MasterWeights::kBf16Sr, .states = OptimizerStates::k8Bit};
+  check_policies_on_gpu(*moe, {"every:2", "host"}, spec);
+}
+
 TEST(TrainStreamGpu, MoeEveryPolicyBitIdenticalOnGpu) {
   if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
   auto m = moe_model();
@@ -123,10 +140,10 @@ struct OneStep {
 };
 
 OneStep one_step(const model::LoadedModel& m, const Batch& batch, const std::string& policy,
-                 kernels::Backend& be,
-                 model::GemmPrecision precision = model::GemmPrecision::kF32) {
+                 kernels::Backend& be, model::GemmPrecision precision = model::GemmPrecision::kF32,
+                 OptimMode mode = {}) {
   OneStep out;
-  auto state = make_state(m, {});
+  auto state = make_state(m, {.mode = mode});
   auto pol = parse_policy(policy, m.geometry.layers);
   EXPECT_TRUE(pol.ok());
   auto ex = StreamExecutor::create(*state, kBatch, kSeq,
@@ -150,15 +167,19 @@ using ferry::testing::rel_norm_diff;
 
 // The CPU f32 run is the reference; the naive twin uses the GPU's precision (bf16 attention, and
 // bf16-rounded GEMM operands when `precision` is kBf16).
+// mode: a bf16 master makes every run (the f32 reference included) compute with the same
+// bf16-valued weights, streamed as bf16.
 void check_against_cpu(const model::LoadedModel& m, const std::string& policy,
-                       model::GemmPrecision precision = model::GemmPrecision::kF32) {
+                       model::GemmPrecision precision = model::GemmPrecision::kF32,
+                       OptimMode mode = {}) {
   kernels::Backend* be = cuda_or_null();
   ASSERT_NE(be, nullptr);
   const Batch batch = make_batches(1, m.geometry.vocab, 11).front();
-  const OneStep cpu = one_step(m, batch, policy, kernels::cpu_backend());
+  const OneStep cpu =
+      one_step(m, batch, policy, kernels::cpu_backend(), model::GemmPrecision::kF32, mode);
   ferry::testing::Bf16AttentionCpu naive_be;
-  const OneStep naive = one_step(m, batch, policy, naive_be, precision);
-  const OneStep gpu = one_step(m, batch, policy, *be, precision);
+  const OneStep naive = one_step(m, batch, policy, naive_be, precision, mode);
+  const OneStep gpu = one_step(m, batch, policy, *be, precision, mode);
   ASSERT_EQ(gpu.grads.size(), cpu.grads.size());
   ASSERT_EQ(naive.grads.size(), cpu.grads.size());
   const double eloss = std::fabs(gpu.loss - cpu.loss) / std::fabs(cpu.loss);
@@ -199,6 +220,14 @@ TEST(TrainStreamGpu, Bf16GemmGradientsMatchCpuWithinTheRule) {
   check_against_cpu(*m, "every:2:host", model::GemmPrecision::kBf16);
   auto moe = moe_model();
   check_against_cpu(*moe, "every:2", model::GemmPrecision::kBf16);
+}
+
+TEST(TrainStreamGpu, Bf16MasterGradientsMatchCpuWithinTheRule) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = testing::temp_dir("stream_gpu_bf16_master_vs_cpu");
+  auto m = dense_model(dir + "/model");
+  check_against_cpu(*m, "every:2:host", model::GemmPrecision::kBf16,
+                    {.master = MasterWeights::kBf16Kahan});
 }
 
 // The budget is enforced on GPU memory as on the emulated tier: one byte short of the plan is

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "train/stream/device_plan.h"
 
+#include <algorithm>
+
 #include "mem/budget.h"
 
 namespace ferry::train::stream {
@@ -37,6 +39,10 @@ Result<DevicePlan> plan_device(const model::DecoderGeometry& geo, const ModelSiz
   for (int r = 0; r < policy.max_recomputed(); ++r) {
     d.recompute.push_back(d.plan.add("recompute." + std::to_string(r), act));
   }
+  if (sizes.bf16_weights && backend.device() != Device::kCpu) {
+    d.stage16_elements = std::max(sizes.max_layer_elements, sizes.globals_elements);
+  }
+  d.stage16 = d.plan.add("stage16", static_cast<std::size_t>(d.stage16_elements) * 2);
   d.sumsq = d.plan.add("sumsq", static_cast<std::size_t>(sizes.params) * f);
   d.sumsq_ws = d.plan.add("sumsq.workspace", backend.workspace_bytes(kernels::SumSquaresArgs{}));
   const std::size_t batch_ints = backend.device() == Device::kCpu ? 0 : 4 * tokens + 1;

@@ -8,6 +8,8 @@
 //   boundary  [T, C] f32 per device-homed boundary, x_final, two transit buffers (forward of
 //             boundaries kept elsewhere or recomputed), one fetch buffer (host/NVMe boundaries
 //             coming back) and one per boundary a recompute span regenerates
+//   stage16   bf16 landing buffer for bf16 streaming weights on a GPU (the largest unit; empty on
+//             the emulated tier, which widens in place, and for f32 streaming weights)
 //   sumsq     [P] f32: each parameter's gradient sum of squares, taken on the device
 //   batch     a GPU backend's copy of the packed batch (ids, positions, targets [T], cu_seqlens
 //             [T + 1] i32); empty for host backends, which read the caller's batch
@@ -32,6 +34,7 @@ struct ModelSizes {
   std::int64_t globals_elements = 0;    // embed + final_norm (+ lm_head when untied)
   std::int64_t max_layer_elements = 0;  // the largest layer's parameters
   std::int64_t params = 0;              // parameter tensors (sums of squares)
+  bool bf16_weights = false;            // the arena streams bf16 (bf16 masters)
 };
 
 inline constexpr int kGradSlots = 2;
@@ -40,6 +43,8 @@ struct DevicePlan {
   mem::ArenaPlan plan;
   mem::SlotId globals_w, globals_g, x_final, fetch, sumsq, batch;
   mem::SlotId sumsq_ws;                // the backend's sum_squares scratch (0 bytes on the CPU)
+  mem::SlotId stage16;                 // bf16 landing buffer (bf16_widen.h), maybe 0 bytes
+  std::int64_t stage16_elements = 0;
   std::vector<mem::SlotId> slots;      // [prefetch slots]
   std::vector<mem::SlotId> grads;      // [kGradSlots]
   std::vector<mem::SlotId> boundary;   // [L]: device-homed boundaries (others unused)

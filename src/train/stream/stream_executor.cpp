@@ -12,7 +12,6 @@
 #include "mem/transfer_engine.h"
 #include "model/model_binding.h"
 #include "model/param_spec.h"
-#include "train/stream/bf16_widen.h"
 
 namespace ferry::train::stream {
 
@@ -94,7 +93,8 @@ model::ModelParams bind_views(const std::vector<model::ParamSpec>& specs, const 
 ModelSizes model_sizes(const HostArena& arena) {
   return {.globals_elements = arena.unit_elements(arena.globals_unit()),
           .max_layer_elements = arena.max_layer_elements(),
-          .params = static_cast<std::int64_t>(arena.params().size())};
+          .params = static_cast<std::int64_t>(arena.params().size()),
+          .bf16_weights = arena.bf16_master()};
 }
 
 // The device tier and the host tier of boundaries / the arena, by where compute runs.
@@ -205,9 +205,11 @@ Status StreamExecutor::init(const TrainState& s, std::int64_t max_tokens) {
   // Per micro-batch: each schedule item's acquire, and per layer at most a boundary store and a
   // fetch (NVMe: copy + disk each), a gradient slot and its refill; the globals and the flush.
   const int max_waits = static_cast<int>(schedule.size()) + 6 * L + 16;
+  landing_ = std::make_unique<Bf16Landing>(be_, device_.as<std::uint16_t>(plan_.stage16),
+                                           plan_.stage16_elements);
   FERRY_ASSIGN_OR_RETURN(
       streamer_, WeightStreamer::create(*arena_, *opt_, std::move(slots), std::move(schedule), *te_,
-                                        streams_->h2d(), cs()));
+                                        streams_->h2d(), cs(), landing_.get()));
   FERRY_ASSIGN_OR_RETURN(clock_,
                          ExposureClock::create(gpu ? &cs() : nullptr, max_waits, 2 * L + 1));
 
@@ -402,25 +404,29 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
   const int L = geo_.layers, G = arena_->globals_unit();
   const std::size_t gbytes = static_cast<std::size_t>(arena_->unit_elements(G)) * sizeof(float);
   clock_->begin_micro_batch();
-  streamer_->start_micro_batch();
-  FERRY_ASSIGN_OR_RETURN(const model::PackedBatch b, device_batch(host_batch));
   if (a == 0) {
     FERRY_TRY(timed_wait([&]() -> Status {
       opt_->wait_ready(G);
       return {};
     }));
-    if (arena_->bf16_master()) {  // CPU compute only (WeightStreamer::create refuses it on GPUs)
-      const std::int64_t n = arena_->unit_elements(G);
-      FERRY_TRY(copy(bf16_staging(dev(plan_.globals_w), n), arena_->w16(G),
-                     arena_->unit_weight_bytes(G), mem::CopyKind::kHostToDevice,
-                     &stats_.globals_h2d));
-      widen_bf16_in_place(dev(plan_.globals_w), n);
+    if (arena_->bf16_master()) {
+      // Lands through the staging buffer the weight thread also uses: done (synchronized) before
+      // that thread starts this micro-batch's copies (bf16_widen.h).
+      FERRY_TRY(clock_->wait_begin());
+      Status st = landing_->land(dev(plan_.globals_w), arena_->w16(G), arena_->unit_elements(G),
+                                 *te_, cs());
+      if (st.ok()) st = cs().synchronize();
+      FERRY_TRY(clock_->wait_end());
+      FERRY_TRY(st);
+      stats_.globals_h2d += arena_->unit_weight_bytes(G);
     } else {
       FERRY_TRY(copy(dev(plan_.globals_w), arena_->weights(G), gbytes, mem::CopyKind::kHostToDevice,
                      &stats_.globals_h2d));
     }
     FERRY_TRY(te_->zero(dev(plan_.globals_g), gbytes, cs()));
   }
+  streamer_->start_micro_batch();
+  FERRY_ASSIGN_OR_RETURN(const model::PackedBatch b, device_batch(host_batch));
   // Forward.
   FERRY_TRY(compute_->embed(globals_.embed, b, act_view(boundary_ptr(0), T)));
   FERRY_TRY(store_boundary(0, boundary_ptr(0), T));

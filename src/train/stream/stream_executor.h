@@ -23,8 +23,8 @@
 //
 // Bit-identical to the in-memory executor (trainer.h) for every policy on the CPU backend: the
 // same kernels run on the same values in the same order; recompute is deterministic.
-// bf16 masters: the arena's bf16 weights stream as bf16 and are widened on the device tier (CPU
-// compute only for now).
+// bf16 masters: the arena's bf16 weights stream as bf16 (half the link bytes) and are widened on
+// the device tier (bf16_widen.h: in place on the emulated tier, from a staging buffer on a GPU).
 //
 // On a CUDA backend the same code runs on the GPU (docs/train_gpu_executor.md): the device tier is
 // cudaMalloc'd memory under the same budget, the host arena and boundary homes are pinned, the
@@ -35,7 +35,7 @@
 // stay on the device until the step's last micro-batch reads them back (P floats). Exposed time
 // is GPU time from events (exposure_clock.h), not host time. The host syncs of a micro-batch:
 // ModelCompute's few reads (loss, MoE offsets), NVMe staging, and its end.
-// Not yet: bf16 streaming weights (GPU: fp32 master only), boundary offload overlapped with
+// Not yet: boundary offload overlapped with
 // compute (host/NVMe boundaries move on the compute stream, counted as exposed).
 // Tests: tests/unit/train/stream_executor_test.cpp.
 #pragma once
@@ -53,6 +53,7 @@
 #include "model/model_compute.h"
 #include "train/optimizer.h"
 #include "train/stream/activation_policy.h"
+#include "train/stream/bf16_widen.h"
 #include "train/stream/cpu_tiers.h"
 #include "train/stream/device_plan.h"
 #include "train/stream/exposure_clock.h"
@@ -161,6 +162,7 @@ class StreamExecutor {
   mem::TransferEngine* te_ = nullptr;            // own_te_ or the host engine
   std::unique_ptr<ExposureClock> clock_;
   std::unique_ptr<LayerOptimizer> opt_;
+  std::unique_ptr<Bf16Landing> landing_;
   std::unique_ptr<WeightStreamer> streamer_;
   std::unique_ptr<GradDrain> drain_;
 

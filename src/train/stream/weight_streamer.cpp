@@ -2,18 +2,15 @@
 #include "train/stream/weight_streamer.h"
 
 #include "core/check.h"
-#include "train/stream/bf16_widen.h"
 
 namespace ferry::train::stream {
 
 Result<std::unique_ptr<WeightStreamer>> WeightStreamer::create(
     const HostArena& arena, LayerOptimizer& opt, std::vector<float*> slots,
-    std::vector<int> schedule, mem::TransferEngine& engine, mem::Stream& h2d,
-    mem::Stream& compute) {
-  if (arena.bf16_master() && compute.device() != Device::kCpu) {
-    return unimplemented(
-        "train: bf16 master weights stream only to the host-memory device tier for now (the "
-        "GPU executor streams an fp32 master's f32 weights)");
+    std::vector<int> schedule, mem::TransferEngine& engine, mem::Stream& h2d, mem::Stream& compute,
+    const Bf16Landing* landing) {
+  if (arena.bf16_master() && landing == nullptr) {
+    return invalid_argument("train: bf16 streaming weights need a landing (bf16_widen.h)");
   }
   std::vector<mem::Event> free;
   for (std::size_t i = 0; i < slots.size(); ++i) {
@@ -21,14 +18,15 @@ Result<std::unique_ptr<WeightStreamer>> WeightStreamer::create(
                            mem::Event::create(compute.device(), compute.device_index()));
     free.push_back(std::move(e));
   }
-  return std::unique_ptr<WeightStreamer>(new WeightStreamer(
-      arena, opt, std::move(slots), std::move(schedule), engine, h2d, compute, std::move(free)));
+  return std::unique_ptr<WeightStreamer>(new WeightStreamer(arena, opt, std::move(slots),
+                                                            std::move(schedule), engine, h2d,
+                                                            compute, landing, std::move(free)));
 }
 
 WeightStreamer::WeightStreamer(const HostArena& arena, LayerOptimizer& opt,
                                std::vector<float*> slots, std::vector<int> schedule,
                                mem::TransferEngine& engine, mem::Stream& h2d, mem::Stream& compute,
-                               std::vector<mem::Event> free)
+                               const Bf16Landing* landing, std::vector<mem::Event> free)
     : arena_(arena),
       opt_(opt),
       slots_(std::move(slots)),
@@ -36,6 +34,7 @@ WeightStreamer::WeightStreamer(const HostArena& arena, LayerOptimizer& opt,
       engine_(engine),
       h2d_(h2d),
       compute_(compute),
+      landing_(landing),
       free_(std::move(free)) {
   FERRY_CHECK(slots_.size() >= 2, "train: weight streamer needs >= 2 slots, got {}", slots_.size());
   thread_ = std::thread([this] { run(); });
@@ -120,12 +119,10 @@ void WeightStreamer::run() {
       // The kernels that read the slot's previous item must have run (device-side wait).
       Status st = h2d_.wait(free_[static_cast<std::size_t>(j % depth)]);
       if (st.ok()) {
-        st = arena_.bf16_master()
-                 ? engine_.h2d(bf16_staging(slot, elems), arena_.w16(layer), bytes, h2d_)
-                 : engine_.h2d(slot, arena_.weights(layer), bytes, h2d_);
+        st = arena_.bf16_master() ? landing_->land(slot, arena_.w16(layer), elems, engine_, h2d_)
+                                  : engine_.h2d(slot, arena_.weights(layer), bytes, h2d_);
       }
       if (st.ok()) st = h2d_.synchronize();
-      if (st.ok() && arena_.bf16_master()) widen_bf16_in_place(slot, elems);
       {
         std::lock_guard lk(mu_);
         if (!st.ok()) {

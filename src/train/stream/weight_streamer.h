@@ -11,7 +11,8 @@
 // wait_ready) — so at most `slots` items are in flight, prefetch depth = slots - 1 beyond the
 // one in use. Copies go through mem::TransferEngine (h2d on the h2d stream; the host engine's
 // memcpy in CPU builds) and are counted here; bf16 weights (bf16 masters) cross as bf16 and are
-// widened in the slot (bf16_widen.h; CPU compute only for now). The executor's ExposureClock
+// widened into the slot (bf16_widen.h: in place on the emulated tier, from a staging buffer by
+// the backend's convert kernel on the h2d stream on a GPU). The executor's ExposureClock
 // measures how long compute waits in acquire().
 // GPU compute runs behind the thread that enqueues it, so "released" is not "done reading":
 // release(j) records the slot's free event on the compute stream and the copy of item j + slots
@@ -29,6 +30,7 @@
 #include "mem/event.h"
 #include "mem/stream_set.h"
 #include "mem/transfer_engine.h"
+#include "train/stream/bf16_widen.h"
 #include "train/stream/host_arena.h"
 #include "train/stream/layer_optimizer.h"
 
@@ -38,11 +40,11 @@ class WeightStreamer {
  public:
   // slots: device-tier buffers of max_layer_elements floats each (>= 2).
   // compute: the stream whose kernels read the slots (events of its device are created here).
-  static Result<std::unique_ptr<WeightStreamer>> create(const HostArena& arena, LayerOptimizer& opt,
-                                                        std::vector<float*> slots,
-                                                        std::vector<int> schedule,
-                                                        mem::TransferEngine& engine,
-                                                        mem::Stream& h2d, mem::Stream& compute);
+  // landing: how bf16 weights are widened into a slot; required when arena.bf16_master().
+  static Result<std::unique_ptr<WeightStreamer>> create(
+      const HostArena& arena, LayerOptimizer& opt, std::vector<float*> slots,
+      std::vector<int> schedule, mem::TransferEngine& engine, mem::Stream& h2d,
+      mem::Stream& compute, const Bf16Landing* landing = nullptr);
   ~WeightStreamer();
   WeightStreamer(const WeightStreamer&) = delete;
   WeightStreamer& operator=(const WeightStreamer&) = delete;
@@ -60,7 +62,7 @@ class WeightStreamer {
  private:
   WeightStreamer(const HostArena& arena, LayerOptimizer& opt, std::vector<float*> slots,
                  std::vector<int> schedule, mem::TransferEngine& engine, mem::Stream& h2d,
-                 mem::Stream& compute, std::vector<mem::Event> free);
+                 mem::Stream& compute, const Bf16Landing* landing, std::vector<mem::Event> free);
   void run();
 
   const HostArena& arena_;
@@ -70,6 +72,7 @@ class WeightStreamer {
   mem::TransferEngine& engine_;
   mem::Stream& h2d_;
   mem::Stream& compute_;
+  const Bf16Landing* landing_;
   std::vector<mem::Event> free_;  // [slot]: recorded on compute at release
 
   mutable std::mutex mu_;
