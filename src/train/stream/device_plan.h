@@ -42,8 +42,8 @@ inline constexpr int kGradSlots = 2;
 struct DevicePlan {
   mem::ArenaPlan plan;
   mem::SlotId globals_w, globals_g, x_final, fetch, sumsq, batch;
-  mem::SlotId sumsq_ws;                // the backend's sum_squares scratch (0 bytes on the CPU)
-  mem::SlotId stage16;                 // bf16 landing buffer (bf16_widen.h), maybe 0 bytes
+  mem::SlotId sumsq_ws;  // the backend's sum_squares scratch (0 bytes on the CPU)
+  mem::SlotId stage16;   // bf16 landing buffer (bf16_widen.h), maybe 0 bytes
   std::int64_t stage16_elements = 0;
   std::vector<mem::SlotId> slots;      // [prefetch slots]
   std::vector<mem::SlotId> grads;      // [kGradSlots]

@@ -41,10 +41,12 @@ class WeightStreamer {
   // slots: device-tier buffers of max_layer_elements floats each (>= 2).
   // compute: the stream whose kernels read the slots (events of its device are created here).
   // landing: how bf16 weights are widened into a slot; required when arena.bf16_master().
-  static Result<std::unique_ptr<WeightStreamer>> create(
-      const HostArena& arena, LayerOptimizer& opt, std::vector<float*> slots,
-      std::vector<int> schedule, mem::TransferEngine& engine, mem::Stream& h2d,
-      mem::Stream& compute, const Bf16Landing* landing = nullptr);
+  static Result<std::unique_ptr<WeightStreamer>> create(const HostArena& arena, LayerOptimizer& opt,
+                                                        std::vector<float*> slots,
+                                                        std::vector<int> schedule,
+                                                        mem::TransferEngine& engine,
+                                                        mem::Stream& h2d, mem::Stream& compute,
+                                                        const Bf16Landing* landing = nullptr);
   ~WeightStreamer();
   WeightStreamer(const WeightStreamer&) = delete;
   WeightStreamer& operator=(const WeightStreamer&) = delete;
