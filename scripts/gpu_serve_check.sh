@@ -9,6 +9,13 @@
 #          serial (--serial-miss-copies, the order before the overlap) and overlapped (default),
 #          same seed, trace and sizing: bench_<geometry>_<dtype>_<order>.json + bench.txt
 #   test   gpu_test's serve tests (*Serve*): gpu_serve_test.log
+#   wsa    MV-WSA on the GPU (issue #9, docs/serve_wsa.md): gpu_test's ServeWsaCuda* (KV resize
+#          on the device, resizes while serving keep tokens and logits bits): gpu_wsa_test.log;
+#          then serve_split_engine_bench --device cuda (agentic workload, concurrency 4, Qwen3-
+#          30B-A3B layer widths on WSA_LAYERS of 48 layers, 24 GiB scaled by layers / 48: fixed
+#          splits, configurator, live controller): wsa_bench.json + wsa_bench.txt. WSA_ARGS adds
+#          flags (e.g. "--sessions 4 --turns 3 --caps 40"); WSA_TIMEOUT (s) bounds the bench.
+#          STAGES="build wsa" builds only gpu_test and the bench.
 # GEOMS (default qwen3-30b-a3b-2l), DTYPES (default "f32 bf16"), MODES (default resident,paged)
 # and EXTRA (more bench flags) adjust the bench. Files in $OUT; exit status non-zero on a failure.
 set -uo pipefail
@@ -22,6 +29,9 @@ GEOMS=${GEOMS:-qwen3-30b-a3b-2l}
 DTYPES=${DTYPES:-"f32 bf16"}
 MODES=${MODES:-resident,paged}
 EXTRA=${EXTRA:-}
+WSA_LAYERS=${WSA_LAYERS:-2}
+WSA_ARGS=${WSA_ARGS:-}
+WSA_TIMEOUT=${WSA_TIMEOUT:-200}
 status=0
 t0=$(date +%s)
 stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
@@ -30,17 +40,25 @@ has() { [[ " $STAGES " == *" $1 "* ]]; }
 if has build; then
   {
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+    targets="ferry gpu_test"
+    bench=OFF
+    if has wsa; then
+      bench=ON
+      targets="gpu_test serve_split_engine_bench"
+      has bench && targets="ferry $targets"
+    fi
     cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_CUDA=ON \
-      -DCMAKE_CUDA_ARCHITECTURES=90 -DFERRY_BUILD_TESTS=ON -DFERRY_BUILD_BENCH=OFF \
+      -DCMAKE_CUDA_ARCHITECTURES=90 -DFERRY_BUILD_TESTS=ON -DFERRY_BUILD_BENCH=$bench \
       -DFERRY_BUILD_ROUTE=OFF
-    # Both targets before any timing: a compile beside the bench would disturb it.
-    cmake --build "$B" -j16 --target ferry gpu_test
+    # Every target before any timing: a compile beside the bench would disturb it.
+    # shellcheck disable=SC2086
+    cmake --build "$B" -j16 --target $targets
   } >>"$OUT/build.log" 2>&1 || {
     stamp "BUILD FAILED"
     grep -E "error|FAILED" "$OUT/build.log" | head -30
     exit 1
   }
-  stamp "built ferry and gpu_test"
+  stamp "built $targets"
 fi
 
 if has bench; then
@@ -68,6 +86,19 @@ if has test; then
     status=1
   grep -E "^\[serve_gpu\]|PASSED|FAILED|tests ran|Failure|Expected|Which is" \
     "$OUT/gpu_serve_test.log" | head -70
+fi
+if has wsa; then
+  timeout 120 "$B/tests/gpu_test" --gtest_filter='ServeWsaCuda*' >"$OUT/gpu_wsa_test.log" 2>&1 ||
+    status=1
+  grep -E "^\[serve_gpu\]|PASSED|FAILED|SKIPPED|tests ran|Failure|Expected|Which is" \
+    "$OUT/gpu_wsa_test.log" | head -40
+  stamp "wsa tests done"
+  # shellcheck disable=SC2086
+  timeout "$WSA_TIMEOUT" "$B/bench/serve_split_engine_bench" --device cuda --layers "$WSA_LAYERS" \
+    --budget-gib 24 --json "$OUT/wsa_bench.json" $WSA_ARGS >"$OUT/wsa_bench.txt" 2>&1 ||
+    status=1
+  grep -v "^\[" "$OUT/wsa_bench.txt" | tail -30
+  stamp "wsa bench done"
 fi
 stamp "done, status $status"
 exit $status

@@ -6,6 +6,9 @@
 // byte-level tokenizer, which the CLI uses to turn text into ids.
 // Init: weights ~ N(0, init_std^2) in canonical parameter order (model/param_spec.h) from
 // serve::Rng(seed); RMSNorm weights are 1; the router gets router_std so routing is spread.
+// parallel_init (benchmarks of full-width geometries, ~1e9 values): each tensor is drawn in chunks
+// of 2^22 values, chunk c of tensor i from its own Rng(seed, i, c), on all hardware threads --
+// the same values for any thread count, but not the sequential stream's values.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +35,7 @@ struct BuiltinMoeSpec {
   int max_positions = 512;
   double init_std = 0.05;
   double router_std = 0.5;
+  bool parallel_init = false;
 };
 
 struct BuiltinModel {

@@ -93,6 +93,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::DecoderGeometry& geo
         e->experts_, ExpertExecutor::create(geo, params, cfg.pager, e->device_budget_.get(), &dev));
     FERRY_ASSIGN_OR_RETURN(
         e->kv_, KvCache::create(geo, cfg.kv, e->device_budget_.get(), mem::MemTier::kDevice));
+    // KV resizes (MV-WSA) move rows on the compute stream: ordered after the kernels that wrote
+    // them and before those that read them next, without a host sync.
+    e->kv_->set_device_copier(e->te_.get(), &compute);
     FERRY_ASSIGN_OR_RETURN(
         e->runner_, ModelRunner::create_cuda(geo, e->weights_->params(), *e->kv_, *e->experts_,
                                              cfg.max_batch_tokens, backend, e->weights_->inv_freq(),

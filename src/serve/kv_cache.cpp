@@ -253,16 +253,7 @@ void KvCache::release(BlockTable& table) {
 }
 
 void KvCache::move_block(std::int32_t from, std::int32_t to) {
-  const std::size_t block_floats = std::size_t(block_tokens_) * std::size_t(row_floats_);
-  for (int l = 0; l < layers_; ++l) {
-    for (int kv = 0; kv < 2; ++kv) {
-      const auto at = [&](std::int64_t blk) {
-        return base_ +
-               ((std::int64_t(l) * capacity_blocks_ + blk) * 2 + kv) * std::int64_t(block_floats);
-      };
-      std::memcpy(at(to), at(from), block_floats * sizeof(float));
-    }
-  }
+  moves_.emplace_back(from, to);  // the rows follow in copy_moved_rows()
   ref_[std::size_t(to)] = ref_[std::size_t(from)];
   ref_[std::size_t(from)] = 0;
   if (prefix_cache_) {
@@ -280,10 +271,43 @@ void KvCache::move_block(std::int32_t from, std::int32_t to) {
   ++blocks_moved_;
 }
 
+Status KvCache::copy_moved_rows() {
+  // Sources are all >= the new size and destinations all below it, so the copies are disjoint
+  // and may run in any order. Runs of consecutive sources going to consecutive destinations are
+  // one copy per layer: in a layer, block b's K rows, V rows, then block b + 1's are contiguous.
+  std::sort(moves_.begin(), moves_.end());
+  const bool device = tier() == mem::MemTier::kDevice && !mem::device_tier_is_host_memory();
+  const std::size_t block_floats = 2 * std::size_t(block_tokens_) * std::size_t(row_floats_);
+  std::size_t i = 0;
+  while (i < moves_.size()) {
+    std::size_t n = 1;
+    while (i + n < moves_.size() && moves_[i + n].first == moves_[i].first + std::int32_t(n) &&
+           moves_[i + n].second == moves_[i].second + std::int32_t(n)) {
+      ++n;
+    }
+    const std::size_t bytes = n * block_floats * sizeof(float);
+    for (int l = 0; l < layers_; ++l) {
+      const auto at = [&](std::int64_t blk) {
+        return base_ + (std::int64_t(l) * capacity_blocks_ + blk) * std::int64_t(block_floats);
+      };
+      float* dst = at(moves_[i].second);
+      const float* src = at(moves_[i].first);
+      if (device) {
+        FERRY_TRY(copy_te_->d2d(dst, src, bytes, *copy_stream_));
+      } else {
+        std::memcpy(dst, src, bytes);
+      }
+    }
+    i += n;
+  }
+  moves_.clear();
+  return ok_status();
+}
+
 Status KvCache::resize(int blocks, std::span<BlockTable* const> tables) {
-  if (tier() == mem::MemTier::kDevice && !mem::device_tier_is_host_memory()) {
-    // TODO(#5): move blocks with device-to-device copies (move_block is a memcpy).
-    return unimplemented("serve: kv resize of a pool in GPU memory");
+  if (tier() == mem::MemTier::kDevice && !mem::device_tier_is_host_memory() &&
+      (copy_te_ == nullptr || copy_stream_ == nullptr)) {
+    return unimplemented("serve: kv resize of a pool in GPU memory without a device copier");
   }
   if (blocks < 1 || blocks > capacity_blocks_) {
     return invalid_argument("serve: kv resize to {} blocks outside [1, {}]", blocks,
@@ -332,6 +356,7 @@ Status KvCache::resize(int blocks, std::span<BlockTable* const> tables) {
       if (ref_[std::size_t(b)] == 0 && in_map_[std::size_t(b)]) relocate(b);
     }
   }
+  FERRY_TRY(copy_moved_rows());
   num_blocks_ = blocks;
   FERRY_TRY(shared_charge_.resize(std::size_t(blocks) * per_block, "kv block pool"));
   return ok_status();

@@ -13,7 +13,10 @@
 // block never moves when the live count changes. Free blocks are handed out lowest id first, so
 // the top of the pool tends to be free; resize() below a used block moves that block's K/V (all
 // layers) into a free block under the new size and rewrites its table entry. The shared device
-// budget is charged the live blocks only.
+// budget is charged the live blocks only. The moves are host memcpys for a pool in host memory;
+// for a pool in GPU memory (the CUDA engine) they are device-to-device copies enqueued on the
+// stream given to set_device_copier() -- the engine's compute stream, which wrote the rows and
+// reads them next, so no host sync is needed -- one copy per layer and run of consecutive blocks.
 // Prefix cache (KvConfig::prefix_cache, vLLM's automatic prefix caching): a block whose
 // block_tokens positions are all computed gets a content identity -- a hash chained over its
 // token ids and those of every earlier block of its table -- and is entered in a hash -> block
@@ -38,11 +41,14 @@
 #include <optional>
 #include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/result.h"
 #include "mem/arena.h"
 #include "mem/budget.h"
+#include "mem/stream.h"
+#include "mem/transfer_engine.h"
 #include "model/model_compute.h"
 #include "serve/budget_charge.h"
 #include "serve/serve_config.h"
@@ -74,12 +80,20 @@ class KvCache {
   // shared: the engine's device budget, charged the pool's bytes as well (may be null).
   // tier: where the blocks live; the CPU engine's pool tier (pool_tier.h) by default, kDevice
   // for the CUDA engine (rows are then GPU memory: k_row/v_row give device addresses that only
-  // kernels may dereference, and resize() is unimplemented).
+  // kernels may dereference, and resize() needs set_device_copier()).
   static Result<std::unique_ptr<KvCache>> create(const model::DecoderGeometry& geo,
                                                  const KvConfig& kv,
                                                  mem::MemoryBudget* shared = nullptr,
                                                  std::optional<mem::MemTier> tier = std::nullopt);
 
+  // A pool in GPU memory: resize() moves rows with `te`'s device-to-device copies, enqueued on
+  // `stream` (both outlive the cache; the stream must be the one every kernel reading or writing
+  // the pool runs on, or the caller orders them). Without it such a pool's resize() is
+  // unimplemented. Ignored for pools in host memory (memcpy).
+  void set_device_copier(mem::TransferEngine* te, mem::Stream* stream) {
+    copy_te_ = te;
+    copy_stream_ = stream;
+  }
   int block_tokens() const { return block_tokens_; }
   int num_blocks() const { return num_blocks_; }
   int capacity_blocks() const { return capacity_blocks_; }
@@ -142,7 +156,9 @@ class KvCache {
   // Cached blocks are dropped, least recently released first, only as far as needed for the
   // referenced and the remaining cached blocks to fit the new size; survivors above it move.
   // invalid_argument: outside [1, capacity] or below the referenced blocks; resource_exhausted:
-  // the shared budget cannot take the growth (no change).
+  // the shared budget cannot take the growth (no change); unimplemented: a pool in GPU memory
+  // without set_device_copier(). On the device the row moves are enqueued (see set_device_copier)
+  // and complete in stream order; the call returns without waiting.
   Status resize(int blocks, std::span<BlockTable* const> tables);
 
   // The K / V row of position `pos` in `table`, [G*D] f32. pos must be covered (a bug otherwise).
@@ -160,7 +176,8 @@ class KvCache {
   void lru_push_back(std::int32_t b);   // most recently released end
   void lru_remove(std::int32_t b);
   void lru_replace(std::int32_t from, std::int32_t to);  // `to` takes `from`'s place
-  void move_block(std::int32_t from, std::int32_t to);   // K/V rows and identity
+  void move_block(std::int32_t from, std::int32_t to);   // identity; rows queued in moves_
+  Status copy_moved_rows();                              // moves_' K/V rows, then clears it
   std::uint64_t block_hash(std::uint64_t prev, const std::int32_t* tokens) const;
 
   int layers_ = 0;
@@ -169,6 +186,9 @@ class KvCache {
   int num_blocks_ = 0;
   int capacity_blocks_ = 0;  // the layout's stride: blocks the arena holds
   std::uint64_t blocks_moved_ = 0;
+  std::vector<std::pair<std::int32_t, std::int32_t>> moves_;  // resize(): (from, to) pending
+  mem::TransferEngine* copy_te_ = nullptr;                    // set_device_copier()
+  mem::Stream* copy_stream_ = nullptr;
   mem::MemoryBudget budget_;
   BudgetCharge shared_charge_;
   mem::Arena arena_;

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "core/dtype.h"
 
 namespace ferry::serve::wsa {
 
@@ -35,9 +36,10 @@ Result<InitialSplit> initial_split(const model::DecoderGeometry& geo, std::size_
 
 Status configure_auto_split(const model::DecoderGeometry& geo, std::size_t budget_bytes,
                             int kv_floor_blocks, EngineConfig& ec) {
-  // The engine's f32 layouts (expert_store.h, kv_cache.h).
-  const std::size_t eb =
-      3 * std::size_t(geo.hidden) * std::size_t(geo.expert_width) * sizeof(float);
+  // The engine's layouts (expert_store.h: experts in PagerConfig::expert_dtype, f32 or bf16;
+  // kv_cache.h: f32 rows).
+  const std::size_t eb = 3 * std::size_t(geo.hidden) * std::size_t(geo.expert_width) *
+                         dtype_size(ec.pager.expert_dtype);
   const std::size_t kb = std::size_t(geo.layers) * 2 * std::size_t(ec.kv.block_tokens) *
                          std::size_t(geo.kv_heads) * std::size_t(geo.head_dim) * sizeof(float);
   FERRY_ASSIGN_OR_RETURN(InitialSplit init,
