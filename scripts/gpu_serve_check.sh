@@ -14,7 +14,8 @@
 #          then serve_split_engine_bench --device cuda (agentic workload, concurrency 4, Qwen3-
 #          30B-A3B layer widths on WSA_LAYERS of 48 layers, 24 GiB scaled by layers / 48: fixed
 #          splits, configurator, live controller): wsa_bench.json + wsa_bench.txt. WSA_ARGS adds
-#          flags (e.g. "--sessions 4 --turns 3 --caps 40"); WSA_TIMEOUT (s) bounds the bench.
+#          flags (e.g. "--sessions 4 --turns 3 --caps 40"); WSA_TIMEOUT (s) bounds the bench,
+#          WSA_DEADLINE (epoch s) ends it by then (the bench writes its JSON after each policy).
 #          STAGES="build wsa" builds only gpu_test and the bench.
 # GEOMS (default qwen3-30b-a3b-2l), DTYPES (default "f32 bf16"), MODES (default resident,paged)
 # and EXTRA (more bench flags) adjust the bench. Files in $OUT; exit status non-zero on a failure.
@@ -93,6 +94,11 @@ if has wsa; then
   grep -E "^\[serve_gpu\]|PASSED|FAILED|SKIPPED|tests ran|Failure|Expected|Which is" \
     "$OUT/gpu_wsa_test.log" | head -40
   stamp "wsa tests done"
+  # WSA_DEADLINE (epoch s): end the bench by then, whatever the build and tests took.
+  if [ -n "${WSA_DEADLINE:-}" ]; then
+    left=$((WSA_DEADLINE - $(date +%s)))
+    [ "$left" -lt "$WSA_TIMEOUT" ] && WSA_TIMEOUT=$left
+  fi
   # shellcheck disable=SC2086
   timeout "$WSA_TIMEOUT" "$B/bench/serve_split_engine_bench" --device cuda --layers "$WSA_LAYERS" \
     --budget-gib 24 --json "$OUT/wsa_bench.json" $WSA_ARGS >"$OUT/wsa_bench.txt" 2>&1 ||
