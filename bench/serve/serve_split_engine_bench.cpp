@@ -87,6 +87,7 @@ struct PolicyResult {
   std::uint64_t hits = 0, misses = 0, prefill_tokens = 0, prefix_hit_tokens = 0;
   std::uint64_t prefix_query_tokens = 0, resizes = 0, blocks_moved = 0, decisions = 0, moves = 0;
   std::size_t device_peak = 0, pool_max_bytes = 0;
+  std::vector<std::uint64_t> resize_steps;  // steps after which the pools had been resized
   Split final_split;
   std::map<std::pair<int, int>, std::vector<std::int32_t>> tokens;
   std::string error;
@@ -204,11 +205,13 @@ PolicyResult run_policy(const Setup& su, const std::string& name, const Split& s
       failed = deadline_exceeded("bench: {} ran past --max-policy-s {}", name, su.max_policy_s);
       break;
     }
+    const std::uint64_t resizes = eng.stats().pool_resizes;
     auto ev = eng.step();
     if (!ev.ok()) {
       failed = ev.status();
       break;
     }
+    if (eng.stats().pool_resizes != resizes) pr.resize_steps.push_back(eng.stats().steps);
     const double now = clock.elapsed_s();
     for (const TokenEvent& e : *ev) {
       if (e.index == 0 && e.token >= 0) ttft.push_back(now - submitted.at(e.id));
@@ -298,6 +301,7 @@ nlohmann::json result_json(const PolicyResult& r, double named_s) {
           {"kv_blocks_moved", r.blocks_moved},
           {"live_decisions", r.decisions},
           {"live_moves", r.moves},
+          {"resize_steps", r.resize_steps},
           {"pool_max_bytes", r.pool_max_bytes},
           {"device_peak_bytes", r.device_peak},
           {"x_named", named_s > 0 && r.complete && r.total_s > 0 ? named_s / r.total_s : 0.0}};
