@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "core/check.h"
 #include "core/file_util.h"
 #include "core/json.h"
 #include "core/thread_pool.h"
@@ -120,6 +121,28 @@ void fill_normal_chunked(float* out, std::int64_t n, double std, std::uint64_t s
       });
 }
 
+BuiltinInit::BuiltinInit(const BuiltinModelSpec& spec, std::uint64_t seed,
+                         const std::vector<model::ParamSpec>& specs)
+    : std_(spec.init_std), seed_(seed), specs_(specs), rng_(mix_seed(seed, 0x1417)) {
+  std::int64_t total = 0;
+  for (const model::ParamSpec& p : specs) total += p.numel();
+  chunked_ = total > kSequentialInitParams;
+}
+
+void BuiltinInit::fill(std::size_t i, float* out) {
+  FERRY_CHECK(i == next_, "train: built-in init of parameter {} before {}", i, next_);
+  ++next_;
+  const model::ParamSpec& p = specs_[i];
+  const std::int64_t n = p.numel();
+  if (model::is_norm_role(p.role)) {
+    std::fill(out, out + n, 1.0f);
+  } else if (chunked_) {
+    fill_normal_chunked(out, n, std_, mix_seed(mix_seed(seed_, 0x1418), i));
+  } else {
+    for (std::int64_t k = 0; k < n; ++k) out[k] = static_cast<float>(rng_.normal() * std_);
+  }
+}
+
 Status write_builtin_model(const std::string& dir, const BuiltinModelSpec& spec,
                            std::uint64_t seed) {
   std::error_code ec;
@@ -132,22 +155,11 @@ Status write_builtin_model(const std::string& dir, const BuiltinModelSpec& spec,
   std::vector<std::vector<float>> data(specs.size());
   std::vector<model::NamedTensor> named;
   named.reserve(specs.size());
-  std::int64_t total = 0;
-  for (const model::ParamSpec& p : specs) total += p.numel();
-  const bool chunked = total > kSequentialInitParams;
-  Rng rng(mix_seed(seed, 0x1417));
+  BuiltinInit init(spec, seed, specs);
   for (std::size_t i = 0; i < specs.size(); ++i) {
     const model::ParamSpec& p = specs[i];
     data[i].resize(static_cast<std::size_t>(p.numel()));
-    const bool norm = model::is_norm_role(p.role);
-    if (norm) {
-      std::fill(data[i].begin(), data[i].end(), 1.0f);
-    } else if (chunked) {
-      fill_normal_chunked(data[i].data(), p.numel(), spec.init_std,
-                          mix_seed(mix_seed(seed, 0x1418), i));
-    } else {
-      for (float& x : data[i]) x = static_cast<float>(rng.normal() * spec.init_std);
-    }
+    init.fill(i, data[i].data());
     ConstTensorView v = ConstTensorView::contiguous(data[i].data(), DType::kF32, Device::kCpu, {1});
     v.ndim = static_cast<int>(p.shape.size());
     std::int64_t stride = 1;

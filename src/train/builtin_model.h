@@ -12,8 +12,11 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
+#include "model/param_spec.h"
+#include "train/rng.h"
 
 namespace ferry::train {
 
@@ -50,6 +53,26 @@ Status write_builtin_model(const std::string& dir, const BuiltinModelSpec& spec,
 
 inline constexpr std::int64_t kSequentialInitParams = std::int64_t{1} << 26;
 inline constexpr std::int64_t kInitChunk = std::int64_t{1} << 20;  // values per chunk stream
+
+// The built-in init of each parameter's values, as write_builtin_model draws them: norms 1, the
+// rest N(0, init_std^2) from the streams described above. fill(i, out) writes parameter i
+// (specs order); calls must come for i = 0, 1, 2, ... in order (small models share one stream
+// across parameters). `ferry bench train` fills its host arena through this directly, without a
+// safetensors file in between (the same bits).
+class BuiltinInit {
+ public:
+  BuiltinInit(const BuiltinModelSpec& spec, std::uint64_t seed,
+              const std::vector<model::ParamSpec>& specs);
+  void fill(std::size_t i, float* out);
+
+ private:
+  double std_;
+  std::uint64_t seed_;
+  const std::vector<model::ParamSpec>& specs_;
+  bool chunked_ = false;
+  Rng rng_;
+  std::size_t next_ = 0;
+};
 
 // out[k] = std * N(0, 1) for chunk-seeded streams: out[c * kInitChunk + j] is the j-th normal()
 // of Rng(mix_seed(stream_seed, c)). Runs on ThreadPool::global().

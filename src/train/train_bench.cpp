@@ -1,24 +1,23 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "train/train_bench.h"
 
-#include <fmt/format.h>
-#include <unistd.h>
 #include <algorithm>
-#include <filesystem>
 
 #include "core/process_memory.h"
 #include "core/timer.h"
 #include "kernels/backend.h"
 #include "mem/budget.h"
 #include "mem/device_info.h"
+#include "model/config.h"
 #include "model/model_binding.h"
+#include "model/param_spec.h"
 #include "train/batcher.h"
+#include "train/builtin_model.h"
 #include "train/rng.h"
 #include "train/step_flops.h"
 #include "train/stream/activation_policy.h"
 #include "train/stream/stream_executor.h"
 #include "train/stream/window_report.h"
-#include "train/train_state.h"
 
 namespace ferry::train {
 
@@ -74,18 +73,15 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
   FERRY_ASSIGN_OR_RETURN(const model::GemmPrecision precision,
                          model::parse_gemm_precision(c.gemm_precision, be->device()));
 
-  // The random-weight model, written once and loaded once (each policy starts from it).
-  const std::string dir =
-      c.work_dir.empty()
-          ? (std::filesystem::temp_directory_path() / fmt::format("ferry_bench_train_{}", getpid()))
-                .string()
-          : c.work_dir;
+  // The random-weight model's config; each policy's host arena is filled in place with the
+  // built-in init (the bits write_builtin_model would write), so no f32 model file or TrainState
+  // sits beside the arena: the largest bench model is what the arena alone fits in host memory.
   BuiltinModelSpec spec = c.model;
   spec.max_positions = std::max<int>(spec.max_positions, static_cast<int>(c.seq));
-  FERRY_TRY(write_builtin_model(dir, spec, c.seed));
-  FERRY_ASSIGN_OR_RETURN(auto loaded, model::load_model_f32(dir));
-  if (c.work_dir.empty()) std::filesystem::remove_all(dir);
-  const model::DecoderGeometry& geo = loaded->geometry;
+  FERRY_ASSIGN_OR_RETURN(const model::ModelConfig config,
+                         model::parse_model_config_text(builtin_config_json(spec), "bench config"));
+  FERRY_ASSIGN_OR_RETURN(const model::DecoderGeometry geo, model::make_geometry(config));
+  const std::vector<model::ParamSpec> specs = model::param_specs(config);
   const TokenMatmulParams tm = token_matmul_params(geo);
   const MicroBatch batch = make_batch(c.batch, c.seq, geo.vocab, c.seed + 1);
   const std::int64_t tokens = static_cast<std::int64_t>(c.batch) * c.seq;
@@ -112,7 +108,10 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
            {"policies", Json::array()}};
   AdamWConfig adamw;
   for (const std::string& name : c.policies) {
-    FERRY_ASSIGN_OR_RETURN(auto state, TrainState::from_loaded(*loaded, c.optim, c.seed));
+    BuiltinInit init(spec, c.seed, specs);
+    FERRY_ASSIGN_OR_RETURN(auto arena, stream::HostArena::create_initialized(
+                                           config, c.optim, stream::StreamExecutor::host_tier(*be),
+                                           [&](std::size_t i, float* out) { init.fill(i, out); }));
     FERRY_ASSIGN_OR_RETURN(const stream::ActivationPolicy pol,
                            stream::parse_policy(name, geo.layers));
     const stream::StreamOptions so{.policy = pol,
@@ -120,7 +119,8 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
                                    .device_budget_bytes = c.device_budget_bytes,
                                    .optimizer_threads = c.optimizer_threads,
                                    .gemm_precision = precision};
-    auto ex = stream::StreamExecutor::create(*state, c.batch, c.seq, so, *be);
+    auto ex =
+        stream::StreamExecutor::create(std::move(arena), config, c.seed, c.batch, c.seq, so, *be);
     if (!ex.ok()) {
       rep["policies"].push_back({{"policy", name}, {"error", ex.status().to_string()}});
       continue;
@@ -152,7 +152,7 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
       loss_last = loss;
       if (step >= c.warmup) step_s.push_back(dt);
     }
-    FERRY_TRY(x.store_to(*state));  // waits for the last update
+    x.wait_optimizer();  // the last update belongs to the run
     const stream::TransferStats& s = x.stats();
     double total_s = 0;
     for (double v : step_s) total_s += v;

@@ -38,7 +38,6 @@ struct TrainBenchConfig {
   std::size_t device_budget_bytes = mem::MemoryBudget::kUnlimited;
   double peak_tflops = 0;  // MFU denominator; 0: the GPU's known peak
   std::uint64_t seed = 1;
-  std::string work_dir;  // where the random model is written; empty: a temp folder
 };
 
 Result<Json> run_train_bench(const TrainBenchConfig& c);

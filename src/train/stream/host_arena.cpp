@@ -2,7 +2,11 @@
 #include "train/stream/host_arena.h"
 
 #include <cstring>
+#include <vector>
 
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+#include "model/model_binding.h"
 #include "model/param_spec.h"
 #include "train/optim/optim_state.h"
 
@@ -13,13 +17,71 @@ constexpr std::size_t kPage = 4096;
 }
 
 Result<std::unique_ptr<HostArena>> HostArena::create(const TrainState& s, mem::MemTier tier) {
-  std::unique_ptr<HostArena> a(new HostArena(tier));
-  a->mode_ = s.optim.mode;
   const std::vector<model::ParamSpec> specs = model::param_specs(s.config);
   if (specs.size() != s.num_params()) {
     return internal_error("train: {} param specs for {} parameters", specs.size(), s.num_params());
   }
-  const int L = s.geometry.layers;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    if (specs[i].numel() != s.master->named[i].second.numel()) {
+      return internal_error("train: parameter {} has {} elements, its spec {}",
+                            s.master->named[i].first, s.master->named[i].second.numel(),
+                            specs[i].numel());
+    }
+  }
+  std::vector<bool> q8(specs.size());
+  for (std::size_t i = 0; i < specs.size(); ++i) q8[i] = s.optim.params[i].q8();
+  FERRY_ASSIGN_OR_RETURN(auto a,
+                         allocate(specs, s.geometry.layers, s.optim.mode, s.decay, q8, tier));
+  FERRY_TRY(a->load_from(s));
+  return a;
+}
+
+Result<std::unique_ptr<HostArena>> HostArena::create_initialized(
+    const model::ModelConfig& config, const OptimMode& mode, mem::MemTier tier,
+    const std::function<void(std::size_t, float*)>& init) {
+  const std::vector<model::ParamSpec> specs = model::param_specs(config);
+  FERRY_ASSIGN_OR_RETURN(const model::DecoderGeometry geo, model::make_geometry(config));
+  std::vector<bool> decay, q8;
+  for (const model::ParamSpec& p : specs) {
+    decay.push_back(decays(p.hf_name));
+    q8.push_back(mode.states == OptimizerStates::k8Bit);
+  }
+  FERRY_ASSIGN_OR_RETURN(auto a, allocate(specs, geo.layers, mode, decay, q8, tier));
+  // Zero everything but the weights, unit by unit in parallel (tens of GB at bench sizes).
+  const mem::ArenaPlan& plan = a->arena_.plan();
+  ThreadPool::global().parallel_for(a->units_.size(), [&](std::size_t u0, std::size_t u1) {
+    for (std::size_t u = u0; u < u1; ++u) {
+      const Unit& unit = a->units_[u];
+      std::vector<mem::SlotId> zero = {unit.m, unit.v, unit.grads};
+      if (mode.master == MasterWeights::kBf16Kahan) zero.push_back(unit.master);
+      if (unit.blocks > 0) zero.insert(zero.end(), {unit.m_absmax, unit.v_absmax});
+      for (mem::SlotId id : zero) std::memset(a->arena_.data(id), 0, plan.slot(id).size_bytes);
+    }
+  });
+  std::vector<float> tmp;
+  for (const ParamLoc& p : a->params_) {
+    if (a->bf16_master()) {
+      tmp.resize(static_cast<std::size_t>(p.n));
+      init(static_cast<std::size_t>(p.index), tmp.data());
+      std::uint16_t* w = a->w16(p.unit) + p.offset;
+      for (std::int64_t k = 0; k < p.n; ++k) w[k] = f32_to_bf16(tmp[static_cast<std::size_t>(k)]);
+    } else {
+      float* m = a->master(p.unit) + p.offset;
+      init(static_cast<std::size_t>(p.index), m);
+      std::memcpy(a->weights(p.unit) + p.offset, m, static_cast<std::size_t>(p.n) * sizeof(float));
+    }
+  }
+  return a;
+}
+
+Result<std::unique_ptr<HostArena>> HostArena::allocate(const std::vector<model::ParamSpec>& specs,
+                                                       int layers, const OptimMode& mode,
+                                                       const std::vector<bool>& decay,
+                                                       const std::vector<bool>& q8,
+                                                       mem::MemTier tier) {
+  std::unique_ptr<HostArena> a(new HostArena(tier));
+  a->mode_ = mode;
+  const int L = layers;
   a->units_.resize(static_cast<std::size_t>(L) + 1);
   for (std::size_t i = 0; i < specs.size(); ++i) {
     const int u = specs[i].layer >= 0 ? specs[i].layer : L;
@@ -27,11 +89,11 @@ Result<std::unique_ptr<HostArena>> HostArena::create(const TrainState& s, mem::M
     ParamLoc p;
     p.index = static_cast<int>(i);
     p.unit = u;
-    p.n = s.master->named[i].second.numel();
+    p.n = specs[i].numel();
     p.offset = unit.elements;
     p.block0 = unit.blocks;
-    p.decay = s.decay[i];
-    p.q8 = s.optim.params[i].q8();
+    p.decay = decay[i];
+    p.q8 = q8[i];
     p.state_offset = unit.state_bytes;
     unit.elements += p.n;
     if (p.q8) unit.blocks += q8_blocks(p.n);
@@ -71,7 +133,6 @@ Result<std::unique_ptr<HostArena>> HostArena::create(const TrainState& s, mem::M
   }
   FERRY_ASSIGN_OR_RETURN(a->arena_,
                          mem::make_arena(plan, tier, a->budget_, {.what = "train host arena"}));
-  FERRY_TRY(a->load_from(s));
   return a;
 }
 

@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,7 @@
 #include "core/result.h"
 #include "mem/arena.h"
 #include "mem/budget.h"
+#include "model/param_spec.h"
 #include "train/optim/optim_modes.h"
 #include "train/stream/cpu_tiers.h"
 #include "train/train_state.h"
@@ -53,6 +55,15 @@ class HostArena {
   // GPU streams from it.
   static Result<std::unique_ptr<HostArena>> create(const TrainState& s,
                                                    mem::MemTier tier = cpu_pinned_tier());
+  // A fresh model's arena with no TrainState in between (`ferry bench train` at sizes where a
+  // TrainState and the arena would not fit host memory together): create()'s layout for
+  // `config` and `mode` (8-bit states for every parameter in 8bit mode), each parameter's f32
+  // values from init(i, out), called for i = 0, 1, ... in order (bf16 masters round them to bf16
+  // as TrainState::from_loaded does); states, Kahan compensation and gradients zero. The same
+  // bytes create(TrainState::from_loaded(m, mode)) holds for a model m with those values (tested).
+  static Result<std::unique_ptr<HostArena>> create_initialized(
+      const model::ModelConfig& config, const OptimMode& mode, mem::MemTier tier,
+      const std::function<void(std::size_t, float*)>& init);
 
   Status load_from(const TrainState& s);  // weights + master + states (grads zeroed)
   Status store_to(TrainState& s) const;   // master + states, bit for bit
@@ -102,6 +113,12 @@ class HostArena {
     mem::SlotId weights, master, m, v, m_absmax, v_absmax, grads;
   };
   explicit HostArena(mem::MemTier tier) : budget_(tier) {}
+  // Lays out and allocates (contents undefined) the arena of these parameters.
+  static Result<std::unique_ptr<HostArena>> allocate(const std::vector<model::ParamSpec>& specs,
+                                                     int layers, const OptimMode& mode,
+                                                     const std::vector<bool>& decay,
+                                                     const std::vector<bool>& q8,
+                                                     mem::MemTier tier);
   Status check_layout(const TrainState& s) const;  // same mode and 8-bit selection
   std::uint8_t* state(mem::SlotId section, const ParamLoc& p) const {
     return arena_.as<std::uint8_t>(section) + p.state_offset;

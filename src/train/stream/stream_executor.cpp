@@ -117,31 +117,44 @@ Result<std::unique_ptr<StreamExecutor>> StreamExecutor::create(const TrainState&
                                                                std::int64_t seq_len,
                                                                const StreamOptions& opts,
                                                                kernels::Backend& backend) {
+  FERRY_ASSIGN_OR_RETURN(auto arena, HostArena::create(s, host_tier(backend)));
+  return create(std::move(arena), s.config, s.optim.sr_seed, batch, seq_len, opts, backend);
+}
+
+mem::MemTier StreamExecutor::host_tier(const kernels::Backend& backend) {
+  return pinned_tier_for(backend);
+}
+
+Result<std::unique_ptr<StreamExecutor>> StreamExecutor::create(
+    std::unique_ptr<HostArena> arena, const model::ModelConfig& config, std::uint64_t sr_seed,
+    int batch, std::int64_t seq_len, const StreamOptions& opts, kernels::Backend& backend) {
   if (backend.device() != Device::kCpu && backend.device() != Device::kCuda) {
     return unimplemented("train: the stream executor runs on CPU or CUDA backends, not {}",
                          to_string(backend.device()));
   }
   if (opts.prefetch < 1) return invalid_argument("train: --prefetch must be >= 1");
   FERRY_TRY(validate(opts.policy));
-  if (opts.policy.layers() != s.geometry.layers) {
+  FERRY_ASSIGN_OR_RETURN(const model::DecoderGeometry geo, model::make_geometry(config));
+  if (opts.policy.layers() != geo.layers) {
     return invalid_argument("train: policy {} has {} boundaries, the model {} layers",
-                            opts.policy.name, opts.policy.layers(), s.geometry.layers);
+                            opts.policy.name, opts.policy.layers(), geo.layers);
   }
   std::unique_ptr<StreamExecutor> ex(new StreamExecutor(backend, opts));
-  ex->geo_ = s.geometry;
-  FERRY_ASSIGN_OR_RETURN(ex->arena_, HostArena::create(s, pinned_tier_for(backend)));
+  ex->geo_ = geo;
+  ex->arena_ = std::move(arena);
   const ModelSizes sizes = model_sizes(*ex->arena_);
-  FERRY_TRY(check_budget(s.geometry, sizes, opts.policy, opts.prefetch + 1, batch, seq_len,
+  FERRY_TRY(check_budget(geo, sizes, opts.policy, opts.prefetch + 1, batch, seq_len,
                          opts.device_budget_bytes, backend, opts.gemm_precision));
-  FERRY_TRY(ex->init(s, batch * seq_len));
+  FERRY_TRY(ex->init(config, sr_seed, batch * seq_len));
   return ex;
 }
 
-Status StreamExecutor::init(const TrainState& s, std::int64_t max_tokens) {
-  stats_.window_s.assign(static_cast<std::size_t>(2 * s.geometry.layers + 1), 0.0);
+Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_seed,
+                            std::int64_t max_tokens) {
+  stats_.window_s.assign(static_cast<std::size_t>(2 * geo_.layers + 1), 0.0);
   stats_.window_exposed_s.assign(stats_.window_s.size(), 0.0);
   max_tokens_ = max_tokens;
-  sr_seed_ = s.optim.sr_seed;
+  sr_seed_ = sr_seed;
   const ActivationPolicy& pol = opts_.policy;
   const int L = geo_.layers;
   const ModelSizes sizes = model_sizes(*arena_);
@@ -214,7 +227,18 @@ Status StreamExecutor::init(const TrainState& s, std::int64_t max_tokens) {
                          ExposureClock::create(gpu ? &cs() : nullptr, max_waits, 2 * L + 1));
 
   // Views, bound once: no allocation in the step loop.
-  const std::vector<model::ParamSpec> specs = model::param_specs(s.config);
+  const std::vector<model::ParamSpec> specs = model::param_specs(config);
+  if (specs.size() != arena_->params().size()) {
+    return invalid_argument("train: the arena holds {} parameters, the model has {}",
+                            arena_->params().size(), specs.size());
+  }
+  for (const ParamLoc& p : arena_->params()) {
+    if (p.n != specs[static_cast<std::size_t>(p.index)].numel()) {
+      return invalid_argument("train: the arena's parameter {} has {} elements, the model's {}",
+                              specs[static_cast<std::size_t>(p.index)].hf_name, p.n,
+                              specs[static_cast<std::size_t>(p.index)].numel());
+    }
+  }
   const Device d = be_.device();
   globals_ = bind_views(specs, *arena_, geo_, true, d,
                         [&](int) -> const float* { return dev(plan_.globals_w); });
@@ -536,6 +560,8 @@ Result<StepOutcome> StreamExecutor::finish_step(const AdamWConfig& cfg, double l
   o.applied = true;
   return o;
 }
+
+void StreamExecutor::wait_optimizer() { opt_->wait_all(); }
 
 Status StreamExecutor::store_to(TrainState& s) {
   opt_->wait_all();

@@ -107,12 +107,22 @@ class StreamExecutor {
                                                         std::int64_t seq_len,
                                                         const StreamOptions& opts,
                                                         kernels::Backend& backend);
+  // The same over an arena built without a TrainState (HostArena::create_initialized, created
+  // in host_tier(backend)); sr_seed keys bf16-sr's rounding. store_to / load_from then need a
+  // TrainState of the arena's layout.
+  static Result<std::unique_ptr<StreamExecutor>> create(
+      std::unique_ptr<HostArena> arena, const model::ModelConfig& config, std::uint64_t sr_seed,
+      int batch, std::int64_t seq_len, const StreamOptions& opts, kernels::Backend& backend);
+  // Where the host arena lives for this backend: pinned (cudaHostAlloc) beside a GPU.
+  static mem::MemTier host_tier(const kernels::Backend& backend);
   ~StreamExecutor();
 
   void begin_step(int accum);
   Result<model::ForwardResult> micro_batch(const model::PackedBatch& batch);
   Result<StepOutcome> finish_step(const AdamWConfig& cfg, double lr, std::int64_t opt_step);
 
+  // Waits for the pending update (its weights and states are then final in the arena).
+  void wait_optimizer();
   // Waits for the pending update, then copies master + states into / from `s`.
   Status store_to(TrainState& s);
   Status load_from(const TrainState& s);
@@ -125,7 +135,7 @@ class StreamExecutor {
 
  private:
   StreamExecutor(kernels::Backend& be, const StreamOptions& opts);
-  Status init(const TrainState& s, std::int64_t max_tokens);
+  Status init(const model::ModelConfig& config, std::uint64_t sr_seed, std::int64_t max_tokens);
   float* dev(mem::SlotId id) const { return device_.as<float>(id); }
   TensorView act_view(float* p, std::int64_t T) const;
   Status copy(void* dst, const void* src, std::size_t bytes, mem::CopyKind kind,

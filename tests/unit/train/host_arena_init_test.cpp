@@ -1,0 +1,137 @@
+// SPDX-License-Identifier: Apache-2.0
+// HostArena::create_initialized (what `ferry bench train` fills in place) holds the same bytes as
+// HostArena::create from TrainState::from_loaded of the same model written by
+// write_builtin_model: streaming weights, master / bf16 weights and compensation, states and
+// gradients, for every master x states mode. And an executor over it trains like one over the
+// TrainState's arena (bit for bit).
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "model/config.h"
+#include "train/builtin_model.h"
+#include "train_stream_util.h"
+
+namespace ferry::train::stream {
+namespace {
+
+const BuiltinModelSpec kSpec{.layers = 3,
+                             .hidden = 32,
+                             .heads = 2,
+                             .kv_heads = 1,
+                             .head_dim = 16,
+                             .intermediate = 48,
+                             .max_positions = 64,
+                             .init_std = 0.05};
+constexpr std::uint64_t kSeed = 21;
+
+std::unique_ptr<HostArena> initialized(const OptimMode& mode, const model::ModelConfig& config) {
+  const std::vector<model::ParamSpec> specs = model::param_specs(config);
+  BuiltinInit init(kSpec, kSeed, specs);
+  auto a = HostArena::create_initialized(config, mode, cpu_pinned_tier(),
+                                         [&](std::size_t i, float* out) { init.fill(i, out); });
+  EXPECT_TRUE(a.ok()) << a.status().to_string();
+  return a.ok() ? std::move(*a) : nullptr;
+}
+
+TEST(HostArenaInit, SameBytesAsTheArenaOfTheLoadedModelInEveryMode) {
+  const std::string dir = testing::temp_dir("arena_init");
+  ASSERT_TRUE(write_builtin_model(dir, kSpec, kSeed).ok());
+  auto loaded = model::load_model_f32(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  const std::vector<OptimMode> modes = {
+      {},
+      {.master = MasterWeights::kF32, .states = OptimizerStates::k8Bit},
+      {.master = MasterWeights::kBf16Kahan, .states = OptimizerStates::kF32},
+      {.master = MasterWeights::kBf16Sr, .states = OptimizerStates::k8Bit}};
+  for (const OptimMode& mode : modes) {
+    const std::string what = describe(mode);
+    auto s = TrainState::from_loaded(**loaded, mode, kSeed);
+    ASSERT_TRUE(s.ok());
+    auto want = HostArena::create(**s, cpu_pinned_tier());
+    ASSERT_TRUE(want.ok());
+    auto got = initialized(mode, (*loaded)->config);
+    ASSERT_NE(got, nullptr);
+    ASSERT_EQ(got->num_units(), (*want)->num_units()) << what;
+    ASSERT_EQ(got->total_bytes(), (*want)->total_bytes()) << what;
+    for (int u = 0; u < got->num_units(); ++u) {
+      const std::size_t wb = got->unit_weight_bytes(u);
+      ASSERT_EQ(wb, (*want)->unit_weight_bytes(u));
+      const void* gw = mode.master == MasterWeights::kF32
+                           ? static_cast<const void*>(got->weights(u))
+                           : got->w16(u);
+      const void* ww = mode.master == MasterWeights::kF32
+                           ? static_cast<const void*>((*want)->weights(u))
+                           : (*want)->w16(u);
+      EXPECT_EQ(std::memcmp(gw, ww, wb), 0) << what << ": streaming weights of unit " << u;
+      const std::size_t gb = static_cast<std::size_t>(got->unit_elements(u)) * sizeof(float);
+      EXPECT_EQ(std::memcmp(got->grads(u), (*want)->grads(u), gb), 0) << what << " grads " << u;
+    }
+    // Master, bf16 weights + compensation and states, through the checkpoint format.
+    auto from_got = TrainState::from_loaded(**loaded, mode, kSeed);
+    auto from_want = TrainState::from_loaded(**loaded, mode, kSeed);
+    ASSERT_TRUE(from_got.ok() && from_want.ok());
+    ASSERT_TRUE(got->store_to(**from_got).ok());
+    ASSERT_TRUE((*want)->store_to(**from_want).ok());
+    expect_same_state(**from_want, **from_got, what);
+  }
+}
+
+TEST(HostArenaInit, ExecutorOverTheInitializedArenaTrainsLikeTheStatesArena) {
+  const std::string dir = testing::temp_dir("arena_init_train");
+  ASSERT_TRUE(write_builtin_model(dir, kSpec, kSeed).ok());
+  auto loaded = model::load_model_f32(dir);
+  ASSERT_TRUE(loaded.ok());
+  const OptimMode mode{.master = MasterWeights::kBf16Kahan, .states = OptimizerStates::k8Bit};
+  auto pol = parse_policy("every:2", kSpec.layers);
+  ASSERT_TRUE(pol.ok());
+  const StreamOptions so{.policy = *pol};
+  kernels::Backend& be = kernels::cpu_backend();
+  auto s = TrainState::from_loaded(**loaded, mode, kSeed);
+  ASSERT_TRUE(s.ok());
+  auto a = StreamExecutor::create(**s, kBatch, kSeq, so, be);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  auto b = StreamExecutor::create(initialized(mode, (*loaded)->config), (*loaded)->config, kSeed,
+                                  kBatch, kSeq, so, be);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  const std::vector<Batch> data = make_batches(4, (*loaded)->geometry.vocab, 3);
+  for (int step = 0; step < 2; ++step) {
+    double loss[2] = {0, 0};
+    StreamExecutor* xs[2] = {a->get(), b->get()};
+    for (int k = 0; k < 2; ++k) {
+      xs[k]->begin_step(2);
+      for (int m = 0; m < 2; ++m) {
+        auto r = xs[k]->micro_batch(data[static_cast<std::size_t>(2 * step + m)].view());
+        ASSERT_TRUE(r.ok()) << r.status().to_string();
+        loss[k] += r->mean_loss();
+      }
+      ASSERT_TRUE(xs[k]->finish_step({}, 1e-3, step + 1).ok());
+    }
+    EXPECT_EQ(loss[0], loss[1]) << "step " << step;
+  }
+  auto sa = TrainState::from_loaded(**loaded, mode, kSeed);
+  auto sb = TrainState::from_loaded(**loaded, mode, kSeed);
+  ASSERT_TRUE((*a)->store_to(**sa).ok());
+  ASSERT_TRUE((*b)->store_to(**sb).ok());
+  expect_same_state(**sa, **sb, "after 2 steps");
+}
+
+TEST(HostArenaInit, ExecutorRefusesAnArenaOfAnotherModel) {
+  const std::string dir = testing::temp_dir("arena_init_other");
+  ASSERT_TRUE(write_builtin_model(dir, kSpec, kSeed).ok());
+  auto loaded = model::load_model_f32(dir);
+  ASSERT_TRUE(loaded.ok());
+  BuiltinModelSpec wider = kSpec;
+  wider.intermediate = 64;
+  auto other = model::parse_model_config_text(builtin_config_json(wider), "wider");
+  ASSERT_TRUE(other.ok());
+  auto pol = parse_policy("device", kSpec.layers);
+  ASSERT_TRUE(pol.ok());
+  auto x = StreamExecutor::create(initialized({}, (*loaded)->config), *other, kSeed, kBatch, kSeq,
+                                  {.policy = *pol}, kernels::cpu_backend());
+  ASSERT_FALSE(x.ok());
+  EXPECT_NE(x.status().message().find("elements"), std::string::npos) << x.status().to_string();
+}
+
+}  // namespace
+}  // namespace ferry::train::stream
