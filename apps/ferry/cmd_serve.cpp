@@ -186,10 +186,6 @@ int run_serve(const ServeCliConfig& c) {
       return fail(st);
     }
   }
-  if (c.device == "cuda" && c.split == "auto") {
-    // MV-WSA resizes the KV pool, which the CUDA engine cannot do yet (docs/serve.md).
-    return fail(unimplemented("serve: --split auto is not implemented with --device cuda"));
-  }
   auto backend = serve_backend(c.device);
   if (!backend.ok()) return fail(backend.status());
   auto engine = serve::Engine::create(geo, params, ec, **backend);
