@@ -42,6 +42,8 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
   grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/memcheck.log" | head -5
 fi
 
+# FERRY_SKIP_BENCH=1: build, tests and memcheck only (benches then go through gpu_train_sweep.sh).
+if [ -n "${FERRY_SKIP_BENCH:-}" ]; then exit $status; fi
 GEOM=${FERRY_BENCH_GEOM:---layers 8 --hidden 2048 --heads 16 --kv-heads 2 --head-dim 128 --intermediate 11008}
 RUN=${FERRY_BENCH_RUN:---batch-size 4 --seq-len 1024 --steps 4 --warmup 1}
 POL=${FERRY_BENCH_POLICIES:-device,every:4,host}
