@@ -14,6 +14,7 @@ OUT=${OUT:-/tmp/ferry_gpu_train}
 mkdir -p "$OUT"
 B=${FERRY_GPU_BUILD:-build/gpu}
 FERRY="$B/apps/ferry/ferry"
+source scripts/device_env.sh
 PY=python3
 $PY -c "import transformers" 2>/dev/null || PY=/opt/torch/.venv/bin/python3
 : >"$OUT/train_sweep.jsonl"
@@ -27,7 +28,7 @@ for c in "${CASES[@]}"; do
     echo "[$name] ferry bench train failed:"
     tail -5 /tmp/sweep_ferry.log
   }
-  tflags=$(echo " $flags " | sed -E 's/ --(policies|optimizer-states|gemm-precision|prefetch|optimizer-threads|grad-accum) [^ ]+//g; s/--batch-size/--batch/; s/--seq-len/--seq/')
+  tflags=$(echo " $flags " | sed -E 's/ --(policies|optimizer-states|master|gemm-precision|prefetch|optimizer-threads|grad-accum) [^ ]+//g; s/--batch-size/--batch/; s/--seq-len/--seq/')
   ck=""
   [[ "$name" == *+ckpt* ]] && ck="--checkpointing"
   timeout 300 $PY tools/bench/train_torch_baseline.py $tflags $ck --out /tmp/sweep_torch.json \

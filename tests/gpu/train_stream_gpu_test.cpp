@@ -139,9 +139,10 @@ struct OneStep {
   std::vector<std::vector<float>> grads;  // [unit] the host arena's gradient after the step
 };
 
-OneStep one_step(const model::LoadedModel& m, const Batch& batch, const std::string& policy,
-                 kernels::Backend& be, model::GemmPrecision precision = model::GemmPrecision::kF32,
-                 OptimMode mode = {}) {
+// batches.size() micro-batches accumulated into one step's gradient.
+OneStep one_step(const model::LoadedModel& m, const std::vector<Batch>& batches,
+                 const std::string& policy, kernels::Backend& be,
+                 model::GemmPrecision precision = model::GemmPrecision::kF32, OptimMode mode = {}) {
   OneStep out;
   auto state = make_state(m, {.mode = mode});
   auto pol = parse_policy(policy, m.geometry.layers);
@@ -150,11 +151,13 @@ OneStep one_step(const model::LoadedModel& m, const Batch& batch, const std::str
                                    {.policy = *pol, .gemm_precision = precision}, be);
   EXPECT_TRUE(ex.ok()) << ex.status().to_string();
   if (!ex.ok()) return out;
-  (*ex)->begin_step(1);
-  auto r = (*ex)->micro_batch(batch.view());
-  EXPECT_TRUE(r.ok()) << r.status().to_string();
-  if (!r.ok()) return out;
-  out.loss = r->mean_loss();
+  (*ex)->begin_step(static_cast<int>(batches.size()));
+  for (const Batch& batch : batches) {
+    auto r = (*ex)->micro_batch(batch.view());
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    if (!r.ok()) return out;
+    out.loss += r->mean_loss();
+  }
   const HostArena& a = (*ex)->arena();
   for (int u = 0; u < a.num_units(); ++u) {
     const float* g = a.grads(u);
@@ -169,12 +172,14 @@ using ferry::testing::rel_norm_diff;
 // bf16-rounded GEMM operands when `precision` is kBf16).
 // mode: a bf16 master makes every run (the f32 reference included) compute with the same
 // bf16-valued weights, streamed as bf16.
+// accum > 1: the gradients accumulated over that many micro-batches (on the GPU, micro-batches
+// after the first refill the device slot from the host's running sum on a stream of their own).
 void check_against_cpu(const model::LoadedModel& m, const std::string& policy,
                        model::GemmPrecision precision = model::GemmPrecision::kF32,
-                       OptimMode mode = {}) {
+                       OptimMode mode = {}, int accum = 1) {
   kernels::Backend* be = cuda_or_null();
   ASSERT_NE(be, nullptr);
-  const Batch batch = make_batches(1, m.geometry.vocab, 11).front();
+  const std::vector<Batch> batch = make_batches(accum, m.geometry.vocab, 11);
   const OneStep cpu =
       one_step(m, batch, policy, kernels::cpu_backend(), model::GemmPrecision::kF32, mode);
   ferry::testing::Bf16AttentionCpu naive_be;
@@ -220,6 +225,13 @@ TEST(TrainStreamGpu, Bf16GemmGradientsMatchCpuWithinTheRule) {
   check_against_cpu(*m, "every:2:host", model::GemmPrecision::kBf16);
   auto moe = moe_model();
   check_against_cpu(*moe, "every:2", model::GemmPrecision::kBf16);
+}
+
+TEST(TrainStreamGpu, AccumulatedGradientsMatchCpuWithinTheRule) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = testing::temp_dir("stream_gpu_accum_vs_cpu");
+  auto m = dense_model(dir + "/model");
+  check_against_cpu(*m, "every:2:host", model::GemmPrecision::kBf16, {}, 3);
 }
 
 TEST(TrainStreamGpu, Bf16MasterGradientsMatchCpuWithinTheRule) {

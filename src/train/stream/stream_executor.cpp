@@ -168,6 +168,10 @@ Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_s
   const bool gpu = be_.device() != Device::kCpu;
   FERRY_ASSIGN_OR_RETURN(mem::StreamSet ss, mem::StreamSet::create(be_.device(), 0));
   streams_ = std::make_unique<mem::StreamSet>(std::move(ss));
+  FERRY_ASSIGN_OR_RETURN(mem::StreamSet rs, mem::StreamSet::create(be_.device(), 0));
+  refill_streams_ = std::make_unique<mem::StreamSet>(std::move(rs));
+  FERRY_ASSIGN_OR_RETURN(mem::Event re, mem::Event::create(be_.device(), 0));
+  refill_ready_ = std::make_unique<mem::Event>(std::move(re));
   if (gpu) {
     FERRY_ASSIGN_OR_RETURN(own_te_, mem::cuda_transfer_engine(0));
     te_ = own_te_.get();
@@ -266,6 +270,7 @@ StreamExecutor::~StreamExecutor() {
   streamer_.reset();
   opt_.reset();
   // Queued GPU work may still read the device arena or ModelCompute's buffers.
+  if (refill_streams_) (void)refill_streams_->synchronize();
   if (streams_) (void)streams_->synchronize();
   compute_.reset();
   if (workspace_charged_) budget_.release(plan_.compute_bytes);
@@ -495,9 +500,9 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
       FERRY_ASSIGN_OR_RETURN(const int slot, acquire_weights(j));
       const model::LayerTensors<ConstTensorView>& p = slot_params_[slot].layers[l];
       const TensorView x_in = act_view(const_cast<float*>(input_of(l)), T);
-      // The layer's internals, from its input (the output is not needed again).
-      ++stats_.layer_forwards;
-      FERRY_TRY(compute_->layer_forward(l, p, b, x_in, act_view(dev(plan_.transit[0]), T)));
+      // The gradient slot first: on micro-batches after the first it is refilled with the host's
+      // running sum on the refill stream, while compute re-runs the layer's internals (the copy
+      // is the largest of the window: f32, twice the bf16 weights' bytes).
       const std::size_t lbytes = static_cast<std::size_t>(arena_->unit_elements(l)) * sizeof(float);
       FERRY_ASSIGN_OR_RETURN(const int gk,
                              timed_wait([&]() -> Result<int> { return drain_->acquire(); }));
@@ -505,8 +510,18 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
       if (a == 0) {
         FERRY_TRY(te_->zero(gslot, lbytes, cs()));
       } else {
-        FERRY_TRY(
-            copy(gslot, arena_->grads(l), lbytes, mem::CopyKind::kHostToDevice, &stats_.grad_h2d));
+        FERRY_TRY(te_->h2d(gslot, arena_->grads(l), lbytes, refill()));
+        FERRY_TRY(refill_ready_->record(refill()));
+        stats_.grad_h2d += lbytes;
+      }
+      // The layer's internals, from its input (the output is not needed again).
+      ++stats_.layer_forwards;
+      FERRY_TRY(compute_->layer_forward(l, p, b, x_in, act_view(dev(plan_.transit[0]), T)));
+      if (a > 0) {  // the backward accumulates into the refilled slot: the GPU waits (measured)
+        FERRY_TRY(clock_->wait_begin());
+        const Status st = cs().wait(*refill_ready_);
+        FERRY_TRY(clock_->wait_end());
+        FERRY_TRY(st);
       }
       ++stats_.layer_backwards;
       FERRY_TRY(compute_->layer_backward(l, p, grad_slots_[gk].layers[l], b, x_in));

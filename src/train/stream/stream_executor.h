@@ -12,8 +12,9 @@
 //     loss      final norm + chunked cross-entropy, then its backward
 //     backward  per span (s, e) from the top: bring boundary s back, recompute layers s..e-2 on
 //               re-streamed weights, then for l = e-1..s: re-run layer l's forward from its input
-//               (internals), fill a gradient slot (zero on the first micro-batch, else the
-//               host's accumulated gradient), backward; on the last micro-batch take each
+//               (internals) — meanwhile a gradient slot is filled (zero on the first
+//               micro-batch, else the host's accumulated gradient, copied on a refill stream of
+//               its own beside the internals) — backward; on the last micro-batch take each
 //               parameter's sum of squares on the device slot; GradDrain copies the slot to the
 //               host arena on its own thread while compute moves on to the next layer
 //     embed backward; [last: drain the globals' gradients, their sums of squares]
@@ -146,6 +147,7 @@ class StreamExecutor {
   Status take_sumsq(int unit, const float* grads);
   Status read_sumsq();
   mem::Stream& cs() { return streams_->compute(); }
+  mem::Stream& refill() { return refill_streams_->h2d(); }
   template <typename F>
   auto timed_wait(F&& what) -> decltype(what());
   Result<int> acquire_weights(int j);
@@ -168,6 +170,10 @@ class StreamExecutor {
   std::vector<mem::RecordId> nvme_record_;  // [L]
   std::unique_ptr<model::ModelCompute> compute_;
   std::unique_ptr<mem::StreamSet> streams_;
+  // Accumulated gradients' refill (micro-batches after the first): a stream of its own, so the
+  // copy runs beside the layer's recomputed internals, and the event compute waits on.
+  std::unique_ptr<mem::StreamSet> refill_streams_;
+  std::unique_ptr<mem::Event> refill_ready_;
   std::unique_ptr<mem::TransferEngine> own_te_;  // the CUDA engine (GPU compute)
   mem::TransferEngine* te_ = nullptr;            // own_te_ or the host engine
   std::unique_ptr<ExposureClock> clock_;
