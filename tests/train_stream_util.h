@@ -88,6 +88,7 @@ struct RunSpec {
   std::string q8_params;      // 8bit states: --8bit-params (empty = all)
   int optimizer_threads = 0;  // StreamOptions::optimizer_threads
   model::GemmPrecision gemm_precision = model::GemmPrecision::kF32;
+  bool bf16_compute = false;  // TrainState::use_bf16_compute (fp32 master, bf16 weights)
 };
 
 inline std::unique_ptr<TrainState> make_state(const model::LoadedModel& m, const RunSpec& r) {
@@ -101,6 +102,9 @@ inline std::unique_ptr<TrainState> make_state(const model::LoadedModel& m, const
   }
   auto s = TrainState::from_loaded(m, r.mode, 99, q8);
   EXPECT_TRUE(s.ok()) << s.status().to_string();
+  if (s.ok() && r.bf16_compute) {
+    EXPECT_TRUE((*s)->use_bf16_compute().ok());
+  }
   return std::move(s).value();
 }
 

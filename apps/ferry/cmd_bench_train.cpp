@@ -65,6 +65,10 @@ void register_bench_train(CLI::App& app, CommandFn& run) {
       ->check(CLI::Range(0, 4096));
   cmd->add_option("--optimizer-states", *states, "AdamW states: fp32 or 8bit (block-wise)")
       ->check(CLI::IsMember({"fp32", "8bit"}));
+  cmd->add_option("--weights-dtype", cfg->weights_dtype,
+                  "fp32 master: weights computed with and streamed: bf16 (the master rounded), "
+                  "f32, or auto (bf16 on cuda)")
+      ->check(CLI::IsMember({"auto", "bf16", "f32"}));
   cmd->add_option("--master", *master,
                   "master weights: fp32 (f32 weights on the link), bf16-kahan or bf16-sr (bf16 "
                   "weights on the link, half the bytes)")

@@ -161,6 +161,11 @@ void register_train(CLI::App& app, CommandFn& run) {
                   "stream: linear layers' GEMMs: bf16 (operands rounded to bf16, f32 "
                   "accumulation; PyTorch autocast), f32, or auto (bf16 on cuda, f32 on cpu)")
       ->check(CLI::IsMember({"auto", "bf16", "f32"}));
+  cmd->add_option("--weights-dtype", cfg->weights_dtype,
+                  "weights the model computes with (and that stream to the device) with an fp32 "
+                  "master: bf16 (the master rounded to bf16; half the link and host bytes of the "
+                  "streaming copy), f32, or auto (bf16 on cuda, f32 on cpu)")
+      ->check(CLI::IsMember({"auto", "bf16", "f32"}));
   cmd->add_option("--optimizer-threads", cfg->optimizer_threads,
                   "stream: CPU threads of the AdamW update (0: 1 beside CPU compute, all cores "
                   "but two beside a GPU)")

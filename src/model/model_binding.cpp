@@ -137,10 +137,14 @@ Result<std::unique_ptr<LoadedModel>> load_model_f32(const std::string& dir) {
 }
 
 Result<std::unique_ptr<GradStorage>> GradStorage::create(const LoadedModel& model) {
+  return create(model.weights->specs(), model.geometry);
+}
+
+Result<std::unique_ptr<GradStorage>> GradStorage::create(const std::vector<ParamSpec>& specs,
+                                                         const DecoderGeometry& geometry) {
   auto gs = std::make_unique<GradStorage>();
-  const auto& specs = model.weights->specs();
   gs->bufs.reserve(specs.size());
-  gs->grads.layers.resize(model.geometry.layers);
+  gs->grads.layers.resize(geometry.layers);
   for (const ParamSpec& spec : specs) {
     std::vector<float>& buf = gs->bufs.emplace_back(static_cast<std::size_t>(spec.numel()), 0.0f);
     TensorView v = TensorView::contiguous(buf.data(), DType::kF32, Device::kCpu, {1});
@@ -151,10 +155,10 @@ Result<std::unique_ptr<GradStorage>> GradStorage::create(const LoadedModel& mode
       v.stride[d] = stride;
       stride *= spec.shape[d];
     }
-    *slot_for(gs->grads, spec, model.geometry) = v;
+    *slot_for(gs->grads, spec, geometry) = v;
     gs->named.emplace_back(spec.hf_name, v);
   }
-  if (model.geometry.tied_embeddings) gs->grads.lm_head = gs->grads.embed;
+  if (geometry.tied_embeddings) gs->grads.lm_head = gs->grads.embed;
   return gs;
 }
 

@@ -41,6 +41,9 @@ struct GradStorage {
   std::vector<std::vector<float>> bufs;
 
   static Result<std::unique_ptr<GradStorage>> create(const LoadedModel& model);
+  // The same layout from the parameter specs (a model known by its config only).
+  static Result<std::unique_ptr<GradStorage>> create(const std::vector<ParamSpec>& specs,
+                                                     const DecoderGeometry& geometry);
   void zero();
 };
 

@@ -82,6 +82,7 @@ Result<StepOutcome> optimizer_step(TrainState& s, const AdamWConfig& cfg, double
       hybrid_update_param(isa, k, s.optim.mode, s.optim.params[i], b,
                           kernels::cpu::sr_key(s.optim.sr_seed, opt_step, i));
     }
+    s.refresh_compute();
     o.applied = true;
     return o;
   }
@@ -101,6 +102,7 @@ Result<StepOutcome> optimizer_step(TrainState& s, const AdamWConfig& cfg, double
         .step = opt_step};
     FERRY_TRY(be.adamw(a, mem::Stream::host()));
   }
+  s.refresh_compute();
   o.applied = true;
   return o;
 }

@@ -18,6 +18,7 @@
 #include "train/stream/activation_policy.h"
 #include "train/stream/stream_executor.h"
 #include "train/stream/window_report.h"
+#include "train/trainer.h"
 
 namespace ferry::train {
 
@@ -72,6 +73,7 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
   const double peak = c.peak_tflops > 0 ? c.peak_tflops * 1e12 : known_peak_bf16_flops(device_name);
   FERRY_ASSIGN_OR_RETURN(const model::GemmPrecision precision,
                          model::parse_gemm_precision(c.gemm_precision, be->device()));
+  FERRY_ASSIGN_OR_RETURN(const bool bf16_compute, bf16_compute_weights(c.weights_dtype, c.device));
 
   // The random-weight model's config; each policy's host arena is filled in place with the
   // built-in init (the bits write_builtin_model would write), so no f32 model file or TrainState
@@ -86,32 +88,35 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
   const MicroBatch batch = make_batch(c.batch, c.seq, geo.vocab, c.seed + 1);
   const std::int64_t tokens = static_cast<std::int64_t>(c.batch) * c.seq;
 
-  Json rep{{"bench", "train"},
-           {"device", device_name},
-           {"geometry",
-            {{"layers", geo.layers},
-             {"hidden", geo.hidden},
-             {"heads", geo.heads},
-             {"kv_heads", geo.kv_heads},
-             {"head_dim", geo.head_dim},
-             {"intermediate", geo.mlp_width},
-             {"vocab", geo.vocab}}},
-           {"params", tm.model_params},
-           {"batch", c.batch},
-           {"grad_accum", c.accum},
-           {"seq", c.seq},
-           {"steps", c.steps},
-           {"warmup", c.warmup},
-           {"peak_tflops", peak / 1e12},
-           {"optimizer", describe(c.optim)},
-           {"gemm_precision", model::to_string(precision)},
-           {"policies", Json::array()}};
+  Json rep{
+      {"bench", "train"},
+      {"device", device_name},
+      {"geometry",
+       {{"layers", geo.layers},
+        {"hidden", geo.hidden},
+        {"heads", geo.heads},
+        {"kv_heads", geo.kv_heads},
+        {"head_dim", geo.head_dim},
+        {"intermediate", geo.mlp_width},
+        {"vocab", geo.vocab}}},
+      {"params", tm.model_params},
+      {"batch", c.batch},
+      {"grad_accum", c.accum},
+      {"seq", c.seq},
+      {"steps", c.steps},
+      {"warmup", c.warmup},
+      {"peak_tflops", peak / 1e12},
+      {"optimizer", describe(c.optim)},
+      {"gemm_precision", model::to_string(precision)},
+      {"weights_dtype", bf16_compute || c.optim.master != MasterWeights::kF32 ? "bf16" : "f32"},
+      {"policies", Json::array()}};
   AdamWConfig adamw;
   for (const std::string& name : c.policies) {
     BuiltinInit init(spec, c.seed, specs);
-    FERRY_ASSIGN_OR_RETURN(auto arena, stream::HostArena::create_initialized(
-                                           config, c.optim, stream::StreamExecutor::host_tier(*be),
-                                           [&](std::size_t i, float* out) { init.fill(i, out); }));
+    FERRY_ASSIGN_OR_RETURN(
+        auto arena, stream::HostArena::create_initialized(
+                        config, c.optim, stream::StreamExecutor::host_tier(*be),
+                        [&](std::size_t i, float* out) { init.fill(i, out); }, bf16_compute));
     FERRY_ASSIGN_OR_RETURN(const stream::ActivationPolicy pol,
                            stream::parse_policy(name, geo.layers));
     const stream::StreamOptions so{.policy = pol,
@@ -201,11 +206,12 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
 std::string format_train_bench(const Json& r) {
   std::string out = fmt::format(
       "bench train on {} | {} layers, hidden {}, {:.3g} B params | batch {} x seq {} x accum {} | "
-      "{} timed steps | {} | {} GEMMs\n",
+      "{} timed steps | {} | {} GEMMs | {} weights\n",
       r["device"].get<std::string>(), r["geometry"]["layers"].get<int>(),
       r["geometry"]["hidden"].get<int>(), r["params"].get<double>() / 1e9, r["batch"].get<int>(),
       r["seq"].get<std::int64_t>(), r.value("grad_accum", 1), r["steps"].get<int>(),
-      r["optimizer"].get<std::string>(), r.value("gemm_precision", std::string("f32")));
+      r["optimizer"].get<std::string>(), r.value("gemm_precision", std::string("f32")),
+      r.value("weights_dtype", std::string("f32")));
   out += fmt::format("{:<22} {:>10} {:>10} {:>8} {:>8} {:>6} {:>11} {:>8} {:>12} {:>10}\n",
                      "policy", "step ms", "tok/s", "TFLOPS", "hw", "MFU%", "exposed ms", "opt ms",
                      "device peak", "host peak");

@@ -387,6 +387,7 @@ Result<TrainerState> load_checkpoint(const std::string& path, TrainState& s) {
     if (Status st = load_param(*file, s, i); !st.ok()) return fail(st);
   }
   s.optim.refresh_compute_view(*s.master);
+  s.refresh_compute();
   log::get("train")->info("resumed from {} step={} opt_step={} epoch={} index={}", dir, ts.step,
                           ts.opt_step, ts.cursor.epoch, ts.cursor.index);
   return ts;

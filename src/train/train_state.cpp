@@ -3,6 +3,9 @@
 
 #include <cstring>
 
+#include "core/dtype.h"
+#include "model/param_spec.h"
+
 namespace ferry::train {
 
 namespace {
@@ -82,6 +85,28 @@ Result<std::unique_ptr<TrainState>> TrainState::from_loaded(const model::LoadedM
   }
   s->params = as_params(s->master->grads);
   return s;
+}
+
+Status TrainState::use_bf16_compute() {
+  if (optim.mode.master != MasterWeights::kF32 || compute) return {};
+  FERRY_ASSIGN_OR_RETURN(compute, model::GradStorage::create(model::param_specs(config), geometry));
+  if (compute->named.size() != master->named.size()) {
+    return internal_error("train: compute copy of {} tensors for {}", compute->named.size(),
+                          master->named.size());
+  }
+  params = as_params(compute->grads);
+  refresh_compute();
+  return {};
+}
+
+void TrainState::refresh_compute() {
+  if (!compute) return;
+  for (std::size_t i = 0; i < master->named.size(); ++i) {
+    const float* m = master->named[i].second.as<float>();
+    float* c = compute->named[i].second.as<float>();
+    const std::int64_t n = master->named[i].second.numel();
+    for (std::int64_t k = 0; k < n; ++k) c[k] = bf16_to_f32(f32_to_bf16(m[k]));
+  }
 }
 
 }  // namespace ferry::train

@@ -9,7 +9,12 @@
 //   states fp32:       `m`, `v` hold the moments; 8bit: the codes live in optim.params[i], and
 //                      `m`, `v` are null unless --8bit-params left some parameter with f32
 //                      states (then they are allocated for all, used for those only).
-// Ownership: TrainState owns everything; `params` are const views into `master`.
+// bf16 compute weights with an fp32 master (use_bf16_compute; what the GPU streaming trainer runs
+// by default, Megatron/DeepSpeed bf16 semantics): `compute` holds the f32 values of the master
+// rounded to bf16 (round to nearest even) — exactly what the stream executor widens from its
+// bf16 streaming copy — and `params` view it; refresh_compute() after every change of the master
+// (optimizer_step, checkpoint load). bf16 masters compute with their bf16 weights already.
+// Ownership: TrainState owns everything; `params` are const views into `master` (or `compute`).
 // Tests: tests/unit/train/optimizer_test.cpp.
 #pragma once
 
@@ -29,9 +34,18 @@ struct TrainState {
   std::unique_ptr<model::GradStorage> grads;
   std::unique_ptr<model::GradStorage> m;  // when some parameter keeps f32 states
   std::unique_ptr<model::GradStorage> v;
-  HybridOptimState optim;     // mode + bf16 weights / 8-bit codes
-  model::ModelParams params;  // views of master
-  std::vector<bool> decay;    // [num params]
+  HybridOptimState optim;                       // mode + bf16 weights / 8-bit codes
+  model::ModelParams params;                    // views of master (or of compute)
+  std::vector<bool> decay;                      // [num params]
+  std::unique_ptr<model::GradStorage> compute;  // fp32 master + bf16 compute only
+
+  // Forward and backward read bf16-rounded weights from now on (allocates `compute`, rebinds
+  // `params`). A no-op for bf16 masters.
+  Status use_bf16_compute();
+  // compute = bf16(master) (nothing without `compute`).
+  void refresh_compute();
+  // The weights the model computes with are bf16 values (bf16 master or bf16 compute).
+  bool bf16_weights() const { return optim.mode.master != MasterWeights::kF32 || compute; }
 
   // sr_seed keys stochastic rounding (bf16-sr); the trainer passes --seed. q8[i]: parameter i
   // keeps 8-bit states (8bit mode; empty = all, param_selection.h).

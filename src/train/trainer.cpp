@@ -79,6 +79,17 @@ struct Job {
   std::vector<TokenizedExample> eval;
 };
 
+}  // namespace
+
+Result<bool> bf16_compute_weights(std::string_view weights_dtype, std::string_view device) {
+  if (weights_dtype == "bf16") return true;
+  if (weights_dtype == "f32") return false;
+  if (weights_dtype == "auto") return device == "cuda";
+  return invalid_argument("train: --weights-dtype {} (expected auto, bf16 or f32)", weights_dtype);
+}
+
+namespace {
+
 Status load_model_into(Job& job, const std::string& dir, const TrainConfig& c) {
   FERRY_ASSIGN_OR_RETURN(auto loaded, model::load_model_f32(dir));
   std::vector<bool> q8;
@@ -88,6 +99,8 @@ Status load_model_into(Job& job, const std::string& dir, const TrainConfig& c) {
     FERRY_ASSIGN_OR_RETURN(q8, select_8bit_params(names, c.q8_params));
   }
   FERRY_ASSIGN_OR_RETURN(job.state, TrainState::from_loaded(*loaded, c.optim, c.seed, q8));
+  FERRY_ASSIGN_OR_RETURN(const bool bf16_compute, bf16_compute_weights(c.weights_dtype, c.device));
+  if (bf16_compute) FERRY_TRY(job.state->use_bf16_compute());
   FERRY_ASSIGN_OR_RETURN(job.config_json, read_file(dir + "/config.json"));
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                         "generation_config.json"}) {
@@ -297,10 +310,11 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
         streamer, stream::StreamExecutor::create(s, c.batch_size, c.seq_len, so, *step_be));
     sum.host_bytes_per_param = streamer->arena().bytes_per_param();
     lg->info(
-        "executor: stream on {} | {} GEMMs | policy {} | {} weight slots | device tier {} planned "
-        "(budget {}) | host arena {} = {:.2f} bytes/param",
+        "executor: stream on {} | {} GEMMs | {} weights | policy {} | {} weight slots | device "
+        "tier {} planned (budget {}) | host arena {} = {:.2f} bytes/param",
         device_name.empty() ? std::string("cpu") : device_name, model::to_string(gemm_precision),
-        policy.describe(), c.prefetch + 1, mem::format_bytes(streamer->device_planned_bytes()),
+        s.bf16_weights() ? "bf16" : "f32", policy.describe(), c.prefetch + 1,
+        mem::format_bytes(streamer->device_planned_bytes()),
         c.device_budget_mib > 0 ? mem::format_bytes(so.device_budget_bytes) : "unlimited",
         mem::format_bytes(streamer->arena().total_bytes()), sum.host_bytes_per_param);
   }

@@ -66,11 +66,15 @@ struct TrainConfig {
   std::string device = "cpu";
   int optimizer_threads = 0;            // stream: AdamW threads (0: StreamOptions' default)
   std::string gemm_precision = "auto";  // stream: auto | bf16 | f32 (model::parse_gemm_precision)
-  std::string policy = "device";        // stream: activation policy (stream/activation_policy.h)
-  int prefetch = 2;                     // stream: weight slots beyond the one in use
-  std::int64_t device_budget_mib = 0;   // stream: device-tier budget, 0 = unlimited
-  std::string plan_file;                // stream: take the policy from a `ferry plan` JSON
-  std::string nvme_dir;                 // stream: directory of NVMe-homed boundaries of a plan
+  // The weights forward/backward read (and that stream to the device) with an fp32 master: bf16
+  // (the master rounded to bf16, TrainState::use_bf16_compute), f32, or auto (bf16 with
+  // --device cuda, f32 on the CPU). bf16 masters always compute with their bf16 weights.
+  std::string weights_dtype = "auto";
+  std::string policy = "device";       // stream: activation policy (stream/activation_policy.h)
+  int prefetch = 2;                    // stream: weight slots beyond the one in use
+  std::int64_t device_budget_mib = 0;  // stream: device-tier budget, 0 = unlimited
+  std::string plan_file;               // stream: take the policy from a `ferry plan` JSON
+  std::string nvme_dir;                // stream: directory of NVMe-homed boundaries of a plan
 
   std::int64_t save_every = 0;  // 0: only at the end (when > 0 checkpoints are also kept)
   int keep_checkpoints = 2;
@@ -88,6 +92,9 @@ struct TrainConfig {
 };
 
 Status validate(const TrainConfig& c);
+
+// --weights-dtype: whether an fp32 master's run computes with bf16-rounded weights.
+Result<bool> bf16_compute_weights(std::string_view weights_dtype, std::string_view device);
 
 struct EvalPoint {
   std::int64_t step = 0;

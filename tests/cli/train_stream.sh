@@ -33,12 +33,27 @@ PY
   > "$TMP/mem.log" 2> "$TMP/mem.err"
 "$FERRY" train "${common[@]}" "${stream[@]}" --output-dir "$TMP/a" --metrics-out "$TMP/a.jsonl" \
   > "$TMP/a.log" 2> "$TMP/a.err"
-grep -q "executor: stream on cpu | f32 GEMMs | policy every:2" "$TMP/a.log" "$TMP/a.err" ||
+grep -q "executor: stream on cpu | f32 GEMMs | f32 weights | policy every:2" "$TMP/a.log" "$TMP/a.err" ||
   { echo "train_stream: the stream executor did not run"; cat "$TMP/a.log" "$TMP/a.err"; exit 1; }
 [ "$(grep -c '"type":"step"' "$TMP/a.jsonl")" = 24 ] || { echo "expected 24 step lines"; exit 1; }
 compare_losses "$TMP/mem.jsonl" "$TMP/a.jsonl" "stream vs memory"
 cmp "$TMP/mem/model.safetensors" "$TMP/a/model.safetensors" ||
   { echo "train_stream: stream and memory executors export different weights"; exit 1; }
+
+# 1b. --weights-dtype bf16 (an fp32 master computing with, and streaming, its bf16 rounding):
+#     stream == memory again, and the run differs from the f32-weights one.
+"$FERRY" train "${common[@]}" --weights-dtype bf16 --output-dir "$TMP/mem16" \
+  --metrics-out "$TMP/mem16.jsonl" > "$TMP/mem16.log" 2> "$TMP/mem16.err"
+"$FERRY" train "${common[@]}" "${stream[@]}" --weights-dtype bf16 --output-dir "$TMP/a16" \
+  --metrics-out "$TMP/a16.jsonl" > "$TMP/a16.log" 2> "$TMP/a16.err"
+grep -q "executor: stream on cpu | f32 GEMMs | bf16 weights | policy every:2" "$TMP/a16.log" \
+  "$TMP/a16.err" || { echo "train_stream: bf16 weights not in use"; cat "$TMP/a16.err"; exit 1; }
+compare_losses "$TMP/mem16.jsonl" "$TMP/a16.jsonl" "bf16 weights: stream vs memory"
+cmp "$TMP/mem16/model.safetensors" "$TMP/a16/model.safetensors" ||
+  { echo "train_stream: bf16 weights: stream and memory export different weights"; exit 1; }
+if cmp -s "$TMP/a/model.safetensors" "$TMP/a16/model.safetensors"; then
+  echo "train_stream: --weights-dtype bf16 changed nothing"; exit 1
+fi
 
 # 2. SIGKILL mid-way, resume.
 "$FERRY" train "${common[@]}" "${stream[@]}" --output-dir "$TMP/b" --save-every 4 \

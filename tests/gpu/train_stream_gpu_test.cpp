@@ -123,6 +123,10 @@ TEST(TrainStreamGpu, Bf16MastersEveryPolicyBitIdenticalOnGpu) {
   auto moe = moe_model();
   spec.mode = {.master = MasterWeights::kBf16Sr, .states = OptimizerStates::k8Bit};
   check_policies_on_gpu(*moe, {"every:2", "host"}, spec);
+  // An fp32 master computing with its bf16 rounding (--weights-dtype bf16, the GPU default).
+  spec.mode = {};
+  spec.bf16_compute = true;
+  check_policies_on_gpu(*m, {"host", "every:2"}, spec);
 }
 
 TEST(TrainStreamGpu, MoeEveryPolicyBitIdenticalOnGpu) {

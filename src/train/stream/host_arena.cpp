@@ -30,15 +30,15 @@ Result<std::unique_ptr<HostArena>> HostArena::create(const TrainState& s, mem::M
   }
   std::vector<bool> q8(specs.size());
   for (std::size_t i = 0; i < specs.size(); ++i) q8[i] = s.optim.params[i].q8();
-  FERRY_ASSIGN_OR_RETURN(auto a,
-                         allocate(specs, s.geometry.layers, s.optim.mode, s.decay, q8, tier));
+  FERRY_ASSIGN_OR_RETURN(auto a, allocate(specs, s.geometry.layers, s.optim.mode, s.bf16_weights(),
+                                          s.decay, q8, tier));
   FERRY_TRY(a->load_from(s));
   return a;
 }
 
 Result<std::unique_ptr<HostArena>> HostArena::create_initialized(
     const model::ModelConfig& config, const OptimMode& mode, mem::MemTier tier,
-    const std::function<void(std::size_t, float*)>& init) {
+    const std::function<void(std::size_t, float*)>& init, bool bf16_compute) {
   const std::vector<model::ParamSpec> specs = model::param_specs(config);
   FERRY_ASSIGN_OR_RETURN(const model::DecoderGeometry geo, model::make_geometry(config));
   std::vector<bool> decay, q8;
@@ -46,7 +46,8 @@ Result<std::unique_ptr<HostArena>> HostArena::create_initialized(
     decay.push_back(decays(p.hf_name));
     q8.push_back(mode.states == OptimizerStates::k8Bit);
   }
-  FERRY_ASSIGN_OR_RETURN(auto a, allocate(specs, geo.layers, mode, decay, q8, tier));
+  const bool bf16_weights = mode.master != MasterWeights::kF32 || bf16_compute;
+  FERRY_ASSIGN_OR_RETURN(auto a, allocate(specs, geo.layers, mode, bf16_weights, decay, q8, tier));
   // Zero everything but the weights, unit by unit in parallel (tens of GB at bench sizes).
   const mem::ArenaPlan& plan = a->arena_.plan();
   ThreadPool::global().parallel_for(a->units_.size(), [&](std::size_t u0, std::size_t u1) {
@@ -68,7 +69,7 @@ Result<std::unique_ptr<HostArena>> HostArena::create_initialized(
     } else {
       float* m = a->master(p.unit) + p.offset;
       init(static_cast<std::size_t>(p.index), m);
-      std::memcpy(a->weights(p.unit) + p.offset, m, static_cast<std::size_t>(p.n) * sizeof(float));
+      a->write_streaming_copy(p);
     }
   }
   return a;
@@ -76,11 +77,13 @@ Result<std::unique_ptr<HostArena>> HostArena::create_initialized(
 
 Result<std::unique_ptr<HostArena>> HostArena::allocate(const std::vector<model::ParamSpec>& specs,
                                                        int layers, const OptimMode& mode,
+                                                       bool bf16_weights,
                                                        const std::vector<bool>& decay,
                                                        const std::vector<bool>& q8,
                                                        mem::MemTier tier) {
   std::unique_ptr<HostArena> a(new HostArena(tier));
   a->mode_ = mode;
+  a->bf16_weights_ = bf16_weights || mode.master != MasterWeights::kF32;
   const int L = layers;
   a->units_.resize(static_cast<std::size_t>(L) + 1);
   for (std::size_t i = 0; i < specs.size(); ++i) {
@@ -109,13 +112,14 @@ Result<std::unique_ptr<HostArena>> HostArena::allocate(const std::vector<model::
     a->params_.push_back(p);
   }
   const bool bf16 = a->bf16_master();
+  const bool w16 = a->bf16_weights();
   mem::ArenaPlan plan;
   for (int u = 0; u <= L; ++u) {
     Unit& unit = a->units_[u];
     const std::size_t f32 = static_cast<std::size_t>(unit.elements) * sizeof(float);
     const std::string pre = u < L ? "layer" + std::to_string(u) : std::string("globals");
     const std::size_t b16 = static_cast<std::size_t>(unit.elements) * sizeof(std::uint16_t);
-    unit.weights = plan.add(pre + ".weights", bf16 ? b16 : f32, kPage);
+    unit.weights = plan.add(pre + ".weights", w16 ? b16 : f32, kPage);
     if (!bf16) {
       unit.master = plan.add(pre + ".master", f32, kPage);
     } else if (a->mode_.master == MasterWeights::kBf16Kahan) {
@@ -136,6 +140,16 @@ Result<std::unique_ptr<HostArena>> HostArena::allocate(const std::vector<model::
   return a;
 }
 
+void HostArena::write_streaming_copy(const ParamLoc& p) const {
+  const float* m = master(p.unit) + p.offset;
+  if (bf16_weights_) {
+    std::uint16_t* w = w16(p.unit) + p.offset;
+    for (std::int64_t k = 0; k < p.n; ++k) w[k] = f32_to_bf16(m[k]);
+  } else {
+    std::memcpy(weights(p.unit) + p.offset, m, static_cast<std::size_t>(p.n) * sizeof(float));
+  }
+}
+
 std::int64_t HostArena::max_layer_elements() const {
   std::int64_t m = 0;
   for (int u = 0; u + 1 < num_units(); ++u) m = std::max(m, units_[u].elements);
@@ -144,13 +158,17 @@ std::int64_t HostArena::max_layer_elements() const {
 
 std::size_t HostArena::unit_weight_bytes(int u) const {
   return static_cast<std::size_t>(units_[u].elements) *
-         (bf16_master() ? sizeof(std::uint16_t) : sizeof(float));
+         (bf16_weights() ? sizeof(std::uint16_t) : sizeof(float));
 }
 
 Status HostArena::check_layout(const TrainState& s) const {
   if (s.optim.mode != mode_) {
     return invalid_argument("train: state mode {} differs from the arena's {}",
                             describe(s.optim.mode), describe(mode_));
+  }
+  if (s.bf16_weights() != bf16_weights_) {
+    return invalid_argument("train: the state computes with {} weights, the arena streams {}",
+                            s.bf16_weights() ? "bf16" : "f32", bf16_weights_ ? "bf16" : "f32");
   }
   for (const ParamLoc& p : params_) {
     if (s.optim.params[p.index].q8() != p.q8) {
@@ -176,7 +194,7 @@ Status HostArena::load_from(const TrainState& s) {
     } else {
       const float* w = s.master->named[p.index].second.as<float>();
       std::memcpy(master(p.unit) + p.offset, w, bytes);
-      std::memcpy(weights(p.unit) + p.offset, w, bytes);
+      write_streaming_copy(p);
     }
     std::memset(grads(p.unit) + p.offset, 0, bytes);
     if (p.q8) {
@@ -216,8 +234,10 @@ Status HostArena::store_to(TrainState& s) const {
       std::memcpy(s.v->named[p.index].second.data, v32(p), bytes);
     }
   }
-  // TrainState's f32 master is the compute view of the bf16 weights (eval, export read it).
+  // TrainState's f32 master is the compute view of the bf16 weights (eval, export read it), or
+  // its compute copy is the master's bf16 rounding.
   s.optim.refresh_compute_view(*s.master);
+  s.refresh_compute();
   return {};
 }
 

@@ -3,9 +3,11 @@
 // allocation of the mem layer's pinned host tier (cudaHostAlloc in CUDA builds, mmap'd pages in
 // CPU builds), laid out unit by unit — unit l < L is layer l, unit L the globals (embedding,
 // final norm, untied lm_head) — and inside a unit section by section:
-//   weights   the streaming copy the device reads: f32 (the CPU backend's compute dtype) with
-//             an fp32 master; with a bf16 master the bf16 weights themselves (the truth, updated
-//             in place, streamed as bf16 and widened on the device side)
+//   weights   the streaming copy the device reads: with an fp32 master f32, or bf16 (the master
+//             rounded by the update) when the state computes with bf16 weights
+//             (TrainState::use_bf16_compute); with a bf16 master the bf16 weights themselves (the
+//             truth, updated in place). bf16 weights stream as bf16 and are widened on the device
+//             side (bf16_widen.h)
 //   master    f32 master weights (what AdamW updates; copied into `weights` after the update),
 //             the bf16 Kahan compensation (bf16-kahan), or nothing (bf16-sr)
 //   states    f32 m, v — or 8-bit m, v codes + one f32 absmax per 2048 (optim/q8_code.h) — per
@@ -63,7 +65,7 @@ class HostArena {
   // bytes create(TrainState::from_loaded(m, mode)) holds for a model m with those values (tested).
   static Result<std::unique_ptr<HostArena>> create_initialized(
       const model::ModelConfig& config, const OptimMode& mode, mem::MemTier tier,
-      const std::function<void(std::size_t, float*)>& init);
+      const std::function<void(std::size_t, float*)>& init, bool bf16_compute = false);
 
   Status load_from(const TrainState& s);  // weights + master + states (grads zeroed)
   Status store_to(TrainState& s) const;   // master + states, bit for bit
@@ -75,13 +77,15 @@ class HostArena {
   std::int64_t unit_blocks(int u) const { return units_[u].blocks; }
   std::int64_t max_layer_elements() const;
 
-  // fp32 master only: f32 streaming copy and master.
+  // fp32 master: the master; its streaming copy is weights() (f32) or w16() (bf16_weights()).
   float* weights(int u) const { return arena_.as<float>(units_[u].weights); }
   float* master(int u) const { return arena_.as<float>(units_[u].master); }
-  // bf16 masters only: the bf16 weights (also the streaming copy) and the Kahan compensation.
+  // bf16 streaming weights (bf16 masters: the weights themselves) and the Kahan compensation.
   std::uint16_t* w16(int u) const { return arena_.as<std::uint16_t>(units_[u].weights); }
   std::uint16_t* comp16(int u) const { return arena_.as<std::uint16_t>(units_[u].master); }
   bool bf16_master() const { return mode_.master != MasterWeights::kF32; }
+  // The streaming copy is bf16 (bf16 masters, or an fp32 master computing with bf16 weights).
+  bool bf16_weights() const { return bf16_weights_; }
   // Bytes of unit u's streaming weights (what one H2D copy of the unit moves).
   std::size_t unit_weight_bytes(int u) const;
   // One parameter's states: f32 m, v (!p.q8) or the 8-bit codes and block scales (p.q8).
@@ -116,15 +120,19 @@ class HostArena {
   // Lays out and allocates (contents undefined) the arena of these parameters.
   static Result<std::unique_ptr<HostArena>> allocate(const std::vector<model::ParamSpec>& specs,
                                                      int layers, const OptimMode& mode,
+                                                     bool bf16_weights,
                                                      const std::vector<bool>& decay,
                                                      const std::vector<bool>& q8,
                                                      mem::MemTier tier);
   Status check_layout(const TrainState& s) const;  // same mode and 8-bit selection
+  // fp32 master: its streaming copy (f32, or bf16 rounded to nearest even) from the master.
+  void write_streaming_copy(const ParamLoc& p) const;
   std::uint8_t* state(mem::SlotId section, const ParamLoc& p) const {
     return arena_.as<std::uint8_t>(section) + p.state_offset;
   }
 
   OptimMode mode_;
+  bool bf16_weights_ = false;
   std::vector<ParamLoc> params_;
   std::vector<Unit> units_;
   std::int64_t elements_ = 0;

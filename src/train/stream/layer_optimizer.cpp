@@ -125,11 +125,14 @@ void LayerOptimizer::update_range(int u, int idx, const UpdateArgs& a, std::int6
   const kc::AdamWConstants k = kc::make_adamw_constants(
       a.lr, a.beta1, a.beta2, a.eps, p.decay ? a.weight_decay : 0.0f, a.grad_scale, a.step);
   const float* g = arena_.grads(u) + at;
+  // fp32 master with a bf16 streaming copy: the kernel writes it (round to nearest even) while
+  // it updates the chunk.
+  std::uint16_t* copy16 = !bf16 && arena_.bf16_weights() ? arena_.w16(u) + at : nullptr;
   if (mode == OptimMode{}) {
     // Backend::adamw's kernel: what the in-memory executor runs for fp32/fp32 (every other
     // mode, fp32-state parameters of an 8-bit subset included, takes the hybrid kernel there).
     kc::adamw_span(isa, k, arena_.master(u) + at, arena_.m32(p) + begin, arena_.v32(p) + begin,
-                   nullptr, g, n);
+                   copy16, g, n);
   } else {
     kc::HybridAdamWSpan s;
     s.n = n;
@@ -139,6 +142,7 @@ void LayerOptimizer::update_range(int u, int idx, const UpdateArgs& a, std::int6
       if (mk == kc::MasterKind::kBf16Kahan) s.comp16 = arena_.comp16(u) + at;
     } else {
       s.p32 = arena_.master(u) + at;
+      s.p16 = copy16;
     }
     if (p.q8) {  // begin is a multiple of kChunk, itself of the 8-bit block
       s.m8 = arena_.m8(p) + begin;
@@ -153,9 +157,9 @@ void LayerOptimizer::update_range(int u, int idx, const UpdateArgs& a, std::int6
     s.sr_key = kc::sr_key(a.sr_seed, a.step, static_cast<std::uint64_t>(p.index));
     kc::hybrid_adamw_span(isa, mk, p.q8 ? kc::StateKind::kQ8 : kc::StateKind::kF32, k, s);
   }
-  // The streaming copy the device reads, while the chunk is in cache. bf16 masters were updated
-  // in place: they are the streaming copy.
-  if (!bf16) {
+  // The f32 streaming copy the device reads, while the chunk is in cache. bf16 masters were
+  // updated in place (they are the streaming copy); a bf16 copy was written by the kernel.
+  if (!arena_.bf16_weights()) {
     std::memcpy(arena_.weights(u) + at, arena_.master(u) + at,
                 static_cast<std::size_t>(n) * sizeof(float));
   }

@@ -94,7 +94,7 @@ ModelSizes model_sizes(const HostArena& arena) {
   return {.globals_elements = arena.unit_elements(arena.globals_unit()),
           .max_layer_elements = arena.max_layer_elements(),
           .params = static_cast<std::int64_t>(arena.params().size()),
-          .bf16_weights = arena.bf16_master()};
+          .bf16_weights = arena.bf16_weights()};
 }
 
 // The device tier and the host tier of boundaries / the arena, by where compute runs.
@@ -438,7 +438,7 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
       opt_->wait_ready(G);
       return {};
     }));
-    if (arena_->bf16_master()) {
+    if (arena_->bf16_weights()) {
       // Lands through the staging buffer the weight thread also uses: done (synchronized) before
       // that thread starts this micro-batch's copies (bf16_widen.h).
       FERRY_TRY(clock_->wait_begin());

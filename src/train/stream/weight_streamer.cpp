@@ -9,7 +9,7 @@ Result<std::unique_ptr<WeightStreamer>> WeightStreamer::create(
     const HostArena& arena, LayerOptimizer& opt, std::vector<float*> slots,
     std::vector<int> schedule, mem::TransferEngine& engine, mem::Stream& h2d, mem::Stream& compute,
     const Bf16Landing* landing) {
-  if (arena.bf16_master() && landing == nullptr) {
+  if (arena.bf16_weights() && landing == nullptr) {
     return invalid_argument("train: bf16 streaming weights need a landing (bf16_widen.h)");
   }
   std::vector<mem::Event> free;
@@ -119,8 +119,8 @@ void WeightStreamer::run() {
       // The kernels that read the slot's previous item must have run (device-side wait).
       Status st = h2d_.wait(free_[static_cast<std::size_t>(j % depth)]);
       if (st.ok()) {
-        st = arena_.bf16_master() ? landing_->land(slot, arena_.w16(layer), elems, engine_, h2d_)
-                                  : engine_.h2d(slot, arena_.weights(layer), bytes, h2d_);
+        st = arena_.bf16_weights() ? landing_->land(slot, arena_.w16(layer), elems, engine_, h2d_)
+                                   : engine_.h2d(slot, arena_.weights(layer), bytes, h2d_);
       }
       if (st.ok()) st = h2d_.synchronize();
       {

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <mutex>
 
+#include "core/dtype.h"
 #include "kernels/backend.h"
 #include "model/model_binding.h"
 #include "test_util.h"
@@ -217,6 +218,71 @@ TEST(StreamExecutor, Bf16ArenaIsTheModesBytesPerParamAndStreamsHalfTheBytes) {
     EXPECT_EQ(2 * b.stats.globals_h2d, f32.stats.globals_h2d);
     EXPECT_GT(b.stats.weight_h2d, 0u);
   }
+}
+
+// An fp32 master computing with bf16 weights (--weights-dtype bf16, the GPU default): the arena's
+// streaming copy is bf16, written by the update (round to nearest even), and the in-memory
+// reference computes with the master's bf16 rounding — the same bits for every policy.
+TEST(StreamExecutor, Fp32MasterWithBf16WeightsMatchesInMemory) {
+  const std::string dir = testing::temp_dir("stream_bf16w");
+  auto m = dense_model(dir + "/model");
+  const std::string nv = nvme_dir();
+  for (const OptimMode& mode :
+       {OptimMode{}, OptimMode{.master = MasterWeights::kF32, .states = OptimizerStates::k8Bit}}) {
+    SCOPED_TRACE(describe(mode));
+    RunSpec spec;
+    spec.mode = mode;
+    spec.bf16_compute = true;
+    check_policies(*m, {"every:2", "host", "mix:dhrn:" + nv}, spec);
+  }
+  auto moe = moe_model();
+  RunSpec spec;
+  spec.bf16_compute = true;
+  spec.gemm_precision = model::GemmPrecision::kBf16;
+  check_policies(*moe, {"every:2", "device"}, spec);
+}
+
+// What the mode changes: the weights computed with are the master's bf16 rounding (so the losses
+// differ from an f32-weights run), the master stays f32, the streaming copy and the link carry
+// half the bytes, and the arena is 2 bytes/param smaller.
+TEST(StreamExecutor, Bf16WeightsAreTheMastersRoundingAndHalveTheStreamedBytes) {
+  const std::string dir = testing::temp_dir("stream_bf16w_bytes");
+  auto m = dense_model(dir + "/model");
+  const std::vector<Batch> data = make_batches(4, m->geometry.vocab, 5);
+  RunSpec f32;
+  f32.steps = 2;
+  RunSpec b16 = f32;
+  b16.bf16_compute = true;
+  const RunResult a = run_stream(*m, f32, data, "every:2");
+  const RunResult b = run_stream(*m, b16, data, "every:2");
+  ASSERT_EQ(a.losses.size(), b.losses.size());
+  EXPECT_NE(a.losses[0], b.losses[0]) << "bf16 weights should change the arithmetic";
+  EXPECT_NEAR(a.losses[0], b.losses[0], 1e-2 * std::fabs(a.losses[0]));
+  EXPECT_EQ(2 * b.stats.weight_h2d, a.stats.weight_h2d);
+  EXPECT_EQ(2 * b.stats.globals_h2d, a.stats.globals_h2d);
+  // The state computes with bf16(master) and its master kept bits below bf16's precision.
+  const TrainState& s = *b.state;
+  ASSERT_NE(s.compute, nullptr);
+  bool finer = false;
+  for (std::size_t i = 0; i < s.num_params(); ++i) {
+    const float* mw = s.master->named[i].second.as<float>();
+    const float* cw = s.compute->named[i].second.as<float>();
+    for (std::int64_t k = 0; k < s.master->named[i].second.numel(); ++k) {
+      ASSERT_EQ(cw[k], bf16_to_f32(f32_to_bf16(mw[k]))) << s.master->named[i].first << " " << k;
+      finer |= mw[k] != cw[k];
+    }
+  }
+  EXPECT_TRUE(finer) << "the fp32 master should hold values bf16 cannot";
+  std::unique_ptr<TrainState> sa = make_state(*m, f32), sb = make_state(*m, b16);
+  auto arena_a = HostArena::create(*sa);
+  auto arena_b = HostArena::create(*sb);
+  ASSERT_TRUE(arena_a.ok() && arena_b.ok());
+  EXPECT_TRUE((*arena_b)->bf16_weights());
+  const double saved = double((*arena_a)->total_bytes()) - double((*arena_b)->total_bytes());
+  const double n = double((*arena_a)->num_elements());
+  EXPECT_NEAR(saved / n, 2.0, 0.1);
+  // A state computing with f32 weights does not load into a bf16-weights arena.
+  EXPECT_FALSE((*arena_b)->load_from(*sa).ok());
 }
 
 TEST(StreamExecutor, BytesMovedAreWhatThePolicyPredicts) {
