@@ -60,15 +60,20 @@ inline std::vector<Batch> make_batches(int count, int vocab, std::uint64_t seed)
   return out;
 }
 
+// The small dense model of these tests (4 layers, C = 32, GQA 2/1).
+inline BuiltinModelSpec dense_spec() {
+  return {.layers = 4,
+          .hidden = 32,
+          .heads = 2,
+          .kv_heads = 1,
+          .head_dim = 16,
+          .intermediate = 48,
+          .max_positions = 64,
+          .init_std = 0.05};
+}
+
 inline std::unique_ptr<model::LoadedModel> dense_model(const std::string& dir) {
-  const BuiltinModelSpec spec{.layers = 4,
-                              .hidden = 32,
-                              .heads = 2,
-                              .kv_heads = 1,
-                              .head_dim = 16,
-                              .intermediate = 48,
-                              .max_positions = 64,
-                              .init_std = 0.05};
+  const BuiltinModelSpec spec = dense_spec();
   EXPECT_TRUE(write_builtin_model(dir, spec, 7).ok());
   auto m = model::load_model_f32(dir);
   EXPECT_TRUE(m.ok()) << m.status().to_string();

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/cpu_info.h"
 #include "core/json.h"
 #include "core/thread_pool.h"
 #include "core/timer.h"
@@ -39,18 +40,6 @@ using ferry::train::MasterWeights;
 using ferry::train::OptimizerStates;
 using ferry::train::OptimMode;
 namespace kc = ferry::kernels::cpu;
-
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const auto pos = line.find(':');
-      return pos == std::string::npos ? line : line.substr(pos + 2);
-    }
-  }
-  return "unknown";
-}
 
 struct Row {
   std::string name;
@@ -237,7 +226,7 @@ int main(int argc, char** argv) {
   std::printf(
       "optimizer_bench: %lld params, median of %d (round-robin), %zu threads, isa %s, cpu \"%s\"\n",
       static_cast<long long>(n), reps, pool.size() + 1, std::string(kc::to_string(isa)).c_str(),
-      cpu_model().c_str());
+      ferry::cpu_model_name().c_str());
   std::printf("%-48s %8s %9s %8s %8s %8s | %8s %8s %8s\n", "what", "ms", "Mparam/s", "GB/s",
               "vs copy", "vs fp32", "cpu ms", "cpu GB/s", "vs copy");
   const double copy_cpu_gbps = rows[0].bytes_per_param * double(n) / rows[0].cpu_seconds / 1e9;
@@ -266,7 +255,7 @@ int main(int argc, char** argv) {
                            {"reps", reps},
                            {"threads", pool.size() + 1},
                            {"isa", std::string(kc::to_string(isa))},
-                           {"cpu", cpu_model()},
+                           {"cpu", ferry::cpu_model_name()},
                            {"copy_gb_per_s", copy_gbps},
                            {"rows", out_rows}};
     std::ofstream f(json_path);

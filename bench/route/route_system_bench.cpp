@@ -25,6 +25,7 @@
 
 #include <fmt/format.h>
 
+#include "core/cpu_info.h"
 #include "core/json.h"
 #include "route/agent.h"
 #include "route/controller.h"
@@ -43,15 +44,6 @@ using Clock = std::chrono::steady_clock;
 constexpr double kHttpRequestHeaderBytes = 164;
 // The binary request adds "Inference-Header-Content-Length: N" and a longer Content-Type.
 constexpr double kBinaryExtraHeaderBytes = 44;
-
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown";
-}
 
 // ns per decision over `frames` scores, best of 3 repetitions.
 template <typename Decide>
@@ -275,8 +267,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const std::string machine =
-      fmt::format("{} ({} hardware threads)", cpu_model(), std::thread::hardware_concurrency());
+  const std::string machine = fmt::format("{} ({} hardware threads)", ferry::cpu_model_name(),
+                                          std::thread::hardware_concurrency());
   std::printf("# machine: %s\n", machine.c_str());
   Json report{{"machine", machine}, {"quick", quick}};
   if (!wan_only) report["decision"] = bench_decision(quick);

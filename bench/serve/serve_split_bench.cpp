@@ -31,31 +31,13 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "core/cpu_info.h"
 #include "core/timer.h"
 #include "serve/wsa/split_sim.h"
 
 namespace {
 
 using namespace ferry::serve::wsa;
-
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown";
-}
-
-std::string describe(const Split& s) {
-  int lo = 1 << 30, hi = 0;
-  long total = 0;
-  for (int c : s.slots) lo = std::min(lo, c), hi = std::max(hi, c), total += c;
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "slots/layer %d..%d (mean %.1f), kv %d blocks", lo, hi,
-                double(total) / double(s.slots.size()), s.kv_blocks);
-  return buf;
-}
 
 }  // namespace
 
@@ -233,10 +215,11 @@ int main(int argc, char** argv) {
       "model: step %.1f ms + %.2f ms/token + misses x %.2f ms (%.1f GB/s link); machine: "
       "%s (%s %s); routing %.1f s, simulations %.1f s\n",
       cfg.step_base_s * 1e3, cfg.token_s * 1e3, double(expert_bytes) / cfg.link_bytes_per_s * 1e3,
-      link_gbps, cpu_model().c_str(), un.sysname, un.release, gen_s, sim_s);
+      link_gbps, ferry::cpu_model_name().c_str(), un.sysname, un.release, gen_s, sim_s);
   nlohmann::json j;
   j["what"] = "trace-driven split simulator (serve/wsa/split_sim.h); modelled times, not GPU runs";
-  j["machine"] = {{"cpu", cpu_model()}, {"os", std::string(un.sysname) + " " + un.release}};
+  j["machine"] = {{"cpu", ferry::cpu_model_name()},
+                  {"os", std::string(un.sysname) + " " + un.release}};
   j["geometry"] = "Qwen3-30B-A3B bf16";
   j["budget_gib"] = budget_gib;
   j["experts_kv_budget_bytes"] = cfg.budget_bytes;
@@ -271,7 +254,7 @@ int main(int argc, char** argv) {
                   row.r.hit_rate(), static_cast<unsigned long long>(row.r.preemptions),
                   static_cast<unsigned long long>(row.r.prefill_tokens), row.r.prefix_hit_rate(),
                   xn, x, static_cast<unsigned long long>(row.r.moves), row.live ? "final " : "",
-                  describe(row.split).c_str());
+                  to_string(row.split).c_str());
       j[suite.prefix_cache ? "prefix_cache_on" : "prefix_cache_off"].push_back(
           {{"name", row.name},
            {"total_s", row.r.total_s},

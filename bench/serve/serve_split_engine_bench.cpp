@@ -44,6 +44,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "core/cpu_info.h"
 #include "core/timer.h"
 #include "kernels/backend.h"
 #include "serve/builtin_model.h"
@@ -93,27 +94,8 @@ struct PolicyResult {
   std::string error;
 };
 
-std::string describe(const Split& s) {
-  int lo = 1 << 30, hi = 0;
-  long total = 0;
-  for (int c : s.slots) lo = std::min(lo, c), hi = std::max(hi, c), total += c;
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "slots/layer %d..%d (mean %.1f), kv %d blocks", lo, hi,
-                double(total) / double(std::max<std::size_t>(1, s.slots.size())), s.kv_blocks);
-  return buf;
-}
-
 nlohmann::json split_json(const Split& s) {
-  return {{"slots", s.slots}, {"kv_blocks", s.kv_blocks}, {"text", describe(s)}};
-}
-
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown";
+  return {{"slots", s.slots}, {"kv_blocks", s.kv_blocks}, {"text", to_string(s)}};
 }
 
 struct Setup {
@@ -482,7 +464,7 @@ int main(int argc, char** argv) {
   out["what"] =
       "MV-WSA split policies on the real serving engine: agentic workload, forced calibrated "
       "routing, random-weight Qwen3-30B-A3B layer widths";
-  out["machine"] = {{"host", un.nodename}, {"cpu", cpu_model()}, {"device", device}};
+  out["machine"] = {{"host", un.nodename}, {"cpu", ferry::cpu_model_name()}, {"device", device}};
   out["geometry"] = {{"layers", geo.layers},
                      {"of_target_layers", kLayers},
                      {"hidden", geo.hidden},
@@ -547,8 +529,8 @@ int main(int argc, char** argv) {
         static_cast<unsigned long long>(r.preemptions),
         static_cast<unsigned long long>(r.prefix_hit_tokens),
         static_cast<unsigned long long>(r.prefix_query_tokens),
-        static_cast<unsigned long long>(r.moves), describe(r.start).c_str(),
-        describe(r.final_split).c_str(), r.error.empty() ? "" : " error: ", r.error.c_str());
+        static_cast<unsigned long long>(r.moves), to_string(r.start).c_str(),
+        to_string(r.final_split).c_str(), r.error.empty() ? "" : " error: ", r.error.c_str());
     std::fflush(stdout);
   };
   for (const std::string& p : split_list(policies_arg)) {

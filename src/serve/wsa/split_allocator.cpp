@@ -5,6 +5,8 @@
 #include <numeric>
 #include <queue>
 
+#include <fmt/format.h>
+
 #include "core/check.h"
 #include "mem/budget.h"
 #include "serve/wsa/convex_curve.h"
@@ -270,6 +272,14 @@ Result<Split> allocate(const SplitProblem& p) {
   }
   fill_leftover(p, best);
   return best;
+}
+
+std::string to_string(const Split& s) {
+  int lo = s.slots.empty() ? 0 : 1 << 30, hi = 0;
+  long total = 0;
+  for (int c : s.slots) lo = std::min(lo, c), hi = std::max(hi, c), total += c;
+  return fmt::format("slots/layer {}..{} (mean {:.1f}), kv {} blocks", lo, hi,
+                     double(total) / double(std::max<std::size_t>(1, s.slots.size())), s.kv_blocks);
 }
 
 }  // namespace ferry::serve::wsa

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "core/result.h"
@@ -52,6 +53,9 @@ struct Split {
   std::size_t bytes(const SplitProblem& p) const;
   friend bool operator==(const Split&, const Split&) = default;
 };
+
+// "slots/layer lo..hi (mean m), kv k blocks" (reports, logs).
+std::string to_string(const Split& s);
 
 // The KV side of T at k blocks: shortage plus prefix-cache misses, each at its cost.
 double kv_side_s(const SplitProblem& p, int k);

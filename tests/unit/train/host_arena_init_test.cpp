@@ -15,14 +15,7 @@
 namespace ferry::train::stream {
 namespace {
 
-const BuiltinModelSpec kSpec{.layers = 3,
-                             .hidden = 32,
-                             .heads = 2,
-                             .kv_heads = 1,
-                             .head_dim = 16,
-                             .intermediate = 48,
-                             .max_positions = 64,
-                             .init_std = 0.05};
+const BuiltinModelSpec kSpec = dense_spec();
 constexpr std::uint64_t kSeed = 21;
 
 std::unique_ptr<HostArena> initialized(const OptimMode& mode, const model::ModelConfig& config) {
