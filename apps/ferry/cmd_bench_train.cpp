@@ -33,6 +33,8 @@ void register_bench_train(CLI::App& app, CommandFn& run) {
   auto json_out = std::make_shared<std::string>();
   auto states = std::make_shared<std::string>("fp32");
   auto master = std::make_shared<std::string>("fp32");
+  auto batch = std::make_shared<std::string>("4");
+  auto budget_mib = std::make_shared<std::int64_t>(0);
   auto* cmd = bench_cmd(app)->add_subcommand(
       "train", "streaming trainer step throughput per activation policy (docs/train.md)");
   cmd->add_option("--device", cfg->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
@@ -45,7 +47,14 @@ void register_bench_train(CLI::App& app, CommandFn& run) {
       ->check(CLI::Range(8, 256));
   cmd->add_option("--intermediate", cfg->model.intermediate, "MLP width F")
       ->check(CLI::Range(8, 1 << 17));
-  cmd->add_option("--batch-size", cfg->batch, "sequences per step")->check(CLI::Range(1, 4096));
+  cmd->add_option("--batch-size", *batch,
+                  "sequences per micro-batch, or auto: per policy the largest batch (<= "
+                  "--max-batch) whose device plan fits --device-budget-mib");
+  cmd->add_option("--max-batch", cfg->max_batch, "the largest batch --batch-size auto tries")
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--device-budget-mib", *budget_mib,
+                  "device-tier budget (a GPU-memory cap); 0 = unlimited")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30));
   cmd->add_option("--seq-len", cfg->seq, "tokens per sequence")
       ->check(CLI::Range(std::int64_t{2}, std::int64_t{1} << 20));
   cmd->add_option("--grad-accum", cfg->accum,
@@ -53,7 +62,10 @@ void register_bench_train(CLI::App& app, CommandFn& run) {
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--steps", cfg->steps, "timed steps per policy")->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", cfg->warmup, "untimed steps first")->check(CLI::Range(0, 1000));
-  cmd->add_option("--policies", cfg->policies, "activation policies, in order")->delimiter(',');
+  cmd->add_option("--policies", cfg->policies,
+                  "activation policies, in order; plan=FILE: the boundary homes of a ferry plan "
+                  "JSON")
+      ->delimiter(',');
   cmd->add_option("--prefetch", cfg->prefetch, "weight slots prefetched ahead")
       ->check(CLI::Range(1, 64));
   cmd->add_option("--gemm-precision", cfg->gemm_precision,
@@ -77,7 +89,22 @@ void register_bench_train(CLI::App& app, CommandFn& run) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", cfg->seed, "seed of the weights and tokens");
   cmd->add_option("--json", *json_out, "write the JSON report here (-: stdout, no table)");
-  cmd->callback([cfg, json_out, states, master, &run] {
+  cmd->callback([cfg, json_out, states, master, batch, budget_mib, &run] {
+    if (*batch == "auto") {
+      cfg->batch_auto = true;
+      if (*budget_mib <= 0) {
+        throw CLI::ValidationError("--batch-size", "auto needs --device-budget-mib (the cap)");
+      }
+    } else {
+      try {
+        std::size_t used = 0;
+        cfg->batch = std::stoi(*batch, &used);
+        if (used != batch->size() || cfg->batch < 1 || cfg->batch > 4096) throw std::exception();
+      } catch (const std::exception&) {
+        throw CLI::ValidationError("--batch-size", "expected 1..4096 or auto, got " + *batch);
+      }
+    }
+    if (*budget_mib > 0) cfg->device_budget_bytes = static_cast<std::size_t>(*budget_mib) << 20;
     auto st = train::parse_optimizer_states(*states);
     if (!st.ok()) throw CLI::ValidationError("--optimizer-states", st.status().message());
     cfg->optim.states = *st;

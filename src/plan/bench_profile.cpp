@@ -50,6 +50,11 @@ Result<BenchPrediction> predict_bench(const Json& report, const model::ModelConf
     return invalid_argument("plan: the bench report has {} windows, the model {} layers",
                             w.at("measured_ms").size(), L);
   }
+  if (report.value("batch_auto", false)) {
+    return invalid_argument(
+        "plan: the bench report chose each policy's batch (--batch-size auto); profile from a "
+        "run at one fixed --batch-size");
+  }
   if (report.value("grad_accum", 1) != 1) {
     return invalid_argument(
         "plan: the bench report accumulates {} micro-batches per step; profile from a run with "

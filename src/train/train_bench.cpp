@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "train/train_bench.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <filesystem>
 
 #include "core/process_memory.h"
 #include "core/timer.h"
@@ -16,6 +19,7 @@
 #include "train/rng.h"
 #include "train/step_flops.h"
 #include "train/stream/activation_policy.h"
+#include "train/stream/plan_policy.h"
 #include "train/stream/stream_executor.h"
 #include "train/stream/window_report.h"
 #include "train/trainer.h"
@@ -85,8 +89,6 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
   FERRY_ASSIGN_OR_RETURN(const model::DecoderGeometry geo, model::make_geometry(config));
   const std::vector<model::ParamSpec> specs = model::param_specs(config);
   const TokenMatmulParams tm = token_matmul_params(geo);
-  const MicroBatch batch = make_batch(c.batch, c.seq, geo.vocab, c.seed + 1);
-  const std::int64_t tokens = static_cast<std::int64_t>(c.batch) * c.seq;
 
   Json rep{
       {"bench", "train"},
@@ -101,6 +103,10 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
         {"vocab", geo.vocab}}},
       {"params", tm.model_params},
       {"batch", c.batch},
+      {"batch_auto", c.batch_auto},
+      {"device_budget_bytes", c.device_budget_bytes == mem::MemoryBudget::kUnlimited
+                                  ? Json(nullptr)
+                                  : Json(c.device_budget_bytes)},
       {"grad_accum", c.accum},
       {"seq", c.seq},
       {"steps", c.steps},
@@ -117,15 +123,44 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
         auto arena, stream::HostArena::create_initialized(
                         config, c.optim, stream::StreamExecutor::host_tier(*be),
                         [&](std::size_t i, float* out) { init.fill(i, out); }, bf16_compute));
-    FERRY_ASSIGN_OR_RETURN(const stream::ActivationPolicy pol,
-                           stream::parse_policy(name, geo.layers));
+    // A policy by name, or a `ferry plan` document's boundary homes (plan=FILE).
+    stream::ActivationPolicy pol;
+    double predicted_step_ms = 0;
+    int plan_batch = 0;  // what a plan was solved for
+    if (name.rfind("plan=", 0) == 0) {
+      const std::string nvme =
+          (std::filesystem::temp_directory_path() / "ferry_bench_train_nvme").string();
+      FERRY_ASSIGN_OR_RETURN(const stream::PlanPolicy pp,
+                             stream::read_plan_policy(name.substr(5), geo.layers, nvme));
+      pol = pp.policy;
+      predicted_step_ms = pp.predicted_step_ms;
+      plan_batch = pp.batch_size;
+    } else {
+      FERRY_ASSIGN_OR_RETURN(pol, stream::parse_policy(name, geo.layers));
+    }
+    int b = c.batch;
+    if (c.batch_auto) {
+      FERRY_ASSIGN_OR_RETURN(
+          b, stream::largest_batch(geo, stream::model_sizes(*arena), pol, c.prefetch + 1, c.seq,
+                                   c.device_budget_bytes, *be, precision, c.max_batch));
+      // A plan runs at the batch it was solved for, if the executor's plan fits it too.
+      if (plan_batch > 0 && b > 0) b = std::min(b, plan_batch);
+      if (b == 0) {
+        rep["policies"].push_back(
+            {{"policy", name},
+             {"error", fmt::format("not even batch 1 fits the device budget of {}",
+                                   mem::format_bytes(c.device_budget_bytes))}});
+        continue;
+      }
+    }
+    const MicroBatch batch = make_batch(b, c.seq, geo.vocab, c.seed + 1);
+    const std::int64_t tokens = static_cast<std::int64_t>(b) * c.seq;
     const stream::StreamOptions so{.policy = pol,
                                    .prefetch = c.prefetch,
                                    .device_budget_bytes = c.device_budget_bytes,
                                    .optimizer_threads = c.optimizer_threads,
                                    .gemm_precision = precision};
-    auto ex =
-        stream::StreamExecutor::create(std::move(arena), config, c.seed, c.batch, c.seq, so, *be);
+    auto ex = stream::StreamExecutor::create(std::move(arena), config, c.seed, b, c.seq, so, *be);
     if (!ex.ok()) {
       rep["policies"].push_back({{"policy", name}, {"error", ex.status().to_string()}});
       continue;
@@ -178,6 +213,8 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
     rep["policies"].push_back(
         {{"policy", name},
          {"describe", pol.describe()},
+         {"batch_size", b},
+         {"predicted_step_ms", predicted_step_ms > 0 ? Json(predicted_step_ms) : Json(nullptr)},
          {"step_ms_median", median(step_s) * 1e3},
          {"step_ms_mean", total_s * per * 1e3},
          {"tokens_per_s", static_cast<double>(tokens) * c.accum * c.steps / total_s},
@@ -204,17 +241,19 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
 }
 
 std::string format_train_bench(const Json& r) {
+  const bool autob = r.value("batch_auto", false);
   std::string out = fmt::format(
       "bench train on {} | {} layers, hidden {}, {:.3g} B params | batch {} x seq {} x accum {} | "
       "{} timed steps | {} | {} GEMMs | {} weights\n",
       r["device"].get<std::string>(), r["geometry"]["layers"].get<int>(),
-      r["geometry"]["hidden"].get<int>(), r["params"].get<double>() / 1e9, r["batch"].get<int>(),
+      r["geometry"]["hidden"].get<int>(), r["params"].get<double>() / 1e9,
+      autob ? std::string("auto (largest that fits)") : std::to_string(r["batch"].get<int>()),
       r["seq"].get<std::int64_t>(), r.value("grad_accum", 1), r["steps"].get<int>(),
       r["optimizer"].get<std::string>(), r.value("gemm_precision", std::string("f32")),
       r.value("weights_dtype", std::string("f32")));
-  out += fmt::format("{:<22} {:>10} {:>10} {:>8} {:>8} {:>6} {:>11} {:>8} {:>12} {:>10}\n",
-                     "policy", "step ms", "tok/s", "TFLOPS", "hw", "MFU%", "exposed ms", "opt ms",
-                     "device peak", "host peak");
+  out += fmt::format("{:<22} {:>5} {:>10} {:>10} {:>8} {:>8} {:>6} {:>11} {:>8} {:>12} {:>10}\n",
+                     "policy", "batch", "step ms", "tok/s", "TFLOPS", "hw", "MFU%", "exposed ms",
+                     "opt ms", "device peak", "host peak");
   for (const Json& p : r["policies"]) {
     if (p.contains("error")) {
       out +=
@@ -222,11 +261,13 @@ std::string format_train_bench(const Json& r) {
       continue;
     }
     out += fmt::format(
-        "{:<22} {:>10.1f} {:>10.0f} {:>8.2f} {:>8.2f} {:>6.1f} {:>11.1f} {:>8.1f} {:>12} {:>10}\n",
-        p["policy"].get<std::string>(), p["step_ms_median"].get<double>(),
-        p["tokens_per_s"].get<double>(), p["model_tflops"].get<double>(),
-        p["hardware_tflops"].get<double>(), 100 * p["mfu"].get<double>(),
-        p["exposed_ms_per_step"].get<double>(), p["optimizer_ms_per_step"].get<double>(),
+        "{:<22} {:>5} {:>10.1f} {:>10.0f} {:>8.2f} {:>8.2f} {:>6.1f} {:>11.1f} {:>8.1f} {:>12} "
+        "{:>10}\n",
+        p["policy"].get<std::string>(), p.value("batch_size", r["batch"].get<int>()),
+        p["step_ms_median"].get<double>(), p["tokens_per_s"].get<double>(),
+        p["model_tflops"].get<double>(), p["hardware_tflops"].get<double>(),
+        100 * p["mfu"].get<double>(), p["exposed_ms_per_step"].get<double>(),
+        p["optimizer_ms_per_step"].get<double>(),
         mem::format_bytes(p["device_peak_bytes"].get<std::size_t>()),
         mem::format_bytes(p["host_peak_bytes"].get<std::size_t>()));
   }

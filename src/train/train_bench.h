@@ -26,10 +26,16 @@ struct TrainBenchConfig {
   std::string device = "cpu";  // cpu | cuda
   BuiltinModelSpec model;      // geometry of the random-weight model (builtin tokenizer's vocab)
   int batch = 4;               // sequences per micro-batch, each seq tokens long
+  // Per policy, the largest batch (<= max_batch) whose device plan fits device_budget_bytes
+  // (stream::largest_batch), instead of `batch`: what fits each policy at a GPU-memory cap.
+  bool batch_auto = false;
+  int max_batch = 64;
   std::int64_t seq = 256;
   int accum = 1;   // micro-batches per optimizer step (gradient accumulation)
   int steps = 5;   // timed steps per policy
   int warmup = 1;  // untimed steps first
+  // Activation policies (stream::parse_policy), or plan=FILE: the boundary homes of a `ferry
+  // plan` JSON (stream::read_plan_policy; its predicted step is reported next to the measured).
   std::vector<std::string> policies{"device", "every:4", "host"};
   int prefetch = 2;
   int optimizer_threads = 0;            // StreamOptions::optimizer_threads

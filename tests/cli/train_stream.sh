@@ -164,5 +164,36 @@ if [ "$rc" -ne 0 ]; then
   grep -qi 'cuda\|gpu\|device' "$TMP/bc.log" ||
     { echo "train_stream: --device cuda failure unclear"; cat "$TMP/bc.log"; exit 1; }
 fi
+# --batch-size auto under a device cap: each policy gets the largest batch that fits (recompute
+# fits more than keeping every boundary), and plan=FILE runs a plan document's homes at its batch.
+python3 - "$TMP/plan.json" <<'PY'
+import json, sys
+homes = ["gpu"] + ["recompute", "host"] * 5 + ["recompute", "gpu"]  # boundaries 0..12
+json.dump({"format": "ferry-plan", "num_layers": 12, "batch_size": 2, "seq_len": 64,
+           "policy": "hand", "boundaries": [{"boundary": i, "home": h} for i, h in enumerate(homes)],
+           "spans": [], "predicted": {"window_compute_ms": [1.0] * 25,
+                                      "window_exposed_ms": [0.0] * 25, "step_ms": 12.5}},
+          open(sys.argv[1], "w"))
+PY
+"$FERRY" bench train --layers 12 --hidden 64 --heads 4 --kv-heads 2 --head-dim 16 \
+  --intermediate 64 --seq-len 64 --steps 1 --warmup 0 --batch-size auto --max-batch 64 \
+  --device-budget-mib 4 --policies "device,every:4,host,plan=$TMP/plan.json" --json "$TMP/ba.json" \
+  > "$TMP/ba.log" 2>&1 || { echo "train_stream: bench --batch-size auto failed"; cat "$TMP/ba.log"; exit 1; }
+python3 - "$TMP/ba.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+p = {x["policy"].split("=")[0]: x for x in r["policies"]}
+assert r["batch_auto"] and r["device_budget_bytes"] == 4 << 20, r
+for x in p.values():
+    assert "error" not in x and x["device_planned_bytes"] <= 4 << 20, x
+b = {k: x["batch_size"] for k, x in p.items()}
+assert b["host"] > b["every:4"] > b["device"] >= 1, b
+assert b["plan"] == 2 and p["plan"]["predicted_step_ms"] == 12.5, p["plan"]
+assert p["plan"]["describe"].endswith("drhrhrhrhrhr"), p["plan"]["describe"]
+PY
+if "$FERRY" plan --from-bench "$TMP/ba.json" > /dev/null 2> "$TMP/bf.err"; then
+  echo "train_stream: a --batch-size auto report should not give a profile"; exit 1
+fi
+grep -q "batch-size auto" "$TMP/bf.err" || { cat "$TMP/bf.err"; exit 1; }
 echo "train_stream: bench train reported every policy"
 echo "train stream cli: ok"

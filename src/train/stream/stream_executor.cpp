@@ -90,13 +90,6 @@ model::ModelParams bind_views(const std::vector<model::ParamSpec>& specs, const 
   return mp;
 }
 
-ModelSizes model_sizes(const HostArena& arena) {
-  return {.globals_elements = arena.unit_elements(arena.globals_unit()),
-          .max_layer_elements = arena.max_layer_elements(),
-          .params = static_cast<std::int64_t>(arena.params().size()),
-          .bf16_weights = arena.bf16_weights()};
-}
-
 // The device tier and the host tier of boundaries / the arena, by where compute runs.
 mem::MemTier device_tier_for(const kernels::Backend& be) {
   return be.device() == Device::kCpu ? cpu_device_tier() : mem::MemTier::kDevice;
@@ -106,6 +99,13 @@ mem::MemTier pinned_tier_for(const kernels::Backend& be) {
 }
 
 }  // namespace
+
+ModelSizes model_sizes(const HostArena& arena) {
+  return {.globals_elements = arena.unit_elements(arena.globals_unit()),
+          .max_layer_elements = arena.max_layer_elements(),
+          .params = static_cast<std::int64_t>(arena.params().size()),
+          .bf16_weights = arena.bf16_weights()};
+}
 
 StreamExecutor::StreamExecutor(kernels::Backend& be, const StreamOptions& opts)
     : be_(be),

@@ -99,6 +99,9 @@ struct TransferStats {
   std::vector<double> window_s, window_exposed_s;
 };
 
+// The arena's sizes as the device plan counts them.
+ModelSizes model_sizes(const HostArena& arena);
+
 class StreamExecutor {
  public:
   // Builds the host arena from `s` (weights, states), plans the device tier for micro-batches
