@@ -166,4 +166,17 @@ std::vector<std::int32_t> AgenticWorkload::turn_prompt(int session, int turn, in
   return ids;
 }
 
+std::vector<std::int32_t> AgenticWorkload::next_turn_prompt(int session, int turn,
+                                                            std::span<const std::int32_t> prompt,
+                                                            std::span<const std::int32_t> reply,
+                                                            int vocab) const {
+  std::vector<std::int32_t> next(prompt.begin(), prompt.end());
+  next.insert(next.end(), reply.begin(), reply.end());
+  const std::vector<std::int32_t> user = turn_prompt(session, turn + 1, vocab);
+  if (user.size() > next.size()) {
+    next.insert(next.end(), user.begin() + std::ptrdiff_t(next.size()), user.end());
+  }
+  return next;
+}
+
 }  // namespace ferry::serve::wsa

@@ -54,6 +54,11 @@ class AgenticWorkload {
   std::span<const std::uint8_t> route(int session, int position, int layer) const;
   // Token ids of a turn's prompt (deterministic per session and position) for driving an engine.
   std::vector<std::int32_t> turn_prompt(int session, int turn, int vocab) const;
+  // The prompt of turn + 1 as a client re-sends it: this turn's prompt, the model's reply, then
+  // the user's new message (turn_prompt(session, turn + 1) past that length).
+  std::vector<std::int32_t> next_turn_prompt(int session, int turn,
+                                             std::span<const std::int32_t> prompt,
+                                             std::span<const std::int32_t> reply, int vocab) const;
 
  private:
   AgenticSpec spec_;

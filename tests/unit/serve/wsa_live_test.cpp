@@ -430,11 +430,7 @@ AgenticRecord run_history(Engine& eng, const wsa::AgenticWorkload& w, int vocab)
       const auto [s, t] = turn_of.at(e.id);
       out.tokens[{s, t}] = o->tokens;
       if (t + 1 >= static_cast<int>(w.turns(s).size())) continue;
-      std::vector<std::int32_t> next = prompt_of[s];
-      next.insert(next.end(), o->tokens.begin(), o->tokens.end());
-      const auto user = w.turn_prompt(s, t + 1, vocab);
-      next.insert(next.end(), user.begin() + std::ptrdiff_t(next.size()), user.end());
-      submit(s, t + 1, std::move(next));
+      submit(s, t + 1, w.next_turn_prompt(s, t, prompt_of[s], o->tokens, vocab));
     }
   }
   eng.set_logits_observer(nullptr);
