@@ -46,8 +46,7 @@ Result<std::unique_ptr<HostArena>> HostArena::create_initialized(
     decay.push_back(decays(p.hf_name));
     q8.push_back(mode.states == OptimizerStates::k8Bit);
   }
-  const bool bf16_weights = mode.master != MasterWeights::kF32 || bf16_compute;
-  FERRY_ASSIGN_OR_RETURN(auto a, allocate(specs, geo.layers, mode, bf16_weights, decay, q8, tier));
+  FERRY_ASSIGN_OR_RETURN(auto a, allocate(specs, geo.layers, mode, bf16_compute, decay, q8, tier));
   // Zero everything but the weights, unit by unit in parallel (tens of GB at bench sizes).
   const mem::ArenaPlan& plan = a->arena_.plan();
   ThreadPool::global().parallel_for(a->units_.size(), [&](std::size_t u0, std::size_t u1) {

@@ -441,12 +441,11 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
     if (arena_->bf16_weights()) {
       // Lands through the staging buffer the weight thread also uses: done (synchronized) before
       // that thread starts this micro-batch's copies (bf16_widen.h).
-      FERRY_TRY(clock_->wait_begin());
-      Status st = landing_->land(dev(plan_.globals_w), arena_->w16(G), arena_->unit_elements(G),
-                                 *te_, cs());
-      if (st.ok()) st = cs().synchronize();
-      FERRY_TRY(clock_->wait_end());
-      FERRY_TRY(st);
+      FERRY_TRY(timed_wait([&]() -> Status {
+        FERRY_TRY(landing_->land(dev(plan_.globals_w), arena_->w16(G), arena_->unit_elements(G),
+                                 *te_, cs()));
+        return cs().synchronize();
+      }));
       stats_.globals_h2d += arena_->unit_weight_bytes(G);
     } else {
       FERRY_TRY(copy(dev(plan_.globals_w), arena_->weights(G), gbytes, mem::CopyKind::kHostToDevice,
@@ -518,10 +517,7 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
       ++stats_.layer_forwards;
       FERRY_TRY(compute_->layer_forward(l, p, b, x_in, act_view(dev(plan_.transit[0]), T)));
       if (a > 0) {  // the backward accumulates into the refilled slot: the GPU waits (measured)
-        FERRY_TRY(clock_->wait_begin());
-        const Status st = cs().wait(*refill_ready_);
-        FERRY_TRY(clock_->wait_end());
-        FERRY_TRY(st);
+        FERRY_TRY(timed_wait([&] { return cs().wait(*refill_ready_); }));
       }
       ++stats_.layer_backwards;
       FERRY_TRY(compute_->layer_backward(l, p, grad_slots_[gk].layers[l], b, x_in));
