@@ -3,40 +3,52 @@
 # issue #7's benchmark: at each GPU-memory cap, the solved plan against the fixed policies, each
 # at the largest batch that fits the cap, measured by the streaming executor at full depth.
 #   CAPS="24 40 80" GEOMS="qwen2.5-3b qwen2.5-7b" bash scripts/gpu_plan_caps.sh
-# Per (geometry, cap): `ferry plan --batch-size auto --gpu-mem-gb CAP` writes the plan, then
-# `ferry bench train --batch-size auto --device-budget-mib CAP*1024 --policies
-# every:4,device,host,plan=PLAN` runs every policy at its largest fitting batch (the plan at the
-# batch it was solved for) and reports TFLOPS, tokens/s, the batch, and the plan's predicted step
-# next to the measured one. The bench model has the geometry's layer shapes with the built-in
-# 259-token vocabulary (the plan is solved for the real vocabulary: its globals are larger).
+# Per geometry, first a profile: `ferry bench train --geometry G --policies device` at the run
+# batch (no cap), turned into a measured cost profile by `ferry plan --from-bench` (per-layer
+# forward / backward / recompute, loss window, optimizer, serial part; scaled linearly to other
+# batches). Then per cap: `ferry plan --batch-size auto --gpu-mem-gb CAP --profile P` writes the
+# plan, and `ferry bench train --batch-size auto --device-budget-mib CAP*1024 --policies
+# every:4,device,host,plan=PLAN` runs every policy at its largest fitting batch (at most
+# MAX_BATCH: a 7B step at batch 256 takes most of a minute; the largest batch the cap fits is
+# reported beside it), the plan at the batch it was solved for, with its predicted step next to
+# the measured one. The bench model is the geometry itself (--geometry: shapes, the real
+# vocabulary and tying; random weights and token ids).
 # Extra flags: PLAN_EXTRA (ferry plan), BENCH_EXTRA (ferry bench train; default 8-bit states,
-# bf16-kahan masters, 1 warm-up + 2 timed steps). Output: $OUT/plan_caps.jsonl (one line per
-# geometry and cap: {"geometry", "cap_gb", "plan": <ferry plan JSON>, "bench": <report>}) and a
-# table on stdout. Each 7B cap takes a few minutes: split CAPS / GEOMS over calls.
+# bf16-kahan masters, 1 warm-up + 2 timed steps). MAX_BATCH per geometry (default 3B 64, 7B 32).
+# Output: $OUT/plan_caps.jsonl (one line per geometry and cap: {"geometry", "cap_gb", "plan":
+# <ferry plan JSON>, "bench": <report>}), the profiles and logs, and a table on stdout.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_env.sh
 OUT=${OUT:-/tmp/ferry_plan_caps}
 mkdir -p "$OUT"
 FERRY=${FERRY_GPU_BUILD:-build/gpu}/apps/ferry/ferry
-PLAN_EXTRA=${PLAN_EXTRA:---host-mem-gb 120 --master bf16-kahan --optimizer-states 8bit --time-limit-s 20}
-BENCH_EXTRA=${BENCH_EXTRA:---optimizer-states 8bit --master bf16-kahan --steps 2 --warmup 1 --max-batch 128}
-declare -A SHAPE=(
-  [qwen2.5-3b]="--layers 36 --hidden 2048 --heads 16 --kv-heads 2 --head-dim 128 --intermediate 11008"
-  [qwen2.5-7b]="--layers 28 --hidden 3584 --heads 28 --kv-heads 4 --head-dim 128 --intermediate 18944"
-)
+OPTIM=${OPTIM:---optimizer-states 8bit --master bf16-kahan}
+PLAN_EXTRA=${PLAN_EXTRA:---host-mem-gb 120 --time-limit-s 10}
+BENCH_EXTRA=${BENCH_EXTRA:---steps 2 --warmup 1}
+declare -A MAXB=([qwen2.5-3b]=64 [qwen2.5-7b]=32)
 for g in ${GEOMS:-qwen2.5-3b qwen2.5-7b}; do
+  maxb=${MAX_BATCH:-${MAXB[$g]:-32}}
+  prof="$OUT/profile_${g}.json"
+  if [[ ! -s "$prof" ]]; then
+    timeout "${BENCH_TIMEOUT:-500}" "$FERRY" bench train --device cuda --geometry "$g" --seq-len 1024 \
+      --batch-size "$maxb" --policies device $OPTIM $BENCH_EXTRA --json "$OUT/profile_bench_${g}.json" \
+      >"$OUT/profile_bench_${g}.log" 2>&1 || { echo "[$g] profile bench failed:"; tail -3 "$OUT/profile_bench_${g}.log"; continue; }
+    "$FERRY" plan --from-bench "$OUT/profile_bench_${g}.json" --write-profile "$prof" \
+      >"$OUT/profile_${g}.log" 2>&1 || { echo "[$g] from-bench failed:"; tail -3 "$OUT/profile_${g}.log"; continue; }
+    echo "[$g] profile at batch $maxb:"; grep -E "serial|device" "$OUT/profile_${g}.log" | head -3
+  fi
   for cap in ${CAPS:-24 40 80}; do
     plan="$OUT/plan_${g}_${cap}.json"
     rep="/tmp/plan_caps_bench.json"
     rm -f "$rep"
-    if ! "$FERRY" plan --geometry "$g" --seq-len 1024 --batch-size auto --gpu-mem-gb "$cap" \
-      $PLAN_EXTRA --json "$plan" >"$OUT/plan_${g}_${cap}.log" 2>&1; then
+    if ! "$FERRY" plan --geometry "$g" --seq-len 1024 --batch-size auto --max-batch "$maxb" \
+      --gpu-mem-gb "$cap" --profile "$prof" $OPTIM $PLAN_EXTRA --json "$plan" >"$OUT/plan_${g}_${cap}.log" 2>&1; then
       echo "[$g ${cap} GB] ferry plan failed:"; tail -3 "$OUT/plan_${g}_${cap}.log"; continue
     fi
-    timeout "${BENCH_TIMEOUT:-500}" "$FERRY" bench train --device cuda ${SHAPE[$g]} --seq-len 1024 \
-      --batch-size auto --device-budget-mib $((cap * 1024)) \
-      --policies "every:4,device,host,plan=$plan" $BENCH_EXTRA --json "$rep" \
+    timeout "${BENCH_TIMEOUT:-500}" "$FERRY" bench train --device cuda --geometry "$g" --seq-len 1024 \
+      --batch-size auto --max-batch "$maxb" --device-budget-mib $((cap * 1024)) \
+      --policies "every:4,device,host,plan=$plan" $OPTIM $BENCH_EXTRA --json "$rep" \
       >"$OUT/bench_${g}_${cap}.log" 2>&1 || { echo "[$g ${cap} GB] bench failed:"; tail -3 "$OUT/bench_${g}_${cap}.log"; }
     python3 - "$g" "$cap" "$plan" "$rep" "$OUT/plan_caps.jsonl" <<'PY'
 import json, sys
@@ -56,7 +68,10 @@ for p in B.get("policies", []):
         print(f"  {p['policy'][:12]:>12}: {p['error']}"); continue
     pred = p.get("predicted_step_ms")
     err = f", predicted {pred:.0f} ms ({100 * (pred / p['step_ms_mean'] - 1):+.1f} %)" if pred else ""
-    print(f"  {p['policy'][:12]:>12}: batch {p['batch_size']}, {p['tokens_per_s']:.0f} tok/s, "
+    if pred and p.get("plan_batch") != p["batch_size"]:
+        err += f" [ran at batch {p['batch_size']}, predicted at {p.get('plan_batch')}]"
+    print(f"  {p['policy'][:12]:>12}: batch {p['batch_size']} (fits {p.get('largest_fitting_batch')}), "
+          f"{p['tokens_per_s']:.0f} tok/s, "
           f"{p['model_tflops']:.1f} TFLOPS, step {p['step_ms_mean']:.0f} ms{err}, device peak "
           f"{p['device_peak_bytes'] / 2**30:.1f} GiB")
 PY

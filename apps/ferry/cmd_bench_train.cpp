@@ -4,11 +4,14 @@
 //   ferry bench train --device cuda --layers 8 --hidden 2048 --heads 16 --kv-heads 2
 //       --head-dim 128 --intermediate 11008 --batch-size 4 --seq-len 1024
 //       --policies device,every:4,host --json r.json   (one line)
+//   ferry bench train --device cuda --geometry qwen2.5-7b ...   (a published model's shapes,
+//       vocabulary and embedding tying; random weights and token ids)
 #include <cstdio>
 #include <fstream>
 #include <memory>
 
 #include "apps/ferry/commands.h"
+#include "plan/geometry.h"
 #include "train/train_bench.h"
 
 namespace ferry::app {
@@ -37,16 +40,30 @@ void register_bench_train(CLI::App& app, CommandFn& run) {
   auto budget_mib = std::make_shared<std::int64_t>(0);
   auto* cmd = bench_cmd(app)->add_subcommand(
       "train", "streaming trainer step throughput per activation policy (docs/train.md)");
+  auto geometry = std::make_shared<std::string>();
+  auto untied = std::make_shared<bool>(false);
   cmd->add_option("--device", cfg->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  auto* geo_opt = cmd->add_option(
+      "--geometry", *geometry,
+      "a published model's shapes, vocabulary and tying (ferry plan's names: qwen2.5-3b, "
+      "qwen2.5-7b, ...; --layers may still cut the depth)");
   cmd->add_option("--layers", cfg->model.layers, "decoder layers")->check(CLI::Range(1, 256));
-  cmd->add_option("--hidden", cfg->model.hidden, "hidden size C")->check(CLI::Range(8, 16384));
-  cmd->add_option("--heads", cfg->model.heads, "attention heads H")->check(CLI::Range(1, 256));
-  cmd->add_option("--kv-heads", cfg->model.kv_heads, "key/value heads G")
-      ->check(CLI::Range(1, 256));
-  cmd->add_option("--head-dim", cfg->model.head_dim, "head dim D (the GPU: 16, 32, 64, 128)")
-      ->check(CLI::Range(8, 256));
-  cmd->add_option("--intermediate", cfg->model.intermediate, "MLP width F")
-      ->check(CLI::Range(8, 1 << 17));
+  const std::vector<CLI::Option*> shape = {
+      cmd->add_option("--hidden", cfg->model.hidden, "hidden size C")->check(CLI::Range(8, 16384)),
+      cmd->add_option("--heads", cfg->model.heads, "attention heads H")->check(CLI::Range(1, 256)),
+      cmd->add_option("--kv-heads", cfg->model.kv_heads, "key/value heads G")
+          ->check(CLI::Range(1, 256)),
+      cmd->add_option("--head-dim", cfg->model.head_dim, "head dim D (the GPU: 16, 32, 64, 128)")
+          ->check(CLI::Range(8, 256)),
+      cmd->add_option("--intermediate", cfg->model.intermediate, "MLP width F")
+          ->check(CLI::Range(8, 1 << 17)),
+      cmd->add_option("--vocab", cfg->model.vocab,
+                      "embedding rows (default: the built-in tokenizer's 259; token ids are "
+                      "random)")
+          ->check(CLI::Range(8, 1 << 20)),
+      cmd->add_flag("--untied-embeddings", *untied,
+                    "lm_head is a matrix of its own, not the embedding")};
+  for (CLI::Option* o : shape) o->excludes(geo_opt);
   cmd->add_option("--batch-size", *batch,
                   "sequences per micro-batch, or auto: per policy the largest batch (<= "
                   "--max-batch) whose device plan fits --device-budget-mib");
@@ -89,36 +106,54 @@ void register_bench_train(CLI::App& app, CommandFn& run) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", cfg->seed, "seed of the weights and tokens");
   cmd->add_option("--json", *json_out, "write the JSON report here (-: stdout, no table)");
-  cmd->callback([cfg, json_out, states, master, batch, budget_mib, &run] {
-    if (*batch == "auto") {
-      cfg->batch_auto = true;
-      if (*budget_mib <= 0) {
-        throw CLI::ValidationError("--batch-size", "auto needs --device-budget-mib (the cap)");
-      }
-    } else {
-      try {
-        std::size_t used = 0;
-        cfg->batch = std::stoi(*batch, &used);
-        if (used != batch->size() || cfg->batch < 1 || cfg->batch > 4096) throw std::exception();
-      } catch (const std::exception&) {
-        throw CLI::ValidationError("--batch-size", "expected 1..4096 or auto, got " + *batch);
-      }
-    }
-    if (*budget_mib > 0) cfg->device_budget_bytes = static_cast<std::size_t>(*budget_mib) << 20;
-    auto st = train::parse_optimizer_states(*states);
-    if (!st.ok()) throw CLI::ValidationError("--optimizer-states", st.status().message());
-    cfg->optim.states = *st;
-    auto mw = train::parse_master_weights(*master);
-    if (!mw.ok()) throw CLI::ValidationError("--master", mw.status().message());
-    cfg->optim.master = *mw;
-    if (cfg->model.hidden != cfg->model.heads * cfg->model.head_dim) {
-      throw CLI::ValidationError("--hidden", "must equal --heads x --head-dim");
-    }
-    if (cfg->model.heads % cfg->model.kv_heads != 0) {
-      throw CLI::ValidationError("--kv-heads", "must divide --heads");
-    }
-    run = [cfg, json_out] { return run_bench_train(*cfg, *json_out); };
-  });
+  CLI::Option* layers_opt = cmd->get_option("--layers");
+  cmd->callback(
+      [cfg, json_out, states, master, batch, budget_mib, geometry, layers_opt, untied, &run] {
+        if (!geometry->empty()) {
+          auto g = plan::builtin_geometry(*geometry);
+          if (!g.ok()) throw CLI::ValidationError("--geometry", g.status().message());
+          train::BuiltinModelSpec& m = cfg->model;
+          if (layers_opt->count() == 0) m.layers = static_cast<int>(g->num_hidden_layers);
+          m.hidden = static_cast<int>(g->hidden_size);
+          m.heads = static_cast<int>(g->num_attention_heads);
+          m.kv_heads = static_cast<int>(g->num_key_value_heads);
+          m.head_dim = static_cast<int>(g->head_dim);
+          m.intermediate = static_cast<int>(g->intermediate_size);
+          m.vocab = static_cast<int>(g->vocab_size);
+          m.tie_embeddings = g->tie_word_embeddings;
+        } else if (*untied) {
+          cfg->model.tie_embeddings = false;
+        }
+        if (*batch == "auto") {
+          cfg->batch_auto = true;
+          if (*budget_mib <= 0) {
+            throw CLI::ValidationError("--batch-size", "auto needs --device-budget-mib (the cap)");
+          }
+        } else {
+          try {
+            std::size_t used = 0;
+            cfg->batch = std::stoi(*batch, &used);
+            if (used != batch->size() || cfg->batch < 1 || cfg->batch > 4096)
+              throw std::exception();
+          } catch (const std::exception&) {
+            throw CLI::ValidationError("--batch-size", "expected 1..4096 or auto, got " + *batch);
+          }
+        }
+        if (*budget_mib > 0) cfg->device_budget_bytes = static_cast<std::size_t>(*budget_mib) << 20;
+        auto st = train::parse_optimizer_states(*states);
+        if (!st.ok()) throw CLI::ValidationError("--optimizer-states", st.status().message());
+        cfg->optim.states = *st;
+        auto mw = train::parse_master_weights(*master);
+        if (!mw.ok()) throw CLI::ValidationError("--master", mw.status().message());
+        cfg->optim.master = *mw;
+        if (cfg->model.hidden != cfg->model.heads * cfg->model.head_dim) {
+          throw CLI::ValidationError("--hidden", "must equal --heads x --head-dim");
+        }
+        if (cfg->model.heads % cfg->model.kv_heads != 0) {
+          throw CLI::ValidationError("--kv-heads", "must divide --heads");
+        }
+        run = [cfg, json_out] { return run_bench_train(*cfg, *json_out); };
+      });
 }
 
 }  // namespace

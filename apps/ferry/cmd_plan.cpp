@@ -281,7 +281,9 @@ Status run_from_bench(const PlanConfig& c) {
                                      .kv_heads = g.at("kv_heads").get<int>(),
                                      .head_dim = g.at("head_dim").get<int>(),
                                      .intermediate = g.at("intermediate").get<int>(),
-                                     .max_positions = report.at("seq").get<int>()};
+                                     .max_positions = report.at("seq").get<int>(),
+                                     .vocab = g.value("vocab", train::kBuiltinVocab),
+                                     .tie_embeddings = g.value("tie_embeddings", true)};
   FERRY_ASSIGN_OR_RETURN(
       model::ModelConfig cfg,
       model::parse_model_config_text(train::builtin_config_json(spec), "bench train geometry"));

@@ -83,7 +83,7 @@ std::string builtin_tokenizer_config_json() {
 std::string builtin_config_json(const BuiltinModelSpec& s) {
   const Json j = {{"architectures", Json::array({"Qwen3ForCausalLM"})},
                   {"model_type", "qwen3"},
-                  {"vocab_size", kBuiltinVocab},
+                  {"vocab_size", s.vocab},
                   {"hidden_size", s.hidden},
                   {"intermediate_size", s.intermediate},
                   {"num_hidden_layers", s.layers},
@@ -96,7 +96,7 @@ std::string builtin_config_json(const BuiltinModelSpec& s) {
                   {"hidden_act", "silu"},
                   {"attention_bias", false},
                   {"attention_dropout", 0.0},
-                  {"tie_word_embeddings", true},
+                  {"tie_word_embeddings", s.tie_embeddings},
                   {"use_sliding_window", false},
                   {"sliding_window", nullptr},
                   {"bos_token_id", nullptr},

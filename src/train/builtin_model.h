@@ -20,6 +20,12 @@
 
 namespace ferry::train {
 
+// Token ids of the built-in tokenizer's special tokens (bytes are 0..255).
+inline constexpr int kBuiltinEndOfText = 256;
+inline constexpr int kBuiltinImStart = 257;
+inline constexpr int kBuiltinImEnd = 258;
+inline constexpr int kBuiltinVocab = 259;
+
 struct BuiltinModelSpec {
   int layers = 4;
   int hidden = 128;        // C
@@ -29,13 +35,12 @@ struct BuiltinModelSpec {
   int intermediate = 384;  // F
   int max_positions = 512;
   double init_std = 0.02;
+  // The embedding rows. A bench model may take a real model's vocabulary (its embedding, lm_head
+  // and loss cost what that model's do) with token ids drawn at random: only the built-in
+  // tokenizer's 259 ids have a spelling.
+  int vocab = kBuiltinVocab;
+  bool tie_embeddings = true;  // lm_head is the embedding (Qwen2.5 <= 3B), or its own matrix
 };
-
-// Token ids of the built-in tokenizer's special tokens (bytes are 0..255).
-inline constexpr int kBuiltinEndOfText = 256;
-inline constexpr int kBuiltinImStart = 257;
-inline constexpr int kBuiltinImEnd = 258;
-inline constexpr int kBuiltinVocab = 259;
 
 std::string builtin_tokenizer_json();
 // tokenizer_config.json carrying the ChatML chat template and the special tokens.

@@ -28,6 +28,10 @@ namespace ferry::train {
 
 namespace {
 
+// --batch-size auto reports the largest batch a cap fits up to this, beyond --max-batch (which
+// only bounds the batch that runs: a 7B step at batch 256 takes ~50 s on an H200).
+constexpr int kLargestBatchSearched = 4096;
+
 // B sequences of exactly S random tokens, next-token targets (the last one ignored).
 MicroBatch make_batch(int batch, std::int64_t seq, int vocab, std::uint64_t seed) {
   Rng rng(seed);
@@ -100,7 +104,8 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
         {"kv_heads", geo.kv_heads},
         {"head_dim", geo.head_dim},
         {"intermediate", geo.mlp_width},
-        {"vocab", geo.vocab}}},
+        {"vocab", geo.vocab},
+        {"tie_embeddings", config.tie_word_embeddings}}},
       {"params", tm.model_params},
       {"batch", c.batch},
       {"batch_auto", c.batch_auto},
@@ -139,10 +144,13 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
       FERRY_ASSIGN_OR_RETURN(pol, stream::parse_policy(name, geo.layers));
     }
     int b = c.batch;
+    int largest_fitting = 0;  // batch auto: the largest batch the cap fits, --max-batch aside
     if (c.batch_auto) {
       FERRY_ASSIGN_OR_RETURN(
-          b, stream::largest_batch(geo, stream::model_sizes(*arena), pol, c.prefetch + 1, c.seq,
-                                   c.device_budget_bytes, *be, precision, c.max_batch));
+          largest_fitting,
+          stream::largest_batch(geo, stream::model_sizes(*arena), pol, c.prefetch + 1, c.seq,
+                                c.device_budget_bytes, *be, precision, kLargestBatchSearched));
+      b = std::min(largest_fitting, c.max_batch);
       // A plan runs at the batch it was solved for, if the executor's plan fits it too.
       if (plan_batch > 0 && b > 0) b = std::min(b, plan_batch);
       if (b == 0) {
@@ -214,6 +222,8 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
         {{"policy", name},
          {"describe", pol.describe()},
          {"batch_size", b},
+         {"largest_fitting_batch", c.batch_auto ? Json(largest_fitting) : Json(nullptr)},
+         {"plan_batch", plan_batch > 0 ? Json(plan_batch) : Json(nullptr)},  // predicted at
          {"predicted_step_ms", predicted_step_ms > 0 ? Json(predicted_step_ms) : Json(nullptr)},
          {"step_ms_median", median(step_s) * 1e3},
          {"step_ms_mean", total_s * per * 1e3},
