@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -27,18 +28,52 @@ std::string builtin_moe_config_json(const BuiltinMoeSpec& s) {
       s.max_positions, s.experts, s.top_k, s.expert_width);
 }
 
-Result<std::unique_ptr<BuiltinModel>> make_builtin_moe(const BuiltinMoeSpec& spec,
-                                                       std::uint64_t seed) {
+namespace {
+
+constexpr std::size_t kChunk = std::size_t(1) << 22;  // parallel_init's values per chunk
+
+double normal(Rng& r) {  // Box-Muller
+  const double u1 = 1.0 - r.uniform(), u2 = r.uniform();
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+
+// parallel_init: chunk c of parameter tensor i (canonical order) draws from Rng(chunk_seed(...)).
+std::uint64_t chunk_seed(std::uint64_t seed, std::size_t tensor, std::size_t chunk) {
+  return seed ^ (0x9e3779b97f4a7c15ull * (tensor + 1)) ^ (chunk << 32);
+}
+
+void fill_chunk(float* dst, std::size_t n, double std_dev, std::uint64_t seed) {
+  Rng r(seed);
+  for (std::size_t k = 0; k < n; ++k) dst[k] = static_cast<float>(std_dev * normal(r));
+}
+
+// fn(j) for j in [0, n), handed out one at a time over `threads` threads (0: all of them).
+template <typename Fn>
+void parallel_items(std::size_t n, int threads, const Fn& fn) {
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t j; (j = next.fetch_add(1)) < n;) fn(j);
+  };
+  const std::size_t want =
+      threads > 0 ? std::size_t(threads) : std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> pool;
+  for (std::size_t t = 1; t < std::min(want, std::max<std::size_t>(n, 1)); ++t) {
+    pool.emplace_back(work);
+  }
+  work();
+  for (std::thread& t : pool) t.join();
+}
+
+// Both builders. packed: the routed experts go into a packed store of that dtype, drawn per block.
+Result<std::unique_ptr<BuiltinModel>> build(const BuiltinMoeSpec& spec, std::uint64_t seed,
+                                            std::optional<DType> packed, int threads) {
   auto m = std::make_unique<BuiltinModel>();
   FERRY_ASSIGN_OR_RETURN(m->config,
                          model::parse_model_config_text(builtin_moe_config_json(spec), "builtin"));
   FERRY_ASSIGN_OR_RETURN(m->geometry, model::make_geometry(m->config));
-  m->params.layers.resize(m->geometry.layers);
+  const model::DecoderGeometry& geo = m->geometry;
+  m->params.layers.resize(geo.layers);
   Rng rng(seed);
-  auto normal = [](Rng& r) {  // Box-Muller
-    const double u1 = 1.0 - r.uniform(), u2 = r.uniform();
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
-  };
   const std::vector<model::ParamSpec> specs = model::param_specs(m->config);
   m->storage.reserve(specs.size());
   struct Chunk {
@@ -48,9 +83,18 @@ Result<std::unique_ptr<BuiltinModel>> make_builtin_moe(const BuiltinMoeSpec& spe
     std::uint64_t seed;
   };
   std::vector<Chunk> chunks;  // parallel_init: filled after the loop
-  constexpr std::size_t kChunk = std::size_t(1) << 22;
+  // packed: the canonical index of each expert tensor, [L][E][gate, up, down].
+  std::vector<std::size_t> expert_tensor;
+  if (packed) expert_tensor.assign(std::size_t(geo.layers) * geo.experts * 3, 0);
   for (std::size_t i = 0; i < specs.size(); ++i) {
     const model::ParamSpec& ps = specs[i];
+    if (packed && model::is_expert_role(ps.role)) {
+      const int part = ps.role == model::ParamRole::kExpertGate ? 0
+                       : ps.role == model::ParamRole::kExpertUp ? 1
+                                                                : 2;
+      expert_tensor[(std::size_t(ps.layer) * geo.experts + ps.expert) * 3 + part] = i;
+      continue;  // bound to the store's blocks below
+    }
     std::vector<float>& buf = m->storage.emplace_back(static_cast<std::size_t>(ps.numel()));
     const bool norm = model::is_norm_role(ps.role);
     const double std_dev = ps.role == model::ParamRole::kRouter ? spec.router_std : spec.init_std;
@@ -61,7 +105,7 @@ Result<std::unique_ptr<BuiltinModel>> make_builtin_moe(const BuiltinMoeSpec& spe
     } else {
       for (std::size_t c = 0; c * kChunk < buf.size(); ++c) {
         chunks.push_back({buf.data() + c * kChunk, std::min(kChunk, buf.size() - c * kChunk),
-                          std_dev, seed ^ (0x9e3779b97f4a7c15ull * (i + 1)) ^ (c << 32)});
+                          std_dev, chunk_seed(seed, i, c)});
       }
     }
     ConstTensorView v =
@@ -69,25 +113,68 @@ Result<std::unique_ptr<BuiltinModel>> make_builtin_moe(const BuiltinMoeSpec& spe
             ? ConstTensorView::contiguous(buf.data(), DType::kF32, Device::kCpu, {ps.shape[0]})
             : ConstTensorView::contiguous(buf.data(), DType::kF32, Device::kCpu,
                                           {ps.shape[0], ps.shape[1]});
-    *model::param_slot(m->params, ps, m->geometry) = v;
+    *model::param_slot(m->params, ps, geo) = v;
   }
-  if (!chunks.empty()) {
-    std::atomic<std::size_t> next{0};
-    auto work = [&] {
-      for (std::size_t j; (j = next.fetch_add(1)) < chunks.size();) {
-        Rng r(chunks[j].seed);
-        for (std::size_t k = 0; k < chunks[j].n; ++k) {
-          chunks[j].data[k] = static_cast<float>(chunks[j].std_dev * normal(r));
+  parallel_items(chunks.size(), threads, [&](std::size_t j) {
+    fill_chunk(chunks[j].data, chunks[j].n, chunks[j].std_dev, chunks[j].seed);
+  });
+  if (!packed) return m;
+
+  // Each block: its three tensors drawn chunk by chunk (the chunks parallel_init would draw for
+  // them) and converted into place; bf16 goes through one chunk of f32 scratch per thread.
+  const std::size_t mat = std::size_t(geo.expert_width) * std::size_t(geo.hidden);
+  const DType dt = *packed;
+  const std::size_t part_bytes = mat * dtype_size(dt);
+  auto fill = [&](int l, int e, std::byte* block) {
+    thread_local std::vector<float> scratch;
+    if (dt != DType::kF32) scratch.resize(std::min(mat, kChunk));
+    for (int part = 0; part < 3; ++part) {
+      const std::size_t i = expert_tensor[(std::size_t(l) * geo.experts + e) * 3 + part];
+      std::byte* dst = block + part * part_bytes;
+      for (std::size_t c = 0; c * kChunk < mat; ++c) {
+        const std::size_t n = std::min(kChunk, mat - c * kChunk);
+        float* f = dt == DType::kF32 ? reinterpret_cast<float*>(dst) + c * kChunk : scratch.data();
+        fill_chunk(f, n, spec.init_std, chunk_seed(seed, i, c));
+        if (dt != DType::kF32) {
+          FERRY_CHECK(convert_elements(f, DType::kF32, dst + c * kChunk * dtype_size(dt), dt, n),
+                      "serve: f32 -> {} conversion", to_string(dt));
         }
       }
-    };
-    const unsigned n = std::max(1u, std::thread::hardware_concurrency());
-    std::vector<std::thread> pool;
-    for (unsigned t = 1; t < n; ++t) pool.emplace_back(work);
-    work();
-    for (std::thread& t : pool) t.join();
+    }
+  };
+  FERRY_ASSIGN_OR_RETURN(m->experts, ExpertStore::create_filled(geo, dt, fill, threads));
+  for (const model::ParamSpec& ps : specs) {
+    if (!model::is_expert_role(ps.role)) continue;
+    const ExpertRef r = m->experts->ref(ps.layer, ps.expert);
+    const void* p = ps.role == model::ParamRole::kExpertGate ? r.gate
+                    : ps.role == model::ParamRole::kExpertUp ? r.up
+                                                             : r.down;
+    *model::param_slot(m->params, ps, geo) =
+        ConstTensorView::contiguous(p, dt, Device::kCpu, {ps.shape[0], ps.shape[1]});
   }
   return m;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<BuiltinModel>> make_builtin_moe(const BuiltinMoeSpec& spec,
+                                                       std::uint64_t seed, int threads) {
+  return build(spec, seed, std::nullopt, threads);
+}
+
+Result<std::unique_ptr<BuiltinModel>> make_builtin_moe_packed(const BuiltinMoeSpec& spec,
+                                                              std::uint64_t seed,
+                                                              DType expert_dtype, int threads) {
+  if (!spec.parallel_init) {
+    return invalid_argument(
+        "serve: a packed built-in model draws experts per chunk: it needs parallel_init (the "
+        "sequential stream cannot be split)");
+  }
+  if (expert_dtype != DType::kF32 && expert_dtype != DType::kBF16) {
+    return invalid_argument("serve: experts can be stored in f32 or bf16, not {}",
+                            to_string(expert_dtype));
+  }
+  return build(spec, seed, expert_dtype, threads);
 }
 
 }  // namespace ferry::serve

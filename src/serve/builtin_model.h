@@ -9,6 +9,13 @@
 // parallel_init (benchmarks of full-width geometries, ~1e9 values): each tensor is drawn in chunks
 // of 2^22 values, chunk c of tensor i from its own Rng(seed, i, c), on all hardware threads --
 // the same values for any thread count, but not the sequential stream's values.
+// make_builtin_moe_packed (parallel_init only): the same values, but the routed experts are drawn
+// one expert tensor at a time in f32 scratch and written straight into a packed host ExpertStore
+// in the engine's expert dtype (bf16: rounded to nearest even, ExpertStore::create's conversion),
+// so all experts never exist in f32: Qwen3-30B-A3B's 29e9 expert values take 58 GB in bf16
+// instead of 116 GB of f32 plus the store. Tests: tests/unit/serve/packed_builtin_test.cpp (the
+// packed store equals ExpertStore::create over make_builtin_moe's f32 model, for any thread
+// count; dense weights equal).
 #pragma once
 
 #include <cstdint>
@@ -16,9 +23,11 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/result.h"
 #include "model/config.h"
 #include "model/model_compute.h"
+#include "serve/expert_store.h"
 
 namespace ferry::serve {
 
@@ -41,12 +50,23 @@ struct BuiltinMoeSpec {
 struct BuiltinModel {
   model::ModelConfig config;
   model::DecoderGeometry geometry;
-  model::ModelParams params;  // views into storage
-  std::vector<std::vector<float>> storage;
+  model::ModelParams params;  // views into storage (and, packed, into experts' blocks)
+  std::vector<std::vector<float>> storage;  // f32 tensors (packed: the dense ones only)
+  // make_builtin_moe_packed: every routed expert, in its dtype; params' expert views point into
+  // its blocks (gate, up, down of block(l, e)). Pass it to the engine as PagerConfig::host_store
+  // so no engine packs a second copy. Null from make_builtin_moe.
+  std::unique_ptr<ExpertStore> experts;
 };
 
 std::string builtin_moe_config_json(const BuiltinMoeSpec& spec);
+// threads: parallel_init's thread count (0: hardware concurrency); the values do not depend on it.
 Result<std::unique_ptr<BuiltinModel>> make_builtin_moe(const BuiltinMoeSpec& spec,
-                                                       std::uint64_t seed);
+                                                       std::uint64_t seed, int threads = 0);
+// Routed experts straight into a packed store of `expert_dtype` (kF32 or kBF16), dense weights
+// f32 (see the file comment). invalid_argument unless spec.parallel_init. Host bytes: dense
+// params * 4 + expert params * dtype_size(expert_dtype), plus one chunk of f32 scratch per thread.
+Result<std::unique_ptr<BuiltinModel>> make_builtin_moe_packed(const BuiltinMoeSpec& spec,
+                                                              std::uint64_t seed,
+                                                              DType expert_dtype, int threads = 0);
 
 }  // namespace ferry::serve

@@ -1,15 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "serve/device_weights.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
+#include <set>
 #include <vector>
 
 namespace ferry::serve {
+namespace {
+constexpr std::size_t kStageBytes = std::size_t(256) << 20;  // the host side of the upload
+constexpr std::size_t kPieceAlign = 64;  // each piece's place in the staging buffer
+}  // namespace
 
 Result<std::unique_ptr<DeviceWeights>> DeviceWeights::create(
     const model::DecoderGeometry& geo, const model::ModelParams& host, bool with_experts,
-    DType expert_dtype, mem::TransferEngine& te, mem::Stream& stream, mem::MemoryBudget* shared) {
+    DType expert_dtype, mem::TransferEngine& te, mem::Stream& stream, mem::MemoryBudget* shared,
+    std::size_t stage_limit) {
   if (expert_dtype != DType::kF32 && expert_dtype != DType::kBF16) {
     return invalid_argument("serve: device experts in f32 or bf16, not {}",
                             to_string(expert_dtype));
@@ -58,21 +65,59 @@ Result<std::unique_ptr<DeviceWeights>> DeviceWeights::create(
   FERRY_ASSIGN_OR_RETURN(w->charge_, BudgetCharge::take(shared, plan.allocation_bytes(), what));
   FERRY_ASSIGN_OR_RETURN(w->arena_,
                          mem::make_arena(plan, mem::MemTier::kDevice, w->budget_, {.what = what}));
-  // Staged on the host in the arena's layout (slot offsets from its base), then one copy.
-  std::vector<std::byte> staging(w->arena_.total_bytes());
+  // Converted on the host into a bounded pinned staging buffer, piece by piece in slot order, and
+  // copied up whenever it is full (one copy per piece, one sync per fill), so the host never holds
+  // a second copy of the model (resident Qwen3-30B-A3B: 58 GB of bf16 experts + 6 GB of f32
+  // dense weights would double the host's peak). Same bytes in the arena as one whole-arena image.
+  struct Source {
+    const void* data;
+    DType from, to;
+    std::size_t numel, offset;  // offset: bytes from the arena's base
+  };
+  std::vector<Source> sources;
+  std::set<const void*> listed;
   for (ConstTensorView* v : views) {
-    std::byte* dst = staging.data() + plan.slot(slot_of.at(v->data)).offset_bytes;
-    if (!convert_elements(v->data, v->dtype, dst, to.at(v), std::size_t(v->numel()))) {
-      return invalid_argument("serve: cannot convert a {} parameter to {}", to_string(v->dtype),
-                              to_string(to.at(v)));
-    }
+    if (!listed.insert(v->data).second) continue;  // tied embeddings: uploaded once
+    sources.push_back({v->data, v->dtype, to.at(v), std::size_t(v->numel()),
+                       plan.slot(slot_of.at(v->data)).offset_bytes});
   }
   if (!geo.rope.inv_freq.empty()) {
-    std::memcpy(staging.data() + plan.slot(rope).offset_bytes, geo.rope.inv_freq.data(),
-                geo.rope.inv_freq.size() * sizeof(float));
+    sources.push_back({geo.rope.inv_freq.data(), DType::kF32, DType::kF32, geo.rope.inv_freq.size(),
+                       plan.slot(rope).offset_bytes});
   }
-  FERRY_TRY(te.h2d(w->arena_.base(), staging.data(), staging.size(), stream));
-  FERRY_TRY(stream.synchronize());
+  const std::size_t stage_bytes = std::max<std::size_t>(
+      kPieceAlign, std::min(stage_limit > 0 ? stage_limit : kStageBytes, w->arena_.total_bytes()));
+  mem::MemoryBudget stage_budget(mem::MemTier::kPinnedHost);
+  FERRY_ASSIGN_OR_RETURN(mem::Buffer stage,
+                         mem::Buffer::allocate(mem::MemTier::kPinnedHost, stage_bytes, stage_budget,
+                                               {.what = "weight upload staging"}));
+  std::size_t used = 0;
+  auto flush = [&]() -> Status {
+    if (used > 0) FERRY_TRY(stream.synchronize());
+    used = 0;
+    return ok_status();
+  };
+  for (const Source& s : sources) {
+    const std::size_t in = dtype_size(s.from), out = dtype_size(s.to);
+    for (std::size_t done = 0; done < s.numel;) {
+      std::size_t at = (used + kPieceAlign - 1) / kPieceAlign * kPieceAlign;
+      if (at + out > stage_bytes) {
+        FERRY_TRY(flush());
+        at = 0;
+      }
+      const std::size_t n = std::min(s.numel - done, (stage_bytes - at) / out);
+      std::byte* dst = stage.data() + at;
+      if (!convert_elements(static_cast<const std::byte*>(s.data) + done * in, s.from, dst, s.to,
+                            n)) {
+        return invalid_argument("serve: cannot convert a {} parameter to {}", to_string(s.from),
+                                to_string(s.to));
+      }
+      FERRY_TRY(te.h2d(w->arena_.base() + s.offset + done * out, dst, n * out, stream));
+      used = at + n * out;
+      done += n;
+    }
+  }
+  FERRY_TRY(flush());
   std::map<const void*, const void*> device_of;
   for (const auto& [src, id] : slot_of) device_of.emplace(src, w->arena_.data(id));
   for (ConstTensorView* v : views) {

@@ -6,9 +6,10 @@
 // the pager's slots, the static staging area or the host store. Tied embeddings are uploaded once.
 // Every parameter is converted on the host first — to f32 (the engine computes in f32), routed
 // experts to `expert_dtype` (f32 or bf16, PagerConfig::expert_dtype, the same conversion as the
-// ExpertStore so resident reads the other modes' bits) — and the whole arena is filled by one
-// host-to-device copy on `stream`, synchronized before create() returns (startup only). Also holds
-// the rope inverse frequencies the CUDA rope kernel reads.
+// ExpertStore so resident reads the other modes' bits) — through a bounded pinned staging buffer
+// (256 MiB, copied up on `stream` each time it fills, so the host holds no second copy of the
+// model), synchronized before create() returns (startup only). Also holds the rope inverse
+// frequencies the CUDA rope kernel reads.
 #pragma once
 
 #include <cstdint>
@@ -28,11 +29,13 @@ class DeviceWeights {
  public:
   // host: the model's views (any dtype convertible to f32, host memory). shared: the engine's
   // device budget (may be null). resource_exhausted when the budget cannot hold them.
+  // stage_bytes: the host staging buffer (0: 256 MiB; tests pass a few KiB to split tensors).
   static Result<std::unique_ptr<DeviceWeights>> create(const model::DecoderGeometry& geo,
                                                        const model::ModelParams& host,
                                                        bool with_experts, DType expert_dtype,
                                                        mem::TransferEngine& te, mem::Stream& stream,
-                                                       mem::MemoryBudget* shared);
+                                                       mem::MemoryBudget* shared,
+                                                       std::size_t stage_bytes = 0);
   const model::ModelParams& params() const { return params_; }
   const float* inv_freq() const { return inv_freq_; }  // [rope.inv_freq.size()] device
   std::size_t bytes() const { return arena_.total_bytes(); }

@@ -134,7 +134,25 @@ Result<std::unique_ptr<ExpertExecutor>> ExpertExecutor::create(const model::Deco
     if (dev != nullptr) FERRY_TRY(x->create_device(*dev, shared));
     return x;
   }
-  FERRY_ASSIGN_OR_RETURN(x->store_, ExpertStore::create(geo, params, pc.expert_dtype));
+  if (pc.host_store != nullptr) {
+    const ExpertStore& hs = *pc.host_store;
+    bool same_layers = hs.layers() == geo.layers;
+    for (int l = 0; same_layers && l < geo.layers; ++l) {
+      same_layers = hs.has_layer(l) == bool(geo.layer_is_moe[l]);
+    }
+    if (hs.dtype() != pc.expert_dtype || hs.hidden() != geo.hidden ||
+        hs.width() != geo.expert_width || hs.experts() != geo.experts || !same_layers) {
+      return invalid_argument(
+          "serve: the given host expert store ({} experts of {} x {} in {}, {} MoE layers) does "
+          "not match the model ({} of {} x {} in {})",
+          hs.experts(), hs.width(), hs.hidden(), to_string(hs.dtype()), hs.moe_layers(),
+          geo.experts, geo.expert_width, geo.hidden, to_string(pc.expert_dtype));
+    }
+    x->store_ = pc.host_store;
+  } else {
+    FERRY_ASSIGN_OR_RETURN(x->own_store_, ExpertStore::create(geo, params, pc.expert_dtype));
+    x->store_ = x->own_store_.get();
+  }
   const std::size_t eb = x->store_->expert_bytes();
   if (pc.mode == ExpertMode::kStatic) {
     const std::size_t need = std::size_t(geo.experts) * eb;

@@ -117,7 +117,7 @@ class ExpertExecutor {
 
   ExpertMode mode() const { return mode_; }
   DType expert_dtype() const { return expert_dtype_; }
-  const ExpertStore* store() const { return store_.get(); }
+  const ExpertStore* store() const { return store_; }
   ExpertPager* pager() const { return pager_.get(); }
   const ExecutorCounters& counters() const { return counters_; }
   // Device-tier bytes this mode holds (slot pool or staging), and its budget.
@@ -139,8 +139,9 @@ class ExpertExecutor {
   model::DecoderGeometry geo_;
   const model::ModelParams& params_;
   ExpertMode mode_ = ExpertMode::kResident;
-  DType expert_dtype_ = DType::kF32;  // PagerConfig::expert_dtype
-  std::unique_ptr<ExpertStore> store_;
+  DType expert_dtype_ = DType::kF32;        // PagerConfig::expert_dtype
+  std::unique_ptr<ExpertStore> own_store_;  // packed here unless PagerConfig::host_store
+  const ExpertStore* store_ = nullptr;      // own_store_ or PagerConfig::host_store
   std::unique_ptr<ExpertPager> pager_;
   mem::MemoryBudget staging_budget_;
   BudgetCharge staging_charge_;  // on the engine's device budget

@@ -1,13 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "serve/expert_store.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <thread>
 
 namespace ferry::serve {
 
-Result<std::unique_ptr<ExpertStore>> ExpertStore::create(const model::DecoderGeometry& geo,
-                                                         const model::ModelParams& params,
-                                                         DType dtype) {
+Result<std::unique_ptr<ExpertStore>> ExpertStore::allocate(const model::DecoderGeometry& geo,
+                                                           DType dtype) {
   if (dtype != DType::kF32 && dtype != DType::kBF16) {
     return invalid_argument("serve: experts can be stored in f32 or bf16, not {}",
                             to_string(dtype));
@@ -25,6 +27,13 @@ Result<std::unique_ptr<ExpertStore>> ExpertStore::create(const model::DecoderGeo
   const std::size_t n = std::size_t(s->moe_layers_) * s->E_ * s->expert_bytes();
   FERRY_ASSIGN_OR_RETURN(s->buffer_, mem::Buffer::allocate(mem::MemTier::kPinnedHost, n, s->budget_,
                                                            {.what = "expert host store"}));
+  return s;
+}
+
+Result<std::unique_ptr<ExpertStore>> ExpertStore::create(const model::DecoderGeometry& geo,
+                                                         const model::ModelParams& params,
+                                                         DType dtype) {
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<ExpertStore> s, allocate(geo, dtype));
   const std::size_t mat = std::size_t(s->F_) * s->C_;
   for (int l = 0; l < geo.layers; ++l) {
     if (!geo.layer_is_moe[l]) continue;
@@ -52,6 +61,33 @@ Result<std::unique_ptr<ExpertStore>> ExpertStore::create(const model::DecoderGeo
       }
     }
   }
+  return s;
+}
+
+Result<std::unique_ptr<ExpertStore>> ExpertStore::create_filled(const model::DecoderGeometry& geo,
+                                                                DType dtype, const BlockFill& fill,
+                                                                int threads) {
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<ExpertStore> s, allocate(geo, dtype));
+  std::vector<std::pair<int, int>> blocks;  // (layer, expert), in store order
+  for (int l = 0; l < geo.layers; ++l) {
+    if (!geo.layer_is_moe[l]) continue;
+    for (int e = 0; e < s->E_; ++e) blocks.emplace_back(l, e);
+  }
+  // Blocks are handed out one at a time (a few MB each), so the threads stay busy to the end.
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t j; (j = next.fetch_add(1)) < blocks.size();) {
+      const auto [l, e] = blocks[j];
+      fill(l, e, const_cast<std::byte*>(s->block(l, e)));
+    }
+  };
+  const std::size_t want =
+      threads > 0 ? std::size_t(threads) : std::max(1u, std::thread::hardware_concurrency());
+  const std::size_t n = std::min(want, std::max<std::size_t>(1, blocks.size()));
+  std::vector<std::thread> pool;
+  for (std::size_t t = 1; t < n; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
   return s;
 }
 

@@ -17,6 +17,8 @@
 
 namespace ferry::serve {
 
+class ExpertStore;
+
 enum class ExpertMode : std::uint8_t {
   kResident,    // every expert read in place (the model's own weight views); the reference
   kStatic,      // each MoE layer's experts copied in bulk to a device staging area every forward
@@ -78,6 +80,12 @@ struct PagerConfig {
   // stay bit-identical to each other; against f32 weights the difference is the rounding of the
   // weights to bf16. Dense weights, K/V and activations stay f32. The CPU engine refuses kBF16.
   DType expert_dtype = DType::kF32;
+  // The packed host store the non-resident modes read experts from, owned by the caller (it
+  // must outlive the engine, have expert_dtype and the model's geometry, and hold the bits the
+  // model's expert views convert to). null: the engine packs its own from the model's views.
+  // Lets several engines share one host copy (bench serve builds the 48-layer model's bf16
+  // experts once, straight into a store: builtin_model.h make_builtin_moe_packed).
+  const ExpertStore* host_store = nullptr;
 };
 
 struct KvConfig {

@@ -18,7 +18,8 @@ const std::vector<BenchGeometry>& bench_geometries() {
         .experts = 128,
         .top_k = 8,
         .expert_width = 768,
-        .max_positions = 40960},
+        .max_positions = 40960,
+        .parallel_init = true},
        "Qwen3-30B-A3B geometry (the GPU target), unscaled"},
       {"qwen3-30b-a3b-2l",
        {.vocab = 18992,
@@ -97,6 +98,15 @@ double target_expert_fraction() {
     return (double(24ull << 30) - 2.0 * double(p.dense())) / (2.0 * double(p.experts));
   }();
   return f;
+}
+
+Result<HostBytes> bench_host_bytes(const BenchGeometry& g, DType expert_dtype) {
+  FERRY_ASSIGN_OR_RETURN(const ParamBytes p, count_params(g.spec));
+  HostBytes h;
+  h.packed = g.spec.parallel_init;
+  h.f32_weights = (h.packed ? p.dense() : p.total) * sizeof(float);
+  h.expert_store = p.experts * dtype_size(expert_dtype);
+  return h;
 }
 
 }  // namespace ferry::serve::bench

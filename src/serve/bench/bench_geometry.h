@@ -2,8 +2,10 @@
 // Built-in model geometries of `ferry bench serve`: random-weight Qwen3-MoE models built from a
 // seed (serve/builtin_model.h), never downloaded.
 //   qwen3-30b-a3b       the benchmark geometry (48 layers, C 2048, 128 experts, top-8,
-//                       expert width 768, vocab 151936); for the GPU machine: in this CPU
-//                       engine's f32 it needs ~2x 114 GiB of host memory and is refused.
+//                       expert width 768, vocab 151936); for the GPU machine with --expert-dtype
+//                       bf16: its experts are drawn straight into the packed bf16 host store
+//                       (parallel_init, make_builtin_moe_packed), ~60 GiB of host memory in all;
+//                       with f32 experts it needs ~114 GiB and is refused on a 128 GiB host.
 //   qwen3-30b-a3b-2l    the target's layer widths unscaled on 2 layers, vocab / 8: real expert
 //                       sizes (18.9 MB f32) for the GPU machine; ~10 GiB of host memory.
 //   qwen3-30b-a3b-mini  the same E = 128, K = 8 and the same ratios between widths (F/C = 0.375,
@@ -20,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/result.h"
 #include "model/config.h"
 #include "serve/builtin_model.h"
@@ -48,5 +51,20 @@ ParamBytes count_params(const model::ModelConfig& config);
 // + the KV pool + this share of its own expert bytes (in the engine's dtype), so a scaled
 // geometry keeps the target's slots per layer / E.
 double target_expert_fraction();
+
+// The host memory bench serve's model takes for geometry g with experts in expert_dtype:
+//   packed (g.spec.parallel_init: make_builtin_moe_packed): the dense weights in f32 + every
+//     expert once in expert_dtype, the one store every engine of the run reads;
+//   else (make_builtin_moe): every weight in f32 + one engine's packed store of the experts
+//     (each mode's engine packs its own, one engine at a time).
+// Not counted (< 1 GiB): the engines' activations, logits and upload staging (256 MiB), and one
+// chunk of f32 scratch per generating thread (16 MiB at most).
+struct HostBytes {
+  bool packed = false;
+  std::size_t f32_weights = 0;  // dense only when packed
+  std::size_t expert_store = 0;
+  std::size_t total() const { return f32_weights + expert_store; }
+};
+Result<HostBytes> bench_host_bytes(const BenchGeometry& g, DType expert_dtype);
 
 }  // namespace ferry::serve::bench

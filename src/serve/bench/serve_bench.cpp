@@ -88,6 +88,7 @@ Result<ModeResult> run_mode(const model::DecoderGeometry& geo, const model::Mode
   ec.max_batch_tokens = static_cast<int>(cfg.prompt.size());
   ec.max_running = 1;
   ec.device_budget_bytes = mode == ExpertMode::kResident ? 0 : plan.device_budget_bytes;
+  ec.pager.host_store = cfg.host_store;
   if (mode == ExpertMode::kPaged) {
     ec.pager.slots_per_layer = plan.slots_per_layer;
     ec.pager.miss_cost_model = cfg.miss_cost_model;
@@ -108,7 +109,17 @@ Result<ModeResult> run_mode(const model::DecoderGeometry& geo, const model::Mode
     return r;
   }
   kernels::Backend& backend = cfg.backend ? *cfg.backend : kernels::cpu_backend();
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Engine> eng, Engine::create(geo, params, ec, backend));
+  Result<std::unique_ptr<Engine>> created = Engine::create(geo, params, ec, backend);
+  if (!created.ok() && created.status().code() == StatusCode::kResourceExhausted) {
+    // Out of memory (device or pinned host) while building the mode's engine: report, go on.
+    r.skipped =
+        fmt::format("{} engine does not fit{}: {}", to_string(mode),
+                    mode == ExpertMode::kResident ? " (no budget: every expert on the device)" : "",
+                    created.status().message());
+    return r;
+  }
+  if (!created.ok()) return created.status();
+  std::unique_ptr<Engine> eng = std::move(*created);
   std::unique_ptr<TraceReplayer> replayer;
   if (cfg.trace) {
     replayer = std::make_unique<TraceReplayer>(*cfg.trace);
@@ -294,6 +305,7 @@ Result<ServeBenchReport> run_serve_bench(const model::DecoderGeometry& geo,
     pc.pager.mode = ExpertMode::kPaged;
     pc.pager.expert_dtype = cfg.expert_dtype;
     pc.pager.slots_per_layer = geo.top_k;
+    pc.pager.host_store = cfg.host_store;
     pc.kv.block_tokens = cfg.kv_block_tokens;
     pc.kv.budget_bytes = r.kv_bytes;
     pc.max_batch_tokens = static_cast<int>(cfg.prompt.size());

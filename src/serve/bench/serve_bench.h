@@ -17,11 +17,13 @@
 // pool plus those slots. With budget_bytes (the total accelerator budget), dense weights and the
 // KV pool (sized for P + D + 1 tokens) are taken off first and the rest is expert slots,
 // equal per layer (expert_fraction sets the budget from the share of experts instead). resident
-// runs without the budget (the reference). A mode that does not fit (static's one-layer staging) is
-// reported as skipped with the reason. Every mode's token ids and logits bits are compared with the
-// first mode run (engine property, docs/serve.md "Byte identity"). Pacing: link_gbps > 0 sets
-// mem::set_host_link_rate for the runs (link_pacer.h) and restores it afterwards. Not thread-safe
-// (global pacing, global pool).
+// runs without the budget (the reference). A mode that does not fit (static's one-layer staging,
+// or an engine whose creation runs out of memory, e.g. resident's every expert on a GPU too
+// small for them) is reported as skipped with the reason. Every mode's token ids and logits bits
+// are compared with the first mode run (engine property, docs/serve.md "Byte identity"). Pacing:
+// link_gbps > 0 sets mem::set_host_link_rate for the runs (link_pacer.h) and restores it
+// afterwards. Not thread-safe (global pacing, global pool).
+//
 // CUDA (backend = a CUDA backend): every mode runs the CUDA engine (docs/serve.md "CUDA path"),
 // whose one device budget also holds the dense weights (f32), the expert pointer tables and the
 // activations. A probe engine (paged, top-k slots, no budget, no steps) measures those fixed
@@ -75,6 +77,9 @@ struct ServeBenchConfig {
   const RoutingTrace* trace = nullptr;  // forced routing of request 0 (null: the router's own)
   int kv_block_tokens = 16;
   kernels::Backend* backend = nullptr;  // null: the CPU engine; a CUDA backend: the CUDA engine
+  // The model's experts already packed (PagerConfig::host_store; caller-owned): every engine of
+  // the run reads this one store instead of packing its own from the weight views.
+  const ExpertStore* host_store = nullptr;
 };
 
 struct PhaseResult {
