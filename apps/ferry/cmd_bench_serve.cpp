@@ -11,6 +11,11 @@
 // (or a loaded one) with the same prompt and forced routing; the measurement and the definitions
 // are in serve/bench/serve_bench.h, the geometries in serve/bench/bench_geometry.h. A table goes
 // to stdout, logs to stderr, the JSON report to --json (- for stdout instead of the table).
+// The 48-layer qwen3-30b-a3b geometry's experts are drawn straight into the packed host store in
+// --expert-dtype (bf16: ~60 GiB of host memory in all) and every mode's engine reads that store;
+// the host bytes are estimated (and checked against MemAvailable) before anything is built, and
+// the JSON reports the estimate beside the measured peak RSS.
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -21,6 +26,7 @@
 #include "apps/ferry/miss_placement_flags.h"
 #include "apps/ferry/serve_device_flag.h"
 #include "core/log.h"
+#include "core/process_memory.h"
 #include "mem/budget.h"
 #include "model/model_binding.h"
 #include "serve/bench/bench_geometry.h"
@@ -70,6 +76,16 @@ std::string fmt_opt(const Json& j, const char* f) {
 void print_table(const Json& rep, const std::string& what) {
   std::printf("%s\n", what.c_str());
   const bool cuda = rep["device"] == "cuda";
+  const Json& sz = rep["sizing"];
+  // The engine's device budget: its fixed part (CPU engine: the KV pool; dense weights are read
+  // in place) + the expert slots.
+  const std::size_t fixed = sz[cuda ? "device_fixed_bytes" : "kv_bytes"].get<std::size_t>();
+  std::printf("device budget %s = %s %s + %d expert slots per layer x %d MoE layers x %s\n",
+              mem::format_bytes(sz["device_budget_bytes"]).c_str(),
+              mem::format_bytes(fixed).c_str(),
+              cuda ? "(dense weights, KV, tables, activations)" : "(KV pool)",
+              sz["slots_per_layer"].get<int>(), sz["moe_layers"].get<int>(),
+              mem::format_bytes(sz["expert_bytes"]).c_str());
   std::printf("%-12s %12s %12s %8s %14s %10s %10s %22s %6s\n", "mode", "prefill t/s", "decode t/s",
               "hit", "h2d B/tok dec", "roofline%", "syncs/tok", "device peak/budget", "ids=");
   for (const Json& m : rep["modes"]) {
@@ -140,12 +156,19 @@ int run_bench_serve(const BenchServeConfig& cfg) {
   if (!expert_dtype.ok()) return fail(expert_dtype.status());
   bc.expert_dtype = *expert_dtype;
   const std::size_t expert_elem = dtype_size(bc.expert_dtype);
+  if (!cuda && bc.expert_dtype != DType::kF32) {
+    // Before any weights exist (the 48-layer geometry takes minutes to build).
+    return fail(unimplemented("bench serve: {} experts need --device cuda (the CPU engine is f32)",
+                              to_string(bc.expert_dtype)));
+  }
 
   // The model: a loaded folder or a built-in geometry with seeded random weights.
   std::unique_ptr<model::LoadedModel> loaded;
   std::unique_ptr<serve::BuiltinModel> builtin;
   std::string what;
   serve::bench::ParamBytes pb;
+  std::size_t host_estimate = 0;  // built-in geometries: bench_host_bytes
+  double build_s = 0;
   if (!cfg.model_dir.empty()) {
     auto m = model::load_model_f32(cfg.model_dir);
     if (!m.ok()) return fail(m.status());
@@ -158,20 +181,40 @@ int run_bench_serve(const BenchServeConfig& cfg) {
     auto counted = serve::bench::count_params(g->spec);
     if (!counted.ok()) return fail(counted.status());
     pb = *counted;
-    // f32 weights plus the packed expert store the non-resident modes copy them into.
-    const std::size_t need = pb.total * sizeof(float) + pb.experts * expert_elem;
+    auto host = serve::bench::bench_host_bytes(*g, bc.expert_dtype);
+    if (!host.ok()) return fail(host.status());
+    const std::string host_what =
+        host->packed ? fmt::format(
+                           "{} f32 dense weights + {} {} experts drawn straight into the packed "
+                           "host store",
+                           mem::format_bytes(host->f32_weights),
+                           mem::format_bytes(host->expert_store), cfg.expert_dtype)
+                     : fmt::format("{} f32 weights + {} packed {} expert store",
+                                   mem::format_bytes(host->f32_weights),
+                                   mem::format_bytes(host->expert_store), cfg.expert_dtype);
     const std::size_t avail = host_memory_available();
-    if (avail > 0 && need > avail * 9 / 10) {
+    if (avail > 0 && host->total() > avail * 9 / 10) {
       return fail(resource_exhausted(
-          "bench serve: geometry {} needs {} of host memory (f32 random weights and the packed "
-          "expert store; the engine computes in f32), {} available; use --geometry "
-          "qwen3-30b-a3b-mini or qwen3-30b-a3b-2l",
-          g->name, mem::format_bytes(need), mem::format_bytes(avail)));
+          "bench serve: geometry {} needs {} of host memory ({}; the engine computes the dense "
+          "weights in f32), {} available; {}",
+          g->name, mem::format_bytes(host->total()), host_what, mem::format_bytes(avail),
+          host->packed && bc.expert_dtype == DType::kF32
+              ? "use --device cuda --expert-dtype bf16 (half the expert bytes)"
+              : "use --geometry qwen3-30b-a3b-mini or qwen3-30b-a3b-2l"));
     }
-    lg->info("bench serve: building geometry={} params={} seed={}", g->name, pb.total, cfg.seed);
-    auto b = serve::make_builtin_moe(g->spec, cfg.seed);
+    host_estimate = host->total();
+    lg->info("bench serve: building geometry={} params={} seed={} host_bytes={} ({}), available {}",
+             g->name, pb.total, cfg.seed, mem::format_bytes(host->total()), host_what,
+             avail ? mem::format_bytes(avail) : std::string("unknown"));
+    const auto tb = std::chrono::steady_clock::now();
+    auto b = host->packed ? serve::make_builtin_moe_packed(g->spec, cfg.seed, bc.expert_dtype)
+                          : serve::make_builtin_moe(g->spec, cfg.seed);
     if (!b.ok()) return fail(b.status());
     builtin = std::move(*b);
+    build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - tb).count();
+    lg->info("bench serve: weights built in {:.1f} s, host peak rss {}", build_s,
+             mem::format_bytes(host_peak_rss_bytes()));
+    bc.host_store = builtin->experts.get();  // packed: every engine reads this one store
     what = "geometry " + g->name + " (" + g->scaling + ")";
   }
   const model::DecoderGeometry& geo = loaded ? loaded->geometry : builtin->geometry;
@@ -278,6 +321,13 @@ int run_bench_serve(const BenchServeConfig& cfg) {
                    {"model_bytes", model_bytes}};
   j["sizing"]["basis"] = budget_basis;
   j["sizing"]["budget_bytes"] = report->config.budget_bytes;
+  j["host"] = {{"estimate_bytes", host_estimate ? Json(host_estimate) : Json(nullptr)},
+               {"peak_rss_bytes", host_peak_rss_bytes()},
+               {"experts_packed_at_build", bc.host_store != nullptr},
+               {"weights_build_s", build_s},
+               {"basis",
+                "estimate: bench_host_bytes (weights + expert store); peak_rss: getrusage "
+                "ru_maxrss at the end of the run"}};
   j["trace"] = trace_what;
   j["seed"] = cfg.seed;
   j["link"]["memcpy_gbps"] = memcpy_gbps;

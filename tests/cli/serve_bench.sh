@@ -14,6 +14,8 @@ fail() { echo "FAIL: $*"; exit 1; }
   --json "$tmp/r.json" >"$tmp/table.txt" 2>"$tmp/err.txt" \
   || fail "bench serve: $(cat "$tmp/err.txt")"
 grep -q "paged/static" "$tmp/table.txt" || fail "no ratios in the table: $(cat "$tmp/table.txt")"
+grep -q "^device budget .* + 8 expert slots per layer x 2 MoE layers" "$tmp/table.txt" ||
+  fail "no sizing line in the table: $(cat "$tmp/table.txt")"
 python3 - "$tmp/r.json" <<'PY' || fail "report: $(cat "$tmp/r.json")"
 import json, sys
 j = json.load(open(sys.argv[1]))
@@ -21,6 +23,8 @@ for k in ["prompt_tokens", "decode_tokens", "policy", "link", "sizing", "modes",
           "definitions", "model", "geometry", "trace", "seed", "machine"]:
     assert k in j, k
 assert j["prompt_tokens"] == 24 and j["decode_tokens"] == 12
+h = j["host"]  # the host memory estimate and the measured peak
+assert h["estimate_bytes"] > 0 and h["peak_rss_bytes"] > 0 and h["experts_packed_at_build"] is False, h
 assert j["sizing"]["slots_per_layer"] == 8
 modes = {m["mode"]: m for m in j["modes"]}
 assert list(modes) == ["resident", "static", "cpu-experts", "paged"], list(modes)
@@ -126,6 +130,13 @@ expect 1 "exceeds the model's 512 positions" --geometry tiny --prompt-tokens 600
 expect 2 "device" --geometry tiny --device tpu
 expect 2 "expert-dtype" --geometry tiny --expert-dtype f16
 expect 1 "bf16 experts need --device cuda" --geometry tiny --expert-dtype bf16
+# The 48-layer geometry: refused before any weights are built (bf16 on the CPU engine; f32
+# experts where the host lacks ~114 GiB, with the bf16 alternative named).
+expect 1 "bf16 experts need --device cuda" --geometry qwen3-30b-a3b --expert-dtype bf16
+avail_kib=$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)
+if [ "${avail_kib:-0}" -gt 0 ] && [ "$avail_kib" -lt $((100 * 1024 * 1024)) ]; then
+  expect 1 "use --device cuda --expert-dtype bf16" --geometry qwen3-30b-a3b
+fi
 
 # --serial-miss-copies: the JSON says so and the paged mode still gives the reference's bits
 # (on the CPU engine the copies are synchronous either way).
