@@ -17,6 +17,15 @@
 #          flags (e.g. "--sessions 4 --turns 3 --caps 40"); WSA_TIMEOUT (s) bounds the bench,
 #          WSA_DEADLINE (epoch s) ends it by then (the bench writes its JSON after each policy).
 #          STAGES="build wsa" builds only gpu_test and the bench.
+#   bench48  the full 48-layer Qwen3-30B-A3B geometry at the issue's budget (#5):
+#          `ferry bench serve --device cuda --geometry qwen3-30b-a3b --expert-dtype bf16
+#          --budget-gib 24` — bf16 experts drawn straight into the pinned host store on every
+#          core (~60 GiB of host memory: 58 GB experts + 6 GB f32 dense weights), slots per layer
+#          from the budget, resident (no budget, ~65 GB of GPU memory) as the reference:
+#          bench48.json + bench48.txt (table and logs) + bench48_mem.txt (free -m every 5 s).
+#          B48_MODES (default resident,paged,static), B48_PROMPT (128), B48_DECODE (32),
+#          B48_TIMEOUT (s, default 420), B48_EXTRA (more flags). STAGES="build bench48" builds
+#          only ferry.
 # GEOMS (default qwen3-30b-a3b-2l), DTYPES (default "f32 bf16"), MODES (default resident,paged)
 # and EXTRA (more bench flags) adjust the bench. Files in $OUT; exit status non-zero on a failure.
 set -uo pipefail
@@ -33,6 +42,11 @@ EXTRA=${EXTRA:-}
 WSA_LAYERS=${WSA_LAYERS:-2}
 WSA_ARGS=${WSA_ARGS:-}
 WSA_TIMEOUT=${WSA_TIMEOUT:-200}
+B48_MODES=${B48_MODES:-resident,paged,static}
+B48_PROMPT=${B48_PROMPT:-128}
+B48_DECODE=${B48_DECODE:-32}
+B48_TIMEOUT=${B48_TIMEOUT:-420}
+B48_EXTRA=${B48_EXTRA:-}
 status=0
 t0=$(date +%s)
 stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
@@ -48,6 +62,8 @@ if has build; then
       targets="gpu_test serve_split_engine_bench"
       has bench && targets="ferry $targets"
     fi
+    # bench / bench48 alone need only the ferry binary.
+    has test || has wsa || targets="ferry"
     cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES=90 -DFERRY_BUILD_TESTS=ON -DFERRY_BUILD_BENCH=$bench \
       -DFERRY_BUILD_ROUTE=OFF
@@ -80,6 +96,27 @@ if has bench; then
     done
   done
   grep -E "^\[|paged|resident|static|failed" "$OUT/bench.txt" | head -40
+fi
+
+if has bench48; then
+  stamp "bench48 qwen3-30b-a3b bf16 24 GiB modes $B48_MODES" | tee -a "$OUT/bench48.txt"
+  free -m >>"$OUT/bench48.txt"
+  (while sleep 5; do echo "$(($(date +%s) - t0)) s $(free -m | awk '/^Mem:/ {print "used_mib", $3, "avail_mib", $7}')"; done) \
+    >>"$OUT/bench48_mem.txt" 2>&1 &
+  mem_pid=$!
+  b48_t0=$(date +%s)
+  # shellcheck disable=SC2086
+  timeout "$B48_TIMEOUT" "$B/apps/ferry/ferry" bench serve --device cuda --geometry qwen3-30b-a3b \
+    --expert-dtype bf16 --budget-gib 24 --modes "$B48_MODES" --prompt-tokens "$B48_PROMPT" \
+    --decode-tokens "$B48_DECODE" $B48_EXTRA --json "$OUT/bench48.json" >>"$OUT/bench48.txt" 2>&1 || {
+    echo "bench48 failed: exit $?" | tee -a "$OUT/bench48.txt"
+    status=1
+  }
+  kill "$mem_pid" 2>/dev/null
+  stamp "bench48 done in $(($(date +%s) - b48_t0)) s" | tee -a "$OUT/bench48.txt"
+  sort -k4 -n "$OUT/bench48_mem.txt" | tail -1 | sed 's/^/highest host use sampled: /'
+  grep -vE "^\[[0-9]{2}:" "$OUT/bench48.txt" | tail -20
+  grep -E "weights built|host_bytes|error|skipped" "$OUT/bench48.txt" | head -10
 fi
 
 if has test; then
