@@ -3,6 +3,7 @@
 # issue #7's benchmark: at each GPU-memory cap, the solved plan against the fixed policies, each
 # at the largest batch that fits the cap, measured by the streaming executor at full depth.
 #   CAPS="24 40 80" GEOMS="qwen2.5-3b qwen2.5-7b" bash scripts/gpu_plan_caps.sh
+#   (CAPS_qwen2_5_7b="24" GEOMS=...: per-geometry caps)
 # Per geometry, first a profile: `ferry bench train --geometry G --policies device` at the run
 # batch (no cap), turned into a measured cost profile by `ferry plan --from-bench` (per-layer
 # forward / backward / recompute, loss window, optimizer, serial part; scaled linearly to other
@@ -14,7 +15,7 @@
 # the measured one. The bench model is the geometry itself (--geometry: shapes, the real
 # vocabulary and tying; random weights and token ids).
 # Extra flags: PLAN_EXTRA (ferry plan), BENCH_EXTRA (ferry bench train; default 8-bit states,
-# bf16-kahan masters, 1 warm-up + 2 timed steps). MAX_BATCH per geometry (default 3B 64, 7B 32).
+# bf16-kahan masters, 1 warm-up + 1 timed step). MAX_BATCH per geometry (default 3B 48, 7B 24).
 # Output: $OUT/plan_caps.jsonl (one line per geometry and cap: {"geometry", "cap_gb", "plan":
 # <ferry plan JSON>, "bench": <report>}), the profiles and logs, and a table on stdout.
 set -uo pipefail
@@ -25,8 +26,8 @@ mkdir -p "$OUT"
 FERRY=${FERRY_GPU_BUILD:-build/gpu}/apps/ferry/ferry
 OPTIM=${OPTIM:---optimizer-states 8bit --master bf16-kahan}
 PLAN_EXTRA=${PLAN_EXTRA:---host-mem-gb 120 --time-limit-s 10}
-BENCH_EXTRA=${BENCH_EXTRA:---steps 2 --warmup 1}
-declare -A MAXB=([qwen2.5-3b]=64 [qwen2.5-7b]=32)
+BENCH_EXTRA=${BENCH_EXTRA:---steps 1 --warmup 1}
+declare -A MAXB=([qwen2.5-3b]=48 [qwen2.5-7b]=24)
 for g in ${GEOMS:-qwen2.5-3b qwen2.5-7b}; do
   maxb=${MAX_BATCH:-${MAXB[$g]:-32}}
   prof="$OUT/profile_${g}.json"
@@ -38,7 +39,8 @@ for g in ${GEOMS:-qwen2.5-3b qwen2.5-7b}; do
       >"$OUT/profile_${g}.log" 2>&1 || { echo "[$g] from-bench failed:"; tail -3 "$OUT/profile_${g}.log"; continue; }
     echo "[$g] profile at batch $maxb:"; grep -E "serial|device" "$OUT/profile_${g}.log" | head -3
   fi
-  for cap in ${CAPS:-24 40 80}; do
+  caps_var="CAPS_${g//[.-]/_}"  # e.g. CAPS_qwen2_5_7b="24 40": this geometry's caps
+  for cap in ${!caps_var:-${CAPS:-24 40 80}}; do
     plan="$OUT/plan_${g}_${cap}.json"
     rep="/tmp/plan_caps_bench.json"
     rm -f "$rep"

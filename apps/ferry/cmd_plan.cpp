@@ -19,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include "apps/ferry/cmd_plan_executor_fit.h"
 #include "apps/ferry/commands.h"
 #include "core/file_util.h"
 #include "core/log.h"
@@ -65,6 +66,9 @@ struct PlanConfig {
   std::string from_bench;       // `ferry bench train` JSON: predicted vs measured per policy
   std::string write_profile;    // with --from-bench: write the measured profile (PATH or auto)
   std::string machine_profile;  // explicit machine profile (in or, with --measure-machine, out)
+  // GPU memory as the stream executor will allocate it (cmd_plan_executor_fit.h) for this device's
+  // backend: auto (cuda when present), cpu, cuda, or none (the cost model's bf16 estimate).
+  std::string executor_device = "auto";
 };
 
 PlanConfig& plan_config() {
@@ -107,8 +111,29 @@ Result<plan::MachineSpec> machine_spec(const PlanConfig& c) {
 }
 
 // Problem factory for one GPU cap: analytic costs, overridden by a profile when one applies.
+// GPU memory as the stream executor allocates it (--executor-device; none: the cost model's).
+Result<std::optional<ExecutorTarget>> executor_of(const PlanConfig& c) {
+  if (c.executor_device == "none") return std::optional<ExecutorTarget>();
+  FERRY_ASSIGN_OR_RETURN(const ExecutorTarget exec, executor_target(c.executor_device, c.master));
+  log::get("plan")->info(
+      "gpu memory as the stream executor allocates it on {} ({} GEMMs, {} weights; "
+      "--executor-device none: the cost model's estimate)",
+      exec.backend->device() == Device::kCpu ? "the cpu" : "cuda", model::to_string(exec.precision),
+      exec.bf16_weights ? "bf16" : "f32");
+  return std::optional<ExecutorTarget>(exec);
+}
+
+// `solve`, and with an executor target its solution checked against the executor's bytes.
+PlanSolver for_executor(PlanSolver solve, const std::optional<ExecutorTarget>& exec,
+                        const model::ModelConfig& cfg) {
+  if (!exec) return solve;
+  return [solve = std::move(solve), exec = *exec, cfg](const plan::PlanProblem& p) {
+    return solve_for_executor(p, solve, cfg, exec);
+  };
+}
+
 Result<plan::ProblemAt> make_problem_at(const PlanConfig& c, const model::ModelConfig& cfg,
-                                        double gpu_gb) {
+                                        double gpu_gb, const std::optional<ExecutorTarget>& exec) {
   std::optional<plan::Profile> prof;
   std::string path = c.profile;
   if (path.empty()) {
@@ -141,6 +166,7 @@ Result<plan::ProblemAt> make_problem_at(const PlanConfig& c, const model::ModelC
                            .max_span = c.max_span};
     FERRY_ASSIGN_OR_RETURN(plan::PlanProblem p, plan::analytic_problem(cfg, machine, shape, caps));
     if (prof) FERRY_TRY(plan::apply_profile(*prof, p));
+    if (exec) FERRY_TRY(fit_gpu_memory_to_executor(p, cfg, *exec));
     return p;
   });
 }
@@ -157,6 +183,7 @@ Result<int> parse_batch(const std::string& s) {
 }
 
 Status run_compare(const PlanConfig& c, const model::ModelConfig& cfg, int batch) {
+  FERRY_ASSIGN_OR_RETURN(const std::optional<ExecutorTarget> exec, executor_of(c));
   std::vector<double> caps;
   std::stringstream ss(c.gpu_caps);
   for (std::string item; std::getline(ss, item, ',');) {
@@ -176,19 +203,22 @@ Status run_compare(const PlanConfig& c, const model::ModelConfig& cfg, int batch
               {"machine", c.machine},
               {"caps", Json::array()}};
   for (double gpu : caps) {
-    FERRY_ASSIGN_OR_RETURN(plan::ProblemAt at, make_problem_at(c, cfg, gpu));
+    FERRY_ASSIGN_OR_RETURN(plan::ProblemAt at, make_problem_at(c, cfg, gpu, exec));
     const plan::SolveOptions solve{.time_limit_s = c.time_limit_s};
     const plan::SolveOptions probe{.time_limit_s = std::min(c.time_limit_s, 10.0)};
+    const PlanSolver solve_full = for_executor(
+        [&](const plan::PlanProblem& p) { return plan::solve_milp(p, solve); }, exec, cfg);
+    const PlanSolver solve_probe = for_executor(
+        [&](const plan::PlanProblem& p) { return plan::solve_milp(p, probe); }, exec, cfg);
     int b = batch;
     std::optional<plan::Plan> solved;
     if (b == 0) {  // auto: the solved plan's own batch
-      auto r = plan::largest_batch(
-          at, [&](const plan::PlanProblem& p) { return plan::solve_milp(p, probe); },
-          plan::BatchSearchOptions{.max_batch = c.max_batch});
+      auto r =
+          plan::largest_batch(at, solve_probe, plan::BatchSearchOptions{.max_batch = c.max_batch});
       if (!r.ok()) return r.status();
       b = r->batch;
       FERRY_ASSIGN_OR_RETURN(plan::PlanProblem p, at(b));
-      FERRY_ASSIGN_OR_RETURN(plan::Plan full, plan::solve_milp(p, solve));
+      FERRY_ASSIGN_OR_RETURN(plan::Plan full, solve_full(p));
       solved = std::move(full);
     }
     plan::CompareOptions o{.solve = solve, .probe_solve = probe, .max_batch = c.max_batch};
@@ -321,15 +351,18 @@ Status run_plan_status() {
   }
   if (c.compare) return run_compare(c, cfg, batch);
 
-  FERRY_ASSIGN_OR_RETURN(plan::ProblemAt at, make_problem_at(c, cfg, c.gpu_mem_gb));
+  FERRY_ASSIGN_OR_RETURN(const std::optional<ExecutorTarget> exec, executor_of(c));
+  FERRY_ASSIGN_OR_RETURN(plan::ProblemAt at, make_problem_at(c, cfg, c.gpu_mem_gb, exec));
   const plan::SolveOptions solve{.time_limit_s = c.time_limit_s};
   const plan::SolveOptions probe{.time_limit_s = std::min(c.time_limit_s, 10.0)};
+  const PlanSolver solve_probe = for_executor(
+      [&](const plan::PlanProblem& p) { return plan::solve_milp(p, probe); }, exec, cfg);
+  const PlanSolver solve_diagnosed = for_executor(
+      [&](const plan::PlanProblem& p) { return plan::solve_or_diagnose(p, solve); }, exec, cfg);
   if (batch == 0) {
     FERRY_ASSIGN_OR_RETURN(
         plan::BatchSearchResult r,
-        plan::largest_batch(
-            at, [&](const plan::PlanProblem& p) { return plan::solve_milp(p, probe); },
-            plan::BatchSearchOptions{.max_batch = c.max_batch}));
+        plan::largest_batch(at, solve_probe, plan::BatchSearchOptions{.max_batch = c.max_batch}));
     batch = r.batch;
     const plan::Prediction& pr = r.plan.predicted;
     log::get("plan")->info(
@@ -339,7 +372,7 @@ Status run_plan_status() {
         pr.optimizer_bound_ms, pr.step_ms, r.exposure_ok ? "within" : "above", r.probes);
   }
   FERRY_ASSIGN_OR_RETURN(plan::PlanProblem p, at(batch));
-  FERRY_ASSIGN_OR_RETURN(plan::Plan solved, plan::solve_or_diagnose(p, solve));
+  FERRY_ASSIGN_OR_RETURN(plan::Plan solved, solve_diagnosed(p));
   std::printf("%s", plan::plan_text(p, solved).c_str());
   if (!c.no_policies) {
     plan::CompareOptions o{.solve = solve, .probe_solve = probe, .max_batch = c.max_batch};
@@ -365,11 +398,16 @@ Status write_training_plan(const TrainingPlanRequest& r, const std::string& out_
   c.optimizer_states = r.optimizer_states;
   c.machine = r.machine;
   c.time_limit_s = r.time_limit_s;
+  c.executor_device = r.device;
   FERRY_TRY(resolve_host_state(c));
-  FERRY_ASSIGN_OR_RETURN(plan::ProblemAt at, make_problem_at(c, r.config, c.gpu_mem_gb));
+  FERRY_ASSIGN_OR_RETURN(const std::optional<ExecutorTarget> exec, executor_of(c));
+  FERRY_ASSIGN_OR_RETURN(plan::ProblemAt at, make_problem_at(c, r.config, c.gpu_mem_gb, exec));
   FERRY_ASSIGN_OR_RETURN(plan::PlanProblem p, at(r.batch_size));
-  FERRY_ASSIGN_OR_RETURN(plan::Plan solved,
-                         plan::solve_or_diagnose(p, {.time_limit_s = c.time_limit_s}));
+  const plan::SolveOptions solve{.time_limit_s = c.time_limit_s};
+  FERRY_ASSIGN_OR_RETURN(
+      plan::Plan solved,
+      for_executor([&](const plan::PlanProblem& q) { return plan::solve_or_diagnose(q, solve); },
+                   exec, r.config)(p));
   std::printf("%s", plan::plan_text(p, solved).c_str());
   std::fflush(stdout);
   return plan::write_plan_file(out_path, solved, &p);
@@ -405,6 +443,11 @@ void register_plan(CLI::App& app, CommandFn& run) {
   cmd->add_option("--nvme-dir", c.nvme_dir, "folder of the NVMe activation spill store");
   cmd->add_option("--nvme-gb", c.nvme_gb, "NVMe spill budget (GB)")->check(CLI::Range(0.0, 1e7));
   cmd->add_option("--json", c.json_out, "write the plan (or the --compare report) as JSON here");
+  cmd->add_option("--executor-device", c.executor_device,
+                  "GPU memory as ferry's stream executor allocates it with this device's kernels: "
+                  "auto (cuda when a GPU is present), cpu, cuda, or none (the cost model's bf16 "
+                  "estimate)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda", "none"}));
   cmd->add_option("--time-limit-s", c.time_limit_s, "CBC wall-clock limit per solve")
       ->check(CLI::Range(0.1, 86400.0));
   cmd->add_option("--max-span", c.max_span, "longest recomputed span R (layers + 1)")

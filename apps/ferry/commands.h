@@ -48,6 +48,7 @@ struct TrainingPlanRequest {
   std::string master, optimizer_states;  // train's flags: the host bytes/param
   std::string machine = "h200";
   double time_limit_s = 30;
+  std::string device = "auto";  // the executor's device (ferry train --device): its GPU memory
 };
 Status write_training_plan(const TrainingPlanRequest& r, const std::string& out_path);
 

@@ -196,4 +196,36 @@ if "$FERRY" plan --from-bench "$TMP/ba.json" > /dev/null 2> "$TMP/bf.err"; then
 fi
 grep -q "batch-size auto" "$TMP/bf.err" || { cat "$TMP/bf.err"; exit 1; }
 echo "train_stream: bench train reported every policy"
+
+# A solved plan fits the executor's own byte count at the batch it was solved for: ferry plan
+# sizes GPU memory as the stream executor allocates it (--executor-device). (The cost model's
+# estimate, --executor-device none, solved batch 64 for Qwen2.5-3B at 24 GB on the H200, where the
+# executor held 25; at this size its reserved CUDA context alone exceeds the cap.)
+mkdir -p "$TMP/m"
+python3 - "$TMP/m/config.json" <<'PY'
+import json, sys
+json.dump({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 259,
+           "hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 12,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+           "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+           "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": True},
+          open(sys.argv[1], "w"))
+PY
+"$FERRY" plan --model "$TMP/m" --seq-len 64 --batch-size auto --max-batch 64 \
+  --gpu-mem-gb 0.004194304 --host-mem-gb 8 --time-limit-s 5 --executor-device cpu \
+  --no-policies --json "$TMP/solved.json" > "$TMP/pl.log" 2>&1 ||
+  { echo "train_stream: ferry plan --executor-device cpu failed"; cat "$TMP/pl.log"; exit 1; }
+"$FERRY" bench train --layers 12 --hidden 64 --heads 4 --kv-heads 2 --head-dim 16 \
+  --intermediate 64 --seq-len 64 --steps 1 --warmup 0 --batch-size auto --max-batch 64 \
+  --device-budget-mib 4 --policies "plan=$TMP/solved.json" \
+  --json "$TMP/bs.json" > "$TMP/bs.log" 2>&1 ||
+  { echo "train_stream: bench of solved plans failed"; cat "$TMP/bs.log"; exit 1; }
+python3 - "$TMP/bs.json" <<'PY'
+import json, sys
+fit, = json.load(open(sys.argv[1]))["policies"]
+assert fit["plan_batch"] >= 2 and fit["largest_fitting_batch"] >= fit["plan_batch"], fit
+assert fit["batch_size"] == fit["plan_batch"], fit
+print(f"train_stream: solved plan batch {fit['plan_batch']} fits the executor "
+      f"(largest {fit['largest_fitting_batch']})")
+PY
 echo "train stream cli: ok"

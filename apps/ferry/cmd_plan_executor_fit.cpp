@@ -1,0 +1,153 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "apps/ferry/cmd_plan_executor_fit.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "model/model_binding.h"
+#include "model/param_spec.h"
+#include "plan/policies.h"
+#include "train/optim/optim_modes.h"
+#include "train/stream/activation_policy.h"
+#include "train/stream/device_plan.h"
+
+namespace ferry::app {
+namespace {
+
+constexpr double kGB = 1e9;  // the planner's unit
+
+// What the executor's device plan needs of the model: train::stream::model_sizes without an arena.
+train::stream::ModelSizes sizes_of(const model::ModelConfig& cfg, bool bf16_weights) {
+  train::stream::ModelSizes s;
+  std::vector<std::int64_t> layer(static_cast<std::size_t>(cfg.num_hidden_layers), 0);
+  for (const model::ParamSpec& p : model::param_specs(cfg)) {
+    ++s.params;
+    if (p.layer < 0) {
+      s.globals_elements += p.numel();
+    } else {
+      layer[static_cast<std::size_t>(p.layer)] += p.numel();
+    }
+  }
+  for (std::int64_t n : layer) s.max_layer_elements = std::max(s.max_layer_elements, n);
+  s.bf16_weights = bf16_weights;
+  return s;
+}
+
+train::stream::Home executor_home(plan::Home h) {
+  switch (h) {
+    case plan::Home::kGpu:
+      return train::stream::Home::kDevice;
+    case plan::Home::kHost:
+      return train::stream::Home::kHost;
+    case plan::Home::kNvme:
+      return train::stream::Home::kNvme;
+    case plan::Home::kRecompute:
+      return train::stream::Home::kRecompute;
+  }
+  return train::stream::Home::kDevice;
+}
+
+}  // namespace
+
+Result<ExecutorTarget> executor_target(const std::string& device, const std::string& master) {
+  ExecutorTarget t;
+  if (device != "auto" && device != "cpu" && device != "cuda") {
+    return invalid_argument("plan: executor device {} (expected auto, cpu or cuda)", device);
+  }
+  t.backend = &kernels::cpu_backend();
+  if (device != "cpu") {
+    auto cuda = kernels::cuda_backend(0);
+    if (cuda.ok()) {
+      t.backend = *cuda;
+    } else if (device == "cuda") {
+      return cuda.status();
+    }
+  }
+  FERRY_ASSIGN_OR_RETURN(t.precision, model::parse_gemm_precision("auto", t.backend->device()));
+  bool bf16_master = false;
+  if (!master.empty()) {
+    FERRY_ASSIGN_OR_RETURN(const train::MasterWeights m, train::parse_master_weights(master));
+    bf16_master = m != train::MasterWeights::kF32;
+  }
+  // An fp32 master streams its bf16 rounding on a GPU (--weights-dtype auto).
+  t.bf16_weights = bf16_master || t.backend->device() != Device::kCpu;
+  return t;
+}
+
+Status fit_gpu_memory_to_executor(plan::PlanProblem& p, const model::ModelConfig& cfg,
+                                  const ExecutorTarget& t) {
+  if (t.backend == nullptr) return invalid_argument("plan: no executor backend to fit");
+  FERRY_ASSIGN_OR_RETURN(const model::DecoderGeometry geo, model::make_geometry(cfg));
+  if (geo.layers != p.num_layers) {
+    return invalid_argument("plan: executor fit for {} layers, problem has {}", geo.layers,
+                            p.num_layers);
+  }
+  const std::int64_t tokens = static_cast<std::int64_t>(p.batch_size) * p.seq_len;
+  const train::stream::ModelSizes sizes = sizes_of(cfg, t.bf16_weights);
+  // The executor's boundary: f32 hidden states of every token.
+  const double a = static_cast<double>(tokens) * static_cast<double>(geo.hidden) * 4.0 / kGB;
+  p.boundary_gb.assign(static_cast<std::size_t>(p.num_layers) + 1, a);
+  for (plan::LayerCost& l : p.layers) l.work_fwd_gb = l.work_bwd_gb = 0;
+  p.loss_work_gb = 0;
+  p.gpu_fixed_gb = 0;
+
+  // The planner's peak of each fixed policy with no fixed term, under no GPU cap.
+  plan::PlanProblem probe = p;
+  probe.gpu_cap_gb = std::numeric_limits<double>::max() / 4;
+  const std::pair<const char*, const char*> policies[] = {
+      {"device", "all-gpu"}, {"host", "all-host"}, {"every:4", "checkpoint-every-4"}};
+  double fixed = 0;
+  for (const auto& [executor_name, planner_name] : policies) {
+    FERRY_ASSIGN_OR_RETURN(const train::stream::ActivationPolicy pol,
+                           train::stream::parse_policy(executor_name, geo.layers));
+    FERRY_ASSIGN_OR_RETURN(
+        const train::stream::DevicePlan d,
+        train::stream::plan_device(geo, sizes, pol, t.slots, tokens, *t.backend, t.precision));
+    FERRY_ASSIGN_OR_RETURN(const plan::FixedPolicy fp,
+                           plan::fixed_policy_by_name(planner_name, p.num_layers));
+    auto priced = plan::solve_policy(probe, fp);
+    if (!priced.ok()) continue;  // a policy the host or NVMe tier cannot hold says nothing here
+    fixed =
+        std::max(fixed, static_cast<double>(d.total_bytes()) / kGB - priced->predicted.gpu_peak_gb);
+  }
+  p.gpu_fixed_gb = fixed;
+  return plan::validate(p);
+}
+
+Result<double> executor_gpu_gb(const plan::PlanProblem& p, const plan::Plan& plan,
+                               const model::ModelConfig& cfg, const ExecutorTarget& t) {
+  FERRY_ASSIGN_OR_RETURN(const model::DecoderGeometry geo, model::make_geometry(cfg));
+  if (static_cast<int>(plan.homes.size()) != geo.layers + 1) {
+    return invalid_argument("plan: {} boundary homes for {} layers", plan.homes.size(), geo.layers);
+  }
+  train::stream::ActivationPolicy pol;
+  for (int i = 0; i < geo.layers; ++i) pol.homes.push_back(executor_home(plan.homes[i]));
+  pol.nvme_dir = "nvme";  // only its presence matters to the byte count
+  FERRY_ASSIGN_OR_RETURN(
+      const train::stream::DevicePlan d,
+      train::stream::plan_device(geo, sizes_of(cfg, t.bf16_weights), pol, t.slots,
+                                 static_cast<std::int64_t>(p.batch_size) * p.seq_len, *t.backend,
+                                 t.precision));
+  return static_cast<double>(d.total_bytes()) / kGB;
+}
+
+Result<plan::Plan> solve_for_executor(const plan::PlanProblem& p, const PlanSolver& solve,
+                                      const model::ModelConfig& cfg, const ExecutorTarget& t) {
+  constexpr int kRounds = 4;
+  plan::PlanProblem q = p;
+  double need = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    FERRY_ASSIGN_OR_RETURN(plan::Plan plan, solve(q));
+    FERRY_ASSIGN_OR_RETURN(need, executor_gpu_gb(p, plan, cfg, t));
+    if (need <= p.gpu_cap_gb) return plan;
+    q.gpu_cap_gb -= need - p.gpu_cap_gb;
+    if (!(q.gpu_cap_gb > p.gpu_fixed_gb)) break;
+  }
+  return resource_exhausted(
+      "plan: no plan at batch {} that the stream executor holds in {:.2f} GB of GPU memory (the "
+      "last solved one needs {:.2f} GB as the executor allocates it)",
+      p.batch_size, p.gpu_cap_gb, need);
+}
+
+}  // namespace ferry::app

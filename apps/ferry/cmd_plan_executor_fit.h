@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: Apache-2.0
+// Fits a plan problem's GPU-memory terms to the byte count of the executor that will run the plan
+// (cmd_plan_ prefix: built only with ferry_plan, like the subcommand it serves; needs ferry_train
+// too.) (train/stream/device_plan.h), so that a plan which fits the planner's capacity also fits
+// the stream executor's device budget. Why: the cost model prices bf16 boundaries and a transformer
+// layer's minimal internals, while the executor today keeps f32 boundaries and allocates every
+// buffer statically (weight ring, f32 globals and their gradients, transit / fetch / recompute
+// buffers, ModelCompute's whole workspace). Measured on the H200 (3B shapes, 24 GB): the
+// planner's batch 64 plan needed the executor's bytes of batch 25.
+// The fit: boundaries take the executor's f32 size; the per-window working terms are dropped,
+// and gpu_fixed_gb becomes the largest gap between the executor's total and the planner's own
+// peak (with no fixed term) over the three fixed policies (all on GPU, all in host memory,
+// checkpoint every 4). The executor's bytes are linear in the device-homed boundaries, so the
+// planner's peak then bounds the executor's bytes for those policies exactly, and for mixed plans
+// up to the difference in how recompute buffers are counted (`ferry bench train plan=FILE`
+// checks a plan's batch against the executor's own count before it runs).
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "core/result.h"
+#include "kernels/backend.h"
+#include "model/config.h"
+#include "model/model_compute.h"
+#include "plan/plan.h"
+#include "plan/problem.h"
+
+namespace ferry::app {
+
+struct ExecutorTarget {
+  kernels::Backend* backend = nullptr;  // whose workspace sizes the executor will allocate
+  model::GemmPrecision precision = model::GemmPrecision::kF32;
+  bool bf16_weights = false;  // bf16 weights on the link (bf16 staging buffer on a GPU)
+  int slots = 3;              // weight ring: prefetch depth 2 + the slot in use
+};
+
+// device: "cuda", "cpu" or "auto" (cuda when a GPU is present, else cpu); master: ferry train's
+// --master (bf16 masters stream bf16 weights; an fp32 master streams bf16 on a GPU, auto).
+Result<ExecutorTarget> executor_target(const std::string& device, const std::string& master);
+
+// Rewrites p's GPU-memory terms (boundary_gb, work_*_gb, loss_work_gb, gpu_fixed_gb) for the
+// executor at p.batch_size x p.seq_len tokens. Timings and the other tiers are untouched.
+Status fit_gpu_memory_to_executor(plan::PlanProblem& p, const model::ModelConfig& cfg,
+                                  const ExecutorTarget& t);
+
+// The executor's device bytes (GB) for a plan's boundary homes at p's batch.
+Result<double> executor_gpu_gb(const plan::PlanProblem& p, const plan::Plan& plan,
+                               const model::ModelConfig& cfg, const ExecutorTarget& t);
+
+// Solves p with `solve`, then checks the solution against the executor's own byte count: a mixed
+// plan (host homes and recompute spans together) can need a fetch buffer beside the recompute
+// buffers, which no fixed policy of the fit has. While the executor's bytes exceed the cap, the
+// planner's cap is lowered by the overshoot and p solved again (a few rounds); resource_exhausted
+// when no plan the executor holds is found.
+using PlanSolver = std::function<Result<plan::Plan>(const plan::PlanProblem&)>;
+Result<plan::Plan> solve_for_executor(const plan::PlanProblem& p, const PlanSolver& solve,
+                                      const model::ModelConfig& cfg, const ExecutorTarget& t);
+
+}  // namespace ferry::app
