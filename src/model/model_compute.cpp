@@ -19,7 +19,6 @@ namespace ferry::model {
 using detail::bf16_view;
 using detail::f32_view;
 using detail::i32_view;
-using detail::kCeChunkTokens;
 using detail::reshaped;
 using detail::rows_of;
 using kernels::Stream;
@@ -69,7 +68,7 @@ std::size_t ce_workspace_bytes(const DecoderGeometry& geo, std::int64_t T,
   static float never_read = 0.0f;
   probe.d_hidden =
       TensorView::contiguous(&never_read, DType::kF32, Device::kCpu, {T, std::int64_t(geo.hidden)});
-  probe.chunk_tokens = kCeChunkTokens;
+  probe.chunk_tokens = detail::ce_chunk_tokens(geo.vocab, backend.device());
   return backend.workspace_bytes(probe);
 }
 
@@ -527,7 +526,7 @@ Result<ForwardResult> ModelCompute::run_head_forward(const ConstTensorView& lm_h
        .hidden = hidden,
        .weight = weight,
        .targets = batch.targets,
-       .chunk_tokens = kCeChunkTokens},
+       .chunk_tokens = detail::ce_chunk_tokens(geo_.vocab, dev_)},
       st()));
   if (!nll_out.empty_view()) {
     if (nll_out.device != dev_ || nll_out.dtype != DType::kF32 || nll_out.numel() != T) {

@@ -15,7 +15,6 @@ namespace ferry::model {
 using detail::bf16_view;
 using detail::f32_view;
 using detail::i32_view;
-using detail::kCeChunkTokens;
 using detail::rows_of;
 using kernels::Stream;
 
@@ -251,7 +250,7 @@ Status ModelCompute::run_head_backward(const ConstTensorView& final_norm,
        .hidden = hidden,
        .weight = weight,
        .targets = batch.targets,
-       .chunk_tokens = kCeChunkTokens,
+       .chunk_tokens = detail::ce_chunk_tokens(geo_.vocab, dev_),
        .grad_scale = 1.0f / static_cast<float>(last_counted_)},
       st()));
   return be_.rms_norm_backward(
