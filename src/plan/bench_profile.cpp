@@ -83,6 +83,12 @@ Result<BenchPrediction> predict_bench(const Json& report, const model::ModelConf
   for (const Json& v : w.at("measured_ms")) windows_ms += v.get<double>();
   prof.cpu_optimizer_ms =
       dev->at("optimizer_busy_s").get<double>() * 1e3 / static_cast<double>(steps + warmup);
+  // Each layer's update as the bench measured it (reports before per-unit times have none).
+  prof.optimizer_layer_ms = dev->value("optimizer_layer_ms", std::vector<double>{});
+  if (!prof.optimizer_layer_ms.empty() && static_cast<int>(prof.optimizer_layer_ms.size()) != L) {
+    return corrupt("plan: the bench report has {} per-layer optimizer times for {} layers",
+                   prof.optimizer_layer_ms.size(), L);
+  }
   out.serial_ms = std::max(0.0, dev->at("step_ms_mean").get<double>() - windows_ms);
 
   const TrainShape shape{.batch_size = batch,
@@ -98,7 +104,9 @@ Result<BenchPrediction> predict_bench(const Json& report, const model::ModelConf
   double total_w = 0;
   for (const LayerCost& lc : problem.layers) total_w += lc.weight_gb;
   problem.step_fixed_ms =
-      out.serial_ms + prof.cpu_optimizer_ms * problem.layers[0].weight_gb / total_w;
+      out.serial_ms + (prof.optimizer_layer_ms.empty()
+                           ? prof.cpu_optimizer_ms * problem.layers[0].weight_gb / total_w
+                           : prof.optimizer_layer_ms[0]);
   for (const Json& p : report.at("policies")) {
     const std::string name = p.value("policy", "");
     const std::string plan_name = plan_policy_name(name);

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "plan/problem.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -24,10 +25,13 @@ std::vector<double> optimizer_ready_ms(const PlanProblem& p) {
   std::vector<double> ready(L, 0.0);
   double total_w = 0;
   for (const LayerCost& c : p.layers) total_w += c.weight_gb;
-  if (!(p.cpu_optimizer_ms > 0) || !(total_w > 0)) return ready;
+  const bool measured = std::all_of(p.layers.begin(), p.layers.end(),
+                                    [](const LayerCost& c) { return c.optimizer_ms > 0; });
+  if (!measured && (!(p.cpu_optimizer_ms > 0) || !(total_w > 0))) return ready;
   double done = 0;  // updates finished after layer 0's, in ms
   for (int j = 1; j < L; ++j) {
-    done += p.cpu_optimizer_ms * p.layers[j].weight_gb / total_w;
+    done +=
+        measured ? p.layers[j].optimizer_ms : p.cpu_optimizer_ms * p.layers[j].weight_gb / total_w;
     ready[j] = done;
   }
   return ready;
@@ -85,7 +89,8 @@ Json to_json(const PlanProblem& p) {
                       {"weight_gb", c.weight_gb},
                       {"grad_gb", c.grad_gb},
                       {"work_fwd_gb", c.work_fwd_gb},
-                      {"work_bwd_gb", c.work_bwd_gb}});
+                      {"work_bwd_gb", c.work_bwd_gb},
+                      {"optimizer_ms", c.optimizer_ms}});
   }
   return {{"num_layers", p.num_layers},
           {"boundary_gb", p.boundary_gb},
@@ -131,6 +136,7 @@ Result<PlanProblem> problem_from_json(const Json& j) {
       l.grad_gb = c.at("grad_gb").get<double>();
       l.work_fwd_gb = c.at("work_fwd_gb").get<double>();
       l.work_bwd_gb = c.at("work_bwd_gb").get<double>();
+      l.optimizer_ms = c.value("optimizer_ms", 0.0);  // absent before per-layer times
       p.layers.push_back(l);
     }
     p.loss_ms = j.at("loss_ms").get<double>();

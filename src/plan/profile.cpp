@@ -51,7 +51,8 @@ Json to_json(const Profile& p) {
             {"nvme_write_gbps", p.link.nvme_write_gbps}}},
           {"layers", layers},
           {"loss_ms", p.loss_ms},
-          {"cpu_optimizer_ms", p.cpu_optimizer_ms}};
+          {"cpu_optimizer_ms", p.cpu_optimizer_ms},
+          {"optimizer_layer_ms", p.optimizer_layer_ms}};
 }
 
 Result<Profile> profile_from_json(const Json& j) {
@@ -79,6 +80,11 @@ Result<Profile> profile_from_json(const Json& j) {
     }
     p.loss_ms = j.at("loss_ms").get<double>();
     p.cpu_optimizer_ms = j.at("cpu_optimizer_ms").get<double>();
+    p.optimizer_layer_ms = j.value("optimizer_layer_ms", std::vector<double>{});
+    if (!p.optimizer_layer_ms.empty() && p.optimizer_layer_ms.size() != p.layers.size()) {
+      return corrupt("plan: profile has {} per-layer optimizer times for {} layers",
+                     p.optimizer_layer_ms.size(), p.layers.size());
+    }
     if (p.batch_size < 1 || p.seq_len < 1) return corrupt("plan: profile batch/seq < 1");
     return p;
   } catch (const Json::exception& e) {
@@ -115,6 +121,9 @@ Status apply_profile(const Profile& prof, PlanProblem& p) {
   }
   p.loss_ms = prof.loss_ms * scale;
   p.cpu_optimizer_ms = prof.cpu_optimizer_ms;
+  if (prof.optimizer_layer_ms.size() == prof.layers.size()) {
+    for (int j = 0; j < p.num_layers; ++j) p.layers[j].optimizer_ms = prof.optimizer_layer_ms[j];
+  }
   p.link = prof.link;
   p.source = "profile:" + prof.machine + ":" + prof.geometry;
   return validate(p);

@@ -8,7 +8,7 @@
 //    "link": {"h2d_gbps": .., "d2h_gbps": .., "duplex_gbps": .., "duplex_loaded_gbps": ..,
 //             "nvme_read_gbps": .., "nvme_write_gbps": ..},
 //    "layers": [{"fwd_ms": .., "bwd_ms": .., "rec_ms": ..}, ...], "loss_ms": ..,
-//    "cpu_optimizer_ms": ..}
+//    "cpu_optimizer_ms": .., "optimizer_layer_ms": [..] (optional: each layer's update)}
 //
 // Times measured at (batch_size, seq_len) are scaled linearly in the batch for other batches
 // (compute at fixed seq is linear in B); a different seq_len is refused (attention is quadratic).
@@ -40,6 +40,9 @@ struct Profile {
   std::vector<LayerTimes> layers;
   double loss_ms = 0;
   double cpu_optimizer_ms = 0;
+  // Each layer's CPU update, measured per unit (empty: not measured; the total is split by weight).
+  // Not scaled with the batch: the update touches every parameter once whatever the batch.
+  std::vector<double> optimizer_layer_ms;
 };
 
 // "qwen2-L36-C2048-F11008-H16-KV2-D128-V151936-E0": what fixes per-layer cost.

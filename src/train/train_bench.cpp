@@ -123,11 +123,14 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
       {"policies", Json::array()}};
   AdamWConfig adamw;
   for (const std::string& name : c.policies) {
+    // Setup times: a full-depth run spends most of a device call here (pinning tens of GB).
+    Timer setup;
     BuiltinInit init(spec, c.seed, specs);
     FERRY_ASSIGN_OR_RETURN(
         auto arena, stream::HostArena::create_initialized(
                         config, c.optim, stream::StreamExecutor::host_tier(*be),
                         [&](std::size_t i, float* out) { init.fill(i, out); }, bf16_compute));
+    const double arena_s = setup.elapsed_s();
     // A policy by name, or a `ferry plan` document's boundary homes (plan=FILE).
     stream::ActivationPolicy pol;
     double predicted_step_ms = 0;
@@ -168,7 +171,9 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
                                    .device_budget_bytes = c.device_budget_bytes,
                                    .optimizer_threads = c.optimizer_threads,
                                    .gemm_precision = precision};
+    Timer create;
     auto ex = stream::StreamExecutor::create(std::move(arena), config, c.seed, b, c.seq, so, *be);
+    const double executor_s = create.elapsed_s();
     if (!ex.ok()) {
       rep["policies"].push_back({{"policy", name}, {"error", ex.status().to_string()}});
       continue;
@@ -215,6 +220,12 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
     // windows' exposed time is at most what the forward waited for updates (it also holds weight
     // copies), so 1 - that / optimizer time is a floor on the overlap.
     const double opt_ms = x.optimizer_busy_s() * 1e3 / (c.warmup + c.steps);
+    // The same per unit: each layer's update and the globals' (the plan's optimizer gate).
+    Json opt_layer_ms = Json::array();
+    const std::vector<double> unit_s = x.optimizer_unit_busy_s();
+    for (int l = 0; l < geo.layers; ++l)
+      opt_layer_ms.push_back(unit_s[static_cast<std::size_t>(l)] * 1e3 / (c.warmup + c.steps));
+    const double opt_globals_ms = unit_s.back() * 1e3 / (c.warmup + c.steps);
     double fwd_exposed_ms = 0;
     for (int l = 0; l < geo.layers; ++l) fwd_exposed_ms += report.measured_exposed_ms[l];
     const double hidden = opt_ms > 0 ? 1.0 - std::min(1.0, fwd_exposed_ms / opt_ms) : 1.0;
@@ -235,6 +246,9 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
          {"exposed_pct", 100 * (s.exposed_s - s0.exposed_s) / total_s},
          {"optimizer_ms_per_step", opt_ms},
          {"optimizer_hidden_pct_at_least", 100 * hidden},
+         {"setup_s", {{"arena", arena_s}, {"executor", executor_s}}},
+         {"optimizer_layer_ms", opt_layer_ms},
+         {"optimizer_globals_ms", opt_globals_ms},
          {"host_peak_bytes", host_peak_rss_bytes()},
          {"device_peak_bytes", x.device_peak_bytes()},
          {"device_planned_bytes", x.device_planned_bytes()},

@@ -21,6 +21,7 @@ LayerOptimizer::LayerOptimizer(HostArena& arena, int threads, std::function<void
   order_.push_back(arena.globals_unit());
   for (int u = 0; u < arena.globals_unit(); ++u) order_.push_back(u);
   done_.assign(static_cast<std::size_t>(arena.num_units()), 0);
+  unit_busy_s_.assign(static_cast<std::size_t>(arena.num_units()), 0.0);
   // Each unit's chunks, in parameter order: the same every step, so listed once here.
   chunks_.resize(static_cast<std::size_t>(arena.num_units()));
   for (int u = 0; u < arena.num_units(); ++u) {
@@ -71,6 +72,11 @@ double LayerOptimizer::busy_s() const {
   return busy_s_;
 }
 
+std::vector<double> LayerOptimizer::unit_busy_s() const {
+  std::lock_guard lk(mu_);
+  return unit_busy_s_;
+}
+
 void LayerOptimizer::run() {
   std::uint64_t applied = 0;
   for (;;) {
@@ -89,7 +95,9 @@ void LayerOptimizer::run() {
       {
         std::lock_guard lk(mu_);
         done_[static_cast<std::size_t>(u)] = applied;
-        busy_s_ += t.elapsed_s();
+        const double dt = t.elapsed_s();
+        busy_s_ += dt;
+        unit_busy_s_[static_cast<std::size_t>(u)] += dt;
       }
       cv_.notify_all();
     }

@@ -56,6 +56,9 @@ class LayerOptimizer {
   bool is_ready(int unit) const;  // no update of `unit` pending
   // Seconds the worker spent updating (cumulative).
   double busy_s() const;
+  // The same per unit (index = arena unit: layers 0..L-1, then the globals): what `ferry plan`
+  // takes as each layer's update time instead of splitting the total by weight.
+  std::vector<double> unit_busy_s() const;
 
  private:
   void run();
@@ -73,6 +76,7 @@ class LayerOptimizer {
   UpdateArgs args_;
   bool stop_ = false;
   double busy_s_ = 0.0;
+  std::vector<double> unit_busy_s_;  // [unit]
   struct Chunk {
     int idx;             // parameter
     std::int64_t begin;  // first element

@@ -136,6 +136,8 @@ class StreamExecutor {
   std::size_t device_planned_bytes() const { return plan_.total_bytes(); }
   const HostArena& arena() const { return *arena_; }
   double optimizer_busy_s() const { return opt_->busy_s(); }
+  // Per arena unit (layers 0..L-1, then the globals), cumulative.
+  std::vector<double> optimizer_unit_busy_s() const { return opt_->unit_busy_s(); }
 
  private:
   StreamExecutor(kernels::Backend& be, const StreamOptions& opts);

@@ -77,6 +77,25 @@ TEST(BenchProfile, ProfileFromTheDeviceRunAndPredictionsPerPolicy) {
   EXPECT_NE(bench_prediction_text(*b).find("checkpoint-every-2"), std::string::npos);
 }
 
+TEST(BenchProfile, MeasuredPerLayerOptimizerTimes) {
+  const model::ModelConfig cfg = four_layers();
+  Json dev = policy("device", 180, 8);
+  dev["optimizer_layer_ms"] = {10.0, 20.0, 30.0, 40.0};
+  auto b = predict_bench(report({dev}), cfg, MachineSpec{});
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  EXPECT_EQ(b->profile.optimizer_layer_ms, (std::vector<double>{10, 20, 30, 40}));
+  // Serial 7 + layer 0's measured 10 ms; layer j's forward waits for U_j = 20, 50, 90 ms after
+  // f0 starts: f1 held 20 - 10 = 10, f2 held 50 - 30 = 20, f3 held 90 - 60 = 30.
+  ASSERT_EQ(b->checks.size(), 1u);
+  EXPECT_NEAR(b->checks[0].predicted_ms, 165 + 7 + 10 + 60, 1.0);
+  // Through the profile's JSON into another problem.
+  auto back = profile_from_json(to_json(b->profile));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->optimizer_layer_ms, b->profile.optimizer_layer_ms);
+  dev["optimizer_layer_ms"] = {10.0, 20.0};
+  EXPECT_FALSE(predict_bench(report({dev}), cfg, MachineSpec{}).ok());
+}
+
 TEST(BenchProfile, RefusesAReportWithoutADeviceRunOrOfAnotherModel) {
   const model::ModelConfig cfg = four_layers();
   auto none = predict_bench(report({policy("host", 200, 30)}), cfg, MachineSpec{});

@@ -91,6 +91,34 @@ TEST(OptimizerGate, EvaluatorHoldsEachForwardWindowForItsLayer) {
   EXPECT_NEAR(r100->objective_ms, 100 + 2 * p.move_penalty_ms_per_gb, 1e-9);
 }
 
+TEST(OptimizerGate, MeasuredPerLayerTimesReplaceTheWeightSplit) {
+  // Per-layer update times 5, 1, 25 ms (a profile's optimizer_layer_ms): U = (0, 1, 26) instead
+  // of the weight split's (0, 10, 20). The host plan's f1 (10 ms with its exposed transfer) starts
+  // at 2, not held; f2 waits from 12 to 26 (held 14): wait 14, step 33 + 8 + 14 = 55.
+  PlanProblem p = three_layers(30);
+  p.layers[0].optimizer_ms = 5;
+  p.layers[1].optimizer_ms = 1;
+  p.layers[2].optimizer_ms = 25;
+  const std::vector<double> ready = optimizer_ready_ms(p);
+  ASSERT_EQ(ready.size(), 3u);
+  EXPECT_NEAR(ready[1], 1, 1e-12);
+  EXPECT_NEAR(ready[2], 26, 1e-12);
+  auto r = evaluate(p, host_plan());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_NEAR(r->window_optimizer_wait_ms[1], 0, 1e-9);
+  EXPECT_NEAR(r->window_optimizer_wait_ms[2], 14, 1e-9);
+  EXPECT_NEAR(r->step_ms, 55, 1e-9);
+  // A layer without a measured time: the split of the total for every layer.
+  p.layers[1].optimizer_ms = 0;
+  EXPECT_NEAR(optimizer_ready_ms(p)[2], 20, 1e-12);
+  // The measured times survive the problem's JSON.
+  p.layers[1].optimizer_ms = 1;
+  auto back = problem_from_json(to_json(p));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->layers[2].optimizer_ms, 25);
+  EXPECT_EQ(optimizer_ready_ms(*back), ready);
+}
+
 // The choice this problem leaves (all on the GPU does not fit the loss window):
 //   recompute layer 0 (path 0->2) or layer 1 (path 0->1->3): +2 ms of compute in a backward
 //     window, no transfer;
