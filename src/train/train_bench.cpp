@@ -122,14 +122,22 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
       {"weights_dtype", bf16_compute || c.optim.master != MasterWeights::kF32 ? "bf16" : "f32"},
       {"policies", Json::array()}};
   AdamWConfig adamw;
+  // One pinned host arena for every policy: the previous policy's, re-initialized to the same
+  // bytes (pinning tens of GB again per policy took most of a full-depth run's setup).
+  std::unique_ptr<stream::HostArena> reuse;
   for (const std::string& name : c.policies) {
-    // Setup times: a full-depth run spends most of a device call here (pinning tens of GB).
     Timer setup;
     BuiltinInit init(spec, c.seed, specs);
-    FERRY_ASSIGN_OR_RETURN(
-        auto arena, stream::HostArena::create_initialized(
-                        config, c.optim, stream::StreamExecutor::host_tier(*be),
-                        [&](std::size_t i, float* out) { init.fill(i, out); }, bf16_compute));
+    const auto fill = [&](std::size_t i, float* out) { init.fill(i, out); };
+    std::unique_ptr<stream::HostArena> arena;
+    if (reuse) {
+      reuse->reinitialize(fill);
+      arena = std::move(reuse);
+    } else {
+      FERRY_ASSIGN_OR_RETURN(
+          arena, stream::HostArena::create_initialized(
+                     config, c.optim, stream::StreamExecutor::host_tier(*be), fill, bf16_compute));
+    }
     const double arena_s = setup.elapsed_s();
     // A policy by name, or a `ferry plan` document's boundary homes (plan=FILE).
     stream::ActivationPolicy pol;
@@ -161,6 +169,7 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
             {{"policy", name},
              {"error", fmt::format("not even batch 1 fits the device budget of {}",
                                    mem::format_bytes(c.device_budget_bytes))}});
+        reuse = std::move(arena);
         continue;
       }
     }
@@ -260,6 +269,7 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
          {"loss_last", loss_last},
          {"optimizer_busy_s", x.optimizer_busy_s()},
          {"windows", stream::window_report_json(report)}});
+    reuse = stream::StreamExecutor::release_arena(std::move(*ex));
   }
   return rep;
 }

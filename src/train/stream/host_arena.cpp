@@ -47,31 +47,35 @@ Result<std::unique_ptr<HostArena>> HostArena::create_initialized(
     q8.push_back(mode.states == OptimizerStates::k8Bit);
   }
   FERRY_ASSIGN_OR_RETURN(auto a, allocate(specs, geo.layers, mode, bf16_compute, decay, q8, tier));
+  a->reinitialize(init);
+  return a;
+}
+
+void HostArena::reinitialize(const std::function<void(std::size_t, float*)>& init) {
   // Zero everything but the weights, unit by unit in parallel (tens of GB at bench sizes).
-  const mem::ArenaPlan& plan = a->arena_.plan();
-  ThreadPool::global().parallel_for(a->units_.size(), [&](std::size_t u0, std::size_t u1) {
+  const mem::ArenaPlan& plan = arena_.plan();
+  ThreadPool::global().parallel_for(units_.size(), [&](std::size_t u0, std::size_t u1) {
     for (std::size_t u = u0; u < u1; ++u) {
-      const Unit& unit = a->units_[u];
+      const Unit& unit = units_[u];
       std::vector<mem::SlotId> zero = {unit.m, unit.v, unit.grads};
-      if (mode.master == MasterWeights::kBf16Kahan) zero.push_back(unit.master);
+      if (mode_.master == MasterWeights::kBf16Kahan) zero.push_back(unit.master);
       if (unit.blocks > 0) zero.insert(zero.end(), {unit.m_absmax, unit.v_absmax});
-      for (mem::SlotId id : zero) std::memset(a->arena_.data(id), 0, plan.slot(id).size_bytes);
+      for (mem::SlotId id : zero) std::memset(arena_.data(id), 0, plan.slot(id).size_bytes);
     }
   });
   std::vector<float> tmp;
-  for (const ParamLoc& p : a->params_) {
-    if (a->bf16_master()) {
+  for (const ParamLoc& p : params_) {
+    if (bf16_master()) {
       tmp.resize(static_cast<std::size_t>(p.n));
       init(static_cast<std::size_t>(p.index), tmp.data());
-      std::uint16_t* w = a->w16(p.unit) + p.offset;
+      std::uint16_t* w = w16(p.unit) + p.offset;
       for (std::int64_t k = 0; k < p.n; ++k) w[k] = f32_to_bf16(tmp[static_cast<std::size_t>(k)]);
     } else {
-      float* m = a->master(p.unit) + p.offset;
+      float* m = master(p.unit) + p.offset;
       init(static_cast<std::size_t>(p.index), m);
-      a->write_streaming_copy(p);
+      write_streaming_copy(p);
     }
   }
-  return a;
 }
 
 Result<std::unique_ptr<HostArena>> HostArena::allocate(const std::vector<model::ParamSpec>& specs,

@@ -66,6 +66,10 @@ class HostArena {
   static Result<std::unique_ptr<HostArena>> create_initialized(
       const model::ModelConfig& config, const OptimMode& mode, mem::MemTier tier,
       const std::function<void(std::size_t, float*)>& init, bool bf16_compute = false);
+  // Back to create_initialized's bytes for `init` on this arena's layout (after training on it):
+  // `ferry bench train` reuses one pinned arena for every policy instead of pinning tens of GB
+  // again per policy.
+  void reinitialize(const std::function<void(std::size_t, float*)>& init);
 
   Status load_from(const TrainState& s);  // weights + master + states (grads zeroed)
   Status store_to(TrainState& s) const;   // master + states, bit for bit

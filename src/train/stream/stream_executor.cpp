@@ -265,6 +265,15 @@ Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_s
   return {};
 }
 
+std::unique_ptr<HostArena> StreamExecutor::release_arena(std::unique_ptr<StreamExecutor> ex) {
+  ex->wait_optimizer();
+  // The destructor stops the optimizer and the copy threads and waits for the GPU streams, which
+  // may still read or write the arena's pinned memory; the arena outlives them.
+  std::unique_ptr<HostArena> arena = std::move(ex->arena_);
+  ex.reset();
+  return arena;
+}
+
 StreamExecutor::~StreamExecutor() {
   drain_.reset();
   streamer_.reset();

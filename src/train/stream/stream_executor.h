@@ -119,6 +119,9 @@ class StreamExecutor {
       int batch, std::int64_t seq_len, const StreamOptions& opts, kernels::Backend& backend);
   // Where the host arena lives for this backend: pinned (cudaHostAlloc) beside a GPU.
   static mem::MemTier host_tier(const kernels::Backend& backend);
+  // Ends `ex` (its pending update and GPU work finish first) and hands its host arena back, for
+  // another executor (HostArena::reinitialize to start over).
+  static std::unique_ptr<HostArena> release_arena(std::unique_ptr<StreamExecutor> ex);
   ~StreamExecutor();
 
   void begin_step(int accum);

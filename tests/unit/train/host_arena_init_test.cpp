@@ -109,6 +109,63 @@ TEST(HostArenaInit, ExecutorOverTheInitializedArenaTrainsLikeTheStatesArena) {
   expect_same_state(**sa, **sb, "after 2 steps");
 }
 
+// `ferry bench train` hands one pinned arena from policy to policy: after an executor trained on
+// it, release_arena + reinitialize give an arena that trains exactly like a fresh one (any state
+// left over — moments, compensation, gradients, absmax, the streaming copy — would show).
+TEST(HostArenaInit, ReleasedAndReinitializedArenaTrainsLikeAFreshOne) {
+  const std::string dir = testing::temp_dir("arena_reinit");
+  ASSERT_TRUE(write_builtin_model(dir, kSpec, kSeed).ok());
+  auto loaded = model::load_model_f32(dir);
+  ASSERT_TRUE(loaded.ok());
+  const model::ModelConfig& config = (*loaded)->config;
+  kernels::Backend& be = kernels::cpu_backend();
+  const std::vector<Batch> data = make_batches(4, (*loaded)->geometry.vocab, 5);
+  auto train = [&](StreamExecutor& x, std::vector<double>& losses) {
+    for (int step = 0; step < 2; ++step) {
+      x.begin_step(2);
+      double loss = 0;
+      for (int m = 0; m < 2; ++m) {
+        auto r = x.micro_batch(data[static_cast<std::size_t>(2 * step + m)].view());
+        ASSERT_TRUE(r.ok()) << r.status().to_string();
+        loss += r->mean_loss();
+      }
+      ASSERT_TRUE(x.finish_step({}, 1e-3, step + 1).ok());
+      losses.push_back(loss);
+    }
+  };
+  for (const OptimMode& mode :
+       {OptimMode{.master = MasterWeights::kBf16Kahan, .states = OptimizerStates::k8Bit},
+        OptimMode{.master = MasterWeights::kF32, .states = OptimizerStates::kF32}}) {
+    const std::string what = describe(mode);
+    auto first = parse_policy("every:2", kSpec.layers);
+    auto second = parse_policy("host", kSpec.layers);
+    ASSERT_TRUE(first.ok() && second.ok());
+    auto x = StreamExecutor::create(initialized(mode, config), config, kSeed, kBatch, kSeq,
+                                    {.policy = *first}, be);
+    ASSERT_TRUE(x.ok()) << x.status().to_string();
+    std::vector<double> ignored, reused_losses, fresh_losses;
+    train(**x, ignored);
+    std::unique_ptr<HostArena> arena = StreamExecutor::release_arena(std::move(*x));
+    ASSERT_NE(arena, nullptr);
+    const std::vector<model::ParamSpec> specs = model::param_specs(config);  // init keeps a ref
+    BuiltinInit init(kSpec, kSeed, specs);
+    arena->reinitialize([&](std::size_t i, float* out) { init.fill(i, out); });
+    auto reused = StreamExecutor::create(std::move(arena), config, kSeed, kBatch, kSeq,
+                                         {.policy = *second}, be);
+    auto fresh = StreamExecutor::create(initialized(mode, config), config, kSeed, kBatch, kSeq,
+                                        {.policy = *second}, be);
+    ASSERT_TRUE(reused.ok() && fresh.ok());
+    train(**reused, reused_losses);
+    train(**fresh, fresh_losses);
+    EXPECT_EQ(reused_losses, fresh_losses) << what;
+    auto sa = TrainState::from_loaded(**loaded, mode, kSeed);
+    auto sb = TrainState::from_loaded(**loaded, mode, kSeed);
+    ASSERT_TRUE((*reused)->store_to(**sa).ok());
+    ASSERT_TRUE((*fresh)->store_to(**sb).ok());
+    expect_same_state(**sb, **sa, what);
+  }
+}
+
 TEST(HostArenaInit, ExecutorRefusesAnArenaOfAnotherModel) {
   const std::string dir = testing::temp_dir("arena_init_other");
   ASSERT_TRUE(write_builtin_model(dir, kSpec, kSeed).ok());
