@@ -2,6 +2,7 @@
 #include "serve/expert_executor.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "core/thread_pool.h"
 #include "mem/stream.h"
@@ -41,29 +42,83 @@ std::vector<std::int64_t> split_token_groups(std::span<const std::int32_t> ids, 
   return ends;
 }
 
-std::int64_t order_rows_by_readiness(std::span<const std::int32_t> ids, std::int64_t i0,
-                                     std::int64_t i1, std::span<const int> copy_of_expert,
+int split_expert_groups(std::span<const std::int32_t> ids, int E, int limit,
+                        const std::vector<bool>& hot, const std::vector<bool>& resident,
+                        std::vector<int>& group_of_expert) {
+  FERRY_CHECK(limit >= 1, "serve: expert groups of at most {} experts", limit);
+  group_of_expert.assign(std::size_t(E), -1);
+  std::vector<std::int32_t> order;  // distinct experts, first appearance
+  std::vector<bool> seen(std::size_t(E), false);
+  for (std::int32_t e : ids) {
+    if (seen[std::size_t(e)]) continue;
+    seen[std::size_t(e)] = true;
+    order.push_back(e);
+  }
+  const auto is = [](const std::vector<bool>& v, std::int32_t e) {
+    return !v.empty() && v[std::size_t(e)];
+  };
+  int group = 0, count = 0;
+  const auto place = [&](std::int32_t e) {
+    if (count == limit) {
+      ++group;
+      count = 0;
+    }
+    group_of_expert[std::size_t(e)] = group;
+    ++count;
+  };
+  for (std::int32_t e : order) {
+    if (is(hot, e)) group_of_expert[std::size_t(e)] = 0;  // never counts against the limit
+  }
+  for (std::int32_t e : order) {
+    if (!is(hot, e) && is(resident, e)) place(e);
+  }
+  for (std::int32_t e : order) {
+    if (!is(hot, e) && !is(resident, e)) place(e);
+  }
+  return order.empty() ? 0 : group + 1;
+}
+
+void rows_of_group(std::span<const std::int32_t> ids, std::span<const int> group_of_expert, int g,
+                   std::vector<std::int32_t>& out) {
+  out.clear();
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (group_of_expert[std::size_t(ids[i])] == g) out.push_back(std::int32_t(i));
+  }
+}
+
+std::int64_t order_rows_by_readiness(std::span<const std::int32_t> ids,
+                                     std::span<const std::int32_t> rows,
+                                     std::span<const int> copy_of_expert,
                                      std::span<const std::int32_t> expert_of_copy,
                                      std::int32_t* out, std::vector<std::int64_t>& seg_end) {
   std::int64_t n = 0;
-  for (std::int64_t i = i0; i < i1; ++i) {
-    if (copy_of_expert[std::size_t(ids[i])] < 0) out[n++] = std::int32_t(i);
+  for (std::int32_t i : rows) {
+    if (copy_of_expert[std::size_t(ids[i])] < 0) out[n++] = i;
   }
   const std::int64_t resident = n;
   seg_end.clear();
   // One pass per copy: a group has few copies (at most its distinct experts), and this keeps
-  // each expert's rows in routing order without a sort.
+  // each expert's rows in the list's order without a sort.
   for (const std::int32_t e : expert_of_copy) {
-    for (std::int64_t i = i0; i < i1; ++i) {
-      if (ids[i] == e) out[n++] = std::int32_t(i);
+    for (std::int32_t i : rows) {
+      if (ids[i] == e) out[n++] = i;
     }
     seg_end.push_back(n);
   }
-  FERRY_CHECK(n == i1 - i0,
+  FERRY_CHECK(n == std::int64_t(rows.size()),
               "serve: {} rows ordered for a group of {} (an expert neither resident "
               "nor copied)",
-              n, i1 - i0);
+              n, rows.size());
   return resident;
+}
+
+std::int64_t order_rows_by_readiness(std::span<const std::int32_t> ids, std::int64_t i0,
+                                     std::int64_t i1, std::span<const int> copy_of_expert,
+                                     std::span<const std::int32_t> expert_of_copy,
+                                     std::int32_t* out, std::vector<std::int64_t>& seg_end) {
+  std::vector<std::int32_t> rows(std::size_t(i1 - i0));
+  std::iota(rows.begin(), rows.end(), std::int32_t(i0));
+  return order_rows_by_readiness(ids, rows, copy_of_expert, expert_of_copy, out, seg_end);
 }
 
 Result<std::vector<int>> resolve_expert_caps(const model::DecoderGeometry& geo,
@@ -242,12 +297,11 @@ std::size_t ExpertExecutor::device_bytes() const {
   return staging_.total_bytes();
 }
 
-Status ExpertExecutor::resolve_group(int layer, const std::int32_t* ids, std::int64_t t0,
-                                     std::int64_t t1) {
-  const int K = geo_.top_k;
+Status ExpertExecutor::resolve_group(int layer, const std::int32_t* ids,
+                                     std::span<const std::int32_t> rows) {
   // Distinct experts of the group, in first-appearance order.
   distinct_.clear();
-  for (std::int64_t i = t0 * K; i < t1 * K; ++i) {
+  for (std::int32_t i : rows) {
     if (!seen_[ids[i]]) {
       seen_[ids[i]] = true;
       distinct_.push_back(ids[i]);
@@ -281,7 +335,7 @@ Status ExpertExecutor::resolve_group(int layer, const std::int32_t* ids, std::in
       // computed from the host store (cost model, bypass); the pager sees only the former.
       if (placement_.miss_cost_model) {  // rows per expert, one pass over the group's ids
         for (std::int32_t e : distinct_) rows_of_expert_[std::size_t(e)] = 0;
-        for (std::int64_t j = t0 * K; j < t1 * K; ++j) ++rows_of_expert_[std::size_t(ids[j])];
+        for (std::int32_t j : rows) ++rows_of_expert_[std::size_t(ids[j])];
       }
       int free = placement_.bypass_window > 0 ? pager_->free_slots(layer) : 0;
       paged_.clear();
@@ -320,18 +374,17 @@ Status ExpertExecutor::resolve_group(int layer, const std::int32_t* ids, std::in
 }
 
 Status ExpertExecutor::compute_group(int layer, const float* x, const std::int32_t* ids,
-                                     std::int64_t t0, std::int64_t t1, float* eout) {
+                                     std::span<const std::int32_t> rows, float* eout) {
   const int K = geo_.top_k;
   const std::int64_t C = geo_.hidden, F = geo_.expert_width;
-  FERRY_TRY(resolve_group(layer, ids, t0, t1));
-  const std::int64_t rows = (t1 - t0) * K;
+  FERRY_TRY(resolve_group(layer, ids, rows));
   ThreadPool::global().parallel_for(
-      static_cast<std::size_t>(rows),
+      rows.size(),
       [&](std::size_t b, std::size_t e) {
         thread_local std::vector<float> scratch;
         if (static_cast<std::int64_t>(scratch.size()) < F) scratch.resize(F);
         for (std::size_t r = b; r < e; ++r) {
-          const std::int64_t i = t0 * K + static_cast<std::int64_t>(r);
+          const std::int64_t i = rows[r];
           const std::int64_t t = i / K;
           expert_ffn_row(ref_of_expert_[ids[i]], x + t * C, eout + i * C, C, F, scratch.data());
         }
@@ -339,7 +392,30 @@ Status ExpertExecutor::compute_group(int layer, const float* x, const std::int32
       2);
   if (mode_ == ExpertMode::kPaged) pager_->release(layer);
   ++counters_.groups;
-  counters_.expert_rows += rows;
+  counters_.expert_rows += rows.size();
+  return ok_status();
+}
+
+Status ExpertExecutor::for_each_paged_group(
+    int layer, const std::int32_t* ids, std::int64_t T,
+    const std::function<Status(std::span<const std::int32_t>, int)>& group) {
+  const int K = geo_.top_k, E = geo_.experts;
+  const std::span<const std::int32_t> all(ids, std::size_t(T * K));
+  const std::vector<std::int64_t> ends =
+      split_token_groups(all, T, K, E, pager_->group_limit(layer), hot_[layer]);
+  if (ends.size() == 1) {  // everything fits: the step's rows in one group
+    rows_.resize(all.size());
+    std::iota(rows_.begin(), rows_.end(), 0);
+    return group(rows_, 0);
+  }
+  resident_.assign(std::size_t(E), false);
+  for (int e = 0; e < E; ++e) resident_[std::size_t(e)] = pager_->is_resident(layer, e);
+  const int groups = split_expert_groups(all, E, pager_->group_limit(layer), hot_[layer], resident_,
+                                         group_of_expert_);
+  for (int g = 0; g < groups; ++g) {
+    rows_of_group(all, group_of_expert_, g, rows_);
+    FERRY_TRY(group(rows_, g));
+  }
   return ok_status();
 }
 
@@ -390,17 +466,15 @@ Status ExpertExecutor::run(int layer, const float* x, const std::int32_t* ids, s
     FERRY_TRY(stream.synchronize());
     counters_.static_bytes_copied += bytes;
   }
-  if (mode_ != ExpertMode::kPaged) return compute_group(layer, x, ids, 0, T, eout);
-  ++layer_step_[std::size_t(layer)];
-  const std::vector<std::int64_t> ends =
-      split_token_groups(std::span<const std::int32_t>(ids, std::size_t(T * K)), T, K, geo_.experts,
-                         pager_->group_limit(layer), hot_[layer]);
-  std::int64_t t0 = 0;
-  for (std::int64_t t1 : ends) {
-    FERRY_TRY(compute_group(layer, x, ids, t0, t1, eout));
-    t0 = t1;
+  if (mode_ != ExpertMode::kPaged) {
+    rows_.resize(std::size_t(T * K));
+    std::iota(rows_.begin(), rows_.end(), 0);
+    return compute_group(layer, x, ids, rows_, eout);
   }
-  return ok_status();
+  ++layer_step_[std::size_t(layer)];
+  return for_each_paged_group(layer, ids, T, [&](std::span<const std::int32_t> rows, int) {
+    return compute_group(layer, x, ids, rows, eout);
+  });
 }
 
 }  // namespace ferry::serve

@@ -7,9 +7,11 @@
 //                the CPU is the only compute, so it is the same arithmetic on other pointers)
 //   static       the layer's E blocks are copied in bulk into a device staging area (one batch)
 //                every forward, refs point there (WiSP's baseline)
-//   paged        tokens are split into groups whose distinct non-hot experts fit the layer's free
-//                slots (split_token_groups); each group is acquire()d from the pager, computed,
-//                released
+//   paged        a step whose distinct non-hot experts fit the layer's slots is one group; a step
+//                that needs more (prefill, several streams) is split by experts
+//                (split_expert_groups: each expert in one group, resident ones first), so a layer
+//                step copies each missed expert once; each group is acquire()d from the pager,
+//                computed over its rows, released
 // Every mode calls expert_ffn_row per (t, k) with the same x row, so the bits are equal
 // (expert_ffn.h). Not thread-safe; uses ThreadPool::global() inside.
 #pragma once
@@ -46,6 +48,21 @@ struct ExecutorCounters {
 std::vector<std::int64_t> split_token_groups(std::span<const std::int32_t> ids, std::int64_t T,
                                              int K, int E, int limit, const std::vector<bool>& hot);
 
+// A paged layer step whose distinct experts (not in `hot`) exceed `limit`: the experts split
+// into groups of at most `limit` non-hot ones — those `resident` marks (already in a slot) first,
+// so they compute before anything evicts them, then the rest in first-appearance order; hot
+// experts join group 0. Every routed expert is in exactly one group, so the step copies each
+// missed expert once; split_token_groups' consecutive token groups copy an expert again for every
+// later group that routes to it after it was evicted (a 128-token prefill of Qwen3-30B-A3B at 42
+// slots per layer: ~26 token groups per layer). Fills group_of_expert [E] (-1: not routed);
+// returns the number of groups.
+int split_expert_groups(std::span<const std::int32_t> ids, int E, int limit,
+                        const std::vector<bool>& hot, const std::vector<bool>& resident,
+                        std::vector<int>& group_of_expert);
+// The rows i of `ids` whose expert is in group g, in routing order.
+void rows_of_group(std::span<const std::int32_t> ids, std::span<const int> group_of_expert, int g,
+                   std::vector<std::int32_t>& out);
+
 // The paged CUDA executor's launch order for one token group (rows i in [i0, i1) of a routing
 // `ids`): writes to out[0, i1 - i0) first the rows whose expert is resident (copy_of_expert[e] <
 // 0), then the rows of expert_of_copy[0], then of expert_of_copy[1], ...; each group in routing
@@ -54,6 +71,12 @@ std::vector<std::int64_t> split_token_groups(std::span<const std::int32_t> ids, 
 // expert of the group must be resident or in expert_of_copy: a bug otherwise).
 std::int64_t order_rows_by_readiness(std::span<const std::int32_t> ids, std::int64_t i0,
                                      std::int64_t i1, std::span<const int> copy_of_expert,
+                                     std::span<const std::int32_t> expert_of_copy,
+                                     std::int32_t* out, std::vector<std::int64_t>& seg_end);
+// The same over a list of rows (an expert group's), each kept in the list's order.
+std::int64_t order_rows_by_readiness(std::span<const std::int32_t> ids,
+                                     std::span<const std::int32_t> rows,
+                                     std::span<const int> copy_of_expert,
                                      std::span<const std::int32_t> expert_of_copy,
                                      std::int32_t* out, std::vector<std::int64_t>& seg_end);
 
@@ -127,14 +150,23 @@ class ExpertExecutor {
   struct DeviceState;  // expert_executor_cuda.cpp
   ExpertExecutor(const model::DecoderGeometry& geo, const model::ModelParams& params,
                  mem::MemTier tier);  // expert_executor_cuda.cpp (DeviceState is complete there)
-  Status compute_group(int layer, const float* x, const std::int32_t* ids, std::int64_t t0,
-                       std::int64_t t1, float* eout);
+  // A group is a list of rows i = t*K + k (a token range's, or an expert group's).
+  Status compute_group(int layer, const float* x, const std::int32_t* ids,
+                       std::span<const std::int32_t> rows, float* eout);
   // The group's distinct experts and where each one's weights are (ref_of_expert_); paged:
   // acquires them from the pager (the caller releases after computing).
-  Status resolve_group(int layer, const std::int32_t* ids, std::int64_t t0, std::int64_t t1);
+  Status resolve_group(int layer, const std::int32_t* ids, std::span<const std::int32_t> rows);
+  // Paged: the step's groups (one token range, or expert groups when one does not fit), each
+  // handed to `group(rows, index)`.
+  Status for_each_paged_group(
+      int layer, const std::int32_t* ids, std::int64_t T,
+      const std::function<Status(std::span<const std::int32_t>, int)>& group);
   Status create_device(const ExpertDevice& dev, mem::MemoryBudget* shared);
-  Status device_group(int layer, const float* d_x, const std::int32_t* d_ids, std::int64_t t0,
-                      std::int64_t t1, int group, float* d_act, float* d_eout);
+  // rows: the group's rows; their place in the device row list starts at list_offset (groups of a
+  // layer step use disjoint ranges).
+  Status device_group(int layer, const float* d_x, const std::int32_t* d_ids,
+                      std::span<const std::int32_t> rows, std::int64_t list_offset, int group,
+                      float* d_act, float* d_eout);
 
   model::DecoderGeometry geo_;
   const model::ModelParams& params_;
@@ -151,6 +183,9 @@ class ExpertExecutor {
   std::unique_ptr<DeviceState> dev_;  // the CUDA engine's buffers and streams; null on the CPU
   // Per-group scratch, sized once: distinct experts and their refs, by expert id.
   std::vector<std::int32_t> distinct_;
+  std::vector<std::int32_t> rows_;    // the current group's rows
+  std::vector<int> group_of_expert_;  // [E] expert groups of a paged step
+  std::vector<bool> resident_;        // [E] scratch: in a slot before the step
   std::vector<ExpertRef> distinct_refs_;
   std::vector<ExpertRef> ref_of_expert_;  // [E]
   std::vector<bool> seen_;                // [E]

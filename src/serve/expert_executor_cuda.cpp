@@ -8,7 +8,8 @@
 //   pinned  the tables' and the row list's host mirrors, the routed ids [T*K], and for
 //           cpu-experts x [T, C] and the expert rows [T*K, C]
 // Reuse of the pinned mirror: a paged layer's groups use distinct table entries and distinct row
-// list ranges (group [t0, t1) owns [t0*K, t1*K)), and every paged or cpu-experts run_device
+// list ranges (a token group [t0, t1) owns [t0*K, t1*K); expert groups take consecutive ranges
+// of their row counts, which sum to T*K), and every paged or cpu-experts run_device
 // starts by synchronizing compute (the ids read-back), so the previous layer's table and row list
 // uploads and row copies have completed before their host memory is written again.
 // Paged overlap (PagerConfig::overlap_misses), one group:
@@ -125,12 +126,15 @@ Status ExpertExecutor::create_device(const ExpertDevice& d, mem::MemoryBudget* s
 }
 
 Status ExpertExecutor::device_group(int layer, const float* d_x, const std::int32_t* d_ids,
-                                    std::int64_t t0, std::int64_t t1, int group, float* d_act,
-                                    float* d_eout) {
+                                    std::span<const std::int32_t> rows, std::int64_t list_offset,
+                                    int group, float* d_act, float* d_eout) {
   DeviceState& s = *dev_;
   const int E = geo_.experts, K = geo_.top_k;
   const auto* h_ids = reinterpret_cast<const std::int32_t*>(s.h_ids.data());
-  FERRY_TRY(resolve_group(layer, h_ids, t0, t1));
+  FERRY_TRY(resolve_group(layer, h_ids, rows));
+  const std::int64_t n = std::int64_t(rows.size());
+  // A token group's rows are one range [i0, i0 + n); an expert group's are a list.
+  const bool range = n > 0 && rows.back() - rows.front() + 1 == n;
   const std::int64_t index = geo_.layers + group;
   const void** t = s.host_table(index, E);
   std::fill(t, t + 3 * E, nullptr);
@@ -148,43 +152,50 @@ Status ExpertExecutor::device_group(int layer, const float* d_x, const std::int3
                           .x = d_x,
                           .ids = d_ids,
                           .table = s.device_table(index, E),
-                          .row_begin = t0 * K,
-                          .row_end = t1 * K,
+                          .row_begin = range ? rows.front() : 0,
+                          .row_end = range ? rows.front() + n : 0,
                           .K = K,
                           .E = E,
                           .C = geo_.hidden,
                           .F = geo_.expert_width,
                           .bf16 = expert_dtype_ == DType::kBF16};
-  if (!pager_->overlaps_copies() || expert_of_copy_.empty()) {
+  const bool overlap = pager_->overlaps_copies() && !expert_of_copy_.empty();
+  if (range && !overlap) {
     // Serial order (or nothing copied): one launch over the group's rows; with overlap off the
     // pager already made compute wait for the whole batch.
     FERRY_TRY(device::expert_ffn(a, cs));
   } else {
-    // Rows by readiness: resident experts' rows first, then each copy's expert's rows, in the
-    // group's range of the row list. copy_of_expert: -1 resident, else its copy (all E entries
-    // of the group's experts are set by resolve_group's copy_index).
+    // Through the row list, in this group's range of it [list_offset, list_offset + n). With
+    // overlap, rows by readiness: resident experts' rows first, then each copy's expert's rows
+    // (copy_of_expert: -1 resident, else its copy; all E entries of the group's experts are set
+    // by resolve_group's copy_index); without, the rows as listed, in one launch.
     auto* h_rows = reinterpret_cast<std::int32_t*>(s.h_rows.data());
-    std::int32_t* out = h_rows + t0 * K;
-    const int copies = static_cast<int>(expert_of_copy_.size());
-    const std::int64_t n = (t1 - t0) * K;
-    const std::int64_t hits =
-        order_rows_by_readiness(std::span<const std::int32_t>(h_ids, std::size_t(t1 * K)), t0 * K,
-                                t1 * K, copy_of_expert_, expert_of_copy_, out, seg_end_);
+    std::int32_t* out = h_rows + list_offset;
+    const std::span<const std::int32_t> routed(h_ids, std::size_t(rows.back()) + 1);
+    std::int64_t first = n;  // rows of the first launch
+    if (overlap) {
+      first =
+          order_rows_by_readiness(routed, rows, copy_of_expert_, expert_of_copy_, out, seg_end_);
+    } else {
+      std::copy(rows.begin(), rows.end(), out);
+    }
     std::int32_t* d_rows = s.tables.as<std::int32_t>(s.d_rows);  // positions index it directly
-    FERRY_TRY(s.dev.te->h2d(d_rows + t0 * K, out, std::size_t(n) * sizeof(std::int32_t), cs));
+    FERRY_TRY(s.dev.te->h2d(d_rows + list_offset, out, std::size_t(n) * sizeof(std::int32_t), cs));
     a.row_list = d_rows;
-    a.row_end = t0 * K + hits;
+    a.row_begin = list_offset;
+    a.row_end = list_offset + first;
     FERRY_TRY(device::expert_ffn(a, cs));  // no-op when every expert missed
+    const int copies = overlap ? static_cast<int>(expert_of_copy_.size()) : 0;
     for (int j = 0; j < copies; ++j) {
       FERRY_TRY(pager_->wait_copy(j, cs));
       a.row_begin = a.row_end;
-      a.row_end = t0 * K + seg_end_[std::size_t(j)];
+      a.row_end = list_offset + seg_end_[std::size_t(j)];
       FERRY_TRY(device::expert_ffn(a, cs));
     }
   }
   if (pager_) pager_->release(layer);
   ++counters_.groups;
-  counters_.expert_rows += std::uint64_t((t1 - t0) * K);
+  counters_.expert_rows += std::uint64_t(n);
   return ok_status();
 }
 
@@ -264,16 +275,13 @@ Status ExpertExecutor::run_device(int layer, const float* d_x, const std::int32_
     }
     case ExpertMode::kPaged: {
       ++layer_step_[std::size_t(layer)];
-      const std::vector<std::int64_t> ends =
-          split_token_groups(std::span<const std::int32_t>(h_ids, std::size_t(rows)), T, K, E,
-                             pager_->group_limit(layer), hot_[layer]);
-      std::int64_t t0 = 0;
-      int group = 0;
-      for (std::int64_t t1 : ends) {
-        FERRY_TRY(device_group(layer, d_x, d_ids, t0, t1, group++, d_act, d_eout));
-        t0 = t1;
-      }
-      return ok_status();
+      std::int64_t list_offset = 0;  // each group's range of the row list
+      return for_each_paged_group(
+          layer, h_ids, T, [&](std::span<const std::int32_t> group_rows, int group) {
+            const std::int64_t at = list_offset;
+            list_offset += std::int64_t(group_rows.size());
+            return device_group(layer, d_x, d_ids, group_rows, at, group, d_act, d_eout);
+          });
     }
   }
   ++counters_.groups;

@@ -122,6 +122,34 @@ TEST_P(ByteIdentity, TightCapsMissEvictAndSplit) {
       << "no step was split into token groups";
 }
 
+// A step whose experts do not fit the slots is split by experts: every routed expert is copied at
+// most once per layer step (token groups re-copied an expert for each later group that routed to
+// it after its eviction), and the tight cap does split (several groups per layer step).
+TEST_P(ByteIdentity, SplitStepsCopyEachMissedExpertOncePerLayerStep) {
+  const testing::Fixture f = testing::load_fixture(GetParam());
+  ASSERT_TRUE(f.model);
+  const model::LoadedModel& m = *f.model;
+  EngineConfig cfg;
+  cfg.pager.mode = ExpertMode::kPaged;
+  cfg.pager.slots_per_layer = m.geometry.top_k;
+  cfg.max_batch_tokens = 8;
+  cfg.max_running = 3;
+  cfg.kv = {.block_tokens = 4, .budget_bytes = 1 << 20};
+  auto eng = Engine::create(m.geometry, m.params, cfg);
+  ASSERT_TRUE(eng.ok());
+  std::uint64_t distinct_per_layer_step = 0, layer_steps = 0;
+  (*eng)->experts().set_access_observer([&](int, std::span<const std::int32_t> ids) {
+    std::set<std::int32_t> d(ids.begin(), ids.end());
+    distinct_per_layer_step += d.size();
+    ++layer_steps;
+  });
+  ASSERT_TRUE(run_engine(**eng, requests(m.geometry.vocab)).ok());
+  const PagerCounters& c = (*eng)->experts().pager()->counters();
+  EXPECT_GT(c.misses, 0u);
+  EXPECT_LE(c.misses, distinct_per_layer_step);
+  EXPECT_GT((*eng)->experts().counters().groups, layer_steps) << "no step was split";
+}
+
 // What each mode moves: static copies every MoE layer's E experts once per step, paged copies
 // exactly its misses, resident and cpu-experts copy nothing and hold no device bytes.
 TEST_P(ByteIdentity, EachModeCopiesWhatItShould) {

@@ -231,6 +231,58 @@ TEST(PagerErrors, UnknownModeAndPolicy) {
   EXPECT_EQ(*parse_expert_mode("cpu-experts"), ExpertMode::kCpuExperts);
 }
 
+TEST(PagerGroups, ExpertGroupsHoldEveryExpertOnceResidentFirstWithinTheLimit) {
+  Rng rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int E = 12, K = 3, T = 1 + static_cast<int>(rng.next() % 24);
+    const int limit = K + static_cast<int>(rng.next() % (E - K + 1));
+    std::vector<std::int32_t> ids;
+    for (int t = 0; t < T; ++t) {
+      auto g = random_group(rng, E, K);
+      ids.insert(ids.end(), g.begin(), g.end());
+    }
+    std::vector<bool> hot(E, false), resident(E, false);
+    for (int e = 0; e < E; ++e) {
+      hot[e] = rng.next() % 6 == 0;
+      resident[e] = rng.next() % 3 == 0;
+    }
+    std::vector<int> group_of;
+    const int groups = split_expert_groups(ids, E, limit, hot, resident, group_of);
+    std::set<int> routed(ids.begin(), ids.end());
+    std::vector<int> non_hot(static_cast<std::size_t>(groups), 0);
+    int last_resident_group = 0, first_missing_group = groups;
+    for (int e = 0; e < E; ++e) {
+      const int g = group_of[e];
+      if (!routed.count(e)) {
+        EXPECT_EQ(g, -1);
+        continue;
+      }
+      ASSERT_GE(g, 0);
+      ASSERT_LT(g, groups);
+      if (hot[e]) continue;
+      ++non_hot[static_cast<std::size_t>(g)];
+      if (resident[e]) last_resident_group = std::max(last_resident_group, g);
+      if (!resident[e]) first_missing_group = std::min(first_missing_group, g);
+    }
+    for (int n : non_hot) EXPECT_LE(n, limit);
+    // Resident experts fill the first groups; a miss never precedes a resident expert's group.
+    EXPECT_LE(last_resident_group, first_missing_group);
+    // Groups are full but the last: no more groups than needed.
+    int total = 0;
+    for (int n : non_hot) total += n;
+    EXPECT_EQ(groups, std::max(1, (total + limit - 1) / limit));
+    // The groups' rows partition the step's rows, each in routing order.
+    std::vector<int> seen(ids.size(), 0);
+    std::vector<std::int32_t> rows;
+    for (int g = 0; g < groups; ++g) {
+      rows_of_group(ids, group_of, g, rows);
+      EXPECT_TRUE(std::is_sorted(rows.begin(), rows.end()));
+      for (std::int32_t i : rows) ++seen[static_cast<std::size_t>(i)];
+    }
+    for (int n : seen) EXPECT_EQ(n, 1);
+  }
+}
+
 TEST(PagerGroups, SplitKeepsEveryGroupWithinTheLimit) {
   Rng rng(5);
   for (int trial = 0; trial < 200; ++trial) {
