@@ -89,19 +89,25 @@ TEST_P(ByteIdentity, EveryModePolicyAndCapGivesTheSameBits) {
   EXPECT_GT(compared_rows, 0);
 }
 
-// The pager actually worked in the tight cases (the identity above is not vacuous).
-TEST_P(ByteIdentity, TightCapsMissEvictAndSplit) {
-  const testing::Fixture f = testing::load_fixture(GetParam());
-  ASSERT_TRUE(f.model);
-  const model::LoadedModel& m = *f.model;
+// Paged at top-k slots per layer with three streams of up to 8 batched tokens: steps that need
+// more experts than the slots hold.
+Result<std::unique_ptr<Engine>> tight_paged_engine(const model::LoadedModel& m) {
   EngineConfig cfg;
   cfg.pager.mode = ExpertMode::kPaged;
   cfg.pager.slots_per_layer = m.geometry.top_k;
   cfg.max_batch_tokens = 8;
   cfg.max_running = 3;
   cfg.kv = {.block_tokens = 4, .budget_bytes = 1 << 20};
-  auto eng = Engine::create(m.geometry, m.params, cfg);
-  ASSERT_TRUE(eng.ok());
+  return Engine::create(m.geometry, m.params, cfg);
+}
+
+// The pager actually worked in the tight cases (the identity above is not vacuous).
+TEST_P(ByteIdentity, TightCapsMissEvictAndSplit) {
+  const testing::Fixture f = testing::load_fixture(GetParam());
+  ASSERT_TRUE(f.model);
+  const model::LoadedModel& m = *f.model;
+  auto eng = tight_paged_engine(m);
+  ASSERT_TRUE(eng.ok()) << eng.status().to_string();
   ExpertPager& pager = *(*eng)->experts().pager();
   int over_budget = 0, events = 0;
   pager.set_observer([&](const SlotEvent&) {
@@ -129,14 +135,8 @@ TEST_P(ByteIdentity, SplitStepsCopyEachMissedExpertOncePerLayerStep) {
   const testing::Fixture f = testing::load_fixture(GetParam());
   ASSERT_TRUE(f.model);
   const model::LoadedModel& m = *f.model;
-  EngineConfig cfg;
-  cfg.pager.mode = ExpertMode::kPaged;
-  cfg.pager.slots_per_layer = m.geometry.top_k;
-  cfg.max_batch_tokens = 8;
-  cfg.max_running = 3;
-  cfg.kv = {.block_tokens = 4, .budget_bytes = 1 << 20};
-  auto eng = Engine::create(m.geometry, m.params, cfg);
-  ASSERT_TRUE(eng.ok());
+  auto eng = tight_paged_engine(m);
+  ASSERT_TRUE(eng.ok()) << eng.status().to_string();
   std::uint64_t distinct_per_layer_step = 0, layer_steps = 0;
   (*eng)->experts().set_access_observer([&](int, std::span<const std::int32_t> ids) {
     std::set<std::int32_t> d(ids.begin(), ids.end());

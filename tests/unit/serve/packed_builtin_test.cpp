@@ -22,16 +22,12 @@
 namespace ferry::serve {
 namespace {
 
+// The engine tests' tiny model with a third layer, drawn as the 48-layer bench geometry is.
 BuiltinMoeSpec packed_spec() {
-  return {.layers = 3,
-          .hidden = 64,
-          .heads = 4,
-          .kv_heads = 2,
-          .head_dim = 16,
-          .experts = 8,
-          .top_k = 2,
-          .expert_width = 32,
-          .parallel_init = true};
+  BuiltinMoeSpec s = testing::tiny_moe_spec();
+  s.layers = 3;
+  s.parallel_init = true;
+  return s;
 }
 
 bool same_bytes(const ExpertStore& a, const ExpertStore& b, const model::DecoderGeometry& g) {
@@ -174,16 +170,9 @@ TEST(PackedBuiltin, EnginesReadTheGivenStoreWithTheSameBits) {
 TEST(PackedBuiltin, EngineRefusesAStoreOfAnotherModel) {
   auto m = testing::tiny_builtin_moe(3);                                   // 2 layers
   auto other = make_builtin_moe_packed(packed_spec(), 3, DType::kF32, 1);  // 3 layers
-  auto bf16 = make_builtin_moe_packed({.layers = 2,
-                                       .hidden = 64,
-                                       .heads = 4,
-                                       .kv_heads = 2,
-                                       .head_dim = 16,
-                                       .experts = 8,
-                                       .top_k = 2,
-                                       .expert_width = 32,
-                                       .parallel_init = true},
-                                      3, DType::kBF16, 1);
+  BuiltinMoeSpec two_layers = packed_spec();
+  two_layers.layers = 2;
+  auto bf16 = make_builtin_moe_packed(two_layers, 3, DType::kBF16, 1);
   ASSERT_TRUE(m && other.ok() && bf16.ok());
   for (const ExpertStore* s : {(*other)->experts.get(), (*bf16)->experts.get()}) {
     PagerConfig pc{.mode = ExpertMode::kPaged, .slots_per_layer = 4};

@@ -19,17 +19,21 @@
 
 namespace ferry::serve::testing {
 
-// The tiny random Qwen3-MoE the engine tests share (2 layers, 8 experts, top-2), by seed.
+// The tiny random Qwen3-MoE the engine tests share: 2 layers, 8 experts, top-2.
+inline BuiltinMoeSpec tiny_moe_spec() {
+  return {.layers = 2,
+          .hidden = 64,
+          .heads = 4,
+          .kv_heads = 2,
+          .head_dim = 16,
+          .experts = 8,
+          .top_k = 2,
+          .expert_width = 32};
+}
+
+// That model, by seed.
 inline std::unique_ptr<BuiltinModel> tiny_builtin_moe(std::uint64_t seed) {
-  auto m = make_builtin_moe({.layers = 2,
-                             .hidden = 64,
-                             .heads = 4,
-                             .kv_heads = 2,
-                             .head_dim = 16,
-                             .experts = 8,
-                             .top_k = 2,
-                             .expert_width = 32},
-                            seed);
+  auto m = make_builtin_moe(tiny_moe_spec(), seed);
   EXPECT_TRUE(m.ok()) << m.status().to_string();
   return m.ok() ? std::move(*m) : nullptr;
 }
