@@ -3,7 +3,9 @@
 # memory) for Qwen2.5-3B and 7B geometry at GPU caps of 24, 40 and 80 GB, seq 1024: predicted step
 # time, TFLOPS (6*N*B*S / step) and the largest feasible batch of each, as JSON.
 # These are PREDICTIONS of ferry's plan cost model (analytic H200 rates, docs/plan.md), not
-# measurements: measured-vs-predicted needs the GPU streaming executor (issue #4).
+# measurements (scripts/gpu_plan_caps.sh measures). GPU memory is the cost model's bf16 estimate
+# (--executor-device none), as when the committed tables were made; `ferry plan`'s default now
+# sizes it as the stream executor allocates it, which fits far smaller batches today.
 #
 #   bench/plan/plan_compare.sh build/release/apps/ferry/ferry [OUT_DIR]
 #
@@ -19,7 +21,7 @@ for link in h200 12; do
   for g in qwen2.5-3b qwen2.5-7b; do
     "$FERRY" plan --geometry "$g" --compare --gpu-caps 24,40,80 --batch-size auto --seq-len 1024 \
       --host-mem-gb 125 --host-state-bytes-per-param 10 --time-limit-s "${TIME_LIMIT_S:-20}" \
-      --max-batch 512 "${extra[@]}" --json "$OUT/plan_compare_$g$suffix.json" > /dev/null
+      --max-batch 512 --executor-device none "${extra[@]}" --json "$OUT/plan_compare_$g$suffix.json" > /dev/null
     echo "wrote $OUT/plan_compare_$g$suffix.json"
   done
 done
