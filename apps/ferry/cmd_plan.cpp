@@ -146,8 +146,8 @@ Result<plan::ProblemAt> make_problem_at(const PlanConfig& c, const model::ModelC
     prof = std::move(p);
   } else {
     log::get("plan")->info(
-        "no measured profile for machine={} geometry={}: analytic cost model "
-        "(the profiler needs the GPU streaming executor, issue #4)",
+        "no measured profile for machine={} geometry={}: analytic cost model (ferry plan "
+        "--from-bench R --write-profile auto turns a ferry bench train run into one)",
         c.machine, plan::geometry_key(cfg));
   }
   FERRY_ASSIGN_OR_RETURN(plan::MachineSpec machine, machine_spec(c));
@@ -194,8 +194,8 @@ Status run_compare(const PlanConfig& c, const model::ModelConfig& cfg, int batch
     }
   }
   Json out = {{"what",
-               "predicted by ferry's plan cost model, not measured: measured-vs-predicted "
-               "needs the GPU streaming executor (issue #4)"},
+               "predicted by ferry's plan cost model, not measured (scripts/gpu_plan_caps.sh "
+               "measures the plan and the fixed policies at GPU caps)"},
               {"geometry", plan::geometry_key(cfg)},
               {"seq_len", c.seq_len},
               {"host_mem_gb", c.host_mem_gb},

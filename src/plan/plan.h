@@ -4,7 +4,8 @@
 // per span whether the span's weights are re-streamed or kept on the GPU between recompute and
 // backward), and every activation transfer as (boundary, window, direction, tier, bytes). Solvers
 // write it, the evaluator (evaluate.h) prices it, plan_json.h stores it, and the streaming
-// executor (issue #4, not built yet) is to follow it exactly. Fixed policies are Plans too.
+// executor follows its boundary homes (train/stream/plan_policy.h; weight-keeping spans and the
+// per-window transfer schedule not yet). Fixed policies are Plans too.
 #pragma once
 
 #include <cstdint>

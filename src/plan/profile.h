@@ -12,9 +12,9 @@
 //
 // Times measured at (batch_size, seq_len) are scaled linearly in the batch for other batches
 // (compute at fixed seq is linear in B); a different seq_len is refused (attention is quadratic).
-// NOTE(plan): the profiler that writes this file needs the GPU streaming executor (issue #4), which
-// does not exist yet; today profiles come from elsewhere (or tests) and the analytic model is the
-// default. Tests: tests/unit/plan/profile_test.cpp.
+// Written by `ferry plan --from-bench REPORT --write-profile auto|PATH` from a `ferry bench train`
+// run's device policy (bench_profile.h); without one the analytic model is the default.
+// Tests: tests/unit/plan/json_cost_test.cpp, bench_profile_test.cpp.
 #pragma once
 
 #include <string>
