@@ -99,15 +99,16 @@ Status fit_gpu_memory_to_executor(plan::PlanProblem& p, const model::ModelConfig
       {"device", "all-gpu"}, {"host", "all-host"}, {"every:4", "checkpoint-every-4"}};
   double fixed = 0;
   for (const auto& [executor_name, planner_name] : policies) {
-    FERRY_ASSIGN_OR_RETURN(const train::stream::ActivationPolicy pol,
-                           train::stream::parse_policy(executor_name, geo.layers));
+    // A policy this depth cannot spell (every:4 of a shallow model) or the host tier cannot hold
+    // says nothing here; all-gpu always prices.
+    auto pol = train::stream::parse_policy(executor_name, geo.layers);
+    auto fp = plan::fixed_policy_by_name(planner_name, p.num_layers);
+    if (!pol.ok() || !fp.ok()) continue;
     FERRY_ASSIGN_OR_RETURN(
         const train::stream::DevicePlan d,
-        train::stream::plan_device(geo, sizes, pol, t.slots, tokens, *t.backend, t.precision));
-    FERRY_ASSIGN_OR_RETURN(const plan::FixedPolicy fp,
-                           plan::fixed_policy_by_name(planner_name, p.num_layers));
-    auto priced = plan::solve_policy(probe, fp);
-    if (!priced.ok()) continue;  // a policy the host or NVMe tier cannot hold says nothing here
+        train::stream::plan_device(geo, sizes, *pol, t.slots, tokens, *t.backend, t.precision));
+    auto priced = plan::solve_policy(probe, *fp);
+    if (!priced.ok()) continue;
     fixed =
         std::max(fixed, static_cast<double>(d.total_bytes()) / kGB - priced->predicted.gpu_peak_gb);
   }
