@@ -112,6 +112,11 @@ set +e
 set -e
 [ "$rc" -ne 0 ] && grep -q 'needs --device-budget-mib' "$TMP/f.err" ||
   { echo "train_stream: --plan auto without a budget not refused clearly"; exit 1; }
+# A model too shallow for checkpoint-every-4 still plans (the executor fit skips that policy).
+"$FERRY" train --demo-layers 2 --demo-hidden 32 --seq-len 128 --batch-size 2 --max-steps 1 \
+  --eval-every 0 --executor stream --plan auto --device-budget-mib 64 --output-dir "$TMP/g" \
+  > "$TMP/g.log" 2> "$TMP/g.err" || { echo "train_stream: --plan auto, 2 layers"; cat "$TMP/g.err"; exit 1; }
+grep -q 'policy plan:solved' "$TMP/g.err" "$TMP/g.log" || { echo "2-layer plan not run"; exit 1; }
 echo "train_stream: --plan auto solved, ran and reported its windows"
 
 # 5. `ferry bench train`: every policy runs, reports throughput and the bytes it moved; the
