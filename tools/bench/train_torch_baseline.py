@@ -26,12 +26,15 @@ def main():
         p.add_argument("--" + name, type=int, default=default)
     p.add_argument("--checkpointing", action="store_true",
                    help="gradient checkpointing every layer (HF's own)")
+    p.add_argument("--untied-embeddings", action="store_true",
+                   help="lm_head a matrix of its own (Qwen2.5-7B), as ferry bench train's flag")
     p.add_argument("--out", default="")
     a = p.parse_args()
     cfg = Qwen3Config(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
                       num_hidden_layers=a.layers, num_attention_heads=a.heads,
                       num_key_value_heads=a.kv_heads, head_dim=a.head_dim,
-                      max_position_embeddings=max(a.seq, 512), tie_word_embeddings=True,
+                      max_position_embeddings=max(a.seq, 512),
+                      tie_word_embeddings=not a.untied_embeddings,
                       rms_norm_eps=1e-6, attn_implementation="sdpa")
     torch.manual_seed(1)
     model = Qwen3ForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16)
