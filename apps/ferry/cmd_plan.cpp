@@ -110,7 +110,6 @@ Result<plan::MachineSpec> machine_spec(const PlanConfig& c) {
   return machine;
 }
 
-// Problem factory for one GPU cap: analytic costs, overridden by a profile when one applies.
 // GPU memory as the stream executor allocates it (--executor-device; none: the cost model's).
 Result<std::optional<ExecutorTarget>> executor_of(const PlanConfig& c) {
   if (c.executor_device == "none") return std::optional<ExecutorTarget>();
@@ -124,14 +123,16 @@ Result<std::optional<ExecutorTarget>> executor_of(const PlanConfig& c) {
 }
 
 // `solve`, and with an executor target its solution checked against the executor's bytes.
-PlanSolver for_executor(PlanSolver solve, const std::optional<ExecutorTarget>& exec,
-                        const model::ModelConfig& cfg) {
+plan::Planner for_executor(plan::Planner solve, const std::optional<ExecutorTarget>& exec,
+                           const model::ModelConfig& cfg) {
   if (!exec) return solve;
   return [solve = std::move(solve), exec = *exec, cfg](const plan::PlanProblem& p) {
     return solve_for_executor(p, solve, cfg, exec);
   };
 }
 
+// Problem factory for one GPU cap: analytic costs, overridden by a profile when one applies, GPU
+// memory fitted to the executor when `exec` is given.
 Result<plan::ProblemAt> make_problem_at(const PlanConfig& c, const model::ModelConfig& cfg,
                                         double gpu_gb, const std::optional<ExecutorTarget>& exec) {
   std::optional<plan::Profile> prof;
@@ -206,9 +207,9 @@ Status run_compare(const PlanConfig& c, const model::ModelConfig& cfg, int batch
     FERRY_ASSIGN_OR_RETURN(plan::ProblemAt at, make_problem_at(c, cfg, gpu, exec));
     const plan::SolveOptions solve{.time_limit_s = c.time_limit_s};
     const plan::SolveOptions probe{.time_limit_s = std::min(c.time_limit_s, 10.0)};
-    const PlanSolver solve_full = for_executor(
+    const plan::Planner solve_full = for_executor(
         [&](const plan::PlanProblem& p) { return plan::solve_milp(p, solve); }, exec, cfg);
-    const PlanSolver solve_probe = for_executor(
+    const plan::Planner solve_probe = for_executor(
         [&](const plan::PlanProblem& p) { return plan::solve_milp(p, probe); }, exec, cfg);
     int b = batch;
     std::optional<plan::Plan> solved;
@@ -221,7 +222,11 @@ Status run_compare(const PlanConfig& c, const model::ModelConfig& cfg, int batch
       FERRY_ASSIGN_OR_RETURN(plan::Plan full, solve_full(p));
       solved = std::move(full);
     }
-    plan::CompareOptions o{.solve = solve, .probe_solve = probe, .max_batch = c.max_batch};
+    plan::CompareOptions o{.solve = solve,
+                           .probe_solve = probe,
+                           .max_batch = c.max_batch,
+                           .planner = solve_full,
+                           .probe_planner = solve_probe};
     if (solved) o.solved_at_batch = &*solved;
     FERRY_ASSIGN_OR_RETURN(plan::Comparison cmp, plan::compare_policies(at, b, o));
     Json j = plan::to_json(cmp);
@@ -355,9 +360,9 @@ Status run_plan_status() {
   FERRY_ASSIGN_OR_RETURN(plan::ProblemAt at, make_problem_at(c, cfg, c.gpu_mem_gb, exec));
   const plan::SolveOptions solve{.time_limit_s = c.time_limit_s};
   const plan::SolveOptions probe{.time_limit_s = std::min(c.time_limit_s, 10.0)};
-  const PlanSolver solve_probe = for_executor(
+  const plan::Planner solve_probe = for_executor(
       [&](const plan::PlanProblem& p) { return plan::solve_milp(p, probe); }, exec, cfg);
-  const PlanSolver solve_diagnosed = for_executor(
+  const plan::Planner solve_diagnosed = for_executor(
       [&](const plan::PlanProblem& p) { return plan::solve_or_diagnose(p, solve); }, exec, cfg);
   if (batch == 0) {
     FERRY_ASSIGN_OR_RETURN(
@@ -375,7 +380,13 @@ Status run_plan_status() {
   FERRY_ASSIGN_OR_RETURN(plan::Plan solved, solve_diagnosed(p));
   std::printf("%s", plan::plan_text(p, solved).c_str());
   if (!c.no_policies) {
-    plan::CompareOptions o{.solve = solve, .probe_solve = probe, .max_batch = c.max_batch};
+    plan::CompareOptions o{
+        .solve = solve,
+        .probe_solve = probe,
+        .max_batch = c.max_batch,
+        .planner = for_executor(
+            [&](const plan::PlanProblem& q) { return plan::solve_milp(q, solve); }, exec, cfg),
+        .probe_planner = solve_probe};
     o.solved_at_batch = &solved;
     FERRY_ASSIGN_OR_RETURN(plan::Comparison cmp, plan::compare_policies(at, batch, o));
     std::printf("%s", plan::comparison_text(cmp).c_str());

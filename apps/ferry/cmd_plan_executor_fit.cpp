@@ -6,33 +6,16 @@
 #include <utility>
 
 #include "model/model_binding.h"
-#include "model/param_spec.h"
 #include "plan/policies.h"
 #include "train/optim/optim_modes.h"
 #include "train/stream/activation_policy.h"
 #include "train/stream/device_plan.h"
+#include "train/stream/stream_executor.h"
 
 namespace ferry::app {
 namespace {
 
 constexpr double kGB = 1e9;  // the planner's unit
-
-// What the executor's device plan needs of the model: train::stream::model_sizes without an arena.
-train::stream::ModelSizes sizes_of(const model::ModelConfig& cfg, bool bf16_weights) {
-  train::stream::ModelSizes s;
-  std::vector<std::int64_t> layer(static_cast<std::size_t>(cfg.num_hidden_layers), 0);
-  for (const model::ParamSpec& p : model::param_specs(cfg)) {
-    ++s.params;
-    if (p.layer < 0) {
-      s.globals_elements += p.numel();
-    } else {
-      layer[static_cast<std::size_t>(p.layer)] += p.numel();
-    }
-  }
-  for (std::int64_t n : layer) s.max_layer_elements = std::max(s.max_layer_elements, n);
-  s.bf16_weights = bf16_weights;
-  return s;
-}
 
 train::stream::Home executor_home(plan::Home h) {
   switch (h) {
@@ -84,7 +67,7 @@ Status fit_gpu_memory_to_executor(plan::PlanProblem& p, const model::ModelConfig
                             p.num_layers);
   }
   const std::int64_t tokens = static_cast<std::int64_t>(p.batch_size) * p.seq_len;
-  const train::stream::ModelSizes sizes = sizes_of(cfg, t.bf16_weights);
+  const train::stream::ModelSizes sizes = train::stream::model_sizes(cfg, t.bf16_weights);
   // The executor's boundary: f32 hidden states of every token.
   const double a = static_cast<double>(tokens) * static_cast<double>(geo.hidden) * 4.0 / kGB;
   p.boundary_gb.assign(static_cast<std::size_t>(p.num_layers) + 1, a);
@@ -127,13 +110,13 @@ Result<double> executor_gpu_gb(const plan::PlanProblem& p, const plan::Plan& pla
   pol.nvme_dir = "nvme";  // only its presence matters to the byte count
   FERRY_ASSIGN_OR_RETURN(
       const train::stream::DevicePlan d,
-      train::stream::plan_device(geo, sizes_of(cfg, t.bf16_weights), pol, t.slots,
+      train::stream::plan_device(geo, train::stream::model_sizes(cfg, t.bf16_weights), pol, t.slots,
                                  static_cast<std::int64_t>(p.batch_size) * p.seq_len, *t.backend,
                                  t.precision));
   return static_cast<double>(d.total_bytes()) / kGB;
 }
 
-Result<plan::Plan> solve_for_executor(const plan::PlanProblem& p, const PlanSolver& solve,
+Result<plan::Plan> solve_for_executor(const plan::PlanProblem& p, const plan::Planner& solve,
                                       const model::ModelConfig& cfg, const ExecutorTarget& t) {
   constexpr int kRounds = 4;
   plan::PlanProblem q = p;

@@ -1,8 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Fits a plan problem's GPU-memory terms to the byte count of the executor that will run the plan
-// (cmd_plan_ prefix: built only with ferry_plan, like the subcommand it serves; needs ferry_train
-// too.) (train/stream/device_plan.h), so that a plan which fits the planner's capacity also fits
-// the stream executor's device budget. Why: the cost model prices bf16 boundaries and a transformer
+// (train/stream/device_plan.h), so that a plan which fits the planner's capacity also fits the
+// stream executor's device budget. Why: the cost model prices bf16 boundaries and a transformer
 // layer's minimal internals, while the executor today keeps f32 boundaries and allocates every
 // buffer statically (weight ring, f32 globals and their gradients, transit / fetch / recompute
 // buffers, ModelCompute's whole workspace). Measured on the H200 (3B shapes, 24 GB): the
@@ -11,12 +10,12 @@
 // and gpu_fixed_gb becomes the largest gap between the executor's total and the planner's own
 // peak (with no fixed term) over the three fixed policies (all on GPU, all in host memory,
 // checkpoint every 4). The executor's bytes are linear in the device-homed boundaries, so the
-// planner's peak then bounds the executor's bytes for those policies exactly, and for mixed plans
-// up to the difference in how recompute buffers are counted (`ferry bench train plan=FILE`
-// checks a plan's batch against the executor's own count before it runs).
+// planner's peak then bounds the executor's bytes for those policies (exactly for the one with
+// the largest gap); a mixed plan can still need more (a fetch buffer beside recompute buffers),
+// which solve_for_executor checks and corrects.
+// (File prefix cmd_plan_: built only with ferry_plan, like the subcommand it serves.)
 #pragma once
 
-#include <functional>
 #include <string>
 
 #include "core/result.h"
@@ -25,6 +24,7 @@
 #include "model/model_compute.h"
 #include "plan/plan.h"
 #include "plan/problem.h"
+#include "plan/search.h"
 
 namespace ferry::app {
 
@@ -53,8 +53,7 @@ Result<double> executor_gpu_gb(const plan::PlanProblem& p, const plan::Plan& pla
 // buffers, which no fixed policy of the fit has. While the executor's bytes exceed the cap, the
 // planner's cap is lowered by the overshoot and p solved again (a few rounds); resource_exhausted
 // when no plan the executor holds is found.
-using PlanSolver = std::function<Result<plan::Plan>(const plan::PlanProblem&)>;
-Result<plan::Plan> solve_for_executor(const plan::PlanProblem& p, const PlanSolver& solve,
+Result<plan::Plan> solve_for_executor(const plan::PlanProblem& p, const plan::Planner& solve,
                                       const model::ModelConfig& cfg, const ExecutorTarget& t);
 
 }  // namespace ferry::app

@@ -35,14 +35,18 @@ Result<Comparison> compare_policies(const ProblemAt& problem_at, int batch,
     return std::move(r).take_status();
   };
 
+  const Planner planner =
+      o.planner ? o.planner : [&](const PlanProblem& p) { return solve_milp(p, o.solve); };
+  const Planner probe_planner = o.probe_planner ? o.probe_planner : [&](const PlanProblem& p) {
+    return solve_milp(p, o.probe_solve);
+  };
   PolicyRow solved{.policy = "solved"};
   if (o.solved_at_batch != nullptr) {
     solved.at_batch = *o.solved_at_batch;
   } else {
-    FERRY_TRY(keep(solve_milp(at_batch, o.solve), solved.at_batch));
+    FERRY_TRY(keep(planner(at_batch), solved.at_batch));
   }
-  FERRY_TRY(
-      fill_largest(solved, [&](const PlanProblem& p) { return solve_milp(p, o.probe_solve); }));
+  FERRY_TRY(fill_largest(solved, probe_planner));
   c.rows.push_back(std::move(solved));
 
   for (const FixedPolicy& pol : fixed_policies(at_batch.num_layers, o.checkpoint_k)) {
@@ -51,7 +55,7 @@ Result<Comparison> compare_policies(const ProblemAt& problem_at, int batch,
     FERRY_TRY(fill_largest(row, [&](const PlanProblem& p) { return solve_policy(p, pol); }));
     if (row.at_largest) {
       FERRY_ASSIGN_OR_RETURN(PlanProblem p, problem_at(row.largest_batch));
-      FERRY_TRY(keep(solve_milp(p, o.solve), row.solved_at_largest));
+      FERRY_TRY(keep(planner(p), row.solved_at_largest));
     }
     c.rows.push_back(std::move(row));
   }

@@ -39,6 +39,9 @@ struct CompareOptions {
   int checkpoint_k = 4;
   // The solved plan at the common batch when the caller already has it (not re-solved).
   const Plan* solved_at_batch = nullptr;
+  // The solved plan's solvers, when set, instead of solve_milp with `solve` / `probe_solve`
+  // (`ferry plan` passes ones that also check the executor's byte count).
+  Planner planner, probe_planner;
 };
 
 Result<Comparison> compare_policies(const ProblemAt& problem_at, int batch,

@@ -107,6 +107,17 @@ ModelSizes model_sizes(const HostArena& arena) {
           .bf16_weights = arena.bf16_weights()};
 }
 
+ModelSizes model_sizes(const model::ModelConfig& config, bool bf16_weights) {
+  ModelSizes s{.bf16_weights = bf16_weights};
+  std::vector<std::int64_t> layer(static_cast<std::size_t>(config.num_hidden_layers), 0);
+  for (const model::ParamSpec& p : model::param_specs(config)) {
+    ++s.params;
+    (p.layer < 0 ? s.globals_elements : layer[static_cast<std::size_t>(p.layer)]) += p.numel();
+  }
+  for (std::int64_t n : layer) s.max_layer_elements = std::max(s.max_layer_elements, n);
+  return s;
+}
+
 StreamExecutor::StreamExecutor(kernels::Backend& be, const StreamOptions& opts)
     : be_(be),
       opts_(opts),

@@ -101,6 +101,9 @@ struct TransferStats {
 
 // The arena's sizes as the device plan counts them.
 ModelSizes model_sizes(const HostArena& arena);
+// The same from the model's config, without an arena (`ferry plan` sizing the executor's GPU
+// memory): bf16_weights as the arena would be created (HostArena::bf16_weights()).
+ModelSizes model_sizes(const model::ModelConfig& config, bool bf16_weights);
 
 class StreamExecutor {
  public:

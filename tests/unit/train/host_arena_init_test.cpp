@@ -46,6 +46,12 @@ TEST(HostArenaInit, SameBytesAsTheArenaOfTheLoadedModelInEveryMode) {
     auto got = initialized(mode, (*loaded)->config);
     ASSERT_NE(got, nullptr);
     ASSERT_EQ(got->num_units(), (*want)->num_units()) << what;
+    // What `ferry plan` counts for the executor without an arena is what the arena holds.
+    const ModelSizes from_arena = model_sizes(*got);
+    const ModelSizes from_config = model_sizes((*loaded)->config, got->bf16_weights());
+    EXPECT_EQ(from_config.globals_elements, from_arena.globals_elements) << what;
+    EXPECT_EQ(from_config.max_layer_elements, from_arena.max_layer_elements) << what;
+    EXPECT_EQ(from_config.params, from_arena.params) << what;
     ASSERT_EQ(got->total_bytes(), (*want)->total_bytes()) << what;
     for (int u = 0; u < got->num_units(); ++u) {
       const std::size_t wb = got->unit_weight_bytes(u);
