@@ -5,6 +5,8 @@
 // calling thread). submit() runs a task asynchronously and returns a future.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -43,5 +45,24 @@ class ThreadPool {
   std::condition_variable cv_;
   bool stop_ = false;
 };
+
+// fn(j) for j in [0, n), handed out one at a time to `threads` threads of its own (0: one per
+// hardware thread; the caller is one of them), for long uneven items (multi-GB model fills) and
+// for tests that vary the thread count, which the global pool fixes. Returns when all are done.
+template <typename Fn>
+void parallel_items(std::size_t n, int threads, const Fn& fn) {
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t j; (j = next.fetch_add(1)) < n;) fn(j);
+  };
+  const std::size_t want =
+      threads > 0 ? std::size_t(threads) : std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> pool;
+  for (std::size_t t = 1; t < std::min(want, std::max<std::size_t>(n, 1)); ++t) {
+    pool.emplace_back(work);
+  }
+  work();
+  for (std::thread& t : pool) t.join();
+}
 
 }  // namespace ferry

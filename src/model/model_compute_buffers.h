@@ -22,9 +22,9 @@ namespace ferry::model::detail {
 // since the workspace is sized for it). On the CPU 128 rows (they stay in cache). On a GPU every
 // chunk's lm_head gradient GEMM reads and writes the whole f32 [V, C] gradient, so short chunks
 // leave the backward memory-bound: at V = 151936, C = 2048, 128-row chunks move ~2.5 GB per 128
-// tokens, and the loss window took ~1 s of a 4.9 s Qwen2.5-3B step at batch 64 (H200,
-// 2026-12-01). There chunks grow to 1024 rows while the chunk's f32 logits and bf16 d_logits
-// (6 bytes per logit) stay within 1 GiB.
+// tokens, and the loss window took 1.05 s of a 5.09 s Qwen2.5-3B step at batch 64 (H200,
+// 2026-12-01, all-on-GPU policy). There chunks grow to 1024 rows while the chunk's f32 logits and
+// bf16 d_logits (6 bytes per logit) stay within 1 GiB.
 inline int ce_chunk_tokens(std::int64_t vocab, Device device) {
   constexpr int kCpuChunk = 128, kGpuChunk = 1024;
   constexpr std::int64_t kGpuChunkBytes = std::int64_t{1} << 30;

@@ -2,13 +2,12 @@
 #include "serve/builtin_model.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <optional>
-#include <thread>
 
 #include <fmt/format.h>
 
+#include "core/thread_pool.h"
 #include "model/model_binding.h"
 #include "model/param_spec.h"
 #include "serve/sampler.h"
@@ -45,23 +44,6 @@ std::uint64_t chunk_seed(std::uint64_t seed, std::size_t tensor, std::size_t chu
 void fill_chunk(float* dst, std::size_t n, double std_dev, std::uint64_t seed) {
   Rng r(seed);
   for (std::size_t k = 0; k < n; ++k) dst[k] = static_cast<float>(std_dev * normal(r));
-}
-
-// fn(j) for j in [0, n), handed out one at a time over `threads` threads (0: all of them).
-template <typename Fn>
-void parallel_items(std::size_t n, int threads, const Fn& fn) {
-  std::atomic<std::size_t> next{0};
-  auto work = [&] {
-    for (std::size_t j; (j = next.fetch_add(1)) < n;) fn(j);
-  };
-  const std::size_t want =
-      threads > 0 ? std::size_t(threads) : std::max(1u, std::thread::hardware_concurrency());
-  std::vector<std::thread> pool;
-  for (std::size_t t = 1; t < std::min(want, std::max<std::size_t>(n, 1)); ++t) {
-    pool.emplace_back(work);
-  }
-  work();
-  for (std::thread& t : pool) t.join();
 }
 
 // Both builders. packed: the routed experts go into a packed store of that dtype, drawn per block.

@@ -1,10 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "serve/expert_store.h"
 
-#include <algorithm>
-#include <atomic>
 #include <cstring>
-#include <thread>
+
+#include "core/thread_pool.h"
 
 namespace ferry::serve {
 
@@ -74,20 +73,10 @@ Result<std::unique_ptr<ExpertStore>> ExpertStore::create_filled(const model::Dec
     for (int e = 0; e < s->E_; ++e) blocks.emplace_back(l, e);
   }
   // Blocks are handed out one at a time (a few MB each), so the threads stay busy to the end.
-  std::atomic<std::size_t> next{0};
-  auto work = [&] {
-    for (std::size_t j; (j = next.fetch_add(1)) < blocks.size();) {
-      const auto [l, e] = blocks[j];
-      fill(l, e, const_cast<std::byte*>(s->block(l, e)));
-    }
-  };
-  const std::size_t want =
-      threads > 0 ? std::size_t(threads) : std::max(1u, std::thread::hardware_concurrency());
-  const std::size_t n = std::min(want, std::max<std::size_t>(1, blocks.size()));
-  std::vector<std::thread> pool;
-  for (std::size_t t = 1; t < n; ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
+  parallel_items(blocks.size(), threads, [&](std::size_t j) {
+    const auto [l, e] = blocks[j];
+    fill(l, e, const_cast<std::byte*>(s->block(l, e)));
+  });
   return s;
 }
 

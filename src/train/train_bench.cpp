@@ -123,7 +123,8 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
       {"policies", Json::array()}};
   AdamWConfig adamw;
   // One pinned host arena for every policy: the previous policy's, re-initialized to the same
-  // bytes (pinning tens of GB again per policy took most of a full-depth run's setup).
+  // bytes, instead of allocating and pinning tens of GB again per policy (a full-depth 3B policy
+  // spent ~40 s outside its timed steps on the H200; setup_s now times the parts).
   std::unique_ptr<stream::HostArena> reuse;
   for (const std::string& name : c.policies) {
     Timer setup;
@@ -228,13 +229,14 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
     // The optimizer's time per step and a lower bound on how much of it compute hid: the forward
     // windows' exposed time is at most what the forward waited for updates (it also holds weight
     // copies), so 1 - that / optimizer time is a floor on the overlap.
-    const double opt_ms = x.optimizer_busy_s() * 1e3 / (c.warmup + c.steps);
+    const double ms_per_step = 1e3 / (c.warmup + c.steps);  // every step ran the optimizer
+    const double opt_ms = x.optimizer_busy_s() * ms_per_step;
     // The same per unit: each layer's update and the globals' (the plan's optimizer gate).
     Json opt_layer_ms = Json::array();
     const std::vector<double> unit_s = x.optimizer_unit_busy_s();
     for (int l = 0; l < geo.layers; ++l)
-      opt_layer_ms.push_back(unit_s[static_cast<std::size_t>(l)] * 1e3 / (c.warmup + c.steps));
-    const double opt_globals_ms = unit_s.back() * 1e3 / (c.warmup + c.steps);
+      opt_layer_ms.push_back(unit_s[static_cast<std::size_t>(l)] * ms_per_step);
+    const double opt_globals_ms = unit_s.back() * ms_per_step;
     double fwd_exposed_ms = 0;
     for (int l = 0; l < geo.layers; ++l) fwd_exposed_ms += report.measured_exposed_ms[l];
     const double hidden = opt_ms > 0 ? 1.0 - std::min(1.0, fwd_exposed_ms / opt_ms) : 1.0;
@@ -243,7 +245,8 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
          {"describe", pol.describe()},
          {"batch_size", b},
          {"largest_fitting_batch", c.batch_auto ? Json(largest_fitting) : Json(nullptr)},
-         {"plan_batch", plan_batch > 0 ? Json(plan_batch) : Json(nullptr)},  // predicted at
+         // The batch a plan's prediction is for (it runs at batch_size, maybe fewer).
+         {"plan_batch", plan_batch > 0 ? Json(plan_batch) : Json(nullptr)},
          {"predicted_step_ms", predicted_step_ms > 0 ? Json(predicted_step_ms) : Json(nullptr)},
          {"step_ms_median", median(step_s) * 1e3},
          {"step_ms_mean", total_s * per * 1e3},

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 
 #include "core/timer.h"
 #include "kernels/cpu/cpu_isa.h"
@@ -69,7 +70,7 @@ void LayerOptimizer::wait_all() {
 
 double LayerOptimizer::busy_s() const {
   std::lock_guard lk(mu_);
-  return busy_s_;
+  return std::accumulate(unit_busy_s_.begin(), unit_busy_s_.end(), 0.0);
 }
 
 std::vector<double> LayerOptimizer::unit_busy_s() const {
@@ -95,9 +96,7 @@ void LayerOptimizer::run() {
       {
         std::lock_guard lk(mu_);
         done_[static_cast<std::size_t>(u)] = applied;
-        const double dt = t.elapsed_s();
-        busy_s_ += dt;
-        unit_busy_s_[static_cast<std::size_t>(u)] += dt;
+        unit_busy_s_[static_cast<std::size_t>(u)] += t.elapsed_s();
       }
       cv_.notify_all();
     }

@@ -75,8 +75,7 @@ class LayerOptimizer {
   std::vector<std::uint64_t> done_;  // per unit: newest generation applied
   UpdateArgs args_;
   bool stop_ = false;
-  double busy_s_ = 0.0;
-  std::vector<double> unit_busy_s_;  // [unit]
+  std::vector<double> unit_busy_s_;  // [unit] seconds updating it (busy_s() is their sum)
   struct Chunk {
     int idx;             // parameter
     std::int64_t begin;  // first element

@@ -434,15 +434,10 @@ TEST(LayerOptimizer, EachLayerIsReadyAsSoonAsItsOwnUpdateIsDone) {
   cv.notify_all();
   opt.wait_all();
   EXPECT_TRUE(opt.is_ready(L - 1));
-  // Every unit's update time, adding up to the total.
+  // Every unit was timed (the globals too).
   const std::vector<double> unit_s = opt.unit_busy_s();
   ASSERT_EQ(unit_s.size(), static_cast<std::size_t>((*arena)->num_units()));
-  double sum = 0;
-  for (double t : unit_s) {
-    EXPECT_GT(t, 0.0);
-    sum += t;
-  }
-  EXPECT_NEAR(sum, opt.busy_s(), 1e-9 * opt.busy_s());
+  for (double t : unit_s) EXPECT_GT(t, 0.0);
   ASSERT_TRUE((*arena)->store_to(**s).ok());
   for (std::size_t i = 0; i < (*s)->num_params(); ++i) {
     const TensorView& a = (*ref)->master->named[i].second;
