@@ -73,16 +73,21 @@ TEST_F(KernelsDense, GemmBf16MatchesReference) {
 
 TEST_F(KernelsDense, RmsNormForwardBackward) {
   for (auto [n, c] : std::vector<std::pair<std::int64_t, std::int64_t>>{
-           // 1000: unvectorised; 520 / 2048 / 3584 / 4096: a warp per row holding 4 (a partial
-           // last vector round) / 8 / 16 (partial) / 16 vectors per lane; 12288 / 16384 / 40960:
-           // a CTA per row with 2, 2 and 5 (of 8) vectors per thread.
+           // 1000: unvectorised; 520 / 2048 / 2600: a warp per row holding 4 (a partial last
+           // vector round) / 8 / 16 (partial) vectors per lane; 3072 / 3584 / 3592 / 4096: a
+           // 4-warp CTA per row through shared memory, 4 vector slots per thread (3, 3.5, 3.5+1
+           // and 4 used; FERRY_RMS_NORM_WARP_ROWS=1 puts them back on the warp kernel with 16);
+           // 12288 / 16384 / 40960: a CTA per row with 2, 2 and 5 (of 8) vectors per thread.
            {1, 1},
            {3, 7},
            {17, 129},
            {64, 1000},
            {7, 520},
            {9, 2048},
+           {5, 2600},
+           {33, 3072},
            {4, 3584},
+           {6, 3592},
            {300, 4096},
            {2, 12288},
            {5, 16384},

@@ -1,13 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // RMSNorm forward and backward. Forward, rows of 64..512 16-byte vectors (C = 512..4096 bf16):
 // one warp per row, each lane holding its 2-16 vectors in registers, so the row is read from
-// memory once with many loads in flight; wider rows: one CTA per row (1-8 vectors per thread,
-// a fixed-order block sum); narrow rows (per-head q/k norms): one warp per row, two passes over
-// the row (the second hits L1). f32 math throughout. Backward:
-// d_in one warp per row; d_weight by a second kernel in which each thread owns one column and a
-// fixed slice of rows, reduced across slices in a fixed order, so d_weight is bitwise deterministic
-// (no atomics). Tested in tests/gpu/kernels_dense_test.cpp.
+// memory once with many loads in flight; rows of 384..512 vectors (C = 3072..4096 bf16, the 7B
+// width): one 4-warp CTA per row, the row staged in shared memory by cp.async, weights loaded
+// into registers while it is in flight; wider rows:
+// one CTA per row (1-8 vectors per thread, a fixed-order block sum); narrow rows (per-head q/k
+// norms): one warp per row, two passes over the row (the second hits L1). f32 math throughout.
+// Backward: d_in one warp per row; d_weight by a second kernel in which each thread owns one column
+// and a fixed slice of rows, reduced across slices in a fixed order, so d_weight is bitwise
+// deterministic (no atomics). Tested in tests/gpu/kernels_dense_test.cpp.
 #include <algorithm>
+#include <cstdlib>
 
 #include "kernels/cuda/common.cuh"
 
@@ -142,6 +145,89 @@ __global__ void __launch_bounds__(1024)
                                      [&](float v) { return block_sum(v, scratch); });
 }
 
+// 16-byte global -> shared copy that bypasses the registers and L1 (cp.async.cg, sm_80+).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
+}
+
+// One CTA of kWarps warps per row, for rows of 384..512 16-byte vectors (C = 3072..4096 bf16, the
+// 7B width is 448 vectors; f32: C = 1536..2048). The row goes global -> shared through cp.async,
+// so the bytes in flight hold no registers (the warp-per-row kernel keeps 16 vectors per lane in
+// registers, 154 registers, 12 warps per SM at this width); each thread then reads back only the
+// vectors it copied itself (cp.async.wait_group makes a thread's own copies visible to it, no
+// barrier needed for them). The weight vectors are loaded into registers while the row is in
+// flight, so nothing is loaded between the sum and the stores. The kWarps partial sums are added
+// in warp order (deterministic; a row's bits do not depend on the batch).
+template <typename T, int kWarps, int kVpt>
+__global__ void __launch_bounds__(32 * kWarps)
+    rms_norm_cta_row_kernel(T* __restrict__ out, float* __restrict__ rstd, const T* __restrict__ in,
+                            const T* __restrict__ weight, std::int64_t c, float eps) {
+  using V = Vec16<T>;
+  constexpr int kThreads = 32 * kWarps;
+  __shared__ V xs[kThreads * kVpt];
+  __shared__ float part[kWarps];
+  const std::int64_t row = blockIdx.x;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int nv = static_cast<int>(c / V::kN);  // <= kThreads * kVpt (the launcher checks)
+  const V* xv = reinterpret_cast<const V*>(in + row * c);
+  const V* wv = reinterpret_cast<const V*>(weight);
+#pragma unroll
+  for (int j = 0; j < kVpt; ++j) {
+    const int i = tid + j * kThreads;
+    if (i < nv) cp_async16(&xs[i], &xv[i]);
+  }
+  asm volatile("cp.async.commit_group;\n" ::);
+  V w[kVpt];
+#pragma unroll
+  for (int j = 0; j < kVpt; ++j) {
+    const int i = tid + j * kThreads;
+    if (i < nv) w[j] = wv[i];
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kVpt; ++j) {
+    const int i = tid + j * kThreads;
+    if (i < nv) {
+      const V x = xs[i];
+#pragma unroll
+      for (int e = 0; e < V::kN; ++e) {
+        const float f = to_f32(x.v[e]);
+        ss = fmaf(f, f, ss);
+      }
+    }
+  }
+  ss = warp_sum(ss);
+  if (lane == 0) part[warp] = ss;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kWarps; ++k) total += part[k];
+  const float r = rsqrtf(total / static_cast<float>(c) + eps);
+  if (rstd != nullptr && tid == 0) rstd[row] = r;
+  V* yv = reinterpret_cast<V*>(out + row * c);
+#pragma unroll
+  for (int j = 0; j < kVpt; ++j) {
+    const int i = tid + j * kThreads;
+    if (i < nv) {
+      const V x = xs[i];
+      V o;
+#pragma unroll
+      for (int e = 0; e < V::kN; ++e) o.v[e] = from_f32<T>(to_f32(x.v[e]) * r * to_f32(w[j].v[e]));
+      yv[i] = o;
+    }
+  }
+}
+
+// FERRY_RMS_NORM_WARP_ROWS=1 keeps rows of 384..512 vectors on the warp-per-row kernel (the
+// previous path), to A/B the two in one benchmark build. Read at every launch (a getenv per call),
+// so a test can switch it.
+bool rms_norm_warp_rows_forced() {
+  const char* e = std::getenv("FERRY_RMS_NORM_WARP_ROWS");
+  return e != nullptr && e[0] == '1';
+}
+
 template <typename T>
 __global__ void rms_norm_backward_dx_kernel(T* __restrict__ d_in, const T* __restrict__ d_out,
                                             const T* __restrict__ in, const T* __restrict__ weight,
@@ -203,7 +289,13 @@ cudaError_t launch_rms_norm(Elt e, void* out, float* rstd, const void* in, const
           static_cast<T*>(out), rstd, static_cast<const T*>(in), static_cast<const T*>(weight), n,
           c, eps);
     };
-    if (vec && nv >= 64 && nv <= 16 * 32) {
+    constexpr int kCtaRowWarps = 4, kCtaRowVpt = 4;
+    if (vec && nv >= 384 && nv <= 32 * kCtaRowWarps * kCtaRowVpt && !rms_norm_warp_rows_forced()) {
+      rms_norm_cta_row_kernel<T, kCtaRowWarps, kCtaRowVpt>
+          <<<static_cast<unsigned>(n), 32 * kCtaRowWarps, 0, stream>>>(
+              static_cast<T*>(out), rstd, static_cast<const T*>(in), static_cast<const T*>(weight),
+              c, eps);
+    } else if (vec && nv >= 64 && nv <= 16 * 32) {
       if (nv <= 2 * 32) {
         warp_regs(rms_norm_warp_regs_kernel<T, 2>);
       } else if (nv <= 4 * 32) {
