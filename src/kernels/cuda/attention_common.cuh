@@ -55,6 +55,33 @@ __device__ __forceinline__ void ldmatrix_b_pair(std::uint32_t (&b)[4], const bf1
                : "r"(addr));
 }
 
+// A fragment (16 rows x 16 k) of a row-major [rows][stride] smem tile at rows row0.., k-chunk kk,
+// in one ldmatrix.x4: lanes 0-7 address rows 0-7 (-> a0), 8-15 rows 8-15 (-> a1), 16-23 rows 0-7
+// at k + 8 (-> a2), 24-31 rows 8-15 at k + 8 (-> a3). Same registers as load_a.
+__device__ __forceinline__ void ldmatrix_a(std::uint32_t (&a)[4], const bf16* tile, int stride,
+                                           int row0, int kk) {
+  const int lane = threadIdx.x & 31;
+  const bf16* p = tile + (row0 + (lane & 15)) * stride + kk * 16 + ((lane >> 4) << 3);
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(addr));
+}
+
+// B fragments of two adjacent n-tiles (n 0..7 and 8..15 from `tile`) of a 16(k) x 16(n) block
+// stored row-major [k][n] (V or dO rows: k = row, n = head dim), one ldmatrix.x4.trans: lanes 0-15
+// address rows k = lane at n 0, lanes 16-31 rows k = lane - 16 at n 8. b[0], b[1] = (b0, b1) of
+// the first n-tile, b[2], b[3] of the second (the x2 ldmatrix_b_trans twice, in one instruction).
+__device__ __forceinline__ void ldmatrix_b_trans_pair(std::uint32_t (&b)[4], const bf16* tile,
+                                                      int stride) {
+  const int lane = threadIdx.x & 31;
+  const bf16* p = tile + (lane & 15) * stride + ((lane >> 4) << 3);
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+               : "r"(addr));
+}
+
 __device__ __forceinline__ std::uint32_t lds32(const bf16* p) {
   return *reinterpret_cast<const std::uint32_t*>(p);
 }

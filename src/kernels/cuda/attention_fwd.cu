@@ -18,9 +18,12 @@ namespace {
 using namespace attn;
 
 // Each warp owns kMT m-tiles (16 * kMT query rows), so every K and V fragment read from shared
-// memory feeds kMT MMAs (FA2's reuse); the CTA's 4 warps cover kBM = 64 * kMT rows. Q fragments
-// stay in registers; S, P and O are in registers.
-template <int D, int kMT, int kBN>
+// memory feeds kMT MMAs (FA2's reuse); the CTA's 4 warps cover kBM = 64 * kMT rows. S, P and O are
+// in registers. kQRegs: the Q fragments stay in registers for the whole key loop (kMT * D / 4
+// registers: 64 at D = 128 with 2 m-tiles, which with O's 128 pushed that variant to 255 registers
+// and spills); otherwise they are re-read from the (resident) Q tile in shared memory, one
+// ldmatrix.x4 per m-tile and k-chunk, and V's B fragments come two n-tiles per ldmatrix.x4.trans.
+template <int D, int kMT, int kBN, bool kQRegs>
 __global__ void __launch_bounds__(kThreads)
     attention_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse,
                          const bf16* __restrict__ q, const bf16* __restrict__ k,
@@ -56,24 +59,30 @@ __global__ void __launch_bounds__(kThreads)
   cp_async_commit();
   cp_async_wait_all();
   __syncthreads();
-  std::uint32_t qf[kMT][D / 16][4];
+  // kQRegs: every k-chunk's Q fragment, loaded once; else one k-chunk's, reloaded per use.
+  constexpr int kQChunks = kQRegs ? D / 16 : 1;
+  std::uint32_t qf[kMT][kQChunks][4];
+  if constexpr (kQRegs) {
 #pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
+    for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      load_a(qf[mt][kk], qs, kStr, warp * kWarpRows + mt * 16, kk);
+      for (int kk = 0; kk < D / 16; ++kk)
+        load_a(qf[mt][kk], qs, kStr, warp * kWarpRows + mt * 16, kk);
+  }
 
   float o[kMT][D / 8][4];
   float m[kMT][2], l[kMT][2];
-  std::int64_t qi[kMT][2];
+  // Positions within the sequence fit in 32 bits (cu_seqlens is int32): the mask math is in int.
+  const int len32 = static_cast<int>(len);
+  int qi[kMT][2];
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.0f;
     m[mt][0] = m[mt][1] = -INFINITY;
     l[mt][0] = l[mt][1] = 0.0f;
-    qi[mt][0] = qw + mt * 16 + g;
-    qi[mt][1] = qw + mt * 16 + g + 8;
+    qi[mt][0] = static_cast<int>(qw) + mt * 16 + g;
+    qi[mt][1] = static_cast<int>(qw) + mt * 16 + g + 8;
   }
 
   for (std::int64_t j = 0; j < tiles; ++j) {
@@ -100,14 +109,20 @@ __global__ void __launch_bounds__(kThreads)
         s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
+      if constexpr (!kQRegs) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+          ldmatrix_a(qf[mt][0], qs, kStr, warp * kWarpRows + mt * 16, kk);
+      }
+      const int qk = kQRegs ? kk : 0;
 #pragma unroll
       for (int nt = 0; nt < kBN / 8; nt += 2) {
         std::uint32_t b[4];
         ldmatrix_b_pair(b, ks, kStr, nt * 8, kk);
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
-          mma_bf16(s[mt][nt], qf[mt][kk], b[0], b[1]);
-          mma_bf16(s[mt][nt + 1], qf[mt][kk], b[2], b[3]);
+          mma_bf16(s[mt][nt], qf[mt][qk], b[0], b[1]);
+          mma_bf16(s[mt][nt + 1], qf[mt][qk], b[2], b[3]);
         }
       }
     }
@@ -120,9 +135,9 @@ __global__ void __launch_bounds__(kThreads)
       for (int nt = 0; nt < kBN / 8; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const std::int64_t kj = k0 + nt * 8 + 2 * t + (e & 1);
+          const int kj = static_cast<int>(k0) + nt * 8 + 2 * t + (e & 1);
           const int r = e >> 1;
-          const bool ok = !masked || (kj < len && (!sh.causal || kj <= qi[mt][r]));
+          const bool ok = !masked || (kj < len32 && (!sh.causal || kj <= qi[mt][r]));
           const float x = ok ? s[mt][nt][e] * scale_log2 : -INFINITY;
           s[mt][nt][e] = x;
           mx[r] = fmaxf(mx[r], x);
@@ -162,12 +177,25 @@ __global__ void __launch_bounds__(kThreads)
       std::uint32_t a[kMT][4];
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) c_to_a(a[mt], s[mt][2 * kc], s[mt][2 * kc + 1]);
+      if constexpr (kQRegs) {
 #pragma unroll
-      for (int nd = 0; nd < D / 8; ++nd) {
-        std::uint32_t b0, b1;
-        ldmatrix_b_trans(b0, b1, vs + kc * 16 * kStr + nd * 8, kStr);
+        for (int nd = 0; nd < D / 8; ++nd) {
+          std::uint32_t b0, b1;
+          ldmatrix_b_trans(b0, b1, vs + kc * 16 * kStr + nd * 8, kStr);
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) mma_bf16(o[mt][nd], a[mt], b0, b1);
+          for (int mt = 0; mt < kMT; ++mt) mma_bf16(o[mt][nd], a[mt], b0, b1);
+        }
+      } else {
+#pragma unroll
+        for (int nd = 0; nd < D / 8; nd += 2) {
+          std::uint32_t b[4];
+          ldmatrix_b_trans_pair(b, vs + kc * 16 * kStr + nd * 8, kStr);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            mma_bf16(o[mt][nd], a[mt], b[0], b[1]);
+            mma_bf16(o[mt][nd + 1], a[mt], b[2], b[3]);
+          }
+        }
       }
     }
   }
@@ -195,30 +223,37 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int D, int kMT, int kBN>
+template <int D, int kMT, int kBN, bool kQRegs = true>
 cudaError_t launch_fwd_d(void* out, float* lse, const void* q, const void* k, const void* v,
                          const std::int32_t* cu, AttnShape sh, cudaStream_t stream) {
   constexpr int kStr = D + 8;
   constexpr int kBM = 64 * kMT;
   const int smem = (kBM + 4 * kBN) * kStr * static_cast<int>(sizeof(bf16));
-  cudaError_t err = cudaFuncSetAttribute(attention_fwd_kernel<D, kMT, kBN>,
+  cudaError_t err = cudaFuncSetAttribute(attention_fwd_kernel<D, kMT, kBN, kQRegs>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(grid_blocks(sh.t, sh.s, kBM), static_cast<unsigned>(sh.h));
-  attention_fwd_kernel<D, kMT, kBN><<<grid, kThreads, smem, stream>>>(
+  attention_fwd_kernel<D, kMT, kBN, kQRegs><<<grid, kThreads, smem, stream>>>(
       static_cast<bf16*>(out), lse, static_cast<const bf16*>(q), static_cast<const bf16*>(k),
       static_cast<const bf16*>(v), cu, sh, sh.scale * kLog2e);
   return cudaGetLastError();
 }
 
-// Rows per warp: 32 (2 m-tiles, default) or 16 with FERRY_ATTN_FWD_MT=1 (kept to compare the two
-// on other GPUs; scripts/gpu_check.sh tests both).
-int fwd_m_tiles() {
-  static const int mt = [] {
-    const char* e = std::getenv("FERRY_ATTN_FWD_MT");
-    return e != nullptr && e[0] == '1' ? 1 : 2;
-  }();
-  return mt;
+// Forward variants, chosen at every launch from the environment (a getenv per call, so one
+// benchmark build A/Bs them and a test can switch them):
+//   FERRY_ATTN_FWD_MT=1     16 rows per warp, Q in registers, 64-key tiles (all D);
+//   FERRY_ATTN_FWD_QREGS=1  32 rows per warp, Q in registers (the previous default; D = 128: 32-key
+//                           tiles, 255 registers and 76 bytes spilled on sm_90);
+//   neither (default)       32 rows per warp; D = 128 re-reads Q from shared memory (32-key tiles,
+//                           248 registers, no spill; 64-key tiles would spill 72 bytes); D = 16,
+//                           32, 64 as FERRY_ATTN_FWD_QREGS=1 (no spill there).
+enum class FwdVariant { kRows16, kRows32QRegs, kRows32 };
+FwdVariant fwd_variant() {
+  const char* mt = std::getenv("FERRY_ATTN_FWD_MT");
+  if (mt != nullptr && mt[0] == '1') return FwdVariant::kRows16;
+  const char* qr = std::getenv("FERRY_ATTN_FWD_QREGS");
+  if (qr != nullptr && qr[0] == '1') return FwdVariant::kRows32QRegs;
+  return FwdVariant::kRows32;
 }
 
 }  // namespace
@@ -227,7 +262,8 @@ cudaError_t launch_attention_fwd(void* out, float* lse, const void* q, const voi
                                  const std::int32_t* cu_seqlens, AttnShape sh,
                                  cudaStream_t stream) {
   if (sh.t == 0) return cudaSuccess;
-  const bool two = fwd_m_tiles() == 2;
+  const FwdVariant var = fwd_variant();
+  const bool two = var != FwdVariant::kRows16;
   switch (sh.d) {
     // D = 16 / 32: small models (the tiny Hugging Face fixtures of tests/gpu/model_gpu_test.cpp).
     case 16:
@@ -240,8 +276,15 @@ cudaError_t launch_attention_fwd(void* out, float* lse, const void* q, const voi
       return two ? launch_fwd_d<64, 2, 64>(out, lse, q, k, v, cu_seqlens, sh, stream)
                  : launch_fwd_d<64, 1, 64>(out, lse, q, k, v, cu_seqlens, sh, stream);
     case 128:
-      return two ? launch_fwd_d<128, 2, 32>(out, lse, q, k, v, cu_seqlens, sh, stream)
-                 : launch_fwd_d<128, 1, 64>(out, lse, q, k, v, cu_seqlens, sh, stream);
+      switch (var) {
+        case FwdVariant::kRows16:
+          return launch_fwd_d<128, 1, 64>(out, lse, q, k, v, cu_seqlens, sh, stream);
+        case FwdVariant::kRows32QRegs:
+          return launch_fwd_d<128, 2, 32>(out, lse, q, k, v, cu_seqlens, sh, stream);
+        case FwdVariant::kRows32:
+          return launch_fwd_d<128, 2, 32, false>(out, lse, q, k, v, cu_seqlens, sh, stream);
+      }
+      return cudaErrorInvalidValue;
     default:
       return cudaErrorInvalidValue;  // the backend reports unimplemented before getting here
   }
