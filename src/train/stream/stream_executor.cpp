@@ -183,6 +183,21 @@ Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_s
   refill_streams_ = std::make_unique<mem::StreamSet>(std::move(rs));
   FERRY_ASSIGN_OR_RETURN(mem::Event re, mem::Event::create(be_.device(), 0));
   refill_ready_ = std::make_unique<mem::Event>(std::move(re));
+  FERRY_ASSIGN_OR_RETURN(mem::StreamSet as, mem::StreamSet::create(be_.device(), 0));
+  act_streams_ = std::make_unique<mem::StreamSet>(std::move(as));
+  auto event = [&](std::unique_ptr<mem::Event>& e) -> Status {
+    FERRY_ASSIGN_OR_RETURN(mem::Event ev, mem::Event::create(be_.device(), 0));
+    e = std::make_unique<mem::Event>(std::move(ev));
+    return {};
+  };
+  FERRY_TRY(event(produced_));
+  FERRY_TRY(event(staging_read_));
+  for (int k = 0; k < 2; ++k) {
+    FERRY_TRY(event(stored_[k]));
+    FERRY_TRY(event(fetched_[k]));
+    FERRY_TRY(event(buf_free_[k]));
+  }
+  fetch_buf_ = {dev(plan_.fetch), dev(plan_.transit[1])};
   if (gpu) {
     FERRY_ASSIGN_OR_RETURN(own_te_, mem::cuda_transfer_engine(0));
     te_ = own_te_.get();
@@ -232,7 +247,8 @@ Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_s
   std::vector<int> schedule = weight_schedule(pol);
   // Per micro-batch: each schedule item's acquire, and per layer at most a boundary store and a
   // fetch (NVMe: copy + disk each), a gradient slot and its refill; the globals and the flush.
-  const int max_waits = static_cast<int>(schedule.size()) + 6 * L + 16;
+  // (each NVMe fetch: staging + disk + landing), the transit buffers' stores.
+  const int max_waits = static_cast<int>(schedule.size()) + 9 * L + 16;
   landing_ = std::make_unique<Bf16Landing>(be_, device_.as<std::uint16_t>(plan_.stage16),
                                            plan_.stage16_elements);
   FERRY_ASSIGN_OR_RETURN(
@@ -271,6 +287,9 @@ Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_s
   for (mem::SlotId id : plan_.grads) gslots.push_back(dev(id));
   FERRY_ASSIGN_OR_RETURN(drain_, GradDrain::create(std::move(gslots), *te_, streams_->d2h(), cs()));
   spans_ = pol.spans();
+  for (auto it = spans_.rbegin(); it != spans_.rend(); ++it) {
+    if (offloaded(it->start)) fetch_order_.push_back(it->start);
+  }
   sumsq_.assign(arena_->params().size(), 0.0);
   sumsq_f32_.assign(arena_->params().size(), 0.0f);
   return {};
@@ -291,6 +310,7 @@ StreamExecutor::~StreamExecutor() {
   opt_.reset();
   // Queued GPU work may still read the device arena or ModelCompute's buffers.
   if (refill_streams_) (void)refill_streams_->synchronize();
+  if (act_streams_) (void)act_streams_->synchronize();
   if (streams_) (void)streams_->synchronize();
   compute_.reset();
   if (workspace_charged_) budget_.release(plan_.compute_bytes);
@@ -351,54 +371,77 @@ float* StreamExecutor::boundary_ptr(int i) const {
   return dev(plan_.transit[static_cast<std::size_t>(i % 2)]);
 }
 
+bool StreamExecutor::offloaded(int i) const {
+  const Home h = opts_.policy.homes[i];
+  return h == Home::kHost || h == Home::kNvme;
+}
+
+// Boundary i (written by compute into a transit buffer) leaves on the activation d2h stream once
+// compute has produced it; compute reuses the buffer after stored_[i % 2].
 Status StreamExecutor::store_boundary(int i, const float* x, std::int64_t T) {
+  if (!offloaded(i)) return {};
   const std::size_t bytes = static_cast<std::size_t>(T) * geo_.hidden * sizeof(float);
-  switch (opts_.policy.homes[i]) {
-    case Home::kHost:
-      return copy(host_acts_.data(host_boundary_[i]), x, bytes, mem::CopyKind::kDeviceToHost,
-                  &stats_.act_d2h);
-    case Home::kNvme: {
-      FERRY_TRY(copy(host_acts_.data(nvme_staging_), x, bytes, mem::CopyKind::kDeviceToHost,
-                     &stats_.act_d2h));
-      // The host writes the staging buffer to NVMe once the copy has landed.
-      FERRY_TRY(timed_wait([&]() -> Status {
-        FERRY_TRY(cs().synchronize());
-        return nvme_->write(nvme_record_[i], host_acts_.data(nvme_staging_));
-      }));
-      stats_.nvme_write += nvme_->record_stride();
-      return {};
-    }
-    case Home::kDevice:
-    case Home::kRecompute:
-      return {};
+  const bool nvme = opts_.policy.homes[i] == Home::kNvme;
+  void* dst = host_acts_.data(nvme ? nvme_staging_ : host_boundary_[i]);
+  FERRY_TRY(produced_->record(cs()));
+  FERRY_TRY(act_d2h().wait(*produced_));
+  FERRY_TRY(te_->copy(dst, x, bytes, mem::CopyKind::kDeviceToHost, act_d2h()));
+  stats_.act_d2h += bytes;
+  FERRY_TRY(stored_[static_cast<std::size_t>(i % 2)]->record(act_d2h()));
+  if (nvme) {
+    // The host writes the staging buffer to NVMe once the copy has landed (it blocks the host:
+    // the GPU keeps running what is queued).
+    FERRY_TRY(timed_wait([&]() -> Status {
+      FERRY_TRY(act_d2h().synchronize());
+      return nvme_->write(nvme_record_[i], host_acts_.data(nvme_staging_));
+    }));
+    stats_.nvme_write += nvme_->record_stride();
   }
   return {};
 }
 
-Result<const float*> StreamExecutor::fetch_boundary(int i, std::int64_t T) {
+Status StreamExecutor::wait_transit_stored(int k) {
+  return timed_wait([&] { return cs().wait(*stored_[static_cast<std::size_t>(k)]); });
+}
+
+// Boundary i into fetch buffer `buf` on the activation h2d stream, after the buffer's last
+// reader (buf_free_); the forward's stores were ordered before every fetch (micro_batch).
+Status StreamExecutor::fetch_into(int buf, int i, std::int64_t T) {
   const std::size_t bytes = static_cast<std::size_t>(T) * geo_.hidden * sizeof(float);
-  switch (opts_.policy.homes[i]) {
-    case Home::kDevice:
-      return static_cast<const float*>(dev(plan_.boundary[i]));
-    case Home::kHost:
-      FERRY_TRY(copy(dev(plan_.fetch), host_acts_.data(host_boundary_[i]), bytes,
-                     mem::CopyKind::kHostToDevice, &stats_.act_h2d));
-      return static_cast<const float*>(dev(plan_.fetch));
-    case Home::kNvme: {
-      // The staging buffer may still feed an earlier copy on the compute stream.
-      FERRY_TRY(timed_wait([&]() -> Status {
-        FERRY_TRY(cs().synchronize());
-        return nvme_->read(nvme_record_[i], host_acts_.data(nvme_staging_));
-      }));
-      stats_.nvme_read += nvme_->record_stride();
-      FERRY_TRY(copy(dev(plan_.fetch), host_acts_.data(nvme_staging_), bytes,
-                     mem::CopyKind::kHostToDevice, &stats_.act_h2d));
-      return static_cast<const float*>(dev(plan_.fetch));
-    }
-    case Home::kRecompute:
-      break;
+  const auto b = static_cast<std::size_t>(buf);
+  FERRY_TRY(act_h2d().wait(*buf_free_[b]));
+  const void* src = nullptr;
+  if (opts_.policy.homes[i] == Home::kHost) {
+    src = host_acts_.data(host_boundary_[i]);
+  } else {
+    // The staging buffer may still feed the previous fetch's copy (host wait).
+    FERRY_TRY(timed_wait([&]() -> Status {
+      FERRY_TRY(staging_read_->synchronize());
+      return nvme_->read(nvme_record_[i], host_acts_.data(nvme_staging_));
+    }));
+    stats_.nvme_read += nvme_->record_stride();
+    src = host_acts_.data(nvme_staging_);
   }
-  return internal_error("train: boundary {} is recomputed, not fetched", i);
+  FERRY_TRY(te_->copy(fetch_buf_[b], src, bytes, mem::CopyKind::kHostToDevice, act_h2d()));
+  stats_.act_h2d += bytes;
+  FERRY_TRY(fetched_[b]->record(act_h2d()));
+  if (opts_.policy.homes[i] == Home::kNvme) FERRY_TRY(staging_read_->record(act_h2d()));
+  return {};
+}
+
+Status StreamExecutor::issue_fetch(std::int64_t T) {
+  if (fetches_issued_ >= static_cast<int>(fetch_order_.size())) return {};
+  const int n = fetches_issued_++;
+  return fetch_into(n % 2, fetch_order_[static_cast<std::size_t>(n)], T);
+}
+
+Result<const float*> StreamExecutor::take_fetch() {
+  if (fetches_taken_ >= fetches_issued_) {
+    return internal_error("train: boundary fetch {} taken before it was issued", fetches_taken_);
+  }
+  const auto b = static_cast<std::size_t>(fetches_taken_++ % 2);
+  FERRY_TRY(timed_wait([&] { return cs().wait(*fetched_[b]); }));
+  return static_cast<const float*>(fetch_buf_[b]);
 }
 
 // On the device copy of the unit's gradient, right after its backward, into the device's
@@ -475,13 +518,20 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
   }
   streamer_->start_micro_batch();
   FERRY_ASSIGN_OR_RETURN(const model::PackedBatch b, device_batch(host_batch));
-  // Forward.
+  fetches_issued_ = fetches_taken_ = 0;
+  const bool any_offloaded = !fetch_order_.empty();
+  // Forward. A boundary kept off the device is written into transit buffer i % 2, whose previous
+  // store (boundary i - 2) must have left first.
+  if (any_offloaded && opts_.policy.homes[0] != Home::kDevice) FERRY_TRY(wait_transit_stored(0));
   FERRY_TRY(compute_->embed(globals_.embed, b, act_view(boundary_ptr(0), T)));
   FERRY_TRY(store_boundary(0, boundary_ptr(0), T));
   int j = 0;
   for (int l = 0; l < L; ++l) {
     FERRY_TRY(clock_->window_begin(l));
     FERRY_ASSIGN_OR_RETURN(const int slot, acquire_weights(j));
+    if (any_offloaded && l + 1 < L && opts_.policy.homes[l + 1] != Home::kDevice) {
+      FERRY_TRY(wait_transit_stored((l + 1) % 2));
+    }
     ++stats_.layer_forwards;
     FERRY_TRY(compute_->layer_forward(l, slot_params_[slot].layers[l], b,
                                       act_view(boundary_ptr(l), T),
@@ -491,18 +541,45 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
     FERRY_TRY(clock_->window_end());
   }
   FERRY_TRY(clock_->window_begin(L));
+  // Both fetch buffers fill during the loss: every fetch follows every store of the forward (the
+  // host homes it reads, transit.1 it may overwrite) and transit.1's forward readers are queued.
+  // Host-homed ones are issued before the loss is queued; an NVMe read blocks the host, so those
+  // wait until the loss is queued.
+  auto issue_first_fetches = [&](bool nvme_too) -> Status {
+    while (fetches_issued_ < std::min<int>(2, static_cast<int>(fetch_order_.size()))) {
+      const int i = fetch_order_[static_cast<std::size_t>(fetches_issued_)];
+      if (!nvme_too && opts_.policy.homes[i] == Home::kNvme) break;
+      FERRY_TRY(issue_fetch(T));
+    }
+    return {};
+  };
+  if (any_offloaded) {
+    FERRY_TRY(act_streams_->order(act_d2h(), act_h2d()));
+    FERRY_TRY(buf_free_[1]->record(cs()));
+    FERRY_TRY(issue_first_fetches(false));
+  }
   const ConstTensorView x_final = act_view(dev(plan_.x_final), T);
   FERRY_ASSIGN_OR_RETURN(const model::ForwardResult r,
                          compute_->head_forward(globals_.final_norm, globals_.lm_head, b, x_final));
   FERRY_TRY(compute_->head_backward(globals_.final_norm, globals_.lm_head, globals_grad_.final_norm,
                                     globals_grad_.lm_head, b, x_final));
+  if (any_offloaded) {
+    FERRY_TRY(issue_first_fetches(true));
+    // Backward's layer re-runs write transit.0: its last store leaves first.
+    FERRY_TRY(wait_transit_stored(0));
+  }
   FERRY_TRY(clock_->window_end());
   // Backward, span by span from the top.
   for (auto it = spans_.rbegin(); it != spans_.rend(); ++it) {
     const int s = it->start, e = it->end;
-    // The span's fetch and recompute run in the top layer's window.
+    // The span's fetch wait and recompute run in the top layer's window.
     FERRY_TRY(clock_->window_begin(2 * L - (e - 1)));
-    FERRY_ASSIGN_OR_RETURN(const float* xs, fetch_boundary(s, T));
+    const float* xs = nullptr;
+    if (offloaded(s)) {
+      FERRY_ASSIGN_OR_RETURN(xs, take_fetch());
+    } else {
+      xs = dev(plan_.boundary[static_cast<std::size_t>(s)]);
+    }
     auto input_of = [&](int l) -> const float* {
       return l == s ? xs : dev(plan_.recompute[static_cast<std::size_t>(l - s - 1)]);
     };
@@ -544,6 +621,12 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
       streamer_->release(j++);
       if (last) FERRY_TRY(take_sumsq(l, gslot));
       drain_->submit(arena_->grads(l), lbytes);
+      if (l == s && offloaded(s)) {
+        // The span's last reader of its fetch buffer is queued: the fetch two spans down may
+        // fill it (issued here, so an NVMe read blocks the host while this span computes).
+        FERRY_TRY(buf_free_[static_cast<std::size_t>((fetches_taken_ - 1) % 2)]->record(cs()));
+        FERRY_TRY(issue_fetch(T));
+      }
       FERRY_TRY(clock_->window_end());
     }
   }
