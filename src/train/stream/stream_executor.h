@@ -205,12 +205,12 @@ class StreamExecutor {
   std::unique_ptr<mem::StreamSet> act_streams_;
   mem::Stream& act_d2h() { return act_streams_->d2h(); }
   mem::Stream& act_h2d() { return act_streams_->h2d(); }
-  std::unique_ptr<mem::Event> produced_;               // compute: the boundary to store is written
-  std::array<std::unique_ptr<mem::Event>, 2> stored_;  // [transit k]: its last store has left
-  std::array<float*, 2> fetch_buf_{};                  // fetch, transit.1
+  std::unique_ptr<mem::Event> produced_;                // compute: the boundary to store is written
+  std::array<std::unique_ptr<mem::Event>, 2> stored_;   // [transit k]: its last store has left
+  std::array<float*, 2> fetch_buf_{};                   // fetch, transit.1
   std::array<std::unique_ptr<mem::Event>, 2> fetched_;  // [buf]: its fetch has landed
   std::array<std::unique_ptr<mem::Event>, 2> buf_free_;  // [buf]: its last reader is queued
-  std::unique_ptr<mem::Event> staging_read_;            // the NVMe staging buffer's h2d is done
+  std::unique_ptr<mem::Event> staging_read_;             // the NVMe staging buffer's h2d is done
   std::vector<int> fetch_order_;  // boundaries fetched in one backward, in order
   int fetches_issued_ = 0, fetches_taken_ = 0;
   std::unique_ptr<mem::TransferEngine> own_te_;  // the CUDA engine (GPU compute)
