@@ -2,9 +2,16 @@
 # Run THERE (the GPU machine), from the repo root, with .debs carried:
 #   bash scripts/gpu_check.sh
 # Builds the CUDA backend, its tests and benchmarks (Release, sm_90), runs `ctest -L gpu`, the
-# CUDA kernel benchmarks and the PyTorch baselines on the same shapes (tools/bench/), a ratio
-# summary, and compute-sanitizer memcheck over gpu_test. Everything lands in $OUT (at most 8 files):
-#   build.log ctest.log ferry_bench.json torch_bench.json bench_summary.json summary.log memcheck.log
+# CUDA kernel benchmarks and the PyTorch baselines on the same shapes (tools/bench/), the
+# whole-layer benchmark (bench/kernels/layer_bench.cpp) against transformers' Qwen2DecoderLayer
+# (tools/bench/torch_layer_baseline.py), a ratio summary, and compute-sanitizer memcheck over
+# gpu_test. Everything lands in $OUT (8 files):
+#   build.log ctest.log ferry_bench.json ferry_bench_fwd_mt1.json torch_bench.json
+#   bench_summary.json summary.log memcheck.log
+# The layer rows are in bench_summary.json (rows BM_Layer/..., raw entries of both sides under
+# raw_extra) and at the end of summary.log; their raw JSON files stay in a temporary folder.
+#   LAYER_ONLY=1 bash scripts/gpu_check.sh   builds and runs only the layer benchmark, its torch
+#                                            baseline and the ratios (no tests, no kernel benches)
 # Exit status: non-zero when the build or the tests fail (benchmarks still run after test failures).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,15 +30,50 @@ status=0
   tail -30 "$OUT/build.log"
   exit 1
 }
+LAYER_ONLY=${LAYER_ONLY:-0}
+LAYER_BENCH="$B/bench/layer_bench"
+LT=$(mktemp -d)  # the layer benches' raw JSON (merged into bench_summary.json)
+PY=python3
+$PY -c "import torch" 2>/dev/null || PY=/opt/torch/.venv/bin/python3
+
+# The whole-layer benchmark: ferry's layer (model::ModelCompute, as the trainer runs it) and the
+# HF layer on the same rows (raw JSON into $LT; compare.py pairs them afterwards).
+run_layer_bench() {
+  if [ -x "$LAYER_BENCH" ]; then
+    timeout 300 "$LAYER_BENCH" --benchmark_out="$LT/layer_bench.json" \
+      --benchmark_out_format=json >>"$OUT/summary.log" 2>&1 || echo "layer_bench exit $?" >>"$OUT/summary.log"
+  else
+    echo "layer_bench not built" >>"$OUT/summary.log"
+  fi
+  timeout 240 $PY tools/bench/torch_layer_baseline.py --autocast --out "$LT/torch_layer.json" \
+    >>"$OUT/summary.log" 2>&1 || echo "torch_layer_baseline exit $?" >>"$OUT/summary.log"
+}
+
+if [ "$LAYER_ONLY" = 1 ]; then
+  cmake --build "$B" -j16 --target layer_bench >>"$OUT/build.log" 2>&1 || {
+    echo "BUILD FAILED"
+    grep -E "error|FAILED" "$OUT/build.log" | head -40
+    exit 1
+  }
+  echo "build ok (layer_bench only)"
+  : >"$OUT/summary.log"
+  run_layer_bench
+  $PY tools/bench/compare.py "$LT/layer_bench.json" "$LT/torch_layer.json" \
+    --out "$OUT/bench_summary.json" >>"$OUT/summary.log" 2>&1
+  tail -30 "$OUT/summary.log"
+  exit 0
+fi
+
 GT="$B/tests/gpu_test"
 BENCH="$B/bench/cuda_kernels_bench"
-if cmake --build "$B" -j16 --target gpu_test cuda_kernels_bench >>"$OUT/build.log" 2>&1; then
+if cmake --build "$B" -j16 --target gpu_test cuda_kernels_bench layer_bench >>"$OUT/build.log" 2>&1; then
   echo "build ok"
   (cd "$B" && timeout 200 ctest -L gpu --output-on-failure) >"$OUT/ctest.log" 2>&1 || status=1
 else
   # gpu_test and the benches also link ferry_model; when another layer is mid-change and does
   # not build, link the kernel tests and benches by hand against the kernel libraries only.
   echo "full targets failed (first errors below); linking kernel tests/benches by hand"
+  LAYER_BENCH=""  # needs ferry_model: not linked by hand (a binary left from an earlier build is stale)
   grep -E "error|FAILED" "$OUT/build.log" | head -5
   cmake --build "$B" -j16 --target ferry_kernels >>"$OUT/build.log" 2>&1 || {
     echo "BUILD FAILED"
@@ -56,16 +98,16 @@ fi
 FERRY_ATTN_FWD_MT=1 timeout 100 "$GT" --gtest_filter='KernelsAttention.*' >>"$OUT/ctest.log" 2>&1 || status=1
 grep -E "tests passed|PASSED|FAILED|Failed|Error|Expected|Which is|err |failure" "$OUT/ctest.log" | head -60
 
-PY=python3
-$PY -c "import torch" 2>/dev/null || PY=/opt/torch/.venv/bin/python3
 timeout 150 "$BENCH" --benchmark_out="$OUT/ferry_bench.json" \
   --benchmark_out_format=json >"$OUT/summary.log" 2>&1
 FERRY_ATTN_FWD_MT=1 timeout 60 "$BENCH" --benchmark_filter=AttnFwdBwd \
   --benchmark_out="$OUT/ferry_bench_fwd_mt1.json" --benchmark_out_format=json >>"$OUT/summary.log" 2>&1
 timeout 120 $PY tools/bench/torch_baselines.py --out "$OUT/torch_bench.json" >>"$OUT/summary.log" 2>&1
+run_layer_bench
 $PY tools/bench/compare.py "$OUT/ferry_bench.json" "$OUT/torch_bench.json" \
+  --ferry-extra "$LT/layer_bench.json" --torch-extra "$LT/torch_layer.json" \
   --out "$OUT/bench_summary.json" >>"$OUT/summary.log" 2>&1
-tail -30 "$OUT/summary.log"
+tail -40 "$OUT/summary.log"
 
 if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
