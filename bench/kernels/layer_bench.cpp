@@ -68,9 +68,8 @@ struct GeometrySpec {
   std::string_view name;
   int hidden, heads, kv_heads, intermediate;
 };
-constexpr std::array<GeometrySpec, 3> kGeometries{{{"3b", 2048, 16, 2, 11008},
-                                                   {"7b", 3584, 28, 4, 18944},
-                                                   {"tiny", 128, 4, 2, 384}}};
+constexpr std::array<GeometrySpec, 3> kGeometries{
+    {{"3b", 2048, 16, 2, 11008}, {"7b", 3584, 28, 4, 18944}, {"tiny", 128, 4, 2, 384}}};
 
 struct LayerShape {
   GeometrySpec geo;
@@ -87,9 +86,9 @@ struct Options {
 };
 Options g_opts;
 
-constexpr int kHeadVocab = 128;                    // the loss head that seeds the gradient
-constexpr std::size_t kFlushBytes = 256u << 20;    // L2 flush before each repetition
-constexpr std::int64_t kFillBlock = 1 << 20;       // host block tiled over a device buffer
+constexpr int kHeadVocab = 128;                  // the loss head that seeds the gradient
+constexpr std::size_t kFlushBytes = 256u << 20;  // L2 flush before each repetition
+constexpr std::int64_t kFillBlock = 1 << 20;     // host block tiled over a device buffer
 
 // A Qwen2 config.json for one layer of the geometry, parsed and bound like a real model's.
 Result<DecoderGeometry> qwen2_geometry(const GeometrySpec& g, int max_positions) {
@@ -261,9 +260,8 @@ class LayerRig {
                  GD = double(geo_.kv_heads) * geo_.head_dim, F = geo_.mlp_width;
     const double macs_per_token = C * (HD + 2 * GD) + HD * C + 3 * C * F;
     const double linear = 3.0 * 2.0 * double(T_) * macs_per_token;
-    const double attn_fwd =
-        2.0 * 2.0 * shape_.batch * geo_.heads * (double(shape_.seq) * shape_.seq / 2.0) *
-        geo_.head_dim;
+    const double attn_fwd = 2.0 * 2.0 * shape_.batch * geo_.heads *
+                            (double(shape_.seq) * shape_.seq / 2.0) * geo_.head_dim;
     return linear + 3.5 * attn_fwd;
   }
   std::int64_t tokens() const { return T_; }
@@ -339,16 +337,17 @@ class LayerRig {
     FERRY_TRY(env_.te->h2d(ints_.data(), h.data(), h.size() * 4, env_.stream()));
     FERRY_TRY(env_.stream().synchronize());
     const auto* d = reinterpret_cast<const std::int32_t*>(ints_.data());
-    batch_ = model::PackedBatch{.ids = ConstTensorView::contiguous(d, DType::kI32, dev, {T_}),
-              .positions = ConstTensorView::contiguous(d + T_, DType::kI32, dev, {T_}),
-              .cu_seqlens = ConstTensorView::contiguous(d + 3 * T_, DType::kI32, dev, {B + 1}),
-              .targets = ConstTensorView::contiguous(d + 2 * T_, DType::kI32, dev, {T_})};
+    batch_ = model::PackedBatch{
+        .ids = ConstTensorView::contiguous(d, DType::kI32, dev, {T_}),
+        .positions = ConstTensorView::contiguous(d + T_, DType::kI32, dev, {T_}),
+        .cu_seqlens = ConstTensorView::contiguous(d + 3 * T_, DType::kI32, dev, {B + 1}),
+        .targets = ConstTensorView::contiguous(d + 2 * T_, DType::kI32, dev, {T_})};
 
     // ModelCompute as StreamExecutor::init creates it: one layer workspace, "auto" precision.
     FERRY_ASSIGN_OR_RETURN(const model::GemmPrecision prec,
                            model::parse_gemm_precision("auto", dev));
-    FERRY_ASSIGN_OR_RETURN(mc_, model::ModelCompute::create(geo_, T_, *env_.be, 1,
-                                                            &env_.stream(), prec));
+    FERRY_ASSIGN_OR_RETURN(
+        mc_, model::ModelCompute::create(geo_, T_, *env_.be, 1, &env_.stream(), prec));
     if (dev == Device::kCuda) {
       for (mem::Event* e : {&e0_, &e1_, &e2_}) {
         FERRY_ASSIGN_OR_RETURN(*e, mem::Event::create(dev, 0, /*timing=*/true));
@@ -356,9 +355,9 @@ class LayerRig {
     }
     // Prime: one forward and the loss head, so head_backward can seed every repetition.
     FERRY_TRY(mc_->layer_forward(0, p_, batch_, x_in_, x_out_));
-    FERRY_ASSIGN_OR_RETURN(const model::ForwardResult fr,
-                           mc_->head_forward(head_c(final_norm_), head_c(lm_head_), batch_,
-                                             x_out_));
+    FERRY_ASSIGN_OR_RETURN(
+        const model::ForwardResult fr,
+        mc_->head_forward(head_c(final_norm_), head_c(lm_head_), batch_, x_out_));
     loss_ = fr.mean_loss();
     return {};
   }
@@ -465,7 +464,8 @@ std::vector<LayerShape> parse_shapes(std::string_view list) {
 
 // Default rows: Qwen2.5-3B at 4 and 8 x 1024 (a training micro-batch), 4 x 2048 and 2 x 4096;
 // Qwen2.5-7B at 4 and 8 x 1024.
-constexpr std::string_view kDefaultShapes = "3b:4x1024,3b:8x1024,3b:4x2048,3b:2x4096,7b:4x1024,7b:8x1024";
+constexpr std::string_view kDefaultShapes =
+    "3b:4x1024,3b:8x1024,3b:4x2048,3b:2x4096,7b:4x1024,7b:8x1024";
 
 }  // namespace
 
