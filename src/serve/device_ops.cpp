@@ -19,6 +19,15 @@ Status paged_attention(const PagedKvLayout& kv, int layer, const PagedStep& step
 Status expert_ffn(const ExpertFfnArgs& a, mem::Stream& stream) {
   return kernels::cuda::expert_ffn(a, stream);
 }
+Status forced_routing(const ForcedRoutingArgs& a, mem::Stream& stream) {
+  return kernels::cuda::forced_routing(a, stream);
+}
+Status link_pace_mark(unsigned long long* d_mark, mem::Stream& stream) {
+  return kernels::cuda::link_pace_mark(d_mark, stream);
+}
+Status link_pace_wait(unsigned long long* d_mark, unsigned long long ns, mem::Stream& stream) {
+  return kernels::cuda::link_pace_wait(d_mark, ns, stream);
+}
 #else
 Status kv_write(const PagedKvLayout&, int, const PagedStep&, const float*, const float*,
                 mem::Stream&) {
@@ -30,6 +39,15 @@ Status paged_attention(const PagedKvLayout&, int, const PagedStep&, float*, cons
 }
 Status expert_ffn(const ExpertFfnArgs&, mem::Stream&) {
   return unavailable("serve: expert_ffn on CUDA needs a CUDA build");
+}
+Status forced_routing(const ForcedRoutingArgs&, mem::Stream&) {
+  return unavailable("serve: forced_routing on CUDA needs a CUDA build");
+}
+Status link_pace_mark(unsigned long long*, mem::Stream&) {
+  return unavailable("serve: link pacing on CUDA needs a CUDA build");
+}
+Status link_pace_wait(unsigned long long*, unsigned long long, mem::Stream&) {
+  return unavailable("serve: link pacing on CUDA needs a CUDA build");
 }
 #endif
 

@@ -13,6 +13,7 @@
 namespace ferry::serve::device {
 
 using kernels::cuda::ExpertFfnArgs;
+using kernels::cuda::ForcedRoutingArgs;
 using kernels::cuda::PagedKvLayout;
 using kernels::cuda::PagedStep;
 
@@ -21,5 +22,8 @@ Status kv_write(const PagedKvLayout& kv, int layer, const PagedStep& step, const
 Status paged_attention(const PagedKvLayout& kv, int layer, const PagedStep& step, float* out,
                        const float* q, int H, float scale, mem::Stream& stream);
 Status expert_ffn(const ExpertFfnArgs& a, mem::Stream& stream);
+Status forced_routing(const ForcedRoutingArgs& a, mem::Stream& stream);
+Status link_pace_mark(unsigned long long* d_mark, mem::Stream& stream);
+Status link_pace_wait(unsigned long long* d_mark, unsigned long long ns, mem::Stream& stream);
 
 }  // namespace ferry::serve::device

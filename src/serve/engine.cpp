@@ -67,6 +67,11 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::DecoderGeometry& geo
   e->device_budget_ = std::make_unique<mem::MemoryBudget>(
       cuda ? mem::MemTier::kDevice : cpu_engine_pool_tier(),
       cfg.device_budget_bytes > 0 ? cfg.device_budget_bytes : mem::MemoryBudget::kUnlimited);
+  if (!cuda && cfg.link_pace_gbps > 0) {
+    return invalid_argument(
+        "serve: link_pace_gbps paces the CUDA engine's copy stream; the CPU engine's emulated "
+        "link is paced by mem::set_host_link_rate");
+  }
   if (!cuda) {
     // Experts first: with a tight device budget the expert request is the one the error names.
     FERRY_ASSIGN_OR_RETURN(e->experts_,
@@ -78,7 +83,12 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::DecoderGeometry& geo
     // NOTE(serve): device 0 (the backend interface does not expose its index).
     FERRY_ASSIGN_OR_RETURN(mem::StreamSet ss, mem::StreamSet::create(Device::kCuda, 0));
     e->streams_ = std::make_unique<mem::StreamSet>(std::move(ss));
-    FERRY_ASSIGN_OR_RETURN(e->te_, mem::cuda_transfer_engine(0));
+    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<mem::TransferEngine> cuda_te,
+                           mem::cuda_transfer_engine(0));
+    FERRY_ASSIGN_OR_RETURN(
+        e->te_, LinkEngine::create(std::move(cuda_te), {.gbps = cfg.link_pace_gbps,
+                                                        .chunk_bytes = cfg.link_pace_chunk_bytes,
+                                                        .stream = &e->streams_->h2d()}));
     mem::Stream& compute = e->streams_->compute();
     FERRY_ASSIGN_OR_RETURN(
         e->weights_,
@@ -102,6 +112,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::DecoderGeometry& geo
                                              compute, *e->te_, e->device_budget_.get()));
   }
   e->runner_->set_batch_invariant(cfg.batch_invariant);
+  e->runner_->set_cuda_graphs(cfg.cuda_graphs);
   e->logits_.resize(std::size_t(cfg.max_running) * std::size_t(geo.vocab));
   e->sampled_.reserve(std::size_t(cfg.max_running));
   return e;

@@ -43,6 +43,7 @@
 #include "serve/device_weights.h"
 #include "serve/expert_executor.h"
 #include "serve/kv_cache.h"
+#include "serve/link_engine.h"
 #include "serve/model_runner.h"
 #include "serve/sampler.h"
 #include "serve/serve_config.h"
@@ -155,12 +156,15 @@ class Engine {
   std::size_t device_weight_bytes() const;
   // The CUDA engine's transfer engine (its counters: every H2D/D2H byte of the engine); null on
   // the CPU, whose expert copies go through mem::host_transfer_engine().
-  const mem::TransferEngine* transfer_engine() const { return te_.get(); }
+  // (LinkEngine: also counts graph replays' copies; pace_stats() when link pacing is on.)
+  const LinkEngine* transfer_engine() const { return te_.get(); }
   // Host waits on the device so far (runner + expert executor; CUDA engine, 0 on the CPU).
   std::uint64_t host_syncs() const {
     return runner_->host_syncs() + experts_->counters().host_syncs;
   }
   const model::DecoderGeometry& geometry() const { return geo_; }
+  // CUDA engine: decode steps run as CUDA graphs (EngineConfig::cuda_graphs); zeros on the CPU.
+  const GraphStats& graph_stats() const { return runner_->graph_stats(); }
 
  private:
   struct Sequence;
@@ -178,7 +182,7 @@ class Engine {
   // CUDA engine: its streams and copy engine, declared first so they outlive everything that
   // queues work on them (a StreamSet synchronizes before it is destroyed).
   std::unique_ptr<mem::StreamSet> streams_;
-  std::unique_ptr<mem::TransferEngine> te_;
+  std::unique_ptr<LinkEngine> te_;
   // Declared before the components charged to it, so it outlives them.
   std::unique_ptr<mem::MemoryBudget> device_budget_;
   std::unique_ptr<DeviceWeights> weights_;  // CUDA engine only

@@ -130,6 +130,14 @@ class ExpertExecutor {
   Status run_device(int layer, const float* d_x, const std::int32_t* d_ids, std::int64_t T,
                     float* d_act, float* d_eout);
   bool on_device() const { return dev_ != nullptr; }
+  // run_device never waits on the device: resident or static mode and no access observer (the
+  // condition for capturing a step into a CUDA graph, model_runner_cuda.cpp).
+  bool runs_without_host() const {
+    return (mode_ == ExpertMode::kResident || mode_ == ExpertMode::kStatic) && !access_observer_;
+  }
+  // A replayed CUDA graph ran what run_device enqueued while it was captured: adds that capture's
+  // counter deltas (the replay makes no host calls).
+  void count_replayed(const ExecutorCounters& d);
 
   // Paged mode: sets the live caps ([L], dense entries ignored); each MoE layer keeps at least
   // top-k slots beside its hot experts. Between steps only. Errors: ExpertPager::resize's.

@@ -125,6 +125,15 @@ Status ExpertExecutor::create_device(const ExpertDevice& d, mem::MemoryBudget* s
   return ok_status();
 }
 
+void ExpertExecutor::count_replayed(const ExecutorCounters& d) {
+  counters_.groups += d.groups;
+  counters_.static_bytes_copied += d.static_bytes_copied;
+  counters_.expert_rows += d.expert_rows;
+  counters_.cpu_misses += d.cpu_misses;
+  counters_.bypassed += d.bypassed;
+  counters_.host_syncs += d.host_syncs;
+}
+
 Status ExpertExecutor::device_group(int layer, const float* d_x, const std::int32_t* d_ids,
                                     std::span<const std::int32_t> rows, std::int64_t list_offset,
                                     int group, float* d_act, float* d_eout) {

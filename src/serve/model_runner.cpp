@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "serve/model_runner.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -69,6 +70,59 @@ Status apply_routing_hook(RoutingHook& hook, const StepBatch& b, int l,
   return ok_status();
 }
 
+Status fill_forced_routing(RoutingHook& hook, const StepBatch& b, const model::DecoderGeometry& geo,
+                           std::int32_t* forced) {
+  const std::int64_t T = b.tokens(), E = geo.experts, K = geo.top_k;
+  std::int64_t m = 0;
+  for (int l = 0; l < geo.layers; ++l) {
+    if (!geo.layer_is_moe[std::size_t(l)]) continue;
+    for (std::int64_t t = 0; t < T; ++t) {
+      std::int32_t* row = forced + (m * T + t) * K;
+      const RouteKey key{b.requests[std::size_t(b.seq_of[std::size_t(t)])],
+                         b.positions[std::size_t(t)], l};
+      FERRY_ASSIGN_OR_RETURN(const bool is_forced,
+                             hook.forced_route(key, std::span<std::int32_t>(row, std::size_t(K))));
+      if (!is_forced) {
+        std::fill(row, row + K, -1);
+        continue;
+      }
+      for (std::int64_t i = 0; i < K; ++i) {
+        if (row[i] < 0 || row[i] >= E) {
+          return invalid_argument("serve: forced expert {} outside [0, {})", row[i], E);
+        }
+        for (std::int64_t j = 0; j < i; ++j) {
+          if (row[i] == row[j]) {
+            return invalid_argument("serve: forced routing repeats expert {} (layer {})", row[i],
+                                    l);
+          }
+        }
+      }
+    }
+    ++m;
+  }
+  return ok_status();
+}
+
+void apply_forced_rows(const std::int32_t* forced, std::int64_t T, int K, std::int64_t E,
+                       bool renormalize, const float* probs, std::int32_t* ids, float* weights) {
+  for (std::int64_t t = 0; t < T; ++t) {
+    const std::int32_t* f = forced + t * K;
+    std::int32_t* row = ids + t * K;
+    if (f[0] < 0 || std::equal(f, f + K, row)) continue;
+    std::copy(f, f + K, row);
+    weights_for_ids(probs + t * E, std::span<const std::int32_t>(row, std::size_t(K)), renormalize,
+                    weights + t * K);
+  }
+}
+
+void ModelRunner::index_moe_layers() {
+  moe_index_.assign(std::size_t(geo_.layers), -1);
+  moe_layers_ = 0;
+  for (int l = 0; l < geo_.layers; ++l) {
+    if (geo_.layer_is_moe[std::size_t(l)]) moe_index_[std::size_t(l)] = moe_layers_++;
+  }
+}
+
 Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const model::DecoderGeometry& geo,
                                                          const model::ModelParams& params,
                                                          KvCache& kv, ExpertExecutor& experts,
@@ -114,6 +168,8 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const model::DecoderGeo
     for (std::int64_t i = 0; i < T * K; ++i) r->identity_[i] = static_cast<std::int32_t>(i);
     r->eout_.resize(T * K * C);
   }
+  r->index_moe_layers();
+  r->forced_.resize(std::size_t(r->moe_layers_) * std::size_t(T * geo.top_k));
   return r;
 }
 
@@ -254,7 +310,12 @@ Status ModelRunner::moe(int l, const StepBatch& b) {
                         .top_k = geo_.top_k,
                         .renormalize = geo_.renormalize_topk},
                        host()));
-  if (hook_ != nullptr) {
+  if (hook_ != nullptr && hook_->forces_ahead()) {
+    // The step's forced routing was asked for before the layers ran (forward()).
+    apply_forced_rows(forced_.data() + std::int64_t(moe_index_[std::size_t(l)]) * T * K, T,
+                      geo_.top_k, E, geo_.renormalize_topk, probs_.data(), ids_.data(),
+                      weights_.data());
+  } else if (hook_ != nullptr) {
     FERRY_TRY(apply_routing_hook(*hook_, b, l, geo_, ids_.data(), probs_.data(), weights_.data(),
                                  before_.data()));
   }
@@ -273,6 +334,9 @@ Status ModelRunner::forward(const StepBatch& b, float* logits) {
   }
   FERRY_CHECK(b.positions.size() == b.ids.size() && b.seq_of.size() == b.ids.size(),
               "serve: step batch fields disagree");
+  if (hook_ != nullptr && hook_->forces_ahead()) {
+    FERRY_TRY(fill_forced_routing(*hook_, b, geo_, forced_.data()));
+  }
   FERRY_TRY(be_.embedding(
       {.out = f32(x_, {T, C}),
        .table = params_.embed,

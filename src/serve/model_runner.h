@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/result.h"
@@ -59,6 +60,30 @@ Status apply_routing_hook(RoutingHook& hook, const StepBatch& b, int layer,
                           const model::DecoderGeometry& geo, std::int32_t* ids, const float* probs,
                           float* weights, std::int32_t* before);
 
+// A step's forced routing, asked of a hook that forces_ahead() before the forward pass (so the
+// CUDA runner uploads it in one copy and no MoE layer waits on the host): forced
+// [moe_layers, T, K], MoE layers in layer order, each row the hook's experts for (request,
+// position, layer), or K x -1 where it keeps the router's choice. Checked here as
+// apply_routing_hook checks them (in [0, E), distinct per row); the hook is called in the order
+// apply_routing_hook calls it (layer, then token).
+Status fill_forced_routing(RoutingHook& hook, const StepBatch& b, const model::DecoderGeometry& geo,
+                           std::int32_t* forced);
+// Applies one MoE layer's forced rows (forced [T, K]) to the router's output in place, as
+// apply_routing_hook does: a row of -1 or one equal to the router's ids is left alone; another
+// replaces ids [T, K] and gets weights_for_ids() of probs [T, E] in weights [T, K]. The CPU twin
+// of the CUDA runner's forced_routing kernel (bit-equal: tests/gpu/serve_gpu_test.cpp).
+void apply_forced_rows(const std::int32_t* forced, std::int64_t T, int K, std::int64_t E,
+                       bool renormalize, const float* probs, std::int32_t* ids, float* weights);
+
+// The CUDA runner's decode-step graphs (model_runner_cuda.cpp): steps run eagerly (graph
+// eligible but a shape seen for the first time: the warm-up that tunes cuBLASLt and allocates its
+// workspace), captured, and replayed; disabled_reason says why graphs were turned off for the
+// runner (a capture failed), empty otherwise.
+struct GraphStats {
+  std::uint64_t eligible_steps = 0, warmup_steps = 0, captures = 0, replays = 0;
+  std::string disabled_reason;
+};
+
 class ModelRunner {
  public:
   // The CPU runner (a CPU backend; unimplemented for others: see create_cuda).
@@ -74,7 +99,9 @@ class ModelRunner {
   // activations live in one kDevice arena sized for max_tokens here, charged to `shared` (the
   // engine's device budget, may be null) as "activations". forward() copies back only the
   // logits rows it is asked for and returns once they are in `logits` (one stream sync; paged and
-  // cpu-experts modes add one per MoE layer for the routed ids, a routing hook one more).
+  // cpu-experts modes add one per MoE layer for the routed ids, a routing hook that does not
+  // forces_ahead() one more). With `te` the engine's LinkEngine, decode steps without a host
+  // wait inside are replayed as CUDA graphs (set_cuda_graphs; model_runner_cuda.cpp).
   static Result<std::unique_ptr<ModelRunner>> create_cuda(
       const model::DecoderGeometry& geo, const model::ModelParams& params, KvCache& kv,
       ExpertExecutor& experts, std::int64_t max_tokens, kernels::Backend& backend,
@@ -86,6 +113,10 @@ class ModelRunner {
   virtual Status forward(const StepBatch& batch, float* logits);
 
   void set_routing_hook(RoutingHook* hook) { hook_ = hook; }
+  // CUDA runner: decode steps captured as CUDA graphs and replayed (EngineConfig::cuda_graphs);
+  // the CPU runner ignores it.
+  void set_cuda_graphs(bool on) { cuda_graphs_ = on; }
+  const GraphStats& graph_stats() const { return graph_stats_; }
   // EngineConfig::batch_invariant: dense GEMMs row by row in dot_fixed order (f32 weights only).
   void set_batch_invariant(bool on) { batch_invariant_ = on; }
   std::int64_t max_tokens() const { return max_tokens_; }
@@ -121,6 +152,12 @@ class ModelRunner {
   RoutingHook* hook_ = nullptr;
   bool batch_invariant_ = false;
   std::uint64_t host_syncs_ = 0;
+  bool cuda_graphs_ = true;
+  GraphStats graph_stats_;
+  // [L] index of each MoE layer among the MoE layers (-1: dense), and their count.
+  std::vector<int> moe_index_;
+  int moe_layers_ = 0;
+  void index_moe_layers();
 
  private:
   // Planned buffers (see create()).
@@ -129,6 +166,7 @@ class ModelRunner {
   std::vector<float> gate_, up_, act_;                  // [T, F]
   std::vector<float> router_logits_, probs_, weights_;  // [T, E], [T, E], [T, K]
   std::vector<std::int32_t> ids_, before_, identity_;   // [T, K]
+  std::vector<std::int32_t> forced_;                    // [moe layers, T, K] (forces_ahead hooks)
   std::vector<float> eout_;                             // [T*K, C]
   std::vector<float> rows_x_, rows_h_, rows_rstd_;      // [T, C], [T, C], [T]
 };

@@ -7,13 +7,33 @@
 //   - K/V rows are scattered into the cache and attention reads it through the block tables with
 //     the serve kernels (kernels/cuda/serve_kernels.h), both on the device;
 //   - experts run through ExpertExecutor::run_device;
-//   - only the sampled rows' logits come back (one D2H + one sync per step).
-// The pinned step buffer is reused every step: the previous step ended with that sync.
+//   - only the sampled rows' logits come back (one D2H + one sync per step);
+//   - a routing hook that forces_ahead() (trace replay) is asked for the whole step before it
+//     runs: its ids go up in one copy and forced_routing applies them after each MoE layer's
+//     router on the device (no host round trip); another hook still costs one per MoE layer.
+// Decode steps as CUDA graphs (EngineConfig::cuda_graphs): a step with no host wait inside
+// (graph_eligible: resident or static experts, no access observer, no per-layer hook) whose
+// tokens are each its sequence's one decode token is enqueued by enqueue_step() — the whole step,
+// step-input copies to logits read-back — which is what mem::Graph captures. Per step shape
+// (GraphKey: T, the table stride, forced routing or not, the KV layout, the logits rows) the first
+// step runs eagerly (cuBLASLt tunes its GEMMs there), the second is captured and launched, later
+// ones replay it: one graph launch instead of ~20 launches per layer. Everything a replay reads
+// that changes between steps lives at fixed addresses (the pinned step inputs and forced ids,
+// copied up by the graph's own memcpy nodes; positions and block tables reach the kernels through
+// device memory; the table stride is the pool's capacity), so a replay computes exactly what the
+// eager step would: the same kernels on the same arguments, the same bits (tests/gpu/
+// serve_gpu_test.cpp ServeGraphsCuda.*). A replay calls nothing on the host, so the copies and
+// expert work the capture counted are added per replay (LinkEngine::count_replayed,
+// ExpertExecutor::count_replayed).
+// The pinned step buffers are reused every step: the previous step ended with that sync.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
+#include "mem/graph.h"
 #include "serve/device_ops.h"
+#include "serve/link_engine.h"
 #include "serve/model_runner.h"
 
 namespace ferry::serve {
@@ -27,14 +47,42 @@ class CudaModelRunner final : public ModelRunner {
       : ModelRunner(geo, params, kv, experts, max_tokens, backend),
         st_(stream),
         te_(te),
-        inv_freq_(d_inv_freq) {}
+        inv_freq_(d_inv_freq),
+        link_(dynamic_cast<LinkEngine*>(&te)) {
+    const char* v = std::getenv("FERRY_DEBUG_SYNC");
+    debug_sync_ = v != nullptr && v[0] != '\0' && v[0] != '0';
+  }
   Status init(mem::MemoryBudget* shared);
   Status forward(const StepBatch& b, float* logits) override;
 
  private:
+  // A decode-step graph: the step's shape (what its kernels and copies bake in) and what one
+  // replay moves (counted on replay, since a replay calls nothing on the host).
+  struct GraphKey {
+    std::int64_t T = 0, stride = 0;
+    bool forced = false;
+    const float* kv_base = nullptr;
+    std::int64_t kv_layer_stride = 0;
+    std::vector<std::int32_t> logit_rows;
+    bool operator==(const GraphKey&) const = default;
+  };
+  struct StepGraph {
+    GraphKey key;
+    mem::Graph graph;  // empty: seen once (warm-up), not captured yet
+    std::uint64_t h2d = 0, d2h = 0, d2d = 0;
+    ExecutorCounters experts;
+  };
+  static constexpr std::size_t kMaxGraphs = 8;
+  bool graph_eligible(const StepBatch& b) const;
+  // Enqueues the whole step on st_ (forced routing and step inputs up, the layers, the logits
+  // rows down to h_logits_) without waiting on the device: what a graph captures.
+  Status enqueue_step(const StepBatch& b, std::int64_t stride, bool forced);
+  Status run_graph(const StepBatch& b, std::int64_t stride, bool forced);
+
+ private:
   struct Slots {
     mem::SlotId x, h, tmp, rstd, q_pre, k_pre, q, k, v, attn, qk_rstd, gate, up, act;
-    mem::SlotId router_logits, probs, weights, ids, identity, eout, eact;
+    mem::SlotId router_logits, probs, weights, ids, identity, eout, eact, forced;
     mem::SlotId step, rows_x, rows_h, rows_rstd, logits;
   };
   TensorView f32(mem::SlotId s, std::initializer_list<std::int64_t> dims) const {
@@ -56,9 +104,12 @@ class CudaModelRunner final : public ModelRunner {
   mem::Arena arena_;
   Slots s_;
   mem::MemoryBudget host_budget_{mem::MemTier::kPinnedHost};
-  mem::Buffer h_step_, h_logits_, h_route_;
+  mem::Buffer h_step_, h_logits_, h_route_, h_forced_;
   std::int64_t table_capacity_ = 0;  // ints of the step's block-table region
   std::vector<std::int32_t> before_;
+  LinkEngine* link_ = nullptr;     // te_ as the engine's LinkEngine (graph replays count copies)
+  bool debug_sync_ = false;        // FERRY_DEBUG_SYNC: launches synchronize, which a capture cannot
+  std::vector<StepGraph> graphs_;  // least recently used first
 };
 
 Status CudaModelRunner::init(mem::MemoryBudget* shared) {
@@ -68,6 +119,7 @@ Status CudaModelRunner::init(mem::MemoryBudget* shared) {
   const std::int64_t E = geo_.experts, K = geo_.top_k;
   bool any_dense = false, any_moe = false;
   for (bool m : geo_.layer_is_moe) (m ? any_moe : any_dense) = true;
+  index_moe_layers();
   // A step has at most T sequences, each table at most the pool's capacity.
   table_capacity_ = T * std::int64_t(kv_.capacity_blocks());
   const auto f = [](std::int64_t n) { return std::size_t(std::max<std::int64_t>(n, 1)) * 4; };
@@ -98,6 +150,8 @@ Status CudaModelRunner::init(mem::MemoryBudget* shared) {
     s_.identity = plan.add("identity", f(T * K));
     s_.eout = plan.add("eout", f(T * K * C));
     s_.eact = plan.add("eact", f(T * K * geo_.expert_width));
+    // A forces_ahead() routing hook's step (fill_forced_routing): [moe layers, T, K] ids.
+    s_.forced = plan.add("forced routing", f(std::int64_t(moe_layers_) * T * K));
   }
   s_.step = plan.add("step inputs", f(3 * T + table_capacity_));
   s_.rows_x = plan.add("rows_x", f(T * C));
@@ -116,6 +170,8 @@ Status CudaModelRunner::init(mem::MemoryBudget* shared) {
   if (any_moe) {
     // Routing hook round trip: ids [T, K] i32, weights [T, K], probs [T, E].
     FERRY_ASSIGN_OR_RETURN(h_route_, pinned(f(T * K) * 2 + f(T * E), "routing (host)"));
+    FERRY_ASSIGN_OR_RETURN(h_forced_,
+                           pinned(f(std::int64_t(moe_layers_) * T * K), "forced routing (host)"));
     auto* id = reinterpret_cast<std::int32_t*>(h_route_.data());
     for (std::int64_t i = 0; i < T * K; ++i) id[i] = static_cast<std::int32_t>(i);
     FERRY_TRY(te_.h2d(arena_.data(s_.identity), id, std::size_t(T * K) * 4, st_));
@@ -233,7 +289,20 @@ Status CudaModelRunner::moe(int l, const StepBatch& b) {
                         .top_k = geo_.top_k,
                         .renormalize = geo_.renormalize_topk},
                        st_));
-  if (hook_ != nullptr) {
+  if (hook_ != nullptr && hook_->forces_ahead()) {
+    // The step's forced ids went up before the layers (forward()): applied on the device, no
+    // host round trip.
+    FERRY_TRY(device::forced_routing(
+        {.ids = d_ids,
+         .weights = arena_.as<float>(s_.weights),
+         .probs = arena_.as<float>(s_.probs),
+         .forced = arena_.as<std::int32_t>(s_.forced) + std::int64_t(moe_index_[l]) * T * K,
+         .T = T,
+         .E = E,
+         .K = geo_.top_k,
+         .renormalize = geo_.renormalize_topk},
+        st_));
+  } else if (hook_ != nullptr) {
     // The hook sees (and may force) the routing on the host: one round trip per MoE layer.
     auto* h_ids = reinterpret_cast<std::int32_t*>(h_route_.data());
     auto* h_w = reinterpret_cast<float*>(h_route_.data() + std::size_t(max_tokens_ * K) * 4);
@@ -257,37 +326,23 @@ Status CudaModelRunner::moe(int l, const StepBatch& b) {
                          st_);
 }
 
-Status CudaModelRunner::forward(const StepBatch& b, float* logits) {
+bool CudaModelRunner::graph_eligible(const StepBatch& b) const {
+  if (!cuda_graphs_ || !graph_stats_.disabled_reason.empty() || debug_sync_) return false;
+  if (link_ == nullptr) return false;  // replays' copies could not be counted
+  if (moe_layers_ > 0 && !experts_.runs_without_host()) return false;
+  if (hook_ != nullptr && !hook_->forces_ahead()) return false;
+  // A decode step: every token is its sequence's one token of the step; and logits to read.
+  return b.tokens() == std::int64_t(b.tables.size()) && !b.logit_rows.empty();
+}
+
+Status CudaModelRunner::enqueue_step(const StepBatch& b, std::int64_t stride, bool forced) {
   const std::int64_t T = b.tokens(), C = geo_.hidden, V = geo_.vocab;
-  if (T <= 0 || T > max_tokens_) {
-    return invalid_argument("serve: step of {} tokens outside [1, {}]", T, max_tokens_);
-  }
-  FERRY_CHECK(b.positions.size() == b.ids.size() && b.seq_of.size() == b.ids.size(),
-              "serve: step batch fields disagree");
-  // Step inputs: [ids T | positions T | seq_of T | tables S x stride], one copy up.
   const std::int64_t S = static_cast<std::int64_t>(b.tables.size());
-  std::int64_t stride = 1;
-  for (const BlockTable* t : b.tables) {
-    stride = std::max<std::int64_t>(stride, static_cast<std::int64_t>(t->blocks.size()));
-  }
-  FERRY_CHECK(S * stride <= table_capacity_, "serve: {} tables of {} blocks exceed the plan", S,
-              stride);
   auto* h = reinterpret_cast<std::int32_t*>(h_step_.data());
-  std::copy(b.ids.begin(), b.ids.end(), h);
-  std::copy(b.positions.begin(), b.positions.end(), h + T);
-  std::copy(b.seq_of.begin(), b.seq_of.end(), h + 2 * T);
-  for (std::int64_t s = 0; s < S; ++s) {
-    const auto& blocks = b.tables[std::size_t(s)]->blocks;
-    std::int32_t* row = h + 3 * T + s * stride;
-    std::copy(blocks.begin(), blocks.end(), row);
-    std::fill(row + blocks.size(), row + stride, 0);
-  }
-  for (std::int64_t t = 0; t < T; ++t) {
-    const BlockTable& table = *b.tables[std::size_t(b.seq_of[std::size_t(t)])];
-    FERRY_CHECK(
-        b.positions[std::size_t(t)] >= 0 &&
-            b.positions[std::size_t(t)] < std::int64_t(table.blocks.size()) * kv_.block_tokens(),
-        "serve: position {} is not covered by its block table", b.positions[std::size_t(t)]);
+  if (forced) {
+    // Every MoE layer's forced routing for the step in one copy (read by forced_routing).
+    FERRY_TRY(te_.h2d(arena_.data(s_.forced), h_forced_.data(),
+                      std::size_t(std::int64_t(moe_layers_) * T * geo_.top_k) * 4, st_));
   }
   std::int32_t* d = step_i32();
   FERRY_TRY(te_.h2d(d, h, std::size_t(3 * T + S * stride) * 4, st_));
@@ -318,8 +373,7 @@ Status CudaModelRunner::forward(const StepBatch& b, float* logits) {
         be_.add({.out = f32(s_.x, {T, C}), .a = f32(s_.x, {T, C}), .b = f32(s_.tmp, {T, C})}, st_));
   }
   const std::int64_t R = static_cast<std::int64_t>(b.logit_rows.size());
-  ++host_syncs_;  // the step's one read-back (or, with no logits rows, its plain sync)
-  if (R == 0) return st_.synchronize();  // nothing to read; the pinned step buffer is free again
+  if (R == 0) return ok_status();
   FERRY_CHECK(R <= max_tokens_, "serve: {} logit rows for a {}-token plan", R, max_tokens_);
   for (std::int64_t r = 0; r < R; ++r) {
     const std::int32_t t = b.logit_rows[std::size_t(r)];
@@ -338,9 +392,113 @@ Status CudaModelRunner::forward(const StepBatch& b, float* logits) {
                       .b = params_.lm_head,
                       .trans_b = true},
                      st_));
-  FERRY_TRY(te_.d2h(h_logits_.data(), arena_.data(s_.logits), std::size_t(R * V) * 4, st_));
+  return te_.d2h(h_logits_.data(), arena_.data(s_.logits), std::size_t(R * V) * 4, st_);
+}
+
+Status CudaModelRunner::run_graph(const StepBatch& b, std::int64_t stride, bool forced) {
+  ++graph_stats_.eligible_steps;
+  GraphKey key{.T = b.tokens(),
+               .stride = stride,
+               .forced = forced,
+               .kv_base = kv_.base(),
+               .kv_layer_stride = kv_.layer_stride_floats(),
+               .logit_rows = b.logit_rows};
+  auto it = std::find_if(graphs_.begin(), graphs_.end(),
+                         [&](const StepGraph& g) { return g.key == key; });
+  if (it == graphs_.end()) {
+    // First sight of this shape: run it eagerly (cuBLASLt tunes and allocates its workspace
+    // here, which a capture cannot do), capture it the next time.
+    if (graphs_.size() >= kMaxGraphs) graphs_.erase(graphs_.begin());  // the least recent
+    graphs_.push_back({.key = std::move(key)});
+    ++graph_stats_.warmup_steps;
+    return enqueue_step(b, stride, forced);
+  }
+  StepGraph g = std::move(*it);
+  graphs_.erase(it);
+  if (g.graph.empty()) {
+    // Capture: nothing runs, but every host call happens once, so the counters move by one
+    // step's copies and expert work; each later replay adds the same deltas.
+    const auto& c = te_.counters();
+    const std::uint64_t h2d0 = c.h2d_bytes, d2h0 = c.d2h_bytes, d2d0 = c.d2d_bytes;
+    const ExecutorCounters e0 = experts_.counters();
+    Result<mem::Graph> captured =
+        mem::Graph::capture(st_, [&] { return enqueue_step(b, stride, forced); });
+    if (!captured.ok()) {
+      // Graphs off for this runner, said in graph_stats(); the step runs eagerly as without.
+      graph_stats_.disabled_reason = captured.status().to_string();
+      graphs_.clear();
+      return enqueue_step(b, stride, forced);
+    }
+    g.graph = std::move(*captured);
+    g.h2d = c.h2d_bytes - h2d0;
+    g.d2h = c.d2h_bytes - d2h0;
+    g.d2d = c.d2d_bytes - d2d0;
+    const ExecutorCounters& e1 = experts_.counters();
+    g.experts = {.groups = e1.groups - e0.groups,
+                 .static_bytes_copied = e1.static_bytes_copied - e0.static_bytes_copied,
+                 .expert_rows = e1.expert_rows - e0.expert_rows,
+                 .cpu_misses = e1.cpu_misses - e0.cpu_misses,
+                 .bypassed = e1.bypassed - e0.bypassed,
+                 .host_syncs = e1.host_syncs - e0.host_syncs};
+    ++graph_stats_.captures;
+  } else {
+    link_->count_replayed(mem::CopyKind::kHostToDevice, g.h2d);
+    link_->count_replayed(mem::CopyKind::kDeviceToHost, g.d2h);
+    link_->count_replayed(mem::CopyKind::kDeviceToDevice, g.d2d);
+    experts_.count_replayed(g.experts);
+    ++graph_stats_.replays;
+  }
+  const Status launched = g.graph.launch(st_);
+  graphs_.push_back(std::move(g));  // most recent last
+  return launched;
+}
+
+Status CudaModelRunner::forward(const StepBatch& b, float* logits) {
+  const std::int64_t T = b.tokens(), V = geo_.vocab;
+  if (T <= 0 || T > max_tokens_) {
+    return invalid_argument("serve: step of {} tokens outside [1, {}]", T, max_tokens_);
+  }
+  FERRY_CHECK(b.positions.size() == b.ids.size() && b.seq_of.size() == b.ids.size(),
+              "serve: step batch fields disagree");
+  const bool graph = graph_eligible(b);
+  // Step inputs: [ids T | positions T | seq_of T | tables S x stride], one copy up. A graph's
+  // step keeps one stride (the pool's capacity) so its shape does not change as sequences grow.
+  const std::int64_t S = static_cast<std::int64_t>(b.tables.size());
+  std::int64_t stride = 1;
+  for (const BlockTable* t : b.tables) {
+    stride = std::max<std::int64_t>(stride, static_cast<std::int64_t>(t->blocks.size()));
+  }
+  if (graph) stride = std::max<std::int64_t>(stride, kv_.capacity_blocks());
+  FERRY_CHECK(S * stride <= table_capacity_, "serve: {} tables of {} blocks exceed the plan", S,
+              stride);
+  auto* h = reinterpret_cast<std::int32_t*>(h_step_.data());
+  std::copy(b.ids.begin(), b.ids.end(), h);
+  std::copy(b.positions.begin(), b.positions.end(), h + T);
+  std::copy(b.seq_of.begin(), b.seq_of.end(), h + 2 * T);
+  for (std::int64_t s = 0; s < S; ++s) {
+    const auto& blocks = b.tables[std::size_t(s)]->blocks;
+    std::int32_t* row = h + 3 * T + s * stride;
+    std::copy(blocks.begin(), blocks.end(), row);
+    std::fill(row + blocks.size(), row + stride, 0);
+  }
+  for (std::int64_t t = 0; t < T; ++t) {
+    const BlockTable& table = *b.tables[std::size_t(b.seq_of[std::size_t(t)])];
+    FERRY_CHECK(
+        b.positions[std::size_t(t)] >= 0 &&
+            b.positions[std::size_t(t)] < std::int64_t(table.blocks.size()) * kv_.block_tokens(),
+        "serve: position {} is not covered by its block table", b.positions[std::size_t(t)]);
+  }
+  const bool forced = hook_ != nullptr && hook_->forces_ahead() && moe_layers_ > 0;
+  if (forced) {
+    FERRY_TRY(
+        fill_forced_routing(*hook_, b, geo_, reinterpret_cast<std::int32_t*>(h_forced_.data())));
+  }
+  FERRY_TRY(graph ? run_graph(b, stride, forced) : enqueue_step(b, stride, forced));
+  ++host_syncs_;  // the step's one read-back (or, with no logits rows, its plain sync)
+  // The pinned step buffers are free again after this sync.
   FERRY_TRY(st_.synchronize());
-  std::memcpy(logits, h_logits_.data(), std::size_t(R * V) * 4);
+  const std::int64_t R = static_cast<std::int64_t>(b.logit_rows.size());
+  if (R > 0) std::memcpy(logits, h_logits_.data(), std::size_t(R * V) * 4);
   return ok_status();
 }
 

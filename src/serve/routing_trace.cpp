@@ -88,20 +88,24 @@ Status TraceRecorder::on_route(const RouteKey& key, std::span<std::int32_t> ids)
   return ok_status();
 }
 
-Status TraceReplayer::on_route(const RouteKey& key, std::span<std::int32_t> ids) {
+Result<bool> TraceReplayer::forced_route(const RouteKey& key, std::span<std::int32_t> ids) {
   if (static_cast<int>(ids.size()) != trace_.top_k) {
     return invalid_argument("serve: trace has top_k {}, the model routes to {}", trace_.top_k,
                             ids.size());
   }
   const auto it = trace_.routes.find(key);
   if (it == trace_.routes.end()) {
-    if (!strict_) return ok_status();
+    if (!strict_) return false;
     return not_found("serve: routing trace has no entry for request {} position {} layer {}",
                      key.request, key.position, key.layer);
   }
   std::copy(it->second.begin(), it->second.end(), ids.begin());
   ++forced_;
-  return ok_status();
+  return true;
+}
+
+Status TraceReplayer::on_route(const RouteKey& key, std::span<std::int32_t> ids) {
+  return forced_route(key, ids).status();
 }
 
 }  // namespace ferry::serve

@@ -3,7 +3,10 @@
 //   RoutingTrace     the data, plus a plain text file format (below), save/load
 //   RoutingHook      called by the runner after the router, per token and MoE layer: may read the
 //                    choice (TraceRecorder) or overwrite it (TraceReplayer: forced routing, e.g. a
-//                    calibrated synthetic trace on a random-weight model)
+//                    calibrated synthetic trace on a random-weight model). A hook that only forces
+//                    (forces_ahead()) is asked for a whole step's routing before the forward pass
+//                    (forced_route), so the CUDA runner uploads it once per step instead of a
+//                    round trip per MoE layer (model_runner.h fill_forced_routing)
 // File format (text, one entry per line, '#' comments):
 //   ferry-routing-trace 1
 //   experts <E> top_k <K>
@@ -45,6 +48,16 @@ class RoutingHook {
   virtual ~RoutingHook() = default;
   // ids: [K] the router's choice (descending weight); a hook may overwrite it.
   virtual Status on_route(const RouteKey& key, std::span<std::int32_t> ids) = 0;
+  // True when the hook never reads the router's choice, only replaces it: then the runners ask
+  // forced_route() for every (token, MoE layer) of a step before running it, in the order
+  // on_route() would have been called (layer, then token), and never call on_route().
+  virtual bool forces_ahead() const { return false; }
+  // The forced experts of `key` into ids ([K]); false keeps the router's choice for that row.
+  virtual Result<bool> forced_route(const RouteKey& key, std::span<std::int32_t> ids) {
+    (void)key;
+    (void)ids;
+    return false;
+  }
 };
 
 class TraceRecorder : public RoutingHook {
@@ -64,6 +77,8 @@ class TraceReplayer : public RoutingHook {
   explicit TraceReplayer(RoutingTrace trace, bool strict = true)
       : trace_(std::move(trace)), strict_(strict) {}
   Status on_route(const RouteKey& key, std::span<std::int32_t> ids) override;
+  bool forces_ahead() const override { return true; }
+  Result<bool> forced_route(const RouteKey& key, std::span<std::int32_t> ids) override;
   std::uint64_t forced() const { return forced_; }
 
  private:

@@ -122,6 +122,18 @@ struct EngineConfig {
   // tokens share its step (OpenBLAS sgemm rounds a row differently by its place in the tile).
   // Slower; what makes outputs with the prefix cache bit-identical to those without it.
   bool batch_invariant = false;
+  // CUDA engine: link pacing (serve/link_engine.h). > 0: host->device copies on the copy stream
+  // (pager misses, static bulk copies) are held to this many GB/s, in chunks of
+  // link_pace_chunk_bytes, by timed waits on that stream (PCIe Gen4 ~24 GB/s on a faster link).
+  // 0: the real link's rate. The CPU engine refuses it (its emulated link has mem/link_pacer.h).
+  double link_pace_gbps = 0;
+  std::size_t link_pace_chunk_bytes = 16ull << 20;
+  // CUDA engine: decode steps (every token of the step is its sequence's one decode token)
+  // without a host sync inside the layer loop — resident and static modes, no access observer,
+  // no routing hook or one that forces_ahead() — are captured once as a CUDA graph per step
+  // shape and replayed (docs/serve.md "Decode steps as CUDA graphs"). false: every step is
+  // launched op by op (the A/B baseline; same bits). Ignored by the CPU engine.
+  bool cuda_graphs = true;
 };
 
 }  // namespace ferry::serve

@@ -2,7 +2,11 @@
 // MoE router: softmax over E experts, top-k (ties: lower expert id first), optional
 // renormalisation, and its backward. One warp per token; top-k is K rounds of a warp argmax that
 // skips experts already chosen. Deterministic. Tested in tests/gpu/kernels_moe_test.cpp.
+// Also the serving engine's forced routing (serve_kernel_args.h ForcedRoutingArgs): a routing
+// hook's ids applied to the router's output on the device, bit-equal to its CPU twin
+// serve::apply_forced_rows (tests/gpu/serve_gpu_test.cpp).
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/serve_launchers.h"
 
 namespace ferry::kernels::cuda {
 namespace {
@@ -102,7 +106,42 @@ __global__ void router_backward_kernel(T* __restrict__ d_logits, const float* __
   }
 }
 
+// One thread per token: the row is short (K <= 32) and T is a decode step's few tokens.
+__global__ void forced_routing_kernel(ForcedRoutingArgs a) {
+  const std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= a.T) return;
+  const std::int32_t* f = a.forced + t * a.K;
+  std::int32_t* ids = a.ids + t * a.K;
+  if (f[0] < 0) return;  // the hook kept the router's choice
+  bool same = true;
+  for (int k = 0; k < a.K; ++k) same = same && ids[k] == f[k];
+  if (same) return;  // as the host hook path: the router's weights stay
+  const float* p = a.probs + t * a.E;
+  float* w = a.weights + t * a.K;
+  // weights_for_ids' arithmetic: plain f32 adds in k order, then IEEE division (no contraction
+  // is possible: there is no multiply).
+  float sum = 0.0f;
+  for (int k = 0; k < a.K; ++k) {
+    const float pk = p[f[k]];
+    w[k] = pk;
+    sum += pk;
+  }
+  if (a.renormalize) {
+    for (int k = 0; k < a.K; ++k) w[k] = __fdiv_rn(w[k], sum);
+  }
+  for (int k = 0; k < a.K; ++k) ids[k] = f[k];
+}
+
 }  // namespace
+
+cudaError_t launch_forced_routing(const ForcedRoutingArgs& a, cudaStream_t stream) {
+  if (a.T <= 0) return cudaSuccess;
+  if (a.K < 1 || a.K > kMaxK) return cudaErrorInvalidValue;
+  constexpr int kThreads = 128;
+  const unsigned blocks = static_cast<unsigned>((a.T + kThreads - 1) / kThreads);
+  forced_routing_kernel<<<blocks, kThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_router(Elt e_logits, float* weights, std::int32_t* ids, float* probs,
                           const void* logits, std::int64_t t, std::int64_t e, int k,

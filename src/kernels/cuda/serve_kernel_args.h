@@ -47,4 +47,19 @@ struct ExpertFfnArgs {
   std::int64_t C = 0, F = 0;
   bool bf16 = false;  // weights in bf16 (else f32)
 };
+// One MoE layer's forced routing (a routing hook's ids for the step, uploaded before the layers
+// run), applied to the router's output in place. Row t: forced[t, 0] < 0 or forced row == ids row
+// -> unchanged; else ids row = forced row and weights[t, k] = probs[t, forced[t, k]] in k order,
+// divided by their f32 sum (summed in k order) when renormalize. The CPU twin is
+// serve::apply_forced_rows (model_runner.h); forced ids are checked on the host (in [0, E),
+// distinct) before the upload.
+struct ForcedRoutingArgs {
+  std::int32_t* ids = nullptr;           // [T, K] the router's ids, replaced where forced
+  float* weights = nullptr;              // [T, K] the router's weights, recomputed where replaced
+  const float* probs = nullptr;          // [T, E] the router's softmax
+  const std::int32_t* forced = nullptr;  // [T, K]
+  std::int64_t T = 0, E = 0;
+  int K = 0;
+  bool renormalize = false;
+};
 }  // namespace ferry::kernels::cuda

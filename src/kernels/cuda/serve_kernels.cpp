@@ -62,4 +62,35 @@ Status expert_ffn(const ExpertFfnArgs& a, mem::Stream& stream) {
   return ok_status();
 }
 
+Status forced_routing(const ForcedRoutingArgs& a, mem::Stream& stream) {
+  if (stream.device() != Device::kCuda) return invalid_argument("cuda forced_routing: CUDA stream");
+  if (a.T <= 0) return ok_status();
+  if (a.ids == nullptr || a.weights == nullptr || a.probs == nullptr || a.forced == nullptr ||
+      a.K <= 0 || a.E < a.K) {
+    return invalid_argument("cuda forced_routing: missing pointers or K {} / E {}", a.K, a.E);
+  }
+  if (a.K > 32) return unimplemented("cuda forced_routing: top-k {} > 32", a.K);
+  FERRY_LAUNCH_TRY("serve forced_routing", native(stream),
+                   launch_forced_routing(a, native(stream)));
+  return ok_status();
+}
+
+Status link_pace_mark(unsigned long long* d_mark, mem::Stream& stream) {
+  if (stream.device() != Device::kCuda || d_mark == nullptr) {
+    return invalid_argument("cuda link_pace_mark: needs a CUDA stream and a mark");
+  }
+  FERRY_LAUNCH_TRY("serve link_pace_mark", native(stream),
+                   launch_link_pace_mark(d_mark, native(stream)));
+  return ok_status();
+}
+
+Status link_pace_wait(unsigned long long* d_mark, unsigned long long ns, mem::Stream& stream) {
+  if (stream.device() != Device::kCuda || d_mark == nullptr) {
+    return invalid_argument("cuda link_pace_wait: needs a CUDA stream and a mark");
+  }
+  FERRY_LAUNCH_TRY("serve link_pace_wait", native(stream),
+                   launch_link_pace_wait(d_mark, ns, native(stream)));
+  return ok_status();
+}
+
 }  // namespace ferry::kernels::cuda

@@ -5,6 +5,9 @@
 //                   paged cache, one warp per (token, head), online softmax over positions in order
 //   expert_ffn      routed experts' SwiGLU FFN for rows [row_begin, row_end) of a [T*K] routing,
 //                   the weights read through a table of per-expert pointers
+//   forced_routing  a routing hook's forced ids (uploaded once per step) applied to the router's
+//                   output of one MoE layer (router.cu)
+//   link_pace_*     timed waits on a copy stream that hold it to a link rate (serve_link_pace.cu)
 // Host-includable without CUDA headers (only mem::Stream): src/serve calls these in CUDA builds
 // (FERRY_HAVE_CUDA); CPU builds never compile the .cu files and never call them.
 // Contract as launchers.h: device pointers to contiguous row-major f32 data, shapes validated by
@@ -40,5 +43,14 @@ Status paged_attention(const PagedKvLayout& kv, int layer, const PagedStep& step
 
 // Rows [row_begin, row_end) of ExpertFfnArgs (serve_kernel_args.h).
 Status expert_ffn(const ExpertFfnArgs& a, mem::Stream& stream);
+// ForcedRoutingArgs (serve_kernel_args.h): a routing hook's forced ids applied on the device, so
+// the runner needs no host round trip per MoE layer. K <= 32.
+Status forced_routing(const ForcedRoutingArgs& a, mem::Stream& stream);
+// Link pacing (serve/link_engine.h): enqueued on the paced copy stream around each chunk of a
+// host->device copy: mark before the first chunk, wait(ns = chunk bytes / rate) after each, so
+// the stream cannot move the chunk in less than ns, whatever the real link's speed. d_mark:
+// [1] device u64 owned by the caller, used by one stream only.
+Status link_pace_mark(unsigned long long* d_mark, mem::Stream& stream);
+Status link_pace_wait(unsigned long long* d_mark, unsigned long long ns, mem::Stream& stream);
 
 }  // namespace ferry::kernels::cuda

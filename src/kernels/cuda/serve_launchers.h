@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// cudaError_t launchers of the serving kernels (paged_attention.cu, expert_ffn.cu), called by
+// cudaError_t launchers of the serving kernels (paged_attention.cu, expert_ffn.cu, router.cu's
+// forced routing, serve_link_pace.cu), called by
 // serve_kernels.cpp, which validates arguments and turns the result into a Status. Contract as
 // launchers.h.
 #pragma once
@@ -18,5 +19,12 @@ cudaError_t launch_paged_attention(const PagedKvLayout& kv, int layer, const Pag
                                    cudaStream_t stream);
 // Grid limits checked by the caller: rows < 2^31, ceil(F / 8) and ceil(C / 8) <= 65535.
 cudaError_t launch_expert_ffn(const ExpertFfnArgs& a, cudaStream_t stream);
+// router.cu. K <= 32 (checked by the caller).
+cudaError_t launch_forced_routing(const ForcedRoutingArgs& a, cudaStream_t stream);
+// serve_link_pace.cu: one thread each. mark: *d_mark = the GPU's global timer (ns). wait: spins
+// (nanosleep) until the timer reaches *d_mark + ns, then sets *d_mark to the timer.
+cudaError_t launch_link_pace_mark(unsigned long long* d_mark, cudaStream_t stream);
+cudaError_t launch_link_pace_wait(unsigned long long* d_mark, unsigned long long ns,
+                                  cudaStream_t stream);
 
 }  // namespace ferry::kernels::cuda

@@ -16,6 +16,7 @@
 #include "model/safetensors.h"
 #include "serve/builtin_model.h"
 #include "serve/engine.h"
+#include "serve/routing_trace.h"
 
 namespace ferry::serve::testing {
 
@@ -117,6 +118,34 @@ inline Result<RunRecord> run_engine(Engine& eng, const std::vector<GenerationReq
   }
   eng.set_logits_observer(nullptr);
   return rec;
+}
+
+// A replayer behind the per-layer hook path: forwards on_route, but does not force ahead, so
+// the runners ask it after each MoE layer's router (the CUDA runner: one host round trip per MoE
+// layer). Against a plain TraceReplayer (forced ahead) it must give the same bits.
+struct PerLayerReplayer : RoutingHook {
+  explicit PerLayerReplayer(RoutingTrace t, bool strict = true) : rep(std::move(t), strict) {}
+  Status on_route(const RouteKey& k, std::span<std::int32_t> ids) override {
+    return rep.on_route(k, ids);
+  }
+  TraceReplayer rep;
+};
+
+// A recorded trace made to differ from the router: positions p % 3 == 0 keep the recording
+// (forced == the router's choice: its weights must stay), p % 3 == 1 route to each expert + 1
+// mod E (distinct stays distinct: new weights), p % 3 == 2 are dropped (non-strict replay keeps
+// the router's choice there; strict replay fails on them).
+inline RoutingTrace varied_trace(const RoutingTrace& recorded) {
+  RoutingTrace t{.experts = recorded.experts, .top_k = recorded.top_k};
+  for (const auto& [key, ids] : recorded.routes) {
+    if (key.position % 3 == 2) continue;
+    std::vector<std::int32_t> v = ids;
+    if (key.position % 3 == 1) {
+      for (auto& e : v) e = (e + 1) % recorded.experts;
+    }
+    t.routes[key] = std::move(v);
+  }
+  return t;
 }
 
 }  // namespace ferry::serve::testing
