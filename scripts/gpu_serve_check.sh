@@ -26,6 +26,15 @@
 #          B48_MODES (default resident,paged,static), B48_PROMPT (128), B48_DECODE (32),
 #          B48_TIMEOUT (s, default 420), B48_EXTRA (more flags). STAGES="build bench48" builds
 #          only ferry.
+#   bench48paced  the same geometry and budget with the copy stream paced to B48P_GBPS (default
+#          24: PCIe Gen4, the RTX 3090 comparison) by timed waits on the GPU (--link-gbps):
+#          bench48_paced.json + bench48_paced.txt. B48P_MODES (default resident,paged: static
+#          at 24 GB/s needs ~2.4 s per decode token), B48P_DECODE (default B48_DECODE),
+#          B48P_TIMEOUT (default 420).
+#   bench48nograph  the A/B of decode-step CUDA graphs: --no-cuda-graphs, B48N_MODES (default
+#          resident,static: the modes whose decode steps are graphs; paged never is):
+#          bench48_nograph.json + bench48_nograph.txt; compare decode tok/s with bench48.json.
+#          B48N_TIMEOUT (default 420). Each bench48* stage builds the weights again (~110 s).
 # GEOMS (default qwen3-30b-a3b-2l), DTYPES (default "f32 bf16"), MODES (default resident,paged)
 # and EXTRA (more bench flags) adjust the bench. Files in $OUT; exit status non-zero on a failure.
 set -uo pipefail
@@ -47,6 +56,12 @@ B48_PROMPT=${B48_PROMPT:-128}
 B48_DECODE=${B48_DECODE:-32}
 B48_TIMEOUT=${B48_TIMEOUT:-420}
 B48_EXTRA=${B48_EXTRA:-}
+B48P_GBPS=${B48P_GBPS:-24}
+B48P_MODES=${B48P_MODES:-resident,paged}
+B48P_DECODE=${B48P_DECODE:-$B48_DECODE}
+B48P_TIMEOUT=${B48P_TIMEOUT:-420}
+B48N_MODES=${B48N_MODES:-resident,static}
+B48N_TIMEOUT=${B48N_TIMEOUT:-420}
 status=0
 t0=$(date +%s)
 stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
@@ -62,7 +77,7 @@ if has build; then
       targets="gpu_test serve_split_engine_bench"
       has bench && targets="ferry $targets"
     fi
-    # bench / bench48 alone need only the ferry binary.
+    # bench / bench48* alone need only the ferry binary.
     has test || has wsa || targets="ferry"
     cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES=90 -DFERRY_BUILD_TESTS=ON -DFERRY_BUILD_BENCH=$bench \
@@ -119,11 +134,38 @@ if has bench48; then
   grep -E "weights built|host_bytes|error|skipped" "$OUT/bench48.txt" | head -10
 fi
 
+# bench48_variant NAME TIMEOUT MODES DECODE FLAGS...: one more 48-layer run (its own process).
+bench48_variant() {
+  local name=$1 tmo=$2 modes=$3 decode=$4
+  shift 4
+  stamp "bench48 $name: modes $modes flags $*" | tee -a "$OUT/bench48_$name.txt"
+  local v_t0
+  v_t0=$(date +%s)
+  timeout "$tmo" "$B/apps/ferry/ferry" bench serve --device cuda --geometry qwen3-30b-a3b \
+    --expert-dtype bf16 --budget-gib 24 --modes "$modes" --prompt-tokens "$B48_PROMPT" \
+    --decode-tokens "$decode" "$@" --json "$OUT/bench48_$name.json" \
+    >>"$OUT/bench48_$name.txt" 2>&1 || {
+    echo "bench48 $name failed: exit $?" | tee -a "$OUT/bench48_$name.txt"
+    status=1
+  }
+  stamp "bench48 $name done in $(($(date +%s) - v_t0)) s" | tee -a "$OUT/bench48_$name.txt"
+  grep -vE "^\[[0-9]{2}:" "$OUT/bench48_$name.txt" | tail -16
+}
+if has bench48paced; then
+  # shellcheck disable=SC2086
+  bench48_variant paced "$B48P_TIMEOUT" "$B48P_MODES" "$B48P_DECODE" --link-gbps "$B48P_GBPS" \
+    $B48_EXTRA
+fi
+if has bench48nograph; then
+  # shellcheck disable=SC2086
+  bench48_variant nograph "$B48N_TIMEOUT" "$B48N_MODES" "$B48_DECODE" --no-cuda-graphs $B48_EXTRA
+fi
+
 if has test; then
-  timeout 200 "$B/tests/gpu_test" --gtest_filter='*Serve*' >"$OUT/gpu_serve_test.log" 2>&1 ||
+  timeout 400 "$B/tests/gpu_test" --gtest_filter='*Serve*' >"$OUT/gpu_serve_test.log" 2>&1 ||
     status=1
   grep -E "^\[serve_gpu\]|PASSED|FAILED|tests ran|Failure|Expected|Which is" \
-    "$OUT/gpu_serve_test.log" | head -70
+    "$OUT/gpu_serve_test.log" | head -120
 fi
 if has wsa; then
   timeout 120 "$B/tests/gpu_test" --gtest_filter='ServeWsaCuda*' >"$OUT/gpu_wsa_test.log" 2>&1 ||

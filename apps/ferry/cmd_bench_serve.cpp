@@ -3,10 +3,12 @@
 //   [--budget-gib X | --expert-slots N] [--prompt-tokens P] [--decode-tokens D]
 //   [--trace FILE | --synthetic calibrated|spread|none] [--link-gbps G] [--policy P] [--seed S]
 //   [--miss-cost-model [--cpu-gflops F]] [--bypass-window N] [--serial-miss-copies]
-//   [--device cpu|cuda] [--expert-dtype f32|bf16]
+//   [--device cpu|cuda] [--expert-dtype f32|bf16] [--no-cuda-graphs]
 //   [--json OUT]`
 // --device cuda runs every mode on the CUDA engine (GPU 0); its roofline rate is a pinned
-// host->GPU copy measured in the same process, and pacing (--link-gbps) is refused there.
+// host->GPU copy measured in the same process, or with --link-gbps G the paced rate G (the copy
+// stream held to G by timed waits; the paced probe's measured rate is reported beside it).
+// Decode steps of resident and static run as CUDA graphs unless --no-cuda-graphs.
 // Prefill and single-stream decode throughput of every expert mode on one random-weight model
 // (or a loaded one) with the same prompt and forced routing; the measurement and the definitions
 // are in serve/bench/serve_bench.h, the geometries in serve/bench/bench_geometry.h. A table goes
@@ -55,6 +57,7 @@ struct BenchServeConfig {
   std::string json_out;
   std::string device = "cpu";
   std::string expert_dtype = "f32";
+  bool no_cuda_graphs = false;  // the A/B baseline: decode steps op by op
 };
 
 // MemAvailable of /proc/meminfo in bytes (0 if unknown).
@@ -107,6 +110,25 @@ void print_table(const Json& rep, const std::string& what) {
                     .c_str(),
                 m["same_tokens_as_reference"].get<bool>() ? "yes" : "NO");
   }
+  if (cuda) {
+    for (const Json& m : rep["modes"]) {
+      if (!m["ran"].get<bool>()) continue;
+      const Json& g = m["cuda_graphs"];
+      const Json& pc = m["paced_copies"];
+      std::printf("%-12s graphs: %llu captured, %llu replays, %llu warm-up, %llu eligible%s%s",
+                  m["mode"].get<std::string>().c_str(), g["captures"].get<unsigned long long>(),
+                  g["replays"].get<unsigned long long>(),
+                  g["warmup_steps"].get<unsigned long long>(),
+                  g["eligible_steps"].get<unsigned long long>(),
+                  g["disabled_reason"].get<std::string>().empty() ? "" : "; DISABLED: ",
+                  g["disabled_reason"].get<std::string>().c_str());
+      if (pc["copies"].get<unsigned long long>() > 0) {
+        std::printf(" | paced copies %llu (%s)", pc["copies"].get<unsigned long long>(),
+                    mem::format_bytes(pc["bytes"].get<std::size_t>()).c_str());
+      }
+      std::printf("\n");
+    }
+  }
   const Json& r = rep["ratios"];
   std::printf("paged/static: decode %s prefill %s | paged/cpu-experts: decode %s prefill %s\n",
               fmt_opt(r["paged_over_static_decode"], "{:.2f}x").c_str(),
@@ -133,10 +155,8 @@ int run_bench_serve(const BenchServeConfig& cfg) {
                        "bench serve --device cuda: " + backend.status().message()));
   }
   const bool cuda = cfg.device == "cuda";
-  if (cuda && cfg.link_gbps > 0) {
-    return fail(invalid_argument(
-        "bench serve: --link-gbps paces the CPU engine's emulated tier only; with --device cuda "
-        "the copies run at the real link's rate (measured, used as the roofline)"));
+  if (!cuda && cfg.no_cuda_graphs) {
+    return fail(invalid_argument("bench serve: --no-cuda-graphs needs --device cuda"));
   }
   // Modes.
   serve::bench::ServeBenchConfig bc;
@@ -288,15 +308,29 @@ int run_bench_serve(const BenchServeConfig& cfg) {
   bc.trace = forced ? &trace : nullptr;
 
   bc.link_gbps = cfg.link_gbps;
+  bc.cuda_graphs = !cfg.no_cuda_graphs;
   bc.backend = cuda ? *backend : nullptr;
   const double memcpy_gbps = serve::bench::measure_host_copy_gbps();
-  double pinned_gbps = 0;
+  double pinned_gbps = 0, paced_gbps = 0;
   if (cuda) {
     auto g = serve::bench::measure_pinned_h2d_gbps();
     if (!g.ok()) return fail(g.status());
     pinned_gbps = *g;
+    if (cfg.link_gbps > 0) {
+      // The paced link's own rate, measured the same way (at most --link-gbps).
+      auto pg = serve::bench::measure_pinned_h2d_gbps(cfg.link_gbps);
+      if (!pg.ok()) return fail(pg.status());
+      paced_gbps = *pg;
+      if (cfg.link_gbps > pinned_gbps) {
+        lg->warn(
+            "bench serve: --link-gbps {} is above the measured link ({:.1f} GB/s): pacing "
+            "cannot make copies faster",
+            cfg.link_gbps, pinned_gbps);
+      }
+    }
   }
-  bc.roofline_gbps = cuda ? pinned_gbps : cfg.link_gbps > 0 ? cfg.link_gbps : memcpy_gbps;
+  // Paced: the roofline is the paced rate (what the link is allowed to carry).
+  bc.roofline_gbps = cfg.link_gbps > 0 ? cfg.link_gbps : cuda ? pinned_gbps : memcpy_gbps;
   lg->info(
       "bench serve: device={} modes={} prompt={} decode={} link_gbps={} memcpy_gbps={:.1f} "
       "pinned_h2d_gbps={:.1f}",
@@ -332,9 +366,14 @@ int run_bench_serve(const BenchServeConfig& cfg) {
   j["seed"] = cfg.seed;
   j["link"]["memcpy_gbps"] = memcpy_gbps;
   j["link"]["pinned_h2d_gbps"] = cuda ? Json(pinned_gbps) : Json(nullptr);
+  j["link"]["paced_h2d_gbps"] = cuda && cfg.link_gbps > 0 ? Json(paced_gbps) : Json(nullptr);
   j["link"]["roofline_basis"] =
-      cuda ? "pinned host->GPU 0 copy rate (256 MiB, best of 5) measured in this process; copies "
-             "not paced (pacing is CPU-only)"
+      cuda                ? (cfg.link_gbps > 0
+                                 ? "--link-gbps: the copy stream paced to it by timed waits on the GPU "
+                                   "(paced_h2d_gbps: the same 256 MiB probe through the paced engine; "
+                                   "pinned_h2d_gbps: unpaced)"
+                                 : "pinned host->GPU 0 copy rate (256 MiB, best of 5) measured in this "
+                                   "process; copies not paced")
       : cfg.link_gbps > 0 ? "--link-gbps (copies paced to it)"
                           : "measured memcpy rate (unpaced)";
   j["machine"] =
@@ -390,8 +429,12 @@ void register_bench_serve(CLI::App& app, CommandFn& run) {
           ->check(CLI::IsMember({"calibrated", "spread", "none"}));
   trace->excludes(syn);
   cmd->add_option("--link-gbps", cfg->link_gbps,
-                  "pace host->device copies of the emulated tier to G GB/s (PCIe Gen4: 24)")
+                  "pace host->device expert copies to G GB/s (PCIe Gen4: 24): the emulated "
+                  "tier's memcpy, or with --device cuda the copy stream (timed waits on the GPU)")
       ->check(CLI::Range(1e-3, 1e4));
+  cmd->add_flag("--no-cuda-graphs", cfg->no_cuda_graphs,
+                "--device cuda: launch decode steps op by op instead of replaying CUDA graphs "
+                "(A/B; same bits)");
   add_miss_placement_flags(cmd, cfg->miss, /*with_link=*/false,  // the link: --link-gbps
                            /*with_dtype=*/false);                // its own --expert-dtype
   cmd->add_option("--policy", cfg->policy, "pager eviction policy: lru, lfu, lfru")

@@ -130,6 +130,7 @@ expect 1 "exceeds the model's 512 positions" --geometry tiny --prompt-tokens 600
 expect 2 "device" --geometry tiny --device tpu
 expect 2 "expert-dtype" --geometry tiny --expert-dtype f16
 expect 1 "bf16 experts need --device cuda" --geometry tiny --expert-dtype bf16
+expect 1 "no-cuda-graphs needs --device cuda" --geometry tiny --no-cuda-graphs
 # The 48-layer geometry: refused before any weights are built (bf16 on the CPU engine; f32
 # experts where the host lacks ~114 GiB, with the bf16 alternative named).
 expect 1 "bf16 experts need --device cuda" --geometry qwen3-30b-a3b --expert-dtype bf16
@@ -164,6 +165,25 @@ j = json.load(open(sys.argv[1]))
 assert j["device"] == "cuda" and j["link"]["pinned_h2d_gbps"] > 0, j["link"]
 for m in j["modes"]:
     assert m["ran"] and m["decode"]["host_syncs_per_token"] >= 1, m
+    g = m["cuda_graphs"]
+    assert g["disabled_reason"] == "", g
+    if m["mode"] in ("resident", "static"):
+        assert g["replays"] > 0 and m["decode"]["host_syncs_per_token"] == 1, m
+PY
+  # Paced copy stream (--link-gbps) and graphs off: same bits, paced rate <= the asked rate.
+  "$FERRY" bench serve --geometry tiny --expert-slots 8 --prompt-tokens 8 --decode-tokens 4 \
+    --device cuda --link-gbps 4 --no-cuda-graphs --json "$tmp/cp.json" >/dev/null 2>"$tmp/e.txt" ||
+    fail "--device cuda --link-gbps 4 failed: $(cat "$tmp/e.txt")"
+  python3 - "$tmp/cp.json" <<'PY' || fail "paced cuda report: $(cat "$tmp/cp.json")"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["link"]["paced"] and 0 < j["link"]["paced_h2d_gbps"] <= 4.0, j["link"]
+assert j["link"]["roofline_gbps"] == 4.0 and j["cuda_graphs"] is False, j["link"]
+for m in j["modes"]:
+    assert m["same_logits_bits_as_reference"], m["mode"]
+    assert m["cuda_graphs"]["eligible_steps"] == 0, m
+    if m["mode"] in ("static", "paged"):
+        assert m["paced_copies"]["copies"] > 0, m
 PY
 else
   [ "$rc" = 1 ] || fail "--device cuda exited $rc, want 1 without a GPU: $(cat "$tmp/e.txt")"

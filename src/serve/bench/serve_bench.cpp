@@ -89,6 +89,8 @@ Result<ModeResult> run_mode(const model::DecoderGeometry& geo, const model::Mode
   ec.max_running = 1;
   ec.device_budget_bytes = mode == ExpertMode::kResident ? 0 : plan.device_budget_bytes;
   ec.pager.host_store = cfg.host_store;
+  ec.cuda_graphs = cfg.cuda_graphs;
+  if (plan.cuda) ec.link_pace_gbps = cfg.link_gbps;  // the CPU engine: mem::set_host_link_rate
   if (mode == ExpertMode::kPaged) {
     ec.pager.slots_per_layer = plan.slots_per_layer;
     ec.pager.miss_cost_model = cfg.miss_cost_model;
@@ -164,6 +166,8 @@ Result<ModeResult> run_mode(const model::DecoderGeometry& geo, const model::Mode
     }
   }
   r.under_budget = mode != ExpertMode::kResident;
+  r.graphs = eng->graph_stats();
+  if (eng->transfer_engine() != nullptr) r.pace = eng->transfer_engine()->pace_stats();
   return r;
 }
 
@@ -245,9 +249,14 @@ double measure_host_copy_gbps() {
   return double(n) / best / 1e9;
 }
 
-Result<double> measure_pinned_h2d_gbps() {
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<mem::TransferEngine> te, mem::cuda_transfer_engine(0));
+Result<double> measure_pinned_h2d_gbps(double pace_gbps, std::size_t chunk_bytes) {
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<mem::TransferEngine> cuda_te,
+                         mem::cuda_transfer_engine(0));
   FERRY_ASSIGN_OR_RETURN(mem::StreamSet ss, mem::StreamSet::create(Device::kCuda, 0));
+  FERRY_ASSIGN_OR_RETURN(
+      std::unique_ptr<LinkEngine> te,
+      LinkEngine::create(std::move(cuda_te),
+                         {.gbps = pace_gbps, .chunk_bytes = chunk_bytes, .stream = &ss.h2d()}));
   const std::size_t n = 256u << 20;
   mem::MemoryBudget host_budget(mem::MemTier::kPinnedHost), dev_budget(mem::MemTier::kDevice);
   FERRY_ASSIGN_OR_RETURN(mem::Buffer h, mem::Buffer::allocate(mem::MemTier::kPinnedHost, n,
@@ -276,11 +285,6 @@ Result<ServeBenchReport> run_serve_bench(const model::DecoderGeometry& geo,
   ServeBenchReport r;
   r.config = cfg;
   r.cuda = cfg.backend != nullptr && cfg.backend->device() == Device::kCuda;
-  if (r.cuda && cfg.link_gbps > 0) {
-    return invalid_argument(
-        "bench serve: link pacing is CPU-only (it paces the emulated tier's memcpy); the CUDA "
-        "engine's copies run at the real link's rate");
-  }
   if (!r.cuda && cfg.expert_dtype != DType::kF32) {
     return unimplemented("bench serve: {} experts need --device cuda (the CPU engine is f32)",
                          to_string(cfg.expert_dtype));
@@ -351,7 +355,8 @@ Result<ServeBenchReport> run_serve_bench(const model::DecoderGeometry& geo,
   r.device_budget_bytes = (r.cuda ? fixed : r.kv_bytes) + r.expert_budget_bytes;
 
   const double saved_rate = mem::host_link_rate();
-  mem::set_host_link_rate(cfg.link_gbps > 0 ? cfg.link_gbps * 1e9 : 0.0);
+  // The CPU engine's emulated link; the CUDA engine paces its own copy stream (run_mode).
+  mem::set_host_link_rate(cfg.link_gbps > 0 && !r.cuda ? cfg.link_gbps * 1e9 : 0.0);
   for (ExpertMode m : cfg.modes) {
     Result<ModeResult> mr = run_mode(geo, params, cfg, r, m);
     if (!mr.ok()) {
@@ -392,6 +397,16 @@ Json report_json(const ServeBenchReport& r) {
     j["device_peak_bytes"] = m.device_peak_bytes;
     j["expert_device_bytes"] = m.expert_device_bytes;
     j["slots_per_layer"] = m.mode == ExpertMode::kPaged ? Json(m.slots_per_layer) : Json(nullptr);
+    if (r.cuda) {
+      j["cuda_graphs"] = {{"enabled", c.cuda_graphs},
+                          {"eligible_steps", m.graphs.eligible_steps},
+                          {"warmup_steps", m.graphs.warmup_steps},
+                          {"captures", m.graphs.captures},
+                          {"replays", m.graphs.replays},
+                          {"disabled_reason", m.graphs.disabled_reason}};
+      j["paced_copies"] = {
+          {"copies", m.pace.copies}, {"chunks", m.pace.chunks}, {"bytes", m.pace.bytes}};
+    }
     modes.push_back(j);
   }
   const ModeResult* paged = find_mode(r, ExpertMode::kPaged);
@@ -419,6 +434,7 @@ Json report_json(const ServeBenchReport& r) {
        {{"paced", c.link_gbps > 0},
         {"link_gbps", c.link_gbps},
         {"roofline_gbps", c.roofline_gbps}}},
+      {"cuda_graphs", r.cuda ? Json(c.cuda_graphs) : Json(nullptr)},
       {"sizing",
        {{"from", c.expert_slots > 0 ? "expert_slots" : "budget"},
         {"budget_bytes", c.budget_bytes},
@@ -445,8 +461,8 @@ Json report_json(const ServeBenchReport& r) {
         {"expert_h2d_bytes", "expert bytes copied: pager misses + static bulk layer copies"},
         {"host_syncs",
          r.cuda ? "host waits on the GPU, counted: 1 per step (logits read-back) + 1 per MoE layer "
-                  "and step for the routing hook (trace replay) + 1 per MoE layer and step for "
-                  "the routed ids (paged, cpu-experts)"
+                  "and step for the routed ids (paged, cpu-experts); the trace replay's forced "
+                  "routing goes up once per step (no host wait)"
                 : "null: the CPU engine has no device to wait on"},
         {"device_fixed_bytes",
          "CUDA: dense weights + KV + pointer tables + activations, the budget's non-slot part, "
@@ -462,7 +478,14 @@ Json report_json(const ServeBenchReport& r) {
         {"hit_rate",
          "paged: pager hits / (hits + misses), misses computed from host memory included; "
          "resident 1; static 0; cpu-experts null"},
-        {"resident", "run without the budget, as the reference"}}},
+        {"resident", "run without the budget, as the reference"},
+        {"cuda_graphs",
+         "CUDA decode steps with no host wait inside (resident, static): per step shape, one "
+         "eager warm-up step, then captured once and replayed (captures + replays = steps run "
+         "as graphs); paged and cpu-experts wait on routed ids, so they run eagerly"},
+        {"paced_copies",
+         "CUDA with --link-gbps: host->device copies on the engine's copy stream (expert misses, "
+         "static bulk copies) held to link_gbps by timed waits on that stream"}}},
   };
 }
 

@@ -34,8 +34,11 @@
 // alone. host syncs are counted where the host waits on the device: one per step (logits), one per
 // MoE layer for the routing hook (a trace is replayed through it), one per MoE layer for the
 // routed ids (paged, cpu-experts). Pager copy batches and static's bulk copies are ordered by
-// events (no host sync), so copy_syncs is 0 there. Pacing is CPU-only (link_pacer.h paces the host
-// transfer engine): link_gbps must be 0 with a CUDA backend.
+// events (no host sync), so copy_syncs is 0 there. Pacing on CUDA: link_gbps > 0 sets
+// EngineConfig::link_pace_gbps (serve/link_engine.h: the copy stream, i.e. expert copies, held to
+// that rate by timed waits on the stream); the step inputs and tables on the compute stream are
+// not paced. Decode steps without a host wait inside (resident, static) run as CUDA graphs unless
+// cuda_graphs is false; each mode reports its GraphStats.
 #pragma once
 
 #include <cstddef>
@@ -48,6 +51,8 @@
 #include "core/result.h"
 #include "kernels/backend.h"
 #include "model/model_compute.h"
+#include "serve/link_engine.h"
+#include "serve/model_runner.h"
 #include "serve/routing_trace.h"
 #include "serve/serve_config.h"
 
@@ -72,8 +77,9 @@ struct ServeBenchConfig {
   int bypass_window = 0;
   bool overlap_misses = true;        // PagerConfig::overlap_misses (CUDA paged)
   DType expert_dtype = DType::kF32;  // PagerConfig::expert_dtype (bf16: CUDA only)
-  double link_gbps = 0;      // > 0: pace H2D copies of the emulated tier to this rate (GB/s)
-  double roofline_gbps = 0;  // the rate the roofline is computed against (> 0)
+  double link_gbps = 0;  // > 0: pace H2D copies (emulated tier, or CUDA's copy stream) to it (GB/s)
+  bool cuda_graphs = true;              // EngineConfig::cuda_graphs (CUDA decode steps as graphs)
+  double roofline_gbps = 0;             // the rate the roofline is computed against (> 0)
   const RoutingTrace* trace = nullptr;  // forced routing of request 0 (null: the router's own)
   int kv_block_tokens = 16;
   kernels::Backend* backend = nullptr;  // null: the CPU engine; a CUDA backend: the CUDA engine
@@ -106,6 +112,8 @@ struct ModeResult {
   std::uint64_t logits_hash = 0;     // FNV-1a over every sampled logits row's bits
   std::size_t device_budget_bytes = 0, device_peak_bytes = 0, expert_device_bytes = 0;
   int slots_per_layer = 0;  // paged
+  GraphStats graphs;        // CUDA: decode steps as graphs (Engine::graph_stats)
+  LinkPaceStats pace;       // CUDA with link_gbps: the paced copies (LinkEngine::pace_stats)
 };
 
 struct ServeBenchReport {
@@ -128,8 +136,10 @@ Result<ServeBenchReport> run_serve_bench(const model::DecoderGeometry& geo,
 double measure_host_copy_gbps();
 
 // GB/s of a pinned host -> GPU 0 copy of 256 MiB through the CUDA transfer engine (best of 5);
-// unavailable without CUDA or a GPU.
-Result<double> measure_pinned_h2d_gbps();
+// unavailable without CUDA or a GPU. pace_gbps > 0: through a LinkEngine pacing the copy stream
+// to that rate (chunk_bytes as EngineConfig::link_pace_chunk_bytes), i.e. the paced link's
+// measured rate (at most pace_gbps).
+Result<double> measure_pinned_h2d_gbps(double pace_gbps = 0, std::size_t chunk_bytes = 16ull << 20);
 
 // The report's JSON (definitions included); ratios are null where a mode is missing.
 Json report_json(const ServeBenchReport& r);
