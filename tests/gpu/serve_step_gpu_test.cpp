@@ -337,7 +337,13 @@ TEST_P(ServeGraphsCuda, ReplayedDecodeStepsGiveTheEagerBits) {
         expect_same_bits(graph->rec, eager->rec, name + " graph vs eager");
         const GraphStats& g = graph->graphs;
         EXPECT_EQ(g.disabled_reason, "") << name;
-        EXPECT_GT(g.replays, 0u) << name << ": no decode step was replayed";
+        // Workload 0 has few decode-only steps per shape (3, 2 and 1 sequences: about 1 replay);
+        // the 24-token decode replays all but its first two decode steps.
+        if (w == 1) {
+          EXPECT_GE(g.replays, 15u) << name << ": decode steps were not replayed";
+        } else {
+          EXPECT_GT(g.captures + g.replays, 0u) << name << ": no decode step ran as a graph";
+        }
         EXPECT_EQ(eager->graphs.eligible_steps, 0u) << name;
         EXPECT_EQ(g.warmup_steps + g.captures + g.replays, g.eligible_steps) << name;
         ASSERT_EQ(graph->steps, eager->steps) << name;
