@@ -14,7 +14,9 @@
 //   - ServeGraphsCuda.*: decode steps replayed from CUDA graphs give the eager steps' token ids
 //     and logits bits (resident and static, f32 and bf16 experts, with and without forced
 //     routing, one and three concurrent sequences), really replay (replays > 0, nothing
-//     disabled), keep one host sync per step, and count the same expert and read-back bytes.
+//     disabled), keep one host sync per step, and count the same expert and read-back bytes;
+//   - ServeDeviceCopy.*: a kernel reading pinned host memory (the device-side miss path's copy)
+//     delivers the bytes; its rate vs the copy engine's is printed (a measurement, not asserted).
 // Skips, saying so, without a CUDA device.
 #include <chrono>
 #include <cstring>
@@ -296,6 +298,59 @@ TEST_F(ServeLinkPace, PacedEngineGivesTheUnpacedBits) {
               << " paced at 2 GB/s: " << paced->pace.copies << " copies, " << paced->pace.bytes
               << " B, same bits\n";
   }
+}
+
+// The open question of the device-side miss path (docs/serve.md "Device-side slot resolution"):
+// how fast a kernel reads the pinned host store through its mapped address, against the copy
+// engine. Checks the bytes; prints the rates (no rate asserted: this is the measurement).
+class ServeDeviceCopy : public CudaTest {};
+
+TEST_F(ServeDeviceCopy, KernelReadsPinnedHostMemoryAndItsRateIsPrinted) {
+  const std::size_t n = 9437184;  // one bf16 Qwen3-30B-A3B expert (3 x 768 x 2048 x 2 B)
+  const int reps = 8;
+  mem::MemoryBudget hb(mem::MemTier::kPinnedHost), db(mem::MemTier::kDevice);
+  auto h = mem::Buffer::allocate(mem::MemTier::kPinnedHost, n * reps, hb, {.what = "copy test"});
+  auto d = mem::Buffer::allocate(mem::MemTier::kDevice, n * reps, db, {.what = "copy test"});
+  ASSERT_TRUE(h.ok() && d.ok());
+  for (std::size_t i = 0; i < n * reps; ++i) h->data()[i] = std::byte((i * 7 + i / 4096) % 253);
+  auto e0 = mem::Event::create(Device::kCuda, 0, true);
+  auto e1 = mem::Event::create(Device::kCuda, 0, true);
+  ASSERT_TRUE(e0.ok() && e1.ok());
+  auto time_gbps = [&](auto&& enqueue) {
+    EXPECT_TRUE(enqueue().ok());  // warm-up (mapping, module load)
+    EXPECT_TRUE(e0->record(stream()).ok());
+    EXPECT_TRUE(enqueue().ok());
+    EXPECT_TRUE(e1->record(stream()).ok());
+    EXPECT_TRUE(e1->synchronize().ok());
+    auto ms = mem::Event::elapsed_ms(*e0, *e1);
+    return ms.ok() && *ms > 0 ? double(n * reps) / (*ms * 1e-3) / 1e9 : 0.0;
+  };
+  const double ce = time_gbps([&] {
+    for (int r = 0; r < reps; ++r) {
+      if (cudaMemcpyAsync(d->data() + r * n, h->data() + r * n, n, cudaMemcpyHostToDevice,
+                          static_cast<cudaStream_t>(stream().native())) != cudaSuccess) {
+        return Status(internal_error("cudaMemcpyAsync failed"));
+      }
+    }
+    return ok_status();
+  });
+  std::cout << "[serve_gpu] 8 x 9.4 MB pinned host -> GPU: copy engine " << ce << " GB/s\n";
+  for (int blocks : {32, 132, 264, 528, 1056}) {
+    ASSERT_EQ(cudaMemset(d->data(), 0, n * reps), cudaSuccess);
+    const double k = time_gbps([&] {
+      for (int r = 0; r < reps; ++r) {
+        FERRY_TRY(kernels::cuda::copy_from_host(d->data() + r * n, h->data() + r * n, n, blocks,
+                                                stream()));
+      }
+      return ok_status();
+    });
+    std::vector<std::byte> back(n * reps);
+    ASSERT_EQ(cudaMemcpy(back.data(), d->data(), back.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(std::memcmp(back.data(), h->data(), back.size()), 0) << blocks << " blocks";
+    std::cout << "[serve_gpu] same copy by a kernel of " << blocks << " x 256 threads: " << k
+              << " GB/s\n";
+  }
+  EXPECT_FALSE(kernels::cuda::copy_from_host(d->data() + 1, h->data(), 16, 1, stream()).ok());
 }
 
 class ServeGraphsCuda : public CudaTest, public ::testing::WithParamInterface<const char*> {};

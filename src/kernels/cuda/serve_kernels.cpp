@@ -84,6 +84,23 @@ Status link_pace_mark(unsigned long long* d_mark, mem::Stream& stream) {
   return ok_status();
 }
 
+Status copy_from_host(void* dst, const void* src, std::size_t bytes, int blocks,
+                      mem::Stream& stream) {
+  if (stream.device() != Device::kCuda) return invalid_argument("cuda copy_from_host: CUDA stream");
+  if (bytes == 0) return ok_status();
+  if (dst == nullptr || src == nullptr || blocks <= 0 || blocks > 65535 ||
+      reinterpret_cast<std::uintptr_t>(dst) % 16 != 0 ||
+      reinterpret_cast<std::uintptr_t>(src) % 16 != 0 || bytes % 16 != 0) {
+    return invalid_argument(
+        "cuda copy_from_host: needs 16-byte aligned pointers, a multiple of 16 bytes (got {}) and "
+        "1..65535 blocks (got {})",
+        bytes, blocks);
+  }
+  FERRY_LAUNCH_TRY("serve copy_from_host", native(stream),
+                   launch_copy_from_host(dst, src, bytes, blocks, native(stream)));
+  return ok_status();
+}
+
 Status link_pace_wait(unsigned long long* d_mark, unsigned long long ns, mem::Stream& stream) {
   if (stream.device() != Device::kCuda || d_mark == nullptr) {
     return invalid_argument("cuda link_pace_wait: needs a CUDA stream and a mark");

@@ -8,6 +8,7 @@
 //   forced_routing  a routing hook's forced ids (uploaded once per step) applied to the router's
 //                   output of one MoE layer (router.cu)
 //   link_pace_*     timed waits on a copy stream that hold it to a link rate (serve_link_pace.cu)
+//   copy_from_host  a kernel reading mapped pinned host memory (a device-initiated copy)
 // Host-includable without CUDA headers (only mem::Stream): src/serve calls these in CUDA builds
 // (FERRY_HAVE_CUDA); CPU builds never compile the .cu files and never call them.
 // Contract as launchers.h: device pointers to contiguous row-major f32 data, shapes validated by
@@ -24,6 +25,7 @@
 // style.md's rule, and bit identity across slots and groupings).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "core/status.h"
@@ -52,5 +54,11 @@ Status forced_routing(const ForcedRoutingArgs& a, mem::Stream& stream);
 // [1] device u64 owned by the caller, used by one stream only.
 Status link_pace_mark(unsigned long long* d_mark, mem::Stream& stream);
 Status link_pace_wait(unsigned long long* d_mark, unsigned long long ns, mem::Stream& stream);
+// A device-initiated copy: `blocks` x 256 threads read src, pinned host memory through its mapped
+// (UVA) address, and write dst in GPU memory — the copy a device-side miss path would use without
+// a host call (docs/serve.md "Device-side slot resolution"; measured by ServeDeviceCopy.*).
+// Pointers 16-byte aligned and bytes a multiple of 16 (invalid_argument otherwise).
+Status copy_from_host(void* dst, const void* src, std::size_t bytes, int blocks,
+                      mem::Stream& stream);
 
 }  // namespace ferry::kernels::cuda

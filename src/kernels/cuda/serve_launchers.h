@@ -7,6 +7,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
+
 #include "kernels/cuda/serve_kernel_args.h"
 
 namespace ferry::kernels::cuda {
@@ -25,6 +27,10 @@ cudaError_t launch_forced_routing(const ForcedRoutingArgs& a, cudaStream_t strea
 // (nanosleep) until the timer reaches *d_mark + ns, then sets *d_mark to the timer.
 cudaError_t launch_link_pace_mark(unsigned long long* d_mark, cudaStream_t stream);
 cudaError_t launch_link_pace_wait(unsigned long long* d_mark, unsigned long long ns,
+                                  cudaStream_t stream);
+// serve_link_pace.cu: dst (device) <- src (pinned host, mapped) by a kernel of `blocks` x 256
+// threads; 16-byte aligned pointers, bytes % 16 == 0 (checked by the caller).
+cudaError_t launch_copy_from_host(void* dst, const void* src, std::size_t bytes, int blocks,
                                   cudaStream_t stream);
 
 }  // namespace ferry::kernels::cuda
