@@ -6,7 +6,7 @@
 # whole-layer benchmark (bench/kernels/layer_bench.cpp) against transformers' Qwen2DecoderLayer
 # (tools/bench/torch_layer_baseline.py), a ratio summary, and compute-sanitizer memcheck over
 # gpu_test. Everything lands in $OUT (8 files):
-#   build.log ctest.log ferry_bench.json ferry_bench_fwd_mt1.json torch_bench.json
+#   build.log ctest.log ferry_bench.json ferry_bench_prev.json (the previous kernel variants) torch_bench.json
 #   bench_summary.json summary.log memcheck.log
 # The layer rows are in bench_summary.json (rows BM_Layer/..., raw entries of both sides under
 # raw_extra) and at the end of summary.log; their raw JSON files stay in a temporary folder.
@@ -100,8 +100,11 @@ grep -E "tests passed|PASSED|FAILED|Failed|Error|Expected|Which is|err |failure"
 
 timeout 150 "$BENCH" --benchmark_out="$OUT/ferry_bench.json" \
   --benchmark_out_format=json >"$OUT/summary.log" 2>&1
-FERRY_ATTN_FWD_MT=1 timeout 60 "$BENCH" --benchmark_filter=AttnFwdBwd \
-  --benchmark_out="$OUT/ferry_bench_fwd_mt1.json" --benchmark_out_format=json >>"$OUT/summary.log" 2>&1
+# The previous kernels in the same run (the env vars select them at every launch): the forward
+# holding Q in registers, the 16-keys-per-warp dK/dV, the warp-per-row rms_norm at 7B width.
+FERRY_ATTN_FWD_QREGS=1 FERRY_ATTN_BWD_KEYS=16 FERRY_RMS_NORM_WARP_ROWS=1 timeout 90 "$BENCH" \
+  --benchmark_filter='AttnFwdBwd|RmsNorm' \
+  --benchmark_out="$OUT/ferry_bench_prev.json" --benchmark_out_format=json >>"$OUT/summary.log" 2>&1
 timeout 120 $PY tools/bench/torch_baselines.py --out "$OUT/torch_bench.json" >>"$OUT/summary.log" 2>&1
 run_layer_bench
 $PY tools/bench/compare.py "$OUT/ferry_bench.json" "$OUT/torch_bench.json" \
