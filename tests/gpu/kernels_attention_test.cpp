@@ -61,9 +61,9 @@ struct Variant {
   const char* bwd_keys;   // FERRY_ATTN_BWD_KEYS
 };
 constexpr Variant kVariants[] = {
-    {"default (fwd Q from smem at D=128, dK/dV 32 keys/warp)", nullptr, nullptr, nullptr},
+    {"default (fwd Q from smem at D=128, dK/dV 16 keys/warp)", nullptr, nullptr, nullptr},
     {"previous (fwd Q in registers, dK/dV 16 keys/warp)", nullptr, "1", "16"},
-    {"fwd 16 rows/warp, dK/dV 32 keys/warp", "1", nullptr, nullptr},
+    {"fwd 16 rows/warp, dK/dV 32 keys/warp", "1", nullptr, "32"},
 };
 struct ScopedVariant {
   explicit ScopedVariant(const Variant& v)

@@ -9,9 +9,9 @@
 //      written once, in bf16. With W slices (a caller-provided f32 workspace, W x [T, G, D] x 2)
 //      each slice writes its partial sums and a fourth kernel adds the W partials in slice order:
 //      W times the CTAs (a kv head's group no longer serialises on 4 warps), same determinism.
-//      D = 64 / 128: 32 keys per warp, each warp accumulating half of D, P^T and dS^T shared with
-//      the partner warp through shared memory (attention_bwd_dkdv_mt2_kernel); 16 keys per warp
-//      over the whole D (attention_bwd_dkdv_kernel) for D = 16 / 32 or FERRY_ATTN_BWD_KEYS=16.
+//      16 keys per warp over the whole D (attention_bwd_dkdv_kernel); with FERRY_ATTN_BWD_KEYS=32
+//      and D = 64 / 128, 32 keys per warp, each warp accumulating half of D, P^T and dS^T shared
+//      with the partner warp through shared memory (attention_bwd_dkdv_mt2_kernel).
 //   3. dQ: one CTA per 64 query rows of a head; loops over key tiles (double-buffered); reads its
 //      rows' dsum before overwriting them with dQ. Causal: heavy query blocks first.
 // Each kernel computes its products with mma.sync m16n8k16 and reuses C fragments as A fragments
@@ -673,11 +673,13 @@ cudaError_t launch_bwd_d(void* d_q, void* d_k, void* d_v, const void* d_out, con
 }
 
 // Keys per warp of the dK/dV kernel, read from the environment at every launch (a getenv per call,
-// so one benchmark build A/Bs them and a test can switch them): 32 (default; D = 64 and 128) or 16
-// with FERRY_ATTN_BWD_KEYS=16 (the previous kernel; D = 16 and 32 always use it).
+// so one benchmark build A/Bs them and a test can switch them): 16 (default) or 32 with
+// FERRY_ATTN_BWD_KEYS=32 (D = 64 and 128; D = 16 and 32 always use 16). The 32-key kernel was
+// 3-5 % slower fwd + bwd on the H200 (bench/kernels/results/h200_2026-12-01_s9_*), so it is not
+// the default.
 int bwd_keys_per_warp() {
   const char* e = std::getenv("FERRY_ATTN_BWD_KEYS");
-  return e != nullptr && e[0] == '1' && e[1] == '6' ? 16 : 32;
+  return e != nullptr && e[0] == '3' && e[1] == '2' ? 32 : 16;
 }
 
 }  // namespace
