@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <utility>
 
+#include "core/log.h"
 #include "model/model_binding.h"
 #include "plan/policies.h"
 #include "train/optim/optim_modes.h"
@@ -120,18 +122,57 @@ Result<plan::Plan> solve_for_executor(const plan::PlanProblem& p, const plan::Pl
                                       const model::ModelConfig& cfg, const ExecutorTarget& t) {
   constexpr int kRounds = 4;
   plan::PlanProblem q = p;
-  double need = 0;
+  double need = 0, smallest = std::numeric_limits<double>::infinity();
+  std::optional<plan::Plan> best;
+  std::optional<Status> model_refusal;  // the cost model's own "does not fit" at the real cap
   for (int round = 0; round < kRounds; ++round) {
-    FERRY_ASSIGN_OR_RETURN(plan::Plan plan, solve(q));
-    FERRY_ASSIGN_OR_RETURN(need, executor_gpu_gb(p, plan, cfg, t));
-    if (need <= p.gpu_cap_gb) return plan;
+    Result<plan::Plan> r = solve(q);
+    if (!r.ok()) {
+      const StatusCode code = r.status().code();
+      if (code != StatusCode::kResourceExhausted && code != StatusCode::kDeadlineExceeded) {
+        return std::move(r).take_status();
+      }
+      // The lowered cap holds no plan of the cost model: the fixed policies below may.
+      if (round == 0) model_refusal = std::move(r).take_status();
+      break;
+    }
+    FERRY_ASSIGN_OR_RETURN(need, executor_gpu_gb(p, *r, cfg, t));
+    smallest = std::min(smallest, need);
+    if (need <= p.gpu_cap_gb) {
+      best = std::move(r).value();
+      break;
+    }
     q.gpu_cap_gb -= need - p.gpu_cap_gb;
     if (!(q.gpu_cap_gb > p.gpu_fixed_gb)) break;
   }
+  // The fixed policies as the executor holds them are candidates too: the fit's fixed term is the
+  // largest gap over them, so the cost model can refuse one the executor holds (H200, 3B at 24 GB:
+  // the planner's largest batch 34 where all-host ran at 38), and lowering the cap for a mixed
+  // plan can leave none. The solution is the best predicted step among what the executor holds.
+  plan::PlanProblem uncapped = p;
+  uncapped.gpu_cap_gb = std::numeric_limits<double>::max() / 4;
+  for (const plan::FixedPolicy& pol : plan::fixed_policies(p.num_layers)) {
+    Result<plan::Plan> r = plan::solve_policy(uncapped, pol);
+    if (!r.ok()) continue;  // another tier's capacity (host, NVMe) or a depth it cannot spell
+    FERRY_ASSIGN_OR_RETURN(const double gb, executor_gpu_gb(p, *r, cfg, t));
+    smallest = std::min(smallest, gb);
+    if (gb > p.gpu_cap_gb) continue;
+    if (best && !(r->predicted.step_ms < best->predicted.step_ms)) continue;
+    plan::Plan fixed = std::move(r).value();
+    fixed.policy = "solved";
+    fixed.solver.status = "fixed_kept:" + pol.name;  // beat (or replaced) the MILP's plan
+    fixed.predicted.gpu_peak_gb = gb;  // the executor's bytes, not the uncapped model's
+    log::get("plan")->debug("plan at batch {}: {} as the executor holds it ({:.2f} GB) is the best",
+                            p.batch_size, pol.name, gb);
+    best = std::move(fixed);
+  }
+  if (best) return std::move(*best);
+  // It names the binding constraint and the smallest budget that fits.
+  if (model_refusal) return std::move(*model_refusal);
   return resource_exhausted(
       "plan: no plan at batch {} that the stream executor holds in {:.2f} GB of GPU memory (the "
-      "last solved one needs {:.2f} GB as the executor allocates it)",
-      p.batch_size, p.gpu_cap_gb, need);
+      "smallest one tried needs {:.2f} GB as the executor allocates it)",
+      p.batch_size, p.gpu_cap_gb, smallest);
 }
 
 }  // namespace ferry::app

@@ -51,8 +51,12 @@ Result<double> executor_gpu_gb(const plan::PlanProblem& p, const plan::Plan& pla
 // Solves p with `solve`, then checks the solution against the executor's own byte count: a mixed
 // plan (host homes and recompute spans together) can need a fetch buffer beside the recompute
 // buffers, which no fixed policy of the fit has. While the executor's bytes exceed the cap, the
-// planner's cap is lowered by the overshoot and p solved again (a few rounds); resource_exhausted
-// when no plan the executor holds is found.
+// planner's cap is lowered by the overshoot and p solved again (a few rounds). The fixed
+// policies, priced without the cap and checked against the executor's bytes, are candidates too
+// (the fitted fixed term is the largest gap over them, so the cost model alone can refuse one the
+// executor holds): the result is the best predicted step among what the executor holds (policy
+// "solved"; solver.status "fixed_kept:<name>" when a fixed policy won). resource_exhausted when
+// nothing fits (the cost model's own message, naming the binding constraint, when it had one).
 Result<plan::Plan> solve_for_executor(const plan::PlanProblem& p, const plan::Planner& solve,
                                       const model::ModelConfig& cfg, const ExecutorTarget& t);
 

@@ -74,7 +74,9 @@ struct Prediction {
 struct SolverInfo {
   std::string solver;  // "cbc", "exact", "fixed"
   std::string status;  // "optimal", "time_limit" (incumbent kept), "cbc_no_incumbent" (CBC stopped
-                       // early without a plan; the best fixed policy kept), "evaluated"
+                       // early without a plan; the best fixed policy kept), "evaluated",
+                       // "fixed_kept:<policy>" (ferry plan's executor check: that fixed policy,
+                       // as the executor holds it, predicted faster than the MILP's plan)
   double objective_ms = 0;  // the solver's own objective value
   double bound_ms = 0;      // best lower bound (== objective when optimal)
   double gap = 0;           // (objective - bound) / objective

@@ -222,15 +222,21 @@ PY
   { echo "train_stream: ferry plan --executor-device cpu failed"; cat "$TMP/pl.log"; exit 1; }
 "$FERRY" bench train --layers 12 --hidden 64 --heads 4 --kv-heads 2 --head-dim 16 \
   --intermediate 64 --seq-len 64 --steps 1 --warmup 0 --batch-size auto --max-batch 64 \
-  --device-budget-mib 4 --policies "plan=$TMP/solved.json" \
+  --device-budget-mib 4 --policies "host,device,every:4,plan=$TMP/solved.json" \
   --json "$TMP/bs.json" > "$TMP/bs.log" 2>&1 ||
   { echo "train_stream: bench of solved plans failed"; cat "$TMP/bs.log"; exit 1; }
-python3 - "$TMP/bs.json" <<'PY'
+# ... and the planner reaches every batch the executor holds with a fixed policy (the cost
+# model's memory fit alone refused all-host at the executor's largest batch: H200, 3B at 24 GB).
+planned_largest="$(grep -o 'largest fitting [0-9]*' "$TMP/pl.log" | head -1 | grep -o '[0-9]*$')"
+python3 - "$TMP/bs.json" "$planned_largest" <<'PY'
 import json, sys
-fit, = json.load(open(sys.argv[1]))["policies"]
+*fixed, fit = json.load(open(sys.argv[1]))["policies"]
 assert fit["plan_batch"] >= 2 and fit["largest_fitting_batch"] >= fit["plan_batch"], fit
 assert fit["batch_size"] == fit["plan_batch"], fit
+best_fixed = max(p["largest_fitting_batch"] for p in fixed)
+assert int(sys.argv[2]) >= best_fixed, (sys.argv[2], [(p["policy"], p["largest_fitting_batch"]) for p in fixed])
 print(f"train_stream: solved plan batch {fit['plan_batch']} fits the executor "
-      f"(largest {fit['largest_fitting_batch']})")
+      f"(largest {fit['largest_fitting_batch']}); the planner's largest {sys.argv[2]} >= "
+      f"the fixed policies' {best_fixed}")
 PY
 echo "train stream cli: ok"
