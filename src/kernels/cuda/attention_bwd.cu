@@ -46,6 +46,26 @@ __global__ void attention_bwd_dsum_kernel(bf16* __restrict__ d_q, const bf16* __
   if (lane == 0) dsum_slot(d_q, row / heads, row % heads, heads, D)[0] = acc;
 }
 
+// One work item of the dK/dV kernels' pipeline — query tile q0 of head h — into buffer `buf`:
+// its Q and dO rows and its lse and dsum values (cp.async; the caller commits).
+template <int D, int BQ>
+__device__ __forceinline__ void issue_query_tile(std::int64_t h, std::int64_t q0, int buf,
+                                                 bf16* qbuf, bf16* dobuf, float* lsebuf,
+                                                 float* dsumbuf, const bf16* q, const bf16* d_out,
+                                                 const float* lse, bf16* d_q_scratch,
+                                                 std::int64_t s0, std::int64_t len,
+                                                 const AttnShape& sh) {
+  constexpr int kTile = BQ * (D + 8);
+  load_rows_async<D>(qbuf + buf * kTile, q, s0, q0, len, BQ, sh.h, h);
+  load_rows_async<D>(dobuf + buf * kTile, d_out, s0, q0, len, BQ, sh.h, h);
+  for (int i = threadIdx.x; i < BQ; i += blockDim.x) {
+    const bool valid = q0 + i < len;
+    cp_async4(lsebuf + buf * BQ + i, valid ? lse + h * sh.t + s0 + q0 + i : lse, valid);
+    cp_async4(dsumbuf + buf * BQ + i, valid ? dsum_slot(d_q_scratch, s0 + q0 + i, h, sh.h, D) : lse,
+              valid);
+  }
+}
+
 // Heads [h_begin, h_begin + heads) of kv head blockIdx.y / slices; slice = blockIdx.y % slices.
 // partial == nullptr: bf16 dK (scaled) and dV straight out; else f32 partials for the reduction.
 template <int D, int BQ>
@@ -84,16 +104,8 @@ __global__ void __launch_bounds__(kThreads)
   const std::int64_t qtiles = len > qstart ? (len - qstart + BQ - 1) / BQ : 0;
   const std::int64_t items = per_slice * qtiles;
   auto issue = [&](std::int64_t item, int buf) {
-    const std::int64_t h = h_begin + item / qtiles;
-    const std::int64_t q0 = qstart + (item % qtiles) * BQ;
-    load_rows_async<D>(qbuf + buf * kTile, q, s0, q0, len, BQ, sh.h, h);
-    load_rows_async<D>(dobuf + buf * kTile, d_out, s0, q0, len, BQ, sh.h, h);
-    for (int i = threadIdx.x; i < BQ; i += blockDim.x) {
-      const bool valid = q0 + i < len;
-      cp_async4(lsebuf + buf * BQ + i, valid ? lse + h * sh.t + s0 + q0 + i : lse, valid);
-      cp_async4(dsumbuf + buf * BQ + i,
-                valid ? dsum_slot(d_q_scratch, s0 + q0 + i, h, sh.h, D) : lse, valid);
-    }
+    issue_query_tile<D, BQ>(h_begin + item / qtiles, qstart + (item % qtiles) * BQ, buf, qbuf,
+                            dobuf, lsebuf, dsumbuf, q, d_out, lse, d_q_scratch, s0, len, sh);
   };
 
   load_rows_async<D>(ks, k, s0, k0, len, kBK, sh.g, kvh);
@@ -280,16 +292,8 @@ __global__ void __launch_bounds__(kThreads)
   const std::int64_t qtiles = len > qstart ? (len - qstart + BQ - 1) / BQ : 0;
   const std::int64_t items = per_slice * qtiles;
   auto issue = [&](std::int64_t item, int buf) {
-    const std::int64_t h = h_begin + item / qtiles;
-    const std::int64_t q0 = qstart + (item % qtiles) * BQ;
-    load_rows_async<D>(qbuf + buf * kTile, q, s0, q0, len, BQ, sh.h, h);
-    load_rows_async<D>(dobuf + buf * kTile, d_out, s0, q0, len, BQ, sh.h, h);
-    for (int i = threadIdx.x; i < BQ; i += blockDim.x) {
-      const bool valid = q0 + i < len;
-      cp_async4(lsebuf + buf * BQ + i, valid ? lse + h * sh.t + s0 + q0 + i : lse, valid);
-      cp_async4(dsumbuf + buf * BQ + i,
-                valid ? dsum_slot(d_q_scratch, s0 + q0 + i, h, sh.h, D) : lse, valid);
-    }
+    issue_query_tile<D, BQ>(h_begin + item / qtiles, qstart + (item % qtiles) * BQ, buf, qbuf,
+                            dobuf, lsebuf, dsumbuf, q, d_out, lse, d_q_scratch, s0, len, sh);
   };
 
   load_rows_async<D>(ks, k, s0, k0, len, kBK, sh.g, kvh);
