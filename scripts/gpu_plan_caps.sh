@@ -3,7 +3,9 @@
 # issue #7's benchmark: at each GPU-memory cap, the solved plan against the fixed policies, each
 # at the largest batch that fits the cap, measured by the streaming executor at full depth.
 #   CAPS="24 40 80" GEOMS="qwen2.5-3b qwen2.5-7b" bash scripts/gpu_plan_caps.sh
-#   (CAPS_qwen2_5_7b="24" GEOMS=...: per-geometry caps)
+#   (CAPS_qwen2_5_7b="24" GEOMS=...: per-geometry caps; PROFILE_qwen2_5_3b=FILE reuses a
+#   measured profile, e.g. bench/plan/results/h200_2026-12-01_s9_profile_qwen2.5-3b_b40.json,
+#   instead of the profile run)
 # Per geometry, first a profile: `ferry bench train --geometry G --policies device` at the run
 # batch (no cap), turned into a measured cost profile by `ferry plan --from-bench` (per-layer
 # forward / backward / recompute, loss window, optimizer, serial part; scaled linearly to other
@@ -31,6 +33,8 @@ declare -A MAXB=([qwen2.5-3b]=48 [qwen2.5-7b]=24)
 for g in ${GEOMS:-qwen2.5-3b qwen2.5-7b}; do
   maxb=${MAX_BATCH:-${MAXB[$g]:-32}}
   prof="$OUT/profile_${g}.json"
+  prof_var="PROFILE_${g//[.-]/_}"  # e.g. PROFILE_qwen2_5_3b=bench/plan/results/...json: reuse it
+  if [[ -n "${!prof_var:-}" && ! -s "$prof" ]]; then cp "${!prof_var}" "$prof"; fi
   if [[ ! -s "$prof" ]]; then
     timeout "${BENCH_TIMEOUT:-500}" "$FERRY" bench train --device cuda --geometry "$g" --seq-len 1024 \
       --batch-size "$maxb" --policies device $OPTIM $BENCH_EXTRA --json "$OUT/profile_bench_${g}.json" \
