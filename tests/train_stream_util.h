@@ -94,6 +94,7 @@ struct RunSpec {
   int optimizer_threads = 0;  // StreamOptions::optimizer_threads
   model::GemmPrecision gemm_precision = model::GemmPrecision::kF32;
   bool bf16_compute = false;  // TrainState::use_bf16_compute (fp32 master, bf16 weights)
+  bool bf16_grads = false;    // TrainState::bf16_grads
 };
 
 inline std::unique_ptr<TrainState> make_state(const model::LoadedModel& m, const RunSpec& r) {
@@ -110,6 +111,7 @@ inline std::unique_ptr<TrainState> make_state(const model::LoadedModel& m, const
   if (s.ok() && r.bf16_compute) {
     EXPECT_TRUE((*s)->use_bf16_compute().ok());
   }
+  if (s.ok()) (*s)->bf16_grads = r.bf16_grads;
   return std::move(s).value();
 }
 

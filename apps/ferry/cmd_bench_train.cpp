@@ -94,6 +94,9 @@ void register_bench_train(CLI::App& app, CommandFn& run) {
       ->check(CLI::Range(0, 4096));
   cmd->add_option("--optimizer-states", *states, "AdamW states: fp32 or 8bit (block-wise)")
       ->check(CLI::IsMember({"fp32", "8bit"}));
+  cmd->add_option("--grad-dtype", cfg->grad_dtype,
+                  "gradients in host memory and on the D2H: f32 or bf16 (half the bytes)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_option("--weights-dtype", cfg->weights_dtype,
                   "fp32 master: weights computed with and streamed: bf16 (the master rounded), "
                   "f32, or auto (bf16 on cuda)")

@@ -167,6 +167,11 @@ void register_train(CLI::App& app, CommandFn& run) {
                   "master: bf16 (the master rounded to bf16; half the link and host bytes of the "
                   "streaming copy), f32, or auto (bf16 on cuda, f32 on cpu)")
       ->check(CLI::IsMember({"auto", "bf16", "f32"}));
+  cmd->add_option("--grad-dtype", cfg->grad_dtype,
+                  "gradients kept in host memory and moved off the device: f32, or bf16 (half the "
+                  "host bytes, the D2H and the optimizer's reads; the running sum is rounded to "
+                  "bf16 after every micro-batch)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_option("--optimizer-threads", cfg->optimizer_threads,
                   "stream: CPU threads of the AdamW update (0: 1 beside CPU compute, all cores "
                   "but two beside a GPU)")

@@ -82,6 +82,7 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
   FERRY_ASSIGN_OR_RETURN(const model::GemmPrecision precision,
                          model::parse_gemm_precision(c.gemm_precision, be->device()));
   FERRY_ASSIGN_OR_RETURN(const bool bf16_compute, bf16_compute_weights(c.weights_dtype, c.device));
+  FERRY_ASSIGN_OR_RETURN(const bool bf16_grads, bf16_gradients(c.grad_dtype));
 
   // The random-weight model's config; each policy's host arena is filled in place with the
   // built-in init (the bits write_builtin_model would write), so no f32 model file or TrainState
@@ -120,6 +121,7 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
       {"optimizer", describe(c.optim)},
       {"gemm_precision", model::to_string(precision)},
       {"weights_dtype", bf16_compute || c.optim.master != MasterWeights::kF32 ? "bf16" : "f32"},
+      {"grad_dtype", bf16_grads ? "bf16" : "f32"},
       {"policies", Json::array()}};
   AdamWConfig adamw;
   // One pinned host arena for every policy: the previous policy's, re-initialized to the same
@@ -135,9 +137,9 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
       reuse->reinitialize(fill);
       arena = std::move(reuse);
     } else {
-      FERRY_ASSIGN_OR_RETURN(
-          arena, stream::HostArena::create_initialized(
-                     config, c.optim, stream::StreamExecutor::host_tier(*be), fill, bf16_compute));
+      FERRY_ASSIGN_OR_RETURN(arena, stream::HostArena::create_initialized(
+                                        config, c.optim, stream::StreamExecutor::host_tier(*be),
+                                        fill, bf16_compute, bf16_grads));
     }
     const double arena_s = setup.elapsed_s();
     // A policy by name, or a `ferry plan` document's boundary homes (plan=FILE).

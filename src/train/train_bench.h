@@ -41,6 +41,7 @@ struct TrainBenchConfig {
   int optimizer_threads = 0;            // StreamOptions::optimizer_threads
   std::string gemm_precision = "auto";  // stream: auto | bf16 | f32 (model::parse_gemm_precision)
   std::string weights_dtype = "auto";   // fp32 master: auto | bf16 | f32 (bf16_compute_weights)
+  std::string grad_dtype = "f32";       // f32 | bf16 (bf16_gradients)
   OptimMode optim;                      // master weights x optimizer states
   std::size_t device_budget_bytes = mem::MemoryBudget::kUnlimited;
   double peak_tflops = 0;  // MFU denominator; 0: the GPU's known peak

@@ -99,6 +99,15 @@ Status TrainState::use_bf16_compute() {
   return {};
 }
 
+void TrainState::round_grads_to_bf16() {
+  if (!bf16_grads) return;
+  for (auto& [name, t] : grads->named) {
+    float* g = t.as<float>();
+    const std::int64_t n = t.numel();
+    for (std::int64_t k = 0; k < n; ++k) g[k] = bf16_to_f32(f32_to_bf16(g[k]));
+  }
+}
+
 void TrainState::refresh_compute() {
   if (!compute) return;
   for (std::size_t i = 0; i < master->named.size(); ++i) {

@@ -38,12 +38,18 @@ struct TrainState {
   model::ModelParams params;                    // views of master (or of compute)
   std::vector<bool> decay;                      // [num params]
   std::unique_ptr<model::GradStorage> compute;  // fp32 master + bf16 compute only
+  // bf16 gradients (--grad-dtype bf16): the accumulated gradient is rounded to bf16 (nearest
+  // even) after every micro-batch — what the stream executor's bf16 host gradients and D2H hold —
+  // and the clip norm and the update read the rounded values. Off: f32 throughout.
+  bool bf16_grads = false;
 
   // Forward and backward read bf16-rounded weights from now on (allocates `compute`, rebinds
   // `params`). A no-op for bf16 masters.
   Status use_bf16_compute();
   // compute = bf16(master) (nothing without `compute`).
   void refresh_compute();
+  // With bf16_grads: every gradient element := its bf16 rounding (after each micro-batch).
+  void round_grads_to_bf16();
   // The weights the model computes with are bf16 values (bf16 master or bf16 compute).
   bool bf16_weights() const { return optim.mode.master != MasterWeights::kF32 || compute; }
 

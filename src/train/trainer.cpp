@@ -81,6 +81,12 @@ struct Job {
 
 }  // namespace
 
+Result<bool> bf16_gradients(std::string_view grad_dtype) {
+  if (grad_dtype == "bf16") return true;
+  if (grad_dtype == "f32") return false;
+  return invalid_argument("train: --grad-dtype {} (expected f32 or bf16)", grad_dtype);
+}
+
 Result<bool> bf16_compute_weights(std::string_view weights_dtype, std::string_view device) {
   if (weights_dtype == "bf16") return true;
   if (weights_dtype == "f32") return false;
@@ -101,6 +107,7 @@ Status load_model_into(Job& job, const std::string& dir, const TrainConfig& c) {
   FERRY_ASSIGN_OR_RETURN(job.state, TrainState::from_loaded(*loaded, c.optim, c.seed, q8));
   FERRY_ASSIGN_OR_RETURN(const bool bf16_compute, bf16_compute_weights(c.weights_dtype, c.device));
   if (bf16_compute) FERRY_TRY(job.state->use_bf16_compute());
+  FERRY_ASSIGN_OR_RETURN(job.state->bf16_grads, bf16_gradients(c.grad_dtype));
   FERRY_ASSIGN_OR_RETURN(job.config_json, read_file(dir + "/config.json"));
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                         "generation_config.json"}) {
@@ -253,7 +260,8 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
       q8_elements += s.master->named[i].second.numel();
     }
     const double q8_fraction = static_cast<double>(q8_elements) / static_cast<double>(sum.params);
-    const HostBytesPerParam arena = mixed_host_bytes_per_param(c.optim, q8_fraction);
+    const HostBytesPerParam arena =
+        mixed_host_bytes_per_param(c.optim, q8_fraction, s.bf16_grads ? DType::kBF16 : DType::kF32);
     const double bf16_truth =
         c.optim.master == MasterWeights::kF32 ? 0.0 : arena.weights + arena.master;
     const double q8_bytes = host_bytes_per_param({c.optim.master, OptimizerStates::k8Bit}).states;
@@ -310,11 +318,11 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
         streamer, stream::StreamExecutor::create(s, c.batch_size, c.seq_len, so, *step_be));
     sum.host_bytes_per_param = streamer->arena().bytes_per_param();
     lg->info(
-        "executor: stream on {} | {} GEMMs | {} weights | policy {} | {} weight slots | device "
-        "tier {} planned (budget {}) | host arena {} = {:.2f} bytes/param",
+        "executor: stream on {} | {} GEMMs | {} weights | {} grads | policy {} | {} weight slots | "
+        "device tier {} planned (budget {}) | host arena {} = {:.2f} bytes/param",
         device_name.empty() ? std::string("cpu") : device_name, model::to_string(gemm_precision),
-        s.bf16_weights() ? "bf16" : "f32", policy.describe(), c.prefetch + 1,
-        mem::format_bytes(streamer->device_planned_bytes()),
+        s.bf16_weights() ? "bf16" : "f32", s.bf16_grads ? "bf16" : "f32", policy.describe(),
+        c.prefetch + 1, mem::format_bytes(streamer->device_planned_bytes()),
         c.device_budget_mib > 0 ? mem::format_bytes(so.device_budget_bytes) : "unlimited",
         mem::format_bytes(streamer->arena().total_bytes()), sum.host_bytes_per_param);
   }
@@ -398,6 +406,7 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
       } else {
         FERRY_ASSIGN_OR_RETURN(r, compute->forward(s.params, batch));
         FERRY_TRY(compute->backward(s.params, batch, s.grads->grads));
+        s.round_grads_to_bf16();  // bf16 gradients: what the stream executor's host arena keeps
         fwd = bwd = static_cast<std::uint64_t>(s.geometry.layers);
       }
       flops += micro_batch_flops(s.geometry, matmul_params, mb.cu_seqlens, fwd, bwd);

@@ -70,6 +70,9 @@ struct TrainConfig {
   // (the master rounded to bf16, TrainState::use_bf16_compute), f32, or auto (bf16 with
   // --device cuda, f32 on the CPU). bf16 masters always compute with their bf16 weights.
   std::string weights_dtype = "auto";
+  // Gradients kept and moved as bf16 (TrainState::bf16_grads): f32 (default) or bf16 — half the
+  // host bytes, the D2H and the optimizer's gradient reads; rounded after every micro-batch.
+  std::string grad_dtype = "f32";
   std::string policy = "device";       // stream: activation policy (stream/activation_policy.h)
   int prefetch = 2;                    // stream: weight slots beyond the one in use
   std::int64_t device_budget_mib = 0;  // stream: device-tier budget, 0 = unlimited
@@ -95,6 +98,8 @@ Status validate(const TrainConfig& c);
 
 // --weights-dtype: whether an fp32 master's run computes with bf16-rounded weights.
 Result<bool> bf16_compute_weights(std::string_view weights_dtype, std::string_view device);
+// --grad-dtype: f32 or bf16 gradients (TrainState::bf16_grads).
+Result<bool> bf16_gradients(std::string_view grad_dtype);
 
 struct EvalPoint {
   std::int64_t step = 0;

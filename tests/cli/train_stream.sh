@@ -33,7 +33,7 @@ PY
   > "$TMP/mem.log" 2> "$TMP/mem.err"
 "$FERRY" train "${common[@]}" "${stream[@]}" --output-dir "$TMP/a" --metrics-out "$TMP/a.jsonl" \
   > "$TMP/a.log" 2> "$TMP/a.err"
-grep -q "executor: stream on cpu | f32 GEMMs | f32 weights | policy every:2" "$TMP/a.log" "$TMP/a.err" ||
+grep -q "executor: stream on cpu | f32 GEMMs | f32 weights | f32 grads | policy every:2" "$TMP/a.log" "$TMP/a.err" ||
   { echo "train_stream: the stream executor did not run"; cat "$TMP/a.log" "$TMP/a.err"; exit 1; }
 [ "$(grep -c '"type":"step"' "$TMP/a.jsonl")" = 24 ] || { echo "expected 24 step lines"; exit 1; }
 compare_losses "$TMP/mem.jsonl" "$TMP/a.jsonl" "stream vs memory"
@@ -46,13 +46,28 @@ cmp "$TMP/mem/model.safetensors" "$TMP/a/model.safetensors" ||
   --metrics-out "$TMP/mem16.jsonl" > "$TMP/mem16.log" 2> "$TMP/mem16.err"
 "$FERRY" train "${common[@]}" "${stream[@]}" --weights-dtype bf16 --output-dir "$TMP/a16" \
   --metrics-out "$TMP/a16.jsonl" > "$TMP/a16.log" 2> "$TMP/a16.err"
-grep -q "executor: stream on cpu | f32 GEMMs | bf16 weights | policy every:2" "$TMP/a16.log" \
+grep -q "executor: stream on cpu | f32 GEMMs | bf16 weights | f32 grads | policy every:2" "$TMP/a16.log" \
   "$TMP/a16.err" || { echo "train_stream: bf16 weights not in use"; cat "$TMP/a16.err"; exit 1; }
 compare_losses "$TMP/mem16.jsonl" "$TMP/a16.jsonl" "bf16 weights: stream vs memory"
 cmp "$TMP/mem16/model.safetensors" "$TMP/a16/model.safetensors" ||
   { echo "train_stream: bf16 weights: stream and memory export different weights"; exit 1; }
 if cmp -s "$TMP/a/model.safetensors" "$TMP/a16/model.safetensors"; then
   echo "train_stream: --weights-dtype bf16 changed nothing"; exit 1
+fi
+
+# 1c. --grad-dtype bf16 (gradients kept and moved as bf16, rounded after every micro-batch):
+#     stream == memory, and the run differs from the f32-gradient one.
+"$FERRY" train "${common[@]}" --grad-dtype bf16 --output-dir "$TMP/memg" \
+  --metrics-out "$TMP/memg.jsonl" > "$TMP/memg.log" 2> "$TMP/memg.err"
+"$FERRY" train "${common[@]}" "${stream[@]}" --grad-dtype bf16 --output-dir "$TMP/ag" \
+  --metrics-out "$TMP/ag.jsonl" > "$TMP/ag.log" 2> "$TMP/ag.err"
+grep -q "executor: stream on cpu | f32 GEMMs | f32 weights | bf16 grads | policy every:2" \
+  "$TMP/ag.log" "$TMP/ag.err" || { echo "train_stream: bf16 grads not in use"; cat "$TMP/ag.err"; exit 1; }
+compare_losses "$TMP/memg.jsonl" "$TMP/ag.jsonl" "bf16 grads: stream vs memory"
+cmp "$TMP/memg/model.safetensors" "$TMP/ag/model.safetensors" ||
+  { echo "train_stream: bf16 grads: stream and memory export different weights"; exit 1; }
+if cmp -s "$TMP/a/model.safetensors" "$TMP/ag/model.safetensors"; then
+  echo "train_stream: --grad-dtype bf16 changed nothing"; exit 1
 fi
 
 # 2. SIGKILL mid-way, resume.

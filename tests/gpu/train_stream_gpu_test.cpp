@@ -129,6 +129,24 @@ TEST(TrainStreamGpu, Bf16MastersEveryPolicyBitIdenticalOnGpu) {
   check_policies_on_gpu(*m, {"host", "every:2"}, spec);
 }
 
+// bf16 gradients: rounded on the device (convert kernels on the compute stream), half the D2H,
+// widened back on the refill stream for accumulation. Every policy bit-identical to "device",
+// the bytes moved equal the CPU executor's.
+TEST(TrainStreamGpu, Bf16GradientsEveryPolicyBitIdenticalOnGpu) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = testing::temp_dir("stream_gpu_bf16_grads");
+  auto m = dense_model(dir + "/model");
+  RunSpec spec;
+  spec.gemm_precision = model::GemmPrecision::kBf16;
+  spec.bf16_grads = true;
+  spec.bf16_compute = true;
+  const std::string nv = testing::temp_dir("stream_gpu_bf16_grads_nvme");
+  check_policies_on_gpu(*m, {"host", "every:2", "mix:dhrn:" + nv}, spec);
+  spec.mode = {.master = MasterWeights::kBf16Kahan, .states = OptimizerStates::k8Bit};
+  auto moe = moe_model();
+  check_policies_on_gpu(*moe, {"every:2", "host"}, spec);
+}
+
 TEST(TrainStreamGpu, MoeEveryPolicyBitIdenticalOnGpu) {
   if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
   auto m = moe_model();

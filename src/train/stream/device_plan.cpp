@@ -25,6 +25,13 @@ Result<DevicePlan> plan_device(const model::DecoderGeometry& geo, const ModelSiz
   for (int s = 0; s < slots; ++s) d.slots.push_back(d.plan.add("slot." + std::to_string(s), layer));
   for (int g = 0; g < kGradSlots; ++g)
     d.grads.push_back(d.plan.add("grad." + std::to_string(g), layer));
+  const std::size_t g16 = sizes.bf16_grads ? 2 : 0;  // bytes per element of the bf16 twins
+  for (int g = 0; g < kGradSlots; ++g) {
+    d.grad16.push_back(d.plan.add("grad16." + std::to_string(g),
+                                  static_cast<std::size_t>(sizes.max_layer_elements) * g16));
+  }
+  d.globals_g16 =
+      d.plan.add("globals.grads16", static_cast<std::size_t>(sizes.globals_elements) * g16);
   d.boundary.resize(static_cast<std::size_t>(geo.layers));
   for (int i = 0; i < geo.layers; ++i) {
     if (policy.homes[i] == Home::kDevice) {

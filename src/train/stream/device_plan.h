@@ -4,7 +4,8 @@
 // internals, scratch and the loss's logits chunk, ModelCompute::planned_bytes):
 //   globals   embedding / final norm / untied lm_head weights + their gradients (resident)
 //   slot.i    prefetch ring of weight slots (each the largest layer)
-//   grad.k    two layer-gradient slots (one filled by backward while the other drains)
+//   grad.k    two layer-gradient slots (one filled by backward while the other drains), with
+//             bf16 gradients each with a bf16 twin the D2H / refill moves (and the globals')
 //   boundary  [T, C] f32 per device-homed boundary, x_final, two transit buffers (forward of
 //             boundaries kept elsewhere or recomputed), one fetch buffer (host/NVMe boundaries
 //             coming back) and one per boundary a recompute span regenerates
@@ -35,6 +36,7 @@ struct ModelSizes {
   std::int64_t max_layer_elements = 0;  // the largest layer's parameters
   std::int64_t params = 0;              // parameter tensors (sums of squares)
   bool bf16_weights = false;            // the arena streams bf16 (bf16 masters)
+  bool bf16_grads = false;              // the arena keeps bf16 gradients (grad16 staging)
 };
 
 inline constexpr int kGradSlots = 2;
@@ -45,8 +47,12 @@ struct DevicePlan {
   mem::SlotId sumsq_ws;  // the backend's sum_squares scratch (0 bytes on the CPU)
   mem::SlotId stage16;   // bf16 landing buffer (bf16_widen.h), maybe 0 bytes
   std::int64_t stage16_elements = 0;
-  std::vector<mem::SlotId> slots;      // [prefetch slots]
-  std::vector<mem::SlotId> grads;      // [kGradSlots]
+  std::vector<mem::SlotId> slots;  // [prefetch slots]
+  std::vector<mem::SlotId> grads;  // [kGradSlots]
+  // bf16 gradients: each gradient slot's bf16 rounding (what leaves for and comes back from the
+  // host), and the globals' (0 bytes without bf16 gradients).
+  std::vector<mem::SlotId> grad16;  // [kGradSlots]
+  mem::SlotId globals_g16;
   std::vector<mem::SlotId> boundary;   // [L]: device-homed boundaries (others unused)
   std::vector<mem::SlotId> transit;    // [2]
   std::vector<mem::SlotId> recompute;  // [policy.max_recomputed()]

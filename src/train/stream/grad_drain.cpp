@@ -5,7 +5,7 @@
 
 namespace ferry::train::stream {
 
-Result<std::unique_ptr<GradDrain>> GradDrain::create(std::vector<float*> slots,
+Result<std::unique_ptr<GradDrain>> GradDrain::create(std::vector<void*> slots,
                                                      mem::TransferEngine& engine, mem::Stream& d2h,
                                                      mem::Stream& compute) {
   std::vector<mem::Event> ready;
@@ -18,7 +18,7 @@ Result<std::unique_ptr<GradDrain>> GradDrain::create(std::vector<float*> slots,
       new GradDrain(std::move(slots), engine, d2h, compute, std::move(ready)));
 }
 
-GradDrain::GradDrain(std::vector<float*> slots, mem::TransferEngine& engine, mem::Stream& d2h,
+GradDrain::GradDrain(std::vector<void*> slots, mem::TransferEngine& engine, mem::Stream& d2h,
                      mem::Stream& compute, std::vector<mem::Event> ready)
     : slots_(std::move(slots)),
       engine_(engine),
@@ -49,7 +49,7 @@ int GradDrain::acquire() {
   return static_cast<int>(n % slots_.size());
 }
 
-void GradDrain::submit(float* host_dst, std::size_t bytes) {
+void GradDrain::submit(void* host_dst, std::size_t bytes) {
   {
     std::lock_guard lk(mu_);
     FERRY_CHECK(acquired_ == submitted_ + 1, "train: gradient drain submitted without acquire");

@@ -27,7 +27,7 @@ namespace ferry::train::stream {
 class GradDrain {
  public:
   // compute: the stream whose kernels write the slots.
-  static Result<std::unique_ptr<GradDrain>> create(std::vector<float*> slots,
+  static Result<std::unique_ptr<GradDrain>> create(std::vector<void*> slots,
                                                    mem::TransferEngine& engine, mem::Stream& d2h,
                                                    mem::Stream& compute);
   ~GradDrain();
@@ -37,21 +37,21 @@ class GradDrain {
   // The next slot, once its previous drain is done.
   int acquire();
   // Drains `bytes` of the slot acquire() returned last into host_dst.
-  void submit(float* host_dst, std::size_t bytes);
+  void submit(void* host_dst, std::size_t bytes);
   // Blocks until every submitted drain completed; the first copy error, if any.
   Status flush();
   std::uint64_t bytes() const;
 
  private:
   struct Job {
-    float* dst = nullptr;
+    void* dst = nullptr;
     std::size_t bytes = 0;
   };
-  GradDrain(std::vector<float*> slots, mem::TransferEngine& engine, mem::Stream& d2h,
+  GradDrain(std::vector<void*> slots, mem::TransferEngine& engine, mem::Stream& d2h,
             mem::Stream& compute, std::vector<mem::Event> ready);
   void run();
 
-  std::vector<float*> slots_;
+  std::vector<void*> slots_;
   mem::TransferEngine& engine_;
   mem::Stream& d2h_;
   mem::Stream& compute_;

@@ -31,14 +31,14 @@ Result<std::unique_ptr<HostArena>> HostArena::create(const TrainState& s, mem::M
   std::vector<bool> q8(specs.size());
   for (std::size_t i = 0; i < specs.size(); ++i) q8[i] = s.optim.params[i].q8();
   FERRY_ASSIGN_OR_RETURN(auto a, allocate(specs, s.geometry.layers, s.optim.mode, s.bf16_weights(),
-                                          s.decay, q8, tier));
+                                          s.bf16_grads, s.decay, q8, tier));
   FERRY_TRY(a->load_from(s));
   return a;
 }
 
 Result<std::unique_ptr<HostArena>> HostArena::create_initialized(
     const model::ModelConfig& config, const OptimMode& mode, mem::MemTier tier,
-    const std::function<void(std::size_t, float*)>& init, bool bf16_compute) {
+    const std::function<void(std::size_t, float*)>& init, bool bf16_compute, bool bf16_grads) {
   const std::vector<model::ParamSpec> specs = model::param_specs(config);
   FERRY_ASSIGN_OR_RETURN(const model::DecoderGeometry geo, model::make_geometry(config));
   std::vector<bool> decay, q8;
@@ -46,7 +46,8 @@ Result<std::unique_ptr<HostArena>> HostArena::create_initialized(
     decay.push_back(decays(p.hf_name));
     q8.push_back(mode.states == OptimizerStates::k8Bit);
   }
-  FERRY_ASSIGN_OR_RETURN(auto a, allocate(specs, geo.layers, mode, bf16_compute, decay, q8, tier));
+  FERRY_ASSIGN_OR_RETURN(
+      auto a, allocate(specs, geo.layers, mode, bf16_compute, bf16_grads, decay, q8, tier));
   a->reinitialize(init);
   return a;
 }
@@ -86,13 +87,14 @@ void HostArena::reinitialize(const std::function<void(std::size_t, float*)>& ini
 
 Result<std::unique_ptr<HostArena>> HostArena::allocate(const std::vector<model::ParamSpec>& specs,
                                                        int layers, const OptimMode& mode,
-                                                       bool bf16_weights,
+                                                       bool bf16_weights, bool bf16_grads,
                                                        const std::vector<bool>& decay,
                                                        const std::vector<bool>& q8,
                                                        mem::MemTier tier) {
   std::unique_ptr<HostArena> a(new HostArena(tier));
   a->mode_ = mode;
   a->bf16_weights_ = bf16_weights || mode.master != MasterWeights::kF32;
+  a->bf16_grads_ = bf16_grads;
   const int L = layers;
   a->units_.resize(static_cast<std::size_t>(L) + 1);
   for (std::size_t i = 0; i < specs.size(); ++i) {
@@ -142,7 +144,7 @@ Result<std::unique_ptr<HostArena>> HostArena::allocate(const std::vector<model::
       unit.m_absmax = plan.add(pre + ".m_absmax", scales, kPage);
       unit.v_absmax = plan.add(pre + ".v_absmax", scales, kPage);
     }
-    unit.grads = plan.add(pre + ".grads", f32, kPage);
+    unit.grads = plan.add(pre + ".grads", bf16_grads ? b16 : f32, kPage);
   }
   FERRY_ASSIGN_OR_RETURN(a->arena_,
                          mem::make_arena(plan, tier, a->budget_, {.what = "train host arena"}));
@@ -175,6 +177,10 @@ Status HostArena::check_layout(const TrainState& s) const {
     return invalid_argument("train: state mode {} differs from the arena's {}",
                             describe(s.optim.mode), describe(mode_));
   }
+  if (s.bf16_grads != bf16_grads_) {
+    return invalid_argument("train: the state keeps {} gradients, the arena {}",
+                            s.bf16_grads ? "bf16" : "f32", bf16_grads_ ? "bf16" : "f32");
+  }
   if (s.bf16_weights() != bf16_weights_) {
     return invalid_argument("train: the state computes with {} weights, the arena streams {}",
                             s.bf16_weights() ? "bf16" : "f32", bf16_weights_ ? "bf16" : "f32");
@@ -205,7 +211,8 @@ Status HostArena::load_from(const TrainState& s) {
       std::memcpy(master(p.unit) + p.offset, w, bytes);
       write_streaming_copy(p);
     }
-    std::memset(grads(p.unit) + p.offset, 0, bytes);
+    std::memset(grad_bytes(p.unit) + p.offset * grad_size(), 0,
+                static_cast<std::size_t>(p.n) * grad_size());
     if (p.q8) {
       std::memcpy(m8(p), st.m8.data(), static_cast<std::size_t>(p.n));
       std::memcpy(v8(p), st.v8.data(), static_cast<std::size_t>(p.n));

@@ -13,7 +13,8 @@
 //   states    f32 m, v — or 8-bit m, v codes + one f32 absmax per 2048 (optim/q8_code.h) — per
 //             parameter (--8bit-params may select a subset), so the m and v sections are the
 //             unit's mixture: 4 bytes per f32-state element, 1 per 8-bit one
-//   grads     f32 gradient landing buffer (accumulated over micro-batches)
+//   grads     gradient landing buffer (accumulated over micro-batches): f32, or bf16 with
+//             TrainState::bf16_grads (the D2H and the optimizer read half the bytes)
 // Each section holds the unit's parameters back to back in param_specs order and starts on a
 // 4096-byte page, so a unit's weights are one contiguous copy and its state is adjacent.
 // With bf16 masters the arena's bytes/param are host_bytes_per_param(mode, f32 grads) plus page
@@ -29,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "core/check.h"
 #include "core/result.h"
 #include "mem/arena.h"
 #include "mem/budget.h"
@@ -65,7 +67,8 @@ class HostArena {
   // bytes create(TrainState::from_loaded(m, mode)) holds for a model m with those values (tested).
   static Result<std::unique_ptr<HostArena>> create_initialized(
       const model::ModelConfig& config, const OptimMode& mode, mem::MemTier tier,
-      const std::function<void(std::size_t, float*)>& init, bool bf16_compute = false);
+      const std::function<void(std::size_t, float*)>& init, bool bf16_compute = false,
+      bool bf16_grads = false);
   // Back to create_initialized's bytes for `init` on this arena's layout (after training on it):
   // `ferry bench train` reuses one pinned arena for every policy instead of pinning tens of GB
   // again per policy.
@@ -107,7 +110,18 @@ class HostArena {
   float* v_absmax(const ParamLoc& p) const {
     return arena_.as<float>(units_[p.unit].v_absmax) + p.block0;
   }
-  float* grads(int u) const { return arena_.as<float>(units_[u].grads); }
+  // The unit's gradient landing buffer: f32, or bf16 with bf16 gradients (grads16).
+  float* grads(int u) const {
+    FERRY_CHECK(!bf16_grads_, "train: the arena's gradients are bf16");
+    return arena_.as<float>(units_[u].grads);
+  }
+  std::uint16_t* grads16(int u) const {
+    FERRY_CHECK(bf16_grads_, "train: the arena's gradients are f32");
+    return arena_.as<std::uint16_t>(units_[u].grads);
+  }
+  bool bf16_grads() const { return bf16_grads_; }
+  std::size_t grad_size() const { return bf16_grads_ ? 2 : 4; }  // bytes per gradient element
+  std::uint8_t* grad_bytes(int u) const { return arena_.as<std::uint8_t>(units_[u].grads); }
 
   const OptimMode& mode() const { return mode_; }
   std::size_t total_bytes() const { return arena_.plan().allocation_bytes(); }
@@ -124,7 +138,7 @@ class HostArena {
   // Lays out and allocates (contents undefined) the arena of these parameters.
   static Result<std::unique_ptr<HostArena>> allocate(const std::vector<model::ParamSpec>& specs,
                                                      int layers, const OptimMode& mode,
-                                                     bool bf16_weights,
+                                                     bool bf16_weights, bool bf16_grads,
                                                      const std::vector<bool>& decay,
                                                      const std::vector<bool>& q8,
                                                      mem::MemTier tier);
@@ -137,6 +151,7 @@ class HostArena {
 
   OptimMode mode_;
   bool bf16_weights_ = false;
+  bool bf16_grads_ = false;
   std::vector<ParamLoc> params_;
   std::vector<Unit> units_;
   std::int64_t elements_ = 0;

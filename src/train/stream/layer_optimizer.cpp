@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <vector>
 
+#include "core/dtype.h"
 #include "core/timer.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/hybrid_adamw.h"
@@ -131,7 +133,18 @@ void LayerOptimizer::update_range(int u, int idx, const UpdateArgs& a, std::int6
   const std::int64_t at = p.offset + begin;  // element offset within the unit's sections
   const kc::AdamWConstants k = kc::make_adamw_constants(
       a.lr, a.beta1, a.beta2, a.eps, p.decay ? a.weight_decay : 0.0f, a.grad_scale, a.step);
-  const float* g = arena_.grads(u) + at;
+  const float* g = nullptr;
+  if (arena_.bf16_grads()) {
+    // bf16 gradients widened exactly into a per-thread chunk buffer (kChunk floats stay in L2):
+    // the kernels read the f32 values the in-memory executor's rounded gradients hold.
+    thread_local std::vector<float> widened;
+    widened.resize(static_cast<std::size_t>(n));
+    const std::uint16_t* g16 = arena_.grads16(u) + at;
+    for (std::int64_t e = 0; e < n; ++e) widened[static_cast<std::size_t>(e)] = bf16_to_f32(g16[e]);
+    g = widened.data();
+  } else {
+    g = arena_.grads(u) + at;
+  }
   // fp32 master with a bf16 streaming copy: the kernel writes it (round to nearest even) while
   // it updates the chunk.
   std::uint16_t* copy16 = !bf16 && arena_.bf16_weights() ? arena_.w16(u) + at : nullptr;

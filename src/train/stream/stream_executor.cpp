@@ -104,7 +104,8 @@ ModelSizes model_sizes(const HostArena& arena) {
   return {.globals_elements = arena.unit_elements(arena.globals_unit()),
           .max_layer_elements = arena.max_layer_elements(),
           .params = static_cast<std::int64_t>(arena.params().size()),
-          .bf16_weights = arena.bf16_weights()};
+          .bf16_weights = arena.bf16_weights(),
+          .bf16_grads = arena.bf16_grads()};
 }
 
 ModelSizes model_sizes(const model::ModelConfig& config, bool bf16_weights) {
@@ -283,8 +284,13 @@ Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_s
     grad_slots_.push_back(writable(
         bind_views(specs, *arena_, geo_, false, d, [&](int) -> const float* { return dev(id); })));
   }
-  std::vector<float*> gslots;
-  for (mem::SlotId id : plan_.grads) gslots.push_back(dev(id));
+  // The drain moves each slot's bf16 twin with bf16 gradients (half the D2H bytes).
+  std::vector<void*> gslots;
+  for (int k = 0; k < kGradSlots; ++k) {
+    const auto i = static_cast<std::size_t>(k);
+    gslots.push_back(arena_->bf16_grads() ? static_cast<void*>(device_.data(plan_.grad16[i]))
+                                          : static_cast<void*>(dev(plan_.grads[i])));
+  }
   FERRY_ASSIGN_OR_RETURN(drain_, GradDrain::create(std::move(gslots), *te_, streams_->d2h(), cs()));
   spans_ = pol.spans();
   for (auto it = spans_.rbegin(); it != spans_.rend(); ++it) {
@@ -369,6 +375,19 @@ float* StreamExecutor::boundary_ptr(int i) const {
   if (i == geo_.layers) return dev(plan_.x_final);
   if (opts_.policy.homes[i] == Home::kDevice) return dev(plan_.boundary[i]);
   return dev(plan_.transit[static_cast<std::size_t>(i % 2)]);
+}
+
+TensorView StreamExecutor::flat(void* p, DType t, std::int64_t n) const {
+  return TensorView::contiguous(p, t, be_.device(), {n});
+}
+
+// f32 -> its bf16 rounding in `b16` (what leaves for the host); with back, the f32 values become
+// that rounding too (the norm and later micro-batches read them). On the compute stream.
+Status StreamExecutor::round_to_bf16(float* f32, void* b16, std::int64_t n, bool back) {
+  FERRY_TRY(
+      be_.convert({.out = flat(b16, DType::kBF16, n), .in = flat(f32, DType::kF32, n)}, cs()));
+  if (!back) return {};
+  return be_.convert({.out = flat(f32, DType::kF32, n), .in = flat(b16, DType::kBF16, n)}, cs());
 }
 
 bool StreamExecutor::offloaded(int i) const {
@@ -603,8 +622,18 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
       FERRY_ASSIGN_OR_RETURN(const int gk,
                              timed_wait([&]() -> Result<int> { return drain_->acquire(); }));
       float* gslot = dev(plan_.grads[static_cast<std::size_t>(gk)]);
+      const bool g16 = arena_->bf16_grads();
+      const std::int64_t ln = arena_->unit_elements(l);
+      void* gslot16 = g16 ? device_.data(plan_.grad16[static_cast<std::size_t>(gk)]) : nullptr;
       if (a == 0) {
         FERRY_TRY(te_->zero(gslot, lbytes, cs()));
+      } else if (g16) {  // the host's bf16 running sum, widened into the slot on the refill stream
+        FERRY_TRY(te_->h2d(gslot16, arena_->grads16(l), lbytes / 2, refill()));
+        FERRY_TRY(be_.convert(
+            {.out = flat(gslot, DType::kF32, ln), .in = flat(gslot16, DType::kBF16, ln)},
+            refill()));
+        FERRY_TRY(refill_ready_->record(refill()));
+        stats_.grad_h2d += lbytes / 2;
       } else {
         FERRY_TRY(te_->h2d(gslot, arena_->grads(l), lbytes, refill()));
         FERRY_TRY(refill_ready_->record(refill()));
@@ -619,8 +648,15 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
       ++stats_.layer_backwards;
       FERRY_TRY(compute_->layer_backward(l, p, grad_slots_[gk].layers[l], b, x_in));
       streamer_->release(j++);
-      if (last) FERRY_TRY(take_sumsq(l, gslot));
-      drain_->submit(arena_->grads(l), lbytes);
+      if (g16) {
+        // The slot's bf16 rounding leaves; the last micro-batch's norm is taken on those values.
+        FERRY_TRY(round_to_bf16(gslot, gslot16, ln, last));
+        if (last) FERRY_TRY(take_sumsq(l, gslot));
+        drain_->submit(arena_->grads16(l), lbytes / 2);
+      } else {
+        if (last) FERRY_TRY(take_sumsq(l, gslot));
+        drain_->submit(arena_->grads(l), lbytes);
+      }
       if (l == s && offloaded(s)) {
         // The span's last reader of its fetch buffer is queued: the fetch two spans down may
         // fill it (issued here, so an NVMe read blocks the host while this span computes).
@@ -631,13 +667,25 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
     }
   }
   FERRY_TRY(compute_->embed_backward(globals_grad_.embed, b));
+  // bf16 gradients: the globals' running sum is rounded after every micro-batch too (it stays on
+  // the device in between), as the in-memory executor rounds every gradient.
+  void* g16_globals =
+      arena_->bf16_grads() ? device_.data(plan_.globals_g16) : static_cast<void*>(nullptr);
+  if (g16_globals != nullptr) {
+    FERRY_TRY(round_to_bf16(dev(plan_.globals_g), g16_globals, arena_->unit_elements(G), true));
+  }
   FERRY_TRY(streamer_->finish());
   // The next micro-batch reads these gradients back (or the optimizer does).
   FERRY_TRY(timed_wait([&] { return drain_->flush(); }));
   if (last) {
     FERRY_TRY(take_sumsq(G, dev(plan_.globals_g)));
-    FERRY_TRY(copy(arena_->grads(G), dev(plan_.globals_g), gbytes, mem::CopyKind::kDeviceToHost,
-                   &globals_grad_d2h_));
+    if (g16_globals != nullptr) {
+      FERRY_TRY(copy(arena_->grads16(G), g16_globals, gbytes / 2, mem::CopyKind::kDeviceToHost,
+                     &globals_grad_d2h_));
+    } else {
+      FERRY_TRY(copy(arena_->grads(G), dev(plan_.globals_g), gbytes, mem::CopyKind::kDeviceToHost,
+                     &globals_grad_d2h_));
+    }
     FERRY_TRY(read_sumsq());
   }
   // Everything this micro-batch enqueued has run: the caller may reuse its batch, the optimizer

@@ -22,6 +22,12 @@
 //     in-memory executor) -> clip -> LayerOptimizer::submit (CPU worker, layer order); returns at
 //     once. Non-finite ||G||: nothing is submitted (the caller counts skips).
 //
+// bf16 gradients (TrainState::bf16_grads): after each layer's backward the f32 slot is rounded
+// to bf16 into its twin (grad16), which drains (half the D2H) into the arena's bf16 gradients;
+// later micro-batches refill the twin and widen it into the slot on the refill stream; the
+// globals' running sum is rounded in place each micro-batch; the last micro-batch's norm is taken
+// on the rounded values, which the optimizer widens back — the in-memory executor's
+// round_grads_to_bf16() after every micro-batch, so the bits still match.
 // Bit-identical to the in-memory executor (trainer.h) for every policy on the CPU backend: the
 // same kernels run on the same values in the same order; recompute is deterministic.
 // bf16 masters: the arena's bf16 weights stream as bf16 (half the link bytes) and are widened on
@@ -170,6 +176,8 @@ class StreamExecutor {
   Result<const float*> take_fetch();
   Status fetch_into(int buf, int i, std::int64_t T);
   bool offloaded(int i) const;
+  TensorView flat(void* p, DType t, std::int64_t n) const;
+  Status round_to_bf16(float* f32, void* b16, std::int64_t n, bool back);
   Status take_sumsq(int unit, const float* grads);
   Status read_sumsq();
   mem::Stream& cs() { return streams_->compute(); }

@@ -50,6 +50,7 @@ RunResult run_reference(const model::LoadedModel& m, const RunSpec& r,
       auto f = (*mc)->forward(out.state->params, b);
       EXPECT_TRUE(f.ok());
       EXPECT_TRUE((*mc)->backward(out.state->params, b, out.state->grads->grads).ok());
+      out.state->round_grads_to_bf16();  // with bf16 gradients, as the trainer does
       loss += f->mean_loss() / r.accum;
     }
     auto o = optimizer_step(*out.state, adamw(), lr_of(step), opt_step + 1, r.accum, be);
@@ -282,6 +283,64 @@ TEST(StreamExecutor, Bf16WeightsAreTheMastersRoundingAndHalveTheStreamedBytes) {
   const double n = double((*arena_a)->num_elements());
   EXPECT_NEAR(saved / n, 2.0, 0.1);
   // A state computing with f32 weights does not load into a bf16-weights arena.
+  EXPECT_FALSE((*arena_b)->load_from(*sa).ok());
+}
+
+// bf16 gradients (--grad-dtype bf16): the host arena keeps, and the D2H / refill move, the
+// running sum's bf16 rounding; the in-memory executor rounds its gradients after every
+// micro-batch the same way, so every policy (NVMe, recompute and accumulation included) stays
+// bit-identical to it, in the fp32 and the bf16-master / 8-bit modes and on a MoE model.
+TEST(StreamExecutor, Bf16GradientsMatchInMemory) {
+  const std::string dir = testing::temp_dir("stream_bf16g");
+  auto m = dense_model(dir + "/model");
+  const std::string nv = nvme_dir();
+  for (const OptimMode& mode : {OptimMode{}, OptimMode{.master = MasterWeights::kBf16Kahan,
+                                             .states = OptimizerStates::k8Bit}}) {
+    SCOPED_TRACE(describe(mode));
+    RunSpec spec;
+    spec.mode = mode;
+    spec.bf16_grads = true;
+    check_policies(*m, {"device", "host", "every:2", "mix:dhrn:" + nv}, spec);
+  }
+  auto moe = moe_model();
+  RunSpec spec;
+  spec.bf16_grads = true;
+  spec.bf16_compute = true;
+  check_policies(*moe, {"every:2", "device"}, spec);
+}
+
+// What bf16 gradients change: the run (the update reads rounded gradients), half the gradient
+// bytes on the D2H and the refill, 2 host bytes/param less; an f32-gradient state does not load
+// into a bf16-gradient arena.
+TEST(StreamExecutor, Bf16GradientsHalveTheGradientBytes) {
+  const std::string dir = testing::temp_dir("stream_bf16g_bytes");
+  auto m = dense_model(dir + "/model");
+  const std::vector<Batch> data = make_batches(6, m->geometry.vocab, 5);
+  RunSpec f32;
+  RunSpec b16 = f32;
+  b16.bf16_grads = true;
+  const RunResult a = run_stream(*m, f32, data, "host");
+  const RunResult b = run_stream(*m, b16, data, "host");
+  ASSERT_EQ(a.losses.size(), b.losses.size());
+  EXPECT_EQ(a.losses[0], b.losses[0]) << "the first forward sees the same weights";
+  EXPECT_NE(a.outcomes[0].grad_norm, b.outcomes[0].grad_norm) << "the norm reads rounded values";
+  bool differ = false;
+  for (std::size_t i = 0; i < a.state->num_params(); ++i) {
+    const TensorView& wa = a.state->master->named[i].second;
+    differ |= std::memcmp(wa.data, b.state->master->named[i].second.data, wa.bytes()) != 0;
+  }
+  EXPECT_TRUE(differ) << "bf16 gradients should change the update";
+  EXPECT_GT(a.stats.grad_d2h, 0u);
+  EXPECT_EQ(2 * b.stats.grad_d2h, a.stats.grad_d2h);
+  EXPECT_GT(a.stats.grad_h2d, 0u);  // accumulation refills
+  EXPECT_EQ(2 * b.stats.grad_h2d, a.stats.grad_h2d);
+  std::unique_ptr<TrainState> sa = make_state(*m, f32), sb = make_state(*m, b16);
+  auto arena_a = HostArena::create(*sa);
+  auto arena_b = HostArena::create(*sb);
+  ASSERT_TRUE(arena_a.ok() && arena_b.ok());
+  EXPECT_TRUE((*arena_b)->bf16_grads());
+  const double saved = double((*arena_a)->total_bytes()) - double((*arena_b)->total_bytes());
+  EXPECT_NEAR(saved / double((*arena_a)->num_elements()), 2.0, 0.1);
   EXPECT_FALSE((*arena_b)->load_from(*sa).ok());
 }
 
