@@ -55,6 +55,7 @@ struct PlanConfig {
   double host_state_bytes_per_param = 16;
   std::string master;            // with optimizer_states: host bytes/param from the optimizer mode
   std::string optimizer_states;  // (train/optim/optim_modes.h) instead of a number
+  std::string grad_dtype = "f32";       // ferry train --grad-dtype: host gradient bytes, GPU twins
   bool host_state_bytes_given = false;  // --host-state-bytes-per-param was on the command line
   std::string profile;  // explicit profile; else the cached one for machine + geometry, if any
   std::string machine = "h200";
@@ -113,7 +114,8 @@ Result<plan::MachineSpec> machine_spec(const PlanConfig& c) {
 // GPU memory as the stream executor allocates it (--executor-device; none: the cost model's).
 Result<std::optional<ExecutorTarget>> executor_of(const PlanConfig& c) {
   if (c.executor_device == "none") return std::optional<ExecutorTarget>();
-  FERRY_ASSIGN_OR_RETURN(const ExecutorTarget exec, executor_target(c.executor_device, c.master));
+  FERRY_ASSIGN_OR_RETURN(const ExecutorTarget exec,
+                         executor_target(c.executor_device, c.master, c.grad_dtype == "bf16"));
   log::get("plan")->info(
       "gpu memory as the stream executor allocates it on {} ({} GEMMs, {} weights; "
       "--executor-device none: the cost model's estimate)",
@@ -270,8 +272,8 @@ Status run_measure_machine(const PlanConfig& c) {
   return ok_status();
 }
 
-// --master / --optimizer-states -> host state bytes per parameter of the streaming arena (bf16
-// gradients), the number `ferry train` prints for the same flags.
+// --master / --optimizer-states (/ --grad-dtype) -> host state bytes per parameter of the
+// streaming arena, the number `ferry train` prints for the same flags.
 Status resolve_host_state(PlanConfig& c) {
   if (c.master.empty() && c.optimizer_states.empty()) return ok_status();
   if (c.host_state_bytes_given) {
@@ -285,7 +287,8 @@ Status resolve_host_state(PlanConfig& c) {
   if (!c.optimizer_states.empty()) {
     FERRY_ASSIGN_OR_RETURN(mode.states, train::parse_optimizer_states(c.optimizer_states));
   }
-  const train::HostBytesPerParam b = train::host_bytes_per_param(mode, DType::kBF16);
+  const train::HostBytesPerParam b =
+      train::host_bytes_per_param(mode, c.grad_dtype == "bf16" ? DType::kBF16 : DType::kF32);
   c.host_state_bytes_per_param = b.total();
   log::get("plan")->info(
       "host state {:.3f} bytes/param ({}: weights {:g} + master {:g} + states {:.3f} + grads {:g})",
@@ -407,6 +410,7 @@ Status write_training_plan(const TrainingPlanRequest& r, const std::string& out_
   c.nvme_gb = r.nvme_dir.empty() ? 0.0 : r.nvme_gb;
   c.master = r.master;
   c.optimizer_states = r.optimizer_states;
+  c.grad_dtype = r.grad_dtype;
   c.machine = r.machine;
   c.time_limit_s = r.time_limit_s;
   c.executor_device = r.device;
@@ -473,6 +477,10 @@ void register_plan(CLI::App& app, CommandFn& run) {
                   "--optimizer-states) as ferry train would use them");
   cmd->add_option("--optimizer-states", c.optimizer_states,
                   "AdamW states fp32|8bit (see --master)");
+  cmd->add_option("--grad-dtype", c.grad_dtype,
+                  "gradients as ferry train --grad-dtype keeps them: f32 (default) or bf16 (host "
+                  "bytes/param with --master/--optimizer-states, and the executor's GPU twins)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_option("--profile", c.profile, "measured cost profile JSON (docs/plan.md)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--machine", c.machine, "machine name for defaults and the profile cache");

@@ -35,7 +35,8 @@ train::stream::Home executor_home(plan::Home h) {
 
 }  // namespace
 
-Result<ExecutorTarget> executor_target(const std::string& device, const std::string& master) {
+Result<ExecutorTarget> executor_target(const std::string& device, const std::string& master,
+                                       bool bf16_grads) {
   ExecutorTarget t;
   if (device != "auto" && device != "cpu" && device != "cuda") {
     return invalid_argument("plan: executor device {} (expected auto, cpu or cuda)", device);
@@ -57,6 +58,7 @@ Result<ExecutorTarget> executor_target(const std::string& device, const std::str
   }
   // An fp32 master streams its bf16 rounding on a GPU (--weights-dtype auto).
   t.bf16_weights = bf16_master || t.backend->device() != Device::kCpu;
+  t.bf16_grads = bf16_grads;
   return t;
 }
 
@@ -69,7 +71,8 @@ Status fit_gpu_memory_to_executor(plan::PlanProblem& p, const model::ModelConfig
                             p.num_layers);
   }
   const std::int64_t tokens = static_cast<std::int64_t>(p.batch_size) * p.seq_len;
-  const train::stream::ModelSizes sizes = train::stream::model_sizes(cfg, t.bf16_weights);
+  const train::stream::ModelSizes sizes =
+      train::stream::model_sizes(cfg, t.bf16_weights, t.bf16_grads);
   // The executor's boundary: f32 hidden states of every token.
   const double a = static_cast<double>(tokens) * static_cast<double>(geo.hidden) * 4.0 / kGB;
   p.boundary_gb.assign(static_cast<std::size_t>(p.num_layers) + 1, a);
@@ -112,9 +115,9 @@ Result<double> executor_gpu_gb(const plan::PlanProblem& p, const plan::Plan& pla
   pol.nvme_dir = "nvme";  // only its presence matters to the byte count
   FERRY_ASSIGN_OR_RETURN(
       const train::stream::DevicePlan d,
-      train::stream::plan_device(geo, train::stream::model_sizes(cfg, t.bf16_weights), pol, t.slots,
-                                 static_cast<std::int64_t>(p.batch_size) * p.seq_len, *t.backend,
-                                 t.precision));
+      train::stream::plan_device(geo, train::stream::model_sizes(cfg, t.bf16_weights, t.bf16_grads),
+                                 pol, t.slots, static_cast<std::int64_t>(p.batch_size) * p.seq_len,
+                                 *t.backend, t.precision));
   return static_cast<double>(d.total_bytes()) / kGB;
 }
 

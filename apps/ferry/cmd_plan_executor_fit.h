@@ -32,12 +32,14 @@ struct ExecutorTarget {
   kernels::Backend* backend = nullptr;  // whose workspace sizes the executor will allocate
   model::GemmPrecision precision = model::GemmPrecision::kF32;
   bool bf16_weights = false;  // bf16 weights on the link (bf16 staging buffer on a GPU)
+  bool bf16_grads = false;    // bf16 gradients (their bf16 twins on the device)
   int slots = 3;              // weight ring: prefetch depth 2 + the slot in use
 };
 
 // device: "cuda", "cpu" or "auto" (cuda when a GPU is present, else cpu); master: ferry train's
 // --master (bf16 masters stream bf16 weights; an fp32 master streams bf16 on a GPU, auto).
-Result<ExecutorTarget> executor_target(const std::string& device, const std::string& master);
+Result<ExecutorTarget> executor_target(const std::string& device, const std::string& master,
+                                       bool bf16_grads = false);
 
 // Rewrites p's GPU-memory terms (boundary_gb, work_*_gb, loss_work_gb, gpu_fixed_gb) for the
 // executor at p.batch_size x p.seq_len tokens. Timings and the other tiers are untouched.

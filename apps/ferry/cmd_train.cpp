@@ -56,6 +56,7 @@ Status solve_auto_plan(train::TrainConfig& cfg, const std::string& master,
   }
   r.master = master;
   r.optimizer_states = states;
+  r.grad_dtype = cfg.grad_dtype;
   r.device = cfg.device;
   std::error_code ec;
   std::filesystem::create_directories(cfg.output_dir, ec);

@@ -46,6 +46,7 @@ struct TrainingPlanRequest {
   std::string nvme_dir;  // empty: no NVMe tier
   double nvme_gb = 0;
   std::string master, optimizer_states;  // train's flags: the host bytes/param
+  std::string grad_dtype = "f32";        // train's --grad-dtype
   std::string machine = "h200";
   double time_limit_s = 30;
   std::string device = "auto";  // the executor's device (ferry train --device): its GPU memory

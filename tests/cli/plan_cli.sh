@@ -69,8 +69,14 @@ set -e
 # The optimizer mode sets the host state per parameter (the arena ferry train would build).
 "$FERRY" "${base[@]}" --batch-size 8 --gpu-mem-gb 24 --no-policies --master bf16-kahan \
   --optimizer-states 8bit > /dev/null 2> "$TMP/err" || { echo "mode plan failed"; cat "$TMP/err"; exit 1; }
-grep -q "host state 8.004 bytes/param (master=bf16-kahan states=8bit" "$TMP/err" ||
+grep -q "host state 10.004 bytes/param (master=bf16-kahan states=8bit" "$TMP/err" ||
   { echo "no host-state line"; cat "$TMP/err"; exit 1; }
+# ... with ferry train's --grad-dtype bf16, 2 bytes less (the arena's bf16 gradients).
+"$FERRY" "${base[@]}" --batch-size 8 --gpu-mem-gb 24 --no-policies --master bf16-kahan \
+  --optimizer-states 8bit --grad-dtype bf16 > /dev/null 2> "$TMP/err" ||
+  { echo "bf16-grads plan failed"; cat "$TMP/err"; exit 1; }
+grep -q "host state 8.004 bytes/param (master=bf16-kahan states=8bit" "$TMP/err" ||
+  { echo "no bf16-grads host-state line"; cat "$TMP/err"; exit 1; }
 set +e
 "$FERRY" "${base[@]}" --batch-size 8 --gpu-mem-gb 24 --master fp32 --host-state-bytes-per-param 12 \
   > /dev/null 2> "$TMP/err"; rc=$?

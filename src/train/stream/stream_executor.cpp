@@ -108,8 +108,8 @@ ModelSizes model_sizes(const HostArena& arena) {
           .bf16_grads = arena.bf16_grads()};
 }
 
-ModelSizes model_sizes(const model::ModelConfig& config, bool bf16_weights) {
-  ModelSizes s{.bf16_weights = bf16_weights};
+ModelSizes model_sizes(const model::ModelConfig& config, bool bf16_weights, bool bf16_grads) {
+  ModelSizes s{.bf16_weights = bf16_weights, .bf16_grads = bf16_grads};
   std::vector<std::int64_t> layer(static_cast<std::size_t>(config.num_hidden_layers), 0);
   for (const model::ParamSpec& p : model::param_specs(config)) {
     ++s.params;

@@ -116,7 +116,8 @@ struct TransferStats {
 ModelSizes model_sizes(const HostArena& arena);
 // The same from the model's config, without an arena (`ferry plan` sizing the executor's GPU
 // memory): bf16_weights as the arena would be created (HostArena::bf16_weights()).
-ModelSizes model_sizes(const model::ModelConfig& config, bool bf16_weights);
+ModelSizes model_sizes(const model::ModelConfig& config, bool bf16_weights,
+                       bool bf16_grads = false);
 
 class StreamExecutor {
  public:
