@@ -30,8 +30,6 @@ Result<DevicePlan> plan_device(const model::DecoderGeometry& geo, const ModelSiz
     d.grad16.push_back(d.plan.add("grad16." + std::to_string(g),
                                   static_cast<std::size_t>(sizes.max_layer_elements) * g16));
   }
-  d.globals_g16 =
-      d.plan.add("globals.grads16", static_cast<std::size_t>(sizes.globals_elements) * g16);
   d.boundary.resize(static_cast<std::size_t>(geo.layers));
   for (int i = 0; i < geo.layers; ++i) {
     if (policy.homes[i] == Home::kDevice) {

@@ -5,7 +5,8 @@
 //   globals   embedding / final norm / untied lm_head weights + their gradients (resident)
 //   slot.i    prefetch ring of weight slots (each the largest layer)
 //   grad.k    two layer-gradient slots (one filled by backward while the other drains), with
-//             bf16 gradients each with a bf16 twin the D2H / refill moves (and the globals')
+//             bf16 gradients each with a bf16 twin the D2H / refill moves (the globals' pass
+//             through twin 0 in chunks)
 //   boundary  [T, C] f32 per device-homed boundary, x_final, two transit buffers (forward of
 //             boundaries kept elsewhere or recomputed), one fetch buffer (host/NVMe boundaries
 //             coming back) and one per boundary a recompute span regenerates
@@ -50,9 +51,8 @@ struct DevicePlan {
   std::vector<mem::SlotId> slots;  // [prefetch slots]
   std::vector<mem::SlotId> grads;  // [kGradSlots]
   // bf16 gradients: each gradient slot's bf16 rounding (what leaves for and comes back from the
-  // host), and the globals' (0 bytes without bf16 gradients).
-  std::vector<mem::SlotId> grad16;  // [kGradSlots]
-  mem::SlotId globals_g16;
+  // host; the globals go through grad16[0] in chunks); 0 bytes without bf16 gradients.
+  std::vector<mem::SlotId> grad16;     // [kGradSlots]
   std::vector<mem::SlotId> boundary;   // [L]: device-homed boundaries (others unused)
   std::vector<mem::SlotId> transit;    // [2]
   std::vector<mem::SlotId> recompute;  // [policy.max_recomputed()]

@@ -667,22 +667,30 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
     }
   }
   FERRY_TRY(compute_->embed_backward(globals_grad_.embed, b));
-  // bf16 gradients: the globals' running sum is rounded after every micro-batch too (it stays on
-  // the device in between), as the in-memory executor rounds every gradient.
-  void* g16_globals =
-      arena_->bf16_grads() ? device_.data(plan_.globals_g16) : static_cast<void*>(nullptr);
-  if (g16_globals != nullptr) {
-    FERRY_TRY(round_to_bf16(dev(plan_.globals_g), g16_globals, arena_->unit_elements(G), true));
-  }
   FERRY_TRY(streamer_->finish());
   // The next micro-batch reads these gradients back (or the optimizer does).
   FERRY_TRY(timed_wait([&] { return drain_->flush(); }));
+  if (arena_->bf16_grads()) {
+    // The globals' running sum is rounded after every micro-batch too (it stays on the device in
+    // between), as the in-memory executor rounds every gradient; in chunks through a layer slot's
+    // bf16 twin, free once the drain has flushed (no globals-sized twin: 0.6 GB for 3B's tied
+    // embedding), each chunk going to the host on the last micro-batch (stream order keeps the
+    // copy ahead of the next chunk's rounding).
+    float* gg = dev(plan_.globals_g);
+    void* twin = device_.data(plan_.grad16[0]);
+    const std::int64_t n = arena_->unit_elements(G), chunk = arena_->max_layer_elements();
+    for (std::int64_t off = 0; off < n; off += chunk) {
+      const std::int64_t m = std::min(chunk, n - off);
+      FERRY_TRY(round_to_bf16(gg + off, twin, m, true));
+      if (last) {
+        FERRY_TRY(copy(arena_->grads16(G) + off, twin, static_cast<std::size_t>(m) * 2,
+                       mem::CopyKind::kDeviceToHost, &globals_grad_d2h_));
+      }
+    }
+  }
   if (last) {
     FERRY_TRY(take_sumsq(G, dev(plan_.globals_g)));
-    if (g16_globals != nullptr) {
-      FERRY_TRY(copy(arena_->grads16(G), g16_globals, gbytes / 2, mem::CopyKind::kDeviceToHost,
-                     &globals_grad_d2h_));
-    } else {
+    if (!arena_->bf16_grads()) {
       FERRY_TRY(copy(arena_->grads(G), dev(plan_.globals_g), gbytes, mem::CopyKind::kDeviceToHost,
                      &globals_grad_d2h_));
     }
