@@ -44,7 +44,7 @@ with open(path) as f:
     lines = [l for l in f if l.startswith('"')]
 for r in csv.DictReader(lines):
     if r.get("Metric Name") == "gpu__time_duration.sum":
-        rows.append((r["Kernel Name"][:90], float(r["Metric Value"]) / 1e3))
+        rows.append((r["Kernel Name"][:90], float(r["Metric Value"].replace(",", "")) / 1e3))
 agg = collections.defaultdict(lambda: [0, 0.0])
 for name, us in rows:
     agg[name][0] += 1

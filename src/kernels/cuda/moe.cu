@@ -94,17 +94,20 @@ __global__ void moe_combine_kernel(T* __restrict__ out, const T* __restrict__ ex
                                    const float* __restrict__ weights,
                                    const std::int32_t* __restrict__ slot_of, std::int64_t k,
                                    std::int64_t c) {
+  // One column per thread, columns over blockIdx.y: a decode step (t = 1) spreads its row over
+  // c / blockDim.x blocks instead of one block walking c in strides of dependent loads (29 us for
+  // c = 2048, k = 8 on the H200 as one block; ncu, session 10). The sum per element is the same.
   const std::int64_t tok = blockIdx.x;
-  for (std::int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-    float acc = 0.0f;
-    for (std::int64_t q = 0; q < k; ++q) {  // routing order: the byte-identity contract
-      const std::int32_t s = slot_of[tok * k + q];
-      if (s >= 0)
-        acc = fmaf(weights[tok * k + q], to_f32(expert_out[static_cast<std::int64_t>(s) * c + j]),
-                   acc);
-    }
-    out[tok * c + j] = from_f32<T>(acc);
+  const std::int64_t j = static_cast<std::int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (j >= c) return;
+  float acc = 0.0f;
+  for (std::int64_t q = 0; q < k; ++q) {  // routing order: the byte-identity contract
+    const std::int32_t s = slot_of[tok * k + q];
+    if (s >= 0)
+      acc =
+          fmaf(weights[tok * k + q], to_f32(expert_out[static_cast<std::int64_t>(s) * c + j]), acc);
   }
+  out[tok * c + j] = from_f32<T>(acc);
 }
 
 // One block per (token, k): d_expert_out row and the d_weight dot product.
@@ -171,7 +174,9 @@ cudaError_t launch_moe_combine(Elt e, void* out, const void* expert_out, const f
   if (t == 0) return cudaSuccess;
   return dispatch_elt(e, [&](auto tag) {
     using T = decltype(tag);
-    moe_combine_kernel<T><<<static_cast<unsigned>(t), row_threads(c), 0, stream>>>(
+    const unsigned threads = row_threads(c);
+    const dim3 grid(static_cast<unsigned>(t), static_cast<unsigned>((c + threads - 1) / threads));
+    moe_combine_kernel<T><<<grid, threads, 0, stream>>>(
         static_cast<T*>(out), static_cast<const T*>(expert_out), weights, slot_of, k, c);
   });
 }
