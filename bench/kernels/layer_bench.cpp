@@ -295,7 +295,7 @@ class LayerRig {
     LayerTensors<TensorView> pw;
     bind_layer(pw, w, geo_, dev);
     bind_layer(g_, gw, geo_, dev);
-    p_ = const_layer(pw);
+    p_ = model::as_const(pw);
     final_norm_ = TensorView::contiguous(w + layer_n, DType::kF32, dev, {C});
     lm_head_ = TensorView::contiguous(w + layer_n + C, DType::kF32, dev, {V, C});
     d_final_norm_ = TensorView::contiguous(gw + layer_n, DType::kF32, dev, {C});
@@ -360,23 +360,6 @@ class LayerRig {
         mc_->head_forward(head_c(final_norm_), head_c(lm_head_), batch_, x_out_));
     loss_ = fr.mean_loss();
     return {};
-  }
-
-  static LayerTensors<ConstTensorView> const_layer(const LayerTensors<TensorView>& w) {
-    LayerTensors<ConstTensorView> c;
-    c.attn_norm = w.attn_norm;
-    c.q = w.q;
-    c.k = w.k;
-    c.v = w.v;
-    c.o = w.o;
-    c.q_bias = w.q_bias;
-    c.k_bias = w.k_bias;
-    c.v_bias = w.v_bias;
-    c.mlp_norm = w.mlp_norm;
-    c.gate = w.gate;
-    c.up = w.up;
-    c.down = w.down;
-    return c;
   }
 
   Env& env_;

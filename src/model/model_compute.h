@@ -105,6 +105,38 @@ struct LayerTensors {
   std::vector<View> expert_down;  // E x [C, F]
 };
 
+// Every view of a layer mapped through f, field by field: the one place that lists the fields,
+// so a field added to LayerTensors is converted everywhere once it is added here.
+template <typename To, typename From, typename F>
+LayerTensors<To> map_layer(const LayerTensors<From>& l, F&& f) {
+  LayerTensors<To> o;
+  o.attn_norm = f(l.attn_norm);
+  o.q = f(l.q);
+  o.k = f(l.k);
+  o.v = f(l.v);
+  o.o = f(l.o);
+  o.q_bias = f(l.q_bias);
+  o.k_bias = f(l.k_bias);
+  o.v_bias = f(l.v_bias);
+  o.o_bias = f(l.o_bias);
+  o.q_norm = f(l.q_norm);
+  o.k_norm = f(l.k_norm);
+  o.mlp_norm = f(l.mlp_norm);
+  o.gate = f(l.gate);
+  o.up = f(l.up);
+  o.down = f(l.down);
+  o.router = f(l.router);
+  for (const From& e : l.expert_gate) o.expert_gate.push_back(f(e));
+  for (const From& e : l.expert_up) o.expert_up.push_back(f(e));
+  for (const From& e : l.expert_down) o.expert_down.push_back(f(e));
+  return o;
+}
+
+// A read-only view of a writable layer (gradients or bench-owned weights read as parameters).
+inline LayerTensors<ConstTensorView> as_const(const LayerTensors<TensorView>& l) {
+  return map_layer<ConstTensorView>(l, [](const TensorView& t) { return ConstTensorView(t); });
+}
+
 template <typename View>
 struct ModelTensors {
   View embed;       // [V, C]

@@ -8,40 +8,12 @@
 
 namespace ferry::train {
 
-namespace {
-
-model::LayerTensors<ConstTensorView> as_const(const model::LayerTensors<TensorView>& l) {
-  model::LayerTensors<ConstTensorView> c;
-  c.attn_norm = l.attn_norm;
-  c.q = l.q;
-  c.k = l.k;
-  c.v = l.v;
-  c.o = l.o;
-  c.q_bias = l.q_bias;
-  c.k_bias = l.k_bias;
-  c.v_bias = l.v_bias;
-  c.o_bias = l.o_bias;
-  c.q_norm = l.q_norm;
-  c.k_norm = l.k_norm;
-  c.mlp_norm = l.mlp_norm;
-  c.gate = l.gate;
-  c.up = l.up;
-  c.down = l.down;
-  c.router = l.router;
-  c.expert_gate.assign(l.expert_gate.begin(), l.expert_gate.end());
-  c.expert_up.assign(l.expert_up.begin(), l.expert_up.end());
-  c.expert_down.assign(l.expert_down.begin(), l.expert_down.end());
-  return c;
-}
-
-}  // namespace
-
 model::ModelParams as_params(const model::ModelGrads& g) {
   model::ModelParams p;
   p.embed = g.embed;
   p.final_norm = g.final_norm;
   p.lm_head = g.lm_head;
-  for (const auto& l : g.layers) p.layers.push_back(as_const(l));
+  for (const auto& l : g.layers) p.layers.push_back(model::as_const(l));
   return p;
 }
 

@@ -42,27 +42,7 @@ TensorView writable(const ConstTensorView& c) {
 }
 
 model::LayerTensors<TensorView> writable(const model::LayerTensors<ConstTensorView>& l) {
-  model::LayerTensors<TensorView> w;
-  w.attn_norm = writable(l.attn_norm);
-  w.q = writable(l.q);
-  w.k = writable(l.k);
-  w.v = writable(l.v);
-  w.o = writable(l.o);
-  w.q_bias = writable(l.q_bias);
-  w.k_bias = writable(l.k_bias);
-  w.v_bias = writable(l.v_bias);
-  w.o_bias = writable(l.o_bias);
-  w.q_norm = writable(l.q_norm);
-  w.k_norm = writable(l.k_norm);
-  w.mlp_norm = writable(l.mlp_norm);
-  w.gate = writable(l.gate);
-  w.up = writable(l.up);
-  w.down = writable(l.down);
-  w.router = writable(l.router);
-  for (const auto& e : l.expert_gate) w.expert_gate.push_back(writable(e));
-  for (const auto& e : l.expert_up) w.expert_up.push_back(writable(e));
-  for (const auto& e : l.expert_down) w.expert_down.push_back(writable(e));
-  return w;
+  return model::map_layer<TensorView>(l, [](const ConstTensorView& c) { return writable(c); });
 }
 
 model::ModelGrads writable(const model::ModelParams& p) {
