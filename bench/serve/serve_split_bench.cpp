@@ -15,6 +15,20 @@
 //                     [--live-decide-steps 64] [--live-age 0.9] [--live-hysteresis 0.05]
 //                     [--prefix-cache both] [--live-warmup-steps 0] [--live-reuse-prior on]
 //                     [--oracle on] [--user-max 256] [--output-max 256] [--think-s 0]
+//                     [--live-min-steps 4] [--live-decide-accesses 256] [--trace-live off]
+//                     [--phase-turns 0] [--long-output-min 512] [--long-output-max 1024]
+//                     [--layers 48] [--kv-bytes 2] [--max-batch-tokens 512]
+//                     [--step-base-ms 5] [--token-ms 0.1]
+// --live-decide-steps is the longest interval between live decisions, --live-decide-accesses the
+// mean expert accesses per MoE layer after which it decides sooner (0: the old fixed cadence),
+// --live-age the curve weight kept per 64 steps (split_controller.h DecisionCadence);
+// --trace-live on prints every live decision. --live-min-hysteresis (0.01) / --live-uniform-tie
+// (0.01): the controller's confidence-scaled band and tie rule (split_controller.h); the first
+// version's controller is --live-decide-accesses 0 --live-min-hysteresis 0.05
+// --live-uniform-tie 0. --phase-turns N: the phased workload variant
+// (agentic_workload.h: phases of N chat turns and N long-answer turns). --layers N / --kv-bytes 4:
+// the engine bench's scaled geometry (N of 48 layers, pool budget x N / 48, f32 KV rows);
+// --step-base-ms / --token-ms: the step model's constants (e.g. fitted to a GPU run).
 // With the prefix cache, "mv-wsa live" uses the prefix curve's reuse prior (prefix_curve.h;
 // --live-reuse-prior off drops it) and "mv-wsa live, no prior" is the controller without it.
 // x_named: the best of the three named fixed splits (50/50, expert-heavy, KV-heavy) / policy;
@@ -39,6 +53,15 @@ namespace {
 
 using namespace ferry::serve::wsa;
 
+// Steps at which the live controller decided (all) or moved (moves only).
+std::vector<std::uint64_t> decision_steps(const SimResult& r, bool all) {
+  std::vector<std::uint64_t> out;
+  for (const DecisionRecord& d : r.log) {
+    if (all || d.applied) out.push_back(d.step);
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -49,10 +72,18 @@ int main(int argc, char** argv) {
   int decide_steps = 64;
   double age = 0.9, hysteresis = 0.05;
   std::string prefix_cache = "both";
-  int warmup = 0;
+  int warmup = 0, min_steps = 4;
+  double min_hysteresis = 0.01, uniform_tie = 0.01;
+  double decide_accesses = 256;
   bool reuse_prior = true, oracle = true;
   int user_max = 256, output_max = 256;
+  int phase_turns = 0, long_output_min = 512, long_output_max = 1024;
   double think_s = 0;
+  // The engine bench's scaled geometry (serve_split_engine_bench --layers N): N of the 48 layers,
+  // the pool budget x N / 48, KV rows of kv_bytes (2: bf16, the target's; 4: the engine's f32).
+  int layers = 48, kv_bytes = 2, max_batch_tokens = 512;
+  double step_base_ms = 5, token_ms = 0.1;
+  bool trace_live = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const char* v = argv[i + 1];
@@ -80,6 +111,14 @@ int main(int argc, char** argv) {
       hysteresis = std::atof(v);
     else if (a == "--prefix-cache")
       prefix_cache = v;
+    else if (a == "--live-min-hysteresis")
+      min_hysteresis = std::atof(v);
+    else if (a == "--live-uniform-tie")
+      uniform_tie = std::atof(v);
+    else if (a == "--live-min-steps")
+      min_steps = std::atoi(v);
+    else if (a == "--live-decide-accesses")
+      decide_accesses = std::atof(v);
     else if (a == "--live-warmup-steps")
       warmup = std::atoi(v);
     else if (a == "--live-reuse-prior")
@@ -92,6 +131,24 @@ int main(int argc, char** argv) {
       output_max = std::atoi(v);
     else if (a == "--think-s")
       think_s = std::atof(v);
+    else if (a == "--phase-turns")
+      phase_turns = std::atoi(v);
+    else if (a == "--long-output-min")
+      long_output_min = std::atoi(v);
+    else if (a == "--long-output-max")
+      long_output_max = std::atoi(v);
+    else if (a == "--layers")
+      layers = std::atoi(v);
+    else if (a == "--kv-bytes")
+      kv_bytes = std::atoi(v);
+    else if (a == "--max-batch-tokens")
+      max_batch_tokens = std::atoi(v);
+    else if (a == "--step-base-ms")
+      step_base_ms = std::atof(v);
+    else if (a == "--token-ms")
+      token_ms = std::atof(v);
+    else if (a == "--trace-live")
+      trace_live = std::strcmp(v, "off") != 0;
     else {
       std::fprintf(stderr, "serve_split_bench: unknown flag %s\n", a.c_str());
       return 2;
@@ -101,7 +158,10 @@ int main(int argc, char** argv) {
   constexpr int kLayers = 48, kExperts = 128, kTopK = 8, kHidden = 2048, kExpertWidth = 768;
   constexpr int kHeads = 32, kKvHeads = 4, kHeadDim = 128, kVocab = 151936;
   const std::size_t expert_bytes = 3ull * kHidden * kExpertWidth * 2;
-  const std::size_t kv_per_token = std::size_t(kLayers) * 2 * kKvHeads * kHeadDim * 2;
+  FERRY_CHECK(layers >= 1 && layers <= kLayers && (kv_bytes == 2 || kv_bytes == 4),
+              "--layers 1..48, --kv-bytes 2|4");
+  const std::size_t kv_per_token =
+      std::size_t(layers) * 2 * kKvHeads * kHeadDim * std::size_t(kv_bytes);
   const std::size_t attn = std::size_t(kHidden) * kHeads * kHeadDim * 2 +
                            std::size_t(kHidden) * kKvHeads * kHeadDim * 2;  // q,o + k,v
   const std::size_t dense_bytes =
@@ -113,16 +173,23 @@ int main(int argc, char** argv) {
   cfg.expert_bytes = expert_bytes;
   cfg.kv_bytes_per_token = kv_per_token;
   cfg.block_tokens = 16;
-  cfg.budget_bytes = total - dense_bytes - workspace_bytes;
+  cfg.budget_bytes = std::size_t(double(total - dense_bytes - workspace_bytes) * layers / kLayers);
   cfg.max_running = concurrency;
-  cfg.max_batch_tokens = 512;
+  cfg.max_batch_tokens = max_batch_tokens;
+  cfg.step_base_s = step_base_ms * 1e-3;
+  cfg.token_s = token_ms * 1e-3;
   cfg.link_bytes_per_s = link_gbps * 1e9;
   cfg.decide_every_steps = decide_steps;
   cfg.warmup_steps = warmup;
+  cfg.min_decide_steps = min_steps;
+  cfg.decide_accesses = decide_accesses;
   cfg.age_factor = age;
   cfg.reuse_prior = reuse_prior;
-  cfg.controller = {
-      .hysteresis = hysteresis, .horizon_steps = 256, .link_bytes_per_s = cfg.link_bytes_per_s};
+  cfg.controller = {.hysteresis = hysteresis,
+                    .min_hysteresis = min_hysteresis,
+                    .horizon_steps = 256,
+                    .link_bytes_per_s = cfg.link_bytes_per_s,
+                    .uniform_tie = uniform_tie};
 
   ferry::Timer gen_timer;
   const AgenticWorkload w({.sessions = sessions,
@@ -131,13 +198,16 @@ int main(int argc, char** argv) {
                            .user_max = user_max,
                            .output_max = output_max,
                            .think_s = think_s,
-                           .moe_layers = kLayers,
+                           .phase_turns = phase_turns,
+                           .long_output_min = long_output_min,
+                           .long_output_max = long_output_max,
+                           .moe_layers = layers,
                            .experts = kExperts,
                            .top_k = kTopK,
                            .seed = seed});
   const double gen_s = gen_timer.elapsed_s();
   cfg.kv_floor_blocks = concurrency * ((w.max_context() + cfg.block_tokens - 1) / cfg.block_tokens);
-  const SplitProblem skel = sim_problem(cfg, kLayers, kExperts, kTopK);
+  const SplitProblem skel = sim_problem(cfg, layers, kExperts, kTopK);
 
   struct Row {
     std::string name;
@@ -202,10 +272,12 @@ int main(int argc, char** argv) {
   utsname un{};
   uname(&un);
   std::printf(
-      "serve-split simulator: Qwen3-30B-A3B geometry bf16, total budget %.1f GiB "
-      "(experts+KV %.2f GiB after %.2f GiB dense + %.2f GiB workspace)\n",
-      budget_gib, double(cfg.budget_bytes) / double(1ull << 30),
-      double(dense_bytes) / double(1ull << 30), double(workspace_bytes) / double(1ull << 30));
+      "serve-split simulator: Qwen3-30B-A3B geometry bf16 (%d of 48 layers, KV %d bytes/elt), "
+      "total budget %.1f GiB (experts+KV %.3f GiB = (total - %.2f GiB dense - %.2f GiB "
+      "workspace) x %d/48)\n",
+      layers, kv_bytes, budget_gib, double(cfg.budget_bytes) / double(1ull << 30),
+      double(dense_bytes) / double(1ull << 30), double(workspace_bytes) / double(1ull << 30),
+      layers);
   std::printf(
       "workload: %d sessions x %d turns, prefix ~%d tokens, concurrency %d, max context %d, "
       "kv floor %d blocks (%.2f GiB)\n",
@@ -221,6 +293,9 @@ int main(int argc, char** argv) {
   j["machine"] = {{"cpu", ferry::cpu_model_name()},
                   {"os", std::string(un.sysname) + " " + un.release}};
   j["geometry"] = "Qwen3-30B-A3B bf16";
+  j["layers"] = layers;
+  j["kv_bytes"] = kv_bytes;
+  j["max_batch_tokens"] = max_batch_tokens;
   j["budget_gib"] = budget_gib;
   j["experts_kv_budget_bytes"] = cfg.budget_bytes;
   j["link_gbps"] = link_gbps;
@@ -232,11 +307,18 @@ int main(int argc, char** argv) {
                    {"user_max", user_max},
                    {"output_max", output_max},
                    {"think_s", think_s},
+                   {"phase_turns", phase_turns},
+                   {"long_output_min", long_output_min},
+                   {"long_output_max", long_output_max},
                    {"concurrency", concurrency},
                    {"max_context", w.max_context()},
                    {"seed", seed}};
   j["kv_floor_blocks"] = cfg.kv_floor_blocks;
   j["live"] = {{"decide_every_steps", decide_steps},
+               {"min_decide_steps", min_steps},
+               {"min_hysteresis", min_hysteresis},
+               {"uniform_tie", uniform_tie},
+               {"decide_accesses_per_layer", decide_accesses},
                {"age_factor", age},
                {"hysteresis", hysteresis},
                {"warmup_steps", warmup},
@@ -272,7 +354,19 @@ int main(int argc, char** argv) {
            {"speed_vs_best_fixed", x},
            {"speed_vs_best_named_fixed", xn},
            {"slots", row.split.slots},
-           {"kv_blocks", row.split.kv_blocks}});
+           {"kv_blocks", row.split.kv_blocks},
+           {"decision_steps", decision_steps(row.r, true)},
+           {"move_steps", decision_steps(row.r, false)}});
+    }
+    for (const Row& row : suite.rows) {
+      if (!trace_live || !row.live) continue;
+      std::printf("  %s: decisions (step: T(current) -> T(target) ms, migration ms, move)\n",
+                  row.name.c_str());
+      for (const DecisionRecord& d : row.r.log) {
+        std::printf("    %6llu: %8.3f -> %8.3f  mig %7.3f  %s  %s\n",
+                    static_cast<unsigned long long>(d.step), d.current_s * 1e3, d.target_s * 1e3,
+                    d.migration_s * 1e3, d.move ? "MOVE" : "keep", to_string(d.target).c_str());
+      }
     }
   }
   if (suites.size() == 2) {

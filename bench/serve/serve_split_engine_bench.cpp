@@ -19,7 +19,8 @@
 //   expert-heavy      the largest uniform cap that leaves the KV floor
 //   kv-heavy          top-k slots per layer, the rest KV
 //   configurator      allocate() on the 50/50 run's curves (MV-WSA offline), then fixed
-//   live              configure_auto_split (from 50/50) + LiveSplit deciding every 64 steps
+//   live              configure_auto_split (from 50/50) + LiveSplit (cadence by accesses:
+//                     LiveSplitConfig::decide_accesses, at most every decide_every_steps)
 //   cap N             (--caps N,M,..) more uniform fixed splits: a partial oracle sweep
 // Measured per policy: end-to-end wall time, mean/median TTFT (turn submitted -> first token
 // event; a turn is submitted when its session's previous turn finishes), generated tokens / s over
@@ -29,7 +30,16 @@
 //     [--sessions 8] [--turns 4] [--prefix 1536] [--user-max 256] [--output-max 256]
 //     [--concurrency 4] [--seed 1] [--prefix-cache on] [--link-gbps 55]
 //     [--policies fixed-50,expert-heavy,kv-heavy,configurator,live] [--caps 40,48]
-//     [--max-policy-s 120] [--json FILE] [--tiny]   (--tiny: a small geometry for a CPU smoke run)
+//     [--max-policy-s 120] [--policy-s live=60,kv-heavy=40,caps=30] [--json FILE]
+//     [--phase-turns 0] [--long-output-min 512] [--long-output-max 1024]
+//     [--live-decide-steps 64] [--live-min-steps 4] [--live-decide-accesses 256]
+//     [--tiny]   (--tiny: a small geometry for a CPU smoke run)
+// --policy-s caps the wall time of policies named as in --policies ("caps": each --caps run;
+// others: --max-policy-s); a policy past its cap is stopped and reported incomplete. --phase-turns:
+// the phased workload variant (agentic_workload.h). x_best = the fastest complete fixed split of
+// this run (named, caps and configurator: the oracle when --caps sweeps every cap) / policy. The
+// live policy's JSON has every decision (live_log: step, modelled T of the held and target split,
+// migration, move, applied) and the last refusal's reason.
 #include <sys/utsname.h>
 #include <algorithm>
 #include <cmath>
@@ -89,6 +99,10 @@ struct PolicyResult {
   std::uint64_t prefix_query_tokens = 0, resizes = 0, blocks_moved = 0, decisions = 0, moves = 0;
   std::size_t device_peak = 0, pool_max_bytes = 0;
   std::vector<std::uint64_t> resize_steps;  // steps after which the pools had been resized
+  std::vector<DecisionRecord> log;          // live: every decision
+  std::uint64_t refused = 0;
+  std::string last_refusal;
+  double cap_s = 0;  // the time cap it ran under
   Split final_split;
   std::map<std::pair<int, int>, std::vector<std::int32_t>> tokens;
   std::string error;
@@ -108,12 +122,17 @@ struct Setup {
   bool prefix_cache = true;
   double link_bytes_per_s = 55e9;
   double max_policy_s = 120;
+  std::map<std::string, double> policy_s;  // per-policy time caps (--policy-s), else max_policy_s
+  // live: LiveSplitConfig's cadence (--live-decide-steps, --live-min-steps,
+  // --live-decide-accesses)
+  int decide_every_steps = 64, min_decide_steps = 4;
+  double decide_accesses = 256;
 };
 
 // One engine, one policy: fixed at `start`, or (live) configure_auto_split + LiveSplit. With
 // `profile`, a fixed run is observed by a LiveSplit that never decides and its curves returned.
-PolicyResult run_policy(const Setup& su, const std::string& name, const Split& start, bool live,
-                        SplitProblem* profile) {
+PolicyResult run_policy(const Setup& su, const std::string& key, const std::string& name,
+                        const Split& start, bool live, SplitProblem* profile) {
   PolicyResult pr{.name = name, .start = start, .live = live};
   const model::DecoderGeometry& geo = su.model->geometry;
   EngineConfig ec;
@@ -151,7 +170,9 @@ PolicyResult run_policy(const Setup& su, const std::string& name, const Split& s
     auto r = LiveSplit::attach(eng, {.budget_bytes = su.pool_budget,
                                      .concurrency = su.concurrency,
                                      .max_context_tokens = su.w->max_context(),
-                                     .decide_every_steps = live ? 64 : (1 << 30),
+                                     .decide_every_steps = live ? su.decide_every_steps : (1 << 30),
+                                     .min_decide_steps = su.min_decide_steps,
+                                     .decide_accesses = live ? su.decide_accesses : 0.0,
                                      .link_bytes_per_s = su.link_bytes_per_s});
     if (!r.ok()) {
       pr.error = r.status().to_string();
@@ -167,6 +188,8 @@ PolicyResult run_policy(const Setup& su, const std::string& name, const Split& s
   std::map<int, std::vector<std::int32_t>> prompt_of;
   std::map<RequestId, double> submitted;
   std::vector<double> ttft;
+  const auto cap_it = su.policy_s.find(key);
+  pr.cap_s = cap_it != su.policy_s.end() ? cap_it->second : su.max_policy_s;
   ferry::Timer clock;
   Status failed = ok_status();
   auto submit = [&](int s, int t, std::vector<std::int32_t> prompt) {
@@ -183,8 +206,8 @@ PolicyResult run_policy(const Setup& su, const std::string& name, const Split& s
   };
   for (int s = 0; s < w.sessions(); ++s) submit(s, 0, w.turn_prompt(s, 0, vocab));
   while (failed.ok() && !eng.idle()) {
-    if (clock.elapsed_s() > su.max_policy_s) {
-      failed = deadline_exceeded("bench: {} ran past --max-policy-s {}", name, su.max_policy_s);
+    if (clock.elapsed_s() > pr.cap_s) {
+      failed = deadline_exceeded("bench: {} ran past its time cap of {} s", name, pr.cap_s);
       break;
     }
     const std::uint64_t resizes = eng.stats().pool_resizes;
@@ -249,9 +272,30 @@ PolicyResult run_policy(const Setup& su, const std::string& name, const Split& s
     pr.decisions = ls->stats().decisions;
     pr.moves = ls->stats().moves;
     pr.pool_max_bytes = std::max(pr.pool_max_bytes, ls->stats().max_bytes);
+    if (live) {
+      pr.log = ls->stats().log;
+      pr.refused = ls->stats().refused;
+      pr.last_refusal = ls->stats().last_refusal;
+    }
     if (profile != nullptr) *profile = ls->problem(eng);
   }
   return pr;
+}
+
+// Every live decision: step, modelled T of the held split and of the target (ms), migration
+// (ms), whether the controller asked to move and whether the pools were resized.
+nlohmann::json log_json(const std::vector<DecisionRecord>& log) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const DecisionRecord& d : log) {
+    a.push_back({{"step", d.step},
+                 {"current_ms", d.current_s * 1e3},
+                 {"target_ms", d.target_s * 1e3},
+                 {"migration_ms", d.migration_s * 1e3},
+                 {"move", d.move},
+                 {"applied", d.applied},
+                 {"target", to_string(d.target)}});
+  }
+  return a;
 }
 
 nlohmann::json result_json(const PolicyResult& r, double named_s) {
@@ -280,6 +324,10 @@ nlohmann::json result_json(const PolicyResult& r, double named_s) {
           {"live_decisions", r.decisions},
           {"live_moves", r.moves},
           {"resize_steps", r.resize_steps},
+          {"live_refused", r.refused},
+          {"live_last_refusal", r.last_refusal},
+          {"live_log", log_json(r.log)},
+          {"cap_s", r.cap_s},
           {"pool_max_bytes", r.pool_max_bytes},
           {"device_peak_bytes", r.device_peak},
           {"x_named", named_s > 0 && r.complete && r.total_s > 0 ? named_s / r.total_s : 0.0}};
@@ -305,6 +353,10 @@ int main(int argc, char** argv) {
   int layers = 2, vocab = 18992, sessions = 8, turns = 4, prefix = 1536, user_max = 256;
   int output_max = 256, concurrency = 4;
   double budget_gib = 24, link_gbps = 55, max_policy_s = 120;
+  int phase_turns = 0, long_output_min = 512, long_output_max = 1024;
+  int decide_steps = 64, min_steps = 4;
+  double decide_accesses = 256;
+  std::string policy_s_arg;
   std::uint64_t seed = 1;
   bool prefix_cache = true, tiny = false;
   for (int i = 1; i < argc; ++i) {
@@ -350,6 +402,20 @@ int main(int argc, char** argv) {
       caps_arg = v;
     else if (a == "--max-policy-s")
       max_policy_s = std::atof(v);
+    else if (a == "--policy-s")
+      policy_s_arg = v;
+    else if (a == "--phase-turns")
+      phase_turns = std::atoi(v);
+    else if (a == "--long-output-min")
+      long_output_min = std::atoi(v);
+    else if (a == "--long-output-max")
+      long_output_max = std::atoi(v);
+    else if (a == "--live-decide-steps")
+      decide_steps = std::atoi(v);
+    else if (a == "--live-min-steps")
+      min_steps = std::atoi(v);
+    else if (a == "--live-decide-accesses")
+      decide_accesses = std::atof(v);
     else if (a == "--json")
       json_path = v;
     else {
@@ -417,6 +483,9 @@ int main(int argc, char** argv) {
                            .prefix_tokens = prefix,
                            .user_max = user_max,
                            .output_max = output_max,
+                           .phase_turns = phase_turns,
+                           .long_output_min = long_output_min,
+                           .long_output_max = long_output_max,
                            .moe_layers = geo.layers,
                            .experts = geo.experts,
                            .top_k = geo.top_k,
@@ -429,7 +498,21 @@ int main(int argc, char** argv) {
            .concurrency = concurrency,
            .prefix_cache = prefix_cache,
            .link_bytes_per_s = link_gbps * 1e9,
-           .max_policy_s = max_policy_s};
+           .max_policy_s = max_policy_s,
+           .decide_every_steps = decide_steps,
+           .min_decide_steps = min_steps,
+           .decide_accesses = decide_accesses};
+  // --policy-s live=60,caps=30: a time cap per --policies name ("caps": each --caps run), others
+  // get --max-policy-s.
+  for (const std::string& kv : split_list(policy_s_arg)) {
+    const std::size_t eq = kv.find('=');
+    if (eq == std::string::npos) {
+      std::fprintf(stderr, "serve_split_engine_bench: --policy-s wants name=s, got %s\n",
+                   kv.c_str());
+      return 2;
+    }
+    su.policy_s[kv.substr(0, eq)] = std::atof(kv.c_str() + eq + 1);
+  }
   su.kv_block_bytes = std::size_t(geo.layers) * 2 * std::size_t(su.block_tokens) *
                       std::size_t(geo.kv_heads) * std::size_t(geo.head_dim) * sizeof(float);
   su.floor_blocks = concurrency * ((w.max_context() + su.block_tokens - 1) / su.block_tokens);
@@ -481,12 +564,23 @@ int main(int argc, char** argv) {
                    {"note",
                     "pool budget = (total - dense - workspace) x layers / 48; dense weights and "
                     "activations of this engine are outside it (device budget unlimited)"}};
-  out["workload"] = {{"sessions", sessions},           {"turns", turns},
-                     {"prefix_tokens", prefix},        {"user_max", user_max},
-                     {"output_max", output_max},       {"concurrency", concurrency},
-                     {"max_context", w.max_context()}, {"seed", seed},
-                     {"prefix_cache", prefix_cache},   {"max_batch_tokens", su.max_batch_tokens},
-                     {"block_tokens", su.block_tokens}};
+  out["workload"] = {{"sessions", sessions},
+                     {"turns", turns},
+                     {"prefix_tokens", prefix},
+                     {"user_max", user_max},
+                     {"output_max", output_max},
+                     {"concurrency", concurrency},
+                     {"max_context", w.max_context()},
+                     {"seed", seed},
+                     {"prefix_cache", prefix_cache},
+                     {"max_batch_tokens", su.max_batch_tokens},
+                     {"block_tokens", su.block_tokens},
+                     {"phase_turns", phase_turns},
+                     {"long_output_min", long_output_min},
+                     {"long_output_max", long_output_max}};
+  out["live"] = {{"decide_every_steps", decide_steps},
+                 {"min_decide_steps", min_steps},
+                 {"decide_accesses_per_layer", decide_accesses}};
   std::printf(
       "serve_split_engine_bench: device=%s layers=%d (of %d) experts=%d top-%d expert %.2f MB "
       "(%s), pool budget %.3f GiB, kv block %.2f MiB, floor %d blocks; model built in %.1f s\n",
@@ -506,10 +600,16 @@ int main(int argc, char** argv) {
       if (is_named && r.complete && (named == 0 || r.total_s < named)) named = r.total_s;
     }
     out["best_named_fixed_s"] = named;
+    double best = 0;
+    for (const PolicyResult& r : results) {
+      if (!r.live && r.complete && (best == 0 || r.total_s < best)) best = r.total_s;
+    }
+    out["best_fixed_s"] = best;
     out["policies"] = nlohmann::json::array();
     for (const PolicyResult& r : results) {
       nlohmann::json j = result_json(r, named);
       j["tokens_equal_first_policy"] = !results.empty() && r.tokens == results.front().tokens;
+      j["x_best"] = best > 0 && r.complete && r.total_s > 0 ? best / r.total_s : 0.0;
       out["policies"].push_back(j);
     }
     if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
@@ -519,24 +619,25 @@ int main(int argc, char** argv) {
     const std::uint64_t acc = r.hits + r.misses;
     std::printf(
         "%-16s %s total %8.2f s  ttft mean %6.2f s  gen %7.1f tok/s  hit %.3f  steps %llu  "
-        "preempt %llu  pfx hit %llu/%llu  moves %llu  | %s -> %s%s%s\n",
+        "preempt %llu  pfx hit %llu/%llu  moves %llu/%llu refused %llu  | %s -> %s%s%s\n",
         r.name.c_str(), r.complete ? "ok " : "ERR", r.total_s, r.mean_ttft_s, r.tokens_per_s,
         acc ? double(r.hits) / double(acc) : 0.0, static_cast<unsigned long long>(r.steps),
         static_cast<unsigned long long>(r.preemptions),
         static_cast<unsigned long long>(r.prefix_hit_tokens),
         static_cast<unsigned long long>(r.prefix_query_tokens),
-        static_cast<unsigned long long>(r.moves), to_string(r.start).c_str(),
+        static_cast<unsigned long long>(r.moves), static_cast<unsigned long long>(r.decisions),
+        static_cast<unsigned long long>(r.refused), to_string(r.start).c_str(),
         to_string(r.final_split).c_str(), r.error.empty() ? "" : " error: ", r.error.c_str());
     std::fflush(stdout);
   };
   for (const std::string& p : split_list(policies_arg)) {
     if (p == "fixed-50") {
-      results.push_back(run_policy(su, "fixed 50/50", *half, false, &profile));
+      results.push_back(run_policy(su, p, "fixed 50/50", *half, false, &profile));
       have_profile = results.back().complete;
     } else if (p == "expert-heavy") {
-      results.push_back(run_policy(su, "expert-heavy", uniform.back(), false, nullptr));
+      results.push_back(run_policy(su, p, "expert-heavy", uniform.back(), false, nullptr));
     } else if (p == "kv-heavy") {
-      results.push_back(run_policy(su, "kv-heavy", uniform.front(), false, nullptr));
+      results.push_back(run_policy(su, p, "kv-heavy", uniform.front(), false, nullptr));
     } else if (p == "configurator") {
       if (!have_profile) {
         std::printf("configurator: skipped (needs the fixed-50 run's profile first)\n");
@@ -547,9 +648,9 @@ int main(int argc, char** argv) {
         std::printf("configurator: %s\n", s.status().to_string().c_str());
         continue;
       }
-      results.push_back(run_policy(su, "configurator", *s, false, nullptr));
+      results.push_back(run_policy(su, p, "configurator", *s, false, nullptr));
     } else if (p == "live") {
-      results.push_back(run_policy(su, "live", *half, true, nullptr));
+      results.push_back(run_policy(su, p, "live", *half, true, nullptr));
     } else {
       std::fprintf(stderr, "serve_split_engine_bench: unknown policy %s\n", p.c_str());
       return 2;
@@ -563,16 +664,29 @@ int main(int argc, char** argv) {
       std::printf("cap %s: %s\n", c.c_str(), s.status().to_string().c_str());
       continue;
     }
-    results.push_back(run_policy(su, "cap " + c, *s, false, nullptr));
+    results.push_back(run_policy(su, "caps", "cap " + c, *s, false, nullptr));
     report(results.back());
     write_json();
   }
   const double named = write_json();
-  std::printf("best named fixed split: %.2f s\n", named);
+  double best = 0;
+  for (const PolicyResult& r : results) {
+    if (!r.live && r.complete && (best == 0 || r.total_s < best)) best = r.total_s;
+  }
+  std::printf("best named fixed split: %.2f s; best fixed split run: %.2f s\n", named, best);
   for (const PolicyResult& r : results) {
     if (r.complete && r.total_s > 0 && named > 0) {
-      std::printf("  %-16s x_named %.3f\n", r.name.c_str(), named / r.total_s);
+      std::printf("  %-16s x_named %.3f  x_best %.3f\n", r.name.c_str(), named / r.total_s,
+                  best / r.total_s);
     }
+    if (!r.live) continue;
+    for (const DecisionRecord& d : r.log) {
+      std::printf("    live step %5llu: %8.3f -> %8.3f ms  mig %7.3f ms  %s  %s\n",
+                  static_cast<unsigned long long>(d.step), d.current_s * 1e3, d.target_s * 1e3,
+                  d.migration_s * 1e3, d.applied ? "MOVED" : (d.move ? "REFUSED" : "keep"),
+                  to_string(d.target).c_str());
+    }
+    if (!r.last_refusal.empty()) std::printf("    last refusal: %s\n", r.last_refusal.c_str());
   }
   bool all_ok = true;
   for (const PolicyResult& r : results) all_ok = all_ok && r.complete;

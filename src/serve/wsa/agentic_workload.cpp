@@ -110,9 +110,13 @@ AgenticWorkload::AgenticWorkload(const AgenticSpec& spec) : spec_(spec) {
     std::vector<bool>& d = decode[std::size_t(s)];
     d.assign(std::size_t(ctx), false);
     for (int t = 0; t < spec.turns; ++t) {
+      const bool long_phase = spec.phase_turns > 0 && (t / spec.phase_turns) % 2 == 1;
+      const int out_lo = long_phase ? spec.long_output_min : spec.output_min;
+      const int out_hi = long_phase ? spec.long_output_max : spec.output_max;
       AgenticTurn turn{.context = ctx,
                        .user = uniform_int(rng, spec.user_min, spec.user_max),
-                       .output = uniform_int(rng, spec.output_min, spec.output_max)};
+                       .output = uniform_int(rng, out_lo, out_hi),
+                       .long_phase = long_phase};
       d.insert(d.end(), std::size_t(turn.user), false);
       d.insert(d.end(), std::size_t(turn.output), true);
       ctx = turn.prompt() + turn.output;

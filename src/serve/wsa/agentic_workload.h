@@ -25,6 +25,15 @@ struct AgenticSpec {
   int user_min = 64, user_max = 256;      // new user tokens per turn
   int output_min = 64, output_max = 256;  // generated tokens per turn
   double think_s = 0.0;                   // between an answer and the session's next turn
+  // Phased variant (0: off, the default): turns come in phases of `phase_turns` turns; turns of
+  // even phases are as above (chat: short answers, each re-sending a growing history: what the
+  // prefix cache and so KV capacity serve), turns of odd phases generate long answers of
+  // long_output_min..long_output_max tokens (decode: what expert slots serve). Sessions run
+  // round-robin through the queue, so the phases are (roughly) global: a workload whose best
+  // split changes over time, the case a live controller is for (docs/serve_wsa.md). The random
+  // draws are the same as without phases (one per turn's output), only the range differs.
+  int phase_turns = 0;
+  int long_output_min = 512, long_output_max = 1024;
   // Routing geometry and calibration (trace_synth.h's defaults).
   int moe_layers = 4;
   int experts = 128;
@@ -36,9 +45,10 @@ struct AgenticSpec {
 };
 
 struct AgenticTurn {
-  int context = 0;  // session tokens before this turn (prefix + earlier turns)
-  int user = 0;     // new user tokens
-  int output = 0;   // tokens to generate
+  int context = 0;          // session tokens before this turn (prefix + earlier turns)
+  int user = 0;             // new user tokens
+  int output = 0;           // tokens to generate
+  bool long_phase = false;  // phased variant: a turn of a long-answer phase
   int prompt() const { return context + user; }
 };
 

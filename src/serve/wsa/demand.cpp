@@ -32,6 +32,7 @@ SplitProblem make_problem(const CostModel& m, std::span<const StackDistance> lay
   p.miss_cost_s = m.link_bytes_per_s > 0 ? double(m.expert_bytes) / m.link_bytes_per_s : 0.0;
   p.kv_block_cost_s = m.kv_block_cost_s;
   const double per = steps > 0 ? 1.0 / steps : 0.0;
+  p.curve_steps = steps;
   for (const StackDistance& sd : layers) {
     std::vector<double> c = sd.miss_curve();
     for (double& x : c) x *= per;

@@ -65,6 +65,10 @@ Result<std::unique_ptr<LiveSplit>> LiveSplit::attach(Engine& eng, const LiveSpli
     ls->cfg_.controller.link_bytes_per_s = cfg.link_bytes_per_s;
   }
   ls->ctl_ = SplitController(ls->cfg_.controller);
+  ls->cadence_ = DecisionCadence({.min_steps = cfg.min_decide_steps,
+                                  .max_steps = cfg.decide_every_steps,
+                                  .accesses_per_decision = cfg.decide_accesses,
+                                  .age_per_64_steps = cfg.age_factor});
   const int L = static_cast<int>(geo.layer_is_moe.size());
   ls->layer_index_.assign(std::size_t(L), -1);
   int max_hot = 0;
@@ -109,18 +113,22 @@ Result<std::unique_ptr<LiveSplit>> LiveSplit::attach(Engine& eng, const LiveSpli
       }
     });
   }
-  // One access per distinct expert of each layer call (a step's batch, in first-use order): the
-  // pager acquires a step's experts as a set, and the split simulator counts the same way.
+  // One access per distinct expert of each layer call (a step's batch), as one set: the pager
+  // acquires a step's experts as a set, residents first (StackDistance::access_set), and the
+  // split simulator counts the same way.
   eng.experts().set_access_observer([self](int layer, std::span<const std::int32_t> ids) {
     const int i = self->layer_index_[std::size_t(layer)];
     if (i < 0) return;
     std::vector<std::uint8_t>& seen = self->seen_;
     seen.assign(std::size_t(self->sd_[std::size_t(i)].items()), 0);
+    self->distinct_.clear();
     for (std::int32_t e : ids) {
       if (seen[std::size_t(e)]) continue;
       seen[std::size_t(e)] = 1;
-      self->sd_[std::size_t(i)].access(e);
+      self->distinct_.push_back(e);
     }
+    self->sd_[std::size_t(i)].access_set(self->distinct_, self->order_);
+    self->step_accesses_ += double(self->distinct_.size());
   });
   eng.set_step_hook([self](Engine& e) { return self->on_step(e); });
   return ls;
@@ -194,36 +202,51 @@ Status LiveSplit::on_step(Engine& eng) {
   steps_ += 1;
   // A split that cannot be had now (the allocator finds none, or a resize is refused) is not a
   // serving failure: the pools stay as they are and serving goes on.
+  const bool due = cadence_.step(step_accesses_, static_cast<int>(sd_.size()));
+  step_accesses_ = 0;
   if (forced_) {
     const Split s = std::move(*forced_);
     forced_.reset();
     if (Status st = apply(eng, s); !st.ok()) {
       ++stats_.refused;
+      stats_.last_refusal = st.to_string();
       sync();
       return ok_status();
     }
     ++stats_.forced;
     return ok_status();
   }
-  if (++since_decision_ < std::uint64_t(std::max(cfg_.decide_every_steps, 1))) return ok_status();
-  since_decision_ = 0;
+  if (!due) return ok_status();
   const SplitProblem p = problem(eng);
   auto d = ctl_.decide(p, current_);
   ++stats_.decisions;
+  DecisionRecord rec{.step = eng.stats().steps, .threshold = cfg_.controller.hysteresis};
   if (!d.ok()) {
     ++stats_.refused;
-  } else if (d->move) {
-    if (apply(eng, d->target).ok()) {
-      ++stats_.moves;
-    } else {
-      ++stats_.refused;
-      sync();
+    stats_.last_refusal = d.status().to_string();
+  } else {
+    rec.current_s = d->current_s;
+    rec.target_s = d->target_s;
+    rec.migration_s = d->migration_s;
+    rec.move = d->move;
+    rec.target = d->target;
+    if (d->move) {
+      if (Status st = apply(eng, d->target); st.ok()) {
+        ++stats_.moves;
+        rec.applied = true;
+      } else {
+        ++stats_.refused;
+        stats_.last_refusal = st.to_string();
+        sync();
+      }
     }
   }
-  for (StackDistance& s : sd_) s.scale(cfg_.age_factor);
-  if (prefix_) prefix_->scale(cfg_.age_factor);
-  prefill_cost_.scale(cfg_.age_factor);
-  steps_ *= cfg_.age_factor;
+  stats_.log.push_back(std::move(rec));
+  const double age = cadence_.decided();
+  for (StackDistance& s : sd_) s.scale(age);
+  if (prefix_) prefix_->scale(age);
+  prefill_cost_.scale(age);
+  steps_ *= age;
   return ok_status();
 }
 

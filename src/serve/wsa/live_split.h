@@ -2,7 +2,7 @@
 // LiveSplit: MV-WSA while serving (`--split auto`). Attached to an Engine whose pager and KV pool
 // are resizable (PagerConfig::resizable, KvConfig::max_budget_bytes), it
 //   - feeds each layer call's distinct routed experts into that layer's StackDistance (executor
-//     hook; one access per expert per step, as the pager acquires them),
+//     hook; one set per layer and step, as the pager acquires them: access_set),
 //   - samples the engine's KV demand at every step boundary (Engine::kv_demand),
 //   - with the prefix cache on, feeds the pool's block identities (KvCache::set_prefix_observer)
 //     into a PrefixStackDistance: the prefix miss curve over KV capacity, priced at block_tokens
@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "serve/engine.h"
@@ -33,10 +34,18 @@ struct LiveSplitConfig {
   std::size_t budget_bytes = 0;  // expert slots + KV blocks (the engine's pools)
   int concurrency = 4;           // admission floor = concurrency x max_context_tokens
   int max_context_tokens = 0;    // 0: the engine's max_seq_len (if bounded), else no floor
-  // NOTE: windows much shorter than a prefill/decode phase make the controller chase phases (in
-  // serve_split_bench, 16 steps / 0.5 moved 19 times and lost 4 %; 64 / 0.9 held a good split).
+  // Cadence (split_controller.h DecisionCadence): decide once decide_accesses expert accesses per
+  // MoE layer arrived since the last decision, at least min_decide_steps and at most
+  // decide_every_steps steps apart (decide_accesses 0: every decide_every_steps steps, the old
+  // fixed cadence); curves keep age_factor of their weight per 64 steps, whatever the cadence.
+  // NOTE: ageing much faster than a prefill/decode phase makes the controller chase phases (in
+  // serve_split_bench, decisions every 16 steps with 0.5 per decision moved 19 times and lost
+  // 4 %; 0.9 per 64 steps held a good split). A fixed 64-step cadence, on the other hand, spent
+  // the first 64 steps at the starting split (docs/serve_wsa.md).
   int decide_every_steps = 64;
-  double age_factor = 0.9;  // curve weight kept after each decision
+  int min_decide_steps = 4;
+  double decide_accesses = 256;
+  double age_factor = 0.9;  // curve weight kept per 64 steps
   double link_bytes_per_s = 24e9;
   double prefill_token_s = 2e-4;  // a missing KV block costs block_tokens x this per step
   // With the prefix cache: value cached chains that have not come back yet by the prefix
@@ -47,9 +56,11 @@ struct LiveSplitConfig {
 
 struct LiveSplitStats {
   std::uint64_t decisions = 0, moves = 0, forced = 0;
-  std::uint64_t refused = 0;  // decisions or resizes that could not be had (pools unchanged)
-  std::size_t max_bytes = 0;  // largest expert + KV bytes seen after a resize
-  int min_kv_blocks = -1;     // smallest KV block count seen after a resize
+  std::uint64_t refused = 0;        // decisions or resizes that could not be had (pools unchanged)
+  std::size_t max_bytes = 0;        // largest expert + KV bytes seen after a resize
+  int min_kv_blocks = -1;           // smallest KV block count seen after a resize
+  std::vector<DecisionRecord> log;  // every decision, in order (reports)
+  std::string last_refusal;         // why the last refused decision or resize was refused
 };
 
 class LiveSplit {
@@ -82,12 +93,15 @@ class LiveSplit {
   std::vector<int> layer_index_;    // [L] split entry of an engine layer, -1 dense
   std::vector<StackDistance> sd_;   // [L_moe]
   std::vector<std::uint8_t> seen_;  // [E] scratch of the access hook
+  std::vector<int> distinct_;       // [<= E] ... the layer call's distinct experts
+  std::vector<std::pair<int, int>> order_;
   KvDemand kv_;
   std::unique_ptr<PrefixStackDistance> prefix_;  // with the engine's prefix cache only
   PrefillCost prefill_cost_;
   std::uint64_t last_misses_ = 0, last_prefill_ = 0, last_decode_ = 0;
   double steps_ = 0;
-  std::uint64_t since_decision_ = 0;
+  DecisionCadence cadence_{CadenceConfig{}};
+  double step_accesses_ = 0;  // expert accesses (all MoE layers) since the last step boundary
   Split current_;
   std::optional<Split> forced_;
   LiveSplitStats stats_;

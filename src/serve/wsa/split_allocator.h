@@ -41,6 +41,9 @@ struct SplitProblem {
   // holds beyond its end; empty: no prefix cache), and the prefill one missing block costs.
   std::vector<double> kv_prefix_misses;
   double prefix_block_cost_s = 0;
+  // The (aged) steps the per-step curves were averaged over: curve x curve_steps ~ the counts
+  // behind it, which the live controller uses for the standard error of a gain (0: unknown).
+  double curve_steps = 0;
   int experts() const {
     return expert_misses.empty() ? 0 : static_cast<int>(expert_misses[0].size()) - 1;
   }

@@ -5,6 +5,7 @@
 #include <deque>
 #include <limits>
 #include <list>
+#include <span>
 #include <unordered_map>
 
 #include "core/check.h"
@@ -21,16 +22,29 @@ class LruCache {
     cap_ = cap;
     while (size_ > cap_) evict();
   }
-  bool access(int e) {  // true on a hit
-    ++tick_;
-    const bool hit = in_[std::size_t(e)] != 0;
-    if (!hit) {
-      if (size_ == cap_) evict();
-      in_[std::size_t(e)] = 1;
-      ++size_;
+  // One step's distinct experts as the pager acquires them (StackDistance::access_set's
+  // semantics): hits are the experts resident at the step's start; then the set is touched most
+  // recently used first, never-used last, each miss evicting the least recently used. Returns
+  // the misses.
+  int access_set(std::span<const int> set, std::vector<int>& order) {
+    int misses = 0;
+    for (int e : set) misses += in_[std::size_t(e)] == 0;
+    order.assign(set.begin(), set.end());
+    std::sort(order.begin(), order.end(), [&](int a, int b) {
+      const std::uint64_t la = last_[std::size_t(a)], lb = last_[std::size_t(b)];
+      if ((la == 0) != (lb == 0)) return lb == 0;  // never used: last
+      return la != lb ? la > lb : a < b;
+    });
+    for (int e : order) {
+      ++tick_;
+      if (in_[std::size_t(e)] == 0) {
+        if (size_ == cap_) evict();
+        in_[std::size_t(e)] = 1;
+        ++size_;
+      }
+      last_[std::size_t(e)] = tick_;
     }
-    last_[std::size_t(e)] = tick_;
-    return hit;
+    return misses;
   }
 
  private:
@@ -162,10 +176,12 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
                          .arrival_s = t});
     }
   };
-  std::vector<int> distinct;
+  std::vector<int> distinct, order_scratch;
+  std::vector<std::pair<int, int>> depth_scratch;
   std::vector<std::uint8_t> seen(std::size_t(E), 0);
   std::vector<std::pair<int, int>> batch;  // (running index, tokens)
-  std::uint64_t since_decision = 0;
+  DecisionCadence cadence(cfg.cadence());
+  std::uint64_t last_step_accesses = 0;  // over MoE layers, the previous step's
   for (;;) {
     arrive();
     if (waiting.empty() && running.empty()) {
@@ -193,9 +209,9 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
     profile_steps += 1;
     live_steps += 1;
     preempted_last = 0;
-    if (live && res.steps >= std::uint64_t(std::max(cfg.warmup_steps, 0)) &&
-        ++since_decision >= std::uint64_t(std::max(cfg.decide_every_steps, 1))) {
-      since_decision = 0;
+    const bool due = live && cadence.step(double(last_step_accesses), L);
+    last_step_accesses = 0;
+    if (due && res.steps >= std::uint64_t(std::max(cfg.warmup_steps, 0))) {
       CostModel m = model;
       m.kv_floor_blocks = std::max({m.kv_floor_blocks, used, max_need});
       m.kv_max_blocks = std::max(m.kv_max_blocks, m.kv_floor_blocks);
@@ -204,6 +220,14 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
       const SplitProblem p =
           make_problem(m, sd, live_steps, kv_demand.samples(), pc ? &psd : nullptr, final_blocks);
       FERRY_ASSIGN_OR_RETURN(Decision d, ctl.decide(p, split));
+      res.log.push_back({.step = res.steps,
+                         .current_s = d.current_s,
+                         .target_s = d.target_s,
+                         .migration_s = d.migration_s,
+                         .threshold = cfg.controller.hysteresis,
+                         .move = d.move,
+                         .applied = d.move,
+                         .target = d.target});
       if (d.move) {
         ++res.moves;
         free_blocks += d.target.kv_blocks - split.kv_blocks;
@@ -215,10 +239,11 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
             free_blocks >= 0 && feasible(skel, split) && split.kv_blocks >= cfg.kv_floor_blocks,
             "wsa sim: live split broke the budget or the floor");
       }
-      for (StackDistance& s : sd) s.scale(cfg.age_factor);
-      psd.scale(cfg.age_factor);
-      prefill_cost.scale(cfg.age_factor);
-      live_steps *= cfg.age_factor;
+      const double age = cadence.decided();
+      for (StackDistance& s : sd) s.scale(age);
+      psd.scale(age);
+      prefill_cost.scale(age);
+      live_steps *= age;
     }
     // Decode growth with youngest-first preemption, then FIFO admission (engine.cpp's order).
     for (std::size_t i = 0; i < running.size(); ++i) {
@@ -311,13 +336,12 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
           }
         }
       }
-      for (int e : distinct) {
-        seen[std::size_t(e)] = 0;
-        misses += !lru[std::size_t(l)].access(e);
-        sd[std::size_t(l)].access(e);
-        profile_sd[std::size_t(l)].access(e);
-      }
+      for (int e : distinct) seen[std::size_t(e)] = 0;
+      misses += std::uint64_t(lru[std::size_t(l)].access_set(distinct, order_scratch));
+      sd[std::size_t(l)].access_set(distinct, depth_scratch);
+      profile_sd[std::size_t(l)].access_set(distinct, depth_scratch);
       res.accesses += distinct.size();
+      last_step_accesses += distinct.size();
     }
     int prefill = 0;
     for (const auto& [i, n] : batch) {

@@ -6,20 +6,19 @@
 // prompt chunks up to max_batch_tokens) over an AgenticWorkload, with one LRU expert cache per
 // MoE layer at the split's caps, and charges each step a modelled time:
 //   step_s = step_base_s + token_s * tokens + misses * expert_bytes / link_bytes_per_s
-// (misses: per layer, the step's distinct experts in first-use order through that layer's LRU --
-// one pager acquire per layer and step). Nothing here is measured on a GPU: the three constants
-// are inputs, and every figure it prints is a model output.
-// Prefix cache (SimConfig::prefix_cache, the engine's KvConfig::prefix_cache): a turn's full
-// blocks are identified by (session, block index) -- a session's position always holds the same
-// token -- and kept after the turn ends, LRU, tail first, until a reservation needs them; a new
-// turn (or a preempted one coming back) starts computing after its longest cached prefix, leaving
-// at least its last token. Its miss curve over KV capacity (prefix_curve.h) and the observed
-// prefill cost per token go into the profile and the live problems.
-// Policies: a fixed split, or live (LiveSplit's rule: Mattson curves + KV demand samples + with
-// the prefix cache the prefix curve and its reuse prior (SimConfig::reuse_prior, fed the same
-// final_blocks as Engine::kv_demand), the SplitController every decide_every_steps steps;
-// shrinking evicts LRU-last experts, KV never below the blocks in use or the largest waiting
-// request).
+// (misses: per layer, the step's distinct experts not resident at the step's start -- one pager
+// acquire of the set per layer and step, residents first; StackDistance::access_set's model).
+// Nothing here is measured on a GPU: the three constants are inputs, and every figure it prints is
+// a model output. Prefix cache (SimConfig::prefix_cache, the engine's KvConfig::prefix_cache): a
+// turn's full blocks are identified by (session, block index) -- a session's position always holds
+// the same token -- and kept after the turn ends, LRU, tail first, until a reservation needs them;
+// a new turn (or a preempted one coming back) starts computing after its longest cached prefix,
+// leaving at least its last token. Its miss curve over KV capacity (prefix_curve.h) and the
+// observed prefill cost per token go into the profile and the live problems. Policies: a fixed
+// split, or live (LiveSplit's rule: Mattson curves + KV demand samples + with the prefix cache the
+// prefix curve and its reuse prior (SimConfig::reuse_prior, fed the same final_blocks as
+// Engine::kv_demand), the SplitController every decide_every_steps steps; shrinking evicts LRU-last
+// experts, KV never below the blocks in use or the largest waiting request).
 #pragma once
 
 #include <cstdint>
@@ -46,12 +45,23 @@ struct SimConfig {
   double step_base_s = 5e-3;
   double token_s = 1e-4;
   bool prefix_cache = false;
-  // live policy
-  int decide_every_steps = 64;  // LiveSplitConfig's defaults (see the NOTE there)
-  int warmup_steps = 0;         // no decision before this many steps (curves still recorded)
+  // live policy: LiveSplitConfig's cadence (split_controller.h DecisionCadence; see the NOTE in
+  // live_split.h): decide after >= min_decide_steps steps once decide_accesses expert accesses
+  // per MoE layer arrived (0: only every decide_every_steps), at the latest every
+  // decide_every_steps; curves keep age_factor of their weight per 64 steps.
+  int decide_every_steps = 64;
+  int min_decide_steps = 4;
+  double decide_accesses = 256;
+  int warmup_steps = 0;  // no decision before this many steps (curves still recorded)
   double age_factor = 0.9;
   bool reuse_prior = true;  // the prefix curve's reuse prior (prefix_curve.h) in live problems
   ControllerConfig controller;
+  CadenceConfig cadence() const {
+    return {.min_steps = min_decide_steps,
+            .max_steps = decide_every_steps,
+            .accesses_per_decision = decide_accesses,
+            .age_per_64_steps = age_factor};
+  }
   std::size_t kv_block_bytes() const { return kv_bytes_per_token * std::size_t(block_tokens); }
   double kv_block_cost_s() const { return token_s * block_tokens; }
 };
@@ -72,6 +82,7 @@ struct SimResult {
   }
   double hit_rate() const { return accesses ? 1.0 - double(misses) / double(accesses) : 0.0; }
   Split final_split;
+  std::vector<DecisionRecord> log;  // live: every decision, in order
   // Profile for the offline configurator: per-step curves and KV demand samples of this run.
   SplitProblem profile;
 };

@@ -62,6 +62,35 @@ int StackDistance::access(int item) {
   return depth;
 }
 
+void StackDistance::access_set(std::span<const int> items,
+                               std::vector<std::pair<int, int>>& order) {
+  const int n = static_cast<int>(items.size());
+  FERRY_CHECK(n <= items_, "wsa: a step set of {} items over {}", n, items_);
+  if (now_ + n > window_) renumber();  // window >= 2E + 2 holds E live marks plus one set
+  order.clear();
+  const int top = now_ > 0 ? prefix(now_ - 1) : 0;
+  for (int item : items) {
+    FERRY_CHECK(item >= 0 && item < items_, "wsa: item {} outside [0, {})", item, items_);
+    const int last = last_[std::size_t(item)];
+    int depth = 0;  // first access
+    if (last >= 0) depth = 1 + top - prefix(last);
+    accesses_ += 1;
+    if (depth == 0) {
+      cold_ += 1;
+    } else {
+      hist_[std::size_t(depth)] += 1;
+    }
+    order.push_back({depth == 0 ? items_ + 1 : depth, item});
+  }
+  std::sort(order.begin(), order.end());
+  for (const auto& [depth, item] : order) {
+    const int last = last_[std::size_t(item)];
+    if (last >= 0) add(last, -1);
+    last_[std::size_t(item)] = now_;
+    add(now_++, 1);
+  }
+}
+
 std::vector<double> StackDistance::miss_curve() const {
   std::vector<double> m(std::size_t(items_) + 1);
   double tail = 0;  // accesses of depth > c

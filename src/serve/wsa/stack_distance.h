@@ -9,10 +9,13 @@
 // Timestamps live in a window of W slots; when it fills, the E live marks are renumbered in
 // order (0..E-1), which keeps every depth exact. scale() ages the histogram for a live, windowed
 // view (the depths themselves are never approximated).
-// Tests: tests/unit/serve/wsa_stack_distance_test.cpp (vs a brute-force LRU at every capacity).
+// Tests: tests/unit/serve/wsa_stack_distance_test.cpp (vs a brute-force LRU at every capacity,
+// for single accesses and for step sets).
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <utility>
 #include <vector>
 
 namespace ferry::serve::wsa {
@@ -24,6 +27,16 @@ class StackDistance {
 
   // Records an access; returns its stack depth (1 = most recently used), 0 for a first access.
   int access(int item);
+  // Records one step's set of distinct items as the pager acquires it (ExpertPager::acquire:
+  // the set at once, residents first): each item's depth is taken in the stack as it was at the
+  // step's start (an item is a hit at capacity c iff it was among the c most recent then), and
+  // the stack is then updated in order of those depths, shallowest first, first accesses last,
+  // so a step larger than c leaves its deepest items on top, as the pager's last-loaded group.
+  // The access-order depth of access() would count the step's own earlier items above each one,
+  // which makes a prefill step (every expert) look like LRU's cyclic worst case -- all misses at
+  // every capacity below E -- where the pager hits every resident expert. `items` must be
+  // distinct; `order` is scratch.
+  void access_set(std::span<const int> items, std::vector<std::pair<int, int>>& order);
 
   int items() const { return items_; }
   double accesses() const { return accesses_; }

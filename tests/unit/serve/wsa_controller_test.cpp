@@ -6,7 +6,10 @@
 //   - while it keeps a split, that split's modelled step time is within the hysteresis bound of
 //     the allocator's optimum on the same curves: T(current) - T(opt) < max(h * T(current),
 //     migration_s / horizon_steps), the exact rule it applies;
-//   - it is not frozen: when the KV demand jumps above the held KV blocks, it moves.
+//   - it is not frozen: when the KV demand jumps above the held KV blocks, it moves;
+//   - its cadence follows observed accesses within [min_steps, max_steps] and ages per step;
+//   - near-ties between the allocator's split and a uniform one go to the uniform split;
+//   - its band shrinks from the hysteresis to min_hysteresis as the curves' counts grow.
 #include <gtest/gtest.h>
 
 #include "serve/trace_synth.h"
@@ -65,9 +68,12 @@ TEST(WsaController, SettlesOnAStationaryTraceAndFollowsADemandJump) {
       if (pos >= 5 * kTokens / 6) moved_after_jump = true;
     } else {
       const double gap = d->current_s - d->target_s;
-      EXPECT_LE(gap, std::max(cc.hysteresis * d->current_s, d->migration_s / cc.horizon_steps))
+      EXPECT_LE(gap, std::max(d->band * d->current_s, d->migration_s / cc.horizon_steps))
           << "kept a split outside the hysteresis band at token " << pos;
+      EXPECT_GE(d->band, std::min(cc.hysteresis, ControllerConfig{}.min_hysteresis));
+      EXPECT_LE(d->band, cc.hysteresis);
     }
+    EXPECT_LE(d->target_s, d->optimum_s * (1 + ControllerConfig{}.uniform_tie) + 1e-15);
     EXPECT_TRUE(feasible(p, *current)) << "token " << pos;
     EXPECT_LE(current->bytes(p), m.budget_bytes);
     EXPECT_GE(current->kv_blocks, m.kv_floor_blocks);
@@ -81,6 +87,109 @@ TEST(WsaController, SettlesOnAStationaryTraceAndFollowsADemandJump) {
   EXPECT_LE(moves - int(moved_after_jump), 2) << "oscillating on a stationary trace";
   EXPECT_EQ(late_moves, 0) << "moved in the stationary second half";
   EXPECT_TRUE(moved_after_jump) << "did not follow a KV demand jump";
+}
+
+TEST(WsaController, CadenceFollowsAccessesWithinItsStepBoundsAndAgesPerStep) {
+  // 128 accesses per layer and step (a prefill step of E = 128), 4 layers: due after min_steps
+  // = 4 steps once 2 E = 256 per layer arrived -- so at step 4, not 64.
+  DecisionCadence prefill({.min_steps = 4, .max_steps = 64, .accesses_per_decision = 256});
+  int at = 0;
+  for (int step = 1; step <= 64 && at == 0; ++step) {
+    if (prefill.step(4 * 128, 4)) at = step;
+  }
+  EXPECT_EQ(at, 4);
+  // 20 accesses per layer and step (decode): 256 / 20 -> the 13th step.
+  DecisionCadence decode({.min_steps = 4, .max_steps = 64, .accesses_per_decision = 256});
+  at = 0;
+  for (int step = 1; step <= 64 && at == 0; ++step) {
+    if (decode.step(4 * 20, 4)) at = step;
+  }
+  EXPECT_EQ(at, 13);
+  // Nothing observed: the fixed interval bounds it; accesses_per_decision 0 is that interval only.
+  for (double per : {256.0, 0.0}) {
+    DecisionCadence idle({.min_steps = 4, .max_steps = 64, .accesses_per_decision = per});
+    at = 0;
+    for (int step = 1; step <= 100 && at == 0; ++step) {
+      if (idle.step(per > 0 ? 0 : 4 * 128, 4)) at = step;
+    }
+    EXPECT_EQ(at, 64) << per;
+  }
+  // Ageing is per step: 128 steps cost age^2 whether decided twice or 32 times.
+  DecisionCadence fast({.min_steps = 4, .max_steps = 64, .accesses_per_decision = 1});
+  DecisionCadence slow({.min_steps = 4, .max_steps = 64, .accesses_per_decision = 0});
+  double f_fast = 1, f_slow = 1;
+  for (int step = 1; step <= 128; ++step) {
+    if (fast.step(4, 4)) f_fast *= fast.decided();
+    if (slow.step(4, 4)) f_slow *= slow.decided();
+  }
+  EXPECT_NEAR(f_fast, 0.81, 1e-12);
+  EXPECT_NEAR(f_slow, 0.81, 1e-12);
+}
+
+// Two MoE layers whose curves are straight lines (prefill-like: every slot saves the same), one
+// a hair steeper: the allocator puts every spare slot into that layer; the controller takes the
+// uniform split, as good within uniform_tie, instead.
+TEST(WsaController, NearTiesGoToTheUniformSplit) {
+  SplitProblem p;
+  p.expert_bytes = 100;
+  p.kv_block_bytes = 10;
+  p.min_slots = 2;
+  p.kv_floor_blocks = 4;
+  p.miss_cost_s = 1e-3;
+  p.kv_block_cost_s = 1e-3;
+  p.kv_short.assign(41, 0.0);
+  p.budget_bytes = 2 * 10 * 100 + 4 * 10;  // 10 slots per layer on average + the KV floor
+  p.curve_steps = 1e6;
+  for (double slope : {1.0, 1.002}) {
+    std::vector<double> m(17);
+    for (int c = 0; c <= 16; ++c) m[std::size_t(c)] = slope * (16 - c);
+    p.expert_misses.push_back(m);
+  }
+  auto opt = allocate(p);
+  ASSERT_TRUE(opt.ok()) << opt.status().to_string();
+  EXPECT_NE(opt->slots[0], opt->slots[1]) << "the allocator should prefer the steeper layer";
+  const SplitController ctl({.link_bytes_per_s = 0});
+  const Split start{.slots = {2, 2}, .kv_blocks = 4};
+  auto d = ctl.decide(p, start);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ(d->target.slots, (std::vector<int>{10, 10}));
+  EXPECT_LE(d->target_s, d->optimum_s * 1.01);
+  EXPECT_TRUE(d->move);
+  // Without the tie rule it takes the allocator's corner.
+  const SplitController corner({.link_bytes_per_s = 0, .uniform_tie = 0});
+  auto d2 = corner.decide(p, start);
+  ASSERT_TRUE(d2.ok());
+  EXPECT_EQ(d2->target, *opt);
+}
+
+// The band is the full hysteresis on curves from few steps and shrinks to min_hysteresis as the
+// same per-step curves rest on more steps.
+TEST(WsaController, BandShrinksWithCurveConfidence) {
+  SplitProblem p;
+  p.expert_bytes = 100;
+  p.kv_block_bytes = 10;
+  p.min_slots = 1;
+  p.kv_floor_blocks = 4;
+  p.miss_cost_s = 1e-3;
+  p.kv_block_cost_s = 1e-3;
+  p.kv_short.assign(41, 0.0);
+  p.budget_bytes = 8 * 100 + 4 * 10;
+  std::vector<double> m(9);
+  for (int c = 0; c <= 8; ++c) m[std::size_t(c)] = 4.0 / (1 + c);  // convex, per step
+  p.expert_misses = {m};
+  const SplitController ctl({});
+  const Split start{.slots = {7}, .kv_blocks = 14};  // one slot short of the optimum (8 slots)
+  std::vector<double> bands;
+  for (double steps : {2.0, 2000.0, 2e6}) {
+    p.curve_steps = steps;
+    auto d = ctl.decide(p, start);
+    ASSERT_TRUE(d.ok());
+    EXPECT_EQ(d->target.slots[0], 8);
+    bands.push_back(d->band);
+  }
+  EXPECT_EQ(bands[0], ControllerConfig{}.hysteresis);
+  EXPECT_LT(bands[1], bands[0]);
+  EXPECT_EQ(bands[2], ControllerConfig{}.min_hysteresis);
 }
 
 }  // namespace
