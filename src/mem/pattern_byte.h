@@ -1,16 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // The byte pattern used to fill and verify memory in tests and self-checks: byte i of a buffer
 // filled with `seed` is pattern_byte(seed, i). Shared verbatim by host code and the CUDA kernels
-// in cuda/device_pattern.cu (no includes beyond <cstdint>, so nvcc and g++ both compile it).
+// in cuda/device_pattern.cu (no includes beyond <cstdint> and core/host_device.h, so nvcc and g++
+// both compile it).
 #pragma once
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define FERRY_HOST_DEVICE __host__ __device__
-#else
-#define FERRY_HOST_DEVICE
-#endif
+#include "core/host_device.h"
 
 namespace ferry::mem {
 

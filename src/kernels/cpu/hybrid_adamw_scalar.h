@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The scalar twin of the hybrid AdamW kernel (hybrid_adamw.h): one element at a time, the
 // reference every SIMD body must equal bit for bit, and the function those bodies use for their
-// tails. Internal to kernels/cpu (included by hybrid_adamw*.cpp and simd_hybrid_adamw_*.cpp).
+// tails. Included by hybrid_adamw*.cpp and simd_hybrid_adamw_*.cpp, and by the CUDA twin
+// kernels/cuda/hybrid_adamw.cu, which runs step_element and the q8 codes from this very source
+// (FERRY_HOST_DEVICE) compiled without FMA contraction, so both sides round alike.
 //
 // Per element i (g = grad * grad_scale; mo, vo = old moments, decoded for kQ8):
 //   m = b1 mo + (1-b1) g;  v = b2 vo + (1-b2) g g;  denom = sqrt(v inv_bc2) + eps
@@ -18,15 +20,18 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/host_device.h"
 #include "kernels/cpu/hybrid_adamw.h"
 #include "kernels/cpu/q8_code.h"
 
 namespace ferry::kernels::cpu::hybrid {
 
-inline float widen_bf16(std::uint16_t h) { return q8::float_of(std::uint32_t{h} << 16); }
+FERRY_HOST_DEVICE inline float widen_bf16(std::uint16_t h) {
+  return q8::float_of(std::uint32_t{h} << 16);
+}
 
 // Round to nearest even (core/dtype.h's rule; NaN stays a quiet NaN).
-inline std::uint16_t bf16_rne(float f) {
+FERRY_HOST_DEVICE inline std::uint16_t bf16_rne(float f) {
   std::uint32_t b = q8::bits_of(f);
   if ((b & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((b >> 16) | 0x0040u);
   b += 0x7fffu + ((b >> 16) & 1u);
@@ -36,7 +41,7 @@ inline std::uint16_t bf16_rne(float f) {
 // Stochastic rounding: add 16 random bits below bf16 precision to the magnitude, truncate. The
 // result is the upper neighbour with probability (distance from the lower one) / ulp, so the
 // rounding is unbiased. Infinities and NaNs are kept (NaN made quiet).
-inline std::uint16_t bf16_sr(float f, std::uint32_t random) {
+FERRY_HOST_DEVICE inline std::uint16_t bf16_sr(float f, std::uint32_t random) {
   const std::uint32_t b = q8::bits_of(f);
   if ((b & 0x7f800000u) == 0x7f800000u) {
     const std::uint32_t quiet = (b & 0x7fffffffu) > 0x7f800000u ? 0x40u : 0u;
@@ -46,7 +51,7 @@ inline std::uint16_t bf16_sr(float f, std::uint32_t random) {
 }
 
 // lowbias32 (a 32-bit integer finalizer): cheap in every SIMD width (xor, shift, 32-bit mullo).
-inline std::uint32_t mix32(std::uint32_t x) {
+FERRY_HOST_DEVICE inline std::uint32_t mix32(std::uint32_t x) {
   x ^= x >> 16;
   x *= 0x7feb352du;
   x ^= x >> 15;
@@ -55,15 +60,17 @@ inline std::uint32_t mix32(std::uint32_t x) {
   return x;
 }
 
-inline std::uint32_t random_bits(std::uint32_t index, std::uint32_t key_lo, std::uint32_t key_hi) {
+FERRY_HOST_DEVICE inline std::uint32_t random_bits(std::uint32_t index, std::uint32_t key_lo,
+                                                   std::uint32_t key_hi) {
   return mix32(mix32(index * 0x9e3779b1u + key_lo) ^ key_hi);
 }
 
 // Old moments -> new moments + master update of element i (the formula in the file header);
 // with kQ8 also sqrt(v) in *si.
 template <MasterKind MK, bool kQ8 = false>
-inline void step_element(const AdamWConstants& k, const HybridAdamWSpan& s, std::int64_t i,
-                         float mo, float vo, float& mi, float& vi, float* si = nullptr) {
+FERRY_HOST_DEVICE inline void step_element(const AdamWConstants& k, const HybridAdamWSpan& s,
+                                           std::int64_t i, float mo, float vo, float& mi, float& vi,
+                                           float* si = nullptr) {
   const float g = s.grad[i] * k.grad_scale;
   mi = k.beta1 * mo + k.one_minus_beta1 * g;
   vi = k.beta2 * vo + k.one_minus_beta2 * (g * g);

@@ -23,6 +23,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/host_device.h"
+
 namespace ferry::kernels::cpu::q8 {
 
 // Elements per block (one f32 absmax per block and state). NOTE(optim): 2048 keeps a block's
@@ -43,20 +45,29 @@ inline constexpr float kSubScale = static_cast<float>(1 << (14 + M));  // 2^(14+
 template <int M>
 inline constexpr float kSubStep = 1.0f / kSubScale<M>;  // 2^-(14+M), exact
 
-inline std::uint32_t bits_of(float f) {
+// The functions below are shared verbatim with the CUDA twin (kernels/cuda/hybrid_adamw.cu).
+FERRY_HOST_DEVICE inline std::uint32_t bits_of(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
   std::uint32_t b;
   std::memcpy(&b, &f, 4);
   return b;
+#endif
 }
-inline float float_of(std::uint32_t b) {
+FERRY_HOST_DEVICE inline float float_of(std::uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(b);
+#else
   float f;
   std::memcpy(&f, &b, 4);
   return f;
+#endif
 }
 
 // y >= 0, finite -> code in [0, kMaxCode<M>] (round to nearest even on the code grid).
 template <int M>
-inline std::int32_t encode_mag(float y) {
+FERRY_HOST_DEVICE inline std::int32_t encode_mag(float y) {
   if (y >= kMinNormal) {
     const std::uint32_t b = bits_of(y);
     const std::uint32_t r = b + ((1u << (22 - M)) - 1u) + ((b >> (23 - M)) & 1u);
@@ -69,7 +80,7 @@ inline std::int32_t encode_mag(float y) {
 }
 
 template <int M>
-inline float decode_mag(std::int32_t code) {
+FERRY_HOST_DEVICE FERRY_HOST_DEVICE inline float decode_mag(std::int32_t code) {
   if (code < (1 << M)) return static_cast<float>(code) * kSubStep<M>;
   return float_of((static_cast<std::uint32_t>(code) << (23 - M)) + (112u << 23));
 }
@@ -77,32 +88,34 @@ inline float decode_mag(std::int32_t code) {
 // Per-block multipliers: encode y = |x| * inv, decode x = value * deq. An all-zero block has
 // absmax 0: inv = 0 encodes everything to code 0, deq = 0 decodes it to 0.
 template <int M>
-inline float encode_multiplier(float absmax) {
+FERRY_HOST_DEVICE inline float encode_multiplier(float absmax) {
   return absmax > 0.0f ? kMax<M> / absmax : 0.0f;
 }
 template <int M>
-inline float decode_multiplier(float absmax) {
+FERRY_HOST_DEVICE FERRY_HOST_DEVICE inline float decode_multiplier(float absmax) {
   return absmax / kMax<M>;
 }
 
 // m: bit 7 = sign of x, bits 6..0 = E4M3 magnitude.
-inline std::uint8_t encode_m(float x, float inv) {
+FERRY_HOST_DEVICE inline std::uint8_t encode_m(float x, float inv) {
   const std::uint32_t sign = (bits_of(x) >> 31) << 7;
   const float y = float_of(bits_of(x) & 0x7fffffffu) * inv;
   return static_cast<std::uint8_t>(sign | static_cast<std::uint32_t>(encode_mag<kMBits>(y)));
 }
-inline float decode_m(std::uint8_t c, float deq) {
+FERRY_HOST_DEVICE inline float decode_m(std::uint8_t c, float deq) {
   const float mag = decode_mag<kMBits>(c & 0x7f) * deq;
   return float_of(bits_of(mag) | (static_cast<std::uint32_t>(c & 0x80) << 24));
 }
 
 // s = sqrt(v) >= 0: E4M4; s > 0 never encodes to 0.
-inline std::uint8_t encode_s(float s, float inv) {
+FERRY_HOST_DEVICE inline std::uint8_t encode_s(float s, float inv) {
   const float y = s * inv;
   std::int32_t c = encode_mag<kVBits>(y);
   if (c == 0 && y > 0.0f) c = 1;
   return static_cast<std::uint8_t>(c);
 }
-inline float decode_s(std::uint8_t c, float deq) { return decode_mag<kVBits>(c) * deq; }
+FERRY_HOST_DEVICE inline float decode_s(std::uint8_t c, float deq) {
+  return decode_mag<kVBits>(c) * deq;
+}
 
 }  // namespace ferry::kernels::cpu::q8
