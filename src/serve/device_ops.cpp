@@ -28,6 +28,17 @@ Status link_pace_mark(unsigned long long* d_mark, mem::Stream& stream) {
 Status link_pace_wait(unsigned long long* d_mark, unsigned long long ns, mem::Stream& stream) {
   return kernels::cuda::link_pace_wait(d_mark, ns, stream);
 }
+Status resolve_slots(const SlotResolveArgs& a, mem::Stream& stream) {
+  return kernels::cuda::resolve_slots(a, stream);
+}
+Status copy_misses(const MissCopyArgs& a, mem::Stream& stream) {
+  return kernels::cuda::copy_misses(a, stream);
+}
+Status link_pace_wait_misses(unsigned long long* d_mark, const std::int32_t* d_log,
+                             std::uint64_t expert_bytes, double gbps, mem::Stream& stream) {
+  return kernels::cuda::link_pace_wait_misses(d_mark, d_log, expert_bytes, gbps, stream);
+}
+Result<const void*> mapped_pointer(const void* host) { return kernels::cuda::mapped_pointer(host); }
 #else
 Status kv_write(const PagedKvLayout&, int, const PagedStep&, const float*, const float*,
                 mem::Stream&) {
@@ -48,6 +59,19 @@ Status link_pace_mark(unsigned long long*, mem::Stream&) {
 }
 Status link_pace_wait(unsigned long long*, unsigned long long, mem::Stream&) {
   return unavailable("serve: link pacing on CUDA needs a CUDA build");
+}
+Status resolve_slots(const SlotResolveArgs&, mem::Stream&) {
+  return unavailable("serve: device slot resolution needs a CUDA build");
+}
+Status copy_misses(const MissCopyArgs&, mem::Stream&) {
+  return unavailable("serve: device miss copies need a CUDA build");
+}
+Status link_pace_wait_misses(unsigned long long*, const std::int32_t*, std::uint64_t, double,
+                             mem::Stream&) {
+  return unavailable("serve: link pacing on CUDA needs a CUDA build");
+}
+Result<const void*> mapped_pointer(const void*) {
+  return unavailable("serve: mapped host memory needs a CUDA build");
 }
 #endif
 

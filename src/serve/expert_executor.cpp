@@ -7,6 +7,7 @@
 #include "core/thread_pool.h"
 #include "mem/stream.h"
 #include "mem/transfer_engine.h"
+#include "serve/device_resolver.h"
 #include "serve/pool_tier.h"
 
 namespace ferry::serve {
@@ -275,6 +276,14 @@ Result<std::unique_ptr<ExpertExecutor>> ExpertExecutor::create(const model::Deco
     }
   }
   if (dev != nullptr) FERRY_TRY(x->create_device(*dev, shared));
+  if (pc.mode == ExpertMode::kPaged && pc.device_resolve && pc.policy == EvictionPolicy::kLru &&
+      !pc.miss_cost_model && pc.bypass_window == 0) {
+    // LRU first; LFU/LFRU and miss placement keep the host path (docs/serve.md).
+    const SlotResolverDevice rd{.te = dev != nullptr ? dev->te : nullptr,
+                                .pace_gbps = dev != nullptr ? dev->pace_gbps : 0.0};
+    FERRY_ASSIGN_OR_RETURN(x->resolver_, SlotResolver::create(geo, *x->pager_, *x->store_, shared,
+                                                              dev != nullptr ? &rd : nullptr));
+  }
   return x;
 }
 
@@ -289,6 +298,7 @@ Status ExpertExecutor::resize_caps(std::span<const int> caps) {
                               caps[l], pager_->hot_count(l), geo_.top_k);
     }
   }
+  if (resolver_) resolver_->mark_all_stale();  // rewritten from the pager before the next use
   return pager_->resize(caps);
 }
 
@@ -350,6 +360,7 @@ Status ExpertExecutor::resolve_group(int layer, const std::int32_t* ids,
       paged_refs_.resize(paged_.size());
       copy_index_.resize(paged_.size());
       FERRY_TRY(pager_->acquire(layer, paged_, paged_refs_, copy_index_));
+      if (resolver_) resolver_->mark_stale(layer);  // the device state no longer mirrors it
       expert_of_copy_.clear();
       for (std::int32_t e : distinct_) copy_of_expert_[std::size_t(e)] = -1;
       for (std::size_t i = 0; i < paged_.size(); ++i) {
@@ -375,9 +386,18 @@ Status ExpertExecutor::resolve_group(int layer, const std::int32_t* ids,
 
 Status ExpertExecutor::compute_group(int layer, const float* x, const std::int32_t* ids,
                                      std::span<const std::int32_t> rows, float* eout) {
+  FERRY_TRY(resolve_group(layer, ids, rows));
+  compute_rows(x, ids, rows, eout);
+  if (mode_ == ExpertMode::kPaged) pager_->release(layer);
+  ++counters_.groups;
+  counters_.expert_rows += rows.size();
+  return ok_status();
+}
+
+void ExpertExecutor::compute_rows(const float* x, const std::int32_t* ids,
+                                  std::span<const std::int32_t> rows, float* eout) {
   const int K = geo_.top_k;
   const std::int64_t C = geo_.hidden, F = geo_.expert_width;
-  FERRY_TRY(resolve_group(layer, ids, rows));
   ThreadPool::global().parallel_for(
       rows.size(),
       [&](std::size_t b, std::size_t e) {
@@ -390,10 +410,6 @@ Status ExpertExecutor::compute_group(int layer, const float* x, const std::int32
         }
       },
       2);
-  if (mode_ == ExpertMode::kPaged) pager_->release(layer);
-  ++counters_.groups;
-  counters_.expert_rows += rows.size();
-  return ok_status();
 }
 
 Status ExpertExecutor::for_each_paged_group(
@@ -472,6 +488,24 @@ Status ExpertExecutor::run(int layer, const float* x, const std::int32_t* ids, s
     return compute_group(layer, x, ids, rows_, eout);
   }
   ++layer_step_[std::size_t(layer)];
+  if (resolver_ && resolver_->fits(layer, T * K)) {
+    // The device path's CPU twin: slots resolved over the resolver's arrays, misses copied from
+    // the store, the pager replaying the call (the observer above already saw the ids).
+    FERRY_TRY(resolver_->run_cpu(layer, ids, T * K, {}));
+    const void* const* tb = resolver_->table(layer);
+    const int E = geo_.experts;
+    for (std::int64_t i = 0; i < T * K; ++i) {
+      const std::int32_t e = ids[i];
+      ref_of_expert_[std::size_t(e)] = {tb[e], tb[E + e], tb[2 * E + e], store_->dtype()};
+    }
+    rows_.resize(std::size_t(T * K));
+    std::iota(rows_.begin(), rows_.end(), 0);
+    compute_rows(x, ids, rows_, eout);
+    ++counters_.device_resolved;
+    ++counters_.groups;
+    counters_.expert_rows += rows_.size();
+    return ok_status();
+  }
   return for_each_paged_group(layer, ids, T, [&](std::span<const std::int32_t> rows, int) {
     return compute_group(layer, x, ids, rows, eout);
   });

@@ -41,6 +41,9 @@ struct ExecutorCounters {
   std::uint64_t cpu_misses = 0, bypassed = 0;
   // CUDA engine: host waits for the routed ids (paged, cpu-experts: one per MoE layer and step).
   std::uint64_t host_syncs = 0;
+  // Layer calls resolved by device-side slot resolution (or its CPU twin) instead of the host
+  // pager's acquire (PagerConfig::device_resolve).
+  std::uint64_t device_resolved = 0;
 };
 
 // Splits tokens [0, T) into consecutive groups whose distinct experts not in `hot` number at most
@@ -108,7 +111,10 @@ struct ExpertDevice {
   mem::Stream* compute = nullptr;              // where expert FFNs run (the runner's stream)
   mem::Stream* copy = nullptr;                 // H2D copies of misses / static staging
   std::int64_t max_tokens = 0;                 // the runner's step size
+  double pace_gbps = 0;  // the engine's link pacing rate (device slot resolution's copies too)
 };
+
+class SlotResolver;
 
 class ExpertExecutor {
  public:
@@ -135,6 +141,17 @@ class ExpertExecutor {
   bool runs_without_host() const {
     return (mode_ == ExpertMode::kResident || mode_ == ExpertMode::kStatic) && !access_observer_;
   }
+  // Device-side slot resolution (PagerConfig::device_resolve, serve/device_resolver.h), CUDA
+  // engine, per step: begin_device_step says whether the step's paged layers resolve on the
+  // device (paged mode with a resolver, and T*K <= cap - hot in every MoE layer; the runner
+  // asks only for decode steps) and if so uploads stale layer state (compute stream, no wait);
+  // run_device then enqueues resolve, miss copy and FFN with no host wait; the runner enqueues
+  // enqueue_device_log() at the end of the step and calls finish_device_step() after its sync
+  // (the pager replays the logs; returns the bytes the device copied, for the link's counters).
+  Result<bool> begin_device_step(std::int64_t T);
+  Status enqueue_device_log(mem::Stream& stream);
+  Result<std::uint64_t> finish_device_step();
+  bool device_resolves() const { return resolver_ != nullptr; }
   // A replayed CUDA graph ran what run_device enqueued while it was captured: adds that capture's
   // counter deltas (the replay makes no host calls).
   void count_replayed(const ExecutorCounters& d);
@@ -190,6 +207,11 @@ class ExpertExecutor {
   ExecutorCounters counters_;
   std::function<void(int, std::span<const std::int32_t>)> access_observer_;
   std::unique_ptr<DeviceState> dev_;  // the CUDA engine's buffers and streams; null on the CPU
+  std::unique_ptr<SlotResolver> resolver_;  // PagerConfig::device_resolve (paged, LRU)
+  bool device_step_ = false;                // between begin_ and finish_device_step
+  // The rows of the whole call (ids [T*K]), their experts' weights through ref_of_expert_.
+  void compute_rows(const float* x, const std::int32_t* ids, std::span<const std::int32_t> rows,
+                    float* eout);
   // Per-group scratch, sized once: distinct experts and their refs, by expert id.
   std::vector<std::int32_t> distinct_;
   std::vector<std::int32_t> rows_;    // the current group's rows

@@ -21,6 +21,7 @@
 
 #include "core/thread_pool.h"
 #include "serve/device_ops.h"
+#include "serve/device_resolver.h"
 #include "serve/expert_executor.h"
 #include "serve/expert_ffn.h"
 
@@ -132,6 +133,7 @@ void ExpertExecutor::count_replayed(const ExecutorCounters& d) {
   counters_.cpu_misses += d.cpu_misses;
   counters_.bypassed += d.bypassed;
   counters_.host_syncs += d.host_syncs;
+  counters_.device_resolved += d.device_resolved;
 }
 
 Status ExpertExecutor::device_group(int layer, const float* d_x, const std::int32_t* d_ids,
@@ -208,6 +210,32 @@ Status ExpertExecutor::device_group(int layer, const float* d_x, const std::int3
   return ok_status();
 }
 
+Result<bool> ExpertExecutor::begin_device_step(std::int64_t T) {
+  FERRY_CHECK(!device_step_, "serve: begin_device_step twice without finish_device_step");
+  if (dev_ == nullptr || !resolver_ || mode_ != ExpertMode::kPaged) return false;
+  for (int l = 0; l < geo_.layers; ++l) {
+    if (geo_.layer_is_moe[l] && !resolver_->fits(l, T * geo_.top_k)) return false;
+  }
+  FERRY_TRY(resolver_->upload_stale(*dev_->dev.compute));
+  device_step_ = true;
+  return true;
+}
+
+Status ExpertExecutor::enqueue_device_log(mem::Stream& stream) {
+  FERRY_CHECK(device_step_, "serve: enqueue_device_log outside a device step");
+  return resolver_->enqueue_log_readback(stream);
+}
+
+Result<std::uint64_t> ExpertExecutor::finish_device_step() {
+  FERRY_CHECK(device_step_, "serve: finish_device_step without begin_device_step");
+  device_step_ = false;
+  for (int l = 0; l < geo_.layers; ++l) {
+    if (geo_.layer_is_moe[l]) ++layer_step_[std::size_t(l)];
+  }
+  FERRY_TRY(resolver_->replay(access_observer_));
+  return resolver_->last_replay_bytes();
+}
+
 Status ExpertExecutor::run_device(int layer, const float* d_x, const std::int32_t* d_ids,
                                   std::int64_t T, float* d_act, float* d_eout) {
   FERRY_CHECK(dev_ != nullptr, "serve: run_device on a CPU executor");
@@ -217,6 +245,28 @@ Status ExpertExecutor::run_device(int layer, const float* d_x, const std::int32_
   const int E = geo_.experts, K = geo_.top_k;
   const std::int64_t C = geo_.hidden, F = geo_.expert_width, rows = T * K;
   mem::Stream& cs = *s.dev.compute;
+  if (device_step_) {
+    // Device-side slot resolution: resolve, copy the misses, FFN — all on compute, no host wait
+    // (the access observer and the pager see the ids when finish_device_step replays the log).
+    FERRY_TRY(resolver_->enqueue(layer, d_ids, rows, cs));
+    FERRY_TRY(device::expert_ffn({.out = d_eout,
+                                  .act = d_act,
+                                  .x = d_x,
+                                  .ids = d_ids,
+                                  .table = resolver_->table(layer),
+                                  .row_begin = 0,
+                                  .row_end = rows,
+                                  .K = K,
+                                  .E = E,
+                                  .C = C,
+                                  .F = F,
+                                  .bf16 = expert_dtype_ == DType::kBF16},
+                                 cs));
+    ++counters_.device_resolved;
+    ++counters_.groups;
+    counters_.expert_rows += std::uint64_t(rows);
+    return ok_status();
+  }
   mem::TransferEngine& te = *s.dev.te;
   const bool need_ids = mode_ == ExpertMode::kPaged || mode_ == ExpertMode::kCpuExperts ||
                         static_cast<bool>(access_observer_);

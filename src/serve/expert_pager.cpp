@@ -217,6 +217,11 @@ Status ExpertPager::copy_in(int layer, std::span<const int> slots, bool defer) {
   FERRY_CHECK(!defer || slots.size() <= copied_.size(), "serve: {} copies, {} events", slots.size(),
               copied_.size());
   Layer& ly = layers_[layer];
+  if (mirror_) {  // the device copied these (slot_resolve.h): count them, copy nothing
+    counters_.bytes_copied += slots.size() * store_.expert_bytes();
+    ++counters_.copy_batches;
+    return ok_status();
+  }
   mem::TransferEngine& te = te_ != nullptr ? *te_ : mem::host_transfer_engine();
   mem::Stream& stream = copy_ != nullptr ? *copy_ : mem::Stream::host();
   // Device: an evicted slot may still be read by expert FFNs queued on compute.
@@ -251,7 +256,7 @@ Status ExpertPager::acquire(int layer, std::span<const std::int32_t> experts,
   FERRY_CHECK(refs.size() == experts.size(), "serve: pager refs/experts size mismatch");
   FERRY_CHECK(copy_index.empty() || copy_index.size() == experts.size(),
               "serve: pager copy_index/experts size mismatch");
-  FERRY_CHECK(!overlap_ || !copy_index.empty(),
+  FERRY_CHECK(!overlap_ || mirror_ || !copy_index.empty(),
               "serve: an overlapping pager's caller must take copy_index (and wait_copy)");
   int non_hot = 0;
   for (std::int32_t e : experts) {

@@ -122,6 +122,17 @@ class ExpertPager {
   // The expert in a slot (-1 empty) and its state, for tests and metrics.
   int expert_in(int layer, int slot) const { return layers_[layer].expert_of_slot[slot]; }
   ExpertSlotState state(int layer, int slot) const { return layers_[layer].state[slot]; }
+  // The slot's last use in the layer's ticks (its LRU stamp) and the layer's tick (acquire count).
+  std::uint64_t last_use(int layer, int slot) const { return layers_[layer].meta[slot].last_use; }
+  std::uint64_t tick(int layer) const { return layers_[layer].tick; }
+  // Slot 0 of the layer (slot s is expert_bytes() * s further), where the device resolver's
+  // table and copies point.
+  std::byte* slot_base(int layer) const { return slot_data(layer, 0); }
+  // Mirror mode (device-side slot resolution, slot_resolve.h): acquire() decides exactly as
+  // always and counts the misses' bytes and batch, but copies nothing — the device already did.
+  // The engine replays a device step's routing through it, so the pager stays the device's
+  // mirror (counters, observer, metrics).
+  void set_mirror(bool on) { mirror_ = on; }
   // Called on every slot transition (tests check legality and invariants from here).
   void set_observer(std::function<void(const SlotEvent&)> fn) { observer_ = std::move(fn); }
 
@@ -156,6 +167,7 @@ class ExpertPager {
   // Overlap mode: copied_[j] is recorded on copy_ after the batch's j-th copy; waited_[j] says
   // whether the caller ordered its readers after it (checked at release()).
   bool overlap_ = false;
+  bool mirror_ = false;
   std::vector<mem::Event> copied_;
   std::vector<bool> waited_;
   int batch_size_ = 0;  // copies of the last acquire()

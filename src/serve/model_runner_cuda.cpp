@@ -439,7 +439,8 @@ Status CudaModelRunner::run_graph(const StepBatch& b, std::int64_t stride, bool 
                  .expert_rows = e1.expert_rows - e0.expert_rows,
                  .cpu_misses = e1.cpu_misses - e0.cpu_misses,
                  .bypassed = e1.bypassed - e0.bypassed,
-                 .host_syncs = e1.host_syncs - e0.host_syncs};
+                 .host_syncs = e1.host_syncs - e0.host_syncs,
+                 .device_resolved = e1.device_resolved - e0.device_resolved};
     ++graph_stats_.captures;
   } else {
     link_->count_replayed(mem::CopyKind::kHostToDevice, g.h2d);

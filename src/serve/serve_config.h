@@ -74,6 +74,13 @@ struct PagerConfig {
   // batch before the group's one launch (the serial order; kept to measure the overlap against).
   // Same bits either way. The CPU engine's copies are synchronous and ignore it.
   bool overlap_misses = true;
+  // Paged mode, LRU, no miss placement: a layer call whose routed rows fit the free slots
+  // (T*K <= cap - hot) resolves its slots without the host pager's acquire
+  // (serve/device_resolver.h): the CUDA engine's decode steps on the device with no host sync
+  // (so they can be CUDA graphs), the CPU engine through the CPU twin. The host pager replays
+  // every such call (same decisions, counters, observers), so outputs and counters equal the
+  // host path's. false: always the host path (ferry bench serve --no-device-resolve, the A/B).
+  bool device_resolve = true;
   // How routed experts are stored and read: kF32, or kBF16 (CUDA engine only: the host store,
   // the slots / staging / resident copy and the PCIe bytes are bf16, half of f32's; expert_ffn
   // widens each weight and accumulates in f32). Every mode reads the same bf16 bits, so the modes

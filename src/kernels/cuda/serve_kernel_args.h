@@ -62,4 +62,48 @@ struct ForcedRoutingArgs {
   int K = 0;
   bool renormalize = false;
 };
+
+// Device-side slot resolution of one paged MoE layer (docs/serve.md "Device-side slot
+// resolution"; the CPU twin is serve::resolve_slots_twin in serve/slot_resolve.h, the host rule
+// is ExpertPager::acquire with LRU). `state` is the layer's int32 block (SlotStateLayout below):
+//   [0] live cap, [1] tick (u32: the layer's acquire count), [2..3] 0,
+//   slot_of [E] (-1: not resident), expert_in [max_cap] (-1: empty), stamp [max_cap] (u32 last
+//   use tick), flags [max_cap] (kSlotHot | kSlotInUse).
+// One call: in-use flags of the previous call cleared (its release), tick + 1; the step's
+// distinct experts in first-appearance order over ids; hits first (in use, stamp = tick); then
+// each miss takes the lowest empty slot under cap, else the slot with the smallest (stamp, slot)
+// that is neither hot nor in use (its expert is evicted: slot_of -1, table entries null); the
+// table gets the miss's pointers (slot_base + slot * expert_bytes + {0, up_offset,
+// down_offset}). log: [0] hits, [1] misses, [2] evictions, [3] errors (ids outside [0, E) or a
+// miss without a slot: skipped, a bug of the caller), [4] n, then ids [E], miss_expert [E],
+// miss_slot [E], evicted [E] (-1: the slot was empty); n <= E (the caller runs this only when
+// n <= cap - hot).
+inline constexpr int kSlotHot = 1, kSlotInUse = 2;
+struct SlotStateLayout {
+  static constexpr std::int64_t kHeader = 4, kLogHeader = 5;
+  static std::int64_t state_ints(int E, int max_cap) { return kHeader + E + 3 * max_cap; }
+  static std::int64_t log_ints(int E) { return kLogHeader + 4 * std::int64_t(E); }
+};
+struct SlotResolveArgs {
+  const std::int32_t* ids = nullptr;  // [n] the layer's routed ids (row t*K + k)
+  std::int64_t n = 0;
+  int E = 0, max_cap = 0;
+  std::int32_t* state = nullptr;       // [state_ints(E, max_cap)]
+  const void** table = nullptr;        // [3, E]
+  std::int32_t* log = nullptr;         // [log_ints(E)]
+  unsigned char* slot_base = nullptr;  // slot s at slot_base + s * expert_bytes
+  std::int64_t expert_bytes = 0, up_offset = 0, down_offset = 0;
+};
+// The misses of one resolve (its log) copied from the host store: miss j's block
+// src_base + miss_expert[j] * expert_bytes (pinned host memory, its mapped device address on
+// CUDA) to slot_base + miss_slot[j] * expert_bytes. Pointers aligned to the largest of 16, 4, 1
+// dividing expert_bytes.
+struct MissCopyArgs {
+  unsigned char* slot_base = nullptr;
+  const unsigned char* src_base = nullptr;  // the layer's expert 0 in the host store
+  std::int64_t expert_bytes = 0;
+  const std::int32_t* log = nullptr;  // a SlotResolveArgs log
+  int E = 0;
+  int blocks = 0;  // grid size (CUDA)
+};
 }  // namespace ferry::kernels::cuda

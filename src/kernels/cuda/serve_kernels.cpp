@@ -110,4 +110,48 @@ Status link_pace_wait(unsigned long long* d_mark, unsigned long long ns, mem::St
   return ok_status();
 }
 
+Status resolve_slots(const SlotResolveArgs& a, mem::Stream& stream) {
+  if (stream.device() != Device::kCuda) return invalid_argument("cuda resolve_slots: CUDA stream");
+  if (a.ids == nullptr || a.state == nullptr || a.table == nullptr || a.log == nullptr ||
+      a.slot_base == nullptr || a.E <= 0 || a.max_cap <= 0 || a.n < 0 || a.expert_bytes <= 0) {
+    return invalid_argument("cuda resolve_slots: missing pointers or empty shapes");
+  }
+  if (a.E > 4096) return unimplemented("cuda resolve_slots: {} experts > 4096", a.E);
+  FERRY_LAUNCH_TRY("serve resolve_slots", native(stream), launch_resolve_slots(a, native(stream)));
+  return ok_status();
+}
+
+Status copy_misses(const MissCopyArgs& a, mem::Stream& stream) {
+  if (stream.device() != Device::kCuda) return invalid_argument("cuda copy_misses: CUDA stream");
+  if (a.slot_base == nullptr || a.src_base == nullptr || a.log == nullptr || a.E <= 0 ||
+      a.expert_bytes <= 0 || a.blocks <= 0 || a.blocks > 65535) {
+    return invalid_argument("cuda copy_misses: missing pointers, empty shapes or {} blocks",
+                            a.blocks);
+  }
+  FERRY_LAUNCH_TRY("serve copy_misses", native(stream), launch_copy_misses(a, native(stream)));
+  return ok_status();
+}
+
+Status link_pace_wait_misses(unsigned long long* d_mark, const std::int32_t* d_log,
+                             std::uint64_t expert_bytes, double gbps, mem::Stream& stream) {
+  if (stream.device() != Device::kCuda || d_mark == nullptr || d_log == nullptr || !(gbps > 0)) {
+    return invalid_argument(
+        "cuda link_pace_wait_misses: needs a CUDA stream, a mark, a log, a rate");
+  }
+  FERRY_LAUNCH_TRY("serve link_pace_wait_misses", native(stream),
+                   launch_link_pace_wait_misses(d_mark, d_log, expert_bytes, gbps, native(stream)));
+  return ok_status();
+}
+
+Result<const void*> mapped_pointer(const void* host) {
+  void* d = nullptr;
+  if (const cudaError_t e = cudaHostGetDevicePointer(&d, const_cast<void*>(host), 0);
+      e != cudaSuccess) {
+    cudaGetLastError();
+    return unavailable("cuda: host memory at {} is not mapped for the device ({})", host,
+                       cudaGetErrorName(e));
+  }
+  return static_cast<const void*>(d);
+}
+
 }  // namespace ferry::kernels::cuda

@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/result.h"
 #include "core/status.h"
 #include "kernels/cuda/serve_kernel_args.h"
 #include "mem/stream.h"
@@ -60,5 +61,16 @@ Status link_pace_wait(unsigned long long* d_mark, unsigned long long ns, mem::St
 // Pointers 16-byte aligned and bytes a multiple of 16 (invalid_argument otherwise).
 Status copy_from_host(void* dst, const void* src, std::size_t bytes, int blocks,
                       mem::Stream& stream);
+// Device-side slot resolution (serve_slot_resolve.cu; CPU twins in serve/slot_resolve.h): one
+// paged layer's LRU slot decisions (one block), its misses copied from mapped pinned host memory,
+// and a link pacing wait of ceil(misses * expert_bytes / gbps) ns read from the resolve log.
+// E <= 4096 (the resolve kernel's shared memory).
+Status resolve_slots(const SlotResolveArgs& a, mem::Stream& stream);
+Status copy_misses(const MissCopyArgs& a, mem::Stream& stream);
+Status link_pace_wait_misses(unsigned long long* d_mark, const std::int32_t* d_log,
+                             std::uint64_t expert_bytes, double gbps, mem::Stream& stream);
+// The device address of pinned host memory (cudaHostGetDevicePointer); unavailable if the
+// allocation is not mapped.
+Result<const void*> mapped_pointer(const void* host);
 
 }  // namespace ferry::kernels::cuda

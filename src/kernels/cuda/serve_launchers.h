@@ -33,4 +33,11 @@ cudaError_t launch_link_pace_wait(unsigned long long* d_mark, unsigned long long
 cudaError_t launch_copy_from_host(void* dst, const void* src, std::size_t bytes, int blocks,
                                   cudaStream_t stream);
 
+// serve_slot_resolve.cu (arguments checked by the caller: E <= 4096, max_cap >= 1).
+cudaError_t launch_resolve_slots(const SlotResolveArgs& a, cudaStream_t stream);
+cudaError_t launch_copy_misses(const MissCopyArgs& a, cudaStream_t stream);
+cudaError_t launch_link_pace_wait_misses(unsigned long long* d_mark, const std::int32_t* d_log,
+                                         unsigned long long expert_bytes, double gbps,
+                                         cudaStream_t stream);
+
 }  // namespace ferry::kernels::cuda

@@ -1,0 +1,235 @@
+// SPDX-License-Identifier: Apache-2.0
+// Device-side slot resolution (serve/device_resolver.h; the spec is the CPU twin
+// serve::resolve_slots_twin in serve/slot_resolve.cpp, which must make the same decisions):
+//   resolve_slots_kernel  one block per layer call. Thread 0 walks what is sequential (tick,
+//                         distinct experts in first-appearance order, hits, the log); each miss's
+//                         slot is a block-wide min over packed keys — an empty slot under the
+//                         cap is (0, slot), an evictable one (neither hot nor in use) is
+//                         (1, stamp, slot), others never win — so the lowest empty slot comes
+//                         first, then the least recently stamped, ties to the lowest slot: the
+//                         host pager's LRU rule. Misses are applied one at a time in order, since
+//                         each changes what the next one may evict.
+//   copy_misses_kernel    the logged misses' blocks from the host store (pinned, read through
+//                         its mapped address: PCIe reads by the SMs, no copy engine and no host
+//                         call) into their slots; words of 16, 4 or 1 bytes by alignment.
+//   link_pace_wait_misses_kernel  link pacing of those bytes: spins until mark +
+//                         ceil(misses * expert_bytes / gbps) ns (serve_link_pace.cu's wait with
+//                         the byte count read from the log, since the host does not know it).
+// Tests: tests/gpu/serve_device_resolve_gpu_test.cpp (kernel == twin on random sequences).
+#include <cstdint>
+
+#include "kernels/cuda/serve_launchers.h"
+
+namespace ferry::kernels::cuda {
+namespace {
+
+constexpr int kResolveThreads = 256;
+
+__device__ __forceinline__ unsigned long long block_min(unsigned long long v,
+                                                        unsigned long long* scratch) {
+  for (int off = 16; off > 0; off >>= 1) {
+    const unsigned long long o = __shfl_xor_sync(0xffffffffu, v, off);
+    v = o < v ? o : v;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < int(blockDim.x / 32) ? scratch[lane] : ~0ull;
+    for (int off = 16; off > 0; off >>= 1) {
+      const unsigned long long o = __shfl_xor_sync(0xffffffffu, v, off);
+      v = o < v ? o : v;
+    }
+    if (lane == 0) scratch[32] = v;
+  }
+  __syncthreads();
+  const unsigned long long r = scratch[32];
+  __syncthreads();  // scratch is reused by the next call
+  return r;
+}
+
+__global__ void resolve_slots_kernel(SlotResolveArgs a) {
+  extern __shared__ std::int32_t smem[];  // distinct [E] then seen [E]
+  __shared__ unsigned long long scratch[33];
+  __shared__ std::int32_t s_nd, s_hits, s_errors;
+  std::int32_t* distinct = smem;
+  std::int32_t* seen = smem + a.E;
+  const int E = a.E, M = a.max_cap;
+  std::int32_t* slot_of = a.state + 4;
+  std::int32_t* expert_in = slot_of + E;
+  auto* stamp = reinterpret_cast<std::uint32_t*>(expert_in + M);
+  std::int32_t* flags = expert_in + 2 * M;
+  std::int32_t* ids_out = a.log + 5;
+  std::int32_t* miss_expert = ids_out + E;
+  std::int32_t* miss_slot = ids_out + 2 * E;
+  std::int32_t* evicted = ids_out + 3 * E;
+  const int cap = a.state[0];
+  // The previous call's working set back to resident; scratch cleared.
+  for (int s = threadIdx.x; s < M; s += blockDim.x) flags[s] &= ~kSlotInUse;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    seen[e] = 0;
+    evicted[e] = -1;
+  }
+  __syncthreads();
+  const std::uint32_t tick = reinterpret_cast<std::uint32_t*>(a.state)[1] + 1u;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    reinterpret_cast<std::uint32_t*>(a.state)[1] = tick;
+    std::int32_t nd = 0, errors = 0, hits = 0;
+    for (std::int64_t i = 0; i < a.n; ++i) {
+      const std::int32_t e = a.ids[i];
+      if (i < E) ids_out[i] = e;
+      if (e < 0 || e >= E || i >= E) {
+        ++errors;
+        continue;
+      }
+      if (seen[e]) continue;
+      seen[e] = 1;
+      distinct[nd++] = e;
+    }
+    for (std::int32_t d = 0; d < nd; ++d) {  // hits first: in use, so no miss evicts them
+      const std::int32_t s = slot_of[distinct[d]];
+      if (s < 0) continue;
+      flags[s] |= kSlotInUse;
+      stamp[s] = tick;
+      ++hits;
+    }
+    s_nd = nd;
+    s_hits = hits;
+    s_errors = errors;
+  }
+  __syncthreads();
+  const std::int32_t nd = s_nd;
+  std::int32_t misses = 0, evictions = 0;  // thread 0's are the ones logged
+  for (std::int32_t d = 0; d < nd; ++d) {
+    const std::int32_t e = distinct[d];
+    if (slot_of[e] >= 0) continue;  // a hit (uniform: read after the last barrier)
+    unsigned long long key = ~0ull;
+    for (int s = threadIdx.x; s < cap; s += blockDim.x) {
+      unsigned long long k = ~0ull;
+      if (expert_in[s] < 0) {
+        k = static_cast<unsigned long long>(s);
+      } else if ((flags[s] & (kSlotHot | kSlotInUse)) == 0) {
+        k = (1ull << 62) | (static_cast<unsigned long long>(stamp[s]) << 20) |
+            static_cast<unsigned long long>(s);
+      }
+      key = k < key ? k : key;
+    }
+    key = block_min(key, scratch);
+    if (threadIdx.x == 0) {
+      if (key == ~0ull) {
+        ++s_errors;  // more non-hot experts than slots: the caller's bug
+      } else {
+        const int victim = static_cast<int>(key & 0xfffffull);
+        const std::int32_t old = expert_in[victim];
+        if (old >= 0) {
+          slot_of[old] = -1;
+          a.table[old] = nullptr;
+          a.table[E + old] = nullptr;
+          a.table[2 * E + old] = nullptr;
+          ++evictions;
+        }
+        expert_in[victim] = e;
+        slot_of[e] = victim;
+        stamp[victim] = tick;
+        flags[victim] |= kSlotInUse;
+        unsigned char* block = a.slot_base + std::int64_t(victim) * a.expert_bytes;
+        a.table[e] = block;
+        a.table[E + e] = block + a.up_offset;
+        a.table[2 * E + e] = block + a.down_offset;
+        miss_expert[misses] = e;
+        miss_slot[misses] = victim;
+        evicted[misses] = old;
+        ++misses;
+      }
+    }
+    __syncthreads();  // the next miss sees this one's slot
+  }
+  if (threadIdx.x == 0) {
+    a.log[0] = s_hits;
+    a.log[1] = misses;
+    a.log[2] = evictions;
+    a.log[3] = s_errors;
+    a.log[4] = static_cast<std::int32_t>(a.n);
+  }
+}
+
+// Miss by miss (uniform loop), each block's words strided over the grid with 4 loads in flight
+// per thread: PCIe reads are latency-bound (serve_link_pace.cu's copy_from_host, measured).
+template <typename Word>
+__global__ void copy_misses_kernel(MissCopyArgs a) {
+  const std::int32_t misses = a.log[1];
+  const std::int32_t* miss_expert = a.log + 5 + a.E;
+  const std::int32_t* miss_slot = a.log + 5 + 2 * a.E;
+  const std::int64_t n = a.expert_bytes / std::int64_t(sizeof(Word));
+  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
+  for (std::int32_t j = 0; j < misses; ++j) {
+    const auto* __restrict__ src =
+        reinterpret_cast<const Word*>(a.src_base + std::int64_t(miss_expert[j]) * a.expert_bytes);
+    auto* __restrict__ dst =
+        reinterpret_cast<Word*>(a.slot_base + std::int64_t(miss_slot[j]) * a.expert_bytes);
+    std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+      const Word w0 = src[i], w1 = src[i + stride], w2 = src[i + 2 * stride],
+                 w3 = src[i + 3 * stride];
+      dst[i] = w0;
+      dst[i + stride] = w1;
+      dst[i + 2 * stride] = w2;
+      dst[i + 3 * stride] = w3;
+    }
+    for (; i < n; i += stride) dst[i] = src[i];
+  }
+}
+
+__device__ __forceinline__ unsigned long long timer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__global__ void link_pace_wait_misses_kernel(unsigned long long* mark, const std::int32_t* log,
+                                             unsigned long long expert_bytes, double gbps) {
+  const double bytes = double(log[1]) * double(expert_bytes);
+  const unsigned long long ns = static_cast<unsigned long long>(ceil(bytes / gbps));
+  const unsigned long long until = *mark + ns;
+  unsigned long long now = timer_ns();
+  while (now < until) {
+    const unsigned long long left = until - now;
+    __nanosleep(left > 4000ull ? 2000u : 100u);
+    now = timer_ns();
+  }
+  *mark = now;
+}
+
+}  // namespace
+
+cudaError_t launch_resolve_slots(const SlotResolveArgs& a, cudaStream_t stream) {
+  const std::size_t shared = 2 * std::size_t(a.E) * sizeof(std::int32_t);
+  resolve_slots_kernel<<<1, kResolveThreads, shared, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_copy_misses(const MissCopyArgs& a, cudaStream_t stream) {
+  const auto aligned = [&](std::uintptr_t n) {
+    return a.expert_bytes % std::int64_t(n) == 0 &&
+           reinterpret_cast<std::uintptr_t>(a.slot_base) % n == 0 &&
+           reinterpret_cast<std::uintptr_t>(a.src_base) % n == 0;
+  };
+  if (aligned(16)) {
+    copy_misses_kernel<uint4><<<a.blocks, 256, 0, stream>>>(a);
+  } else if (aligned(4)) {
+    copy_misses_kernel<std::uint32_t><<<a.blocks, 256, 0, stream>>>(a);
+  } else {
+    copy_misses_kernel<unsigned char><<<a.blocks, 256, 0, stream>>>(a);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_link_pace_wait_misses(unsigned long long* d_mark, const std::int32_t* d_log,
+                                         unsigned long long expert_bytes, double gbps,
+                                         cudaStream_t stream) {
+  link_pace_wait_misses_kernel<<<1, 1, 0, stream>>>(d_mark, d_log, expert_bytes, gbps);
+  return cudaGetLastError();
+}
+
+}  // namespace ferry::kernels::cuda

@@ -1,0 +1,321 @@
+// SPDX-License-Identifier: Apache-2.0
+// Device-side slot resolution's CPU twin (serve/slot_resolve.h) against the host pager:
+//   - property: on seeded random routing sequences (locality-biased, T*K <= cap - hot per call),
+//     many seeds, caps and hot sets, one layer's twin state after every call equals the pager
+//     under LRU: the expert of every slot, the LRU stamps, the tick, every expert's slot, the
+//     table's pointers, and the call's hits / misses / evictions, misses in the pager's copy
+//     order; host-only calls and resizes in between are followed by a refill from the pager
+//     (the engine's resync) and the twin goes on agreeing;
+//   - the miss-copy twin copies exactly the missed blocks into their slots;
+//   - the CPU engine with the twin (PagerConfig::device_resolve) gives the bits and the pager
+//     counters of the host path, on the tiny built-in MoE and the HF MoE fixtures.
+#include <algorithm>
+#include <cstring>
+
+#include "serve/builtin_model.h"
+#include "serve/engine.h"
+#include "serve/expert_pager.h"
+#include "serve/sampler.h"
+#include "serve/slot_resolve.h"
+#include "serve_test_util.h"
+
+namespace ferry::serve {
+namespace {
+
+std::unique_ptr<BuiltinModel> model_with(int E, int K) {
+  auto m = make_builtin_moe({.vocab = 64,
+                             .layers = 1,
+                             .hidden = 16,
+                             .heads = 2,
+                             .kv_heads = 1,
+                             .head_dim = 8,
+                             .experts = E,
+                             .top_k = K,
+                             .expert_width = 8},
+                            3);
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  return m.ok() ? std::move(*m) : nullptr;
+}
+
+// T rows of K distinct experts; each pick repeats a recent expert with probability 1/2.
+std::vector<std::int32_t> random_routing(Rng& rng, int E, int K, int T,
+                                         std::vector<std::int32_t>& recent) {
+  std::vector<std::int32_t> ids;
+  for (int t = 0; t < T; ++t) {
+    std::vector<std::int32_t> row;
+    while (static_cast<int>(row.size()) < K) {
+      std::int32_t e = static_cast<std::int32_t>(rng.next() % std::uint64_t(E));
+      if (!recent.empty() && rng.next() % 2 == 0) e = recent[rng.next() % recent.size()];
+      if (std::find(row.begin(), row.end(), e) == row.end()) row.push_back(e);
+    }
+    ids.insert(ids.end(), row.begin(), row.end());
+    recent.insert(recent.end(), row.begin(), row.end());
+    if (recent.size() > std::size_t(3 * K)) recent.erase(recent.begin(), recent.begin() + K);
+  }
+  return ids;
+}
+
+std::vector<std::int32_t> distinct_of(const std::vector<std::int32_t>& ids) {
+  std::vector<std::int32_t> d;
+  for (std::int32_t e : ids) {
+    if (std::find(d.begin(), d.end(), e) == d.end()) d.push_back(e);
+  }
+  return d;
+}
+
+struct Twin {
+  std::vector<std::int32_t> state, log;
+  std::vector<const void*> table;
+};
+
+// Compares the twin's state with the pager's layer 0; returns the first difference, or "".
+std::string diff(const Twin& tw, const ExpertPager& p, const ExpertStore& store, int E, int M) {
+  const SlotStateView st{const_cast<std::int32_t*>(tw.state.data()), E, M};
+  if (st.cap() != p.capacity(0)) return "cap";
+  if (st.tick() != p.tick(0)) return "tick";
+  for (int s = 0; s < M; ++s) {
+    const int want = s < p.capacity(0) ? p.expert_in(0, s) : -1;
+    if (st.expert_in()[s] != want)
+      return fmt::format("slot {} holds {} not {}", s, st.expert_in()[s], want);
+    if (want >= 0 && st.stamp()[s] != p.last_use(0, s)) return fmt::format("stamp of slot {}", s);
+  }
+  for (int e = 0; e < E; ++e) {
+    const int s = st.slot_of()[e];
+    if ((s >= 0) != p.is_resident(0, e)) return fmt::format("residency of expert {}", e);
+    const void* want =
+        s >= 0 ? store.ref_in(p.slot_base(0) + std::size_t(s) * store.expert_bytes()).down
+               : nullptr;
+    if (tw.table[std::size_t(2 * E + e)] != want) return fmt::format("table of expert {}", e);
+  }
+  return "";
+}
+
+TEST(SlotResolveTwin, DecisionsEqualTheHostPagerLruOnRandomRouting) {
+  int calls = 0, misses = 0, evictions = 0, refills = 0;
+  for (const auto& [E, K] : {std::pair{8, 2}, std::pair{16, 4}, std::pair{32, 8}}) {
+    auto m = model_with(E, K);
+    ASSERT_TRUE(m);
+    auto store = ExpertStore::create(m->geometry, m->params);
+    ASSERT_TRUE(store.ok());
+    const ExpertStore& st = **store;
+    for (std::uint64_t seed = 1; seed <= 12; ++seed) {
+      Rng rng(seed * 7919);
+      const int hot_n = int(seed % 3);  // 0, 1 or 2 pinned experts
+      const int cap = std::min(E, K + hot_n + int(rng.next() % std::uint64_t(E)));
+      std::vector<int> hot;
+      for (int h = 0; h < hot_n; ++h) hot.push_back((h * 5 + int(seed)) % E);
+      std::sort(hot.begin(), hot.end());
+      hot.erase(std::unique(hot.begin(), hot.end()), hot.end());
+      const bool resizable = seed % 4 == 0;
+      PagerSetup setup{.caps = {cap},
+                       .max_caps = resizable ? std::vector<int>{E} : std::vector<int>{},
+                       .policy = EvictionPolicy::kLru,
+                       .hot = {hot}};
+      auto pager = ExpertPager::create(st, setup);
+      ASSERT_TRUE(pager.ok()) << pager.status().to_string();
+      ExpertPager& p = **pager;
+      const int M = p.max_capacity(0);
+      Twin tw;
+      tw.state.assign(std::size_t(SlotStateLayout::state_ints(E, M)), 0);
+      tw.log.assign(std::size_t(SlotStateLayout::log_ints(E)), 0);
+      tw.table.assign(std::size_t(3 * E), nullptr);
+      auto refill = [&] {
+        ASSERT_TRUE(fill_slot_state(p, st, 0, M, tw.state.data(), tw.table.data(),
+                                    reinterpret_cast<unsigned char*>(p.slot_base(0)))
+                        .ok());
+        ++refills;
+      };
+      refill();
+      ASSERT_EQ(diff(tw, p, st, E, M), "") << "E " << E << " seed " << seed << " after create";
+      std::vector<std::int32_t> recent;
+      std::vector<ExpertRef> refs;
+      std::vector<int> copy_index;
+      for (int call = 0; call < 150; ++call) {
+        const int limit = p.group_limit(0);
+        const int T = 1 + int(rng.next() % std::uint64_t(std::max(1, limit / K)));
+        const std::vector<std::int32_t> ids = random_routing(rng, E, K, T, recent);
+        const std::vector<std::int32_t> d = distinct_of(ids);
+        const bool host_only = rng.next() % 10 == 0;  // a host-path step: the twin refills after
+        const PagerCounters before = p.counters();
+        refs.resize(d.size());
+        copy_index.resize(d.size());
+        ASSERT_TRUE(p.acquire(0, d, refs, copy_index).ok());
+        p.release(0);
+        if (host_only) {
+          refill();
+        } else {
+          SlotResolveArgs a{.ids = ids.data(),
+                            .n = std::int64_t(ids.size()),
+                            .E = E,
+                            .max_cap = M,
+                            .state = tw.state.data(),
+                            .table = tw.table.data(),
+                            .log = tw.log.data(),
+                            .slot_base = reinterpret_cast<unsigned char*>(p.slot_base(0))};
+          set_block_layout(a, st);
+          resolve_slots_twin(a);
+          const SlotLogView log{tw.log.data(), E};
+          const PagerCounters& after = p.counters();
+          ASSERT_EQ(log.errors(), 0);
+          ASSERT_EQ(log.n(), std::int32_t(ids.size()));
+          ASSERT_TRUE(std::equal(ids.begin(), ids.end(), log.ids()));
+          ASSERT_EQ(std::uint64_t(log.hits()), after.hits - before.hits);
+          ASSERT_EQ(std::uint64_t(log.misses()), after.misses - before.misses);
+          ASSERT_EQ(std::uint64_t(log.evictions()), after.evictions - before.evictions);
+          for (std::size_t i = 0; i < d.size(); ++i) {  // misses in the pager's copy order
+            if (copy_index[i] < 0) continue;
+            ASSERT_EQ(log.miss_expert()[copy_index[i]], d[i]);
+            ASSERT_EQ(refs[i].gate, p.slot_base(0) + std::size_t(log.miss_slot()[copy_index[i]]) *
+                                                         st.expert_bytes());
+          }
+          const std::string why = diff(tw, p, st, E, M);
+          ASSERT_EQ(why, "") << "E " << E << " K " << K << " cap " << cap << " hot " << hot.size()
+                             << " seed " << seed << " call " << call;
+          misses += log.misses();
+          evictions += log.evictions();
+          ++calls;
+        }
+        if (resizable && call % 37 == 36) {  // MV-WSA between steps: the engine refills after
+          const int next =
+              std::max<int>(int(hot.size()) + K, int(rng.next() % std::uint64_t(E)) + 1);
+          ASSERT_TRUE(p.resize(std::vector<int>{next}).ok());
+          refill();
+        }
+      }
+    }
+  }
+  EXPECT_GT(calls, 3000);
+  EXPECT_GT(evictions, 1000);  // the comparisons covered victim choice, not only free slots
+  EXPECT_GT(misses, evictions);
+  EXPECT_GT(refills, 100);
+}
+
+TEST(SlotResolveTwin, MissCopyMovesExactlyTheLoggedBlocks) {
+  const int E = 6;
+  const std::int64_t eb = 48;
+  std::vector<unsigned char> src(std::size_t(E * eb)), slots(std::size_t(4 * eb), 0xEE);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 13 + 1);
+  std::vector<std::int32_t> log(std::size_t(SlotStateLayout::log_ints(E)), 0);
+  SlotLogView v{log.data(), E};
+  log[1] = 2;  // misses: expert 4 -> slot 1, expert 0 -> slot 3
+  const_cast<std::int32_t*>(v.miss_expert())[0] = 4;
+  const_cast<std::int32_t*>(v.miss_slot())[0] = 1;
+  const_cast<std::int32_t*>(v.miss_expert())[1] = 0;
+  const_cast<std::int32_t*>(v.miss_slot())[1] = 3;
+  copy_misses_twin({.slot_base = slots.data(),
+                    .src_base = src.data(),
+                    .expert_bytes = eb,
+                    .log = log.data(),
+                    .E = E});
+  for (std::int64_t i = 0; i < eb; ++i) {
+    EXPECT_EQ(slots[std::size_t(i)], 0xEE);  // slot 0 untouched
+    EXPECT_EQ(slots[std::size_t(eb + i)], src[std::size_t(4 * eb + i)]);
+    EXPECT_EQ(slots[std::size_t(2 * eb + i)], 0xEE);  // slot 2 untouched
+    EXPECT_EQ(slots[std::size_t(3 * eb + i)], src[std::size_t(i)]);
+  }
+}
+
+struct EngineRun {
+  testing::RunRecord rec;
+  PagerCounters pager;
+  std::uint64_t device_resolved = 0;
+  std::vector<std::vector<int>> slots;  // [L][max cap] the pager's expert per slot at the end
+};
+
+Result<EngineRun> run_paged(const model::DecoderGeometry& geo, const model::ModelParams& params,
+                            ExpertMode mode, int cap, bool hot, bool device_resolve,
+                            int max_batch_tokens) {
+  EngineConfig cfg;
+  cfg.pager.mode = mode;
+  cfg.pager.slots_per_layer = cap;
+  cfg.pager.device_resolve = device_resolve;
+  if (hot) {
+    cfg.pager.hot_experts.assign(std::size_t(geo.layers), {});
+    for (int l = 0; l < geo.layers; ++l) {
+      if (geo.layer_is_moe[l]) cfg.pager.hot_experts[std::size_t(l)] = {l % geo.experts};
+    }
+  }
+  cfg.max_batch_tokens = max_batch_tokens;
+  cfg.max_running = 3;
+  cfg.kv = {.block_tokens = 4, .budget_bytes = 1 << 20};
+  FERRY_ASSIGN_OR_RETURN(auto eng, Engine::create(geo, params, cfg));
+  EngineRun r;
+  FERRY_ASSIGN_OR_RETURN(r.rec, testing::run_engine(*eng, testing::mixed_requests(geo.vocab)));
+  if (const ExpertPager* p = eng->experts().pager()) {
+    r.pager = p->counters();
+    for (int l = 0; l < geo.layers; ++l) {
+      r.slots.emplace_back();
+      for (int s = 0; s < p->max_capacity(l); ++s) r.slots.back().push_back(p->expert_in(l, s));
+    }
+  }
+  r.device_resolved = eng->experts().counters().device_resolved;
+  return r;
+}
+
+class SlotResolveEngine : public ::testing::TestWithParam<const char*> {};
+
+// The CPU engine through the twin gives the host path's bits, pager counters and final slots,
+// and resident's bits; the twin really ran (decode steps) and the caps really missed.
+TEST_P(SlotResolveEngine, TwinGivesTheHostPathsBitsAndCounters) {
+  const testing::Fixture f = testing::load_fixture(GetParam());
+  ASSERT_TRUE(f.model);
+  const model::LoadedModel& m = *f.model;
+  const int K = m.geometry.top_k, E = m.geometry.experts;
+  auto ref = run_paged(m.geometry, m.params, ExpertMode::kResident, 0, false, false, 8);
+  ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+  for (const int cap : {K, K + 1, std::max(K, E / 2), E}) {
+    for (const bool hot : {false, true}) {
+      if (hot && cap - 1 < K) continue;  // hot experts count against the cap
+      const std::string what = fmt::format("{} cap {}{}", GetParam(), cap, hot ? " hot" : "");
+      auto host = run_paged(m.geometry, m.params, ExpertMode::kPaged, cap, hot, false, 8);
+      auto twin = run_paged(m.geometry, m.params, ExpertMode::kPaged, cap, hot, true, 8);
+      ASSERT_TRUE(host.ok() && twin.ok()) << what;
+      EXPECT_EQ(host->device_resolved, 0u) << what;
+      EXPECT_GT(twin->device_resolved, 0u) << what;
+      EXPECT_TRUE(twin->rec == host->rec) << what;
+      EXPECT_TRUE(twin->rec == ref->rec) << what << " (vs resident)";
+      EXPECT_EQ(twin->pager.hits, host->pager.hits) << what;
+      EXPECT_EQ(twin->pager.misses, host->pager.misses) << what;
+      EXPECT_EQ(twin->pager.evictions, host->pager.evictions) << what;
+      EXPECT_EQ(twin->pager.bytes_copied, host->pager.bytes_copied) << what;
+      EXPECT_EQ(twin->pager.copy_batches, host->pager.copy_batches) << what;
+      EXPECT_EQ(twin->pager.acquires, host->pager.acquires) << what;
+      EXPECT_EQ(twin->slots, host->slots) << what;
+      if (cap < E) EXPECT_GT(host->pager.evictions, 0u) << what;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(MoeFixtures, SlotResolveEngine,
+                         ::testing::Values("qwen3_moe", "mixtral", "olmoe"),
+                         [](const auto& pi) { return std::string(pi.param); });
+
+TEST(SlotResolveEngineConfig, OnlyLruWithoutMissPlacementResolvesOnTheDevicePath) {
+  auto m = testing::tiny_builtin_moe(5);
+  ASSERT_TRUE(m);
+  for (const auto policy : {EvictionPolicy::kLfu, EvictionPolicy::kLfru}) {
+    EngineConfig cfg;
+    cfg.pager.mode = ExpertMode::kPaged;
+    cfg.pager.policy = policy;
+    cfg.pager.slots_per_layer = 4;
+    cfg.kv = {.block_tokens = 4, .budget_bytes = 1 << 20};
+    auto eng = Engine::create(m->geometry, m->params, cfg);
+    ASSERT_TRUE(eng.ok());
+    EXPECT_FALSE((*eng)->experts().device_resolves());
+  }
+  EngineConfig cfg;
+  cfg.pager.mode = ExpertMode::kPaged;
+  cfg.pager.slots_per_layer = 4;
+  cfg.pager.bypass_window = 1;
+  cfg.kv = {.block_tokens = 4, .budget_bytes = 1 << 20};
+  auto eng = Engine::create(m->geometry, m->params, cfg);
+  ASSERT_TRUE(eng.ok());
+  EXPECT_FALSE((*eng)->experts().device_resolves());
+  cfg.pager.bypass_window = 0;
+  auto lru = Engine::create(m->geometry, m->params, cfg);
+  ASSERT_TRUE(lru.ok());
+  EXPECT_TRUE((*lru)->experts().device_resolves());
+}
+
+}  // namespace
+}  // namespace ferry::serve
