@@ -15,16 +15,16 @@
 //                     [--live-decide-steps 64] [--live-age 0.9] [--live-hysteresis 0.05]
 //                     [--prefix-cache both] [--live-warmup-steps 0] [--live-reuse-prior on]
 //                     [--oracle on] [--user-max 256] [--output-max 256] [--think-s 0]
-//                     [--live-min-steps 4] [--live-decide-accesses 256] [--trace-live off]
+//                     [--live-min-steps 4] [--live-decide-per-expert 2] [--trace-live off]
 //                     [--phase-turns 0] [--long-output-min 512] [--long-output-max 1024]
 //                     [--layers 48] [--kv-bytes 2] [--max-batch-tokens 512]
 //                     [--step-base-ms 5] [--token-ms 0.1]
-// --live-decide-steps is the longest interval between live decisions, --live-decide-accesses the
-// mean expert accesses per MoE layer after which it decides sooner (0: the old fixed cadence),
+// --live-decide-steps is the longest interval between live decisions, --live-decide-per-expert x E
+// the mean expert accesses per MoE layer after which it decides sooner (0: the old fixed cadence),
 // --live-age the curve weight kept per 64 steps (split_controller.h DecisionCadence);
 // --trace-live on prints every live decision. --live-min-hysteresis (0.01) / --live-uniform-tie
 // (0.01): the controller's confidence-scaled band and tie rule (split_controller.h); the first
-// version's controller is --live-decide-accesses 0 --live-min-hysteresis 0.05
+// version's controller is --live-decide-per-expert 0 --live-min-hysteresis 0.05
 // --live-uniform-tie 0. --phase-turns N: the phased workload variant
 // (agentic_workload.h: phases of N chat turns and N long-answer turns). --layers N / --kv-bytes 4:
 // the engine bench's scaled geometry (N of 48 layers, pool budget x N / 48, f32 KV rows);
@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
   std::string prefix_cache = "both";
   int warmup = 0, min_steps = 4;
   double min_hysteresis = 0.01, uniform_tie = 0.01;
-  double decide_accesses = 256;
+  double decide_per_expert = 2;
   bool reuse_prior = true, oracle = true;
   int user_max = 256, output_max = 256;
   int phase_turns = 0, long_output_min = 512, long_output_max = 1024;
@@ -117,8 +117,8 @@ int main(int argc, char** argv) {
       uniform_tie = std::atof(v);
     else if (a == "--live-min-steps")
       min_steps = std::atoi(v);
-    else if (a == "--live-decide-accesses")
-      decide_accesses = std::atof(v);
+    else if (a == "--live-decide-per-expert")
+      decide_per_expert = std::atof(v);
     else if (a == "--live-warmup-steps")
       warmup = std::atoi(v);
     else if (a == "--live-reuse-prior")
@@ -182,7 +182,7 @@ int main(int argc, char** argv) {
   cfg.decide_every_steps = decide_steps;
   cfg.warmup_steps = warmup;
   cfg.min_decide_steps = min_steps;
-  cfg.decide_accesses = decide_accesses;
+  cfg.decide_accesses_per_expert = decide_per_expert;
   cfg.age_factor = age;
   cfg.reuse_prior = reuse_prior;
   cfg.controller = {.hysteresis = hysteresis,
@@ -318,7 +318,7 @@ int main(int argc, char** argv) {
                {"min_decide_steps", min_steps},
                {"min_hysteresis", min_hysteresis},
                {"uniform_tie", uniform_tie},
-               {"decide_accesses_per_layer", decide_accesses},
+               {"decide_accesses_per_expert", decide_per_expert},
                {"age_factor", age},
                {"hysteresis", hysteresis},
                {"warmup_steps", warmup},

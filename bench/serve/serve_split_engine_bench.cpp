@@ -20,7 +20,8 @@
 //   kv-heavy          top-k slots per layer, the rest KV
 //   configurator      allocate() on the 50/50 run's curves (MV-WSA offline), then fixed
 //   live              configure_auto_split (from 50/50) + LiveSplit (cadence by accesses:
-//                     LiveSplitConfig::decide_accesses, at most every decide_every_steps)
+//                     LiveSplitConfig::decide_accesses_per_expert, at most every
+//                     decide_every_steps)
 //   cap N             (--caps N,M,..) more uniform fixed splits: a partial oracle sweep
 // Measured per policy: end-to-end wall time, mean/median TTFT (turn submitted -> first token
 // event; a turn is submitted when its session's previous turn finishes), generated tokens / s over
@@ -32,7 +33,9 @@
 //     [--policies fixed-50,expert-heavy,kv-heavy,configurator,live] [--caps 40,48]
 //     [--max-policy-s 120] [--policy-s live=60,kv-heavy=40,caps=30] [--json FILE]
 //     [--phase-turns 0] [--long-output-min 512] [--long-output-max 1024]
-//     [--live-decide-steps 64] [--live-min-steps 4] [--live-decide-accesses 256]
+//     [--live-decide-steps 64] [--live-min-steps 4] [--live-decide-per-expert 2]
+//     [--live-min-hysteresis 0.01] [--live-uniform-tie 0.01]   (the first version's controller:
+//     --live-decide-per-expert 0 --live-min-hysteresis 0.05 --live-uniform-tie 0)
 //     [--tiny]   (--tiny: a small geometry for a CPU smoke run)
 // --policy-s caps the wall time of policies named as in --policies ("caps": each --caps run;
 // others: --max-policy-s); a policy past its cap is stopped and reported incomplete. --phase-turns:
@@ -124,9 +127,10 @@ struct Setup {
   double max_policy_s = 120;
   std::map<std::string, double> policy_s;  // per-policy time caps (--policy-s), else max_policy_s
   // live: LiveSplitConfig's cadence (--live-decide-steps, --live-min-steps,
-  // --live-decide-accesses)
+  // --live-decide-per-expert)
   int decide_every_steps = 64, min_decide_steps = 4;
-  double decide_accesses = 256;
+  double decide_per_expert = 2;
+  double min_hysteresis = 0.01, uniform_tie = 0.01;  // --live-min-hysteresis, --live-uniform-tie
 };
 
 // One engine, one policy: fixed at `start`, or (live) configure_auto_split + LiveSplit. With
@@ -167,13 +171,15 @@ PolicyResult run_policy(const Setup& su, const std::string& key, const std::stri
   Engine& eng = **eng_r;
   std::unique_ptr<LiveSplit> ls;
   if (live || profile != nullptr) {
-    auto r = LiveSplit::attach(eng, {.budget_bytes = su.pool_budget,
-                                     .concurrency = su.concurrency,
-                                     .max_context_tokens = su.w->max_context(),
-                                     .decide_every_steps = live ? su.decide_every_steps : (1 << 30),
-                                     .min_decide_steps = su.min_decide_steps,
-                                     .decide_accesses = live ? su.decide_accesses : 0.0,
-                                     .link_bytes_per_s = su.link_bytes_per_s});
+    auto r = LiveSplit::attach(
+        eng, {.budget_bytes = su.pool_budget,
+              .concurrency = su.concurrency,
+              .max_context_tokens = su.w->max_context(),
+              .decide_every_steps = live ? su.decide_every_steps : (1 << 30),
+              .min_decide_steps = su.min_decide_steps,
+              .decide_accesses_per_expert = live ? su.decide_per_expert : 0.0,
+              .link_bytes_per_s = su.link_bytes_per_s,
+              .controller = {.min_hysteresis = su.min_hysteresis, .uniform_tie = su.uniform_tie}});
     if (!r.ok()) {
       pr.error = r.status().to_string();
       return pr;
@@ -355,7 +361,7 @@ int main(int argc, char** argv) {
   double budget_gib = 24, link_gbps = 55, max_policy_s = 120;
   int phase_turns = 0, long_output_min = 512, long_output_max = 1024;
   int decide_steps = 64, min_steps = 4;
-  double decide_accesses = 256;
+  double decide_per_expert = 2, min_hysteresis = 0.01, uniform_tie = 0.01;
   std::string policy_s_arg;
   std::uint64_t seed = 1;
   bool prefix_cache = true, tiny = false;
@@ -414,8 +420,12 @@ int main(int argc, char** argv) {
       decide_steps = std::atoi(v);
     else if (a == "--live-min-steps")
       min_steps = std::atoi(v);
-    else if (a == "--live-decide-accesses")
-      decide_accesses = std::atof(v);
+    else if (a == "--live-min-hysteresis")
+      min_hysteresis = std::atof(v);
+    else if (a == "--live-uniform-tie")
+      uniform_tie = std::atof(v);
+    else if (a == "--live-decide-per-expert")
+      decide_per_expert = std::atof(v);
     else if (a == "--json")
       json_path = v;
     else {
@@ -501,7 +511,9 @@ int main(int argc, char** argv) {
            .max_policy_s = max_policy_s,
            .decide_every_steps = decide_steps,
            .min_decide_steps = min_steps,
-           .decide_accesses = decide_accesses};
+           .decide_per_expert = decide_per_expert,
+           .min_hysteresis = min_hysteresis,
+           .uniform_tie = uniform_tie};
   // --policy-s live=60,caps=30: a time cap per --policies name ("caps": each --caps run), others
   // get --max-policy-s.
   for (const std::string& kv : split_list(policy_s_arg)) {
@@ -580,7 +592,9 @@ int main(int argc, char** argv) {
                      {"long_output_max", long_output_max}};
   out["live"] = {{"decide_every_steps", decide_steps},
                  {"min_decide_steps", min_steps},
-                 {"decide_accesses_per_layer", decide_accesses}};
+                 {"decide_accesses_per_expert", decide_per_expert},
+                 {"min_hysteresis", min_hysteresis},
+                 {"uniform_tie", uniform_tie}};
   std::printf(
       "serve_split_engine_bench: device=%s layers=%d (of %d) experts=%d top-%d expert %.2f MB "
       "(%s), pool budget %.3f GiB, kv block %.2f MiB, floor %d blocks; model built in %.1f s\n",

@@ -65,10 +65,11 @@ Result<std::unique_ptr<LiveSplit>> LiveSplit::attach(Engine& eng, const LiveSpli
     ls->cfg_.controller.link_bytes_per_s = cfg.link_bytes_per_s;
   }
   ls->ctl_ = SplitController(ls->cfg_.controller);
-  ls->cadence_ = DecisionCadence({.min_steps = cfg.min_decide_steps,
-                                  .max_steps = cfg.decide_every_steps,
-                                  .accesses_per_decision = cfg.decide_accesses,
-                                  .age_per_64_steps = cfg.age_factor});
+  ls->cadence_ =
+      DecisionCadence({.min_steps = cfg.min_decide_steps,
+                       .max_steps = cfg.decide_every_steps,
+                       .accesses_per_decision = cfg.decide_accesses_per_expert * geo.experts,
+                       .age_per_64_steps = cfg.age_factor});
   const int L = static_cast<int>(geo.layer_is_moe.size());
   ls->layer_index_.assign(std::size_t(L), -1);
   int max_hot = 0;

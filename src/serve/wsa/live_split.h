@@ -34,17 +34,17 @@ struct LiveSplitConfig {
   std::size_t budget_bytes = 0;  // expert slots + KV blocks (the engine's pools)
   int concurrency = 4;           // admission floor = concurrency x max_context_tokens
   int max_context_tokens = 0;    // 0: the engine's max_seq_len (if bounded), else no floor
-  // Cadence (split_controller.h DecisionCadence): decide once decide_accesses expert accesses per
-  // MoE layer arrived since the last decision, at least min_decide_steps and at most
-  // decide_every_steps steps apart (decide_accesses 0: every decide_every_steps steps, the old
-  // fixed cadence); curves keep age_factor of their weight per 64 steps, whatever the cadence.
-  // NOTE: ageing much faster than a prefill/decode phase makes the controller chase phases (in
-  // serve_split_bench, decisions every 16 steps with 0.5 per decision moved 19 times and lost
-  // 4 %; 0.9 per 64 steps held a good split). A fixed 64-step cadence, on the other hand, spent
-  // the first 64 steps at the starting split (docs/serve_wsa.md).
+  // Cadence (split_controller.h DecisionCadence): decide once decide_accesses_per_expert x E
+  // expert accesses per MoE layer arrived since the last decision, at least min_decide_steps and at
+  // most decide_every_steps steps apart (decide_accesses_per_expert 0: every decide_every_steps
+  // steps, the old fixed cadence); curves keep age_factor of their weight per 64 steps, whatever
+  // the cadence. NOTE: ageing much faster than a prefill/decode phase makes the controller chase
+  // phases (in serve_split_bench, decisions every 16 steps with 0.5 per decision moved 19 times and
+  // lost 4 %; 0.9 per 64 steps held a good split). A fixed 64-step cadence, on the other hand,
+  // spent the first 64 steps at the starting split (docs/serve_wsa.md).
   int decide_every_steps = 64;
   int min_decide_steps = 4;
-  double decide_accesses = 256;
+  double decide_accesses_per_expert = 2;
   double age_factor = 0.9;  // curve weight kept per 64 steps
   double link_bytes_per_s = 24e9;
   double prefill_token_s = 2e-4;  // a missing KV block costs block_tokens x this per step

@@ -180,7 +180,7 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
   std::vector<std::pair<int, int>> depth_scratch;
   std::vector<std::uint8_t> seen(std::size_t(E), 0);
   std::vector<std::pair<int, int>> batch;  // (running index, tokens)
-  DecisionCadence cadence(cfg.cadence());
+  DecisionCadence cadence(cfg.cadence(E));
   std::uint64_t last_step_accesses = 0;  // over MoE layers, the previous step's
   for (;;) {
     arrive();

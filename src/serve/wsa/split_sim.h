@@ -46,20 +46,21 @@ struct SimConfig {
   double token_s = 1e-4;
   bool prefix_cache = false;
   // live policy: LiveSplitConfig's cadence (split_controller.h DecisionCadence; see the NOTE in
-  // live_split.h): decide after >= min_decide_steps steps once decide_accesses expert accesses
-  // per MoE layer arrived (0: only every decide_every_steps), at the latest every
-  // decide_every_steps; curves keep age_factor of their weight per 64 steps.
+  // live_split.h): decide after >= min_decide_steps steps once
+  // decide_accesses_per_expert x E expert accesses per MoE layer arrived (0: only every
+  // decide_every_steps), at the latest every decide_every_steps; curves keep age_factor of their
+  // weight per 64 steps.
   int decide_every_steps = 64;
   int min_decide_steps = 4;
-  double decide_accesses = 256;
+  double decide_accesses_per_expert = 2;
   int warmup_steps = 0;  // no decision before this many steps (curves still recorded)
   double age_factor = 0.9;
   bool reuse_prior = true;  // the prefix curve's reuse prior (prefix_curve.h) in live problems
   ControllerConfig controller;
-  CadenceConfig cadence() const {
+  CadenceConfig cadence(int experts) const {
     return {.min_steps = min_decide_steps,
             .max_steps = decide_every_steps,
-            .accesses_per_decision = decide_accesses,
+            .accesses_per_decision = decide_accesses_per_expert * experts,
             .age_per_64_steps = age_factor};
   }
   std::size_t kv_block_bytes() const { return kv_bytes_per_token * std::size_t(block_tokens); }
