@@ -71,6 +71,72 @@ TEST_F(KernelsDense, GemmBf16MatchesReference) {
   }
 }
 
+// f32 GEMMs of 1-4 rows against a [n, k] weight (a decode step's linear layers) take the
+// small-m kernel (gemm_small_m.cu): within the rule of an f32 loop, and each row's bits are the
+// same whether it is computed alone or with the others (what makes a decode step of several
+// sequences give each one the bits it gets alone).
+TEST_F(KernelsDense, GemmSmallMF32MatchesReferenceAndRowsAreIndependent) {
+  struct Case {
+    std::int64_t m, n, k;
+    bool bias;
+    float beta;
+  };
+  const Case cases[] = {{1, 4096, 2048, false, 0.0f}, {2, 512, 2048, true, 0.0f},
+                        {3, 129, 2050, true, 0.0f},   {4, 64, 4096, false, 0.5f},
+                        {1, 7, 3, true, 0.0f},        {4, 1000, 768, true, 1.0f}};
+  for (const auto& c : cases) {
+    const auto a = random_tensor({c.m, c.k}, kF32, 11 + c.m);
+    const auto b = random_tensor({c.n, c.k}, kF32, 12 + c.n);
+    const auto bias = random_tensor({c.n}, kF32, 13);
+    const auto out0 = random_tensor({c.m, c.n}, kF32, 14);  // what beta scales
+    HostTensor want = converted(out0, kF64);
+    const auto a64 = converted(a, kF64), b64 = converted(b, kF64), bias64 = converted(bias, kF64);
+    kernels::GemmArgs ra{.out = want.view(), .a = a64.cview(), .b = b64.cview(), .trans_b = true};
+    ra.beta = c.beta;
+    if (c.bias) ra.bias = bias64.cview();
+    FERRY_ASSERT_OK(reference_backend().gemm(ra, mem::Stream::host()));
+
+    DeviceTensor da(a), db(b), dbias(bias), dout(out0);
+    kernels::GemmArgs ga{.out = dout.view(), .a = da.cview(), .b = db.cview(), .trans_b = true};
+    ga.beta = c.beta;
+    if (c.bias) ga.bias = dbias.cview();
+    FERRY_ASSERT_OK(cuda().gemm(ga, stream()));
+    sync();
+    const auto got = dout.download();
+    HostTensor naive({c.m, c.n}, kF64);
+    for (std::int64_t i = 0; i < c.m; ++i)
+      for (std::int64_t j = 0; j < c.n; ++j) {
+        float acc = 0.0f;
+        for (std::int64_t q = 0; q < c.k; ++q)
+          acc += static_cast<float>(a.get(i * c.k + q)) * static_cast<float>(b.get(j * c.k + q));
+        if (c.bias) acc += static_cast<float>(bias.get(j));
+        acc += c.beta * static_cast<float>(out0.get(i * c.n + j));
+        naive.set(i * c.n + j, acc);
+      }
+    EXPECT_TRUE(within_twice_naive(got, want, naive, 1e-6))
+        << "m=" << c.m << " n=" << c.n << " k=" << c.k;
+    // Row r alone (m = 1, its own buffers) gives row r's bits of the m-row product.
+    for (std::int64_t r = 0; r < c.m; ++r) {
+      HostTensor ar({1, c.k}, kF32), o1({1, c.n}, kF32);
+      for (std::int64_t q = 0; q < c.k; ++q) ar.set(q, a.get(r * c.k + q));
+      for (std::int64_t j = 0; j < c.n; ++j) o1.set(j, out0.get(r * c.n + j));
+      DeviceTensor dar(ar), do1(o1);
+      kernels::GemmArgs g1{.out = do1.view(), .a = dar.cview(), .b = db.cview(), .trans_b = true};
+      g1.beta = c.beta;
+      if (c.bias) g1.bias = dbias.cview();
+      FERRY_ASSERT_OK(cuda().gemm(g1, stream()));
+      sync();
+      const auto row = do1.download();
+      for (std::int64_t j = 0; j < c.n; ++j) {
+        const float x = static_cast<float>(row.get(j));
+        const float y = static_cast<float>(got.get(r * c.n + j));
+        ASSERT_EQ(std::memcmp(&x, &y, 4), 0)
+            << "m=" << c.m << " row " << r << " col " << j << ": " << x << " vs " << y;
+      }
+    }
+  }
+}
+
 TEST_F(KernelsDense, RmsNormForwardBackward) {
   for (auto [n, c] : std::vector<std::pair<std::int64_t, std::int64_t>>{
            // 1000: unvectorised; 520 / 2048 / 2600: a warp per row holding 4 (a partial last

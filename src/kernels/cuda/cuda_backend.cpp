@@ -4,6 +4,7 @@
 #include "kernels/cuda/cuda_backend.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -35,6 +36,15 @@ Result<Backend*> cuda_backend(int device_index) {
 
 namespace ferry::kernels::cuda {
 namespace {
+
+// FERRY_SMALL_M_GEMM=0 sends every GEMM through cuBLASLt (the A/B of gemm_small_m.cu).
+bool small_m_gemm_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("FERRY_SMALL_M_GEMM");
+    return v == nullptr || v[0] != '0';
+  }();
+  return on;
+}
 
 Status check_present(std::string_view op, std::string_view field, const ConstTensorView& v,
                      std::initializer_list<std::int64_t> shape,
@@ -150,6 +160,18 @@ Status CudaBackend::gemm(const GemmArgs& a, Stream& stream) {
   p.ldo = a.out.stride[0];
   p.has_bias = a.bias.data != nullptr;
   FERRY_CUDA_TRY(cudaSetDevice(device_));
+  // A few rows of f32 against a linear layer's weight (serve decode steps): one pass over the
+  // weight at HBM speed instead of cuBLASLt's tile kernels (gemm_small_m.cu says why).
+  if (small_m_gemm_enabled() && m <= kSmallGemmMaxRows && !a.trans_a && a.trans_b &&
+      p.ab_type == CUDA_R_32F && p.out_type == CUDA_R_32F) {
+    FERRY_LAUNCH_TRY(op, native(stream),
+                     launch_small_m_gemm_f32(static_cast<float*>(a.out.data),
+                                             static_cast<const float*>(a.a.data),
+                                             static_cast<const float*>(a.b.data),
+                                             static_cast<const float*>(a.bias.data), m, n, k, p.lda,
+                                             p.ldb, p.ldo, a.alpha, a.beta, native(stream)));
+    return ok_status();
+  }
   return gemm_.run(p, a.a.data, a.b.data, a.out.data, a.bias.data, a.alpha, a.beta, native(stream));
 }
 

@@ -31,6 +31,14 @@ struct AdamWParams {
 };
 cudaError_t launch_adamw(float* param, float* m, float* v, void* param_bf16, const float* grad,
                          std::int64_t n, AdamWParams p, cudaStream_t stream);
+// f32 out[m, n] = alpha * a[m, k] @ b[n, k]^T (+ bias[n]) + beta * out, rows contiguous, for
+// 1 <= m <= kSmallGemmMaxRows (gemm_small_m.cu): a decode step's linear layers, read at HBM speed;
+// each row's bits are independent of m.
+inline constexpr int kSmallGemmMaxRows = 4;
+cudaError_t launch_small_m_gemm_f32(float* out, const float* a, const float* b, const float* bias,
+                                    std::int64_t m, std::int64_t n, std::int64_t k,
+                                    std::int64_t lda, std::int64_t ldb, std::int64_t ldo,
+                                    float alpha, float beta, cudaStream_t stream);
 // out[0] = sum x^2, f32 accumulation, deterministic. partials == nullptr: one block walks x.
 // Else (kSumSquaresBlocks floats of scratch): a grid whose size depends only on n, each block
 // summing one fixed slice into partials[b], then one block adds the partials in index order.
