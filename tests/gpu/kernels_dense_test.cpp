@@ -23,6 +23,25 @@ constexpr DType kF32 = DType::kF32;
 
 class KernelsDense : public CudaTest {};
 
+// The rule's "naive" GEMM: an f32-accumulating loop over q (then + bias, + beta * c0), rounded to
+// the output dtype. Row-major a [m, k] ([k, m] when ta), b [k, n] ([n, k] when tb).
+HostTensor naive_gemm(const HostTensor& a, const HostTensor& b, const HostTensor* bias,
+                      const HostTensor* c0, float beta, std::int64_t m, std::int64_t n,
+                      std::int64_t k, bool ta, bool tb, DType out) {
+  HostTensor naive({m, n}, kF64);
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      float acc = 0.0f;
+      for (std::int64_t q = 0; q < k; ++q)
+        acc += static_cast<float>(a.get(ta ? q * m + i : i * k + q)) *
+               static_cast<float>(b.get(tb ? j * k + q : q * n + j));
+      if (bias != nullptr) acc += static_cast<float>(bias->get(j));
+      if (c0 != nullptr) acc += beta * static_cast<float>(c0->get(i * n + j));
+      naive.set(i * n + j, out == kBf ? bf16_to_f32(f32_to_bf16(acc)) : acc);
+    }
+  return naive;
+}
+
 TEST_F(KernelsDense, GemmBf16MatchesReference) {
   struct Case {
     std::int64_t m, n, k;
@@ -55,17 +74,8 @@ TEST_F(KernelsDense, GemmBf16MatchesReference) {
     FERRY_ASSERT_OK(cuda().gemm(ga, stream()));
     sync();
     const auto got = dout.download();
-    // naive: an f32-accumulating loop, then rounded to the output dtype.
-    HostTensor naive({c.m, c.n}, kF64);
-    for (std::int64_t i = 0; i < c.m; ++i)
-      for (std::int64_t j = 0; j < c.n; ++j) {
-        float acc = 0.0f;
-        for (std::int64_t q = 0; q < c.k; ++q)
-          acc += static_cast<float>(a.get(c.ta ? q * c.m + i : i * c.k + q)) *
-                 static_cast<float>(b.get(c.tb ? j * c.k + q : q * c.n + j));
-        if (c.bias) acc += static_cast<float>(bias.get(j));
-        naive.set(i * c.n + j, c.out == kBf ? bf16_to_f32(f32_to_bf16(acc)) : acc);
-      }
+    const HostTensor naive =
+        naive_gemm(a, b, c.bias ? &bias : nullptr, nullptr, 0.0f, c.m, c.n, c.k, c.ta, c.tb, c.out);
     EXPECT_TRUE(within_twice_naive(got, want, naive, 1e-6))
         << "m=" << c.m << " n=" << c.n << " k=" << c.k << " ta=" << c.ta << " tb=" << c.tb;
   }
@@ -103,16 +113,8 @@ TEST_F(KernelsDense, GemmSmallMF32MatchesReferenceAndRowsAreIndependent) {
     FERRY_ASSERT_OK(cuda().gemm(ga, stream()));
     sync();
     const auto got = dout.download();
-    HostTensor naive({c.m, c.n}, kF64);
-    for (std::int64_t i = 0; i < c.m; ++i)
-      for (std::int64_t j = 0; j < c.n; ++j) {
-        float acc = 0.0f;
-        for (std::int64_t q = 0; q < c.k; ++q)
-          acc += static_cast<float>(a.get(i * c.k + q)) * static_cast<float>(b.get(j * c.k + q));
-        if (c.bias) acc += static_cast<float>(bias.get(j));
-        acc += c.beta * static_cast<float>(out0.get(i * c.n + j));
-        naive.set(i * c.n + j, acc);
-      }
+    const HostTensor naive =
+        naive_gemm(a, b, c.bias ? &bias : nullptr, &out0, c.beta, c.m, c.n, c.k, false, true, kF32);
     EXPECT_TRUE(within_twice_naive(got, want, naive, 1e-6))
         << "m=" << c.m << " n=" << c.n << " k=" << c.k;
     // Row r alone (m = 1, its own buffers) gives row r's bits of the m-row product.
