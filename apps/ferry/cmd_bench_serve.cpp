@@ -3,12 +3,14 @@
 //   [--budget-gib X | --expert-slots N] [--prompt-tokens P] [--decode-tokens D]
 //   [--trace FILE | --synthetic calibrated|spread|none] [--link-gbps G] [--policy P] [--seed S]
 //   [--miss-cost-model [--cpu-gflops F]] [--bypass-window N] [--serial-miss-copies]
-//   [--device cpu|cuda] [--expert-dtype f32|bf16] [--no-cuda-graphs]
+//   [--device cpu|cuda] [--expert-dtype f32|bf16] [--no-cuda-graphs] [--no-device-resolve]
 //   [--json OUT]`
 // --device cuda runs every mode on the CUDA engine (GPU 0); its roofline rate is a pinned
 // host->GPU copy measured in the same process, or with --link-gbps G the paced rate G (the copy
 // stream held to G by timed waits; the paced probe's measured rate is reported beside it).
-// Decode steps of resident and static run as CUDA graphs unless --no-cuda-graphs.
+// Decode steps of resident and static run as CUDA graphs unless --no-cuda-graphs; so do paged
+// decode steps, whose expert slots are resolved on the GPU (device-side slot resolution, LRU)
+// unless --no-device-resolve (the host pager's per-layer round trip, for the A/B).
 // Prefill and single-stream decode throughput of every expert mode on one random-weight model
 // (or a loaded one) with the same prompt and forced routing; the measurement and the definitions
 // are in serve/bench/serve_bench.h, the geometries in serve/bench/bench_geometry.h. A table goes
@@ -57,7 +59,8 @@ struct BenchServeConfig {
   std::string json_out;
   std::string device = "cpu";
   std::string expert_dtype = "f32";
-  bool no_cuda_graphs = false;  // the A/B baseline: decode steps op by op
+  bool no_cuda_graphs = false;     // the A/B baseline: decode steps op by op
+  bool no_device_resolve = false;  // the A/B baseline: paged slots resolved by the host pager
 };
 
 // MemAvailable of /proc/meminfo in bytes (0 if unknown).
@@ -122,6 +125,10 @@ void print_table(const Json& rep, const std::string& what) {
                   g["eligible_steps"].get<unsigned long long>(),
                   g["disabled_reason"].get<std::string>().empty() ? "" : "; DISABLED: ",
                   g["disabled_reason"].get<std::string>().c_str());
+      if (m.contains("device_resolve") && m["device_resolve"]["enabled"].get<bool>()) {
+        std::printf(" | device-resolved layer calls %llu",
+                    m["device_resolve"]["layer_calls"].get<unsigned long long>());
+      }
       if (pc["copies"].get<unsigned long long>() > 0) {
         std::printf(" | paced copies %llu (%s)", pc["copies"].get<unsigned long long>(),
                     mem::format_bytes(pc["bytes"].get<std::size_t>()).c_str());
@@ -172,6 +179,7 @@ int run_bench_serve(const BenchServeConfig& cfg) {
   bc.cpu_gflops = cfg.miss.cpu_gflops;
   bc.bypass_window = cfg.miss.bypass_window;
   bc.overlap_misses = !cfg.miss.serial_copies;
+  bc.device_resolve = !cfg.no_device_resolve;
   auto expert_dtype = serve::parse_expert_dtype(cfg.expert_dtype);
   if (!expert_dtype.ok()) return fail(expert_dtype.status());
   bc.expert_dtype = *expert_dtype;
@@ -435,6 +443,10 @@ void register_bench_serve(CLI::App& app, CommandFn& run) {
   cmd->add_flag("--no-cuda-graphs", cfg->no_cuda_graphs,
                 "--device cuda: launch decode steps op by op instead of replaying CUDA graphs "
                 "(A/B; same bits)");
+  cmd->add_flag("--no-device-resolve", cfg->no_device_resolve,
+                "paged: resolve expert slots with the host pager (one routed-id round trip per "
+                "MoE layer) instead of on the device in decode steps (A/B; same bits; the CPU "
+                "engine: its CPU twin)");
   add_miss_placement_flags(cmd, cfg->miss, /*with_link=*/false,  // the link: --link-gbps
                            /*with_dtype=*/false);                // its own --expert-dtype
   cmd->add_option("--policy", cfg->policy, "pager eviction policy: lru, lfu, lfru")

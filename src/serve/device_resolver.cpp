@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "mem/stream.h"
 #include "serve/device_ops.h"
 #include "serve/pool_tier.h"
 
@@ -61,8 +62,15 @@ Result<std::unique_ptr<SlotResolver>> SlotResolver::create(const model::DecoderG
     const auto* host = reinterpret_cast<const unsigned char*>(store.block(l, 0));
     if (r->on_device_) {
       // The copy kernel reads the pinned store through its mapped device address.
-      FERRY_ASSIGN_OR_RETURN(const void* mapped, device::mapped_pointer(host));
-      r->src_base_[std::size_t(l)] = static_cast<const unsigned char*>(mapped);
+      Result<const void*> mapped = device::mapped_pointer(host);
+      if (!mapped.ok()) {
+        return unavailable(
+            "serve: device slot resolution reads the pinned expert store through its mapped "
+            "address: {} (PagerConfig::device_resolve = false, ferry bench serve "
+            "--no-device-resolve: the host path)",
+            mapped.status().to_string());
+      }
+      r->src_base_[std::size_t(l)] = static_cast<const unsigned char*>(*mapped);
     } else {
       r->src_base_[std::size_t(l)] = host;
     }
@@ -128,11 +136,18 @@ Status SlotResolver::run_cpu(int layer, const std::int32_t* ids, std::int64_t n,
   }
   const SlotResolveArgs a = args(layer, ids, n);
   resolve_slots_twin(a);
-  copy_misses_twin({.slot_base = a.slot_base,
-                    .src_base = src_base_[std::size_t(layer)],
-                    .expert_bytes = a.expert_bytes,
-                    .log = a.log,
-                    .E = geo_.experts});
+  // The misses go through the host transfer engine (what copy_misses_twin does, plus the CPU
+  // engine's copy counters and emulated link pacing, as the host pager's copies), one sync.
+  const SlotLogView lg{a.log, geo_.experts};
+  mem::TransferEngine& te = mem::host_transfer_engine();
+  mem::Stream& host = mem::Stream::host();
+  for (std::int32_t j = 0; j < lg.misses(); ++j) {
+    FERRY_TRY(
+        te.h2d(a.slot_base + std::int64_t(lg.miss_slot()[j]) * a.expert_bytes,
+               src_base_[std::size_t(layer)] + std::int64_t(lg.miss_expert()[j]) * a.expert_bytes,
+               std::size_t(a.expert_bytes), host));
+  }
+  if (lg.misses() > 0) FERRY_TRY(host.synchronize());
   return replay_layer(layer, a.log, obs);
 }
 

@@ -98,7 +98,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::DecoderGeometry& geo
                            .te = e->te_.get(),
                            .compute = &compute,
                            .copy = &e->streams_->h2d(),
-                           .max_tokens = cfg.max_batch_tokens};
+                           .max_tokens = cfg.max_batch_tokens,
+                           .pace_gbps = cfg.link_pace_gbps};
     FERRY_ASSIGN_OR_RETURN(
         e->experts_, ExpertExecutor::create(geo, params, cfg.pager, e->device_budget_.get(), &dev));
     FERRY_ASSIGN_OR_RETURN(

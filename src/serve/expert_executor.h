@@ -151,6 +151,8 @@ class ExpertExecutor {
   Result<bool> begin_device_step(std::int64_t T);
   Status enqueue_device_log(mem::Stream& stream);
   Result<std::uint64_t> finish_device_step();
+  // The step failed before its sync: the device state is unknown, rewritten before the next use.
+  void cancel_device_step();
   bool device_resolves() const { return resolver_ != nullptr; }
   // A replayed CUDA graph ran what run_device enqueued while it was captured: adds that capture's
   // counter deltas (the replay makes no host calls).

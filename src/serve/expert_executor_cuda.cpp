@@ -236,6 +236,11 @@ Result<std::uint64_t> ExpertExecutor::finish_device_step() {
   return resolver_->last_replay_bytes();
 }
 
+void ExpertExecutor::cancel_device_step() {
+  device_step_ = false;
+  if (resolver_) resolver_->mark_all_stale();
+}
+
 Status ExpertExecutor::run_device(int layer, const float* d_x, const std::int32_t* d_ids,
                                   std::int64_t T, float* d_act, float* d_eout) {
   FERRY_CHECK(dev_ != nullptr, "serve: run_device on a CPU executor");

@@ -61,6 +61,7 @@ class CudaModelRunner final : public ModelRunner {
   struct GraphKey {
     std::int64_t T = 0, stride = 0;
     bool forced = false;
+    bool device_resolve = false;  // paged: slots resolved on the device (device_resolver.h)
     const float* kv_base = nullptr;
     std::int64_t kv_layer_stride = 0;
     std::vector<std::int32_t> logit_rows;
@@ -73,11 +74,12 @@ class CudaModelRunner final : public ModelRunner {
     ExecutorCounters experts;
   };
   static constexpr std::size_t kMaxGraphs = 8;
-  bool graph_eligible(const StepBatch& b) const;
+  bool graph_eligible(const StepBatch& b, bool device_resolve) const;
   // Enqueues the whole step on st_ (forced routing and step inputs up, the layers, the logits
-  // rows down to h_logits_) without waiting on the device: what a graph captures.
-  Status enqueue_step(const StepBatch& b, std::int64_t stride, bool forced);
-  Status run_graph(const StepBatch& b, std::int64_t stride, bool forced);
+  // rows down to h_logits_; with device_resolve the slot resolution logs down too) without
+  // waiting on the device: what a graph captures.
+  Status enqueue_step(const StepBatch& b, std::int64_t stride, bool forced, bool device_resolve);
+  Status run_graph(const StepBatch& b, std::int64_t stride, bool forced, bool device_resolve);
 
  private:
   struct Slots {
@@ -326,16 +328,18 @@ Status CudaModelRunner::moe(int l, const StepBatch& b) {
                          st_);
 }
 
-bool CudaModelRunner::graph_eligible(const StepBatch& b) const {
+bool CudaModelRunner::graph_eligible(const StepBatch& b, bool device_resolve) const {
   if (!cuda_graphs_ || !graph_stats_.disabled_reason.empty() || debug_sync_) return false;
   if (link_ == nullptr) return false;  // replays' copies could not be counted
-  if (moe_layers_ > 0 && !experts_.runs_without_host()) return false;
+  // Paged with device-side slot resolution has no host wait inside the step either.
+  if (moe_layers_ > 0 && !experts_.runs_without_host() && !device_resolve) return false;
   if (hook_ != nullptr && !hook_->forces_ahead()) return false;
   // A decode step: every token is its sequence's one token of the step; and logits to read.
   return b.tokens() == std::int64_t(b.tables.size()) && !b.logit_rows.empty();
 }
 
-Status CudaModelRunner::enqueue_step(const StepBatch& b, std::int64_t stride, bool forced) {
+Status CudaModelRunner::enqueue_step(const StepBatch& b, std::int64_t stride, bool forced,
+                                     bool device_resolve) {
   const std::int64_t T = b.tokens(), C = geo_.hidden, V = geo_.vocab;
   const std::int64_t S = static_cast<std::int64_t>(b.tables.size());
   auto* h = reinterpret_cast<std::int32_t*>(h_step_.data());
@@ -372,6 +376,8 @@ Status CudaModelRunner::enqueue_step(const StepBatch& b, std::int64_t stride, bo
     FERRY_TRY(
         be_.add({.out = f32(s_.x, {T, C}), .a = f32(s_.x, {T, C}), .b = f32(s_.tmp, {T, C})}, st_));
   }
+  // The step's slot resolution logs come back with the logits (same stream, same sync).
+  if (device_resolve) FERRY_TRY(experts_.enqueue_device_log(st_));
   const std::int64_t R = static_cast<std::int64_t>(b.logit_rows.size());
   if (R == 0) return ok_status();
   FERRY_CHECK(R <= max_tokens_, "serve: {} logit rows for a {}-token plan", R, max_tokens_);
@@ -395,11 +401,13 @@ Status CudaModelRunner::enqueue_step(const StepBatch& b, std::int64_t stride, bo
   return te_.d2h(h_logits_.data(), arena_.data(s_.logits), std::size_t(R * V) * 4, st_);
 }
 
-Status CudaModelRunner::run_graph(const StepBatch& b, std::int64_t stride, bool forced) {
+Status CudaModelRunner::run_graph(const StepBatch& b, std::int64_t stride, bool forced,
+                                  bool device_resolve) {
   ++graph_stats_.eligible_steps;
   GraphKey key{.T = b.tokens(),
                .stride = stride,
                .forced = forced,
+               .device_resolve = device_resolve,
                .kv_base = kv_.base(),
                .kv_layer_stride = kv_.layer_stride_floats(),
                .logit_rows = b.logit_rows};
@@ -411,7 +419,7 @@ Status CudaModelRunner::run_graph(const StepBatch& b, std::int64_t stride, bool 
     if (graphs_.size() >= kMaxGraphs) graphs_.erase(graphs_.begin());  // the least recent
     graphs_.push_back({.key = std::move(key)});
     ++graph_stats_.warmup_steps;
-    return enqueue_step(b, stride, forced);
+    return enqueue_step(b, stride, forced, device_resolve);
   }
   StepGraph g = std::move(*it);
   graphs_.erase(it);
@@ -422,12 +430,12 @@ Status CudaModelRunner::run_graph(const StepBatch& b, std::int64_t stride, bool 
     const std::uint64_t h2d0 = c.h2d_bytes, d2h0 = c.d2h_bytes, d2d0 = c.d2d_bytes;
     const ExecutorCounters e0 = experts_.counters();
     Result<mem::Graph> captured =
-        mem::Graph::capture(st_, [&] { return enqueue_step(b, stride, forced); });
+        mem::Graph::capture(st_, [&] { return enqueue_step(b, stride, forced, device_resolve); });
     if (!captured.ok()) {
       // Graphs off for this runner, said in graph_stats(); the step runs eagerly as without.
       graph_stats_.disabled_reason = captured.status().to_string();
       graphs_.clear();
-      return enqueue_step(b, stride, forced);
+      return enqueue_step(b, stride, forced, device_resolve);
     }
     g.graph = std::move(*captured);
     g.h2d = c.h2d_bytes - h2d0;
@@ -461,10 +469,16 @@ Status CudaModelRunner::forward(const StepBatch& b, float* logits) {
   }
   FERRY_CHECK(b.positions.size() == b.ids.size() && b.seq_of.size() == b.ids.size(),
               "serve: step batch fields disagree");
-  const bool graph = graph_eligible(b);
+  // Paged decode steps whose rows fit every MoE layer's free slots resolve slots on the device
+  // (no host wait inside: graph-eligible); this uploads stale layer state first (compute stream).
+  const std::int64_t S = static_cast<std::int64_t>(b.tables.size());
+  bool device_resolve = false;
+  if (moe_layers_ > 0 && T == S && !b.logit_rows.empty()) {
+    FERRY_ASSIGN_OR_RETURN(device_resolve, experts_.begin_device_step(T));
+  }
+  const bool graph = graph_eligible(b, device_resolve);
   // Step inputs: [ids T | positions T | seq_of T | tables S x stride], one copy up. A graph's
   // step keeps one stride (the pool's capacity) so its shape does not change as sequences grow.
-  const std::int64_t S = static_cast<std::int64_t>(b.tables.size());
   std::int64_t stride = 1;
   for (const BlockTable* t : b.tables) {
     stride = std::max<std::int64_t>(stride, static_cast<std::int64_t>(t->blocks.size()));
@@ -491,13 +505,29 @@ Status CudaModelRunner::forward(const StepBatch& b, float* logits) {
   }
   const bool forced = hook_ != nullptr && hook_->forces_ahead() && moe_layers_ > 0;
   if (forced) {
-    FERRY_TRY(
-        fill_forced_routing(*hook_, b, geo_, reinterpret_cast<std::int32_t*>(h_forced_.data())));
+    const Status filled =
+        fill_forced_routing(*hook_, b, geo_, reinterpret_cast<std::int32_t*>(h_forced_.data()));
+    if (!filled.ok()) {
+      if (device_resolve) experts_.cancel_device_step();
+      return filled;
+    }
   }
-  FERRY_TRY(graph ? run_graph(b, stride, forced) : enqueue_step(b, stride, forced));
+  Status ran = graph ? run_graph(b, stride, forced, device_resolve)
+                     : enqueue_step(b, stride, forced, device_resolve);
   ++host_syncs_;  // the step's one read-back (or, with no logits rows, its plain sync)
   // The pinned step buffers are free again after this sync.
-  FERRY_TRY(st_.synchronize());
+  if (ran.ok()) ran = st_.synchronize();
+  if (device_resolve) {
+    if (!ran.ok()) {
+      experts_.cancel_device_step();
+      return ran;
+    }
+    // The pager replays the device's decisions (and checks them); the device's copies join the
+    // link's counters (no host call made them).
+    FERRY_ASSIGN_OR_RETURN(const std::uint64_t copied, experts_.finish_device_step());
+    if (link_ != nullptr) link_->count_replayed(mem::CopyKind::kHostToDevice, copied);
+  }
+  FERRY_TRY(ran);
   const std::int64_t R = static_cast<std::int64_t>(b.logit_rows.size());
   if (R > 0) std::memcpy(logits, h_logits_.data(), std::size_t(R * V) * 4);
   return ok_status();

@@ -97,6 +97,7 @@ Result<ModeResult> run_mode(const model::DecoderGeometry& geo, const model::Mode
     ec.pager.cpu_gflops = cfg.cpu_gflops;
     ec.pager.bypass_window = cfg.bypass_window;
     ec.pager.overlap_misses = cfg.overlap_misses;
+    ec.pager.device_resolve = cfg.device_resolve;
     ec.pager.link_gbps = cfg.link_gbps > 0 ? cfg.link_gbps : cfg.roofline_gbps;
   }
   const std::size_t layer_bytes = std::size_t(geo.experts) * plan.expert_bytes;
@@ -167,6 +168,7 @@ Result<ModeResult> run_mode(const model::DecoderGeometry& geo, const model::Mode
   }
   r.under_budget = mode != ExpertMode::kResident;
   r.graphs = eng->graph_stats();
+  r.device_resolved = eng->experts().counters().device_resolved;
   if (eng->transfer_engine() != nullptr) r.pace = eng->transfer_engine()->pace_stats();
   return r;
 }
@@ -310,6 +312,9 @@ Result<ServeBenchReport> run_serve_bench(const model::DecoderGeometry& geo,
     pc.pager.expert_dtype = cfg.expert_dtype;
     pc.pager.slots_per_layer = geo.top_k;
     pc.pager.host_store = cfg.host_store;
+    // Paged's own fixed bytes: with device slot resolution, its state (under LRU only).
+    pc.pager.policy = cfg.policy;
+    pc.pager.device_resolve = cfg.device_resolve;
     pc.kv.block_tokens = cfg.kv_block_tokens;
     pc.kv.budget_bytes = r.kv_bytes;
     pc.max_batch_tokens = static_cast<int>(cfg.prompt.size());
@@ -404,6 +409,8 @@ Json report_json(const ServeBenchReport& r) {
                           {"captures", m.graphs.captures},
                           {"replays", m.graphs.replays},
                           {"disabled_reason", m.graphs.disabled_reason}};
+      j["device_resolve"] = {{"enabled", c.device_resolve && m.mode == ExpertMode::kPaged},
+                             {"layer_calls", m.device_resolved}};
       j["paced_copies"] = {
           {"copies", m.pace.copies}, {"chunks", m.pace.chunks}, {"bytes", m.pace.bytes}};
     }
@@ -421,7 +428,8 @@ Json report_json(const ServeBenchReport& r) {
        {{"cost_model", c.miss_cost_model},
         {"cpu_gflops", c.cpu_gflops},
         {"bypass_window", c.bypass_window},
-        {"overlap_misses", c.overlap_misses}}},
+        {"overlap_misses", c.overlap_misses},
+        {"device_resolve", c.device_resolve}}},
       {"device", r.cuda ? "cuda" : "cpu"},
       {"dtype",
        c.expert_dtype == DType::kBF16

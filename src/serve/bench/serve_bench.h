@@ -75,7 +75,8 @@ struct ServeBenchConfig {
   bool miss_cost_model = false;
   double cpu_gflops = 50;
   int bypass_window = 0;
-  bool overlap_misses = true;        // PagerConfig::overlap_misses (CUDA paged)
+  bool overlap_misses = true;  // PagerConfig::overlap_misses (CUDA paged)
+  bool device_resolve = true;  // PagerConfig::device_resolve (paged decode slots on the device)
   DType expert_dtype = DType::kF32;  // PagerConfig::expert_dtype (bf16: CUDA only)
   double link_gbps = 0;  // > 0: pace H2D copies (emulated tier, or CUDA's copy stream) to it (GB/s)
   bool cuda_graphs = true;              // EngineConfig::cuda_graphs (CUDA decode steps as graphs)
@@ -114,6 +115,7 @@ struct ModeResult {
   int slots_per_layer = 0;  // paged
   GraphStats graphs;        // CUDA: decode steps as graphs (Engine::graph_stats)
   LinkPaceStats pace;       // CUDA with link_gbps: the paced copies (LinkEngine::pace_stats)
+  std::uint64_t device_resolved = 0;  // paged: MoE layer calls resolved on the device (or twin)
 };
 
 struct ServeBenchReport {

@@ -281,7 +281,9 @@ TEST_P(SlotResolveEngine, TwinGivesTheHostPathsBitsAndCounters) {
       EXPECT_EQ(twin->pager.copy_batches, host->pager.copy_batches) << what;
       EXPECT_EQ(twin->pager.acquires, host->pager.acquires) << what;
       EXPECT_EQ(twin->slots, host->slots) << what;
-      if (cap < E) EXPECT_GT(host->pager.evictions, 0u) << what;
+      if (cap < E) {
+        EXPECT_GT(host->pager.evictions, 0u) << what;
+      }
     }
   }
 }
