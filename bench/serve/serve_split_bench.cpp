@@ -25,7 +25,7 @@
 // --trace-live on prints every live decision. --live-min-hysteresis (0.01) / --live-uniform-tie
 // (0.01): the controller's confidence-scaled band and tie rule (split_controller.h); the first
 // version's controller is --live-decide-per-expert 0 --live-min-hysteresis 0.05
-// --live-uniform-tie 0. --phase-turns N: the phased workload variant
+// --live-uniform-tie 0 --live-band-of total. --phase-turns N: the phased workload variant
 // (agentic_workload.h: phases of N chat turns and N long-answer turns). --layers N / --kv-bytes 4:
 // the engine bench's scaled geometry (N of 48 layers, pool budget x N / 48, f32 KV rows);
 // --step-base-ms / --token-ms: the step model's constants (e.g. fitted to a GPU run).
@@ -74,6 +74,7 @@ int main(int argc, char** argv) {
   std::string prefix_cache = "both";
   int warmup = 0, min_steps = 4;
   double min_hysteresis = 0.01, uniform_tie = 0.01;
+  bool band_of_avoidable = true;
   double decide_per_expert = 2;
   bool reuse_prior = true, oracle = true;
   int user_max = 256, output_max = 256;
@@ -113,6 +114,8 @@ int main(int argc, char** argv) {
       prefix_cache = v;
     else if (a == "--live-min-hysteresis")
       min_hysteresis = std::atof(v);
+    else if (a == "--live-band-of")
+      band_of_avoidable = std::strcmp(v, "total") != 0;
     else if (a == "--live-uniform-tie")
       uniform_tie = std::atof(v);
     else if (a == "--live-min-steps")
@@ -189,7 +192,8 @@ int main(int argc, char** argv) {
                     .min_hysteresis = min_hysteresis,
                     .horizon_steps = 256,
                     .link_bytes_per_s = cfg.link_bytes_per_s,
-                    .uniform_tie = uniform_tie};
+                    .uniform_tie = uniform_tie,
+                    .of_avoidable = band_of_avoidable};
 
   ferry::Timer gen_timer;
   const AgenticWorkload w({.sessions = sessions,
@@ -218,8 +222,9 @@ int main(int argc, char** argv) {
   struct Suite {
     bool prefix_cache = false;
     std::vector<Row> rows;
-    double best_s = 0;   // oracle (0: not searched)
-    double named_s = 0;  // best of the three named fixed splits
+    double best_s = 0;                          // oracle (0: not searched)
+    std::vector<std::pair<int, double>> sweep;  // oracle: (uniform cap, total_s)
+    double named_s = 0;                         // best of the three named fixed splits
   };
   std::vector<Suite> suites;
   ferry::Timer sim_timer;
@@ -260,6 +265,7 @@ int main(int argc, char** argv) {
       for (const Split& u : uniform) {
         auto r = simulate(cfg, w, u, false);
         FERRY_CHECK(r.ok(), "oracle: {}", r.status().to_string());
+        suite.sweep.push_back({u.slots.front(), r->total_s});
         if (r->total_s < best_s) best_s = r->total_s, best = u, best_r = *r;
       }
       rows.push_back({"oracle (best fixed)", best, best_r, false});
@@ -318,12 +324,17 @@ int main(int argc, char** argv) {
                {"min_decide_steps", min_steps},
                {"min_hysteresis", min_hysteresis},
                {"uniform_tie", uniform_tie},
+               {"band_of_avoidable", band_of_avoidable},
                {"decide_accesses_per_expert", decide_per_expert},
                {"age_factor", age},
                {"hysteresis", hysteresis},
                {"warmup_steps", warmup},
                {"reuse_prior", reuse_prior}};
   for (const Suite& suite : suites) {
+    nlohmann::json sweep = nlohmann::json::array();
+    for (const auto& [cap, t] : suite.sweep) sweep.push_back({{"cap", cap}, {"total_s", t}});
+    j[suite.prefix_cache ? "oracle_sweep_prefix_cache_on" : "oracle_sweep_prefix_cache_off"] =
+        sweep;
     std::printf("\nprefix cache %s\n", suite.prefix_cache ? "ON" : "OFF");
     std::printf("%-22s %10s %9s %9s %7s %8s %9s %8s %7s %6s %5s  %s\n", "policy", "total_s",
                 "ttft_s", "dec_tok/s", "hit", "preempt", "prefill", "pfx_hit", "x_named", "x_best",

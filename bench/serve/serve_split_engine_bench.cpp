@@ -35,8 +35,15 @@
 //     [--phase-turns 0] [--long-output-min 512] [--long-output-max 1024]
 //     [--live-decide-steps 64] [--live-min-steps 4] [--live-decide-per-expert 2]
 //     [--live-min-hysteresis 0.01] [--live-uniform-tie 0.01]   (the first version's controller:
-//     --live-decide-per-expert 0 --live-min-hysteresis 0.05 --live-uniform-tie 0)
+//     --live-decide-per-expert 0 --live-min-hysteresis 0.05 --live-uniform-tie 0
+//     --live-band-of total)
 //     [--tiny]   (--tiny: a small geometry for a CPU smoke run)
+//     [--scaled] [--model-step-ms 1.6 --model-miss-ms 0.197]
+// --scaled (CPU, 2 layers): the 2-layer CUDA run's split problem at 1/32 of the widths (same E,
+// top-k, routing, slots, blocks, floor and modelled miss cost; see main()), so LiveSplit decides
+// as it would on the GPU; its wall time is CPU compute, not a GPU's. --model-step-ms /
+// --model-miss-ms price a run's own counters (steps, pager misses) with a step model, e.g. one
+// fitted to an H200 run (docs/serve_wsa.md): "modelled_s" in the JSON, ratios on it printed.
 // --policy-s caps the wall time of policies named as in --policies ("caps": each --caps run;
 // others: --max-policy-s); a policy past its cap is stopped and reported incomplete. --phase-turns:
 // the phased workload variant (agentic_workload.h). x_best = the fastest complete fixed split of
@@ -105,7 +112,8 @@ struct PolicyResult {
   std::vector<DecisionRecord> log;          // live: every decision
   std::uint64_t refused = 0;
   std::string last_refusal;
-  double cap_s = 0;  // the time cap it ran under
+  double cap_s = 0;       // the time cap it ran under
+  double modelled_s = 0;  // --model-step-ms x steps + --model-miss-ms x misses (0: not asked)
   Split final_split;
   std::map<std::pair<int, int>, std::vector<std::int32_t>> tokens;
   std::string error;
@@ -131,6 +139,8 @@ struct Setup {
   int decide_every_steps = 64, min_decide_steps = 4;
   double decide_per_expert = 2;
   double min_hysteresis = 0.01, uniform_tie = 0.01;  // --live-min-hysteresis, --live-uniform-tie
+  bool band_of_avoidable = true;                     // --live-band-of avoidable|total
+  double model_step_s = 0, model_miss_s = 0;         // --model-step-ms, --model-miss-ms
 };
 
 // One engine, one policy: fixed at `start`, or (live) configure_auto_split + LiveSplit. With
@@ -171,15 +181,17 @@ PolicyResult run_policy(const Setup& su, const std::string& key, const std::stri
   Engine& eng = **eng_r;
   std::unique_ptr<LiveSplit> ls;
   if (live || profile != nullptr) {
-    auto r = LiveSplit::attach(
-        eng, {.budget_bytes = su.pool_budget,
-              .concurrency = su.concurrency,
-              .max_context_tokens = su.w->max_context(),
-              .decide_every_steps = live ? su.decide_every_steps : (1 << 30),
-              .min_decide_steps = su.min_decide_steps,
-              .decide_accesses_per_expert = live ? su.decide_per_expert : 0.0,
-              .link_bytes_per_s = su.link_bytes_per_s,
-              .controller = {.min_hysteresis = su.min_hysteresis, .uniform_tie = su.uniform_tie}});
+    auto r =
+        LiveSplit::attach(eng, {.budget_bytes = su.pool_budget,
+                                .concurrency = su.concurrency,
+                                .max_context_tokens = su.w->max_context(),
+                                .decide_every_steps = live ? su.decide_every_steps : (1 << 30),
+                                .min_decide_steps = su.min_decide_steps,
+                                .decide_accesses_per_expert = live ? su.decide_per_expert : 0.0,
+                                .link_bytes_per_s = su.link_bytes_per_s,
+                                .controller = {.min_hysteresis = su.min_hysteresis,
+                                               .uniform_tie = su.uniform_tie,
+                                               .of_avoidable = su.band_of_avoidable}});
     if (!r.ok()) {
       pr.error = r.status().to_string();
       return pr;
@@ -267,6 +279,7 @@ PolicyResult run_policy(const Setup& su, const std::string& key, const std::stri
   const PagerCounters& pc = eng.experts().pager()->counters();
   pr.hits = pc.hits;
   pr.misses = pc.misses;
+  pr.modelled_s = su.model_step_s * double(pr.steps) + su.model_miss_s * double(pr.misses);
   pr.device_peak = eng.device_budget().bytes_peak();
   pr.final_split.kv_blocks = eng.kv().num_blocks();
   for (int l = 0; l < geo.layers; ++l) {
@@ -334,6 +347,7 @@ nlohmann::json result_json(const PolicyResult& r, double named_s) {
           {"live_last_refusal", r.last_refusal},
           {"live_log", log_json(r.log)},
           {"cap_s", r.cap_s},
+          {"modelled_s", r.modelled_s},
           {"pool_max_bytes", r.pool_max_bytes},
           {"device_peak_bytes", r.device_peak},
           {"x_named", named_s > 0 && r.complete && r.total_s > 0 ? named_s / r.total_s : 0.0}};
@@ -362,13 +376,19 @@ int main(int argc, char** argv) {
   int phase_turns = 0, long_output_min = 512, long_output_max = 1024;
   int decide_steps = 64, min_steps = 4;
   double decide_per_expert = 2, min_hysteresis = 0.01, uniform_tie = 0.01;
+  bool band_of_avoidable = true;
   std::string policy_s_arg;
   std::uint64_t seed = 1;
-  bool prefix_cache = true, tiny = false;
+  bool prefix_cache = true, tiny = false, scaled = false;
+  double model_step_ms = 0, model_miss_ms = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--tiny") {
       tiny = true;
+      continue;
+    }
+    if (a == "--scaled") {
+      scaled = true;
       continue;
     }
     if (i + 1 >= argc) {
@@ -422,12 +442,18 @@ int main(int argc, char** argv) {
       min_steps = std::atoi(v);
     else if (a == "--live-min-hysteresis")
       min_hysteresis = std::atof(v);
+    else if (a == "--live-band-of")
+      band_of_avoidable = std::strcmp(v, "total") != 0;
     else if (a == "--live-uniform-tie")
       uniform_tie = std::atof(v);
     else if (a == "--live-decide-per-expert")
       decide_per_expert = std::atof(v);
     else if (a == "--json")
       json_path = v;
+    else if (a == "--model-step-ms")
+      model_step_ms = std::atof(v);
+    else if (a == "--model-miss-ms")
+      model_miss_ms = std::atof(v);
     else {
       std::fprintf(stderr, "serve_split_engine_bench: unknown flag %s\n", a.c_str());
       return 2;
@@ -469,6 +495,28 @@ int main(int argc, char** argv) {
             .expert_width = 32,
             .max_positions = 8192,
             .parallel_init = true};
+  }
+  // --scaled (CPU): the target's routing geometry (E 128, top-8) at 1/32 of its widths, sized so
+  // that the split problem is the CUDA run's: an f32 expert of 3 x 256 x 96 x 4 = 294,912 bytes
+  // is 1/32 of the bf16 9.44 MB one, a 2-layer f32 KV block (1 kv head x 16) 4,096 bytes = 1/32
+  // of the 16 x 4 x 128 x 4 x 2 x 2 one; the pool budget and the link are divided by 32 too, so
+  // slots, blocks, the floor and a miss's modelled cost (bytes / link) are the GPU run's.
+  constexpr double kScale = 32;
+  if (scaled) {
+    FERRY_CHECK(!tiny && device == "cpu" && layers == 2, "--scaled is a 2-layer CPU geometry");
+    spec = {.vocab = 2048,
+            .layers = layers,
+            .hidden = kHidden / 8,
+            .heads = 4,
+            .kv_heads = 1,
+            .head_dim = 16,
+            .experts = kExperts,
+            .top_k = kTopK,
+            .expert_width = kExpertWidth / 8,
+            .max_positions = 8192,
+            .parallel_init = true};
+    pool_budget = std::size_t(double(pool_budget) / kScale);
+    link_gbps /= kScale;
   }
   const bool cuda = device == "cuda";
   kernels::Backend* backend = &kernels::cpu_backend();
@@ -513,7 +561,10 @@ int main(int argc, char** argv) {
            .min_decide_steps = min_steps,
            .decide_per_expert = decide_per_expert,
            .min_hysteresis = min_hysteresis,
-           .uniform_tie = uniform_tie};
+           .uniform_tie = uniform_tie,
+           .band_of_avoidable = band_of_avoidable,
+           .model_step_s = model_step_ms * 1e-3,
+           .model_miss_s = model_miss_ms * 1e-3};
   // --policy-s live=60,caps=30: a time cap per --policies name ("caps": each --caps run), others
   // get --max-policy-s.
   for (const std::string& kv : split_list(policy_s_arg)) {
@@ -564,6 +615,7 @@ int main(int argc, char** argv) {
                      {"expert_width", geo.expert_width},
                      {"vocab", geo.vocab},
                      {"tiny", tiny},
+                     {"scaled", scaled},
                      {"expert_dtype", std::string(to_string(edt))},
                      {"expert_bytes", expert_bytes},
                      {"kv_block_bytes", su.kv_block_bytes},
@@ -594,7 +646,8 @@ int main(int argc, char** argv) {
                  {"min_decide_steps", min_steps},
                  {"decide_accesses_per_expert", decide_per_expert},
                  {"min_hysteresis", min_hysteresis},
-                 {"uniform_tie", uniform_tie}};
+                 {"uniform_tie", uniform_tie},
+                 {"band_of_avoidable", band_of_avoidable}};
   std::printf(
       "serve_split_engine_bench: device=%s layers=%d (of %d) experts=%d top-%d expert %.2f MB "
       "(%s), pool budget %.3f GiB, kv block %.2f MiB, floor %d blocks; model built in %.1f s\n",
@@ -632,11 +685,12 @@ int main(int argc, char** argv) {
   auto report = [&](const PolicyResult& r) {
     const std::uint64_t acc = r.hits + r.misses;
     std::printf(
-        "%-16s %s total %8.2f s  ttft mean %6.2f s  gen %7.1f tok/s  hit %.3f  steps %llu  "
+        "%-16s %s total %8.2f s  model %7.2f s  ttft mean %6.2f s  gen %7.1f tok/s  hit %.3f  "
+        "steps %llu  "
         "preempt %llu  pfx hit %llu/%llu  moves %llu/%llu refused %llu  | %s -> %s%s%s\n",
-        r.name.c_str(), r.complete ? "ok " : "ERR", r.total_s, r.mean_ttft_s, r.tokens_per_s,
-        acc ? double(r.hits) / double(acc) : 0.0, static_cast<unsigned long long>(r.steps),
-        static_cast<unsigned long long>(r.preemptions),
+        r.name.c_str(), r.complete ? "ok " : "ERR", r.total_s, r.modelled_s, r.mean_ttft_s,
+        r.tokens_per_s, acc ? double(r.hits) / double(acc) : 0.0,
+        static_cast<unsigned long long>(r.steps), static_cast<unsigned long long>(r.preemptions),
         static_cast<unsigned long long>(r.prefix_hit_tokens),
         static_cast<unsigned long long>(r.prefix_query_tokens),
         static_cast<unsigned long long>(r.moves), static_cast<unsigned long long>(r.decisions),
@@ -688,6 +742,23 @@ int main(int argc, char** argv) {
     if (!r.live && r.complete && (best == 0 || r.total_s < best)) best = r.total_s;
   }
   std::printf("best named fixed split: %.2f s; best fixed split run: %.2f s\n", named, best);
+  if (su.model_step_s > 0 || su.model_miss_s > 0) {
+    double m_named = 0, m_best = 0;
+    for (const PolicyResult& r : results) {
+      if (r.live || !r.complete) continue;
+      const bool is_named =
+          r.name == "fixed 50/50" || r.name == "expert-heavy" || r.name == "kv-heavy";
+      if (is_named && (m_named == 0 || r.modelled_s < m_named)) m_named = r.modelled_s;
+      if (m_best == 0 || r.modelled_s < m_best) m_best = r.modelled_s;
+    }
+    std::printf("modelled (%.2f ms/step + %.3f ms/miss on this run's counters):\n",
+                su.model_step_s * 1e3, su.model_miss_s * 1e3);
+    for (const PolicyResult& r : results) {
+      if (!r.complete || r.modelled_s <= 0) continue;
+      std::printf("  %-16s %8.2f s  x_named %.3f  x_best %.3f\n", r.name.c_str(), r.modelled_s,
+                  m_named / r.modelled_s, m_best / r.modelled_s);
+    }
+  }
   for (const PolicyResult& r : results) {
     if (r.complete && r.total_s > 0 && named > 0) {
       std::printf("  %-16s x_named %.3f  x_best %.3f\n", r.name.c_str(), named / r.total_s,

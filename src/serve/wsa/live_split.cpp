@@ -221,7 +221,7 @@ Status LiveSplit::on_step(Engine& eng) {
   const SplitProblem p = problem(eng);
   auto d = ctl_.decide(p, current_);
   ++stats_.decisions;
-  DecisionRecord rec{.step = eng.stats().steps, .threshold = cfg_.controller.hysteresis};
+  DecisionRecord rec{.step = eng.stats().steps};
   if (!d.ok()) {
     ++stats_.refused;
     stats_.last_refusal = d.status().to_string();
@@ -229,6 +229,7 @@ Status LiveSplit::on_step(Engine& eng) {
     rec.current_s = d->current_s;
     rec.target_s = d->target_s;
     rec.migration_s = d->migration_s;
+    rec.threshold = d->band;
     rec.move = d->move;
     rec.target = d->target;
     if (d->move) {

@@ -57,10 +57,19 @@ double SplitController::gain_stderr_s(const SplitProblem& p, const Split& a, con
   return std::sqrt(var / p.curve_steps);
 }
 
+double SplitController::unavoidable_s(const SplitProblem& p) {
+  double t = kv_side_s(p, p.kv_max_blocks());
+  for (const std::vector<double>& m : p.expert_misses) {
+    if (!m.empty()) t += p.miss_cost_s * m.back();
+  }
+  return t;
+}
+
 Result<Decision> SplitController::decide(const SplitProblem& p, const Split& current) const {
   Decision d;
   FERRY_ASSIGN_OR_RETURN(d.target, allocate(p));
   d.optimum_s = d.target_s = modelled_step_s(p, d.target);
+  d.floor_s = cfg_.of_avoidable ? std::min(unavoidable_s(p), d.optimum_s) : 0.0;
   if (cfg_.uniform_tie > 0) {
     // The best uniform split within the tie band -- or the current split, if it is one of them
     // (staying costs nothing).
@@ -68,7 +77,7 @@ Result<Decision> SplitController::decide(const SplitProblem& p, const Split& cur
     double pick_s = 0;
     for (Split& u : all_uniform_splits(p)) {
       const double t = modelled_step_s(p, u);
-      if (t > d.optimum_s * (1 + cfg_.uniform_tie)) continue;
+      if (t - d.floor_s > (d.optimum_s - d.floor_s) * (1 + cfg_.uniform_tie)) continue;
       if (u == current || !pick || t < pick_s) {
         pick = std::move(u);
         pick_s = t;
@@ -81,14 +90,16 @@ Result<Decision> SplitController::decide(const SplitProblem& p, const Split& cur
   d.migration_s = migration_s(p, current, d.target);
   d.stderr_s = gain_stderr_s(p, current, d.target);
   const double gain = d.current_s - d.target_s;
+  const double avoidable = std::max(d.current_s - d.floor_s, 0.0);
   d.band = cfg_.hysteresis;
-  if (d.stderr_s > 0 && d.current_s > 0 && cfg_.min_hysteresis < cfg_.hysteresis) {
-    d.band = std::clamp(cfg_.confidence_z * d.stderr_s / d.current_s, cfg_.min_hysteresis,
+  if (d.stderr_s > 0 && avoidable > 0 && cfg_.min_hysteresis < cfg_.hysteresis) {
+    d.band = std::clamp(cfg_.confidence_z * d.stderr_s / avoidable, cfg_.min_hysteresis,
                         cfg_.hysteresis);
   }
+  d.threshold_s = d.band * avoidable;
   // An infeasible current split (e.g. the first decision after a floor change) always moves.
-  d.move = !feasible(p, current) || (d.target != current && gain >= d.band * d.current_s &&
-                                     gain > 0 && gain * cfg_.horizon_steps >= d.migration_s);
+  d.move = !feasible(p, current) || (d.target != current && gain >= d.threshold_s && gain > 0 &&
+                                     gain * cfg_.horizon_steps >= d.migration_s);
   return d;
 }
 

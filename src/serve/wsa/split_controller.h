@@ -1,11 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // The live MV-WSA decision rule: given the current split and fresh curves, move to the
 // allocator's split only when it pays, so a stationary workload settles instead of oscillating.
+// T's unavoidable part U (misses at every capacity: first accesses, prompt blocks never cached
+// before, at E slots per layer and the whole budget in KV) is the same for every split; the
+// relative thresholds below apply to the avoidable part T - U, so first-access misses early in a
+// run (all of a session's first prefill) do not mask a gain.
 // The target is allocate()'s split, or the best uniform split when that is within uniform_tie of
-// it (curves dominated by prefill steps, where every slot of every layer saves about the same,
-// make the allocator's per-layer caps a near-tie decided by noise: 8 and 79 slots where 43 and 44
-// do as well; a balanced split is the robust choice among near-equals). A move is taken iff
-//   gain = T(current) - T(target) >= band * T(current)                (relative threshold)
+// it (T - U, curves dominated by prefill steps, where every slot of every layer saves about the
+// same, make the allocator's per-layer caps a near-tie decided by noise: 8 and 79 slots where 43
+// and 44 do as well; a balanced split is the robust choice among near-equals). A move is taken iff
+//   gain = T(current) - T(target) >= band * (T(current) - U)          (relative threshold)
 //   gain * horizon_steps >= migration_s                               (pays back its copies)
 // where T is the modelled step time on the current curves and migration_s is the time to re-page
 // what the move displaces: each slot a layer loses held a (resident) expert that may have to come
@@ -14,14 +18,14 @@
 // The band is scaled by the curves' confidence: the gain is a difference of counts (the accesses
 // and lookups whose stack depth lies between the two splits' capacities), so its standard error
 // is about sqrt(sum over curves of cost^2 x |delta count|) / steps (Poisson), and
-//   band = clamp(z x stderr / T(current), min_hysteresis, hysteresis)
+//   band = clamp(z x stderr / (T(current) - U), min_hysteresis, hysteresis)
 // -- the full hysteresis on curves from a few steps, down to min_hysteresis once the gain is many
 // standard errors clear of noise. (min_hysteresis >= hysteresis, or curve_steps unknown: the
 // fixed band of the first version.)
 // What this guarantees (tested in wsa_controller_test.cpp): every split it returns is feasible
 // (budget, slot range, KV floor); when it keeps the current split, that split's T is within
-// max(band * T, migration_s / horizon_steps) of the target's on the same curves, and the
-// target's T within uniform_tie of the allocator's optimum.
+// max(threshold_s, migration_s / horizon_steps) of the target's on the same curves, and the
+// target's T - U within uniform_tie of the allocator's optimum's.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +42,7 @@ struct ControllerConfig {
   double horizon_steps = 256;   // steps over which a move must repay its migration
   double link_bytes_per_s = 0;  // for migration_s (0: migration is free)
   double uniform_tie = 0.01;    // take the best uniform split within this of the allocator's
+  bool of_avoidable = true;     // thresholds relative to T - U (false: to T, the first version)
 };
 
 struct Decision {
@@ -46,9 +51,11 @@ struct Decision {
   double target_s = 0;   // ... of the target
   double optimum_s = 0;  // ... of allocate()'s split (target_s <= optimum_s x (1 + uniform_tie))
   double migration_s = 0;
-  double stderr_s = 0;  // standard error of current_s - target_s (0: unknown)
-  double band = 0;      // the relative threshold applied
-  bool move = false;    // take target (else keep current)
+  double floor_s = 0;      // U: the part of T no split avoids
+  double stderr_s = 0;     // standard error of current_s - target_s (0: unknown)
+  double band = 0;         // the relative threshold applied (to current_s - floor_s)
+  double threshold_s = 0;  // band x (current_s - floor_s): the gain a move must promise
+  bool move = false;       // take target (else keep current)
 };
 
 // One live decision, for reports (LiveSplitStats::log, SimResult::log): when it was taken, what the
@@ -104,6 +111,8 @@ class SplitController {
   double migration_s(const SplitProblem& p, const Split& from, const Split& to) const;
   // Standard error of T(a) - T(b) on p's curves (0 when p.curve_steps is unknown).
   static double gain_stderr_s(const SplitProblem& p, const Split& a, const Split& b);
+  // U: modelled step time at E slots in every layer and the whole KV curve (no split beats it).
+  static double unavoidable_s(const SplitProblem& p);
 
  private:
   ControllerConfig cfg_;

@@ -224,7 +224,7 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
                          .current_s = d.current_s,
                          .target_s = d.target_s,
                          .migration_s = d.migration_s,
-                         .threshold = cfg.controller.hysteresis,
+                         .threshold = d.band,
                          .move = d.move,
                          .applied = d.move,
                          .target = d.target});
