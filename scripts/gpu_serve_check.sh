@@ -8,7 +8,12 @@
 #   bench  `ferry bench serve --device cuda` per geometry and expert dtype, paged miss copies
 #          serial (--serial-miss-copies, the order before the overlap) and overlapped (default),
 #          same seed, trace and sizing: bench_<geometry>_<dtype>_<order>.json + bench.txt
-#   test   gpu_test's serve tests (*Serve*): gpu_serve_test.log
+#   test   gpu_test's serve tests (TEST_FILTER, default *Serve*): gpu_serve_test.log
+#   resolve  the A/B of device-side slot resolution (docs/serve.md): `ferry bench serve --device
+#          cuda --geometry RES_GEOM (default qwen3-30b-a3b-2l) --expert-dtype bf16 --modes
+#          resident,paged`, with it (default) and with --no-device-resolve:
+#          bench_resolve_{device,host}.json + bench_resolve.txt; compare paged decode tok/s,
+#          syncs/tok (device: 1 per token, host: 1 + MoE layers) and the graphs line.
 #   wsa    MV-WSA on the GPU (issue #9, docs/serve_wsa.md): gpu_test's ServeWsaCuda* (KV resize
 #          on the device, resizes while serving keep tokens and logits bits): gpu_wsa_test.log;
 #          then serve_split_engine_bench --device cuda (agentic workload, concurrency 4, Qwen3-
@@ -62,6 +67,8 @@ B48P_DECODE=${B48P_DECODE:-$B48_DECODE}
 B48P_TIMEOUT=${B48P_TIMEOUT:-420}
 B48N_MODES=${B48N_MODES:-resident,static}
 B48N_TIMEOUT=${B48N_TIMEOUT:-420}
+TEST_FILTER=${TEST_FILTER:-*Serve*}
+RES_GEOM=${RES_GEOM:-qwen3-30b-a3b-2l}
 status=0
 t0=$(date +%s)
 stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
@@ -113,6 +120,22 @@ if has bench; then
   grep -E "^\[|paged|resident|static|failed" "$OUT/bench.txt" | head -40
 fi
 
+if has resolve; then
+  for variant in device host; do
+    flag=""
+    [ "$variant" = host ] && flag="--no-device-resolve"
+    stamp "bench resolve $RES_GEOM bf16 $variant" | tee -a "$OUT/bench_resolve.txt"
+    # shellcheck disable=SC2086
+    timeout 150 "$B/apps/ferry/ferry" bench serve --device cuda --geometry "$RES_GEOM" \
+      --modes resident,paged --expert-dtype bf16 $flag $EXTRA \
+      --json "$OUT/bench_resolve_${variant}.json" >>"$OUT/bench_resolve.txt" 2>&1 || {
+      echo "bench resolve $variant failed: exit $?" | tee -a "$OUT/bench_resolve.txt"
+      status=1
+    }
+  done
+  grep -E "^\[|paged|resident|failed" "$OUT/bench_resolve.txt" | head -20
+fi
+
 if has bench48; then
   stamp "bench48 qwen3-30b-a3b bf16 24 GiB modes $B48_MODES" | tee -a "$OUT/bench48.txt"
   free -m >>"$OUT/bench48.txt"
@@ -162,7 +185,7 @@ if has bench48nograph; then
 fi
 
 if has test; then
-  timeout 400 "$B/tests/gpu_test" --gtest_filter='*Serve*' >"$OUT/gpu_serve_test.log" 2>&1 ||
+  timeout 400 "$B/tests/gpu_test" --gtest_filter="$TEST_FILTER" >"$OUT/gpu_serve_test.log" 2>&1 ||
     status=1
   grep -E "^\[serve_gpu\]|PASSED|FAILED|tests ran|Failure|Expected|Which is" \
     "$OUT/gpu_serve_test.log" | head -120

@@ -429,8 +429,11 @@ TEST_F(ServeGraphsCudaOff, PagedStepsPerLayerHooksAndTheFlagStayEager) {
   ASSERT_TRUE(f.model);
   const model::LoadedModel& m = *f.model;
   const auto reqs = testing::mixed_requests(m.geometry.vocab);
-  auto paged =
-      run_engine_with(m, step_config(ExpertMode::kPaged, m.geometry.top_k), cuda(), nullptr, reqs);
+  // Paged on the host path (device slot resolution off: serve_device_resolve_gpu_test.cpp covers
+  // paged decode steps as graphs).
+  EngineConfig host_paged = step_config(ExpertMode::kPaged, m.geometry.top_k);
+  host_paged.pager.device_resolve = false;
+  auto paged = run_engine_with(m, host_paged, cuda(), nullptr, reqs);
   ASSERT_TRUE(paged.ok()) << paged.status().to_string();
   EXPECT_EQ(paged->graphs.eligible_steps, 0u) << "paged waits on routed ids: never a graph";
   auto off = run_engine_with(m, step_config(ExpertMode::kResident, 0, DType::kF32, false), cuda(),

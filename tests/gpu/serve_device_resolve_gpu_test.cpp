@@ -1,0 +1,332 @@
+// SPDX-License-Identifier: Apache-2.0
+// Device-side slot resolution for paged decode (serve/device_resolver.h, docs/serve.md), on CUDA:
+//   - ServeDeviceResolveKernels.ResolveEqualsTheCpuTwin*: the resolve kernel's state, pointer
+//     table and log equal resolve_slots_twin's exactly after every call of seeded random routing
+//     sequences (E up to 128, caps from top-k to E, hot sets, a live cap below the block's max);
+//   - ServeDeviceResolveKernels.MissCopy*: the miss-copy kernel moves exactly the logged blocks
+//     from pinned host memory (mapped address) into their slots, for 16-, 4- and 1-byte words;
+//   - ServeDeviceResolveKernels.PacedWait*: the pacing wait takes at least the logged bytes at
+//     the rate;
+//   - MoeFixtures/ServeDeviceResolveCuda.*: paged decode with device resolution gives resident's
+//     token ids and logits bits (and the host path's pager counters) on Qwen3-MoE, Mixtral and
+//     OLMoE at caps top-k, top-k + 1 and E/2, f32 and bf16 experts, 3 concurrent requests and a
+//     24-token decode, with graphs on: decode steps replay (replays > 0), device-resolved steps
+//     cost one host sync each, the budget holds everything (the run fits a budget of exactly
+//     its peak, one byte less fails at create), and paced at 2 GB/s it gives the same bits.
+// Skips, saying so, without a CUDA device.
+#include <chrono>
+#include <cstring>
+#include <iostream>
+
+#include "kernels/cuda/serve_kernels.h"
+#include "mem/buffer.h"
+#include "serve/link_engine.h"
+#include "serve/sampler.h"
+#include "serve/slot_resolve.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "unit/serve/serve_test_util.h"
+
+namespace ferry::serve {
+namespace {
+
+using ferry::testing::CudaTest;
+
+template <typename T>
+T* to_device(const std::vector<T>& h) {
+  void* d = nullptr;
+  EXPECT_EQ(cudaMalloc(&d, std::max<std::size_t>(h.size() * sizeof(T), 4)), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  return static_cast<T*>(d);
+}
+template <typename T>
+std::vector<T> to_host(const T* d, std::size_t n) {
+  std::vector<T> h(n);
+  EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
+}
+
+class ServeDeviceResolveKernels : public CudaTest {};
+
+TEST_F(ServeDeviceResolveKernels, ResolveEqualsTheCpuTwinOnRandomSequences) {
+  // The slots are never dereferenced by resolve: a fake base makes the tables comparable.
+  auto* const fake_base = reinterpret_cast<unsigned char*>(std::uintptr_t(1) << 40);
+  int calls = 0, misses = 0, evictions = 0;
+  for (const auto& [E, K] : {std::pair{8, 2}, std::pair{64, 8}, std::pair{128, 8}}) {
+    for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+      Rng rng(seed * 104729 + std::uint64_t(E));
+      const int hot = int(seed % 3);
+      const int cap = std::min(E, K + hot + int(rng.next() % std::uint64_t(E)));
+      const int M = std::min(E, cap + int(seed % 2) * 3);  // a block wider than the live cap
+      std::vector<std::int32_t> state(std::size_t(SlotStateLayout::state_ints(E, M)), 0);
+      std::vector<std::int32_t> log(std::size_t(SlotStateLayout::log_ints(E)), 0);
+      std::vector<const void*> table(std::size_t(3 * E), nullptr);
+      const SlotStateView st{state.data(), E, M};
+      st.cap() = cap;
+      for (int e = 0; e < E; ++e) st.slot_of()[e] = -1;
+      for (int s = 0; s < M; ++s) st.expert_in()[s] = -1;
+      for (int h = 0; h < hot; ++h) {  // hot experts h * 3 in slots 0.. (as the pager loads them)
+        const int e = (h * 3) % E;
+        st.expert_in()[h] = e;
+        st.slot_of()[e] = h;
+        st.flags()[h] = kernels::cuda::kSlotHot;
+        table[std::size_t(e)] = fake_base + h * 96;
+      }
+      std::int32_t* d_state = to_device(state);
+      std::int32_t* d_log = to_device(log);
+      const void** d_table = to_device(table);
+      std::int32_t* d_ids = nullptr;
+      ASSERT_EQ(cudaMalloc(&d_ids, std::size_t(E) * 4), cudaSuccess);
+      std::vector<std::int32_t> recent;
+      for (int call = 0; call < 60; ++call) {
+        const int limit = cap - hot;
+        const int T = 1 + int(rng.next() % std::uint64_t(std::max(1, limit / K)));
+        std::vector<std::int32_t> ids;
+        for (int t = 0; t < T; ++t) {
+          std::vector<std::int32_t> row;
+          while (int(row.size()) < K) {
+            std::int32_t e = std::int32_t(rng.next() % std::uint64_t(E));
+            if (!recent.empty() && rng.next() % 2 == 0) e = recent[rng.next() % recent.size()];
+            if (std::find(row.begin(), row.end(), e) == row.end()) row.push_back(e);
+          }
+          ids.insert(ids.end(), row.begin(), row.end());
+          recent.insert(recent.end(), row.begin(), row.end());
+        }
+        if (recent.size() > std::size_t(4 * K)) recent.erase(recent.begin(), recent.end() - 4 * K);
+        SlotResolveArgs h{.ids = ids.data(),
+                          .n = std::int64_t(ids.size()),
+                          .E = E,
+                          .max_cap = M,
+                          .state = state.data(),
+                          .table = table.data(),
+                          .log = log.data(),
+                          .slot_base = fake_base,
+                          .expert_bytes = 96,
+                          .up_offset = 32,
+                          .down_offset = 64};
+        resolve_slots_twin(h);
+        ASSERT_EQ(cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice),
+                  cudaSuccess);
+        SlotResolveArgs d = h;
+        d.ids = d_ids;
+        d.state = d_state;
+        d.table = d_table;
+        d.log = d_log;
+        ASSERT_TRUE(kernels::cuda::resolve_slots(d, stream()).ok());
+        sync();
+        const std::string what = fmt::format("E {} K {} cap {} max {} hot {} seed {} call {}", E, K,
+                                             cap, M, hot, seed, call);
+        ASSERT_EQ(to_host(d_state, state.size()), state) << what;
+        ASSERT_EQ(to_host(d_log, log.size()), log) << what;
+        ASSERT_EQ(to_host(d_table, table.size()), table) << what;
+        ASSERT_EQ(log[3], 0) << what;  // errors
+        misses += log[1];
+        evictions += log[2];
+        ++calls;
+      }
+      cudaFree(d_state);
+      cudaFree(d_log);
+      cudaFree(d_table);
+      cudaFree(d_ids);
+    }
+  }
+  EXPECT_EQ(calls, 3 * 6 * 60);
+  EXPECT_GT(evictions, 200);
+  std::cout << "[serve_gpu] resolve kernel = twin over " << calls << " calls, " << misses
+            << " misses, " << evictions << " evictions\n";
+}
+
+TEST_F(ServeDeviceResolveKernels, MissCopyMovesExactlyTheLoggedBlocksFromPinnedMemory) {
+  for (const std::int64_t eb : {std::int64_t(4096), std::int64_t(52), std::int64_t(51)}) {
+    const int E = 6, slots = 4;
+    mem::MemoryBudget hb(mem::MemTier::kPinnedHost), db(mem::MemTier::kDevice);
+    auto h = mem::Buffer::allocate(mem::MemTier::kPinnedHost, std::size_t(E * eb), hb,
+                                   {.what = "store"});
+    auto d = mem::Buffer::allocate(mem::MemTier::kDevice, std::size_t(slots * eb), db,
+                                   {.what = "slots"});
+    ASSERT_TRUE(h.ok() && d.ok());
+    for (std::int64_t i = 0; i < E * eb; ++i) h->data()[i] = std::byte((i * 37 + 11) % 251);
+    ASSERT_EQ(cudaMemset(d->data(), 0xEE, std::size_t(slots * eb)), cudaSuccess);
+    auto mapped = kernels::cuda::mapped_pointer(h->data());
+    ASSERT_TRUE(mapped.ok()) << mapped.status().to_string();
+    std::vector<std::int32_t> log(std::size_t(SlotStateLayout::log_ints(E)), 0);
+    log[1] = 2;                                  // misses
+    log[5 + E + 0] = 4, log[5 + 2 * E + 0] = 1;  // expert 4 -> slot 1
+    log[5 + E + 1] = 0, log[5 + 2 * E + 1] = 3;  // expert 0 -> slot 3
+    std::int32_t* d_log = to_device(log);
+    ASSERT_TRUE(
+        kernels::cuda::copy_misses({.slot_base = reinterpret_cast<unsigned char*>(d->data()),
+                                    .src_base = static_cast<const unsigned char*>(*mapped),
+                                    .expert_bytes = eb,
+                                    .log = d_log,
+                                    .E = E,
+                                    .blocks = 64},
+                                   stream())
+            .ok());
+    sync();
+    const auto got =
+        to_host(reinterpret_cast<const unsigned char*>(d->data()), std::size_t(slots * eb));
+    const auto* src = reinterpret_cast<const unsigned char*>(h->data());
+    for (std::int64_t i = 0; i < eb; ++i) {
+      ASSERT_EQ(got[std::size_t(i)], 0xEE) << eb;
+      ASSERT_EQ(got[std::size_t(eb + i)], src[4 * eb + i]) << eb << " byte " << i;
+      ASSERT_EQ(got[std::size_t(2 * eb + i)], 0xEE) << eb;
+      ASSERT_EQ(got[std::size_t(3 * eb + i)], src[i]) << eb << " byte " << i;
+    }
+    cudaFree(d_log);
+  }
+}
+
+TEST_F(ServeDeviceResolveKernels, PacedWaitTakesTheLoggedBytesAtTheRate) {
+  const int E = 8;
+  std::vector<std::int32_t> log(std::size_t(SlotStateLayout::log_ints(E)), 0);
+  log[1] = 3;  // 3 misses x 1 MiB at 1 GB/s: >= 3.15 ms
+  std::int32_t* d_log = to_device(log);
+  unsigned long long* d_mark = nullptr;
+  ASSERT_EQ(cudaMalloc(&d_mark, 8), cudaSuccess);
+  auto e0 = mem::Event::create(Device::kCuda, 0, true);
+  auto e1 = mem::Event::create(Device::kCuda, 0, true);
+  ASSERT_TRUE(e0.ok() && e1.ok());
+  ASSERT_TRUE(e0->record(stream()).ok());
+  ASSERT_TRUE(kernels::cuda::link_pace_mark(d_mark, stream()).ok());
+  ASSERT_TRUE(kernels::cuda::link_pace_wait_misses(d_mark, d_log, 1 << 20, 1.0, stream()).ok());
+  ASSERT_TRUE(e1->record(stream()).ok());
+  sync();
+  auto ms = mem::Event::elapsed_ms(*e0, *e1);
+  ASSERT_TRUE(ms.ok());
+  EXPECT_GE(*ms, 3.0 * (1 << 20) / 1e6 - 0.01);
+  std::cout << "[serve_gpu] paced wait for 3 MiB at 1 GB/s: " << *ms << " ms\n";
+  cudaFree(d_log);
+  cudaFree(d_mark);
+}
+
+struct Run {
+  testing::RunRecord rec;
+  std::uint64_t host_syncs = 0, steps = 0, device_resolved = 0;
+  PagerCounters pager;
+  GraphStats graphs;
+  std::size_t peak = 0;
+};
+
+EngineConfig paged_config(int cap, DType dt, bool device_resolve) {
+  EngineConfig cfg;
+  cfg.pager.mode = cap > 0 ? ExpertMode::kPaged : ExpertMode::kResident;
+  cfg.pager.slots_per_layer = cap;
+  cfg.pager.expert_dtype = dt;
+  cfg.pager.device_resolve = device_resolve;
+  cfg.max_batch_tokens = 8;
+  cfg.max_running = 3;
+  cfg.kv = {.block_tokens = 4, .budget_bytes = 1 << 20};
+  cfg.cuda_graphs = true;
+  return cfg;
+}
+
+Result<Run> run_with(const model::LoadedModel& m, const EngineConfig& cfg, kernels::Backend& be,
+                     const std::vector<GenerationRequest>& reqs) {
+  FERRY_ASSIGN_OR_RETURN(auto eng, Engine::create(m.geometry, m.params, cfg, be));
+  Run r;
+  FERRY_ASSIGN_OR_RETURN(r.rec, testing::run_engine(*eng, reqs));
+  r.host_syncs = eng->host_syncs();
+  r.steps = eng->stats().steps;
+  r.device_resolved = eng->experts().counters().device_resolved;
+  if (eng->experts().pager() != nullptr) r.pager = eng->experts().pager()->counters();
+  r.graphs = eng->graph_stats();
+  r.peak = eng->device_budget().bytes_peak();
+  return r;
+}
+
+void expect_same_bits(const testing::RunRecord& got, const testing::RunRecord& want,
+                      const std::string& what) {
+  EXPECT_EQ(got.tokens, want.tokens) << what;
+  for (const auto& [id, rows] : want.logits) {
+    const auto& g = got.logits.at(id);
+    ASSERT_EQ(g.size(), rows.size()) << what;
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      EXPECT_TRUE(testing::same_bits(g[i], rows[i])) << what << " request " << id << " row " << i;
+    }
+  }
+}
+
+class ServeDeviceResolveCuda : public CudaTest,
+                               public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(ServeDeviceResolveCuda, PagedDecodeGivesResidentBitsAsGraphsWithOneSyncPerStep) {
+  const testing::Fixture f = testing::load_fixture(GetParam());
+  ASSERT_TRUE(f.model);
+  const model::LoadedModel& m = *f.model;
+  const int K = m.geometry.top_k, E = m.geometry.experts;
+  int L = 0;
+  for (bool moe : m.geometry.layer_is_moe) L += moe;
+  GenerationRequest one;
+  for (int i = 0; i < 9; ++i) one.prompt.push_back((i * 29 + 3) % m.geometry.vocab);
+  one.max_new_tokens = 24;
+  const std::vector<std::vector<GenerationRequest>> workloads = {
+      testing::mixed_requests(m.geometry.vocab), {one}};
+  for (const DType dt : {DType::kF32, DType::kBF16}) {
+    for (std::size_t w = 0; w < workloads.size(); ++w) {
+      auto ref = run_with(m, paged_config(0, dt, true), cuda(), workloads[w]);
+      ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+      for (const int cap : {K, K + 1, std::max(K, E / 2)}) {
+        const std::string name =
+            fmt::format("{} {} workload {} cap {}", GetParam(), to_string(dt), w, cap);
+        auto dev = run_with(m, paged_config(cap, dt, true), cuda(), workloads[w]);
+        auto host = run_with(m, paged_config(cap, dt, false), cuda(), workloads[w]);
+        ASSERT_TRUE(dev.ok()) << name << ": " << dev.status().to_string();
+        ASSERT_TRUE(host.ok()) << name << ": " << host.status().to_string();
+        expect_same_bits(dev->rec, ref->rec, name + " device resolve vs resident");
+        expect_same_bits(host->rec, ref->rec, name + " host path vs resident");
+        // The pager mirrored the device: the host path's decisions and counters.
+        EXPECT_EQ(dev->pager.hits, host->pager.hits) << name;
+        EXPECT_EQ(dev->pager.misses, host->pager.misses) << name;
+        EXPECT_EQ(dev->pager.evictions, host->pager.evictions) << name;
+        EXPECT_EQ(dev->pager.bytes_copied, host->pager.bytes_copied) << name;
+        EXPECT_EQ(host->device_resolved, 0u) << name;
+        EXPECT_GT(dev->device_resolved, 0u) << name;
+        ASSERT_EQ(dev->device_resolved % std::uint64_t(L), 0u) << name << ": whole steps only";
+        if (cap < E) {
+          EXPECT_GT(dev->pager.misses, 0u) << name;
+        }
+        // One sync per step, plus one per MoE layer for each step the host path resolved.
+        const std::uint64_t dev_steps = dev->device_resolved / std::uint64_t(L);
+        EXPECT_EQ(dev->host_syncs, dev->steps + std::uint64_t(L) * (dev->steps - dev_steps))
+            << name;
+        EXPECT_EQ(dev->graphs.disabled_reason, "") << name;
+        EXPECT_EQ(host->graphs.eligible_steps, 0u) << name << ": the host path waits inside";
+        if (w == 1) {
+          EXPECT_GE(dev->graphs.replays, 15u) << name << ": decode steps were not replayed";
+        } else {
+          EXPECT_GT(dev->graphs.captures + dev->graphs.replays, 0u) << name;
+        }
+        std::cout << "[serve_gpu] " << name << ": device resolve = resident bits; " << dev_steps
+                  << " of " << dev->steps << " steps on the device, host syncs " << host->host_syncs
+                  << " -> " << dev->host_syncs << ", " << dev->graphs.replays << " replays, "
+                  << dev->pager.misses << " misses\n";
+        if (w == 0 && cap == K) {
+          // The hard budget holds all of it: a budget of exactly the peak runs the same bits,
+          // one byte less is refused at create (nothing is allocated while stepping).
+          EngineConfig tight = paged_config(cap, dt, true);
+          tight.device_budget_bytes = dev->peak;
+          auto fits = run_with(m, tight, cuda(), workloads[w]);
+          ASSERT_TRUE(fits.ok()) << name << ": " << fits.status().to_string();
+          expect_same_bits(fits->rec, ref->rec, name + " at a budget of its peak");
+          EXPECT_LE(fits->peak, dev->peak) << name;
+          tight.device_budget_bytes = dev->peak - 1;
+          auto over = Engine::create(m.geometry, m.params, tight, cuda());
+          EXPECT_FALSE(over.ok()) << name;
+          // Paced copies (the device path paces its copy kernel's bytes): the same bits.
+          EngineConfig paced = paged_config(cap, dt, true);
+          paced.link_pace_gbps = 2;
+          auto p = run_with(m, paced, cuda(), workloads[w]);
+          ASSERT_TRUE(p.ok()) << name << ": " << p.status().to_string();
+          expect_same_bits(p->rec, ref->rec, name + " paced at 2 GB/s");
+          EXPECT_EQ(p->device_resolved, dev->device_resolved) << name;
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(MoeFixtures, ServeDeviceResolveCuda,
+                         ::testing::Values("qwen3_moe", "mixtral", "olmoe"));
+
+}  // namespace
+}  // namespace ferry::serve
