@@ -148,6 +148,11 @@ TEST_F(ServeDeviceResolveKernels, MissCopyMovesExactlyTheLoggedBlocksFromPinnedM
     ASSERT_EQ(cudaMemset(d->data(), 0xEE, std::size_t(slots * eb)), cudaSuccess);
     auto mapped = kernels::cuda::mapped_pointer(h->data());
     ASSERT_TRUE(mapped.ok()) << mapped.status().to_string();
+    // An address inside the allocation maps to the same offset (a store's layers start there).
+    auto inner = kernels::cuda::mapped_pointer(h->data() + eb);
+    ASSERT_TRUE(inner.ok()) << inner.status().to_string();
+    EXPECT_EQ(static_cast<const unsigned char*>(*inner),
+              static_cast<const unsigned char*>(*mapped) + eb);
     std::vector<std::int32_t> log(std::size_t(SlotStateLayout::log_ints(E)), 0);
     log[1] = 2;                                  // misses
     log[5 + E + 0] = 4, log[5 + 2 * E + 0] = 1;  // expert 4 -> slot 1

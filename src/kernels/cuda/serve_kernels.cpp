@@ -144,6 +144,14 @@ Status link_pace_wait_misses(unsigned long long* d_mark, const std::int32_t* d_l
 }
 
 Result<const void*> mapped_pointer(const void* host) {
+  // Any address inside a pinned allocation (an expert store's layer starts mid-buffer): the
+  // pointer's attributes name its device address (the same address under UVA).
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, host) == cudaSuccess && attr.type == cudaMemoryTypeHost &&
+      attr.devicePointer != nullptr) {
+    return static_cast<const void*>(attr.devicePointer);
+  }
+  cudaGetLastError();
   void* d = nullptr;
   if (const cudaError_t e = cudaHostGetDevicePointer(&d, const_cast<void*>(host), 0);
       e != cudaSuccess) {
