@@ -296,11 +296,15 @@ TEST_P(ServeDeviceResolveCuda, PagedDecodeGivesResidentBitsAsGraphsWithOneSyncPe
             << name;
         EXPECT_EQ(dev->graphs.disabled_reason, "") << name;
         EXPECT_EQ(host->graphs.eligible_steps, 0u) << name << ": the host path waits inside";
+        // The 24-token decode replays all but its first two device steps; the mixed workload's
+        // decode-only steps of 3 and 2 sequences may exceed the slots (host path), so only the
+        // bookkeeping is checked there.
         if (w == 1) {
           EXPECT_GE(dev->graphs.replays, 15u) << name << ": decode steps were not replayed";
-        } else {
-          EXPECT_GT(dev->graphs.captures + dev->graphs.replays, 0u) << name;
         }
+        EXPECT_EQ(dev->graphs.warmup_steps + dev->graphs.captures + dev->graphs.replays,
+                  dev->graphs.eligible_steps)
+            << name;
         std::cout << "[serve_gpu] " << name << ": device resolve = resident bits; " << dev_steps
                   << " of " << dev->steps << " steps on the device, host syncs " << host->host_syncs
                   << " -> " << dev->host_syncs << ", " << dev->graphs.replays << " replays, "
