@@ -132,7 +132,8 @@ class ExpertExecutor {
   Status run(int layer, const float* x, const std::int32_t* ids, std::int64_t T, float* eout);
   // The CUDA engine's run(): device pointers, enqueued on dev->compute. d_act: [T*K, F] scratch.
   // Resident and static modes do not block the host; paged and cpu-experts synchronize compute
-  // once (the routed ids). Routed ids outside [0, E) give zero rows (not checked: no sync).
+  // once (the routed ids), except paged inside a device step (begin_device_step: no host wait).
+  // Routed ids outside [0, E) give zero rows (not checked: no sync).
   Status run_device(int layer, const float* d_x, const std::int32_t* d_ids, std::int64_t T,
                     float* d_act, float* d_eout);
   bool on_device() const { return dev_ != nullptr; }

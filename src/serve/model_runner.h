@@ -99,9 +99,10 @@ class ModelRunner {
   // activations live in one kDevice arena sized for max_tokens here, charged to `shared` (the
   // engine's device budget, may be null) as "activations". forward() copies back only the
   // logits rows it is asked for and returns once they are in `logits` (one stream sync; paged and
-  // cpu-experts modes add one per MoE layer for the routed ids, a routing hook that does not
-  // forces_ahead() one more). With `te` the engine's LinkEngine, decode steps without a host
-  // wait inside are replayed as CUDA graphs (set_cuda_graphs; model_runner_cuda.cpp).
+  // cpu-experts modes add one per MoE layer for the routed ids — not paged decode steps whose
+  // slots are resolved on the device, ExpertExecutor::begin_device_step — a routing hook that
+  // does not forces_ahead() one more). With `te` the engine's LinkEngine, decode steps without a
+  // host wait inside are replayed as CUDA graphs (set_cuda_graphs; model_runner_cuda.cpp).
   static Result<std::unique_ptr<ModelRunner>> create_cuda(
       const model::DecoderGeometry& geo, const model::ModelParams& params, KvCache& kv,
       ExpertExecutor& experts, std::int64_t max_tokens, kernels::Backend& backend,

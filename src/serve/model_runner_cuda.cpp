@@ -12,7 +12,9 @@
 //     runs: its ids go up in one copy and forced_routing applies them after each MoE layer's
 //     router on the device (no host round trip); another hook still costs one per MoE layer.
 // Decode steps as CUDA graphs (EngineConfig::cuda_graphs): a step with no host wait inside
-// (graph_eligible: resident or static experts, no access observer, no per-layer hook) whose
+// (graph_eligible: resident or static experts and no access observer, or paged with device-side
+// slot resolution (device_resolver.h: resolve, miss copies and the logs' read-back are in the
+// step; the pager replays the logs after the sync); no per-layer hook) whose
 // tokens are each its sequence's one decode token is enqueued by enqueue_step() — the whole step,
 // step-input copies to logits read-back — which is what mem::Graph captures. Per step shape
 // (GraphKey: T, the table stride, forced routing or not, the KV layout, the logits rows) the first
