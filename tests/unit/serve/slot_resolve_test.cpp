@@ -8,7 +8,8 @@
 //     (the engine's resync) and the twin goes on agreeing;
 //   - the miss-copy twin copies exactly the missed blocks into their slots;
 //   - the CPU engine with the twin (PagerConfig::device_resolve) gives the bits and the pager
-//     counters of the host path, on the tiny built-in MoE and the HF MoE fixtures.
+//     counters of the host path, on the HF MoE fixtures; only LRU without miss placement gets a
+//     resolver; a pager changed behind the resolver's back is caught by the replay's check.
 #include <algorithm>
 #include <cstring>
 
@@ -317,6 +318,49 @@ TEST(SlotResolveEngineConfig, OnlyLruWithoutMissPlacementResolvesOnTheDevicePath
   auto lru = Engine::create(m->geometry, m->params, cfg);
   ASSERT_TRUE(lru.ok());
   EXPECT_TRUE((*lru)->experts().device_resolves());
+}
+
+// The replay's check can fail: a pager changed behind the executor's back (resized directly, so
+// the resolver is not told its state is stale) diverges from the twin's state, and the engine's
+// step says so with internal_error instead of computing from slots the pager no longer holds.
+// Through the executor (Engine::resize_pools) the same resize is followed by a refill and the run
+// completes on the device path (bits across resizes: the MoE fixtures above and wsa_live_test).
+TEST(SlotResolveEngineConfig, ADivergedPagerIsAnInternalErrorNotSilentlyWrongBits) {
+  auto m = testing::tiny_builtin_moe(11);
+  ASSERT_TRUE(m);
+  const auto& geo = m->geometry;
+  EngineConfig cfg;
+  cfg.pager.mode = ExpertMode::kPaged;
+  cfg.pager.slots_per_layer = 6;
+  cfg.pager.resizable = true;
+  cfg.kv = {.block_tokens = 4, .budget_bytes = 1 << 20};
+  GenerationRequest r;
+  for (int i = 0; i < 5; ++i) r.prompt.push_back((i * 17 + 3) % geo.vocab);
+  r.max_new_tokens = 40;
+  const std::vector<int> small(std::size_t(geo.layers), 3);
+  for (const bool behind_its_back : {false, true}) {
+    auto eng = Engine::create(geo, m->params, cfg);
+    ASSERT_TRUE(eng.ok());
+    ASSERT_TRUE((*eng)->submit(r).ok());
+    for (int i = 0; i < 4; ++i) ASSERT_TRUE((*eng)->step().ok());
+    if (behind_its_back) {
+      ASSERT_TRUE((*eng)->experts().pager()->resize(small).ok());
+    } else {
+      ASSERT_TRUE((*eng)->resize_pools(small, 0).ok());
+    }
+    Status failed = ok_status();
+    while (!(*eng)->idle() && failed.ok()) {
+      auto st = (*eng)->step();
+      if (!st.ok()) failed = st.status();
+    }
+    if (behind_its_back) {
+      EXPECT_EQ(failed.code(), StatusCode::kInternal) << failed.to_string();
+      EXPECT_NE(failed.to_string().find("diverged"), std::string::npos) << failed.to_string();
+    } else {
+      EXPECT_TRUE(failed.ok()) << failed.to_string();
+      EXPECT_GT((*eng)->experts().counters().device_resolved, 0u);
+    }
+  }
 }
 
 }  // namespace
