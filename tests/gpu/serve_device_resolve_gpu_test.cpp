@@ -3,6 +3,8 @@
 //   - ServeDeviceResolveKernels.ResolveEqualsTheCpuTwin*: the resolve kernel's state, pointer
 //     table and log equal resolve_slots_twin's exactly after every call of seeded random routing
 //     sequences (E up to 128, caps from top-k to E, hot sets, a live cap below the block's max);
+//   - ServeDeviceResolveKernels.ResolveLatencyIsPrinted: one resolve call's device time in
+//     Qwen3-30B-A3B's routing geometry (printed, not asserted);
 //   - ServeDeviceResolveKernels.MissCopy*: the miss-copy kernel moves exactly the logged blocks
 //     from pinned host memory (mapped address) into their slots, for 16-, 4- and 1-byte words;
 //   - ServeDeviceResolveKernels.PacedWait*: the pacing wait takes at least the logged bytes at
@@ -133,6 +135,62 @@ TEST_F(ServeDeviceResolveKernels, ResolveEqualsTheCpuTwinOnRandomSequences) {
   EXPECT_GT(evictions, 200);
   std::cout << "[serve_gpu] resolve kernel = twin over " << calls << " calls, " << misses
             << " misses, " << evictions << " evictions\n";
+}
+
+// What one layer's resolve + (empty) miss copy cost on the device, in Qwen3-30B-A3B's routing
+// geometry (E 128, top-8, 51 slots): printed, not asserted (a decode token runs 48 of them).
+TEST_F(ServeDeviceResolveKernels, ResolveLatencyIsPrinted) {
+  const int E = 128, K = 8, M = 51, reps = 200;
+  std::vector<std::int32_t> state(std::size_t(SlotStateLayout::state_ints(E, M)), 0);
+  const SlotStateView st{state.data(), E, M};
+  st.cap() = M;
+  for (int e = 0; e < E; ++e) st.slot_of()[e] = -1;
+  for (int s = 0; s < M; ++s) st.expert_in()[s] = -1;
+  std::vector<std::int32_t> log(std::size_t(SlotStateLayout::log_ints(E)), 0);
+  std::vector<const void*> table(std::size_t(3 * E), nullptr);
+  std::vector<std::int32_t> ids(std::size_t(reps * K));
+  for (int r = 0; r < reps; ++r) {
+    for (int k = 0; k < K; ++k) ids[std::size_t(r * K + k)] = std::int32_t((r * 3 + k * 16) % E);
+  }
+  std::int32_t* d_state = to_device(state);
+  std::int32_t* d_log = to_device(log);
+  const void** d_table = to_device(table);
+  std::int32_t* d_ids = to_device(ids);
+  unsigned char* d_slots = nullptr;
+  ASSERT_EQ(cudaMalloc(&d_slots, 4096), cudaSuccess);
+  auto e0 = mem::Event::create(Device::kCuda, 0, true);
+  auto e1 = mem::Event::create(Device::kCuda, 0, true);
+  ASSERT_TRUE(e0.ok() && e1.ok());
+  auto run = [&](int r) {
+    const SlotResolveArgs a{.ids = d_ids + r * K,
+                            .n = K,
+                            .E = E,
+                            .max_cap = M,
+                            .state = d_state,
+                            .table = d_table,
+                            .log = d_log,
+                            .slot_base = d_slots,
+                            .expert_bytes = 16,
+                            .up_offset = 0,
+                            .down_offset = 0};
+    EXPECT_TRUE(kernels::cuda::resolve_slots(a, stream()).ok());
+  };
+  run(0);
+  sync();
+  ASSERT_TRUE(e0->record(stream()).ok());
+  for (int r = 1; r < reps; ++r) run(r);
+  ASSERT_TRUE(e1->record(stream()).ok());
+  sync();
+  auto ms = mem::Event::elapsed_ms(*e0, *e1);
+  ASSERT_TRUE(ms.ok());
+  EXPECT_EQ(to_host(d_log, 4)[3], 0);  // no errors
+  std::cout << "[serve_gpu] resolve_slots E 128 top-8 cap 51: " << *ms * 1000.0 / (reps - 1)
+            << " us per call (launches back to back)\n";
+  cudaFree(d_state);
+  cudaFree(d_log);
+  cudaFree(d_table);
+  cudaFree(d_ids);
+  cudaFree(d_slots);
 }
 
 TEST_F(ServeDeviceResolveKernels, MissCopyMovesExactlyTheLoggedBlocksFromPinnedMemory) {
