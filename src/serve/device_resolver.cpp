@@ -28,13 +28,15 @@ Result<std::unique_ptr<SlotResolver>> SlotResolver::create(const model::DecoderG
     r->dev_ = *dev;
   }
   r->moe_index_.assign(std::size_t(L), -1);
-  int max_cap = 0;
   for (int l = 0; l < L; ++l) {
     if (!geo.layer_is_moe[l]) continue;
     r->moe_index_[std::size_t(l)] = r->moe_layers_++;
-    max_cap = std::max(max_cap, pager.max_capacity(l));
   }
-  r->state_ints_ = SlotStateLayout::state_ints(E, max_cap);
+  // Every layer's block is laid out for E slots, whatever the pager's caps: the state is then the
+  // same bytes for any slot count (a budget sized from a probe engine at top-k slots holds the
+  // engine at its real caps — the 2-layer bench's budget was short by the difference), and a
+  // resize up to E never needs a larger arena. ~16 bytes per expert and layer.
+  r->state_ints_ = SlotStateLayout::state_ints(E, E);
   r->log_ints_ = SlotStateLayout::log_ints(E);
   r->stale_.assign(std::size_t(L), true);
   const std::size_t M = std::size_t(std::max(r->moe_layers_, 1));
