@@ -59,6 +59,7 @@ struct GenerateConfig {
   int kv_block_tokens = 16;
   std::string record_trace, replay_trace, synthetic_trace;
   std::string device = "cpu";
+  ServeStepSwitches step;  // --no-cuda-graphs, --no-device-resolve
   bool json = false;
 };
 
@@ -138,6 +139,7 @@ Result<serve::EngineConfig> engine_config(const GenerateConfig& cfg,
     }
   }
   ec.pager.budget_bytes = static_cast<std::size_t>(cfg.expert_budget_mib * 1024 * 1024);
+  apply_serve_step_switches(cfg.step, ec);
   apply_miss_placement(cfg.miss, ec.pager);
   ec.kv.budget_bytes = static_cast<std::size_t>(cfg.kv_budget_mib * 1024 * 1024);
   ec.kv.block_tokens = cfg.kv_block_tokens;
@@ -362,6 +364,7 @@ void register_generate(CLI::App& app, CommandFn& run) {
   rep->excludes(syn);
   rec->excludes(rep)->excludes(syn);
   add_serve_device_flag(cmd, cfg->device);
+  add_serve_step_switches(cmd, cfg->step);
   cmd->add_flag("--json", cfg->json, "JSON output: ids, text, timings, pager counters");
   cmd->callback([cfg, &run, prompt, ids] {
     if (prompt->count() == 0 && ids->count() == 0) {

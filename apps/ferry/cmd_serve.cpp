@@ -57,6 +57,7 @@ struct ServeCliConfig {
   double kv_budget_mib = 64;
   double device_budget_mib = 0;
   std::string device = "cpu";
+  ServeStepSwitches step;  // --no-cuda-graphs, --no-device-resolve
   int kv_block_tokens = 16;
   bool no_prefix_cache = false;
   int default_max_tokens = 16;
@@ -161,6 +162,7 @@ int run_serve(const ServeCliConfig& c) {
     }
   }
   ec.pager.budget_bytes = static_cast<std::size_t>(c.expert_budget_mib * 1024 * 1024);
+  apply_serve_step_switches(c.step, ec);
   apply_miss_placement(c.miss, ec.pager);
   ec.pager.link_gbps = c.link_gbps;  // one link: MV-WSA's and the miss cost model's
   ec.kv.budget_bytes = static_cast<std::size_t>(c.kv_budget_mib * 1024 * 1024);
@@ -255,6 +257,7 @@ void register_serve(CLI::App& app, CommandFn& run) {
   cmd->add_option("--kv-budget-mib", c->kv_budget_mib, "KV block pool budget in MiB")
       ->check(CLI::Range(0.001, 1e9));
   add_serve_device_flag(cmd, c->device);
+  add_serve_step_switches(cmd, c->step);
   cmd->add_option("--device-budget-mib", c->device_budget_mib,
                   "one device budget over KV blocks and expert slots/staging (0: none)")
       ->check(CLI::Range(0.0, 1e9));
