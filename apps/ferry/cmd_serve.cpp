@@ -280,7 +280,9 @@ void register_serve(CLI::App& app, CommandFn& run) {
                   "max context for the KV admission floor (floor = max-running x this; 0: the "
                   "model's max positions)")
       ->check(CLI::Range(0, 1 << 24));
-  cmd->add_option("--wsa-decide-steps", c->wsa_decide_steps, "steps between MV-WSA decisions")
+  cmd->add_option("--wsa-decide-steps", c->wsa_decide_steps,
+                  "most steps between MV-WSA decisions (they come sooner, once 2 x E expert "
+                  "accesses per MoE layer have arrived, at least 4 steps apart)")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_flag("--plan-only", c->plan_only,
                 "print the MV-WSA split for --trace and --budget-gib, then exit");
