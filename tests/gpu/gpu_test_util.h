@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -127,6 +128,22 @@ inline bool same_bits(const HostTensor& a, const HostTensor& b) {
   return a.numel() == b.numel() && a.dtype() == b.dtype() &&
          std::memcmp(a.data(), b.data(),
                      static_cast<std::size_t>(a.numel()) * dtype_size(a.dtype())) == 0;
+}
+
+// A cudaMalloc'd copy of a host vector (at least 4 bytes, so an empty vector gets a valid pointer;
+// the caller cudaFrees it) and a host copy of n device elements.
+template <typename T>
+T* device_copy(const std::vector<T>& h) {
+  void* d = nullptr;
+  EXPECT_EQ(cudaMalloc(&d, std::max<std::size_t>(h.size() * sizeof(T), 4)), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  return static_cast<T*>(d);
+}
+template <typename T>
+std::vector<T> host_copy(const T* d, std::size_t n) {
+  std::vector<T> h(n);
+  EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
 }
 
 }  // namespace ferry::testing

@@ -17,6 +17,7 @@
 #include "kernels/cpu/hybrid_adamw.h"
 #include "kernels/cpu/q8_code.h"
 #include "kernels/cuda/hybrid_adamw_cuda.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace ferry {
 namespace {
@@ -79,19 +80,16 @@ SpanData make_span(kc::MasterKind mk, kc::StateKind sk, std::int64_t n, std::uin
   return d;
 }
 
+// Absent arrays (empty vectors) stay null pointers: the kernel checks the pointer set.
 template <typename T>
 T* up(const std::vector<T>& h) {
-  if (h.empty()) return nullptr;
-  void* p = nullptr;
-  EXPECT_EQ(cudaMalloc(&p, h.size() * sizeof(T)), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  return static_cast<T*>(p);
+  return h.empty() ? nullptr : testing::device_copy(h);
 }
 
 template <typename T>
 void down_and_free(std::vector<T>& h, T* d) {
   if (d == nullptr) return;
-  EXPECT_EQ(cudaMemcpy(h.data(), d, h.size() * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  h = testing::host_copy(d, h.size());
   cudaFree(d);
 }
 

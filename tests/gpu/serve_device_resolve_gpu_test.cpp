@@ -32,20 +32,8 @@ namespace ferry::serve {
 namespace {
 
 using ferry::testing::CudaTest;
-
-template <typename T>
-T* to_device(const std::vector<T>& h) {
-  void* d = nullptr;
-  EXPECT_EQ(cudaMalloc(&d, std::max<std::size_t>(h.size() * sizeof(T), 4)), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  return static_cast<T*>(d);
-}
-template <typename T>
-std::vector<T> to_host(const T* d, std::size_t n) {
-  std::vector<T> h(n);
-  EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-  return h;
-}
+using ferry::testing::device_copy;
+using ferry::testing::host_copy;
 
 class ServeDeviceResolveKernels : public CudaTest {};
 
@@ -73,9 +61,9 @@ TEST_F(ServeDeviceResolveKernels, ResolveEqualsTheCpuTwinOnRandomSequences) {
         st.flags()[h] = kernels::cuda::kSlotHot;
         table[std::size_t(e)] = fake_base + h * 96;
       }
-      std::int32_t* d_state = to_device(state);
-      std::int32_t* d_log = to_device(log);
-      const void** d_table = to_device(table);
+      std::int32_t* d_state = device_copy(state);
+      std::int32_t* d_log = device_copy(log);
+      const void** d_table = device_copy(table);
       std::int32_t* d_ids = nullptr;
       ASSERT_EQ(cudaMalloc(&d_ids, std::size_t(E) * 4), cudaSuccess);
       std::vector<std::int32_t> recent;
@@ -117,9 +105,9 @@ TEST_F(ServeDeviceResolveKernels, ResolveEqualsTheCpuTwinOnRandomSequences) {
         sync();
         const std::string what = fmt::format("E {} K {} cap {} max {} hot {} seed {} call {}", E, K,
                                              cap, M, hot, seed, call);
-        ASSERT_EQ(to_host(d_state, state.size()), state) << what;
-        ASSERT_EQ(to_host(d_log, log.size()), log) << what;
-        ASSERT_EQ(to_host(d_table, table.size()), table) << what;
+        ASSERT_EQ(host_copy(d_state, state.size()), state) << what;
+        ASSERT_EQ(host_copy(d_log, log.size()), log) << what;
+        ASSERT_EQ(host_copy(d_table, table.size()), table) << what;
         ASSERT_EQ(log[3], 0) << what;  // errors
         misses += log[1];
         evictions += log[2];
@@ -152,10 +140,10 @@ TEST_F(ServeDeviceResolveKernels, ResolveLatencyIsPrinted) {
   for (int r = 0; r < reps; ++r) {
     for (int k = 0; k < K; ++k) ids[std::size_t(r * K + k)] = std::int32_t((r * 3 + k * 16) % E);
   }
-  std::int32_t* d_state = to_device(state);
-  std::int32_t* d_log = to_device(log);
-  const void** d_table = to_device(table);
-  std::int32_t* d_ids = to_device(ids);
+  std::int32_t* d_state = device_copy(state);
+  std::int32_t* d_log = device_copy(log);
+  const void** d_table = device_copy(table);
+  std::int32_t* d_ids = device_copy(ids);
   unsigned char* d_slots = nullptr;
   ASSERT_EQ(cudaMalloc(&d_slots, 4096), cudaSuccess);
   auto e0 = mem::Event::create(Device::kCuda, 0, true);
@@ -183,7 +171,7 @@ TEST_F(ServeDeviceResolveKernels, ResolveLatencyIsPrinted) {
   sync();
   auto ms = mem::Event::elapsed_ms(*e0, *e1);
   ASSERT_TRUE(ms.ok());
-  EXPECT_EQ(to_host(d_log, 4)[3], 0);  // no errors
+  EXPECT_EQ(host_copy(d_log, 4)[3], 0);  // no errors
   std::cout << "[serve_gpu] resolve_slots E 128 top-8 cap 51: " << *ms * 1000.0 / (reps - 1)
             << " us per call (launches back to back)\n";
   cudaFree(d_state);
@@ -215,7 +203,7 @@ TEST_F(ServeDeviceResolveKernels, MissCopyMovesExactlyTheLoggedBlocksFromPinnedM
     log[1] = 2;                                  // misses
     log[5 + E + 0] = 4, log[5 + 2 * E + 0] = 1;  // expert 4 -> slot 1
     log[5 + E + 1] = 0, log[5 + 2 * E + 1] = 3;  // expert 0 -> slot 3
-    std::int32_t* d_log = to_device(log);
+    std::int32_t* d_log = device_copy(log);
     ASSERT_TRUE(
         kernels::cuda::copy_misses({.slot_base = reinterpret_cast<unsigned char*>(d->data()),
                                     .src_base = static_cast<const unsigned char*>(*mapped),
@@ -227,7 +215,7 @@ TEST_F(ServeDeviceResolveKernels, MissCopyMovesExactlyTheLoggedBlocksFromPinnedM
             .ok());
     sync();
     const auto got =
-        to_host(reinterpret_cast<const unsigned char*>(d->data()), std::size_t(slots * eb));
+        host_copy(reinterpret_cast<const unsigned char*>(d->data()), std::size_t(slots * eb));
     const auto* src = reinterpret_cast<const unsigned char*>(h->data());
     for (std::int64_t i = 0; i < eb; ++i) {
       ASSERT_EQ(got[std::size_t(i)], 0xEE) << eb;
@@ -243,7 +231,7 @@ TEST_F(ServeDeviceResolveKernels, PacedWaitTakesTheLoggedBytesAtTheRate) {
   const int E = 8;
   std::vector<std::int32_t> log(std::size_t(SlotStateLayout::log_ints(E)), 0);
   log[1] = 3;  // 3 misses x 1 MiB at 1 GB/s: >= 3.15 ms
-  std::int32_t* d_log = to_device(log);
+  std::int32_t* d_log = device_copy(log);
   unsigned long long* d_mark = nullptr;
   ASSERT_EQ(cudaMalloc(&d_mark, 8), cudaSuccess);
   auto e0 = mem::Event::create(Device::kCuda, 0, true);

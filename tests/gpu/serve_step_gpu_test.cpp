@@ -38,20 +38,8 @@ namespace ferry::serve {
 namespace {
 
 using ferry::testing::CudaTest;
-
-template <typename T>
-T* device_copy(const std::vector<T>& h) {
-  void* d = nullptr;
-  EXPECT_EQ(cudaMalloc(&d, std::max<std::size_t>(h.size() * sizeof(T), 4)), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  return static_cast<T*>(d);
-}
-template <typename T>
-std::vector<T> host_copy(const T* d, std::size_t n) {
-  std::vector<T> h(n);
-  EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-  return h;
-}
+using ferry::testing::device_copy;
+using ferry::testing::host_copy;
 
 class ServeStepKernels : public CudaTest {};
 
