@@ -93,8 +93,9 @@ struct RunSpec {
   std::string q8_params;      // 8bit states: --8bit-params (empty = all)
   int optimizer_threads = 0;  // StreamOptions::optimizer_threads
   model::GemmPrecision gemm_precision = model::GemmPrecision::kF32;
-  bool bf16_compute = false;  // TrainState::use_bf16_compute (fp32 master, bf16 weights)
-  bool bf16_grads = false;    // TrainState::bf16_grads
+  bool bf16_compute = false;     // TrainState::use_bf16_compute (fp32 master, bf16 weights)
+  bool bf16_grads = false;       // TrainState::bf16_grads
+  int device_update_layers = 0;  // StreamOptions::device_update_layers
 };
 
 inline std::unique_ptr<TrainState> make_state(const model::LoadedModel& m, const RunSpec& r) {
@@ -128,6 +129,7 @@ struct RunResult {
   std::vector<StepOutcome> outcomes;
   std::unique_ptr<TrainState> state;
   TransferStats stats;
+  DeviceTailStats tail;  // the device optimizer tail's counters
   std::size_t peak = 0, planned = 0;
   std::int64_t tokens = 0;  // summed over micro-batches
 };
@@ -142,7 +144,8 @@ inline RunResult run_stream(const model::LoadedModel& m, const RunSpec& r,
   StreamOptions so{.policy = *pol,
                    .prefetch = prefetch,
                    .optimizer_threads = r.optimizer_threads,
-                   .gemm_precision = r.gemm_precision};
+                   .gemm_precision = r.gemm_precision,
+                   .device_update_layers = r.device_update_layers};
   auto ex = StreamExecutor::create(*out.state, kBatch, kSeq, so, backend);
   EXPECT_TRUE(ex.ok()) << ex.status().to_string();
   if (!ex.ok()) return out;
@@ -166,6 +169,7 @@ inline RunResult run_stream(const model::LoadedModel& m, const RunSpec& r,
   }
   EXPECT_TRUE((*ex)->store_to(*out.state).ok());
   out.stats = (*ex)->stats();
+  out.tail = (*ex)->device_tail_stats();
   out.peak = (*ex)->device_peak_bytes();
   out.planned = (*ex)->device_planned_bytes();
   return out;

@@ -173,6 +173,12 @@ void register_train(CLI::App& app, CommandFn& run) {
                   "host bytes, the D2H and the optimizer's reads; the running sum is rounded to "
                   "bf16 after every micro-batch)")
       ->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->add_option("--device-update-layers", cfg->device_update_layers,
+                  "stream: the device updates layers 0..K-1 in the optimizer phase (bit-identical "
+                  "to the CPU worker, which takes the globals and layers K..L-1; needs 8-bit "
+                  "states or a bf16 master for those layers; 0: the CPU updates all)")
+      ->envname("FERRY_DEVICE_UPDATE_LAYERS")
+      ->check(CLI::Range(0, 4096));
   cmd->add_option("--optimizer-threads", cfg->optimizer_threads,
                   "stream: CPU threads of the AdamW update (0: 1 beside CPU compute, all cores "
                   "but two beside a GPU)")

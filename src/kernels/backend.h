@@ -57,6 +57,12 @@ class Backend {
   virtual Status adamw(const AdamWArgs& a, Stream& stream) = 0;
   virtual Status sum_squares(const SumSquaresArgs& a, Stream& stream) = 0;
   virtual Status convert(const ConvertArgs& a, Stream& stream) = 0;
+  // The hybrid AdamW span (ops.h); backends without it say so. Arguments are checked (Status).
+  virtual Status hybrid_adamw(const HybridAdamWArgs& a, Stream& stream) {
+    (void)a;
+    (void)stream;
+    return unimplemented("kernels: {} has no hybrid_adamw", name());
+  }
 };
 
 Backend& reference_backend();  // ref/: naive loops, f64 accumulation — the executable spec

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/hybrid_adamw.h"
 #include "tensor/tensor_view.h"
 
 namespace ferry::kernels {
@@ -255,6 +256,22 @@ struct SumSquaresArgs {
   // order than the one-block path, so bits differ between the two, never run to run); empty =
   // one block walks the whole vector.
   TensorView workspace;
+};
+
+// The hybrid AdamW update of one span of one parameter (kernels/cpu/hybrid_adamw.h has the math
+// and the pointer rules): every (master, states) combination of the hybrid optimizer. The
+// constants come from cpu::make_adamw_constants, computed by the caller exactly as the CPU
+// LayerOptimizer does, so every backend sees the same f32 constants. Raw pointers, not views: the
+// span holds up to nine optional arrays (which ones depends on master and states) and the
+// kernels address 8-bit codes and block scales by element and block offsets.
+// Every pointer lives on `device` (the backend's). With 8-bit states the span starts on a block
+// boundary of its parameter: index0 % cpu::q8::kBlock == 0.
+struct HybridAdamWArgs {
+  Device device = Device::kCpu;  // where every pointer of `span` lives
+  cpu::MasterKind master = cpu::MasterKind::kF32;
+  cpu::StateKind states = cpu::StateKind::kF32;
+  cpu::AdamWConstants k{};    // cpu::make_adamw_constants(lr, b1, b2, eps, wd, grad_scale, step)
+  cpu::HybridAdamWSpan span;  // [span.n] elements, pointers as hybrid_adamw.h lists them
 };
 
 }  // namespace ferry::kernels

@@ -122,6 +122,7 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
       {"gemm_precision", model::to_string(precision)},
       {"weights_dtype", bf16_compute || c.optim.master != MasterWeights::kF32 ? "bf16" : "f32"},
       {"grad_dtype", bf16_grads ? "bf16" : "f32"},
+      {"device_update_layers", c.device_update_layers},
       {"policies", Json::array()}};
   AdamWConfig adamw;
   // One pinned host arena for every policy: the previous policy's, re-initialized to the same
@@ -182,7 +183,8 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
                                    .prefetch = c.prefetch,
                                    .device_budget_bytes = c.device_budget_bytes,
                                    .optimizer_threads = c.optimizer_threads,
-                                   .gemm_precision = precision};
+                                   .gemm_precision = precision,
+                                   .device_update_layers = c.device_update_layers};
     Timer create;
     auto ex = stream::StreamExecutor::create(std::move(arena), config, c.seed, b, c.seq, so, *be);
     const double executor_s = create.elapsed_s();
@@ -273,6 +275,9 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
          {"loss_first", loss_first},
          {"loss_last", loss_last},
          {"optimizer_busy_s", x.optimizer_busy_s()},
+         {"device_update_units", x.device_tail_stats().units_updated},
+         {"device_update_h2d_bytes", x.device_tail_stats().h2d_bytes},
+         {"device_update_d2h_bytes", x.device_tail_stats().d2h_bytes},
          {"windows", stream::window_report_json(report)}});
     reuse = stream::StreamExecutor::release_arena(std::move(*ex));
   }

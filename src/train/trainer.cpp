@@ -313,7 +313,8 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
                                    ? static_cast<std::size_t>(c.device_budget_mib) << 20
                                    : mem::MemoryBudget::kUnlimited,
         .optimizer_threads = c.optimizer_threads,
-        .gemm_precision = gemm_precision};
+        .gemm_precision = gemm_precision,
+        .device_update_layers = c.device_update_layers};
     FERRY_ASSIGN_OR_RETURN(
         streamer, stream::StreamExecutor::create(s, c.batch_size, c.seq_len, so, *step_be));
     sum.host_bytes_per_param = streamer->arena().bytes_per_param();

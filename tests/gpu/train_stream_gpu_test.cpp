@@ -155,6 +155,68 @@ TEST(TrainStreamGpu, MoeEveryPolicyBitIdenticalOnGpu) {
   check_policies_on_gpu(*m, {"host", "every:2", "mix:nrh:" + nv});
 }
 
+// --device-update-layers K (device_optimizer_tail.h): layers 0..K-1 updated by the CUDA
+// hybrid AdamW kernel in HBM, the rest by the CPU worker. The CUDA kernel is the CPU kernel's bits,
+// so every policy with K = 1, 2 equals the K = 0 run on the GPU bit for bit (losses, weights,
+// states), and the tail moved the bytes and units the CPU executor's tail moves.
+TEST(TrainStreamGpu, DeviceUpdatedLayersBitIdenticalOnGpu) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  kernels::Backend* be = cuda_or_null();
+  ASSERT_NE(be, nullptr);
+  const std::string dir = testing::temp_dir("stream_gpu_tail");
+  auto dense = dense_model(dir + "/model");
+  auto moe = moe_model();
+  const std::string nv = testing::temp_dir("stream_gpu_tail_nvme");
+  struct Case {
+    const model::LoadedModel* m;
+    OptimMode mode;
+    bool bf16_grads, bf16_compute;
+    std::vector<std::string> policies;
+  };
+  const OptimMode kahan8{.master = MasterWeights::kBf16Kahan, .states = OptimizerStates::k8Bit};
+  const OptimMode sr8{.master = MasterWeights::kBf16Sr, .states = OptimizerStates::k8Bit};
+  const OptimMode f32x8{.master = MasterWeights::kF32, .states = OptimizerStates::k8Bit};
+  const std::vector<Case> cases = {
+      {dense.get(), kahan8, true, false, {"device", "host", "every:2", "mix:dhrn:" + nv}},
+      {dense.get(), sr8, false, false, {"device", "every:2"}},
+      {dense.get(), f32x8, false, true, {"host", "every:2"}},
+      {moe.get(), kahan8, true, false, {"every:2", "host"}},
+      {moe.get(), sr8, false, false, {"device"}}};
+  for (const Case& c : cases) {
+    RunSpec spec;
+    spec.gemm_precision = model::GemmPrecision::kBf16;
+    spec.mode = c.mode;
+    spec.bf16_grads = c.bf16_grads;
+    spec.bf16_compute = c.bf16_compute;
+    SCOPED_TRACE(describe(c.mode) + (c.bf16_grads ? " bf16 grads" : ""));
+    const std::vector<Batch> data = make_batches(spec.steps * spec.accum, c.m->geometry.vocab, 5);
+    const RunResult base = run_stream(*c.m, spec, data, "device", 2, *be);
+    ASSERT_EQ(base.losses.size(), static_cast<std::size_t>(spec.steps));
+    std::uint64_t applied = 0;
+    for (const StepOutcome& o : base.outcomes) applied += o.applied ? 1 : 0;
+    for (int K : {1, 2}) {
+      spec.device_update_layers = K;
+      for (const std::string& p : c.policies) {
+        const std::string what = p + " K=" + std::to_string(K);
+        const RunResult g = run_stream(*c.m, spec, data, p, 2, *be);
+        ASSERT_EQ(g.losses.size(), base.losses.size()) << what;
+        for (std::size_t i = 0; i < base.losses.size(); ++i) {
+          EXPECT_EQ(g.losses[i], base.losses[i]) << what << " step " << i;
+        }
+        expect_same_state(*base.state, *g.state, what + " (cuda) vs K=0 device (cuda)");
+        EXPECT_EQ(g.tail.units_updated, applied * static_cast<std::uint64_t>(K)) << what;
+        const RunResult cpu = run_stream(*c.m, spec, data, p);
+        EXPECT_EQ(g.tail.h2d_bytes, cpu.tail.h2d_bytes) << what;
+        EXPECT_EQ(g.tail.d2h_bytes, cpu.tail.d2h_bytes) << what;
+        EXPECT_LE(g.peak, g.planned) << what;
+        std::cout << "[train_stream_gpu] tail " << what << ": " << g.tail.units_updated
+                  << " units on the GPU, " << g.tail.h2d_bytes << " B up, " << g.tail.d2h_bytes
+                  << " B down\n";
+      }
+    }
+  }
+}
+
 // One step's loss and gradients: the stream executor on `be`, accumulation 1, no update yet.
 struct OneStep {
   double loss = 0.0;

@@ -37,6 +37,7 @@ class CpuBackend final : public Backend {
   Status adamw(const AdamWArgs& a, Stream& stream) override;
   Status sum_squares(const SumSquaresArgs& a, Stream& stream) override;
   Status convert(const ConvertArgs& a, Stream& stream) override;
+  Status hybrid_adamw(const HybridAdamWArgs& a, Stream& stream) override;  // hybrid_adamw_op.cpp
 };
 
 }  // namespace ferry::kernels

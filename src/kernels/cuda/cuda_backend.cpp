@@ -9,7 +9,9 @@
 #include <mutex>
 #include <vector>
 
+#include "kernels/cpu/hybrid_adamw_checks.h"
 #include "kernels/cuda/cuda_util.h"
+#include "kernels/cuda/hybrid_adamw_cuda.h"
 
 namespace ferry::kernels {
 
@@ -348,6 +350,20 @@ Status CudaBackend::sum_squares(const SumSquaresArgs& a, Stream& stream) {
   FERRY_LAUNCH_TRY(op, native(stream),
                    launch_sum_squares(elt(a.x.dtype), a.out.as<float>(), a.x.data, a.x.numel(),
                                       partials, native(stream)));
+  return ok_status();
+}
+
+Status CudaBackend::hybrid_adamw(const HybridAdamWArgs& a, Stream& stream) {
+  constexpr const char* op = "hybrid_adamw";
+  FERRY_TRY(check_stream(op, stream));
+  FERRY_TRY(::ferry::kernels::detail::check_hybrid_adamw("cuda hybrid_adamw", a, Device::kCuda));
+  if (a.master == cpu::MasterKind::kF32 && a.states == cpu::StateKind::kF32) {
+    return unimplemented(
+        "cuda hybrid_adamw: f32 master + f32 states has no device kernel (the CPU's adamw_span)");
+  }
+  if (a.span.n == 0) return ok_status();
+  FERRY_LAUNCH_TRY(op, native(stream),
+                   cuda::launch_hybrid_adamw(a.master, a.states, a.k, a.span, native(stream)));
   return ok_status();
 }
 

@@ -51,6 +51,8 @@ class CudaBackend final : public Backend {
   Status adamw(const AdamWArgs& a, Stream& stream) override;
   Status sum_squares(const SumSquaresArgs& a, Stream& stream) override;
   Status convert(const ConvertArgs& a, Stream& stream) override;
+  // launch_hybrid_adamw (hybrid_adamw_cuda.h): every mode but f32 master + f32 states.
+  Status hybrid_adamw(const HybridAdamWArgs& a, Stream& stream) override;
 
  private:
   Status check_stream(const char* op, const Stream& s) const;

@@ -13,6 +13,8 @@
 //   stage16   bf16 landing buffer for bf16 streaming weights on a GPU (the largest unit; empty on
 //             the emulated tier, which widens in place, and for f32 streaming weights)
 //   sumsq     [P] f32: each parameter's gradient sum of squares, taken on the device
+//   optimizer_tail  the device optimizer tail's staging (device_optimizer_tail.h: one layer's
+//             optimizer sections, --device-update-layers K > 0), else 0 bytes
 //   batch     a GPU backend's copy of the packed batch (ids, positions, targets [T], cu_seqlens
 //             [T + 1] i32); empty for host backends, which read the caller's batch
 // The executor allocates exactly this; check_budget() refuses a batch that does not fit before
@@ -38,6 +40,8 @@ struct ModelSizes {
   std::int64_t params = 0;              // parameter tensors (sums of squares)
   bool bf16_weights = false;            // the arena streams bf16 (bf16 masters)
   bool bf16_grads = false;              // the arena keeps bf16 gradients (grad16 staging)
+  // DeviceOptimizerTail::staging_bytes for --device-update-layers (0: off).
+  std::size_t optimizer_tail_bytes = 0;
 };
 
 inline constexpr int kGradSlots = 2;
@@ -45,8 +49,9 @@ inline constexpr int kGradSlots = 2;
 struct DevicePlan {
   mem::ArenaPlan plan;
   mem::SlotId globals_w, globals_g, x_final, fetch, sumsq, batch;
-  mem::SlotId sumsq_ws;  // the backend's sum_squares scratch (0 bytes on the CPU)
-  mem::SlotId stage16;   // bf16 landing buffer (bf16_widen.h), maybe 0 bytes
+  mem::SlotId sumsq_ws;        // the backend's sum_squares scratch (0 bytes on the CPU)
+  mem::SlotId stage16;         // bf16 landing buffer (bf16_widen.h), maybe 0 bytes
+  mem::SlotId optimizer_tail;  // device optimizer tail staging, maybe 0 bytes
   std::int64_t stage16_elements = 0;
   std::vector<mem::SlotId> slots;  // [prefetch slots]
   std::vector<mem::SlotId> grads;  // [kGradSlots]

@@ -167,6 +167,35 @@ std::int64_t HostArena::max_layer_elements() const {
   return m;
 }
 
+HostArena::Bytes HostArena::section(int u, Section s) const {
+  const Unit& unit = units_[static_cast<std::size_t>(u)];
+  const auto n = static_cast<std::size_t>(unit.elements);
+  const auto state = static_cast<std::size_t>(unit.state_bytes);
+  const std::size_t scales = static_cast<std::size_t>(unit.blocks) * sizeof(float);
+  auto at = [&](mem::SlotId id, std::size_t bytes) {
+    return bytes == 0 ? Bytes{} : Bytes{arena_.as<std::uint8_t>(id), bytes};
+  };
+  switch (s) {
+    case Section::kWeights:
+      return at(unit.weights, unit_weight_bytes(u));
+    case Section::kMaster:
+      if (mode_.master == MasterWeights::kF32) return at(unit.master, n * sizeof(float));
+      if (mode_.master == MasterWeights::kBf16Kahan) return at(unit.master, n * 2);
+      return {};
+    case Section::kM:
+      return at(unit.m, state);
+    case Section::kV:
+      return at(unit.v, state);
+    case Section::kMAbsmax:
+      return at(unit.m_absmax, scales);
+    case Section::kVAbsmax:
+      return at(unit.v_absmax, scales);
+    case Section::kGrads:
+      return at(unit.grads, n * grad_size());
+  }
+  return {};
+}
+
 std::size_t HostArena::unit_weight_bytes(int u) const {
   return static_cast<std::size_t>(units_[u].elements) *
          (bf16_weights() ? sizeof(std::uint16_t) : sizeof(float));

@@ -123,6 +123,16 @@ class HostArena {
   std::size_t grad_size() const { return bf16_grads_ ? 2 : 4; }  // bytes per gradient element
   std::uint8_t* grad_bytes(int u) const { return arena_.as<std::uint8_t>(units_[u].grads); }
 
+  // Unit u's sections as raw bytes, for moving a unit's optimizer state whole (the device
+  // optimizer tail, device_optimizer_tail.h); an absent section (no master with bf16-sr, no
+  // block scales without 8-bit parameters) is {nullptr, 0}.
+  enum class Section : std::uint8_t { kWeights, kMaster, kM, kV, kMAbsmax, kVAbsmax, kGrads };
+  struct Bytes {
+    std::uint8_t* data = nullptr;
+    std::size_t size = 0;
+  };
+  Bytes section(int u, Section s) const;
+
   const OptimMode& mode() const { return mode_; }
   std::size_t total_bytes() const { return arena_.plan().allocation_bytes(); }
   std::int64_t num_elements() const { return elements_; }

@@ -24,6 +24,7 @@ LayerOptimizer::LayerOptimizer(HostArena& arena, int threads, std::function<void
   order_.push_back(arena.globals_unit());
   for (int u = 0; u < arena.globals_unit(); ++u) order_.push_back(u);
   done_.assign(static_cast<std::size_t>(arena.num_units()), 0);
+  external_.assign(static_cast<std::size_t>(arena.num_units()), false);
   unit_busy_s_.assign(static_cast<std::size_t>(arena.num_units()), 0.0);
   // Each unit's chunks, in parameter order: the same every step, so listed once here.
   chunks_.resize(static_cast<std::size_t>(arena.num_units()));
@@ -61,6 +62,25 @@ void LayerOptimizer::wait_ready(int unit) {
   cv_.wait(lk, [&] { return done_[static_cast<std::size_t>(unit)] >= submitted_; });
 }
 
+void LayerOptimizer::set_external(const std::vector<int>& units) {
+  wait_all();
+  std::lock_guard lk(mu_);
+  for (int u : units) {
+    FERRY_CHECK(u >= 0 && u < arena_.num_units(), "train: external unit {} of {}", u,
+                arena_.num_units());
+    external_[static_cast<std::size_t>(u)] = true;
+  }
+}
+
+void LayerOptimizer::mark_external_done(int unit) {
+  {
+    std::lock_guard lk(mu_);
+    FERRY_CHECK(external_[static_cast<std::size_t>(unit)], "train: unit {} is not external", unit);
+    done_[static_cast<std::size_t>(unit)] = submitted_;
+  }
+  cv_.notify_all();
+}
+
 bool LayerOptimizer::is_ready(int unit) const {
   std::lock_guard lk(mu_);
   return done_[static_cast<std::size_t>(unit)] >= submitted_;
@@ -92,6 +112,7 @@ void LayerOptimizer::run() {
       applied = submitted_;
     }
     for (int u : order_) {
+      if (external_[static_cast<std::size_t>(u)]) continue;  // its updater marks it done
       if (before_unit_) before_unit_(u);
       Timer t;
       update_unit(u, a);

@@ -14,8 +14,13 @@
 // into chunks of kChunk elements (whole 8-bit blocks) and the fp32 master's streaming copy is
 // written chunk by chunk while it is in cache. The kernels' results do not depend on how a
 // parameter is split, so the bits equal the reference's for any thread count (tested).
-// Thread-safety: submit / wait_* from one thread (the executor's); the worker owns the arena's
-// master, states and weights of a unit between submit() and that unit's ready generation.
+// External units (set_external): units another updater takes (the device optimizer tail,
+// device_optimizer_tail.h). The worker skips them at submit but they keep their ready
+// generation: wait_ready(u) returns once that updater called mark_external_done(u) for the
+// newest submitted update, so WeightStreamer's wait is unchanged.
+// Thread-safety: submit / wait_* / mark_external_done from one thread (the executor's); the
+// worker owns the arena's master, states and weights of a non-external unit between submit() and
+// that unit's ready generation.
 #pragma once
 
 #include <condition_variable>
@@ -52,6 +57,12 @@ class LayerOptimizer {
   // Starts the update of every unit (waits for a previous one to finish first).
   void submit(const UpdateArgs& args);
   void wait_ready(int unit);
+  // Units the worker skips from now on (before the first submit, or between steps once
+  // wait_all() returned); their updater calls mark_external_done(u) after each submit().
+  void set_external(const std::vector<int>& units);
+  bool is_external(int unit) const { return external_[static_cast<std::size_t>(unit)]; }
+  // External unit `unit` holds the newest submitted update (wakes wait_ready).
+  void mark_external_done(int unit);
   void wait_all();
   bool is_ready(int unit) const;  // no update of `unit` pending
   // Seconds the worker spent updating (cumulative).
@@ -68,7 +79,8 @@ class LayerOptimizer {
 
   HostArena& arena_;
   std::function<void(int)> before_unit_;
-  std::vector<int> order_;  // globals, then layers
+  std::vector<int> order_;      // globals, then layers
+  std::vector<bool> external_;  // [unit]: updated by someone else (set_external)
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::uint64_t submitted_ = 0;      // generation of the newest submitted update

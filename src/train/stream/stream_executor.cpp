@@ -134,7 +134,25 @@ Result<std::unique_ptr<StreamExecutor>> StreamExecutor::create(
   std::unique_ptr<StreamExecutor> ex(new StreamExecutor(backend, opts));
   ex->geo_ = geo;
   ex->arena_ = std::move(arena);
-  const ModelSizes sizes = model_sizes(*ex->arena_);
+  FERRY_TRY(DeviceOptimizerTail::check(*ex->arena_, opts.device_update_layers));
+  ModelSizes sizes = model_sizes(*ex->arena_);
+  if (opts.device_update_layers > 0) {
+    FERRY_TRY(check_budget(geo, sizes, opts.policy, opts.prefetch + 1, batch, seq_len,
+                           opts.device_budget_bytes, backend, opts.gemm_precision));
+    sizes.optimizer_tail_bytes =
+        DeviceOptimizerTail::staging_bytes(*ex->arena_, opts.device_update_layers);
+    FERRY_ASSIGN_OR_RETURN(const DevicePlan d,
+                           plan_device(geo, sizes, opts.policy, opts.prefetch + 1, batch * seq_len,
+                                       backend, opts.gemm_precision));
+    if (d.total_bytes() > opts.device_budget_bytes) {
+      return resource_exhausted(
+          "train: --device-update-layers {} needs {} of device-tier staging for its layers' "
+          "optimizer state; with it batch {} needs {}, the budget is {}: lower "
+          "--device-update-layers or raise --device-budget-mib",
+          opts.device_update_layers, mem::format_bytes(sizes.optimizer_tail_bytes), batch,
+          mem::format_bytes(d.total_bytes()), mem::format_bytes(opts.device_budget_bytes));
+    }
+  }
   FERRY_TRY(check_budget(geo, sizes, opts.policy, opts.prefetch + 1, batch, seq_len,
                          opts.device_budget_bytes, backend, opts.gemm_precision));
   FERRY_TRY(ex->init(config, sr_seed, batch * seq_len));
@@ -149,7 +167,9 @@ Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_s
   sr_seed_ = sr_seed;
   const ActivationPolicy& pol = opts_.policy;
   const int L = geo_.layers;
-  const ModelSizes sizes = model_sizes(*arena_);
+  ModelSizes sizes = model_sizes(*arena_);
+  sizes.optimizer_tail_bytes =
+      DeviceOptimizerTail::staging_bytes(*arena_, opts_.device_update_layers);
   FERRY_ASSIGN_OR_RETURN(plan_, plan_device(geo_, sizes, pol, opts_.prefetch + 1, max_tokens, be_,
                                             opts_.gemm_precision));
   FERRY_ASSIGN_OR_RETURN(device_, mem::make_arena(plan_.plan, device_tier_for(be_), budget_,
@@ -223,6 +243,12 @@ Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_s
     opt_threads = gpu ? std::max(1, hw - 2) : 1;
   }
   opt_ = std::make_unique<LayerOptimizer>(*arena_, opt_threads);
+  if (opts_.device_update_layers > 0) {
+    tail_ =
+        std::make_unique<DeviceOptimizerTail>(*arena_, *opt_, opts_.device_update_layers, be_, *te_,
+                                              device_.as<std::uint8_t>(plan_.optimizer_tail),
+                                              plan_.plan.slot(plan_.optimizer_tail).size_bytes);
+  }
   std::vector<float*> slots;
   for (mem::SlotId id : plan_.slots) slots.push_back(dev(id));
   std::vector<int> schedule = weight_schedule(pol);
@@ -293,6 +319,7 @@ std::unique_ptr<HostArena> StreamExecutor::release_arena(std::unique_ptr<StreamE
 StreamExecutor::~StreamExecutor() {
   drain_.reset();
   streamer_.reset();
+  tail_.reset();
   opt_.reset();
   // Queued GPU work may still read the device arena or ModelCompute's buffers.
   if (refill_streams_) (void)refill_streams_->synchronize();
@@ -699,14 +726,17 @@ Result<StepOutcome> StreamExecutor::finish_step(const AdamWConfig& cfg, double l
     return invalid_argument("train: betas ({}, {}) must lie in [0, 1)", cfg.beta1, cfg.beta2);
   }
   if (opt_step < 1) return invalid_argument("train: AdamW step {} < 1", opt_step);
-  opt_->submit({.lr = static_cast<float>(lr),
-                .beta1 = static_cast<float>(cfg.beta1),
-                .beta2 = static_cast<float>(cfg.beta2),
-                .eps = static_cast<float>(cfg.eps),
-                .weight_decay = static_cast<float>(cfg.weight_decay),
-                .grad_scale = static_cast<float>(o.clip / static_cast<double>(accum_)),
-                .step = opt_step,
-                .sr_seed = sr_seed_});
+  const UpdateArgs args{.lr = static_cast<float>(lr),
+                        .beta1 = static_cast<float>(cfg.beta1),
+                        .beta2 = static_cast<float>(cfg.beta2),
+                        .eps = static_cast<float>(cfg.eps),
+                        .weight_decay = static_cast<float>(cfg.weight_decay),
+                        .grad_scale = static_cast<float>(o.clip / static_cast<double>(accum_)),
+                        .step = opt_step,
+                        .sr_seed = sr_seed_};
+  opt_->submit(args);  // the CPU worker: globals, then layers K..L-1
+  // Layers 0..K-1 on the device meanwhile (the forward needs the globals first).
+  if (tail_) FERRY_TRY(tail_->run(args, cs()));
   o.applied = true;
   return o;
 }

@@ -69,6 +69,7 @@
 #include "train/stream/activation_policy.h"
 #include "train/stream/bf16_widen.h"
 #include "train/stream/cpu_tiers.h"
+#include "train/stream/device_optimizer_tail.h"
 #include "train/stream/device_plan.h"
 #include "train/stream/exposure_clock.h"
 #include "train/stream/grad_drain.h"
@@ -89,6 +90,9 @@ struct StreamOptions {
   // How ModelCompute's linear layers multiply (model_compute.h): kBf16 runs the GEMMs on bf16
   // tensor cores (f32 accumulation); kF32 is the reference arithmetic.
   model::GemmPrecision gemm_precision = model::GemmPrecision::kF32;
+  // The device updates layers 0..K-1 in the optimizer phase (device_optimizer_tail.h), the CPU
+  // worker the globals and layers K..L-1; 0: the CPU updates every unit.
+  int device_update_layers = 0;
 };
 
 // Bytes moved and time exposed, cumulative since create().
@@ -158,6 +162,8 @@ class StreamExecutor {
   double optimizer_busy_s() const { return opt_->busy_s(); }
   // Per arena unit (layers 0..L-1, then the globals), cumulative.
   std::vector<double> optimizer_unit_busy_s() const { return opt_->unit_busy_s(); }
+  // The device optimizer tail's counters (all zero with device_update_layers = 0).
+  DeviceTailStats device_tail_stats() const { return tail_ ? tail_->stats() : DeviceTailStats{}; }
 
  private:
   StreamExecutor(kernels::Backend& be, const StreamOptions& opts);
@@ -226,6 +232,7 @@ class StreamExecutor {
   mem::TransferEngine* te_ = nullptr;            // own_te_ or the host engine
   std::unique_ptr<ExposureClock> clock_;
   std::unique_ptr<LayerOptimizer> opt_;
+  std::unique_ptr<DeviceOptimizerTail> tail_;  // device_update_layers > 0
   std::unique_ptr<Bf16Landing> landing_;
   std::unique_ptr<WeightStreamer> streamer_;
   std::unique_ptr<GradDrain> drain_;

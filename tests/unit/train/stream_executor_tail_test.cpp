@@ -1,0 +1,318 @@
+// SPDX-License-Identifier: Apache-2.0
+// The device optimizer tail (device_optimizer_tail.h, --device-update-layers K): the streamed
+// executor with layers 0..K-1 updated through Backend::hybrid_adamw in the (emulated) device tier
+// and the rest by the CPU worker gives the in-memory reference's losses, weights and states bit
+// for bit after several steps — every fixed policy, bf16-Kahan / bf16-SR / fp32 masters with
+// 8-bit states, gradient accumulation, MoE, bf16 gradients, bf16 streaming weights — and the
+// tail really ran (units and bytes counted, the CPU worker skipped those units). Refusals: K
+// beyond the layers, f32 master + f32 states in a tail layer, a budget without room for the
+// staging; the Backend op's argument checks.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/hybrid_adamw.h"
+#include "test_util.h"
+#include "train/optimizer.h"
+#include "train/stream/device_optimizer_tail.h"
+#include "train/stream/host_arena.h"
+#include "train/stream/layer_optimizer.h"
+#include "train/stream/stream_executor.h"
+#include "train_stream_util.h"
+
+namespace ferry::train::stream {
+namespace {
+
+using Section = HostArena::Section;
+
+RunResult run_reference(const model::LoadedModel& m, const RunSpec& r,
+                        const std::vector<Batch>& data) {
+  RunResult out;
+  out.state = make_state(m, r);
+  kernels::Backend& be = kernels::cpu_backend();
+  auto mc =
+      model::ModelCompute::create(m.geometry, kBatch * kSeq, be, -1, nullptr, r.gemm_precision);
+  EXPECT_TRUE(mc.ok());
+  std::int64_t opt_step = 0;
+  std::size_t next = 0;
+  for (int step = 0; step < r.steps; ++step) {
+    out.state->grads->zero();
+    double loss = 0.0;
+    for (int a = 0; a < r.accum; ++a) {
+      const model::PackedBatch b = data[next++].view();
+      auto f = (*mc)->forward(out.state->params, b);
+      EXPECT_TRUE(f.ok());
+      EXPECT_TRUE((*mc)->backward(out.state->params, b, out.state->grads->grads).ok());
+      out.state->round_grads_to_bf16();
+      loss += f->mean_loss() / r.accum;
+    }
+    auto o = optimizer_step(*out.state, adamw(), lr_of(step), opt_step + 1, r.accum, be);
+    EXPECT_TRUE(o.ok());
+    if (o->applied) ++opt_step;
+    out.losses.push_back(loss);
+    out.outcomes.push_back(*o);
+  }
+  return out;
+}
+
+// Bytes the tail moves per applied step for units 0..K-1 (up: what the kernels read; down: what
+// they wrote), from an arena of the run's layout.
+std::pair<std::uint64_t, std::uint64_t> tail_bytes_per_step(const model::LoadedModel& m,
+                                                            const RunSpec& spec, int K) {
+  auto s = make_state(m, spec);
+  auto arena = HostArena::create(*s);
+  EXPECT_TRUE(arena.ok()) << arena.status().to_string();
+  std::uint64_t up = 0, down = 0;
+  for (int u = 0; u < K; ++u) {
+    for (Section sec : {Section::kWeights, Section::kMaster, Section::kM, Section::kV,
+                        Section::kMAbsmax, Section::kVAbsmax, Section::kGrads}) {
+      const std::size_t b = (*arena)->section(u, sec).size;
+      if (sec != Section::kWeights || (*arena)->bf16_master()) up += b;
+      if (sec != Section::kGrads) down += b;
+    }
+  }
+  return {up, down};
+}
+
+void check_tail(const model::LoadedModel& m, const std::vector<std::string>& policies, RunSpec spec,
+                const std::vector<int>& ks = {1, 2}) {
+  const std::vector<Batch> data = make_batches(spec.steps * spec.accum, m.geometry.vocab, 5);
+  const RunResult ref = run_reference(m, spec, data);
+  std::uint64_t applied = 0;
+  for (const StepOutcome& o : ref.outcomes) applied += o.applied ? 1 : 0;
+  ASSERT_GT(applied, 0u);
+  for (int K : ks) {
+    spec.device_update_layers = K;
+    const auto [up, down] = tail_bytes_per_step(m, spec, K);
+    for (const std::string& p : policies) {
+      const std::string what = p + " K=" + std::to_string(K);
+      const RunResult st = run_stream(m, spec, data, p);
+      ASSERT_EQ(st.losses.size(), ref.losses.size()) << what;
+      for (std::size_t i = 0; i < ref.losses.size(); ++i) {
+        EXPECT_EQ(st.losses[i], ref.losses[i]) << what << " step " << i;
+        EXPECT_EQ(st.outcomes[i].grad_norm, ref.outcomes[i].grad_norm) << what << " step " << i;
+      }
+      expect_same_state(*ref.state, *st.state, what);
+      // The tail ran: K units per applied step, one kernel call per parameter, every byte.
+      EXPECT_EQ(st.tail.units_updated, applied * static_cast<std::uint64_t>(K)) << what;
+      EXPECT_EQ(st.tail.h2d_bytes, applied * up) << what;
+      EXPECT_EQ(st.tail.d2h_bytes, applied * down) << what;
+      EXPECT_GT(st.tail.params_updated, 0u) << what;
+      EXPECT_LE(st.peak, st.planned) << what;
+    }
+  }
+}
+
+const OptimMode kKahan8{.master = MasterWeights::kBf16Kahan, .states = OptimizerStates::k8Bit};
+const OptimMode kSr8{.master = MasterWeights::kBf16Sr, .states = OptimizerStates::k8Bit};
+const OptimMode kF32x8{.master = MasterWeights::kF32, .states = OptimizerStates::k8Bit};
+
+TEST(DeviceOptimizerTail, EveryPolicyAndModeMatchesInMemoryBitForBit) {
+  const std::string dir = testing::temp_dir("tail_dense");
+  auto m = dense_model(dir + "/model");
+  const std::string nv = testing::temp_dir("tail_nvme");
+  for (const OptimMode& mode : {kKahan8, kSr8, kF32x8}) {
+    SCOPED_TRACE(describe(mode));
+    RunSpec spec;
+    spec.mode = mode;
+    check_tail(*m, {"device", "host", "every:2", "mix:dhrn:" + nv}, spec);
+  }
+}
+
+// Every layer on the device (K = L), and the fp32 master's bf16 streaming copy written there.
+TEST(DeviceOptimizerTail, AllLayersAndBf16StreamingCopyMatchInMemory) {
+  const std::string dir = testing::temp_dir("tail_all");
+  auto m = dense_model(dir + "/model");
+  RunSpec spec;
+  spec.mode = kSr8;
+  check_tail(*m, {"every:2"}, spec, {m->geometry.layers});
+  spec.mode = kF32x8;
+  spec.bf16_compute = true;
+  check_tail(*m, {"every:2", "host"}, spec);
+}
+
+TEST(DeviceOptimizerTail, Bf16GradientsMatchInMemory) {
+  const std::string dir = testing::temp_dir("tail_bf16g");
+  auto m = dense_model(dir + "/model");
+  const std::string nv = testing::temp_dir("tail_bf16g_nvme");
+  for (const OptimMode& mode : {kKahan8, kSr8}) {
+    SCOPED_TRACE(describe(mode));
+    RunSpec spec;
+    spec.mode = mode;
+    spec.bf16_grads = true;
+    check_tail(*m, {"device", "host", "every:2", "mix:dhrn:" + nv}, spec);
+  }
+}
+
+TEST(DeviceOptimizerTail, MoeMatchesInMemory) {
+  auto m = moe_model();
+  ASSERT_GT(m->geometry.experts, 0);
+  for (const OptimMode& mode : {kKahan8, kSr8, kF32x8}) {
+    SCOPED_TRACE(describe(mode));
+    RunSpec spec;
+    spec.mode = mode;
+    check_tail(*m, {"every:2", "device"}, spec);
+  }
+  RunSpec spec;
+  spec.mode = kKahan8;
+  spec.bf16_grads = true;
+  check_tail(*m, {"host"}, spec);
+}
+
+// The CPU worker leaves the tail's units alone (no time charged to them) and still updates the
+// rest; the planned device tier grows by exactly the staging.
+TEST(DeviceOptimizerTail, CpuWorkerSkipsTheTailUnitsAndThePlanCountsTheStaging) {
+  const std::string dir = testing::temp_dir("tail_busy");
+  auto m = dense_model(dir + "/model");
+  RunSpec spec;
+  spec.mode = kKahan8;
+  auto s = make_state(*m, spec);
+  auto pol = parse_policy("every:2", m->geometry.layers);
+  ASSERT_TRUE(pol.ok());
+  auto ex0 = StreamExecutor::create(*s, kBatch, kSeq, {.policy = *pol}, kernels::cpu_backend());
+  ASSERT_TRUE(ex0.ok()) << ex0.status().to_string();
+  auto ex = StreamExecutor::create(*s, kBatch, kSeq, {.policy = *pol, .device_update_layers = 2},
+                                   kernels::cpu_backend());
+  ASSERT_TRUE(ex.ok()) << ex.status().to_string();
+  EXPECT_EQ((*ex)->device_planned_bytes() - (*ex0)->device_planned_bytes(),
+            DeviceOptimizerTail::staging_bytes((*ex)->arena(), 2));
+  EXPECT_GT(DeviceOptimizerTail::staging_bytes((*ex)->arena(), 2), 0u);
+  const std::vector<Batch> data = make_batches(2, m->geometry.vocab, 5);
+  for (int step = 0; step < 2; ++step) {
+    (*ex)->begin_step(1);
+    ASSERT_TRUE((*ex)->micro_batch(data[static_cast<std::size_t>(step)].view()).ok());
+    auto o = (*ex)->finish_step(adamw(), lr_of(step), step + 1);
+    ASSERT_TRUE(o.ok());
+    ASSERT_TRUE(o->applied);
+  }
+  (*ex)->wait_optimizer();
+  const std::vector<double> busy = (*ex)->optimizer_unit_busy_s();
+  EXPECT_EQ(busy[0], 0.0);
+  EXPECT_EQ(busy[1], 0.0);
+  EXPECT_GT(busy[2], 0.0);
+  EXPECT_GT(busy.back(), 0.0);  // the globals
+  EXPECT_EQ((*ex)->device_tail_stats().units_updated, 4u);
+}
+
+TEST(DeviceOptimizerTail, RefusesWhatItCannotRun) {
+  const std::string dir = testing::temp_dir("tail_refuse");
+  auto m = dense_model(dir + "/model");
+  const int L = m->geometry.layers;
+  auto pol = parse_policy("every:2", L);
+  ASSERT_TRUE(pol.ok());
+  auto create = [&](const RunSpec& spec, int K, std::size_t budget) {
+    auto s = make_state(*m, spec);
+    return StreamExecutor::create(
+        *s, kBatch, kSeq,
+        {.policy = *pol, .device_budget_bytes = budget, .device_update_layers = K},
+        kernels::cpu_backend());
+  };
+  constexpr std::size_t kAny = mem::MemoryBudget::kUnlimited;
+  RunSpec q8;
+  q8.mode = kKahan8;
+  for (int K : {L + 1, -1}) {
+    auto r = create(q8, K, kAny);
+    ASSERT_FALSE(r.ok()) << K;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("--device-update-layers"), std::string::npos)
+        << r.status().to_string();
+  }
+  EXPECT_TRUE(create(q8, L, kAny).ok());
+  // f32 master + f32 states: every parameter, or the ones --8bit-params leaves out.
+  RunSpec f32;
+  auto r = create(f32, 1, kAny);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented) << r.status().to_string();
+  EXPECT_TRUE(create(f32, 0, kAny).ok());
+  RunSpec subset;
+  subset.mode = kF32x8;
+  subset.q8_params = "mlp";
+  r = create(subset, 1, kAny);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("fp32 states"), std::string::npos) << r.status().to_string();
+  // A budget that holds the executor but not the staging.
+  auto plain = create(q8, 0, kAny);
+  ASSERT_TRUE(plain.ok());
+  const std::size_t without = (*plain)->device_planned_bytes();
+  r = create(q8, 1, without);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(r.status().message().find("--device-update-layers 1 needs"), std::string::npos)
+      << r.status().to_string();
+  auto with = create(q8, 1, kAny);
+  ASSERT_TRUE(with.ok());
+  EXPECT_TRUE(create(q8, 1, (*with)->device_planned_bytes()).ok());
+}
+
+TEST(LayerOptimizer, ExternalUnitsAreSkippedAndWaitForTheirUpdater) {
+  const std::string dir = testing::temp_dir("tail_external");
+  auto m = dense_model(dir + "/model");
+  RunSpec spec;
+  spec.mode = kKahan8;
+  auto s = make_state(*m, spec);
+  auto arena = HostArena::create(*s);
+  ASSERT_TRUE(arena.ok());
+  std::mutex mu;
+  std::vector<int> ran;
+  LayerOptimizer opt(**arena, 1, [&](int u) {
+    std::lock_guard lk(mu);
+    ran.push_back(u);
+  });
+  opt.set_external({0, 1});
+  opt.submit({.lr = 1e-3f, .step = 1});
+  for (int u = 2; u < (*arena)->num_units(); ++u) opt.wait_ready(u);
+  EXPECT_FALSE(opt.is_ready(0));
+  EXPECT_FALSE(opt.is_ready(1));
+  opt.mark_external_done(1);
+  opt.mark_external_done(0);
+  opt.wait_all();
+  std::vector<int> want = {(*arena)->globals_unit()};
+  for (int u = 2; u < (*arena)->globals_unit(); ++u) want.push_back(u);
+  std::lock_guard lk(mu);
+  EXPECT_EQ(ran, want);
+}
+
+TEST(HybridAdamWOp, BackendChecksItsArguments) {
+  namespace kc = kernels::cpu;
+  std::vector<float> g(4096, 0.1f), p(4096, 1.0f), absm(2), absv(2);
+  std::vector<std::uint16_t> w(4096), c(4096);
+  std::vector<std::uint8_t> m8(4096), v8(4096);
+  kernels::HybridAdamWArgs a;
+  a.master = kc::MasterKind::kBf16Kahan;
+  a.states = kc::StateKind::kQ8;
+  a.k = kc::make_adamw_constants(1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0f, 1);
+  a.span = {.n = 4096,
+            .grad = g.data(),
+            .p16 = w.data(),
+            .comp16 = c.data(),
+            .m8 = m8.data(),
+            .v8 = v8.data(),
+            .m_absmax = absm.data(),
+            .v_absmax = absv.data()};
+  kernels::Backend& be = kernels::cpu_backend();
+  mem::Stream& st = mem::Stream::host();
+  EXPECT_TRUE(be.hybrid_adamw(a, st).ok());
+  auto bad = a;
+  bad.span.comp16 = nullptr;
+  EXPECT_EQ(be.hybrid_adamw(bad, st).code(), StatusCode::kInvalidArgument);
+  bad = a;
+  bad.span.index0 = 1024;  // not on an 8-bit block
+  EXPECT_EQ(be.hybrid_adamw(bad, st).code(), StatusCode::kInvalidArgument);
+  bad = a;
+  bad.device = Device::kCuda;
+  EXPECT_EQ(be.hybrid_adamw(bad, st).code(), StatusCode::kInvalidArgument);
+  bad = a;
+  bad.states = kc::StateKind::kF32;  // 8-bit pointers given
+  EXPECT_EQ(be.hybrid_adamw(bad, st).code(), StatusCode::kInvalidArgument);
+  bad = a;
+  bad.master = kc::MasterKind::kF32;
+  bad.span.p32 = p.data();
+  bad.span.comp16 = nullptr;
+  EXPECT_TRUE(be.hybrid_adamw(bad, st).ok());  // f32 master + 8-bit states (p16: a bf16 copy)
+  EXPECT_EQ(kernels::reference_backend().hybrid_adamw(a, st).code(), StatusCode::kUnimplemented);
+}
+
+}  // namespace
+}  // namespace ferry::train::stream
