@@ -161,10 +161,14 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
     int b = c.batch;
     int largest_fitting = 0;  // batch auto: the largest batch the cap fits, --max-batch aside
     if (c.batch_auto) {
+      // The device optimizer tail's staging counts against the cap like the rest of the plan.
+      stream::ModelSizes sizes = stream::model_sizes(*arena);
+      sizes.optimizer_tail_bytes =
+          stream::DeviceOptimizerTail::staging_bytes(*arena, c.device_update_layers);
       FERRY_ASSIGN_OR_RETURN(
           largest_fitting,
-          stream::largest_batch(geo, stream::model_sizes(*arena), pol, c.prefetch + 1, c.seq,
-                                c.device_budget_bytes, *be, precision, kLargestBatchSearched));
+          stream::largest_batch(geo, sizes, pol, c.prefetch + 1, c.seq, c.device_budget_bytes, *be,
+                                precision, kLargestBatchSearched));
       b = std::min(largest_fitting, c.max_batch);
       // A plan runs at the batch it was solved for, if the executor's plan fits it too.
       if (plan_batch > 0 && b > 0) b = std::min(b, plan_batch);
@@ -278,6 +282,7 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
          {"device_update_units", x.device_tail_stats().units_updated},
          {"device_update_h2d_bytes", x.device_tail_stats().h2d_bytes},
          {"device_update_d2h_bytes", x.device_tail_stats().d2h_bytes},
+         {"device_update_busy_s", x.device_tail_stats().busy_s},
          {"windows", stream::window_report_json(report)}});
     reuse = stream::StreamExecutor::release_arena(std::move(*ex));
   }

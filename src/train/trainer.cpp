@@ -286,6 +286,9 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
   if (!c.plan_file.empty() && c.executor != Executor::kStream) {
     return invalid_argument("train: --plan runs on --executor stream");
   }
+  if (c.device_update_layers > 0 && c.executor != Executor::kStream) {
+    return invalid_argument("train: --device-update-layers runs on --executor stream");
+  }
   if (c.executor == Executor::kStream) {
     stream::ActivationPolicy policy;
     if (!c.plan_file.empty()) {

@@ -4,6 +4,7 @@
 #include <array>
 #include <vector>
 
+#include "core/timer.h"
 #include "kernels/cpu/hybrid_adamw.h"
 #include "kernels/cpu/q8_code.h"
 #include "mem/budget.h"
@@ -100,6 +101,12 @@ DeviceOptimizerTail::DeviceOptimizerTail(HostArena& arena, LayerOptimizer& opt, 
 }
 
 Status DeviceOptimizerTail::run(const UpdateArgs& a, mem::Stream& stream) {
+  Timer t;
+  struct Charge {  // every exit charges the time
+    DeviceTailStats& s;
+    Timer& t;
+    ~Charge() { s.busy_s += t.elapsed_s(); }
+  } charge{stats_, t};
   for (int u = 0; u < units_; ++u) {
     if (const Status st = run_unit(u, a, stream); !st.ok()) {
       for (int r = u; r < units_; ++r) opt_.mark_external_done(r);

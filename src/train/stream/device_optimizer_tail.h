@@ -39,6 +39,7 @@ struct DeviceTailStats {
   std::uint64_t params_updated = 0;  // Backend::hybrid_adamw calls
   std::uint64_t h2d_bytes = 0;       // optimizer sections up
   std::uint64_t d2h_bytes = 0;       // updated sections back
+  double busy_s = 0.0;               // host wall time inside run() (copies, kernels, syncs)
 };
 
 class DeviceOptimizerTail {

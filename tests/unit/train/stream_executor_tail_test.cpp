@@ -194,6 +194,7 @@ TEST(DeviceOptimizerTail, CpuWorkerSkipsTheTailUnitsAndThePlanCountsTheStaging) 
   EXPECT_GT(busy[2], 0.0);
   EXPECT_GT(busy.back(), 0.0);  // the globals
   EXPECT_EQ((*ex)->device_tail_stats().units_updated, 4u);
+  EXPECT_GT((*ex)->device_tail_stats().busy_s, 0.0);
 }
 
 TEST(DeviceOptimizerTail, RefusesWhatItCannotRun) {
