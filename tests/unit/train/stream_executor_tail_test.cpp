@@ -131,6 +131,11 @@ TEST(DeviceOptimizerTail, AllLayersAndBf16StreamingCopyMatchInMemory) {
   spec.mode = kF32x8;
   spec.bf16_compute = true;
   check_tail(*m, {"every:2", "host"}, spec);
+  // The CPU worker's thread pool updating layers K..L-1 beside the tail.
+  spec.mode = kKahan8;
+  spec.bf16_compute = false;
+  spec.optimizer_threads = 3;
+  check_tail(*m, {"every:2"}, spec);
 }
 
 TEST(DeviceOptimizerTail, Bf16GradientsMatchInMemory) {
