@@ -134,6 +134,38 @@ struct RunResult {
   std::int64_t tokens = 0;  // summed over micro-batches
 };
 
+// The in-memory reference: the same batches, kernels and AdamW as the streamed runs, on
+// TrainState in host memory (bf16 gradients rounded after every micro-batch, as the trainer does).
+inline RunResult run_reference(const model::LoadedModel& m, const RunSpec& r,
+                               const std::vector<Batch>& data) {
+  RunResult out;
+  out.state = make_state(m, r);
+  kernels::Backend& be = kernels::cpu_backend();
+  auto mc =
+      model::ModelCompute::create(m.geometry, kBatch * kSeq, be, -1, nullptr, r.gemm_precision);
+  EXPECT_TRUE(mc.ok());
+  std::int64_t opt_step = 0;
+  std::size_t next = 0;
+  for (int step = 0; step < r.steps; ++step) {
+    out.state->grads->zero();
+    double loss = 0.0;
+    for (int a = 0; a < r.accum; ++a) {
+      const model::PackedBatch b = data[next++].view();
+      auto f = (*mc)->forward(out.state->params, b);
+      EXPECT_TRUE(f.ok());
+      EXPECT_TRUE((*mc)->backward(out.state->params, b, out.state->grads->grads).ok());
+      out.state->round_grads_to_bf16();  // with bf16 gradients, as the trainer does
+      loss += f->mean_loss() / r.accum;
+    }
+    auto o = optimizer_step(*out.state, adamw(), lr_of(step), opt_step + 1, r.accum, be);
+    EXPECT_TRUE(o.ok());
+    if (o->applied) ++opt_step;
+    out.losses.push_back(loss);
+    out.outcomes.push_back(*o);
+  }
+  return out;
+}
+
 inline RunResult run_stream(const model::LoadedModel& m, const RunSpec& r,
                             const std::vector<Batch>& data, const std::string& policy,
                             int prefetch = 2, kernels::Backend& backend = kernels::cpu_backend()) {

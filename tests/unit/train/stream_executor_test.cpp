@@ -32,36 +32,6 @@
 namespace ferry::train::stream {
 namespace {
 
-RunResult run_reference(const model::LoadedModel& m, const RunSpec& r,
-                        const std::vector<Batch>& data) {
-  RunResult out;
-  out.state = make_state(m, r);
-  kernels::Backend& be = kernels::cpu_backend();
-  auto mc =
-      model::ModelCompute::create(m.geometry, kBatch * kSeq, be, -1, nullptr, r.gemm_precision);
-  EXPECT_TRUE(mc.ok());
-  std::int64_t opt_step = 0;
-  std::size_t next = 0;
-  for (int step = 0; step < r.steps; ++step) {
-    out.state->grads->zero();
-    double loss = 0.0;
-    for (int a = 0; a < r.accum; ++a) {
-      const model::PackedBatch b = data[next++].view();
-      auto f = (*mc)->forward(out.state->params, b);
-      EXPECT_TRUE(f.ok());
-      EXPECT_TRUE((*mc)->backward(out.state->params, b, out.state->grads->grads).ok());
-      out.state->round_grads_to_bf16();  // with bf16 gradients, as the trainer does
-      loss += f->mean_loss() / r.accum;
-    }
-    auto o = optimizer_step(*out.state, adamw(), lr_of(step), opt_step + 1, r.accum, be);
-    EXPECT_TRUE(o.ok());
-    if (o->applied) ++opt_step;
-    out.losses.push_back(loss);
-    out.outcomes.push_back(*o);
-  }
-  return out;
-}
-
 std::string nvme_dir() { return testing::temp_dir("stream_nvme"); }
 
 void check_policies(const model::LoadedModel& m, const std::vector<std::string>& policies,
