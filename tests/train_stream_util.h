@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -96,6 +97,8 @@ struct RunSpec {
   bool bf16_compute = false;     // TrainState::use_bf16_compute (fp32 master, bf16 weights)
   bool bf16_grads = false;       // TrainState::bf16_grads
   int device_update_layers = 0;  // StreamOptions::device_update_layers
+  std::function<void(int)> cpu_update_hook;       // StreamOptions::cpu_update_hook
+  std::function<Status(int)> device_update_hook;  // StreamOptions::device_update_hook
 };
 
 inline std::unique_ptr<TrainState> make_state(const model::LoadedModel& m, const RunSpec& r) {
@@ -177,7 +180,9 @@ inline RunResult run_stream(const model::LoadedModel& m, const RunSpec& r,
                    .prefetch = prefetch,
                    .optimizer_threads = r.optimizer_threads,
                    .gemm_precision = r.gemm_precision,
-                   .device_update_layers = r.device_update_layers};
+                   .device_update_layers = r.device_update_layers,
+                   .cpu_update_hook = r.cpu_update_hook,
+                   .device_update_hook = r.device_update_hook};
   auto ex = StreamExecutor::create(*out.state, kBatch, kSeq, so, backend);
   EXPECT_TRUE(ex.ok()) << ex.status().to_string();
   if (!ex.ok()) return out;

@@ -234,6 +234,11 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
     }
     const auto report = stream::make_window_report(geo.layers, c.steps, ws, wes, total_s);
     const double per = 1.0 / c.steps;
+    // Per update the device tail served (warmup included: every step ran the optimizer).
+    auto tail_per_step = [&](std::uint64_t n) -> Json {
+      const std::uint64_t steps = x.device_tail_stats().steps;
+      return steps > 0 ? Json(static_cast<double>(n) / static_cast<double>(steps)) : Json(nullptr);
+    };
     // The optimizer's time per step and a lower bound on how much of it compute hid: the forward
     // windows' exposed time is at most what the forward waited for updates (it also holds weight
     // copies), so 1 - that / optimizer time is a floor on the overlap.
@@ -280,6 +285,9 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
          {"loss_last", loss_last},
          {"optimizer_busy_s", x.optimizer_busy_s()},
          {"device_update_units", x.device_tail_stats().units_updated},
+         // Where the device (from the bottom) and the CPU (from the top) met, on average.
+         {"device_update_units_per_step", tail_per_step(x.device_tail_stats().units_updated)},
+         {"cpu_update_layers_per_step", tail_per_step(x.device_tail_stats().cpu_units)},
          {"device_update_h2d_bytes", x.device_tail_stats().h2d_bytes},
          {"device_update_d2h_bytes", x.device_tail_stats().d2h_bytes},
          {"device_update_busy_s", x.device_tail_stats().busy_s},

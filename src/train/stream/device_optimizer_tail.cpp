@@ -4,6 +4,7 @@
 #include <array>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/timer.h"
 #include "kernels/cpu/hybrid_adamw.h"
 #include "kernels/cpu/q8_code.h"
@@ -84,40 +85,112 @@ std::size_t DeviceOptimizerTail::staging_bytes(const HostArena& arena, int units
 
 DeviceOptimizerTail::DeviceOptimizerTail(HostArena& arena, LayerOptimizer& opt, int units,
                                          kernels::Backend& backend, mem::TransferEngine& te,
-                                         std::uint8_t* staging, std::size_t staging_size)
+                                         std::uint8_t* staging, std::size_t staging_size,
+                                         mem::Stream& stream,
+                                         std::function<Status(int)> before_unit)
     : arena_(arena),
       opt_(opt),
       units_(units),
       be_(backend),
       te_(te),
       staging_(staging),
-      staging_size_(staging_size) {
+      staging_size_(staging_size),
+      stream_(stream),
+      before_unit_(std::move(before_unit)) {
   FERRY_CHECK(staging_size_ >= staging_bytes(arena_, units_),
               "train: device optimizer staging of {} bytes, {} needed", staging_size_,
               staging_bytes(arena_, units_));
-  std::vector<int> ext;
-  for (int u = 0; u < units_; ++u) ext.push_back(u);
-  opt_.set_external(ext);
+  stats_.unit_updates.assign(static_cast<std::size_t>(arena_.globals_unit()), 0);
+  opt_.share_layers(units_);
+  thread_ = std::thread([this] { run(); });
 }
 
-Status DeviceOptimizerTail::run(const UpdateArgs& a, mem::Stream& stream) {
-  Timer t;
-  struct Charge {  // every exit charges the time
-    DeviceTailStats& s;
-    Timer& t;
-    ~Charge() { s.busy_s += t.elapsed_s(); }
-  } charge{stats_, t};
-  for (int u = 0; u < units_; ++u) {
-    if (const Status st = run_unit(u, a, stream); !st.ok()) {
-      for (int r = u; r < units_; ++r) opt_.mark_external_done(r);
-      return st;
-    }
-    opt_.mark_external_done(u);
+DeviceOptimizerTail::~DeviceOptimizerTail() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
   }
-  return {};
+  cv_.notify_all();
+  thread_.join();
 }
 
-Status DeviceOptimizerTail::run_unit(int u, const UpdateArgs& a, mem::Stream& stream) {
+void DeviceOptimizerTail::submit(const UpdateArgs& a) {
+  {
+    std::lock_guard lk(mu_);
+    FERRY_CHECK(finished_ == submitted_, "train: device tail submitted before the last finished");
+    args_ = a;
+    ++submitted_;
+  }
+  cv_.notify_all();
+}
+
+Status DeviceOptimizerTail::wait() {
+  std::unique_lock lk(mu_);
+  cv_.wait(lk, [&] { return finished_ == submitted_; });
+  return error_;
+}
+
+Status DeviceOptimizerTail::error() const {
+  std::lock_guard lk(mu_);
+  return error_;
+}
+
+DeviceTailStats DeviceOptimizerTail::stats() const {
+  std::lock_guard lk(mu_);
+  return stats_;
+}
+
+void DeviceOptimizerTail::run() {
+  for (;;) {
+    UpdateArgs a;
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || submitted_ > finished_; });
+      if (stop_) return;
+      a = args_;
+    }
+    int taken = 0;
+    Timer t;
+    // Claims from the bottom until the CPU worker is met, K were taken, an error, or a stop.
+    for (;;) {
+      {
+        std::lock_guard lk(mu_);
+        if (stop_ || !error_.ok()) break;
+      }
+      const int u = opt_.claim_bottom();
+      if (u < 0) break;
+      DeviceTailStats d;  // this unit's counters, merged under the lock
+      Status st = before_unit_ ? before_unit_(u) : Status{};
+      if (st.ok()) st = run_unit(u, a, d);
+      ++taken;
+      {
+        std::lock_guard lk(mu_);
+        stats_.params_updated += d.params_updated;
+        stats_.h2d_bytes += d.h2d_bytes;
+        stats_.d2h_bytes += d.d2h_bytes;
+        if (st.ok()) {
+          ++stats_.units_updated;
+          ++stats_.unit_updates[static_cast<std::size_t>(u)];
+        } else if (error_.ok()) {
+          error_ = st;  // before the unit is marked: whoever it wakes can see the error
+        }
+      }
+      // Marked done even on failure: the forward's wait_ready(u) must not hang; the step failed.
+      opt_.mark_bottom_done(u);
+    }
+    {
+      std::lock_guard lk(mu_);
+      ++stats_.steps;
+      stats_.cpu_units += static_cast<std::uint64_t>(arena_.globals_unit() - taken);
+      stats_.busy_s += t.elapsed_s();
+      finished_ = submitted_;
+    }
+    cv_.notify_all();
+  }
+}
+
+Status DeviceOptimizerTail::run_unit(int u, const UpdateArgs& a, DeviceTailStats& st) {
+  mem::Stream& stream = stream_;
   const Layout l = layout(arena_, u);
   const OptimMode& mode = arena_.mode();
   const bool bf16 = arena_.bf16_master();
@@ -130,17 +203,24 @@ Status DeviceOptimizerTail::run_unit(int u, const UpdateArgs& a, mem::Stream& st
     const HostArena::Bytes b = arena_.section(u, s);
     if (b.size == 0) continue;
     FERRY_TRY(te_.h2d(staged(s), b.data, b.size, stream));
-    stats_.h2d_bytes += b.size;
+    st.h2d_bytes += b.size;
   }
   const std::int64_t n = arena_.unit_elements(u);
   float* g32 = reinterpret_cast<float*>(staged(Section::kGrads));
   if (arena_.bf16_grads()) {
     // Widened exactly (bf16 -> f32), the values update_range widens on the CPU.
     g32 = reinterpret_cast<float*>(staging_ + l.grad32);
-    FERRY_TRY(be_.convert(
-        {.out = TensorView::contiguous(g32, DType::kF32, dev, {n}),
-         .in = ConstTensorView::contiguous(staged(Section::kGrads), DType::kBF16, dev, {n})},
-        stream));
+    if (dev == Device::kCpu) {
+      // The emulated tier: the copies above already landed (host streams); widened here, as
+      // the CPU backend's convert would use the global pool, which is the compute thread's.
+      const auto* g16 = reinterpret_cast<const std::uint16_t*>(staged(Section::kGrads));
+      for (std::int64_t e = 0; e < n; ++e) g32[e] = bf16_to_f32(g16[e]);
+    } else {
+      FERRY_TRY(be_.convert(
+          {.out = TensorView::contiguous(g32, DType::kF32, dev, {n}),
+           .in = ConstTensorView::contiguous(staged(Section::kGrads), DType::kBF16, dev, {n})},
+          stream));
+    }
   }
   const kc::MasterKind mk = mode.master == MasterWeights::kF32         ? kc::MasterKind::kF32
                             : mode.master == MasterWeights::kBf16Kahan ? kc::MasterKind::kBf16Kahan
@@ -183,7 +263,7 @@ Status DeviceOptimizerTail::run_unit(int u, const UpdateArgs& a, mem::Stream& st
     s.index0 = 0;
     s.sr_key = kc::sr_key(a.sr_seed, a.step, static_cast<std::uint64_t>(p.index));
     FERRY_TRY(be_.hybrid_adamw(h, stream));
-    ++stats_.params_updated;
+    ++st.params_updated;
   }
   // Back: every section the kernels wrote. An f32 streaming copy is the master's bytes.
   for (Section s : kSections) {
@@ -193,11 +273,9 @@ Status DeviceOptimizerTail::run_unit(int u, const UpdateArgs& a, mem::Stream& st
     const std::uint8_t* src =
         s == Section::kWeights && !arena_.bf16_weights() ? staged(Section::kMaster) : staged(s);
     FERRY_TRY(te_.d2h(b.data, src, b.size, stream));
-    stats_.d2h_bytes += b.size;
+    st.d2h_bytes += b.size;
   }
-  FERRY_TRY(stream.synchronize());
-  ++stats_.units_updated;
-  return {};
+  return stream.synchronize();
 }
 
 }  // namespace ferry::train::stream

@@ -53,6 +53,8 @@ void LayerOptimizer::submit(const UpdateArgs& args) {
     std::lock_guard lk(mu_);
     args_ = args;
     ++submitted_;
+    bottom_ = 0;
+    top_ = arena_.globals_unit();
   }
   cv_.notify_all();
 }
@@ -81,6 +83,38 @@ void LayerOptimizer::mark_external_done(int unit) {
   cv_.notify_all();
 }
 
+void LayerOptimizer::share_layers(int bottom_max) {
+  wait_all();
+  std::lock_guard lk(mu_);
+  FERRY_CHECK(bottom_max >= 0 && bottom_max <= arena_.globals_unit(),
+              "train: {} shared layers of {}", bottom_max, arena_.globals_unit());
+  shared_ = true;
+  bottom_max_ = bottom_max;
+}
+
+int LayerOptimizer::claim_bottom() {
+  std::lock_guard lk(mu_);
+  FERRY_CHECK(shared_, "train: claim_bottom without share_layers");
+  if (bottom_ >= top_ || bottom_ >= bottom_max_) return -1;
+  return bottom_++;
+}
+
+int LayerOptimizer::claim_top(std::uint64_t gen) {
+  std::lock_guard lk(mu_);
+  // A newer update was submitted once this one's units were all ready: its range is not ours.
+  if (gen != submitted_ || top_ <= bottom_) return -1;
+  return --top_;
+}
+
+void LayerOptimizer::mark_bottom_done(int unit) {
+  {
+    std::lock_guard lk(mu_);
+    FERRY_CHECK(shared_ && unit >= 0 && unit < bottom_, "train: layer {} was not claimed", unit);
+    done_[static_cast<std::size_t>(unit)] = submitted_;
+  }
+  cv_.notify_all();
+}
+
 bool LayerOptimizer::is_ready(int unit) const {
   std::lock_guard lk(mu_);
   return done_[static_cast<std::size_t>(unit)] >= submitted_;
@@ -104,15 +138,16 @@ void LayerOptimizer::run() {
   std::uint64_t applied = 0;
   for (;;) {
     UpdateArgs a;
+    bool shared = false;
     {
       std::unique_lock lk(mu_);
       cv_.wait(lk, [&] { return stop_ || submitted_ > applied; });
       if (stop_) return;
       a = args_;
       applied = submitted_;
+      shared = shared_;
     }
-    for (int u : order_) {
-      if (external_[static_cast<std::size_t>(u)]) continue;  // its updater marks it done
+    auto update = [&](int u) {
       if (before_unit_) before_unit_(u);
       Timer t;
       update_unit(u, a);
@@ -122,6 +157,17 @@ void LayerOptimizer::run() {
         unit_busy_s_[static_cast<std::size_t>(u)] += t.elapsed_s();
       }
       cv_.notify_all();
+    };
+    if (shared) {
+      // The globals (the forward reads the embedding first), then layers from the top until
+      // the bottom-up updater is met.
+      update(arena_.globals_unit());
+      for (int u = claim_top(applied); u >= 0; u = claim_top(applied)) update(u);
+      continue;
+    }
+    for (int u : order_) {
+      if (external_[static_cast<std::size_t>(u)]) continue;  // its updater marks it done
+      update(u);
     }
   }
 }

@@ -18,9 +18,16 @@
 // device_optimizer_tail.h). The worker skips them at submit but they keep their ready
 // generation: wait_ready(u) returns once that updater called mark_external_done(u) for the
 // newest submitted update, so WeightStreamer's wait is unchanged.
-// Thread-safety: submit / wait_* / mark_external_done from one thread (the executor's); the
-// worker owns the arena's master, states and weights of a non-external unit between submit() and
-// that unit's ready generation.
+// Shared layers (share_layers, the device tail's meeting point): layers 0..L-1 form one range
+// claimed from both ends per update, each claim atomic under the lock — the worker after the
+// globals from the top (L-1, L-2, ...), the other updater through claim_bottom() from the bottom
+// (0, 1, ..., at most `bottom_max` of them) — until they meet. Every layer is claimed exactly once
+// per update whatever the timing; the units are independent, so any split gives the same bits.
+// Thread-safety: submit / wait_* / mark_external_done from one thread (the executor's);
+// claim_bottom / mark_bottom_done from the other updater's thread, only between a submit() and
+// that update's last unit being ready (the caller orders its next submit() after them). The
+// worker owns the arena's master, states and weights of a unit it claimed (or a non-external
+// one) between submit() and that unit's ready generation.
 #pragma once
 
 #include <condition_variable>
@@ -63,6 +70,14 @@ class LayerOptimizer {
   bool is_external(int unit) const { return external_[static_cast<std::size_t>(unit)]; }
   // External unit `unit` holds the newest submitted update (wakes wait_ready).
   void mark_external_done(int unit);
+  // Layers 0..L-1 shared with a bottom-up updater from now on (before the first submit, or
+  // between steps once wait_all() returned); bottom_max: the most it may claim per update.
+  void share_layers(int bottom_max);
+  // The lowest unclaimed layer of the newest update, claimed; -1 once the two ends met or
+  // bottom_max were claimed.
+  int claim_bottom();
+  // A layer claim_bottom() returned holds the newest update (wakes wait_ready).
+  void mark_bottom_done(int unit);
   void wait_all();
   bool is_ready(int unit) const;  // no update of `unit` pending
   // Seconds the worker spent updating (cumulative).
@@ -73,6 +88,9 @@ class LayerOptimizer {
 
  private:
   void run();
+  // The worker's claim in a shared range for update `gen`: the highest unclaimed layer, or -1
+  // (met, or a newer update was submitted while the worker was between its last unit and this).
+  int claim_top(std::uint64_t gen);
   void update_unit(int u, const UpdateArgs& a);
   // Elements [begin, end) of parameter idx (begin on a kChunk boundary).
   void update_range(int u, int idx, const UpdateArgs& a, std::int64_t begin, std::int64_t end);
@@ -87,6 +105,9 @@ class LayerOptimizer {
   std::vector<std::uint64_t> done_;  // per unit: newest generation applied
   UpdateArgs args_;
   bool stop_ = false;
+  bool shared_ = false;              // share_layers() called
+  int bottom_max_ = 0;               // the bottom-up updater's most units per update
+  int bottom_ = 0, top_ = 0;         // unclaimed layers of the newest update: [bottom_, top_)
   std::vector<double> unit_busy_s_;  // [unit] seconds updating it (busy_s() is their sum)
   struct Chunk {
     int idx;             // parameter

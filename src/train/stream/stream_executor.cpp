@@ -242,12 +242,15 @@ Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_s
     const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     opt_threads = gpu ? std::max(1, hw - 2) : 1;
   }
-  opt_ = std::make_unique<LayerOptimizer>(*arena_, opt_threads);
+  opt_ = std::make_unique<LayerOptimizer>(*arena_, opt_threads, opts_.cpu_update_hook);
   if (opts_.device_update_layers > 0) {
+    FERRY_ASSIGN_OR_RETURN(mem::StreamSet ts, mem::StreamSet::create(be_.device(), 0));
+    tail_streams_ = std::make_unique<mem::StreamSet>(std::move(ts));
     tail_ =
         std::make_unique<DeviceOptimizerTail>(*arena_, *opt_, opts_.device_update_layers, be_, *te_,
                                               device_.as<std::uint8_t>(plan_.optimizer_tail),
-                                              plan_.plan.slot(plan_.optimizer_tail).size_bytes);
+                                              plan_.plan.slot(plan_.optimizer_tail).size_bytes,
+                                              tail_streams_->compute(), opts_.device_update_hook);
   }
   std::vector<float*> slots;
   for (mem::SlotId id : plan_.slots) slots.push_back(dev(id));
@@ -308,7 +311,7 @@ Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_s
 }
 
 std::unique_ptr<HostArena> StreamExecutor::release_arena(std::unique_ptr<StreamExecutor> ex) {
-  ex->wait_optimizer();
+  ex->wait_optimizer();  // a failed device tail still marks its units done: no hang
   // The destructor stops the optimizer and the copy threads and waits for the GPU streams, which
   // may still read or write the arena's pinned memory; the arena outlives them.
   std::unique_ptr<HostArena> arena = std::move(ex->arena_);
@@ -322,6 +325,7 @@ StreamExecutor::~StreamExecutor() {
   tail_.reset();
   opt_.reset();
   // Queued GPU work may still read the device arena or ModelCompute's buffers.
+  if (tail_streams_) (void)tail_streams_->synchronize();
   if (refill_streams_) (void)refill_streams_->synchronize();
   if (act_streams_) (void)act_streams_->synchronize();
   if (streams_) (void)streams_->synchronize();
@@ -517,6 +521,7 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
                             max_tokens_);
   }
   if (micro_ >= accum_) return invalid_argument("train: more micro-batches than begin_step said");
+  if (tail_) FERRY_TRY(tail_->error());  // the previous update's device units
   const int a = micro_++;
   const bool last = micro_ == accum_;
   const int L = geo_.layers, G = arena_->globals_unit();
@@ -717,6 +722,9 @@ Result<StepOutcome> StreamExecutor::finish_step(const AdamWConfig& cfg, double l
   if (micro_ != accum_) {
     return invalid_argument("train: finish_step after {} of {} micro-batches", micro_, accum_);
   }
+  // The device tail's claims of the previous update are over (its units are, as the forward
+  // waited for them) before the CPU worker's range is reset by the next submit; its error, if any.
+  if (tail_) FERRY_TRY(tail_->wait());
   StepOutcome o;
   const ClipResult clip = clip_from_partials(sumsq_, accum_, cfg.max_grad_norm);
   o.grad_norm = clip.norm;
@@ -734,22 +742,27 @@ Result<StepOutcome> StreamExecutor::finish_step(const AdamWConfig& cfg, double l
                         .grad_scale = static_cast<float>(o.clip / static_cast<double>(accum_)),
                         .step = opt_step,
                         .sr_seed = sr_seed_};
-  opt_->submit(args);  // the CPU worker: globals, then layers K..L-1
-  // Layers 0..K-1 on the device meanwhile (the forward needs the globals first).
-  if (tail_) FERRY_TRY(tail_->run(args, cs()));
+  opt_->submit(args);  // the CPU worker: globals, then layers (from the top with a device tail)
+  // The device claims layers from the bottom meanwhile, on its own thread and stream.
+  if (tail_) tail_->submit(args);
   o.applied = true;
   return o;
 }
 
-void StreamExecutor::wait_optimizer() { opt_->wait_all(); }
+void StreamExecutor::wait_optimizer() {
+  opt_->wait_all();
+  // Its error (if any) surfaces at the next micro_batch / finish_step / store_to.
+  if (tail_) (void)tail_->wait();
+}
 
 Status StreamExecutor::store_to(TrainState& s) {
-  opt_->wait_all();
+  wait_optimizer();
+  if (tail_) FERRY_TRY(tail_->error());  // a failed unit: the arena is not a consistent step
   return arena_->store_to(s);
 }
 
 Status StreamExecutor::load_from(const TrainState& s) {
-  opt_->wait_all();
+  wait_optimizer();
   return arena_->load_from(s);
 }
 

@@ -19,8 +19,11 @@
 //               host arena on its own thread while compute moves on to the next layer
 //     embed backward; [last: drain the globals' gradients, their sums of squares]
 //   finish_step(lr, step): ||G|| from the per-parameter sums (in parameter order, as the
-//     in-memory executor) -> clip -> LayerOptimizer::submit (CPU worker, layer order); returns at
-//     once. Non-finite ||G||: nothing is submitted (the caller counts skips).
+//     in-memory executor) -> clip -> LayerOptimizer::submit (CPU worker, layer order) and, with
+//     --device-update-layers, DeviceOptimizerTail::submit (its thread claims layers from the
+//     bottom, the CPU worker from the top); returns at once. Non-finite ||G||: nothing is
+//     submitted (the caller counts skips). A failed device unit surfaces as the Status of the
+//     next micro_batch / finish_step / store_to.
 //
 // bf16 gradients (TrainState::bf16_grads): after each layer's backward the f32 slot is rounded
 // to bf16 into its twin (grad16), which drains (half the D2H) into the arena's bf16 gradients;
@@ -53,6 +56,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -90,9 +94,14 @@ struct StreamOptions {
   // How ModelCompute's linear layers multiply (model_compute.h): kBf16 runs the GEMMs on bf16
   // tensor cores (f32 accumulation); kF32 is the reference arithmetic.
   model::GemmPrecision gemm_precision = model::GemmPrecision::kF32;
-  // The device updates layers 0..K-1 in the optimizer phase (device_optimizer_tail.h), the CPU
-  // worker the globals and layers K..L-1; 0: the CPU updates every unit.
+  // The most layers the device updates in the optimizer phase (device_optimizer_tail.h): it
+  // claims 0, 1, ... on a thread of its own while the CPU worker, after the globals, claims
+  // L-1, L-2, ... until they meet. 0: the CPU updates every unit (globals, then 0..L-1).
   int device_update_layers = 0;
+  // Tests only (off by default): called before each unit's update on the CPU worker / on the
+  // device tail's thread (a non-OK Status fails the tail's unit) — delays and failures.
+  std::function<void(int unit)> cpu_update_hook;
+  std::function<Status(int unit)> device_update_hook;
 };
 
 // Bytes moved and time exposed, cumulative since create().
@@ -162,7 +171,8 @@ class StreamExecutor {
   double optimizer_busy_s() const { return opt_->busy_s(); }
   // Per arena unit (layers 0..L-1, then the globals), cumulative.
   std::vector<double> optimizer_unit_busy_s() const { return opt_->unit_busy_s(); }
-  // The device optimizer tail's counters (all zero with device_update_layers = 0).
+  // The device optimizer tail's counters (all zero with device_update_layers = 0); consistent
+  // once wait_optimizer() returned.
   DeviceTailStats device_tail_stats() const { return tail_ ? tail_->stats() : DeviceTailStats{}; }
 
  private:
@@ -232,7 +242,8 @@ class StreamExecutor {
   mem::TransferEngine* te_ = nullptr;            // own_te_ or the host engine
   std::unique_ptr<ExposureClock> clock_;
   std::unique_ptr<LayerOptimizer> opt_;
-  std::unique_ptr<DeviceOptimizerTail> tail_;  // device_update_layers > 0
+  std::unique_ptr<mem::StreamSet> tail_streams_;  // the tail's own stream (compute())
+  std::unique_ptr<DeviceOptimizerTail> tail_;     // device_update_layers > 0
   std::unique_ptr<Bf16Landing> landing_;
   std::unique_ptr<WeightStreamer> streamer_;
   std::unique_ptr<GradDrain> drain_;

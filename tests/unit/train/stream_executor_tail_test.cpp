@@ -9,9 +9,14 @@
 // staging; the Backend op's argument checks.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "core/timer.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/hybrid_adamw.h"
 #include "test_util.h"
@@ -27,50 +32,78 @@ namespace {
 
 using Section = HostArena::Section;
 
-// Bytes the tail moves per applied step for units 0..K-1 (up: what the kernels read; down: what
-// they wrote), from an arena of the run's layout.
-std::pair<std::uint64_t, std::uint64_t> tail_bytes_per_step(const model::LoadedModel& m,
-                                                            const RunSpec& spec, int K) {
+// Bytes the tail moves per update of unit u (up: what the kernels read; down: what they wrote),
+// from an arena of the run's layout; [L].
+std::vector<std::pair<std::uint64_t, std::uint64_t>> tail_unit_bytes(const model::LoadedModel& m,
+                                                                     const RunSpec& spec) {
   auto s = make_state(m, spec);
   auto arena = HostArena::create(*s);
   EXPECT_TRUE(arena.ok()) << arena.status().to_string();
-  std::uint64_t up = 0, down = 0;
-  for (int u = 0; u < K; ++u) {
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
+  for (int u = 0; u < (*arena)->globals_unit(); ++u) {
+    std::uint64_t up = 0, down = 0;
     for (Section sec : {Section::kWeights, Section::kMaster, Section::kM, Section::kV,
                         Section::kMAbsmax, Section::kVAbsmax, Section::kGrads}) {
       const std::size_t b = (*arena)->section(u, sec).size;
       if (sec != Section::kWeights || (*arena)->bf16_master()) up += b;
       if (sec != Section::kGrads) down += b;
     }
+    out.emplace_back(up, down);
   }
-  return {up, down};
+  return out;
 }
 
+std::uint64_t applied_steps(const RunResult& r) {
+  std::uint64_t n = 0;
+  for (const StepOutcome& o : r.outcomes) n += o.applied ? 1 : 0;
+  return n;
+}
+
+// The streamed run equals the reference bit for bit, and the split the tail reports is
+// consistent: at most K units per step, only layers 0..K-1, every layer taken by one side, the
+// bytes those units move.
+void check_run(const model::LoadedModel& m, const RunSpec& spec, const RunResult& ref,
+               const RunResult& st, const std::string& what) {
+  const int K = spec.device_update_layers, L = m.geometry.layers;
+  ASSERT_EQ(st.losses.size(), ref.losses.size()) << what;
+  for (std::size_t i = 0; i < ref.losses.size(); ++i) {
+    EXPECT_EQ(st.losses[i], ref.losses[i]) << what << " step " << i;
+    EXPECT_EQ(st.outcomes[i].grad_norm, ref.outcomes[i].grad_norm) << what << " step " << i;
+  }
+  expect_same_state(*ref.state, *st.state, what);
+  const std::uint64_t applied = applied_steps(ref);
+  EXPECT_EQ(st.tail.steps, applied) << what;
+  EXPECT_LE(st.tail.units_updated, applied * static_cast<std::uint64_t>(K)) << what;
+  EXPECT_EQ(st.tail.units_updated + st.tail.cpu_units, applied * static_cast<std::uint64_t>(L))
+      << what;
+  const auto bytes = tail_unit_bytes(m, spec);
+  ASSERT_EQ(st.tail.unit_updates.size(), bytes.size()) << what;
+  std::uint64_t up = 0, down = 0, units = 0;
+  for (std::size_t u = 0; u < bytes.size(); ++u) {
+    const std::uint64_t n = st.tail.unit_updates[u];
+    if (static_cast<int>(u) >= K) EXPECT_EQ(n, 0u) << what << " layer " << u;
+    EXPECT_LE(n, applied) << what << " layer " << u;
+    units += n;
+    up += n * bytes[u].first;
+    down += n * bytes[u].second;
+  }
+  EXPECT_EQ(units, st.tail.units_updated) << what;
+  EXPECT_EQ(st.tail.h2d_bytes, up) << what;
+  EXPECT_EQ(st.tail.d2h_bytes, down) << what;
+  EXPECT_LE(st.peak, st.planned) << what;
+}
+
+// Whatever the split the timing gives (no delays injected here).
 void check_tail(const model::LoadedModel& m, const std::vector<std::string>& policies, RunSpec spec,
                 const std::vector<int>& ks = {1, 2}) {
   const std::vector<Batch> data = make_batches(spec.steps * spec.accum, m.geometry.vocab, 5);
   const RunResult ref = run_reference(m, spec, data);
-  std::uint64_t applied = 0;
-  for (const StepOutcome& o : ref.outcomes) applied += o.applied ? 1 : 0;
-  ASSERT_GT(applied, 0u);
+  ASSERT_GT(applied_steps(ref), 0u);
   for (int K : ks) {
     spec.device_update_layers = K;
-    const auto [up, down] = tail_bytes_per_step(m, spec, K);
     for (const std::string& p : policies) {
       const std::string what = p + " K=" + std::to_string(K);
-      const RunResult st = run_stream(m, spec, data, p);
-      ASSERT_EQ(st.losses.size(), ref.losses.size()) << what;
-      for (std::size_t i = 0; i < ref.losses.size(); ++i) {
-        EXPECT_EQ(st.losses[i], ref.losses[i]) << what << " step " << i;
-        EXPECT_EQ(st.outcomes[i].grad_norm, ref.outcomes[i].grad_norm) << what << " step " << i;
-      }
-      expect_same_state(*ref.state, *st.state, what);
-      // The tail ran: K units per applied step, one kernel call per parameter, every byte.
-      EXPECT_EQ(st.tail.units_updated, applied * static_cast<std::uint64_t>(K)) << what;
-      EXPECT_EQ(st.tail.h2d_bytes, applied * up) << what;
-      EXPECT_EQ(st.tail.d2h_bytes, applied * down) << what;
-      EXPECT_GT(st.tail.params_updated, 0u) << what;
-      EXPECT_LE(st.peak, st.planned) << what;
+      check_run(m, spec, ref, run_stream(m, spec, data, p), what);
     }
   }
 }
@@ -148,8 +181,11 @@ TEST(DeviceOptimizerTail, CpuWorkerSkipsTheTailUnitsAndThePlanCountsTheStaging) 
   ASSERT_TRUE(pol.ok());
   auto ex0 = StreamExecutor::create(*s, kBatch, kSeq, {.policy = *pol}, kernels::cpu_backend());
   ASSERT_TRUE(ex0.ok()) << ex0.status().to_string();
-  auto ex = StreamExecutor::create(*s, kBatch, kSeq, {.policy = *pol, .device_update_layers = 2},
-                                   kernels::cpu_backend());
+  // A slow CPU worker (a delay before each of its units): the device takes both of its layers.
+  auto slow = [](int) { std::this_thread::sleep_for(std::chrono::milliseconds(20)); };
+  auto ex = StreamExecutor::create(
+      *s, kBatch, kSeq, {.policy = *pol, .device_update_layers = 2, .cpu_update_hook = slow},
+      kernels::cpu_backend());
   ASSERT_TRUE(ex.ok()) << ex.status().to_string();
   EXPECT_EQ((*ex)->device_planned_bytes() - (*ex0)->device_planned_bytes(),
             DeviceOptimizerTail::staging_bytes((*ex)->arena(), 2));
@@ -169,7 +205,130 @@ TEST(DeviceOptimizerTail, CpuWorkerSkipsTheTailUnitsAndThePlanCountsTheStaging) 
   EXPECT_GT(busy[2], 0.0);
   EXPECT_GT(busy.back(), 0.0);  // the globals
   EXPECT_EQ((*ex)->device_tail_stats().units_updated, 4u);
+  EXPECT_EQ((*ex)->device_tail_stats().cpu_units, 4u);  // layers 2, 3 in both steps
   EXPECT_GT((*ex)->device_tail_stats().busy_s, 0.0);
+}
+
+// Delays injected on either side move the meeting point; the bits stay the reference's.
+TEST(DeviceOptimizerTail, MeetingPointMovesWithTheDelaysAndTheBitsStay) {
+  const std::string dir = testing::temp_dir("tail_meet");
+  auto m = dense_model(dir + "/model");
+  const int L = m->geometry.layers;
+  RunSpec spec;
+  spec.mode = kKahan8;
+  const std::vector<Batch> data = make_batches(spec.steps * spec.accum, m->geometry.vocab, 5);
+  const RunResult ref = run_reference(*m, spec, data);
+  const std::uint64_t applied = applied_steps(ref);
+  ASSERT_GT(applied, 0u);
+  auto sleep_ms = [](int ms) {
+    return [ms](int) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); };
+  };
+  // A slow CPU: the device takes all it may, K = 2 and K = L.
+  for (int K : {2, L}) {
+    RunSpec r = spec;
+    r.device_update_layers = K;
+    r.cpu_update_hook = sleep_ms(20);
+    const std::string what = "slow cpu K=" + std::to_string(K);
+    const RunResult st = run_stream(*m, r, data, "every:2");
+    check_run(*m, r, ref, st, what);
+    EXPECT_EQ(st.tail.units_updated, applied * static_cast<std::uint64_t>(K)) << what;
+    for (int u = 0; u < K; ++u) EXPECT_EQ(st.tail.unit_updates[u], applied) << what << " " << u;
+  }
+  // A slow device: it holds its first layer while the CPU takes the rest from the top.
+  RunSpec r = spec;
+  r.device_update_layers = L;
+  r.device_update_hook = [](int) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    return Status{};
+  };
+  const RunResult st = run_stream(*m, r, data, "every:2");
+  check_run(*m, r, ref, st, "slow device");
+  EXPECT_LE(st.tail.units_updated, applied);  // at most layer 0 per step
+  EXPECT_GE(st.tail.cpu_units, applied * static_cast<std::uint64_t>(L - 1));
+  for (int u = 1; u < L; ++u) EXPECT_EQ(st.tail.unit_updates[u], 0u) << "slow device " << u;
+}
+
+// A failed device unit: the forward does not hang on it, the error comes back as a Status (the
+// next micro-batch or finish_step at the latest), store_to refuses, and the executor ends.
+TEST(DeviceOptimizerTail, FailedUnitSurfacesAsStatusWithoutHanging) {
+  const std::string dir = testing::temp_dir("tail_fail");
+  auto m = dense_model(dir + "/model");
+  RunSpec spec;
+  spec.mode = kSr8;
+  auto s = make_state(*m, spec);
+  auto pol = parse_policy("every:2", m->geometry.layers);
+  ASSERT_TRUE(pol.ok());
+  std::atomic<int> calls{0};
+  StreamOptions so{.policy = *pol, .device_update_layers = 2};
+  // The CPU is slowed so the device surely claims a layer; its first claim fails.
+  so.cpu_update_hook = [](int) { std::this_thread::sleep_for(std::chrono::milliseconds(10)); };
+  so.device_update_hook = [&](int u) -> Status {
+    if (calls++ == 0) return internal_error("test: injected failure of layer {}", u);
+    return {};
+  };
+  auto ex = StreamExecutor::create(*s, kBatch, kSeq, so, kernels::cpu_backend());
+  ASSERT_TRUE(ex.ok()) << ex.status().to_string();
+  const std::vector<Batch> data = make_batches(3, m->geometry.vocab, 5);
+  const Timer t;
+  Status first;
+  int failed_at = -1;
+  for (int step = 0; step < 3 && first.ok(); ++step) {
+    (*ex)->begin_step(1);
+    auto f = (*ex)->micro_batch(data[static_cast<std::size_t>(step)].view());
+    if (!f.ok()) {
+      first = f.status();
+      failed_at = step;
+      break;
+    }
+    auto o = (*ex)->finish_step(adamw(), lr_of(step), step + 1);
+    if (!o.ok()) {
+      first = o.status();
+      failed_at = step;
+    }
+  }
+  ASSERT_FALSE(first.ok());
+  EXPECT_EQ(failed_at, 1);  // step 0 submitted the update; step 1 sees its failure
+  EXPECT_EQ(first.code(), StatusCode::kInternal) << first.to_string();
+  EXPECT_NE(first.message().find("injected failure of layer 0"), std::string::npos)
+      << first.to_string();
+  EXPECT_EQ((*ex)->store_to(*s).code(), StatusCode::kInternal);
+  EXPECT_EQ((*ex)->device_tail_stats().units_updated + 1, static_cast<std::uint64_t>(calls.load()));
+  auto arena = StreamExecutor::release_arena(std::move(*ex));
+  EXPECT_NE(arena, nullptr);
+  EXPECT_LT(t.elapsed_s(), 10.0);
+}
+
+// The executor ends mid-step (both sides slow, updates in flight) without hanging.
+TEST(DeviceOptimizerTail, DestructionMidStepDoesNotHang) {
+  const std::string dir = testing::temp_dir("tail_dtor");
+  auto m = dense_model(dir + "/model");
+  RunSpec spec;
+  spec.mode = kKahan8;
+  auto pol = parse_policy("host", m->geometry.layers);
+  ASSERT_TRUE(pol.ok());
+  const std::vector<Batch> data = make_batches(1, m->geometry.vocab, 5);
+  for (bool release : {false, true}) {
+    auto s = make_state(*m, spec);
+    StreamOptions so{.policy = *pol, .device_update_layers = 2};
+    so.cpu_update_hook = [](int) { std::this_thread::sleep_for(std::chrono::milliseconds(30)); };
+    so.device_update_hook = [](int) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      return Status{};
+    };
+    auto ex = StreamExecutor::create(*s, kBatch, kSeq, so, kernels::cpu_backend());
+    ASSERT_TRUE(ex.ok()) << ex.status().to_string();
+    (*ex)->begin_step(1);
+    ASSERT_TRUE((*ex)->micro_batch(data[0].view()).ok());
+    auto o = (*ex)->finish_step(adamw(), lr_of(0), 1);
+    ASSERT_TRUE(o.ok() && o->applied);
+    const Timer t;
+    if (release) {
+      EXPECT_NE(StreamExecutor::release_arena(std::move(*ex)), nullptr);
+    } else {
+      ex->reset();
+    }
+    EXPECT_LT(t.elapsed_s(), 5.0) << release;
+  }
 }
 
 TEST(DeviceOptimizerTail, RefusesWhatItCannotRun) {
@@ -248,6 +407,50 @@ TEST(LayerOptimizer, ExternalUnitsAreSkippedAndWaitForTheirUpdater) {
   for (int u = 2; u < (*arena)->globals_unit(); ++u) want.push_back(u);
   std::lock_guard lk(mu);
   EXPECT_EQ(ran, want);
+}
+
+// The shared range: the bottom-up claimer and the worker (globals first, then from the top) take
+// every layer exactly once and meet; the bottom side never goes past its maximum.
+TEST(LayerOptimizer, SharedLayersAreClaimedFromBothEndsOnce) {
+  const std::string dir = testing::temp_dir("tail_shared");
+  auto m = dense_model(dir + "/model");
+  RunSpec spec;
+  spec.mode = kKahan8;
+  auto s = make_state(*m, spec);
+  auto arena = HostArena::create(*s);
+  ASSERT_TRUE(arena.ok());
+  const int L = (*arena)->globals_unit();
+  for (int most : {0, 1, L}) {
+    std::mutex mu;
+    std::vector<int> ran;
+    LayerOptimizer opt(**arena, 1, [&](int u) {
+      std::lock_guard lk(mu);
+      ran.push_back(u);
+    });
+    opt.share_layers(most);
+    for (int step = 1; step <= 2; ++step) {
+      {
+        std::lock_guard lk(mu);
+        ran.clear();
+      }
+      opt.submit({.lr = 1e-3f, .step = step});
+      std::vector<int> bottom;
+      for (int u = opt.claim_bottom(); u >= 0; u = opt.claim_bottom()) {
+        bottom.push_back(u);
+        opt.mark_bottom_done(u);
+      }
+      opt.wait_all();
+      std::lock_guard lk(mu);
+      ASSERT_FALSE(ran.empty());
+      EXPECT_EQ(ran[0], L);  // the globals first
+      EXPECT_LE(static_cast<int>(bottom.size()), most);
+      for (std::size_t i = 0; i < bottom.size(); ++i) EXPECT_EQ(bottom[i], static_cast<int>(i));
+      // The worker's layers: from the top down to just above the bottom side's.
+      std::vector<int> want;
+      for (int u = L - 1; u >= static_cast<int>(bottom.size()); --u) want.push_back(u);
+      EXPECT_EQ(std::vector<int>(ran.begin() + 1, ran.end()), want) << most;
+    }
+  }
 }
 
 TEST(HybridAdamWOp, BackendChecksItsArguments) {
