@@ -20,9 +20,11 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <thread>
 
 #include "model_fixtures.h"
 #include "tests/gpu/bf16_attention_cpu.h"
@@ -158,7 +160,8 @@ TEST(TrainStreamGpu, MoeEveryPolicyBitIdenticalOnGpu) {
 // --device-update-layers K (device_optimizer_tail.h): layers 0..K-1 updated by the CUDA
 // hybrid AdamW kernel in HBM, the rest by the CPU worker. The CUDA kernel is the CPU kernel's bits,
 // so every policy with K = 1, 2 equals the K = 0 run on the GPU bit for bit (losses, weights,
-// states), and the tail moved the bytes and units the CPU executor's tail moves.
+// states), and the tail moved the bytes and units the CPU executor's tail moves (the CPU worker
+// slowed so that the device takes all K: the meeting point is timing's otherwise).
 TEST(TrainStreamGpu, DeviceUpdatedLayersBitIdenticalOnGpu) {
   if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
   kernels::Backend* be = cuda_or_null();
@@ -196,6 +199,11 @@ TEST(TrainStreamGpu, DeviceUpdatedLayersBitIdenticalOnGpu) {
     for (const StepOutcome& o : base.outcomes) applied += o.applied ? 1 : 0;
     for (int K : {1, 2}) {
       spec.device_update_layers = K;
+      // The device and the CPU worker meet where timing says; a slow CPU worker (a delay before
+      // each of its units) makes the device take all K, so the counts below are exact.
+      spec.cpu_update_hook = [](int) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      };
       for (const std::string& p : c.policies) {
         const std::string what = p + " K=" + std::to_string(K);
         const RunResult g = run_stream(*c.m, spec, data, p, 2, *be);
