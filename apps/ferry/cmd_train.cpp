@@ -174,9 +174,10 @@ void register_train(CLI::App& app, CommandFn& run) {
                   "bf16 after every micro-batch)")
       ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_option("--device-update-layers", cfg->device_update_layers,
-                  "stream: the device updates layers 0..K-1 in the optimizer phase (bit-identical "
-                  "to the CPU worker, which takes the globals and layers K..L-1; needs 8-bit "
-                  "states or a bf16 master for those layers; 0: the CPU updates all)")
+                  "stream: the device updates up to K layers in the optimizer phase, claiming "
+                  "0, 1, ... while the CPU worker takes the globals and then L-1, L-2, ... until "
+                  "they meet (bit-identical; needs 8-bit states or a bf16 master for layers "
+                  "0..K-1; 0: the CPU updates all)")
       ->envname("FERRY_DEVICE_UPDATE_LAYERS")
       ->check(CLI::Range(0, 4096));
   cmd->add_option("--optimizer-threads", cfg->optimizer_threads,
