@@ -81,7 +81,9 @@ void check_run(const model::LoadedModel& m, const RunSpec& spec, const RunResult
   std::uint64_t up = 0, down = 0, units = 0;
   for (std::size_t u = 0; u < bytes.size(); ++u) {
     const std::uint64_t n = st.tail.unit_updates[u];
-    if (static_cast<int>(u) >= K) EXPECT_EQ(n, 0u) << what << " layer " << u;
+    if (static_cast<int>(u) >= K) {
+      EXPECT_EQ(n, 0u) << what << " layer " << u;
+    }
     EXPECT_LE(n, applied) << what << " layer " << u;
     units += n;
     up += n * bytes[u].first;
