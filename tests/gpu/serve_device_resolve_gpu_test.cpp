@@ -34,6 +34,7 @@ namespace {
 using ferry::testing::CudaTest;
 using ferry::testing::device_copy;
 using ferry::testing::host_copy;
+using testing::expect_same_bits;
 
 class ServeDeviceResolveKernels : public CudaTest {};
 
@@ -283,18 +284,6 @@ Result<Run> run_with(const model::LoadedModel& m, const EngineConfig& cfg, kerne
   r.graphs = eng->graph_stats();
   r.peak = eng->device_budget().bytes_peak();
   return r;
-}
-
-void expect_same_bits(const testing::RunRecord& got, const testing::RunRecord& want,
-                      const std::string& what) {
-  EXPECT_EQ(got.tokens, want.tokens) << what;
-  for (const auto& [id, rows] : want.logits) {
-    const auto& g = got.logits.at(id);
-    ASSERT_EQ(g.size(), rows.size()) << what;
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      EXPECT_TRUE(testing::same_bits(g[i], rows[i])) << what << " request " << id << " row " << i;
-    }
-  }
 }
 
 class ServeDeviceResolveCuda : public CudaTest,

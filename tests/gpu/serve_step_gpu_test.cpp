@@ -40,6 +40,7 @@ namespace {
 using ferry::testing::CudaTest;
 using ferry::testing::device_copy;
 using ferry::testing::host_copy;
+using testing::expect_same_bits;
 
 class ServeStepKernels : public CudaTest {};
 
@@ -140,18 +141,6 @@ Result<Run> run_engine_with(const model::LoadedModel& m, const EngineConfig& cfg
   r.graphs = eng->graph_stats();
   r.pace = eng->transfer_engine()->pace_stats();
   return r;
-}
-
-void expect_same_bits(const testing::RunRecord& got, const testing::RunRecord& want,
-                      const std::string& what) {
-  EXPECT_EQ(got.tokens, want.tokens) << what;
-  for (const auto& [id, rows] : want.logits) {
-    const auto& g = got.logits.at(id);
-    ASSERT_EQ(g.size(), rows.size()) << what;
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      EXPECT_TRUE(testing::same_bits(g[i], rows[i])) << what << " request " << id << " row " << i;
-    }
-  }
 }
 
 int moe_layers(const model::DecoderGeometry& g) {

@@ -100,6 +100,18 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// Two runs gave the same token ids and the same bits in every sampled logits row.
+inline void expect_same_bits(const RunRecord& got, const RunRecord& want, const std::string& what) {
+  EXPECT_EQ(got.tokens, want.tokens) << what;
+  for (const auto& [id, rows] : want.logits) {
+    const auto& g = got.logits.at(id);
+    ASSERT_EQ(g.size(), rows.size()) << what;
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      EXPECT_TRUE(same_bits(g[i], rows[i])) << what << " request " << id << " row " << i;
+    }
+  }
+}
+
 // Submits all requests at once and steps until idle.
 inline Result<RunRecord> run_engine(Engine& eng, const std::vector<GenerationRequest>& reqs) {
   RunRecord rec;
