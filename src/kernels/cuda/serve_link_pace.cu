@@ -13,28 +13,16 @@
 // resolution"): ServeDeviceCopy.* measures its rate against cudaMemcpyAsync's.
 #include <cstdint>
 
+#include "kernels/cuda/link_pace.cuh"
 #include "kernels/cuda/serve_launchers.h"
 
 namespace ferry::kernels::cuda {
 namespace {
 
-__device__ __forceinline__ unsigned long long global_timer_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
 __global__ void link_pace_mark_kernel(unsigned long long* mark) { *mark = global_timer_ns(); }
 
 __global__ void link_pace_wait_kernel(unsigned long long* mark, unsigned long long ns) {
-  const unsigned long long until = *mark + ns;
-  unsigned long long now = global_timer_ns();
-  while (now < until) {
-    const unsigned long long left = until - now;
-    __nanosleep(left > 4000ull ? 2000u : 100u);
-    now = global_timer_ns();
-  }
-  *mark = now;
+  pace_wait(mark, ns);
 }
 
 // 16-byte words, 4 in flight per thread: PCIe reads are latency-bound, so the rate depends on how

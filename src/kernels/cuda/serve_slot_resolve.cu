@@ -18,6 +18,7 @@
 // Tests: tests/gpu/serve_device_resolve_gpu_test.cpp (kernel == twin on random sequences).
 #include <cstdint>
 
+#include "kernels/cuda/link_pace.cuh"
 #include "kernels/cuda/serve_launchers.h"
 
 namespace ferry::kernels::cuda {
@@ -181,24 +182,11 @@ __global__ void copy_misses_kernel(MissCopyArgs a) {
   }
 }
 
-__device__ __forceinline__ unsigned long long timer_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
 __global__ void link_pace_wait_misses_kernel(unsigned long long* mark, const std::int32_t* log,
                                              unsigned long long expert_bytes, double gbps) {
   const double bytes = double(log[1]) * double(expert_bytes);
   const unsigned long long ns = static_cast<unsigned long long>(ceil(bytes / gbps));
-  const unsigned long long until = *mark + ns;
-  unsigned long long now = timer_ns();
-  while (now < until) {
-    const unsigned long long left = until - now;
-    __nanosleep(left > 4000ull ? 2000u : 100u);
-    now = timer_ns();
-  }
-  *mark = now;
+  pace_wait(mark, ns);
 }
 
 }  // namespace
