@@ -4,10 +4,13 @@
 # For each ';'-separated case: `ferry bench train --device cuda FLAGS` and the PyTorch baseline
 # (tools/bench/train_torch_baseline.py) on the same geometry, batch and sequence length, one after
 # the other in this script (same machine, same minute). Flags the baseline does not take
-# (--policies, --optimizer-states, --master, --grad-dtype, --weights-dtype, --gemm-precision, --prefetch, --grad-accum, --device-budget-mib) are dropped for it; add
+# (--policies, --optimizer-states, --master, --grad-dtype, --weights-dtype, --gemm-precision, --prefetch, --grad-accum, --device-budget-mib, --device-update-layers) are dropped for it; add
 # `--checkpointing` to a case's name part as `name+ckpt` to run the baseline with HF's activation
 # checkpointing (what a resident run of a big model needs). One JSON line per case goes to
 # $OUT/train_sweep.jsonl ({"case", "ferry": report, "torch": report}); a ratio table to stdout.
+# Cases whose baseline flags equal the previous case's (e.g. the same geometry with another ferry
+# option) reuse that baseline's report from this same script run instead of running torch again.
+# FERRY_SWEEP_DEADLINE (epoch s): start no case after it (the device call's own limit).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/ferry_gpu_train}
@@ -18,24 +21,36 @@ source scripts/device_env.sh
 PY=python3
 $PY -c "import transformers" 2>/dev/null || PY=/opt/torch/.venv/bin/python3
 : >"$OUT/train_sweep.jsonl"
+prev_tkey=""
 IFS=';' read -ra CASES <<<"${FERRY_TRAIN_SWEEP:?set FERRY_TRAIN_SWEEP}"
 for c in "${CASES[@]}"; do
   name=${c%%|*}
   flags=${c#*|}
-  rm -f /tmp/sweep_ferry.json /tmp/sweep_torch.json
+  if [ -n "${FERRY_SWEEP_DEADLINE:-}" ] && [ "$(date +%s)" -ge "$FERRY_SWEEP_DEADLINE" ]; then
+    echo "[$name] not started: past FERRY_SWEEP_DEADLINE"
+    continue
+  fi
+  rm -f /tmp/sweep_ferry.json
   timeout "${FERRY_SWEEP_TIMEOUT:-400}" "$FERRY" bench train --device cuda $flags \
     --json /tmp/sweep_ferry.json >"/tmp/sweep_ferry.log" 2>&1 || {
     echo "[$name] ferry bench train failed:"
     tail -5 /tmp/sweep_ferry.log
   }
-  tflags=$(echo " $flags " | sed -E 's/ --(policies|optimizer-states|master|grad-dtype|weights-dtype|gemm-precision|prefetch|optimizer-threads|grad-accum|device-budget-mib) [^ ]+//g; s/--batch-size/--batch/; s/--seq-len/--seq/')
+  tflags=$(echo " $flags " | sed -E 's/ --(policies|optimizer-states|master|grad-dtype|weights-dtype|gemm-precision|prefetch|optimizer-threads|grad-accum|device-budget-mib|device-update-layers) [^ ]+//g; s/--batch-size/--batch/; s/--seq-len/--seq/')
   ck=""
   [[ "$name" == *+ckpt* ]] && ck="--checkpointing"
-  timeout 300 $PY tools/bench/train_torch_baseline.py $tflags $ck --out /tmp/sweep_torch.json \
-    >/tmp/sweep_torch.log 2>&1 || {
-    echo "[$name] torch baseline failed:"
-    tail -3 /tmp/sweep_torch.log
-  }
+  tkey="$tflags $ck"
+  if [ "$tkey" != "$prev_tkey" ] || [ ! -f /tmp/sweep_torch.json ]; then
+    rm -f /tmp/sweep_torch.json
+    timeout 300 $PY tools/bench/train_torch_baseline.py $tflags $ck --out /tmp/sweep_torch.json \
+      >/tmp/sweep_torch.log 2>&1 || {
+      echo "[$name] torch baseline failed:"
+      tail -3 /tmp/sweep_torch.log
+    }
+    prev_tkey=$tkey
+  else
+    echo "[$name] torch baseline: the previous case's run (same flags)"
+  fi
   $PY - "$name" /tmp/sweep_ferry.json /tmp/sweep_torch.json "$OUT/train_sweep.jsonl" <<'PYEOF'
 import json, sys
 name, fpath, tpath, out = sys.argv[1:5]
