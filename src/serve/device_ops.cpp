@@ -2,12 +2,15 @@
 #include "serve/device_ops.h"
 
 #if FERRY_HAVE_CUDA
+#include "kernels/cuda/launchers.h"
 #include "kernels/cuda/serve_kernels.h"
 #endif
 
 namespace ferry::serve::device {
 
 #if FERRY_HAVE_CUDA
+static_assert(kSmallGemmRows == kernels::cuda::kSmallGemmMaxRows);
+
 Status kv_write(const PagedKvLayout& kv, int layer, const PagedStep& step, const float* k,
                 const float* v, mem::Stream& stream) {
   return kernels::cuda::kv_write(kv, layer, step, k, v, stream);
@@ -39,6 +42,17 @@ Status link_pace_wait_misses(unsigned long long* d_mark, const std::int32_t* d_l
   return kernels::cuda::link_pace_wait_misses(d_mark, d_log, expert_bytes, gbps, stream);
 }
 Result<const void*> mapped_pointer(const void* host) { return kernels::cuda::mapped_pointer(host); }
+bool small_m_gemm_enabled() { return kernels::cuda::small_m_gemm_enabled(); }
+Status small_m_gemm_bf16w(const SmallMGemmBf16Args& a, mem::Stream& stream) {
+  return kernels::cuda::small_m_gemm_bf16w(a, stream);
+}
+Status widen_bf16(float* out, const std::uint16_t* in, std::int64_t n, mem::Stream& stream) {
+  return kernels::cuda::widen_bf16(out, in, n, stream);
+}
+Status embedding_bf16(float* out, const std::uint16_t* table, const std::int32_t* ids,
+                      std::int64_t t, std::int64_t c, std::int64_t v, mem::Stream& stream) {
+  return kernels::cuda::embedding_bf16(out, table, ids, t, c, v, stream);
+}
 #else
 Status kv_write(const PagedKvLayout&, int, const PagedStep&, const float*, const float*,
                 mem::Stream&) {
@@ -72,6 +86,17 @@ Status link_pace_wait_misses(unsigned long long*, const std::int32_t*, std::uint
 }
 Result<const void*> mapped_pointer(const void*) {
   return unavailable("serve: mapped host memory needs a CUDA build");
+}
+bool small_m_gemm_enabled() { return false; }
+Status small_m_gemm_bf16w(const SmallMGemmBf16Args&, mem::Stream&) {
+  return unavailable("serve: bf16 dense GEMMs on CUDA need a CUDA build");
+}
+Status widen_bf16(float*, const std::uint16_t*, std::int64_t, mem::Stream&) {
+  return unavailable("serve: bf16 dense weights on CUDA need a CUDA build");
+}
+Status embedding_bf16(float*, const std::uint16_t*, const std::int32_t*, std::int64_t, std::int64_t,
+                      std::int64_t, mem::Stream&) {
+  return unavailable("serve: bf16 embeddings on CUDA need a CUDA build");
 }
 #endif
 

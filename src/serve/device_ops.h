@@ -19,6 +19,7 @@ using kernels::cuda::MissCopyArgs;
 using kernels::cuda::PagedKvLayout;
 using kernels::cuda::PagedStep;
 using kernels::cuda::SlotResolveArgs;
+using kernels::cuda::SmallMGemmBf16Args;
 
 Status kv_write(const PagedKvLayout& kv, int layer, const PagedStep& step, const float* k,
                 const float* v, mem::Stream& stream);
@@ -35,5 +36,15 @@ Status copy_misses(const MissCopyArgs& a, mem::Stream& stream);
 Status link_pace_wait_misses(unsigned long long* d_mark, const std::int32_t* d_log,
                              std::uint64_t expert_bytes, double gbps, mem::Stream& stream);
 Result<const void*> mapped_pointer(const void* host);
+// bf16 dense weights (kernels/cuda/serve_kernels.h): a linear layer of m <= kSmallGemmRows rows on
+// a bf16 weight, a bf16 weight widened into an f32 workspace, the widened embedding rows; and
+// whether the CUDA backend's f32 GEMM takes its small-m kernel for m <= kSmallGemmRows (false in
+// CPU builds).
+inline constexpr int kSmallGemmRows = 4;  // kernels/cuda/launchers.h kSmallGemmMaxRows
+bool small_m_gemm_enabled();
+Status small_m_gemm_bf16w(const SmallMGemmBf16Args& a, mem::Stream& stream);
+Status widen_bf16(float* out, const std::uint16_t* in, std::int64_t n, mem::Stream& stream);
+Status embedding_bf16(float* out, const std::uint16_t* table, const std::int32_t* ids,
+                      std::int64_t t, std::int64_t c, std::int64_t v, mem::Stream& stream);
 
 }  // namespace ferry::serve::device

@@ -9,6 +9,14 @@
 // H200, session 10: 9 us for a 2048 x 512 f32 weight, 14 us for 2048 x 4096), where reading the
 // weight once at HBM speed takes 1-11 us. Tested in tests/gpu/kernels_dense_test.cpp against
 // the f64 reference with style.md's rule, and for row independence.
+// bf16 weights (launch_small_m_gemm_bf16w; the serving engine's --dense-dtype bf16): the same
+// kernel template with b in bf16 bits, each weight widened exactly to f32 where the f32 kernel
+// reads it, then the same products, the same per-lane order (4 weights per vector step when the
+// f32 kernel would take float4 steps: k, lda, ldb multiples of 4, a 16-byte aligned, b 8-byte
+// aligned — the bf16 image of a 16-byte aligned f32 row), the same warp tree and epilogue. So it
+// gives the f32 kernel's bits on the widened weight (an f32 copy with the same ldb, 16-byte
+// aligned), at half the bytes read. Tested bit for bit on swept shapes in
+// tests/gpu/serve_dense_bf16_gpu_test.cpp.
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
@@ -19,10 +27,30 @@ namespace {
 
 constexpr int kWarps = 8;
 
-template <int M, bool kVec>
+// The weight's element as f32: itself, or a bf16 (raw bits) widened exactly.
+__device__ __forceinline__ float widen(float w) { return w; }
+__device__ __forceinline__ float widen(std::uint16_t w) {
+  return __uint_as_float(static_cast<unsigned>(w) << 16);
+}
+// Four consecutive weights (one vector step), 16-byte (f32) or 8-byte (bf16) aligned.
+struct W4 {
+  float x, y, z, w;
+};
+__device__ __forceinline__ W4 load4(const float* w, std::int64_t q) {
+  const float4 v = reinterpret_cast<const float4*>(w)[q];
+  return {v.x, v.y, v.z, v.w};
+}
+__device__ __forceinline__ W4 load4(const std::uint16_t* w, std::int64_t q) {
+  const uint2 v = reinterpret_cast<const uint2*>(w)[q];
+  return {__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u),
+          __uint_as_float(v.y << 16), __uint_as_float(v.y & 0xffff0000u)};
+}
+
+// Wt: float, or std::uint16_t (bf16 bits). Every f32 operation is the same for both.
+template <int M, bool kVec, typename Wt>
 __global__ void __launch_bounds__(kWarps * 32)
     small_m_gemm_kernel(float* __restrict__ out, const float* __restrict__ a,
-                        const float* __restrict__ b, const float* __restrict__ bias, std::int64_t n,
+                        const Wt* __restrict__ b, const float* __restrict__ bias, std::int64_t n,
                         std::int64_t k, std::int64_t lda, std::int64_t ldb, std::int64_t ldo,
                         float alpha, float beta) {
   const std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
@@ -31,12 +59,11 @@ __global__ void __launch_bounds__(kWarps * 32)
   float acc[M];
 #pragma unroll
   for (int r = 0; r < M; ++r) acc[r] = 0.0f;
-  const float* w = b + j * ldb;
+  const Wt* w = b + j * ldb;
   if constexpr (kVec) {
     const std::int64_t k4 = k / 4;
-    const float4* w4 = reinterpret_cast<const float4*>(w);
     for (std::int64_t q = lane; q < k4; q += 32) {
-      const float4 wv = w4[q];
+      const W4 wv = load4(w, q);
 #pragma unroll
       for (int r = 0; r < M; ++r) {
         const float4 xv = reinterpret_cast<const float4*>(a + r * lda)[q];
@@ -48,7 +75,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   } else {
     for (std::int64_t q = lane; q < k; q += 32) {
-      const float wq = w[q];
+      const float wq = widen(w[q]);
 #pragma unroll
       for (int r = 0; r < M; ++r) acc[r] += wq * a[r * lda + q];
     }
@@ -66,29 +93,31 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+bool aligned(const void* p, std::uintptr_t bytes) {
+  return (reinterpret_cast<std::uintptr_t>(p) & (bytes - 1)) == 0;
+}
 
-template <int M>
-void launch_m(float* out, const float* a, const float* b, const float* bias, std::int64_t n,
+template <int M, typename Wt>
+void launch_m(float* out, const float* a, const Wt* b, const float* bias, std::int64_t n,
               std::int64_t k, std::int64_t lda, std::int64_t ldb, std::int64_t ldo, float alpha,
               float beta, cudaStream_t stream) {
   const auto grid = static_cast<unsigned>((n + kWarps - 1) / kWarps);
-  const bool vec = k % 4 == 0 && lda % 4 == 0 && ldb % 4 == 0 && aligned16(a) && aligned16(b);
+  // b's alignment for one vector step of 4 weights: 16 bytes of f32, 8 of bf16.
+  const bool vec =
+      k % 4 == 0 && lda % 4 == 0 && ldb % 4 == 0 && aligned(a, 16) && aligned(b, 4 * sizeof(Wt));
   if (vec) {
-    small_m_gemm_kernel<M, true>
+    small_m_gemm_kernel<M, true, Wt>
         <<<grid, kWarps * 32, 0, stream>>>(out, a, b, bias, n, k, lda, ldb, ldo, alpha, beta);
   } else {
-    small_m_gemm_kernel<M, false>
+    small_m_gemm_kernel<M, false, Wt>
         <<<grid, kWarps * 32, 0, stream>>>(out, a, b, bias, n, k, lda, ldb, ldo, alpha, beta);
   }
 }
 
-}  // namespace
-
-cudaError_t launch_small_m_gemm_f32(float* out, const float* a, const float* b, const float* bias,
-                                    std::int64_t m, std::int64_t n, std::int64_t k,
-                                    std::int64_t lda, std::int64_t ldb, std::int64_t ldo,
-                                    float alpha, float beta, cudaStream_t stream) {
+template <typename Wt>
+cudaError_t launch_typed(float* out, const float* a, const Wt* b, const float* bias, std::int64_t m,
+                         std::int64_t n, std::int64_t k, std::int64_t lda, std::int64_t ldb,
+                         std::int64_t ldo, float alpha, float beta, cudaStream_t stream) {
   if (m < 1 || m > kSmallGemmMaxRows || n < 0 || k < 1) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   switch (m) {
@@ -106,6 +135,23 @@ cudaError_t launch_small_m_gemm_f32(float* out, const float* a, const float* b, 
       break;
   }
   return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_small_m_gemm_f32(float* out, const float* a, const float* b, const float* bias,
+                                    std::int64_t m, std::int64_t n, std::int64_t k,
+                                    std::int64_t lda, std::int64_t ldb, std::int64_t ldo,
+                                    float alpha, float beta, cudaStream_t stream) {
+  return launch_typed(out, a, b, bias, m, n, k, lda, ldb, ldo, alpha, beta, stream);
+}
+
+cudaError_t launch_small_m_gemm_bf16w(float* out, const float* a, const std::uint16_t* b,
+                                      const float* bias, std::int64_t m, std::int64_t n,
+                                      std::int64_t k, std::int64_t lda, std::int64_t ldb,
+                                      std::int64_t ldo, float alpha, float beta,
+                                      cudaStream_t stream) {
+  return launch_typed(out, a, b, bias, m, n, k, lda, ldb, ldo, alpha, beta, stream);
 }
 
 }  // namespace ferry::kernels::cuda

@@ -39,6 +39,14 @@ cudaError_t launch_small_m_gemm_f32(float* out, const float* a, const float* b, 
                                     std::int64_t m, std::int64_t n, std::int64_t k,
                                     std::int64_t lda, std::int64_t ldb, std::int64_t ldo,
                                     float alpha, float beta, cudaStream_t stream);
+// The same with b [n, k] in bf16 (raw bits, widened exactly): the f32 kernel's bits on the widened
+// weight (an f32 copy with the same ldb, 16-byte aligned when b is 8-byte aligned). The serving
+// engine's bf16 dense weights (serve_kernels.h small_m_gemm_bf16w).
+cudaError_t launch_small_m_gemm_bf16w(float* out, const float* a, const std::uint16_t* b,
+                                      const float* bias, std::int64_t m, std::int64_t n,
+                                      std::int64_t k, std::int64_t lda, std::int64_t ldb,
+                                      std::int64_t ldo, float alpha, float beta,
+                                      cudaStream_t stream);
 // out[0] = sum x^2, f32 accumulation, deterministic. partials == nullptr: one block walks x.
 // Else (kSumSquaresBlocks floats of scratch): a grid whose size depends only on n, each block
 // summing one fixed slice into partials[b], then one block adds the partials in index order.

@@ -47,6 +47,20 @@ struct ExpertFfnArgs {
   std::int64_t C = 0, F = 0;
   bool bf16 = false;  // weights in bf16 (else f32)
 };
+// A linear layer on a few rows with a bf16 weight (the serving engine's --dense-dtype bf16):
+//   out[r, j] = alpha * sum_q a[r, q] * widen(b[j, q]) (+ bias[j]) + beta * out[r, j],
+// 1 <= m <= 4, rows contiguous with the given leading dimensions (elements), device pointers:
+// the small-m f32 kernel's arithmetic on the widened weight (gemm_small_m.cu).
+struct SmallMGemmBf16Args {
+  float* out = nullptr;              // [m, ldo]
+  const float* a = nullptr;          // [m, lda]
+  const std::uint16_t* b = nullptr;  // [n, ldb] bf16 bits
+  const float* bias = nullptr;       // [n] or null
+  std::int64_t m = 0, n = 0, k = 0;
+  std::int64_t lda = 0, ldb = 0, ldo = 0;
+  float alpha = 1.0f, beta = 0.0f;
+};
+
 // One MoE layer's forced routing (a routing hook's ids for the step, uploaded before the layers
 // run), applied to the router's output in place. Row t: forced[t, 0] < 0 or forced row == ids row
 // -> unchanged; else ids row = forced row and weights[t, k] = probs[t, forced[t, k]] in k order,

@@ -3,7 +3,10 @@
 // and expert_ffn.cu, with check_launch (FERRY_DEBUG_SYNC) after each.
 #include "kernels/cuda/serve_kernels.h"
 
+#include <cstdlib>
+
 #include "kernels/cuda/cuda_util.h"
+#include "kernels/cuda/launchers.h"
 #include "kernels/cuda/serve_launchers.h"
 
 namespace ferry::kernels::cuda {
@@ -72,6 +75,54 @@ Status forced_routing(const ForcedRoutingArgs& a, mem::Stream& stream) {
   if (a.K > 32) return unimplemented("cuda forced_routing: top-k {} > 32", a.K);
   FERRY_LAUNCH_TRY("serve forced_routing", native(stream),
                    launch_forced_routing(a, native(stream)));
+  return ok_status();
+}
+
+bool small_m_gemm_enabled() {
+  // NOTE(serve): the same switch as cuda_backend.cpp's (read once per process there too).
+  static const bool on = [] {
+    const char* v = std::getenv("FERRY_SMALL_M_GEMM");
+    return v == nullptr || v[0] != '0';
+  }();
+  return on;
+}
+
+Status small_m_gemm_bf16w(const SmallMGemmBf16Args& a, mem::Stream& stream) {
+  if (stream.device() != Device::kCuda) return invalid_argument("cuda small_m_gemm_bf16w: stream");
+  if (a.out == nullptr || a.a == nullptr || a.b == nullptr || a.m < 1 || a.m > kSmallGemmMaxRows ||
+      a.n < 0 || a.k < 1 || a.lda < a.k || a.ldb < a.k || a.ldo < a.n) {
+    return invalid_argument("cuda small_m_gemm_bf16w: m {} (1..{}), n {}, k {}, ld {} {} {}", a.m,
+                            kSmallGemmMaxRows, a.n, a.k, a.lda, a.ldb, a.ldo);
+  }
+  FERRY_LAUNCH_TRY("serve small_m_gemm_bf16w", native(stream),
+                   launch_small_m_gemm_bf16w(a.out, a.a, a.b, a.bias, a.m, a.n, a.k, a.lda, a.ldb,
+                                             a.ldo, a.alpha, a.beta, native(stream)));
+  return ok_status();
+}
+
+Status widen_bf16(float* out, const std::uint16_t* in, std::int64_t n, mem::Stream& stream) {
+  if (stream.device() != Device::kCuda) return invalid_argument("cuda widen_bf16: CUDA stream");
+  if (n == 0) return ok_status();
+  if (out == nullptr || in == nullptr || n < 0) {
+    return invalid_argument("cuda widen_bf16: missing pointers or n {}", n);
+  }
+  FERRY_LAUNCH_TRY("serve widen_bf16", native(stream),
+                   launch_widen_bf16(out, in, n, native(stream)));
+  return ok_status();
+}
+
+Status embedding_bf16(float* out, const std::uint16_t* table, const std::int32_t* ids,
+                      std::int64_t t, std::int64_t c, std::int64_t v, mem::Stream& stream) {
+  if (stream.device() != Device::kCuda) {
+    return invalid_argument("cuda embedding_bf16: CUDA stream");
+  }
+  if (t == 0) return ok_status();
+  if (out == nullptr || table == nullptr || ids == nullptr || t < 0 || c <= 0 || v <= 0) {
+    return invalid_argument("cuda embedding_bf16: missing pointers or t {} c {} v {}", t, c, v);
+  }
+  if (t > 0x7fffffff) return unimplemented("cuda embedding_bf16: {} tokens in one launch", t);
+  FERRY_LAUNCH_TRY("serve embedding_bf16", native(stream),
+                   launch_embedding_bf16(out, table, ids, t, c, v, native(stream)));
   return ok_status();
 }
 

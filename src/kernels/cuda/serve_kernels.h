@@ -49,6 +49,20 @@ Status expert_ffn(const ExpertFfnArgs& a, mem::Stream& stream);
 // ForcedRoutingArgs (serve_kernel_args.h): a routing hook's forced ids applied on the device, so
 // the runner needs no host round trip per MoE layer. K <= 32.
 Status forced_routing(const ForcedRoutingArgs& a, mem::Stream& stream);
+// bf16 dense weights (docs/serve.md "bf16 dense weights"; gemm_small_m.cu, serve_dense.cu), each
+// the f32 path's bits on the widened weights: a small-m linear layer (SmallMGemmBf16Args, m <= 4,
+// FERRY_SMALL_M_GEMM=0 aside: small_m_gemm_enabled() says whether the f32 GEMM takes that path);
+// widen_bf16 out [n] f32 = in [n] bf16 (a weight into an f32 workspace for cuBLASLt); and the
+// embedding rows of a bf16 table widened (out [t, c], table [v, c], ids [t]; an id outside
+// [0, v) gives zeros).
+Status small_m_gemm_bf16w(const SmallMGemmBf16Args& a, mem::Stream& stream);
+Status widen_bf16(float* out, const std::uint16_t* in, std::int64_t n, mem::Stream& stream);
+Status embedding_bf16(float* out, const std::uint16_t* table, const std::int32_t* ids,
+                      std::int64_t t, std::int64_t c, std::int64_t v, mem::Stream& stream);
+// Whether CudaBackend::gemm sends f32 GEMMs of m <= kSmallGemmMaxRows rows to the small-m kernel
+// (true unless FERRY_SMALL_M_GEMM=0): the bf16 path must take the same one to keep its bits.
+bool small_m_gemm_enabled();
+
 // Link pacing (serve/link_engine.h): enqueued on the paced copy stream around each chunk of a
 // host->device copy: mark before the first chunk, wait(ns = chunk bytes / rate) after each, so
 // the stream cannot move the chunk in less than ns, whatever the real link's speed. d_mark:

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "kernels/cuda/serve_kernel_args.h"
 
@@ -32,6 +33,15 @@ cudaError_t launch_link_pace_wait(unsigned long long* d_mark, unsigned long long
 // threads; 16-byte aligned pointers, bytes % 16 == 0 (checked by the caller).
 cudaError_t launch_copy_from_host(void* dst, const void* src, std::size_t bytes, int blocks,
                                   cudaStream_t stream);
+
+// serve_dense.cu (bf16 dense weights; t < 2^31 checked by the caller): out [t, c] f32 = the
+// widened rows ids[t] of table [v, c] bf16 (zeros for an id outside [0, v)); out [n] f32 = in [n]
+// bf16 widened.
+cudaError_t launch_embedding_bf16(float* out, const std::uint16_t* table, const std::int32_t* ids,
+                                  std::int64_t t, std::int64_t c, std::int64_t v,
+                                  cudaStream_t stream);
+cudaError_t launch_widen_bf16(float* out, const std::uint16_t* in, std::int64_t n,
+                              cudaStream_t stream);
 
 // serve_slot_resolve.cu (arguments checked by the caller: E <= 4096, max_cap >= 1).
 cudaError_t launch_resolve_slots(const SlotResolveArgs& a, cudaStream_t stream);
