@@ -7,6 +7,8 @@
 #include <set>
 #include <vector>
 
+#include "serve/dense_weights.h"
+
 namespace ferry::serve {
 namespace {
 constexpr std::size_t kStageBytes = std::size_t(256) << 20;  // the host side of the upload
@@ -15,11 +17,15 @@ constexpr std::size_t kPieceAlign = 64;  // each piece's place in the staging bu
 
 Result<std::unique_ptr<DeviceWeights>> DeviceWeights::create(
     const model::DecoderGeometry& geo, const model::ModelParams& host, bool with_experts,
-    DType expert_dtype, mem::TransferEngine& te, mem::Stream& stream, mem::MemoryBudget* shared,
-    std::size_t stage_limit) {
+    DType expert_dtype, DType dense_dtype, mem::TransferEngine& te, mem::Stream& stream,
+    mem::MemoryBudget* shared, std::size_t stage_limit) {
   if (expert_dtype != DType::kF32 && expert_dtype != DType::kBF16) {
     return invalid_argument("serve: device experts in f32 or bf16, not {}",
                             to_string(expert_dtype));
+  }
+  if (dense_dtype != DType::kF32 && dense_dtype != DType::kBF16) {
+    return invalid_argument("serve: device dense weights in f32 or bf16, not {}",
+                            to_string(dense_dtype));
   }
   std::unique_ptr<DeviceWeights> w(new DeviceWeights());
   w->params_ = host;
@@ -27,10 +33,12 @@ Result<std::unique_ptr<DeviceWeights>> DeviceWeights::create(
   // dtype it gets on the device.
   std::vector<ConstTensorView*> views;
   std::map<const ConstTensorView*, DType> to;
+  std::set<ConstTensorView*> linear;
+  for_each_dense_linear(w->params_, [&](ConstTensorView& v) { linear.insert(&v); });
   auto add = [&](ConstTensorView& v, DType dt = DType::kF32) {
     if (v.data == nullptr) return;
     views.push_back(&v);
-    to[&v] = dt;
+    to[&v] = linear.count(&v) != 0 ? dense_dtype : dt;
   };
   add(w->params_.embed);
   add(w->params_.final_norm);

@@ -72,13 +72,23 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::DecoderGeometry& geo
         "serve: link_pace_gbps paces the CUDA engine's copy stream; the CPU engine's emulated "
         "link is paced by mem::set_host_link_rate");
   }
+  if (cfg.dense_dtype != DType::kF32 && cfg.dense_dtype != DType::kBF16) {
+    return invalid_argument("serve: dense weights in f32 or bf16, not {}",
+                            to_string(cfg.dense_dtype));
+  }
   if (!cuda) {
     // Experts first: with a tight device budget the expert request is the one the error names.
     FERRY_ASSIGN_OR_RETURN(e->experts_,
                            ExpertExecutor::create(geo, params, cfg.pager, e->device_budget_.get()));
     FERRY_ASSIGN_OR_RETURN(e->kv_, KvCache::create(geo, cfg.kv, e->device_budget_.get()));
-    FERRY_ASSIGN_OR_RETURN(e->runner_, ModelRunner::create(geo, params, *e->kv_, *e->experts_,
-                                                           cfg.max_batch_tokens, backend));
+    // bf16 dense weights: a bf16 copy the runner reads (widening each weight where f32 would be
+    // read); f32: the model's own views, read in place.
+    if (cfg.dense_dtype != DType::kF32) {
+      FERRY_ASSIGN_OR_RETURN(e->host_dense_, HostDenseWeights::create(params, cfg.dense_dtype));
+    }
+    FERRY_ASSIGN_OR_RETURN(
+        e->runner_, ModelRunner::create(geo, e->host_dense_ ? e->host_dense_->params() : params,
+                                        *e->kv_, *e->experts_, cfg.max_batch_tokens, backend));
   } else {
     // NOTE(serve): device 0 (the backend interface does not expose its index).
     FERRY_ASSIGN_OR_RETURN(mem::StreamSet ss, mem::StreamSet::create(Device::kCuda, 0));
@@ -91,9 +101,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::DecoderGeometry& geo
                                                         .stream = &e->streams_->h2d()}));
     mem::Stream& compute = e->streams_->compute();
     FERRY_ASSIGN_OR_RETURN(
-        e->weights_,
-        DeviceWeights::create(geo, params, cfg.pager.mode == ExpertMode::kResident,
-                              cfg.pager.expert_dtype, *e->te_, compute, e->device_budget_.get()));
+        e->weights_, DeviceWeights::create(geo, params, cfg.pager.mode == ExpertMode::kResident,
+                                           cfg.pager.expert_dtype, cfg.dense_dtype, *e->te_,
+                                           compute, e->device_budget_.get()));
     const ExpertDevice dev{.params = &e->weights_->params(),
                            .te = e->te_.get(),
                            .compute = &compute,
@@ -108,9 +118,10 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::DecoderGeometry& geo
     // them and before those that read them next, without a host sync.
     e->kv_->set_device_copier(e->te_.get(), &compute);
     FERRY_ASSIGN_OR_RETURN(
-        e->runner_, ModelRunner::create_cuda(geo, e->weights_->params(), *e->kv_, *e->experts_,
-                                             cfg.max_batch_tokens, backend, e->weights_->inv_freq(),
-                                             compute, *e->te_, e->device_budget_.get()));
+        e->runner_,
+        ModelRunner::create_cuda(geo, e->weights_->params(), *e->kv_, *e->experts_,
+                                 cfg.max_batch_tokens, backend, e->weights_->inv_freq(), compute,
+                                 *e->te_, e->device_budget_.get(), cfg.max_running));
   }
   e->runner_->set_batch_invariant(cfg.batch_invariant);
   e->runner_->set_cuda_graphs(cfg.cuda_graphs);

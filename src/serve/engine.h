@@ -40,6 +40,7 @@
 #include "kernels/backend.h"
 #include "mem/stream_set.h"
 #include "mem/transfer_engine.h"
+#include "serve/dense_weights.h"
 #include "serve/device_weights.h"
 #include "serve/expert_executor.h"
 #include "serve/kv_cache.h"
@@ -154,6 +155,9 @@ class Engine {
   // True for the CUDA engine; the bytes of weights it holds in GPU memory (0 on the CPU).
   bool on_cuda() const { return streams_ != nullptr; }
   std::size_t device_weight_bytes() const;
+  // The CPU engine's bf16 copy of the dense weights (EngineConfig::dense_dtype; host memory, not
+  // in the device budget); 0 with f32 dense weights (read in place) and on the CUDA engine.
+  std::size_t host_dense_weight_bytes() const { return host_dense_ ? host_dense_->bytes() : 0; }
   // The CUDA engine's transfer engine (its counters: every H2D/D2H byte of the engine); null on
   // the CPU, whose expert copies go through mem::host_transfer_engine().
   // (LinkEngine: also counts graph replays' copies; pace_stats() when link pacing is on.)
@@ -185,7 +189,8 @@ class Engine {
   std::unique_ptr<LinkEngine> te_;
   // Declared before the components charged to it, so it outlives them.
   std::unique_ptr<mem::MemoryBudget> device_budget_;
-  std::unique_ptr<DeviceWeights> weights_;  // CUDA engine only
+  std::unique_ptr<DeviceWeights> weights_;        // CUDA engine only
+  std::unique_ptr<HostDenseWeights> host_dense_;  // CPU engine with bf16 dense weights only
   std::unique_ptr<KvCache> kv_;
   std::unique_ptr<ExpertExecutor> experts_;
   std::unique_ptr<ModelRunner> runner_;

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/thread_pool.h"
+#include "serve/dense_weights.h"
 #include "serve/expert_ffn.h"
 #include "serve/paged_attention.h"
 
@@ -170,35 +171,90 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const model::DecoderGeo
   }
   r->index_moe_layers();
   r->forced_.resize(std::size_t(r->moe_layers_) * std::size_t(T * geo.top_k));
+  // bf16 dense weights (EngineConfig::dense_dtype): each GEMM widens its weight here first, so
+  // BLAS runs the f32 GEMM on the widened weight (the embedding is widened row by row).
+  model::ModelParams probe = params;
+  bool bf16 = false;
+  for_each_dense_linear(probe, [&](ConstTensorView& v) {
+    if (v.data != nullptr && v.dtype == DType::kBF16) bf16 = true;
+  });
+  if (bf16) r->widen_.resize(std::size_t(max_dense_linear_numel(params, false)));
   return r;
 }
 
 Status ModelRunner::gemm(const kernels::GemmArgs& g) {
-  if (!batch_invariant_) return be_.gemm(g, host());
+  const bool bf16 = g.b.dtype == DType::kBF16;  // a bf16 dense weight (dense_dtype)
+  if (bf16 && (g.trans_a || !g.trans_b || g.b.ndim != 2 || !g.b.is_contiguous())) {
+    return unimplemented("serve: a bf16 weight is read as a contiguous b in a @ b^T");
+  }
+  if (!batch_invariant_ && !bf16) return be_.gemm(g, host());
+  if (!batch_invariant_) {
+    // The f32 GEMM on the weight widened exactly: BLAS sees the f32 engine's operands.
+    const std::int64_t n = g.b.numel();
+    FERRY_CHECK(std::size_t(n) <= widen_.size(), "serve: a {}-element bf16 weight, {} planned", n,
+                widen_.size());
+    FERRY_CHECK(
+        convert_elements(g.b.data, DType::kBF16, widen_.data(), DType::kF32, std::size_t(n)),
+        "serve: bf16 widening failed");
+    kernels::GemmArgs w = g;
+    w.b = ConstTensorView::contiguous(widen_.data(), DType::kF32, Device::kCpu,
+                                      {g.b.shape[0], g.b.shape[1]});
+    return be_.gemm(w, host());
+  }
   // out[t, n] = dot_fixed(a[t, :], b[n, :]) (+ bias[n]): each row's bits are a function of that
-  // row alone, whatever else the step holds.
+  // row alone, whatever else the step holds. A bf16 b runs dot_fixed's bf16 twin (the same order
+  // on the widened weights: a product's operands commute exactly).
   const bool f32 = g.out.dtype == DType::kF32 && g.a.dtype == DType::kF32 &&
-                   g.b.dtype == DType::kF32 &&
+                   (g.b.dtype == DType::kF32 || bf16) &&
                    (g.bias.data == nullptr || g.bias.dtype == DType::kF32);
   if (!f32 || g.trans_a || !g.trans_b || g.alpha != 1.0f || g.beta != 0.0f ||
       !g.out.is_contiguous() || !g.a.is_contiguous() || !g.b.is_contiguous()) {
-    return unimplemented("serve: batch-invariant gemm needs f32, contiguous, a @ b^T");
+    return unimplemented(
+        "serve: batch-invariant gemm needs f32 (or a bf16 b), contiguous, a @ b^T");
   }
   const std::int64_t M = g.a.shape[0], K = g.a.shape[1], N = g.b.shape[0];
   FERRY_CHECK(g.b.shape[1] == K && g.out.shape[0] == M && g.out.shape[1] == N,
               "serve: batch-invariant gemm shapes disagree");
   const auto* a = static_cast<const float*>(g.a.data);
-  const auto* b = static_cast<const float*>(g.b.data);
   const auto* bias = static_cast<const float*>(g.bias.data);
   auto* out = static_cast<float*>(g.out.data);
   ThreadPool::global().parallel_for(
       std::size_t(M) * std::size_t(N), [&](std::size_t i0, std::size_t i1) {
         for (std::size_t i = i0; i < i1; ++i) {
           const std::int64_t t = std::int64_t(i) / N, n = std::int64_t(i) % N;
-          const float d = dot_fixed(a + t * K, b + n * K, K);
+          const float d =
+              bf16 ? dot_fixed(static_cast<const std::uint16_t*>(g.b.data) + n * K, a + t * K, K)
+                   : dot_fixed(a + t * K, static_cast<const float*>(g.b.data) + n * K, K);
           out[i] = bias != nullptr ? d + bias[n] : d;
         }
       });
+  return ok_status();
+}
+
+Status ModelRunner::embed(const StepBatch& b) {
+  const std::int64_t T = b.tokens(), C = geo_.hidden;
+  const ConstTensorView& table = params_.embed;
+  if (table.dtype != DType::kBF16) {
+    return be_.embedding(
+        {.out = f32(x_, {T, C}),
+         .table = table,
+         .ids = ConstTensorView::contiguous(b.ids.data(), DType::kI32, Device::kCpu, {T})},
+        host());
+  }
+  // A bf16 table: its rows widened exactly, i.e. the f32 gather of the widened table.
+  const std::int64_t V = table.shape[0];
+  FERRY_CHECK(table.ndim == 2 && table.shape[1] == C && table.is_contiguous(),
+              "serve: bf16 embedding table is not a contiguous [V, C]");
+  for (std::int64_t t = 0; t < T; ++t) {
+    const std::int32_t id = b.ids[std::size_t(t)];
+    if (id < 0 || id >= V) {
+      return invalid_argument("serve: token {} has id {}, outside the vocabulary [0, {})", t, id,
+                              V);
+    }
+    FERRY_CHECK(convert_elements(static_cast<const std::uint16_t*>(table.data) + id * C,
+                                 DType::kBF16, x_.data() + t * C, DType::kF32, std::size_t(C)),
+                "serve: bf16 widening failed");
+  }
   return ok_status();
 }
 
@@ -337,11 +393,7 @@ Status ModelRunner::forward(const StepBatch& b, float* logits) {
   if (hook_ != nullptr && hook_->forces_ahead()) {
     FERRY_TRY(fill_forced_routing(*hook_, b, geo_, forced_.data()));
   }
-  FERRY_TRY(be_.embedding(
-      {.out = f32(x_, {T, C}),
-       .table = params_.embed,
-       .ids = ConstTensorView::contiguous(b.ids.data(), DType::kI32, Device::kCpu, {T})},
-      host()));
+  FERRY_TRY(embed(b));
   for (int l = 0; l < geo_.layers; ++l) {
     const auto& p = params_.layers[l];
     FERRY_TRY(be_.rms_norm({.out = f32(h_, {T, C}),

@@ -103,11 +103,15 @@ class ModelRunner {
   // slots are resolved on the device, ExpertExecutor::begin_device_step — a routing hook that
   // does not forces_ahead() one more). With `te` the engine's LinkEngine, decode steps without a
   // host wait inside are replayed as CUDA graphs (set_cuda_graphs; model_runner_cuda.cpp).
+  // bf16 dense weights (views of dtype bf16): decode GEMMs run the small-m kernel's bf16 twin,
+  // larger ones widen the weight into a "dense widen" slot of the activations arena sized for the
+  // largest such weight — the lm_head's only when more than 4 logits rows can come at once
+  // (max_logit_rows: the most sequences sampled per step; 0: max_tokens).
   static Result<std::unique_ptr<ModelRunner>> create_cuda(
       const model::DecoderGeometry& geo, const model::ModelParams& params, KvCache& kv,
       ExpertExecutor& experts, std::int64_t max_tokens, kernels::Backend& backend,
       const float* d_inv_freq, mem::Stream& stream, mem::TransferEngine& te,
-      mem::MemoryBudget* shared);
+      mem::MemoryBudget* shared, std::int64_t max_logit_rows = 0);
   virtual ~ModelRunner() = default;
 
   // logits: [batch.logit_rows.size(), V] f32, host memory.
@@ -118,7 +122,7 @@ class ModelRunner {
   // the CPU runner ignores it.
   void set_cuda_graphs(bool on) { cuda_graphs_ = on; }
   const GraphStats& graph_stats() const { return graph_stats_; }
-  // EngineConfig::batch_invariant: dense GEMMs row by row in dot_fixed order (f32 weights only).
+  // EngineConfig::batch_invariant: dense GEMMs row by row in dot_fixed order (CPU runner).
   void set_batch_invariant(bool on) { batch_invariant_ = on; }
   std::int64_t max_tokens() const { return max_tokens_; }
   const model::DecoderGeometry& geometry() const { return geo_; }
@@ -141,7 +145,10 @@ class ModelRunner {
   Status attention(int l, const StepBatch& b);
   Status mlp(int l, std::int64_t T);
   Status moe(int l, const StepBatch& b);
-  Status gemm(const kernels::GemmArgs& a);  // the backend's, or row by row (batch_invariant_)
+  // The backend's, or row by row (batch_invariant_); a bf16 b (dense_dtype) is widened into
+  // widen_ first (or read by dot_fixed's bf16 twin when batch-invariant).
+  Status gemm(const kernels::GemmArgs& a);
+  Status embed(const StepBatch& b);  // x_ = the step's embedding rows (a bf16 table widened)
 
  protected:
   model::DecoderGeometry geo_;
@@ -170,6 +177,7 @@ class ModelRunner {
   std::vector<std::int32_t> forced_;                    // [moe layers, T, K] (forces_ahead hooks)
   std::vector<float> eout_;                             // [T*K, C]
   std::vector<float> rows_x_, rows_h_, rows_rstd_;      // [T, C], [T, C], [T]
+  std::vector<float> widen_;  // [largest bf16 dense weight] f32 (bf16 dense weights only)
 };
 
 }  // namespace ferry::serve

@@ -34,6 +34,7 @@
 #include <cstring>
 
 #include "mem/graph.h"
+#include "serve/dense_weights.h"
 #include "serve/device_ops.h"
 #include "serve/link_engine.h"
 #include "serve/model_runner.h"
@@ -54,7 +55,7 @@ class CudaModelRunner final : public ModelRunner {
     const char* v = std::getenv("FERRY_DEBUG_SYNC");
     debug_sync_ = v != nullptr && v[0] != '\0' && v[0] != '0';
   }
-  Status init(mem::MemoryBudget* shared);
+  Status init(mem::MemoryBudget* shared, std::int64_t max_logit_rows);
   Status forward(const StepBatch& b, float* logits) override;
 
  private:
@@ -88,6 +89,7 @@ class CudaModelRunner final : public ModelRunner {
     mem::SlotId x, h, tmp, rstd, q_pre, k_pre, q, k, v, attn, qk_rstd, gate, up, act;
     mem::SlotId router_logits, probs, weights, ids, identity, eout, eact, forced;
     mem::SlotId step, rows_x, rows_h, rows_rstd, logits;
+    mem::SlotId widen;  // bf16 dense weights: one weight widened to f32 (widen_floats_)
   };
   TensorView f32(mem::SlotId s, std::initializer_list<std::int64_t> dims) const {
     return TensorView::contiguous(arena_.as<float>(s), DType::kF32, Device::kCuda, dims);
@@ -99,6 +101,11 @@ class CudaModelRunner final : public ModelRunner {
   Status attention(int l, std::int64_t T, const kernels::cuda::PagedStep& step);
   Status mlp(int l, std::int64_t T);
   Status moe(int l, const StepBatch& b);
+  // A linear layer: the backend's GEMM, or for a bf16 weight (EngineConfig::dense_dtype) the f32
+  // path's bits on the widened weight: the small-m kernel's bf16 twin where the backend would take
+  // the small-m kernel, else the weight widened into the workspace and the backend's f32 GEMM.
+  Status dense_gemm(const kernels::GemmArgs& g, mem::Stream& stream);
+  Status embed(std::int64_t T, const std::int32_t* d_ids);  // x = the rows (bf16 widened)
 
   mem::Stream& st_;
   mem::TransferEngine& te_;
@@ -110,13 +117,14 @@ class CudaModelRunner final : public ModelRunner {
   mem::MemoryBudget host_budget_{mem::MemTier::kPinnedHost};
   mem::Buffer h_step_, h_logits_, h_route_, h_forced_;
   std::int64_t table_capacity_ = 0;  // ints of the step's block-table region
+  std::int64_t widen_floats_ = 0;    // the widening workspace's capacity (0: none)
   std::vector<std::int32_t> before_;
   LinkEngine* link_ = nullptr;     // te_ as the engine's LinkEngine (graph replays count copies)
   bool debug_sync_ = false;        // FERRY_DEBUG_SYNC: launches synchronize, which a capture cannot
   std::vector<StepGraph> graphs_;  // least recently used first
 };
 
-Status CudaModelRunner::init(mem::MemoryBudget* shared) {
+Status CudaModelRunner::init(mem::MemoryBudget* shared, std::int64_t max_logit_rows) {
   const std::int64_t T = max_tokens_, C = geo_.hidden,
                      HD = std::int64_t(geo_.heads) * geo_.head_dim,
                      GD = std::int64_t(geo_.kv_heads) * geo_.head_dim, V = geo_.vocab;
@@ -162,6 +170,25 @@ Status CudaModelRunner::init(mem::MemoryBudget* shared) {
   s_.rows_h = plan.add("rows_h", f(T * C));
   s_.rows_rstd = plan.add("rows_rstd", f(T));
   s_.logits = plan.add("logits", f(T * V));
+  // bf16 dense weights: a GEMM of more rows than the small-m kernel takes (a prefill chunk; the
+  // lm_head only when more than kSmallGemmRows sequences are sampled at once) widens its weight
+  // into this workspace and runs the f32 GEMM on it; FERRY_SMALL_M_GEMM=0 sends every GEMM there.
+  {
+    model::ModelParams probe = params_;
+    bool bf16 = false;
+    for_each_dense_linear(probe, [&](ConstTensorView& v) {
+      if (v.data != nullptr && v.dtype == DType::kBF16) bf16 = true;
+    });
+    const bool small_m = device::small_m_gemm_enabled();
+    const std::int64_t R = max_logit_rows > 0 ? std::min(max_logit_rows, T) : T;
+    if (bf16 && (!small_m || T > device::kSmallGemmRows)) {
+      widen_floats_ = max_dense_linear_numel(params_, /*without_lm_head=*/true);
+    }
+    if (bf16 && (!small_m || R > device::kSmallGemmRows) && params_.lm_head.data != nullptr) {
+      widen_floats_ = std::max(widen_floats_, params_.lm_head.numel());
+    }
+    if (widen_floats_ > 0) s_.widen = plan.add("dense widen", f(widen_floats_));
+  }
   FERRY_ASSIGN_OR_RETURN(charge_,
                          BudgetCharge::take(shared, plan.allocation_bytes(), "activations"));
   FERRY_ASSIGN_OR_RETURN(
@@ -190,19 +217,19 @@ Status CudaModelRunner::attention(int l, std::int64_t T, const kernels::cuda::Pa
   const std::int64_t C = geo_.hidden, H = geo_.heads, G = geo_.kv_heads, D = geo_.head_dim;
   const ConstTensorView h = f32(s_.h, {T, C});
   const bool normed = geo_.qk_norm != model::QkNorm::kNone;
-  FERRY_TRY(be_.gemm({.out = normed ? f32(s_.q_pre, {T, H * D}) : f32(s_.q, {T, H * D}),
-                      .a = h,
-                      .b = p.q,
-                      .bias = p.q_bias,
-                      .trans_b = true},
-                     st_));
-  FERRY_TRY(be_.gemm({.out = normed ? f32(s_.k_pre, {T, G * D}) : f32(s_.k, {T, G * D}),
-                      .a = h,
-                      .b = p.k,
-                      .bias = p.k_bias,
-                      .trans_b = true},
-                     st_));
-  FERRY_TRY(be_.gemm(
+  FERRY_TRY(dense_gemm({.out = normed ? f32(s_.q_pre, {T, H * D}) : f32(s_.q, {T, H * D}),
+                        .a = h,
+                        .b = p.q,
+                        .bias = p.q_bias,
+                        .trans_b = true},
+                       st_));
+  FERRY_TRY(dense_gemm({.out = normed ? f32(s_.k_pre, {T, G * D}) : f32(s_.k, {T, G * D}),
+                        .a = h,
+                        .b = p.k,
+                        .bias = p.k_bias,
+                        .trans_b = true},
+                       st_));
+  FERRY_TRY(dense_gemm(
       {.out = f32(s_.v, {T, G * D}), .a = h, .b = p.v, .bias = p.v_bias, .trans_b = true}, st_));
   if (geo_.qk_norm == model::QkNorm::kPerHead) {
     FERRY_TRY(be_.rms_norm({.out = f32(s_.q, {T * H, D}),
@@ -256,12 +283,12 @@ Status CudaModelRunner::attention(int l, std::int64_t T, const kernels::cuda::Pa
   FERRY_TRY(device::paged_attention(layout, l, step, arena_.as<float>(s_.attn),
                                     arena_.as<float>(s_.q), geo_.heads,
                                     1.0f / std::sqrt(static_cast<float>(D)), st_));
-  FERRY_TRY(be_.gemm({.out = f32(s_.tmp, {T, C}),
-                      .a = f32(s_.attn, {T, H * D}),
-                      .b = p.o,
-                      .bias = p.o_bias,
-                      .trans_b = true},
-                     st_));
+  FERRY_TRY(dense_gemm({.out = f32(s_.tmp, {T, C}),
+                        .a = f32(s_.attn, {T, H * D}),
+                        .b = p.o,
+                        .bias = p.o_bias,
+                        .trans_b = true},
+                       st_));
   return be_.add({.out = f32(s_.x, {T, C}), .a = f32(s_.x, {T, C}), .b = f32(s_.tmp, {T, C})}, st_);
 }
 
@@ -269,11 +296,11 @@ Status CudaModelRunner::mlp(int l, std::int64_t T) {
   const auto& p = params_.layers[l];
   const std::int64_t C = geo_.hidden, F = geo_.mlp_width;
   const ConstTensorView h = f32(s_.h, {T, C});
-  FERRY_TRY(be_.gemm({.out = f32(s_.gate, {T, F}), .a = h, .b = p.gate, .trans_b = true}, st_));
-  FERRY_TRY(be_.gemm({.out = f32(s_.up, {T, F}), .a = h, .b = p.up, .trans_b = true}, st_));
+  FERRY_TRY(dense_gemm({.out = f32(s_.gate, {T, F}), .a = h, .b = p.gate, .trans_b = true}, st_));
+  FERRY_TRY(dense_gemm({.out = f32(s_.up, {T, F}), .a = h, .b = p.up, .trans_b = true}, st_));
   FERRY_TRY(be_.swiglu(
       {.out = f32(s_.act, {T, F}), .gate = f32(s_.gate, {T, F}), .up = f32(s_.up, {T, F})}, st_));
-  return be_.gemm(
+  return dense_gemm(
       {.out = f32(s_.tmp, {T, C}), .a = f32(s_.act, {T, F}), .b = p.down, .trans_b = true}, st_);
 }
 
@@ -281,11 +308,11 @@ Status CudaModelRunner::moe(int l, const StepBatch& b) {
   const auto& p = params_.layers[l];
   const std::int64_t T = b.tokens(), C = geo_.hidden, E = geo_.experts, K = geo_.top_k;
   auto* d_ids = arena_.as<std::int32_t>(s_.ids);
-  FERRY_TRY(be_.gemm({.out = f32(s_.router_logits, {T, E}),
-                      .a = f32(s_.h, {T, C}),
-                      .b = p.router,
-                      .trans_b = true},
-                     st_));
+  FERRY_TRY(dense_gemm({.out = f32(s_.router_logits, {T, E}),
+                        .a = f32(s_.h, {T, C}),
+                        .b = p.router,
+                        .trans_b = true},
+                       st_));
   FERRY_TRY(be_.router({.weights = f32(s_.weights, {T, K}),
                         .ids = i32(d_ids, {T, K}),
                         .probs = f32(s_.probs, {T, E}),
@@ -330,6 +357,59 @@ Status CudaModelRunner::moe(int l, const StepBatch& b) {
                          st_);
 }
 
+Status CudaModelRunner::dense_gemm(const kernels::GemmArgs& g, mem::Stream& stream) {
+  if (g.b.dtype != DType::kBF16) return be_.gemm(g, stream);
+  const std::int64_t m = g.out.shape[0], n = g.out.shape[1], k = g.a.shape[1];
+  if (g.trans_a || !g.trans_b || g.a.ndim != 2 || g.b.ndim != 2 || g.out.ndim != 2 ||
+      g.a.dtype != DType::kF32 || g.out.dtype != DType::kF32 || !g.b.is_contiguous() ||
+      g.a.stride[1] != 1 || g.out.stride[1] != 1 || g.a.shape[0] != m || g.b.shape[0] != n ||
+      g.b.shape[1] != k || (g.bias.data != nullptr && g.bias.dtype != DType::kF32)) {
+    return unimplemented(
+        "serve: a bf16 weight is read as a contiguous b [n, k] of f32 a [m, k] @ b^T (out {} a {} "
+        "b {})",
+        g.out.shape_string(), g.a.shape_string(), g.b.shape_string());
+  }
+  // CudaBackend::gemm's own choice for these rows in f32: its small-m kernel, or cuBLASLt.
+  if (device::small_m_gemm_enabled() && m <= device::kSmallGemmRows) {
+    return device::small_m_gemm_bf16w({.out = static_cast<float*>(g.out.data),
+                                       .a = static_cast<const float*>(g.a.data),
+                                       .b = static_cast<const std::uint16_t*>(g.b.data),
+                                       .bias = static_cast<const float*>(g.bias.data),
+                                       .m = m,
+                                       .n = n,
+                                       .k = k,
+                                       .lda = g.a.stride[0],
+                                       .ldb = g.b.stride[0],
+                                       .ldo = g.out.stride[0],
+                                       .alpha = g.alpha,
+                                       .beta = g.beta},
+                                      stream);
+  }
+  FERRY_CHECK(g.b.numel() <= widen_floats_,
+              "serve: a {}-element bf16 weight for {} rows, the widening workspace holds {}",
+              g.b.numel(), m, widen_floats_);
+  float* ws = arena_.as<float>(s_.widen);
+  FERRY_TRY(
+      device::widen_bf16(ws, static_cast<const std::uint16_t*>(g.b.data), g.b.numel(), stream));
+  kernels::GemmArgs w = g;
+  w.b = ConstTensorView::contiguous(ws, DType::kF32, Device::kCuda, {n, k});
+  return be_.gemm(w, stream);
+}
+
+Status CudaModelRunner::embed(std::int64_t T, const std::int32_t* d_ids) {
+  const std::int64_t C = geo_.hidden;
+  const ConstTensorView& table = params_.embed;
+  if (table.dtype == DType::kBF16) {
+    return device::embedding_bf16(arena_.as<float>(s_.x),
+                                  static_cast<const std::uint16_t*>(table.data), d_ids, T, C,
+                                  table.shape[0], st_);
+  }
+  return be_.embedding({.out = f32(s_.x, {T, C}),
+                        .table = table,
+                        .ids = ConstTensorView::contiguous(d_ids, DType::kI32, Device::kCuda, {T})},
+                       st_);
+}
+
 bool CudaModelRunner::graph_eligible(const StepBatch& b, bool device_resolve) const {
   if (!cuda_graphs_ || !graph_stats_.disabled_reason.empty() || debug_sync_) return false;
   if (link_ == nullptr) return false;  // replays' copies could not be counted
@@ -355,10 +435,7 @@ Status CudaModelRunner::enqueue_step(const StepBatch& b, std::int64_t stride, bo
   const kernels::cuda::PagedStep step{
       .seq_of = d + 2 * T, .pos = d + T, .tables = d + 3 * T, .table_stride = int(stride), .T = T};
 
-  FERRY_TRY(be_.embedding({.out = f32(s_.x, {T, C}),
-                           .table = params_.embed,
-                           .ids = ConstTensorView::contiguous(d, DType::kI32, Device::kCuda, {T})},
-                          st_));
+  FERRY_TRY(embed(T, d));
   for (int l = 0; l < geo_.layers; ++l) {
     const auto& p = params_.layers[l];
     FERRY_TRY(be_.rms_norm({.out = f32(s_.h, {T, C}),
@@ -395,11 +472,11 @@ Status CudaModelRunner::enqueue_step(const StepBatch& b, std::int64_t stride, bo
                           .weight = params_.final_norm,
                           .eps = geo_.rms_eps},
                          st_));
-  FERRY_TRY(be_.gemm({.out = f32(s_.logits, {R, V}),
-                      .a = f32(s_.rows_h, {R, C}),
-                      .b = params_.lm_head,
-                      .trans_b = true},
-                     st_));
+  FERRY_TRY(dense_gemm({.out = f32(s_.logits, {R, V}),
+                        .a = f32(s_.rows_h, {R, C}),
+                        .b = params_.lm_head,
+                        .trans_b = true},
+                       st_));
   return te_.d2h(h_logits_.data(), arena_.data(s_.logits), std::size_t(R * V) * 4, st_);
 }
 
@@ -541,7 +618,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create_cuda(
     const model::DecoderGeometry& geo, const model::ModelParams& params, KvCache& kv,
     ExpertExecutor& experts, std::int64_t max_tokens, kernels::Backend& backend,
     const float* d_inv_freq, mem::Stream& stream, mem::TransferEngine& te,
-    mem::MemoryBudget* shared) {
+    mem::MemoryBudget* shared, std::int64_t max_logit_rows) {
   if (max_tokens <= 0) return invalid_argument("serve: max_tokens must be positive");
   if (backend.device() != Device::kCuda || stream.device() != Device::kCuda) {
     return invalid_argument("serve: the CUDA runner needs a CUDA backend and a CUDA stream");
@@ -560,7 +637,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create_cuda(
   }
   auto r = std::make_unique<CudaModelRunner>(geo, params, kv, experts, max_tokens, backend,
                                              d_inv_freq, stream, te);
-  FERRY_TRY(r->init(shared));
+  FERRY_TRY(r->init(shared, max_logit_rows));
   return std::unique_ptr<ModelRunner>(std::move(r));
 }
 

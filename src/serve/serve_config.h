@@ -37,6 +37,8 @@ std::string_view to_string(EvictionPolicy p);
 Result<ExpertMode> parse_expert_mode(std::string_view s);
 // "f32" or "bf16" (PagerConfig::expert_dtype); anything else is invalid_argument.
 Result<DType> parse_expert_dtype(std::string_view s);
+// "f32" or "bf16" (EngineConfig::dense_dtype); anything else is invalid_argument.
+Result<DType> parse_dense_dtype(std::string_view s);
 Result<EvictionPolicy> parse_eviction_policy(std::string_view s);
 
 struct PagerConfig {
@@ -85,7 +87,8 @@ struct PagerConfig {
   // the slots / staging / resident copy and the PCIe bytes are bf16, half of f32's; expert_ffn
   // widens each weight and accumulates in f32). Every mode reads the same bf16 bits, so the modes
   // stay bit-identical to each other; against f32 weights the difference is the rounding of the
-  // weights to bf16. Dense weights, K/V and activations stay f32. The CPU engine refuses kBF16.
+  // weights to bf16. Dense weights: EngineConfig::dense_dtype; K/V and activations stay f32. The
+  // CPU engine refuses kBF16.
   DType expert_dtype = DType::kF32;
   // The packed host store the non-resident modes read experts from, owned by the caller (it
   // must outlive the engine, have expert_dtype and the model's geometry, and hold the bits the
@@ -141,6 +144,14 @@ struct EngineConfig {
   // shape and replayed (docs/serve.md "Decode steps as CUDA graphs"). false: every step is
   // launched op by op (the A/B baseline; same bits). Ignored by the CPU engine.
   bool cuda_graphs = true;
+  // How the dense linear weights (q, k, v, o, a dense layer's gate/up/down, the MoE router, the
+  // lm_head and the embedding table; not norms or biases, not routed experts: PagerConfig::
+  // expert_dtype) are stored: kF32, or kBF16 — half the bytes (in the CUDA engine's device
+  // budget: "dense weights"), each weight widened exactly to f32 where it is read, activations and
+  // accumulation f32, so the outputs are the f32 engine's bits on the weights rounded to bf16
+  // (round to nearest even), on either backend (docs/serve.md "bf16 dense weights"). Every
+  // expert mode shares the dense path, so the modes stay bit-identical to each other.
+  DType dense_dtype = DType::kF32;
 };
 
 }  // namespace ferry::serve

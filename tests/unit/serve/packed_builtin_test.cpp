@@ -226,7 +226,7 @@ TEST(PackedBuiltin, DeviceWeightsUploadTheSameBytesThroughAnyStaging) {
   for (std::size_t stage : {std::size_t(0), std::size_t(4096), std::size_t(100)}) {
     SCOPED_TRACE("stage=" + std::to_string(stage));
     auto w =
-        DeviceWeights::create(g, host, /*with_experts=*/true, DType::kBF16,
+        DeviceWeights::create(g, host, /*with_experts=*/true, DType::kBF16, DType::kF32,
                               mem::host_transfer_engine(), mem::Stream::host(), nullptr, stage);
     ASSERT_TRUE(w.ok()) << w.status().to_string();
     const model::ModelParams& dev = (*w)->params();
@@ -252,8 +252,8 @@ TEST(PackedBuiltin, DeviceWeightsUploadTheSameBytesThroughAnyStaging) {
               0);
   }
   // f32 experts from the bf16 views: widened, as ExpertStore's conversion would.
-  auto w = DeviceWeights::create(g, host, true, DType::kF32, mem::host_transfer_engine(),
-                                 mem::Stream::host(), nullptr, 256);
+  auto w = DeviceWeights::create(g, host, true, DType::kF32, DType::kF32,
+                                 mem::host_transfer_engine(), mem::Stream::host(), nullptr, 256);
   ASSERT_TRUE(w.ok());
   const auto* d = static_cast<const float*>((*w)->params().layers[1].expert_down[3].data);
   const auto* h = static_cast<const std::uint16_t*>(host.layers[1].expert_down[3].data);

@@ -15,6 +15,7 @@
 #include "model/model_binding.h"
 #include "model/safetensors.h"
 #include "serve/builtin_model.h"
+#include "serve/dense_weights.h"
 #include "serve/engine.h"
 #include "serve/routing_trace.h"
 
@@ -110,6 +111,33 @@ inline void expect_same_bits(const RunRecord& got, const RunRecord& want, const 
       EXPECT_TRUE(same_bits(g[i], rows[i])) << what << " request " << id << " row " << i;
     }
   }
+}
+
+// A model's parameters with the dense linear weights (dense_weights.h for_each_dense_linear)
+// rounded to bf16 and widened back to f32 (exact): what the f32 engine must run on to give the bf16
+// dense engine's bits. Tied views stay tied. Everything else points at the source's memory.
+struct RoundedDense {
+  model::ModelParams params;
+  std::vector<std::unique_ptr<std::vector<float>>> keep;
+};
+inline std::unique_ptr<RoundedDense> round_dense_to_bf16(const model::ModelParams& src) {
+  auto r = std::make_unique<RoundedDense>();
+  r->params = src;
+  std::map<const void*, const float*> done;
+  for_each_dense_linear(r->params, [&](ConstTensorView& v) {
+    if (v.data == nullptr) return;
+    EXPECT_EQ(v.dtype, DType::kF32);
+    auto it = done.find(v.data);
+    if (it == done.end()) {
+      const auto* in = static_cast<const float*>(v.data);
+      auto& w = *r->keep.emplace_back(
+          std::make_unique<std::vector<float>>(static_cast<std::size_t>(v.numel())));
+      for (std::size_t i = 0; i < w.size(); ++i) w[i] = bf16_to_f32(f32_to_bf16(in[i]));
+      it = done.emplace(v.data, w.data()).first;
+    }
+    v.data = it->second;
+  });
+  return r;
 }
 
 // Submits all requests at once and steps until idle.
