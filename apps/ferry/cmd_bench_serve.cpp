@@ -3,8 +3,11 @@
 //   [--budget-gib X | --expert-slots N] [--prompt-tokens P] [--decode-tokens D]
 //   [--trace FILE | --synthetic calibrated|spread|none] [--link-gbps G] [--policy P] [--seed S]
 //   [--miss-cost-model [--cpu-gflops F]] [--bypass-window N] [--serial-miss-copies]
-//   [--device cpu|cuda] [--expert-dtype f32|bf16] [--no-cuda-graphs] [--no-device-resolve]
-//   [--json OUT]`
+//   [--device cpu|cuda] [--expert-dtype f32|bf16] [--dense-dtype f32|bf16] [--no-cuda-graphs]
+//   [--no-device-resolve] [--json OUT]`
+// --dense-dtype bf16 stores the dense weights (attention, router, lm_head, embedding) in bf16 on
+// either engine (f32 arithmetic on the widened weights): half their bytes in the budget, so more
+// expert slots at the same --budget-gib. Default f32 for every geometry and model.
 // --device cuda runs every mode on the CUDA engine (GPU 0); its roofline rate is a pinned
 // host->GPU copy measured in the same process, or with --link-gbps G the paced rate G (the copy
 // stream held to G by timed waits; the paced probe's measured rate is reported beside it).
@@ -36,6 +39,7 @@
 #include "serve/bench/bench_geometry.h"
 #include "serve/bench/serve_bench.h"
 #include "serve/builtin_model.h"
+#include "serve/dense_weights.h"
 #include "serve/sampler.h"
 #include "serve/trace_synth.h"
 
@@ -59,6 +63,7 @@ struct BenchServeConfig {
   std::string json_out;
   std::string device = "cpu";
   std::string expert_dtype = "f32";
+  std::string dense_dtype = "f32";
   bool no_cuda_graphs = false;     // the A/B baseline: decode steps op by op
   bool no_device_resolve = false;  // the A/B baseline: paged slots resolved by the host pager
 };
@@ -92,6 +97,13 @@ void print_table(const Json& rep, const std::string& what) {
               cuda ? "(dense weights, KV, tables, activations)" : "(KV pool)",
               sz["slots_per_layer"].get<int>(), sz["moe_layers"].get<int>(),
               mem::format_bytes(sz["expert_bytes"]).c_str());
+  const std::string dense =
+      cuda ? mem::format_bytes(sz["dense_device_bytes"].get<std::size_t>()) +
+                 " in GPU memory (part of the fixed bytes)"
+           : mem::format_bytes(sz["dense_bytes_charged"].get<std::size_t>()) +
+                 " charged to the plan (the CPU engine reads them in host memory)";
+  std::printf("dense weights %s: %s\n", sz["dense_dtype"].get<std::string>().c_str(),
+              dense.c_str());
   std::printf("%-12s %12s %12s %8s %14s %10s %10s %22s %6s\n", "mode", "prefill t/s", "decode t/s",
               "hit", "h2d B/tok dec", "roofline%", "syncs/tok", "device peak/budget", "ids=");
   for (const Json& m : rep["modes"]) {
@@ -144,7 +156,8 @@ void print_table(const Json& rep, const std::string& what) {
               fmt_opt(r["paged_over_cpu_experts_prefill"], "{:.2f}x").c_str());
   const std::string syncs =
       cuda ? "syncs = every host wait on the GPU (logits, routing hook, routed ids); experts " +
-                 rep["expert_dtype"].get<std::string>() + ", the rest f32"
+                 rep["expert_dtype"].get<std::string>() + ", dense weights " +
+                 rep["dense_dtype"].get<std::string>() + ", K/V and activations f32"
            : std::string("syncs = host syncs of expert copies (other syncs not counted)");
   std::printf(
       "hit = device hit rate of expert uses in decode; roofline%% = (h2d bytes / %.1f GB/s) / "
@@ -183,6 +196,9 @@ int run_bench_serve(const BenchServeConfig& cfg) {
   auto expert_dtype = serve::parse_expert_dtype(cfg.expert_dtype);
   if (!expert_dtype.ok()) return fail(expert_dtype.status());
   bc.expert_dtype = *expert_dtype;
+  auto dense_dtype = serve::parse_dense_dtype(cfg.dense_dtype);
+  if (!dense_dtype.ok()) return fail(dense_dtype.status());
+  bc.dense_dtype = *dense_dtype;
   const std::size_t expert_elem = dtype_size(bc.expert_dtype);
   if (!cuda && bc.expert_dtype != DType::kF32) {
     // Before any weights exist (the 48-layer geometry takes minutes to build).
@@ -259,7 +275,8 @@ int run_bench_serve(const BenchServeConfig& cfg) {
   // Sizing: slots, or a total budget with dense weights charged (default: the target's fraction).
   const std::size_t model_bytes = pb.total * sizeof(float);
   bc.expert_slots = cfg.expert_slots;
-  bc.dense_bytes = pb.dense() * sizeof(float);
+  // The dense weights in the engine's dense dtype (what its device budget holds of them).
+  bc.dense_bytes = serve::dense_weight_bytes(params, bc.dense_dtype);
   std::string budget_basis;
   if (cfg.expert_slots == 0) {
     if (cfg.budget_gib > 0) {
@@ -356,8 +373,9 @@ int run_bench_serve(const BenchServeConfig& cfg) {
                    {"top_k", geo.top_k},
                    {"expert_width", geo.expert_width},
                    {"vocab", geo.vocab},
-                   {"dtype", "f32"},
+                   {"dtype", cfg.dense_dtype},
                    {"expert_dtype", cfg.expert_dtype},
+                   {"dense_dtype", cfg.dense_dtype},
                    {"params", pb.total},
                    {"expert_params", pb.experts},
                    {"model_bytes", model_bytes}};
@@ -387,8 +405,8 @@ int run_bench_serve(const BenchServeConfig& cfg) {
   j["machine"] =
       cuda ? fmt::format(
                  "CUDA engine on GPU 0 ({} routed experts in the pinned host store, slots "
-                 "and copies; f32 dense weights, K/V and activations)",
-                 cfg.expert_dtype)
+                 "and copies; {} dense weights; f32 K/V and activations)",
+                 cfg.expert_dtype, cfg.dense_dtype)
            : "CPU engine; device tier emulated in host memory (memcpy H2D), not a GPU measurement";
   if (cfg.json_out != "-") {
     print_table(j, what + "; trace " + trace_what + "; sizing: " + budget_basis);
@@ -457,6 +475,10 @@ void register_bench_serve(CLI::App& app, CommandFn& run) {
   cmd->add_option("--expert-dtype", cfg->expert_dtype,
                   "routed experts stored and copied in f32 (default) or bf16 (--device cuda only; "
                   "f32 accumulation)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->add_option("--dense-dtype", cfg->dense_dtype,
+                  "dense weights (attention, router, lm_head, embedding) stored in f32 (default) "
+                  "or bf16: half their device bytes, f32 arithmetic on the widened weights")
       ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->callback([cfg, &run] { run = [cfg] { return run_bench_serve(*cfg); }; });
 }

@@ -141,6 +141,7 @@ Result<serve::EngineConfig> engine_config(const GenerateConfig& cfg,
   ec.pager.budget_bytes = static_cast<std::size_t>(cfg.expert_budget_mib * 1024 * 1024);
   apply_serve_step_switches(cfg.step, ec);
   apply_miss_placement(cfg.miss, ec.pager);
+  FERRY_TRY(apply_dense_dtype(cfg.miss, ec));
   ec.kv.budget_bytes = static_cast<std::size_t>(cfg.kv_budget_mib * 1024 * 1024);
   ec.kv.block_tokens = cfg.kv_block_tokens;
   ec.device_budget_bytes = static_cast<std::size_t>(cfg.device_budget_mib * 1024 * 1024);

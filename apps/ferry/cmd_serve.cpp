@@ -164,6 +164,7 @@ int run_serve(const ServeCliConfig& c) {
   ec.pager.budget_bytes = static_cast<std::size_t>(c.expert_budget_mib * 1024 * 1024);
   apply_serve_step_switches(c.step, ec);
   apply_miss_placement(c.miss, ec.pager);
+  if (Status st = apply_dense_dtype(c.miss, ec); !st.ok()) return fail(st);
   ec.pager.link_gbps = c.link_gbps;  // one link: MV-WSA's and the miss cost model's
   ec.kv.budget_bytes = static_cast<std::size_t>(c.kv_budget_mib * 1024 * 1024);
   ec.kv.block_tokens = c.kv_block_tokens;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The paged mode's miss-placement flags and the experts' storage dtype (serve_config.h
-// PagerConfig), shared by `ferry generate`, `ferry serve` and `ferry bench serve` (which has its
-// own --expert-dtype).
+// The paged mode's miss-placement flags and the weights' storage dtypes (serve_config.h
+// PagerConfig::expert_dtype, EngineConfig::dense_dtype), shared by `ferry generate`, `ferry serve`
+// and `ferry bench serve` (which has its own --expert-dtype and --dense-dtype).
 #pragma once
 
 #include <string>
@@ -19,6 +19,7 @@ struct MissPlacementFlags {
   int bypass_window = 0;
   bool serial_copies = false;  // PagerConfig::overlap_misses = false
   std::string expert_dtype;    // with_dtype: "f32" (default) or "bf16"
+  std::string dense_dtype;     // with_dtype: "f32" (default) or "bf16"
 };
 
 // with_link: also registers --link-gbps (a command that already has its own --link-gbps, like
@@ -29,6 +30,11 @@ inline void add_miss_placement_flags(CLI::App* cmd, MissPlacementFlags& f, bool 
     cmd->add_option("--expert-dtype", f.expert_dtype,
                     "routed experts stored, copied and read in f32 (default) or bf16 (--device "
                     "cuda only; f32 accumulation)")
+        ->check(CLI::IsMember({"f32", "bf16"}));
+    cmd->add_option("--dense-dtype", f.dense_dtype,
+                    "dense weights (attention, router, lm_head, embedding) stored in f32 "
+                    "(default) or bf16: half their bytes, f32 arithmetic on the widened weights "
+                    "(the f32 engine's bits on the weights rounded to bf16)")
         ->check(CLI::IsMember({"f32", "bf16"}));
   }
   cmd->add_flag("--miss-cost-model", f.cost_model,
@@ -55,6 +61,12 @@ inline void apply_miss_placement(const MissPlacementFlags& f, serve::PagerConfig
   pc.bypass_window = f.bypass_window;
   pc.overlap_misses = !f.serial_copies;
   if (f.expert_dtype == "bf16") pc.expert_dtype = DType::kBF16;  // CLI checked the spelling
+}
+
+inline Status apply_dense_dtype(const MissPlacementFlags& f, serve::EngineConfig& ec) {
+  if (f.dense_dtype.empty()) return ok_status();  // the default, f32
+  FERRY_ASSIGN_OR_RETURN(ec.dense_dtype, serve::parse_dense_dtype(f.dense_dtype));
+  return ok_status();
 }
 
 }  // namespace ferry::app

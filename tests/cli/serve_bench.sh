@@ -131,6 +131,7 @@ expect 2 "device" --geometry tiny --device tpu
 expect 2 "expert-dtype" --geometry tiny --expert-dtype f16
 expect 1 "bf16 experts need --device cuda" --geometry tiny --expert-dtype bf16
 expect 1 "no-cuda-graphs needs --device cuda" --geometry tiny --no-cuda-graphs
+expect 2 "dense-dtype" --geometry tiny --dense-dtype f16
 # The 48-layer geometry: refused before any weights are built (bf16 on the CPU engine; f32
 # experts where the host lacks ~114 GiB, with the bf16 alternative named).
 expect 1 "bf16 experts need --device cuda" --geometry qwen3-30b-a3b --expert-dtype bf16
@@ -138,6 +139,28 @@ avail_kib=$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)
 if [ "${avail_kib:-0}" -gt 0 ] && [ "$avail_kib" -lt $((100 * 1024 * 1024)) ]; then
   expect 1 "use --device cuda --expert-dtype bf16" --geometry qwen3-30b-a3b
 fi
+
+# --dense-dtype bf16 (the CPU engine too): every mode gives the bf16 reference's bits, the JSON
+# says so, and at the same --budget-gib the dense weights charged halve (tiny: 240,640 B of f32
+# dense weights, 121,088 B in bf16) and the bytes saved become expert slots (2 layers x 24 KiB
+# f32 experts: 4 slots per layer in f32, 6 in bf16, beside 8 KiB of KV).
+for dt in f32 bf16; do
+  "$FERRY" bench serve --geometry tiny --prompt-tokens 8 --decode-tokens 4 --dense-dtype $dt \
+    --budget-gib 0.00044 --modes resident,cpu-experts,paged --json "$tmp/d_$dt.json" \
+    >/dev/null 2>"$tmp/err.txt" ||
+    fail "bench serve --dense-dtype $dt: $(cat "$tmp/err.txt")"
+done
+python3 - "$tmp/d_f32.json" "$tmp/d_bf16.json" <<'PY' || fail "dense dtype: $(cat "$tmp/d_bf16.json")"
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:])
+assert a["dense_dtype"] == "f32" and b["dense_dtype"] == "bf16", (a["dense_dtype"], b["dense_dtype"])
+assert b["sizing"]["dense_bytes_charged"] < a["sizing"]["dense_bytes_charged"], b["sizing"]
+assert a["sizing"]["dense_bytes_charged"] == 240640, a["sizing"]
+assert b["sizing"]["dense_bytes_charged"] == 121088, b["sizing"]
+assert (a["sizing"]["slots_per_layer"], b["sizing"]["slots_per_layer"]) == (4, 6), (a["sizing"], b["sizing"])
+for m in b["modes"]:
+    assert m["ran"] and m["same_tokens_as_reference"] and m["same_logits_bits_as_reference"], m["mode"]
+PY
 
 # --serial-miss-copies: the JSON says so and the paged mode still gives the reference's bits
 # (on the CPU engine the copies are synchronous either way).

@@ -83,6 +83,7 @@ Result<ModeResult> run_mode(const model::DecoderGeometry& geo, const model::Mode
   ec.pager.mode = mode;
   ec.pager.policy = cfg.policy;
   ec.pager.expert_dtype = cfg.expert_dtype;
+  ec.dense_dtype = cfg.dense_dtype;
   ec.kv.block_tokens = cfg.kv_block_tokens;
   ec.kv.budget_bytes = plan.kv_bytes;
   ec.max_batch_tokens = static_cast<int>(cfg.prompt.size());
@@ -310,6 +311,7 @@ Result<ServeBenchReport> run_serve_bench(const model::DecoderGeometry& geo,
     EngineConfig pc;
     pc.pager.mode = ExpertMode::kPaged;
     pc.pager.expert_dtype = cfg.expert_dtype;
+    pc.dense_dtype = cfg.dense_dtype;
     pc.pager.slots_per_layer = geo.top_k;
     pc.pager.host_store = cfg.host_store;
     // Paged's own fixed bytes: with device slot resolution, its state (under LRU only).
@@ -322,6 +324,7 @@ Result<ServeBenchReport> run_serve_bench(const model::DecoderGeometry& geo,
     FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Engine> probe,
                            Engine::create(geo, params, pc, *cfg.backend));
     r.device_fixed_bytes = probe->device_budget().bytes_peak() - probe->experts().device_bytes();
+    r.dense_device_bytes = probe->device_weight_bytes();
     fixed = r.device_fixed_bytes;
   }
   if (cfg.expert_slots > 0) {
@@ -432,12 +435,14 @@ Json report_json(const ServeBenchReport& r) {
         {"device_resolve", c.device_resolve}}},
       {"device", r.cuda ? "cuda" : "cpu"},
       {"dtype",
-       c.expert_dtype == DType::kBF16
-           ? "bf16 routed experts (host store, slots, copies; f32 accumulation); f32 dense "
-             "weights, K/V and activations"
-           : "f32 weights, K/V and activations (the issue's target is bf16: expert bytes are 2x "
-             "bf16's)"},
+       fmt::format("{} routed experts, {} dense weights (bf16: stored bf16, widened exactly, f32 "
+                   "accumulation); f32 K/V and activations{}",
+                   to_string(c.expert_dtype), to_string(c.dense_dtype),
+                   c.expert_dtype == DType::kBF16 && c.dense_dtype == DType::kBF16
+                       ? ""
+                       : " (the issue's target is bf16 weights: f32 ones take 2x its bytes)")},
       {"expert_dtype", std::string(to_string(c.expert_dtype))},
+      {"dense_dtype", std::string(to_string(c.dense_dtype))},
       {"link",
        {{"paced", c.link_gbps > 0},
         {"link_gbps", c.link_gbps},
@@ -447,6 +452,8 @@ Json report_json(const ServeBenchReport& r) {
        {{"from", c.expert_slots > 0 ? "expert_slots" : "budget"},
         {"budget_bytes", c.budget_bytes},
         {"dense_bytes_charged", c.expert_slots > 0 ? 0 : c.dense_bytes},
+        {"dense_dtype", std::string(to_string(c.dense_dtype))},
+        {"dense_device_bytes", r.cuda ? Json(r.dense_device_bytes) : Json(nullptr)},
         {"kv_bytes", r.kv_bytes},
         {"device_fixed_bytes", r.cuda ? Json(r.device_fixed_bytes) : Json(nullptr)},
         {"expert_bytes", r.expert_bytes},
@@ -475,6 +482,9 @@ Json report_json(const ServeBenchReport& r) {
         {"device_fixed_bytes",
          "CUDA: dense weights + KV + pointer tables + activations, the budget's non-slot part, "
          "measured on a probe engine"},
+        {"dense_device_bytes",
+         "CUDA: the dense (non-expert) weights' bytes in GPU memory in dense_dtype (part of "
+         "device_fixed_bytes), measured on the probe engine"},
         {"roofline_pct",
          "100 * (h2d bytes / roofline rate) / phase seconds = tokens/s over roofline tokens/s "
          "(roofline tokens/s = rate / h2d bytes per token); null when no bytes move"},

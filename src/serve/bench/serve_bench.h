@@ -25,10 +25,10 @@
 // afterwards. Not thread-safe (global pacing, global pool).
 //
 // CUDA (backend = a CUDA backend): every mode runs the CUDA engine (docs/serve.md "CUDA path"),
-// whose one device budget also holds the dense weights (f32), the expert pointer tables and the
-// activations. A probe engine (paged, top-k slots, no budget, no steps) measures those fixed
-// bytes (dense + KV + tables + activations = its peak - its slots); the budget is fixed bytes +
-// expert slots (with budget_bytes: the slots are what is left after the fixed bytes). h2d bytes
+// whose one device budget also holds the dense weights (in dense_dtype), the expert pointer tables
+// and the activations. A probe engine (paged, top-k slots, no budget, no steps) measures those
+// fixed bytes (dense + KV + tables + activations = its peak - its slots); the budget is fixed bytes
+// + expert slots (with budget_bytes: the slots are what is left after the fixed bytes). h2d bytes
 // are then every H2D byte of the engine's CUDA transfer engine (expert copies, step inputs,
 // pointer tables, the routing hook's ids, cpu-experts' rows); expert_h2d_bytes the expert copies
 // alone. host syncs are counted where the host waits on the device: one per step (logits), one per
@@ -78,6 +78,9 @@ struct ServeBenchConfig {
   bool overlap_misses = true;  // PagerConfig::overlap_misses (CUDA paged)
   bool device_resolve = true;  // PagerConfig::device_resolve (paged decode slots on the device)
   DType expert_dtype = DType::kF32;  // PagerConfig::expert_dtype (bf16: CUDA only)
+  // EngineConfig::dense_dtype (both engines). dense_bytes above must be counted in it
+  // (dense_weights.h dense_weight_bytes); the CUDA engine's probe measures it on the device.
+  DType dense_dtype = DType::kF32;
   double link_gbps = 0;  // > 0: pace H2D copies (emulated tier, or CUDA's copy stream) to it (GB/s)
   bool cuda_graphs = true;              // EngineConfig::cuda_graphs (CUDA decode steps as graphs)
   double roofline_gbps = 0;             // the rate the roofline is computed against (> 0)
@@ -125,6 +128,8 @@ struct ServeBenchReport {
   bool cuda = false;
   // CUDA: dense weights + KV + pointer tables + activations, measured by the probe engine.
   std::size_t device_fixed_bytes = 0;
+  std::size_t dense_device_bytes =
+      0;  // CUDA: the probe's dense weights (Engine::device_weight_bytes)
   std::vector<ModeResult> modes;
 };
 
