@@ -259,6 +259,8 @@ int run_generate(const GenerateConfig& cfg) {
               {"kv_blocks_peak", eng.stats().kv_blocks_peak},
               {"device", cfg.device},
               {"device_weight_bytes", eng.device_weight_bytes()},
+              {"dense_dtype", std::string(to_string(eng.config().dense_dtype))},
+              {"host_dense_weight_bytes", eng.host_dense_weight_bytes()},
               {"device_peak_bytes", eng.device_budget().bytes_peak()},
               {"expert_device_bytes", ex.device_bytes()},
               {"static_bytes_copied", ex.counters().static_bytes_copied}};
