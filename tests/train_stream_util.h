@@ -96,7 +96,8 @@ struct RunSpec {
   model::GemmPrecision gemm_precision = model::GemmPrecision::kF32;
   bool bf16_compute = false;     // TrainState::use_bf16_compute (fp32 master, bf16 weights)
   bool bf16_grads = false;       // TrainState::bf16_grads
-  int device_update_layers = 0;  // StreamOptions::device_update_layers
+  int device_update_layers = 0;  // StreamOptions::device_update_layers (-1: all)
+  int device_update_slots = 2;   // StreamOptions::device_update_slots
   std::function<void(int)> cpu_update_hook;       // StreamOptions::cpu_update_hook
   std::function<Status(int)> device_update_hook;  // StreamOptions::device_update_hook
 };
@@ -181,6 +182,7 @@ inline RunResult run_stream(const model::LoadedModel& m, const RunSpec& r,
                    .optimizer_threads = r.optimizer_threads,
                    .gemm_precision = r.gemm_precision,
                    .device_update_layers = r.device_update_layers,
+                   .device_update_slots = r.device_update_slots,
                    .cpu_update_hook = r.cpu_update_hook,
                    .device_update_hook = r.device_update_hook};
   auto ex = StreamExecutor::create(*out.state, kBatch, kSeq, so, backend);

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "apps/ferry/commands.h"
+#include "apps/ferry/device_update_flags.h"
 #include "plan/geometry.h"
 #include "train/train_bench.h"
 
@@ -89,13 +90,7 @@ void register_bench_train(CLI::App& app, CommandFn& run) {
                   "stream: linear layers' GEMMs: bf16 (operands rounded to bf16, f32 "
                   "accumulation; PyTorch autocast), f32, or auto (bf16 on cuda, f32 on cpu)")
       ->check(CLI::IsMember({"auto", "bf16", "f32"}));
-  cmd->add_option("--device-update-layers", cfg->device_update_layers,
-                  "the device updates up to K layers in the optimizer phase, claiming 0, 1, ... "
-                  "while the CPU worker takes the globals and then L-1, L-2, ... until they meet "
-                  "(bit-identical; needs 8-bit states or a bf16 master for layers 0..K-1; 0: "
-                  "the CPU updates all)")
-      ->envname("FERRY_DEVICE_UPDATE_LAYERS")
-      ->check(CLI::Range(0, 4096));
+  add_device_update_flags(cmd, cfg->device_update_layers, cfg->device_update_slots, "");
   cmd->add_option("--optimizer-threads", cfg->optimizer_threads,
                   "AdamW threads (0: 1 beside CPU compute, all cores but two beside a GPU)")
       ->check(CLI::Range(0, 4096));

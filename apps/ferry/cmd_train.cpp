@@ -17,6 +17,7 @@
 #include <string>
 
 #include "apps/ferry/commands.h"
+#include "apps/ferry/device_update_flags.h"
 #include "core/log.h"
 #include "model/config.h"
 #include "train/builtin_model.h"
@@ -173,13 +174,7 @@ void register_train(CLI::App& app, CommandFn& run) {
                   "host bytes, the D2H and the optimizer's reads; the running sum is rounded to "
                   "bf16 after every micro-batch)")
       ->check(CLI::IsMember({"f32", "bf16"}));
-  cmd->add_option("--device-update-layers", cfg->device_update_layers,
-                  "stream: the device updates up to K layers in the optimizer phase, claiming "
-                  "0, 1, ... while the CPU worker takes the globals and then L-1, L-2, ... until "
-                  "they meet (bit-identical; needs 8-bit states or a bf16 master for layers "
-                  "0..K-1; 0: the CPU updates all)")
-      ->envname("FERRY_DEVICE_UPDATE_LAYERS")
-      ->check(CLI::Range(0, 4096));
+  add_device_update_flags(cmd, cfg->device_update_layers, cfg->device_update_slots, "stream: ");
   cmd->add_option("--optimizer-threads", cfg->optimizer_threads,
                   "stream: CPU threads of the AdamW update (0: 1 beside CPU compute, all cores "
                   "but two beside a GPU)")

@@ -122,7 +122,12 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
       {"gemm_precision", model::to_string(precision)},
       {"weights_dtype", bf16_compute || c.optim.master != MasterWeights::kF32 ? "bf16" : "f32"},
       {"grad_dtype", bf16_grads ? "bf16" : "f32"},
-      {"device_update_layers", c.device_update_layers},
+      // `all` (kDeviceUpdateAllLayers) reported as the model's layers.
+      {"device_update_layers", c.device_update_layers == stream::kDeviceUpdateAllLayers
+                                   ? geo.layers
+                                   : c.device_update_layers},
+      {"device_update_slots",
+       c.device_update_layers != 0 ? Json(c.device_update_slots) : Json(nullptr)},
       {"policies", Json::array()}};
   AdamWConfig adamw;
   // One pinned host arena for every policy: the previous policy's, re-initialized to the same
@@ -163,8 +168,8 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
     if (c.batch_auto) {
       // The device optimizer tail's staging counts against the cap like the rest of the plan.
       stream::ModelSizes sizes = stream::model_sizes(*arena);
-      sizes.optimizer_tail_bytes =
-          stream::DeviceOptimizerTail::staging_bytes(*arena, c.device_update_layers);
+      sizes.optimizer_tail_bytes = stream::DeviceOptimizerTail::staging_bytes(
+          *arena, c.device_update_layers, c.device_update_slots);
       FERRY_ASSIGN_OR_RETURN(
           largest_fitting,
           stream::largest_batch(geo, sizes, pol, c.prefetch + 1, c.seq, c.device_budget_bytes, *be,
@@ -188,7 +193,8 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
                                    .device_budget_bytes = c.device_budget_bytes,
                                    .optimizer_threads = c.optimizer_threads,
                                    .gemm_precision = precision,
-                                   .device_update_layers = c.device_update_layers};
+                                   .device_update_layers = c.device_update_layers,
+                                   .device_update_slots = c.device_update_slots};
     Timer create;
     auto ex = stream::StreamExecutor::create(std::move(arena), config, c.seed, b, c.seq, so, *be);
     const double executor_s = create.elapsed_s();
@@ -253,6 +259,13 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
     double fwd_exposed_ms = 0;
     for (int l = 0; l < geo.layers; ++l) fwd_exposed_ms += report.measured_exposed_ms[l];
     const double hidden = opt_ms > 0 ? 1.0 - std::min(1.0, fwd_exposed_ms / opt_ms) : 1.0;
+    // The device tail's mean per unit (warmup included): first H2D byte to last D2H byte, and
+    // each phase (GPU clock on a GPU); with several slots the units overlap.
+    const stream::DeviceTailStats tail = x.device_tail_stats();
+    auto per_unit_ms = [&](double sum_s) -> Json {
+      return tail.units_updated > 0 ? Json(sum_s * 1e3 / static_cast<double>(tail.units_updated))
+                                    : Json(nullptr);
+    };
     rep["policies"].push_back(
         {{"policy", name},
          {"describe", pol.describe()},
@@ -291,6 +304,11 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
          {"device_update_h2d_bytes", x.device_tail_stats().h2d_bytes},
          {"device_update_d2h_bytes", x.device_tail_stats().d2h_bytes},
          {"device_update_busy_s", x.device_tail_stats().busy_s},
+         {"device_update_slots", tail.slots > 0 ? Json(tail.slots) : Json(nullptr)},
+         {"device_update_unit_ms_mean", per_unit_ms(tail.unit_s)},
+         {"device_update_unit_h2d_ms_mean", per_unit_ms(tail.unit_h2d_s)},
+         {"device_update_unit_kernel_ms_mean", per_unit_ms(tail.unit_kernel_s)},
+         {"device_update_unit_d2h_ms_mean", per_unit_ms(tail.unit_d2h_s)},
          {"windows", stream::window_report_json(report)}});
     reuse = stream::StreamExecutor::release_arena(std::move(*ex));
   }
@@ -327,6 +345,17 @@ std::string format_train_bench(const Json& r) {
         p["optimizer_ms_per_step"].get<double>(),
         mem::format_bytes(p["device_peak_bytes"].get<std::size_t>()),
         mem::format_bytes(p["host_peak_bytes"].get<std::size_t>()));
+    if (p.value("device_update_units", std::uint64_t{0}) > 0) {
+      out += fmt::format(
+          "{:<22} device tail: {:.2f} layers/step (cpu {:.2f}), {} slots, per unit {:.1f} ms "
+          "(h2d {:.1f}, kernels {:.1f}, d2h {:.1f})\n",
+          "", p["device_update_units_per_step"].get<double>(),
+          p["cpu_update_layers_per_step"].get<double>(), p["device_update_slots"].get<int>(),
+          p["device_update_unit_ms_mean"].get<double>(),
+          p["device_update_unit_h2d_ms_mean"].get<double>(),
+          p["device_update_unit_kernel_ms_mean"].get<double>(),
+          p["device_update_unit_d2h_ms_mean"].get<double>());
+    }
   }
   return out;
 }

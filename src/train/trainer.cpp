@@ -286,7 +286,7 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
   if (!c.plan_file.empty() && c.executor != Executor::kStream) {
     return invalid_argument("train: --plan runs on --executor stream");
   }
-  if (c.device_update_layers > 0 && c.executor != Executor::kStream) {
+  if (c.device_update_layers != 0 && c.executor != Executor::kStream) {
     return invalid_argument("train: --device-update-layers runs on --executor stream");
   }
   if (c.executor == Executor::kStream) {
@@ -317,7 +317,8 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
                                    : mem::MemoryBudget::kUnlimited,
         .optimizer_threads = c.optimizer_threads,
         .gemm_precision = gemm_precision,
-        .device_update_layers = c.device_update_layers};
+        .device_update_layers = c.device_update_layers,
+        .device_update_slots = c.device_update_slots};
     FERRY_ASSIGN_OR_RETURN(
         streamer, stream::StreamExecutor::create(s, c.batch_size, c.seq_len, so, *step_be));
     sum.host_bytes_per_param = streamer->arena().bytes_per_param();

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "train/stream/device_optimizer_tail.h"
 
+#include <algorithm>
 #include <array>
+#include <deque>
 #include <vector>
 
 #include "core/dtype.h"
@@ -24,11 +26,10 @@ constexpr std::array<Section, 7> kSections = {
 
 std::size_t align_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-// Unit u's staging layout: each section's offset, then the f32 gradients (bf16 gradients are
-// widened into them; f32 gradients are read where they landed).
+// Unit u's layout in a staging slot: each section's offset (bf16 gradients are widened per
+// parameter into the shared widening buffer; f32 gradients are read where they landed).
 struct Layout {
   std::array<std::size_t, kSections.size()> at{};
-  std::size_t grad32 = 0;
   std::size_t total = 0;
 };
 
@@ -39,8 +40,6 @@ Layout layout(const HostArena& arena, int u) {
     l.at[s] = off;
     off += align_up(arena.section(u, kSections[s]).size);
   }
-  l.grad32 = off;
-  if (arena.bf16_grads()) off += align_up(static_cast<std::size_t>(arena.unit_elements(u)) * 4);
   l.total = off;
   return l;
 }
@@ -54,11 +53,21 @@ std::size_t index_of(Section s) {
 
 }  // namespace
 
-Status DeviceOptimizerTail::check(const HostArena& arena, int units) {
+int DeviceOptimizerTail::resolve_units(const HostArena& arena, int units) {
+  return units == kDeviceUpdateAllLayers ? arena.globals_unit() : units;
+}
+
+Status DeviceOptimizerTail::check(const HostArena& arena, int units_in, int slots) {
   const int layers = arena.globals_unit();
+  const int units = resolve_units(arena, units_in);
   if (units < 0 || units > layers) {
-    return invalid_argument("train: --device-update-layers {} outside [0, {}] (the model's layers)",
-                            units, layers);
+    return invalid_argument(
+        "train: --device-update-layers {} outside [0, {}] (the model's layers) or all", units_in,
+        layers);
+  }
+  if (units > 0 && (slots < 1 || slots > kMaxDeviceUpdateSlots)) {
+    return invalid_argument("train: --device-update-slots {} outside [1, {}]", slots,
+                            kMaxDeviceUpdateSlots);
   }
   if (arena.mode().master != MasterWeights::kF32) return {};
   for (int u = 0; u < units; ++u) {
@@ -68,42 +77,79 @@ Status DeviceOptimizerTail::check(const HostArena& arena, int units) {
             "train: --device-update-layers {}: layer {} has parameters with fp32 master + fp32 "
             "states, which have no device kernel; use 8-bit states for every parameter or a "
             "bf16 master",
-            units, u);
+            units_in, u);
       }
     }
   }
   return {};
 }
 
-std::size_t DeviceOptimizerTail::staging_bytes(const HostArena& arena, int units) {
+std::size_t DeviceOptimizerTail::slot_bytes(const HostArena& arena, int units) {
+  units = std::min(resolve_units(arena, units), arena.globals_unit());
   std::size_t most = 0;
-  for (int u = 0; u < units && u < arena.globals_unit(); ++u) {
-    most = std::max(most, layout(arena, u).total);
-  }
+  for (int u = 0; u < units; ++u) most = std::max(most, layout(arena, u).total);
   return most;
+}
+
+std::size_t DeviceOptimizerTail::widen_bytes(const HostArena& arena, int units) {
+  if (!arena.bf16_grads()) return 0;
+  units = std::min(resolve_units(arena, units), arena.globals_unit());
+  std::int64_t most = 0;
+  for (int u = 0; u < units; ++u) {
+    for (int idx : arena.unit_params(u)) {
+      most = std::max(most, arena.params()[static_cast<std::size_t>(idx)].n);
+    }
+  }
+  return align_up(static_cast<std::size_t>(most) * sizeof(float));
+}
+
+std::size_t DeviceOptimizerTail::staging_bytes(const HostArena& arena, int units, int slots) {
+  if (resolve_units(arena, units) <= 0 || slots <= 0) return 0;
+  return static_cast<std::size_t>(slots) * slot_bytes(arena, units) + widen_bytes(arena, units);
+}
+
+Result<std::unique_ptr<DeviceOptimizerTail>> DeviceOptimizerTail::create(
+    HostArena& arena, LayerOptimizer& opt, int units, int slots, kernels::Backend& backend,
+    mem::TransferEngine& te, std::uint8_t* staging, std::size_t staging_size,
+    mem::StreamSet& streams, std::function<Status(int)> before_unit) {
+  FERRY_TRY(check(arena, units, slots));
+  units = resolve_units(arena, units);
+  FERRY_CHECK(staging_size >= staging_bytes(arena, units, slots),
+              "train: device optimizer staging of {} bytes, {} needed", staging_size,
+              staging_bytes(arena, units, slots));
+  std::unique_ptr<DeviceOptimizerTail> t(
+      new DeviceOptimizerTail(arena, opt, units, backend, te, streams, std::move(before_unit)));
+  const std::size_t per = slot_bytes(arena, units);
+  const bool timing = backend.device() != Device::kCpu;
+  t->slots_.resize(static_cast<std::size_t>(slots));
+  for (int s = 0; s < slots; ++s) {
+    Slot& sl = t->slots_[static_cast<std::size_t>(s)];
+    sl.base = staging + static_cast<std::size_t>(s) * per;
+    for (mem::Event* e : {&sl.up_start, &sl.up_done, &sl.kernels_start, &sl.kernels_done,
+                          &sl.down_start, &sl.down_done}) {
+      FERRY_ASSIGN_OR_RETURN(*e,
+                             mem::Event::create(streams.device(), streams.device_index(), timing));
+    }
+  }
+  if (arena.bf16_grads()) t->widen_ = staging + static_cast<std::size_t>(slots) * per;
+  t->stats_.slots = slots;
+  t->stats_.unit_updates.assign(static_cast<std::size_t>(arena.globals_unit()), 0);
+  opt.share_layers(units);
+  t->thread_ = std::thread([p = t.get()] { p->run(); });
+  return t;
 }
 
 DeviceOptimizerTail::DeviceOptimizerTail(HostArena& arena, LayerOptimizer& opt, int units,
                                          kernels::Backend& backend, mem::TransferEngine& te,
-                                         std::uint8_t* staging, std::size_t staging_size,
-                                         mem::Stream& stream,
+                                         mem::StreamSet& streams,
                                          std::function<Status(int)> before_unit)
     : arena_(arena),
       opt_(opt),
       units_(units),
       be_(backend),
       te_(te),
-      staging_(staging),
-      staging_size_(staging_size),
-      stream_(stream),
-      before_unit_(std::move(before_unit)) {
-  FERRY_CHECK(staging_size_ >= staging_bytes(arena_, units_),
-              "train: device optimizer staging of {} bytes, {} needed", staging_size_,
-              staging_bytes(arena_, units_));
-  stats_.unit_updates.assign(static_cast<std::size_t>(arena_.globals_unit()), 0);
-  opt_.share_layers(units_);
-  thread_ = std::thread([this] { run(); });
-}
+      streams_(streams),
+      before_unit_(std::move(before_unit)) {}
 
 DeviceOptimizerTail::~DeviceOptimizerTail() {
   {
@@ -111,7 +157,7 @@ DeviceOptimizerTail::~DeviceOptimizerTail() {
     stop_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 void DeviceOptimizerTail::submit(const UpdateArgs& a) {
@@ -141,6 +187,7 @@ DeviceTailStats DeviceOptimizerTail::stats() const {
 }
 
 void DeviceOptimizerTail::run() {
+  const int nslots = static_cast<int>(slots_.size());
   for (;;) {
     UpdateArgs a;
     {
@@ -151,32 +198,66 @@ void DeviceOptimizerTail::run() {
     }
     int taken = 0;
     Timer t;
-    // Claims from the bottom until the CPU worker is met, K were taken, an error, or a stop.
-    for (;;) {
+    std::deque<InFlight> flight;  // claimed, queued, not yet marked; oldest first
+    std::vector<int> free_slots;
+    for (int s = nslots - 1; s >= 0; --s) free_slots.push_back(s);
+    // The unit is over (its work done, or failed with the tail's streams idle): counters, the
+    // error before the mark (whoever the mark wakes can see it), the mark, the slot back.
+    auto retire = [&](InFlight& f, const Status& st) {
       {
         std::lock_guard lk(mu_);
-        if (stop_ || !error_.ok()) break;
-      }
-      const int u = opt_.claim_bottom();
-      if (u < 0) break;
-      DeviceTailStats d;  // this unit's counters, merged under the lock
-      Status st = before_unit_ ? before_unit_(u) : Status{};
-      if (st.ok()) st = run_unit(u, a, d);
-      ++taken;
-      {
-        std::lock_guard lk(mu_);
-        stats_.params_updated += d.params_updated;
-        stats_.h2d_bytes += d.h2d_bytes;
-        stats_.d2h_bytes += d.d2h_bytes;
+        stats_.params_updated += f.d.params_updated;
+        stats_.h2d_bytes += f.d.h2d_bytes;
+        stats_.d2h_bytes += f.d.d2h_bytes;
         if (st.ok()) {
           ++stats_.units_updated;
-          ++stats_.unit_updates[static_cast<std::size_t>(u)];
+          ++stats_.unit_updates[static_cast<std::size_t>(f.unit)];
+          stats_.unit_s += f.d.unit_s;
+          stats_.unit_h2d_s += f.d.unit_h2d_s;
+          stats_.unit_kernel_s += f.d.unit_kernel_s;
+          stats_.unit_d2h_s += f.d.unit_d2h_s;
         } else if (error_.ok()) {
-          error_ = st;  // before the unit is marked: whoever it wakes can see the error
+          error_ = st;
         }
       }
       // Marked done even on failure: the forward's wait_ready(u) must not hang; the step failed.
-      opt_.mark_bottom_done(u);
+      opt_.mark_bottom_done(f.unit);
+      free_slots.push_back(f.slot);
+    };
+    bool claiming = true;
+    for (;;) {
+      // Claims from the bottom while a slot is free, until the CPU worker is met, K were taken,
+      // an error, or a stop.
+      while (claiming && !free_slots.empty()) {
+        {
+          std::lock_guard lk(mu_);
+          if (stop_ || !error_.ok()) break;
+        }
+        const int u = opt_.claim_bottom();
+        if (u < 0) {
+          claiming = false;
+          break;
+        }
+        ++taken;
+        InFlight f{.unit = u, .slot = free_slots.back()};
+        free_slots.pop_back();
+        Status st = before_unit_ ? before_unit_(u) : Status{};
+        if (st.ok()) st = enqueue(f, a);
+        if (st.ok()) {
+          flight.push_back(std::move(f));
+          continue;
+        }
+        // Part of the unit may be queued: nothing of it may write the arena once it is marked.
+        (void)streams_.synchronize();
+        retire(f, st);
+        claiming = false;
+      }
+      if (flight.empty()) break;
+      InFlight f = std::move(flight.front());
+      flight.pop_front();
+      const Status st = finish(f);
+      if (!st.ok()) (void)streams_.synchronize();
+      retire(f, st);
     }
     {
       std::lock_guard lk(mu_);
@@ -189,39 +270,38 @@ void DeviceOptimizerTail::run() {
   }
 }
 
-Status DeviceOptimizerTail::run_unit(int u, const UpdateArgs& a, DeviceTailStats& st) {
-  mem::Stream& stream = stream_;
+Status DeviceOptimizerTail::enqueue(InFlight& f, const UpdateArgs& a) {
+  const int u = f.unit;
+  Slot& slot = slots_[static_cast<std::size_t>(f.slot)];
+  mem::Stream& up = streams_.h2d();
+  mem::Stream& cs = streams_.compute();
+  mem::Stream& down = streams_.d2h();
   const Layout l = layout(arena_, u);
   const OptimMode& mode = arena_.mode();
   const bool bf16 = arena_.bf16_master();
   const Device dev = be_.device();
-  auto staged = [&](Section s) { return staging_ + l.at[index_of(s)]; };
-  // Up: everything the kernels read. The weights only with a bf16 master (they are the master,
-  // updated in place); an fp32 master's streaming copy is rewritten whole from the master.
+  const bool emulated = dev == Device::kCpu;  // host streams: each call below runs at once
+  DeviceTailStats& st = f.d;
+  auto staged = [&](Section s) { return slot.base + l.at[index_of(s)]; };
+  Timer unit_t, phase;
+  // Up: everything the kernels read, once the slot's previous unit has left (its D2H). The
+  // weights only with a bf16 master (they are the master, updated in place); an fp32 master's
+  // streaming copy is rewritten whole from the master.
+  FERRY_TRY(up.wait(slot.down_done));
+  FERRY_TRY(slot.up_start.record(up));
   for (Section s : kSections) {
     if (s == Section::kWeights && !bf16) continue;
     const HostArena::Bytes b = arena_.section(u, s);
     if (b.size == 0) continue;
-    FERRY_TRY(te_.h2d(staged(s), b.data, b.size, stream));
+    FERRY_TRY(te_.h2d(staged(s), b.data, b.size, up));
     st.h2d_bytes += b.size;
   }
-  const std::int64_t n = arena_.unit_elements(u);
-  float* g32 = reinterpret_cast<float*>(staged(Section::kGrads));
-  if (arena_.bf16_grads()) {
-    // Widened exactly (bf16 -> f32), the values update_range widens on the CPU.
-    g32 = reinterpret_cast<float*>(staging_ + l.grad32);
-    if (dev == Device::kCpu) {
-      // The emulated tier: the copies above already landed (host streams); widened here, as
-      // the CPU backend's convert would use the global pool, which is the compute thread's.
-      const auto* g16 = reinterpret_cast<const std::uint16_t*>(staged(Section::kGrads));
-      for (std::int64_t e = 0; e < n; ++e) g32[e] = bf16_to_f32(g16[e]);
-    } else {
-      FERRY_TRY(be_.convert(
-          {.out = TensorView::contiguous(g32, DType::kF32, dev, {n}),
-           .in = ConstTensorView::contiguous(staged(Section::kGrads), DType::kBF16, dev, {n})},
-          stream));
-    }
-  }
+  FERRY_TRY(slot.up_done.record(up));
+  if (emulated) st.unit_h2d_s = phase.elapsed_s();
+  phase.reset();
+  // The kernels, on the compute stream once the sections landed.
+  FERRY_TRY(cs.wait(slot.up_done));
+  FERRY_TRY(slot.kernels_start.record(cs));
   const kc::MasterKind mk = mode.master == MasterWeights::kF32         ? kc::MasterKind::kF32
                             : mode.master == MasterWeights::kBf16Kahan ? kc::MasterKind::kBf16Kahan
                                                                        : kc::MasterKind::kBf16Sr;
@@ -232,9 +312,27 @@ Status DeviceOptimizerTail::run_unit(int u, const UpdateArgs& a, DeviceTailStats
   std::uint8_t* v = staged(Section::kV);
   auto* m_absmax = reinterpret_cast<float*>(staged(Section::kMAbsmax));
   auto* v_absmax = reinterpret_cast<float*>(staged(Section::kVAbsmax));
+  std::uint8_t* grads = staged(Section::kGrads);
   // Per parameter, LayerOptimizer::update_range's arguments over the whole parameter.
   for (int idx : arena_.unit_params(u)) {
     const ParamLoc& p = arena_.params()[static_cast<std::size_t>(idx)];
+    const float* g32 = reinterpret_cast<const float*>(grads) + p.offset;
+    if (arena_.bf16_grads()) {
+      // Widened exactly (bf16 -> f32), the values update_range widens on the CPU, into the one
+      // widening buffer: the previous parameter's kernel read it before, in compute-stream order.
+      const auto* g16 = reinterpret_cast<const std::uint16_t*>(grads) + p.offset;
+      auto* w = reinterpret_cast<float*>(widen_);
+      if (emulated) {
+        // The copies above already landed; the CPU backend's convert would use the global pool,
+        // which is the compute thread's.
+        for (std::int64_t e = 0; e < p.n; ++e) w[e] = bf16_to_f32(g16[e]);
+      } else {
+        FERRY_TRY(be_.convert({.out = TensorView::contiguous(w, DType::kF32, dev, {p.n}),
+                               .in = ConstTensorView::contiguous(g16, DType::kBF16, dev, {p.n})},
+                              cs));
+      }
+      g32 = w;
+    }
     kernels::HybridAdamWArgs h;
     h.device = dev;
     h.master = mk;
@@ -243,7 +341,7 @@ Status DeviceOptimizerTail::run_unit(int u, const UpdateArgs& a, DeviceTailStats
                                    a.grad_scale, a.step);
     kc::HybridAdamWSpan& s = h.span;
     s.n = p.n;
-    s.grad = g32 + p.offset;
+    s.grad = g32;
     if (bf16) {
       s.p16 = w16 + p.offset;
       if (mk == kc::MasterKind::kBf16Kahan) s.comp16 = comp16 + p.offset;
@@ -262,20 +360,47 @@ Status DeviceOptimizerTail::run_unit(int u, const UpdateArgs& a, DeviceTailStats
     }
     s.index0 = 0;
     s.sr_key = kc::sr_key(a.sr_seed, a.step, static_cast<std::uint64_t>(p.index));
-    FERRY_TRY(be_.hybrid_adamw(h, stream));
+    FERRY_TRY(be_.hybrid_adamw(h, cs));
     ++st.params_updated;
   }
-  // Back: every section the kernels wrote. An f32 streaming copy is the master's bytes.
+  FERRY_TRY(slot.kernels_done.record(cs));
+  if (emulated) st.unit_kernel_s = phase.elapsed_s();
+  phase.reset();
+  // Back, on the d2h stream once the kernels ran: every section the kernels wrote. An f32
+  // streaming copy is the master's bytes.
+  FERRY_TRY(down.wait(slot.kernels_done));
+  FERRY_TRY(slot.down_start.record(down));
   for (Section s : kSections) {
     if (s == Section::kGrads) continue;
     const HostArena::Bytes b = arena_.section(u, s);
     if (b.size == 0) continue;
     const std::uint8_t* src =
         s == Section::kWeights && !arena_.bf16_weights() ? staged(Section::kMaster) : staged(s);
-    FERRY_TRY(te_.d2h(b.data, src, b.size, stream));
+    FERRY_TRY(te_.d2h(b.data, src, b.size, down));
     st.d2h_bytes += b.size;
   }
-  return stream.synchronize();
+  FERRY_TRY(slot.down_done.record(down));
+  if (emulated) {
+    st.unit_d2h_s = phase.elapsed_s();
+    st.unit_s = unit_t.elapsed_s();
+  }
+  return {};
+}
+
+Status DeviceOptimizerTail::finish(InFlight& f) {
+  const Slot& slot = slots_[static_cast<std::size_t>(f.slot)];
+  FERRY_TRY(slot.down_done.synchronize());
+  if (be_.device() == Device::kCpu) return {};
+  // Every event of the unit completed (down_done follows all of them through the waits).
+  auto ms = [](const mem::Event& from, const mem::Event& to) -> Result<double> {
+    FERRY_ASSIGN_OR_RETURN(const float v, mem::Event::elapsed_ms(from, to));
+    return static_cast<double>(v) * 1e-3;
+  };
+  FERRY_ASSIGN_OR_RETURN(f.d.unit_s, ms(slot.up_start, slot.down_done));
+  FERRY_ASSIGN_OR_RETURN(f.d.unit_h2d_s, ms(slot.up_start, slot.up_done));
+  FERRY_ASSIGN_OR_RETURN(f.d.unit_kernel_s, ms(slot.kernels_start, slot.kernels_done));
+  FERRY_ASSIGN_OR_RETURN(f.d.unit_d2h_s, ms(slot.down_start, slot.down_done));
+  return {};
 }
 
 }  // namespace ferry::train::stream

@@ -1,31 +1,47 @@
 // SPDX-License-Identifier: Apache-2.0
 // DeviceOptimizerTail: the device updates the bottom layers in the optimizer phase
-// (docs/train_gpu_executor.md item 5, issue #4), on a thread and a stream of its own. After the
+// (docs/train_gpu_executor.md item 5, issue #4), on a thread and streams of its own. After the
 // backward the CPU LayerOptimizer updates the globals, and the next forward of layer i waits for
 // unit i (wait_ready); with --device-update-layers K the layers are one range shared with the CPU
-// worker (LayerOptimizer::share_layers): this tail claims from the bottom (0, 1, ..., at most K),
-// the CPU worker from the top (L-1, L-2, ...), each claim atomic, until they meet. submit() hands
-// the tail the step's update right after the CPU worker's and returns; per claimed unit:
-//   per unit: H2D of its optimizer sections (the bf16 weights of a bf16 master, the f32 master or
-//   Kahan words, m, v, the 8-bit block scales, the gradients) into one staging buffer of the
-//   device tier -> bf16 gradients widened to f32 there (Backend::convert) -> per parameter
-//   Backend::hybrid_adamw with exactly LayerOptimizer::update_range's arguments (the same AdamW
-//   constants, decay per parameter, grad_scale = clip / accum, the SR key of (seed, step,
-//   parameter), one span per parameter from element 0: index0 = 0, on a block boundary) -> D2H of
-//   the updated sections -> sync of the tail's stream -> LayerOptimizer::mark_bottom_done(u),
-//   which wakes WeightStreamer's wait_ready(u) unchanged.
+// worker (LayerOptimizer::share_layers): this tail claims from the bottom (0, 1, ..., at most K;
+// K = kDeviceUpdateAllLayers: every layer, the meeting point decides), the CPU worker from the top
+// (L-1, L-2, ...), each claim atomic, until they meet. submit() hands the tail the step's update
+// right after the CPU worker's and returns. Per claimed unit, in one of S staging slots:
+//   h2d stream:     wait slot free -> H2D of its optimizer sections (the bf16 weights of a bf16
+//                   master, the f32 master or Kahan words, m, v, the 8-bit block scales, the
+//                   gradients) into the slot -> event up_done
+//   compute stream: wait up_done -> per parameter: bf16 gradients widened to f32 into the one
+//                   widening buffer (Backend::convert) and Backend::hybrid_adamw with exactly
+//                   LayerOptimizer::update_range's arguments (the same AdamW constants, decay per
+//                   parameter, grad_scale = clip / accum, the SR key of (seed, step, parameter),
+//                   one span per parameter from element 0: index0 = 0, on a block boundary)
+//                   -> event kernels_done
+//   d2h stream:     wait kernels_done -> D2H of the updated sections -> event down_done (the slot
+//                   is free again)
+// and the thread, once down_done completed (host sync), LayerOptimizer::mark_bottom_done(u), which
+// wakes WeightStreamer's wait_ready(u) unchanged. The thread claims ahead while a slot is free, so
+// up to S units are in flight: unit i+1's H2D runs while unit i's kernels and D2H run (the link is
+// full duplex); a unit is marked done only after its own D2H completed. Slot state per unit:
+// kFree -> (claim) kLoading (H2D queued) -> kUpdating / kDraining (queued behind events) ->
+// (down_done synced, unit marked) kFree; the thread reuses a slot only after that sync, and the
+// h2d stream also waits for the slot's down_done (device-side order, not only host order).
+// The widening buffer is shared by the slots: it is written and read only on the compute stream,
+// whose order serializes the units' kernels.
 // The kernels' bits do not depend on how a parameter is split (hybrid_adamw.h), and the CUDA
 // kernel is bit-identical to the CPU one (tests/gpu/kernels_optim_test.cpp), so the schedule keeps
-// the in-memory executor's bits. On the CPU build the device tier is emulated host memory and the
-// CPU backend runs the same kernel: stream_executor_tail_test.cpp checks every policy bit for bit.
+// the in-memory executor's bits. On the CPU build the device tier is emulated host memory, the
+// streams are host streams (work runs at enqueue) and the CPU backend runs the same kernel:
+// stream_executor_tail_test.cpp checks every policy bit for bit for S = 1, 2, 3.
 // Units are independent, so whichever side takes a unit the bits are the same (tested with
 // delays injected on either side). bf16 gradients on the CPU backend are widened by a plain loop
 // on the tail's thread (the CPU backend's convert uses the global pool, which belongs to the
-// compute thread). Errors: a failed unit is still marked done (nobody waits forever), the tail
-// stops claiming (the CPU worker takes the rest), and the error is sticky: wait() / error()
-// return it and the executor surfaces it at its next micro_batch / finish_step.
-// Not built yet: copying the states up during the backward; overlapping unit i's copies with
-// unit i+1's kernels (one staging slot, one sync per unit: double-buffering is the next step).
+// compute thread). Errors: a failed unit is still marked done (nobody waits forever) once the
+// tail's streams are idle (nothing of it still writes the arena), the tail stops claiming (the CPU
+// worker takes the rest), the units already in flight finish and are marked, and the error is
+// sticky: wait() / error() return it and the executor surfaces it at its next micro_batch /
+// finish_step.
+// Not built yet: copying the states up during the backward; keeping a device-updated layer's
+// weights on the device for the forward.
 // Thread-safety: submit / wait / error / stats from one thread (the executor's); the tail's
 // thread touches only the units it claimed.
 #pragma once
@@ -34,20 +50,30 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#include "core/result.h"
 #include "core/status.h"
 #include "kernels/backend.h"
+#include "mem/event.h"
+#include "mem/stream_set.h"
 #include "mem/transfer_engine.h"
 #include "train/stream/host_arena.h"
 #include "train/stream/layer_optimizer.h"
 
 namespace ferry::train::stream {
 
+// --device-update-layers all: every layer may go to the device; where the device and the CPU
+// worker meet decides the split.
+inline constexpr int kDeviceUpdateAllLayers = -1;
+inline constexpr int kMaxDeviceUpdateSlots = 8;
+
 // Cumulative since the executor was created.
 struct DeviceTailStats {
+  int slots = 0;                    // staging slots (units in flight at most)
   std::uint64_t steps = 0;          // updates submitted to the tail (applied steps)
   std::uint64_t units_updated = 0;  // unit updates run on the device (at most K per step)
   std::uint64_t cpu_units = 0;      // layers the CPU worker took in those steps (L - device's)
@@ -55,26 +81,39 @@ struct DeviceTailStats {
   std::uint64_t params_updated = 0;         // Backend::hybrid_adamw calls
   std::uint64_t h2d_bytes = 0;              // optimizer sections up
   std::uint64_t d2h_bytes = 0;              // updated sections back
-  double busy_s = 0.0;                      // host wall time inside run() (copies, kernels, syncs)
+  double busy_s = 0.0;  // host wall time from each submit until its claims were over
+  // Summed over the updated units (divide by units_updated for a mean): from the start of a
+  // unit's H2D to the end of its D2H, and each phase's own time. GPU clock (timing events) on a
+  // GPU; host time of the synchronous copies and kernels on the emulated tier. With S > 1 the
+  // units overlap, so unit_s sums to more than the tail's wall time.
+  double unit_s = 0.0, unit_h2d_s = 0.0, unit_kernel_s = 0.0, unit_d2h_s = 0.0;
 };
 
 class DeviceOptimizerTail {
  public:
-  // OK when K units can be updated on the device: 0 <= K <= layers, and no parameter of units
-  // 0..K-1 has f32 states beside an f32 master (that combination has no device kernel).
-  static Status check(const HostArena& arena, int units);
-  // Device-tier bytes the staging buffer needs: the largest of units 0..K-1's sections, each
-  // 256-byte aligned, plus an f32 gradient buffer when the arena's gradients are bf16; 0 for K = 0.
-  static std::size_t staging_bytes(const HostArena& arena, int units);
+  // units as given (kDeviceUpdateAllLayers: every layer) -> the most layers per update.
+  static int resolve_units(const HostArena& arena, int units);
+  // OK when K units can be updated on the device through `slots` staging slots: 0 <= K <= layers
+  // (after resolve_units), 1 <= slots <= kMaxDeviceUpdateSlots, and no parameter of units 0..K-1
+  // has f32 states beside an f32 master (that combination has no device kernel).
+  static Status check(const HostArena& arena, int units, int slots);
+  // One staging slot: the largest of units 0..K-1's sections, each 256-byte aligned.
+  static std::size_t slot_bytes(const HostArena& arena, int units);
+  // The widening buffer with bf16 gradients: the largest parameter of units 0..K-1 in f32 (one for
+  // every slot: it lives on the compute stream); 0 with f32 gradients.
+  static std::size_t widen_bytes(const HostArena& arena, int units);
+  // Device-tier bytes the tail needs: slots x slot_bytes + widen_bytes; 0 for K = 0.
+  static std::size_t staging_bytes(const HostArena& arena, int units, int slots);
 
-  // staging: staging_bytes(arena, units) bytes of the device tier (owned by the caller).
-  // stream: the tail's own stream (outlives the tail). Shares the layers of `opt` with at most
-  // `units` for the tail. before_unit (tests): called on the tail's thread after each claim; an
-  // error fails that unit.
-  DeviceOptimizerTail(HostArena& arena, LayerOptimizer& opt, int units, kernels::Backend& backend,
-                      mem::TransferEngine& te, std::uint8_t* staging, std::size_t staging_size,
-                      mem::Stream& stream, std::function<Status(int unit)> before_unit = {});
-  // Stops after the unit in progress (the CPU worker takes any unclaimed units).
+  // staging: staging_bytes(arena, units, slots) bytes of the device tier (owned by the caller).
+  // streams: the tail's own StreamSet (h2d, compute, d2h; outlives the tail). Shares the layers
+  // of `opt` with at most `units` (resolved) for the tail. before_unit (tests): called on the
+  // tail's thread after each claim; an error fails that unit. Events are created here (Status).
+  static Result<std::unique_ptr<DeviceOptimizerTail>> create(
+      HostArena& arena, LayerOptimizer& opt, int units, int slots, kernels::Backend& backend,
+      mem::TransferEngine& te, std::uint8_t* staging, std::size_t staging_size,
+      mem::StreamSet& streams, std::function<Status(int unit)> before_unit = {});
+  // Stops after the units in flight (the CPU worker takes any unclaimed units).
   ~DeviceOptimizerTail();
   DeviceOptimizerTail(const DeviceOptimizerTail&) = delete;
   DeviceOptimizerTail& operator=(const DeviceOptimizerTail&) = delete;
@@ -87,20 +126,39 @@ class DeviceOptimizerTail {
   // The first error so far, without waiting.
   Status error() const;
   int units() const { return units_; }
+  int slots() const { return static_cast<int>(slots_.size()); }
   DeviceTailStats stats() const;
 
  private:
+  // One staging slot: where its unit's sections land and the events that order and time it.
+  struct Slot {
+    std::uint8_t* base = nullptr;
+    mem::Event up_start, up_done, kernels_start, kernels_done, down_start, down_done;
+  };
+  // A claimed unit in a slot, with what it moved and (emulated tier) its phases' host times.
+  struct InFlight {
+    int unit = -1;
+    int slot = -1;
+    DeviceTailStats d;  // this unit's counters, merged under the lock once it is done
+  };
+
+  DeviceOptimizerTail(HostArena& arena, LayerOptimizer& opt, int units, kernels::Backend& backend,
+                      mem::TransferEngine& te, mem::StreamSet& streams,
+                      std::function<Status(int)> before_unit);
   void run();
-  Status run_unit(int u, const UpdateArgs& a, DeviceTailStats& st);
+  // Queues unit f.unit's copies and kernels in slot f.slot (returns before they ran on a GPU).
+  Status enqueue(InFlight& f, const UpdateArgs& a);
+  // Waits for the slot's D2H, then reads the phases' times (GPU).
+  Status finish(InFlight& f);
 
   HostArena& arena_;
   LayerOptimizer& opt_;
   int units_ = 0;
   kernels::Backend& be_;
   mem::TransferEngine& te_;
-  std::uint8_t* staging_ = nullptr;
-  std::size_t staging_size_ = 0;
-  mem::Stream& stream_;
+  std::uint8_t* widen_ = nullptr;  // [largest parameter] f32, bf16 gradients only
+  std::vector<Slot> slots_;
+  mem::StreamSet& streams_;
   std::function<Status(int)> before_unit_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -4,7 +4,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "core/timer.h"
 #include "mem/stream_set.h"
@@ -78,6 +81,44 @@ mem::MemTier pinned_tier_for(const kernels::Backend& be) {
   return be.device() == Device::kCpu ? cpu_pinned_tier() : mem::MemTier::kPinnedHost;
 }
 
+// The device tail's staging (slots x the largest layer's optimizer sections, plus the widening
+// buffer) on top of a plan that fits without it: refused when the sum is over the budget, naming
+// the most slots, or else the most layers, that would fit.
+Status check_tail_budget(const HostArena& arena, const model::DecoderGeometry& geo,
+                         const StreamOptions& opts, int batch, std::int64_t seq_len,
+                         kernels::Backend& backend) {
+  const int K = opts.device_update_layers, S = opts.device_update_slots;
+  ModelSizes sizes = model_sizes(arena);
+  auto total = [&](int k, int slots) -> Result<std::size_t> {
+    sizes.optimizer_tail_bytes = DeviceOptimizerTail::staging_bytes(arena, k, slots);
+    FERRY_ASSIGN_OR_RETURN(const DevicePlan d,
+                           plan_device(geo, sizes, opts.policy, opts.prefetch + 1, batch * seq_len,
+                                       backend, opts.gemm_precision));
+    return d.total_bytes();
+  };
+  const std::size_t budget = opts.device_budget_bytes;
+  FERRY_ASSIGN_OR_RETURN(const std::size_t need, total(K, S));
+  if (need <= budget) return {};
+  std::string hint;
+  for (int s = S - 1; s >= 1 && hint.empty(); --s) {
+    FERRY_ASSIGN_OR_RETURN(const std::size_t n, total(K, s));
+    if (n <= budget) hint = fmt::format("--device-update-slots {} fits", s);
+  }
+  for (int k = K - 1; k >= 1 && hint.empty(); --k) {
+    FERRY_ASSIGN_OR_RETURN(const std::size_t n, total(k, S));
+    if (n <= budget) hint = fmt::format("--device-update-layers {} fits", k);
+  }
+  if (hint.empty()) hint = "not even 1 slot of layer 0 fits";
+  return resource_exhausted(
+      "train: --device-update-layers {} with {} staging slots needs {} of device-tier staging "
+      "({} x {} of one layer's optimizer sections + {} widening); with it batch {} needs {}, the "
+      "budget is {}: {}; or lower the batch or raise --device-budget-mib",
+      K, S, mem::format_bytes(DeviceOptimizerTail::staging_bytes(arena, K, S)), S,
+      mem::format_bytes(DeviceOptimizerTail::slot_bytes(arena, K)),
+      mem::format_bytes(DeviceOptimizerTail::widen_bytes(arena, K)), batch, mem::format_bytes(need),
+      mem::format_bytes(budget), hint);
+}
+
 }  // namespace
 
 ModelSizes model_sizes(const HostArena& arena) {
@@ -134,27 +175,17 @@ Result<std::unique_ptr<StreamExecutor>> StreamExecutor::create(
   std::unique_ptr<StreamExecutor> ex(new StreamExecutor(backend, opts));
   ex->geo_ = geo;
   ex->arena_ = std::move(arena);
-  FERRY_TRY(DeviceOptimizerTail::check(*ex->arena_, opts.device_update_layers));
-  ModelSizes sizes = model_sizes(*ex->arena_);
-  if (opts.device_update_layers > 0) {
-    FERRY_TRY(check_budget(geo, sizes, opts.policy, opts.prefetch + 1, batch, seq_len,
-                           opts.device_budget_bytes, backend, opts.gemm_precision));
-    sizes.optimizer_tail_bytes =
-        DeviceOptimizerTail::staging_bytes(*ex->arena_, opts.device_update_layers);
-    FERRY_ASSIGN_OR_RETURN(const DevicePlan d,
-                           plan_device(geo, sizes, opts.policy, opts.prefetch + 1, batch * seq_len,
-                                       backend, opts.gemm_precision));
-    if (d.total_bytes() > opts.device_budget_bytes) {
-      return resource_exhausted(
-          "train: --device-update-layers {} needs {} of device-tier staging for its layers' "
-          "optimizer state; with it batch {} needs {}, the budget is {}: lower "
-          "--device-update-layers or raise --device-budget-mib",
-          opts.device_update_layers, mem::format_bytes(sizes.optimizer_tail_bytes), batch,
-          mem::format_bytes(d.total_bytes()), mem::format_bytes(opts.device_budget_bytes));
-    }
-  }
+  FERRY_TRY(
+      DeviceOptimizerTail::check(*ex->arena_, opts.device_update_layers, opts.device_update_slots));
+  // `all` becomes the model's layers here; the executor keeps the resolved count.
+  ex->opts_.device_update_layers =
+      DeviceOptimizerTail::resolve_units(*ex->arena_, opts.device_update_layers);
+  const ModelSizes sizes = model_sizes(*ex->arena_);
   FERRY_TRY(check_budget(geo, sizes, opts.policy, opts.prefetch + 1, batch, seq_len,
                          opts.device_budget_bytes, backend, opts.gemm_precision));
+  if (ex->opts_.device_update_layers > 0) {
+    FERRY_TRY(check_tail_budget(*ex->arena_, geo, ex->opts_, batch, seq_len, backend));
+  }
   FERRY_TRY(ex->init(config, sr_seed, batch * seq_len));
   return ex;
 }
@@ -168,8 +199,8 @@ Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_s
   const ActivationPolicy& pol = opts_.policy;
   const int L = geo_.layers;
   ModelSizes sizes = model_sizes(*arena_);
-  sizes.optimizer_tail_bytes =
-      DeviceOptimizerTail::staging_bytes(*arena_, opts_.device_update_layers);
+  sizes.optimizer_tail_bytes = DeviceOptimizerTail::staging_bytes(
+      *arena_, opts_.device_update_layers, opts_.device_update_slots);
   FERRY_ASSIGN_OR_RETURN(plan_, plan_device(geo_, sizes, pol, opts_.prefetch + 1, max_tokens, be_,
                                             opts_.gemm_precision));
   FERRY_ASSIGN_OR_RETURN(device_, mem::make_arena(plan_.plan, device_tier_for(be_), budget_,
@@ -246,11 +277,12 @@ Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_s
   if (opts_.device_update_layers > 0) {
     FERRY_ASSIGN_OR_RETURN(mem::StreamSet ts, mem::StreamSet::create(be_.device(), 0));
     tail_streams_ = std::make_unique<mem::StreamSet>(std::move(ts));
-    tail_ =
-        std::make_unique<DeviceOptimizerTail>(*arena_, *opt_, opts_.device_update_layers, be_, *te_,
-                                              device_.as<std::uint8_t>(plan_.optimizer_tail),
-                                              plan_.plan.slot(plan_.optimizer_tail).size_bytes,
-                                              tail_streams_->compute(), opts_.device_update_hook);
+    FERRY_ASSIGN_OR_RETURN(
+        tail_, DeviceOptimizerTail::create(*arena_, *opt_, opts_.device_update_layers,
+                                           opts_.device_update_slots, be_, *te_,
+                                           device_.as<std::uint8_t>(plan_.optimizer_tail),
+                                           plan_.plan.slot(plan_.optimizer_tail).size_bytes,
+                                           *tail_streams_, opts_.device_update_hook));
   }
   std::vector<float*> slots;
   for (mem::SlotId id : plan_.slots) slots.push_back(dev(id));

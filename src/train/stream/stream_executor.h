@@ -21,7 +21,8 @@
 //   finish_step(lr, step): ||G|| from the per-parameter sums (in parameter order, as the
 //     in-memory executor) -> clip -> LayerOptimizer::submit (CPU worker, layer order) and, with
 //     --device-update-layers, DeviceOptimizerTail::submit (its thread claims layers from the
-//     bottom, the CPU worker from the top); returns at once. Non-finite ||G||: nothing is
+//     bottom, up to --device-update-slots in flight, the CPU worker from the top); returns at
+//     once. Non-finite ||G||: nothing is
 //     submitted (the caller counts skips). A failed device unit surfaces as the Status of the
 //     next micro_batch / finish_step / store_to.
 //
@@ -96,8 +97,13 @@ struct StreamOptions {
   model::GemmPrecision gemm_precision = model::GemmPrecision::kF32;
   // The most layers the device updates in the optimizer phase (device_optimizer_tail.h): it
   // claims 0, 1, ... on a thread of its own while the CPU worker, after the globals, claims
-  // L-1, L-2, ... until they meet. 0: the CPU updates every unit (globals, then 0..L-1).
+  // L-1, L-2, ... until they meet. 0: the CPU updates every unit (globals, then 0..L-1);
+  // kDeviceUpdateAllLayers: every layer may go to the device (the meeting point decides).
   int device_update_layers = 0;
+  // The device tail's staging slots: units in flight at once, so that one unit's H2D overlaps
+  // the previous unit's kernels and D2H (the device tier holds slots x the largest layer's
+  // optimizer sections). 1: one unit at a time.
+  int device_update_slots = 2;
   // Tests only (off by default): called before each unit's update on the CPU worker / on the
   // device tail's thread (a non-OK Status fails the tail's unit) — delays and failures.
   std::function<void(int unit)> cpu_update_hook;
@@ -242,8 +248,8 @@ class StreamExecutor {
   mem::TransferEngine* te_ = nullptr;            // own_te_ or the host engine
   std::unique_ptr<ExposureClock> clock_;
   std::unique_ptr<LayerOptimizer> opt_;
-  std::unique_ptr<mem::StreamSet> tail_streams_;  // the tail's own stream (compute())
-  std::unique_ptr<DeviceOptimizerTail> tail_;     // device_update_layers > 0
+  std::unique_ptr<mem::StreamSet> tail_streams_;  // the tail's own h2d, compute and d2h streams
+  std::unique_ptr<DeviceOptimizerTail> tail_;     // device_update_layers != 0
   std::unique_ptr<Bf16Landing> landing_;
   std::unique_ptr<WeightStreamer> streamer_;
   std::unique_ptr<GradDrain> drain_;

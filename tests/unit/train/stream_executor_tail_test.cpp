@@ -3,10 +3,11 @@
 // executor with layers 0..K-1 updated through Backend::hybrid_adamw in the (emulated) device tier
 // and the rest by the CPU worker gives the in-memory reference's losses, weights and states bit
 // for bit after several steps — every fixed policy, bf16-Kahan / bf16-SR / fp32 masters with
-// 8-bit states, gradient accumulation, MoE, bf16 gradients, bf16 streaming weights — and the
-// tail really ran (units and bytes counted, the CPU worker skipped those units). Refusals: K
+// 8-bit states, gradient accumulation, MoE, bf16 gradients, bf16 streaming weights, K = 1, 2 and
+// all, with 1, 2 and 3 staging slots in flight — and the tail really ran (units and bytes
+// counted, the CPU worker skipped those units, claims ran ahead by the slots). Refusals: K
 // beyond the layers, f32 master + f32 states in a tail layer, a budget without room for the
-// staging; the Backend op's argument checks.
+// staging (naming the slots that fit); the Backend op's argument checks.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -64,7 +65,8 @@ std::uint64_t applied_steps(const RunResult& r) {
 // bytes those units move.
 void check_run(const model::LoadedModel& m, const RunSpec& spec, const RunResult& ref,
                const RunResult& st, const std::string& what) {
-  const int K = spec.device_update_layers, L = m.geometry.layers;
+  const int L = m.geometry.layers;
+  const int K = spec.device_update_layers == kDeviceUpdateAllLayers ? L : spec.device_update_layers;
   ASSERT_EQ(st.losses.size(), ref.losses.size()) << what;
   for (std::size_t i = 0; i < ref.losses.size(); ++i) {
     EXPECT_EQ(st.losses[i], ref.losses[i]) << what << " step " << i;
@@ -93,19 +95,34 @@ void check_run(const model::LoadedModel& m, const RunSpec& spec, const RunResult
   EXPECT_EQ(st.tail.h2d_bytes, up) << what;
   EXPECT_EQ(st.tail.d2h_bytes, down) << what;
   EXPECT_LE(st.peak, st.planned) << what;
+  EXPECT_EQ(st.tail.slots, spec.device_update_slots) << what;
+  // Per-unit times (host timers on the emulated tier): each unit's span holds its three phases.
+  if (st.tail.units_updated > 0) {
+    EXPECT_GT(st.tail.unit_s, 0.0) << what;
+    EXPECT_GE(st.tail.unit_s, st.tail.unit_h2d_s + st.tail.unit_kernel_s + st.tail.unit_d2h_s)
+        << what;
+  } else {
+    EXPECT_EQ(st.tail.unit_s, 0.0) << what;
+  }
 }
 
-// Whatever the split the timing gives (no delays injected here).
+// Whatever the split the timing gives (no delays injected here); K = 1, 2, all by default, each
+// with 1, 2 and 3 staging slots.
 void check_tail(const model::LoadedModel& m, const std::vector<std::string>& policies, RunSpec spec,
-                const std::vector<int>& ks = {1, 2}) {
+                const std::vector<int>& ks = {1, 2, kDeviceUpdateAllLayers},
+                const std::vector<int>& slots = {1, 2, 3}) {
   const std::vector<Batch> data = make_batches(spec.steps * spec.accum, m.geometry.vocab, 5);
   const RunResult ref = run_reference(m, spec, data);
   ASSERT_GT(applied_steps(ref), 0u);
   for (int K : ks) {
     spec.device_update_layers = K;
-    for (const std::string& p : policies) {
-      const std::string what = p + " K=" + std::to_string(K);
-      check_run(m, spec, ref, run_stream(m, spec, data, p), what);
+    for (int S : slots) {
+      spec.device_update_slots = S;
+      for (const std::string& p : policies) {
+        const std::string what =
+            p + " K=" + (K < 0 ? "all" : std::to_string(K)) + " slots=" + std::to_string(S);
+        check_run(m, spec, ref, run_stream(m, spec, data, p), what);
+      }
     }
   }
 }
@@ -126,7 +143,8 @@ TEST(DeviceOptimizerTail, EveryPolicyAndModeMatchesInMemoryBitForBit) {
   }
 }
 
-// Every layer on the device (K = L), and the fp32 master's bf16 streaming copy written there.
+// Every layer on the device (K = L given as a number), and the fp32 master's bf16 streaming copy
+// written there.
 TEST(DeviceOptimizerTail, AllLayersAndBf16StreamingCopyMatchInMemory) {
   const std::string dir = testing::temp_dir("tail_all");
   auto m = dense_model(dir + "/model");
@@ -190,8 +208,8 @@ TEST(DeviceOptimizerTail, CpuWorkerSkipsTheTailUnitsAndThePlanCountsTheStaging) 
       kernels::cpu_backend());
   ASSERT_TRUE(ex.ok()) << ex.status().to_string();
   EXPECT_EQ((*ex)->device_planned_bytes() - (*ex0)->device_planned_bytes(),
-            DeviceOptimizerTail::staging_bytes((*ex)->arena(), 2));
-  EXPECT_GT(DeviceOptimizerTail::staging_bytes((*ex)->arena(), 2), 0u);
+            DeviceOptimizerTail::staging_bytes((*ex)->arena(), 2, 2));
+  EXPECT_GT(DeviceOptimizerTail::staging_bytes((*ex)->arena(), 2, 2), 0u);
   const std::vector<Batch> data = make_batches(2, m->geometry.vocab, 5);
   for (int step = 0; step < 2; ++step) {
     (*ex)->begin_step(1);
@@ -225,79 +243,204 @@ TEST(DeviceOptimizerTail, MeetingPointMovesWithTheDelaysAndTheBitsStay) {
   auto sleep_ms = [](int ms) {
     return [ms](int) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); };
   };
-  // A slow CPU: the device takes all it may, K = 2 and K = L.
-  for (int K : {2, L}) {
+  for (int S : {1, 2, 3}) {
+    // A slow CPU: the device takes all it may, K = 2 and K = all.
+    for (int K : {2, kDeviceUpdateAllLayers}) {
+      RunSpec r = spec;
+      r.device_update_layers = K;
+      r.device_update_slots = S;
+      r.cpu_update_hook = sleep_ms(20);
+      const int k = K < 0 ? L : K;
+      const std::string what = "slow cpu K=" + std::to_string(k) + " slots=" + std::to_string(S);
+      const RunResult st = run_stream(*m, r, data, "every:2");
+      check_run(*m, r, ref, st, what);
+      EXPECT_EQ(st.tail.units_updated, applied * static_cast<std::uint64_t>(k)) << what;
+      for (int u = 0; u < k; ++u) EXPECT_EQ(st.tail.unit_updates[u], applied) << what << " " << u;
+    }
+    // A slow device: it holds its first layer (and claims no further: the CPU has taken the rest
+    // from the top by the time its first unit is queued).
     RunSpec r = spec;
-    r.device_update_layers = K;
-    r.cpu_update_hook = sleep_ms(20);
-    const std::string what = "slow cpu K=" + std::to_string(K);
+    r.device_update_layers = kDeviceUpdateAllLayers;
+    r.device_update_slots = S;
+    r.device_update_hook = [](int) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(60));
+      return Status{};
+    };
+    const std::string what = "slow device slots=" + std::to_string(S);
     const RunResult st = run_stream(*m, r, data, "every:2");
     check_run(*m, r, ref, st, what);
-    EXPECT_EQ(st.tail.units_updated, applied * static_cast<std::uint64_t>(K)) << what;
-    for (int u = 0; u < K; ++u) EXPECT_EQ(st.tail.unit_updates[u], applied) << what << " " << u;
+    EXPECT_LE(st.tail.units_updated, applied) << what;  // at most layer 0 per step
+    EXPECT_GE(st.tail.cpu_units, applied * static_cast<std::uint64_t>(L - 1)) << what;
+    for (int u = 1; u < L; ++u) EXPECT_EQ(st.tail.unit_updates[u], 0u) << what << " " << u;
   }
-  // A slow device: it holds its first layer while the CPU takes the rest from the top.
-  RunSpec r = spec;
-  r.device_update_layers = L;
-  r.device_update_hook = [](int) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(60));
-    return Status{};
-  };
-  const RunResult st = run_stream(*m, r, data, "every:2");
-  check_run(*m, r, ref, st, "slow device");
-  EXPECT_LE(st.tail.units_updated, applied);  // at most layer 0 per step
-  EXPECT_GE(st.tail.cpu_units, applied * static_cast<std::uint64_t>(L - 1));
-  for (int u = 1; u < L; ++u) EXPECT_EQ(st.tail.unit_updates[u], 0u) << "slow device " << u;
+}
+
+// The tail claims ahead while a slot is free: with S slots, when it claims layer u the S - 1
+// layers below it are still in flight (queued, not yet marked done) and layer u - S is done; a
+// unit is marked only after its own copies back ran. On the emulated tier (host streams, the
+// work runs at enqueue), straight on a LayerOptimizer whose CPU worker is slowed.
+TEST(DeviceOptimizerTail, ClaimsRunAheadByTheSlotsAndMarkAfterTheirCopiesBack) {
+  const std::string dir = testing::temp_dir("tail_ahead");
+  auto m = dense_model(dir + "/model");
+  RunSpec spec;
+  spec.mode = kKahan8;
+  spec.bf16_grads = true;
+  auto s = make_state(*m, spec);
+  auto arena = HostArena::create(*s);
+  ASSERT_TRUE(arena.ok()) << arena.status().to_string();
+  const int L = (*arena)->globals_unit();
+  ASSERT_GE(L, 4);
+  auto streams = mem::StreamSet::create(Device::kCpu, 0);
+  ASSERT_TRUE(streams.ok());
+  for (int S : {1, 2, 3}) {
+    // The CPU worker sleeps before each unit (the globals first), so the device claims all L.
+    LayerOptimizer opt(**arena, 1,
+                       [](int) { std::this_thread::sleep_for(std::chrono::milliseconds(100)); });
+    std::vector<std::uint8_t> staging(DeviceOptimizerTail::staging_bytes(**arena, L, S));
+    std::mutex mu;
+    std::vector<std::vector<bool>> ready_at_claim;  // [claim][layer] is_ready when claimed
+    auto tail = DeviceOptimizerTail::create(**arena, opt, kDeviceUpdateAllLayers, S,
+                                            kernels::cpu_backend(), mem::host_transfer_engine(),
+                                            staging.data(), staging.size(), *streams, [&](int u) {
+                                              std::vector<bool> r;
+                                              for (int l = 0; l < L; ++l)
+                                                r.push_back(opt.is_ready(l));
+                                              std::lock_guard lk(mu);
+                                              EXPECT_EQ(u, static_cast<int>(ready_at_claim.size()));
+                                              ready_at_claim.push_back(r);
+                                              return Status{};
+                                            });
+    ASSERT_TRUE(tail.ok()) << tail.status().to_string();
+    const UpdateArgs args{.lr = 1e-3f, .step = 1};
+    opt.submit(args);
+    (*tail)->submit(args);
+    ASSERT_TRUE((*tail)->wait().ok());
+    opt.wait_all();
+    std::lock_guard lk(mu);
+    ASSERT_EQ(static_cast<int>(ready_at_claim.size()), L) << S;
+    for (int u = 0; u < L; ++u) {
+      for (int l = 0; l < u; ++l) {
+        // Layers u-S+1 .. u-1 in flight, u-S and below marked.
+        EXPECT_EQ(ready_at_claim[u][l], l <= u - S) << "slots " << S << " claim " << u << " " << l;
+      }
+      for (int l = u; l < L; ++l) EXPECT_FALSE(ready_at_claim[u][l]) << S << " " << u << " " << l;
+    }
+    EXPECT_EQ((*tail)->stats().units_updated, static_cast<std::uint64_t>(L));
+    EXPECT_EQ((*tail)->stats().slots, S);
+  }
+}
+
+// The device tier holds slots x the largest layer's optimizer sections (each section 256-byte
+// aligned), plus one f32 widening buffer of the largest parameter with bf16 gradients: the plan
+// grows by exactly that, for 1, 2, 3 slots and K = 1, all.
+TEST(DeviceOptimizerTail, PlanHoldsSlotsTimesTheLargestUnit) {
+  const std::string dir = testing::temp_dir("tail_plan");
+  auto m = dense_model(dir + "/model");
+  const int L = m->geometry.layers;
+  auto pol = parse_policy("every:2", L);
+  ASSERT_TRUE(pol.ok());
+  auto align = [](std::size_t n) { return (n + 255) / 256 * 256; };
+  for (bool bf16g : {false, true}) {
+    RunSpec spec;
+    spec.mode = kKahan8;
+    spec.bf16_grads = bf16g;
+    auto s = make_state(*m, spec);
+    auto ex0 = StreamExecutor::create(*s, kBatch, kSeq, {.policy = *pol}, kernels::cpu_backend());
+    ASSERT_TRUE(ex0.ok()) << ex0.status().to_string();
+    const HostArena& a = (*ex0)->arena();
+    for (int K : {1, kDeviceUpdateAllLayers}) {
+      const int k = K < 0 ? L : K;
+      std::size_t unit = 0, widen = 0;
+      for (int u = 0; u < k; ++u) {
+        std::size_t b = 0;
+        for (Section sec : {Section::kWeights, Section::kMaster, Section::kM, Section::kV,
+                            Section::kMAbsmax, Section::kVAbsmax, Section::kGrads}) {
+          b += align(a.section(u, sec).size);
+        }
+        unit = std::max(unit, b);
+        for (int idx : a.unit_params(u)) {
+          const std::size_t n =
+              static_cast<std::size_t>(a.params()[static_cast<std::size_t>(idx)].n);
+          if (bf16g) widen = std::max(widen, align(n * 4));
+        }
+      }
+      ASSERT_GT(unit, 0u);
+      for (int S : {1, 2, 3}) {
+        auto ex = StreamExecutor::create(
+            *s, kBatch, kSeq, {.policy = *pol, .device_update_layers = K, .device_update_slots = S},
+            kernels::cpu_backend());
+        ASSERT_TRUE(ex.ok()) << ex.status().to_string();
+        EXPECT_EQ((*ex)->device_planned_bytes() - (*ex0)->device_planned_bytes(),
+                  static_cast<std::size_t>(S) * unit + widen)
+            << "K=" << k << " slots=" << S << " bf16 grads " << bf16g;
+        EXPECT_EQ(DeviceOptimizerTail::staging_bytes(a, K, S),
+                  static_cast<std::size_t>(S) * unit + widen);
+      }
+    }
+  }
 }
 
 // A failed device unit: the forward does not hang on it, the error comes back as a Status (the
-// next micro-batch or finish_step at the latest), store_to refuses, and the executor ends.
+// next micro-batch or finish_step at the latest), store_to refuses, and the executor ends. With
+// several slots the failing claim may be the second, while the first unit is still in flight: that
+// one finishes (counted), the failed one is marked without an update, nothing hangs.
 TEST(DeviceOptimizerTail, FailedUnitSurfacesAsStatusWithoutHanging) {
   const std::string dir = testing::temp_dir("tail_fail");
   auto m = dense_model(dir + "/model");
   RunSpec spec;
   spec.mode = kSr8;
-  auto s = make_state(*m, spec);
   auto pol = parse_policy("every:2", m->geometry.layers);
   ASSERT_TRUE(pol.ok());
-  std::atomic<int> calls{0};
-  StreamOptions so{.policy = *pol, .device_update_layers = 2};
-  // The CPU is slowed so the device surely claims a layer; its first claim fails.
-  so.cpu_update_hook = [](int) { std::this_thread::sleep_for(std::chrono::milliseconds(10)); };
-  so.device_update_hook = [&](int u) -> Status {
-    if (calls++ == 0) return internal_error("test: injected failure of layer {}", u);
-    return {};
+  struct Case {
+    int slots, fail_claim;  // which claim (0-based, over the run) fails
   };
-  auto ex = StreamExecutor::create(*s, kBatch, kSeq, so, kernels::cpu_backend());
-  ASSERT_TRUE(ex.ok()) << ex.status().to_string();
-  const std::vector<Batch> data = make_batches(3, m->geometry.vocab, 5);
-  const Timer t;
-  Status first;
-  int failed_at = -1;
-  for (int step = 0; step < 3 && first.ok(); ++step) {
-    (*ex)->begin_step(1);
-    auto f = (*ex)->micro_batch(data[static_cast<std::size_t>(step)].view());
-    if (!f.ok()) {
-      first = f.status();
-      failed_at = step;
-      break;
+  for (const Case c : {Case{1, 0}, Case{2, 0}, Case{2, 1}, Case{3, 1}}) {
+    const std::string what =
+        "slots=" + std::to_string(c.slots) + " failing claim " + std::to_string(c.fail_claim);
+    auto s = make_state(*m, spec);
+    std::atomic<int> calls{0};
+    StreamOptions so{.policy = *pol, .device_update_layers = 2, .device_update_slots = c.slots};
+    // The CPU is slowed so the device surely claims both of its layers in the first update.
+    so.cpu_update_hook = [](int) { std::this_thread::sleep_for(std::chrono::milliseconds(30)); };
+    so.device_update_hook = [&, c](int u) -> Status {
+      if (calls++ == c.fail_claim) return internal_error("test: injected failure of layer {}", u);
+      return {};
+    };
+    auto ex = StreamExecutor::create(*s, kBatch, kSeq, so, kernels::cpu_backend());
+    ASSERT_TRUE(ex.ok()) << ex.status().to_string();
+    const std::vector<Batch> data = make_batches(3, m->geometry.vocab, 5);
+    const Timer t;
+    Status first;
+    int failed_at = -1;
+    for (int step = 0; step < 3 && first.ok(); ++step) {
+      (*ex)->begin_step(1);
+      auto f = (*ex)->micro_batch(data[static_cast<std::size_t>(step)].view());
+      if (!f.ok()) {
+        first = f.status();
+        failed_at = step;
+        break;
+      }
+      auto o = (*ex)->finish_step(adamw(), lr_of(step), step + 1);
+      if (!o.ok()) {
+        first = o.status();
+        failed_at = step;
+      }
     }
-    auto o = (*ex)->finish_step(adamw(), lr_of(step), step + 1);
-    if (!o.ok()) {
-      first = o.status();
-      failed_at = step;
-    }
+    ASSERT_FALSE(first.ok()) << what;
+    EXPECT_EQ(failed_at, 1) << what;  // step 0 submitted the update; step 1 sees its failure
+    EXPECT_EQ(first.code(), StatusCode::kInternal) << first.to_string();
+    const std::string layer = "injected failure of layer " + std::to_string(c.fail_claim);
+    EXPECT_NE(first.message().find(layer), std::string::npos) << what << ": " << first.to_string();
+    EXPECT_EQ((*ex)->store_to(*s).code(), StatusCode::kInternal) << what;
+    // Every claim but the failed one was an update (the first unit in flight included).
+    EXPECT_EQ(calls.load(), c.fail_claim + 1) << what;
+    EXPECT_EQ((*ex)->device_tail_stats().units_updated + 1,
+              static_cast<std::uint64_t>(calls.load()))
+        << what;
+    auto arena = StreamExecutor::release_arena(std::move(*ex));
+    EXPECT_NE(arena, nullptr);
+    EXPECT_LT(t.elapsed_s(), 10.0) << what;
   }
-  ASSERT_FALSE(first.ok());
-  EXPECT_EQ(failed_at, 1);  // step 0 submitted the update; step 1 sees its failure
-  EXPECT_EQ(first.code(), StatusCode::kInternal) << first.to_string();
-  EXPECT_NE(first.message().find("injected failure of layer 0"), std::string::npos)
-      << first.to_string();
-  EXPECT_EQ((*ex)->store_to(*s).code(), StatusCode::kInternal);
-  EXPECT_EQ((*ex)->device_tail_stats().units_updated + 1, static_cast<std::uint64_t>(calls.load()));
-  auto arena = StreamExecutor::release_arena(std::move(*ex));
-  EXPECT_NE(arena, nullptr);
-  EXPECT_LT(t.elapsed_s(), 10.0);
 }
 
 // The executor ends mid-step (both sides slow, updates in flight) without hanging.
@@ -309,28 +452,29 @@ TEST(DeviceOptimizerTail, DestructionMidStepDoesNotHang) {
   auto pol = parse_policy("host", m->geometry.layers);
   ASSERT_TRUE(pol.ok());
   const std::vector<Batch> data = make_batches(1, m->geometry.vocab, 5);
-  for (bool release : {false, true}) {
-    auto s = make_state(*m, spec);
-    StreamOptions so{.policy = *pol, .device_update_layers = 2};
-    so.cpu_update_hook = [](int) { std::this_thread::sleep_for(std::chrono::milliseconds(30)); };
-    so.device_update_hook = [](int) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(30));
-      return Status{};
-    };
-    auto ex = StreamExecutor::create(*s, kBatch, kSeq, so, kernels::cpu_backend());
-    ASSERT_TRUE(ex.ok()) << ex.status().to_string();
-    (*ex)->begin_step(1);
-    ASSERT_TRUE((*ex)->micro_batch(data[0].view()).ok());
-    auto o = (*ex)->finish_step(adamw(), lr_of(0), 1);
-    ASSERT_TRUE(o.ok() && o->applied);
-    const Timer t;
-    if (release) {
-      EXPECT_NE(StreamExecutor::release_arena(std::move(*ex)), nullptr);
-    } else {
-      ex->reset();
+  for (int slots : {1, 3})
+    for (bool release : {false, true}) {
+      auto s = make_state(*m, spec);
+      StreamOptions so{.policy = *pol, .device_update_layers = 2, .device_update_slots = slots};
+      so.cpu_update_hook = [](int) { std::this_thread::sleep_for(std::chrono::milliseconds(30)); };
+      so.device_update_hook = [](int) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        return Status{};
+      };
+      auto ex = StreamExecutor::create(*s, kBatch, kSeq, so, kernels::cpu_backend());
+      ASSERT_TRUE(ex.ok()) << ex.status().to_string();
+      (*ex)->begin_step(1);
+      ASSERT_TRUE((*ex)->micro_batch(data[0].view()).ok());
+      auto o = (*ex)->finish_step(adamw(), lr_of(0), 1);
+      ASSERT_TRUE(o.ok() && o->applied);
+      const Timer t;
+      if (release) {
+        EXPECT_NE(StreamExecutor::release_arena(std::move(*ex)), nullptr);
+      } else {
+        ex->reset();
+      }
+      EXPECT_LT(t.elapsed_s(), 5.0) << release << " slots " << slots;
     }
-    EXPECT_LT(t.elapsed_s(), 5.0) << release;
-  }
 }
 
 TEST(DeviceOptimizerTail, RefusesWhatItCannotRun) {
@@ -339,17 +483,19 @@ TEST(DeviceOptimizerTail, RefusesWhatItCannotRun) {
   const int L = m->geometry.layers;
   auto pol = parse_policy("every:2", L);
   ASSERT_TRUE(pol.ok());
-  auto create = [&](const RunSpec& spec, int K, std::size_t budget) {
+  auto create = [&](const RunSpec& spec, int K, std::size_t budget, int slots = 1) {
     auto s = make_state(*m, spec);
-    return StreamExecutor::create(
-        *s, kBatch, kSeq,
-        {.policy = *pol, .device_budget_bytes = budget, .device_update_layers = K},
-        kernels::cpu_backend());
+    return StreamExecutor::create(*s, kBatch, kSeq,
+                                  {.policy = *pol,
+                                   .device_budget_bytes = budget,
+                                   .device_update_layers = K,
+                                   .device_update_slots = slots},
+                                  kernels::cpu_backend());
   };
   constexpr std::size_t kAny = mem::MemoryBudget::kUnlimited;
   RunSpec q8;
   q8.mode = kKahan8;
-  for (int K : {L + 1, -1}) {
+  for (int K : {L + 1, -2}) {
     auto r = create(q8, K, kAny);
     ASSERT_FALSE(r.ok()) << K;
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
@@ -357,6 +503,7 @@ TEST(DeviceOptimizerTail, RefusesWhatItCannotRun) {
         << r.status().to_string();
   }
   EXPECT_TRUE(create(q8, L, kAny).ok());
+  EXPECT_TRUE(create(q8, kDeviceUpdateAllLayers, kAny).ok());
   // f32 master + f32 states: every parameter, or the ones --8bit-params leaves out.
   RunSpec f32;
   auto r = create(f32, 1, kAny);
@@ -376,11 +523,32 @@ TEST(DeviceOptimizerTail, RefusesWhatItCannotRun) {
   r = create(q8, 1, without);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
-  EXPECT_NE(r.status().message().find("--device-update-layers 1 needs"), std::string::npos)
+  EXPECT_NE(r.status().message().find("--device-update-layers 1 with 1 staging slots needs"),
+            std::string::npos)
+      << r.status().to_string();
+  EXPECT_NE(r.status().message().find("not even 1 slot"), std::string::npos)
       << r.status().to_string();
   auto with = create(q8, 1, kAny);
   ASSERT_TRUE(with.ok());
   EXPECT_TRUE(create(q8, 1, (*with)->device_planned_bytes()).ok());
+  // Room for one slot of every layer but not three: the message names the slots that fit.
+  const std::size_t one = (*with)->device_planned_bytes();
+  r = create(q8, kDeviceUpdateAllLayers, one, 3);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(r.status().message().find("--device-update-layers " + std::to_string(L) +
+                                      " with 3 staging slots needs"),
+            std::string::npos)
+      << r.status().to_string();
+  EXPECT_NE(r.status().message().find("--device-update-slots 1 fits"), std::string::npos)
+      << r.status().to_string();
+  EXPECT_TRUE(create(q8, kDeviceUpdateAllLayers, one, 1).ok());
+  // Slots outside [1, kMaxDeviceUpdateSlots].
+  for (int slots : {0, kMaxDeviceUpdateSlots + 1}) {
+    r = create(q8, 1, kAny, slots);
+    ASSERT_FALSE(r.ok()) << slots;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().to_string();
+  }
 }
 
 TEST(LayerOptimizer, ExternalUnitsAreSkippedAndWaitForTheirUpdater) {

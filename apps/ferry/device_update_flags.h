@@ -1,0 +1,57 @@
+// SPDX-License-Identifier: Apache-2.0
+// `--device-update-layers K|all` and `--device-update-slots S` of `ferry train` and `ferry bench
+// train` (stream executor; device_optimizer_tail.h): the device updates up to K layers of the
+// optimizer phase from the bottom while the CPU worker takes the globals and then the layers
+// from the top, until they meet; `all` lets every layer go to the device (the meeting point
+// decides; stored as stream::kDeviceUpdateAllLayers). S staging slots let one layer's H2D run
+// while the previous layer's kernels and D2H run.
+#pragma once
+
+#include <cstdlib>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "train/stream/device_optimizer_tail.h"
+
+namespace ferry::app {
+
+// Accepts an integer in [0, 4096] or `all` (rewritten to kDeviceUpdateAllLayers before CLI11
+// converts it to int).
+inline CLI::Validator layers_or_all() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        if (s == "all") {
+          s = std::to_string(train::stream::kDeviceUpdateAllLayers);
+          return {};
+        }
+        char* end = nullptr;
+        const long v = std::strtol(s.c_str(), &end, 10);
+        if (s.empty() || *end != '\0' || v < 0 || v > 4096) {
+          return "must be an integer in [0, 4096] or all, not " + s;
+        }
+        return {};
+      },
+      "INT|all");
+}
+
+inline void add_device_update_flags(CLI::App* cmd, int& layers, int& slots, const char* prefix) {
+  cmd->add_option("--device-update-layers", layers,
+                  std::string(prefix) +
+                      "the device updates up to K layers in the optimizer phase, claiming 0, 1, "
+                      "... while the CPU worker takes the globals and then L-1, L-2, ... until "
+                      "they meet (bit-identical; needs 8-bit states or a bf16 master for the "
+                      "device's layers); all: every layer may go to the device, the meeting point "
+                      "decides; 0: the CPU updates all")
+      ->envname("FERRY_DEVICE_UPDATE_LAYERS")
+      ->transform(layers_or_all());
+  cmd->add_option("--device-update-slots", slots,
+                  std::string(prefix) +
+                      "device-update staging slots (layers in flight: one's H2D overlaps the "
+                      "previous one's kernels and D2H); each holds one layer's optimizer state in "
+                      "the device budget")
+      ->envname("FERRY_DEVICE_UPDATE_SLOTS")
+      ->check(CLI::Range(1, train::stream::kMaxDeviceUpdateSlots));
+}
+
+}  // namespace ferry::app
