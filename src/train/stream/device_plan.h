@@ -13,8 +13,9 @@
 //   stage16   bf16 landing buffer for bf16 streaming weights on a GPU (the largest unit; empty on
 //             the emulated tier, which widens in place, and for f32 streaming weights)
 //   sumsq     [P] f32: each parameter's gradient sum of squares, taken on the device
-//   optimizer_tail  the device optimizer tail's staging (device_optimizer_tail.h: one layer's
-//             optimizer sections, --device-update-layers K > 0), else 0 bytes
+//   optimizer_tail  the device optimizer tail's staging (device_optimizer_tail.h, with
+//             --device-update-layers: --device-update-slots x the largest of its layers' optimizer
+//             sections, plus one parameter's f32 widening buffer with bf16 gradients), else 0
 //   batch     a GPU backend's copy of the packed batch (ids, positions, targets [T], cu_seqlens
 //             [T + 1] i32); empty for host backends, which read the caller's batch
 // The executor allocates exactly this; check_budget() refuses a batch that does not fit before
@@ -40,7 +41,7 @@ struct ModelSizes {
   std::int64_t params = 0;              // parameter tensors (sums of squares)
   bool bf16_weights = false;            // the arena streams bf16 (bf16 masters)
   bool bf16_grads = false;              // the arena keeps bf16 gradients (grad16 staging)
-  // DeviceOptimizerTail::staging_bytes for --device-update-layers (0: off).
+  // DeviceOptimizerTail::staging_bytes (layers, slots) for --device-update-layers (0: off).
   std::size_t optimizer_tail_bytes = 0;
 };
 
