@@ -1,14 +1,25 @@
 // SPDX-License-Identifier: Apache-2.0
 // kv_write and paged_attention of serve_kernels.h (f32 K/V; why f32: see that header).
-// paged_attention: one warp per (token, head). The warp holds q in registers (lane owns elements
-// d = lane + 32 i), walks the token's positions 0..pos[t] in order, reading each key/value row
-// through the block table, and keeps the online-softmax state (m, l, acc) exactly as the CPU twin
-// serve/paged_attention.cpp does: s = (q . k) * scale; m' = max(m, s); acc = acc * e^(m - m') +
-// e^(s - m') v; l likewise. The dot product is a lane-strided partial sum then a fixed xor tree,
-// so the result is independent of which other tokens share the step (no cross-token state).
-// Keys are loaded kKeys at a time (the updates stay in position order); long decodes would want
-// keys split over warps (flash-decoding), see docs/serve.md "not done".
+// Two paged_attention kernels (KernelVariant, serve_kernel_args.h; docs/cuda.md "Decode kernels"):
+//   split (kDecode, the default): one CTA of kW warps per (token, head). The token's positions
+//     0..pos[t] are cut into chunks of kKeys; chunk c goes to warp c % kW, which keeps its own
+//     online-softmax state (m, l, acc) over its chunks in position order (the baseline's
+//     update), with 16-byte loads (lane owns elements 4 (lane + 32 i) .. + 3). The kW states are
+//     combined in shared memory in warp order: M = max m_w, o = sum_w acc_w e^(m_w - M) /
+//     sum_w l_w e^(m_w - M). A decode at 160 positions is 20 chunks: at most 2 per warp instead of
+//     20 in a row. Needs D % 4 == 0 and 16-byte aligned q / out / pool (else the baseline runs).
+//   baseline (kBaseline, FERRY_PAGED_ATTN_SPLIT=0): one warp per (token, head), walking the
+//     positions in order exactly as the CPU twin serve/paged_attention.cpp does: s = (q . k) *
+//     scale; m' = max(m, s); acc = acc * e^(m - m') + e^(s - m') v; l likewise; keys loaded
+//     kKeys at a time. Kept as the reference twin in tests/gpu/serve_decode_kernels_gpu_test.cpp.
+// Both: every dot product is a lane-partial sum then a fixed xor tree, the split and the combine
+// order depend only on the token's own pos[t] and on D, never on T, on the other tokens of the
+// step or on the grid: the same bits every run and for a token in any batch (batch invariance,
+// asserted by the GPU tests). A token in a prefill chunk takes the same path as a decode.
+// Long contexts would still want keys split over CTAs (a workspace or clusters): docs/cuda.md.
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/serve_launchers.h"
@@ -16,8 +27,8 @@
 namespace ferry::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 128;  // 4 warps per block
-constexpr int kKeys = 8;       // keys whose rows are in flight together
+constexpr int kThreads = 128;  // baseline: 4 warps per block
+constexpr int kKeys = 8;       // keys whose rows are in flight together (per warp)
 
 __device__ __forceinline__ float* kv_row(const PagedKvLayout& kv, int layer, const PagedStep& s,
                                          std::int64_t t, std::int64_t j, int which) {
@@ -41,9 +52,9 @@ __global__ void kv_write_kernel(PagedKvLayout kv, int layer, PagedStep s,
 }
 
 template <int kNv>  // elements per lane: ceil(D / 32)
-__global__ void paged_attention_kernel(PagedKvLayout kv, int layer, PagedStep s,
-                                       float* __restrict__ out, const float* __restrict__ q, int H,
-                                       float scale) {
+__global__ void paged_attention_warp_kernel(PagedKvLayout kv, int layer, PagedStep s,
+                                            float* __restrict__ out, const float* __restrict__ q,
+                                            int H, float scale) {
   const std::int64_t item = (blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (item >= s.T * H) return;
@@ -112,6 +123,130 @@ __global__ void paged_attention_kernel(PagedKvLayout kv, int layer, PagedStep s,
   }
 }
 
+__device__ __forceinline__ float dot4(float4 a, float4 b, float s) {
+  s = fmaf(a.x, b.x, s);
+  s = fmaf(a.y, b.y, s);
+  s = fmaf(a.z, b.z, s);
+  return fmaf(a.w, b.w, s);
+}
+
+// kNc: 16-byte chunks per lane (ceil(D / 128)); kW: warps per CTA. One CTA per item = t * H + h.
+template <int kNc, int kW>
+__global__ void __launch_bounds__(kW * 32)
+    paged_attention_split_kernel(PagedKvLayout kv, int layer, PagedStep s, float* __restrict__ out,
+                                 const float* __restrict__ q, int H, float scale) {
+  __shared__ float sh_m[kW], sh_l[kW];
+  __shared__ float4 sh_acc[kW][kNc * 32];
+  const std::int64_t item = blockIdx.x;
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const std::int64_t t = item / H;
+  const int h = static_cast<int>(item % H);
+  const int D4 = kv.D >> 2;  // 16-byte chunks of a head
+  const int g = h / (H / kv.G);
+  const std::int64_t row = std::int64_t(kv.G) * kv.D;  // floats of one cache row
+  const std::int64_t blk_floats = std::int64_t(kv.block_tokens) * row;
+  const float* layer_base =
+      kv.base + std::int64_t(layer) * kv.layer_stride + std::int64_t(g) * kv.D;
+  const std::int32_t* table = s.tables + std::int64_t(s.seq_of[t]) * s.table_stride;
+  const std::int64_t n = std::int64_t(s.pos[t]) + 1;  // positions 0..pos[t]
+  const float4* qh = reinterpret_cast<const float4*>(q + item * kv.D);
+  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float4 qv[kNc], acc[kNc];
+#pragma unroll
+  for (int i = 0; i < kNc; ++i) {
+    const int c = lane + 32 * i;
+    qv[i] = c < D4 ? qh[c] : zero;
+    acc[i] = zero;
+  }
+  float m = -INFINITY, l = 0.0f;
+  // This warp's chunks: keys [j0, j0 + kKeys) for j0 = (warp + kW r) * kKeys, r = 0, 1, ...
+  for (std::int64_t j0 = std::int64_t(warp) * kKeys; j0 < n; j0 += std::int64_t(kW) * kKeys) {
+    const int cnt = static_cast<int>(n - j0 < kKeys ? n - j0 : kKeys);
+    float part[kKeys];
+    float4 vr[kKeys][kNc];
+#pragma unroll
+    for (int u = 0; u < kKeys; ++u) {
+      part[u] = 0.0f;
+      if (u < cnt) {
+        const std::int64_t j = j0 + u;
+        const float* kj = layer_base + std::int64_t(table[j / kv.block_tokens]) * 2 * blk_floats +
+                          (j % kv.block_tokens) * row;
+        const float4* k4 = reinterpret_cast<const float4*>(kj);
+        const float4* v4 = reinterpret_cast<const float4*>(kj + blk_floats);
+#pragma unroll
+        for (int i = 0; i < kNc; ++i) {
+          const int c = lane + 32 * i;
+          if (c < D4) {
+            part[u] = dot4(qv[i], __ldg(k4 + c), part[u]);
+            vr[u][i] = __ldg(v4 + c);
+          } else {
+            vr[u][i] = zero;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kKeys; ++u) part[u] = warp_sum(part[u]);  // the same value in every lane
+#pragma unroll
+    for (int u = 0; u < kKeys; ++u) {
+      if (u < cnt) {
+        const float sc = part[u] * scale;
+        const float m_new = fmaxf(m, sc);
+        const float alpha = expf(m - m_new);  // 0 on the warp's first key (m = -inf)
+        const float p = expf(sc - m_new);
+#pragma unroll
+        for (int i = 0; i < kNc; ++i) {
+          acc[i].x = acc[i].x * alpha + p * vr[u][i].x;
+          acc[i].y = acc[i].y * alpha + p * vr[u][i].y;
+          acc[i].z = acc[i].z * alpha + p * vr[u][i].z;
+          acc[i].w = acc[i].w * alpha + p * vr[u][i].w;
+        }
+        l = l * alpha + p;
+        m = m_new;
+      }
+    }
+  }
+  // A warp without keys holds m = -inf, l = 0, acc = 0: its weight e^(-inf - M) is 0. Warp 0
+  // always has position 0, so M is finite.
+  if (lane == 0) {
+    sh_m[warp] = m;
+    sh_l[warp] = l;
+  }
+#pragma unroll
+  for (int i = 0; i < kNc; ++i) sh_acc[warp][lane + 32 * i] = acc[i];
+  __syncthreads();
+  for (int c = static_cast<int>(threadIdx.x); c < D4; c += kW * 32) {
+    float mx = sh_m[0];
+#pragma unroll
+    for (int w = 1; w < kW; ++w) mx = fmaxf(mx, sh_m[w]);
+    float den = 0.0f;
+    float4 num = zero;
+#pragma unroll
+    for (int w = 0; w < kW; ++w) {
+      const float a = expf(sh_m[w] - mx);
+      const float4 v = sh_acc[w][c];
+      den = fmaf(sh_l[w], a, den);
+      num.x = fmaf(v.x, a, num.x);
+      num.y = fmaf(v.y, a, num.y);
+      num.z = fmaf(v.z, a, num.z);
+      num.w = fmaf(v.w, a, num.w);
+    }
+    const float inv = 1.0f / den;
+    reinterpret_cast<float4*>(out + item * kv.D)[c] =
+        make_float4(num.x * inv, num.y * inv, num.z * inv, num.w * inv);
+  }
+}
+
+bool split_env_on() {
+  static const bool on = [] {
+    const char* v = std::getenv("FERRY_PAGED_ATTN_SPLIT");
+    return v == nullptr || v[0] != '0';
+  }();
+  return on;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
 }  // namespace
 
 cudaError_t launch_kv_write(const PagedKvLayout& kv, int layer, const PagedStep& step,
@@ -123,23 +258,44 @@ cudaError_t launch_kv_write(const PagedKvLayout& kv, int layer, const PagedStep&
 
 cudaError_t launch_paged_attention(const PagedKvLayout& kv, int layer, const PagedStep& step,
                                    float* out, const float* q, int H, float scale,
-                                   cudaStream_t stream) {
+                                   KernelVariant variant, cudaStream_t stream) {
   if (step.T <= 0) return cudaSuccess;
+  const bool split =
+      variant == KernelVariant::kDecode || (variant == KernelVariant::kDefault && split_env_on());
+  if (split && kv.D % 4 == 0 && aligned16(kv.base) && aligned16(out) && aligned16(q) &&
+      kv.layer_stride % 4 == 0) {
+    // One CTA per (token, head); D <= 128: 16 warps of one 16-byte chunk per lane, else 8 of two.
+    const std::int64_t items = step.T * H;
+    if (items > 0x7fffffff) return cudaErrorInvalidConfiguration;
+    const unsigned grid = static_cast<unsigned>(items);
+    if (kv.D <= 128) {
+      paged_attention_split_kernel<1, 16>
+          <<<grid, 16 * 32, 0, stream>>>(kv, layer, step, out, q, H, scale);
+    } else {
+      paged_attention_split_kernel<2, 8>
+          <<<grid, 8 * 32, 0, stream>>>(kv, layer, step, out, q, H, scale);
+    }
+    return cudaGetLastError();
+  }
   const std::int64_t warps = step.T * H;
   const unsigned grid = static_cast<unsigned>((warps * 32 + kThreads - 1) / kThreads);
   switch ((kv.D + 31) / 32) {
     case 1:
-      paged_attention_kernel<1><<<grid, kThreads, 0, stream>>>(kv, layer, step, out, q, H, scale);
+      paged_attention_warp_kernel<1>
+          <<<grid, kThreads, 0, stream>>>(kv, layer, step, out, q, H, scale);
       break;
     case 2:
-      paged_attention_kernel<2><<<grid, kThreads, 0, stream>>>(kv, layer, step, out, q, H, scale);
+      paged_attention_warp_kernel<2>
+          <<<grid, kThreads, 0, stream>>>(kv, layer, step, out, q, H, scale);
       break;
     case 3:
     case 4:
-      paged_attention_kernel<4><<<grid, kThreads, 0, stream>>>(kv, layer, step, out, q, H, scale);
+      paged_attention_warp_kernel<4>
+          <<<grid, kThreads, 0, stream>>>(kv, layer, step, out, q, H, scale);
       break;
     default:  // 5..8 (D <= 256, checked by the caller)
-      paged_attention_kernel<8><<<grid, kThreads, 0, stream>>>(kv, layer, step, out, q, H, scale);
+      paged_attention_warp_kernel<8>
+          <<<grid, kThreads, 0, stream>>>(kv, layer, step, out, q, H, scale);
       break;
   }
   return cudaGetLastError();

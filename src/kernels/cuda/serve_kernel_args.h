@@ -7,6 +7,15 @@
 
 namespace ferry::kernels::cuda {
 
+// Which of an op's two kernels runs (paged_attention, expert_ffn, the router's softmax/top-k;
+// docs/cuda.md "Decode kernels"): kDecode the decode-shaped kernel (more CTAs / 16-byte loads in
+// flight for a step of 1-4 tokens), kBaseline the first one (kept as the reference twin of the
+// GPU tests and as an A/B switch), kDefault: kDecode unless the op's environment switch is "0"
+// (FERRY_PAGED_ATTN_SPLIT, FERRY_EXPERT_FFN_CHUNKED, FERRY_ROUTER_REGISTERS; read once per
+// process, so every launch of a process takes the same kernel and the serving modes stay
+// bit-identical).
+enum class KernelVariant : std::uint8_t { kDefault, kBaseline, kDecode };
+
 // The paged KV cache's layout (serve/kv_cache.h): per layer l and block b, K rows then V rows,
 // each [block_tokens, G*D] f32:
 //   k(l, b) = base + l * layer_stride + (b * 2 + 0) * block_tokens * G*D;  v: (b * 2 + 1)

@@ -39,17 +39,31 @@ Status kv_write(const PagedKvLayout& kv, int layer, const PagedStep& step, const
 
 Status paged_attention(const PagedKvLayout& kv, int layer, const PagedStep& step, float* out,
                        const float* q, int H, float scale, mem::Stream& stream) {
+  return paged_attention(kv, layer, step, out, q, H, scale, KernelVariant::kDefault, stream);
+}
+
+Status paged_attention(const PagedKvLayout& kv, int layer, const PagedStep& step, float* out,
+                       const float* q, int H, float scale, KernelVariant variant,
+                       mem::Stream& stream) {
   FERRY_TRY(check_common("paged_attention", kv, step, stream));
   if (H % kv.G != 0) {
     return invalid_argument("cuda paged_attention: {} heads not divisible by {} kv heads", H, kv.G);
   }
   if (kv.D > 256) return unimplemented("cuda paged_attention: head dim {} > 256", kv.D);
-  FERRY_LAUNCH_TRY("serve paged_attention", native(stream),
-                   launch_paged_attention(kv, layer, step, out, q, H, scale, native(stream)));
+  if (step.T * H > 0x7fffffff) {
+    return unimplemented("cuda paged_attention: {} tokens x {} heads exceed the grid", step.T, H);
+  }
+  FERRY_LAUNCH_TRY(
+      "serve paged_attention", native(stream),
+      launch_paged_attention(kv, layer, step, out, q, H, scale, variant, native(stream)));
   return ok_status();
 }
 
 Status expert_ffn(const ExpertFfnArgs& a, mem::Stream& stream) {
+  return expert_ffn(a, KernelVariant::kDefault, stream);
+}
+
+Status expert_ffn(const ExpertFfnArgs& a, KernelVariant variant, mem::Stream& stream) {
   if (stream.device() != Device::kCuda) return invalid_argument("cuda expert_ffn: CUDA stream");
   const std::int64_t rows = a.row_end - a.row_begin;
   if (rows <= 0) return ok_status();
@@ -61,7 +75,24 @@ Status expert_ffn(const ExpertFfnArgs& a, mem::Stream& stream) {
     return unimplemented("cuda expert_ffn: {} rows, F {}, C {} exceed the launch grid", rows, a.F,
                          a.C);
   }
-  FERRY_LAUNCH_TRY("serve expert_ffn", native(stream), launch_expert_ffn(a, native(stream)));
+  FERRY_LAUNCH_TRY("serve expert_ffn", native(stream),
+                   launch_expert_ffn(a, variant, native(stream)));
+  return ok_status();
+}
+
+Status router_f32(float* weights, std::int32_t* ids, float* probs, const float* logits,
+                  std::int64_t t, std::int64_t e, int k, bool renormalize, KernelVariant variant,
+                  mem::Stream& stream) {
+  if (stream.device() != Device::kCuda) return invalid_argument("cuda router_f32: CUDA stream");
+  if (t == 0) return ok_status();
+  if (weights == nullptr || ids == nullptr || probs == nullptr || logits == nullptr || t < 0 ||
+      k < 1 || k > 32 || k > e) {
+    return invalid_argument("cuda router_f32: missing pointers or t {}, top_k {} vs E {}", t, k, e);
+  }
+  if ((t + 3) / 4 > 0x7fffffff) return unimplemented("cuda router_f32: {} tokens", t);
+  FERRY_LAUNCH_TRY("serve router_f32", native(stream),
+                   launch_router_f32(weights, ids, probs, logits, t, e, k, renormalize, variant,
+                                     native(stream)));
   return ok_status();
 }
 

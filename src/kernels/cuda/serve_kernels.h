@@ -2,7 +2,9 @@
 // The serving engine's own CUDA kernels (src/serve on a CUDA backend, docs/serve.md "CUDA path"):
 //   kv_write        a step's K/V rows into the paged KV cache, through the block tables
 //   paged_attention causal GQA of a step's queries (prefill chunks and decodes mixed) against the
-//                   paged cache, one warp per (token, head), online softmax over positions in order
+//                   paged cache, one CTA per (token, head) with the positions split over its warps
+//                   (online softmax per warp, combined in warp order), or the baseline warp per
+//                   (token, head) over positions in order (KernelVariant, serve_kernel_args.h)
 //   expert_ffn      routed experts' SwiGLU FFN for rows [row_begin, row_end) of a [T*K] routing,
 //                   the weights read through a table of per-expert pointers
 //   forced_routing  a routing hook's forced ids (uploaded once per step) applied to the router's
@@ -17,12 +19,13 @@
 // Why f32 K/V: the engine computes in f32 end to end (the CPU twin is f32, and the GPU test holds
 // the CUDA path to the CPU's within the same-precision rule); bf16 K/V would halve the pool but
 // change the rounding the twin is checked against. TODO(#5): a bf16 K/V variant.
-// Determinism: every output element is computed by one warp in a fixed order (lane-strided
-// partial sums, then a fixed xor-shuffle tree), never with atomics, and does not depend on which
-// other rows share the launch or where the weights sit; so expert_ffn gives the same bits for an
-// expert in any slot (resident, static staging, paged slot) and any token grouping.
-// Tests: tests/gpu/serve_gpu_test.cpp (vs the CPU paged_attention / expert_ffn_row twins with
-// style.md's rule, and bit identity across slots and groupings).
+// Determinism: every output element is computed by one warp (one CTA for paged_attention) in a
+// fixed order (lane partial sums, then a fixed xor-shuffle tree; a fixed warp order), never with
+// atomics, and does not depend on which other rows share the launch or where the weights sit; so
+// expert_ffn gives the same bits for an expert in any slot (resident, static staging, paged slot)
+// and any token grouping. Tests: tests/gpu/serve_gpu_test.cpp (vs the CPU paged_attention /
+// expert_ffn_row twins with style.md's rule, and bit identity across slots and groupings) and
+// tests/gpu/serve_decode_kernels_gpu_test.cpp (both variants of each kernel, batch invariance).
 #pragma once
 
 #include <cstddef>
@@ -41,11 +44,24 @@ Status kv_write(const PagedKvLayout& kv, int layer, const PagedStep& step, const
 
 // out, q: [T, H, D] (rope applied). Token t attends to positions [0, pos[t]] of its sequence,
 // which must be in the cache. Query head h reads kv head h / (H / G). D <= 256.
+// `variant` (KernelVariant, serve_kernel_args.h): the split-keys kernel (kDecode) or the warp
+// per (token, head) baseline; the overload without it takes kDefault (FERRY_PAGED_ATTN_SPLIT).
 Status paged_attention(const PagedKvLayout& kv, int layer, const PagedStep& step, float* out,
                        const float* q, int H, float scale, mem::Stream& stream);
+Status paged_attention(const PagedKvLayout& kv, int layer, const PagedStep& step, float* out,
+                       const float* q, int H, float scale, KernelVariant variant,
+                       mem::Stream& stream);
 
-// Rows [row_begin, row_end) of ExpertFfnArgs (serve_kernel_args.h).
+// Rows [row_begin, row_end) of ExpertFfnArgs (serve_kernel_args.h); the chunked 16-byte-load
+// kernels (kDecode) or the lane-strided baseline; kDefault: FERRY_EXPERT_FFN_CHUNKED.
 Status expert_ffn(const ExpertFfnArgs& a, mem::Stream& stream);
+Status expert_ffn(const ExpertFfnArgs& a, KernelVariant variant, mem::Stream& stream);
+// The router's softmax + top-k (CudaBackend::router's kernel, router.cu) on f32 logits [t, e]
+// with the kernel named: weights, ids [t, k], probs [t, e]; 1 <= k <= min(e, 32). For the GPU
+// tests' A/B of the two kernels (CudaBackend::router takes kDefault: FERRY_ROUTER_REGISTERS).
+Status router_f32(float* weights, std::int32_t* ids, float* probs, const float* logits,
+                  std::int64_t t, std::int64_t e, int k, bool renormalize, KernelVariant variant,
+                  mem::Stream& stream);
 // ForcedRoutingArgs (serve_kernel_args.h): a routing hook's forced ids applied on the device, so
 // the runner needs no host round trip per MoE layer. K <= 32.
 Status forced_routing(const ForcedRoutingArgs& a, mem::Stream& stream);

@@ -16,14 +16,21 @@ namespace ferry::kernels::cuda {
 
 cudaError_t launch_kv_write(const PagedKvLayout& kv, int layer, const PagedStep& step,
                             const float* k, const float* v, cudaStream_t stream);
-// D = kv.D <= 256 (checked by the caller).
+// D = kv.D <= 256 (checked by the caller). kDecode falls back to kBaseline when D % 4 != 0 or a
+// pointer is not 16-byte aligned.
 cudaError_t launch_paged_attention(const PagedKvLayout& kv, int layer, const PagedStep& step,
                                    float* out, const float* q, int H, float scale,
-                                   cudaStream_t stream);
+                                   KernelVariant variant, cudaStream_t stream);
 // Grid limits checked by the caller: rows < 2^31, ceil(F / 8) and ceil(C / 8) <= 65535.
-cudaError_t launch_expert_ffn(const ExpertFfnArgs& a, cudaStream_t stream);
+cudaError_t launch_expert_ffn(const ExpertFfnArgs& a, KernelVariant variant, cudaStream_t stream);
 // router.cu. K <= 32 (checked by the caller).
 cudaError_t launch_forced_routing(const ForcedRoutingArgs& a, cudaStream_t stream);
+// router.cu: launch_router (launchers.h) on f32 logits [t, e] with the kernel named (kDecode: the
+// logits held in registers, E <= 256, else kBaseline); launch_router takes kDefault. 1 <= k <=
+// min(e, 32) (checked by the caller).
+cudaError_t launch_router_f32(float* weights, std::int32_t* ids, float* probs, const float* logits,
+                              std::int64_t t, std::int64_t e, int k, bool renormalize,
+                              KernelVariant variant, cudaStream_t stream);
 // serve_link_pace.cu: one thread each. mark: *d_mark = the GPU's global timer (ns). wait: spins
 // (nanosleep) until the timer reaches *d_mark + ns, then sets *d_mark to the timer.
 cudaError_t launch_link_pace_mark(unsigned long long* d_mark, cudaStream_t stream);
