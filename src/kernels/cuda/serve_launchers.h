@@ -23,7 +23,8 @@ cudaError_t launch_paged_attention(const PagedKvLayout& kv, int layer, const Pag
                                    KernelVariant variant, cudaStream_t stream);
 // Grid limits checked by the caller: rows < 2^31, ceil(F / 8) and ceil(C / 8) <= 65535.
 cudaError_t launch_expert_ffn(const ExpertFfnArgs& a, KernelVariant variant, cudaStream_t stream);
-// router.cu. K <= 32 (checked by the caller).
+// router.cu. K <= 32 (checked by the caller). A warp per token, or a thread per token under
+// FERRY_ROUTER_REGISTERS=0 (the same bits).
 cudaError_t launch_forced_routing(const ForcedRoutingArgs& a, cudaStream_t stream);
 // router.cu: launch_router (launchers.h) on f32 logits [t, e] with the kernel named (kDecode: the
 // logits held in registers, E <= 256, else kBaseline); launch_router takes kDefault. 1 <= k <=
