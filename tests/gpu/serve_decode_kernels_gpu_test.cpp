@@ -38,42 +38,11 @@ namespace {
 using ferry::testing::CudaTest;
 using kernels::cuda::KernelVariant;
 
-struct DeviceBuf {
-  void* p = nullptr;
-  explicit DeviceBuf(std::size_t bytes) {
-    EXPECT_EQ(cudaMalloc(&p, std::max<std::size_t>(bytes, 16)), cudaSuccess);
-  }
-  DeviceBuf(const DeviceBuf&) = delete;
-  DeviceBuf& operator=(const DeviceBuf&) = delete;
-  ~DeviceBuf() { cudaFree(p); }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-};
-
-template <typename T>
-void up(void* d, const std::vector<T>& h) {
-  ASSERT_EQ(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-}
-template <typename T>
-std::vector<T> down(const void* d, std::size_t n) {
-  std::vector<T> h(n);
-  EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-  return h;
-}
-template <typename T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
-
-template <typename A, typename B>
-double max_abs_diff(const std::vector<A>& a, const std::vector<B>& b) {
-  double e = 0;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    e = std::max(e, std::fabs(double(a[i]) - double(b[i])));
-  return e;
-}
+using ferry::testing::DeviceBuf;
+using ferry::testing::down;
+using ferry::testing::max_abs_diff;
+using ferry::testing::same_bits;
+using ferry::testing::up;
 
 const char* name(KernelVariant v) { return v == KernelVariant::kDecode ? "decode" : "baseline"; }
 

@@ -37,36 +37,10 @@ namespace {
 
 using ferry::testing::CudaTest;
 
-struct DeviceBuf {
-  void* p = nullptr;
-  explicit DeviceBuf(std::size_t bytes) {
-    EXPECT_EQ(cudaMalloc(&p, std::max<std::size_t>(bytes, 4)), cudaSuccess);
-  }
-  ~DeviceBuf() { cudaFree(p); }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-};
-
-template <typename T>
-void up(void* d, const std::vector<T>& h) {
-  ASSERT_EQ(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-}
-template <typename T>
-std::vector<T> down(const void* d, std::size_t n) {
-  std::vector<T> h(n);
-  EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-  return h;
-}
-
-template <typename A, typename B>
-double max_abs_diff(const std::vector<A>& a, const std::vector<B>& b) {
-  double e = 0;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    e = std::max(e, std::fabs(double(a[i]) - double(b[i])));
-  return e;
-}
+using ferry::testing::DeviceBuf;
+using ferry::testing::down;
+using ferry::testing::max_abs_diff;
+using ferry::testing::up;
 
 class ServeKernels : public CudaTest {};
 
