@@ -100,6 +100,7 @@ struct RunSpec {
   int device_update_slots = 2;   // StreamOptions::device_update_slots
   std::function<void(int)> cpu_update_hook;       // StreamOptions::cpu_update_hook
   std::function<Status(int)> device_update_hook;  // StreamOptions::device_update_hook
+  HeadUpdate head_update = HeadUpdate::kEarly;    // StreamOptions::head_update
 };
 
 inline std::unique_ptr<TrainState> make_state(const model::LoadedModel& m, const RunSpec& r) {
@@ -183,6 +184,7 @@ inline RunResult run_stream(const model::LoadedModel& m, const RunSpec& r,
                    .gemm_precision = r.gemm_precision,
                    .device_update_layers = r.device_update_layers,
                    .device_update_slots = r.device_update_slots,
+                   .head_update = r.head_update,
                    .cpu_update_hook = r.cpu_update_hook,
                    .device_update_hook = r.device_update_hook};
   auto ex = StreamExecutor::create(*out.state, kBatch, kSeq, so, backend);

@@ -4,7 +4,8 @@
 // optimizer phase from the bottom while the CPU worker takes the globals and then the layers
 // from the top, until they meet; `all` lets every layer go to the device (the meeting point
 // decides; stored as stream::kDeviceUpdateAllLayers). S staging slots let one layer's H2D run
-// while the previous layer's kernels and D2H run.
+// while the previous layer's kernels and D2H run. `--head-update` places the globals' head part
+// in the CPU worker's order.
 #pragma once
 
 #include <cstdlib>
@@ -52,6 +53,18 @@ inline void add_device_update_flags(CLI::App* cmd, int& layers, int& slots, cons
                       "the device budget")
       ->envname("FERRY_DEVICE_UPDATE_SLOTS")
       ->check(CLI::Range(1, train::stream::kMaxDeviceUpdateSlots));
+}
+
+// `--head-update early|late`: where the CPU worker updates the final norm + lm_head (the next
+// forward waits for them only at its head; for the embedding before its first layer).
+inline void add_head_update_flag(CLI::App* cmd, std::string& head, const char* prefix) {
+  cmd->add_option("--head-update", head,
+                  std::string(prefix) +
+                      "when the CPU worker updates the final norm + lm_head: early (right after "
+                      "the embedding, before the layers) or late (after its last layer); the "
+                      "next forward waits for them only at its head (bit-identical either way)")
+      ->envname("FERRY_HEAD_UPDATE")
+      ->check(CLI::IsMember({"early", "late"}));
 }
 
 }  // namespace ferry::app

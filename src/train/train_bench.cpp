@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 
 #include "core/process_memory.h"
@@ -81,6 +82,8 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
   const double peak = c.peak_tflops > 0 ? c.peak_tflops * 1e12 : known_peak_bf16_flops(device_name);
   FERRY_ASSIGN_OR_RETURN(const model::GemmPrecision precision,
                          model::parse_gemm_precision(c.gemm_precision, be->device()));
+  FERRY_ASSIGN_OR_RETURN(const stream::HeadUpdate head_update,
+                         stream::parse_head_update(c.head_update));
   FERRY_ASSIGN_OR_RETURN(const bool bf16_compute, bf16_compute_weights(c.weights_dtype, c.device));
   FERRY_ASSIGN_OR_RETURN(const bool bf16_grads, bf16_gradients(c.grad_dtype));
 
@@ -128,6 +131,7 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
                                    : c.device_update_layers},
       {"device_update_slots",
        c.device_update_layers != 0 ? Json(c.device_update_slots) : Json(nullptr)},
+      {"head_update", c.head_update},
       {"policies", Json::array()}};
   AdamWConfig adamw;
   // One pinned host arena for every policy: the previous policy's, re-initialized to the same
@@ -194,7 +198,8 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
                                    .optimizer_threads = c.optimizer_threads,
                                    .gemm_precision = precision,
                                    .device_update_layers = c.device_update_layers,
-                                   .device_update_slots = c.device_update_slots};
+                                   .device_update_slots = c.device_update_slots,
+                                   .head_update = head_update};
     Timer create;
     auto ex = stream::StreamExecutor::create(std::move(arena), config, c.seed, b, c.seq, so, *be);
     const double executor_s = create.elapsed_s();
@@ -256,6 +261,9 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
     for (int l = 0; l < geo.layers; ++l)
       opt_layer_ms.push_back(unit_s[static_cast<std::size_t>(l)] * ms_per_step);
     const double opt_globals_ms = unit_s.back() * ms_per_step;
+    // The globals' two ready points (the forward waits for the embedding before its first layer,
+    // for the final norm + lm_head only at the head): the embedding's and the head's share.
+    const std::array<double, 2> globals_split = x.optimizer_globals_busy_s();
     double fwd_exposed_ms = 0;
     for (int l = 0; l < geo.layers; ++l) fwd_exposed_ms += report.measured_exposed_ms[l];
     const double hidden = opt_ms > 0 ? 1.0 - std::min(1.0, fwd_exposed_ms / opt_ms) : 1.0;
@@ -287,6 +295,8 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
          {"setup_s", {{"arena", arena_s}, {"executor", executor_s}}},
          {"optimizer_layer_ms", opt_layer_ms},
          {"optimizer_globals_ms", opt_globals_ms},
+         {"optimizer_embed_ms", globals_split[0] * ms_per_step},
+         {"optimizer_head_ms", globals_split[1] * ms_per_step},
          {"host_peak_bytes", host_peak_rss_bytes()},
          {"device_peak_bytes", x.device_peak_bytes()},
          {"device_planned_bytes", x.device_planned_bytes()},

@@ -309,6 +309,8 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
     }
     FERRY_ASSIGN_OR_RETURN(const model::GemmPrecision gemm_precision,
                            model::parse_gemm_precision(c.gemm_precision, step_be->device()));
+    FERRY_ASSIGN_OR_RETURN(const stream::HeadUpdate head_update,
+                           stream::parse_head_update(c.head_update));
     const stream::StreamOptions so{
         .policy = policy,
         .prefetch = c.prefetch,
@@ -318,7 +320,8 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
         .optimizer_threads = c.optimizer_threads,
         .gemm_precision = gemm_precision,
         .device_update_layers = c.device_update_layers,
-        .device_update_slots = c.device_update_slots};
+        .device_update_slots = c.device_update_slots,
+        .head_update = head_update};
     FERRY_ASSIGN_OR_RETURN(
         streamer, stream::StreamExecutor::create(s, c.batch_size, c.seq_len, so, *step_be));
     sum.host_bytes_per_param = streamer->arena().bytes_per_param();

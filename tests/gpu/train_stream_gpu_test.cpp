@@ -241,6 +241,69 @@ TEST(TrainStreamGpu, DeviceUpdatedLayersBitIdenticalOnGpu) {
   }
 }
 
+// The globals split on the GPU: the head's weights land on their own stream (bf16 weights through
+// the embedding's gradient region as staging) while the forward runs; both head orders, the tail
+// on and off, a slow head update (the forward runs its layers, then waits in the loss window),
+// bitwise against the default run; the globals' bytes unchanged.
+TEST(TrainStreamGpu, GlobalsSplitBitIdenticalOnGpu) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  kernels::Backend* be = cuda_or_null();
+  ASSERT_NE(be, nullptr);
+  const std::string dir = testing::temp_dir("stream_gpu_globals");
+  auto dense = dense_model(dir + "/model");  // tied embeddings
+  auto moe = moe_model();                    // untied lm_head
+  const OptimMode kahan8{.master = MasterWeights::kBf16Kahan, .states = OptimizerStates::k8Bit};
+  const OptimMode f32x8{.master = MasterWeights::kF32, .states = OptimizerStates::k8Bit};
+  struct Case {
+    const model::LoadedModel* m;
+    OptimMode mode;
+    bool bf16_compute;
+  };
+  for (const Case& c : {Case{dense.get(), kahan8, false}, Case{moe.get(), kahan8, false},
+                        Case{moe.get(), f32x8, true}, Case{moe.get(), OptimMode{}, false}}) {
+    RunSpec spec;
+    spec.gemm_precision = model::GemmPrecision::kBf16;
+    spec.mode = c.mode;
+    spec.bf16_compute = c.bf16_compute;
+    const bool tail_ok = c.mode.states == OptimizerStates::k8Bit;
+    SCOPED_TRACE(describe(c.mode) + (c.m == moe.get() ? " moe" : " dense"));
+    const std::vector<Batch> data = make_batches(spec.steps * spec.accum, c.m->geometry.vocab, 5);
+    const RunResult base = run_stream(*c.m, spec, data, "every:2", 2, *be);
+    const int L = c.m->geometry.layers;
+    const int head = L + 1;  // LayerOptimizer::head_unit()
+    for (const HeadUpdate h : {HeadUpdate::kEarly, HeadUpdate::kLate}) {
+      for (const int K : {0, kDeviceUpdateAllLayers}) {
+        if (K != 0 && !tail_ok) continue;
+        for (const bool slow_head : {false, true}) {
+          RunSpec r = spec;
+          r.head_update = h;
+          r.device_update_layers = K;
+          if (slow_head) {
+            r.cpu_update_hook = [head](int u) {
+              if (u == head) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+            };
+          }
+          const std::string what = std::string(h == HeadUpdate::kEarly ? "early" : "late") +
+                                   " K=" + std::to_string(K) + (slow_head ? " slow head" : "");
+          const RunResult g = run_stream(*c.m, r, data, "every:2", 2, *be);
+          ASSERT_EQ(g.losses.size(), base.losses.size()) << what;
+          for (std::size_t i = 0; i < base.losses.size(); ++i) {
+            EXPECT_EQ(g.losses[i], base.losses[i]) << what << " step " << i;
+          }
+          expect_same_state(*base.state, *g.state, what + " (cuda) vs default (cuda)");
+          EXPECT_EQ(g.stats.globals_h2d, base.stats.globals_h2d) << what;
+          if (slow_head && (h == HeadUpdate::kLate || K != 0)) {
+            // The forward's layers did not wait for the head; the loss window did (GPU idle time).
+            EXPECT_GT(g.stats.window_exposed_s[static_cast<std::size_t>(L)], 0.1) << what;
+          }
+          std::cout << "[train_stream_gpu] globals " << what << ": loss window exposed "
+                    << g.stats.window_exposed_s[static_cast<std::size_t>(L)] * 1e3 << " ms\n";
+        }
+      }
+    }
+  }
+}
+
 // One step's loss and gradients: the stream executor on `be`, accumulation 1, no update yet.
 struct OneStep {
   double loss = 0.0;

@@ -17,22 +17,34 @@ namespace ferry::train::stream {
 
 namespace kc = kernels::cpu;
 
-LayerOptimizer::LayerOptimizer(HostArena& arena, int threads, std::function<void(int)> before_unit)
-    : arena_(arena), before_unit_(std::move(before_unit)) {
+LayerOptimizer::LayerOptimizer(HostArena& arena, int threads, std::function<void(int)> before_unit,
+                               HeadUpdate head)
+    : arena_(arena), before_unit_(std::move(before_unit)), head_(head) {
   // The pool's workers plus the worker thread itself (parallel_for runs one chunk on the caller).
   if (threads > 1) pool_ = std::make_unique<ThreadPool>(static_cast<std::size_t>(threads - 1));
-  order_.push_back(arena.globals_unit());
-  for (int u = 0; u < arena.globals_unit(); ++u) order_.push_back(u);
-  done_.assign(static_cast<std::size_t>(arena.num_units()), 0);
-  external_.assign(static_cast<std::size_t>(arena.num_units()), false);
-  unit_busy_s_.assign(static_cast<std::size_t>(arena.num_units()), 0.0);
-  // Each unit's chunks, in parameter order: the same every step, so listed once here.
-  chunks_.resize(static_cast<std::size_t>(arena.num_units()));
-  for (int u = 0; u < arena.num_units(); ++u) {
+  const int G = arena.globals_unit(), H = head_unit();
+  order_.push_back(G);
+  if (head_ == HeadUpdate::kEarly) order_.push_back(H);
+  for (int u = 0; u < G; ++u) order_.push_back(u);
+  if (head_ == HeadUpdate::kLate) order_.push_back(H);
+  const auto slots = static_cast<std::size_t>(H + 1);  // the arena's units + the head part
+  done_.assign(slots, 0);
+  external_.assign(slots, false);
+  unit_busy_s_.assign(slots, 0.0);
+  // Each unit's chunks, in parameter order: the same every step, so listed once here. The
+  // globals' first parameter is the embedding (param_specs order): its chunks are unit G's, the
+  // other globals' (final norm, lm_head) the head part's.
+  const std::vector<int>& globals = arena.unit_params(G);
+  FERRY_CHECK(!globals.empty() && arena.params()[static_cast<std::size_t>(globals[0])].index == 0,
+              "train: the globals unit does not start with the embedding");
+  embed_elements_ = arena.params()[static_cast<std::size_t>(globals[0])].n;
+  chunks_.resize(slots);
+  for (int u = 0; u <= G; ++u) {
     for (int idx : arena.unit_params(u)) {
       const std::int64_t n = arena.params()[static_cast<std::size_t>(idx)].n;
+      const int to = u == G && idx != globals[0] ? H : u;
       for (std::int64_t b = 0; b < n; b += kChunk)
-        chunks_[static_cast<std::size_t>(u)].push_back({idx, b});
+        chunks_[static_cast<std::size_t>(to)].push_back({idx, b});
     }
   }
   worker_ = std::thread([this] { run(); });
@@ -131,7 +143,14 @@ double LayerOptimizer::busy_s() const {
 
 std::vector<double> LayerOptimizer::unit_busy_s() const {
   std::lock_guard lk(mu_);
-  return unit_busy_s_;
+  std::vector<double> out(unit_busy_s_.begin(), unit_busy_s_.end() - 1);
+  out.back() += unit_busy_s_.back();  // the globals: embedding + head
+  return out;
+}
+
+std::array<double, 2> LayerOptimizer::globals_busy_s() const {
+  std::lock_guard lk(mu_);
+  return {unit_busy_s_[static_cast<std::size_t>(arena_.globals_unit())], unit_busy_s_.back()};
 }
 
 void LayerOptimizer::run() {
@@ -159,10 +178,12 @@ void LayerOptimizer::run() {
       cv_.notify_all();
     };
     if (shared) {
-      // The globals (the forward reads the embedding first), then layers from the top until
-      // the bottom-up updater is met.
+      // The embedding (the forward reads it first), the head with kEarly, then layers from the
+      // top until the bottom-up updater is met, then the head with kLate.
       update(arena_.globals_unit());
+      if (head_ == HeadUpdate::kEarly) update(head_unit());
       for (int u = claim_top(applied); u >= 0; u = claim_top(applied)) update(u);
+      if (head_ == HeadUpdate::kLate) update(head_unit());
       continue;
     }
     for (int u : order_) {
@@ -187,8 +208,9 @@ void LayerOptimizer::update_unit(int u, const UpdateArgs& a) {
   }
 }
 
-void LayerOptimizer::update_range(int u, int idx, const UpdateArgs& a, std::int64_t begin,
+void LayerOptimizer::update_range(int unit, int idx, const UpdateArgs& a, std::int64_t begin,
                                   std::int64_t end) {
+  const int u = arena_unit(unit);  // the head part's sections are the globals unit's
   const kc::Isa isa = kc::best_isa();
   const OptimMode& mode = arena_.mode();
   const bool bf16 = arena_.bf16_master();

@@ -1,9 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // LayerOptimizer: the streaming executor's AdamW, off the critical path. submit() hands one
 // step's update to a CPU worker thread, which updates the units in the order the next forward
-// needs them — globals (the embedding is read first), then layers 0..L-1 — and after each unit
-// publishes a per-unit ready generation. wait_ready(u) blocks only until unit u is done, so the
-// next step's forward of layer i waits for layer i's update alone.
+// needs them — the embedding, then layers 0..L-1 — and after each unit publishes a per-unit ready
+// generation. wait_ready(u) blocks only until unit u is done, so the next step's forward of layer
+// i waits for layer i's update alone.
+// The globals are two ready points (docs/train_gpu_executor.md, "the globals split"): the arena's
+// globals unit G holds the embedding first (param_specs order), then the final norm and the
+// untied lm_head; wait_ready(G) covers the embedding, wait_ready(head_unit()) the final norm +
+// lm_head (tied embeddings: the final norm alone), which the forward reads only at its end. Where
+// the head goes in the worker's order is HeadUpdate: kEarly right after the embedding (before the
+// layers), kLate after the worker's last layer. Parameters are independent and the SR key is per
+// parameter, so the order never changes the bits.
 //
 // Per parameter the update is exactly the in-memory executor's (optimizer.h): the fused AdamW
 // span kernel (fp32/fp32) or the hybrid kernel (8-bit states or bf16 masters), grad_scale =
@@ -20,24 +27,27 @@
 // newest submitted update, so WeightStreamer's wait is unchanged.
 // Shared layers (share_layers, the device tail's meeting point): layers 0..L-1 form one range
 // claimed from both ends per update, each claim atomic under the lock — the worker after the
-// globals from the top (L-1, L-2, ...), the other updater through claim_bottom() from the bottom
-// (0, 1, ..., at most `bottom_max` of them) — until they meet. Every layer is claimed exactly once
-// per update whatever the timing; the units are independent, so any split gives the same bits.
-// Thread-safety: submit / wait_* / mark_external_done from one thread (the executor's);
-// claim_bottom / mark_bottom_done from the other updater's thread, only between a submit() and
-// that update's last unit being ready (the caller orders its next submit() after them). The
-// worker owns the arena's master, states and weights of a unit it claimed (or a non-external
-// one) between submit() and that unit's ready generation.
+// embedding (and the head with kEarly) from the top (L-1, L-2, ...), the other updater through
+// claim_bottom() from the bottom (0, 1, ..., at most `bottom_max` of them) — until they meet. Every
+// layer is claimed exactly once per update whatever the timing; the units are independent, so any
+// split gives the same bits. Thread-safety: submit / wait_* / mark_external_done from one thread
+// (the executor's); claim_bottom / mark_bottom_done from the other updater's thread, only between a
+// submit() and that update's last unit being ready (the caller orders its next submit() after
+// them). The worker owns the arena's master, states and weights of a unit it claimed (or a
+// non-external one) between submit() and that unit's ready generation.
 #pragma once
 
+#include <array>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <vector>
 
+#include "core/result.h"
 #include "core/thread_pool.h"
 #include "train/stream/host_arena.h"
 
@@ -50,12 +60,26 @@ struct UpdateArgs {
   std::uint64_t sr_seed = 0;
 };
 
+// Where the final norm + lm_head update goes in the CPU worker's order.
+enum class HeadUpdate : std::uint8_t {
+  kEarly,  // embedding, head, then the layers (0..L-1, or from the top with a device tail)
+  kLate,   // embedding, the layers, then the head
+};
+
+// --head-update: "early" | "late".
+inline Result<HeadUpdate> parse_head_update(std::string_view s) {
+  if (s == "early") return HeadUpdate::kEarly;
+  if (s == "late") return HeadUpdate::kLate;
+  return invalid_argument("train: --head-update {} is not early or late", s);
+}
+
 class LayerOptimizer {
  public:
-  // before_unit (tests): called on the worker before each unit's update.
-  // threads: CPU threads updating a unit (1: the worker alone).
+  // before_unit (tests): called on the worker before each unit's update (the head part of the
+  // globals as head_unit()). threads: CPU threads updating a unit (1: the worker alone).
   explicit LayerOptimizer(HostArena& arena, int threads = 1,
-                          std::function<void(int unit)> before_unit = {});
+                          std::function<void(int unit)> before_unit = {},
+                          HeadUpdate head = HeadUpdate::kEarly);
   static constexpr std::int64_t kChunk = std::int64_t{1} << 16;  // 32 blocks of 2048
   ~LayerOptimizer();
   LayerOptimizer(const LayerOptimizer&) = delete;
@@ -63,7 +87,12 @@ class LayerOptimizer {
 
   // Starts the update of every unit (waits for a previous one to finish first).
   void submit(const UpdateArgs& args);
+  // unit: a layer, the globals unit (its embedding) or head_unit() (final norm + lm_head).
   void wait_ready(int unit);
+  // The pseudo-unit of the globals' head part: arena.num_units() (not an arena unit).
+  int head_unit() const { return arena_.num_units(); }
+  // Elements of the globals unit that belong to the embedding (the head part follows them).
+  std::int64_t embed_elements() const { return embed_elements_; }
   // Units the worker skips from now on (before the first submit, or between steps once
   // wait_all() returned); their updater calls mark_external_done(u) after each submit().
   void set_external(const std::vector<int>& units);
@@ -82,9 +111,11 @@ class LayerOptimizer {
   bool is_ready(int unit) const;  // no update of `unit` pending
   // Seconds the worker spent updating (cumulative).
   double busy_s() const;
-  // The same per unit (index = arena unit: layers 0..L-1, then the globals): what `ferry plan`
-  // takes as each layer's update time instead of splitting the total by weight.
+  // The same per unit (index = arena unit: layers 0..L-1, then the globals: embedding + head):
+  // what `ferry plan` takes as each layer's update time instead of splitting the total by weight.
   std::vector<double> unit_busy_s() const;
+  // The globals' entry of unit_busy_s() split: {embedding, final norm + lm_head}.
+  std::array<double, 2> globals_busy_s() const;
 
  private:
   void run();
@@ -92,28 +123,31 @@ class LayerOptimizer {
   // (met, or a newer update was submitted while the worker was between its last unit and this).
   int claim_top(std::uint64_t gen);
   void update_unit(int u, const UpdateArgs& a);
+  int arena_unit(int u) const { return u == head_unit() ? arena_.globals_unit() : u; }
   // Elements [begin, end) of parameter idx (begin on a kChunk boundary).
   void update_range(int u, int idx, const UpdateArgs& a, std::int64_t begin, std::int64_t end);
 
   HostArena& arena_;
   std::function<void(int)> before_unit_;
-  std::vector<int> order_;      // globals, then layers
+  std::int64_t embed_elements_ = 0;
+  HeadUpdate head_;
+  std::vector<int> order_;      // embedding, head and layers, in the worker's unshared order
   std::vector<bool> external_;  // [unit]: updated by someone else (set_external)
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::uint64_t submitted_ = 0;      // generation of the newest submitted update
-  std::vector<std::uint64_t> done_;  // per unit: newest generation applied
+  std::vector<std::uint64_t> done_;  // [unit + head]: newest generation applied
   UpdateArgs args_;
   bool stop_ = false;
   bool shared_ = false;              // share_layers() called
   int bottom_max_ = 0;               // the bottom-up updater's most units per update
   int bottom_ = 0, top_ = 0;         // unclaimed layers of the newest update: [bottom_, top_)
-  std::vector<double> unit_busy_s_;  // [unit] seconds updating it (busy_s() is their sum)
+  std::vector<double> unit_busy_s_;  // [unit + head] seconds updating it (busy_s(): their sum)
   struct Chunk {
     int idx;             // parameter
     std::int64_t begin;  // first element
   };
-  std::vector<std::vector<Chunk>> chunks_;  // [unit], fixed at construction
+  std::vector<std::vector<Chunk>> chunks_;  // [unit + head], fixed at construction
   std::unique_ptr<ThreadPool> pool_;        // threads > 1
   std::thread worker_;
 };

@@ -273,7 +273,8 @@ Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_s
     const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     opt_threads = gpu ? std::max(1, hw - 2) : 1;
   }
-  opt_ = std::make_unique<LayerOptimizer>(*arena_, opt_threads, opts_.cpu_update_hook);
+  opt_ = std::make_unique<LayerOptimizer>(*arena_, opt_threads, opts_.cpu_update_hook,
+                                          opts_.head_update);
   if (opts_.device_update_layers > 0) {
     FERRY_ASSIGN_OR_RETURN(mem::StreamSet ts, mem::StreamSet::create(be_.device(), 0));
     tail_streams_ = std::make_unique<mem::StreamSet>(std::move(ts));
@@ -290,9 +291,16 @@ Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_s
   // Per micro-batch: each schedule item's acquire, and per layer at most a boundary store and a
   // fetch (NVMe: copy + disk each), a gradient slot and its refill; the globals and the flush.
   // (each NVMe fetch: staging + disk + landing), the transit buffers' stores.
-  const int max_waits = static_cast<int>(schedule.size()) + 9 * L + 16;
+  const int max_waits = static_cast<int>(schedule.size()) + 9 * L + 20;
   landing_ = std::make_unique<Bf16Landing>(be_, device_.as<std::uint16_t>(plan_.stage16),
                                            plan_.stage16_elements);
+  // The head's bf16 staging: the embedding's gradient region (embed_elements f32, so twice as
+  // many bf16 values: room for the final norm + an untied lm_head of the same [V, C]).
+  FERRY_ASSIGN_OR_RETURN(mem::StreamSet hs, mem::StreamSet::create(be_.device(), 0));
+  head_streams_ = std::make_unique<mem::StreamSet>(std::move(hs));
+  FERRY_TRY(event(head_landed_));
+  head_landing_ = std::make_unique<Bf16Landing>(be_, device_.as<std::uint16_t>(plan_.globals_g),
+                                                2 * opt_->embed_elements());
   FERRY_ASSIGN_OR_RETURN(
       streamer_, WeightStreamer::create(*arena_, *opt_, std::move(slots), std::move(schedule), *te_,
                                         streams_->h2d(), cs(), landing_.get()));
@@ -357,6 +365,7 @@ StreamExecutor::~StreamExecutor() {
   tail_.reset();
   opt_.reset();
   // Queued GPU work may still read the device arena or ModelCompute's buffers.
+  if (head_streams_) (void)head_streams_->synchronize();
   if (tail_streams_) (void)tail_streams_->synchronize();
   if (refill_streams_) (void)refill_streams_->synchronize();
   if (act_streams_) (void)act_streams_->synchronize();
@@ -506,6 +515,30 @@ Result<const float*> StreamExecutor::take_fetch() {
   return static_cast<const float*>(fetch_buf_[b]);
 }
 
+// The head part of the globals (elements [E, G) of the unit: final norm + untied lm_head) into
+// the device globals, on the head stream. Stream order (GPU): the H2D (bf16: into the staging, the
+// embedding's gradient region, then the widening kernel into globals.weights) follows nothing on
+// the head stream; what it overwrites was last read or written by the previous step's compute
+// stream, which the end of every micro-batch synchronized. The compute stream waits for
+// head_landed_ before the head reads the weights and before it zeroes the staging region.
+// Emulated tier: host streams, the copy (and the in-place widening) has run when this returns.
+Status StreamExecutor::land_head() {
+  const int G = arena_->globals_unit();
+  const std::int64_t E = opt_->embed_elements(), n = arena_->unit_elements(G) - E;
+  mem::Stream& s = head_streams_->h2d();
+  if (arena_->bf16_weights()) {
+    FERRY_TRY(head_landing_->land(dev(plan_.globals_w) + E, arena_->w16(G) + E, n, *te_, s));
+    stats_.globals_h2d += static_cast<std::size_t>(n) * sizeof(std::uint16_t);
+  } else {
+    const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(float);
+    FERRY_TRY(te_->h2d(dev(plan_.globals_w) + E, arena_->weights(G) + E, bytes, s));
+    stats_.globals_h2d += bytes;
+  }
+  FERRY_TRY(head_landed_->record(s));
+  head_pending_ = false;
+  return {};
+}
+
 // On the device copy of the unit's gradient, right after its backward, into the device's
 // per-parameter vector: the global norm then needs no pass over the host arena, and a GPU reads
 // the P floats back once per step (read_sumsq).
@@ -558,8 +591,12 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
   const bool last = micro_ == accum_;
   const int L = geo_.layers, G = arena_->globals_unit();
   const std::size_t gbytes = static_cast<std::size_t>(arena_->unit_elements(G)) * sizeof(float);
+  // The globals: the embedding [0, E) elements, then the head part (final norm, lm_head).
+  const std::int64_t E = opt_->embed_elements();
+  const auto ebytes = static_cast<std::size_t>(E) * sizeof(float);
   clock_->begin_micro_batch();
   if (a == 0) {
+    // The embedding alone: the head's update may still run (it is waited for at the head).
     FERRY_TRY(timed_wait([&]() -> Status {
       opt_->wait_ready(G);
       return {};
@@ -568,16 +605,18 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
       // Lands through the staging buffer the weight thread also uses: done (synchronized) before
       // that thread starts this micro-batch's copies (bf16_widen.h).
       FERRY_TRY(timed_wait([&]() -> Status {
-        FERRY_TRY(landing_->land(dev(plan_.globals_w), arena_->w16(G), arena_->unit_elements(G),
-                                 *te_, cs()));
+        FERRY_TRY(landing_->land(dev(plan_.globals_w), arena_->w16(G), E, *te_, cs()));
         return cs().synchronize();
       }));
-      stats_.globals_h2d += arena_->unit_weight_bytes(G);
+      stats_.globals_h2d += static_cast<std::size_t>(E) * sizeof(std::uint16_t);
     } else {
-      FERRY_TRY(copy(dev(plan_.globals_w), arena_->weights(G), gbytes, mem::CopyKind::kHostToDevice,
+      FERRY_TRY(copy(dev(plan_.globals_w), arena_->weights(G), ebytes, mem::CopyKind::kHostToDevice,
                      &stats_.globals_h2d));
     }
-    FERRY_TRY(te_->zero(dev(plan_.globals_g), gbytes, cs()));
+    // The head's gradients now; the embedding's region may be the head's staging (land_head), so
+    // it is zeroed once the head landed.
+    FERRY_TRY(te_->zero(dev(plan_.globals_g) + E, gbytes - ebytes, cs()));
+    head_pending_ = true;
   }
   streamer_->start_micro_batch();
   FERRY_ASSIGN_OR_RETURN(const model::PackedBatch b, device_batch(host_batch));
@@ -601,9 +640,26 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
                                       act_view(boundary_ptr(l + 1), T)));
     streamer_->release(j++);
     if (l + 1 < L) FERRY_TRY(store_boundary(l + 1, boundary_ptr(l + 1), T));
+    // The head's weights go up as soon as its update is ready, beside the forward.
+    if (head_pending_ && opt_->is_ready(opt_->head_unit())) FERRY_TRY(land_head());
     FERRY_TRY(clock_->window_end());
   }
   FERRY_TRY(clock_->window_begin(L));
+  if (a == 0) {
+    // The forward reached the head: its update (host wait, measured in the loss window), its
+    // landing (compute waits for the head stream's event: GPU idle time if it is not there yet),
+    // then the embedding's gradients are zeroed (after the landing read its staging; before the
+    // head's backward, which with tied embeddings accumulates into them).
+    if (head_pending_) {
+      FERRY_TRY(timed_wait([&]() -> Status {
+        opt_->wait_ready(opt_->head_unit());
+        return {};
+      }));
+      FERRY_TRY(land_head());
+    }
+    FERRY_TRY(timed_wait([&] { return cs().wait(*head_landed_); }));
+    FERRY_TRY(te_->zero(dev(plan_.globals_g), ebytes, cs()));
+  }
   // Both fetch buffers fill during the loss: every fetch follows every store of the forward (the
   // host homes it reads, transit.1 it may overwrite) and transit.1's forward readers are queued.
   // Host-homed ones are issued before the loss is queued; an NVMe read blocks the host, so those

@@ -5,10 +5,13 @@
 //
 //   begin_step(accum)
 //   micro_batch(b) x accum:
-//     [a == 0: wait for the globals' update, copy globals in, zero their gradients]
+//     [a == 0: wait for the embedding's update, copy it in, zero the head's gradients]
 //     forward   embed; layer 0..L-1 on weights streamed into the slot ring by the transfer
 //               thread (WeightStreamer); each produced boundary goes to its home (device buffer,
 //               D2H to pinned host, or D2H + NVMe write; recomputed ones are dropped)
+//               [a == 0: once the head's update (final norm + lm_head) is ready — polled after
+//               each layer — its weights go up on the head stream; before the loss compute
+//               waits for them, then zeroes the embedding's gradients]
 //     loss      final norm + chunked cross-entropy, then its backward
 //     backward  per span (s, e) from the top: bring boundary s back, recompute layers s..e-2 on
 //               re-streamed weights, then for l = e-1..s: re-run layer l's forward from its input
@@ -104,6 +107,9 @@ struct StreamOptions {
   // the previous unit's kernels and D2H (the device tier holds slots x the largest layer's
   // optimizer sections). 1: one unit at a time.
   int device_update_slots = 2;
+  // Where the CPU worker updates the final norm + lm_head (layer_optimizer.h): the forward waits
+  // for them only at the head, for the embedding before its first layer.
+  HeadUpdate head_update = HeadUpdate::kEarly;
   // Tests only (off by default): called before each unit's update on the CPU worker / on the
   // device tail's thread (a non-OK Status fails the tail's unit) — delays and failures.
   std::function<void(int unit)> cpu_update_hook;
@@ -177,6 +183,8 @@ class StreamExecutor {
   double optimizer_busy_s() const { return opt_->busy_s(); }
   // Per arena unit (layers 0..L-1, then the globals), cumulative.
   std::vector<double> optimizer_unit_busy_s() const { return opt_->unit_busy_s(); }
+  // The globals' entry of that split: {embedding, final norm + lm_head}.
+  std::array<double, 2> optimizer_globals_busy_s() const { return opt_->globals_busy_s(); }
   // The device optimizer tail's counters (all zero with device_update_layers = 0); consistent
   // once wait_optimizer() returned.
   DeviceTailStats device_tail_stats() const { return tail_ ? tail_->stats() : DeviceTailStats{}; }
@@ -201,6 +209,9 @@ class StreamExecutor {
   bool offloaded(int i) const;
   TensorView flat(void* p, DType t, std::int64_t n) const;
   Status round_to_bf16(float* f32, void* b16, std::int64_t n, bool back);
+  // The globals' head part (final norm + lm_head) into the device globals on the head stream,
+  // ending in head_landed_ (micro_batch says when).
+  Status land_head();
   Status take_sumsq(int unit, const float* grads);
   Status read_sumsq();
   mem::Stream& cs() { return streams_->compute(); }
@@ -251,6 +262,14 @@ class StreamExecutor {
   std::unique_ptr<mem::StreamSet> tail_streams_;  // the tail's own h2d, compute and d2h streams
   std::unique_ptr<DeviceOptimizerTail> tail_;     // device_update_layers != 0
   std::unique_ptr<Bf16Landing> landing_;
+  // The head part of the globals lands on a stream of its own (head_streams_->h2d()) during the
+  // forward, with bf16 weights through the embedding's gradient region as staging (first written
+  // by the embedding's backward; zeroed after the landing), and compute waits for head_landed_
+  // before the head.
+  std::unique_ptr<mem::StreamSet> head_streams_;
+  std::unique_ptr<mem::Event> head_landed_;
+  std::unique_ptr<Bf16Landing> head_landing_;
+  bool head_pending_ = false;  // this step's head update not yet issued to the device
   std::unique_ptr<WeightStreamer> streamer_;
   std::unique_ptr<GradDrain> drain_;
 

@@ -573,14 +573,16 @@ TEST(LayerOptimizer, ExternalUnitsAreSkippedAndWaitForTheirUpdater) {
   opt.mark_external_done(1);
   opt.mark_external_done(0);
   opt.wait_all();
-  std::vector<int> want = {(*arena)->globals_unit()};
+  // The embedding, the head part (early, the default), then the worker's layers.
+  std::vector<int> want = {(*arena)->globals_unit(), opt.head_unit()};
   for (int u = 2; u < (*arena)->globals_unit(); ++u) want.push_back(u);
   std::lock_guard lk(mu);
   EXPECT_EQ(ran, want);
 }
 
-// The shared range: the bottom-up claimer and the worker (globals first, then from the top) take
-// every layer exactly once and meet; the bottom side never goes past its maximum.
+// The shared range: the bottom-up claimer and the worker (the embedding and the head first, then
+// from the top) take every layer exactly once and meet; the bottom side never goes past its
+// maximum.
 TEST(LayerOptimizer, SharedLayersAreClaimedFromBothEndsOnce) {
   const std::string dir = testing::temp_dir("tail_shared");
   auto m = dense_model(dir + "/model");
@@ -612,13 +614,15 @@ TEST(LayerOptimizer, SharedLayersAreClaimedFromBothEndsOnce) {
       opt.wait_all();
       std::lock_guard lk(mu);
       ASSERT_FALSE(ran.empty());
-      EXPECT_EQ(ran[0], L);  // the globals first
+      ASSERT_GE(ran.size(), 2u);
+      EXPECT_EQ(ran[0], L);      // the embedding first
+      EXPECT_EQ(ran[1], L + 1);  // then the head (HeadUpdate::kEarly)
       EXPECT_LE(static_cast<int>(bottom.size()), most);
       for (std::size_t i = 0; i < bottom.size(); ++i) EXPECT_EQ(bottom[i], static_cast<int>(i));
       // The worker's layers: from the top down to just above the bottom side's.
       std::vector<int> want;
       for (int u = L - 1; u >= static_cast<int>(bottom.size()); --u) want.push_back(u);
-      EXPECT_EQ(std::vector<int>(ran.begin() + 1, ran.end()), want) << most;
+      EXPECT_EQ(std::vector<int>(ran.begin() + 2, ran.end()), want) << most;
     }
   }
 }
