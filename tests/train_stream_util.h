@@ -98,9 +98,11 @@ struct RunSpec {
   bool bf16_grads = false;       // TrainState::bf16_grads
   int device_update_layers = 0;  // StreamOptions::device_update_layers (-1: all)
   int device_update_slots = 2;   // StreamOptions::device_update_slots
-  std::function<void(int)> cpu_update_hook;       // StreamOptions::cpu_update_hook
-  std::function<Status(int)> device_update_hook;  // StreamOptions::device_update_hook
-  HeadUpdate head_update = HeadUpdate::kEarly;    // StreamOptions::head_update
+  std::function<void(int)> cpu_update_hook;         // StreamOptions::cpu_update_hook
+  std::function<Status(int)> device_update_hook;    // StreamOptions::device_update_hook
+  HeadUpdate head_update = HeadUpdate::kEarly;      // StreamOptions::head_update
+  bool device_update_prestage = true;               // StreamOptions::device_update_prestage
+  std::function<Status(int)> device_prestage_hook;  // StreamOptions::device_prestage_hook
 };
 
 inline std::unique_ptr<TrainState> make_state(const model::LoadedModel& m, const RunSpec& r) {
@@ -185,8 +187,10 @@ inline RunResult run_stream(const model::LoadedModel& m, const RunSpec& r,
                    .device_update_layers = r.device_update_layers,
                    .device_update_slots = r.device_update_slots,
                    .head_update = r.head_update,
+                   .device_update_prestage = r.device_update_prestage,
                    .cpu_update_hook = r.cpu_update_hook,
-                   .device_update_hook = r.device_update_hook};
+                   .device_update_hook = r.device_update_hook,
+                   .device_prestage_hook = r.device_prestage_hook};
   auto ex = StreamExecutor::create(*out.state, kBatch, kSeq, so, backend);
   EXPECT_TRUE(ex.ok()) << ex.status().to_string();
   if (!ex.ok()) return out;

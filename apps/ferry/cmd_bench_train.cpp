@@ -92,6 +92,7 @@ void register_bench_train(CLI::App& app, CommandFn& run) {
       ->check(CLI::IsMember({"auto", "bf16", "f32"}));
   add_device_update_flags(cmd, cfg->device_update_layers, cfg->device_update_slots, "");
   add_head_update_flag(cmd, cfg->head_update, "");
+  add_device_prestage_flag(cmd, cfg->device_update_prestage, "");
   cmd->add_option("--optimizer-threads", cfg->optimizer_threads,
                   "AdamW threads (0: 1 beside CPU compute, all cores but two beside a GPU)")
       ->check(CLI::Range(0, 4096));

@@ -176,6 +176,7 @@ void register_train(CLI::App& app, CommandFn& run) {
       ->check(CLI::IsMember({"f32", "bf16"}));
   add_device_update_flags(cmd, cfg->device_update_layers, cfg->device_update_slots, "stream: ");
   add_head_update_flag(cmd, cfg->head_update, "stream: ");
+  add_device_prestage_flag(cmd, cfg->device_update_prestage, "stream: ");
   cmd->add_option("--optimizer-threads", cfg->optimizer_threads,
                   "stream: CPU threads of the AdamW update (0: 1 beside CPU compute, all cores "
                   "but two beside a GPU)")

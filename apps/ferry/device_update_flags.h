@@ -55,6 +55,17 @@ inline void add_device_update_flags(CLI::App* cmd, int& layers, int& slots, cons
       ->check(CLI::Range(1, train::stream::kMaxDeviceUpdateSlots));
 }
 
+// `--device-update-prestage true|false`: the device tail copies its first layers' optimizer
+// states (all but the gradients) into its staging slots during the last micro-batch's backward.
+inline void add_device_prestage_flag(CLI::App* cmd, bool& prestage, const char* prefix) {
+  cmd->add_option("--device-update-prestage", prestage,
+                  std::string(prefix) +
+                      "with --device-update-layers: copy the first layers' optimizer states (all "
+                      "but the gradients; one layer per staging slot) to the device during the "
+                      "last micro-batch's backward, so that only their gradients go up after it")
+      ->envname("FERRY_DEVICE_UPDATE_PRESTAGE");
+}
+
 // `--head-update early|late`: where the CPU worker updates the final norm + lm_head (the next
 // forward waits for them only at its head; for the embedding before its first layer).
 inline void add_head_update_flag(CLI::App* cmd, std::string& head, const char* prefix) {

@@ -132,6 +132,8 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
       {"device_update_slots",
        c.device_update_layers != 0 ? Json(c.device_update_slots) : Json(nullptr)},
       {"head_update", c.head_update},
+      {"device_update_prestage",
+       c.device_update_layers != 0 ? Json(c.device_update_prestage) : Json(nullptr)},
       {"policies", Json::array()}};
   AdamWConfig adamw;
   // One pinned host arena for every policy: the previous policy's, re-initialized to the same
@@ -199,7 +201,8 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
                                    .gemm_precision = precision,
                                    .device_update_layers = c.device_update_layers,
                                    .device_update_slots = c.device_update_slots,
-                                   .head_update = head_update};
+                                   .head_update = head_update,
+                                   .device_update_prestage = c.device_update_prestage};
     Timer create;
     auto ex = stream::StreamExecutor::create(std::move(arena), config, c.seed, b, c.seq, so, *be);
     const double executor_s = create.elapsed_s();
@@ -319,6 +322,11 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
          {"device_update_unit_h2d_ms_mean", per_unit_ms(tail.unit_h2d_s)},
          {"device_update_unit_kernel_ms_mean", per_unit_ms(tail.unit_kernel_s)},
          {"device_update_unit_d2h_ms_mean", per_unit_ms(tail.unit_d2h_s)},
+         // Pre-staged during the backward (units, bytes, and the units the device then took
+         // with their staging: only their gradients went up at submit).
+         {"device_update_prestaged_units", tail.prestaged_units},
+         {"device_update_prestaged_bytes", tail.prestaged_bytes},
+         {"device_update_prestage_hits", tail.prestage_hits},
          {"windows", stream::window_report_json(report)}});
     reuse = stream::StreamExecutor::release_arena(std::move(*ex));
   }

@@ -42,6 +42,7 @@ struct TrainBenchConfig {
   int device_update_layers = 0;         // StreamOptions::device_update_layers (-1: all)
   int device_update_slots = 2;          // StreamOptions::device_update_slots
   std::string head_update = "early";    // StreamOptions::head_update (early | late)
+  bool device_update_prestage = true;   // StreamOptions::device_update_prestage
   std::string gemm_precision = "auto";  // stream: auto | bf16 | f32 (model::parse_gemm_precision)
   std::string weights_dtype = "auto";   // fp32 master: auto | bf16 | f32 (bf16_compute_weights)
   std::string grad_dtype = "f32";       // f32 | bf16 (bf16_gradients)

@@ -321,7 +321,8 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
         .gemm_precision = gemm_precision,
         .device_update_layers = c.device_update_layers,
         .device_update_slots = c.device_update_slots,
-        .head_update = head_update};
+        .head_update = head_update,
+        .device_update_prestage = c.device_update_prestage};
     FERRY_ASSIGN_OR_RETURN(
         streamer, stream::StreamExecutor::create(s, c.batch_size, c.seq_len, so, *step_be));
     sum.host_bytes_per_param = streamer->arena().bytes_per_param();

@@ -200,10 +200,21 @@ TEST(TrainStreamGpu, DeviceUpdatedLayersBitIdenticalOnGpu) {
     ASSERT_EQ(base.losses.size(), static_cast<std::size_t>(spec.steps));
     std::uint64_t applied = 0;
     for (const StepOutcome& o : base.outcomes) applied += o.applied ? 1 : 0;
-    for (const auto& [K, slots] : {std::pair{1, 1}, std::pair{2, 1}, std::pair{2, 2},
-                                   std::pair{kDeviceUpdateAllLayers, 2}}) {
+    struct TailCase {
+      int K, slots;
+      bool prestage;
+      HeadUpdate head;
+    };
+    for (const TailCase& tc :
+         {TailCase{1, 1, true, HeadUpdate::kEarly}, TailCase{2, 1, true, HeadUpdate::kEarly},
+          TailCase{2, 2, true, HeadUpdate::kEarly}, TailCase{2, 2, false, HeadUpdate::kLate},
+          TailCase{2, 3, true, HeadUpdate::kLate},
+          TailCase{kDeviceUpdateAllLayers, 2, true, HeadUpdate::kEarly}}) {
+      const int K = tc.K, slots = tc.slots;
       spec.device_update_layers = K;
       spec.device_update_slots = slots;
+      spec.device_update_prestage = tc.prestage;
+      spec.head_update = tc.head;
       const bool all = K == kDeviceUpdateAllLayers;
       // The device and the CPU worker meet where timing says; a slow CPU worker (a delay before
       // each of its units) makes the device take all K, so the counts below are exact (K = all:
@@ -213,7 +224,9 @@ TEST(TrainStreamGpu, DeviceUpdatedLayersBitIdenticalOnGpu) {
       };
       for (const std::string& p : c.policies) {
         const std::string what = p + " K=" + (all ? std::string("all") : std::to_string(K)) +
-                                 " slots=" + std::to_string(slots);
+                                 " slots=" + std::to_string(slots) +
+                                 (tc.prestage ? " prestage" : " no prestage") +
+                                 (tc.head == HeadUpdate::kEarly ? " head early" : " head late");
         const RunResult g = run_stream(*c.m, spec, data, p, 2, *be);
         ASSERT_EQ(g.losses.size(), base.losses.size()) << what;
         for (std::size_t i = 0; i < base.losses.size(); ++i) {
@@ -228,14 +241,26 @@ TEST(TrainStreamGpu, DeviceUpdatedLayersBitIdenticalOnGpu) {
         EXPECT_GT(g.tail.unit_h2d_s, 0.0) << what;
         EXPECT_GT(g.tail.unit_d2h_s, 0.0) << what;
         EXPECT_GE(g.tail.unit_s * (1 + 1e-6), g.tail.unit_h2d_s) << what;
+        // The globals crossed once per step in total (embedding + head, two copies).
+        EXPECT_EQ(g.stats.globals_h2d, base.stats.globals_h2d) << what;
+        // Pre-staging: one unit per slot (at most K) at every step's last micro-batch.
+        const std::uint64_t staged =
+            tc.prestage
+                ? static_cast<std::uint64_t>(std::min(slots, all ? c.m->geometry.layers : K))
+                : 0;
+        EXPECT_EQ(g.tail.prestaged_units, static_cast<std::uint64_t>(spec.steps) * staged) << what;
+        EXPECT_LE(g.tail.prestage_hits, g.tail.units_updated) << what;
         if (all) continue;
         EXPECT_EQ(g.tail.units_updated, applied * static_cast<std::uint64_t>(K)) << what;
+        EXPECT_EQ(g.tail.prestage_hits, applied * staged) << what;
         const RunResult cpu = run_stream(*c.m, spec, data, p);
         EXPECT_EQ(g.tail.h2d_bytes, cpu.tail.h2d_bytes) << what;
         EXPECT_EQ(g.tail.d2h_bytes, cpu.tail.d2h_bytes) << what;
+        EXPECT_EQ(g.tail.prestaged_bytes, cpu.tail.prestaged_bytes) << what;
         std::cout << "[train_stream_gpu] tail " << what << ": " << g.tail.units_updated
-                  << " units on the GPU, " << g.tail.h2d_bytes << " B up, " << g.tail.d2h_bytes
-                  << " B down\n";
+                  << " units on the GPU, " << g.tail.h2d_bytes << " B up ("
+                  << g.tail.prestaged_bytes << " B pre-staged, " << g.tail.prestage_hits
+                  << " hits), " << g.tail.d2h_bytes << " B down\n";
       }
     }
   }

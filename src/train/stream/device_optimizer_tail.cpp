@@ -111,7 +111,8 @@ std::size_t DeviceOptimizerTail::staging_bytes(const HostArena& arena, int units
 Result<std::unique_ptr<DeviceOptimizerTail>> DeviceOptimizerTail::create(
     HostArena& arena, LayerOptimizer& opt, int units, int slots, kernels::Backend& backend,
     mem::TransferEngine& te, std::uint8_t* staging, std::size_t staging_size,
-    mem::StreamSet& streams, std::function<Status(int)> before_unit) {
+    mem::StreamSet& streams, std::function<Status(int)> before_unit,
+    std::function<Status(int)> before_prestage) {
   FERRY_TRY(check(arena, units, slots));
   units = resolve_units(arena, units);
   FERRY_CHECK(staging_size >= staging_bytes(arena, units, slots),
@@ -132,6 +133,7 @@ Result<std::unique_ptr<DeviceOptimizerTail>> DeviceOptimizerTail::create(
     }
   }
   if (arena.bf16_grads()) t->widen_ = staging + static_cast<std::size_t>(slots) * per;
+  t->before_prestage_ = std::move(before_prestage);
   t->stats_.slots = slots;
   t->stats_.unit_updates.assign(static_cast<std::size_t>(arena.globals_unit()), 0);
   opt.share_layers(units);
@@ -160,6 +162,20 @@ DeviceOptimizerTail::~DeviceOptimizerTail() {
   if (thread_.joinable()) thread_.join();
 }
 
+void DeviceOptimizerTail::prestage() {
+  {
+    std::lock_guard lk(mu_);
+    ++prestage_asked_;
+    drop_ = false;  // the new staging supersedes whatever drop_prestaged() dropped
+  }
+  cv_.notify_all();
+}
+
+void DeviceOptimizerTail::drop_prestaged() {
+  std::lock_guard lk(mu_);
+  drop_ = true;
+}
+
 void DeviceOptimizerTail::submit(const UpdateArgs& a) {
   {
     std::lock_guard lk(mu_);
@@ -172,7 +188,7 @@ void DeviceOptimizerTail::submit(const UpdateArgs& a) {
 
 Status DeviceOptimizerTail::wait() {
   std::unique_lock lk(mu_);
-  cv_.wait(lk, [&] { return finished_ == submitted_; });
+  cv_.wait(lk, [&] { return finished_ == submitted_ && prestage_done_ == prestage_asked_; });
   return error_;
 }
 
@@ -190,11 +206,37 @@ void DeviceOptimizerTail::run() {
   const int nslots = static_cast<int>(slots_.size());
   for (;;) {
     UpdateArgs a;
+    std::uint64_t pre = 0;  // the prestage() count being handled (0: none)
+    bool drop = false;
     {
       std::unique_lock lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || submitted_ > finished_; });
+      cv_.wait(lk,
+               [&] { return stop_ || prestage_done_ < prestage_asked_ || submitted_ > finished_; });
       if (stop_) return;
+      // A prestage() is handled before a later submit(): the executor's wait() (finish_step)
+      // waits for it, so the copies are queued — on the emulated tier done — before the CPU
+      // worker starts the next update (the arena is read while no one writes it).
+      if (prestage_done_ < prestage_asked_) pre = prestage_asked_;
+      drop = drop_;
+      drop_ = false;
       a = args_;
+    }
+    if (pre > 0) {
+      Status st = run_prestage();
+      if (!st.ok()) {
+        (void)streams_.synchronize();  // nothing of it still in flight
+        for (Slot& sl : slots_) sl.staged = -1;
+      }
+      {
+        std::lock_guard lk(mu_);
+        if (!st.ok() && error_.ok()) error_ = std::move(st);
+        prestage_done_ = pre;
+      }
+      cv_.notify_all();
+      continue;
+    }
+    if (drop) {
+      for (Slot& sl : slots_) sl.staged = -1;
     }
     int taken = 0;
     Timer t;
@@ -209,6 +251,7 @@ void DeviceOptimizerTail::run() {
         stats_.params_updated += f.d.params_updated;
         stats_.h2d_bytes += f.d.h2d_bytes;
         stats_.d2h_bytes += f.d.d2h_bytes;
+        stats_.prestage_hits += f.d.prestage_hits;
         if (st.ok()) {
           ++stats_.units_updated;
           ++stats_.unit_updates[static_cast<std::size_t>(f.unit)];
@@ -239,8 +282,7 @@ void DeviceOptimizerTail::run() {
           break;
         }
         ++taken;
-        InFlight f{.unit = u, .slot = free_slots.back()};
-        free_slots.pop_back();
+        InFlight f{.unit = u, .slot = pick_slot(u, free_slots)};
         Status st = before_unit_ ? before_unit_(u) : Status{};
         if (st.ok()) st = enqueue(f, a);
         if (st.ok()) {
@@ -259,6 +301,8 @@ void DeviceOptimizerTail::run() {
       if (!st.ok()) (void)streams_.synchronize();
       retire(f, st);
     }
+    // Stagings of units the CPU worker took are stale now (it updated them in the arena).
+    for (Slot& sl : slots_) sl.staged = -1;
     {
       std::lock_guard lk(mu_);
       ++stats_.steps;
@@ -268,6 +312,61 @@ void DeviceOptimizerTail::run() {
     }
     cv_.notify_all();
   }
+}
+
+int DeviceOptimizerTail::pick_slot(int u, std::vector<int>& free) {
+  auto take = [&](std::size_t i) {
+    const int s = free[i];
+    free.erase(free.begin() + static_cast<std::ptrdiff_t>(i));
+    return s;
+  };
+  for (std::size_t i = 0; i < free.size(); ++i) {
+    if (slots_[static_cast<std::size_t>(free[i])].staged == u) return take(i);
+  }
+  // Without a staging of u: the lowest-numbered slot without a staging (the back of the stack).
+  for (std::size_t i = free.size(); i-- > 0;) {
+    if (slots_[static_cast<std::size_t>(free[i])].staged < 0) return take(i);
+  }
+  // Every free slot holds another unit's staging: the claims go up from the lowest layer and the
+  // staged units are the lowest, so those units went to the CPU worker — dropped.
+  const int s = take(free.size() - 1);
+  slots_[static_cast<std::size_t>(s)].staged = -1;
+  return s;
+}
+
+// Units 0, 1, ... (the tail's first claims) into slots 0, 1, ...: every section but the
+// gradients, on the tail's h2d stream after the slot's last D2H (device order; the host synced it
+// when that unit was marked). The unit's later upload (enqueue) follows on the same stream from
+// the same thread, so its up_done event covers these copies too: the kernels never read a staged
+// section before it landed.
+Status DeviceOptimizerTail::run_prestage() {
+  {
+    std::lock_guard lk(mu_);
+    if (!error_.ok()) return {};  // the tail claims nothing more
+  }
+  mem::Stream& up = streams_.h2d();
+  const int n = std::min(static_cast<int>(slots_.size()), units_);
+  for (int s = 0; s < n; ++s) {
+    Slot& slot = slots_[static_cast<std::size_t>(s)];
+    slot.staged = -1;
+    const int u = s;
+    if (before_prestage_) FERRY_TRY(before_prestage_(u));
+    const Layout l = layout(arena_, u);
+    FERRY_TRY(up.wait(slot.down_done));
+    std::uint64_t bytes = 0;
+    for (Section sec : kSections) {
+      if (sec == Section::kGrads || !uploaded(sec)) continue;
+      const HostArena::Bytes b = arena_.section(u, sec);
+      if (b.size == 0) continue;
+      FERRY_TRY(te_.h2d(slot.base + l.at[index_of(sec)], b.data, b.size, up));
+      bytes += b.size;
+    }
+    slot.staged = u;
+    std::lock_guard lk(mu_);
+    ++stats_.prestaged_units;
+    stats_.prestaged_bytes += bytes;
+  }
+  return {};
 }
 
 Status DeviceOptimizerTail::enqueue(InFlight& f, const UpdateArgs& a) {
@@ -286,15 +385,20 @@ Status DeviceOptimizerTail::enqueue(InFlight& f, const UpdateArgs& a) {
   Timer unit_t, phase;
   // Up: everything the kernels read, once the slot's previous unit has left (its D2H). The
   // weights only with a bf16 master (they are the master, updated in place); an fp32 master's
-  // streaming copy is rewritten whole from the master.
+  // streaming copy is rewritten whole from the master. A unit pre-staged in this slot (pick_slot
+  // gave it its own) sends only its gradients: the rest went up earlier on this stream.
+  const bool prestaged = slot.staged == u;
+  slot.staged = -1;  // consumed
+  if (prestaged) ++st.prestage_hits;
   FERRY_TRY(up.wait(slot.down_done));
   FERRY_TRY(slot.up_start.record(up));
   for (Section s : kSections) {
-    if (s == Section::kWeights && !bf16) continue;
+    if (!uploaded(s)) continue;
     const HostArena::Bytes b = arena_.section(u, s);
     if (b.size == 0) continue;
-    FERRY_TRY(te_.h2d(staged(s), b.data, b.size, up));
     st.h2d_bytes += b.size;
+    if (prestaged && s != Section::kGrads) continue;
+    FERRY_TRY(te_.h2d(staged(s), b.data, b.size, up));
   }
   FERRY_TRY(slot.up_done.record(up));
   if (emulated) st.unit_h2d_s = phase.elapsed_s();

@@ -40,8 +40,21 @@
 // worker takes the rest), the units already in flight finish and are marked, and the error is
 // sticky: wait() / error() return it and the executor surfaces it at its next micro_batch /
 // finish_step.
-// Not built yet: copying the states up during the backward; keeping a device-updated layer's
-// weights on the device for the forward.
+// Pre-staging (prestage(), docs/train_gpu_executor.md item 5): during the last micro-batch's
+// backward the states of the bottom layers no longer change until their update, so the thread
+// copies every section but the gradients of units 0, 1, ... (one per slot, at most K) into slots
+// 0, 1, ... on the h2d stream; the claim of a staged unit takes its slot (pick_slot) and uploads
+// only its gradients. CUDA stream/event order, all on the tail's streams, all enqueued by the
+// tail's thread:
+//   h2d:     wait down_done[s] (the slot's previous unit left) -> staged sections of unit s
+//            ... (the backward runs; the executor submits) ...
+//            wait down_done[s] -> up_start[s] -> gradients of unit s -> up_done[s]
+//   compute: wait up_done[s] -> kernels (the staged sections landed before up_done[s]: same stream)
+// Staging only reads the arena (the DMA may overlap the CPU worker's update of a unit the CPU then
+// claims: that staging is dropped unused) and writes only its slot; the device writes a unit back
+// only after claiming it, so a staged unit the CPU claims keeps the CPU's bits. Stagings left
+// unused are dropped at the end of each update (the arena moved on).
+// Not built yet: keeping a device-updated layer's weights on the device for the forward.
 // Thread-safety: submit / wait / error / stats from one thread (the executor's); the tail's
 // thread touches only the units it claimed.
 #pragma once
@@ -87,6 +100,11 @@ struct DeviceTailStats {
   // GPU; host time of the synchronous copies and kernels on the emulated tier. With S > 1 the
   // units overlap, so unit_s sums to more than the tail's wall time.
   double unit_s = 0.0, unit_h2d_s = 0.0, unit_kernel_s = 0.0, unit_d2h_s = 0.0;
+  // Pre-staging (prestage()): units whose clip-independent sections went up during the backward,
+  // their bytes (counted whether or not the device then claimed the unit), and the units the
+  // device claimed with them staged (only their gradients still went up at submit). h2d_bytes
+  // counts a used pre-staged unit's sections once, as without pre-staging.
+  std::uint64_t prestaged_units = 0, prestaged_bytes = 0, prestage_hits = 0;
 };
 
 class DeviceOptimizerTail {
@@ -109,19 +127,37 @@ class DeviceOptimizerTail {
   // streams: the tail's own StreamSet (h2d, compute, d2h; outlives the tail). Shares the layers
   // of `opt` with at most `units` (resolved) for the tail. before_unit (tests): called on the
   // tail's thread after each claim; an error fails that unit. Events are created here (Status).
+  // before_prestage (tests): called on the tail's thread before each unit's pre-staging; an
+  // error stops the pre-staging and is sticky (the tail then claims nothing more).
   static Result<std::unique_ptr<DeviceOptimizerTail>> create(
       HostArena& arena, LayerOptimizer& opt, int units, int slots, kernels::Backend& backend,
       mem::TransferEngine& te, std::uint8_t* staging, std::size_t staging_size,
-      mem::StreamSet& streams, std::function<Status(int unit)> before_unit = {});
+      mem::StreamSet& streams, std::function<Status(int unit)> before_unit = {},
+      std::function<Status(int unit)> before_prestage = {});
   // Stops after the units in flight (the CPU worker takes any unclaimed units).
   ~DeviceOptimizerTail();
   DeviceOptimizerTail(const DeviceOptimizerTail&) = delete;
   DeviceOptimizerTail& operator=(const DeviceOptimizerTail&) = delete;
 
+  // Asks the tail's thread to copy the clip-independent sections (everything but the gradients)
+  // of the layers it claims first — 0, 1, ..., one per staging slot, at most its K — into the
+  // slots ahead of the next submit(), and returns. Call it once every unit's previous update is
+  // done (the executor: the last micro-batch's backward, after its forward waited for every
+  // layer). The thread handles it before a later submit(), and wait() waits for it (its copies
+  // queued; done on the emulated tier), so the executor submits the CPU worker's next update only
+  // once the staging has read the arena (finish_step waits). A staged unit the device then claims
+  // uploads only its gradients; one the CPU worker claims is dropped (only the claimer writes the
+  // arena back: staging reads the arena and writes only the slot). Stale stagings are dropped at
+  // the end of each update and replaced by the next prestage().
+  void prestage();
+  // The arena was overwritten (load_from): stagings not yet used are dropped at the next update
+  // unless a prestage() comes first.
+  void drop_prestaged();
   // Starts claiming units for the update `a` just submitted to `opt` and returns. The previous
   // update must be finished (wait()) before `opt` is submitted again.
   void submit(const UpdateArgs& a);
-  // Blocks until the submitted update's claims are over; the first error of any update so far.
+  // Blocks until the submitted update's claims are over and every prestage() was handled; the
+  // first error of any update or pre-staging so far.
   Status wait();
   // The first error so far, without waiting.
   Status error() const;
@@ -134,6 +170,7 @@ class DeviceOptimizerTail {
   struct Slot {
     std::uint8_t* base = nullptr;
     mem::Event up_start, up_done, kernels_start, kernels_done, down_start, down_done;
+    int staged = -1;  // the unit whose clip-independent sections were pre-staged here (-1: none)
   };
   // A claimed unit in a slot, with what it moved and (emulated tier) its phases' host times.
   struct InFlight {
@@ -146,6 +183,15 @@ class DeviceOptimizerTail {
                       mem::TransferEngine& te, mem::StreamSet& streams,
                       std::function<Status(int)> before_unit);
   void run();
+  // Queues the pre-staging of units 0.. into slots 0.. (tail thread; prestage()).
+  Status run_prestage();
+  // A free slot for unit u: the one holding u's pre-staging, else one without a staging, else
+  // any (its staging dropped). free: the free slots; the pick is removed from it.
+  int pick_slot(int u, std::vector<int>& free);
+  // Whether section s goes up for an update: the weights only with a bf16 master.
+  bool uploaded(HostArena::Section s) const {
+    return s != HostArena::Section::kWeights || arena_.bf16_master();
+  }
   // Queues unit f.unit's copies and kernels in slot f.slot (returns before they ran on a GPU).
   Status enqueue(InFlight& f, const UpdateArgs& a);
   // Waits for the slot's D2H, then reads the phases' times (GPU).
@@ -160,11 +206,14 @@ class DeviceOptimizerTail {
   std::vector<Slot> slots_;
   mem::StreamSet& streams_;
   std::function<Status(int)> before_unit_;
+  std::function<Status(int)> before_prestage_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   UpdateArgs args_;
   std::uint64_t submitted_ = 0, finished_ = 0;  // updates handed over / whose claims are over
   bool stop_ = false;
+  std::uint64_t prestage_asked_ = 0, prestage_done_ = 0;  // prestage() calls / handled
+  bool drop_ = false;  // drop_prestaged() since the last prestage()
   Status error_;
   DeviceTailStats stats_;
   std::thread thread_;

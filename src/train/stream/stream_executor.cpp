@@ -279,11 +279,11 @@ Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_s
     FERRY_ASSIGN_OR_RETURN(mem::StreamSet ts, mem::StreamSet::create(be_.device(), 0));
     tail_streams_ = std::make_unique<mem::StreamSet>(std::move(ts));
     FERRY_ASSIGN_OR_RETURN(
-        tail_, DeviceOptimizerTail::create(*arena_, *opt_, opts_.device_update_layers,
-                                           opts_.device_update_slots, be_, *te_,
-                                           device_.as<std::uint8_t>(plan_.optimizer_tail),
-                                           plan_.plan.slot(plan_.optimizer_tail).size_bytes,
-                                           *tail_streams_, opts_.device_update_hook));
+        tail_, DeviceOptimizerTail::create(
+                   *arena_, *opt_, opts_.device_update_layers, opts_.device_update_slots, be_, *te_,
+                   device_.as<std::uint8_t>(plan_.optimizer_tail),
+                   plan_.plan.slot(plan_.optimizer_tail).size_bytes, *tail_streams_,
+                   opts_.device_update_hook, opts_.device_prestage_hook));
   }
   std::vector<float*> slots;
   for (mem::SlotId id : plan_.slots) slots.push_back(dev(id));
@@ -688,6 +688,10 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
     FERRY_TRY(wait_transit_stored(0));
   }
   FERRY_TRY(clock_->window_end());
+  // The forward waited for every layer's update (the weight thread copies a layer only once it is
+  // ready), so the states of the device tail's first layers are final until the next update: they
+  // go up into its staging slots beside this backward (its thread, its h2d stream).
+  if (last && tail_ && opts_.device_update_prestage) tail_->prestage();
   // Backward, span by span from the top.
   for (auto it = spans_.rbegin(); it != spans_.rend(); ++it) {
     const int s = it->start, e = it->end;
@@ -811,7 +815,9 @@ Result<StepOutcome> StreamExecutor::finish_step(const AdamWConfig& cfg, double l
     return invalid_argument("train: finish_step after {} of {} micro-batches", micro_, accum_);
   }
   // The device tail's claims of the previous update are over (its units are, as the forward
-  // waited for them) before the CPU worker's range is reset by the next submit; its error, if any.
+  // waited for them) before the CPU worker's range is reset by the next submit, and its
+  // pre-staging of this backward has read the arena (queued on a GPU) before the CPU worker may
+  // write it; its error, if any.
   if (tail_) FERRY_TRY(tail_->wait());
   StepOutcome o;
   const ClipResult clip = clip_from_partials(sumsq_, accum_, cfg.max_grad_norm);
@@ -851,6 +857,7 @@ Status StreamExecutor::store_to(TrainState& s) {
 
 Status StreamExecutor::load_from(const TrainState& s) {
   wait_optimizer();
+  if (tail_) tail_->drop_prestaged();  // staged from the states being replaced
   return arena_->load_from(s);
 }
 

@@ -110,10 +110,14 @@ struct StreamOptions {
   // Where the CPU worker updates the final norm + lm_head (layer_optimizer.h): the forward waits
   // for them only at the head, for the embedding before its first layer.
   HeadUpdate head_update = HeadUpdate::kEarly;
+  // The device tail pre-stages its first layers' states (all but the gradients) into its staging
+  // slots during the last micro-batch's backward (DeviceOptimizerTail::prestage).
+  bool device_update_prestage = true;
   // Tests only (off by default): called before each unit's update on the CPU worker / on the
   // device tail's thread (a non-OK Status fails the tail's unit) — delays and failures.
   std::function<void(int unit)> cpu_update_hook;
   std::function<Status(int unit)> device_update_hook;
+  std::function<Status(int unit)> device_prestage_hook;  // before each unit's pre-staging
 };
 
 // Bytes moved and time exposed, cumulative since create().

@@ -20,6 +20,7 @@
 #include "core/timer.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/hybrid_adamw.h"
+#include "tail_test_util.h"
 #include "test_util.h"
 #include "train/optimizer.h"
 #include "train/stream/device_optimizer_tail.h"
@@ -31,105 +32,8 @@
 namespace ferry::train::stream {
 namespace {
 
+using namespace tail_test;  // NOLINT(google-build-using-namespace): the shared checks
 using Section = HostArena::Section;
-
-// Bytes the tail moves per update of unit u (up: what the kernels read; down: what they wrote),
-// from an arena of the run's layout; [L].
-std::vector<std::pair<std::uint64_t, std::uint64_t>> tail_unit_bytes(const model::LoadedModel& m,
-                                                                     const RunSpec& spec) {
-  auto s = make_state(m, spec);
-  auto arena = HostArena::create(*s);
-  EXPECT_TRUE(arena.ok()) << arena.status().to_string();
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
-  for (int u = 0; u < (*arena)->globals_unit(); ++u) {
-    std::uint64_t up = 0, down = 0;
-    for (Section sec : {Section::kWeights, Section::kMaster, Section::kM, Section::kV,
-                        Section::kMAbsmax, Section::kVAbsmax, Section::kGrads}) {
-      const std::size_t b = (*arena)->section(u, sec).size;
-      if (sec != Section::kWeights || (*arena)->bf16_master()) up += b;
-      if (sec != Section::kGrads) down += b;
-    }
-    out.emplace_back(up, down);
-  }
-  return out;
-}
-
-std::uint64_t applied_steps(const RunResult& r) {
-  std::uint64_t n = 0;
-  for (const StepOutcome& o : r.outcomes) n += o.applied ? 1 : 0;
-  return n;
-}
-
-// The streamed run equals the reference bit for bit, and the split the tail reports is
-// consistent: at most K units per step, only layers 0..K-1, every layer taken by one side, the
-// bytes those units move.
-void check_run(const model::LoadedModel& m, const RunSpec& spec, const RunResult& ref,
-               const RunResult& st, const std::string& what) {
-  const int L = m.geometry.layers;
-  const int K = spec.device_update_layers == kDeviceUpdateAllLayers ? L : spec.device_update_layers;
-  ASSERT_EQ(st.losses.size(), ref.losses.size()) << what;
-  for (std::size_t i = 0; i < ref.losses.size(); ++i) {
-    EXPECT_EQ(st.losses[i], ref.losses[i]) << what << " step " << i;
-    EXPECT_EQ(st.outcomes[i].grad_norm, ref.outcomes[i].grad_norm) << what << " step " << i;
-  }
-  expect_same_state(*ref.state, *st.state, what);
-  const std::uint64_t applied = applied_steps(ref);
-  EXPECT_EQ(st.tail.steps, applied) << what;
-  EXPECT_LE(st.tail.units_updated, applied * static_cast<std::uint64_t>(K)) << what;
-  EXPECT_EQ(st.tail.units_updated + st.tail.cpu_units, applied * static_cast<std::uint64_t>(L))
-      << what;
-  const auto bytes = tail_unit_bytes(m, spec);
-  ASSERT_EQ(st.tail.unit_updates.size(), bytes.size()) << what;
-  std::uint64_t up = 0, down = 0, units = 0;
-  for (std::size_t u = 0; u < bytes.size(); ++u) {
-    const std::uint64_t n = st.tail.unit_updates[u];
-    if (static_cast<int>(u) >= K) {
-      EXPECT_EQ(n, 0u) << what << " layer " << u;
-    }
-    EXPECT_LE(n, applied) << what << " layer " << u;
-    units += n;
-    up += n * bytes[u].first;
-    down += n * bytes[u].second;
-  }
-  EXPECT_EQ(units, st.tail.units_updated) << what;
-  EXPECT_EQ(st.tail.h2d_bytes, up) << what;
-  EXPECT_EQ(st.tail.d2h_bytes, down) << what;
-  EXPECT_LE(st.peak, st.planned) << what;
-  EXPECT_EQ(st.tail.slots, spec.device_update_slots) << what;
-  // Per-unit times (host timers on the emulated tier): each unit's span holds its three phases.
-  if (st.tail.units_updated > 0) {
-    EXPECT_GT(st.tail.unit_s, 0.0) << what;
-    EXPECT_GE(st.tail.unit_s, st.tail.unit_h2d_s + st.tail.unit_kernel_s + st.tail.unit_d2h_s)
-        << what;
-  } else {
-    EXPECT_EQ(st.tail.unit_s, 0.0) << what;
-  }
-}
-
-// Whatever the split the timing gives (no delays injected here); K = 1, 2, all by default, each
-// with 1, 2 and 3 staging slots.
-void check_tail(const model::LoadedModel& m, const std::vector<std::string>& policies, RunSpec spec,
-                const std::vector<int>& ks = {1, 2, kDeviceUpdateAllLayers},
-                const std::vector<int>& slots = {1, 2, 3}) {
-  const std::vector<Batch> data = make_batches(spec.steps * spec.accum, m.geometry.vocab, 5);
-  const RunResult ref = run_reference(m, spec, data);
-  ASSERT_GT(applied_steps(ref), 0u);
-  for (int K : ks) {
-    spec.device_update_layers = K;
-    for (int S : slots) {
-      spec.device_update_slots = S;
-      for (const std::string& p : policies) {
-        const std::string what =
-            p + " K=" + (K < 0 ? "all" : std::to_string(K)) + " slots=" + std::to_string(S);
-        check_run(m, spec, ref, run_stream(m, spec, data, p), what);
-      }
-    }
-  }
-}
-
-const OptimMode kKahan8{.master = MasterWeights::kBf16Kahan, .states = OptimizerStates::k8Bit};
-const OptimMode kSr8{.master = MasterWeights::kBf16Sr, .states = OptimizerStates::k8Bit};
-const OptimMode kF32x8{.master = MasterWeights::kF32, .states = OptimizerStates::k8Bit};
 
 TEST(DeviceOptimizerTail, EveryPolicyAndModeMatchesInMemoryBitForBit) {
   const std::string dir = testing::temp_dir("tail_dense");
