@@ -9,6 +9,7 @@
 // `ferry plan --measure-machine [--geometry NAME | --model DIR] [--nvme-dir D] [--machine NAME]
 //   [--machine-profile OUT]` measures this machine's rates (plan/machine_profile.h) and caches
 // them; later plans for that --machine use them instead of the assumed defaults.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +22,7 @@
 
 #include "apps/ferry/cmd_plan_executor_fit.h"
 #include "apps/ferry/commands.h"
+#include "apps/ferry/device_update_flags.h"
 #include "core/file_util.h"
 #include "core/log.h"
 #include "model/config.h"
@@ -70,6 +72,10 @@ struct PlanConfig {
   // GPU memory as the stream executor will allocate it (cmd_plan_executor_fit.h) for this device's
   // backend: auto (cuda when present), cpu, cuda, or none (the cost model's bf16 estimate).
   std::string executor_device = "auto";
+  // The executor's device optimizer tail (ferry train --device-update-layers): 0 off, K, or
+  // train::stream::kDeviceUpdateAllLayers (all); its ms per layer (0: derived, problem.h).
+  int device_update_layers = 0;
+  double device_update_ms_per_layer = 0;
 };
 
 PlanConfig& plan_config() {
@@ -170,6 +176,9 @@ Result<plan::ProblemAt> make_problem_at(const PlanConfig& c, const model::ModelC
     FERRY_ASSIGN_OR_RETURN(plan::PlanProblem p, plan::analytic_problem(cfg, machine, shape, caps));
     if (prof) FERRY_TRY(plan::apply_profile(*prof, p));
     if (exec) FERRY_TRY(fit_gpu_memory_to_executor(p, cfg, *exec));
+    p.device_update_layers =
+        c.device_update_layers < 0 ? p.num_layers : std::min(c.device_update_layers, p.num_layers);
+    p.device_update_ms_per_layer = c.device_update_ms_per_layer;
     return p;
   });
 }
@@ -481,6 +490,16 @@ void register_plan(CLI::App& app, CommandFn& run) {
                   "gradients as ferry train --grad-dtype keeps them: f32 (default) or bf16 (host "
                   "bytes/param with --master/--optimizer-states, and the executor's GPU twins)")
       ->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->add_option("--device-update-layers", c.device_update_layers,
+                  "ferry train's device optimizer tail in the optimizer gate: the device updates "
+                  "layers 0, 1, ... (at most K) while the CPU, after the globals, updates L-1, "
+                  "L-2, ... until they meet; all: no limit; 0: the CPU updates all")
+      ->envname("FERRY_DEVICE_UPDATE_LAYERS")
+      ->transform(layers_or_all());
+  cmd->add_option("--device-update-ms-per-layer", c.device_update_ms_per_layer,
+                  "the device tail's time per layer (measured); 0: the layer's share of the host "
+                  "model state over the H2D rate")
+      ->check(CLI::Range(0.0, 1e6));
   cmd->add_option("--profile", c.profile, "measured cost profile JSON (docs/plan.md)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--machine", c.machine, "machine name for defaults and the profile cache");

@@ -226,7 +226,7 @@ Result<Prediction> evaluate(const PlanProblem& p, const Plan& plan) {
     r.optimizer_wait_ms += held;
     fwd_end += held + compute[t] + r.window_exposed_ms[t];
   }
-  r.step_ms = std::max(r.gpu_step_ms + r.optimizer_wait_ms, p.cpu_optimizer_ms);
+  r.step_ms = std::max(r.gpu_step_ms + r.optimizer_wait_ms, optimizer_phase_ms(p));
   r.optimizer_bound_ms = r.step_ms - r.gpu_step_ms - r.optimizer_wait_ms;
   r.objective_ms = r.step_ms + p.move_penalty_ms_per_gb * moved;
   r.host_peak_gb = p.host_fixed_gb;

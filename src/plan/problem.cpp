@@ -20,6 +20,49 @@ std::string window_description(const PlanProblem& p, int t) {
   return fmt::format("backward of layer {}", 2 * p.num_layers - t);
 }
 
+namespace {
+
+// The device tail's optimizer phase from its start (t = 0): when each layer's update is done and
+// when the later side finishes.
+struct TailPhase {
+  std::vector<double> done_ms;  // [L]
+  double end_ms = 0;
+};
+
+TailPhase simulate_device_tail(const PlanProblem& p, bool measured, double total_w) {
+  const int L = p.num_layers;
+  std::vector<double> cpu_ms(L);
+  double layers_ms = 0;
+  for (int j = 0; j < L; ++j) {
+    cpu_ms[j] =
+        measured ? p.layers[j].optimizer_ms : p.cpu_optimizer_ms * p.layers[j].weight_gb / total_w;
+    layers_ms += cpu_ms[j];
+  }
+  // Measured per-layer times: the rest of the CPU optimizer's time is the globals' (run first).
+  const double globals_ms = measured ? std::max(0.0, p.cpu_optimizer_ms - layers_ms) : 0.0;
+  const int k_max = std::min(p.device_update_layers, L);
+  TailPhase t;
+  t.done_ms.assign(L, 0.0);
+  int low = 0;       // the device's next layer
+  int high = L - 1;  // the CPU's next layer
+  double dev_free = 0;
+  double cpu_free = globals_ms;
+  while (low <= high) {
+    // Whoever is free first claims (ties: the device); the device stops after k_max layers.
+    if (low < k_max && dev_free <= cpu_free) {
+      dev_free += device_update_layer_ms(p, low);
+      t.done_ms[low++] = dev_free;
+    } else {
+      cpu_free += cpu_ms[high];
+      t.done_ms[high--] = cpu_free;
+    }
+  }
+  t.end_ms = std::max(dev_free, cpu_free);
+  return t;
+}
+
+}  // namespace
+
 std::vector<double> optimizer_ready_ms(const PlanProblem& p) {
   const int L = p.num_layers;
   std::vector<double> ready(L, 0.0);
@@ -28,13 +71,41 @@ std::vector<double> optimizer_ready_ms(const PlanProblem& p) {
   const bool measured = std::all_of(p.layers.begin(), p.layers.end(),
                                     [](const LayerCost& c) { return c.optimizer_ms > 0; });
   if (!measured && (!(p.cpu_optimizer_ms > 0) || !(total_w > 0))) return ready;
-  double done = 0;  // updates finished after layer 0's, in ms
-  for (int j = 1; j < L; ++j) {
-    done +=
-        measured ? p.layers[j].optimizer_ms : p.cpu_optimizer_ms * p.layers[j].weight_gb / total_w;
-    ready[j] = done;
+  if (p.device_update_layers <= 0) {
+    double done = 0;  // updates finished after layer 0's, in ms
+    for (int j = 1; j < L; ++j) {
+      done += measured ? p.layers[j].optimizer_ms
+                       : p.cpu_optimizer_ms * p.layers[j].weight_gb / total_w;
+      ready[j] = done;
+    }
+    return ready;
   }
+  const TailPhase tail = simulate_device_tail(p, measured, total_w);
+  for (int j = 1; j < L; ++j) ready[j] = std::max(0.0, tail.done_ms[j] - tail.done_ms[0]);
   return ready;
+}
+
+double optimizer_phase_ms(const PlanProblem& p) {
+  if (p.device_update_layers <= 0) return p.cpu_optimizer_ms;
+  double total_w = 0;
+  for (const LayerCost& c : p.layers) total_w += c.weight_gb;
+  const bool measured = std::all_of(p.layers.begin(), p.layers.end(),
+                                    [](const LayerCost& c) { return c.optimizer_ms > 0; });
+  if (!measured && (!(p.cpu_optimizer_ms > 0) || !(total_w > 0))) return p.cpu_optimizer_ms;
+  return simulate_device_tail(p, measured, total_w).end_ms;
+}
+
+double device_update_layer_ms(const PlanProblem& p, int j) {
+  if (p.device_update_ms_per_layer > 0) return p.device_update_ms_per_layer;
+  // ASSUMED: the bytes the tail moves up per layer (its optimizer sections + gradients) are the
+  // layer's share by weight of the host-resident model state (host_fixed_gb, spread over the
+  // layers and the head; the embedding's share, when counted there, is smeared over them too), at
+  // the H2D rate alone (the tail is H2D-bound: docs/train_gpu_executor.md item 5); the kernels, the
+  // D2H of the results and the first unit's latency are not counted.
+  double total_w = p.head_weight_gb;
+  for (const LayerCost& c : p.layers) total_w += c.weight_gb;
+  if (!(total_w > 0) || !(p.link.h2d_gbps > 0)) return 0;
+  return p.host_fixed_gb * p.layers[j].weight_gb / total_w / p.link.h2d_gbps * 1e3;
 }
 
 namespace {
@@ -77,6 +148,13 @@ Status validate(const PlanProblem& p) {
     return invalid_argument("plan: an NVMe tier needs read and write rates > 0");
   }
   if (p.max_span < 1) return invalid_argument("plan: max span {} < 1", p.max_span);
+  if (p.device_update_layers < 0) {
+    return invalid_argument("plan: device_update_layers {} < 0", p.device_update_layers);
+  }
+  if (!finite_nonneg(p.device_update_ms_per_layer)) {
+    return invalid_argument("plan: device_update_ms_per_layer {} is not a time",
+                            p.device_update_ms_per_layer);
+  }
   return ok_status();
 }
 
@@ -92,33 +170,40 @@ Json to_json(const PlanProblem& p) {
                       {"work_bwd_gb", c.work_bwd_gb},
                       {"optimizer_ms", c.optimizer_ms}});
   }
-  return {{"num_layers", p.num_layers},
-          {"boundary_gb", p.boundary_gb},
-          {"layers", layers},
-          {"loss_ms", p.loss_ms},
-          {"loss_work_gb", p.loss_work_gb},
-          {"head_weight_gb", p.head_weight_gb},
-          {"head_grad_gb", p.head_grad_gb},
-          {"step_fixed_ms", p.step_fixed_ms},
-          {"cpu_optimizer_ms", p.cpu_optimizer_ms},
-          {"link",
-           {{"h2d_gbps", p.link.h2d_gbps},
-            {"d2h_gbps", p.link.d2h_gbps},
-            {"duplex_gbps", p.link.duplex_gbps},
-            {"duplex_loaded_gbps", p.link.duplex_loaded_gbps},
-            {"nvme_read_gbps", p.link.nvme_read_gbps},
-            {"nvme_write_gbps", p.link.nvme_write_gbps}}},
-          {"gpu_cap_gb", p.gpu_cap_gb},
-          {"host_cap_gb", p.host_cap_gb},
-          {"nvme_cap_gb", p.nvme_cap_gb},
-          {"gpu_fixed_gb", p.gpu_fixed_gb},
-          {"host_fixed_gb", p.host_fixed_gb},
-          {"max_span", p.max_span},
-          {"move_penalty_ms_per_gb", p.move_penalty_ms_per_gb},
-          {"batch_size", p.batch_size},
-          {"seq_len", p.seq_len},
-          {"model_flops_per_step", p.model_flops_per_step},
-          {"source", p.source}};
+  Json j = {{"num_layers", p.num_layers},
+            {"boundary_gb", p.boundary_gb},
+            {"layers", layers},
+            {"loss_ms", p.loss_ms},
+            {"loss_work_gb", p.loss_work_gb},
+            {"head_weight_gb", p.head_weight_gb},
+            {"head_grad_gb", p.head_grad_gb},
+            {"step_fixed_ms", p.step_fixed_ms},
+            {"cpu_optimizer_ms", p.cpu_optimizer_ms},
+            {"link",
+             {{"h2d_gbps", p.link.h2d_gbps},
+              {"d2h_gbps", p.link.d2h_gbps},
+              {"duplex_gbps", p.link.duplex_gbps},
+              {"duplex_loaded_gbps", p.link.duplex_loaded_gbps},
+              {"nvme_read_gbps", p.link.nvme_read_gbps},
+              {"nvme_write_gbps", p.link.nvme_write_gbps}}},
+            {"gpu_cap_gb", p.gpu_cap_gb},
+            {"host_cap_gb", p.host_cap_gb},
+            {"nvme_cap_gb", p.nvme_cap_gb},
+            {"gpu_fixed_gb", p.gpu_fixed_gb},
+            {"host_fixed_gb", p.host_fixed_gb},
+            {"max_span", p.max_span},
+
+            {"move_penalty_ms_per_gb", p.move_penalty_ms_per_gb},
+            {"batch_size", p.batch_size},
+            {"seq_len", p.seq_len},
+            {"model_flops_per_step", p.model_flops_per_step},
+            {"source", p.source}};
+  // Only with the device tail on, so that problems without it serialize as before.
+  if (p.device_update_layers != 0 || p.device_update_ms_per_layer != 0) {
+    j["device_update_layers"] = p.device_update_layers;
+    j["device_update_ms_per_layer"] = p.device_update_ms_per_layer;
+  }
+  return j;
 }
 
 Result<PlanProblem> problem_from_json(const Json& j) {
@@ -158,6 +243,8 @@ Result<PlanProblem> problem_from_json(const Json& j) {
     p.gpu_fixed_gb = j.at("gpu_fixed_gb").get<double>();
     p.host_fixed_gb = j.at("host_fixed_gb").get<double>();
     p.max_span = j.at("max_span").get<int>();
+    p.device_update_layers = j.value("device_update_layers", 0);  // absent before the tail
+    p.device_update_ms_per_layer = j.value("device_update_ms_per_layer", 0.0);
     p.move_penalty_ms_per_gb = j.at("move_penalty_ms_per_gb").get<double>();
     p.batch_size = j.at("batch_size").get<int>();
     p.seq_len = j.at("seq_len").get<int>();

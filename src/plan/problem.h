@@ -71,6 +71,14 @@ struct PlanProblem {
   double gpu_fixed_gb = 0;   // CUDA context + workspace + weight/gradient stream buffers
   double host_fixed_gb = 0;  // host-resident model state (weights, master, optimizer, grads)
 
+  // The executor's device optimizer tail (`--device-update-layers`, docs/train_gpu_executor.md
+  // item 5): the GPU updates layers 0, 1, ... (at most K) while the CPU worker, after the globals,
+  // updates L-1, L-2, ... until they meet. 0: off (the CPU updates every layer); K > L is read
+  // as L (all). device_update_ms_per_layer: the device's time per layer, measured; 0: derived
+  // (device_update_layer_ms).
+  int device_update_layers = 0;
+  double device_update_ms_per_layer = 0;
+
   int max_span = 4;  // R: a recomputed span covers at most R-1 layers between boundaries
   // Tie-breaker on moved bytes (ms per GB moved) so equal-time plans prefer moving less. Part of
   // the objective of every solver, so exact and MILP optima stay comparable.
@@ -103,7 +111,24 @@ std::string window_description(const PlanProblem& p, int t);
 // layers: at a 152k vocabulary that is ~15 % of a 7B model's parameters). Layer 0's share is serial
 // (step_fixed_ms). Returns [L] U_j: when layer j's update is done, in ms after the forward of
 // layer 0 starts (U_0 = 0); the forward of layer j cannot start before U_j.
+//
+// With the device tail on (device_update_layers > 0) the phase is simulated: both sides start at
+// the same point, the CPU after its globals (measured: cpu_optimizer_ms minus the layers' times;
+// split by weight: none, they are smeared as above), the device claims the lowest unclaimed layer
+// whenever it is free (at most K), the CPU the highest; a layer is ready when its claimer finishes
+// it. U_j is then layer j's ready time minus layer 0's (same time base: the forward of layer 0
+// starts once layer 0 is ready, U_0 = 0). With device_update_layers = 0 the values are exactly the
+// CPU-only ones above.
 std::vector<double> optimizer_ready_ms(const PlanProblem& p);
+
+// How long the optimizer phase takes per step, the floor of the step (evaluate.cpp, the MILP's
+// bound row): cpu_optimizer_ms without the device tail (exactly); with it, when the later of the
+// two sides finishes (the CPU does only its share of the layers).
+double optimizer_phase_ms(const PlanProblem& p);
+
+// The device tail's time for layer j: device_update_ms_per_layer when > 0, else the layer's share
+// of the host model state (host_fixed_gb by weight over the layers and the head) over the H2D rate.
+double device_update_layer_ms(const PlanProblem& p, int j);
 
 // Sizes and signs consistent; a non-ok Status names the first bad field.
 Status validate(const PlanProblem& p);

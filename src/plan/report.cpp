@@ -38,7 +38,7 @@ std::string plan_text(const PlanProblem& p, const Plan& plan) {
       "optimizer bound {:.1f} (cpu optimizer {:.1f} ms/step outlasting the gpu); {:.1f} TFLOPS "
       "(6*N*B*S / step)\n",
       r.step_ms, r.gpu_step_ms, r.compute_ms, r.recompute_ms, r.exposed_ms, p.step_fixed_ms,
-      r.optimizer_wait_ms, r.optimizer_bound_ms, p.cpu_optimizer_ms, r.tflops);
+      r.optimizer_wait_ms, r.optimizer_bound_ms, optimizer_phase_ms(p), r.tflops);
   s += fmt::format(
       "peak memory: gpu {:.2f} / {:.2f} GB ({}), host {:.2f} / {:.2f} GB, nvme {:.2f} "
       "/ {:.2f} GB\n",

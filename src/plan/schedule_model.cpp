@@ -366,8 +366,9 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
       for (int m = 0; m < k; ++m) row.add(eps_[m], 1);
       m_.add_row(row.terms, ready[k] - fwd_before, kInf);
     }
-    // The step is never shorter than the whole update: bound >= cpu_optimizer_ms - (gpu step +
-    // wait), the gpu step being the constant compute plus recompute plus exposure.
+    // The step is never shorter than the whole update: bound >= optimizer_phase_ms (without the
+    // device tail: cpu_optimizer_ms) - (gpu step + wait), the gpu step being the constant compute
+    // plus recompute plus exposure.
     Expr row;
     row.add(bound_col_, 1);
     row.add(wait_col_, 1);
@@ -380,7 +381,7 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
         row.add(span_col(s, e, true), rec);
       }
     }
-    m_.add_row(row.terms, p.cpu_optimizer_ms - m_.obj_constant, kInf);
+    m_.add_row(row.terms, optimizer_phase_ms(p) - m_.obj_constant, kInf);
   }
 }
 

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <random>
 
 #include "plan/evaluate.h"
 #include "plan/exact.h"
@@ -32,7 +34,7 @@ void expect_consistent(const PlanProblem& p, const Plan& plan, const std::string
               kRelTol * std::max(1.0, plan.solver.objective_ms))
       << what;
   EXPECT_NEAR(pred->step_ms,
-              std::max(pred->gpu_step_ms + pred->optimizer_wait_ms, p.cpu_optimizer_ms), 1e-9)
+              std::max(pred->gpu_step_ms + pred->optimizer_wait_ms, optimizer_phase_ms(p)), 1e-9)
       << what;
 }
 
@@ -136,6 +138,56 @@ TEST(MilpVsExact, SameOptimumOnRandomSmallInstances) {
       "optimizer wait %d, optimizer bound %d; optimizer term changed the plan in %d\n",
       both_feasible, both_infeasible, with_recompute, with_offload, with_wait, with_bound,
       optimizer_changes_plan);
+}
+
+// The same agreement with the executor's device optimizer tail in the gate (optimizer_ready_ms
+// simulates the meeting point): a random K (1..L, or L+2 for "more than there are layers") and
+// a device time per layer between a fifth and twice the CPU's mean share, so the meeting point
+// falls anywhere and the ready times are not monotone in the layer.
+TEST(MilpVsExact, SameOptimumWithTheDeviceTail) {
+  std::mt19937_64 rng(20261201);
+  int both_feasible = 0, with_wait = 0, device_layers_differ = 0;
+  for (int n = 0; n < 48; ++n) {
+    const int L = 2 + n % 4 + (n % 10 == 9 ? 1 : 0);  // 2..6
+    const bool nvme = n % 3 == 0 && L <= 4;
+    const int regime = 1 + (n / 4) % 3;  // a CPU optimizer to share the layers with
+    PlanProblem p = testing::random_problem(rng, L, nvme, testing::uniform(rng, 0.0, 0.8));
+    set_optimizer(rng, p, regime);
+    p.device_update_layers = std::uniform_int_distribution<int>(1, L + 2)(rng);
+    if (n % 2 == 1) {
+      p.device_update_ms_per_layer = p.cpu_optimizer_ms / L * testing::uniform(rng, 0.2, 2.0);
+    }  // else derived from host_fixed_gb and the H2D rate
+    SCOPED_TRACE(::testing::Message()
+                 << "instance " << n << " L=" << L << " K=" << p.device_update_layers
+                 << " device ms " << p.device_update_ms_per_layer << " optimizer "
+                 << p.cpu_optimizer_ms << " ms");
+    ASSERT_TRUE(validate(p).ok());
+    PlanProblem cpu_only = p;
+    cpu_only.device_update_layers = 0;
+    if (optimizer_ready_ms(p) != optimizer_ready_ms(cpu_only)) ++device_layers_differ;
+    auto exact = solve_exact(p);
+    auto milp = solve_milp(p, SolveOptions{.time_limit_s = 30});
+    if (!exact.ok()) {
+      EXPECT_FALSE(milp.ok()) << "milp found a plan the exact solver says cannot exist";
+      continue;
+    }
+    ASSERT_TRUE(milp.ok()) << milp.status().to_string();
+    EXPECT_EQ(milp->solver.status, "optimal");
+    const double want = exact->best.solver.objective_ms;
+    EXPECT_NEAR(milp->solver.objective_ms, want, kRelTol * std::max(1.0, want));
+    expect_consistent(p, *milp, "milp");
+    expect_consistent(p, exact->best, "exact");
+    EXPECT_LE(exact->max_lp_mismatch_ms, kRelTol * std::max(1.0, want));
+    ++both_feasible;
+    if (milp->predicted.optimizer_wait_ms > 1e-6) ++with_wait;
+  }
+  EXPECT_GE(both_feasible, 20);
+  EXPECT_GE(device_layers_differ, 20);
+  EXPECT_GE(with_wait, 5);
+  std::printf(
+      "milp vs exact with the device tail: %d feasible, optimizer wait %d, tail changed "
+      "the gate in %d\n",
+      both_feasible, with_wait, device_layers_differ);
 }
 
 }  // namespace
