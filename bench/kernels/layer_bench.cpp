@@ -10,7 +10,9 @@
 // Set-up as in StreamExecutor (stream_executor.cpp): a ModelCompute with one layer workspace,
 // the GEMM precision "auto" (bf16 operands, f32 accumulation on a GPU), f32 weights on the GPU
 // (the executor's device slots hold the bf16-streamed weights widened to f32), f32 gradient
-// slots the backward adds into, f32 activations. The gradient that enters the layer's backward
+// slots the backward adds into, f32 activations, the attention backward's dK/dV workspace as
+// the executor gets it (model::AttnBwdWorkspace::kDefault: on unless FERRY_ATTN_BWD_WORKSPACE=0;
+// --layer_attn_ws overrides, see below). The gradient that enters the layer's backward
 // comes from ModelCompute::head_backward over a 128-word vocabulary (the only way into the
 // running gradient); it runs before each repetition, outside the timed region, with a 256 MiB
 // L2 flush like cuda_kernels_bench.
@@ -23,10 +25,14 @@
 //   layer_bench --benchmark_out=layer.json --benchmark_out_format=json
 //   layer_bench --layer_shapes=3b:8x1024,7b:4x1024 --layer_reps=10
 //   layer_bench --layer_device=cpu --layer_shapes=tiny:2x64     # the CPU backend (a check only)
+//   layer_bench --layer_attn_ws=ab       # A/B in one process: BM_Layer/... with the attention
+//                                        # backward's workspace, BM_LayerNoAttnWs/... without
+// --layer_attn_ws=on|off forces it for the BM_Layer rows (default: the process default).
 //
 // Counters: ms (forward + backward), fwd_ms, bwd_ms, TFLOP/s (model FLOPs: 3x the linear layers'
 // 2*T*MACs, causal attention 3.5x its forward's 2*2*B*H*(S^2/2)*D, as cuda_kernels_bench),
-// workspace_gib (ModelCompute's arena), tokens.
+// workspace_gib (ModelCompute's arena), attn_ws_mib (the attention backward's workspace in it,
+// 0: none), tokens.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -40,6 +46,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -75,6 +82,7 @@ struct LayerShape {
   GeometrySpec geo;
   int batch = 0;  // B sequences ...
   int seq = 0;    // ... of S tokens each, packed: T = B * S
+  model::AttnBwdWorkspace attn_ws = model::AttnBwdWorkspace::kDefault;
 };
 
 // Set by main() from its own flags (the rest goes to Google Benchmark).
@@ -83,6 +91,9 @@ struct Options {
   int reps = 20;
   int warmup = 3;
   std::vector<LayerShape> shapes;
+  // The BM_Layer rows' attention workspace; ab: also BM_LayerNoAttnWs rows without it.
+  model::AttnBwdWorkspace attn_ws = model::AttnBwdWorkspace::kDefault;
+  bool attn_ws_ab = false;
 };
 Options g_opts;
 
@@ -266,6 +277,7 @@ class LayerRig {
   }
   std::int64_t tokens() const { return T_; }
   std::size_t workspace_bytes() const { return mc_->total_bytes(); }
+  std::size_t attn_workspace_bytes() const { return mc_->attention_workspace_bytes(); }
   double loss() const { return loss_; }
 
  private:
@@ -343,11 +355,12 @@ class LayerRig {
         .cu_seqlens = ConstTensorView::contiguous(d + 3 * T_, DType::kI32, dev, {B + 1}),
         .targets = ConstTensorView::contiguous(d + 2 * T_, DType::kI32, dev, {T_})};
 
-    // ModelCompute as StreamExecutor::init creates it: one layer workspace, "auto" precision.
+    // ModelCompute as StreamExecutor::init creates it: one layer workspace, "auto" precision,
+    // the attention workspace as the row asks (the executor's: kDefault).
     FERRY_ASSIGN_OR_RETURN(const model::GemmPrecision prec,
                            model::parse_gemm_precision("auto", dev));
-    FERRY_ASSIGN_OR_RETURN(
-        mc_, model::ModelCompute::create(geo_, T_, *env_.be, 1, &env_.stream(), prec));
+    FERRY_ASSIGN_OR_RETURN(mc_, model::ModelCompute::create(geo_, T_, *env_.be, 1, &env_.stream(),
+                                                            prec, shape.attn_ws));
     if (dev == Device::kCuda) {
       for (mem::Event* e : {&e0_, &e1_, &e2_}) {
         FERRY_ASSIGN_OR_RETURN(*e, mem::Event::create(dev, 0, /*timing=*/true));
@@ -418,6 +431,7 @@ void run_layer(benchmark::State& st, const LayerShape& shape) {
   st.counters["TFLOP/s"] = r.flops() * it / (fwd + bwd) / 1e12;
   st.counters["tokens"] = static_cast<double>(r.tokens());
   st.counters["workspace_gib"] = static_cast<double>(r.workspace_bytes()) / double(1u << 30);
+  st.counters["attn_ws_mib"] = static_cast<double>(r.attn_workspace_bytes()) / double(1u << 20);
   st.counters["head_loss"] = r.loss();
 }
 
@@ -455,7 +469,7 @@ constexpr std::string_view kDefaultShapes =
 int main(int argc, char** argv) {
   std::string shapes(kDefaultShapes);
   // Own flags first (--layer_device=cuda|cpu, --layer_shapes=..., --layer_reps=N,
-  // --layer_warmup=N); everything else is Google Benchmark's.
+  // --layer_warmup=N, --layer_attn_ws=on|off|ab); everything else is Google Benchmark's.
   int kept = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
@@ -475,6 +489,17 @@ int main(int argc, char** argv) {
       g_opts.reps = std::atoi(value.c_str());
     } else if (flag == "--layer_warmup") {
       g_opts.warmup = std::atoi(value.c_str());
+    } else if (flag == "--layer_attn_ws") {
+      if (value == "on" || value == "ab") {
+        g_opts.attn_ws = model::AttnBwdWorkspace::kOn;
+      } else if (value == "off") {
+        g_opts.attn_ws = model::AttnBwdWorkspace::kOff;
+      } else {
+        std::fprintf(stderr, "layer bench: --layer_attn_ws=%s (expected on, off or ab)\n",
+                     value.c_str());
+        return 2;
+      }
+      g_opts.attn_ws_ab = value == "ab";
     } else {
       argv[kept++] = argv[i];
     }
@@ -488,12 +513,18 @@ int main(int argc, char** argv) {
                  shapes.c_str());
     return 2;
   }
-  for (const LayerShape& s : g_opts.shapes) {
-    const std::string name = fmt::format("BM_Layer/{}/{}/{}", s.geo.name, s.batch, s.seq);
-    benchmark::RegisterBenchmark(name.c_str(), [s](benchmark::State& st) { run_layer(st, s); })
-        ->UseManualTime()
-        ->Iterations(g_opts.reps)
-        ->Unit(benchmark::kMillisecond);
+  for (LayerShape s : g_opts.shapes) {
+    // BM_Layer rows pair with tools/bench/torch_layer_baseline.py's; the A/B rows are ferry's only.
+    std::vector<std::pair<std::string, model::AttnBwdWorkspace>> rows{{"BM_Layer", g_opts.attn_ws}};
+    if (g_opts.attn_ws_ab) rows.emplace_back("BM_LayerNoAttnWs", model::AttnBwdWorkspace::kOff);
+    for (const auto& [prefix, ws] : rows) {
+      s.attn_ws = ws;
+      const std::string name = fmt::format("{}/{}/{}/{}", prefix, s.geo.name, s.batch, s.seq);
+      benchmark::RegisterBenchmark(name.c_str(), [s](benchmark::State& st) { run_layer(st, s); })
+          ->UseManualTime()
+          ->Iterations(g_opts.reps)
+          ->Unit(benchmark::kMillisecond);
+    }
   }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;

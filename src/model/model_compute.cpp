@@ -4,8 +4,10 @@
 #include "model/model_compute.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <tuple>
 
 #include "mem/arena.h"
@@ -72,6 +74,35 @@ std::size_t ce_workspace_bytes(const DecoderGeometry& geo, std::int64_t T,
   return backend.workspace_bytes(probe);
 }
 
+// The attention backward's optional workspace for T tokens (AttnBwdWorkspace in the header): what
+// the backend asks for with the attention's dtypes, or 0 when the geometry has no grouped heads
+// (the CUDA backend would split the query heads of a kv head's group, and a group of one has
+// nothing to split; its workspace_bytes() does not look at G, so the test is here).
+std::size_t attn_bwd_workspace_bytes(const DecoderGeometry& geo, std::int64_t T,
+                                     kernels::Backend& backend) {
+  if (geo.heads == geo.kv_heads) return 0;
+  const DType dt =
+      backend.supports(kernels::OpKind::kAttention, DType::kF32) ? DType::kF32 : DType::kBF16;
+  const std::int64_t H = geo.heads, G = geo.kv_heads, D = geo.head_dim;
+  // Only the shapes matter to workspace_bytes(); nothing is read or written.
+  auto shaped = [&](std::int64_t heads) {
+    return TensorView::contiguous(nullptr, dt, backend.device(), {T, heads, D});
+  };
+  kernels::AttentionBackwardArgs probe;
+  probe.d_q = shaped(H);
+  probe.d_k = shaped(G);
+  probe.d_v = shaped(G);
+  probe.d_out = probe.q = probe.out = shaped(H);
+  probe.k = probe.v = shaped(G);
+  probe.lse = TensorView::contiguous(nullptr, DType::kF32, backend.device(), {H, T});
+  return backend.workspace_bytes(probe);
+}
+
+bool read_attn_bwd_workspace_env() {
+  const char* e = std::getenv("FERRY_ATTN_BWD_WORKSPACE");
+  return e == nullptr || std::string_view(e) != "0";
+}
+
 // Workspace w serves layers w, w + n, w + 2n, ...: it is MoE-sized if any of them is MoE, and
 // dense-sized if any of them is dense.
 void workspace_kinds(const DecoderGeometry& geo, int w, int n, bool* moe, bool* dense) {
@@ -79,10 +110,20 @@ void workspace_kinds(const DecoderGeometry& geo, int w, int n, bool* moe, bool* 
   for (int l = w; l < geo.layers; l += n) (geo.layer_is_moe[l] ? *moe : *dense) = true;
 }
 
+bool resolve(AttnBwdWorkspace w) {
+  return w == AttnBwdWorkspace::kDefault ? attn_bwd_workspace_default()
+                                         : w == AttnBwdWorkspace::kOn;
+}
+
 }  // namespace
 
+bool attn_bwd_workspace_default() {
+  static const bool on = read_attn_bwd_workspace_env();
+  return on;
+}
+
 void ModelCompute::plan_buffers(const DecoderGeometry& geo, std::int64_t T, int work_layers,
-                                kernels::Backend& backend, GemmPrecision precision,
+                                kernels::Backend& backend, GemmPrecision precision, bool attn_ws,
                                 std::vector<LayerActs>& acts, Scratch& s, detail::BufferTable& tab,
                                 std::size_t* activation_bytes) {
   const bool whole = work_layers == geo.layers;
@@ -187,13 +228,16 @@ void ModelCompute::plan_buffers(const DecoderGeometry& geo, std::int64_t T, int 
   if (precision == GemmPrecision::kBf16) plan_linear_buffers(geo, T, backend, s, tab);
   tab.add(s.ce_workspace, "ce_workspace",
           static_cast<std::int64_t>(ce_workspace_bytes(geo, T, backend)));
+  // One for all layers (they run one at a time), sized for the largest T.
+  if (attn_ws) {
+    tab.add(s.attn_workspace, "attn_bwd_workspace",
+            static_cast<std::int64_t>(attn_bwd_workspace_bytes(geo, T, backend)));
+  }
 }
 
-Result<std::unique_ptr<ModelCompute>> ModelCompute::create(const DecoderGeometry& geo,
-                                                           std::int64_t max_tokens,
-                                                           kernels::Backend& backend,
-                                                           int work_layers, Stream* stream,
-                                                           GemmPrecision precision) {
+Result<std::unique_ptr<ModelCompute>> ModelCompute::create(
+    const DecoderGeometry& geo, std::int64_t max_tokens, kernels::Backend& backend, int work_layers,
+    Stream* stream, GemmPrecision precision, AttnBwdWorkspace attn_ws) {
   if (work_layers < 0) work_layers = geo.layers;
   FERRY_TRY(check_geometry(geo, max_tokens, backend, work_layers));
   const Device dev = backend.device();
@@ -216,8 +260,8 @@ Result<std::unique_ptr<ModelCompute>> ModelCompute::create(const DecoderGeometry
   mc->native_bf16_gemm_ = backend.supports(kernels::OpKind::kGemm, DType::kBF16);
   auto s = std::make_unique<Scratch>();
   detail::BufferTable table;
-  plan_buffers(geo, max_tokens, work_layers, backend, precision, mc->acts_, *s, table,
-               &mc->activation_bytes_);
+  plan_buffers(geo, max_tokens, work_layers, backend, precision, resolve(attn_ws), mc->acts_, *s,
+               table, &mc->activation_bytes_);
   const mem::MemTier tier =
       dev == Device::kCpu ? mem::MemTier::kPageableHost : mem::MemTier::kDevice;
   mc->budget_ = std::make_unique<mem::MemoryBudget>(tier);
@@ -247,20 +291,25 @@ Result<std::unique_ptr<ModelCompute>> ModelCompute::create(const DecoderGeometry
 
 Result<std::size_t> ModelCompute::planned_bytes(const DecoderGeometry& geo, std::int64_t max_tokens,
                                                 kernels::Backend& backend, int work_layers,
-                                                GemmPrecision precision) {
+                                                GemmPrecision precision, AttnBwdWorkspace attn_ws) {
   if (work_layers < 0) work_layers = geo.layers;
   FERRY_TRY(check_geometry(geo, max_tokens, backend, work_layers));
   std::vector<LayerActs> acts;
   Scratch s;
   detail::BufferTable table;
   std::size_t activation = 0;
-  plan_buffers(geo, max_tokens, work_layers, backend, precision, acts, s, table, &activation);
+  plan_buffers(geo, max_tokens, work_layers, backend, precision, resolve(attn_ws), acts, s, table,
+               &activation);
   return table.plan().allocation_bytes();
 }
 
 std::size_t ModelCompute::total_bytes() const { return arena_->plan().allocation_bytes(); }
 
 std::size_t ModelCompute::activation_bytes() const { return activation_bytes_; }
+
+std::size_t ModelCompute::attention_workspace_bytes() const {
+  return static_cast<std::size_t>(scratch_->attn_workspace.n);
+}
 
 template <typename T>
 Result<const T*> ModelCompute::read_to_host(const T* src, std::vector<T>& mirror, std::int64_t n) {
@@ -444,7 +493,13 @@ Status ModelCompute::run_layer_forward(int l, LayerActs& a, const LayerTensors<C
                           .weight = p.attn_norm,
                           .eps = geo_.rms_eps},
                          st()));
+  // The shared bf16 attention buffers get this layer's q/k/v/out (attention_backward reuses them).
+  attn16_layer_ = -1;
   FERRY_TRY(attention_forward(a, p, T, batch, x_in));
+  if (attn_bf16_) {
+    attn16_layer_ = l;
+    attn16_tokens_ = T;
+  }
   FERRY_TRY(be_.rms_norm({.out = f32_view(a.h2, {T, C}),
                           .rstd = f32_view(a.rstd2, {T}),
                           .in = f32_view(a.x_mid, {T, C}),

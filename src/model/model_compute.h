@@ -33,6 +33,8 @@
 // When the backend has no f32 attention (supports(kAttention, kF32) is
 // false, e.g. CUDA), q/k/v are cast to bf16 just for attention and its output back to f32 (and
 // dO, dQ, dK, dV likewise in the backward) through Backend::convert. CPU backends never cast.
+// A layer's backward right after its own forward (train/stream's recompute, the last layer of
+// the whole-model path) reuses the forward's bf16 q/k/v/out instead of recasting them.
 //
 // One layer, as the code reads top to bottom (shapes in docs/glossary.md):
 //   h1 = rms_norm(x, attn_norm); q,k,v = h1 W^T (+b); [q/k norm]; rope(q,k); o = attn(q,k,v)
@@ -166,6 +168,23 @@ std::string_view to_string(GemmPrecision p);
 // rounding); anything else is invalid_argument naming the value.
 Result<GemmPrecision> parse_gemm_precision(std::string_view s, Device compute);
 
+// Whether the attention backward gets its optional workspace (AttentionBackwardArgs::workspace,
+// Backend::workspace_bytes): on the CUDA backend the dK/dV kernel then runs every query head of a
+// kv head's group in parallel (f32 partials added in a fixed order) instead of one slice per kv
+// head: 2 x [T, H, D] f32 = 8 T H D bytes, sized for max_tokens, one buffer shared by all layers
+// (they run one at a time) and counted in planned_bytes(). CPU backends ask for 0 bytes, and a
+// model without grouped heads (H == G) has nothing to split, so both plan 0. The bits of dK/dV
+// depend on the choice (both are deterministic), so every ModelCompute of one process should make
+// the same one: kDefault does (on, unless FERRY_ATTN_BWD_WORKSPACE=0 in the environment, read
+// once per process), and it is what train/stream's executor and its device plan use.
+enum class AttnBwdWorkspace : std::uint8_t {
+  kDefault,  // attn_bwd_workspace_default()
+  kOn,
+  kOff,
+};
+// The process-wide default: true unless FERRY_ATTN_BWD_WORKSPACE=0 (read on the first call).
+bool attn_bwd_workspace_default();
+
 struct ForwardResult {
   double loss_sum = 0.0;     // sum of nll over counted targets
   std::int64_t counted = 0;  // targets != ignore index
@@ -186,17 +205,21 @@ class ModelCompute {
   //   FERRY_ASSIGN_OR_RETURN(kernels::Backend* be, kernels::cuda_backend(0));
   //   FERRY_ASSIGN_OR_RETURN(mem::StreamSet ss, mem::StreamSet::create(Device::kCuda, 0));
   //   FERRY_ASSIGN_OR_RETURN(auto mc, ModelCompute::create(geo, T, *be, -1, &ss.compute()));
+  // attn_ws: the attention backward's workspace (AttnBwdWorkspace above).
   static Result<std::unique_ptr<ModelCompute>> create(
       const DecoderGeometry& geo, std::int64_t max_tokens, kernels::Backend& backend,
       int work_layers = -1, mem::Stream* stream = nullptr,
-      GemmPrecision precision = GemmPrecision::kF32);
+      GemmPrecision precision = GemmPrecision::kF32,
+      AttnBwdWorkspace attn_ws = AttnBwdWorkspace::kDefault);
   // Bytes create() would allocate for these arguments (activations + scratch + the loss chunk's
-  // workspace + 256-byte slot alignment, in the backend's memory), without allocating: what a
-  // planner charges for ModelCompute's buffers. Equals total_bytes() of the created object. Not
-  // counted: the small host copies of the header comment (O(T + L*E) values, device arenas only).
+  // workspace + the attention backward's workspace + 256-byte slot alignment, in the backend's
+  // memory), without allocating: what a planner charges for ModelCompute's buffers. Equals
+  // total_bytes() of the created object. Not counted: the small host copies of the header comment
+  // (O(T + L*E) values, device arenas only).
   static Result<std::size_t> planned_bytes(const DecoderGeometry& geo, std::int64_t max_tokens,
                                            kernels::Backend& backend, int work_layers = -1,
-                                           GemmPrecision precision = GemmPrecision::kF32);
+                                           GemmPrecision precision = GemmPrecision::kF32,
+                                           AttnBwdWorkspace attn_ws = AttnBwdWorkspace::kDefault);
 
   // Runs the model over the batch. When targets are given, fills nll_out ([T] f32, optional)
   // and returns the loss; when logits_out ([T, V] f32) is given, writes the full logits too (tests
@@ -247,6 +270,8 @@ class ModelCompute {
   // True when attention runs on bf16 copies of q/k/v (backend without f32 attention).
   bool attention_in_bf16() const { return attn_bf16_; }
   GemmPrecision gemm_precision() const { return precision_; }
+  // Bytes of the attention backward's workspace in the arena (0: the backward runs without one).
+  std::size_t attention_workspace_bytes() const;
 
  private:
   struct LayerActs;
@@ -257,7 +282,7 @@ class ModelCompute {
 
   // The size table shared by create() and planned_bytes() (model_compute_buffers.h).
   static void plan_buffers(const DecoderGeometry& geo, std::int64_t T, int work_layers,
-                           kernels::Backend& backend, GemmPrecision precision,
+                           kernels::Backend& backend, GemmPrecision precision, bool attn_ws,
                            std::vector<LayerActs>& acts, Scratch& s, detail::BufferTable& table,
                            std::size_t* activation_bytes);
   // The GEMM operand buffers of GemmPrecision::kBf16 (model_compute_linear.cpp).
@@ -298,9 +323,12 @@ class ModelCompute {
                             const PackedBatch& batch, const float* x_in);
   Status attention_forward(LayerActs& a, const LayerTensors<ConstTensorView>& p, std::int64_t T,
                            const PackedBatch& batch, const float* x_in);
-  Status attention_backward(LayerActs& a, const LayerTensors<ConstTensorView>& p,
+  Status attention_backward(int l, LayerActs& a, const LayerTensors<ConstTensorView>& p,
                             const LayerTensors<TensorView>& g, std::int64_t T,
                             const PackedBatch& batch);
+  // The attention backward's workspace for these arguments: the first workspace_bytes(args)
+  // bytes of the planned buffer, or an empty view when none was planned.
+  TensorView attention_workspace(const kernels::AttentionBackwardArgs& args) const;
   Status mlp_forward(LayerActs& a, const LayerTensors<ConstTensorView>& p, std::int64_t T);
   Status mlp_backward(LayerActs& a, const LayerTensors<ConstTensorView>& p,
                       const LayerTensors<TensorView>& g, std::int64_t T);
@@ -332,6 +360,12 @@ class ModelCompute {
   std::unique_ptr<Scratch> scratch_;
   std::int64_t last_T_ = 0;
   std::int64_t last_counted_ = 0;
+  // bf16 attention: the layer (and T) whose q/k/v/out the shared bf16 buffers (q16, k16, v16,
+  // o16) hold, -1 when unknown. The backward of that layer reads them as they are instead of
+  // recasting its f32 activations (the same bits: the rounding is deterministic and attn holds
+  // o16 widened exactly); any other layer's backward recasts.
+  int attn16_layer_ = -1;
+  std::int64_t attn16_tokens_ = 0;
 };
 
 }  // namespace ferry::model

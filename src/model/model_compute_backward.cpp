@@ -101,7 +101,19 @@ Status ModelCompute::moe_backward(LayerActs& a, const LayerTensors<ConstTensorVi
                          f32_view(a.h2, {T, C}), p.router, true, /*f32_operands=*/true);
 }
 
-Status ModelCompute::attention_backward(LayerActs& a, const LayerTensors<ConstTensorView>& p,
+TensorView ModelCompute::attention_workspace(const kernels::AttentionBackwardArgs& args) const {
+  const detail::DevBuf<std::uint8_t>& w = scratch_->attn_workspace;
+  if (w.n == 0) return {};
+  const auto want = static_cast<std::int64_t>(be_.workspace_bytes(args));
+  if (want == 0) return {};
+  FERRY_CHECK(want <= w.n, "model: attention backward wants {} workspace bytes, {} planned", want,
+              w.n);
+  // Sized for max_tokens, so every T <= max_tokens gets all it asks for: the same dK/dV split
+  // (hence the same bits) whatever the batch size.
+  return detail::typed_view(w, DType::kU8, {want});
+}
+
+Status ModelCompute::attention_backward(int l, LayerActs& a, const LayerTensors<ConstTensorView>& p,
                                         const LayerTensors<TensorView>& g, std::int64_t T,
                                         const PackedBatch& batch) {
   Scratch& s = *scratch_;
@@ -111,42 +123,53 @@ Status ModelCompute::attention_backward(LayerActs& a, const LayerTensors<ConstTe
                             f32_view(s.dx_mid, {T, C}), f32_view(a.attn, {T, H * D}), p.o, false));
   // attn = attention(q, k, v)
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  // Both paths pass the workspace when one was planned (attention_workspace()).
   if (!attn_bf16_) {
-    FERRY_TRY(be_.attention_backward({.d_q = f32_view(s.dq, {T, H, D}),
-                                      .d_k = f32_view(s.dk, {T, G, D}),
-                                      .d_v = f32_view(s.dv, {T, G, D}),
-                                      .d_out = f32_view(s.d_attn, {T, H, D}),
-                                      .q = f32_view(a.q, {T, H, D}),
-                                      .k = f32_view(a.k, {T, G, D}),
-                                      .v = f32_view(a.v, {T, G, D}),
-                                      .out = f32_view(a.attn, {T, H, D}),
-                                      .lse = f32_view(a.lse, {H, T}),
-                                      .cu_seqlens = batch.cu_seqlens,
-                                      .scale = scale},
-                                     st()));
+    kernels::AttentionBackwardArgs args{.d_q = f32_view(s.dq, {T, H, D}),
+                                        .d_k = f32_view(s.dk, {T, G, D}),
+                                        .d_v = f32_view(s.dv, {T, G, D}),
+                                        .d_out = f32_view(s.d_attn, {T, H, D}),
+                                        .q = f32_view(a.q, {T, H, D}),
+                                        .k = f32_view(a.k, {T, G, D}),
+                                        .v = f32_view(a.v, {T, G, D}),
+                                        .out = f32_view(a.attn, {T, H, D}),
+                                        .lse = f32_view(a.lse, {H, T}),
+                                        .cu_seqlens = batch.cu_seqlens,
+                                        .scale = scale};
+    args.workspace = attention_workspace(args);
+    FERRY_TRY(be_.attention_backward(args, st()));
   } else {
-    // bf16-only attention: recast the saved f32 q/k/v/out (the same bf16 values the forward used:
-    // rounding is deterministic and attn holds the bf16 output exactly) and dO; dQ/dK/dV back up.
+    // bf16-only attention: q/k/v/out in bf16 as the forward used them, dO cast down, dQ/dK/dV
+    // back up. The forward's bf16 copies are still in q16/k16/v16/o16 when this layer was the
+    // last one forwarded at this T (train/stream recomputes each layer just before its
+    // backward); otherwise the saved f32 activations are recast: the same bf16 values, since the
+    // rounding is deterministic and attn holds the bf16 output exactly.
     const std::int64_t nq = T * H * D, nk = T * G * D;
-    for (auto [out, in, n] : {std::tuple{&s.q16, &a.q, nq},
-                              {&s.k16, &a.k, nk},
-                              {&s.v16, &a.v, nk},
-                              {&s.o16, &a.attn, nq},
-                              {&s.do16, &s.d_attn, nq}}) {
-      FERRY_TRY(be_.convert({.out = bf16_view(*out, {n}), .in = f32_view(*in, {n})}, st()));
+    if (attn16_layer_ != l || attn16_tokens_ != T) {
+      attn16_layer_ = -1;  // until all four hold layer l's values
+      for (auto [out, in, n] : {std::tuple{&s.q16, &a.q, nq},
+                                {&s.k16, &a.k, nk},
+                                {&s.v16, &a.v, nk},
+                                {&s.o16, &a.attn, nq}}) {
+        FERRY_TRY(be_.convert({.out = bf16_view(*out, {n}), .in = f32_view(*in, {n})}, st()));
+      }
+      attn16_layer_ = l;
+      attn16_tokens_ = T;
     }
-    FERRY_TRY(be_.attention_backward({.d_q = bf16_view(s.dq16, {T, H, D}),
-                                      .d_k = bf16_view(s.dk16, {T, G, D}),
-                                      .d_v = bf16_view(s.dv16, {T, G, D}),
-                                      .d_out = bf16_view(s.do16, {T, H, D}),
-                                      .q = bf16_view(s.q16, {T, H, D}),
-                                      .k = bf16_view(s.k16, {T, G, D}),
-                                      .v = bf16_view(s.v16, {T, G, D}),
-                                      .out = bf16_view(s.o16, {T, H, D}),
-                                      .lse = f32_view(a.lse, {H, T}),
-                                      .cu_seqlens = batch.cu_seqlens,
-                                      .scale = scale},
-                                     st()));
+    FERRY_TRY(be_.convert({.out = bf16_view(s.do16, {nq}), .in = f32_view(s.d_attn, {nq})}, st()));
+    kernels::AttentionBackwardArgs args{.d_q = bf16_view(s.dq16, {T, H, D}),
+                                        .d_k = bf16_view(s.dk16, {T, G, D}),
+                                        .d_v = bf16_view(s.dv16, {T, G, D}),
+                                        .d_out = bf16_view(s.do16, {T, H, D}),
+                                        .q = bf16_view(s.q16, {T, H, D}),
+                                        .k = bf16_view(s.k16, {T, G, D}),
+                                        .v = bf16_view(s.v16, {T, G, D}),
+                                        .out = bf16_view(s.o16, {T, H, D}),
+                                        .lse = f32_view(a.lse, {H, T}),
+                                        .cu_seqlens = batch.cu_seqlens,
+                                        .scale = scale};
+    args.workspace = attention_workspace(args);
+    FERRY_TRY(be_.attention_backward(args, st()));
     for (auto [out, in, n] :
          {std::tuple{&s.dq, &s.dq16, nq}, {&s.dk, &s.dk16, nk}, {&s.dv, &s.dv16, nk}}) {
       FERRY_TRY(be_.convert({.out = f32_view(*out, {n}), .in = bf16_view(*in, {n})}, st()));
@@ -217,7 +240,7 @@ Status ModelCompute::run_layer_backward(int l, LayerActs& a, const LayerTensors<
                                   st()));
   FERRY_TRY(
       be_.add({.out = f32_view(s.dx_mid, {T, C}), .a = f32_view(s.dx, {T, C}), .b = tmp}, st()));
-  FERRY_TRY(attention_backward(a, p, g, T, batch));
+  FERRY_TRY(attention_backward(l, a, p, g, T, batch));
   // h1 = rms_norm(x_in): dx = dx_mid + norm_backward(dh)
   FERRY_TRY(
       be_.rms_norm_backward({.d_in = tmp,

@@ -157,8 +157,11 @@ struct ModelCompute::Scratch {
   F32Buf x_final, hf, rstd_f;                 // [T, C], [T, C], [T]
   F32Buf nll;                                 // [T]
   detail::DevBuf<std::uint8_t> ce_workspace;  // [workspace_bytes] u8
-  F32Buf ones;                                // [T] of 1.0 (bias gradients as a GEMM)
-  F32Buf inv_freq;                            // [R/2] rope frequencies (geo.rope.inv_freq)
+  // The attention backward's optional workspace (AttnBwdWorkspace, model_compute.h), for the
+  // largest T; empty when off or when the backend asks for none.
+  detail::DevBuf<std::uint8_t> attn_workspace;  // [workspace_bytes(AttentionBackwardArgs)] u8
+  F32Buf ones;                                  // [T] of 1.0 (bias gradients as a GEMM)
+  F32Buf inv_freq;                              // [R/2] rope frequencies (geo.rope.inv_freq)
   F32Buf zeros;                   // device only: [T*C] (MoE) or [C] (padding row) of 0.0
   F32Buf tmp_c;                   // [T, C]
   F32Buf dx, dx_mid, dh;          // [T, C]
@@ -171,7 +174,9 @@ struct ModelCompute::Scratch {
   F32Buf d_weights;               // [T, K]
   F32Buf d_router_logits;         // [T, E]
   // bf16 attention (backends without f32 attention): q/k/v/out and the backward's dO, dQ, dK,
-  // dV, shared by all layers (recast from the f32 activations in the backward).
+  // dV, shared by all layers. The backward of the layer last forwarded reads the forward's
+  // q/k/v/out as they are; any other layer's recasts its f32 activations into them
+  // (ModelCompute::attn16_layer_).
   Bf16Buf q16, k16, v16, o16;      // [T, H*D], [T, G*D], [T, G*D], [T, H*D]
   Bf16Buf do16, dq16, dk16, dv16;  // same
   // GemmPrecision::kBf16 operands (model_compute_linear.cpp): a GEMM's activation operand (x),

@@ -16,6 +16,10 @@
 // quantity that bf16 attention does not disturb is still held to f32 accuracy. Metrics: logits,
 // max abs error / max |ref|; loss, relative; each gradient, ||got - ref|| / ||ref||.
 // The per-layer API (train/stream's path) is run too and must reproduce the whole-model result.
+// The attention backward's workspace (model::AttnBwdWorkspace: the CUDA dK/dV kernel then runs the
+// query heads of each kv head's group in parallel) is on in the main run and the per-layer run
+// (every fixture has 2 query heads per kv head, so it is used), and a whole-model run without it
+// must pass the same rule: both are the naive twin's arithmetic up to f32 summation order.
 // Each fixture runs twice: with f32 GEMMs, and with bf16 GEMMs (GemmPrecision::kBf16: operands
 // rounded to bf16, f32 accumulation on tensor cores), where the naive twin is the same CPU
 // backend with the same GemmPrecision (it rounds the operands at the same points and multiplies
@@ -227,29 +231,35 @@ TEST_P(ModelGpu, ForwardBackwardOnCudaMatchesTransformersAndCpu) {
   EXPECT_EQ(
       ModelCompute::create(f.m->geometry, f.T, cuda(), -1, &mem::Stream::host()).status().code(),
       StatusCode::kInvalidArgument);
-  auto mc = ModelCompute::create(f.m->geometry, f.T, cuda(), -1, &stream(), precision);
-  ASSERT_TRUE(mc.ok()) << mc.status().to_string();
-  EXPECT_EQ((*mc)->buffer_device(), Device::kCuda);
-  EXPECT_TRUE((*mc)->attention_in_bf16());
-  auto planned = ModelCompute::planned_bytes(f.m->geometry, f.T, cuda(), -1, precision);
-  ASSERT_TRUE(planned.ok());
-  EXPECT_EQ(*planned, (*mc)->total_bytes());
-
-  auto fwd = (*mc)->forward(dp, dbatch, d_nll.view(), d_logits.view());
-  ASSERT_TRUE(fwd.ok()) << fwd.status().to_string();
-  const Status bs = (*mc)->backward(dp, dbatch, dg.grads);
-  ASSERT_TRUE(bs.ok()) << bs.to_string();
-  sync();
-  Results gpu;
-  gpu.loss = fwd->mean_loss();
-  {
+  // One whole-model forward + backward on the GPU into fresh gradients (`dgrads`).
+  auto run_cuda = [&](model::AttnBwdWorkspace ws, DeviceGrads& dgrads) -> Results {
+    Results r;
+    auto mc = ModelCompute::create(f.m->geometry, f.T, cuda(), -1, &stream(), precision, ws);
+    EXPECT_TRUE(mc.ok()) << mc.status().to_string();
+    if (!mc.ok()) return r;
+    EXPECT_EQ((*mc)->buffer_device(), Device::kCuda);
+    EXPECT_TRUE((*mc)->attention_in_bf16());
+    const std::size_t ws_bytes =
+        static_cast<std::size_t>(8 * f.T * f.m->geometry.heads * f.m->geometry.head_dim);
+    EXPECT_EQ((*mc)->attention_workspace_bytes(),
+              ws == model::AttnBwdWorkspace::kOn ? ws_bytes : 0u);
+    auto planned = ModelCompute::planned_bytes(f.m->geometry, f.T, cuda(), -1, precision, ws);
+    EXPECT_TRUE(planned.ok());
+    if (planned.ok()) {
+      EXPECT_EQ(*planned, (*mc)->total_bytes());
+    }
+    auto fwd = (*mc)->forward(dp, dbatch, d_nll.view(), d_logits.view());
+    EXPECT_TRUE(fwd.ok()) << fwd.status().to_string();
+    if (!fwd.ok()) return r;
+    const Status bs = (*mc)->backward(dp, dbatch, dgrads.grads);
+    EXPECT_TRUE(bs.ok()) << bs.to_string();
+    sync();
+    r.loss = fwd->mean_loss();
     const HostTensor l = d_logits.download();
-    gpu.logits.assign(static_cast<const float*>(l.data()),
-                      static_cast<const float*>(l.data()) + l.numel());
-  }
-  gpu.grads = dg.download();
-  // nll_out holds the per-token losses whose mean is the returned loss.
-  {
+    r.logits.assign(static_cast<const float*>(l.data()),
+                    static_cast<const float*>(l.data()) + l.numel());
+    r.grads = dgrads.download();
+    // nll_out holds the per-token losses whose mean is the returned loss.
     const HostTensor nll = d_nll.download();
     double sum = 0;
     std::int64_t n = 0;
@@ -258,40 +268,46 @@ TEST_P(ModelGpu, ForwardBackwardOnCudaMatchesTransformersAndCpu) {
       sum += nll.get(t);
       ++n;
     }
-    EXPECT_NEAR(sum / double(n), gpu.loss, 1e-6 * std::fabs(gpu.loss));
-  }
+    EXPECT_NEAR(sum / double(n), r.loss, 1e-6 * std::fabs(r.loss));
+    return r;
+  };
+  const Results gpu = run_cuda(model::AttnBwdWorkspace::kOn, dg);
+  ASSERT_FALSE(HasFailure());
 
-  // ---- Compare against both references. ----
-  for (const auto& [rname, ref] :
-       {std::pair<const char*, const Results*>{"transformers", &hf}, {"cpu-f32", &cpu}}) {
-    const double el = rel_max_diff(gpu.logits, ref->logits);
-    const double el_n = rel_max_diff(naive.logits, ref->logits);
-    const double eloss = std::fabs(gpu.loss - ref->loss) / std::fabs(ref->loss);
-    const double eloss_n = std::fabs(naive.loss - ref->loss) / std::fabs(ref->loss);
-    EXPECT_LE(el, 2 * el_n + kLogitsFloor) << arch << " logits vs " << rname;
-    EXPECT_LE(eloss, 2 * eloss_n + kLogitsFloor) << arch << " loss vs " << rname;
-    double worst_ratio = 0, worst_e = 0, worst_en = 0, max_e = 0;
-    std::string worst;
-    for (const auto& [name, want] : ref->grads) {
-      const double e = rel_norm_diff(gpu.grads.at(name), want);
-      const double en = rel_norm_diff(naive.grads.at(name), want);
-      EXPECT_LE(e, 2 * en + kGradFloor) << arch << " grad " << name << " vs " << rname
-                                        << " (naive bf16-attention error " << en << ")";
-      max_e = std::max(max_e, e);
-      const double ratio = e / (2 * en + kGradFloor);
-      if (ratio > worst_ratio) {
-        worst_ratio = ratio;
-        worst = name;
-        worst_e = e;
-        worst_en = en;
+  // ---- Compare against both references (style.md's rule). ----
+  auto check_rule = [&](const Results& got, const std::string& what) {
+    for (const auto& [rname, ref] :
+         {std::pair<const char*, const Results*>{"transformers", &hf}, {"cpu-f32", &cpu}}) {
+      const double el = rel_max_diff(got.logits, ref->logits);
+      const double el_n = rel_max_diff(naive.logits, ref->logits);
+      const double eloss = std::fabs(got.loss - ref->loss) / std::fabs(ref->loss);
+      const double eloss_n = std::fabs(naive.loss - ref->loss) / std::fabs(ref->loss);
+      EXPECT_LE(el, 2 * el_n + kLogitsFloor) << arch << " logits vs " << rname;
+      EXPECT_LE(eloss, 2 * eloss_n + kLogitsFloor) << arch << " loss vs " << rname;
+      double worst_ratio = 0, worst_e = 0, worst_en = 0, max_e = 0;
+      std::string worst;
+      for (const auto& [name, want] : ref->grads) {
+        const double e = rel_norm_diff(got.grads.at(name), want);
+        const double en = rel_norm_diff(naive.grads.at(name), want);
+        EXPECT_LE(e, 2 * en + kGradFloor) << arch << " grad " << name << " vs " << rname
+                                          << " (naive bf16-attention error " << en << ")";
+        max_e = std::max(max_e, e);
+        const double ratio = e / (2 * en + kGradFloor);
+        if (ratio > worst_ratio) {
+          worst_ratio = ratio;
+          worst = name;
+          worst_e = e;
+          worst_en = en;
+        }
       }
+      std::cout << "[model_gpu] " << arch << " " << model::to_string(precision) << " " << what
+                << " vs " << rname << ": logits " << el << " (naive " << el_n << ", bound "
+                << 2 * el_n + kLogitsFloor << "), loss " << eloss << " (naive " << eloss_n
+                << "), grads max " << max_e << "; tightest " << worst << " " << worst_e
+                << " vs bound " << 2 * worst_en + kGradFloor << " (naive " << worst_en << ")\n";
     }
-    std::cout << "[model_gpu] " << arch << " " << model::to_string(precision) << " vs " << rname
-              << ": logits " << el << " (naive " << el_n << ", bound " << 2 * el_n + kLogitsFloor
-              << "), loss " << eloss << " (naive " << eloss_n << "), grads max " << max_e
-              << "; tightest " << worst << " " << worst_e << " vs bound "
-              << 2 * worst_en + kGradFloor << " (naive " << worst_en << ")\n";
-  }
+  };
+  check_rule(gpu, "attn-ws");
   std::cout << "[model_gpu] " << arch << " cpu-f32 vs transformers: logits "
             << rel_max_diff(cpu.logits, hf.logits) << "\n";
 
@@ -299,8 +315,11 @@ TEST_P(ModelGpu, ForwardBackwardOnCudaMatchesTransformersAndCpu) {
   // caller-owned device buffers, each layer recomputed from its boundary before its backward.
   // Same kernels in the same order as the whole-model run, so the loss must agree to f32
   // rounding of the sum and the gradients up to the order of the f32 atomics in the embedding
-  // backward (docs/cuda.md: the only non-deterministic kernel on this path).
-  auto per_layer = ModelCompute::create(f.m->geometry, f.T, cuda(), 1, &stream(), precision);
+  // backward (docs/cuda.md: the only non-deterministic kernel on this path). Each layer's
+  // backward follows its own forward here, so it reuses the forward's bf16 q/k/v/out (the
+  // whole-model run recasts them for every layer but the last: the same values).
+  auto per_layer = ModelCompute::create(f.m->geometry, f.T, cuda(), 1, &stream(), precision,
+                                        model::AttnBwdWorkspace::kOn);
   ASSERT_TRUE(per_layer.ok()) << per_layer.status().to_string();
   ModelCompute& pl = **per_layer;
   const std::int64_t L = f.m->geometry.layers, C = f.m->geometry.hidden;
@@ -336,6 +355,22 @@ TEST_P(ModelGpu, ForwardBackwardOnCudaMatchesTransformersAndCpu) {
   }
   std::cout << "[model_gpu] " << arch << " per-layer API vs whole model: loss "
             << std::fabs(head->mean_loss() - gpu.loss) << ", grads max " << worst << "\n";
+
+  // ---- Without the attention workspace (one dK/dV slice per kv head): the same rule. ----
+  auto grads3_host = model::GradStorage::create(*f.m);
+  ASSERT_TRUE(grads3_host.ok());
+  DeviceGrads dg3;
+  make_device_grads(**grads3_host, &dg3);
+  ASSERT_FALSE(HasFailure());
+  const Results off = run_cuda(model::AttnBwdWorkspace::kOff, dg3);
+  ASSERT_FALSE(HasFailure());
+  check_rule(off, "no-attn-ws");
+  double on_off = 0;
+  for (const auto& [name, want] : off.grads)
+    on_off = std::max(on_off, rel_norm_diff(gpu.grads.at(name), want));
+  EXPECT_EQ(off.loss, gpu.loss) << arch << ": the forward does not depend on the workspace";
+  std::cout << "[model_gpu] " << arch << " attention workspace on vs off: grads max " << on_off
+            << "\n";
 }
 
 std::vector<GpuCase> gpu_cases() {

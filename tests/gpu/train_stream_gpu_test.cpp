@@ -9,6 +9,9 @@
 //    (the CUDA kernels have no atomics on these paths and the GEMM algorithm is pinned by
 //    FERRY_DETERMINISTIC=1, set below before the backend exists). The bytes moved equal the CPU
 //    executor's for the same policy (same schedule), and the device peak stays within the plan.
+//    The attention backward runs with its dK/dV workspace (model::AttnBwdWorkspace, on by default
+//    unless FERRY_ATTN_BWD_WORKSPACE=0: every executor of the process makes the same choice);
+//    both models have 2 query heads per kv head, so the split is in use.
 // 2. Against the CPU stream executor (itself bit-identical to the in-memory reference,
 //    tests/unit/train/stream_executor_test.cpp): one step's loss and each unit's gradient, with the
 //    tolerance rule of tests/gpu/model_gpu_test.cpp: err(cuda, cpu) <= 2 * err(naive, cpu) + floor,
@@ -439,7 +442,8 @@ TEST(TrainStreamGpu, Bf16MasterGradientsMatchCpuWithinTheRule) {
 }
 
 // The budget is enforced on GPU memory as on the emulated tier: one byte short of the plan is
-// refused with the largest batch that fits, before anything is allocated.
+// refused with the largest batch that fits, before anything is allocated. The plan counts the
+// attention backward's workspace exactly as the executor's ModelCompute allocates it.
 TEST(TrainStreamGpu, DeviceBudgetRefusesWhatDoesNotFit) {
   if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
   kernels::Backend* be = cuda_or_null();
@@ -452,6 +456,24 @@ TEST(TrainStreamGpu, DeviceBudgetRefusesWhatDoesNotFit) {
   auto fits = StreamExecutor::create(*state, kBatch, kSeq, {.policy = *pol}, *be);
   ASSERT_TRUE(fits.ok()) << fits.status().to_string();
   const std::size_t planned = (*fits)->device_planned_bytes();
+  // The plan's compute part is ModelCompute's bytes with the process's workspace choice, which
+  // is 8 T H D bytes more with it than without.
+  const model::DecoderGeometry& geo = m->geometry;
+  const std::int64_t T = std::int64_t{kBatch} * kSeq;
+  auto with = model::ModelCompute::planned_bytes(geo, T, *be, 1, model::GemmPrecision::kF32,
+                                                 model::AttnBwdWorkspace::kOn);
+  auto without = model::ModelCompute::planned_bytes(geo, T, *be, 1, model::GemmPrecision::kF32,
+                                                    model::AttnBwdWorkspace::kOff);
+  ASSERT_TRUE(with.ok() && without.ok());
+  EXPECT_GE(*with - *without, static_cast<std::size_t>(8 * T * geo.heads * geo.head_dim));
+  auto d =
+      plan_device(geo, model_sizes((*fits)->arena()), *pol, StreamOptions{}.prefetch + 1, T, *be);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ(d->compute_bytes, model::attn_bwd_workspace_default() ? *with : *without);
+  EXPECT_EQ(d->total_bytes(), planned);
+  std::cout << "[train_stream_gpu] attention backward workspace "
+            << (model::attn_bwd_workspace_default() ? "on" : "off (FERRY_ATTN_BWD_WORKSPACE=0)")
+            << ": " << (*with - *without) << " B of the plan's " << planned << " B\n";
   fits->reset();
   auto refused = StreamExecutor::create(*state, kBatch, kSeq,
                                         {.policy = *pol, .device_budget_bytes = planned - 1}, *be);

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // DevicePlan: every byte the streaming executor holds in the device tier for one micro-batch of
 // T tokens, as one mem::ArenaPlan plus the compute workspace (ModelCompute's one-layer
-// internals, scratch and the loss's logits chunk, ModelCompute::planned_bytes):
+// internals, scratch, the loss's logits chunk and the attention backward's dK/dV workspace,
+// ModelCompute::planned_bytes with the process default model::AttnBwdWorkspace::kDefault, which
+// is what the executor's ModelCompute::create uses, so the plan is exactly what it allocates):
 //   globals   embedding / final norm / untied lm_head weights + their gradients (resident)
 //   slot.i    prefetch ring of weight slots (each the largest layer)
 //   grad.k    two layer-gradient slots (one filled by backward while the other drains), with
