@@ -173,10 +173,21 @@ Status SlotResolver::upload_stale(mem::Stream& stream) {
 
 Status SlotResolver::enqueue(int layer, const std::int32_t* d_ids, std::int64_t n,
                              mem::Stream& stream) {
+  FERRY_TRY(enqueue_resolve(layer, d_ids, n, stream));
+  return enqueue_copy(layer, stream);
+}
+
+Status SlotResolver::enqueue_resolve(int layer, const std::int32_t* d_ids, std::int64_t n,
+                                     mem::Stream& stream) {
   FERRY_CHECK(on_device_ && !stale_[std::size_t(layer)],
               "serve: device resolve of layer {} with stale state", layer);
-  const SlotResolveArgs a = args(layer, d_ids, n);
-  FERRY_TRY(device::resolve_slots(a, stream));
+  return device::resolve_slots(args(layer, d_ids, n), stream);
+}
+
+Status SlotResolver::enqueue_copy(int layer, mem::Stream& stream) {
+  FERRY_CHECK(on_device_ && !stale_[std::size_t(layer)],
+              "serve: device miss copy of layer {} with stale state", layer);
+  const SlotResolveArgs a = args(layer, nullptr, 0);
   auto* mark = arena_.as<unsigned long long>(s_mark_);
   if (dev_.pace_gbps > 0) FERRY_TRY(device::link_pace_mark(mark, stream));
   FERRY_TRY(device::copy_misses({.slot_base = a.slot_base,

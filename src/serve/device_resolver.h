@@ -73,6 +73,12 @@ class SlotResolver {
   // replay() every MoE layer.
   Status upload_stale(mem::Stream& stream);
   Status enqueue(int layer, const std::int32_t* d_ids, std::int64_t n, mem::Stream& stream);
+  // enqueue() in two halves, so work that reads the log (the hits' FFN on another stream) can
+  // start between them: the resolve kernel, then the miss copy (and its link pacing).
+  Status enqueue_resolve(int layer, const std::int32_t* d_ids, std::int64_t n, mem::Stream& stream);
+  Status enqueue_copy(int layer, mem::Stream& stream);
+  // The layer's resolve log in device memory (SlotStateLayout), written by enqueue_resolve.
+  const std::int32_t* device_log(int layer) const { return log(layer); }
   Status enqueue_log_readback(mem::Stream& stream);
   Status replay(const std::function<void(int, std::span<const std::int32_t>)>& observer);
   // The bytes the last replay() found copied by the device (for the link's counters).

@@ -36,6 +36,9 @@ struct ExpertExecutor::DeviceState {
   mem::Buffer h_tables, h_ids, h_x, h_eout, h_rows;
   mem::SlotId d_rows{1};        // [max_tokens * K] int32 in `tables`
   mem::Event consumed, staged;  // static: compute -> copy (staging reuse), copy -> compute
+  // paged with device slot resolution and overlap: compute -> copy after the resolve (the hits'
+  // FFN may start), copy -> compute once the hits' rows are written (the combine may read them)
+  mem::Event resolved, hits_done;
   const void** host_table(std::int64_t index, int E) const {
     return reinterpret_cast<const void**>(h_tables.data()) + index * 3 * E;
   }
@@ -76,6 +79,10 @@ Status ExpertExecutor::create_device(const ExpertDevice& d, mem::MemoryBudget* s
                          pinned(std::size_t(T * K) * sizeof(std::int32_t), "routed ids (host)"));
   if (mode_ == ExpertMode::kPaged) {
     FERRY_ASSIGN_OR_RETURN(s->h_rows, pinned(rows_bytes, "expert row lists (host)"));
+    FERRY_ASSIGN_OR_RETURN(s->resolved,
+                           mem::Event::create(d.copy->device(), d.copy->device_index()));
+    FERRY_ASSIGN_OR_RETURN(s->hits_done,
+                           mem::Event::create(d.copy->device(), d.copy->device_index()));
   }
   if (mode_ == ExpertMode::kCpuExperts) {
     FERRY_ASSIGN_OR_RETURN(s->h_x, pinned(std::size_t(T * C) * sizeof(float), "expert x (host)"));
@@ -251,22 +258,42 @@ Status ExpertExecutor::run_device(int layer, const float* d_x, const std::int32_
   const std::int64_t C = geo_.hidden, F = geo_.expert_width, rows = T * K;
   mem::Stream& cs = *s.dev.compute;
   if (device_step_) {
-    // Device-side slot resolution: resolve, copy the misses, FFN — all on compute, no host wait
-    // (the access observer and the pager see the ids when finish_device_step replays the log).
-    FERRY_TRY(resolver_->enqueue(layer, d_ids, rows, cs));
-    FERRY_TRY(device::expert_ffn({.out = d_eout,
-                                  .act = d_act,
-                                  .x = d_x,
-                                  .ids = d_ids,
-                                  .table = resolver_->table(layer),
-                                  .row_begin = 0,
-                                  .row_end = rows,
-                                  .K = K,
-                                  .E = E,
-                                  .C = C,
-                                  .F = F,
-                                  .bf16 = expert_dtype_ == DType::kBF16},
-                                 cs));
+    // Device-side slot resolution: resolve, copy the misses, FFN — no host wait (the access
+    // observer and the pager see the ids when finish_device_step replays the log). With overlap
+    // (PagerConfig::overlap_misses, the default) the rows of experts that hit run on the copy
+    // stream, which device steps leave idle (their miss copy is a kernel on compute), beside the
+    // miss copy; the misses' rows run on compute after it, and compute waits for the hits before
+    // the combine reads the rows. Disjoint rows, each written once, the same per-row arithmetic:
+    // the same bits as the serial order (one launch after the copy).
+    kernels::cuda::ExpertFfnArgs ffn{.out = d_eout,
+                                     .act = d_act,
+                                     .x = d_x,
+                                     .ids = d_ids,
+                                     .table = resolver_->table(layer),
+                                     .row_begin = 0,
+                                     .row_end = rows,
+                                     .K = K,
+                                     .E = E,
+                                     .C = C,
+                                     .F = F,
+                                     .bf16 = expert_dtype_ == DType::kBF16};
+    if (pager_->overlaps_copies()) {
+      FERRY_TRY(resolver_->enqueue_resolve(layer, d_ids, rows, cs));
+      mem::Stream& side = *s.dev.copy;
+      FERRY_TRY(s.resolved.record(cs));
+      FERRY_TRY(side.wait(s.resolved));
+      ffn.row_filter = kernels::cuda::ExpertRowFilter::kHits;
+      ffn.miss_log = resolver_->device_log(layer);
+      FERRY_TRY(device::expert_ffn(ffn, side));
+      FERRY_TRY(s.hits_done.record(side));
+      FERRY_TRY(resolver_->enqueue_copy(layer, cs));
+      ffn.row_filter = kernels::cuda::ExpertRowFilter::kMisses;
+      FERRY_TRY(device::expert_ffn(ffn, cs));
+      FERRY_TRY(cs.wait(s.hits_done));
+    } else {
+      FERRY_TRY(resolver_->enqueue(layer, d_ids, rows, cs));
+      FERRY_TRY(device::expert_ffn(ffn, cs));
+    }
     ++counters_.device_resolved;
     ++counters_.groups;
     counters_.expert_rows += std::uint64_t(rows);

@@ -9,16 +9,24 @@
 //     from pinned host memory (mapped address) into their slots, for 16-, 4- and 1-byte words;
 //   - ServeDeviceResolveKernels.PacedWait*: the pacing wait takes at least the logged bytes at
 //     the rate;
+//   - ServeDeviceResolveKernels.ExpertFfnRowFilter*: the hits / misses launches of the overlapped
+//     device path split the rows by the log and together equal one all-rows launch bitwise;
 //   - MoeFixtures/ServeDeviceResolveCuda.*: paged decode with device resolution gives resident's
 //     token ids and logits bits (and the host path's pager counters) on Qwen3-MoE, Mixtral and
 //     OLMoE at caps top-k, top-k + 1 and E/2, f32 and bf16 experts, 3 concurrent requests and a
 //     24-token decode, with graphs on: decode steps replay (replays > 0), device-resolved steps
 //     cost one host sync each, the budget holds everything (the run fits a budget of exactly
-//     its peak, one byte less fails at create), and paced at 2 GB/s it gives the same bits.
+//     its peak, one byte less fails at create), and paced at 2 GB/s it gives the same bits; the
+//     device path's serial order (overlap_misses off: the hits' FFN after the copy) the same.
 // Skips, saying so, without a CUDA device.
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <iostream>
+#include <random>
+#include <utility>
+
+#include <fmt/format.h>
 
 #include "kernels/cuda/serve_kernels.h"
 #include "mem/buffer.h"
@@ -228,6 +236,122 @@ TEST_F(ServeDeviceResolveKernels, MissCopyMovesExactlyTheLoggedBlocksFromPinnedM
   }
 }
 
+// The overlapped device path's two expert_ffn launches (ExpertRowFilter): the hits launch writes
+// exactly the rows whose expert is not among the log's misses, the misses launch exactly the
+// others, and together they give the one all-rows launch's bits, for both kernel variants, bf16
+// and f32 weights, with no, some and every expert missed (ids outside [0, E) count as hits and
+// give zero rows, as in the all-rows launch).
+TEST_F(ServeDeviceResolveKernels, ExpertFfnRowFilterSplitsTheRowsByTheLog) {
+  using kernels::cuda::ExpertRowFilter;
+  using kernels::cuda::KernelVariant;
+  const int E = 6, K = 4;
+  const std::int64_t T = 3, rows = T * K;
+  for (const auto& shape : {std::pair<std::int64_t, std::int64_t>{2048, 768}, {96, 40}}) {
+    const std::int64_t C = shape.first, F = shape.second;
+    std::mt19937 rng(unsigned(C + F));
+    std::uniform_real_distribution<float> ud(-0.05f, 0.05f);
+    const std::size_t per = std::size_t(3 * F * C), n = per * E;
+    std::vector<std::uint16_t> wb(n);
+    std::vector<float> wf(n), x(std::size_t(T * C));
+    for (std::size_t i = 0; i < n; ++i) {
+      wb[i] = f32_to_bf16(ud(rng));
+      wf[i] = bf16_to_f32(wb[i]);
+    }
+    for (float& v : x) v = ud(rng) * 20.0f;
+    // Token 2's last row names no expert (-1): a zero row in every launch that owns it.
+    const std::vector<std::int32_t> ids = {0, 1, 2, 3, 4, 5, 0, 2, 3, 1, 4, -1};
+    ferry::testing::DeviceBuf d_wb(n * 2), d_wf(n * 4), d_x(x.size() * 4), d_ids(rows * 4),
+        d_act(std::size_t(rows * F) * 4), d_tb(3 * E * 8), d_tf(3 * E * 8), d_ref(rows * C * 4),
+        d_out(rows * C * 4);
+    ferry::testing::up(d_wb.p, wb);
+    ferry::testing::up(d_wf.p, wf);
+    ferry::testing::up(d_x.p, x);
+    ferry::testing::up(d_ids.p, ids);
+    auto table_for = [&](const std::byte* base, std::size_t elem) {
+      std::vector<const void*> t(3 * E);
+      for (int e = 0; e < E; ++e) {
+        const std::byte* b = base + std::size_t(e) * per * elem;
+        t[e] = b;
+        t[E + e] = b + std::size_t(F * C) * elem;
+        t[2 * E + e] = b + 2 * std::size_t(F * C) * elem;
+      }
+      return t;
+    };
+    ferry::testing::up(d_tb.p, table_for(static_cast<const std::byte*>(d_wb.p), 2));
+    ferry::testing::up(d_tf.p, table_for(static_cast<const std::byte*>(d_wf.p), 4));
+    for (const std::vector<std::int32_t>& missed :
+         {std::vector<std::int32_t>{}, {4, 1}, {0, 1, 2, 3, 4, 5}}) {
+      std::vector<std::int32_t> log(std::size_t(SlotStateLayout::log_ints(E)), 0);
+      log[1] = std::int32_t(missed.size());
+      for (std::size_t j = 0; j < missed.size(); ++j) {
+        log[std::size_t(SlotStateLayout::kLogHeader + E) + j] = missed[j];
+      }
+      std::int32_t* d_log = device_copy(log);
+      for (const bool bf16 : {true, false}) {
+        for (const KernelVariant v : {KernelVariant::kDecode, KernelVariant::kBaseline}) {
+          const std::string what =
+              fmt::format("C {} F {} misses {} {} {}", C, F, missed.size(), bf16 ? "bf16" : "f32",
+                          v == KernelVariant::kDecode ? "decode" : "baseline");
+          kernels::cuda::ExpertFfnArgs a{
+              .out = d_ref.as<float>(),
+              .act = d_act.as<float>(),
+              .x = d_x.as<float>(),
+              .ids = d_ids.as<std::int32_t>(),
+              .table = static_cast<const void* const*>(bf16 ? d_tb.p : d_tf.p),
+              .row_begin = 0,
+              .row_end = rows,
+              .K = K,
+              .E = E,
+              .C = C,
+              .F = F,
+              .bf16 = bf16};
+          ASSERT_EQ(cudaMemset(d_ref.p, 0xff, rows * C * 4), cudaSuccess);
+          ASSERT_EQ(cudaMemset(d_out.p, 0xff, rows * C * 4), cudaSuccess);  // NaN sentinels
+          ASSERT_TRUE(kernels::cuda::expert_ffn(a, v, stream()).ok()) << what;
+          a.out = d_out.as<float>();
+          a.miss_log = d_log;
+          a.row_filter = ExpertRowFilter::kHits;
+          ASSERT_TRUE(kernels::cuda::expert_ffn(a, v, stream()).ok()) << what;
+          sync();
+          const auto ref = ferry::testing::down<std::uint32_t>(d_ref.p, std::size_t(rows * C));
+          const auto hits = ferry::testing::down<std::uint32_t>(d_out.p, std::size_t(rows * C));
+          for (std::int64_t i = 0; i < rows; ++i) {
+            const bool miss =
+                std::find(missed.begin(), missed.end(), ids[std::size_t(i)]) != missed.end();
+            for (std::int64_t c = 0; c < C; ++c) {
+              const std::size_t at = std::size_t(i * C + c);
+              ASSERT_EQ(hits[at], miss ? 0xffffffffu : ref[at])
+                  << what << ": after the hits launch, row " << i << " col " << c;
+            }
+          }
+          a.row_filter = ExpertRowFilter::kMisses;
+          ASSERT_TRUE(kernels::cuda::expert_ffn(a, v, stream()).ok()) << what;
+          sync();
+          EXPECT_TRUE(ferry::testing::same_bits(
+              ferry::testing::down<std::uint32_t>(d_out.p, std::size_t(rows * C)), ref))
+              << what << ": hits + misses launches vs one launch";
+        }
+      }
+      cudaFree(d_log);
+    }
+  }
+  // A filter without its log is refused, not launched.
+  ferry::testing::DeviceBuf d1(64);
+  const kernels::cuda::ExpertFfnArgs bad{.out = d1.as<float>(),
+                                         .act = d1.as<float>(),
+                                         .x = d1.as<float>(),
+                                         .ids = d1.as<std::int32_t>(),
+                                         .table = static_cast<const void* const*>(d1.p),
+                                         .row_begin = 0,
+                                         .row_end = 1,
+                                         .K = 1,
+                                         .E = 1,
+                                         .C = 1,
+                                         .F = 1,
+                                         .row_filter = ExpertRowFilter::kHits};
+  EXPECT_FALSE(kernels::cuda::expert_ffn(bad, KernelVariant::kDefault, stream()).ok());
+}
+
 TEST_F(ServeDeviceResolveKernels, PacedWaitTakesTheLoggedBytesAtTheRate) {
   const int E = 8;
   std::vector<std::int32_t> log(std::size_t(SlotStateLayout::log_ints(E)), 0);
@@ -310,10 +434,20 @@ TEST_P(ServeDeviceResolveCuda, PagedDecodeGivesResidentBitsAsGraphsWithOneSyncPe
             fmt::format("{} {} workload {} cap {}", GetParam(), to_string(dt), w, cap);
         auto dev = run_with(m, paged_config(cap, dt, true), cuda(), workloads[w]);
         auto host = run_with(m, paged_config(cap, dt, false), cuda(), workloads[w]);
+        // The device path in the serial order (the hits' FFN after the miss copy, one launch),
+        // the reference of its default order (hits beside the copy on the copy stream).
+        EngineConfig serial_cfg = paged_config(cap, dt, true);
+        serial_cfg.pager.overlap_misses = false;
+        auto serial = run_with(m, serial_cfg, cuda(), workloads[w]);
         ASSERT_TRUE(dev.ok()) << name << ": " << dev.status().to_string();
         ASSERT_TRUE(host.ok()) << name << ": " << host.status().to_string();
+        ASSERT_TRUE(serial.ok()) << name << ": " << serial.status().to_string();
         expect_same_bits(dev->rec, ref->rec, name + " device resolve vs resident");
         expect_same_bits(host->rec, ref->rec, name + " host path vs resident");
+        expect_same_bits(serial->rec, ref->rec,
+                         name + " device resolve, serial order, vs resident");
+        EXPECT_EQ(serial->device_resolved, dev->device_resolved) << name;
+        EXPECT_EQ(serial->pager.misses, dev->pager.misses) << name;
         // The pager mirrored the device: the host path's decisions and counters.
         EXPECT_EQ(dev->pager.hits, host->pager.hits) << name;
         EXPECT_EQ(dev->pager.misses, host->pager.misses) << name;

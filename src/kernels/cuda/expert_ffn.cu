@@ -49,6 +49,18 @@ __device__ __forceinline__ float dot_warp(const W* __restrict__ a, const float* 
   return warp_sum(s);
 }
 
+// Whether row_filter lets this launch compute a row of expert e: misses are the log's
+// miss_expert[0, misses) (SlotStateLayout: header 5, then ids [E], miss_expert [E]); a handful
+// per decode layer, so a scan. The same answer for every thread of a block (one row per block).
+__device__ __forceinline__ bool row_selected(const ExpertFfnArgs& a, std::int32_t e) {
+  if (a.row_filter == ExpertRowFilter::kAll) return true;
+  const std::int32_t misses = a.miss_log[1];
+  const std::int32_t* miss_expert = a.miss_log + SlotStateLayout::kLogHeader + a.E;
+  bool missed = false;
+  for (std::int32_t j = 0; j < misses; ++j) missed = missed || miss_expert[j] == e;
+  return missed == (a.row_filter == ExpertRowFilter::kMisses);
+}
+
 template <typename W>
 __global__ void expert_ffn_up_kernel(ExpertFfnArgs a) {
   const int lane = threadIdx.x & 31;
@@ -57,6 +69,7 @@ __global__ void expert_ffn_up_kernel(ExpertFfnArgs a) {
   if (p >= a.row_end || f >= a.F) return;
   const std::int64_t i = a.row_list != nullptr ? a.row_list[p] : p;
   const std::int32_t e = a.ids[i];
+  if (!row_selected(a, e)) return;
   const W* gate = e >= 0 && e < a.E ? static_cast<const W*>(a.table[e]) : nullptr;
   const W* up = e >= 0 && e < a.E ? static_cast<const W*>(a.table[a.E + e]) : nullptr;
   float r = 0.0f;
@@ -77,6 +90,7 @@ __global__ void expert_ffn_down_kernel(ExpertFfnArgs a) {
   if (p >= a.row_end || c >= a.C) return;
   const std::int64_t i = a.row_list != nullptr ? a.row_list[p] : p;
   const std::int32_t e = a.ids[i];
+  if (!row_selected(a, e)) return;
   const W* down = e >= 0 && e < a.E ? static_cast<const W*>(a.table[2 * a.E + e]) : nullptr;
   float r = 0.0f;
   if (down != nullptr) r = dot_warp(down + c * a.F, a.act + i * a.F, a.F, lane);
@@ -179,6 +193,7 @@ __global__ void expert_ffn_up_chunked_kernel(ExpertFfnArgs a) {
   if (p >= a.row_end || f >= a.F) return;
   const std::int64_t i = a.row_list != nullptr ? a.row_list[p] : p;
   const std::int32_t e = a.ids[i];
+  if (!row_selected(a, e)) return;
   const W* gate = e >= 0 && e < a.E ? static_cast<const W*>(a.table[e]) : nullptr;
   const W* up = e >= 0 && e < a.E ? static_cast<const W*>(a.table[a.E + e]) : nullptr;
   float r = 0.0f;
@@ -199,6 +214,7 @@ __global__ void expert_ffn_down_chunked_kernel(ExpertFfnArgs a) {
   if (p >= a.row_end || c >= a.C) return;
   const std::int64_t i = a.row_list != nullptr ? a.row_list[p] : p;
   const std::int32_t e = a.ids[i];
+  if (!row_selected(a, e)) return;
   const W* down = e >= 0 && e < a.E ? static_cast<const W*>(a.table[2 * a.E + e]) : nullptr;
   float r[1] = {0.0f};
   if (down != nullptr) {

@@ -44,6 +44,11 @@ struct PagedStep {
 // so one launch can run any subset of the rows (the paged executor runs the rows of its resident
 // experts first, then each missed expert's rows once its copy has landed). A row's bits do not
 // depend on which launch or position computes it.
+// row_filter with miss_log (a SlotResolveArgs log of this layer's resolve): kHits runs only the
+// rows whose expert is not among the log's misses, kMisses only those whose expert is; the other
+// rows are neither computed nor written. Device slot resolution runs the hits beside the miss
+// copy and the misses after it: the two launches write disjoint rows, each row once.
+enum class ExpertRowFilter : std::int32_t { kAll = 0, kHits = 1, kMisses = 2 };
 struct ExpertFfnArgs {
   float* out = nullptr;                    // [T*K, C]
   float* act = nullptr;                    // [T*K, F] scratch
@@ -55,6 +60,8 @@ struct ExpertFfnArgs {
   int K = 0, E = 0;
   std::int64_t C = 0, F = 0;
   bool bf16 = false;  // weights in bf16 (else f32)
+  ExpertRowFilter row_filter = ExpertRowFilter::kAll;
+  const std::int32_t* miss_log = nullptr;  // [log_ints(E)], needed unless row_filter is kAll
 };
 // A linear layer on a few rows with a bf16 weight (the serving engine's --dense-dtype bf16):
 //   out[r, j] = alpha * sum_q a[r, q] * widen(b[j, q]) (+ bias[j]) + beta * out[r, j],

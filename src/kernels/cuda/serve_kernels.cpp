@@ -71,6 +71,9 @@ Status expert_ffn(const ExpertFfnArgs& a, KernelVariant variant, mem::Stream& st
       a.table == nullptr || a.K <= 0 || a.E <= 0 || a.C <= 0 || a.F <= 0) {
     return invalid_argument("cuda expert_ffn: missing pointers or empty shapes");
   }
+  if (a.row_filter != ExpertRowFilter::kAll && a.miss_log == nullptr) {
+    return invalid_argument("cuda expert_ffn: a hits / misses row filter needs the resolve log");
+  }
   if (rows > 0x7fffffff || (a.F + 7) / 8 > 65535 || (a.C + 7) / 8 > 65535) {
     return unimplemented("cuda expert_ffn: {} rows, F {}, C {} exceed the launch grid", rows, a.F,
                          a.C);
