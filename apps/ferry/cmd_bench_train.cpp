@@ -49,6 +49,10 @@ void register_bench_train(CLI::App& app, CommandFn& run) {
       "a published model's shapes, vocabulary and tying (ferry plan's names: qwen2.5-3b, "
       "qwen2.5-7b, ...; --layers may still cut the depth)");
   cmd->add_option("--layers", cfg->model.layers, "decoder layers")->check(CLI::Range(1, 256));
+  cmd->add_option("--arch", cfg->model.model_type,
+                  "qwen3 (q/k norm, no biases; default) or qwen2 (q/k/v biases, no q/k norm: "
+                  "the Qwen2.5 models' own architecture)")
+      ->check(CLI::IsMember({"qwen3", "qwen2"}));
   const std::vector<CLI::Option*> shape = {
       cmd->add_option("--hidden", cfg->model.hidden, "hidden size C")->check(CLI::Range(8, 16384)),
       cmd->add_option("--heads", cfg->model.heads, "attention heads H")->check(CLI::Range(1, 256)),

@@ -80,30 +80,39 @@ std::string builtin_tokenizer_config_json() {
   return j.dump(1);
 }
 
+bool known_builtin_model_type(const std::string& model_type) {
+  return model_type == "qwen3" || model_type == "qwen2";
+}
+
 std::string builtin_config_json(const BuiltinModelSpec& s) {
-  const Json j = {{"architectures", Json::array({"Qwen3ForCausalLM"})},
-                  {"model_type", "qwen3"},
-                  {"vocab_size", s.vocab},
-                  {"hidden_size", s.hidden},
-                  {"intermediate_size", s.intermediate},
-                  {"num_hidden_layers", s.layers},
-                  {"num_attention_heads", s.heads},
-                  {"num_key_value_heads", s.kv_heads},
-                  {"head_dim", s.head_dim},
-                  {"max_position_embeddings", s.max_positions},
-                  {"rms_norm_eps", 1e-6},
-                  {"rope_parameters", {{"rope_theta", 10000.0}, {"rope_type", "default"}}},
-                  {"hidden_act", "silu"},
-                  {"attention_bias", false},
-                  {"attention_dropout", 0.0},
-                  {"tie_word_embeddings", s.tie_embeddings},
-                  {"use_sliding_window", false},
-                  {"sliding_window", nullptr},
-                  {"bos_token_id", nullptr},
-                  {"eos_token_id", kBuiltinImEnd},
-                  {"pad_token_id", nullptr},
-                  {"initializer_range", s.init_std},
-                  {"dtype", "float32"}};
+  FERRY_CHECK(known_builtin_model_type(s.model_type), "train: built-in model type '{}'",
+              s.model_type);
+  const bool qwen2 = s.model_type == "qwen2";
+  Json j = {{"architectures", Json::array({qwen2 ? "Qwen2ForCausalLM" : "Qwen3ForCausalLM"})},
+            {"model_type", s.model_type},
+            {"vocab_size", s.vocab},
+            {"hidden_size", s.hidden},
+            {"intermediate_size", s.intermediate},
+            {"num_hidden_layers", s.layers},
+            {"num_attention_heads", s.heads},
+            {"num_key_value_heads", s.kv_heads},
+            {"head_dim", s.head_dim},
+            {"max_position_embeddings", s.max_positions},
+            {"rms_norm_eps", 1e-6},
+            {"rope_parameters", {{"rope_theta", 10000.0}, {"rope_type", "default"}}},
+            {"hidden_act", "silu"},
+            {"attention_bias", false},
+            {"attention_dropout", 0.0},
+            {"tie_word_embeddings", s.tie_embeddings},
+            {"use_sliding_window", false},
+            {"sliding_window", nullptr},
+            {"bos_token_id", nullptr},
+            {"eos_token_id", kBuiltinImEnd},
+            {"pad_token_id", nullptr},
+            {"initializer_range", s.init_std},
+            {"dtype", "float32"}};
+  // HF's Qwen2 has q/k/v biases always and no attention_bias key.
+  if (qwen2) j.erase("attention_bias");
   return j.dump(1);
 }
 

@@ -40,7 +40,14 @@ struct BuiltinModelSpec {
   // tokenizer's 259 ids have a spelling.
   int vocab = kBuiltinVocab;
   bool tie_embeddings = true;  // lm_head is the embedding (Qwen2.5 <= 3B), or its own matrix
+  // "qwen3" (q/k rms_norm, no biases: the embedded default) or "qwen2" (q/k/v biases, no q/k
+  // norm: the architecture of the Qwen2.5 models `ferry bench train --arch qwen2` compares with
+  // HF's Qwen2 in PyTorch).
+  std::string model_type = "qwen3";
 };
+
+// Whether `model_type` is one builtin_config_json writes.
+bool known_builtin_model_type(const std::string& model_type);
 
 std::string builtin_tokenizer_json();
 // tokenizer_config.json carrying the ChatML chat template and the special tokens.

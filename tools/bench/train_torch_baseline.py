@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """PyTorch baseline for `ferry bench train`: the same geometry as a Hugging Face Qwen3 model
-(what `ferry bench train` builds: qk-norm, tied embeddings, vocab 259), fully resident on the GPU,
+(what `ferry bench train` builds by default: qk-norm, tied embeddings, vocab 259; `--arch qwen2`
+on both sides: HF Qwen2, q/k/v biases and no qk-norm, the Qwen2.5 models' own architecture),
+fully resident on the GPU,
 bf16 weights, SDPA attention, fused torch AdamW — the usual single-GPU fine-tuning setup when the
 model fits. Same batch (B sequences of S random tokens, next-token loss), same step count;
 wall time per step with a CUDA sync at the end of each step. Writes JSON.
@@ -15,7 +17,7 @@ import statistics
 import time
 
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 
 def main():
@@ -28,16 +30,24 @@ def main():
                    help="gradient checkpointing every layer (HF's own)")
     p.add_argument("--untied-embeddings", action="store_true",
                    help="lm_head a matrix of its own (Qwen2.5-7B), as ferry bench train's flag")
+    p.add_argument("--arch", choices=["qwen3", "qwen2"], default="qwen3",
+                   help="as ferry bench train's --arch")
     p.add_argument("--out", default="")
     a = p.parse_args()
-    cfg = Qwen3Config(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
-                      num_hidden_layers=a.layers, num_attention_heads=a.heads,
-                      num_key_value_heads=a.kv_heads, head_dim=a.head_dim,
-                      max_position_embeddings=max(a.seq, 512),
-                      tie_word_embeddings=not a.untied_embeddings,
-                      rms_norm_eps=1e-6, attn_implementation="sdpa")
+    common = dict(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
+                  num_hidden_layers=a.layers, num_attention_heads=a.heads,
+                  num_key_value_heads=a.kv_heads, max_position_embeddings=max(a.seq, 512),
+                  tie_word_embeddings=not a.untied_embeddings, rms_norm_eps=1e-6,
+                  attn_implementation="sdpa")
+    if a.arch == "qwen2":
+        # HF's Qwen2 takes its head dim as hidden / heads (true of every Qwen2.5 model).
+        if a.head_dim * a.heads != a.hidden:
+            p.error("--arch qwen2 needs --head-dim x --heads == --hidden")
+        cfg, model_cls = Qwen2Config(**common), Qwen2ForCausalLM
+    else:
+        cfg, model_cls = Qwen3Config(head_dim=a.head_dim, **common), Qwen3ForCausalLM
     torch.manual_seed(1)
-    model = Qwen3ForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16)
+    model = model_cls(cfg).to(device="cuda", dtype=torch.bfloat16)
     if a.checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
@@ -62,7 +72,8 @@ def main():
     mean = sum(times) / len(times)
     rep = {"baseline": "torch", "torch": torch.__version__, "device": torch.cuda.get_device_name(),
            "params": params, "batch": a.batch, "seq": a.seq, "steps": a.steps,
-           "checkpointing": a.checkpointing, "dtype": "bf16 weights, fused AdamW, SDPA",
+           "checkpointing": a.checkpointing, "arch": cfg.model_type,
+           "dtype": "bf16 weights, fused AdamW, SDPA",
            "step_ms_median": statistics.median(times) * 1e3, "step_ms_mean": mean * 1e3,
            "tokens_per_s": tokens / mean, "model_tflops": 6 * params * tokens / mean / 1e12,
            "peak_gpu_bytes": torch.cuda.max_memory_allocated(), "loss_first": losses[0],

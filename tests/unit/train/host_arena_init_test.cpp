@@ -18,18 +18,19 @@ namespace {
 const BuiltinModelSpec kSpec = dense_spec();
 constexpr std::uint64_t kSeed = 21;
 
-std::unique_ptr<HostArena> initialized(const OptimMode& mode, const model::ModelConfig& config) {
+std::unique_ptr<HostArena> initialized(const OptimMode& mode, const model::ModelConfig& config,
+                                       const BuiltinModelSpec& spec = kSpec) {
   const std::vector<model::ParamSpec> specs = model::param_specs(config);
-  BuiltinInit init(kSpec, kSeed, specs);
+  BuiltinInit init(spec, kSeed, specs);
   auto a = HostArena::create_initialized(config, mode, cpu_pinned_tier(),
                                          [&](std::size_t i, float* out) { init.fill(i, out); });
   EXPECT_TRUE(a.ok()) << a.status().to_string();
   return a.ok() ? std::move(*a) : nullptr;
 }
 
-TEST(HostArenaInit, SameBytesAsTheArenaOfTheLoadedModelInEveryMode) {
-  const std::string dir = testing::temp_dir("arena_init");
-  ASSERT_TRUE(write_builtin_model(dir, kSpec, kSeed).ok());
+void expect_same_bytes_as_the_loaded_models_arena(const BuiltinModelSpec& spec) {
+  const std::string dir = testing::temp_dir("arena_init_" + spec.model_type);
+  ASSERT_TRUE(write_builtin_model(dir, spec, kSeed).ok());
   auto loaded = model::load_model_f32(dir);
   ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
   const std::vector<OptimMode> modes = {
@@ -43,7 +44,7 @@ TEST(HostArenaInit, SameBytesAsTheArenaOfTheLoadedModelInEveryMode) {
     ASSERT_TRUE(s.ok());
     auto want = HostArena::create(**s, cpu_pinned_tier());
     ASSERT_TRUE(want.ok());
-    auto got = initialized(mode, (*loaded)->config);
+    auto got = initialized(mode, (*loaded)->config, spec);
     ASSERT_NE(got, nullptr);
     ASSERT_EQ(got->num_units(), (*want)->num_units()) << what;
     // What `ferry plan` counts for the executor without an arena is what the arena holds.
@@ -74,6 +75,34 @@ TEST(HostArenaInit, SameBytesAsTheArenaOfTheLoadedModelInEveryMode) {
     ASSERT_TRUE((*want)->store_to(**from_want).ok());
     expect_same_state(**from_want, **from_got, what);
   }
+}
+
+TEST(HostArenaInit, SameBytesAsTheArenaOfTheLoadedModelInEveryMode) {
+  expect_same_bytes_as_the_loaded_models_arena(kSpec);
+}
+
+// `ferry bench train --arch qwen2`: the built-in config as HF's Qwen2 (q/k/v biases, no q/k norm),
+// which the loader reads back as such; its arena fills in place like the loaded model's.
+TEST(HostArenaInit, Qwen2SpecIsHfQwen2AndFillsLikeTheLoadedModel) {
+  BuiltinModelSpec spec = kSpec;
+  spec.model_type = "qwen2";
+  auto config = model::parse_model_config_text(builtin_config_json(spec), "qwen2 spec");
+  ASSERT_TRUE(config.ok()) << config.status().to_string();
+  EXPECT_TRUE(config->qkv_bias);
+  EXPECT_FALSE(config->o_bias);
+  EXPECT_EQ(config->qk_norm, model::QkNorm::kNone);
+  auto qwen3 = model::parse_model_config_text(builtin_config_json(kSpec), "qwen3 spec");
+  ASSERT_TRUE(qwen3.ok());
+  EXPECT_FALSE(qwen3->qkv_bias);
+  EXPECT_NE(qwen3->qk_norm, model::QkNorm::kNone);
+  // Each layer: three biases (H*D + 2*G*D) instead of the two q/k norm weights (2*D).
+  std::int64_t n2 = 0, n3 = 0;
+  for (const model::ParamSpec& p : model::param_specs(*config)) n2 += p.numel();
+  for (const model::ParamSpec& p : model::param_specs(*qwen3)) n3 += p.numel();
+  const std::int64_t D = spec.head_dim;
+  EXPECT_EQ(n2 - n3, std::int64_t(spec.layers) * ((spec.heads + 2 * spec.kv_heads) * D - 2 * D));
+  EXPECT_FALSE(known_builtin_model_type("llama"));
+  expect_same_bytes_as_the_loaded_models_arena(spec);
 }
 
 TEST(HostArenaInit, ExecutorOverTheInitializedArenaTrainsLikeTheStatesArena) {
