@@ -499,6 +499,7 @@ Status ModelCompute::run_layer_forward(int l, LayerActs& a, const LayerTensors<C
   if (attn_bf16_) {
     attn16_layer_ = l;
     attn16_tokens_ = T;
+    attn16_acts_ = &a;
   }
   FERRY_TRY(be_.rms_norm({.out = f32_view(a.h2, {T, C}),
                           .rstd = f32_view(a.rstd2, {T}),

@@ -366,6 +366,9 @@ class ModelCompute {
   // o16 widened exactly); any other layer's backward recasts.
   int attn16_layer_ = -1;
   std::int64_t attn16_tokens_ = 0;
+  // ...and whose activations they came from: a backward of the same layer and T over other
+  // activations (a caller's saved ones, another micro-batch's) recasts too.
+  const LayerActs* attn16_acts_ = nullptr;
 };
 
 }  // namespace ferry::model

@@ -145,7 +145,7 @@ Status ModelCompute::attention_backward(int l, LayerActs& a, const LayerTensors<
     // backward); otherwise the saved f32 activations are recast: the same bf16 values, since the
     // rounding is deterministic and attn holds the bf16 output exactly.
     const std::int64_t nq = T * H * D, nk = T * G * D;
-    if (attn16_layer_ != l || attn16_tokens_ != T) {
+    if (attn16_layer_ != l || attn16_tokens_ != T || attn16_acts_ != &a) {
       attn16_layer_ = -1;  // until all four hold layer l's values
       for (auto [out, in, n] : {std::tuple{&s.q16, &a.q, nq},
                                 {&s.k16, &a.k, nk},
@@ -155,6 +155,7 @@ Status ModelCompute::attention_backward(int l, LayerActs& a, const LayerTensors<
       }
       attn16_layer_ = l;
       attn16_tokens_ = T;
+      attn16_acts_ = &a;
     }
     FERRY_TRY(be_.convert({.out = bf16_view(s.do16, {nq}), .in = f32_view(s.d_attn, {nq})}, st()));
     kernels::AttentionBackwardArgs args{.d_q = bf16_view(s.dq16, {T, H, D}),
