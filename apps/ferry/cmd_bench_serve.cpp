@@ -4,7 +4,9 @@
 //   [--trace FILE | --synthetic calibrated|spread|none] [--link-gbps G] [--policy P] [--seed S]
 //   [--miss-cost-model [--cpu-gflops F]] [--bypass-window N] [--serial-miss-copies]
 //   [--device cpu|cuda] [--expert-dtype f32|bf16] [--dense-dtype f32|bf16] [--no-cuda-graphs]
-//   [--no-device-resolve] [--json OUT]`
+//   [--no-device-resolve] [--cpu-expert-kernel fast|exact] [--json OUT]`
+// --cpu-expert-kernel: how cpu-experts computes on the CPU (default: fast with --device cuda,
+// exact on the CPU engine; docs/serve.md "The fast CPU expert path").
 // --dense-dtype bf16 stores the dense weights (attention, router, lm_head, embedding) in bf16 on
 // either engine (f32 arithmetic on the widened weights): half their bytes in the budget, so more
 // expert slots at the same --budget-gib. Default f32 for every geometry and model.
@@ -30,6 +32,7 @@
 #include <vector>
 
 #include "apps/ferry/commands.h"
+#include "apps/ferry/cpu_expert_kernel_flag.h"
 #include "apps/ferry/miss_placement_flags.h"
 #include "apps/ferry/serve_device_flag.h"
 #include "core/log.h"
@@ -66,6 +69,7 @@ struct BenchServeConfig {
   std::string dense_dtype = "f32";
   bool no_cuda_graphs = false;     // the A/B baseline: decode steps op by op
   bool no_device_resolve = false;  // the A/B baseline: paged slots resolved by the host pager
+  std::string cpu_expert_kernel;   // --cpu-expert-kernel ("": the engine's default)
 };
 
 // MemAvailable of /proc/meminfo in bytes (0 if unknown).
@@ -148,6 +152,13 @@ void print_table(const Json& rep, const std::string& what) {
       std::printf("\n");
     }
   }
+  for (const Json& m : rep["modes"]) {
+    if (m["ran"].get<bool>() && m.contains("cpu_expert_kernel") &&
+        m["cpu_expert_kernel"].is_string()) {
+      std::printf("cpu-experts ran the %s CPU expert kernel (--cpu-expert-kernel)\n",
+                  m["cpu_expert_kernel"].get<std::string>().c_str());
+    }
+  }
   const Json& r = rep["ratios"];
   std::printf("paged/static: decode %s prefill %s | paged/cpu-experts: decode %s prefill %s\n",
               fmt_opt(r["paged_over_static_decode"], "{:.2f}x").c_str(),
@@ -193,6 +204,9 @@ int run_bench_serve(const BenchServeConfig& cfg) {
   bc.bypass_window = cfg.miss.bypass_window;
   bc.overlap_misses = !cfg.miss.serial_copies;
   bc.device_resolve = !cfg.no_device_resolve;
+  auto cpu_kernel = cpu_expert_kernel_of(cfg.cpu_expert_kernel);
+  if (!cpu_kernel.ok()) return fail(cpu_kernel.status());
+  bc.cpu_expert_kernel = *cpu_kernel;
   auto expert_dtype = serve::parse_expert_dtype(cfg.expert_dtype);
   if (!expert_dtype.ok()) return fail(expert_dtype.status());
   bc.expert_dtype = *expert_dtype;
@@ -467,6 +481,7 @@ void register_bench_serve(CLI::App& app, CommandFn& run) {
                 "engine: its CPU twin)");
   add_miss_placement_flags(cmd, cfg->miss, /*with_link=*/false,  // the link: --link-gbps
                            /*with_dtype=*/false);                // its own --expert-dtype
+  add_cpu_expert_kernel_flag(cmd, cfg->cpu_expert_kernel);
   cmd->add_option("--policy", cfg->policy, "pager eviction policy: lru, lfu, lfru")
       ->check(CLI::IsMember({"lru", "lfu", "lfru"}));
   cmd->add_option("--seed", cfg->seed, "seed of the weights, prompt and synthetic trace");

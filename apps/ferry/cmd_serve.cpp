@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "apps/ferry/commands.h"
+#include "apps/ferry/cpu_expert_kernel_flag.h"
 #include "apps/ferry/miss_placement_flags.h"
 #include "apps/ferry/serve_device_flag.h"
 #include "model/model_binding.h"
@@ -51,7 +52,8 @@ struct ServeCliConfig {
   std::vector<int> layer_slots;
   double expert_budget_mib = 0;
   std::string policy = "lru";
-  MissPlacementFlags miss;  // paged: per-miss copy vs host compute
+  MissPlacementFlags miss;        // paged: per-miss copy vs host compute
+  std::string cpu_expert_kernel;  // --cpu-expert-kernel ("": the engine's default)
   int max_running = 4;
   int max_batch_tokens = 64;
   double kv_budget_mib = 64;
@@ -165,6 +167,9 @@ int run_serve(const ServeCliConfig& c) {
   apply_serve_step_switches(c.step, ec);
   apply_miss_placement(c.miss, ec.pager);
   if (Status st = apply_dense_dtype(c.miss, ec); !st.ok()) return fail(st);
+  auto cpu_kernel = cpu_expert_kernel_of(c.cpu_expert_kernel);
+  if (!cpu_kernel.ok()) return fail(cpu_kernel.status());
+  ec.pager.cpu_expert_kernel = *cpu_kernel;
   ec.pager.link_gbps = c.link_gbps;  // one link: MV-WSA's and the miss cost model's
   ec.kv.budget_bytes = static_cast<std::size_t>(c.kv_budget_mib * 1024 * 1024);
   ec.kv.block_tokens = c.kv_block_tokens;
@@ -251,6 +256,7 @@ void register_serve(CLI::App& app, CommandFn& run) {
   budget->excludes(layer_slots);
   cmd->add_option("--policy", c->policy, "pager eviction policy: lru, lfu, lfru");
   add_miss_placement_flags(cmd, c->miss, /*with_link=*/false);  // --link-gbps below
+  add_cpu_expert_kernel_flag(cmd, c->cpu_expert_kernel);
   cmd->add_option("--max-running", c->max_running, "sequences decoded concurrently")
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--max-batch-tokens", c->max_batch_tokens, "tokens per engine step")

@@ -186,6 +186,17 @@ Result<std::unique_ptr<ExpertExecutor>> ExpertExecutor::create(const model::Deco
         "f32",
         to_string(pc.expert_dtype));
   }
+  x->cpu_kernel_ = pc.cpu_expert_kernel;
+  if (x->cpu_kernel_ == CpuExpertKernel::kDefault) {
+    // The CUDA engine's cpu-experts cannot match its GPU modes' bits anyway; the CPU engine's
+    // does, through the exact kernel (docs/serve.md "Byte identity").
+    x->cpu_kernel_ = dev != nullptr ? CpuExpertKernel::kFast : CpuExpertKernel::kExact;
+  }
+  if (pc.mode == ExpertMode::kCpuExperts && x->cpu_kernel_ == CpuExpertKernel::kFast) {
+    x->grouped_ = std::make_unique<ExpertFfnGrouped>();
+    if (dev != nullptr)
+      x->grouped_->reserve(dev->max_tokens * geo.top_k, geo.expert_width, geo.experts);
+  }
   if (pc.mode == ExpertMode::kResident) {
     if (dev != nullptr) FERRY_TRY(x->create_device(*dev, shared));
     return x;
@@ -398,6 +409,20 @@ void ExpertExecutor::compute_rows(const float* x, const std::int32_t* ids,
                                   std::span<const std::int32_t> rows, float* eout) {
   const int K = geo_.top_k;
   const std::int64_t C = geo_.hidden, F = geo_.expert_width;
+  if (grouped_) {  // cpu-experts with the fast kernel: the rows at once, grouped by expert
+    grouped_->run({.ref_of_expert = ref_of_expert_.data(),
+                   .ids = ids,
+                   .rows = rows.data(),
+                   .n = std::int64_t(rows.size()),
+                   .x = x,
+                   .out = eout,
+                   .K = K,
+                   .E = geo_.experts,
+                   .C = C,
+                   .F = F},
+                  ThreadPool::global());
+    return;
+  }
   ThreadPool::global().parallel_for(
       rows.size(),
       [&](std::size_t b, std::size_t e) {

@@ -13,7 +13,9 @@
 //                step copies each missed expert once; each group is acquire()d from the pager,
 //                computed over its rows, released
 // Every mode calls expert_ffn_row per (t, k) with the same x row, so the bits are equal
-// (expert_ffn.h). Not thread-safe; uses ThreadPool::global() inside.
+// (expert_ffn.h) — except cpu-experts with PagerConfig::cpu_expert_kernel = kFast (the CUDA
+// engine's default), which runs the step's rows through ExpertFfnGrouped (expert_ffn_fast.h):
+// within a tolerance, not bitwise. Not thread-safe; uses ThreadPool::global() inside.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +27,7 @@
 
 #include "core/result.h"
 #include "mem/arena.h"
+#include "serve/expert_ffn_fast.h"
 #include "serve/expert_pager.h"
 #include "serve/expert_store.h"
 #include "serve/pool_tier.h"
@@ -102,8 +105,9 @@ Result<std::vector<int>> resolve_expert_caps(const model::DecoderGeometry& geo,
 //                run while the batch is in flight and each missed expert's rows run once its own
 //                copy has landed (events), else one launch after the whole batch
 //   cpu-experts  x and ids read back, experts computed by the CPU from the pinned host store
-//                (expert_ffn_row), rows copied up: the one mode that is not bit-identical to the
-//                others on CUDA (CPU vs GPU arithmetic); tested against a tolerance
+//                (ExpertFfnGrouped by default; expert_ffn_row with cpu_expert_kernel = kExact),
+//                rows copied up: the one mode that is not bit-identical to the others on CUDA
+//                (CPU vs GPU arithmetic); tested against a tolerance
 // Paged miss placement (miss_cost_model, bypass_window) is not implemented on CUDA.
 struct ExpertDevice {
   const model::ModelParams* params = nullptr;  // device views (resident mode's experts)
@@ -168,6 +172,8 @@ class ExpertExecutor {
   }
 
   ExpertMode mode() const { return mode_; }
+  // PagerConfig::cpu_expert_kernel with kDefault resolved for this engine (what cpu-experts runs).
+  CpuExpertKernel cpu_expert_kernel() const { return cpu_kernel_; }
   DType expert_dtype() const { return expert_dtype_; }
   const ExpertStore* store() const { return store_; }
   ExpertPager* pager() const { return pager_.get(); }
@@ -200,9 +206,11 @@ class ExpertExecutor {
   model::DecoderGeometry geo_;
   const model::ModelParams& params_;
   ExpertMode mode_ = ExpertMode::kResident;
-  DType expert_dtype_ = DType::kF32;        // PagerConfig::expert_dtype
-  std::unique_ptr<ExpertStore> own_store_;  // packed here unless PagerConfig::host_store
-  const ExpertStore* store_ = nullptr;      // own_store_ or PagerConfig::host_store
+  DType expert_dtype_ = DType::kF32;  // PagerConfig::expert_dtype
+  CpuExpertKernel cpu_kernel_ = CpuExpertKernel::kExact;
+  std::unique_ptr<ExpertFfnGrouped> grouped_;  // cpu-experts with kFast only
+  std::unique_ptr<ExpertStore> own_store_;     // packed here unless PagerConfig::host_store
+  const ExpertStore* store_ = nullptr;         // own_store_ or PagerConfig::host_store
   std::unique_ptr<ExpertPager> pager_;
   mem::MemoryBudget staging_budget_;
   BudgetCharge staging_charge_;  // on the engine's device budget

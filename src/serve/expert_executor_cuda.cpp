@@ -18,6 +18,7 @@
 // so the link is busy while the resident experts compute, and each missed expert computes while
 // the next one is still copying; a row is written by exactly one launch, with the same bits.
 #include <cstring>
+#include <numeric>
 
 #include "core/thread_pool.h"
 #include "serve/device_ops.h"
@@ -349,6 +350,26 @@ Status ExpertExecutor::run_device(int layer, const float* d_x, const std::int32_
     case ExpertMode::kCpuExperts: {
       const auto* h_x = reinterpret_cast<const float*>(s.h_x.data());
       auto* h_eout = reinterpret_cast<float*>(s.h_eout.data());
+      if (grouped_) {  // the default (PagerConfig::cpu_expert_kernel): expert_ffn_fast.h
+        for (std::int64_t i = 0; i < rows; ++i) {
+          ref_of_expert_[std::size_t(h_ids[i])] = store_->ref(layer, h_ids[i]);
+        }
+        rows_.resize(std::size_t(rows));
+        std::iota(rows_.begin(), rows_.end(), 0);
+        grouped_->run({.ref_of_expert = ref_of_expert_.data(),
+                       .ids = h_ids,
+                       .rows = rows_.data(),
+                       .n = rows,
+                       .x = h_x,
+                       .out = h_eout,
+                       .K = K,
+                       .E = E,
+                       .C = C,
+                       .F = F},
+                      ThreadPool::global());
+        FERRY_TRY(te.h2d(d_eout, h_eout, std::size_t(rows * C) * sizeof(float), cs));
+        break;
+      }
       ThreadPool::global().parallel_for(
           static_cast<std::size_t>(rows),
           [&](std::size_t b, std::size_t e) {

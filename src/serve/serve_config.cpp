@@ -29,6 +29,18 @@ std::string_view to_string(EvictionPolicy p) {
   return "?";
 }
 
+std::string_view to_string(CpuExpertKernel k) {
+  switch (k) {
+    case CpuExpertKernel::kDefault:
+      return "default";
+    case CpuExpertKernel::kExact:
+      return "exact";
+    case CpuExpertKernel::kFast:
+      return "fast";
+  }
+  return "?";
+}
+
 Result<ExpertMode> parse_expert_mode(std::string_view s) {
   for (ExpertMode m :
        {ExpertMode::kResident, ExpertMode::kStatic, ExpertMode::kCpuExperts, ExpertMode::kPaged}) {
@@ -55,6 +67,12 @@ Result<EvictionPolicy> parse_eviction_policy(std::string_view s) {
     if (s == to_string(p)) return p;
   }
   return invalid_argument("serve: unknown eviction policy '{}' (lru, lfu, lfru)", s);
+}
+
+Result<CpuExpertKernel> parse_cpu_expert_kernel(std::string_view s) {
+  if (s == "fast") return CpuExpertKernel::kFast;
+  if (s == "exact") return CpuExpertKernel::kExact;
+  return invalid_argument("serve: unknown cpu expert kernel '{}' (fast, exact)", s);
 }
 
 }  // namespace ferry::serve

@@ -32,14 +32,25 @@ enum class EvictionPolicy : std::uint8_t {
   kLfru,  // frequency decayed by recency (LRFU): score = score * 2^(-age/half_life) + 1
 };
 
+// How cpu-experts computes routed experts on the CPU (docs/serve.md "The fast CPU expert path").
+enum class CpuExpertKernel : std::uint8_t {
+  kDefault,  // the engine's choice: kFast on the CUDA engine, kExact on the CPU engine
+  kExact,    // expert_ffn_row per routed row (expert_ffn.h): the CPU engine's bit-identity path
+  kFast,     // ExpertFfnGrouped (expert_ffn_fast.h): the step's rows grouped by expert, weight
+             // rows split across the thread pool, SIMD; within a tolerance of kExact
+};
+
 std::string_view to_string(ExpertMode m);
 std::string_view to_string(EvictionPolicy p);
+std::string_view to_string(CpuExpertKernel k);
 Result<ExpertMode> parse_expert_mode(std::string_view s);
 // "f32" or "bf16" (PagerConfig::expert_dtype); anything else is invalid_argument.
 Result<DType> parse_expert_dtype(std::string_view s);
 // "f32" or "bf16" (EngineConfig::dense_dtype); anything else is invalid_argument.
 Result<DType> parse_dense_dtype(std::string_view s);
 Result<EvictionPolicy> parse_eviction_policy(std::string_view s);
+// "fast" or "exact" (PagerConfig::cpu_expert_kernel); anything else is invalid_argument.
+Result<CpuExpertKernel> parse_cpu_expert_kernel(std::string_view s);
 
 struct PagerConfig {
   ExpertMode mode = ExpertMode::kResident;
@@ -96,6 +107,13 @@ struct PagerConfig {
   // Lets several engines share one host copy (bench serve builds the 48-layer model's bf16
   // experts once, straight into a store: builtin_model.h make_builtin_moe_packed).
   const ExpertStore* host_store = nullptr;
+  // cpu-experts mode only (other modes ignore it): kExact runs expert_ffn_row per row, the
+  // arithmetic every other mode shares, so on the CPU engine cpu-experts stays bit-identical to
+  // them; kFast runs expert_ffn_fast.h (all cores on distinct weight rows, SIMD, tokens sharing
+  // an expert share its row loads): a different summation order, within the tolerance rule. The
+  // CUDA engine's cpu-experts is never bit-identical to its GPU modes, so there kDefault = kFast;
+  // on the CPU engine kDefault = kExact. ferry serve / bench serve --cpu-expert-kernel.
+  CpuExpertKernel cpu_expert_kernel = CpuExpertKernel::kDefault;
 };
 
 struct KvConfig {

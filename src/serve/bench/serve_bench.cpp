@@ -90,6 +90,7 @@ Result<ModeResult> run_mode(const model::DecoderGeometry& geo, const model::Mode
   ec.max_running = 1;
   ec.device_budget_bytes = mode == ExpertMode::kResident ? 0 : plan.device_budget_bytes;
   ec.pager.host_store = cfg.host_store;
+  ec.pager.cpu_expert_kernel = cfg.cpu_expert_kernel;
   ec.cuda_graphs = cfg.cuda_graphs;
   if (plan.cuda) ec.link_pace_gbps = cfg.link_gbps;  // the CPU engine: mem::set_host_link_rate
   if (mode == ExpertMode::kPaged) {
@@ -170,6 +171,7 @@ Result<ModeResult> run_mode(const model::DecoderGeometry& geo, const model::Mode
   r.under_budget = mode != ExpertMode::kResident;
   r.graphs = eng->graph_stats();
   r.device_resolved = eng->experts().counters().device_resolved;
+  r.cpu_expert_kernel = eng->experts().cpu_expert_kernel();
   if (eng->transfer_engine() != nullptr) r.pace = eng->transfer_engine()->pace_stats();
   return r;
 }
@@ -405,6 +407,9 @@ Json report_json(const ServeBenchReport& r) {
     j["device_peak_bytes"] = m.device_peak_bytes;
     j["expert_device_bytes"] = m.expert_device_bytes;
     j["slots_per_layer"] = m.mode == ExpertMode::kPaged ? Json(m.slots_per_layer) : Json(nullptr);
+    j["cpu_expert_kernel"] = m.mode == ExpertMode::kCpuExperts
+                                 ? Json(std::string(to_string(m.cpu_expert_kernel)))
+                                 : Json(nullptr);
     if (r.cuda) {
       j["cuda_graphs"] = {{"enabled", c.cuda_graphs},
                           {"eligible_steps", m.graphs.eligible_steps},

@@ -77,6 +77,9 @@ struct ServeBenchConfig {
   int bypass_window = 0;
   bool overlap_misses = true;  // PagerConfig::overlap_misses (CUDA paged)
   bool device_resolve = true;  // PagerConfig::device_resolve (paged decode slots on the device)
+  // PagerConfig::cpu_expert_kernel (cpu-experts: fast or exact CPU expert FFN; kDefault: the
+  // engine's choice, fast on CUDA, exact on the CPU engine).
+  CpuExpertKernel cpu_expert_kernel = CpuExpertKernel::kDefault;
   DType expert_dtype = DType::kF32;  // PagerConfig::expert_dtype (bf16: CUDA only)
   // EngineConfig::dense_dtype (both engines). dense_bytes above must be counted in it
   // (dense_weights.h dense_weight_bytes); the CUDA engine's probe measures it on the device.
@@ -119,6 +122,7 @@ struct ModeResult {
   GraphStats graphs;        // CUDA: decode steps as graphs (Engine::graph_stats)
   LinkPaceStats pace;       // CUDA with link_gbps: the paced copies (LinkEngine::pace_stats)
   std::uint64_t device_resolved = 0;  // paged: MoE layer calls resolved on the device (or twin)
+  CpuExpertKernel cpu_expert_kernel = CpuExpertKernel::kExact;  // cpu-experts: what ran
 };
 
 struct ServeBenchReport {
