@@ -152,9 +152,12 @@ void reference_row(const Weights& w, const Step& s, int i, std::vector<double>& 
   }
 }
 
-std::vector<Isa> isas() {
+// Every ISA this CPU has; with_scalar false leaves out the scalar one (expert_ffn_row's arithmetic,
+// ScalarIsaEqualsTheExactPath), which is as slow as the references in a Debug build.
+std::vector<Isa> isas(bool with_scalar = true) {
   std::vector<Isa> v;
   for (Isa i : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (i == Isa::kScalar && !with_scalar) continue;
     if (kernels::cpu::isa_supported(i)) v.push_back(i);
   }
   return v;
@@ -170,7 +173,8 @@ struct Shape {
   std::vector<int> tokens;
 };
 
-// Rule (a) on every row of steps of 1..8 tokens, and the same bits on 1 and 6 threads.
+// Rule (a) on every row of steps of the given token counts, and the same bits on 1 and 6 threads.
+// The large shapes keep few rows: the f64 and naive loops run unoptimised in CI's Debug build.
 void check_shape(const Shape& sh, DType dt, std::uint64_t seed) {
   ThreadPool one(0), many(5);
   const Weights w = make_weights(sh.C, sh.F, sh.E, dt, seed);
@@ -180,7 +184,7 @@ void check_shape(const Shape& sh, DType dt, std::uint64_t seed) {
     std::vector<std::vector<double>> ref(s.rows.size());
     std::vector<std::vector<float>> naive(s.rows.size());
     for (std::size_t i = 0; i < s.rows.size(); ++i) reference_row(w, s, int(i), ref[i], naive[i]);
-    for (Isa isa : isas()) {
+    for (Isa isa : isas(/*with_scalar=*/sh.C * sh.F < 100000)) {
       const std::string what = fmt::format("{}x{} {} T={} isa={}", sh.C, sh.F, to_string(dt), T,
                                            kernels::cpu::to_string(isa));
       const std::vector<float> got = run_fast(w, s, isa, many, s.rows);
@@ -199,16 +203,16 @@ void check_shape(const Shape& sh, DType dt, std::uint64_t seed) {
 }
 
 TEST(ExpertFfnFast, QwenShapeWithinTwiceTheNaiveErrorF32) {
-  check_shape({2048, 768, 6, 2, {1, 3}}, DType::kF32, 1);
+  check_shape({2048, 768, 4, 2, {2}}, DType::kF32, 1);  // 4 rows, 4 experts
 }
 
 TEST(ExpertFfnFast, QwenShapeWithinTwiceTheNaiveErrorBf16) {
-  check_shape({2048, 768, 8, 2, {2, 8}}, DType::kBF16, 2);
+  check_shape({2048, 768, 3, 1, {1, 8}}, DType::kBF16, 2);  // 8 tokens share 3 experts
 }
 
 TEST(ExpertFfnFast, OddShapeWithinTwiceTheNaiveError) {
-  check_shape({2053, 771, 5, 2, {1, 4}}, DType::kF32, 3);
-  check_shape({2053, 771, 5, 2, {3}}, DType::kBF16, 4);
+  check_shape({2053, 771, 2, 2, {1}}, DType::kF32, 3);   // one token, two experts
+  check_shape({2053, 771, 2, 1, {2}}, DType::kBF16, 4);  // two tokens, two experts
 }
 
 TEST(ExpertFfnFast, SmallShapeEveryTokenCountWithinTwiceTheNaiveError) {
