@@ -16,7 +16,9 @@
 // Dot products: AVX-512 (16 lanes, 2 accumulators over 32-element blocks, bf16 widened by a
 // 16-bit shift, FMA) / AVX2 (8 lanes, same shape) / scalar (dot_fixed, expert_ffn.h), picked at
 // run time by kernels/cpu/cpu_isa.h (CPUID; FERRY_CPU_ISA lowers it); the tail past the vector
-// body is added in order after the lanes' sum.
+// body is added in order after the lanes' sum. Each weight stream is prefetched into L2 8 KiB
+// ahead (expert_ffn_fast.cpp: the page-sized rows stop the hardware prefetchers).
+// Measured: bench/serve/cpu_expert_ffn_bench.cpp, docs/serve.md "The fast CPU expert path".
 // Determinism: each output element is one dot product whose order depends only on the ISA and
 // C / F — not on the thread count, the chunking, which tokens share a pass, the other rows of the
 // step or the pointers' alignment — so the result is bitwise independent of the thread count
