@@ -14,6 +14,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -182,6 +184,20 @@ double max_abs_diff(const std::vector<A>& a, const std::vector<B>& b) {
   for (std::size_t i = 0; i < a.size(); ++i)
     e = std::max(e, std::fabs(double(a[i]) - double(b[i])));
   return e;
+}
+// A [3, E] expert pointer table (gate, up, down of each expert) over E experts laid out back to
+// back from `base`, each three [F, C]-element matrices of `elem` bytes per element.
+inline std::vector<const void*> expert_pointer_table(const std::byte* base, int E, std::int64_t F,
+                                                     std::int64_t C, std::size_t elem) {
+  const std::size_t mat = std::size_t(F * C) * elem;
+  std::vector<const void*> t(std::size_t(3 * E));
+  for (int e = 0; e < E; ++e) {
+    const std::byte* b = base + std::size_t(e) * 3 * mat;
+    t[std::size_t(e)] = b;
+    t[std::size_t(E + e)] = b + mat;
+    t[std::size_t(2 * E + e)] = b + 2 * mat;
+  }
+  return t;
 }
 
 }  // namespace ferry::testing

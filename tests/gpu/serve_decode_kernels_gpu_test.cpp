@@ -373,14 +373,7 @@ TEST_F(ServeDecodeKernels, ExpertFfnBf16EqualsF32IgnoresSlotAndGroupingKeepsTheR
     for (std::int64_t p = 0; p < rows; ++p) order[p] = std::int32_t(rows - 1 - p);
     up(d_order.p, order);
     auto table_for = [&](const std::byte* base, std::size_t elem) {
-      std::vector<const void*> t(3 * E);
-      for (int e = 0; e < E; ++e) {
-        const std::byte* b = base + std::size_t(e) * per * elem;
-        t[e] = b;
-        t[E + e] = b + std::size_t(F * C) * elem;
-        t[2 * E + e] = b + 2 * std::size_t(F * C) * elem;
-      }
-      return t;
+      return ferry::testing::expert_pointer_table(base, E, F, C, elem);
     };
     DeviceBuf d_tb(3 * E * 8), d_tf(3 * E * 8), d_tb2(3 * E * 8), d_tf2(3 * E * 8);
     up(d_tb.p, table_for(reinterpret_cast<const std::byte*>(wb1), 2));

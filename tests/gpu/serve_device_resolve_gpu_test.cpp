@@ -268,14 +268,7 @@ TEST_F(ServeDeviceResolveKernels, ExpertFfnRowFilterSplitsTheRowsByTheLog) {
     ferry::testing::up(d_x.p, x);
     ferry::testing::up(d_ids.p, ids);
     auto table_for = [&](const std::byte* base, std::size_t elem) {
-      std::vector<const void*> t(3 * E);
-      for (int e = 0; e < E; ++e) {
-        const std::byte* b = base + std::size_t(e) * per * elem;
-        t[e] = b;
-        t[E + e] = b + std::size_t(F * C) * elem;
-        t[2 * E + e] = b + 2 * std::size_t(F * C) * elem;
-      }
-      return t;
+      return ferry::testing::expert_pointer_table(base, E, F, C, elem);
     };
     ferry::testing::up(d_tb.p, table_for(static_cast<const std::byte*>(d_wb.p), 2));
     ferry::testing::up(d_tf.p, table_for(static_cast<const std::byte*>(d_wf.p), 4));
