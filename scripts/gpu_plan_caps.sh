@@ -18,6 +18,12 @@
 # vocabulary and tying; random weights and token ids).
 # Extra flags: PLAN_EXTRA (ferry plan), BENCH_EXTRA (ferry bench train; default 8-bit states,
 # bf16-kahan masters, 1 warm-up + 1 timed step). MAX_BATCH per geometry (default 3B 48, 7B 24).
+# TAIL: the device optimizer tail of the capped runs, given to ferry plan and to ferry bench train
+# alike so that the plan is solved for the tail the bench runs (its layers in the optimizer gate,
+# its staging in GPU memory), e.g. TAIL="--device-update-layers all --device-update-slots 2"
+# (default: none); TAIL_MS="--device-update-ms-per-layer 43" gives ferry plan a measured device
+# time per layer (default: derived from the H2D rate, docs/plan.md). The profile run keeps the
+# CPU doing every update (the profile's per-layer optimizer times are the CPU's).
 # Output: $OUT/plan_caps.jsonl (one line per geometry and cap: {"geometry", "cap_gb", "plan":
 # <ferry plan JSON>, "bench": <report>}), the profiles and logs, and a table on stdout.
 set -uo pipefail
@@ -29,6 +35,12 @@ FERRY=${FERRY_GPU_BUILD:-build/gpu}/apps/ferry/ferry
 OPTIM=${OPTIM:---optimizer-states 8bit --master bf16-kahan}
 PLAN_EXTRA=${PLAN_EXTRA:---host-mem-gb 120 --time-limit-s 10}
 BENCH_EXTRA=${BENCH_EXTRA:---steps 1 --warmup 1}
+TAIL=${TAIL:-}
+TAIL_MS=${TAIL_MS:-}
+if [[ " $PLAN_EXTRA $BENCH_EXTRA " == *" --device-update-"* ]]; then
+  echo "gpu_plan_caps: give the device tail's flags in TAIL (plan and bench alike), not in PLAN_EXTRA / BENCH_EXTRA" >&2
+  exit 2
+fi
 declare -A MAXB=([qwen2.5-3b]=48 [qwen2.5-7b]=24)
 for g in ${GEOMS:-qwen2.5-3b qwen2.5-7b}; do
   maxb=${MAX_BATCH:-${MAXB[$g]:-32}}
@@ -49,12 +61,12 @@ for g in ${GEOMS:-qwen2.5-3b qwen2.5-7b}; do
     rep="/tmp/plan_caps_bench.json"
     rm -f "$rep"
     if ! "$FERRY" plan --geometry "$g" --seq-len 1024 --batch-size auto --max-batch "$maxb" \
-      --gpu-mem-gb "$cap" --profile "$prof" $OPTIM $PLAN_EXTRA --json "$plan" >"$OUT/plan_${g}_${cap}.log" 2>&1; then
+      --gpu-mem-gb "$cap" --profile "$prof" $OPTIM $TAIL $TAIL_MS $PLAN_EXTRA --json "$plan" >"$OUT/plan_${g}_${cap}.log" 2>&1; then
       echo "[$g ${cap} GB] ferry plan failed:"; tail -3 "$OUT/plan_${g}_${cap}.log"; continue
     fi
     timeout "${BENCH_TIMEOUT:-500}" "$FERRY" bench train --device cuda --geometry "$g" --seq-len 1024 \
       --batch-size auto --max-batch "$maxb" --device-budget-mib $((cap * 1024)) \
-      --policies "every:4,device,host,plan=$plan" $OPTIM $BENCH_EXTRA --json "$rep" \
+      --policies "every:4,device,host,plan=$plan" $OPTIM $TAIL $BENCH_EXTRA --json "$rep" \
       >"$OUT/bench_${g}_${cap}.log" 2>&1 || { echo "[$g ${cap} GB] bench failed:"; tail -3 "$OUT/bench_${g}_${cap}.log"; }
     python3 - "$g" "$cap" "$plan" "$rep" "$OUT/plan_caps.jsonl" <<'PY'
 import json, sys

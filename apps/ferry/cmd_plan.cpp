@@ -10,6 +10,7 @@
 //   [--machine-profile OUT]` measures this machine's rates (plan/machine_profile.h) and caches
 // them; later plans for that --machine use them instead of the assumed defaults.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -73,9 +74,11 @@ struct PlanConfig {
   // backend: auto (cuda when present), cpu, cuda, or none (the cost model's bf16 estimate).
   std::string executor_device = "auto";
   // The executor's device optimizer tail (ferry train --device-update-layers): 0 off, K, or
-  // train::stream::kDeviceUpdateAllLayers (all); its ms per layer (0: derived, problem.h).
+  // train::stream::kDeviceUpdateAllLayers (all); its ms per layer (0: derived, problem.h); its
+  // staging slots (--device-update-slots: device bytes, counted by the executor fit).
   int device_update_layers = 0;
   double device_update_ms_per_layer = 0;
+  int device_update_slots = 2;
 };
 
 PlanConfig& plan_config() {
@@ -120,14 +123,44 @@ Result<plan::MachineSpec> machine_spec(const PlanConfig& c) {
 // GPU memory as the stream executor allocates it (--executor-device; none: the cost model's).
 Result<std::optional<ExecutorTarget>> executor_of(const PlanConfig& c) {
   if (c.executor_device == "none") return std::optional<ExecutorTarget>();
-  FERRY_ASSIGN_OR_RETURN(const ExecutorTarget exec,
+  FERRY_ASSIGN_OR_RETURN(ExecutorTarget exec,
                          executor_target(c.executor_device, c.master, c.grad_dtype == "bf16"));
+  if (!c.optimizer_states.empty()) {
+    FERRY_ASSIGN_OR_RETURN(exec.mode.states, train::parse_optimizer_states(c.optimizer_states));
+  }
+  exec.device_update_layers = c.device_update_layers;
+  exec.device_update_slots = c.device_update_slots;
+  if (exec.device_update_layers != 0 && exec.mode.master == train::MasterWeights::kF32 &&
+      exec.mode.states == train::OptimizerStates::kF32) {
+    // ferry train refuses the same (DeviceOptimizerTail::check); the staging's size needs the mode.
+    return invalid_argument(
+        "plan: --device-update-layers: the device optimizer tail has no kernel for fp32 master + "
+        "fp32 states (ferry train's defaults, refused there too); give --master bf16-kahan|bf16-sr "
+        "or --optimizer-states 8bit as the run will, or --executor-device none");
+  }
   log::get("plan")->info(
       "gpu memory as the stream executor allocates it on {} ({} GEMMs, {} weights; "
       "--executor-device none: the cost model's estimate)",
       exec.backend->device() == Device::kCpu ? "the cpu" : "cuda", model::to_string(exec.precision),
       exec.bf16_weights ? "bf16" : "f32");
   return std::optional<ExecutorTarget>(exec);
+}
+
+// What the executor will allocate for the solved plan, the device tail's staging included.
+Status log_executor_bytes(const plan::PlanProblem& p, const plan::Plan& solved,
+                          const model::ModelConfig& cfg,
+                          const std::optional<ExecutorTarget>& exec) {
+  if (!exec) return ok_status();
+  FERRY_ASSIGN_OR_RETURN(const double gb, executor_gpu_gb(p, solved, cfg, *exec));
+  log::get("plan")->info(
+      "executor gpu bytes {} for the plan at batch {} (device optimizer tail staging {} bytes: "
+      "--device-update-layers {} x {} slots)",
+      std::llround(gb * 1e9), p.batch_size, device_tail_staging_bytes(cfg, *exec),
+      exec->device_update_layers == train::stream::kDeviceUpdateAllLayers
+          ? std::string("all")
+          : std::to_string(exec->device_update_layers),
+      exec->device_update_slots);
+  return ok_status();
 }
 
 // `solve`, and with an executor target its solution checked against the executor's bytes.
@@ -390,6 +423,7 @@ Status run_plan_status() {
   }
   FERRY_ASSIGN_OR_RETURN(plan::PlanProblem p, at(batch));
   FERRY_ASSIGN_OR_RETURN(plan::Plan solved, solve_diagnosed(p));
+  FERRY_TRY(log_executor_bytes(p, solved, cfg, exec));
   std::printf("%s", plan::plan_text(p, solved).c_str());
   if (!c.no_policies) {
     plan::CompareOptions o{
@@ -423,6 +457,9 @@ Status write_training_plan(const TrainingPlanRequest& r, const std::string& out_
   c.machine = r.machine;
   c.time_limit_s = r.time_limit_s;
   c.executor_device = r.device;
+  c.device_update_layers = r.device_update_layers;
+  c.device_update_slots = r.device_update_slots;
+  c.device_update_ms_per_layer = r.device_update_ms_per_layer;
   FERRY_TRY(resolve_host_state(c));
   FERRY_ASSIGN_OR_RETURN(const std::optional<ExecutorTarget> exec, executor_of(c));
   FERRY_ASSIGN_OR_RETURN(plan::ProblemAt at, make_problem_at(c, r.config, c.gpu_mem_gb, exec));
@@ -432,6 +469,7 @@ Status write_training_plan(const TrainingPlanRequest& r, const std::string& out_
       plan::Plan solved,
       for_executor([&](const plan::PlanProblem& q) { return plan::solve_or_diagnose(q, solve); },
                    exec, r.config)(p));
+  FERRY_TRY(log_executor_bytes(p, solved, r.config, exec));
   std::printf("%s", plan::plan_text(p, solved).c_str());
   std::fflush(stdout);
   return plan::write_plan_file(out_path, solved, &p);
@@ -493,9 +531,15 @@ void register_plan(CLI::App& app, CommandFn& run) {
   cmd->add_option("--device-update-layers", c.device_update_layers,
                   "ferry train's device optimizer tail in the optimizer gate: the device updates "
                   "layers 0, 1, ... (at most K) while the CPU, after the globals, updates L-1, "
-                  "L-2, ... until they meet; all: no limit; 0: the CPU updates all")
+                  "L-2, ... until they meet; all: no limit; 0: the CPU updates all. Its staging "
+                  "counts as GPU memory unless --executor-device none")
       ->envname("FERRY_DEVICE_UPDATE_LAYERS")
       ->transform(layers_or_all());
+  cmd->add_option("--device-update-slots", c.device_update_slots,
+                  "ferry train's --device-update-slots: each staging slot holds one layer's "
+                  "optimizer sections in GPU memory (with --device-update-layers)")
+      ->envname("FERRY_DEVICE_UPDATE_SLOTS")
+      ->check(CLI::Range(1, train::stream::kMaxDeviceUpdateSlots));
   cmd->add_option("--device-update-ms-per-layer", c.device_update_ms_per_layer,
                   "the device tail's time per layer (measured); 0: the layer's share of the host "
                   "model state over the H2D rate")

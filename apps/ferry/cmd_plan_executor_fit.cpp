@@ -5,12 +5,16 @@
 #include <limits>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "core/log.h"
 #include "model/model_binding.h"
+#include "model/param_spec.h"
 #include "plan/policies.h"
 #include "train/optim/optim_modes.h"
+#include "train/optim/optim_state.h"
 #include "train/stream/activation_policy.h"
+#include "train/stream/device_optimizer_tail.h"
 #include "train/stream/device_plan.h"
 #include "train/stream/stream_executor.h"
 
@@ -33,7 +37,56 @@ train::stream::Home executor_home(plan::Home h) {
   return train::stream::Home::kDevice;
 }
 
+// The executor's ModelSizes for t, with the device tail's staging.
+train::stream::ModelSizes executor_sizes(const model::ModelConfig& cfg, const ExecutorTarget& t) {
+  train::stream::ModelSizes sizes = train::stream::model_sizes(cfg, t.bf16_weights, t.bf16_grads);
+  sizes.optimizer_tail_bytes = device_tail_staging_bytes(cfg, t);
+  return sizes;
+}
+
 }  // namespace
+
+std::size_t device_tail_staging_bytes(const model::ModelConfig& cfg, const ExecutorTarget& t) {
+  // Mirrors HostArena::allocate's unit sections and DeviceOptimizerTail's slot layout (each
+  // section rounded up to 256 bytes): weights, master (f32 / bf16 Kahan words / none), m, v,
+  // the 8-bit block scales, gradients. tests/cli/plan_tail.sh checks the total against the
+  // executor's own count (ferry bench train's device_planned_bytes).
+  if (t.device_update_layers == 0 || t.device_update_slots <= 0) return 0;
+  const std::vector<model::ParamSpec> specs = model::param_specs(cfg);
+  int layers = 0;
+  for (const model::ParamSpec& s : specs) layers = std::max(layers, s.layer + 1);
+  const int units = t.device_update_layers == train::stream::kDeviceUpdateAllLayers
+                        ? layers
+                        : std::min(t.device_update_layers, layers);
+  struct Unit {
+    std::int64_t elements = 0, blocks = 0, largest = 0;
+  };
+  std::vector<Unit> unit(static_cast<std::size_t>(units));
+  const bool q8 = t.mode.states == train::OptimizerStates::k8Bit;
+  for (const model::ParamSpec& s : specs) {
+    if (s.layer < 0 || s.layer >= units) continue;
+    Unit& u = unit[static_cast<std::size_t>(s.layer)];
+    u.elements += s.numel();
+    if (q8) u.blocks += train::q8_blocks(s.numel());
+    u.largest = std::max(u.largest, s.numel());
+  }
+  auto align = [](std::int64_t n) { return (static_cast<std::size_t>(n) + 255) / 256 * 256; };
+  const bool w16 = t.bf16_weights || t.mode.master != train::MasterWeights::kF32;
+  std::size_t slot = 0;
+  std::int64_t largest = 0;
+  for (const Unit& u : unit) {
+    const std::int64_t n = u.elements;
+    const std::int64_t master = t.mode.master == train::MasterWeights::kF32         ? 4 * n
+                                : t.mode.master == train::MasterWeights::kBf16Kahan ? 2 * n
+                                                                                    : 0;
+    const std::int64_t state = q8 ? n : 4 * n;
+    slot = std::max(slot, align((w16 ? 2 : 4) * n) + align(master) + 2 * align(state) +
+                              2 * align(4 * u.blocks) + align((t.bf16_grads ? 2 : 4) * n));
+    largest = std::max(largest, u.largest);
+  }
+  const std::size_t widen = t.bf16_grads ? align(4 * largest) : 0;
+  return static_cast<std::size_t>(t.device_update_slots) * slot + widen;
+}
 
 Result<ExecutorTarget> executor_target(const std::string& device, const std::string& master,
                                        bool bf16_grads) {
@@ -55,6 +108,7 @@ Result<ExecutorTarget> executor_target(const std::string& device, const std::str
   if (!master.empty()) {
     FERRY_ASSIGN_OR_RETURN(const train::MasterWeights m, train::parse_master_weights(master));
     bf16_master = m != train::MasterWeights::kF32;
+    t.mode.master = m;
   }
   // An fp32 master streams its bf16 rounding on a GPU (--weights-dtype auto).
   t.bf16_weights = bf16_master || t.backend->device() != Device::kCpu;
@@ -71,8 +125,7 @@ Status fit_gpu_memory_to_executor(plan::PlanProblem& p, const model::ModelConfig
                             p.num_layers);
   }
   const std::int64_t tokens = static_cast<std::int64_t>(p.batch_size) * p.seq_len;
-  const train::stream::ModelSizes sizes =
-      train::stream::model_sizes(cfg, t.bf16_weights, t.bf16_grads);
+  const train::stream::ModelSizes sizes = executor_sizes(cfg, t);
   // The executor's boundary: f32 hidden states of every token.
   const double a = static_cast<double>(tokens) * static_cast<double>(geo.hidden) * 4.0 / kGB;
   p.boundary_gb.assign(static_cast<std::size_t>(p.num_layers) + 1, a);
@@ -115,9 +168,9 @@ Result<double> executor_gpu_gb(const plan::PlanProblem& p, const plan::Plan& pla
   pol.nvme_dir = "nvme";  // only its presence matters to the byte count
   FERRY_ASSIGN_OR_RETURN(
       const train::stream::DevicePlan d,
-      train::stream::plan_device(geo, train::stream::model_sizes(cfg, t.bf16_weights, t.bf16_grads),
-                                 pol, t.slots, static_cast<std::int64_t>(p.batch_size) * p.seq_len,
-                                 *t.backend, t.precision));
+      train::stream::plan_device(geo, executor_sizes(cfg, t), pol, t.slots,
+                                 static_cast<std::int64_t>(p.batch_size) * p.seq_len, *t.backend,
+                                 t.precision));
   return static_cast<double>(d.total_bytes()) / kGB;
 }
 

@@ -16,6 +16,7 @@
 // (File prefix cmd_plan_: built only with ferry_plan, like the subcommand it serves.)
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include "core/result.h"
@@ -25,6 +26,7 @@
 #include "plan/plan.h"
 #include "plan/problem.h"
 #include "plan/search.h"
+#include "train/optim/optim_modes.h"
 
 namespace ferry::app {
 
@@ -34,7 +36,18 @@ struct ExecutorTarget {
   bool bf16_weights = false;  // bf16 weights on the link (bf16 staging buffer on a GPU)
   bool bf16_grads = false;    // bf16 gradients (their bf16 twins on the device)
   int slots = 3;              // weight ring: prefetch depth 2 + the slot in use
+  // The device optimizer tail (ferry train --device-update-layers / --device-update-slots): its
+  // staging, device_update_slots x the largest of its layers' optimizer sections (+ one
+  // parameter's f32 widening buffer with bf16 gradients), is device memory whatever the plan.
+  // mode: the sections' sizes (every parameter 8-bit in 8bit mode: no --8bit-params subset).
+  train::OptimMode mode;
+  int device_update_layers = 0;  // 0: off; K; train::stream::kDeviceUpdateAllLayers: every layer
+  int device_update_slots = 2;
 };
+
+// DeviceOptimizerTail::staging_bytes of the arena ferry train would build for cfg and t (its
+// layout computed, nothing allocated); 0 with the tail off.
+std::size_t device_tail_staging_bytes(const model::ModelConfig& cfg, const ExecutorTarget& t);
 
 // device: "cuda", "cpu" or "auto" (cuda when a GPU is present, else cpu); master: ferry train's
 // --master (bf16 masters stream bf16 weights; an fp32 master streams bf16 on a GPU, auto).

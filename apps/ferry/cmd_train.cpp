@@ -26,7 +26,8 @@
 namespace ferry::app {
 namespace {
 
-// --plan auto: the plan of this run (model, batch, seq len, optimizer mode) for a GPU budget of
+// --plan auto: the plan of this run (model, batch, seq len, optimizer mode, device optimizer tail:
+// its layers in the optimizer gate, its staging in GPU memory) for a GPU budget of
 // --device-budget-mib and this host's physical memory (NVMe: the free space of --nvme-dir),
 // solved as `ferry plan` would and written to OUT/plan.json, which the run then follows.
 Status solve_auto_plan(train::TrainConfig& cfg, const std::string& master,
@@ -59,6 +60,8 @@ Status solve_auto_plan(train::TrainConfig& cfg, const std::string& master,
   r.optimizer_states = states;
   r.grad_dtype = cfg.grad_dtype;
   r.device = cfg.device;
+  r.device_update_layers = cfg.device_update_layers;  // the tail this run will use
+  r.device_update_slots = cfg.device_update_slots;
   std::error_code ec;
   std::filesystem::create_directories(cfg.output_dir, ec);
   if (ec) return io_error("train: cannot create {}: {}", cfg.output_dir, ec.message());
@@ -186,8 +189,9 @@ void register_train(CLI::App& app, CommandFn& run) {
                   "mix:LETTERS[:DIR] (d/h/n/r per layer boundary)");
   cmd->add_option("--plan", cfg->plan_file,
                   "stream: run the activation policy of a `ferry plan` JSON, or `auto`: solve one "
-                  "now for --device-budget-mib and this host's memory (OUT/plan.json; implies "
-                  "--executor stream)");
+                  "now for --device-budget-mib and this host's memory, with this run's optimizer "
+                  "mode and --device-update-layers / --device-update-slots (OUT/plan.json; "
+                  "implies --executor stream)");
   cmd->add_option("--nvme-dir", cfg->nvme_dir, "stream: directory for NVMe homes of a --plan");
   cmd->add_option("--prefetch", cfg->prefetch, "stream: weight slots prefetched ahead")
       ->check(CLI::Range(1, 64));

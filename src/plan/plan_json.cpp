@@ -99,7 +99,12 @@ Json plan_to_json(const Plan& plan, const PlanProblem* problem) {
               {"bound_ms", plan.solver.bound_ms},
               {"gap", plan.solver.gap},
               {"seconds", plan.solver.seconds}}}};
-  if (problem != nullptr) j["problem"] = to_json(*problem);
+  if (problem != nullptr) {
+    j["problem"] = to_json(*problem);
+    // The step's optimizer floor (the CPU's update, or with the device tail the later side's end):
+    // the problem's, not the plan's, so written with it but not read back into Prediction.
+    j["predicted"]["optimizer_phase_ms"] = optimizer_phase_ms(*problem);
+  }
   return j;
 }
 

@@ -7,6 +7,9 @@
 #include <array>
 #include <filesystem>
 
+#include "core/file_util.h"
+#include "core/json.h"
+#include "core/log.h"
 #include "core/process_memory.h"
 #include "core/timer.h"
 #include "kernels/backend.h"
@@ -53,6 +56,17 @@ MicroBatch make_batch(int batch, std::int64_t seq, int vocab, std::uint64_t seed
   b.useful_tokens = b.padded_tokens = b.tokens();
   b.counted = b.tokens() - batch;
   return b;
+}
+
+// The device optimizer tail a `ferry plan` document was solved with (its problem's
+// device_update_layers, K resolved; 0 when off or absent): its predicted step assumes that tail
+// in the optimizer gate and its staging in GPU memory.
+Result<int> plan_tail_layers(const std::string& path) {
+  FERRY_ASSIGN_OR_RETURN(const std::string text, read_file(path));
+  FERRY_ASSIGN_OR_RETURN(const Json j, parse_json(text, path));
+  if (!j.contains("problem") || !j["problem"].is_object()) return 0;
+  const Json k = j["problem"].value("device_update_layers", Json(0));
+  return k.is_number_integer() ? k.get<int>() : 0;
 }
 
 double median(std::vector<double> v) {
@@ -157,7 +171,8 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
     // A policy by name, or a `ferry plan` document's boundary homes (plan=FILE).
     stream::ActivationPolicy pol;
     double predicted_step_ms = 0;
-    int plan_batch = 0;  // what a plan was solved for
+    int plan_batch = 0;        // what a plan was solved for
+    Json plan_tail = nullptr;  // the device tail layers a plan was solved with
     if (name.rfind("plan=", 0) == 0) {
       const std::string nvme =
           (std::filesystem::temp_directory_path() / "ferry_bench_train_nvme").string();
@@ -166,6 +181,18 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
       pol = pp.policy;
       predicted_step_ms = pp.predicted_step_ms;
       plan_batch = pp.batch_size;
+      FERRY_ASSIGN_OR_RETURN(const int k, plan_tail_layers(name.substr(5)));
+      plan_tail = k;
+      const int run_k = c.device_update_layers == stream::kDeviceUpdateAllLayers
+                            ? geo.layers
+                            : std::min(c.device_update_layers, geo.layers);
+      if (std::min(k, geo.layers) != run_k) {
+        log::get("bench")->warn(
+            "bench train: {} was solved for --device-update-layers {}, this run uses {}: its "
+            "predicted step and GPU memory assume the plan's tail (ferry plan "
+            "--device-update-layers)",
+            name, k, run_k);
+      }
     } else {
       FERRY_ASSIGN_OR_RETURN(pol, stream::parse_policy(name, geo.layers));
     }
@@ -284,6 +311,8 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
          {"largest_fitting_batch", c.batch_auto ? Json(largest_fitting) : Json(nullptr)},
          // The batch a plan's prediction is for (it runs at batch_size, maybe fewer).
          {"plan_batch", plan_batch > 0 ? Json(plan_batch) : Json(nullptr)},
+         // The device tail layers the plan was solved with (null: not a plan).
+         {"plan_device_update_layers", plan_tail},
          {"predicted_step_ms", predicted_step_ms > 0 ? Json(predicted_step_ms) : Json(nullptr)},
          {"step_ms_median", median(step_s) * 1e3},
          {"step_ms_mean", total_s * per * 1e3},

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "plan/evaluate.h"
+#include "plan/plan_json.h"
 #include "plan/problem.h"
 #include "tests/unit/plan/plan_test_util.h"
 
@@ -163,6 +164,30 @@ TEST(DeviceTailGate, EvaluatorWaitsForTheMeetingPoint) {
   }
   EXPECT_NEAR(r->optimizer_wait_ms, wait, 1e-9);
   EXPECT_GT(r->optimizer_wait_ms, 100);  // U_2 = 177 against a few ms of forward
+}
+
+TEST(DeviceTailGate, PlanDocumentCarriesThePhase) {
+  // ferry plan / ferry train --plan auto write the problem's optimizer phase next to the plan's
+  // prediction (what tests/cli/plan_tail.sh compares between the two): 340 ms off, 160 with
+  // K = all (HandComputedMeetingPoint); a plan without its problem has none, and reading the
+  // document back ignores it.
+  PlanProblem p = four_layers();
+  p.gpu_cap_gb = 1e6;
+  Plan plan;
+  plan.num_layers = 4;
+  plan.homes.assign(5, Home::kGpu);
+  for (int j = 0; j < 4; ++j) plan.spans.push_back({j, j + 1, false});
+  auto r = evaluate(p, plan);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  plan.predicted = *r;
+  EXPECT_EQ(plan_to_json(plan, &p)["predicted"]["optimizer_phase_ms"].get<double>(), 340);
+  EXPECT_FALSE(plan_to_json(plan, nullptr)["predicted"].contains("optimizer_phase_ms"));
+  p.device_update_layers = 4;
+  const Json j = plan_to_json(plan, &p);
+  EXPECT_NEAR(j["predicted"]["optimizer_phase_ms"].get<double>(), 160, 1e-9);
+  auto back = plan_from_json(j);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->predicted, plan.predicted);
 }
 
 }  // namespace

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# The device optimizer tail (ferry train --device-update-layers K|all, --device-update-slots S)
+# in the plans made for an executor run (docs/plan.md, "The device optimizer tail in the gate"):
+#  1. ferry plan's executor fit counts the tail's staging (S x the largest of its layers'
+#     optimizer sections + a widening buffer with bf16 gradients) exactly as the executor does:
+#     the bytes it logs for a plan equal `ferry bench train`'s device_planned_bytes for that plan
+#     with the same tail, and differ from the run without it by exactly the staging it names
+#     (two optimizer modes: bf16-kahan + 8-bit, and fp32 master + 8-bit with bf16 gradients);
+#  2. a plan solved with the tail at a binding GPU cap fits the executor with the tail on;
+#  3. ferry train --plan auto passes the run's tail: the plan's problem has it, its optimizer
+#     phase differs from the run without, and plan and phase equal what ferry plan predicts for
+#     the same request;
+#  4. a tail with fp32 master + fp32 states (no device kernel) is refused by the executor fit.
+set -euo pipefail
+FERRY="$1"; ROOT="$2"
+TMP="$(mktemp -d)"; trap 'rm -rf "$TMP"' EXIT
+export FERRY_CACHE_DIR="$TMP/cache"  # no cached profile from this machine's user leaks in
+
+# The model of `ferry bench train --layers 12 --hidden 64 ...` (the built-in layout) as a folder.
+mkdir -p "$TMP/m"
+python3 - "$TMP/m/config.json" <<'PY'
+import json, sys
+json.dump({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 259,
+           "hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 12,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+           "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+           "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": True},
+          open(sys.argv[1], "w"))
+PY
+plan=(plan --model "$TMP/m" --seq-len 64 --host-mem-gb 8 --time-limit-s 5 --executor-device cpu
+      --no-policies)
+bench=(bench train --layers 12 --hidden 64 --heads 4 --kv-heads 2 --head-dim 16 --intermediate 64
+       --seq-len 64 --steps 1 --warmup 0)
+
+# executor_bytes LOG -> "bytes staging" from ferry plan's "executor gpu bytes" line.
+executor_bytes() {
+  sed -n 's/.*executor gpu bytes \([0-9]*\) for the plan at batch [0-9]* (device optimizer tail staging \([0-9]*\) bytes.*/\1 \2/p' "$1" | tail -1
+}
+# planned_bytes REPORT -> the executor's device bytes of its (only) policy.
+planned_bytes() {
+  python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["policies"][0]; assert "error" not in p, p; print(p["device_planned_bytes"])' "$1"
+}
+
+# 1. The staging in the executor fit, byte for byte.
+n=0
+for mode in "--master bf16-kahan --optimizer-states 8bit|--device-update-layers all --device-update-slots 2" \
+            "--master fp32 --optimizer-states 8bit --grad-dtype bf16|--device-update-layers 3 --device-update-slots 3"; do
+  n=$((n + 1))
+  optim=(${mode%%|*}); tail=(${mode#*|})
+  "$FERRY" "${plan[@]}" --batch-size 4 --gpu-mem-gb 1 "${optim[@]}" "${tail[@]}" \
+    --json "$TMP/t$n.json" > /dev/null 2> "$TMP/t$n.log" ||
+    { echo "plan_tail: ferry plan with the tail failed"; cat "$TMP/t$n.log"; exit 1; }
+  read -r with staging <<< "$(executor_bytes "$TMP/t$n.log")"
+  [ -n "$with" ] && [ "$staging" -gt 0 ] ||
+    { echo "plan_tail: no executor bytes / staging logged"; cat "$TMP/t$n.log"; exit 1; }
+  "$FERRY" "${bench[@]}" --batch-size 4 --policies "plan=$TMP/t$n.json" "${optim[@]}" \
+    "${tail[@]}" --json "$TMP/bt$n.json" > "$TMP/bt$n.log" 2>&1 ||
+    { echo "plan_tail: bench with the tail failed"; cat "$TMP/bt$n.log"; exit 1; }
+  "$FERRY" "${bench[@]}" --batch-size 4 --policies "plan=$TMP/t$n.json" "${optim[@]}" \
+    --json "$TMP/bo$n.json" > "$TMP/bo$n.log" 2>&1 ||
+    { echo "plan_tail: bench without the tail failed"; cat "$TMP/bo$n.log"; exit 1; }
+  got=$(planned_bytes "$TMP/bt$n.json"); off=$(planned_bytes "$TMP/bo$n.json")
+  [ "$with" -eq "$got" ] ||
+    { echo "plan_tail: ${mode}: ferry plan counts $with bytes, the executor $got"; exit 1; }
+  [ $((got - off)) -eq "$staging" ] ||
+    { echo "plan_tail: ${mode}: staging $staging bytes, the executor's tail adds $((got - off))"; exit 1; }
+  grep -q "solved for --device-update-layers" "$TMP/bo$n.log" ||
+    { echo "plan_tail: a plan solved with the tail run without it is not flagged"; cat "$TMP/bo$n.log"; exit 1; }
+  echo "plan_tail: ${mode}: ferry plan's executor bytes $with = the executor's, staging $staging"
+done
+
+# 2. At a binding cap (4 MiB) the plan solved with the tail fits the executor with the tail.
+optim=(--master bf16-kahan --optimizer-states 8bit)
+tail=(--device-update-layers all --device-update-slots 2)
+for t in off on; do
+  extra=(); [ "$t" = on ] && extra=("${tail[@]}")
+  "$FERRY" "${plan[@]}" --batch-size auto --max-batch 64 --gpu-mem-gb 0.004194304 "${optim[@]}" \
+    "${extra[@]}" --json "$TMP/cap_$t.json" > /dev/null 2> "$TMP/cap_$t.log" ||
+    { echo "plan_tail: capped plan ($t) failed"; cat "$TMP/cap_$t.log"; exit 1; }
+done
+"$FERRY" "${bench[@]}" --batch-size auto --max-batch 64 --device-budget-mib 4 "${optim[@]}" \
+  "${tail[@]}" --policies "plan=$TMP/cap_on.json" --json "$TMP/bcap.json" > "$TMP/bcap.log" 2>&1 ||
+  { echo "plan_tail: capped bench failed"; cat "$TMP/bcap.log"; exit 1; }
+python3 - "$TMP/bcap.json" "$TMP/cap_on.json" "$TMP/cap_off.json" <<'PY'
+import json, sys
+fit = json.load(open(sys.argv[1]))["policies"][0]
+on, off = (json.load(open(p)) for p in sys.argv[2:4])
+assert "error" not in fit, fit
+assert fit["plan_batch"] == on["batch_size"] and fit["batch_size"] == fit["plan_batch"], fit
+assert fit["largest_fitting_batch"] >= fit["plan_batch"], fit
+assert fit["device_planned_bytes"] <= 4 << 20, fit
+assert fit["plan_device_update_layers"] == 12, fit
+assert on["problem"]["device_update_layers"] == 12 and "device_update_layers" not in off["problem"]
+# The staging takes room the plan without the tail used.
+assert on["batch_size"] <= off["batch_size"], (on["batch_size"], off["batch_size"])
+print(f"plan_tail: at 4 MiB the plan with the tail (batch {on['batch_size']}, without "
+      f"{off['batch_size']}) fits the executor with it (largest {fit['largest_fitting_batch']})")
+PY
+
+# 3. ferry train --plan auto with the run's tail.
+train=(train --demo-layers 4 --demo-hidden 32 --seq-len 128 --batch-size 4 --max-steps 1
+       --eval-every 0 --seed 11 --plan auto --device-budget-mib 3000 "${optim[@]}")
+"$FERRY" "${train[@]}" --output-dir "$TMP/r0" > "$TMP/r0.log" 2> "$TMP/r0.err" ||
+  { echo "plan_tail: train --plan auto failed"; cat "$TMP/r0.err"; exit 1; }
+"$FERRY" "${train[@]}" --device-update-layers all --output-dir "$TMP/r1" > "$TMP/r1.log" \
+  2> "$TMP/r1.err" || { echo "plan_tail: train --plan auto with the tail failed"; cat "$TMP/r1.err"; exit 1; }
+grep -q 'policy plan:solved' "$TMP/r1.err" "$TMP/r1.log" || { echo "plan_tail: tail plan not run"; exit 1; }
+# The same request through ferry plan (the run's exported config, its caps as the plan recorded).
+caps=$(python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["problem"]; print(repr(p["gpu_cap_gb"]), repr(p["host_cap_gb"]))' "$TMP/r1/plan.json")
+read -r gpu host <<< "$caps"
+"$FERRY" plan --model "$TMP/r1" --seq-len 128 --batch-size 4 --gpu-mem-gb "$gpu" --host-mem-gb "$host" \
+  --executor-device cpu "${optim[@]}" --device-update-layers all --no-policies \
+  --json "$TMP/p1.json" > /dev/null 2> "$TMP/p1.log" ||
+  { echo "plan_tail: ferry plan of the same request failed"; cat "$TMP/p1.log"; exit 1; }
+python3 - "$TMP/r0/plan.json" "$TMP/r1/plan.json" "$TMP/p1.json" <<'PY'
+import json, sys
+off, on, ref = (json.load(open(p)) for p in sys.argv[1:4])
+L = on["num_layers"]
+assert on["problem"]["device_update_layers"] == L, on["problem"].get("device_update_layers")
+assert "device_update_layers" not in off["problem"], off["problem"]
+po, pn = off["predicted"]["optimizer_phase_ms"], on["predicted"]["optimizer_phase_ms"]
+assert po == off["problem"]["cpu_optimizer_ms"] and pn != po, (po, pn)
+for k in ("optimizer_phase_ms", "step_ms", "optimizer_wait_ms", "gpu_peak_gb"):
+    assert on["predicted"][k] == ref["predicted"][k], (k, on["predicted"][k], ref["predicted"][k])
+assert on["boundaries"] == ref["boundaries"] and on["problem"] == ref["problem"]
+print(f"plan_tail: train --plan auto: optimizer phase {po:.6f} ms without the tail, {pn:.6f} ms "
+      f"with all {L} layers (= ferry plan's), step {on['predicted']['step_ms']:.4f} ms")
+PY
+
+# 4. No device kernel for fp32 master + fp32 states: refused, naming the way out.
+set +e
+"$FERRY" "${plan[@]}" --batch-size 4 --gpu-mem-gb 1 --device-update-layers 2 > /dev/null \
+  2> "$TMP/r.err"; rc=$?
+set -e
+[ "$rc" -eq 1 ] && grep -q "no kernel for fp32 master + fp32 states" "$TMP/r.err" ||
+  { echo "plan_tail: fp32 + fp32 tail: rc=$rc"; cat "$TMP/r.err"; exit 1; }
+echo "plan tail cli: ok"
