@@ -10,6 +10,8 @@
 #include <string_view>
 #include <tuple>
 
+#include <fmt/format.h>
+
 #include "mem/arena.h"
 #include "mem/budget.h"
 #include "mem/tier.h"
@@ -138,7 +140,7 @@ void ModelCompute::plan_buffers(const DecoderGeometry& geo, std::int64_t T, int 
     LayerActs& a = acts[w];
     bool moe = false, dense = false;
     workspace_kinds(geo, w, work_layers, &moe, &dense);
-    const std::string p = "l" + std::to_string(w) + ".";
+    const std::string p = fmt::format("l{}.", w);
     // The whole-model path keeps every boundary in its layer's workspace; per-layer callers own
     // the boundaries.
     if (whole) tab.add(a.x_in, p + "x_in", T * C);
