@@ -115,6 +115,7 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
   Json rep{
       {"bench", "train"},
       {"device", device_name},
+      {"arch", spec.model_type},
       {"geometry",
        {{"layers", geo.layers},
         {"hidden", geo.hidden},
@@ -365,10 +366,12 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
 std::string format_train_bench(const Json& r) {
   const bool autob = r.value("batch_auto", false);
   std::string out = fmt::format(
-      "bench train on {} | {} layers, hidden {}, {:.3g} B params | batch {} x seq {} x accum {} | "
+      "bench train on {} | {} {} layers, hidden {}, {:.3g} B params | batch {} x seq {} x accum {} "
+      "| "
       "{} timed steps | {} | {} GEMMs | {} weights\n",
-      r["device"].get<std::string>(), r["geometry"]["layers"].get<int>(),
-      r["geometry"]["hidden"].get<int>(), r["params"].get<double>() / 1e9,
+      r["device"].get<std::string>(), r.value("arch", std::string("qwen3")),
+      r["geometry"]["layers"].get<int>(), r["geometry"]["hidden"].get<int>(),
+      r["params"].get<double>() / 1e9,
       autob ? std::string("auto (largest that fits)") : std::to_string(r["batch"].get<int>()),
       r["seq"].get<std::int64_t>(), r.value("grad_accum", 1), r["steps"].get<int>(),
       r["optimizer"].get<std::string>(), r.value("gemm_precision", std::string("f32")),
