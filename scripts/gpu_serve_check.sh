@@ -20,7 +20,10 @@
 #          30B-A3B layer widths on WSA_LAYERS of 48 layers, 24 GiB scaled by layers / 48: fixed
 #          splits, configurator, live controller): wsa_bench.json + wsa_bench.txt. WSA_ARGS adds
 #          flags (e.g. "--sessions 4 --turns 3 --caps 40"); WSA_TIMEOUT (s) bounds the bench,
-#          WSA_DEADLINE (epoch s) ends it by then (the bench writes its JSON after each policy).
+#          WSA_DEADLINE (epoch s) ends it by then (the bench writes its JSON after each policy,
+#          and is passed --deadline-unix WSA_DEADLINE - 10 so it stops its last policy itself and
+#          writes it, incomplete, before the timeout). WSA_TESTS=0 skips the ServeWsaCuda tests
+#          and builds only the bench (the 48-layer calls, docs/serve_wsa.md "48-layer run").
 #          STAGES="build wsa" builds only gpu_test and the bench.
 #   bench48  the full 48-layer Qwen3-30B-A3B geometry at the budget (#5):
 #          `ferry bench serve --device cuda --geometry qwen3-30b-a3b --expert-dtype bf16
@@ -56,6 +59,7 @@ EXTRA=${EXTRA:-}
 WSA_LAYERS=${WSA_LAYERS:-2}
 WSA_ARGS=${WSA_ARGS:-}
 WSA_TIMEOUT=${WSA_TIMEOUT:-200}
+WSA_TESTS=${WSA_TESTS:-1}
 B48_MODES=${B48_MODES:-resident,paged,static}
 B48_PROMPT=${B48_PROMPT:-128}
 B48_DECODE=${B48_DECODE:-32}
@@ -82,6 +86,7 @@ if has build; then
     if has wsa; then
       bench=ON
       targets="gpu_test serve_split_engine_bench"
+      [ "$WSA_TESTS" = 0 ] && ! has test && targets="serve_split_engine_bench"
       has bench && targets="ferry $targets"
     fi
     # bench / bench48* alone need only the ferry binary.
@@ -191,21 +196,28 @@ if has test; then
     "$OUT/gpu_serve_test.log" | head -120
 fi
 if has wsa; then
-  timeout 120 "$B/tests/gpu_test" --gtest_filter='ServeWsaCuda*' >"$OUT/gpu_wsa_test.log" 2>&1 ||
-    status=1
-  grep -E "^\[serve_gpu\]|PASSED|FAILED|SKIPPED|tests ran|Failure|Expected|Which is" \
-    "$OUT/gpu_wsa_test.log" | head -40
-  stamp "wsa tests done"
-  # WSA_DEADLINE (epoch s): end the bench by then, whatever the build and tests took.
+  if [ "$WSA_TESTS" != 0 ]; then
+    timeout 120 "$B/tests/gpu_test" --gtest_filter='ServeWsaCuda*' >"$OUT/gpu_wsa_test.log" 2>&1 ||
+      status=1
+    grep -E "^\[serve_gpu\]|PASSED|FAILED|SKIPPED|tests ran|Failure|Expected|Which is" \
+      "$OUT/gpu_wsa_test.log" | head -40
+    stamp "wsa tests done"
+  fi
+  # WSA_DEADLINE (epoch s): end the bench by then, whatever the build and tests took; the bench
+  # itself stops its policies 10 s earlier, so the last one is written (incomplete) first.
+  wsa_deadline=()
   if [ -n "${WSA_DEADLINE:-}" ]; then
     left=$((WSA_DEADLINE - $(date +%s)))
     [ "$left" -lt "$WSA_TIMEOUT" ] && WSA_TIMEOUT=$left
+    wsa_deadline=(--deadline-unix $((WSA_DEADLINE - 10)))
   fi
+  free -m >"$OUT/wsa_mem.txt"
   # shellcheck disable=SC2086
   timeout "$WSA_TIMEOUT" "$B/bench/serve_split_engine_bench" --device cuda --layers "$WSA_LAYERS" \
-    --budget-gib 24 --json "$OUT/wsa_bench.json" $WSA_ARGS >"$OUT/wsa_bench.txt" 2>&1 ||
-    status=1
-  grep -v "^\[" "$OUT/wsa_bench.txt" | tail -30
+    --budget-gib 24 --json "$OUT/wsa_bench.json" ${wsa_deadline[@]+"${wsa_deadline[@]}"} $WSA_ARGS \
+    >"$OUT/wsa_bench.txt" 2>&1 || status=1
+  # (the bench's "  [policy N s] step ..." progress lines stay in the file)
+  grep -v -e "^\[" -e "^  \[" "$OUT/wsa_bench.txt" | tail -40
   stamp "wsa bench done"
 fi
 stamp "done, status $status"

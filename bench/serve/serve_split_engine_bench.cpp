@@ -39,19 +39,40 @@
 //     --live-band-of total)
 //     [--tiny]   (--tiny: a small geometry for a CPU smoke run)
 //     [--scaled] [--model-step-ms 1.6 --model-miss-ms 0.197]
+//     [--save-profile FILE] [--configurator-profile FILE] [--deadline-unix S] [--dense-dtype f32]
+//     [--prune-slower off] [--prior-json FILE]
 // --scaled (CPU, 2 layers): the 2-layer CUDA run's split problem at 1/32 of the widths (same E,
 // top-k, routing, slots, blocks, floor and modelled miss cost; see main()), so LiveSplit decides
 // as it would on the GPU; its wall time is CPU compute, not a GPU's. --model-step-ms /
 // --model-miss-ms price a run's own counters (steps, pager misses) with a step model, e.g. one
 // fitted to an H200 run (docs/serve_wsa.md): "modelled_s" in the JSON, ratios on it printed.
+// --policies also takes cap-N (a --caps run at that place in the order, e.g. the oracle's
+// nearest caps before a named split that may be cut by --deadline-unix).
 // --policy-s caps the wall time of policies named as in --policies ("caps": each --caps run;
 // others: --max-policy-s); a policy past its cap is stopped and reported incomplete. --phase-turns:
 // the phased workload variant (agentic_workload.h). x_best = the fastest complete fixed split of
 // this run (named, caps and configurator: the oracle when --caps sweeps every cap) / policy. The
 // live policy's JSON has every decision (live_log: step, modelled T of the held and target split,
 // migration, move, applied) and the last refusal's reason.
+// Split over several processes (device calls; docs/serve_wsa.md "48-layer run"): --save-profile
+// writes the fixed-50 run's profile (wsa/split_profile.h, with the geometry, workload, budget and
+// link it must match), --configurator-profile FILE makes the configurator use that file's
+// profile instead of this process's fixed-50 run (refused if it was recorded on another
+// geometry, workload, budget or link). --deadline-unix S (epoch seconds): every policy's time cap
+// ends by S and a policy with < 15 s left is not started (listed in "skipped"), so the JSON --
+// rewritten after every policy, and once before the first -- holds every finished policy when
+// the caller's timeout comes; tools/bench/wsa_merge.py merges such runs (tokens_hash: the same
+// tokens). --prune-slower on stops expert-heavy / kv-heavy once they run 2 % + 1 s past the best
+// complete named split known, a --caps run past the best complete fixed split known (this process
+// and --prior-json FILE, an earlier call's JSON of the same measurement): provably not the best,
+// so best named / best fixed stay exact (JSON: pruned_slower, prune_at_s).
+// Weights: the experts are drawn straight into one packed host store in the engine's expert
+// dtype (make_builtin_moe_packed, every core) that every policy's engine reads; 48 layers take
+// ~58 GB of host memory and ~2 minutes. decode_tokens_per_s: tokens generated in steps that
+// computed no prompt token / those steps' wall time (generated_tokens_per_s is over the run).
 #include <sys/utsname.h>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -65,6 +86,7 @@
 
 #include "core/check.h"
 #include "core/cpu_info.h"
+#include "core/process_memory.h"
 #include "core/timer.h"
 #include "kernels/backend.h"
 #include "serve/builtin_model.h"
@@ -73,6 +95,7 @@
 #include "serve/wsa/agentic_workload.h"
 #include "serve/wsa/live_split.h"
 #include "serve/wsa/split_allocator.h"
+#include "serve/wsa/split_profile.h"
 #include "serve/wsa/split_sim.h"
 
 namespace {
@@ -112,8 +135,18 @@ struct PolicyResult {
   std::vector<DecisionRecord> log;          // live: every decision
   std::uint64_t refused = 0;
   std::string last_refusal;
-  double cap_s = 0;       // the time cap it ran under
+  double cap_s = 0;       // the time cap it ran under (its own, or what --deadline-unix left)
   double modelled_s = 0;  // --model-step-ms x steps + --model-miss-ms x misses (0: not asked)
+  double started_s = 0;   // bench clock (since main started) when its engine was created
+  double create_s = 0;    // Engine::create (device arenas, dense weights uploaded)
+  // Steps that computed no prompt token (decode only): their wall time and generated tokens.
+  std::uint64_t decode_steps = 0, decode_tokens = 0;
+  double decode_s = 0;
+  std::string profile_source;  // configurator: where its profile came from
+  // --prune-slower: the time after which this fixed split is provably slower than a complete
+  // one (0: not pruned); set when the run was stopped there.
+  double prune_at_s = 0;
+  bool pruned = false;
   Split final_split;
   std::map<std::pair<int, int>, std::vector<std::int32_t>> tokens;
   std::string error;
@@ -141,13 +174,22 @@ struct Setup {
   double min_hysteresis = 0.01, uniform_tie = 0.01;  // --live-min-hysteresis, --live-uniform-tie
   bool band_of_avoidable = true;                     // --live-band-of avoidable|total
   double model_step_s = 0, model_miss_s = 0;         // --model-step-ms, --model-miss-ms
+  const ExpertStore* host_store = nullptr;  // the packed experts every engine reads (one copy)
+  DType dense_dtype = DType::kF32;          // --dense-dtype
+  double deadline_unix = 0;                 // --deadline-unix: no policy runs past it (0: none)
+  const ferry::Timer* bench_clock = nullptr;
 };
+
+double now_unix_s() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 // One engine, one policy: fixed at `start`, or (live) configure_auto_split + LiveSplit. With
 // `profile`, a fixed run is observed by a LiveSplit that never decides and its curves returned.
 PolicyResult run_policy(const Setup& su, const std::string& key, const std::string& name,
-                        const Split& start, bool live, SplitProblem* profile) {
-  PolicyResult pr{.name = name, .start = start, .live = live};
+                        const Split& start, bool live, SplitProblem* profile,
+                        double prune_at_s = 0) {
+  PolicyResult pr{.name = name, .start = start, .live = live, .prune_at_s = prune_at_s};
   const model::DecoderGeometry& geo = su.model->geometry;
   EngineConfig ec;
   ec.max_running = su.concurrency;
@@ -173,7 +215,12 @@ PolicyResult run_policy(const Setup& su, const std::string& key, const std::stri
     }
   }
   ec.device_budget_bytes = 0;  // dense weights + activations sit outside the pool budget
+  ec.dense_dtype = su.dense_dtype;
+  ec.pager.host_store = su.host_store;  // null: the engine packs its own copy
+  if (su.bench_clock != nullptr) pr.started_s = su.bench_clock->elapsed_s();
+  ferry::Timer create_clock;
   auto eng_r = Engine::create(geo, su.model->params, ec, *su.backend);
+  pr.create_s = create_clock.elapsed_s();
   if (!eng_r.ok()) {
     pr.error = eng_r.status().to_string();
     return pr;
@@ -208,7 +255,9 @@ PolicyResult run_policy(const Setup& su, const std::string& key, const std::stri
   std::vector<double> ttft;
   const auto cap_it = su.policy_s.find(key);
   pr.cap_s = cap_it != su.policy_s.end() ? cap_it->second : su.max_policy_s;
+  if (su.deadline_unix > 0) pr.cap_s = std::min(pr.cap_s, su.deadline_unix - now_unix_s());
   ferry::Timer clock;
+  double next_progress_s = 30;
   Status failed = ok_status();
   auto submit = [&](int s, int t, std::vector<std::int32_t> prompt) {
     prompt_of[s] = prompt;
@@ -224,11 +273,21 @@ PolicyResult run_policy(const Setup& su, const std::string& key, const std::stri
   };
   for (int s = 0; s < w.sessions(); ++s) submit(s, 0, w.turn_prompt(s, 0, vocab));
   while (failed.ok() && !eng.idle()) {
-    if (clock.elapsed_s() > pr.cap_s) {
-      failed = deadline_exceeded("bench: {} ran past its time cap of {} s", name, pr.cap_s);
+    if (clock.elapsed_s() > std::min(pr.cap_s, pr.prune_at_s > 0 ? pr.prune_at_s : pr.cap_s)) {
+      if (pr.prune_at_s > 0 && pr.prune_at_s <= pr.cap_s) {
+        pr.pruned = true;
+        failed = deadline_exceeded(
+            "bench: {} stopped at {:.1f} s: slower than a complete split of this measurement "
+            "(--prune-slower)",
+            name, pr.prune_at_s);
+      } else {
+        failed = deadline_exceeded("bench: {} ran past its time cap of {} s", name, pr.cap_s);
+      }
       break;
     }
     const std::uint64_t resizes = eng.stats().pool_resizes;
+    const std::uint64_t prefilled = eng.stats().prefill_tokens;
+    const double step_t0 = clock.elapsed_s();
     auto ev = eng.step();
     if (!ev.ok()) {
       failed = ev.status();
@@ -236,6 +295,19 @@ PolicyResult run_policy(const Setup& su, const std::string& key, const std::stri
     }
     if (eng.stats().pool_resizes != resizes) pr.resize_steps.push_back(eng.stats().steps);
     const double now = clock.elapsed_s();
+    if (eng.stats().prefill_tokens == prefilled) {  // a decode-only step
+      ++pr.decode_steps;
+      pr.decode_tokens += ev->size();
+      pr.decode_s += now - step_t0;
+    }
+    if (now >= next_progress_s) {  // a 48-layer policy runs minutes: show where it is
+      next_progress_s += 30;
+      std::printf("  [%s %.0f s] step %llu, %llu tokens generated, %llu expert misses\n",
+                  name.c_str(), now, static_cast<unsigned long long>(eng.stats().steps),
+                  static_cast<unsigned long long>(pr.generated + ev->size()),
+                  static_cast<unsigned long long>(eng.experts().pager()->counters().misses));
+      std::fflush(stdout);
+    }
     for (const TokenEvent& e : *ev) {
       if (e.index == 0 && e.token >= 0) ttft.push_back(now - submitted.at(e.id));
       ++pr.generated;
@@ -317,6 +389,24 @@ nlohmann::json log_json(const std::vector<DecisionRecord>& log) {
   return a;
 }
 
+// FNV-1a over every turn's generated tokens in (session, turn) order: lets tools/bench/wsa_merge.py
+// check that runs in different processes (device calls) generated the same tokens.
+std::string tokens_hash(const std::map<std::pair<int, int>, std::vector<std::int32_t>>& tokens) {
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](const void* data, std::size_t n) {
+    const auto* b = static_cast<const unsigned char*>(data);
+    for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  };
+  for (const auto& [turn, toks] : tokens) {
+    const std::int32_t key[3] = {turn.first, turn.second, static_cast<std::int32_t>(toks.size())};
+    mix(key, sizeof key);
+    mix(toks.data(), toks.size() * sizeof(std::int32_t));
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
 nlohmann::json result_json(const PolicyResult& r, double named_s) {
   const std::uint64_t acc = r.hits + r.misses;
   return {{"policy", r.name},
@@ -330,6 +420,12 @@ nlohmann::json result_json(const PolicyResult& r, double named_s) {
           {"median_ttft_s", r.median_ttft_s},
           {"generated_tokens", r.generated},
           {"generated_tokens_per_s", r.tokens_per_s},
+          {"decode_steps", r.decode_steps},
+          {"decode_step_s", r.decode_s},
+          {"decode_tokens", r.decode_tokens},
+          {"decode_tokens_per_s", r.decode_s > 0 ? double(r.decode_tokens) / r.decode_s : 0.0},
+          {"turns_finished", r.tokens.size()},
+          {"tokens_hash", tokens_hash(r.tokens)},
           {"steps", r.steps},
           {"expert_hit_rate", acc ? double(r.hits) / double(acc) : 0.0},
           {"expert_misses", r.misses},
@@ -347,10 +443,42 @@ nlohmann::json result_json(const PolicyResult& r, double named_s) {
           {"live_last_refusal", r.last_refusal},
           {"live_log", log_json(r.log)},
           {"cap_s", r.cap_s},
+          {"started_s", r.started_s},
+          {"engine_create_s", r.create_s},
+          {"profile_source", r.profile_source},
+          {"prune_at_s", r.prune_at_s},
+          {"pruned_slower", r.pruned},
           {"modelled_s", r.modelled_s},
           {"pool_max_bytes", r.pool_max_bytes},
           {"device_peak_bytes", r.device_peak},
           {"x_named", named_s > 0 && r.complete && r.total_s > 0 ? named_s / r.total_s : 0.0}};
+}
+
+// What two bench JSON files must share to be one measurement (tools/bench/wsa_merge.py checks
+// the same): geometry (less build figures), workload, pool budget, KV floor, link.
+nlohmann::json problem_key_of(const nlohmann::json& doc) {
+  nlohmann::json geo = doc.value("geometry", nlohmann::json::object());
+  for (const char* k :
+       {"model_build_s", "host_peak_rss_bytes_after_build", "dense_dtype", "host_bytes_estimate"}) {
+    geo.erase(k);
+  }
+  const nlohmann::json budget = doc.value("budget", nlohmann::json::object());
+  const nlohmann::json run = doc.value("run", nlohmann::json::object());
+  return {{"geometry", geo},
+          {"workload", doc.value("workload", nlohmann::json::object())},
+          {"pool_budget_bytes", budget.value("pool_budget_bytes", nlohmann::json())},
+          {"kv_floor_blocks", budget.value("kv_floor_blocks", nlohmann::json())},
+          {"link_gbps", run.value("link_gbps", nlohmann::json())}};
+}
+
+// MemAvailable of /proc/meminfo in bytes, 0 if unknown.
+std::size_t host_memory_available_bytes() {
+  std::ifstream f("/proc/meminfo");
+  for (std::string line; std::getline(f, line);) {
+    unsigned long long kib = 0;
+    if (std::sscanf(line.c_str(), "MemAvailable: %llu kB", &kib) == 1) return kib * 1024;
+  }
+  return 0;
 }
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -381,6 +509,10 @@ int main(int argc, char** argv) {
   std::uint64_t seed = 1;
   bool prefix_cache = true, tiny = false, scaled = false;
   double model_step_ms = 0, model_miss_ms = 0;
+  std::string save_profile_path, load_profile_path, prior_json_path;
+  bool prune_slower = false;
+  double deadline_unix = 0;
+  DType dense_dtype = DType::kF32;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--tiny") {
@@ -454,10 +586,40 @@ int main(int argc, char** argv) {
       model_step_ms = std::atof(v);
     else if (a == "--model-miss-ms")
       model_miss_ms = std::atof(v);
-    else {
+    else if (a == "--save-profile")
+      save_profile_path = v;
+    else if (a == "--configurator-profile")
+      load_profile_path = v;
+    else if (a == "--deadline-unix")
+      deadline_unix = std::atof(v);
+    else if (a == "--prior-json")
+      prior_json_path = v;
+    else if (a == "--prune-slower")
+      prune_slower = std::strcmp(v, "off") != 0;
+    else if (a == "--dense-dtype") {
+      auto d = parse_dense_dtype(v);
+      if (!d.ok()) {
+        std::fprintf(stderr, "serve_split_engine_bench: %s\n", d.status().to_string().c_str());
+        return 2;
+      }
+      dense_dtype = *d;
+    } else {
       std::fprintf(stderr, "serve_split_engine_bench: unknown flag %s\n", a.c_str());
       return 2;
     }
+  }
+  for (const std::string& p : split_list(policies_arg)) {
+    const bool cap_entry = p.rfind("cap-", 0) == 0 && std::atoi(p.c_str() + 4) > 0;
+    if (p != "fixed-50" && p != "expert-heavy" && p != "kv-heavy" && p != "configurator" &&
+        p != "live" && !cap_entry) {
+      std::fprintf(stderr, "serve_split_engine_bench: unknown policy %s\n", p.c_str());
+      return 2;
+    }
+  }
+  if (deadline_unix > 0 && deadline_unix < now_unix_s()) {
+    std::fprintf(stderr, "serve_split_engine_bench: --deadline-unix %.0f has passed\n",
+                 deadline_unix);
+    return 2;
   }
   // The target: Qwen3-30B-A3B bf16 on 48 layers (serve_split_bench's accounting).
   constexpr int kLayers = 48, kExperts = 128, kTopK = 8, kHidden = 2048, kExpertWidth = 768;
@@ -528,14 +690,12 @@ int main(int argc, char** argv) {
     }
     backend = *be;
   }
-  ferry::Timer build_timer;
-  auto model = make_builtin_moe(spec, seed);
-  FERRY_CHECK(model.ok(), "{}", model.status().to_string());
-  const double build_s = build_timer.elapsed_s();
-  const model::DecoderGeometry& geo = (*model)->geometry;
+  ferry::Timer bench_clock;
+  // Everything below up to the model build needs only the spec: a bad flag or a profile of
+  // another run is refused before minutes of weight drawing (48 layers: ~2 minutes).
   const DType edt = cuda ? DType::kBF16 : DType::kF32;
   const std::size_t expert_bytes =
-      3 * std::size_t(geo.hidden) * std::size_t(geo.expert_width) * dtype_size(edt);
+      3 * std::size_t(spec.hidden) * std::size_t(spec.expert_width) * dtype_size(edt);
   const AgenticWorkload w({.sessions = sessions,
                            .turns = turns,
                            .prefix_tokens = prefix,
@@ -544,12 +704,11 @@ int main(int argc, char** argv) {
                            .phase_turns = phase_turns,
                            .long_output_min = long_output_min,
                            .long_output_max = long_output_max,
-                           .moe_layers = geo.layers,
-                           .experts = geo.experts,
-                           .top_k = geo.top_k,
+                           .moe_layers = spec.layers,
+                           .experts = spec.experts,
+                           .top_k = spec.top_k,
                            .seed = seed});
-  Setup su{.model = model->get(),
-           .w = &w,
+  Setup su{.w = &w,
            .backend = backend,
            .expert_dtype = edt,
            .pool_budget = pool_budget,
@@ -564,7 +723,10 @@ int main(int argc, char** argv) {
            .uniform_tie = uniform_tie,
            .band_of_avoidable = band_of_avoidable,
            .model_step_s = model_step_ms * 1e-3,
-           .model_miss_s = model_miss_ms * 1e-3};
+           .model_miss_s = model_miss_ms * 1e-3,
+           .dense_dtype = dense_dtype,
+           .deadline_unix = deadline_unix,
+           .bench_clock = &bench_clock};
   // --policy-s live=60,caps=30: a time cap per --policies name ("caps": each --caps run), others
   // get --max-policy-s.
   for (const std::string& kv : split_list(policy_s_arg)) {
@@ -576,12 +738,12 @@ int main(int argc, char** argv) {
     }
     su.policy_s[kv.substr(0, eq)] = std::atof(kv.c_str() + eq + 1);
   }
-  su.kv_block_bytes = std::size_t(geo.layers) * 2 * std::size_t(su.block_tokens) *
-                      std::size_t(geo.kv_heads) * std::size_t(geo.head_dim) * sizeof(float);
+  su.kv_block_bytes = std::size_t(spec.layers) * 2 * std::size_t(su.block_tokens) *
+                      std::size_t(spec.kv_heads) * std::size_t(spec.head_dim) * sizeof(float);
   su.floor_blocks = concurrency * ((w.max_context() + su.block_tokens - 1) / su.block_tokens);
   if (tiny) {
     // 40 % of the experts' bytes (the share 24 GiB leaves them on the target) + 1.5x the floor.
-    su.pool_budget = std::size_t(0.4 * double(expert_bytes) * geo.experts * geo.layers) +
+    su.pool_budget = std::size_t(0.4 * double(expert_bytes) * spec.experts * spec.layers) +
                      std::size_t(1.5 * su.floor_blocks) * su.kv_block_bytes;
     pool_budget = su.pool_budget;
   }
@@ -594,7 +756,7 @@ int main(int argc, char** argv) {
   sc.max_running = concurrency;
   sc.kv_floor_blocks = su.floor_blocks;
   sc.link_bytes_per_s = su.link_bytes_per_s;
-  const SplitProblem skel = sim_problem(sc, geo.layers, geo.experts, geo.top_k);
+  const SplitProblem skel = sim_problem(sc, spec.layers, spec.experts, spec.top_k);
   auto half = fraction_split(skel, 0.5);
   FERRY_CHECK(half.ok(), "50/50: {}", half.status().to_string());
   const std::vector<Split> uniform = all_uniform_splits(skel);
@@ -607,19 +769,19 @@ int main(int argc, char** argv) {
       "MV-WSA split policies on the real serving engine: agentic workload, forced calibrated "
       "routing, random-weight Qwen3-30B-A3B layer widths";
   out["machine"] = {{"host", un.nodename}, {"cpu", ferry::cpu_model_name()}, {"device", device}};
-  out["geometry"] = {{"layers", geo.layers},
+  out["geometry"] = {{"layers", spec.layers},
                      {"of_target_layers", kLayers},
-                     {"hidden", geo.hidden},
-                     {"experts", geo.experts},
-                     {"top_k", geo.top_k},
-                     {"expert_width", geo.expert_width},
-                     {"vocab", geo.vocab},
+                     {"hidden", spec.hidden},
+                     {"experts", spec.experts},
+                     {"top_k", spec.top_k},
+                     {"expert_width", spec.expert_width},
+                     {"vocab", spec.vocab},
                      {"tiny", tiny},
                      {"scaled", scaled},
                      {"expert_dtype", std::string(to_string(edt))},
+                     {"dense_dtype", std::string(to_string(dense_dtype))},
                      {"expert_bytes", expert_bytes},
-                     {"kv_block_bytes", su.kv_block_bytes},
-                     {"model_build_s", build_s}};
+                     {"kv_block_bytes", su.kv_block_bytes}};
   out["budget"] = {{"target_total_gib", budget_gib},
                    {"target_dense_bf16_bytes", dense_bytes},
                    {"target_workspace_bytes", workspace_bytes},
@@ -648,17 +810,145 @@ int main(int argc, char** argv) {
                  {"min_hysteresis", min_hysteresis},
                  {"uniform_tie", uniform_tie},
                  {"band_of_avoidable", band_of_avoidable}};
-  std::printf(
-      "serve_split_engine_bench: device=%s layers=%d (of %d) experts=%d top-%d expert %.2f MB "
-      "(%s), pool budget %.3f GiB, kv block %.2f MiB, floor %d blocks; model built in %.1f s\n",
-      device.c_str(), geo.layers, kLayers, geo.experts, geo.top_k, double(expert_bytes) / 1e6,
-      std::string(to_string(edt)).c_str(), double(pool_budget) / double(1ull << 30),
-      double(su.kv_block_bytes) / double(1 << 20), su.floor_blocks, build_s);
-  std::fflush(stdout);
+  out["run"] = {{"deadline_unix", deadline_unix},    {"link_gbps", link_gbps},
+                {"prune_slower", prune_slower},      {"prior_json", prior_json_path},
+                {"save_profile", save_profile_path}, {"configurator_profile", load_profile_path}};
+  // What a saved profile must match to be used by another run's configurator: the split
+  // problem's sizes, costs and workload (tools/bench/wsa_merge.py merges such runs' JSON).
+  nlohmann::json profile_key = {{"geometry", out["geometry"]},
+                                {"workload", out["workload"]},
+                                {"pool_budget_bytes", pool_budget},
+                                {"kv_floor_blocks", su.floor_blocks},
+                                {"link_gbps", link_gbps}};
+  profile_key["geometry"].erase("dense_dtype");  // the split problem does not depend on it
+
+  // --prior-json: an earlier call's JSON of the same measurement; its best complete named and
+  // fixed times bound --prune-slower from the first policy on.
+  double prior_named_s = 0, prior_fixed_s = 0;
+  if (!prior_json_path.empty()) {
+    std::ifstream f(prior_json_path);
+    const nlohmann::json prior = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+    if (!f || prior.is_discarded() || !prior.is_object()) {
+      std::fprintf(stderr, "serve_split_engine_bench: cannot read --prior-json %s\n",
+                   prior_json_path.c_str());
+      return 2;
+    }
+    if (problem_key_of(prior) != problem_key_of(out)) {
+      std::fprintf(stderr,
+                   "serve_split_engine_bench: --prior-json %s is another measurement:\n  its key  "
+                   "%s\n  this run %s\n",
+                   prior_json_path.c_str(), problem_key_of(prior).dump().c_str(),
+                   problem_key_of(out).dump().c_str());
+      return 2;
+    }
+    prior_named_s = prior.value("best_named_fixed_s", 0.0);
+    prior_fixed_s = prior.value("best_fixed_s", 0.0);
+    std::printf("prior call %s: best named fixed %.2f s, best fixed %.2f s\n",
+                prior_json_path.c_str(), prior_named_s, prior_fixed_s);
+  }
+  out["run"]["prior_best_named_fixed_s"] = prior_named_s;
+  out["run"]["prior_best_fixed_s"] = prior_fixed_s;
 
   std::vector<PolicyResult> results;
+  // --prune-slower: a named split (expert-heavy, kv-heavy) is stopped once it has run 2 % + 1 s
+  // longer than the best complete named split known (this process or --prior-json), a cap once
+  // longer than the best complete fixed split known: it is then provably not the best of its
+  // kind, so best named, best fixed, x_named and x_best are exactly what a full run gives, and
+  // the time goes to the splits that can still win. fixed-50 (the profile run), the configurator
+  // and live always run to the end (their own ratios are the targets).
+  auto prune_bound = [&](bool named_only) {
+    if (!prune_slower) return 0.0;
+    double b = named_only ? prior_named_s : prior_fixed_s;
+    for (const PolicyResult& r : results) {
+      const bool is_named =
+          r.name == "fixed 50/50" || r.name == "expert-heavy" || r.name == "kv-heavy";
+      if (r.live || !r.complete || r.total_s <= 0 || (named_only && !is_named)) continue;
+      if (b == 0 || r.total_s < b) b = r.total_s;
+    }
+    return b > 0 ? 1.02 * b + 1.0 : 0.0;
+  };
   SplitProblem profile;
   bool have_profile = false;
+  std::string profile_source;
+  if (!load_profile_path.empty()) {
+    auto lp = load_split_profile(load_profile_path);
+    if (!lp.ok()) {
+      std::fprintf(stderr, "serve_split_engine_bench: %s\n", lp.status().to_string().c_str());
+      return 2;
+    }
+    const SplitProblem& q = lp->problem;
+    const bool sizes_match =
+        q.budget_bytes == pool_budget && q.expert_bytes == expert_bytes &&
+        q.kv_block_bytes == su.kv_block_bytes && q.kv_floor_blocks == su.floor_blocks &&
+        int(q.expert_misses.size()) == spec.layers && q.experts() == spec.experts;
+    if (!sizes_match || !lp->meta.contains("key") || lp->meta["key"] != profile_key) {
+      std::fprintf(stderr,
+                   "serve_split_engine_bench: profile %s was recorded on another geometry, "
+                   "workload, budget or link:\n  its key  %s\n  this run %s\n",
+                   load_profile_path.c_str(),
+                   lp->meta.contains("key") ? lp->meta["key"].dump().c_str() : "(none)",
+                   profile_key.dump().c_str());
+      return 2;
+    }
+    profile = q;
+    have_profile = true;
+    profile_source = load_profile_path;
+    std::printf("configurator profile: %s (%s)\n", load_profile_path.c_str(),
+                lp->meta.value("recorded", std::string("?")).c_str());
+  }
+
+  // The model: routed experts drawn straight into one packed host store in the engine's expert
+  // dtype (bench serve's fast path: make_builtin_moe_packed, every core), shared by every
+  // policy's engine; f32 experts never exist, so 48 layers take ~58 GB of host memory (bf16
+  // experts + f32 dense weights), not 116 GB of f32 experts plus the engine's packed copy.
+  const std::size_t expert_params = std::size_t(spec.layers) * std::size_t(spec.experts) * 3 *
+                                    std::size_t(spec.hidden) * std::size_t(spec.expert_width);
+  const std::size_t dense_params =
+      std::size_t(spec.layers) *
+          (std::size_t(spec.hidden) * std::size_t(spec.heads + 2 * spec.kv_heads) *
+               std::size_t(spec.head_dim) +
+           std::size_t(spec.heads) * std::size_t(spec.head_dim) * std::size_t(spec.hidden) +
+           std::size_t(spec.hidden) * std::size_t(spec.experts)) +
+      2 * std::size_t(spec.vocab) * std::size_t(spec.hidden);
+  const std::size_t host_bytes = expert_params * dtype_size(edt) + dense_params * sizeof(float);
+  const std::size_t host_avail = host_memory_available_bytes();
+  out["geometry"]["host_bytes_estimate"] = host_bytes;
+  // The setup is on disk before minutes of weight drawing (a run killed there still says why).
+  if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
+  std::printf(
+      "building the model: %.1f GB of host memory (%.1f GB %s experts + %.1f GB f32 dense), "
+      "%.1f GB available\n",
+      double(host_bytes) / 1e9, double(expert_params * dtype_size(edt)) / 1e9,
+      std::string(to_string(edt)).c_str(), double(dense_params * sizeof(float)) / 1e9,
+      double(host_avail) / 1e9);
+  std::fflush(stdout);
+  if (host_avail > 0 && host_bytes > host_avail / 10 * 9) {
+    std::fprintf(stderr,
+                 "serve_split_engine_bench: the model needs %.1f GB of host memory, %.1f GB "
+                 "available\n",
+                 double(host_bytes) / 1e9, double(host_avail) / 1e9);
+    return 1;
+  }
+  ferry::Timer build_timer;
+  auto model = make_builtin_moe_packed(spec, seed, edt);
+  FERRY_CHECK(model.ok(), "{}", model.status().to_string());
+  const double build_s = build_timer.elapsed_s();
+  const model::DecoderGeometry& geo = (*model)->geometry;
+  FERRY_CHECK(geo.layers == spec.layers && geo.experts == spec.experts && geo.top_k == spec.top_k,
+              "bench: the built model's geometry differs from its spec");
+  su.model = model->get();
+  su.host_store = (*model)->experts.get();
+  out["geometry"]["model_build_s"] = build_s;
+  out["geometry"]["host_peak_rss_bytes_after_build"] = ferry::host_peak_rss_bytes();
+  std::printf(
+      "serve_split_engine_bench: device=%s layers=%d (of %d) experts=%d top-%d expert %.2f MB "
+      "(%s), pool budget %.3f GiB, kv block %.2f MiB, floor %d blocks; model built in %.1f s "
+      "(host peak rss %.1f GB)\n",
+      device.c_str(), geo.layers, kLayers, geo.experts, geo.top_k, double(expert_bytes) / 1e6,
+      std::string(to_string(edt)).c_str(), double(pool_budget) / double(1ull << 30),
+      double(su.kv_block_bytes) / double(1 << 20), su.floor_blocks, build_s,
+      double(ferry::host_peak_rss_bytes()) / 1e9);
+  std::fflush(stdout);
   auto write_json = [&] {
     double named = 0;
     for (const PolicyResult& r : results) {
@@ -685,12 +975,13 @@ int main(int argc, char** argv) {
   auto report = [&](const PolicyResult& r) {
     const std::uint64_t acc = r.hits + r.misses;
     std::printf(
-        "%-16s %s total %8.2f s  model %7.2f s  ttft mean %6.2f s  gen %7.1f tok/s  hit %.3f  "
-        "steps %llu  "
+        "%-16s %s total %8.2f s  model %7.2f s  ttft mean %6.2f s  gen %7.1f tok/s  dec %7.1f "
+        "tok/s  hit %.3f  steps %llu  "
         "preempt %llu  pfx hit %llu/%llu  moves %llu/%llu refused %llu  | %s -> %s%s%s\n",
         r.name.c_str(), r.complete ? "ok " : "ERR", r.total_s, r.modelled_s, r.mean_ttft_s,
-        r.tokens_per_s, acc ? double(r.hits) / double(acc) : 0.0,
-        static_cast<unsigned long long>(r.steps), static_cast<unsigned long long>(r.preemptions),
+        r.tokens_per_s, r.decode_s > 0 ? double(r.decode_tokens) / r.decode_s : 0.0,
+        acc ? double(r.hits) / double(acc) : 0.0, static_cast<unsigned long long>(r.steps),
+        static_cast<unsigned long long>(r.preemptions),
         static_cast<unsigned long long>(r.prefix_hit_tokens),
         static_cast<unsigned long long>(r.prefix_query_tokens),
         static_cast<unsigned long long>(r.moves), static_cast<unsigned long long>(r.decisions),
@@ -698,17 +989,52 @@ int main(int argc, char** argv) {
         to_string(r.final_split).c_str(), r.error.empty() ? "" : " error: ", r.error.c_str());
     std::fflush(stdout);
   };
+  out["skipped"] = nlohmann::json::array();
+  write_json();  // a run stopped during its first policy still leaves the setup and build time
+  // --deadline-unix: a policy that cannot get this long before the deadline is not started.
+  constexpr double kMinPolicyStartS = 15;
+  auto out_of_time = [&](const std::string& what) {
+    if (deadline_unix <= 0 || deadline_unix - now_unix_s() >= kMinPolicyStartS) return false;
+    std::printf("%s: not started, %.0f s left before --deadline-unix\n", what.c_str(),
+                deadline_unix - now_unix_s());
+    out["skipped"].push_back(what);
+    write_json();
+    return true;
+  };
   for (const std::string& p : split_list(policies_arg)) {
+    if (out_of_time(p)) continue;
     if (p == "fixed-50") {
-      results.push_back(run_policy(su, p, "fixed 50/50", *half, false, &profile));
-      have_profile = results.back().complete;
+      SplitProblem run_profile;
+      results.push_back(run_policy(su, p, "fixed 50/50", *half, false, &run_profile));
+      if (results.back().complete) {
+        if (!save_profile_path.empty()) {
+          nlohmann::json meta = {{"key", profile_key},
+                                 {"recorded", "serve_split_engine_bench fixed-50 on " + device},
+                                 {"fixed_50_total_s", results.back().total_s},
+                                 {"fixed_50_steps", results.back().steps}};
+          const Status st = save_split_profile(save_profile_path,
+                                               {.problem = run_profile, .meta = std::move(meta)});
+          std::printf("profile %s: %s\n", save_profile_path.c_str(),
+                      st.ok() ? "saved" : st.to_string().c_str());
+        }
+        if (!have_profile) {  // a loaded --configurator-profile wins
+          profile = std::move(run_profile);
+          have_profile = true;
+          profile_source = "fixed-50 run of this process";
+        }
+      }
     } else if (p == "expert-heavy") {
-      results.push_back(run_policy(su, p, "expert-heavy", uniform.back(), false, nullptr));
+      results.push_back(
+          run_policy(su, p, "expert-heavy", uniform.back(), false, nullptr, prune_bound(true)));
     } else if (p == "kv-heavy") {
-      results.push_back(run_policy(su, p, "kv-heavy", uniform.front(), false, nullptr));
+      results.push_back(
+          run_policy(su, p, "kv-heavy", uniform.front(), false, nullptr, prune_bound(true)));
     } else if (p == "configurator") {
       if (!have_profile) {
-        std::printf("configurator: skipped (needs the fixed-50 run's profile first)\n");
+        std::printf(
+            "configurator: skipped (needs the fixed-50 run's profile first, or "
+            "--configurator-profile)\n");
+        out["skipped"].push_back(p);
         continue;
       }
       auto s = allocate(profile);
@@ -716,23 +1042,32 @@ int main(int argc, char** argv) {
         std::printf("configurator: %s\n", s.status().to_string().c_str());
         continue;
       }
+      std::printf("configurator: %s from the profile of %s\n", to_string(*s).c_str(),
+                  profile_source.c_str());
       results.push_back(run_policy(su, p, "configurator", *s, false, nullptr));
+      results.back().profile_source = profile_source;
     } else if (p == "live") {
       results.push_back(run_policy(su, p, "live", *half, true, nullptr));
-    } else {
-      std::fprintf(stderr, "serve_split_engine_bench: unknown policy %s\n", p.c_str());
-      return 2;
+    } else {  // cap-N: a --caps run at this place in the order (its time cap: "caps")
+      auto s = uniform_split(skel, std::atoi(p.c_str() + 4));
+      if (!s.ok()) {
+        std::printf("%s: %s\n", p.c_str(), s.status().to_string().c_str());
+        continue;
+      }
+      results.push_back(
+          run_policy(su, "caps", "cap " + p.substr(4), *s, false, nullptr, prune_bound(false)));
     }
     report(results.back());
     write_json();
   }
   for (const std::string& c : split_list(caps_arg)) {
+    if (out_of_time("cap " + c)) continue;
     auto s = uniform_split(skel, std::atoi(c.c_str()));
     if (!s.ok()) {
       std::printf("cap %s: %s\n", c.c_str(), s.status().to_string().c_str());
       continue;
     }
-    results.push_back(run_policy(su, "caps", "cap " + c, *s, false, nullptr));
+    results.push_back(run_policy(su, "caps", "cap " + c, *s, false, nullptr, prune_bound(false)));
     report(results.back());
     write_json();
   }

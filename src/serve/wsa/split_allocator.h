@@ -48,6 +48,8 @@ struct SplitProblem {
     return expert_misses.empty() ? 0 : static_cast<int>(expert_misses[0].size()) - 1;
   }
   int kv_max_blocks() const { return static_cast<int>(kv_short.size()) - 1; }
+  // Field by field (a saved profile loads back equal: split_profile.h).
+  friend bool operator==(const SplitProblem&, const SplitProblem&) = default;
 };
 
 struct Split {
