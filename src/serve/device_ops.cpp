@@ -2,6 +2,7 @@
 #include "serve/device_ops.h"
 
 #if FERRY_HAVE_CUDA
+#include "kernels/cuda/decode_fusion.h"
 #include "kernels/cuda/launchers.h"
 #include "kernels/cuda/serve_kernels.h"
 #endif
@@ -53,6 +54,16 @@ Status embedding_bf16(float* out, const std::uint16_t* table, const std::int32_t
                       std::int64_t t, std::int64_t c, std::int64_t v, mem::Stream& stream) {
   return kernels::cuda::embedding_bf16(out, table, ids, t, c, v, stream);
 }
+bool decode_fusion_enabled(DecodeFusion f) { return kernels::cuda::decode_fusion_enabled(f); }
+Status small_m_gemm_multi(const SmallMGemmMultiArgs& a, mem::Stream& stream) {
+  return kernels::cuda::small_m_gemm_multi(a, stream);
+}
+Status add_rms_norm(const AddRmsNormArgs& a, mem::Stream& stream) {
+  return kernels::cuda::add_rms_norm(a, stream);
+}
+Result<bool> qk_norm_rope(const QkNormRopeArgs& a, mem::Stream& stream) {
+  return kernels::cuda::qk_norm_rope(a, stream);
+}
 #else
 Status kv_write(const PagedKvLayout&, int, const PagedStep&, const float*, const float*,
                 mem::Stream&) {
@@ -97,6 +108,16 @@ Status widen_bf16(float*, const std::uint16_t*, std::int64_t, mem::Stream&) {
 Status embedding_bf16(float*, const std::uint16_t*, const std::int32_t*, std::int64_t, std::int64_t,
                       std::int64_t, mem::Stream&) {
   return unavailable("serve: bf16 embeddings on CUDA need a CUDA build");
+}
+bool decode_fusion_enabled(DecodeFusion) { return false; }
+Status small_m_gemm_multi(const SmallMGemmMultiArgs&, mem::Stream&) {
+  return unavailable("serve: fused small-m GEMMs need a CUDA build");
+}
+Status add_rms_norm(const AddRmsNormArgs&, mem::Stream&) {
+  return unavailable("serve: fused add + rms_norm needs a CUDA build");
+}
+Result<bool> qk_norm_rope(const QkNormRopeArgs&, mem::Stream&) {
+  return unavailable("serve: fused q/k norm + rope needs a CUDA build");
 }
 #endif
 

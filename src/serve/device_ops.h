@@ -13,13 +13,17 @@
 
 namespace ferry::serve::device {
 
+using kernels::cuda::AddRmsNormArgs;
+using kernels::cuda::DecodeFusion;
 using kernels::cuda::ExpertFfnArgs;
 using kernels::cuda::ForcedRoutingArgs;
 using kernels::cuda::MissCopyArgs;
 using kernels::cuda::PagedKvLayout;
 using kernels::cuda::PagedStep;
+using kernels::cuda::QkNormRopeArgs;
 using kernels::cuda::SlotResolveArgs;
 using kernels::cuda::SmallMGemmBf16Args;
+using kernels::cuda::SmallMGemmMultiArgs;
 
 Status kv_write(const PagedKvLayout& kv, int layer, const PagedStep& step, const float* k,
                 const float* v, mem::Stream& stream);
@@ -46,5 +50,11 @@ Status small_m_gemm_bf16w(const SmallMGemmBf16Args& a, mem::Stream& stream);
 Status widen_bf16(float* out, const std::uint16_t* in, std::int64_t n, mem::Stream& stream);
 Status embedding_bf16(float* out, const std::uint16_t* table, const std::int32_t* ids,
                       std::int64_t t, std::int64_t c, std::int64_t v, mem::Stream& stream);
+// Decode fusions (kernels/cuda/decode_fusion.h): whether each is on (false in CPU builds), and
+// the fused launches, each the bits of the launches it replaces.
+bool decode_fusion_enabled(DecodeFusion f);
+Status small_m_gemm_multi(const SmallMGemmMultiArgs& a, mem::Stream& stream);
+Status add_rms_norm(const AddRmsNormArgs& a, mem::Stream& stream);
+Result<bool> qk_norm_rope(const QkNormRopeArgs& a, mem::Stream& stream);
 
 }  // namespace ferry::serve::device

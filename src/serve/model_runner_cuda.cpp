@@ -54,6 +54,9 @@ class CudaModelRunner final : public ModelRunner {
         link_(dynamic_cast<LinkEngine*>(&te)) {
     const char* v = std::getenv("FERRY_DEBUG_SYNC");
     debug_sync_ = v != nullptr && v[0] != '\0' && v[0] != '0';
+    fuse_qkv_ = device::decode_fusion_enabled(device::DecodeFusion::kQkv);
+    fuse_add_norm_ = device::decode_fusion_enabled(device::DecodeFusion::kAddNorm);
+    fuse_qk_norm_rope_ = device::decode_fusion_enabled(device::DecodeFusion::kQkNormRope);
   }
   Status init(mem::MemoryBudget* shared, std::int64_t max_logit_rows);
   Status forward(const StepBatch& b, float* logits) override;
@@ -105,6 +108,13 @@ class CudaModelRunner final : public ModelRunner {
   // path's bits on the widened weight: the small-m kernel's bf16 twin where the backend would take
   // the small-m kernel, else the weight widened into the workspace and the backend's f32 GEMM.
   Status dense_gemm(const kernels::GemmArgs& g, mem::Stream& stream);
+  // Linear layers on the same input rows (q/k/v; a dense MLP's gate/up): one fused small-m launch
+  // (decode fusion kQkv) when each would take the small-m kernel on its own, else dense_gemm each.
+  // The same bits either way (decode_fusion.h).
+  Status dense_gemms(std::initializer_list<kernels::GemmArgs> gs, mem::Stream& stream);
+  // x = x + tmp, then h = rms_norm(x) with `norm` when given (the next norm of the layer stack),
+  // as one launch under decode fusion kAddNorm; the same bits as the add and the norm.
+  Status residual_add(std::int64_t T, const ConstTensorView* norm);
   Status embed(std::int64_t T, const std::int32_t* d_ids);  // x = the rows (bf16 widened)
 
   mem::Stream& st_;
@@ -119,8 +129,11 @@ class CudaModelRunner final : public ModelRunner {
   std::int64_t table_capacity_ = 0;  // ints of the step's block-table region
   std::int64_t widen_floats_ = 0;    // the widening workspace's capacity (0: none)
   std::vector<std::int32_t> before_;
-  LinkEngine* link_ = nullptr;     // te_ as the engine's LinkEngine (graph replays count copies)
-  bool debug_sync_ = false;        // FERRY_DEBUG_SYNC: launches synchronize, which a capture cannot
+  LinkEngine* link_ = nullptr;  // te_ as the engine's LinkEngine (graph replays count copies)
+  bool debug_sync_ = false;     // FERRY_DEBUG_SYNC: launches synchronize, which a capture cannot
+  // Decode fusions (kernels/cuda/decode_fusion.h; read once per process): timing only, the same
+  // bits on or off.
+  bool fuse_qkv_ = false, fuse_add_norm_ = false, fuse_qk_norm_rope_ = false;
   std::vector<StepGraph> graphs_;  // least recently used first
 };
 
@@ -217,21 +230,46 @@ Status CudaModelRunner::attention(int l, std::int64_t T, const kernels::cuda::Pa
   const std::int64_t C = geo_.hidden, H = geo_.heads, G = geo_.kv_heads, D = geo_.head_dim;
   const ConstTensorView h = f32(s_.h, {T, C});
   const bool normed = geo_.qk_norm != model::QkNorm::kNone;
-  FERRY_TRY(dense_gemm({.out = normed ? f32(s_.q_pre, {T, H * D}) : f32(s_.q, {T, H * D}),
-                        .a = h,
-                        .b = p.q,
-                        .bias = p.q_bias,
-                        .trans_b = true},
-                       st_));
-  FERRY_TRY(dense_gemm({.out = normed ? f32(s_.k_pre, {T, G * D}) : f32(s_.k, {T, G * D}),
-                        .a = h,
-                        .b = p.k,
-                        .bias = p.k_bias,
-                        .trans_b = true},
-                       st_));
-  FERRY_TRY(dense_gemm(
-      {.out = f32(s_.v, {T, G * D}), .a = h, .b = p.v, .bias = p.v_bias, .trans_b = true}, st_));
-  if (geo_.qk_norm == model::QkNorm::kPerHead) {
+  FERRY_TRY(dense_gemms(
+      {{.out = normed ? f32(s_.q_pre, {T, H * D}) : f32(s_.q, {T, H * D}),
+        .a = h,
+        .b = p.q,
+        .bias = p.q_bias,
+        .trans_b = true},
+       {.out = normed ? f32(s_.k_pre, {T, G * D}) : f32(s_.k, {T, G * D}),
+        .a = h,
+        .b = p.k,
+        .bias = p.k_bias,
+        .trans_b = true},
+       {.out = f32(s_.v, {T, G * D}), .a = h, .b = p.v, .bias = p.v_bias, .trans_b = true}},
+      st_));
+  const std::int64_t R = static_cast<std::int64_t>(geo_.rope.inv_freq.size());
+  bool roped = false;  // the q/k norms and ropes ran as one fused launch
+  if (geo_.qk_norm == model::QkNorm::kPerHead && fuse_qk_norm_rope_ &&
+      p.q_norm.dtype == DType::kF32 && p.k_norm.dtype == DType::kF32 &&
+      p.q_norm.device == Device::kCuda && p.k_norm.device == Device::kCuda &&
+      p.q_norm.numel() == D && p.k_norm.numel() == D) {
+    // rstd is not written (scratch nobody reads in serving; the unfused path's two norms overlap
+    // there anyway).
+    FERRY_ASSIGN_OR_RETURN(
+        roped, device::qk_norm_rope({.q_out = arena_.as<float>(s_.q),
+                                     .q_in = arena_.as<float>(s_.q_pre),
+                                     .q_weight = static_cast<const float*>(p.q_norm.data),
+                                     .k_out = arena_.as<float>(s_.k),
+                                     .k_in = arena_.as<float>(s_.k_pre),
+                                     .k_weight = static_cast<const float*>(p.k_norm.data),
+                                     .positions = step.pos,
+                                     .inv_freq = inv_freq_,
+                                     .t = T,
+                                     .h = H,
+                                     .g = G,
+                                     .d = D,
+                                     .r = 2 * R,
+                                     .eps = geo_.rms_eps,
+                                     .scaling = geo_.rope.attention_scaling},
+                                    st_));
+  }
+  if (!roped && geo_.qk_norm == model::QkNorm::kPerHead) {
     FERRY_TRY(be_.rms_norm({.out = f32(s_.q, {T * H, D}),
                             .rstd = f32(s_.qk_rstd, {T * H}),
                             .in = f32(s_.q_pre, {T * H, D}),
@@ -258,21 +296,22 @@ Status CudaModelRunner::attention(int l, std::int64_t T, const kernels::cuda::Pa
                             .eps = geo_.rms_eps},
                            st_));
   }
-  const ConstTensorView positions =
-      ConstTensorView::contiguous(step.pos, DType::kI32, Device::kCuda, {T});
-  const ConstTensorView inv_freq =
-      ConstTensorView::contiguous(inv_freq_, DType::kF32, Device::kCuda,
-                                  {static_cast<std::int64_t>(geo_.rope.inv_freq.size())});
-  FERRY_TRY(be_.rope({.x = f32(s_.q, {T, H, D}),
-                      .positions = positions,
-                      .inv_freq = inv_freq,
-                      .attention_scaling = geo_.rope.attention_scaling},
-                     st_));
-  FERRY_TRY(be_.rope({.x = f32(s_.k, {T, G, D}),
-                      .positions = positions,
-                      .inv_freq = inv_freq,
-                      .attention_scaling = geo_.rope.attention_scaling},
-                     st_));
+  if (!roped) {
+    const ConstTensorView positions =
+        ConstTensorView::contiguous(step.pos, DType::kI32, Device::kCuda, {T});
+    const ConstTensorView inv_freq =
+        ConstTensorView::contiguous(inv_freq_, DType::kF32, Device::kCuda, {R});
+    FERRY_TRY(be_.rope({.x = f32(s_.q, {T, H, D}),
+                        .positions = positions,
+                        .inv_freq = inv_freq,
+                        .attention_scaling = geo_.rope.attention_scaling},
+                       st_));
+    FERRY_TRY(be_.rope({.x = f32(s_.k, {T, G, D}),
+                        .positions = positions,
+                        .inv_freq = inv_freq,
+                        .attention_scaling = geo_.rope.attention_scaling},
+                       st_));
+  }
   // The step's keys and values join the cache before anyone reads it (same stream: ordered).
   const kernels::cuda::PagedKvLayout layout{.base = kv_.base(),
                                             .layer_stride = kv_.layer_stride_floats(),
@@ -283,21 +322,22 @@ Status CudaModelRunner::attention(int l, std::int64_t T, const kernels::cuda::Pa
   FERRY_TRY(device::paged_attention(layout, l, step, arena_.as<float>(s_.attn),
                                     arena_.as<float>(s_.q), geo_.heads,
                                     1.0f / std::sqrt(static_cast<float>(D)), st_));
-  FERRY_TRY(dense_gemm({.out = f32(s_.tmp, {T, C}),
-                        .a = f32(s_.attn, {T, H * D}),
-                        .b = p.o,
-                        .bias = p.o_bias,
-                        .trans_b = true},
-                       st_));
-  return be_.add({.out = f32(s_.x, {T, C}), .a = f32(s_.x, {T, C}), .b = f32(s_.tmp, {T, C})}, st_);
+  // tmp = the attention block's output; enqueue_step adds it to x (residual_add).
+  return dense_gemm({.out = f32(s_.tmp, {T, C}),
+                     .a = f32(s_.attn, {T, H * D}),
+                     .b = p.o,
+                     .bias = p.o_bias,
+                     .trans_b = true},
+                    st_);
 }
 
 Status CudaModelRunner::mlp(int l, std::int64_t T) {
   const auto& p = params_.layers[l];
   const std::int64_t C = geo_.hidden, F = geo_.mlp_width;
   const ConstTensorView h = f32(s_.h, {T, C});
-  FERRY_TRY(dense_gemm({.out = f32(s_.gate, {T, F}), .a = h, .b = p.gate, .trans_b = true}, st_));
-  FERRY_TRY(dense_gemm({.out = f32(s_.up, {T, F}), .a = h, .b = p.up, .trans_b = true}, st_));
+  FERRY_TRY(dense_gemms({{.out = f32(s_.gate, {T, F}), .a = h, .b = p.gate, .trans_b = true},
+                         {.out = f32(s_.up, {T, F}), .a = h, .b = p.up, .trans_b = true}},
+                        st_));
   FERRY_TRY(be_.swiglu(
       {.out = f32(s_.act, {T, F}), .gate = f32(s_.gate, {T, F}), .up = f32(s_.up, {T, F})}, st_));
   return dense_gemm(
@@ -396,6 +436,81 @@ Status CudaModelRunner::dense_gemm(const kernels::GemmArgs& g, mem::Stream& stre
   return be_.gemm(w, stream);
 }
 
+// Whether g would take the small-m kernel in dense_gemm (bf16 weight) or CudaBackend::gemm (f32):
+// m <= kSmallGemmRows f32 rows against a contiguous [n, k] weight on the device, a @ b^T.
+bool small_m_layout(const kernels::GemmArgs& g) {
+  const std::int64_t m = g.out.shape[0], n = g.out.shape[1], k = g.a.shape[1];
+  const bool dt = g.b.dtype == DType::kBF16 || g.b.dtype == DType::kF32;
+  return device::small_m_gemm_enabled() && dt && !g.trans_a && g.trans_b && g.a.ndim == 2 &&
+         g.b.ndim == 2 && g.out.ndim == 2 && g.a.dtype == DType::kF32 &&
+         g.out.dtype == DType::kF32 && g.b.is_contiguous() && g.a.stride[1] == 1 &&
+         g.out.stride[1] == 1 && g.a.shape[0] == m && g.b.shape[0] == n && g.b.shape[1] == k &&
+         m >= 1 && m <= device::kSmallGemmRows && k >= 1 && g.a.stride[0] >= k &&
+         g.out.stride[0] >= n && g.a.device == Device::kCuda && g.b.device == Device::kCuda &&
+         g.out.device == Device::kCuda &&
+         (g.bias.data == nullptr ||
+          (g.bias.dtype == DType::kF32 && g.bias.device == Device::kCuda && g.bias.numel() == n &&
+           g.bias.is_contiguous()));
+}
+
+Status CudaModelRunner::dense_gemms(std::initializer_list<kernels::GemmArgs> gs,
+                                    mem::Stream& stream) {
+  const kernels::GemmArgs& g0 = *gs.begin();
+  bool fuse = fuse_qkv_ && gs.size() >= 2 &&
+              gs.size() <= std::size_t(device::SmallMGemmMultiArgs::kMaxOutputs);
+  for (const kernels::GemmArgs& g : gs) {
+    fuse = fuse && small_m_layout(g) && g.b.dtype == g0.b.dtype && g.a.data == g0.a.data &&
+           g.a.shape[0] == g0.a.shape[0] && g.a.shape[1] == g0.a.shape[1] &&
+           g.a.stride[0] == g0.a.stride[0] && g.alpha == g0.alpha && g.beta == g0.beta;
+  }
+  if (!fuse) {
+    for (const kernels::GemmArgs& g : gs) FERRY_TRY(dense_gemm(g, stream));
+    return ok_status();
+  }
+  device::SmallMGemmMultiArgs m{.a = static_cast<const float*>(g0.a.data),
+                                .m = g0.out.shape[0],
+                                .k = g0.a.shape[1],
+                                .lda = g0.a.stride[0],
+                                .alpha = g0.alpha,
+                                .beta = g0.beta,
+                                .bf16 = g0.b.dtype == DType::kBF16};
+  for (const kernels::GemmArgs& g : gs) {
+    m.outs[m.count++] = {.out = static_cast<float*>(g.out.data),
+                         .b = g.b.data,
+                         .bias = static_cast<const float*>(g.bias.data),
+                         .n = g.out.shape[1],
+                         .ldb = g.b.stride[0],
+                         .ldo = g.out.stride[0]};
+  }
+  return device::small_m_gemm_multi(m, stream);
+}
+
+Status CudaModelRunner::residual_add(std::int64_t T, const ConstTensorView* norm) {
+  const std::int64_t C = geo_.hidden;
+  if (norm != nullptr && fuse_add_norm_ && norm->dtype == DType::kF32 &&
+      norm->device == Device::kCuda && norm->numel() == C && norm->is_contiguous()) {
+    return device::add_rms_norm({.x_out = arena_.as<float>(s_.x),
+                                 .out = arena_.as<float>(s_.h),
+                                 .rstd = arena_.as<float>(s_.rstd),
+                                 .x = arena_.as<float>(s_.x),
+                                 .y = arena_.as<float>(s_.tmp),
+                                 .weight = static_cast<const float*>(norm->data),
+                                 .n = T,
+                                 .c = C,
+                                 .eps = geo_.rms_eps},
+                                st_);
+  }
+  FERRY_TRY(
+      be_.add({.out = f32(s_.x, {T, C}), .a = f32(s_.x, {T, C}), .b = f32(s_.tmp, {T, C})}, st_));
+  if (norm == nullptr) return ok_status();
+  return be_.rms_norm({.out = f32(s_.h, {T, C}),
+                       .rstd = f32(s_.rstd, {T}),
+                       .in = f32(s_.x, {T, C}),
+                       .weight = *norm,
+                       .eps = geo_.rms_eps},
+                      st_);
+}
+
 Status CudaModelRunner::embed(std::int64_t T, const std::int32_t* d_ids) {
   const std::int64_t C = geo_.hidden;
   const ConstTensorView& table = params_.embed;
@@ -436,24 +551,23 @@ Status CudaModelRunner::enqueue_step(const StepBatch& b, std::int64_t stride, bo
       .seq_of = d + 2 * T, .pos = d + T, .tables = d + 3 * T, .table_stride = int(stride), .T = T};
 
   FERRY_TRY(embed(T, d));
+  // Each layer: h = attn_norm(x); tmp = attention(h); x += tmp; h = mlp_norm(x); tmp = mlp/moe(h);
+  // x += tmp. A residual add and the norm after it run as one launch (residual_add), so the next
+  // layer's attn_norm comes with this layer's last add.
+  if (geo_.layers > 0) {
+    FERRY_TRY(be_.rms_norm({.out = f32(s_.h, {T, C}),
+                            .rstd = f32(s_.rstd, {T}),
+                            .in = f32(s_.x, {T, C}),
+                            .weight = params_.layers[0].attn_norm,
+                            .eps = geo_.rms_eps},
+                           st_));
+  }
   for (int l = 0; l < geo_.layers; ++l) {
     const auto& p = params_.layers[l];
-    FERRY_TRY(be_.rms_norm({.out = f32(s_.h, {T, C}),
-                            .rstd = f32(s_.rstd, {T}),
-                            .in = f32(s_.x, {T, C}),
-                            .weight = p.attn_norm,
-                            .eps = geo_.rms_eps},
-                           st_));
     FERRY_TRY(attention(l, T, step));
-    FERRY_TRY(be_.rms_norm({.out = f32(s_.h, {T, C}),
-                            .rstd = f32(s_.rstd, {T}),
-                            .in = f32(s_.x, {T, C}),
-                            .weight = p.mlp_norm,
-                            .eps = geo_.rms_eps},
-                           st_));
+    FERRY_TRY(residual_add(T, &p.mlp_norm));
     FERRY_TRY(geo_.layer_is_moe[l] ? moe(l, b) : mlp(l, T));
-    FERRY_TRY(
-        be_.add({.out = f32(s_.x, {T, C}), .a = f32(s_.x, {T, C}), .b = f32(s_.tmp, {T, C})}, st_));
+    FERRY_TRY(residual_add(T, l + 1 < geo_.layers ? &params_.layers[l + 1].attn_norm : nullptr));
   }
   // The step's slot resolution logs come back with the logits (same stream, same sync).
   if (device_resolve) FERRY_TRY(experts_.enqueue_device_log(st_));

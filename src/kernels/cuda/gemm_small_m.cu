@@ -17,7 +17,11 @@
 // gives the f32 kernel's bits on the widened weight (an f32 copy with the same ldb, 16-byte
 // aligned), at half the bytes read. Tested bit for bit on swept shapes in
 // tests/gpu/serve_dense_bf16_gpu_test.cpp.
+// Several outputs on one input (small_m_gemm_multi_kernel, a decode step's q/k/v in one launch;
+// docs/cuda.md "Decode fusions"): each column is the same column code, so each output gets its
+// own launch's bits. Tested bit for bit in tests/gpu/serve_decode_fusion_gpu_test.cpp.
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launchers.h"
@@ -46,16 +50,15 @@ __device__ __forceinline__ W4 load4(const std::uint16_t* w, std::int64_t q) {
           __uint_as_float(v.y << 16), __uint_as_float(v.y & 0xffff0000u)};
 }
 
+// One output column j of out = alpha * a @ b^T (+ bias) + beta * out for M rows, computed by the
+// calling warp (`lane` 0..31): the body of small_m_gemm_kernel, shared with the multi-output
+// kernel below so both compile the same per-element arithmetic (the same bits).
 // Wt: float, or std::uint16_t (bf16 bits). Every f32 operation is the same for both.
 template <int M, bool kVec, typename Wt>
-__global__ void __launch_bounds__(kWarps * 32)
-    small_m_gemm_kernel(float* __restrict__ out, const float* __restrict__ a,
-                        const Wt* __restrict__ b, const float* __restrict__ bias, std::int64_t n,
-                        std::int64_t k, std::int64_t lda, std::int64_t ldb, std::int64_t ldo,
-                        float alpha, float beta) {
-  const std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (j >= n) return;
+__device__ __forceinline__ void small_m_gemm_column(
+    float* __restrict__ out, const float* __restrict__ a, const Wt* __restrict__ b,
+    const float* __restrict__ bias, std::int64_t j, int lane, std::int64_t k, std::int64_t lda,
+    std::int64_t ldb, std::int64_t ldo, float alpha, float beta) {
   float acc[M];
 #pragma unroll
   for (int r = 0; r < M; ++r) acc[r] = 0.0f;
@@ -93,8 +96,55 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+template <int M, bool kVec, typename Wt>
+__global__ void __launch_bounds__(kWarps * 32)
+    small_m_gemm_kernel(float* __restrict__ out, const float* __restrict__ a,
+                        const Wt* __restrict__ b, const float* __restrict__ bias, std::int64_t n,
+                        std::int64_t k, std::int64_t lda, std::int64_t ldb, std::int64_t ldo,
+                        float alpha, float beta) {
+  const std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (j >= n) return;
+  small_m_gemm_column<M, kVec, Wt>(out, a, b, bias, j, lane, k, lda, ldb, ldo, alpha, beta);
+}
+
+// Up to kSmallGemmMaxOutputs linear layers on the same input rows in one launch (a decode step's
+// q/k/v, or gate/up): output o owns blocks [first[o], first[o + 1]), kWarps columns each, and
+// every column is small_m_gemm_column on that output's weight, bias and leading dimensions — the
+// single-output kernel's bits for each output element.
+template <typename Wt>
+struct MultiOutputs {
+  float* out[kSmallGemmMaxOutputs];
+  const Wt* b[kSmallGemmMaxOutputs];
+  const float* bias[kSmallGemmMaxOutputs];
+  std::int64_t n[kSmallGemmMaxOutputs], ldb[kSmallGemmMaxOutputs], ldo[kSmallGemmMaxOutputs];
+  unsigned first[kSmallGemmMaxOutputs + 1];  // first block of each output, then the grid size
+};
+
+template <int M, bool kVec, typename Wt>
+__global__ void __launch_bounds__(kWarps * 32)
+    small_m_gemm_multi_kernel(const MultiOutputs<Wt> o, const float* __restrict__ a, std::int64_t k,
+                              std::int64_t lda, float alpha, float beta) {
+  int s = 0;
+#pragma unroll
+  for (int i = 1; i < kSmallGemmMaxOutputs; ++i) s += blockIdx.x >= o.first[i] ? 1 : 0;
+  const std::int64_t j =
+      static_cast<std::int64_t>(blockIdx.x - o.first[s]) * kWarps + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (j >= o.n[s]) return;
+  small_m_gemm_column<M, kVec, Wt>(o.out[s], a, o.b[s], o.bias[s], j, lane, k, lda, o.ldb[s],
+                                   o.ldo[s], alpha, beta);
+}
+
 bool aligned(const void* p, std::uintptr_t bytes) {
   return (reinterpret_cast<std::uintptr_t>(p) & (bytes - 1)) == 0;
+}
+
+// Whether a launch on weight b takes the vector loop: b's alignment for one vector step of 4
+// weights is 16 bytes of f32, 8 of bf16.
+template <typename Wt>
+bool vec_ok(const float* a, const Wt* b, std::int64_t k, std::int64_t lda, std::int64_t ldb) {
+  return k % 4 == 0 && lda % 4 == 0 && ldb % 4 == 0 && aligned(a, 16) && aligned(b, 4 * sizeof(Wt));
 }
 
 template <int M, typename Wt>
@@ -102,10 +152,7 @@ void launch_m(float* out, const float* a, const Wt* b, const float* bias, std::i
               std::int64_t k, std::int64_t lda, std::int64_t ldb, std::int64_t ldo, float alpha,
               float beta, cudaStream_t stream) {
   const auto grid = static_cast<unsigned>((n + kWarps - 1) / kWarps);
-  // b's alignment for one vector step of 4 weights: 16 bytes of f32, 8 of bf16.
-  const bool vec =
-      k % 4 == 0 && lda % 4 == 0 && ldb % 4 == 0 && aligned(a, 16) && aligned(b, 4 * sizeof(Wt));
-  if (vec) {
+  if (vec_ok(a, b, k, lda, ldb)) {
     small_m_gemm_kernel<M, true, Wt>
         <<<grid, kWarps * 32, 0, stream>>>(out, a, b, bias, n, k, lda, ldb, ldo, alpha, beta);
   } else {
@@ -137,7 +184,88 @@ cudaError_t launch_typed(float* out, const float* a, const Wt* b, const float* b
   return cudaGetLastError();
 }
 
+template <int M, bool kVec, typename Wt>
+void launch_multi_m(const MultiOutputs<Wt>& o, int count, const float* a, std::int64_t k,
+                    std::int64_t lda, float alpha, float beta, cudaStream_t stream) {
+  small_m_gemm_multi_kernel<M, kVec, Wt>
+      <<<o.first[count], kWarps * 32, 0, stream>>>(o, a, k, lda, alpha, beta);
+}
+
+template <typename Wt>
+cudaError_t launch_multi_typed(const SmallMGemmOutput* outs, int count, const float* a,
+                               std::int64_t m, std::int64_t k, std::int64_t lda, float alpha,
+                               float beta, cudaStream_t stream) {
+  if (count < 1 || count > kSmallGemmMaxOutputs || m < 1 || m > kSmallGemmMaxRows || k < 1) {
+    return cudaErrorInvalidValue;
+  }
+  MultiOutputs<Wt> o{};
+  bool vec = true, scalar = true;
+  std::int64_t blocks = 0;
+  for (int i = 0; i < count; ++i) {
+    if (outs[i].n < 0) return cudaErrorInvalidValue;
+    o.out[i] = outs[i].out;
+    o.b[i] = static_cast<const Wt*>(outs[i].b);
+    o.bias[i] = outs[i].bias;
+    o.n[i] = outs[i].n;
+    o.ldb[i] = outs[i].ldb;
+    o.ldo[i] = outs[i].ldo;
+    o.first[i] = static_cast<unsigned>(blocks);
+    blocks += (outs[i].n + kWarps - 1) / kWarps;
+    const bool v = vec_ok(a, o.b[i], k, lda, outs[i].ldb);
+    vec = vec && v;
+    scalar = scalar && !v;
+  }
+  for (int i = count; i <= kSmallGemmMaxOutputs; ++i) o.first[i] = static_cast<unsigned>(blocks);
+  if (blocks == 0) return cudaSuccess;
+  if (!vec && !scalar) {
+    // The outputs would take different loops (launch_m's choice per weight): one launch each, so
+    // each keeps the single-output kernel's bits.
+    for (int i = 0; i < count; ++i) {
+      if (outs[i].n == 0) continue;
+      const cudaError_t e = launch_typed(outs[i].out, a, o.b[i], outs[i].bias, m, outs[i].n, k, lda,
+                                         outs[i].ldb, outs[i].ldo, alpha, beta, stream);
+      if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+  }
+  auto go = [&](auto mc) {
+    constexpr int M = decltype(mc)::value;
+    if (vec) {
+      launch_multi_m<M, true, Wt>(o, count, a, k, lda, alpha, beta, stream);
+    } else {
+      launch_multi_m<M, false, Wt>(o, count, a, k, lda, alpha, beta, stream);
+    }
+  };
+  switch (m) {
+    case 1:
+      go(std::integral_constant<int, 1>{});
+      break;
+    case 2:
+      go(std::integral_constant<int, 2>{});
+      break;
+    case 3:
+      go(std::integral_constant<int, 3>{});
+      break;
+    default:
+      go(std::integral_constant<int, 4>{});
+      break;
+  }
+  return cudaGetLastError();
+}
+
 }  // namespace
+
+cudaError_t launch_small_m_gemm_multi_f32(const SmallMGemmOutput* outs, int count, const float* a,
+                                          std::int64_t m, std::int64_t k, std::int64_t lda,
+                                          float alpha, float beta, cudaStream_t stream) {
+  return launch_multi_typed<float>(outs, count, a, m, k, lda, alpha, beta, stream);
+}
+
+cudaError_t launch_small_m_gemm_multi_bf16w(const SmallMGemmOutput* outs, int count, const float* a,
+                                            std::int64_t m, std::int64_t k, std::int64_t lda,
+                                            float alpha, float beta, cudaStream_t stream) {
+  return launch_multi_typed<std::uint16_t>(outs, count, a, m, k, lda, alpha, beta, stream);
+}
 
 cudaError_t launch_small_m_gemm_f32(float* out, const float* a, const float* b, const float* bias,
                                     std::int64_t m, std::int64_t n, std::int64_t k,

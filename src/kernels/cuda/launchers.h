@@ -47,6 +47,25 @@ cudaError_t launch_small_m_gemm_bf16w(float* out, const float* a, const std::uin
                                       std::int64_t k, std::int64_t lda, std::int64_t ldb,
                                       std::int64_t ldo, float alpha, float beta,
                                       cudaStream_t stream);
+// Up to kSmallGemmMaxOutputs small-m GEMMs on the same a [m, k] (lda) in one launch (a decode
+// step's q/k/v projections, or gate/up): out_o [m, ldo_o] = alpha * a @ b_o^T (+ bias_o) +
+// beta * out_o, b_o [n_o, ldb_o] f32 (multi_f32) or bf16 bits (multi_bf16w). Each output element
+// is computed by the single-output kernel's column code (gemm_small_m.cu), so every output gets
+// exactly the bits of its own launch_small_m_gemm_{f32,bf16w}; where the outputs' weights would
+// take different loops (alignment), each output is launched on its own.
+inline constexpr int kSmallGemmMaxOutputs = 3;
+struct SmallMGemmOutput {
+  float* out = nullptr;         // [m, ldo]
+  const void* b = nullptr;      // [n, ldb] f32 or bf16 bits
+  const float* bias = nullptr;  // [n] or null
+  std::int64_t n = 0, ldb = 0, ldo = 0;
+};
+cudaError_t launch_small_m_gemm_multi_f32(const SmallMGemmOutput* outs, int count, const float* a,
+                                          std::int64_t m, std::int64_t k, std::int64_t lda,
+                                          float alpha, float beta, cudaStream_t stream);
+cudaError_t launch_small_m_gemm_multi_bf16w(const SmallMGemmOutput* outs, int count, const float* a,
+                                            std::int64_t m, std::int64_t k, std::int64_t lda,
+                                            float alpha, float beta, cudaStream_t stream);
 // out[0] = sum x^2, f32 accumulation, deterministic. partials == nullptr: one block walks x.
 // Else (kSumSquaresBlocks floats of scratch): a grid whose size depends only on n, each block
 // summing one fixed slice into partials[b], then one block adds the partials in index order.
@@ -62,6 +81,12 @@ cudaError_t launch_convert(Elt e_out, void* out, Elt e_in, const void* in, std::
 // out, in: [n, c]; weight [c] (same Elt); rstd [n] f32, optional.
 cudaError_t launch_rms_norm(Elt e, void* out, float* rstd, const void* in, const void* weight,
                             std::int64_t n, std::int64_t c, float eps, cudaStream_t stream);
+// x_out = x + y (f32, n x c; x_out may alias x), then out = rms_norm(x_out) with rstd, in one
+// launch: the bits of launch_add followed by launch_rms_norm (f32) on every output (rms_norm.cu
+// mirrors launch_rms_norm's kernel choice; y or x not 16-byte aligned: those two launches).
+cudaError_t launch_add_rms_norm_f32(float* x_out, float* out, float* rstd, const float* x,
+                                    const float* y, const float* weight, std::int64_t n,
+                                    std::int64_t c, float eps, cudaStream_t stream);
 // d_in overwritten, d_weight [c] accumulated (same Elt as in), deterministic.
 cudaError_t launch_rms_norm_backward(Elt e, void* d_in, void* d_weight, const void* d_out,
                                      const void* in, const void* weight, const float* rstd,
@@ -72,6 +97,19 @@ cudaError_t launch_rms_norm_backward(Elt e, void* d_in, void* d_weight, const vo
 cudaError_t launch_rope(Elt e, void* x, const std::int32_t* positions, const float* inv_freq,
                         std::int64_t t, std::int64_t h, std::int64_t d, std::int64_t r,
                         float scaling, bool backward, cudaStream_t stream);
+
+// Qwen3's per-head q/k norms and rope in one launch (f32): for q_in [t, h, d] -> q_out and
+// k_in [t, g, d] -> k_out, each head row rms_norm'd with q_weight / k_weight [d] (rstd optional,
+// [t*h] / [t*g]) and then rotated as launch_rope (r = 2 * inv_freq size <= d, forward): the bits of
+// launch_rms_norm on [t*h, d] and [t*g, d] followed by launch_rope on q_out and k_out. Returns
+// cudaErrorNotSupported (nothing launched) unless d % 4 == 0, d < 256 and the row pointers are
+// 16-byte aligned (the rms_norm kernel this one mirrors); the caller then runs the four launches.
+cudaError_t launch_qk_norm_rope_f32(float* q_out, float* q_rstd, const float* q_in,
+                                    const float* q_weight, float* k_out, float* k_rstd,
+                                    const float* k_in, const float* k_weight,
+                                    const std::int32_t* positions, const float* inv_freq,
+                                    std::int64_t t, std::int64_t h, std::int64_t g, std::int64_t d,
+                                    std::int64_t r, float eps, float scaling, cudaStream_t stream);
 
 // embedding.cu -----------------------------------------------------------------------------------
 // out [t, c] = table[ids]; an id outside [0, v) gives a zero row (the host cannot check device ids

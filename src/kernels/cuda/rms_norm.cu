@@ -9,6 +9,9 @@
 // Backward: d_in one warp per row; d_weight by a second kernel in which each thread owns one column
 // and a fixed slice of rows, reduced across slices in a fixed order, so d_weight is bitwise
 // deterministic (no atomics). Tested in tests/gpu/kernels_dense_test.cpp.
+// Fused residual add + norm (f32, a serve decode step; docs/cuda.md "Decode fusions"): a twin of
+// each f32 forward kernel that adds y to the row first; the bits of add then norm
+// (tests/gpu/serve_decode_fusion_gpu_test.cpp).
 #include <algorithm>
 #include <cstdlib>
 
@@ -220,6 +223,147 @@ __global__ void __launch_bounds__(32 * kWarps)
   }
 }
 
+// Fused residual add + rms_norm (launch_add_rms_norm_f32, a decode step's x = x + y followed by
+// the next norm): each kernel below is the f32 kernel launch_rms_norm would pick for the row,
+// reading x + y (launch_add's f32 sum, computed once) where that kernel reads `in`, and storing the
+// sum to x_out (the residual). The sum of squares, rstd and the outputs are the mirrored kernel's
+// expressions in its order, so every output has the bits of add-then-norm. x_out may alias x (each
+// element is read and written by the same thread), so neither is __restrict__.
+template <int kVpt, typename Reduce>
+__device__ __forceinline__ void add_rms_norm_row_in_registers(float* x_out, float* __restrict__ out,
+                                                              float* rstd, const float* x,
+                                                              const float* __restrict__ y,
+                                                              const float* __restrict__ weight,
+                                                              std::int64_t c, float eps, int lane,
+                                                              int lanes, Reduce reduce) {
+  using V = Vec16<float>;
+  const std::int64_t nv = c / V::kN;
+  const V* xv = reinterpret_cast<const V*>(x);
+  const V* yv = reinterpret_cast<const V*>(y);
+  V* xov = reinterpret_cast<V*>(x_out);
+  V s[kVpt];
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kVpt; ++j) {
+    const std::int64_t i = lane + static_cast<std::int64_t>(j) * lanes;
+    if (i < nv) {
+      const V a = xv[i], b = yv[i];
+#pragma unroll
+      for (int e = 0; e < V::kN; ++e) s[j].v[e] = a.v[e] + b.v[e];
+      xov[i] = s[j];
+#pragma unroll
+      for (int e = 0; e < V::kN; ++e) {
+        const float f = s[j].v[e];
+        ss = fmaf(f, f, ss);
+      }
+    }
+  }
+  ss = reduce(ss);
+  const float r = rsqrtf(ss / static_cast<float>(c) + eps);
+  if (rstd != nullptr && lane == 0) *rstd = r;
+  const V* wv = reinterpret_cast<const V*>(weight);
+  V* yo = reinterpret_cast<V*>(out);
+#pragma unroll
+  for (int j = 0; j < kVpt; ++j) {
+    const std::int64_t i = lane + static_cast<std::int64_t>(j) * lanes;
+    if (i < nv) {
+      const V w = wv[i];
+      V o;
+#pragma unroll
+      for (int e = 0; e < V::kN; ++e) o.v[e] = s[j].v[e] * r * w.v[e];
+      yo[i] = o;
+    }
+  }
+}
+
+// rms_norm_warp_regs_kernel<float, kVpt>'s twin.
+template <int kVpt>
+__global__ void add_rms_norm_warp_regs_kernel(float* x_out, float* __restrict__ out,
+                                              float* __restrict__ rstd, const float* x,
+                                              const float* __restrict__ y,
+                                              const float* __restrict__ weight, std::int64_t n,
+                                              std::int64_t c, float eps) {
+  const std::int64_t row =
+      static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  if (row >= n) return;
+  add_rms_norm_row_in_registers<kVpt>(
+      x_out + row * c, out + row * c, rstd != nullptr ? rstd + row : nullptr, x + row * c,
+      y + row * c, weight, c, eps, threadIdx.x & 31, 32, [](float v) { return warp_sum(v); });
+}
+
+// rms_norm_row_kernel<float, kVpt>'s twin.
+template <int kVpt>
+__global__ void __launch_bounds__(1024)
+    add_rms_norm_row_kernel(float* x_out, float* __restrict__ out, float* __restrict__ rstd,
+                            const float* x, const float* __restrict__ y,
+                            const float* __restrict__ weight, std::int64_t c, float eps) {
+  __shared__ float scratch[32];
+  const std::int64_t row = blockIdx.x;
+  add_rms_norm_row_in_registers<kVpt>(x_out + row * c, out + row * c,
+                                      rstd != nullptr ? rstd + row : nullptr, x + row * c,
+                                      y + row * c, weight, c, eps, threadIdx.x, blockDim.x,
+                                      [&](float v) { return block_sum(v, scratch); });
+}
+
+// rms_norm_kernel<float, kVec>'s twin: the first pass stores the sums, the second reads them back
+// (each thread its own elements).
+template <bool kVec>
+__global__ void add_rms_norm_kernel(float* x_out, float* __restrict__ out, float* __restrict__ rstd,
+                                    const float* x, const float* __restrict__ y,
+                                    const float* __restrict__ weight, std::int64_t n,
+                                    std::int64_t c, float eps) {
+  const int lane = threadIdx.x & 31;
+  const std::int64_t row =
+      static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  if (row >= n) return;
+  const float* xr = x + row * c;
+  const float* yr = y + row * c;
+  float* xo = x_out + row * c;
+  float* o = out + row * c;
+  float ss = 0.0f;
+  if constexpr (kVec) {
+    using V = Vec16<float>;
+    const V* xv = reinterpret_cast<const V*>(xr);
+    const V* yv = reinterpret_cast<const V*>(yr);
+    V* xov = reinterpret_cast<V*>(xo);
+    const std::int64_t nv = c / V::kN;
+    for (std::int64_t i = lane; i < nv; i += 32) {
+      const V a = xv[i], b = yv[i];
+      V sum;
+#pragma unroll
+      for (int j = 0; j < V::kN; ++j) sum.v[j] = a.v[j] + b.v[j];
+      xov[i] = sum;
+#pragma unroll
+      for (int j = 0; j < V::kN; ++j) {
+        const float f = sum.v[j];
+        ss = fmaf(f, f, ss);
+      }
+    }
+    ss = warp_sum(ss);
+    const float r = rsqrtf(ss / static_cast<float>(c) + eps);
+    if (rstd != nullptr && lane == 0) rstd[row] = r;
+    const V* wv = reinterpret_cast<const V*>(weight);
+    V* ov = reinterpret_cast<V*>(o);
+    for (std::int64_t i = lane; i < nv; i += 32) {
+      const V a = xov[i], w = wv[i];
+      V r4;
+#pragma unroll
+      for (int j = 0; j < V::kN; ++j) r4.v[j] = a.v[j] * r * w.v[j];
+      ov[i] = r4;
+    }
+  } else {
+    for (std::int64_t i = lane; i < c; i += 32) {
+      const float v = xr[i] + yr[i];
+      xo[i] = v;
+      ss = fmaf(v, v, ss);
+    }
+    ss = warp_sum(ss);
+    const float r = rsqrtf(ss / static_cast<float>(c) + eps);
+    if (rstd != nullptr && lane == 0) rstd[row] = r;
+    for (std::int64_t i = lane; i < c; i += 32) o[i] = xo[i] * r * weight[i];
+  }
+}
+
 // FERRY_RMS_NORM_WARP_ROWS=1 keeps rows of 384..512 vectors on the warp-per-row kernel (the
 // previous path), to A/B the two in one benchmark build. Read at every launch (a getenv per call),
 // so a test can switch it.
@@ -335,6 +479,58 @@ cudaError_t launch_rms_norm(Elt e, void* out, float* rstd, const void* in, const
           c, eps);
     }
   });
+}
+
+cudaError_t launch_add_rms_norm_f32(float* x_out, float* out, float* rstd, const float* x,
+                                    const float* y, const float* weight, std::int64_t n,
+                                    std::int64_t c, float eps, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  using V = Vec16<float>;
+  // launch_rms_norm's choice for (out, in = x_out, weight), f32.
+  const bool vec = c % V::kN == 0 && aligned16(out) && aligned16(x_out) && aligned16(weight);
+  if (vec && !(aligned16(x) && aligned16(y))) {
+    // The fused vector kernels read x and y as 16-byte vectors too: the two launches instead.
+    const cudaError_t e = launch_add(Elt::kF32, x_out, x, y, n * c, stream);
+    if (e != cudaSuccess) return e;
+    return launch_rms_norm(Elt::kF32, out, rstd, x_out, weight, n, c, eps, stream);
+  }
+  const std::int64_t nv = c / V::kN;
+  const unsigned blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
+  auto warp_regs = [&](auto kernel) {
+    kernel<<<blocks, 32 * kRowsPerBlock, 0, stream>>>(x_out, out, rstd, x, y, weight, n, c, eps);
+  };
+  if (vec && nv >= 64 && nv <= 16 * 32) {
+    if (nv <= 2 * 32) {
+      warp_regs(add_rms_norm_warp_regs_kernel<2>);
+    } else if (nv <= 4 * 32) {
+      warp_regs(add_rms_norm_warp_regs_kernel<4>);
+    } else if (nv <= 8 * 32) {
+      warp_regs(add_rms_norm_warp_regs_kernel<8>);
+    } else {
+      warp_regs(add_rms_norm_warp_regs_kernel<16>);
+    }
+  } else if (vec && nv > 16 * 32 && nv <= 8 * 1024) {
+    const int threads = static_cast<int>(std::min<std::int64_t>(1024, (nv + 31) / 32 * 32));
+    const std::int64_t vpt = (nv + threads - 1) / threads;
+    auto go = [&](auto kernel) {
+      kernel<<<static_cast<unsigned>(n), threads, 0, stream>>>(x_out, out, rstd, x, y, weight, c,
+                                                               eps);
+    };
+    if (vpt == 1) {
+      go(add_rms_norm_row_kernel<1>);
+    } else if (vpt == 2) {
+      go(add_rms_norm_row_kernel<2>);
+    } else if (vpt <= 4) {
+      go(add_rms_norm_row_kernel<4>);
+    } else {
+      go(add_rms_norm_row_kernel<8>);
+    }
+  } else if (vec) {
+    warp_regs(add_rms_norm_kernel<true>);
+  } else {
+    warp_regs(add_rms_norm_kernel<false>);
+  }
+  return cudaGetLastError();
 }
 
 cudaError_t launch_rms_norm_backward(Elt e, void* d_in, void* d_weight, const void* d_out,

@@ -3,13 +3,23 @@
 // group of kHeads heads) computes the angle position * inv_freq[i] and its sin/cos in f64
 // (positions reach 1e5 and an f32 angle would lose ~1e-2 rad there), then rotates pair
 // (i, i + R/2) of the group's heads.
-// Tested in tests/gpu/kernels_dense_test.cpp.
+// Tested in tests/gpu/kernels_dense_test.cpp. qk_norm_rope_kernel: Qwen3's per-head q/k norms and
+// the rope in one launch, the bits of the separate launches (docs/cuda.md "Decode fusions";
+// tests/gpu/serve_decode_fusion_gpu_test.cpp).
 #include "kernels/cuda/common.cuh"
 
 namespace ferry::kernels::cuda {
 namespace {
 
 constexpr int kHeads = 4;
+
+// The rotation of one pair (a, b) = (x[i], x[i + R/2]) by the angle's (cs, sn), shared by
+// rope_kernel and qk_norm_rope_kernel so both compile the same expressions (the same bits).
+__device__ __forceinline__ void rotate_pair(float a, float b, float cs, float sn, float& lo,
+                                            float& hi) {
+  lo = a * cs - b * sn;
+  hi = b * cs + a * sn;
+}
 
 template <typename T>
 __global__ void rope_kernel(T* __restrict__ x, const std::int32_t* __restrict__ positions,
@@ -42,13 +52,99 @@ __global__ void rope_kernel(T* __restrict__ x, const std::int32_t* __restrict__ 
   for (int u = 0; u < kHeads; ++u) {
     if (h0 + u < h) {
       T* p = row + (h0 + u) * d;
-      p[i] = from_f32<T>(a[u] * cs - b[u] * sn);
-      p[i + half] = from_f32<T>(b[u] * cs + a[u] * sn);
+      float lo, hi;
+      rotate_pair(a[u], b[u], cs, sn, lo, hi);
+      p[i] = from_f32<T>(lo);
+      p[i + half] = from_f32<T>(hi);
     }
   }
 }
 
+// Qwen3's q/k norms and rope in one launch (launch_qk_norm_rope_f32): a warp per head row, the q
+// rows [t*h] then the k rows [t*g]. Each row is first rms_norm'd by rms_norm.cu's
+// rms_norm_kernel<float, true> code (the kernel launch_rms_norm picks for rows of d % 4 == 0,
+// d < 256, aligned: lanes sum float4 vectors lane, lane + 32, ... with fmaf in element order, the
+// xor tree, rsqrtf(ss / d + eps), then x * r * w), stored, and then, after __syncwarp (the row's
+// stores visible to the warp), each lane rotates pairs i = lane, lane + 32, ... < r/2 with
+// rope_kernel's expressions (angle and sin/cos in f64, the same products and differences). Every
+// output element is therefore the bits of the four separate launches.
+struct QkRows {
+  float* out;
+  float* rstd;
+  const float* in;
+  const float* weight;
+  std::int64_t heads;
+};
+
+__global__ void qk_norm_rope_kernel(QkRows q, QkRows k, const std::int32_t* __restrict__ positions,
+                                    const float* __restrict__ inv_freq, std::int64_t t,
+                                    std::int64_t d, std::int64_t half, float eps, float scaling) {
+  constexpr int kRowsPerBlock = 4;
+  const int lane = threadIdx.x & 31;
+  const std::int64_t row =
+      static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  const std::int64_t q_rows = t * q.heads;
+  if (row >= q_rows + t * k.heads) return;
+  const bool is_q = row < q_rows;
+  const QkRows s = is_q ? q : k;
+  const std::int64_t local = is_q ? row : row - q_rows;
+  const std::int64_t tok = local / s.heads;
+  const float4* xv = reinterpret_cast<const float4*>(s.in + local * d);
+  float* y = s.out + local * d;
+  const std::int64_t nv = d / 4;
+  float ss = 0.0f;
+  for (std::int64_t i = lane; i < nv; i += 32) {
+    const float4 a = xv[i];
+    ss = fmaf(a.x, a.x, ss);
+    ss = fmaf(a.y, a.y, ss);
+    ss = fmaf(a.z, a.z, ss);
+    ss = fmaf(a.w, a.w, ss);
+  }
+  ss = warp_sum(ss);
+  const float r = rsqrtf(ss / static_cast<float>(d) + eps);
+  if (s.rstd != nullptr && lane == 0) s.rstd[local] = r;
+  const float4* wv = reinterpret_cast<const float4*>(s.weight);
+  float4* yv = reinterpret_cast<float4*>(y);
+  for (std::int64_t i = lane; i < nv; i += 32) {
+    const float4 a = xv[i], w = wv[i];
+    yv[i] = make_float4(a.x * r * w.x, a.y * r * w.y, a.z * r * w.z, a.w * r * w.w);
+  }
+  __syncwarp();
+  for (std::int64_t i = lane; i < half; i += 32) {
+    double sn_d, cs_d;
+    sincos(static_cast<double>(positions[tok]) * static_cast<double>(inv_freq[i]), &sn_d, &cs_d);
+    const float cs = static_cast<float>(cs_d) * scaling;
+    const float sn = static_cast<float>(sn_d) * scaling;
+    float lo, hi;
+    rotate_pair(y[i], y[i + half], cs, sn, lo, hi);
+    y[i] = lo;
+    y[i + half] = hi;
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
 }  // namespace
+
+cudaError_t launch_qk_norm_rope_f32(float* q_out, float* q_rstd, const float* q_in,
+                                    const float* q_weight, float* k_out, float* k_rstd,
+                                    const float* k_in, const float* k_weight,
+                                    const std::int32_t* positions, const float* inv_freq,
+                                    std::int64_t t, std::int64_t h, std::int64_t g, std::int64_t d,
+                                    std::int64_t r, float eps, float scaling, cudaStream_t stream) {
+  // rms_norm_kernel<float, true>'s domain in launch_rms_norm: 16-byte vectors, fewer than 64.
+  if (d % 4 != 0 || d < 4 || d >= 256 || r > d || !aligned16(q_out) || !aligned16(q_in) ||
+      !aligned16(q_weight) || !aligned16(k_out) || !aligned16(k_in) || !aligned16(k_weight)) {
+    return cudaErrorNotSupported;
+  }
+  const std::int64_t rows = t * (h + g);
+  if (rows == 0) return cudaSuccess;
+  const unsigned blocks = static_cast<unsigned>((rows + 3) / 4);
+  qk_norm_rope_kernel<<<blocks, 128, 0, stream>>>({q_out, q_rstd, q_in, q_weight, h},
+                                                  {k_out, k_rstd, k_in, k_weight, g}, positions,
+                                                  inv_freq, t, d, r / 2, eps, scaling);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_rope(Elt e, void* x, const std::int32_t* positions, const float* inv_freq,
                         std::int64_t t, std::int64_t h, std::int64_t d, std::int64_t r,

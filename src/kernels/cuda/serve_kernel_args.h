@@ -77,6 +77,69 @@ struct SmallMGemmBf16Args {
   float alpha = 1.0f, beta = 0.0f;
 };
 
+// Decode fusions (docs/cuda.md "Decode fusions (session 12)"; decode_fusion.h): launches of a
+// decode step merged into one, each output bit-identical to the launches it replaces, each behind
+// a switch read once per process (on unless FERRY_DECODE_FUSION=0 or its own switch is "0"):
+//   kQkv        (FERRY_FUSE_QKV)           the small-m GEMMs on one input (q/k/v; a dense MLP's
+//                                          gate/up) as one launch (SmallMGemmMultiArgs)
+//   kAddNorm    (FERRY_FUSE_ADD_NORM)      the residual add and the next rms_norm (AddRmsNormArgs)
+//   kQkNormRope (FERRY_FUSE_QK_NORM_ROPE)  Qwen3's per-head q/k norms and both ropes
+//                                          (QkNormRopeArgs)
+enum class DecodeFusion : std::uint8_t { kQkv, kAddNorm, kQkNormRope };
+
+// Up to 3 linear layers on the same rows a [m, k] (lda), m <= 4: out_o [m, ldo_o] =
+// alpha * a @ b_o^T (+ bias_o) + beta * out_o, b_o [n_o, ldb_o] f32, or bf16 bits when `bf16`;
+// each output gets the bits of its own small-m launch (the f32 kernel CudaBackend::gemm takes for
+// m <= 4, or small_m_gemm_bf16w).
+struct SmallMGemmMultiArgs {
+  struct Output {
+    float* out = nullptr;         // [m, ldo]
+    const void* b = nullptr;      // [n, ldb]
+    const float* bias = nullptr;  // [n] or null
+    std::int64_t n = 0, ldb = 0, ldo = 0;
+  };
+  static constexpr int kMaxOutputs = 3;
+  Output outs[kMaxOutputs];
+  int count = 0;
+  const float* a = nullptr;
+  std::int64_t m = 0, k = 0, lda = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  bool bf16 = false;  // the weights are bf16 bits (else f32)
+};
+
+// x_out = x + y, then out = rms_norm(x_out) * weight (rstd optional), f32 [n, c]: the bits of the
+// backend's add followed by its rms_norm. x_out may alias x.
+struct AddRmsNormArgs {
+  float* x_out = nullptr;         // [n, c] the new residual
+  float* out = nullptr;           // [n, c] the normed rows
+  float* rstd = nullptr;          // [n] or null
+  const float* x = nullptr;       // [n, c]
+  const float* y = nullptr;       // [n, c]
+  const float* weight = nullptr;  // [c]
+  std::int64_t n = 0, c = 0;
+  float eps = 0.0f;
+};
+
+// Per-head q/k rms_norm then rope (forward), f32: q_out [t, h, d] =
+// rope(rms_norm(q_in) * q_weight), k likewise with g heads; r = 2 * (inv_freq's length) rotary
+// dims <= d; rstd [t*h] / [t*g] optional. The bits of the backend's two rms_norms and two ropes.
+// Taken for d % 4 == 0, 4 <= d < 256 and 16-byte aligned pointers (the rms_norm kernel it
+// mirrors), else not applicable.
+struct QkNormRopeArgs {
+  float* q_out = nullptr;
+  float* q_rstd = nullptr;
+  const float* q_in = nullptr;
+  const float* q_weight = nullptr;  // [d]
+  float* k_out = nullptr;
+  float* k_rstd = nullptr;
+  const float* k_in = nullptr;
+  const float* k_weight = nullptr;          // [d]
+  const std::int32_t* positions = nullptr;  // [t]
+  const float* inv_freq = nullptr;          // [r / 2]
+  std::int64_t t = 0, h = 0, g = 0, d = 0, r = 0;
+  float eps = 0.0f, scaling = 1.0f;
+};
+
 // One MoE layer's forced routing (a routing hook's ids for the step, uploaded before the layers
 // run), applied to the router's output in place. Row t: forced[t, 0] < 0 or forced row == ids row
 // -> unchanged; else ids row = forced row and weights[t, k] = probs[t, forced[t, k]] in k order,
