@@ -287,10 +287,17 @@ Status ExpertExecutor::run_device(int layer, const float* d_x, const std::int32_
       ffn.miss_log = resolver_->device_log(layer);
       FERRY_TRY(device::expert_ffn(ffn, side));
       FERRY_TRY(s.hits_done.record(side));
-      FERRY_TRY(resolver_->enqueue_copy(layer, cs));
-      ffn.row_filter = kernels::cuda::ExpertRowFilter::kMisses;
-      FERRY_TRY(device::expert_ffn(ffn, cs));
-      FERRY_TRY(cs.wait(s.hits_done));
+      // From here compute joins the hits whatever fails, so no hits launch outlives this layer's
+      // compute work (an eager step that fails is not synchronized; a capture must not end with
+      // an unjoined fork).
+      Status misses = resolver_->enqueue_copy(layer, cs);
+      if (misses.ok()) {
+        ffn.row_filter = kernels::cuda::ExpertRowFilter::kMisses;
+        misses = device::expert_ffn(ffn, cs);
+      }
+      const Status joined = cs.wait(s.hits_done);
+      FERRY_TRY(misses);
+      FERRY_TRY(joined);
     } else {
       FERRY_TRY(resolver_->enqueue(layer, d_ids, rows, cs));
       FERRY_TRY(device::expert_ffn(ffn, cs));
