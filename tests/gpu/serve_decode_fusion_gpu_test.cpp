@@ -429,10 +429,15 @@ TEST_P(ServeDecodeFusionEngine, FusedRunnerGivesTheUnfusedBits) {
   }
   for (const Case& c : cases) {
     const std::string what = fmt::format("{} {}", GetParam(), c.name);
+    using kernels::cuda::DecodeFusion;
+    const DecodeFusion kinds[3] = {DecodeFusion::kQkv, DecodeFusion::kAddNorm,
+                                   DecodeFusion::kQkNormRope};
     testing::RunRecord rec[2];
-    std::uint64_t replays[2] = {0, 0};
+    std::uint64_t replays[2] = {0, 0}, calls[2][3] = {};
     for (const int on : {0, 1}) {
       kernels::cuda::override_decode_fusion_for_tests(on);
+      std::uint64_t before[3];
+      for (int k = 0; k < 3; ++k) before[k] = kernels::cuda::decode_fusion_calls(kinds[k]);
       auto eng =
           Engine::create(m.geometry, m.params, engine_config(c.mode, c.cap, c.dense), cuda());
       ASSERT_TRUE(eng.ok()) << what << ": " << eng.status().to_string();
@@ -440,31 +445,29 @@ TEST_P(ServeDecodeFusionEngine, FusedRunnerGivesTheUnfusedBits) {
       ASSERT_TRUE(r.ok()) << what << ": " << r.status().to_string();
       rec[on] = std::move(*r);
       replays[on] = (*eng)->graph_stats().replays;
+      for (int k = 0; k < 3; ++k) {
+        calls[on][k] = kernels::cuda::decode_fusion_calls(kinds[k]) - before[k];
+      }
     }
     kernels::cuda::override_decode_fusion_for_tests(-1);
     ASSERT_FALSE(rec[0].logits.empty()) << what;
     testing::expect_same_bits(rec[1], rec[0], what + ": fused vs unfused");
     EXPECT_EQ(replays[1], replays[0]) << what;
+    // The unfused engine never took a fused entry point; the fused one took each that applies
+    // (decode steps have <= 4 rows; eager steps count, graph replays do not re-enter the host).
+    for (int k = 0; k < 3; ++k) EXPECT_EQ(calls[0][k], 0u) << what << " fusion " << k;
+    EXPECT_GT(calls[1][0], 0u) << what << ": no fused q/k/v launch";
+    EXPECT_GT(calls[1][1], 0u) << what << ": no fused add + rms_norm launch";
+    if (m.geometry.qk_norm == model::QkNorm::kPerHead && m.geometry.head_dim < 256 &&
+        m.geometry.head_dim % 4 == 0) {
+      EXPECT_GT(calls[1][2], 0u) << what << ": no fused q/k norm + rope launch";
+    }
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ServeDecodeFusionEngine,
                          ::testing::Values("qwen3_moe", "qwen3", "qwen2", "mixtral", "olmoe",
                                            "llama"));
-
-// The switches: read once, so every call of a process answers the same.
-TEST_F(ServeDecodeFusion, SwitchesAreReadOnce) {
-  using kernels::cuda::DecodeFusion;
-  for (const DecodeFusion f :
-       {DecodeFusion::kQkv, DecodeFusion::kAddNorm, DecodeFusion::kQkNormRope}) {
-    const bool first = kernels::cuda::decode_fusion_enabled(f);
-    EXPECT_EQ(kernels::cuda::decode_fusion_enabled(f), first);
-    const char* all = std::getenv("FERRY_DECODE_FUSION");
-    if (all != nullptr && all[0] == '0') {
-      EXPECT_FALSE(first);
-    }
-  }
-}
 
 }  // namespace
 }  // namespace ferry::serve

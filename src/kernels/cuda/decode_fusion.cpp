@@ -42,6 +42,13 @@ bool decode_fusion_enabled(DecodeFusion f) {
 
 static_assert(SmallMGemmMultiArgs::kMaxOutputs == kSmallGemmMaxOutputs);
 
+namespace {
+std::atomic<std::uint64_t> g_calls[3];
+void count_call(DecodeFusion f) { g_calls[static_cast<int>(f)].fetch_add(1); }
+}  // namespace
+
+std::uint64_t decode_fusion_calls(DecodeFusion f) { return g_calls[static_cast<int>(f)].load(); }
+
 Status small_m_gemm_multi(const SmallMGemmMultiArgs& a, mem::Stream& stream) {
   if (stream.device() != Device::kCuda) return invalid_argument("cuda small_m_gemm_multi: stream");
   if (a.count < 1 || a.count > kSmallGemmMaxOutputs || a.a == nullptr || a.m < 1 ||
@@ -69,6 +76,7 @@ Status small_m_gemm_multi(const SmallMGemmMultiArgs& a, mem::Stream& stream) {
                                                             a.alpha, a.beta, native(stream))
                           : launch_small_m_gemm_multi_f32(outs, a.count, a.a, a.m, a.k, a.lda,
                                                           a.alpha, a.beta, native(stream)));
+  count_call(DecodeFusion::kQkv);
   return ok_status();
 }
 
@@ -83,6 +91,7 @@ Status add_rms_norm(const AddRmsNormArgs& a, mem::Stream& stream) {
   FERRY_LAUNCH_TRY("serve add_rms_norm", native(stream),
                    launch_add_rms_norm_f32(a.x_out, a.out, a.rstd, a.x, a.y, a.weight, a.n, a.c,
                                            a.eps, native(stream)));
+  count_call(DecodeFusion::kAddNorm);
   return ok_status();
 }
 
@@ -100,6 +109,7 @@ Result<bool> qk_norm_rope(const QkNormRopeArgs& a, mem::Stream& stream) {
       a.inv_freq, a.t, a.h, a.g, a.d, a.r, a.eps, a.scaling, native(stream));
   if (e == cudaErrorNotSupported) return false;
   FERRY_LAUNCH_TRY("serve qk_norm_rope", native(stream), e);
+  count_call(DecodeFusion::kQkNormRope);
   return true;
 }
 

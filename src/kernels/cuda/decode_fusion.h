@@ -11,6 +11,8 @@
 // Host-includable without CUDA headers. Contract as serve_kernels.h.
 #pragma once
 
+#include <cstdint>
+
 #include "core/result.h"
 #include "core/status.h"
 #include "kernels/cuda/serve_kernel_args.h"
@@ -25,6 +27,10 @@ bool decode_fusion_enabled(DecodeFusion f);
 // decode_fusion_enabled answers it for every fusion instead of the switches. The serve runner asks
 // once, when it is created, so each runner's steps and graphs stay on one path.
 void override_decode_fusion_for_tests(int on);
+// How many calls of each fused entry point below enqueued their work, since the process started
+// (qk_norm_rope: only those that returned true). Tests read it to see that a runner took the
+// fused path; nothing else does.
+std::uint64_t decode_fusion_calls(DecodeFusion f);
 
 // SmallMGemmMultiArgs (serve_kernel_args.h): 1..3 outputs, 1 <= m <= 4.
 Status small_m_gemm_multi(const SmallMGemmMultiArgs& a, mem::Stream& stream);
