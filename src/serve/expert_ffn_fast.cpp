@@ -366,7 +366,7 @@ void ExpertFfnGrouped::run(const ExpertFfnStep& s, ThreadPool& pool) {
   fill_.clear();
   for (std::int64_t j = 0; j < s.n; ++j) {
     const std::int32_t e = s.ids[s.rows[j]];
-    FERRY_DCHECK(e >= 0 && e < s.E, "serve: expert id {} outside [0, {})", e, s.E);
+    FERRY_CHECK(e >= 0 && e < s.E, "serve: expert id {} outside [0, {})", e, s.E);
     std::int32_t& slot = slot_of_[static_cast<std::size_t>(e)];
     if (slot < 0) {
       slot = static_cast<std::int32_t>(experts_.size());
