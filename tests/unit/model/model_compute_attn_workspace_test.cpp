@@ -26,6 +26,7 @@
 #include "model/model_binding.h"
 #include "model/safetensors.h"
 #include "model_fixtures.h"
+#include "unit/kernels/forwarding_backend.h"
 
 namespace ferry::model {
 namespace {
@@ -34,67 +35,17 @@ using kernels::Backend;
 
 // The CPU backend, but attention sees and produces bf16 (values widened to f32 for the CPU's
 // attention, results rounded back) and its backward asks for a CUDA-sized workspace.
-class CudaLikeCpu final : public Backend {
+class CudaLikeCpu final : public testing::ForwardingBackend {
  public:
   std::string_view name() const override { return "cpu+cuda-like-attention"; }
-  Device device() const override { return Device::kCpu; }
   bool supports(kernels::OpKind op, DType dt) const override {
     if (op == kernels::OpKind::kAttention || op == kernels::OpKind::kAttentionBackward)
       return dt == DType::kBF16;
     return cpu().supports(op, dt);
   }
-  std::size_t workspace_bytes(const kernels::CrossEntropyArgs& a) const override {
-    return cpu().workspace_bytes(a);
-  }
   std::size_t workspace_bytes(const kernels::AttentionBackwardArgs& a) const override {
     if (a.q.ndim != 3) return 0;
     return static_cast<std::size_t>(8 * a.q.shape[0] * a.q.shape[1] * a.q.shape[2]);
-  }
-  Status gemm(const kernels::GemmArgs& a, mem::Stream& s) override { return cpu().gemm(a, s); }
-  Status embedding(const kernels::EmbeddingArgs& a, mem::Stream& s) override {
-    return cpu().embedding(a, s);
-  }
-  Status embedding_backward(const kernels::EmbeddingBackwardArgs& a, mem::Stream& s) override {
-    return cpu().embedding_backward(a, s);
-  }
-  Status rms_norm(const kernels::RmsNormArgs& a, mem::Stream& s) override {
-    return cpu().rms_norm(a, s);
-  }
-  Status rms_norm_backward(const kernels::RmsNormBackwardArgs& a, mem::Stream& s) override {
-    return cpu().rms_norm_backward(a, s);
-  }
-  Status rope(const kernels::RopeArgs& a, mem::Stream& s) override { return cpu().rope(a, s); }
-  Status swiglu(const kernels::SwiGluArgs& a, mem::Stream& s) override {
-    return cpu().swiglu(a, s);
-  }
-  Status swiglu_backward(const kernels::SwiGluBackwardArgs& a, mem::Stream& s) override {
-    return cpu().swiglu_backward(a, s);
-  }
-  Status add(const kernels::AddArgs& a, mem::Stream& s) override { return cpu().add(a, s); }
-  Status router(const kernels::RouterArgs& a, mem::Stream& s) override {
-    return cpu().router(a, s);
-  }
-  Status router_backward(const kernels::RouterBackwardArgs& a, mem::Stream& s) override {
-    return cpu().router_backward(a, s);
-  }
-  Status moe_dispatch(const kernels::MoeDispatchArgs& a, mem::Stream& s) override {
-    return cpu().moe_dispatch(a, s);
-  }
-  Status moe_dispatch_backward(const kernels::MoeDispatchBackwardArgs& a, mem::Stream& s) override {
-    return cpu().moe_dispatch_backward(a, s);
-  }
-  Status moe_combine(const kernels::MoeCombineArgs& a, mem::Stream& s) override {
-    return cpu().moe_combine(a, s);
-  }
-  Status moe_combine_backward(const kernels::MoeCombineBackwardArgs& a, mem::Stream& s) override {
-    return cpu().moe_combine_backward(a, s);
-  }
-  Status cross_entropy(const kernels::CrossEntropyArgs& a, mem::Stream& s) override {
-    return cpu().cross_entropy(a, s);
-  }
-  Status adamw(const kernels::AdamWArgs& a, mem::Stream& s) override { return cpu().adamw(a, s); }
-  Status sum_squares(const kernels::SumSquaresArgs& a, mem::Stream& s) override {
-    return cpu().sum_squares(a, s);
   }
   Status convert(const kernels::ConvertArgs& a, mem::Stream& s) override {
     if (a.in.dtype == DType::kF32 && a.out.dtype == DType::kBF16) ++casts_down;
