@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "apps/ferry/commands.h"
+#include "apps/ferry/cpu_expert_kernel_flag.h"
 #include "apps/ferry/miss_placement_flags.h"
 #include "apps/ferry/serve_device_flag.h"
 #include "core/file_util.h"
@@ -52,7 +53,8 @@ struct GenerateConfig {
   std::vector<int> layer_slots;  // per MoE layer, in layer order
   double expert_budget_mib = 0;
   std::string policy = "lru";
-  MissPlacementFlags miss;  // paged: per-miss copy vs host compute
+  MissPlacementFlags miss;        // paged: per-miss copy vs host compute
+  std::string cpu_expert_kernel;  // --cpu-expert-kernel ("": the engine's default)
   int max_batch_tokens = 64;
   double kv_budget_mib = 64;
   double device_budget_mib = 0;
@@ -142,6 +144,7 @@ Result<serve::EngineConfig> engine_config(const GenerateConfig& cfg,
   apply_serve_step_switches(cfg.step, ec);
   apply_miss_placement(cfg.miss, ec.pager);
   FERRY_TRY(apply_dense_dtype(cfg.miss, ec));
+  FERRY_ASSIGN_OR_RETURN(ec.pager.cpu_expert_kernel, cpu_expert_kernel_of(cfg.cpu_expert_kernel));
   ec.kv.budget_bytes = static_cast<std::size_t>(cfg.kv_budget_mib * 1024 * 1024);
   ec.kv.block_tokens = cfg.kv_block_tokens;
   ec.device_budget_bytes = static_cast<std::size_t>(cfg.device_budget_mib * 1024 * 1024);
@@ -348,6 +351,7 @@ void register_generate(CLI::App& app, CommandFn& run) {
   budget->excludes(layer_slots);
   cmd->add_option("--policy", cfg->policy, "pager eviction policy: lru, lfu, lfru");
   add_miss_placement_flags(cmd, cfg->miss, /*with_link=*/true);
+  add_cpu_expert_kernel_flag(cmd, cfg->cpu_expert_kernel);
   cmd->add_option("--max-batch-tokens", cfg->max_batch_tokens,
                   "tokens per engine step (prefill chunk)")
       ->check(CLI::Range(1, 1 << 16));

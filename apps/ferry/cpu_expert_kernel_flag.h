@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// `--cpu-expert-kernel fast|exact` of `ferry serve` and `ferry bench serve`
+// `--cpu-expert-kernel fast|exact` of `ferry serve`, `ferry generate` and `ferry bench serve`
 // (PagerConfig::cpu_expert_kernel): how cpu-experts computes its experts on the CPU. Unset: the
 // engine's default (fast on --device cuda, exact on the CPU engine, whose modes stay
 // bit-identical). Any other value is a usage error (exit 2).

@@ -1,6 +1,6 @@
 #!/bin/bash
-# `--cpu-expert-kernel fast|exact` (PagerConfig::cpu_expert_kernel) of `ferry bench serve` and
-# `ferry serve`: on the CPU engine cpu-experts runs the exact kernel by default (same logits bits
+# `--cpu-expert-kernel fast|exact` (PagerConfig::cpu_expert_kernel) of `ferry bench serve`,
+# `ferry serve` and `ferry generate`: on the CPU engine cpu-experts runs the exact kernel by default (same logits bits
 # as resident) and the fast one when asked (same greedy ids here; bits may differ), the JSON says
 # which ran, and any other value is a usage error (exit 2).
 set -u
@@ -34,7 +34,23 @@ for name, kernel, same_bits in [("default", "exact", True), ("exact", "exact", T
         assert cpu["same_logits_bits_as_reference"], name
 PY
 
-for cmd in "bench serve --geometry tiny" "serve --plan-only"; do
+# ferry generate takes it too (the built-in MoE on the CPU engine): exact = resident's ids.
+for k in resident exact fast; do
+  mode=cpu-experts; flag=(--cpu-expert-kernel "$k")
+  [ "$k" = resident ] && { mode=resident; flag=(); }
+  "$FERRY" generate --prompt "What is 2+3?" --max-new-tokens 6 --greedy --mode "$mode" \
+    "${flag[@]}" --json >"$tmp/gen_$k.json" 2>"$tmp/gen_$k.err" ||
+    fail "generate --mode $mode ${flag[*]}: $(cat "$tmp/gen_$k.err")"
+done
+python3 - "$tmp" <<'PY' || fail "generate ids"
+import json, sys
+d = sys.argv[1]
+ids = {k: json.load(open(f"{d}/gen_{k}.json"))["ids"] for k in ("resident", "exact", "fast")}
+assert ids["exact"] == ids["resident"], ids
+assert ids["fast"] == ids["resident"], ids  # greedy ids; the fast kernel's bits may differ
+PY
+
+for cmd in "bench serve --geometry tiny" "serve --plan-only" "generate --prompt x"; do
   "$FERRY" $cmd --cpu-expert-kernel simd >"$tmp/bad.txt" 2>&1
   rc=$?
   [ $rc -eq 2 ] || fail "$cmd --cpu-expert-kernel simd: exit $rc, want 2: $(cat "$tmp/bad.txt")"
