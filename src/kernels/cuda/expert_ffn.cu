@@ -49,16 +49,26 @@ __device__ __forceinline__ float dot_warp(const W* __restrict__ a, const float* 
   return warp_sum(s);
 }
 
-// Whether row_filter lets this launch compute a row of expert e: misses are the log's
-// miss_expert[0, misses) (SlotStateLayout: header 5, then ids [E], miss_expert [E]); a handful
-// per decode layer, so a scan. The same answer for every thread of a block (one row per block).
-__device__ __forceinline__ bool row_selected(const ExpertFfnArgs& a, std::int32_t e) {
+// Position p's row of this launch and its expert id; false when the launch does not compute it
+// (row_filter with miss_log: misses are the log's miss_expert[0, misses) (SlotStateLayout: header
+// 5, then ids [E], miss_expert [E]), a handful per decode layer, so a scan). The same answer for
+// every thread of a block (one row per block).
+__device__ __forceinline__ bool launch_row(const ExpertFfnArgs& a, std::int64_t p, std::int64_t* i,
+                                           std::int32_t* e) {
+  *i = a.row_list != nullptr ? a.row_list[p] : p;
+  *e = a.ids[*i];
   if (a.row_filter == ExpertRowFilter::kAll) return true;
   const std::int32_t misses = a.miss_log[1];
   const std::int32_t* miss_expert = a.miss_log + SlotStateLayout::kLogHeader + a.E;
   bool missed = false;
-  for (std::int32_t j = 0; j < misses; ++j) missed = missed || miss_expert[j] == e;
+  for (std::int32_t j = 0; j < misses; ++j) missed = missed || miss_expert[j] == *e;
   return missed == (a.row_filter == ExpertRowFilter::kMisses);
+}
+
+// Matrix m (0 gate, 1 up, 2 down) of expert e; null for an id outside [0, E) (a zero row).
+template <typename W>
+__device__ __forceinline__ const W* expert_matrix(const ExpertFfnArgs& a, int m, std::int32_t e) {
+  return e >= 0 && e < a.E ? static_cast<const W*>(a.table[m * a.E + e]) : nullptr;
 }
 
 template <typename W>
@@ -67,11 +77,11 @@ __global__ void expert_ffn_up_kernel(ExpertFfnArgs a) {
   const std::int64_t p = a.row_begin + blockIdx.x;
   const std::int64_t f = std::int64_t(blockIdx.y) * kWarps + (threadIdx.x >> 5);
   if (p >= a.row_end || f >= a.F) return;
-  const std::int64_t i = a.row_list != nullptr ? a.row_list[p] : p;
-  const std::int32_t e = a.ids[i];
-  if (!row_selected(a, e)) return;
-  const W* gate = e >= 0 && e < a.E ? static_cast<const W*>(a.table[e]) : nullptr;
-  const W* up = e >= 0 && e < a.E ? static_cast<const W*>(a.table[a.E + e]) : nullptr;
+  std::int64_t i;
+  std::int32_t e;
+  if (!launch_row(a, p, &i, &e)) return;
+  const W* gate = expert_matrix<W>(a, 0, e);
+  const W* up = expert_matrix<W>(a, 1, e);
   float r = 0.0f;
   if (gate != nullptr && up != nullptr) {
     const float* x = a.x + (i / a.K) * a.C;
@@ -88,10 +98,10 @@ __global__ void expert_ffn_down_kernel(ExpertFfnArgs a) {
   const std::int64_t p = a.row_begin + blockIdx.x;
   const std::int64_t c = std::int64_t(blockIdx.y) * kWarps + (threadIdx.x >> 5);
   if (p >= a.row_end || c >= a.C) return;
-  const std::int64_t i = a.row_list != nullptr ? a.row_list[p] : p;
-  const std::int32_t e = a.ids[i];
-  if (!row_selected(a, e)) return;
-  const W* down = e >= 0 && e < a.E ? static_cast<const W*>(a.table[2 * a.E + e]) : nullptr;
+  std::int64_t i;
+  std::int32_t e;
+  if (!launch_row(a, p, &i, &e)) return;
+  const W* down = expert_matrix<W>(a, 2, e);
   float r = 0.0f;
   if (down != nullptr) r = dot_warp(down + c * a.F, a.act + i * a.F, a.F, lane);
   if (lane == 0) a.out[i * a.C + c] = r;
@@ -191,11 +201,11 @@ __global__ void expert_ffn_up_chunked_kernel(ExpertFfnArgs a) {
   const std::int64_t p = a.row_begin + blockIdx.x;
   const std::int64_t f = std::int64_t(blockIdx.y) * kWarps + (threadIdx.x >> 5);
   if (p >= a.row_end || f >= a.F) return;
-  const std::int64_t i = a.row_list != nullptr ? a.row_list[p] : p;
-  const std::int32_t e = a.ids[i];
-  if (!row_selected(a, e)) return;
-  const W* gate = e >= 0 && e < a.E ? static_cast<const W*>(a.table[e]) : nullptr;
-  const W* up = e >= 0 && e < a.E ? static_cast<const W*>(a.table[a.E + e]) : nullptr;
+  std::int64_t i;
+  std::int32_t e;
+  if (!launch_row(a, p, &i, &e)) return;
+  const W* gate = expert_matrix<W>(a, 0, e);
+  const W* up = expert_matrix<W>(a, 1, e);
   float r = 0.0f;
   if (gate != nullptr && up != nullptr) {
     const W* const rows[2] = {gate + f * a.C, up + f * a.C};
@@ -212,10 +222,10 @@ __global__ void expert_ffn_down_chunked_kernel(ExpertFfnArgs a) {
   const std::int64_t p = a.row_begin + blockIdx.x;
   const std::int64_t c = std::int64_t(blockIdx.y) * kWarps + (threadIdx.x >> 5);
   if (p >= a.row_end || c >= a.C) return;
-  const std::int64_t i = a.row_list != nullptr ? a.row_list[p] : p;
-  const std::int32_t e = a.ids[i];
-  if (!row_selected(a, e)) return;
-  const W* down = e >= 0 && e < a.E ? static_cast<const W*>(a.table[2 * a.E + e]) : nullptr;
+  std::int64_t i;
+  std::int32_t e;
+  if (!launch_row(a, p, &i, &e)) return;
+  const W* down = expert_matrix<W>(a, 2, e);
   float r[1] = {0.0f};
   if (down != nullptr) {
     const W* const rows[1] = {down + c * a.F};
