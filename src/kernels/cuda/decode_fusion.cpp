@@ -44,10 +44,14 @@ static_assert(SmallMGemmMultiArgs::kMaxOutputs == kSmallGemmMaxOutputs);
 
 namespace {
 std::atomic<std::uint64_t> g_calls[3];
-void count_call(DecodeFusion f) { g_calls[static_cast<int>(f)].fetch_add(1); }
+void count_call(DecodeFusion f) {
+  g_calls[static_cast<int>(f)].fetch_add(1, std::memory_order_relaxed);
+}
 }  // namespace
 
-std::uint64_t decode_fusion_calls(DecodeFusion f) { return g_calls[static_cast<int>(f)].load(); }
+std::uint64_t decode_fusion_calls(DecodeFusion f) {
+  return g_calls[static_cast<int>(f)].load(std::memory_order_relaxed);
+}
 
 Status small_m_gemm_multi(const SmallMGemmMultiArgs& a, mem::Stream& stream) {
   if (stream.device() != Device::kCuda) return invalid_argument("cuda small_m_gemm_multi: stream");
