@@ -105,6 +105,9 @@ class CudaTest : public ::testing::Test {
 
   kernels::Backend& cuda() { return *backend_; }
   mem::Stream& stream() { return stream_; }
+  // The fixture's stream is non-blocking: a plain cudaMemset (legacy default stream) may still be
+  // running when a kernel on this stream writes the same buffer, so poison buffers here.
+  cudaStream_t raw_stream() const { return raw_; }
 
  private:
   kernels::Backend* backend_ = nullptr;

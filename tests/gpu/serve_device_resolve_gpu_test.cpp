@@ -200,7 +200,7 @@ TEST_F(ServeDeviceResolveKernels, MissCopyMovesExactlyTheLoggedBlocksFromPinnedM
                                    {.what = "slots"});
     ASSERT_TRUE(h.ok() && d.ok());
     for (std::int64_t i = 0; i < E * eb; ++i) h->data()[i] = std::byte((i * 37 + 11) % 251);
-    ASSERT_EQ(cudaMemset(d->data(), 0xEE, std::size_t(slots * eb)), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(d->data(), 0xEE, std::size_t(slots * eb), raw_stream()), cudaSuccess);
     auto mapped = kernels::cuda::mapped_pointer(h->data());
     ASSERT_TRUE(mapped.ok()) << mapped.status().to_string();
     // An address inside the allocation maps to the same offset (a store's layers start there).
@@ -298,8 +298,8 @@ TEST_F(ServeDeviceResolveKernels, ExpertFfnRowFilterSplitsTheRowsByTheLog) {
               .C = C,
               .F = F,
               .bf16 = bf16};
-          ASSERT_EQ(cudaMemset(d_ref.p, 0xff, rows * C * 4), cudaSuccess);
-          ASSERT_EQ(cudaMemset(d_out.p, 0xff, rows * C * 4), cudaSuccess);  // NaN sentinels
+          ASSERT_EQ(cudaMemsetAsync(d_ref.p, 0xff, rows * C * 4, raw_stream()), cudaSuccess);
+          ASSERT_EQ(cudaMemsetAsync(d_out.p, 0xff, rows * C * 4, raw_stream()), cudaSuccess);  // NaN sentinels
           ASSERT_TRUE(kernels::cuda::expert_ffn(a, v, stream()).ok()) << what;
           a.out = d_out.as<float>();
           a.miss_log = d_log;
