@@ -20,12 +20,26 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 
+# The published configs' shapes (config.json of Qwen/Qwen2.5-3B and -7B), the same facts as
+# ferry's own geometry table behind `ferry bench train --geometry`.
+GEOMETRIES = {
+    "qwen2.5-3b": dict(layers=36, hidden=2048, heads=16, kv_heads=2, head_dim=128,
+                       intermediate=11008, vocab=151936, untied_embeddings=False),
+    "qwen2.5-7b": dict(layers=28, hidden=3584, heads=28, kv_heads=4, head_dim=128,
+                       intermediate=18944, vocab=152064, untied_embeddings=True),
+}
+
+
 def main():
     p = argparse.ArgumentParser()
-    for name, default in [("layers", 4), ("hidden", 128), ("heads", 4), ("kv-heads", 2),
-                          ("head-dim", 32), ("intermediate", 384), ("vocab", 259), ("batch", 4),
-                          ("seq", 256), ("steps", 5), ("warmup", 1)]:
-        p.add_argument("--" + name, type=int, default=default)
+    defaults = [("layers", 4), ("hidden", 128), ("heads", 4), ("kv-heads", 2), ("head-dim", 32),
+                ("intermediate", 384), ("vocab", 259), ("batch", 4), ("seq", 256), ("steps", 5),
+                ("warmup", 1)]
+    for name, _ in defaults:
+        p.add_argument("--" + name, type=int, default=None)
+    p.add_argument("--geometry", choices=sorted(GEOMETRIES),
+                   help="a published model's shapes, vocabulary and tying, as ferry bench train's "
+                        "--geometry (--layers may still cut the depth)")
     p.add_argument("--checkpointing", action="store_true",
                    help="gradient checkpointing every layer (HF's own)")
     p.add_argument("--untied-embeddings", action="store_true",
@@ -34,6 +48,19 @@ def main():
                    help="as ferry bench train's --arch")
     p.add_argument("--out", default="")
     a = p.parse_args()
+    if a.geometry:
+        shape_flags = ("hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab")
+        if any(getattr(a, f) is not None for f in shape_flags) or a.untied_embeddings:
+            p.error("--geometry excludes the shape flags (as in ferry bench train)")
+        for key, value in GEOMETRIES[a.geometry].items():
+            if key == "untied_embeddings":
+                a.untied_embeddings = value
+            elif getattr(a, key) is None:
+                setattr(a, key, value)
+    for name, default in defaults:
+        key = name.replace("-", "_")
+        if getattr(a, key) is None:
+            setattr(a, key, default)
     common = dict(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
                   num_hidden_layers=a.layers, num_attention_heads=a.heads,
                   num_key_value_heads=a.kv_heads, max_position_embeddings=max(a.seq, 512),
