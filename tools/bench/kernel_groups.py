@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Groups Nsight Systems per-kernel sums (`nsys stats -r cuda_gpu_kern_sum -f csv`) of two runs
+"""Groups per-kernel GPU time (Nsight Compute `--metrics gpu__time_duration.sum --csv`, or Nsight
+Systems `nsys stats -r cuda_gpu_kern_sum -f csv`) of two runs
 (ferry and the PyTorch baseline, scripts/gpu_train_profile.sh) into kernel families and prints
 each side's top kernels and the family totals side by side.
 
@@ -30,17 +31,30 @@ FAMILIES = [
 
 
 def load(path):
-    rows = []
+    """[(kernel name, total ms, launches)] from an nsys cuda_gpu_kern_sum CSV or an ncu CSV of
+    gpu__time_duration.sum (one row per launch, aggregated here by name)."""
     try:
         with open(path, newline="") as f:
-            for r in csv.DictReader(f):
-                name = r.get("Name") or ""
-                total = float(r.get("Total Time (ns)") or 0)
-                calls = int(float(r.get("Instances") or 0))
-                rows.append((name, total / 1e6, calls))
+            # ncu's log may carry "==PROF==" lines; nsys's data rows start with a number.
+            lines = [l for l in f if l[:1] == '"' or l[:1].isdigit()]
     except OSError as e:
         print(f"{path}: {e}", file=sys.stderr)
-    return rows
+        return []
+    reader = csv.DictReader(lines)
+    agg = {}
+    for r in reader:
+        if "Metric Name" in r:  # ncu: one row per launch and metric
+            if r["Metric Name"] != "gpu__time_duration.sum":
+                continue
+            name = r.get("Kernel Name") or ""
+            ms, calls = float(r["Metric Value"].replace(",", "")) / 1e6, 1
+        else:  # nsys: one row per kernel name
+            name = r.get("Name") or ""
+            ms, calls = float(r.get("Total Time (ns)") or 0) / 1e6, int(float(r.get("Instances") or 0))
+        tot = agg.setdefault(name, [0.0, 0])
+        tot[0] += ms
+        tot[1] += calls
+    return [(name, ms, calls) for name, (ms, calls) in agg.items()]
 
 
 def family(name):
@@ -68,7 +82,7 @@ def main():
         print(f"== {side}: {len(rows)} kernels, {all_ms:.1f} ms of kernel time in the profile")
         for name, ms, calls in sorted(rows, key=lambda r: -r[1])[: a.top]:
             print(f"  {ms:10.2f} ms {calls:7d}x  [{family(name)}] {name[:110]}")
-    print("== families (ms of kernel time; the runs' step counts are equal: 1 warm-up + timed)")
+    print("== families (ms of kernel time over each run; give both runs the same steps)")
     names = [f for f, _ in FAMILIES] + ["other"]
     print(f"  {'family':14s} {'ferry':>10s} {'torch':>10s} {'ferry-torch':>12s}")
     for f in names:
