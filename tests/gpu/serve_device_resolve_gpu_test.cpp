@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Device-side slot resolution for paged decode (serve/device_resolver.h, docs/serve.md), on CUDA:
-//   - ServeDeviceResolveKernels.ResolveEqualsTheCpuTwin*: the resolve kernel's state, pointer
-//     table and log equal resolve_slots_twin's exactly after every call of seeded random routing
-//     sequences (E up to 128, caps from top-k to E, hot sets, a live cap below the block's max);
+//   - ServeDeviceResolveKernels.ResolveEqualsTheCpuTwin*: both resolve kernels' (warp, block)
+//     state, pointer table and log equal resolve_slots_twin's exactly after every call of seeded
+//     random routing sequences (E up to 128, caps from top-k to E, hot sets, a live cap below
+//     the block's max);
 //   - ServeDeviceResolveKernels.ResolveLatencyIsPrinted: one resolve call's device time in
 //     Qwen3-30B-A3B's routing geometry (printed, not asserted);
 //   - ServeDeviceResolveKernels.MissCopy*: the miss-copy kernel moves exactly the logged blocks
@@ -42,6 +43,7 @@ namespace {
 using ferry::testing::CudaTest;
 using ferry::testing::device_copy;
 using ferry::testing::host_copy;
+using kernels::cuda::KernelVariant;
 using testing::expect_same_bits;
 
 class ServeDeviceResolveKernels : public CudaTest {};
@@ -50,86 +52,91 @@ TEST_F(ServeDeviceResolveKernels, ResolveEqualsTheCpuTwinOnRandomSequences) {
   // The slots are never dereferenced by resolve: a fake base makes the tables comparable.
   auto* const fake_base = reinterpret_cast<unsigned char*>(std::uintptr_t(1) << 40);
   int calls = 0, misses = 0, evictions = 0;
-  for (const auto& [E, K] : {std::pair{8, 2}, std::pair{64, 8}, std::pair{128, 8}}) {
-    for (std::uint64_t seed = 1; seed <= 6; ++seed) {
-      Rng rng(seed * 104729 + std::uint64_t(E));
-      const int hot = int(seed % 3);
-      const int cap = std::min(E, K + hot + int(rng.next() % std::uint64_t(E)));
-      const int M = std::min(E, cap + int(seed % 2) * 3);  // a block wider than the live cap
-      std::vector<std::int32_t> state(std::size_t(SlotStateLayout::state_ints(E, M)), 0);
-      std::vector<std::int32_t> log(std::size_t(SlotStateLayout::log_ints(E)), 0);
-      std::vector<const void*> table(std::size_t(3 * E), nullptr);
-      const SlotStateView st{state.data(), E, M};
-      st.cap() = cap;
-      for (int e = 0; e < E; ++e) st.slot_of()[e] = -1;
-      for (int s = 0; s < M; ++s) st.expert_in()[s] = -1;
-      for (int h = 0; h < hot; ++h) {  // hot experts h * 3 in slots 0.. (as the pager loads them)
-        const int e = (h * 3) % E;
-        st.expert_in()[h] = e;
-        st.slot_of()[e] = h;
-        st.flags()[h] = kernels::cuda::kSlotHot;
-        table[std::size_t(e)] = fake_base + h * 96;
-      }
-      std::int32_t* d_state = device_copy(state);
-      std::int32_t* d_log = device_copy(log);
-      const void** d_table = device_copy(table);
-      std::int32_t* d_ids = nullptr;
-      ASSERT_EQ(cudaMalloc(&d_ids, std::size_t(E) * 4), cudaSuccess);
-      std::vector<std::int32_t> recent;
-      for (int call = 0; call < 60; ++call) {
-        const int limit = cap - hot;
-        const int T = 1 + int(rng.next() % std::uint64_t(std::max(1, limit / K)));
-        std::vector<std::int32_t> ids;
-        for (int t = 0; t < T; ++t) {
-          std::vector<std::int32_t> row;
-          while (int(row.size()) < K) {
-            std::int32_t e = std::int32_t(rng.next() % std::uint64_t(E));
-            if (!recent.empty() && rng.next() % 2 == 0) e = recent[rng.next() % recent.size()];
-            if (std::find(row.begin(), row.end(), e) == row.end()) row.push_back(e);
-          }
-          ids.insert(ids.end(), row.begin(), row.end());
-          recent.insert(recent.end(), row.begin(), row.end());
+  // Both kernels (the warp kernel, the default, and the block kernel it replaced) from the same
+  // random sequences; n = T*K reaches 128 ids, so the warp kernel's 32-id chunks are crossed.
+  for (const KernelVariant variant : {KernelVariant::kDecode, KernelVariant::kBaseline})
+    for (const auto& [E, K] : {std::pair{8, 2}, std::pair{64, 8}, std::pair{128, 8}}) {
+      for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+        Rng rng(seed * 104729 + std::uint64_t(E));
+        const int hot = int(seed % 3);
+        const int cap = std::min(E, K + hot + int(rng.next() % std::uint64_t(E)));
+        const int M = std::min(E, cap + int(seed % 2) * 3);  // a block wider than the live cap
+        std::vector<std::int32_t> state(std::size_t(SlotStateLayout::state_ints(E, M)), 0);
+        std::vector<std::int32_t> log(std::size_t(SlotStateLayout::log_ints(E)), 0);
+        std::vector<const void*> table(std::size_t(3 * E), nullptr);
+        const SlotStateView st{state.data(), E, M};
+        st.cap() = cap;
+        for (int e = 0; e < E; ++e) st.slot_of()[e] = -1;
+        for (int s = 0; s < M; ++s) st.expert_in()[s] = -1;
+        for (int h = 0; h < hot; ++h) {  // hot experts h * 3 in slots 0.. (as the pager loads them)
+          const int e = (h * 3) % E;
+          st.expert_in()[h] = e;
+          st.slot_of()[e] = h;
+          st.flags()[h] = kernels::cuda::kSlotHot;
+          table[std::size_t(e)] = fake_base + h * 96;
         }
-        if (recent.size() > std::size_t(4 * K)) recent.erase(recent.begin(), recent.end() - 4 * K);
-        SlotResolveArgs h{.ids = ids.data(),
-                          .n = std::int64_t(ids.size()),
-                          .E = E,
-                          .max_cap = M,
-                          .state = state.data(),
-                          .table = table.data(),
-                          .log = log.data(),
-                          .slot_base = fake_base,
-                          .expert_bytes = 96,
-                          .up_offset = 32,
-                          .down_offset = 64};
-        resolve_slots_twin(h);
-        ASSERT_EQ(cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice),
-                  cudaSuccess);
-        SlotResolveArgs d = h;
-        d.ids = d_ids;
-        d.state = d_state;
-        d.table = d_table;
-        d.log = d_log;
-        ASSERT_TRUE(kernels::cuda::resolve_slots(d, stream()).ok());
-        sync();
-        const std::string what = fmt::format("E {} K {} cap {} max {} hot {} seed {} call {}", E, K,
-                                             cap, M, hot, seed, call);
-        ASSERT_EQ(host_copy(d_state, state.size()), state) << what;
-        ASSERT_EQ(host_copy(d_log, log.size()), log) << what;
-        ASSERT_EQ(host_copy(d_table, table.size()), table) << what;
-        ASSERT_EQ(log[3], 0) << what;  // errors
-        misses += log[1];
-        evictions += log[2];
-        ++calls;
+        std::int32_t* d_state = device_copy(state);
+        std::int32_t* d_log = device_copy(log);
+        const void** d_table = device_copy(table);
+        std::int32_t* d_ids = nullptr;
+        ASSERT_EQ(cudaMalloc(&d_ids, std::size_t(E) * 4), cudaSuccess);
+        std::vector<std::int32_t> recent;
+        for (int call = 0; call < 60; ++call) {
+          const int limit = cap - hot;
+          const int T = 1 + int(rng.next() % std::uint64_t(std::max(1, limit / K)));
+          std::vector<std::int32_t> ids;
+          for (int t = 0; t < T; ++t) {
+            std::vector<std::int32_t> row;
+            while (int(row.size()) < K) {
+              std::int32_t e = std::int32_t(rng.next() % std::uint64_t(E));
+              if (!recent.empty() && rng.next() % 2 == 0) e = recent[rng.next() % recent.size()];
+              if (std::find(row.begin(), row.end(), e) == row.end()) row.push_back(e);
+            }
+            ids.insert(ids.end(), row.begin(), row.end());
+            recent.insert(recent.end(), row.begin(), row.end());
+          }
+          if (recent.size() > std::size_t(4 * K))
+            recent.erase(recent.begin(), recent.end() - 4 * K);
+          SlotResolveArgs h{.ids = ids.data(),
+                            .n = std::int64_t(ids.size()),
+                            .E = E,
+                            .max_cap = M,
+                            .state = state.data(),
+                            .table = table.data(),
+                            .log = log.data(),
+                            .slot_base = fake_base,
+                            .expert_bytes = 96,
+                            .up_offset = 32,
+                            .down_offset = 64};
+          resolve_slots_twin(h);
+          ASSERT_EQ(cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice),
+                    cudaSuccess);
+          SlotResolveArgs d = h;
+          d.ids = d_ids;
+          d.state = d_state;
+          d.table = d_table;
+          d.log = d_log;
+          ASSERT_TRUE(kernels::cuda::resolve_slots(d, variant, stream()).ok());
+          sync();
+          const std::string what = fmt::format("{} E {} K {} cap {} max {} hot {} seed {} call {}",
+                                               variant == KernelVariant::kDecode ? "warp" : "block",
+                                               E, K, cap, M, hot, seed, call);
+          ASSERT_EQ(host_copy(d_state, state.size()), state) << what;
+          ASSERT_EQ(host_copy(d_log, log.size()), log) << what;
+          ASSERT_EQ(host_copy(d_table, table.size()), table) << what;
+          ASSERT_EQ(log[3], 0) << what;  // errors
+          misses += log[1];
+          evictions += log[2];
+          ++calls;
+        }
+        cudaFree(d_state);
+        cudaFree(d_log);
+        cudaFree(d_table);
+        cudaFree(d_ids);
       }
-      cudaFree(d_state);
-      cudaFree(d_log);
-      cudaFree(d_table);
-      cudaFree(d_ids);
     }
-  }
-  EXPECT_EQ(calls, 3 * 6 * 60);
-  EXPECT_GT(evictions, 200);
+  EXPECT_EQ(calls, 2 * 3 * 6 * 60);
+  EXPECT_GT(evictions, 400);
   std::cout << "[serve_gpu] resolve kernel = twin over " << calls << " calls, " << misses
             << " misses, " << evictions << " evictions\n";
 }
@@ -138,54 +145,58 @@ TEST_F(ServeDeviceResolveKernels, ResolveEqualsTheCpuTwinOnRandomSequences) {
 // geometry (E 128, top-8, 51 slots): printed, not asserted (a decode token runs 48 of them).
 TEST_F(ServeDeviceResolveKernels, ResolveLatencyIsPrinted) {
   const int E = 128, K = 8, M = 51, reps = 200;
-  std::vector<std::int32_t> state(std::size_t(SlotStateLayout::state_ints(E, M)), 0);
-  const SlotStateView st{state.data(), E, M};
-  st.cap() = M;
-  for (int e = 0; e < E; ++e) st.slot_of()[e] = -1;
-  for (int s = 0; s < M; ++s) st.expert_in()[s] = -1;
-  std::vector<std::int32_t> log(std::size_t(SlotStateLayout::log_ints(E)), 0);
-  std::vector<const void*> table(std::size_t(3 * E), nullptr);
   std::vector<std::int32_t> ids(std::size_t(reps * K));
   for (int r = 0; r < reps; ++r) {
     for (int k = 0; k < K; ++k) ids[std::size_t(r * K + k)] = std::int32_t((r * 3 + k * 16) % E);
   }
-  std::int32_t* d_state = device_copy(state);
-  std::int32_t* d_log = device_copy(log);
-  const void** d_table = device_copy(table);
   std::int32_t* d_ids = device_copy(ids);
   unsigned char* d_slots = nullptr;
   ASSERT_EQ(cudaMalloc(&d_slots, 4096), cudaSuccess);
-  auto e0 = mem::Event::create(Device::kCuda, 0, true);
-  auto e1 = mem::Event::create(Device::kCuda, 0, true);
-  ASSERT_TRUE(e0.ok() && e1.ok());
-  auto run = [&](int r) {
-    const SlotResolveArgs a{.ids = d_ids + r * K,
-                            .n = K,
-                            .E = E,
-                            .max_cap = M,
-                            .state = d_state,
-                            .table = d_table,
-                            .log = d_log,
-                            .slot_base = d_slots,
-                            .expert_bytes = 16,
-                            .up_offset = 0,
-                            .down_offset = 0};
-    EXPECT_TRUE(kernels::cuda::resolve_slots(a, stream()).ok());
-  };
-  run(0);
-  sync();
-  ASSERT_TRUE(e0->record(stream()).ok());
-  for (int r = 1; r < reps; ++r) run(r);
-  ASSERT_TRUE(e1->record(stream()).ok());
-  sync();
-  auto ms = mem::Event::elapsed_ms(*e0, *e1);
-  ASSERT_TRUE(ms.ok());
-  EXPECT_EQ(host_copy(d_log, 4)[3], 0);  // no errors
-  std::cout << "[serve_gpu] resolve_slots E 128 top-8 cap 51: " << *ms * 1000.0 / (reps - 1)
-            << " us per call (launches back to back)\n";
-  cudaFree(d_state);
-  cudaFree(d_log);
-  cudaFree(d_table);
+  for (const KernelVariant variant : {KernelVariant::kDecode, KernelVariant::kBaseline}) {
+    std::vector<std::int32_t> state(std::size_t(SlotStateLayout::state_ints(E, M)), 0);
+    const SlotStateView st{state.data(), E, M};
+    st.cap() = M;
+    for (int e = 0; e < E; ++e) st.slot_of()[e] = -1;
+    for (int s = 0; s < M; ++s) st.expert_in()[s] = -1;
+    std::vector<std::int32_t> log(std::size_t(SlotStateLayout::log_ints(E)), 0);
+    std::vector<const void*> table(std::size_t(3 * E), nullptr);
+    std::int32_t* d_state = device_copy(state);
+    std::int32_t* d_log = device_copy(log);
+    const void** d_table = device_copy(table);
+    auto e0 = mem::Event::create(Device::kCuda, 0, true);
+    auto e1 = mem::Event::create(Device::kCuda, 0, true);
+    ASSERT_TRUE(e0.ok() && e1.ok());
+    auto run = [&](int r) {
+      const SlotResolveArgs a{.ids = d_ids + r * K,
+                              .n = K,
+                              .E = E,
+                              .max_cap = M,
+                              .state = d_state,
+                              .table = d_table,
+                              .log = d_log,
+                              .slot_base = d_slots,
+                              .expert_bytes = 16,
+                              .up_offset = 0,
+                              .down_offset = 0};
+      EXPECT_TRUE(kernels::cuda::resolve_slots(a, variant, stream()).ok());
+    };
+    run(0);
+    sync();
+    ASSERT_TRUE(e0->record(stream()).ok());
+    for (int r = 1; r < reps; ++r) run(r);
+    ASSERT_TRUE(e1->record(stream()).ok());
+    sync();
+    auto ms = mem::Event::elapsed_ms(*e0, *e1);
+    ASSERT_TRUE(ms.ok());
+    EXPECT_EQ(host_copy(d_log, 4)[3], 0);  // no errors
+    std::cout << "[serve_gpu] resolve_slots "
+              << (variant == KernelVariant::kDecode ? "warp" : "block")
+              << " kernel, E 128 top-8 cap 51: " << *ms * 1000.0 / (reps - 1)
+              << " us per call (launches back to back)\n";
+    cudaFree(d_state);
+    cudaFree(d_log);
+    cudaFree(d_table);
+  }
   cudaFree(d_ids);
   cudaFree(d_slots);
 }
@@ -243,7 +254,6 @@ TEST_F(ServeDeviceResolveKernels, MissCopyMovesExactlyTheLoggedBlocksFromPinnedM
 // give zero rows, as in the all-rows launch).
 TEST_F(ServeDeviceResolveKernels, ExpertFfnRowFilterSplitsTheRowsByTheLog) {
   using kernels::cuda::ExpertRowFilter;
-  using kernels::cuda::KernelVariant;
   const int E = 6, K = 4;
   const std::int64_t T = 3, rows = T * K;
   for (const auto& shape : {std::pair<std::int64_t, std::int64_t>{2048, 768}, {96, 40}}) {
@@ -299,7 +309,8 @@ TEST_F(ServeDeviceResolveKernels, ExpertFfnRowFilterSplitsTheRowsByTheLog) {
               .F = F,
               .bf16 = bf16};
           ASSERT_EQ(cudaMemsetAsync(d_ref.p, 0xff, rows * C * 4, raw_stream()), cudaSuccess);
-          ASSERT_EQ(cudaMemsetAsync(d_out.p, 0xff, rows * C * 4, raw_stream()), cudaSuccess);  // NaN sentinels
+          ASSERT_EQ(cudaMemsetAsync(d_out.p, 0xff, rows * C * 4, raw_stream()),
+                    cudaSuccess);  // NaN sentinels
           ASSERT_TRUE(kernels::cuda::expert_ffn(a, v, stream()).ok()) << what;
           a.out = d_out.as<float>();
           a.miss_log = d_log;

@@ -196,13 +196,18 @@ Status link_pace_wait(unsigned long long* d_mark, unsigned long long ns, mem::St
 }
 
 Status resolve_slots(const SlotResolveArgs& a, mem::Stream& stream) {
+  return resolve_slots(a, KernelVariant::kDefault, stream);
+}
+
+Status resolve_slots(const SlotResolveArgs& a, KernelVariant variant, mem::Stream& stream) {
   if (stream.device() != Device::kCuda) return invalid_argument("cuda resolve_slots: CUDA stream");
   if (a.ids == nullptr || a.state == nullptr || a.table == nullptr || a.log == nullptr ||
       a.slot_base == nullptr || a.E <= 0 || a.max_cap <= 0 || a.n < 0 || a.expert_bytes <= 0) {
     return invalid_argument("cuda resolve_slots: missing pointers or empty shapes");
   }
   if (a.E > 4096) return unimplemented("cuda resolve_slots: {} experts > 4096", a.E);
-  FERRY_LAUNCH_TRY("serve resolve_slots", native(stream), launch_resolve_slots(a, native(stream)));
+  FERRY_LAUNCH_TRY("serve resolve_slots", native(stream),
+                   launch_resolve_slots(a, variant, native(stream)));
   return ok_status();
 }
 

@@ -92,10 +92,12 @@ Status link_pace_wait(unsigned long long* d_mark, unsigned long long ns, mem::St
 Status copy_from_host(void* dst, const void* src, std::size_t bytes, int blocks,
                       mem::Stream& stream);
 // Device-side slot resolution (serve_slot_resolve.cu; CPU twins in serve/slot_resolve.h): one
-// paged layer's LRU slot decisions (one block), its misses copied from mapped pinned host memory,
-// and a link pacing wait of ceil(misses * expert_bytes / gbps) ns read from the resolve log.
-// E <= 4096 (the resolve kernel's shared memory).
+// paged layer's LRU slot decisions (one warp: kDecode, the default; the block kernel: kBaseline
+// or FERRY_RESOLVE_WARP=0; both make the twin's decisions), its misses copied from mapped pinned
+// host memory, and a link pacing wait of ceil(misses * expert_bytes / gbps) ns read from the
+// resolve log. E <= 4096 (the resolve kernels' shared memory).
 Status resolve_slots(const SlotResolveArgs& a, mem::Stream& stream);
+Status resolve_slots(const SlotResolveArgs& a, KernelVariant variant, mem::Stream& stream);
 Status copy_misses(const MissCopyArgs& a, mem::Stream& stream);
 Status link_pace_wait_misses(unsigned long long* d_mark, const std::int32_t* d_log,
                              std::uint64_t expert_bytes, double gbps, mem::Stream& stream);

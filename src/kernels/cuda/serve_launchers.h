@@ -52,7 +52,8 @@ cudaError_t launch_widen_bf16(float* out, const std::uint16_t* in, std::int64_t 
                               cudaStream_t stream);
 
 // serve_slot_resolve.cu (arguments checked by the caller: E <= 4096, max_cap >= 1).
-cudaError_t launch_resolve_slots(const SlotResolveArgs& a, cudaStream_t stream);
+cudaError_t launch_resolve_slots(const SlotResolveArgs& a, KernelVariant variant,
+                                 cudaStream_t stream);
 cudaError_t launch_copy_misses(const MissCopyArgs& a, cudaStream_t stream);
 cudaError_t launch_link_pace_wait_misses(unsigned long long* d_mark, const std::int32_t* d_log,
                                          unsigned long long expert_bytes, double gbps,

@@ -1,7 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // Device-side slot resolution (serve/device_resolver.h; the spec is the CPU twin
 // serve::resolve_slots_twin in serve/slot_resolve.cpp, which must make the same decisions):
-//   resolve_slots_kernel  one block per layer call. Thread 0 walks what is sequential (tick,
+//   resolve_slots_warp_kernel  (kDecode, the default) one warp per layer call, the same
+//                         decisions: the ids are read 32 at a time (a lane each), first
+//                         appearances found with __match_any_sync against the smem `seen`
+//                         array and numbered with a ballot, the hits' slot lookups done by
+//                         lanes in parallel, and each miss's victim a warp-wide min of the same
+//                         packed keys (shuffles, no block barriers). A decode layer call is ~8
+//                         ids and ~2 misses over ~50 slots: the block kernel's time was its
+//                         dependent global loads on thread 0 and its barriers, ~8-10 us.
+//   resolve_slots_kernel  (kBaseline, FERRY_RESOLVE_WARP=0) one block per layer call. Thread 0
+//                         walks what is sequential (tick,
 //                         distinct experts in first-appearance order, hits, the log); each miss's
 //                         slot is a block-wide min over packed keys — an empty slot under the
 //                         cap is (0, slot), an evictable one (neither hot nor in use) is
@@ -17,6 +26,7 @@
 //                         the byte count read from the log, since the host does not know it).
 // Tests: tests/gpu/serve_device_resolve_gpu_test.cpp (kernel == twin on random sequences).
 #include <cstdint>
+#include <cstdlib>
 
 #include "kernels/cuda/link_pace.cuh"
 #include "kernels/cuda/serve_launchers.h"
@@ -155,6 +165,136 @@ __global__ void resolve_slots_kernel(SlotResolveArgs a) {
   }
 }
 
+// The warp twin of resolve_slots_kernel (same state, table and log; see the file comment).
+__global__ void __launch_bounds__(32) resolve_slots_warp_kernel(SlotResolveArgs a) {
+  extern __shared__ std::int32_t smem[];  // distinct [E] then seen [E]
+  std::int32_t* distinct = smem;
+  std::int32_t* seen = smem + a.E;
+  const int lane = static_cast<int>(threadIdx.x);
+  const unsigned below = (1u << lane) - 1u;  // lanes before this one
+  const int E = a.E, M = a.max_cap;
+  std::int32_t* slot_of = a.state + 4;
+  std::int32_t* expert_in = slot_of + E;
+  auto* stamp = reinterpret_cast<std::uint32_t*>(expert_in + M);
+  std::int32_t* flags = expert_in + 2 * M;
+  std::int32_t* ids_out = a.log + 5;
+  std::int32_t* miss_expert = ids_out + E;
+  std::int32_t* miss_slot = ids_out + 2 * E;
+  std::int32_t* evicted = ids_out + 3 * E;
+  const int cap = a.state[0];
+  const std::uint32_t tick = reinterpret_cast<std::uint32_t*>(a.state)[1] + 1u;
+  // The previous call's working set back to resident; scratch cleared.
+  for (int s = lane; s < M; s += 32) flags[s] &= ~kSlotInUse;
+  for (int e = lane; e < E; e += 32) {
+    seen[e] = 0;
+    evicted[e] = -1;
+  }
+  __syncwarp();
+  if (lane == 0) reinterpret_cast<std::uint32_t*>(a.state)[1] = tick;
+  // Distinct experts in first-appearance order, 32 ids at a time.
+  std::int32_t nd = 0, errors = 0;
+  for (std::int64_t base = 0; base < a.n; base += 32) {
+    const std::int64_t i = base + lane;
+    const bool in = i < a.n;
+    const std::int32_t e = in ? a.ids[i] : -1;
+    if (in && i < E) ids_out[i] = e;
+    const bool valid = in && e >= 0 && e < E && i < E;
+    errors += __popc(__ballot_sync(0xffffffffu, in && !valid));
+    // Lanes holding the same valid id; an invalid lane's key matches no other lane.
+    const unsigned same = __match_any_sync(0xffffffffu, valid ? e : -1 - lane);
+    const bool first = valid && (same & below) == 0u && seen[e] == 0;
+    const unsigned news = __ballot_sync(0xffffffffu, first);
+    if (first) {
+      distinct[nd + __popc(news & below)] = e;
+      seen[e] = 1;
+    }
+    nd += __popc(news);
+    __syncwarp();
+  }
+  // Hits first (in use, so no miss evicts them); the misses' positions in `seen` (reused as the
+  // miss list: every expert's seen flag is no longer needed).
+  std::int32_t hits = 0, nm = 0;
+  for (std::int32_t base = 0; base < nd; base += 32) {
+    const std::int32_t d = base + lane;
+    const std::int32_t e = d < nd ? distinct[d] : -1;
+    const std::int32_t s = e >= 0 ? slot_of[e] : -1;
+    if (s >= 0) {
+      flags[s] |= kSlotInUse;
+      stamp[s] = tick;
+    }
+    hits += __popc(__ballot_sync(0xffffffffu, s >= 0));
+    const bool miss = e >= 0 && s < 0;
+    const unsigned ms = __ballot_sync(0xffffffffu, miss);
+    __syncwarp();
+    if (miss) seen[nm + __popc(ms & below)] = e;
+    nm += __popc(ms);
+  }
+  __syncwarp();
+  // Misses in first-appearance order, one at a time: each changes what the next may evict.
+  std::int32_t misses = 0, evictions = 0;
+  for (std::int32_t j = 0; j < nm; ++j) {
+    const std::int32_t e = seen[j];
+    unsigned long long key = ~0ull;
+    for (int s = lane; s < cap; s += 32) {
+      unsigned long long k = ~0ull;
+      if (expert_in[s] < 0) {
+        k = static_cast<unsigned long long>(s);
+      } else if ((flags[s] & (kSlotHot | kSlotInUse)) == 0) {
+        k = (1ull << 62) | (static_cast<unsigned long long>(stamp[s]) << 20) |
+            static_cast<unsigned long long>(s);
+      }
+      key = k < key ? k : key;
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      const unsigned long long o = __shfl_xor_sync(0xffffffffu, key, off);
+      key = o < key ? o : key;
+    }
+    if (key == ~0ull) {
+      ++errors;  // more non-hot experts than slots: the caller's bug
+    } else {
+      if (lane == 0) {
+        const int victim = static_cast<int>(key & 0xfffffull);
+        const std::int32_t old = expert_in[victim];
+        if (old >= 0) {
+          slot_of[old] = -1;
+          a.table[old] = nullptr;
+          a.table[E + old] = nullptr;
+          a.table[2 * E + old] = nullptr;
+          ++evictions;
+        }
+        expert_in[victim] = e;
+        slot_of[e] = victim;
+        stamp[victim] = tick;
+        flags[victim] |= kSlotInUse;
+        unsigned char* block = a.slot_base + std::int64_t(victim) * a.expert_bytes;
+        a.table[e] = block;
+        a.table[E + e] = block + a.up_offset;
+        a.table[2 * E + e] = block + a.down_offset;
+        miss_expert[misses] = e;
+        miss_slot[misses] = victim;
+        evicted[misses] = old;
+      }
+      ++misses;
+    }
+    __syncwarp();  // the next miss sees this one's slot
+  }
+  if (lane == 0) {
+    a.log[0] = hits;
+    a.log[1] = misses;
+    a.log[2] = evictions;
+    a.log[3] = errors;
+    a.log[4] = static_cast<std::int32_t>(a.n);
+  }
+}
+
+bool warp_env_on() {
+  static const bool on = [] {
+    const char* v = std::getenv("FERRY_RESOLVE_WARP");
+    return v == nullptr || v[0] != '0';
+  }();
+  return on;
+}
+
 // Miss by miss (uniform loop), each block's words strided over the grid with 4 loads in flight
 // per thread: PCIe reads are latency-bound (serve_link_pace.cu's copy_from_host, measured).
 template <typename Word>
@@ -191,9 +331,16 @@ __global__ void link_pace_wait_misses_kernel(unsigned long long* mark, const std
 
 }  // namespace
 
-cudaError_t launch_resolve_slots(const SlotResolveArgs& a, cudaStream_t stream) {
+cudaError_t launch_resolve_slots(const SlotResolveArgs& a, KernelVariant variant,
+                                 cudaStream_t stream) {
   const std::size_t shared = 2 * std::size_t(a.E) * sizeof(std::int32_t);
-  resolve_slots_kernel<<<1, kResolveThreads, shared, stream>>>(a);
+  const bool warp =
+      variant == KernelVariant::kDecode || (variant == KernelVariant::kDefault && warp_env_on());
+  if (warp) {
+    resolve_slots_warp_kernel<<<1, 32, shared, stream>>>(a);
+  } else {
+    resolve_slots_kernel<<<1, kResolveThreads, shared, stream>>>(a);
+  }
   return cudaGetLastError();
 }
 
