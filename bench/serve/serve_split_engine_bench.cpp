@@ -40,7 +40,7 @@
 //     [--tiny]   (--tiny: a small geometry for a CPU smoke run)
 //     [--scaled] [--model-step-ms 1.6 --model-miss-ms 0.197]
 //     [--save-profile FILE] [--configurator-profile FILE] [--deadline-unix S] [--dense-dtype f32]
-//     [--prune-slower off] [--prior-json FILE]
+//     [--prune-slower off] [--prior-json FILE] [--host-routing]
 // --scaled (CPU, 2 layers): the 2-layer CUDA run's split problem at 1/32 of the widths (same E,
 // top-k, routing, slots, blocks, floor and modelled miss cost; see main()), so LiveSplit decides
 // as it would on the GPU; its wall time is CPU compute, not a GPU's. --model-step-ms /
@@ -70,6 +70,16 @@
 // dtype (make_builtin_moe_packed, every core) that every policy's engine reads; 48 layers take
 // ~58 GB of host memory and ~2 minutes. decode_tokens_per_s: tokens generated in steps that
 // computed no prompt token / those steps' wall time (generated_tokens_per_s is over the run).
+// Routing (wsa/agentic_router.h): forced ahead by default -- a step's routes are asked before its
+// forward pass and go up in one copy, and paged decode steps whose routed rows fit every layer's
+// free slots (T*K <= cap - hot) resolve their slots on the device with one host sync per step
+// (and, as CUDA graphs, replay); other steps (prefill, or caps below T*K: 50/50's 23 and
+// kv-heavy's 8 slots at 4 decoding requests) take the paged host path, one routed-id read-back per
+// MoE layer. --host-routing keeps the per-layer hook (a host round trip per MoE layer on top,
+// every step; the runs before this flag), for an A/B. Both route identically (same tokens). Per
+// policy: host_syncs (per step, and in decode-only steps), device_resolved_steps (steps whose
+// every MoE layer resolved on the device), graph replays; "run": {"routing"} in the JSON, and
+// --prior-json refuses a file of the other routing path.
 #include <sys/utsname.h>
 #include <algorithm>
 #include <chrono>
@@ -92,6 +102,7 @@
 #include "serve/builtin_model.h"
 #include "serve/engine.h"
 #include "serve/routing_trace.h"
+#include "serve/wsa/agentic_router.h"
 #include "serve/wsa/agentic_workload.h"
 #include "serve/wsa/live_split.h"
 #include "serve/wsa/split_allocator.h"
@@ -103,24 +114,6 @@ namespace {
 using namespace ferry;
 using namespace ferry::serve;
 using namespace ferry::serve::wsa;
-
-// Forces the workload's route of (session, position, layer) for every request of a session.
-class AgenticRouter : public RoutingHook {
- public:
-  explicit AgenticRouter(const AgenticWorkload& w) : w_(w) {}
-  void bind(RequestId id, int session) { session_of_[id] = session; }
-  Status on_route(const RouteKey& key, std::span<std::int32_t> ids) override {
-    const auto it = session_of_.find(key.request);
-    if (it == session_of_.end()) return not_found("bench: request {} has no session", key.request);
-    const auto r = w_.route(it->second, key.position, key.layer);
-    for (std::size_t k = 0; k < ids.size(); ++k) ids[k] = r[k];
-    return ok_status();
-  }
-
- private:
-  const AgenticWorkload& w_;
-  std::map<RequestId, int> session_of_;
-};
 
 struct PolicyResult {
   std::string name;
@@ -142,6 +135,14 @@ struct PolicyResult {
   // Steps that computed no prompt token (decode only): their wall time and generated tokens.
   std::uint64_t decode_steps = 0, decode_tokens = 0;
   double decode_s = 0;
+  // The step's path (docs/serve_wsa.md "48-layer run"): host waits (Engine::host_syncs: the
+  // runner's one per step, the per-layer routing hook's, the paged host path's routed-id
+  // read-backs), in all and in decode-only steps; steps whose every MoE layer resolved its slots
+  // on the device (ExecutorCounters::device_resolved grew by the MoE layer count), the layer calls
+  // so resolved, and the CUDA graph counters (zeros on the CPU).
+  std::uint64_t host_syncs = 0, decode_host_syncs = 0;
+  std::uint64_t device_resolved_steps = 0, device_resolved_calls = 0;
+  GraphStats graphs;
   std::string profile_source;  // configurator: where its profile came from
   // --prune-slower: the time after which this fixed split is provably slower than a complete
   // one (0: not pruned); set when the run was stopped there.
@@ -177,6 +178,7 @@ struct Setup {
   const ExpertStore* host_store = nullptr;  // the packed experts every engine reads (one copy)
   DType dense_dtype = DType::kF32;          // --dense-dtype
   double deadline_unix = 0;                 // --deadline-unix: no policy runs past it (0: none)
+  bool host_routing = false;  // --host-routing: the per-layer routing hook (no forcing ahead)
   const ferry::Timer* bench_clock = nullptr;
 };
 
@@ -246,8 +248,12 @@ PolicyResult run_policy(const Setup& su, const std::string& key, const std::stri
     ls = std::move(*r);
   }
   const AgenticWorkload& w = *su.w;
-  AgenticRouter router(w);
+  // Forced ahead (the default): one upload of the step's routes, paged decode steps resolve
+  // their slots on the device; --host-routing: the per-layer hook (a host round trip per layer).
+  AgenticRouter router(w, /*ahead=*/!su.host_routing);
   eng.set_routing_hook(&router);
+  int moe_layers = 0;
+  for (int l = 0; l < geo.layers; ++l) moe_layers += geo.layer_is_moe[std::size_t(l)] ? 1 : 0;
   const int vocab = geo.vocab;
   std::map<RequestId, std::pair<int, int>> turn_of;
   std::map<int, std::vector<std::int32_t>> prompt_of;
@@ -287,6 +293,8 @@ PolicyResult run_policy(const Setup& su, const std::string& key, const std::stri
     }
     const std::uint64_t resizes = eng.stats().pool_resizes;
     const std::uint64_t prefilled = eng.stats().prefill_tokens;
+    const std::uint64_t syncs = eng.host_syncs();
+    const std::uint64_t resolved = eng.experts().counters().device_resolved;
     const double step_t0 = clock.elapsed_s();
     auto ev = eng.step();
     if (!ev.ok()) {
@@ -299,6 +307,11 @@ PolicyResult run_policy(const Setup& su, const std::string& key, const std::stri
       ++pr.decode_steps;
       pr.decode_tokens += ev->size();
       pr.decode_s += now - step_t0;
+      pr.decode_host_syncs += eng.host_syncs() - syncs;
+    }
+    if (moe_layers > 0 &&
+        eng.experts().counters().device_resolved - resolved == std::uint64_t(moe_layers)) {
+      ++pr.device_resolved_steps;
     }
     if (now >= next_progress_s) {  // a 48-layer policy runs minutes: show where it is
       next_progress_s += 30;
@@ -348,6 +361,9 @@ PolicyResult run_policy(const Setup& su, const std::string& key, const std::stri
   pr.prefix_query_tokens = st.prefix_query_tokens;
   pr.resizes = st.pool_resizes;
   pr.blocks_moved = eng.kv().blocks_moved();
+  pr.host_syncs = eng.host_syncs();
+  pr.device_resolved_calls = eng.experts().counters().device_resolved;
+  pr.graphs = eng.graph_stats();
   const PagerCounters& pc = eng.experts().pager()->counters();
   pr.hits = pc.hits;
   pr.misses = pc.misses;
@@ -424,6 +440,16 @@ nlohmann::json result_json(const PolicyResult& r, double named_s) {
           {"decode_step_s", r.decode_s},
           {"decode_tokens", r.decode_tokens},
           {"decode_tokens_per_s", r.decode_s > 0 ? double(r.decode_tokens) / r.decode_s : 0.0},
+          {"host_syncs", r.host_syncs},
+          {"host_syncs_per_step", r.steps > 0 ? double(r.host_syncs) / double(r.steps) : 0.0},
+          {"decode_host_syncs", r.decode_host_syncs},
+          {"decode_host_syncs_per_step",
+           r.decode_steps > 0 ? double(r.decode_host_syncs) / double(r.decode_steps) : 0.0},
+          {"device_resolved_steps", r.device_resolved_steps},
+          {"device_resolved_layer_calls", r.device_resolved_calls},
+          {"graph_eligible_steps", r.graphs.eligible_steps},
+          {"graph_replays", r.graphs.replays},
+          {"graph_disabled_reason", r.graphs.disabled_reason},
           {"turns_finished", r.tokens.size()},
           {"tokens_hash", tokens_hash(r.tokens)},
           {"steps", r.steps},
@@ -464,11 +490,14 @@ nlohmann::json problem_key_of(const nlohmann::json& doc) {
   }
   const nlohmann::json budget = doc.value("budget", nlohmann::json::object());
   const nlohmann::json run = doc.value("run", nlohmann::json::object());
+  // The routing path changes every step's cost, so a prior of the other path cannot bound
+  // --prune-slower; files without the field ran the per-layer hook (before forced-ahead routing).
   return {{"geometry", geo},
           {"workload", doc.value("workload", nlohmann::json::object())},
           {"pool_budget_bytes", budget.value("pool_budget_bytes", nlohmann::json())},
           {"kv_floor_blocks", budget.value("kv_floor_blocks", nlohmann::json())},
-          {"link_gbps", run.value("link_gbps", nlohmann::json())}};
+          {"link_gbps", run.value("link_gbps", nlohmann::json())},
+          {"routing", run.value("routing", std::string("per-layer"))}};
 }
 
 // MemAvailable of /proc/meminfo in bytes, 0 if unknown.
@@ -507,7 +536,7 @@ int main(int argc, char** argv) {
   bool band_of_avoidable = true;
   std::string policy_s_arg;
   std::uint64_t seed = 1;
-  bool prefix_cache = true, tiny = false, scaled = false;
+  bool prefix_cache = true, tiny = false, scaled = false, host_routing = false;
   double model_step_ms = 0, model_miss_ms = 0;
   std::string save_profile_path, load_profile_path, prior_json_path;
   bool prune_slower = false;
@@ -521,6 +550,10 @@ int main(int argc, char** argv) {
     }
     if (a == "--scaled") {
       scaled = true;
+      continue;
+    }
+    if (a == "--host-routing") {
+      host_routing = true;
       continue;
     }
     if (i + 1 >= argc) {
@@ -726,6 +759,7 @@ int main(int argc, char** argv) {
            .model_miss_s = model_miss_ms * 1e-3,
            .dense_dtype = dense_dtype,
            .deadline_unix = deadline_unix,
+           .host_routing = host_routing,
            .bench_clock = &bench_clock};
   // --policy-s live=60,caps=30: a time cap per --policies name ("caps": each --caps run), others
   // get --max-policy-s.
@@ -810,9 +844,13 @@ int main(int argc, char** argv) {
                  {"min_hysteresis", min_hysteresis},
                  {"uniform_tie", uniform_tie},
                  {"band_of_avoidable", band_of_avoidable}};
-  out["run"] = {{"deadline_unix", deadline_unix},    {"link_gbps", link_gbps},
-                {"prune_slower", prune_slower},      {"prior_json", prior_json_path},
-                {"save_profile", save_profile_path}, {"configurator_profile", load_profile_path}};
+  out["run"] = {{"deadline_unix", deadline_unix},
+                {"link_gbps", link_gbps},
+                {"prune_slower", prune_slower},
+                {"prior_json", prior_json_path},
+                {"save_profile", save_profile_path},
+                {"configurator_profile", load_profile_path},
+                {"routing", host_routing ? "per-layer" : "forced-ahead"}};
   // What a saved profile must match to be used by another run's configurator: the split
   // problem's sizes, costs and workload (tools/bench/wsa_merge.py merges such runs' JSON).
   nlohmann::json profile_key = {{"geometry", out["geometry"]},
@@ -976,11 +1014,16 @@ int main(int argc, char** argv) {
     const std::uint64_t acc = r.hits + r.misses;
     std::printf(
         "%-16s %s total %8.2f s  model %7.2f s  ttft mean %6.2f s  gen %7.1f tok/s  dec %7.1f "
-        "tok/s  hit %.3f  steps %llu  "
+        "tok/s  hit %.3f  steps %llu  syncs/step %.2f (decode %.2f)  device-resolved steps "
+        "%llu  graph replays %llu  "
         "preempt %llu  pfx hit %llu/%llu  moves %llu/%llu refused %llu  | %s -> %s%s%s\n",
         r.name.c_str(), r.complete ? "ok " : "ERR", r.total_s, r.modelled_s, r.mean_ttft_s,
         r.tokens_per_s, r.decode_s > 0 ? double(r.decode_tokens) / r.decode_s : 0.0,
         acc ? double(r.hits) / double(acc) : 0.0, static_cast<unsigned long long>(r.steps),
+        r.steps > 0 ? double(r.host_syncs) / double(r.steps) : 0.0,
+        r.decode_steps > 0 ? double(r.decode_host_syncs) / double(r.decode_steps) : 0.0,
+        static_cast<unsigned long long>(r.device_resolved_steps),
+        static_cast<unsigned long long>(r.graphs.replays),
         static_cast<unsigned long long>(r.preemptions),
         static_cast<unsigned long long>(r.prefix_hit_tokens),
         static_cast<unsigned long long>(r.prefix_query_tokens),
