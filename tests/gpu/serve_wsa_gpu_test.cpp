@@ -9,7 +9,16 @@
 //     and the KV pool shrunk to the blocks in use plus what waiting requests need (so used blocks
 //     above the new size must move) and grown back -- gives the same token ids and the same
 //     logits bits as a run without resizes, every request finishing by length, with blocks
-//     really moved and experts really evicted.
+//     really moved and experts really evicted;
+//   - the engine bench's path (bench/serve/serve_split_engine_bench.cpp): a routing hook that
+//     forces ahead, a resizable engine resized at every step boundary (caps and KV as above), with
+//     device-side slot resolution (device_resolver.h) and CUDA graphs on, against the same engine
+//     and resizes on the paged host path (device_resolve off): the same tokens, logits bits and
+//     pager counters, the access observer (MV-WSA's stack distances: called from the resolver's
+//     replay on the device path) sees the same (layer, routed ids) calls in the same order, so
+//     equal stack-distance curves; device-resolved layer calls > 0 (also right after a shrink
+//     that evicted), whole steps only, and host syncs = one per step plus one per MoE layer of
+//     each host-path step (no per-layer hook sync: forced ahead).
 // Skips, saying so, without a CUDA device.
 #include <algorithm>
 #include <cstring>
@@ -20,6 +29,8 @@
 #include "mem/transfer_engine.h"
 #include "serve/engine.h"
 #include "serve/kv_cache.h"
+#include "serve/routing_trace.h"
+#include "serve/wsa/stack_distance.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "unit/serve/serve_test_util.h"
 
@@ -249,6 +260,158 @@ TEST_F(ServeWsaCuda, ResizingBetweenStepsKeepsTokensAndLogitsBits) {
             << shrinks << " kv shrinks, " << eng.kv().blocks_moved() << " blocks moved, "
             << pc.resize_evictions << " experts evicted, " << pc.bytes_moved
             << " slot bytes moved; " << rows << " logits rows bit-identical\n";
+}
+
+// Forces every (request, position, MoE layer) to K consecutive experts from a hash of (request,
+// position / 2, layer): a pure function, so it forces ahead (as wsa::AgenticRouter does), with
+// some reuse between neighbouring positions so slots hit.
+class HashRouter : public RoutingHook {
+ public:
+  HashRouter(int experts, int top_k) : E_(experts), K_(top_k) {}
+  bool forces_ahead() const override { return true; }
+  Result<bool> forced_route(const RouteKey& key, std::span<std::int32_t> ids) override {
+    FERRY_TRY(on_route(key, ids));
+    return true;
+  }
+  Status on_route(const RouteKey& key, std::span<std::int32_t> ids) override {
+    if (int(ids.size()) != K_) return invalid_argument("test: top-{} rows, got {}", K_, ids.size());
+    const std::uint64_t h = (std::uint64_t(key.request) * 0x9E3779B97F4A7C15ull) ^
+                            (std::uint64_t(key.position / 2) * 0xC2B2AE3D27D4EB4Full) ^
+                            (std::uint64_t(key.layer) << 7);
+    const int base = int((h >> 17) % std::uint64_t(E_));
+    for (int k = 0; k < K_; ++k) ids[std::size_t(k)] = (base + k) % E_;  // distinct: K <= E
+    return ok_status();
+  }
+
+ private:
+  int E_, K_;
+};
+
+struct PathRun {
+  Outcome out;
+  std::vector<std::pair<int, std::vector<std::int32_t>>> calls;  // the access observer's
+  std::vector<std::vector<double>> curves;                       // [layer] stack-distance misses
+  std::uint64_t steps = 0, host_syncs = 0, device_resolved = 0, resolved_after_shrink = 0;
+  PagerCounters pager;
+  GraphStats graphs;
+};
+
+TEST_F(ServeWsaCuda, DeviceResolveWithResizesAndForcedRoutingKeepsTheHostPathsBits) {
+  const testing::Fixture f = testing::load_fixture("qwen3_moe");
+  ASSERT_TRUE(f.model);
+  const model::LoadedModel& m = *f.model;
+  const int K = m.geometry.top_k, E = m.geometry.experts, L = m.geometry.layers;
+  int moe = 0;
+  for (bool x : m.geometry.layer_is_moe) moe += x;
+  ASSERT_GT(moe, 0);
+  ASSERT_GE(E, 3 * K) << "decode steps of 3 must fit the larger caps";
+  const auto reqs = six_requests(m.geometry.vocab);
+  constexpr int kBlocks = 48;
+  auto probe = KvCache::create(m.geometry, {.block_tokens = 4, .budget_bytes = 1 << 20});
+  ASSERT_TRUE(probe.ok());
+  const std::size_t bb = (*probe)->block_bytes();
+  // Caps at every step boundary: all resident, top-k, E - 1, 3 * K (decode steps of 3 running
+  // still fit), half; the decode steps that fit every MoE layer's slots resolve on the device.
+  const std::vector<int> cycle = {E, K, E - 1, 3 * K, std::max(K, E / 2)};
+  auto run_path = [&](bool device_resolve) -> Result<PathRun> {
+    EngineConfig cfg;
+    cfg.pager.mode = ExpertMode::kPaged;
+    cfg.pager.slots_per_layer = K + 1;
+    cfg.pager.resizable = true;
+    cfg.pager.device_resolve = device_resolve;
+    cfg.max_batch_tokens = 8;
+    cfg.max_running = 3;
+    cfg.kv = {.block_tokens = 4, .budget_bytes = kBlocks * bb, .max_budget_bytes = kBlocks * bb};
+    cfg.cuda_graphs = true;
+    FERRY_ASSIGN_OR_RETURN(auto engp, Engine::create(m.geometry, m.params, cfg, cuda()));
+    Engine& eng = *engp;
+    PathRun r;
+    std::vector<wsa::StackDistance> sd(static_cast<std::size_t>(L), wsa::StackDistance(E));
+    std::vector<std::pair<int, int>> order;
+    eng.experts().set_access_observer([&](int layer, std::span<const std::int32_t> ids) {
+      r.calls.emplace_back(layer, std::vector<std::int32_t>(ids.begin(), ids.end()));
+      std::vector<int> distinct;
+      for (std::int32_t e : ids) {
+        if (std::find(distinct.begin(), distinct.end(), e) == distinct.end()) distinct.push_back(e);
+      }
+      sd[std::size_t(layer)].access_set(distinct, order);
+    });
+    HashRouter router(E, K);
+    eng.set_routing_hook(&router);
+    std::uint64_t resolved_before = 0;
+    bool evicted_last = false;
+    FERRY_ASSIGN_OR_RETURN(
+        r.out, serve(eng, reqs, [&](int step) -> Status {
+          // The step before this boundary: device-resolved right after an evicting shrink?
+          if (evicted_last && eng.experts().counters().device_resolved > resolved_before) {
+            ++r.resolved_after_shrink;
+          }
+          int kv_blocks = kBlocks;
+          if (step % 2 == 1) {  // shrink to what is held + what waiting requests need (as above)
+            const KvDemandSample d = eng.kv_demand();
+            kv_blocks = std::max({d.used + d.waiting_need, eng.max_request_blocks(), 1});
+          }
+          const std::uint64_t evictions = eng.experts().pager()->counters().resize_evictions;
+          FERRY_TRY(eng.resize_pools(
+              std::vector<int>(std::size_t(L), cycle[std::size_t(step) % cycle.size()]),
+              kv_blocks));
+          evicted_last = eng.experts().pager()->counters().resize_evictions > evictions;
+          resolved_before = eng.experts().counters().device_resolved;
+          return ok_status();
+        }));
+    eng.set_routing_hook(nullptr);
+    eng.experts().set_access_observer(nullptr);
+    for (const auto& d : sd) r.curves.push_back(d.miss_curve());
+    r.steps = eng.stats().steps;
+    r.host_syncs = eng.host_syncs();
+    r.device_resolved = eng.experts().counters().device_resolved;
+    r.pager = eng.experts().pager()->counters();
+    r.graphs = eng.graph_stats();
+    return r;
+  };
+  auto dev = run_path(true);
+  auto host = run_path(false);
+  ASSERT_TRUE(dev.ok()) << dev.status().to_string();
+  ASSERT_TRUE(host.ok()) << host.status().to_string();
+  EXPECT_EQ(dev->out.rec.tokens, host->out.rec.tokens);
+  std::size_t rows = 0;
+  ASSERT_EQ(dev->out.rec.logits.size(), host->out.rec.logits.size());
+  for (const auto& [id, hrows] : host->out.rec.logits) {
+    const auto& g = dev->out.rec.logits.at(id);
+    ASSERT_EQ(g.size(), hrows.size()) << "request " << id;
+    for (std::size_t i = 0; i < hrows.size(); ++i, ++rows) {
+      EXPECT_TRUE(testing::same_bits(g[i], hrows[i])) << "request " << id << " row " << i;
+    }
+  }
+  for (FinishReason fr : dev->out.finish) EXPECT_EQ(fr, FinishReason::kLength);
+  // The pager replayed the device's decisions: the host path's counters; the observer saw the
+  // same calls (from the replay on the device path, during the layer on the host path).
+  EXPECT_EQ(dev->pager.hits, host->pager.hits);
+  EXPECT_EQ(dev->pager.misses, host->pager.misses);
+  EXPECT_EQ(dev->pager.evictions, host->pager.evictions);
+  EXPECT_EQ(dev->pager.resize_evictions, host->pager.resize_evictions);
+  EXPECT_EQ(dev->calls, host->calls);
+  EXPECT_EQ(dev->curves, host->curves);
+  ASSERT_FALSE(dev->calls.empty());
+  // Teeth: the device path ran (whole steps), also right after evicting shrinks; the host path
+  // never did. Forced ahead: no hook syncs -- one per step, plus one per MoE layer of each
+  // host-path step.
+  EXPECT_GT(dev->device_resolved, 0u) << "device resolve stayed off: the test lost its teeth";
+  EXPECT_EQ(dev->device_resolved % std::uint64_t(moe), 0u) << "whole steps only";
+  EXPECT_GT(dev->resolved_after_shrink, 0u) << "no device step after an evicting shrink";
+  EXPECT_GT(dev->pager.resize_evictions, 0u);
+  EXPECT_EQ(host->device_resolved, 0u);
+  ASSERT_EQ(dev->steps, host->steps);
+  const std::uint64_t dev_steps = dev->device_resolved / std::uint64_t(moe);
+  EXPECT_EQ(dev->host_syncs, dev->steps + std::uint64_t(moe) * (dev->steps - dev_steps));
+  EXPECT_EQ(host->host_syncs, host->steps * (1 + std::uint64_t(moe)));
+  EXPECT_EQ(dev->graphs.disabled_reason, "");
+  std::cout << "[serve_gpu] wsa device resolve with resizes: " << dev_steps << " of " << dev->steps
+            << " steps on the device (" << dev->resolved_after_shrink
+            << " right after an evicting shrink), host syncs " << host->host_syncs << " -> "
+            << dev->host_syncs << ", " << dev->graphs.replays << " graph replays, "
+            << dev->pager.resize_evictions << " resize evictions, " << rows
+            << " logits rows bit-identical\n";
 }
 
 }  // namespace
