@@ -98,11 +98,12 @@ struct RunSpec {
   bool bf16_grads = false;       // TrainState::bf16_grads
   int device_update_layers = 0;  // StreamOptions::device_update_layers (-1: all)
   int device_update_slots = 2;   // StreamOptions::device_update_slots
-  std::function<void(int)> cpu_update_hook;         // StreamOptions::cpu_update_hook
-  std::function<Status(int)> device_update_hook;    // StreamOptions::device_update_hook
-  HeadUpdate head_update = HeadUpdate::kEarly;      // StreamOptions::head_update
-  bool device_update_prestage = true;               // StreamOptions::device_update_prestage
-  std::function<Status(int)> device_prestage_hook;  // StreamOptions::device_prestage_hook
+  std::function<void(int)> cpu_update_hook;              // StreamOptions::cpu_update_hook
+  std::function<Status(int)> device_update_hook;         // StreamOptions::device_update_hook
+  HeadUpdate head_update = HeadUpdate::kEarly;           // StreamOptions::head_update
+  bool device_update_prestage = true;                    // StreamOptions::device_update_prestage
+  std::function<Status(int)> device_prestage_hook;       // StreamOptions::device_prestage_hook
+  bool bf16_weight_views = bf16_weight_views_default();  // StreamOptions::bf16_weight_views
 };
 
 inline std::unique_ptr<TrainState> make_state(const model::LoadedModel& m, const RunSpec& r) {
@@ -138,7 +139,9 @@ struct RunResult {
   TransferStats stats;
   DeviceTailStats tail;  // the device optimizer tail's counters
   std::size_t peak = 0, planned = 0;
-  std::int64_t tokens = 0;  // summed over micro-batches
+  std::int64_t tokens = 0;                 // summed over micro-batches
+  bool bf16_weight_views = false;          // StreamExecutor::bf16_weight_views()
+  std::uint64_t gemm_weight_converts = 0;  // StreamExecutor::gemm_weight_converts()
 };
 
 // The in-memory reference: the same batches, kernels and AdamW as the streamed runs, on
@@ -188,6 +191,7 @@ inline RunResult run_stream(const model::LoadedModel& m, const RunSpec& r,
                    .device_update_slots = r.device_update_slots,
                    .head_update = r.head_update,
                    .device_update_prestage = r.device_update_prestage,
+                   .bf16_weight_views = r.bf16_weight_views,
                    .cpu_update_hook = r.cpu_update_hook,
                    .device_update_hook = r.device_update_hook,
                    .device_prestage_hook = r.device_prestage_hook};
@@ -217,6 +221,8 @@ inline RunResult run_stream(const model::LoadedModel& m, const RunSpec& r,
   out.tail = (*ex)->device_tail_stats();
   out.peak = (*ex)->device_peak_bytes();
   out.planned = (*ex)->device_planned_bytes();
+  out.bf16_weight_views = (*ex)->bf16_weight_views();
+  out.gemm_weight_converts = (*ex)->gemm_weight_converts();
   return out;
 }
 

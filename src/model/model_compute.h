@@ -52,6 +52,7 @@
 #include "kernels/backend.h"
 #include "kernels/rope_table.h"
 #include "model/config.h"
+#include "model/param_spec.h"
 #include "tensor/tensor_view.h"
 
 namespace ferry::mem {
@@ -168,6 +169,14 @@ std::string_view to_string(GemmPrecision p);
 // rounding); anything else is invalid_argument naming the value.
 Result<GemmPrecision> parse_gemm_precision(std::string_view s, Device compute);
 
+// Whether ModelCompute reads a parameter of this role only as the weight operand of its bf16
+// GEMMs (linear / linear_backward through gemm_operand): the q/k/v/o projections and the dense
+// and expert MLP matrices. With GemmPrecision::kBf16 on a backend with native bf16 GEMMs such a
+// parameter may be passed as a bf16 view (the GEMM reads it in place, no convert); every other
+// layer parameter (norm weights, biases, q/k norms, the router, whose GEMMs stay f32) must be f32.
+// train/stream's bf16 weight views rely on this list (docs/train_gpu_executor.md).
+bool is_gemm_weight_role(ParamRole r);
+
 // Whether the attention backward gets its optional workspace (AttentionBackwardArgs::workspace,
 // Backend::workspace_bytes): on the CUDA backend the dK/dV kernel then runs every query head of a
 // kv head's group in parallel (f32 partials added in a fixed order) instead of one slice per kv
@@ -270,6 +279,10 @@ class ModelCompute {
   // True when attention runs on bf16 copies of q/k/v (backend without f32 attention).
   bool attention_in_bf16() const { return attn_bf16_; }
   GemmPrecision gemm_precision() const { return precision_; }
+  // Layer GEMMs whose weight operand was converted (rounded to bf16 into the w16 scratch) since
+  // create(): 0 when every weight came as a bf16 view (or the GEMMs are f32). The lm_head's
+  // conversion (head16) is not counted. For tests and benches of train/stream's weight views.
+  std::uint64_t gemm_weight_converts() const { return gemm_weight_converts_; }
   // Bytes of the attention backward's workspace in the arena (0: the backward runs without one).
   std::size_t attention_workspace_bytes() const;
 
@@ -351,6 +364,7 @@ class ModelCompute {
   bool attn_bf16_ = false;
   GemmPrecision precision_ = GemmPrecision::kF32;
   bool native_bf16_gemm_ = false;              // the backend multiplies bf16 operands itself
+  std::uint64_t gemm_weight_converts_ = 0;     // gemm_weight_converts()
   std::unique_ptr<mem::MemoryBudget> budget_;  // unlimited; outlives arena_ (declared first)
   std::unique_ptr<mem::Arena> arena_;
   std::unique_ptr<mem::TransferEngine> own_te_;  // the CUDA engine (device arenas)

@@ -9,6 +9,10 @@
 // back to f32 and multiplied in f32: the products of two bf16 values are exact in f32, so the CPU
 // twin differs from the GPU only in the order of the f32 sums (the tolerance rule of style.md).
 //
+// A weight that comes as a bf16 view (train/stream's bf16 weight views: the streamed bf16 bytes
+// read in place) is passed to a native bf16 GEMM as it is: the same bits the rounding of its f32
+// widening would give (bf16 -> f32 -> bf16 is the identity), without the convert.
+//
 // Bias gradients are column sums (1^T dy); they stay f32 GEMMs on the exact dy, as torch's do.
 // The MoE router's GEMMs stay f32 in every precision (Megatron's moe_router_dtype=fp32): they are
 // tiny ([T, C] x [C, E]), and top-k is a discrete choice on the logits, so bf16 logits would flip
@@ -29,6 +33,24 @@ Result<GemmPrecision> parse_gemm_precision(std::string_view s, Device compute) {
   if (s == "bf16") return GemmPrecision::kBf16;
   if (s == "auto") return compute == Device::kCpu ? GemmPrecision::kF32 : GemmPrecision::kBf16;
   return invalid_argument("model: GEMM precision '{}' (expected auto, f32 or bf16)", s);
+}
+
+bool is_gemm_weight_role(ParamRole r) {
+  switch (r) {
+    case ParamRole::kQProj:
+    case ParamRole::kKProj:
+    case ParamRole::kVProj:
+    case ParamRole::kOProj:
+    case ParamRole::kGate:
+    case ParamRole::kUp:
+    case ParamRole::kDown:
+    case ParamRole::kExpertGate:
+    case ParamRole::kExpertUp:
+    case ParamRole::kExpertDown:
+      return true;
+    default:
+      return false;
+  }
 }
 
 void ModelCompute::plan_linear_buffers(const DecoderGeometry& geo, std::int64_t T,
@@ -82,6 +104,7 @@ Status ModelCompute::linear(const TensorView& y, const ConstTensorView& x, const
   Scratch& s = *scratch_;
   FERRY_ASSIGN_OR_RETURN(const ConstTensorView xa, gemm_operand(x, s.x16, s.x16_f, f32_operands));
   FERRY_ASSIGN_OR_RETURN(const ConstTensorView wa, gemm_operand(w, s.w16, s.w16_f, f32_operands));
+  if (wa.data != w.data) ++gemm_weight_converts_;
   return be_.gemm({.out = y, .a = xa, .b = wa, .bias = bias, .trans_b = true}, st());
 }
 
@@ -101,6 +124,7 @@ Status ModelCompute::linear_backward(const TensorView& dx, const TensorView& dw,
   }
   if (dx.empty_view()) return {};
   FERRY_ASSIGN_OR_RETURN(const ConstTensorView wa, gemm_operand(w, s.w16, s.w16_f, f32_operands));
+  if (wa.data != w.data) ++gemm_weight_converts_;
   return be_.gemm({.out = dx, .a = dya, .b = wa, .beta = accumulate_dx ? 1.0f : 0.0f}, st());
 }
 

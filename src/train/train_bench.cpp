@@ -340,6 +340,10 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
          {"loss_first", loss_first},
          {"loss_last", loss_last},
          {"optimizer_busy_s", x.optimizer_busy_s()},
+         // bf16 weight views (FERRY_BF16_WEIGHT_VIEWS): whether the layer GEMMs read the slots'
+         // bf16 twins in place, and the layer GEMM weight converts since create (0 with views).
+         {"bf16_weight_views", x.bf16_weight_views()},
+         {"gemm_weight_converts", x.gemm_weight_converts()},
          {"device_update_units", x.device_tail_stats().units_updated},
          // Where the device (from the bottom) and the CPU (from the top) met, on average.
          {"device_update_units_per_step", tail_per_step(x.device_tail_stats().units_updated)},

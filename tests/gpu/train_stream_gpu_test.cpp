@@ -74,6 +74,17 @@ void check_policies_on_gpu(const model::LoadedModel& m, const std::vector<std::s
   for (const std::string& p : policies) {
     const RunResult g = run_stream(m, spec, data, p, 2, *be);
     ASSERT_EQ(g.losses.size(), base.losses.size()) << p;
+    // bf16 streaming weights with bf16 GEMMs: the layer GEMMs read the slots' bf16 twins in place
+    // (bf16 weight views, unless FERRY_BF16_WEIGHT_VIEWS=0); a silent fallback fails here.
+    const bool bf16_weights = spec.mode.master != MasterWeights::kF32 || spec.bf16_compute;
+    const bool views = bf16_weights && spec.bf16_weight_views &&
+                       spec.gemm_precision == model::GemmPrecision::kBf16;
+    EXPECT_EQ(g.bf16_weight_views, views) << p;
+    EXPECT_EQ(base.bf16_weight_views, views) << p;
+    if (views) {
+      EXPECT_EQ(g.gemm_weight_converts, 0u) << p;
+      EXPECT_EQ(base.gemm_weight_converts, 0u) << p;
+    }
     for (std::size_t i = 0; i < base.losses.size(); ++i) {
       EXPECT_EQ(g.losses[i], base.losses[i]) << p << " step " << i;
       EXPECT_EQ(g.outcomes[i].grad_norm, base.outcomes[i].grad_norm) << p << " step " << i;
@@ -439,6 +450,168 @@ TEST(TrainStreamGpu, Bf16MasterGradientsMatchCpuWithinTheRule) {
   auto m = dense_model(dir + "/model");
   check_against_cpu(*m, "every:2:host", model::GemmPrecision::kBf16,
                     {.master = MasterWeights::kBf16Kahan});
+}
+
+// bf16 weight views (bf16_widen.h): with bf16 streaming weights and bf16 GEMMs the layer GEMMs
+// read the streamed bf16 bytes in place instead of converting the widened f32 slot back to bf16
+// before every GEMM. bf16 -> f32 -> bf16 is the identity and the GEMMs see 16-byte aligned bf16
+// weights either way (the cuBLASLt choice), so the same steps with the switch on and off
+// (StreamOptions::bf16_weight_views, FERRY_BF16_WEIGHT_VIEWS=0) give the same losses, gradient
+// norms, gradients (every unit, after each step's last micro-batch), weights and states bit for
+// bit, and move the same bytes. The views path really ran (no layer GEMM converted its weight;
+// the converting path did), its plan is smaller (twins instead of f32 slots, no stage16) and
+// exact: one byte short is refused before training.
+struct ViewsRun {
+  RunResult r;
+  std::vector<std::vector<std::uint8_t>> grads;  // [step]: every unit's gradient bytes
+};
+
+ViewsRun run_views(const model::LoadedModel& m, RunSpec spec, const std::vector<Batch>& data,
+                   const std::string& policy, bool views, kernels::Backend& be) {
+  ViewsRun out;
+  spec.bf16_weight_views = views;
+  out.r.state = make_state(m, spec);
+  auto pol = parse_policy(policy, m.geometry.layers);
+  EXPECT_TRUE(pol.ok()) << pol.status().to_string();
+  if (!pol.ok()) return out;
+  const StreamOptions so{.policy = *pol,
+                         .gemm_precision = spec.gemm_precision,
+                         .device_update_layers = spec.device_update_layers,
+                         .bf16_weight_views = views};
+  auto ex = StreamExecutor::create(*out.r.state, kBatch, kSeq, so, be);
+  EXPECT_TRUE(ex.ok()) << ex.status().to_string();
+  if (!ex.ok()) return out;
+  std::int64_t opt_step = 0;
+  std::size_t next = 0;
+  for (int step = 0; step < spec.steps; ++step) {
+    (*ex)->begin_step(spec.accum);
+    double loss = 0.0;
+    for (int a = 0; a < spec.accum; ++a) {
+      auto f = (*ex)->micro_batch(data[next++].view());
+      EXPECT_TRUE(f.ok()) << f.status().to_string();
+      if (!f.ok()) return out;
+      loss += f->mean_loss() / spec.accum;
+    }
+    // The step's gradients are in the host arena now (drained, globals copied back).
+    const HostArena& arena = (*ex)->arena();
+    std::vector<std::uint8_t> g;
+    for (int u = 0; u < arena.num_units(); ++u) {
+      const auto* p = arena.bf16_grads() ? reinterpret_cast<const std::uint8_t*>(arena.grads16(u))
+                                         : reinterpret_cast<const std::uint8_t*>(arena.grads(u));
+      const std::size_t bytes =
+          static_cast<std::size_t>(arena.unit_elements(u)) * (arena.bf16_grads() ? 2 : 4);
+      g.insert(g.end(), p, p + bytes);
+    }
+    out.grads.push_back(std::move(g));
+    auto o = (*ex)->finish_step(adamw(), lr_of(step), opt_step + 1);
+    EXPECT_TRUE(o.ok());
+    if (!o.ok()) return out;
+    if (o->applied) ++opt_step;
+    out.r.losses.push_back(loss);
+    out.r.outcomes.push_back(*o);
+  }
+  EXPECT_TRUE((*ex)->store_to(*out.r.state).ok());
+  out.r.stats = (*ex)->stats();
+  out.r.peak = (*ex)->device_peak_bytes();
+  out.r.planned = (*ex)->device_planned_bytes();
+  out.r.bf16_weight_views = (*ex)->bf16_weight_views();
+  out.r.gemm_weight_converts = (*ex)->gemm_weight_converts();
+  return out;
+}
+
+void check_views_on_off(const model::LoadedModel& m, const RunSpec& spec,
+                        const std::vector<std::string>& policies, const std::string& what) {
+  kernels::Backend* be = cuda_or_null();
+  ASSERT_NE(be, nullptr);
+  const std::vector<Batch> data = make_batches(spec.steps * spec.accum, m.geometry.vocab, 5);
+  for (const std::string& p : policies) {
+    const std::string w = what + " " + p;
+    const ViewsRun on = run_views(m, spec, data, p, true, *be);
+    const ViewsRun off = run_views(m, spec, data, p, false, *be);
+    ASSERT_EQ(on.r.losses.size(), static_cast<std::size_t>(spec.steps)) << w;
+    ASSERT_EQ(off.r.losses.size(), static_cast<std::size_t>(spec.steps)) << w;
+    EXPECT_TRUE(on.r.bf16_weight_views) << w;
+    EXPECT_FALSE(off.r.bf16_weight_views) << w;
+    EXPECT_EQ(on.r.gemm_weight_converts, 0u) << w;
+    EXPECT_GT(off.r.gemm_weight_converts, 0u) << w;
+    for (int i = 0; i < spec.steps; ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      EXPECT_EQ(on.r.losses[k], off.r.losses[k]) << w << " step " << i;
+      EXPECT_EQ(on.r.outcomes[k].grad_norm, off.r.outcomes[k].grad_norm) << w << " step " << i;
+      EXPECT_EQ(on.r.outcomes[k].clip, off.r.outcomes[k].clip) << w << " step " << i;
+      ASSERT_EQ(on.grads[k].size(), off.grads[k].size()) << w;
+      EXPECT_TRUE(on.grads[k] == off.grads[k]) << w << ": gradients differ at step " << i;
+    }
+    expect_same_state(*on.r.state, *off.r.state, w + ": views on vs off");
+    expect_transfers_equal(on.r.stats, off.r.stats, w);
+    EXPECT_LE(on.r.peak, on.r.planned) << w;
+    EXPECT_LT(on.r.planned, off.r.planned) << w;
+    std::cout << "[train_stream_gpu] bf16 weight views " << w << ": planned " << on.r.planned
+              << " B (converting path " << off.r.planned << " B), weight converts 0 (converting "
+              << off.r.gemm_weight_converts << ")\n";
+  }
+}
+
+TEST(TrainStreamGpu, Bf16WeightViewsBitIdenticalToTheConvertingPath) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = testing::temp_dir("stream_gpu_views");
+  auto m = dense_model(dir + "/model");
+  RunSpec spec;
+  spec.gemm_precision = model::GemmPrecision::kBf16;
+  spec.mode = {.master = MasterWeights::kBf16Kahan, .states = OptimizerStates::k8Bit};
+  const std::string nv = testing::temp_dir("stream_gpu_views_nvme");
+  check_views_on_off(*m, spec, {"device", "host", "every:2", "mix:dhrn:" + nv}, "kahan+8bit");
+  // The 7B A/B's configuration on the fixture: bf16 gradients, every layer's update on the device.
+  spec.bf16_grads = true;
+  spec.device_update_layers = kDeviceUpdateAllLayers;
+  check_views_on_off(*m, spec, {"host", "every:2"}, "kahan+8bit bf16-grads tail");
+  // An fp32 master streaming its bf16 rounding (the GPU default), and MoE (router stays f32).
+  spec = {};
+  spec.gemm_precision = model::GemmPrecision::kBf16;
+  spec.bf16_compute = true;
+  check_views_on_off(*m, spec, {"every:2"}, "fp32 master bf16 weights");
+  auto moe = moe_model();
+  spec = {};
+  spec.gemm_precision = model::GemmPrecision::kBf16;
+  spec.mode = {.master = MasterWeights::kBf16Sr, .states = OptimizerStates::k8Bit};
+  check_views_on_off(*moe, spec, {"every:2", "host"}, "moe sr+8bit");
+}
+
+TEST(TrainStreamGpu, Bf16WeightViewsBudgetIsExact) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  kernels::Backend* be = cuda_or_null();
+  ASSERT_NE(be, nullptr);
+  const std::string dir = testing::temp_dir("stream_gpu_views_budget");
+  auto m = dense_model(dir + "/model");
+  RunSpec spec;
+  spec.gemm_precision = model::GemmPrecision::kBf16;
+  spec.mode = {.master = MasterWeights::kBf16Kahan};
+  auto state = make_state(*m, spec);
+  auto pol = parse_policy("every:2", m->geometry.layers);
+  ASSERT_TRUE(pol.ok());
+  const StreamOptions so{
+      .policy = *pol, .gemm_precision = model::GemmPrecision::kBf16, .bf16_weight_views = true};
+  auto fits = StreamExecutor::create(*state, kBatch, kSeq, so, *be);
+  ASSERT_TRUE(fits.ok()) << fits.status().to_string();
+  ASSERT_TRUE((*fits)->bf16_weight_views());
+  const std::size_t planned = (*fits)->device_planned_bytes();
+  // What `ferry plan` counts (model_sizes + plan_device, views asked for) is what it allocated.
+  ModelSizes sizes = model_sizes((*fits)->arena());
+  sizes.bf16_weight_views = true;
+  const std::int64_t T = std::int64_t{kBatch} * kSeq;
+  auto d =
+      plan_device(m->geometry, sizes, *pol, so.prefetch + 1, T, *be, model::GemmPrecision::kBf16);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_TRUE(d->bf16_weight_views);
+  EXPECT_EQ(d->total_bytes(), planned);
+  EXPECT_EQ(d->stage16_elements, 0);
+  fits->reset();
+  StreamOptions tight = so;
+  tight.device_budget_bytes = planned - 1;
+  auto refused = StreamExecutor::create(*state, kBatch, kSeq, tight, *be);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("largest batch that fits"), std::string::npos)
+      << refused.status().to_string();
 }
 
 // The budget is enforced on GPU memory as on the emulated tier: one byte short of the plan is

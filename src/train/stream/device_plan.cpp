@@ -2,10 +2,27 @@
 #include "train/stream/device_plan.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "mem/budget.h"
 
 namespace ferry::train::stream {
+
+bool bf16_weight_views_default() {
+  static const bool on = [] {
+    const char* v = std::getenv("FERRY_BF16_WEIGHT_VIEWS");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
+bool bf16_weight_views(const ModelSizes& sizes, const kernels::Backend& backend,
+                       model::GemmPrecision precision) {
+  return sizes.bf16_weights && sizes.bf16_weight_views &&
+         precision == model::GemmPrecision::kBf16 && backend.device() != Device::kCpu &&
+         backend.supports(kernels::OpKind::kGemm, DType::kBF16);
+}
 
 Result<DevicePlan> plan_device(const model::DecoderGeometry& geo, const ModelSizes& sizes,
                                const ActivationPolicy& policy, int slots, std::int64_t tokens,
@@ -18,11 +35,21 @@ Result<DevicePlan> plan_device(const model::DecoderGeometry& geo, const ModelSiz
   DevicePlan d;
   const std::size_t f = sizeof(float);
   const std::size_t act = static_cast<std::size_t>(tokens) * geo.hidden * f;
+  d.bf16_weight_views = bf16_weight_views(sizes, backend, precision);
   const std::size_t layer = static_cast<std::size_t>(sizes.max_layer_elements) * f;
+  // A weight slot: the whole layer in f32, or with views its f32 part + a bf16 twin of the layer.
+  const std::size_t slot_f32 =
+      d.bf16_weight_views ? static_cast<std::size_t>(sizes.max_layer_f32_elements) * f : layer;
+  const std::size_t layer16 =
+      d.bf16_weight_views ? static_cast<std::size_t>(sizes.max_layer_elements) * 2 : 0;
   const std::size_t globals = static_cast<std::size_t>(sizes.globals_elements) * f;
   d.globals_w = d.plan.add("globals.weights", globals);
   d.globals_g = d.plan.add("globals.grads", globals);
-  for (int s = 0; s < slots; ++s) d.slots.push_back(d.plan.add("slot." + std::to_string(s), layer));
+  for (int s = 0; s < slots; ++s)
+    d.slots.push_back(d.plan.add("slot." + std::to_string(s), slot_f32));
+  for (int s = 0; s < slots; ++s) {
+    d.slots16.push_back(d.plan.add("slot16." + std::to_string(s), layer16));
+  }
   for (int g = 0; g < kGradSlots; ++g)
     d.grads.push_back(d.plan.add("grad." + std::to_string(g), layer));
   const std::size_t g16 = sizes.bf16_grads ? 2 : 0;  // bytes per element of the bf16 twins
@@ -44,7 +71,7 @@ Result<DevicePlan> plan_device(const model::DecoderGeometry& geo, const ModelSiz
   for (int r = 0; r < policy.max_recomputed(); ++r) {
     d.recompute.push_back(d.plan.add("recompute." + std::to_string(r), act));
   }
-  if (sizes.bf16_weights && backend.device() != Device::kCpu) {
+  if (sizes.bf16_weights && backend.device() != Device::kCpu && !d.bf16_weight_views) {
     d.stage16_elements = std::max(sizes.max_layer_elements, sizes.globals_elements);
   }
   d.stage16 = d.plan.add("stage16", static_cast<std::size_t>(d.stage16_elements) * 2);

@@ -13,7 +13,14 @@
 //             boundaries kept elsewhere or recomputed), one fetch buffer (host/NVMe boundaries
 //             coming back) and one per boundary a recompute span regenerates
 //   stage16   bf16 landing buffer for bf16 streaming weights on a GPU (the largest unit; empty on
-//             the emulated tier, which widens in place, and for f32 streaming weights)
+//             the emulated tier, which widens in place, for f32 streaming weights, and with bf16
+//             weight views, where layers land in their slot's twin and the embedding through the
+//             globals' gradient region, as the head does)
+//   slot16.i  bf16 weight views only (bf16_weights_views(): a GPU, bf16 streaming weights, bf16
+//             GEMMs, FERRY_BF16_WEIGHT_VIEWS not 0): each weight slot's bf16 twin (the largest
+//             layer's bf16 weights, the arena's layout), which the GEMMs read in place; the f32
+//             slot.i then holds only the parameters read as f32 (bf16_widen.h), so it shrinks to
+//             the largest layer's f32 part
 //   sumsq     [P] f32: each parameter's gradient sum of squares, taken on the device
 //   optimizer_tail  the device optimizer tail's staging (device_optimizer_tail.h, with
 //             --device-update-layers: --device-update-slots x the largest of its layers' optimizer
@@ -37,6 +44,10 @@
 
 namespace ferry::train::stream {
 
+// FERRY_BF16_WEIGHT_VIEWS: "0" turns bf16 weight views off (the converting path, for A/B); unset
+// or anything else leaves them on. Read once per process.
+bool bf16_weight_views_default();
+
 struct ModelSizes {
   std::int64_t globals_elements = 0;    // embed + final_norm (+ lm_head when untied)
   std::int64_t max_layer_elements = 0;  // the largest layer's parameters
@@ -45,6 +56,11 @@ struct ModelSizes {
   bool bf16_grads = false;              // the arena keeps bf16 gradients (grad16 staging)
   // DeviceOptimizerTail::staging_bytes (layers, slots) for --device-update-layers (0: off).
   std::size_t optimizer_tail_bytes = 0;
+  // bf16 weight views asked for (StreamOptions::bf16_weight_views; they apply only where
+  // bf16_weight_views() says) and the largest layer's f32 part with them
+  // (bf16_view_f32_elements: norms, biases, q/k norms, router, under-aligned matrices).
+  bool bf16_weight_views = bf16_weight_views_default();
+  std::int64_t max_layer_f32_elements = 0;
 };
 
 inline constexpr int kGradSlots = 2;
@@ -56,8 +72,12 @@ struct DevicePlan {
   mem::SlotId stage16;         // bf16 landing buffer (bf16_widen.h), maybe 0 bytes
   mem::SlotId optimizer_tail;  // device optimizer tail staging, maybe 0 bytes
   std::int64_t stage16_elements = 0;
-  std::vector<mem::SlotId> slots;  // [prefetch slots]
-  std::vector<mem::SlotId> grads;  // [kGradSlots]
+  // Layer GEMM weights read in place from slot16 (bf16_weight_views()); slot.i is then the f32
+  // part only.
+  bool bf16_weight_views = false;
+  std::vector<mem::SlotId> slots;    // [prefetch slots]
+  std::vector<mem::SlotId> slots16;  // [prefetch slots]: bf16 twins, 0 bytes without views
+  std::vector<mem::SlotId> grads;    // [kGradSlots]
   // bf16 gradients: each gradient slot's bf16 rounding (what leaves for and comes back from the
   // host; the globals go through grad16[0] in chunks); 0 bytes without bf16 gradients.
   std::vector<mem::SlotId> grad16;     // [kGradSlots]
@@ -67,6 +87,12 @@ struct DevicePlan {
   std::size_t compute_bytes = 0;       // ModelCompute(work_layers = 1) buffers
   std::size_t total_bytes() const { return plan.allocation_bytes() + compute_bytes; }
 };
+
+// Whether the executor reads layer GEMM weights as bf16 views for these sizes: bf16 streaming
+// weights, views asked for, bf16 GEMMs on a GPU backend that multiplies bf16 natively (the CPU
+// backend and the emulated tier keep the widened f32 slots).
+bool bf16_weight_views(const ModelSizes& sizes, const kernels::Backend& backend,
+                       model::GemmPrecision precision);
 
 // slots >= 2: the weight ring (prefetch depth + the slot in use).
 Result<DevicePlan> plan_device(const model::DecoderGeometry& geo, const ModelSizes& sizes,

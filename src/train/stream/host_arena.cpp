@@ -7,6 +7,7 @@
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "model/model_binding.h"
+#include "model/model_compute.h"
 #include "model/param_spec.h"
 #include "train/optim/optim_state.h"
 
@@ -108,6 +109,7 @@ Result<std::unique_ptr<HostArena>> HostArena::allocate(const std::vector<model::
     p.block0 = unit.blocks;
     p.decay = decay[i];
     p.q8 = q8[i];
+    p.gemm_weight = model::is_gemm_weight_role(specs[i].role);
     p.state_offset = unit.state_bytes;
     unit.elements += p.n;
     if (p.q8) unit.blocks += q8_blocks(p.n);

@@ -50,6 +50,9 @@ struct ParamLoc {
   std::int64_t state_offset = 0;  // bytes from the start of its unit's m (and v) section
   bool q8 = false;                // 8-bit states (else f32 m, v): --8bit-params
   bool decay = false;
+  // Read by ModelCompute only as a GEMM weight operand (model::is_gemm_weight_role): on a GPU
+  // with bf16 weight views its slot copy is read as bf16 in place (bf16_widen.h).
+  bool gemm_weight = false;
 };
 
 class HostArena {

@@ -20,8 +20,9 @@ namespace ferry::train::stream {
 
 namespace {
 
-ConstTensorView view_at(const float* p, const std::vector<std::int64_t>& shape, Device device) {
-  ConstTensorView v = ConstTensorView::contiguous(p, DType::kF32, device, {1});
+ConstTensorView view_at(const void* p, const std::vector<std::int64_t>& shape, Device device,
+                        DType dtype = DType::kF32) {
+  ConstTensorView v = ConstTensorView::contiguous(p, dtype, device, {1});
   v.ndim = static_cast<int>(shape.size());
   std::int64_t stride = 1;
   for (int d = v.ndim - 1; d >= 0; --d) {
@@ -81,6 +82,13 @@ mem::MemTier pinned_tier_for(const kernels::Backend& be) {
   return be.device() == Device::kCpu ? cpu_pinned_tier() : mem::MemTier::kPinnedHost;
 }
 
+// The arena's sizes with the executor's choice of bf16 weight views.
+ModelSizes executor_sizes(const HostArena& arena, const StreamOptions& opts) {
+  ModelSizes sizes = model_sizes(arena);
+  sizes.bf16_weight_views = opts.bf16_weight_views;
+  return sizes;
+}
+
 // The device tail's staging (slots x the largest layer's optimizer sections, plus the widening
 // buffer) on top of a plan that fits without it: refused when the sum is over the budget, naming
 // the most slots, or else the most layers, that would fit.
@@ -88,7 +96,7 @@ Status check_tail_budget(const HostArena& arena, const model::DecoderGeometry& g
                          const StreamOptions& opts, int batch, std::int64_t seq_len,
                          kernels::Backend& backend) {
   const int K = opts.device_update_layers, S = opts.device_update_slots;
-  ModelSizes sizes = model_sizes(arena);
+  ModelSizes sizes = executor_sizes(arena, opts);
   auto total = [&](int k, int slots) -> Result<std::size_t> {
     sizes.optimizer_tail_bytes = DeviceOptimizerTail::staging_bytes(arena, k, slots);
     FERRY_ASSIGN_OR_RETURN(const DevicePlan d,
@@ -122,21 +130,43 @@ Status check_tail_budget(const HostArena& arena, const model::DecoderGeometry& g
 }  // namespace
 
 ModelSizes model_sizes(const HostArena& arena) {
-  return {.globals_elements = arena.unit_elements(arena.globals_unit()),
-          .max_layer_elements = arena.max_layer_elements(),
-          .params = static_cast<std::int64_t>(arena.params().size()),
-          .bf16_weights = arena.bf16_weights(),
-          .bf16_grads = arena.bf16_grads()};
+  ModelSizes s{.globals_elements = arena.unit_elements(arena.globals_unit()),
+               .max_layer_elements = arena.max_layer_elements(),
+               .params = static_cast<std::int64_t>(arena.params().size()),
+               .bf16_weights = arena.bf16_weights(),
+               .bf16_grads = arena.bf16_grads()};
+  for (int u = 0; u < arena.globals_unit(); ++u) {
+    std::vector<bool> gemm;
+    std::vector<std::int64_t> numel;
+    for (int idx : arena.unit_params(u)) {
+      gemm.push_back(arena.params()[static_cast<std::size_t>(idx)].gemm_weight);
+      numel.push_back(arena.params()[static_cast<std::size_t>(idx)].n);
+    }
+    s.max_layer_f32_elements =
+        std::max(s.max_layer_f32_elements, bf16_view_f32_elements(gemm, numel));
+  }
+  return s;
 }
 
 ModelSizes model_sizes(const model::ModelConfig& config, bool bf16_weights, bool bf16_grads) {
   ModelSizes s{.bf16_weights = bf16_weights, .bf16_grads = bf16_grads};
-  std::vector<std::int64_t> layer(static_cast<std::size_t>(config.num_hidden_layers), 0);
+  const auto L = static_cast<std::size_t>(config.num_hidden_layers);
+  std::vector<std::int64_t> layer(L, 0);
+  std::vector<std::vector<bool>> gemm(L);
+  std::vector<std::vector<std::int64_t>> numel(L);
   for (const model::ParamSpec& p : model::param_specs(config)) {
     ++s.params;
     (p.layer < 0 ? s.globals_elements : layer[static_cast<std::size_t>(p.layer)]) += p.numel();
+    if (p.layer >= 0) {
+      gemm[static_cast<std::size_t>(p.layer)].push_back(model::is_gemm_weight_role(p.role));
+      numel[static_cast<std::size_t>(p.layer)].push_back(p.numel());
+    }
   }
   for (std::int64_t n : layer) s.max_layer_elements = std::max(s.max_layer_elements, n);
+  for (std::size_t l = 0; l < L; ++l) {
+    s.max_layer_f32_elements =
+        std::max(s.max_layer_f32_elements, bf16_view_f32_elements(gemm[l], numel[l]));
+  }
   return s;
 }
 
@@ -180,7 +210,7 @@ Result<std::unique_ptr<StreamExecutor>> StreamExecutor::create(
   // `all` becomes the model's layers here; the executor keeps the resolved count.
   ex->opts_.device_update_layers =
       DeviceOptimizerTail::resolve_units(*ex->arena_, opts.device_update_layers);
-  const ModelSizes sizes = model_sizes(*ex->arena_);
+  const ModelSizes sizes = executor_sizes(*ex->arena_, opts);
   FERRY_TRY(check_budget(geo, sizes, opts.policy, opts.prefetch + 1, batch, seq_len,
                          opts.device_budget_bytes, backend, opts.gemm_precision));
   if (ex->opts_.device_update_layers > 0) {
@@ -198,7 +228,7 @@ Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_s
   sr_seed_ = sr_seed;
   const ActivationPolicy& pol = opts_.policy;
   const int L = geo_.layers;
-  ModelSizes sizes = model_sizes(*arena_);
+  ModelSizes sizes = executor_sizes(*arena_, opts_);
   sizes.optimizer_tail_bytes = DeviceOptimizerTail::staging_bytes(
       *arena_, opts_.device_update_layers, opts_.device_update_slots);
   FERRY_ASSIGN_OR_RETURN(plan_, plan_device(geo_, sizes, pol, opts_.prefetch + 1, max_tokens, be_,
@@ -301,9 +331,18 @@ Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_s
   FERRY_TRY(event(head_landed_));
   head_landing_ = std::make_unique<Bf16Landing>(be_, device_.as<std::uint16_t>(plan_.globals_g),
                                                 2 * opt_->embed_elements());
+  std::vector<std::uint16_t*> twins;
+  if (plan_.bf16_weight_views) {
+    view_landing_ = std::make_unique<Bf16ViewLanding>(be_, *arena_);
+    FERRY_CHECK(view_landing_->max_f32_elements() == sizes.max_layer_f32_elements,
+                "train: bf16 weight views: the slot's f32 part is {} elements, the plan's {}",
+                view_landing_->max_f32_elements(), sizes.max_layer_f32_elements);
+    for (mem::SlotId id : plan_.slots16) twins.push_back(device_.as<std::uint16_t>(id));
+  }
   FERRY_ASSIGN_OR_RETURN(
-      streamer_, WeightStreamer::create(*arena_, *opt_, std::move(slots), std::move(schedule), *te_,
-                                        streams_->h2d(), cs(), landing_.get()));
+      streamer_,
+      WeightStreamer::create(*arena_, *opt_, std::move(slots), std::move(schedule), *te_,
+                             streams_->h2d(), cs(), landing_.get(), view_landing_.get(), twins));
   FERRY_ASSIGN_OR_RETURN(clock_,
                          ExposureClock::create(gpu ? &cs() : nullptr, max_waits, 2 * L + 1));
 
@@ -325,9 +364,28 @@ Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_s
                         [&](int) -> const float* { return dev(plan_.globals_w); });
   globals_grad_ = writable(bind_views(specs, *arena_, geo_, true, d,
                                       [&](int) -> const float* { return dev(plan_.globals_g); }));
-  for (mem::SlotId id : plan_.slots) {
-    slot_params_.push_back(
-        bind_views(specs, *arena_, geo_, false, d, [&](int) -> const float* { return dev(id); }));
+  for (std::size_t k = 0; k < plan_.slots.size(); ++k) {
+    if (!view_landing_) {
+      const mem::SlotId id = plan_.slots[k];
+      slot_params_.push_back(
+          bind_views(specs, *arena_, geo_, false, d, [&](int) -> const float* { return dev(id); }));
+      continue;
+    }
+    // bf16 weight views: GEMM weights in the twin at their arena offsets (bf16), the rest in the
+    // slot's f32 part (bf16_widen.h).
+    const float* f32 = dev(plan_.slots[k]);
+    const std::uint16_t* b16 = device_.as<std::uint16_t>(plan_.slots16[k]);
+    model::ModelParams mp;
+    for (std::size_t i = 0; i < arena_->params().size(); ++i) {
+      const ParamLoc& p = arena_->params()[i];
+      if (p.unit == arena_->globals_unit()) continue;
+      const model::ParamSpec& spec = specs[static_cast<std::size_t>(p.index)];
+      const std::int64_t at = view_landing_->f32_offset(static_cast<int>(i));
+      *model::param_slot(mp, spec, geo_) =
+          at < 0 ? view_at(b16 + p.offset, spec.shape, d, DType::kBF16)
+                 : view_at(f32 + at, spec.shape, d);
+    }
+    slot_params_.push_back(std::move(mp));
   }
   for (mem::SlotId id : plan_.grads) {
     grad_slots_.push_back(writable(
@@ -603,9 +661,13 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
     }));
     if (arena_->bf16_weights()) {
       // Lands through the staging buffer the weight thread also uses: done (synchronized) before
-      // that thread starts this micro-batch's copies (bf16_widen.h).
+      // that thread starts this micro-batch's copies (bf16_widen.h). With bf16 weight views there
+      // is no such buffer (layers land in their slots' twins): the embedding goes through the
+      // globals' gradient region, as the head does, before anything writes it this step (the head
+      // gradients are zeroed after this, the head lands after this synchronize).
+      const Bf16Landing& lands = plan_.bf16_weight_views ? *head_landing_ : *landing_;
       FERRY_TRY(timed_wait([&]() -> Status {
-        FERRY_TRY(landing_->land(dev(plan_.globals_w), arena_->w16(G), E, *te_, cs()));
+        FERRY_TRY(lands.land(dev(plan_.globals_w), arena_->w16(G), E, *te_, cs()));
         return cs().synchronize();
       }));
       stats_.globals_h2d += static_cast<std::size_t>(E) * sizeof(std::uint16_t);

@@ -38,7 +38,9 @@
 // Bit-identical to the in-memory executor (trainer.h) for every policy on the CPU backend: the
 // same kernels run on the same values in the same order; recompute is deterministic.
 // bf16 masters: the arena's bf16 weights stream as bf16 (half the link bytes) and are widened on
-// the device tier (bf16_widen.h: in place on the emulated tier, from a staging buffer on a GPU).
+// the device tier (bf16_widen.h: in place on the emulated tier, from a staging buffer on a GPU),
+// or on a GPU with bf16 GEMMs land in each slot's bf16 twin, read in place by the GEMMs (bf16
+// weight views; only norms, biases and the router are widened).
 //
 // On a CUDA backend the same code runs on the GPU (docs/train_gpu_executor.md): the device tier is
 // cudaMalloc'd memory under the same budget, the host arena and boundary homes are pinned, the
@@ -113,6 +115,11 @@ struct StreamOptions {
   // The device tail pre-stages its first layers' states (all but the gradients) into its staging
   // slots during the last micro-batch's backward (DeviceOptimizerTail::prestage).
   bool device_update_prestage = true;
+  // bf16 weight views (bf16_widen.h, docs/train_gpu_executor.md): with bf16 streaming weights and
+  // bf16 GEMMs on a GPU, each weight slot gets a bf16 twin the layer lands in and the GEMMs read in
+  // place (no per-GEMM weight convert); only the parameters read as f32 are widened. Same bits as
+  // the converting path. Default on unless FERRY_BF16_WEIGHT_VIEWS=0; no effect elsewhere.
+  bool bf16_weight_views = bf16_weight_views_default();
   // Tests only (off by default): called before each unit's update on the CPU worker / on the
   // device tail's thread (a non-OK Status fails the tail's unit) — delays and failures.
   std::function<void(int unit)> cpu_update_hook;
@@ -192,6 +199,12 @@ class StreamExecutor {
   // The device optimizer tail's counters (all zero with device_update_layers = 0); consistent
   // once wait_optimizer() returned.
   DeviceTailStats device_tail_stats() const { return tail_ ? tail_->stats() : DeviceTailStats{}; }
+  // Whether the layer GEMM weights are read as bf16 views of the slots' twins (the plan's
+  // decision: StreamOptions::bf16_weight_views where it applies).
+  bool bf16_weight_views() const { return plan_.bf16_weight_views; }
+  // Layer GEMMs whose weight ModelCompute converted to bf16 since create() (0 with bf16 weight
+  // views; > 0 on the converting path with bf16 GEMMs).
+  std::uint64_t gemm_weight_converts() const { return compute_->gemm_weight_converts(); }
 
  private:
   StreamExecutor(kernels::Backend& be, const StreamOptions& opts);
@@ -266,6 +279,7 @@ class StreamExecutor {
   std::unique_ptr<mem::StreamSet> tail_streams_;  // the tail's own h2d, compute and d2h streams
   std::unique_ptr<DeviceOptimizerTail> tail_;     // device_update_layers != 0
   std::unique_ptr<Bf16Landing> landing_;
+  std::unique_ptr<Bf16ViewLanding> view_landing_;  // plan_.bf16_weight_views
   // The head part of the globals lands on a stream of its own (head_streams_->h2d()) during the
   // forward, with bf16 weights through the embedding's gradient region as staging (first written
   // by the embedding's backward; zeroed after the landing), and compute waits for head_landed_

@@ -8,9 +8,12 @@ namespace ferry::train::stream {
 Result<std::unique_ptr<WeightStreamer>> WeightStreamer::create(
     const HostArena& arena, LayerOptimizer& opt, std::vector<float*> slots,
     std::vector<int> schedule, mem::TransferEngine& engine, mem::Stream& h2d, mem::Stream& compute,
-    const Bf16Landing* landing) {
-  if (arena.bf16_weights() && landing == nullptr) {
+    const Bf16Landing* landing, const Bf16ViewLanding* views, std::vector<std::uint16_t*> twins) {
+  if (arena.bf16_weights() && landing == nullptr && views == nullptr) {
     return invalid_argument("train: bf16 streaming weights need a landing (bf16_widen.h)");
+  }
+  if (views != nullptr && (!arena.bf16_weights() || twins.size() != slots.size())) {
+    return invalid_argument("train: bf16 weight views need bf16 weights and a twin per slot");
   }
   std::vector<mem::Event> free;
   for (std::size_t i = 0; i < slots.size(); ++i) {
@@ -18,15 +21,16 @@ Result<std::unique_ptr<WeightStreamer>> WeightStreamer::create(
                            mem::Event::create(compute.device(), compute.device_index()));
     free.push_back(std::move(e));
   }
-  return std::unique_ptr<WeightStreamer>(new WeightStreamer(arena, opt, std::move(slots),
-                                                            std::move(schedule), engine, h2d,
-                                                            compute, landing, std::move(free)));
+  return std::unique_ptr<WeightStreamer>(
+      new WeightStreamer(arena, opt, std::move(slots), std::move(schedule), engine, h2d, compute,
+                         landing, views, std::move(twins), std::move(free)));
 }
 
 WeightStreamer::WeightStreamer(const HostArena& arena, LayerOptimizer& opt,
                                std::vector<float*> slots, std::vector<int> schedule,
                                mem::TransferEngine& engine, mem::Stream& h2d, mem::Stream& compute,
-                               const Bf16Landing* landing, std::vector<mem::Event> free)
+                               const Bf16Landing* landing, const Bf16ViewLanding* views,
+                               std::vector<std::uint16_t*> twins, std::vector<mem::Event> free)
     : arena_(arena),
       opt_(opt),
       slots_(std::move(slots)),
@@ -35,6 +39,8 @@ WeightStreamer::WeightStreamer(const HostArena& arena, LayerOptimizer& opt,
       h2d_(h2d),
       compute_(compute),
       landing_(landing),
+      views_(views),
+      twins_(std::move(twins)),
       free_(std::move(free)) {
   FERRY_CHECK(slots_.size() >= 2, "train: weight streamer needs >= 2 slots, got {}", slots_.size());
   thread_ = std::thread([this] { run(); });
@@ -119,8 +125,14 @@ void WeightStreamer::run() {
       // The kernels that read the slot's previous item must have run (device-side wait).
       Status st = h2d_.wait(free_[static_cast<std::size_t>(j % depth)]);
       if (st.ok()) {
-        st = arena_.bf16_weights() ? landing_->land(slot, arena_.w16(layer), elems, engine_, h2d_)
-                                   : engine_.h2d(slot, arena_.weights(layer), bytes, h2d_);
+        if (views_ != nullptr) {
+          st = views_->land(slot, twins_[static_cast<std::size_t>(j % depth)], layer,
+                            arena_.w16(layer), elems, engine_, h2d_);
+        } else if (arena_.bf16_weights()) {
+          st = landing_->land(slot, arena_.w16(layer), elems, engine_, h2d_);
+        } else {
+          st = engine_.h2d(slot, arena_.weights(layer), bytes, h2d_);
+        }
       }
       if (st.ok()) st = h2d_.synchronize();
       {

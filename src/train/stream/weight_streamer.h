@@ -12,7 +12,9 @@
 // one in use. Copies go through mem::TransferEngine (h2d on the h2d stream; the host engine's
 // memcpy in CPU builds) and are counted here; bf16 weights (bf16 masters) cross as bf16 and are
 // widened into the slot (bf16_widen.h: in place on the emulated tier, from a staging buffer by
-// the backend's convert kernel on the h2d stream on a GPU). The executor's ExposureClock
+// the backend's convert kernel on the h2d stream on a GPU) — or, with bf16 weight views (GPU,
+// bf16 GEMMs), land in the slot's bf16 twin, which the GEMMs read in place, and only the
+// parameters read as f32 are widened. The executor's ExposureClock
 // measures how long compute waits in acquire().
 // GPU compute runs behind the thread that enqueues it, so "released" is not "done reading":
 // release(j) records the slot's free event on the compute stream and the copy of item j + slots
@@ -40,13 +42,15 @@ class WeightStreamer {
  public:
   // slots: device-tier buffers of max_layer_elements floats each (>= 2).
   // compute: the stream whose kernels read the slots (events of its device are created here).
-  // landing: how bf16 weights are widened into a slot; required when arena.bf16_master().
-  static Result<std::unique_ptr<WeightStreamer>> create(const HostArena& arena, LayerOptimizer& opt,
-                                                        std::vector<float*> slots,
-                                                        std::vector<int> schedule,
-                                                        mem::TransferEngine& engine,
-                                                        mem::Stream& h2d, mem::Stream& compute,
-                                                        const Bf16Landing* landing = nullptr);
+  // landing: how bf16 weights are widened into a slot; required when arena.bf16_weights().
+  // views (bf16 weight views, bf16_widen.h): instead, each slot's layer lands in twins[slot]
+  // (the largest layer's bf16 weights each) and only its f32-read parameters are widened into
+  // slots[slot] (then the f32 part only); twins has one entry per slot.
+  static Result<std::unique_ptr<WeightStreamer>> create(
+      const HostArena& arena, LayerOptimizer& opt, std::vector<float*> slots,
+      std::vector<int> schedule, mem::TransferEngine& engine, mem::Stream& h2d,
+      mem::Stream& compute, const Bf16Landing* landing = nullptr,
+      const Bf16ViewLanding* views = nullptr, std::vector<std::uint16_t*> twins = {});
   ~WeightStreamer();
   WeightStreamer(const WeightStreamer&) = delete;
   WeightStreamer& operator=(const WeightStreamer&) = delete;
@@ -64,7 +68,8 @@ class WeightStreamer {
  private:
   WeightStreamer(const HostArena& arena, LayerOptimizer& opt, std::vector<float*> slots,
                  std::vector<int> schedule, mem::TransferEngine& engine, mem::Stream& h2d,
-                 mem::Stream& compute, const Bf16Landing* landing, std::vector<mem::Event> free);
+                 mem::Stream& compute, const Bf16Landing* landing, const Bf16ViewLanding* views,
+                 std::vector<std::uint16_t*> twins, std::vector<mem::Event> free);
   void run();
 
   const HostArena& arena_;
@@ -75,7 +80,9 @@ class WeightStreamer {
   mem::Stream& h2d_;
   mem::Stream& compute_;
   const Bf16Landing* landing_;
-  std::vector<mem::Event> free_;  // [slot]: recorded on compute at release
+  const Bf16ViewLanding* views_;
+  std::vector<std::uint16_t*> twins_;  // [slot], with views_
+  std::vector<mem::Event> free_;       // [slot]: recorded on compute at release
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -53,6 +53,11 @@ void expect_same_bytes_as_the_loaded_models_arena(const BuiltinModelSpec& spec) 
     EXPECT_EQ(from_config.globals_elements, from_arena.globals_elements) << what;
     EXPECT_EQ(from_config.max_layer_elements, from_arena.max_layer_elements) << what;
     EXPECT_EQ(from_config.params, from_arena.params) << what;
+    // bf16 weight views: the slot's f32 part (norms, biases, q/k norms, router) — the same from
+    // the config as from the arena, and a small part of the layer.
+    EXPECT_EQ(from_config.max_layer_f32_elements, from_arena.max_layer_f32_elements) << what;
+    EXPECT_GT(from_arena.max_layer_f32_elements, 0) << what;
+    EXPECT_LT(from_arena.max_layer_f32_elements, from_arena.max_layer_elements / 4) << what;
     ASSERT_EQ(got->total_bytes(), (*want)->total_bytes()) << what;
     for (int u = 0; u < got->num_units(); ++u) {
       const std::size_t wb = got->unit_weight_bytes(u);
