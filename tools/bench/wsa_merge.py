@@ -31,6 +31,8 @@ def problem_key(d):
         "pool_budget_bytes": budget.get("pool_budget_bytes"),
         "kv_floor_blocks": budget.get("kv_floor_blocks"),
         "link_gbps": d.get("run", {}).get("link_gbps"),  # absent in files before 2026-12-01 s13
+        # forced-ahead (device-resolved decode steps) or the per-layer hook: step costs differ
+        "routing": d.get("run", {}).get("routing", "per-layer"),  # absent before session 13
     }
 
 
