@@ -169,11 +169,6 @@ Result<std::unique_ptr<ExpertExecutor>> ExpertExecutor::create(const model::Deco
   x->seen_.assign(geo.experts, false);
   x->distinct_.reserve(geo.experts);
   x->distinct_refs_.reserve(geo.experts);
-  if (dev != nullptr && pc.mode == ExpertMode::kPaged &&
-      (pc.miss_cost_model || pc.bypass_window > 0)) {
-    return unimplemented(
-        "serve: paged miss placement (cost model, bypass) is not implemented on CUDA");
-  }
   if (pc.expert_dtype != DType::kF32 && pc.expert_dtype != DType::kBF16) {
     return invalid_argument("serve: experts can be stored in f32 or bf16, not {}",
                             to_string(pc.expert_dtype));
@@ -270,6 +265,20 @@ Result<std::unique_ptr<ExpertExecutor>> ExpertExecutor::create(const model::Deco
           pc.link_gbps, pc.cpu_gflops, pc.bypass_window);
     }
     x->placement_ = pc;
+    if (pc.miss_cost_model && pc.measure_cpu_gflops) {
+      // The kernel the host path runs: the CUDA engine's cpu_expert_kernel, the CPU engine's
+      // expert_ffn_row (compute_rows without grouped_).
+      const CpuExpertKernel k = dev != nullptr ? x->cpu_kernel_ : CpuExpertKernel::kExact;
+      FERRY_ASSIGN_OR_RETURN(x->measured_rate_,
+                             measure_cpu_expert_rate(*x->store_, k, ThreadPool::global()));
+      x->placement_.cpu_gflops = x->measured_rate_->gflops;
+    }
+    if (dev != nullptr && x->placement_on() && x->cpu_kernel_ == CpuExpertKernel::kFast) {
+      x->grouped_ = std::make_unique<ExpertFfnGrouped>();
+      x->grouped_->reserve(dev->max_tokens * geo.top_k, geo.expert_width, geo.experts);
+    }
+    x->host_expert_.assign(static_cast<std::size_t>(geo.experts), false);
+    x->host_ref_.resize(static_cast<std::size_t>(geo.experts));
     x->layer_step_.assign(static_cast<std::size_t>(geo.layers), 0);
     x->last_use_.assign(static_cast<std::size_t>(geo.layers),
                         std::vector<std::uint64_t>(static_cast<std::size_t>(geo.experts), 0));
@@ -362,8 +371,11 @@ Status ExpertExecutor::resolve_group(int layer, const std::int32_t* ids,
       paged_.clear();
       for (std::size_t i = 0; i < distinct_.size(); ++i) {
         const std::int32_t e = distinct_[i];
-        if (on_host(layer, e, free)) {
+        const bool host = on_host(layer, e, free);
+        host_expert_[std::size_t(e)] = host;
+        if (host) {
           distinct_refs_[i] = store_->ref(layer, e);
+          host_ref_[std::size_t(e)] = distinct_refs_[i];
         } else {
           paged_.push_back(e);
         }

@@ -15,18 +15,21 @@
 // Every mode calls expert_ffn_row per (t, k) with the same x row, so the bits are equal
 // (expert_ffn.h) — except cpu-experts with PagerConfig::cpu_expert_kernel = kFast (the CUDA
 // engine's default), which runs the step's rows through ExpertFfnGrouped (expert_ffn_fast.h):
-// within a tolerance, not bitwise. Not thread-safe; uses ThreadPool::global() inside.
+// within a tolerance, not bitwise; and on the CUDA engine, paged misses that miss placement sends
+// to the host (CPU arithmetic beside GPU rows). Not thread-safe; uses ThreadPool::global() inside.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
 
 #include "core/result.h"
 #include "mem/arena.h"
+#include "serve/cpu_expert_rate.h"
 #include "serve/expert_ffn_fast.h"
 #include "serve/expert_pager.h"
 #include "serve/expert_store.h"
@@ -106,9 +109,16 @@ Result<std::vector<int>> resolve_expert_caps(const model::DecoderGeometry& geo,
 //                copy has landed (events), else one launch after the whole batch
 //   cpu-experts  x and ids read back, experts computed by the CPU from the pinned host store
 //                (ExpertFfnGrouped by default; expert_ffn_row with cpu_expert_kernel = kExact),
-//                rows copied up: the one mode that is not bit-identical to the others on CUDA
-//                (CPU vs GPU arithmetic); tested against a tolerance
-// Paged miss placement (miss_cost_model, bypass_window) is not implemented on CUDA.
+//                rows copied up: not bit-identical to the GPU modes (CPU vs GPU arithmetic);
+//                tested against a tolerance
+// Paged miss placement (miss_cost_model, bypass_window; the host path only: device slot
+// resolution is off with it): x is read back with the routed ids; resolve_group's rule (on_host,
+// shared with the CPU engine) sends each miss of a group to a slot or to the host. The groups'
+// slot rows are enqueued as above (copies on `copy`, FFNs on `compute`, nothing waits on the
+// host); then the CPU computes the host rows from the pinned store (cpu_expert_kernel, fast by
+// default) while the GPU works, and copies them up, each run of consecutive rows in one H2D on
+// `compute`, into their fixed eout positions before the combine. Slot rows keep resident's bits;
+// host rows are within a tolerance (flagged: counters cpu_misses / bypassed).
 struct ExpertDevice {
   const model::ModelParams* params = nullptr;  // device views (resident mode's experts)
   mem::TransferEngine* te = nullptr;           // the CUDA transfer engine
@@ -172,6 +182,10 @@ class ExpertExecutor {
   }
 
   ExpertMode mode() const { return mode_; }
+  // Paged miss placement: the CPU rate the cost model uses (PagerConfig::cpu_gflops, or the
+  // measured one), and the measurement when PagerConfig::measure_cpu_gflops asked for one.
+  double placement_cpu_gflops() const { return placement_.cpu_gflops; }
+  const std::optional<CpuExpertRate>& measured_cpu_rate() const { return measured_rate_; }
   // PagerConfig::cpu_expert_kernel with kDefault resolved for this engine (what cpu-experts runs).
   CpuExpertKernel cpu_expert_kernel() const { return cpu_kernel_; }
   DType expert_dtype() const { return expert_dtype_; }
@@ -248,6 +262,20 @@ class ExpertExecutor {
   // Where a distinct expert of the group runs: false = a slot (hit or admitted miss; an admission
   // into an empty slot decrements `free`), true = computed from the host store.
   bool on_host(int layer, std::int32_t e, int& free);
+  bool placement_on() const {
+    return mode_ == ExpertMode::kPaged &&
+           (placement_.miss_cost_model || placement_.bypass_window > 0);
+  }
+  std::optional<CpuExpertRate> measured_rate_;
+  // [E] resolve_group's choice for the current group's experts (true: from the host store), and
+  // the store ref of each host expert of the layer step (an expert is in one group of a step).
+  std::vector<bool> host_expert_;
+  std::vector<ExpertRef> host_ref_;
+  // CUDA paged with placement: the layer step's host rows (all groups), the current group's
+  // device rows.
+  std::vector<std::int32_t> host_rows_, device_rows_;
+  // CUDA: computes host_rows_ on the CPU from the pinned x and copies them into d_eout.
+  Status compute_host_rows(float* d_eout);
 };
 
 }  // namespace ferry::serve

@@ -6,7 +6,7 @@
 //           then one per token group of a paged step (a step has at most max_tokens groups);
 //           [max_tokens * K] row list (paged overlap: a group's rows ordered hits, then by copy)
 //   pinned  the tables' and the row list's host mirrors, the routed ids [T*K], and for
-//           cpu-experts x [T, C] and the expert rows [T*K, C]
+//           cpu-experts and paged with miss placement x [T, C] and the expert rows [T*K, C]
 // Reuse of the pinned mirror: a paged layer's groups use distinct table entries and distinct row
 // list ranges (a token group [t0, t1) owns [t0*K, t1*K); expert groups take consecutive ranges
 // of their row counts, which sum to T*K), and every paged or cpu-experts run_device
@@ -17,6 +17,16 @@
 //   compute:  table + row list up, FFN(hit rows) | wait ev0, FFN(rows of miss 0) | wait ev1, ...
 // so the link is busy while the resident experts compute, and each missed expert computes while
 // the next one is still copying; a row is written by exactly one launch, with the same bits.
+// Paged miss placement, one MoE layer (the routed ids and x come back with one sync):
+//   host:     resolve groups (on_host per miss), enqueue their slot rows as above | CPU: host rows
+//             from the pinned store into h_eout (the whole thread pool) | H2D of each run of
+//             consecutive host rows on compute
+//   copy:     the slot misses (events)           (runs while the CPU computes)
+//   compute:  tables, FFN of the slot rows       (runs while the CPU computes) | host rows land
+// then the runner's combine on compute reads eout: every row is written before it. The CPU pass
+// starts once every group is enqueued (no GPU work waits on the host inside the layer), and the
+// next layer's ids sync orders h_x / h_eout's reuse after this layer's copies.
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 
@@ -85,10 +95,14 @@ Status ExpertExecutor::create_device(const ExpertDevice& d, mem::MemoryBudget* s
     FERRY_ASSIGN_OR_RETURN(s->hits_done,
                            mem::Event::create(d.copy->device(), d.copy->device_index()));
   }
-  if (mode_ == ExpertMode::kCpuExperts) {
+  if (mode_ == ExpertMode::kCpuExperts || placement_on()) {
     FERRY_ASSIGN_OR_RETURN(s->h_x, pinned(std::size_t(T * C) * sizeof(float), "expert x (host)"));
     FERRY_ASSIGN_OR_RETURN(s->h_eout,
                            pinned(std::size_t(T * K * C) * sizeof(float), "expert rows (host)"));
+  }
+  if (placement_on()) {  // a layer step's rows, split host / device: no growth in steps
+    host_rows_.reserve(std::size_t(T * K));
+    device_rows_.reserve(std::size_t(T * K));
   }
   if (mode_ == ExpertMode::kStatic) {
     FERRY_ASSIGN_OR_RETURN(s->consumed,
@@ -151,13 +165,35 @@ Status ExpertExecutor::device_group(int layer, const float* d_x, const std::int3
   const int E = geo_.experts, K = geo_.top_k;
   const auto* h_ids = reinterpret_cast<const std::int32_t*>(s.h_ids.data());
   FERRY_TRY(resolve_group(layer, h_ids, rows));
+  const std::uint64_t group_rows = rows.size();
+  if (placement_on()) {
+    // Rows of experts sent to the host leave this group's launches (and its table: no host
+    // pointer reaches the device); run_device computes them after every group is enqueued.
+    bool any = false;
+    for (std::int32_t e : distinct_) any = any || host_expert_[std::size_t(e)];
+    if (any) {
+      device_rows_.clear();
+      for (std::int32_t i : rows) {
+        (host_expert_[std::size_t(h_ids[i])] ? host_rows_ : device_rows_).push_back(i);
+      }
+      rows = device_rows_;
+    }
+  }
   const std::int64_t n = std::int64_t(rows.size());
-  // A token group's rows are one range [i0, i0 + n); an expert group's are a list.
-  const bool range = n > 0 && rows.back() - rows.front() + 1 == n;
+  if (n == 0) {  // every expert of the group runs on the host: nothing to launch
+    pager_->release(layer);
+    ++counters_.groups;
+    counters_.expert_rows += group_rows;
+    return ok_status();
+  }
+  // A token group's rows are one range [i0, i0 + n); an expert group's are a list (so are the
+  // device rows of a group with host experts, unless they happen to be consecutive).
+  const bool range = rows.back() - rows.front() + 1 == n;
   const std::int64_t index = geo_.layers + group;
   const void** t = s.host_table(index, E);
   std::fill(t, t + 3 * E, nullptr);
   for (std::int32_t e : distinct_) {
+    if (host_expert_[std::size_t(e)]) continue;  // false unless miss placement chose the host
     const ExpertRef& r = ref_of_expert_[std::size_t(e)];
     t[e] = r.gate;
     t[E + e] = r.up;
@@ -214,7 +250,57 @@ Status ExpertExecutor::device_group(int layer, const float* d_x, const std::int3
   }
   if (pager_) pager_->release(layer);
   ++counters_.groups;
-  counters_.expert_rows += std::uint64_t(n);
+  counters_.expert_rows += group_rows;
+  return ok_status();
+}
+
+Status ExpertExecutor::compute_host_rows(float* d_eout) {
+  DeviceState& s = *dev_;
+  const int K = geo_.top_k, E = geo_.experts;
+  const std::int64_t C = geo_.hidden, F = geo_.expert_width;
+  const auto* h_ids = reinterpret_cast<const std::int32_t*>(s.h_ids.data());
+  const auto* h_x = reinterpret_cast<const float*>(s.h_x.data());
+  auto* h_eout = reinterpret_cast<float*>(s.h_eout.data());
+  // Routing order: the groups appended their host rows group by group; the runs below want them
+  // ascending, and the kernels' bits do not depend on the order (expert_ffn_fast.h).
+  std::sort(host_rows_.begin(), host_rows_.end());
+  if (grouped_) {
+    grouped_->run({.ref_of_expert = host_ref_.data(),
+                   .ids = h_ids,
+                   .rows = host_rows_.data(),
+                   .n = std::int64_t(host_rows_.size()),
+                   .x = h_x,
+                   .out = h_eout,
+                   .K = K,
+                   .E = E,
+                   .C = C,
+                   .F = F},
+                  ThreadPool::global());
+  } else {
+    ThreadPool::global().parallel_for(
+        host_rows_.size(),
+        [&](std::size_t b, std::size_t e) {
+          thread_local std::vector<float> scratch;
+          if (static_cast<std::int64_t>(scratch.size()) < F) scratch.resize(std::size_t(F));
+          for (std::size_t r = b; r < e; ++r) {
+            const std::int64_t i = host_rows_[r];
+            expert_ffn_row(host_ref_[std::size_t(h_ids[i])], h_x + (i / K) * C, h_eout + i * C, C,
+                           F, scratch.data());
+          }
+        },
+        2);
+  }
+  // Up into their fixed rows of eout, one copy per run of consecutive rows, on compute: after
+  // this layer's slot launches in stream order (disjoint rows), before the runner's combine.
+  mem::Stream& cs = *s.dev.compute;
+  for (std::size_t a = 0; a < host_rows_.size();) {
+    std::size_t b = a + 1;
+    while (b < host_rows_.size() && host_rows_[b] == host_rows_[b - 1] + 1) ++b;
+    const std::int64_t i0 = host_rows_[a];
+    FERRY_TRY(s.dev.te->h2d(d_eout + i0 * C, h_eout + i0 * C,
+                            (b - a) * std::size_t(C) * sizeof(float), cs));
+    a = b;
+  }
   return ok_status();
 }
 
@@ -313,7 +399,9 @@ Status ExpertExecutor::run_device(int layer, const float* d_x, const std::int32_
   auto* h_ids = reinterpret_cast<std::int32_t*>(s.h_ids.data());
   if (need_ids) {
     FERRY_TRY(te.d2h(h_ids, d_ids, std::size_t(rows) * sizeof(std::int32_t), cs));
-    if (mode_ == ExpertMode::kCpuExperts) {
+    if (mode_ == ExpertMode::kCpuExperts || placement_on()) {
+      // Miss placement: x before knowing whether a miss goes to the host (T*C floats, read back
+      // under the same sync as the ids; no second round trip).
       FERRY_TRY(te.d2h(s.h_x.data(), d_x, std::size_t(T * C) * sizeof(float), cs));
     }
     ++counters_.host_syncs;
@@ -394,13 +482,17 @@ Status ExpertExecutor::run_device(int layer, const float* d_x, const std::int32_
     }
     case ExpertMode::kPaged: {
       ++layer_step_[std::size_t(layer)];
+      host_rows_.clear();
       std::int64_t list_offset = 0;  // each group's range of the row list
-      return for_each_paged_group(
+      FERRY_TRY(for_each_paged_group(
           layer, h_ids, T, [&](std::span<const std::int32_t> group_rows, int group) {
             const std::int64_t at = list_offset;
             list_offset += std::int64_t(group_rows.size());
             return device_group(layer, d_x, d_ids, group_rows, at, group, d_act, d_eout);
-          });
+          }));
+      // Miss placement: the host rows, computed while the GPU runs what the groups enqueued.
+      if (!host_rows_.empty()) FERRY_TRY(compute_host_rows(d_eout));
+      return ok_status();
     }
   }
   ++counters_.groups;

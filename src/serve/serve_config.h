@@ -75,11 +75,17 @@ struct PagerConfig {
   //   bypass_window > 0 (bypass admission): the layer has no free slot (admitting would evict a
   //     resident expert) and the expert was not used in the layer's last bypass_window steps —
   //     a one-off is computed from the host instead; its next use within the window is admitted.
-  // Both placements run expert_ffn_row on the same rows (bits equal here; on a GPU build the
-  // host path is the cpu-experts one).
+  // The CPU engine computes both placements with expert_ffn_row on the same rows (bits equal).
+  // The CUDA engine computes them on the CPU (cpu_expert_kernel: the fast kernel by default)
+  // while the GPU copies the other misses and runs the slot rows, then copies the rows up: not
+  // bit-identical to the GPU rows (flagged: ExecutorCounters::cpu_misses / bypassed).
   bool miss_cost_model = false;
   double link_gbps = 24;
-  double cpu_gflops = 50;
+  double cpu_gflops = 50;  // an assumption unless measure_cpu_gflops
+  // miss_cost_model: replace cpu_gflops at create by this machine's measured rate
+  // (serve/cpu_expert_rate.h: the host path's kernel timed on one row of one expert, over
+  // distinct experts of the host store; `--cpu-gflops auto`). ExpertExecutor::measured_cpu_rate.
+  bool measure_cpu_gflops = false;
   int bypass_window = 0;
   // CUDA engine, paged mode: a group's misses are copied in one batch on the copy stream while
   // compute runs the rows of its resident experts, then each missed expert's rows as soon as its
@@ -107,12 +113,14 @@ struct PagerConfig {
   // Lets several engines share one host copy (bench serve builds the 48-layer model's bf16
   // experts once, straight into a store: builtin_model.h make_builtin_moe_packed).
   const ExpertStore* host_store = nullptr;
-  // cpu-experts mode only (other modes ignore it): kExact runs expert_ffn_row per row, the
-  // arithmetic every other mode shares, so on the CPU engine cpu-experts stays bit-identical to
-  // them; kFast runs expert_ffn_fast.h (all cores on distinct weight rows, SIMD, tokens sharing
-  // an expert share its row loads): a different summation order, within the tolerance rule. The
-  // CUDA engine's cpu-experts is never bit-identical to its GPU modes, so there kDefault = kFast;
-  // on the CPU engine kDefault = kExact. ferry serve / bench serve --cpu-expert-kernel.
+  // cpu-experts mode, and the CUDA engine's paged misses computed on the host (miss placement;
+  // the CPU engine's stay on expert_ffn_row; other modes ignore it): kExact runs expert_ffn_row
+  // per row, the arithmetic every other mode shares, so on the CPU engine cpu-experts stays
+  // bit-identical to them; kFast runs expert_ffn_fast.h (all cores on distinct weight rows, SIMD,
+  // tokens sharing an expert share its row loads): a different summation order, within the
+  // tolerance rule. The CUDA engine's cpu-experts is never bit-identical to its GPU modes, so there
+  // kDefault = kFast; on the CPU engine kDefault = kExact. ferry serve / bench serve
+  // --cpu-expert-kernel.
   CpuExpertKernel cpu_expert_kernel = CpuExpertKernel::kDefault;
 };
 

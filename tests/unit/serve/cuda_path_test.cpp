@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The CUDA engine's entry points, as far as a machine without a GPU can check them (the engine
 // itself is tested on the device: tests/gpu/serve_gpu_test.cpp): the CUDA runner refuses a CPU
-// backend or a host stream, a device executor refuses an incomplete ExpertDevice, the KV pool
+// backend or a host stream, a device executor refuses an incomplete ExpertDevice (miss placement
+// included), the KV pool
 // reports the tier it was asked for and refuses to resize in GPU memory, and a CPU build's
 // cuda_backend() is unavailable (so `--device cuda` fails loudly there).
 #include <gtest/gtest.h>
@@ -38,11 +39,12 @@ TEST(CudaPath, DeviceExecutorNeedsStreamsAndAnEngine) {
   auto ex = ExpertExecutor::create(m->geometry, m->params, {}, nullptr, &incomplete);
   ASSERT_FALSE(ex.ok());
   EXPECT_EQ(ex.status().code(), StatusCode::kInvalidArgument) << ex.status().to_string();
-  // Miss placement is not implemented on the device path: said before anything is allocated.
+  // Miss placement runs on the device path too (expert_executor_cuda.cpp): an incomplete
+  // ExpertDevice is refused for it as for any mode, not as unimplemented.
   PagerConfig pc{.mode = ExpertMode::kPaged, .slots_per_layer = 4, .miss_cost_model = true};
   auto px = ExpertExecutor::create(m->geometry, m->params, pc, nullptr, &incomplete);
   ASSERT_FALSE(px.ok());
-  EXPECT_EQ(px.status().code(), StatusCode::kUnimplemented) << px.status().to_string();
+  EXPECT_EQ(px.status().code(), StatusCode::kInvalidArgument) << px.status().to_string();
 }
 
 TEST(CudaPath, KvPoolTierAndLayout) {

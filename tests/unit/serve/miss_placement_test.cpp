@@ -105,5 +105,34 @@ TEST(MissPlacement, BadRatesAreRefused) {
   }
 }
 
+// --cpu-gflops auto: the executor measures the host path's kernel (on the CPU engine
+// expert_ffn_row, kExact) and the cost model uses that rate; without the cost model nothing is
+// measured and the configured rate stays.
+TEST(MissPlacement, MeasuredCpuRateIsWhatTheCostModelUses) {
+  const testing::Fixture f = testing::load_fixture("qwen3_moe");
+  ASSERT_TRUE(f.model);
+  const model::LoadedModel& m = *f.model;
+  EngineConfig cfg;
+  cfg.pager.mode = ExpertMode::kPaged;
+  cfg.pager.slots_per_layer = m.geometry.top_k + 1;
+  cfg.pager.miss_cost_model = true;
+  cfg.pager.measure_cpu_gflops = true;
+  cfg.pager.cpu_gflops = 12345;  // replaced by the measurement
+  auto eng = Engine::create(m.geometry, m.params, cfg);
+  ASSERT_TRUE(eng.ok()) << eng.status().to_string();
+  const ExpertExecutor& ex = (*eng)->experts();
+  ASSERT_TRUE(ex.measured_cpu_rate().has_value());
+  const CpuExpertRate& r = *ex.measured_cpu_rate();
+  EXPECT_EQ(r.kernel, CpuExpertKernel::kExact);
+  EXPECT_GT(r.gflops, 0);
+  EXPECT_EQ(ex.placement_cpu_gflops(), r.gflops);
+  cfg.pager.miss_cost_model = false;  // bypass only: no cost model, nothing to measure
+  cfg.pager.bypass_window = 1;
+  auto plain = Engine::create(m.geometry, m.params, cfg);
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  EXPECT_FALSE((*plain)->experts().measured_cpu_rate().has_value());
+  EXPECT_EQ((*plain)->experts().placement_cpu_gflops(), 12345);
+}
+
 }  // namespace
 }  // namespace ferry::serve
