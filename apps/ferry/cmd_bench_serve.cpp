@@ -2,7 +2,7 @@
 // `ferry bench serve [--model DIR | --geometry NAME] [--modes resident,static,cpu-experts,paged]
 //   [--budget-gib X | --expert-slots N] [--prompt-tokens P] [--decode-tokens D]
 //   [--trace FILE | --synthetic calibrated|spread|none] [--link-gbps G] [--policy P] [--seed S]
-//   [--miss-cost-model [--cpu-gflops F]] [--bypass-window N] [--serial-miss-copies]
+//   [--miss-cost-model [--cpu-gflops F|auto]] [--bypass-window N] [--serial-miss-copies]
 //   [--device cpu|cuda] [--expert-dtype f32|bf16] [--dense-dtype f32|bf16] [--no-cuda-graphs]
 //   [--no-device-resolve] [--cpu-expert-kernel fast|exact] [--json OUT]`
 // --cpu-expert-kernel: how cpu-experts computes on the CPU (default: fast with --device cuda,
@@ -108,8 +108,9 @@ void print_table(const Json& rep, const std::string& what) {
                  " charged to the plan (the CPU engine reads them in host memory)";
   std::printf("dense weights %s: %s\n", sz["dense_dtype"].get<std::string>().c_str(),
               dense.c_str());
-  std::printf("%-12s %12s %12s %8s %14s %10s %10s %22s %6s\n", "mode", "prefill t/s", "decode t/s",
-              "hit", "h2d B/tok dec", "roofline%", "syncs/tok", "device peak/budget", "ids=");
+  std::printf("%-12s %12s %12s %8s %9s %14s %10s %10s %22s %6s\n", "mode", "prefill t/s",
+              "decode t/s", "hit", "host/tok", "h2d B/tok dec", "roofline%", "syncs/tok",
+              "device peak/budget", "ids=");
   for (const Json& m : rep["modes"]) {
     const std::string mode = m["mode"];
     if (!m["ran"].get<bool>()) {
@@ -119,9 +120,13 @@ void print_table(const Json& rep, const std::string& what) {
     const Json& p = m["prefill"];
     const Json& d = m["decode"];
     const std::size_t budget = m["device_budget_bytes"];
-    std::printf("%-12s %12.1f %12.2f %8s %14.0f %10s %10.2f %22s %6s\n", mode.c_str(),
+    // Paged: misses per decode token computed from host memory (miss placement), no copy.
+    const Json host_tok =
+        d.contains("host_computed_misses_per_token") ? d["host_computed_misses_per_token"] : Json();
+    std::printf("%-12s %12.1f %12.2f %8s %9s %14.0f %10s %10.2f %22s %6s\n", mode.c_str(),
                 p["tokens_per_s"].get<double>(), d["tokens_per_s"].get<double>(),
-                fmt_opt(d["hit_rate"], "{:.3f}").c_str(), d["h2d_bytes_per_token"].get<double>(),
+                fmt_opt(d["hit_rate"], "{:.3f}").c_str(), fmt_opt(host_tok, "{:.2f}").c_str(),
+                d["h2d_bytes_per_token"].get<double>(),
                 fmt_opt(d["roofline_pct"], "{:.1f}").c_str(),
                 d[cuda ? "host_syncs_per_token" : "copy_syncs_per_token"].get<double>(),
                 (mem::format_bytes(m["device_peak_bytes"]) + "/" +
@@ -152,12 +157,36 @@ void print_table(const Json& rep, const std::string& what) {
       std::printf("\n");
     }
   }
+  const Json& mp = rep["miss_placement"];
   for (const Json& m : rep["modes"]) {
     if (m["ran"].get<bool>() && m.contains("cpu_expert_kernel") &&
         m["cpu_expert_kernel"].is_string()) {
-      std::printf("cpu-experts ran the %s CPU expert kernel (--cpu-expert-kernel)\n",
-                  m["cpu_expert_kernel"].get<std::string>().c_str());
+      std::printf("%s ran the %s CPU expert kernel (--cpu-expert-kernel)%s\n",
+                  m["mode"].get<std::string>().c_str(),
+                  m["cpu_expert_kernel"].get<std::string>().c_str(),
+                  m["mode"] == "paged" ? " on its host-computed misses" : "");
     }
+    if (!m["ran"].get<bool>() || !m.contains("miss_placement") ||
+        !m["miss_placement"]["on"].get<bool>()) {
+      continue;
+    }
+    const Json& pl = m["miss_placement"];
+    std::string rate = fmt::format("{:.2f} GFLOP/s", pl["cpu_gflops_used"].get<double>());
+    if (pl["cpu_rate_measured"].is_object()) {
+      const Json& mr = pl["cpu_rate_measured"];
+      rate += fmt::format(
+          " measured (--cpu-gflops auto: {:.2f} GB/s of expert bytes, {} kernel, one row of "
+          "one expert, {} experts)",
+          mr["expert_gbps"].get<double>(), mr["kernel"].get<std::string>(),
+          mr["experts"].get<int>());
+    } else {
+      rate += " assumed (--cpu-gflops)";
+    }
+    std::printf(
+        "paged miss placement: cost model %s, CPU %s; bypass window %d; host/tok = "
+        "decode misses computed from host memory per token (not copied%s)\n",
+        mp["cost_model"].get<bool>() ? "on" : "off", rate.c_str(), mp["bypass_window"].get<int>(),
+        cuda ? "; CPU arithmetic: logits not bit-identical" : "");
   }
   const Json& r = rep["ratios"];
   std::printf("paged/static: decode %s prefill %s | paged/cpu-experts: decode %s prefill %s\n",
@@ -171,10 +200,16 @@ void print_table(const Json& rep, const std::string& what) {
                  rep["dense_dtype"].get<std::string>() + ", K/V and activations f32"
            : std::string("syncs = host syncs of expert copies (other syncs not counted)");
   std::printf(
-      "hit = device hit rate of expert uses in decode; roofline%% = (h2d bytes / %.1f GB/s) / "
-      "decode time; %s; resident runs without the budget (reference); ids= same greedy ids as "
-      "the reference\n",
-      rep["link"]["roofline_gbps"].get<double>(), syncs.c_str());
+      "hit = device hit rate of expert uses in decode (host-computed misses count as misses); "
+      "roofline%% = (h2d bytes / %.1f GB/s) / decode time%s; %s; resident runs without the "
+      "budget (reference); ids= same greedy ids as the reference\n",
+      rep["link"]["roofline_gbps"].get<double>(),
+      mp["cost_model"].get<bool>() || mp["bypass_window"].get<int>() > 0
+          ? " (with host-computed misses the link carries fewer bytes: those experts are not "
+            "copied, only their result rows go up, so it is the link's busy share, not a "
+            "distance to a copy-every-miss bound)"
+          : "",
+      syncs.c_str());
 }
 
 int run_bench_serve(const BenchServeConfig& cfg) {
@@ -201,6 +236,7 @@ int run_bench_serve(const BenchServeConfig& cfg) {
   bc.policy = *policy;
   bc.miss_cost_model = cfg.miss.cost_model;
   bc.cpu_gflops = cfg.miss.cpu_gflops;
+  bc.measure_cpu_gflops = cfg.miss.cpu_gflops_auto;
   bc.bypass_window = cfg.miss.bypass_window;
   bc.overlap_misses = !cfg.miss.serial_copies;
   bc.device_resolve = !cfg.no_device_resolve;

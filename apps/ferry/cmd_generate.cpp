@@ -2,7 +2,7 @@
 // `ferry generate [--model DIR] (--prompt STR | --token-ids FILE) [--max-new-tokens N]
 //   [--greedy | --temperature T --top-k K --top-p P --seed S] [--stop STR]... [--mode M]
 //   [--expert-slots N | --layer-slots N,N,.. | --expert-budget-mib M] [--policy lru|lfu|lfru]
-//   [--miss-cost-model [--link-gbps G --cpu-gflops F]] [--bypass-window N]
+//   [--miss-cost-model [--link-gbps G --cpu-gflops F|auto]] [--bypass-window N]
 //   [--json]`
 // One prompt through the serving engine (paged KV cache, chunked prefill, expert pager) on the
 // CPU. Without --model it runs the built-in random-weight Qwen3-MoE (serve/builtin_model.h) with
@@ -279,6 +279,9 @@ int run_generate(const GenerateConfig& cfg) {
                     {"copy_batches", c.copy_batches},
                     {"host_computed_misses", ex.counters().cpu_misses},
                     {"bypassed", ex.counters().bypassed},
+                    // the miss cost model's CPU rate: --cpu-gflops, or measured (auto)
+                    {"cpu_gflops", ex.placement_cpu_gflops()},
+                    {"cpu_rate_measured", ex.measured_cpu_rate().has_value()},
                     {"slots", slots},
                     {"budget_bytes", p->budget().bytes_limit()},
                     {"budget_peak_bytes", p->budget().bytes_peak()}};
@@ -297,6 +300,12 @@ int run_generate(const GenerateConfig& cfg) {
           "host_computed_misses={} bypassed={}",
           cfg.policy, c.hits, c.misses, c.hit_rate(), double(c.bytes_copied) / (1 << 20),
           c.evictions, ex.counters().cpu_misses, ex.counters().bypassed);
+    }
+    if (const auto& rate = ex.measured_cpu_rate()) {
+      lg->info(
+          "miss cost model: CPU rate measured {:.2f} GFLOP/s ({:.2f} GB/s of expert bytes, {} "
+          "kernel, one row of each of {} experts)",
+          rate->gflops, rate->expert_gbps, serve::to_string(rate->kernel), rate->experts);
     }
     if (holder->tokenizer) {
       std::printf("%s\n", out->text.c_str());

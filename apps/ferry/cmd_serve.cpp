@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // `ferry serve [--model DIR] [--host H] [--port P] [--name NAME] [--mode M]
 //   [--expert-slots N | --layer-slots N,N,.. | --expert-budget-mib M] [--policy lru|lfu|lfru]
-//   [--miss-cost-model [--link-gbps G --cpu-gflops F]] [--bypass-window N]
+//   [--miss-cost-model [--link-gbps G --cpu-gflops F|auto]] [--bypass-window N]
 //   [--max-running N] [--max-batch-tokens N] [--kv-budget-mib M] [--kv-block-tokens N]
 //   [--no-prefix-cache]
 //   [--device-budget-mib M] [--max-tokens-default N] [--duration-s S]
@@ -29,6 +29,7 @@
 #include "apps/ferry/cpu_expert_kernel_flag.h"
 #include "apps/ferry/miss_placement_flags.h"
 #include "apps/ferry/serve_device_flag.h"
+#include "core/log.h"
 #include "model/model_binding.h"
 #include "model/tokenizer/tokenizer.h"
 #include "serve/builtin_model.h"
@@ -76,7 +77,10 @@ struct ServeCliConfig {
 
 std::string slots_text(const std::vector<int>& slots) {
   std::string t;
-  for (std::size_t i = 0; i < slots.size(); ++i) t += (i ? "," : "") + std::to_string(slots[i]);
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    if (i) t += ',';  // not `"," + std::string`: GCC 12 -O3 reports a false -Wrestrict on it
+    t += std::to_string(slots[i]);
+  }
   return t;
 }
 
@@ -198,6 +202,12 @@ int run_serve(const ServeCliConfig& c) {
   if (!backend.ok()) return fail(backend.status());
   auto engine = serve::Engine::create(geo, params, ec, **backend);
   if (!engine.ok()) return fail(engine.status());
+  if (const auto& rate = (*engine)->experts().measured_cpu_rate()) {
+    log::get("serve")->info(
+        "miss cost model: CPU rate measured {:.2f} GFLOP/s ({:.2f} GB/s of expert bytes, {} "
+        "kernel, one row of each of {} experts)",
+        rate->gflops, rate->expert_gbps, serve::to_string(rate->kernel), rate->experts);
+  }
   std::unique_ptr<serve::wsa::LiveSplit> live;
   if (auto_split) {
     auto ls = serve::wsa::LiveSplit::attach(**engine, {.budget_bytes = ec.device_budget_bytes,

@@ -4,6 +4,7 @@
 // and `ferry bench serve` (which has its own --expert-dtype and --dense-dtype).
 #pragma once
 
+#include <cmath>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -16,6 +17,7 @@ struct MissPlacementFlags {
   bool cost_model = false;
   double link_gbps = 24;
   double cpu_gflops = 50;
+  bool cpu_gflops_auto = false;  // --cpu-gflops auto: PagerConfig::measure_cpu_gflops
   int bypass_window = 0;
   bool serial_copies = false;  // PagerConfig::overlap_misses = false
   std::string expert_dtype;    // with_dtype: "f32" (default) or "bf16"
@@ -43,8 +45,34 @@ inline void add_miss_placement_flags(CLI::App* cmd, MissPlacementFlags& f, bool 
     cmd->add_option("--link-gbps", f.link_gbps, "host->device GB/s the miss cost model assumes")
         ->check(CLI::Range(1e-9, 1e6));
   }
-  cmd->add_option("--cpu-gflops", f.cpu_gflops, "CPU expert GFLOP/s the miss cost model assumes")
-      ->check(CLI::Range(1e-9, 1e9));
+  // F (an assumed rate) or auto (this machine's, measured when the engine starts:
+  // serve/cpu_expert_rate.h).
+  const CLI::Validator rate_or_auto(
+      [](std::string& v) -> std::string {
+        if (v == "auto") return {};
+        std::size_t used = 0;
+        double g = 0;
+        try {
+          g = std::stod(v, &used);
+        } catch (...) {
+          used = 0;
+        }
+        if (used != v.size() || !std::isfinite(g) || g < 1e-9 || g > 1e9) {
+          return "a rate in GFLOP/s in [1e-9, 1e9] or auto, not '" + v + "'";
+        }
+        return {};
+      },
+      "F|auto");
+  cmd->add_option_function<std::string>(
+         "--cpu-gflops",
+         [&f](const std::string& v) {
+           f.cpu_gflops_auto = v == "auto";
+           if (!f.cpu_gflops_auto) f.cpu_gflops = std::stod(v);  // the validator checked it
+         },
+         "CPU expert GFLOP/s the miss cost model assumes (default 50), or auto: measure this "
+         "machine's at engine start (the host path's CPU kernel on one row of one expert, over "
+         "distinct experts of the host store; reported)")
+      ->check(rate_or_auto);
   cmd->add_option("--bypass-window", f.bypass_window,
                   "paged: bypass admission - a miss that would evict and was unused in the "
                   "layer's last N steps is computed from host memory instead (0: off)")
@@ -58,6 +86,7 @@ inline void apply_miss_placement(const MissPlacementFlags& f, serve::PagerConfig
   pc.miss_cost_model = f.cost_model;
   pc.link_gbps = f.link_gbps;
   pc.cpu_gflops = f.cpu_gflops;
+  pc.measure_cpu_gflops = f.cpu_gflops_auto;
   pc.bypass_window = f.bypass_window;
   pc.overlap_misses = !f.serial_copies;
   if (f.expert_dtype == "bf16") pc.expert_dtype = DType::kBF16;  // CLI checked the spelling

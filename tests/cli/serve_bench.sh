@@ -111,6 +111,26 @@ assert copy_h == 0 and byp_h > 0 and cm_h > 0, rows
 assert byp_b < copy_b and cm_b == 0, rows
 PY
 
+# --cpu-gflops auto: the paged engine measures its host kernel's rate at start; the JSON and the
+# table carry it, and the cost model used exactly that rate.
+"$FERRY" bench serve --geometry tiny --modes resident,paged --expert-slots 8 --prompt-tokens 16 \
+  --decode-tokens 6 --miss-cost-model --cpu-gflops auto --json "$tmp/a.json" >"$tmp/a.txt" \
+  2>"$tmp/err.txt" || fail "--cpu-gflops auto: $(cat "$tmp/err.txt")"
+python3 - "$tmp/a.json" <<'PY' || fail "--cpu-gflops auto report: $(cat "$tmp/a.json")"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["miss_placement"]["cpu_gflops"] == "auto", j["miss_placement"]
+pg = j["modes"][1]
+mp = pg["miss_placement"]
+r = mp["cpu_rate_measured"]
+assert mp["on"] and r["gflops"] > 0 and r["expert_gbps"] > 0 and r["experts"] >= 1, mp
+assert mp["cpu_gflops_used"] == r["gflops"], mp
+d = pg["decode"]
+assert abs(d["host_computed_misses_per_token"] * d["tokens"] - d["host_computed_misses"]) < 1e-9, d
+PY
+grep -q "measured (--cpu-gflops auto" "$tmp/a.txt" || fail "--cpu-gflops auto: not in the table"
+grep -q "host/tok" "$tmp/a.txt" || fail "no host/tok column: $(cat "$tmp/a.txt")"
+
 # Bad flags: usage errors exit 2, runtime conditions exit 1, each with a message.
 expect() {  # expect CODE PATTERN ARGS...
   local code=$1 pat=$2; shift 2
@@ -122,6 +142,8 @@ expect() {  # expect CODE PATTERN ARGS...
 expect 2 "modes" --geometry tiny --modes resident,bogus
 expect 2 "excludes" --geometry tiny --budget-gib 1 --expert-slots 4
 expect 2 "link-gbps" --geometry tiny --link-gbps -3
+expect 2 "cpu-gflops" --geometry tiny --cpu-gflops fast
+expect 2 "cpu-gflops" --geometry tiny --cpu-gflops 0
 expect 2 "trace" --geometry tiny --trace "$tmp/no-such-file"
 expect 1 "unknown geometry 'nope'" --geometry nope
 expect 1 "fewer than top-k" --geometry tiny --expert-slots 2

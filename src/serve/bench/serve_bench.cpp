@@ -97,6 +97,7 @@ Result<ModeResult> run_mode(const model::DecoderGeometry& geo, const model::Mode
     ec.pager.slots_per_layer = plan.slots_per_layer;
     ec.pager.miss_cost_model = cfg.miss_cost_model;
     ec.pager.cpu_gflops = cfg.cpu_gflops;
+    ec.pager.measure_cpu_gflops = cfg.measure_cpu_gflops;
     ec.pager.bypass_window = cfg.bypass_window;
     ec.pager.overlap_misses = cfg.overlap_misses;
     ec.pager.device_resolve = cfg.device_resolve;
@@ -172,6 +173,10 @@ Result<ModeResult> run_mode(const model::DecoderGeometry& geo, const model::Mode
   r.graphs = eng->graph_stats();
   r.device_resolved = eng->experts().counters().device_resolved;
   r.cpu_expert_kernel = eng->experts().cpu_expert_kernel();
+  if (mode == ExpertMode::kPaged) {
+    r.placement_cpu_gflops = eng->experts().placement_cpu_gflops();
+    r.measured_cpu_rate = eng->experts().measured_cpu_rate();
+  }
   if (eng->transfer_engine() != nullptr) r.pace = eng->transfer_engine()->pace_stats();
   return r;
 }
@@ -200,6 +205,8 @@ Json phase_json(const PhaseResult& p, ExpertMode mode, double roofline_gbps, boo
     case ExpertMode::kPaged:
       j["hit_rate"] = p.hits + p.misses ? double(p.hits) / double(p.hits + p.misses) : 0.0;
       j["host_computed_misses"] = p.host_misses;
+      j["host_computed_misses_per_token"] =
+          p.tokens ? double(p.host_misses) / double(p.tokens) : 0.0;
       break;
     case ExpertMode::kResident:
       j["hit_rate"] = 1.0;
@@ -407,9 +414,29 @@ Json report_json(const ServeBenchReport& r) {
     j["device_peak_bytes"] = m.device_peak_bytes;
     j["expert_device_bytes"] = m.expert_device_bytes;
     j["slots_per_layer"] = m.mode == ExpertMode::kPaged ? Json(m.slots_per_layer) : Json(nullptr);
-    j["cpu_expert_kernel"] = m.mode == ExpertMode::kCpuExperts
+    const bool placement =
+        m.mode == ExpertMode::kPaged && (c.miss_cost_model || c.bypass_window > 0);
+    // cpu-experts' kernel; paged's host-computed misses run the same one on CUDA (expert_ffn_row
+    // on the CPU engine)
+    j["cpu_expert_kernel"] = m.mode == ExpertMode::kCpuExperts || (placement && r.cuda)
                                  ? Json(std::string(to_string(m.cpu_expert_kernel)))
                                  : Json(nullptr);
+    if (m.mode == ExpertMode::kPaged) {
+      Json measured = nullptr;
+      if (m.measured_cpu_rate) {
+        const CpuExpertRate& cr = *m.measured_cpu_rate;
+        measured = {{"gflops", cr.gflops},
+                    {"expert_gbps", cr.expert_gbps},
+                    {"seconds_per_expert", cr.seconds_per_expert},
+                    {"experts", cr.experts},
+                    {"calls_per_pass", cr.calls},
+                    {"passes", cr.passes},
+                    {"kernel", std::string(to_string(cr.kernel))}};
+      }
+      j["miss_placement"] = {{"on", placement},
+                             {"cpu_gflops_used", m.placement_cpu_gflops},
+                             {"cpu_rate_measured", measured}};
+    }
     if (r.cuda) {
       j["cuda_graphs"] = {{"enabled", c.cuda_graphs},
                           {"eligible_steps", m.graphs.eligible_steps},
@@ -434,7 +461,12 @@ Json report_json(const ServeBenchReport& r) {
       {"policy", std::string(to_string(c.policy))},
       {"miss_placement",
        {{"cost_model", c.miss_cost_model},
-        {"cpu_gflops", c.cpu_gflops},
+        {"cpu_gflops", c.measure_cpu_gflops ? Json("auto") : Json(c.cpu_gflops)},
+        {"cost_model_rule",
+         "a miss of r rows is computed from host memory when r * 6*C*F / cpu_gflops < expert "
+         "bytes / link rate; cpu_gflops auto = 6*C*F / the measured time of one row of one "
+         "expert (a decode miss: memory-bound, so this is expert bytes / host read rate), which "
+         "over-prices r > 1 rows for the grouped kernel (weights read once)"},
         {"bypass_window", c.bypass_window},
         {"overlap_misses", c.overlap_misses},
         {"device_resolve", c.device_resolve}}},
@@ -492,7 +524,14 @@ Json report_json(const ServeBenchReport& r) {
          "device_fixed_bytes), measured on the probe engine"},
         {"roofline_pct",
          "100 * (h2d bytes / roofline rate) / phase seconds = tokens/s over roofline tokens/s "
-         "(roofline tokens/s = rate / h2d bytes per token); null when no bytes move"},
+         "(roofline tokens/s = rate / h2d bytes per token); null when no bytes move. With "
+         "host-computed misses (paged miss placement) the link carries fewer bytes (those "
+         "experts are not copied; on CUDA only their result rows go up), so roofline_pct is the "
+         "share of the phase the link is busy, not a distance to a copy-every-miss bound"},
+        {"host_computed_misses",
+         "paged miss placement: misses computed from host memory (cost model or bypass), no "
+         "copy; counted in the hit rate's misses. On CUDA these rows are CPU arithmetic (not "
+         "bit-identical to the GPU's; same_logits_bits_as_reference may be false)"},
         {"copy_syncs",
          r.cuda ? "0 on CUDA: pager miss batches and static bulk copies are ordered by events on "
                   "the device, not by host syncs (see host_syncs)"

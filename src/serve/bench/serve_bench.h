@@ -51,6 +51,7 @@
 #include "core/result.h"
 #include "kernels/backend.h"
 #include "model/model_compute.h"
+#include "serve/cpu_expert_rate.h"
 #include "serve/link_engine.h"
 #include "serve/model_runner.h"
 #include "serve/routing_trace.h"
@@ -74,6 +75,7 @@ struct ServeBenchConfig {
   // roofline_gbps) against cpu_gflops; bypass_window > 0 turns bypass admission on.
   bool miss_cost_model = false;
   double cpu_gflops = 50;
+  bool measure_cpu_gflops = false;  // PagerConfig::measure_cpu_gflops (--cpu-gflops auto)
   int bypass_window = 0;
   bool overlap_misses = true;  // PagerConfig::overlap_misses (CUDA paged)
   bool device_resolve = true;  // PagerConfig::device_resolve (paged decode slots on the device)
@@ -100,7 +102,9 @@ struct PhaseResult {
   double seconds = 0;
   std::uint64_t h2d_bytes = 0;
   std::uint64_t hits = 0, misses = 0;  // paged only; misses include those computed on the host
-  std::uint64_t host_misses = 0;       // paged misses computed from host memory (no copy)
+  // paged misses computed from host memory (no copy; miss placement's cost model or bypass); on
+  // CUDA their rows (C floats each) are what crosses the link instead of the expert
+  std::uint64_t host_misses = 0;
   std::uint64_t copy_syncs = 0;
   std::uint64_t expert_h2d_bytes = 0;  // pager miss copies + static bulk copies
   std::uint64_t host_syncs = 0;        // CUDA: every host wait on the device (see above)
@@ -123,6 +127,10 @@ struct ModeResult {
   LinkPaceStats pace;       // CUDA with link_gbps: the paced copies (LinkEngine::pace_stats)
   std::uint64_t device_resolved = 0;  // paged: MoE layer calls resolved on the device (or twin)
   CpuExpertKernel cpu_expert_kernel = CpuExpertKernel::kExact;  // cpu-experts: what ran
+  // paged with miss placement: the cost model's CPU rate (configured or measured) and, with
+  // measure_cpu_gflops, the measurement (serve/cpu_expert_rate.h)
+  double placement_cpu_gflops = 0;
+  std::optional<CpuExpertRate> measured_cpu_rate;
 };
 
 struct ServeBenchReport {
