@@ -181,7 +181,8 @@ std::vector<float> ServeDecodeKernels::attention_gpu(const PagedCase& c,
   up(d_seq.p, seq_of);
   up(d_pos.p, pos);
   up(d_q.p, q);
-  EXPECT_EQ(cudaMemsetAsync(d_out.p, 0xff, q.size() * 4, raw_stream()), cudaSuccess);  // NaN: every row written
+  EXPECT_EQ(cudaMemsetAsync(d_out.p, 0xff, q.size() * 4, raw_stream()),
+            cudaSuccess);  // NaN: every row written
   const kernels::cuda::PagedKvLayout layout{.base = c.d_pool->as<float>(),
                                             .layer_stride = c.kv->layer_stride_floats(),
                                             .block_tokens = c.sh.block_tokens,
@@ -410,7 +411,8 @@ TEST_F(ServeDecodeKernels, ExpertFfnBf16EqualsF32IgnoresSlotAndGroupingKeepsTheR
     for (const KernelVariant v : {KernelVariant::kDecode, KernelVariant::kBaseline}) {
       const std::string tag = what + " " + name(v);
       for (void* o : {d_ob.p, d_of.p, d_ob2.p, d_of2.p}) {
-        ASSERT_EQ(cudaMemsetAsync(o, 0xff, rows * C * 4, raw_stream()), cudaSuccess);  // NaN: every row written
+        ASSERT_EQ(cudaMemsetAsync(o, 0xff, rows * C * 4, raw_stream()),
+                  cudaSuccess);  // NaN: every row written
       }
       // Aligned, bf16 then f32 (one launch each).
       up(wb1, wb);

@@ -265,7 +265,8 @@ TEST_F(ServeKernels, ExpertFfnMatchesItsTwinAndIgnoresSlotAndGrouping) {
   for (std::int64_t p = 0; p < rows; ++p) order[p] = std::int32_t(rows - 1 - p);
   DeviceBuf d_order(rows * 4), d_o3(rows * C * 4);
   up(d_order.p, order);
-  ASSERT_EQ(cudaMemsetAsync(d_o3.p, 0xff, rows * C * 4, raw_stream()), cudaSuccess);  // NaN poison: all rows written
+  ASSERT_EQ(cudaMemsetAsync(d_o3.p, 0xff, rows * C * 4, raw_stream()),
+            cudaSuccess);  // NaN poison: all rows written
   for (const auto& [r0, r1] :
        std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 1}, {1, 6}, {6, 6}, {6, rows}}) {
     auto a = args(d_o3.p, d_t2.p, r0, r1);
