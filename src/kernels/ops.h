@@ -123,11 +123,15 @@ struct AttentionBackwardArgs {
   TensorView workspace;
 };
 
-// out = silu(gate) * up.
+// out = silu(gate) * up. out16 (optional, f32 out only): out rounded to bf16 as well, bit for bit
+// what Backend::convert(out) would give (round to nearest even): the bf16 GEMM operand of the
+// next linear layer written by the producer instead of a separate convert (ModelCompute's GEMM
+// input reuse, model_compute_linear.cpp).
 struct SwiGluArgs {
   TensorView out;        // [N, F]
   ConstTensorView gate;  // [N, F]
   ConstTensorView up;    // [N, F]
+  TensorView out16;      // [N, F] bf16, optional
 };
 struct SwiGluBackwardArgs {
   TensorView d_gate;      // [N, F]

@@ -305,6 +305,85 @@ TEST_F(KernelsDense, SwiGluAddForwardBackward) {
   }
 }
 
+// SwiGluArgs::out16 on an f32 SwiGLU (ModelCompute's GEMM input reuse): out is the same bits as
+// the plain f32 kernel's, and out16 is convert(out) bit for bit, over aligned shapes (the vector
+// path), odd ones (the scalar tail) and an offset view (misaligned: the scalar loop only); also
+// an overflow to +inf. A wrong out16 (shape, dtype, bf16 gate) is refused.
+TEST_F(KernelsDense, SwiGluBf16CopyIsConvertOfTheOutput) {
+  for (auto [n, f] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+           {1, 1}, {3, 11}, {64, 1000}, {129, 4099}, {16, 18944}}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n << " f=" << f);
+    auto g = random_tensor({n, f}, kF32, 60 + n, -8, 8);
+    auto u = random_tensor({n, f}, kF32, 61 + f, -2, 2);
+    if (n * f > 2) {
+      g.set(0, 100.0);
+      u.set(0, 3.0e38);  // overflows to +inf
+    }
+    DeviceTensor dg(g), du(u), plain(std::vector<std::int64_t>{n, f}, kF32),
+        out(std::vector<std::int64_t>{n, f}, kF32), out16(std::vector<std::int64_t>{n, f}, kBf),
+        want16(std::vector<std::int64_t>{n, f}, kBf);
+    FERRY_ASSERT_OK(
+        cuda().swiglu({.out = plain.view(), .gate = dg.cview(), .up = du.cview()}, stream()));
+    FERRY_ASSERT_OK(cuda().swiglu(
+        {.out = out.view(), .gate = dg.cview(), .up = du.cview(), .out16 = out16.view()},
+        stream()));
+    FERRY_ASSERT_OK(cuda().convert({.out = want16.view(), .in = out.cview()}, stream()));
+    sync();
+    const HostTensor p = plain.download(), o = out.download(), o16 = out16.download(),
+                     w16 = want16.download();
+    const auto count = static_cast<std::size_t>(n * f);
+    EXPECT_EQ(std::memcmp(o.data(), p.data(), count * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(o16.data(), w16.data(), count * sizeof(std::uint16_t)), 0);
+    // Offset by one element: no 16-byte alignment, the scalar loop.
+    if (n * f > 4) {
+      const std::int64_t m = n * f - 1;
+      auto shifted = [&](const DeviceTensor& t) {
+        TensorView v = t.view();
+        v.data = static_cast<std::byte*>(v.data) + dtype_size(v.dtype);
+        v.ndim = 2;
+        v.shape[0] = 1;
+        v.shape[1] = m;
+        v.stride[0] = m;
+        v.stride[1] = 1;
+        return v;
+      };
+      DeviceTensor out_b(std::vector<std::int64_t>{n, f}, kF32),
+          out16_b(std::vector<std::int64_t>{n, f}, kBf);
+      FERRY_ASSERT_OK(cuda().swiglu({.out = shifted(out_b),
+                                     .gate = shifted(dg),
+                                     .up = shifted(du),
+                                     .out16 = shifted(out16_b)},
+                                    stream()));
+      sync();
+      const HostTensor ob = out_b.download(), ob16 = out16_b.download();
+      EXPECT_EQ(std::memcmp(static_cast<const float*>(ob.data()) + 1,
+                            static_cast<const float*>(p.data()) + 1, std::size_t(m) * 4),
+                0);
+      EXPECT_EQ(std::memcmp(static_cast<const std::uint16_t*>(ob16.data()) + 1,
+                            static_cast<const std::uint16_t*>(w16.data()) + 1, std::size_t(m) * 2),
+                0);
+    }
+  }
+  const auto g = random_tensor({2, 3}, kF32, 1), u = random_tensor({2, 3}, kF32, 2);
+  DeviceTensor dg(g), du(u), out(std::vector<std::int64_t>{2, 3}, kF32),
+      bad_shape(std::vector<std::int64_t>{3, 2}, kBf),
+      bad_dtype(std::vector<std::int64_t>{2, 3}, kF32);
+  for (const DeviceTensor* bad : {&bad_shape, &bad_dtype}) {
+    EXPECT_FALSE(
+        cuda()
+            .swiglu({.out = out.view(), .gate = dg.cview(), .up = du.cview(), .out16 = bad->view()},
+                    stream())
+            .ok());
+  }
+  DeviceTensor gb(converted(g, kBf)), ub(converted(u, kBf)),
+      ob(std::vector<std::int64_t>{2, 3}, kBf), o16(std::vector<std::int64_t>{2, 3}, kBf);
+  EXPECT_FALSE(
+      cuda()
+          .swiglu({.out = ob.view(), .gate = gb.cview(), .up = ub.cview(), .out16 = o16.view()},
+                  stream())
+          .ok());
+}
+
 TEST_F(KernelsDense, EmbeddingForwardBackward) {
   for (auto [t, v, c] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
            {1, 1, 1}, {13, 7, 33}, {500, 97, 256}}) {

@@ -261,6 +261,15 @@ Status CudaBackend::swiglu(const SwiGluArgs& a, Stream& stream) {
   const std::int64_t n = a.gate.shape[0], f = a.gate.shape[1];
   FERRY_TRY(need(op, "up", a.up, {n, f}, {a.gate.dtype}));
   FERRY_TRY(need(op, "out", a.out, {n, f}, {a.gate.dtype}));
+  if (a.out16.data != nullptr) {
+    // The bf16 copy of an f32 output (SwiGluArgs::out16).
+    FERRY_TRY(need(op, "gate", a.gate, {n, f}, {DType::kF32}));
+    FERRY_TRY(need(op, "out16", a.out16, {n, f}, {DType::kBF16}));
+    FERRY_LAUNCH_TRY(op, native(stream),
+                     launch_swiglu_f32_bf16(a.out.as<float>(), a.out16.data, a.gate.as<float>(),
+                                            a.up.as<float>(), n * f, native(stream)));
+    return ok_status();
+  }
   FERRY_LAUNCH_TRY(
       op, native(stream),
       launch_swiglu(elt(a.gate.dtype), a.out.data, a.gate.data, a.up.data, n * f, native(stream)));

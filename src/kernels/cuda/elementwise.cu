@@ -56,6 +56,48 @@ struct SwiGluOp {
   __device__ float operator()(float g, float u) const { return g / (1.0f + __expf(-g)) * u; }
 };
 
+struct alignas(8) Bf16x4 {
+  bf16 v[4];
+};
+
+// SwiGLU over f32 that also writes the bf16 rounding of each output (convert_kernel's rounding,
+// so out16 equals convert(out) bit for bit; out itself is the same expression as SwiGluOp in
+// binary_kernel<float>). 16-byte accesses for gate/up/out and 8-byte for out16 when aligned.
+__global__ void swiglu_f32_bf16_kernel(float* out, bf16* out16, const float* gate, const float* up,
+                                       std::int64_t n) {
+  const std::int64_t nvec = n / 4;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  const std::int64_t start = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const bool vec_ok = aligned16<float>(out) && aligned16<float>(gate) && aligned16<float>(up) &&
+                      (reinterpret_cast<std::uintptr_t>(out16) & 7u) == 0;
+  std::int64_t tail_begin = 0;
+  const SwiGluOp op;
+  if (vec_ok) {
+    for (std::int64_t i = start; i < nvec; i += stride) {
+      const float4 g = reinterpret_cast<const float4*>(gate)[i];
+      const float4 u = reinterpret_cast<const float4*>(up)[i];
+      float4 o;
+      o.x = op(g.x, u.x);
+      o.y = op(g.y, u.y);
+      o.z = op(g.z, u.z);
+      o.w = op(g.w, u.w);
+      reinterpret_cast<float4*>(out)[i] = o;
+      Bf16x4 o16;
+      o16.v[0] = from_f32<bf16>(o.x);
+      o16.v[1] = from_f32<bf16>(o.y);
+      o16.v[2] = from_f32<bf16>(o.z);
+      o16.v[3] = from_f32<bf16>(o.w);
+      reinterpret_cast<Bf16x4*>(out16)[i] = o16;
+    }
+    tail_begin = nvec * 4;
+  }
+  for (std::int64_t i = tail_begin + start; i < n; i += stride) {
+    const float o = op(gate[i], up[i]);
+    out[i] = o;
+    out16[i] = from_f32<bf16>(o);
+  }
+}
+
 template <typename T>
 __global__ void swiglu_backward_kernel(T* d_gate, T* d_up, const T* d_out, const T* gate,
                                        const T* up, std::int64_t n) {
@@ -188,6 +230,14 @@ cudaError_t launch_swiglu(Elt e, void* out, const void* gate, const void* up, st
         <<<blocks_for(n), kThreads, 0, stream>>>(static_cast<T*>(out), static_cast<const T*>(gate),
                                                  static_cast<const T*>(up), n, SwiGluOp{});
   });
+}
+
+cudaError_t launch_swiglu_f32_bf16(float* out, void* out16, const float* gate, const float* up,
+                                   std::int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  swiglu_f32_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, static_cast<bf16*>(out16),
+                                                                 gate, up, n);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_swiglu_backward(Elt e, void* d_gate, void* d_up, const void* d_out,

@@ -22,6 +22,10 @@ cudaError_t launch_add(Elt e, void* out, const void* a, const void* b, std::int6
 // out = silu(gate) * up.
 cudaError_t launch_swiglu(Elt e, void* out, const void* gate, const void* up, std::int64_t n,
                           cudaStream_t stream);
+// The same over f32, also writing out16 (bf16) = out rounded to nearest even (launch_convert's
+// rounding, bit for bit).
+cudaError_t launch_swiglu_f32_bf16(float* out, void* out16, const float* gate, const float* up,
+                                   std::int64_t n, cudaStream_t stream);
 cudaError_t launch_swiglu_backward(Elt e, void* d_gate, void* d_up, const void* d_out,
                                    const void* gate, const void* up, std::int64_t n,
                                    cudaStream_t stream);

@@ -6,6 +6,7 @@
 // Covered by dense_fd_test.cpp and dense_ref_test.cpp.
 #include <cmath>
 
+#include "core/dtype.h"
 #include "kernels/ref/arg_checks.h"
 #include "kernels/ref/element_access.h"
 #include "kernels/ref/reference_backend.h"
@@ -24,9 +25,14 @@ Status ReferenceBackend::swiglu(const SwiGluArgs& a, Stream&) {
   const std::int64_t n = a.gate.shape[0], f = a.gate.shape[1];
   FERRY_TRY(check_view(kWho, "up", a.up, {n, f}, kF32F64));
   FERRY_TRY(check_view(kWho, "out", a.out, {n, f}, kF32F64));
+  // The optional bf16 copy: out (f32 only) rounded as convert() rounds it.
+  FERRY_TRY(check_optional_view(kWho, "out16", a.out16, {n, f}, kBf16Only));
+  if (!is_absent(a.out16) && a.out.dtype != DType::kF32)
+    return invalid_argument("kernels: {}: out16 needs an f32 out", kWho);
   for (std::int64_t i = 0; i < n * f; ++i) {
     const double g = ref::load(a.gate, i);
     ref::store(a.out, i, g * sigmoid(g) * ref::load(a.up, i));
+    if (!is_absent(a.out16)) a.out16.as<std::uint16_t>()[i] = f32_to_bf16(a.out.as<float>()[i]);
   }
   return ok_status();
 }

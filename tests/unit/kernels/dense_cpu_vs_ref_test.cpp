@@ -8,7 +8,9 @@
 // mismatch) are checked to return the documented Status codes.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -392,6 +394,48 @@ TEST(DenseCpuVsRef, SwiGluSweep) {
   for (std::int64_t n : {1, 7})
     for (std::int64_t f : kSizes) run_swiglu_case(n, f, 2000 + 17 * n + f);
   run_swiglu_case(64, 1031, 91);  // large: 66k elements split across threads, odd tail
+}
+
+// The bf16 copy (SwiGluArgs::out16): out is the same bits as without it, out16 equals
+// convert(out) bit for bit, on the CPU backend (its twin for CUDA:
+// tests/gpu/kernels_dense_test.cpp) and on the reference; random values plus a product that
+// overflows to +inf and a tiny one, over shapes with vector tails and a threaded split.
+TEST(DenseCpuVsRef, SwiGluBf16CopyIsConvertOfTheOutput) {
+  for (Backend* be : {&cpu(), &ref()}) {
+    for (auto [n, f] :
+         {std::pair<std::int64_t, std::int64_t>{1, 1}, {3, 7}, {7, 129}, {64, 1031}}) {
+      SCOPED_TRACE(::testing::Message() << be->name() << " n=" << n << " f=" << f);
+      HostTensor g = random_tensor({n, f}, DType::kF32, 7 * n + f, -8.0, 8.0);
+      HostTensor u = random_tensor({n, f}, DType::kF32, 11 * n + f, -2.0, 2.0);
+      if (n * f > 2) {
+        g.set(0, 100.0);
+        u.set(0, 3.0e38);  // silu(100) * 3e38 overflows: +inf in f32 and bf16
+        u.set(1, 1.0e-30);
+      }
+      HostTensor plain = zeros({n, f}, DType::kF32), out = zeros({n, f}, DType::kF32);
+      HostTensor out16 = zeros({n, f}, DType::kBF16), want16 = zeros({n, f}, DType::kBF16);
+      FERRY_ASSERT_OK(
+          be->swiglu({.out = plain.view(), .gate = g.cview(), .up = u.cview()}, host()));
+      FERRY_ASSERT_OK(be->swiglu(
+          {.out = out.view(), .gate = g.cview(), .up = u.cview(), .out16 = out16.view()}, host()));
+      FERRY_ASSERT_OK(cpu().convert({.out = want16.view(), .in = out.cview()}, host()));
+      const std::size_t bytes = static_cast<std::size_t>(n * f);
+      EXPECT_EQ(std::memcmp(out.data(), plain.data(), bytes * sizeof(float)), 0);
+      EXPECT_EQ(std::memcmp(out16.data(), want16.data(), bytes * sizeof(std::uint16_t)), 0);
+    }
+  }
+  // A bf16 copy of the wrong shape or dtype is refused.
+  const HostTensor g = random_tensor({2, 3}, DType::kF32, 1),
+                   u = random_tensor({2, 3}, DType::kF32, 2);
+  HostTensor out = zeros({2, 3}, DType::kF32), bad_shape = zeros({3, 2}, DType::kBF16),
+             bad_dtype = zeros({2, 3}, DType::kF32);
+  for (Backend* be : {&cpu(), &ref()}) {
+    for (HostTensor* bad : {&bad_shape, &bad_dtype}) {
+      const Status st = be->swiglu(
+          {.out = out.view(), .gate = g.cview(), .up = u.cview(), .out16 = bad->view()}, host());
+      EXPECT_FALSE(st.ok()) << be->name();
+    }
+  }
 }
 
 // ---------------------------------------------------------------- add, sum_squares
