@@ -142,6 +142,8 @@ struct RunResult {
   std::int64_t tokens = 0;                 // summed over micro-batches
   bool bf16_weight_views = false;          // StreamExecutor::bf16_weight_views()
   std::uint64_t gemm_weight_converts = 0;  // StreamExecutor::gemm_weight_converts()
+  std::uint64_t gemm_input_converts = 0;   // StreamExecutor::gemm_input_converts()
+  bool gemm_input_reuse = false;           // StreamExecutor::gemm_input_reuse()
 };
 
 // The in-memory reference: the same batches, kernels and AdamW as the streamed runs, on
@@ -223,6 +225,8 @@ inline RunResult run_stream(const model::LoadedModel& m, const RunSpec& r,
   out.planned = (*ex)->device_planned_bytes();
   out.bf16_weight_views = (*ex)->bf16_weight_views();
   out.gemm_weight_converts = (*ex)->gemm_weight_converts();
+  out.gemm_input_converts = (*ex)->gemm_input_converts();
+  out.gemm_input_reuse = (*ex)->gemm_input_reuse();
   return out;
 }
 

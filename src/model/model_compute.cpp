@@ -260,6 +260,7 @@ Result<std::unique_ptr<ModelCompute>> ModelCompute::create(
   mc->attn_bf16_ = !backend.supports(kernels::OpKind::kAttention, DType::kF32);
   mc->precision_ = precision;
   mc->native_bf16_gemm_ = backend.supports(kernels::OpKind::kGemm, DType::kBF16);
+  mc->gemm_input_reuse_ = gemm_input_reuse_default();
   auto s = std::make_unique<Scratch>();
   detail::BufferTable table;
   plan_buffers(geo, max_tokens, work_layers, backend, precision, resolve(attn_ws), mc->acts_, *s,
@@ -347,9 +348,17 @@ Status ModelCompute::attention_forward(LayerActs& a, const LayerTensors<ConstTen
   // Projections: into q_pre/k_pre when a q/k norm follows, else straight into q/k.
   const TensorView q_proj = normed ? f32_view(a.q_pre, {T, H * D}) : f32_view(a.q, {T, H * D});
   const TensorView k_proj = normed ? f32_view(a.k_pre, {T, G * D}) : f32_view(a.k, {T, G * D});
-  FERRY_TRY(linear(q_proj, h1, p.q, p.q_bias));
-  FERRY_TRY(linear(k_proj, h1, p.k, p.k_bias));
-  FERRY_TRY(linear(f32_view(a.v, {T, G * D}), h1, p.v, p.v_bias));
+  if (gemm_input_reuse_) {
+    // One rounding of h1 for the three projections.
+    FERRY_ASSIGN_OR_RETURN(const GemmInput h1_in, gemm_input(h1));
+    FERRY_TRY(linear(q_proj, h1_in, p.q, p.q_bias));
+    FERRY_TRY(linear(k_proj, h1_in, p.k, p.k_bias));
+    FERRY_TRY(linear(f32_view(a.v, {T, G * D}), h1_in, p.v, p.v_bias));
+  } else {
+    FERRY_TRY(linear(q_proj, h1, p.q, p.q_bias));
+    FERRY_TRY(linear(k_proj, h1, p.k, p.k_bias));
+    FERRY_TRY(linear(f32_view(a.v, {T, G * D}), h1, p.v, p.v_bias));
+  }
   if (geo_.qk_norm == QkNorm::kPerHead) {
     FERRY_TRY(be_.rms_norm({.out = f32_view(a.q, {T * H, D}),
                             .rstd = f32_view(a.q_rstd, {T * H}),
@@ -427,17 +436,30 @@ Status ModelCompute::attention_forward(LayerActs& a, const LayerTensors<ConstTen
                  st());
 }
 
-Status ModelCompute::mlp_forward(LayerActs& a, const LayerTensors<ConstTensorView>& p,
+Status ModelCompute::mlp_forward(int l, LayerActs& a, const LayerTensors<ConstTensorView>& p,
                                  std::int64_t T) {
   const std::int64_t C = geo_.hidden, F = geo_.mlp_width;
   const ConstTensorView h2 = f32_view(a.h2, {T, C});
-  FERRY_TRY(linear(f32_view(a.gate, {T, F}), h2, p.gate));
-  FERRY_TRY(linear(f32_view(a.up, {T, F}), h2, p.up));
-  FERRY_TRY(be_.swiglu({.out = f32_view(a.act, {T, F}),
-                        .gate = f32_view(a.gate, {T, F}),
-                        .up = f32_view(a.up, {T, F})},
-                       st()));
-  return linear(f32_view(scratch_->tmp_c, {T, C}), f32_view(a.act, {T, F}), p.down);
+  if (gemm_input_reuse_) {
+    // One rounding of h2 for gate and up.
+    FERRY_ASSIGN_OR_RETURN(const GemmInput h2_in, gemm_input(h2));
+    FERRY_TRY(linear(f32_view(a.gate, {T, F}), h2_in, p.gate));
+    FERRY_TRY(linear(f32_view(a.up, {T, F}), h2_in, p.up));
+  } else {
+    FERRY_TRY(linear(f32_view(a.gate, {T, F}), h2, p.gate));
+    FERRY_TRY(linear(f32_view(a.up, {T, F}), h2, p.up));
+  }
+  FERRY_ASSIGN_OR_RETURN(const GemmInput act_in,
+                         swiglu_into_gemm_input(f32_view(a.act, {T, F}), f32_view(a.gate, {T, F}),
+                                                f32_view(a.up, {T, F})));
+  if (gemm_input_reuse_ && precision_ == GemmPrecision::kBf16) {
+    // gemm.x16 now holds this layer's act in bf16: the backward's dW of down may read it.
+    act16_layer_ = l;
+    act16_acts_ = &a;
+    act16_shape_[0] = T;
+    act16_shape_[1] = F;
+  }
+  return linear(f32_view(scratch_->tmp_c, {T, C}), act_in, p.down);
 }
 
 Status ModelCompute::moe_forward(LayerActs& a, const LayerTensors<ConstTensorView>& p,
@@ -469,14 +491,19 @@ Status ModelCompute::moe_forward(LayerActs& a, const LayerTensors<ConstTensorVie
     const std::int64_t r0 = offsets[e], r1 = offsets[e + 1];
     if (r1 == r0) continue;
     const ConstTensorView x_e = rows_of(ConstTensorView(gathered), r0, r1);
-    FERRY_TRY(linear(rows_of(egate, r0, r1), x_e, p.expert_gate[e]));
-    FERRY_TRY(linear(rows_of(eup, r0, r1), x_e, p.expert_up[e]));
-    FERRY_TRY(be_.swiglu({.out = rows_of(eact, r0, r1),
-                          .gate = rows_of(ConstTensorView(egate), r0, r1),
-                          .up = rows_of(ConstTensorView(eup), r0, r1)},
-                         st()));
-    FERRY_TRY(
-        linear(rows_of(eout, r0, r1), rows_of(ConstTensorView(eact), r0, r1), p.expert_down[e]));
+    if (gemm_input_reuse_) {
+      FERRY_ASSIGN_OR_RETURN(const GemmInput x_in, gemm_input(x_e));
+      FERRY_TRY(linear(rows_of(egate, r0, r1), x_in, p.expert_gate[e]));
+      FERRY_TRY(linear(rows_of(eup, r0, r1), x_in, p.expert_up[e]));
+    } else {
+      FERRY_TRY(linear(rows_of(egate, r0, r1), x_e, p.expert_gate[e]));
+      FERRY_TRY(linear(rows_of(eup, r0, r1), x_e, p.expert_up[e]));
+    }
+    FERRY_ASSIGN_OR_RETURN(
+        const GemmInput act_in,
+        swiglu_into_gemm_input(rows_of(eact, r0, r1), rows_of(ConstTensorView(egate), r0, r1),
+                               rows_of(ConstTensorView(eup), r0, r1)));
+    FERRY_TRY(linear(rows_of(eout, r0, r1), act_in, p.expert_down[e]));
   }
   return be_.moe_combine({.out = f32_view(scratch_->tmp_c, {T, C}),
                           .expert_out = eout,
@@ -509,7 +536,7 @@ Status ModelCompute::run_layer_forward(int l, LayerActs& a, const LayerTensors<C
                           .weight = p.mlp_norm,
                           .eps = geo_.rms_eps},
                          st()));
-  FERRY_TRY(geo_.layer_is_moe[l] ? moe_forward(a, p, T) : mlp_forward(a, p, T));
+  FERRY_TRY(geo_.layer_is_moe[l] ? moe_forward(a, p, T) : mlp_forward(l, a, p, T));
   return be_.add({.out = TensorView::contiguous(x_out, DType::kF32, dev_, {T, C}),
                   .a = f32_view(a.x_mid, {T, C}),
                   .b = f32_view(scratch_->tmp_c, {T, C})},

@@ -34,7 +34,9 @@
 // false, e.g. CUDA), q/k/v are cast to bf16 just for attention and its output back to f32 (and
 // dO, dQ, dK, dV likewise in the backward) through Backend::convert. CPU backends never cast.
 // A layer's backward right after its own forward (train/stream's recompute, the last layer of
-// the whole-model path) reuses the forward's bf16 q/k/v/out instead of recasting them.
+// the whole-model path) reuses the forward's bf16 q/k/v/out instead of recasting them. With bf16
+// GEMMs each GEMM input activation is rounded once per pass where several GEMMs read it, and the
+// down projection's operand comes from the SwiGLU kernel (gemm_input_reuse_default() below).
 //
 // One layer, as the code reads top to bottom (shapes in docs/glossary.md):
 //   h1 = rms_norm(x, attn_norm); q,k,v = h1 W^T (+b); [q/k norm]; rope(q,k); o = attn(q,k,v)
@@ -45,6 +47,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -194,6 +197,16 @@ enum class AttnBwdWorkspace : std::uint8_t {
 // The process-wide default: true unless FERRY_ATTN_BWD_WORKSPACE=0 (read on the first call).
 bool attn_bwd_workspace_default();
 
+// Whether ModelCompute rounds each GEMM input activation to bf16 once per pass where several
+// GEMMs read it (GemmPrecision::kBf16; model_compute_linear.cpp): q/k/v share the rounded attn
+// norm output, gate/up the rounded mlp norm output (forward and the backward's weight-gradient
+// GEMMs), the SwiGLU kernel writes the down projection's bf16 operand itself (SwiGluArgs::out16),
+// and a layer's backward right after its own forward reuses that copy for the down projection's
+// weight gradient. The same bits either way (rounding is deterministic); off only for A/B runs.
+// True unless FERRY_GEMM_INPUT_REUSE=0 in the environment, read on every call (create() reads it
+// once per ModelCompute; set_gemm_input_reuse() overrides it per object).
+bool gemm_input_reuse_default();
+
 struct ForwardResult {
   double loss_sum = 0.0;     // sum of nll over counted targets
   std::int64_t counted = 0;  // targets != ignore index
@@ -283,6 +296,17 @@ class ModelCompute {
   // create(): 0 when every weight came as a bf16 view (or the GEMMs are f32). The lm_head's
   // conversion (head16) is not counted. For tests and benches of train/stream's weight views.
   std::uint64_t gemm_weight_converts() const { return gemm_weight_converts_; }
+  // GemmInputReuse (gemm_input_reuse_default() above): on by default from the environment; tests
+  // flip it to compare the two paths. Changes no buffer (both paths use gemm.x16).
+  void set_gemm_input_reuse(bool on) {
+    gemm_input_reuse_ = on;
+    act16_layer_ = -1;
+  }
+  bool gemm_input_reuse() const { return gemm_input_reuse_; }
+  // Layer GEMM input activations rounded to bf16 by a separate convert since create() (into
+  // gemm.x16; with GemmPrecision::kF32 none). The loss head's hidden rows (hf16) are not counted,
+  // nor the bf16 copies the SwiGLU kernel writes itself. For tests and benches of the reuse.
+  std::uint64_t gemm_input_converts() const { return gemm_input_converts_; }
   // Bytes of the attention backward's workspace in the arena (0: the backward runs without one).
   std::size_t attention_workspace_bytes() const;
 
@@ -311,15 +335,38 @@ class ModelCompute {
   Status zero_fill(float* p, std::int64_t n);
 
   // Linear layers in the GemmPrecision (model_compute_linear.cpp).
+  // A GEMM's input activation as the GEMMs read it: x the f32 activation [N, in], op x itself
+  // (f32 GEMMs) or its bf16 rounding in gemm.x16 (gemm.x16_f widened on the CPU twin). Valid
+  // until the next gemm_input / swiglu_into_gemm_input (they overwrite gemm.x16), so a caller
+  // takes one and passes it to every GEMM that reads x before asking for another.
+  struct GemmInput {
+    ConstTensorView x;
+    ConstTensorView op;
+  };
+  Result<GemmInput> gemm_input(const ConstTensorView& x, bool f32_operands = false);
   // y = x w^T (+ bias), y f32 [N, out], x f32 [N, in], w [out, in]. f32_operands: multiply in
   // f32 whatever the precision (the MoE router, see model_compute_linear.cpp).
   Status linear(const TensorView& y, const ConstTensorView& x, const ConstTensorView& w,
+                const ConstTensorView& bias = {}, bool f32_operands = false);
+  // The same over an input already rounded by gemm_input (with the same f32_operands).
+  Status linear(const TensorView& y, const GemmInput& x, const ConstTensorView& w,
                 const ConstTensorView& bias = {}, bool f32_operands = false);
   // Backward of y = x w^T + b given dy: dw += dy^T x; db += 1^T dy (f32, exact operands);
   // dx = dy w (dx += dy w when accumulate_dx). dx may be empty.
   Status linear_backward(const TensorView& dx, const TensorView& dw, const TensorView& db,
                          const ConstTensorView& dy, const ConstTensorView& x,
                          const ConstTensorView& w, bool accumulate_dx, bool f32_operands = false);
+  Status linear_backward(const TensorView& dx, const TensorView& dw, const TensorView& db,
+                         const ConstTensorView& dy, const GemmInput& x, const ConstTensorView& w,
+                         bool accumulate_dx, bool f32_operands = false);
+  // out [N, F] = swiglu(gate, up), returned as the down projection's GemmInput. With the reuse on
+  // and bf16 GEMMs the kernel writes the bf16 copy into gemm.x16 itself; otherwise a plain swiglu
+  // and gemm_input(out).
+  Result<GemmInput> swiglu_into_gemm_input(const TensorView& out, const ConstTensorView& gate,
+                                           const ConstTensorView& up);
+  // The down projection's input of layer l as its forward left it in gemm.x16 (act [T, F] of
+  // workspace a), when that copy is still there (act16_layer_ below); else nullopt.
+  std::optional<GemmInput> reusable_act16(int l, const LayerActs& a, const ConstTensorView& act);
   // The view a GEMM reads for v in the GemmPrecision: v itself (kF32, or v already bf16 on a
   // bf16 backend); else v rounded to bf16 in `b16` (a bf16 view on a bf16-GEMM backend, or
   // widened back into `f32` on the CPU twin).
@@ -342,8 +389,8 @@ class ModelCompute {
   // The attention backward's workspace for these arguments: the first workspace_bytes(args)
   // bytes of the planned buffer, or an empty view when none was planned.
   TensorView attention_workspace(const kernels::AttentionBackwardArgs& args) const;
-  Status mlp_forward(LayerActs& a, const LayerTensors<ConstTensorView>& p, std::int64_t T);
-  Status mlp_backward(LayerActs& a, const LayerTensors<ConstTensorView>& p,
+  Status mlp_forward(int l, LayerActs& a, const LayerTensors<ConstTensorView>& p, std::int64_t T);
+  Status mlp_backward(int l, LayerActs& a, const LayerTensors<ConstTensorView>& p,
                       const LayerTensors<TensorView>& g, std::int64_t T);
   Status moe_forward(LayerActs& a, const LayerTensors<ConstTensorView>& p, std::int64_t T);
   Status moe_backward(LayerActs& a, const LayerTensors<ConstTensorView>& p,
@@ -383,6 +430,18 @@ class ModelCompute {
   // ...and whose activations they came from: a backward of the same layer and T over other
   // activations (a caller's saved ones, another micro-batch's) recasts too.
   const LayerActs* attn16_acts_ = nullptr;
+  // GEMM input reuse (gemm_input_reuse_default()).
+  bool gemm_input_reuse_ = true;
+  std::uint64_t gemm_input_converts_ = 0;  // gemm_input_converts()
+  // The layer whose dense SwiGLU output's bf16 copy gemm.x16 (and x16_f on the CPU twin) holds,
+  // -1 when none: set by mlp_forward right after swiglu_into_gemm_input, cleared by every other
+  // write to those buffers (gemm_input, swiglu_into_gemm_input) and by set_gemm_input_reuse. The
+  // backward of that layer over the same workspace and shape reads the copy instead of
+  // rounding act again (the same bits: act is not written between the two, and the rounding is
+  // deterministic).
+  int act16_layer_ = -1;
+  const LayerActs* act16_acts_ = nullptr;
+  std::int64_t act16_shape_[2] = {0, 0};  // [T, F]
 };
 
 }  // namespace ferry::model

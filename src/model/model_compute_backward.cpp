@@ -4,6 +4,7 @@
 // gradient accumulation work without special cases). Each step names the forward line it undoes.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <tuple>
 #include <utility>
 
@@ -18,14 +19,18 @@ using detail::i32_view;
 using detail::rows_of;
 using kernels::Stream;
 
-Status ModelCompute::mlp_backward(LayerActs& a, const LayerTensors<ConstTensorView>& p,
+Status ModelCompute::mlp_backward(int l, LayerActs& a, const LayerTensors<ConstTensorView>& p,
                                   const LayerTensors<TensorView>& g, std::int64_t T) {
   Scratch& s = *scratch_;
   const std::int64_t C = geo_.hidden, F = geo_.mlp_width;
   const ConstTensorView dy = f32_view(s.dx, {T, C});
-  // y = act Wd^T
-  FERRY_TRY(linear_backward(f32_view(s.d_act, {T, F}), g.down, {}, dy, f32_view(a.act, {T, F}),
-                            p.down, false));
+  // y = act Wd^T. Right after this layer's forward its bf16 act is still in gemm.x16.
+  const ConstTensorView act = f32_view(a.act, {T, F});
+  if (const std::optional<GemmInput> act_in = reusable_act16(l, a, act)) {
+    FERRY_TRY(linear_backward(f32_view(s.d_act, {T, F}), g.down, {}, dy, *act_in, p.down, false));
+  } else {
+    FERRY_TRY(linear_backward(f32_view(s.d_act, {T, F}), g.down, {}, dy, act, p.down, false));
+  }
   // act = silu(gate) * up
   FERRY_TRY(be_.swiglu_backward({.d_gate = f32_view(s.d_gate, {T, F}),
                                  .d_up = f32_view(s.d_up, {T, F}),
@@ -35,6 +40,14 @@ Status ModelCompute::mlp_backward(LayerActs& a, const LayerTensors<ConstTensorVi
                                 st()));
   // gate = h2 Wg^T, up = h2 Wu^T  ->  dh = d_gate Wg + d_up Wu
   const ConstTensorView h2 = f32_view(a.h2, {T, C});
+  if (gemm_input_reuse_) {
+    // One rounding of h2 for both weight gradients.
+    FERRY_ASSIGN_OR_RETURN(const GemmInput h2_in, gemm_input(h2));
+    FERRY_TRY(linear_backward(f32_view(s.dh, {T, C}), g.gate, {}, f32_view(s.d_gate, {T, F}), h2_in,
+                              p.gate, false));
+    return linear_backward(f32_view(s.dh, {T, C}), g.up, {}, f32_view(s.d_up, {T, F}), h2_in, p.up,
+                           true);
+  }
   FERRY_TRY(linear_backward(f32_view(s.dh, {T, C}), g.gate, {}, f32_view(s.d_gate, {T, F}), h2,
                             p.gate, false));
   return linear_backward(f32_view(s.dh, {T, C}), g.up, {}, f32_view(s.d_up, {T, F}), h2, p.up,
@@ -77,6 +90,16 @@ Status ModelCompute::moe_backward(LayerActs& a, const LayerTensors<ConstTensorVi
                                    .up = rows_of(ConstTensorView(eup), r0, r1)},
                                   st()));
     const ConstTensorView x_e = rows_of(ConstTensorView(gathered), r0, r1);
+    if (gemm_input_reuse_) {
+      FERRY_ASSIGN_OR_RETURN(const GemmInput x_in, gemm_input(x_e));
+      FERRY_TRY(linear_backward(rows_of(d_gathered, r0, r1), g.expert_gate[e], {},
+                                rows_of(ConstTensorView(d_egate), r0, r1), x_in, p.expert_gate[e],
+                                false));
+      FERRY_TRY(linear_backward(rows_of(d_gathered, r0, r1), g.expert_up[e], {},
+                                rows_of(ConstTensorView(d_eup), r0, r1), x_in, p.expert_up[e],
+                                true));
+      continue;
+    }
     FERRY_TRY(linear_backward(rows_of(d_gathered, r0, r1), g.expert_gate[e], {},
                               rows_of(ConstTensorView(d_egate), r0, r1), x_e, p.expert_gate[e],
                               false));
@@ -217,6 +240,14 @@ Status ModelCompute::attention_backward(int l, LayerActs& a, const LayerTensors<
   // q, k, v = h1 W^T + b  ->  dh = dq Wq + dk Wk + dv Wv
   const ConstTensorView h1 = f32_view(a.h1, {T, C});
   const TensorView dh = f32_view(s.dh, {T, C});
+  if (gemm_input_reuse_) {
+    // One rounding of h1 for the three weight gradients.
+    FERRY_ASSIGN_OR_RETURN(const GemmInput h1_in, gemm_input(h1));
+    FERRY_TRY(
+        linear_backward(dh, g.q, g.q_bias, f32_view(*dq_proj, {T, H * D}), h1_in, p.q, false));
+    FERRY_TRY(linear_backward(dh, g.k, g.k_bias, f32_view(*dk_proj, {T, G * D}), h1_in, p.k, true));
+    return linear_backward(dh, g.v, g.v_bias, f32_view(s.dv, {T, G * D}), h1_in, p.v, true);
+  }
   FERRY_TRY(linear_backward(dh, g.q, g.q_bias, f32_view(*dq_proj, {T, H * D}), h1, p.q, false));
   FERRY_TRY(linear_backward(dh, g.k, g.k_bias, f32_view(*dk_proj, {T, G * D}), h1, p.k, true));
   return linear_backward(dh, g.v, g.v_bias, f32_view(s.dv, {T, G * D}), h1, p.v, true);
@@ -229,7 +260,7 @@ Status ModelCompute::run_layer_backward(int l, LayerActs& a, const LayerTensors<
   Scratch& s = *scratch_;
   const std::int64_t C = geo_.hidden;
   // x_out = x_mid + mlp(h2): dh = d mlp input
-  FERRY_TRY(geo_.layer_is_moe[l] ? moe_backward(a, p, g, T) : mlp_backward(a, p, g, T));
+  FERRY_TRY(geo_.layer_is_moe[l] ? moe_backward(a, p, g, T) : mlp_backward(l, a, p, g, T));
   // h2 = rms_norm(x_mid): dx_mid = dx + norm_backward(dh)
   const TensorView tmp = f32_view(s.tmp_c, {T, C});
   FERRY_TRY(be_.rms_norm_backward({.d_in = tmp,

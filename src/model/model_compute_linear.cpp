@@ -13,11 +13,23 @@
 // read in place) is passed to a native bf16 GEMM as it is: the same bits the rounding of its f32
 // widening would give (bf16 -> f32 -> bf16 is the identity), without the convert.
 //
+// GEMM input reuse (gemm_input_reuse_default()): gemm_input() rounds an activation once into
+// gemm.x16 and the GemmInput it returns feeds every GEMM that reads that activation (q/k/v,
+// gate/up, their weight gradients); swiglu_into_gemm_input() has the SwiGLU kernel write the down
+// projection's bf16 operand there itself; reusable_act16() hands the backward of the layer just
+// forwarded that copy back. gemm.x16 has exactly these writers, and each drops act16_layer_ before
+// writing, so the key (layer, workspace, shape) is valid only while the copy is. Same bits either
+// way: tests/unit/model/model_compute_gemm_input_test.cpp, tests/gpu/model_gpu_gemm_input_test.cpp.
+//
 // Bias gradients are column sums (1^T dy); they stay f32 GEMMs on the exact dy, as torch's do.
 // The MoE router's GEMMs stay f32 in every precision (Megatron's moe_router_dtype=fp32): they are
 // tiny ([T, C] x [C, E]), and top-k is a discrete choice on the logits, so bf16 logits would flip
 // near-ties between two backends that differ only in the order of their sums (seen on the GPU:
 // one token of the qwen3_moe fixture changed experts).
+#include <cstdlib>
+#include <optional>
+#include <string_view>
+
 #include "core/check.h"
 #include "model/model_compute.h"
 #include "model/model_compute_buffers.h"
@@ -99,24 +111,45 @@ Result<ConstTensorView> ModelCompute::gemm_operand(const ConstTensorView& v, con
   return ConstTensorView(wide);
 }
 
-Status ModelCompute::linear(const TensorView& y, const ConstTensorView& x, const ConstTensorView& w,
+bool gemm_input_reuse_default() {
+  const char* e = std::getenv("FERRY_GEMM_INPUT_REUSE");
+  return e == nullptr || std::string_view(e) != "0";
+}
+
+Result<ModelCompute::GemmInput> ModelCompute::gemm_input(const ConstTensorView& x,
+                                                         bool f32_operands) {
+  Scratch& s = *scratch_;
+  if (precision_ == GemmPrecision::kF32 || f32_operands) return GemmInput{x, x};
+  if (x.dtype == DType::kBF16 && native_bf16_gemm_) return GemmInput{x, x};
+  // x16 / x16_f get new contents: they no longer hold a layer's SwiGLU output.
+  act16_layer_ = -1;
+  if (x.dtype != DType::kBF16) ++gemm_input_converts_;
+  FERRY_ASSIGN_OR_RETURN(const ConstTensorView op, gemm_operand(x, s.x16, s.x16_f));
+  return GemmInput{x, op};
+}
+
+Status ModelCompute::linear(const TensorView& y, const GemmInput& x, const ConstTensorView& w,
                             const ConstTensorView& bias, bool f32_operands) {
   Scratch& s = *scratch_;
-  FERRY_ASSIGN_OR_RETURN(const ConstTensorView xa, gemm_operand(x, s.x16, s.x16_f, f32_operands));
   FERRY_ASSIGN_OR_RETURN(const ConstTensorView wa, gemm_operand(w, s.w16, s.w16_f, f32_operands));
   if (wa.data != w.data) ++gemm_weight_converts_;
-  return be_.gemm({.out = y, .a = xa, .b = wa, .bias = bias, .trans_b = true}, st());
+  return be_.gemm({.out = y, .a = x.op, .b = wa, .bias = bias, .trans_b = true}, st());
+}
+
+Status ModelCompute::linear(const TensorView& y, const ConstTensorView& x, const ConstTensorView& w,
+                            const ConstTensorView& bias, bool f32_operands) {
+  FERRY_ASSIGN_OR_RETURN(const GemmInput xa, gemm_input(x, f32_operands));
+  return linear(y, xa, w, bias, f32_operands);
 }
 
 Status ModelCompute::linear_backward(const TensorView& dx, const TensorView& dw,
                                      const TensorView& db, const ConstTensorView& dy,
-                                     const ConstTensorView& x, const ConstTensorView& w,
+                                     const GemmInput& x, const ConstTensorView& w,
                                      bool accumulate_dx, bool f32_operands) {
   Scratch& s = *scratch_;
   FERRY_ASSIGN_OR_RETURN(const ConstTensorView dya,
                          gemm_operand(dy, s.dy16, s.dy16_f, f32_operands));
-  FERRY_ASSIGN_OR_RETURN(const ConstTensorView xa, gemm_operand(x, s.x16, s.x16_f, f32_operands));
-  FERRY_TRY(be_.gemm({.out = dw, .a = dya, .b = xa, .trans_a = true, .beta = 1.0f}, st()));
+  FERRY_TRY(be_.gemm({.out = dw, .a = dya, .b = x.op, .trans_a = true, .beta = 1.0f}, st()));
   if (!db.empty_view()) {
     const TensorView db_row = TensorView::contiguous(db.data, db.dtype, db.device, {1, db.numel()});
     const ConstTensorView ones_row = f32_view(s.ones, {1, dy.shape[0]});
@@ -126,6 +159,45 @@ Status ModelCompute::linear_backward(const TensorView& dx, const TensorView& dw,
   FERRY_ASSIGN_OR_RETURN(const ConstTensorView wa, gemm_operand(w, s.w16, s.w16_f, f32_operands));
   if (wa.data != w.data) ++gemm_weight_converts_;
   return be_.gemm({.out = dx, .a = dya, .b = wa, .beta = accumulate_dx ? 1.0f : 0.0f}, st());
+}
+
+Status ModelCompute::linear_backward(const TensorView& dx, const TensorView& dw,
+                                     const TensorView& db, const ConstTensorView& dy,
+                                     const ConstTensorView& x, const ConstTensorView& w,
+                                     bool accumulate_dx, bool f32_operands) {
+  FERRY_ASSIGN_OR_RETURN(const GemmInput xa, gemm_input(x, f32_operands));
+  return linear_backward(dx, dw, db, dy, xa, w, accumulate_dx, f32_operands);
+}
+
+Result<ModelCompute::GemmInput> ModelCompute::swiglu_into_gemm_input(const TensorView& out,
+                                                                     const ConstTensorView& gate,
+                                                                     const ConstTensorView& up) {
+  Scratch& s = *scratch_;
+  if (!gemm_input_reuse_ || precision_ == GemmPrecision::kF32) {
+    FERRY_TRY(be_.swiglu({.out = out, .gate = gate, .up = up}, st()));
+    return gemm_input(out);  // the old path: a separate convert (none for f32 GEMMs)
+  }
+  // The SwiGLU kernel writes the bf16 rounding itself (SwiGluArgs::out16): convert(out)'s bits.
+  act16_layer_ = -1;
+  const TensorView out16 = detail::typed_view(s.x16, DType::kBF16, {out.shape[0], out.shape[1]});
+  FERRY_TRY(be_.swiglu({.out = out, .gate = gate, .up = up, .out16 = out16}, st()));
+  FERRY_ASSIGN_OR_RETURN(const ConstTensorView op, gemm_operand(out16, s.x16, s.x16_f));
+  return GemmInput{out, op};
+}
+
+std::optional<ModelCompute::GemmInput> ModelCompute::reusable_act16(int l, const LayerActs& a,
+                                                                    const ConstTensorView& act) {
+  if (!gemm_input_reuse_ || act16_layer_ != l || act16_acts_ != &a ||
+      act16_shape_[0] != act.shape[0] || act16_shape_[1] != act.shape[1]) {
+    return std::nullopt;
+  }
+  Scratch& s = *scratch_;
+  const std::int64_t r = act.shape[0], c = act.shape[1];
+  // What swiglu_into_gemm_input handed the down projection: the bf16 copy, or its widening.
+  const ConstTensorView op = native_bf16_gemm_
+                                 ? ConstTensorView(detail::typed_view(s.x16, DType::kBF16, {r, c}))
+                                 : ConstTensorView(f32_view(s.x16_f, {r, c}));
+  return GemmInput{act, op};
 }
 
 }  // namespace ferry::model

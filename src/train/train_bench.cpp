@@ -344,6 +344,9 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
          // bf16 twins in place, and the layer GEMM weight converts since create (0 with views).
          {"bf16_weight_views", x.bf16_weight_views()},
          {"gemm_weight_converts", x.gemm_weight_converts()},
+         // GEMM input reuse (FERRY_GEMM_INPUT_REUSE): on/off and the activation converts.
+         {"gemm_input_reuse", x.gemm_input_reuse()},
+         {"gemm_input_converts", x.gemm_input_converts()},
          {"device_update_units", x.device_tail_stats().units_updated},
          // Where the device (from the bottom) and the CPU (from the top) met, on average.
          {"device_update_units_per_step", tail_per_step(x.device_tail_stats().units_updated)},

@@ -577,6 +577,73 @@ TEST(TrainStreamGpu, Bf16WeightViewsBitIdenticalToTheConvertingPath) {
   check_views_on_off(*moe, spec, {"every:2", "host"}, "moe sr+8bit");
 }
 
+// ModelCompute's GEMM input reuse (FERRY_GEMM_INPUT_REUSE; read by every ModelCompute::create(),
+// so the environment is set around each run) under the stream executor on the GPU with bf16
+// GEMMs and bf16 weight views (the 7B configuration's path): losses, gradient norms, clip factors,
+// the final state and the bytes moved are the same bits with the reuse on and off, and fewer
+// activation converts run with it on. CPU twin: tests/unit/train/gemm_input_reuse_test.cpp.
+RunResult run_gemm_input_reuse(bool reuse, const model::LoadedModel& m, const RunSpec& spec,
+                               const std::vector<Batch>& data, const std::string& policy,
+                               kernels::Backend& be) {
+  const char* old = std::getenv("FERRY_GEMM_INPUT_REUSE");
+  const std::string saved = old != nullptr ? old : "";
+  ::setenv("FERRY_GEMM_INPUT_REUSE", reuse ? "1" : "0", 1);
+  RunResult r = run_stream(m, spec, data, policy, 2, be);
+  if (old != nullptr) {
+    ::setenv("FERRY_GEMM_INPUT_REUSE", saved.c_str(), 1);
+  } else {
+    ::unsetenv("FERRY_GEMM_INPUT_REUSE");
+  }
+  EXPECT_EQ(r.gemm_input_reuse, reuse);
+  return r;
+}
+
+void check_gemm_input_reuse(const model::LoadedModel& m, const RunSpec& spec,
+                            const std::vector<std::string>& policies, const std::string& what) {
+  kernels::Backend* be = cuda_or_null();
+  ASSERT_NE(be, nullptr);
+  const std::vector<Batch> data = make_batches(spec.steps * spec.accum, m.geometry.vocab, 9);
+  for (const std::string& p : policies) {
+    const std::string w = what + " " + p;
+    const RunResult off = run_gemm_input_reuse(false, m, spec, data, p, *be);
+    const RunResult on = run_gemm_input_reuse(true, m, spec, data, p, *be);
+    ASSERT_EQ(on.losses.size(), static_cast<std::size_t>(spec.steps)) << w;
+    ASSERT_EQ(off.losses.size(), static_cast<std::size_t>(spec.steps)) << w;
+    for (int i = 0; i < spec.steps; ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      EXPECT_EQ(on.losses[k], off.losses[k]) << w << " step " << i;
+      EXPECT_EQ(on.outcomes[k].grad_norm, off.outcomes[k].grad_norm) << w << " step " << i;
+      EXPECT_EQ(on.outcomes[k].clip, off.outcomes[k].clip) << w << " step " << i;
+    }
+    expect_same_state(*on.state, *off.state, w + ": gemm input reuse on vs off");
+    expect_transfers_equal(on.stats, off.stats, w);
+    EXPECT_EQ(on.bf16_weight_views, off.bf16_weight_views) << w;
+    EXPECT_GT(off.gemm_input_converts, 0u) << w;
+    EXPECT_LT(on.gemm_input_converts, off.gemm_input_converts) << w;
+    std::cout << "[train_stream_gpu] gemm input reuse " << w << ": activation converts "
+              << on.gemm_input_converts << " (off " << off.gemm_input_converts << ")\n";
+  }
+}
+
+TEST(TrainStreamGpu, GemmInputReuseBitIdenticalOnGpu) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = testing::temp_dir("stream_gpu_gemm_input");
+  auto m = dense_model(dir + "/model");
+  RunSpec spec;
+  spec.gemm_precision = model::GemmPrecision::kBf16;
+  spec.mode = {.master = MasterWeights::kBf16Kahan, .states = OptimizerStates::k8Bit};
+  check_gemm_input_reuse(*m, spec, {"device", "host", "every:2"}, "kahan+8bit");
+  // The 7B A/B's configuration on the fixture: bf16 gradients, every layer's update on the device.
+  spec.bf16_grads = true;
+  spec.device_update_layers = kDeviceUpdateAllLayers;
+  check_gemm_input_reuse(*m, spec, {"host"}, "kahan+8bit bf16-grads tail");
+  auto moe = moe_model();
+  spec = {};
+  spec.gemm_precision = model::GemmPrecision::kBf16;
+  spec.mode = {.master = MasterWeights::kBf16Sr, .states = OptimizerStates::k8Bit};
+  check_gemm_input_reuse(*moe, spec, {"every:2", "host"}, "moe sr+8bit");
+}
+
 TEST(TrainStreamGpu, Bf16WeightViewsBudgetIsExact) {
   if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
   kernels::Backend* be = cuda_or_null();

@@ -205,6 +205,10 @@ class StreamExecutor {
   // Layer GEMMs whose weight ModelCompute converted to bf16 since create() (0 with bf16 weight
   // views; > 0 on the converting path with bf16 GEMMs).
   std::uint64_t gemm_weight_converts() const { return compute_->gemm_weight_converts(); }
+  // ModelCompute's GEMM input reuse (FERRY_GEMM_INPUT_REUSE, model::gemm_input_reuse_default())
+  // and the layer GEMM input activations it rounded to bf16 by a separate convert since create().
+  bool gemm_input_reuse() const { return compute_->gemm_input_reuse(); }
+  std::uint64_t gemm_input_converts() const { return compute_->gemm_input_converts(); }
 
  private:
   StreamExecutor(kernels::Backend& be, const StreamOptions& opts);
