@@ -256,7 +256,8 @@ Status ExpertPager::acquire(int layer, std::span<const std::int32_t> experts,
   FERRY_CHECK(refs.size() == experts.size(), "serve: pager refs/experts size mismatch");
   FERRY_CHECK(copy_index.empty() || copy_index.size() == experts.size(),
               "serve: pager copy_index/experts size mismatch");
-  FERRY_CHECK(!overlap_ || mirror_ || !copy_index.empty(),
+  // An empty group (every miss of the call computed on the host: miss placement) has no copies.
+  FERRY_CHECK(!overlap_ || mirror_ || experts.empty() || !copy_index.empty(),
               "serve: an overlapping pager's caller must take copy_index (and wait_copy)");
   int non_hot = 0;
   for (std::int32_t e : experts) {
