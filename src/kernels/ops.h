@@ -62,13 +62,18 @@ struct EmbeddingBackwardArgs {
   ConstTensorView ids;    // [T] i32
 };
 
-// out = in * rsqrt(mean(in^2) + eps) * weight, row by row.
+// out = in * rsqrt(mean(in^2) + eps) * weight, row by row. out16 (optional, f32 out only): out
+// rounded to bf16 as well, bit for bit what Backend::convert(out) would give (round to nearest
+// even), out and rstd unchanged by it: the bf16 GEMM operand of the q/k/v or gate/up projections
+// written by the norm instead of a separate convert (ModelCompute's GEMM input reuse,
+// model_compute_linear.cpp). SwiGluArgs::out16 is the same for the SwiGLU.
 struct RmsNormArgs {
   TensorView out;          // [N, C]
   TensorView rstd;         // optional [N] f32: saved 1/rms for backward
   ConstTensorView in;      // [N, C]
   ConstTensorView weight;  // [C]
   float eps = 1e-6f;
+  TensorView out16;  // [N, C] bf16, optional
 };
 struct RmsNormBackwardArgs {
   TensorView d_in;         // [N, C] (overwritten)

@@ -340,20 +340,19 @@ Status ModelCompute::zero_fill(float* p, std::int64_t n) {
 }
 
 Status ModelCompute::attention_forward(LayerActs& a, const LayerTensors<ConstTensorView>& p,
-                                       std::int64_t T, const PackedBatch& batch,
-                                       const float* x_in) {
+                                       std::int64_t T, const PackedBatch& batch, const float* x_in,
+                                       const std::optional<GemmInput>& h1_in) {
   const std::int64_t C = geo_.hidden, H = geo_.heads, G = geo_.kv_heads, D = geo_.head_dim;
   const ConstTensorView h1 = f32_view(a.h1, {T, C});
   const bool normed = geo_.qk_norm != QkNorm::kNone;
   // Projections: into q_pre/k_pre when a q/k norm follows, else straight into q/k.
   const TensorView q_proj = normed ? f32_view(a.q_pre, {T, H * D}) : f32_view(a.q, {T, H * D});
   const TensorView k_proj = normed ? f32_view(a.k_pre, {T, G * D}) : f32_view(a.k, {T, G * D});
-  if (gemm_input_reuse_) {
-    // One rounding of h1 for the three projections.
-    FERRY_ASSIGN_OR_RETURN(const GemmInput h1_in, gemm_input(h1));
-    FERRY_TRY(linear(q_proj, h1_in, p.q, p.q_bias));
-    FERRY_TRY(linear(k_proj, h1_in, p.k, p.k_bias));
-    FERRY_TRY(linear(f32_view(a.v, {T, G * D}), h1_in, p.v, p.v_bias));
+  if (h1_in) {
+    // The norm's one rounding of h1 for the three projections.
+    FERRY_TRY(linear(q_proj, *h1_in, p.q, p.q_bias));
+    FERRY_TRY(linear(k_proj, *h1_in, p.k, p.k_bias));
+    FERRY_TRY(linear(f32_view(a.v, {T, G * D}), *h1_in, p.v, p.v_bias));
   } else {
     FERRY_TRY(linear(q_proj, h1, p.q, p.q_bias));
     FERRY_TRY(linear(k_proj, h1, p.k, p.k_bias));
@@ -437,14 +436,13 @@ Status ModelCompute::attention_forward(LayerActs& a, const LayerTensors<ConstTen
 }
 
 Status ModelCompute::mlp_forward(int l, LayerActs& a, const LayerTensors<ConstTensorView>& p,
-                                 std::int64_t T) {
+                                 std::int64_t T, const std::optional<GemmInput>& h2_in) {
   const std::int64_t C = geo_.hidden, F = geo_.mlp_width;
   const ConstTensorView h2 = f32_view(a.h2, {T, C});
-  if (gemm_input_reuse_) {
-    // One rounding of h2 for gate and up.
-    FERRY_ASSIGN_OR_RETURN(const GemmInput h2_in, gemm_input(h2));
-    FERRY_TRY(linear(f32_view(a.gate, {T, F}), h2_in, p.gate));
-    FERRY_TRY(linear(f32_view(a.up, {T, F}), h2_in, p.up));
+  if (h2_in) {
+    // The norm's one rounding of h2 for gate and up.
+    FERRY_TRY(linear(f32_view(a.gate, {T, F}), *h2_in, p.gate));
+    FERRY_TRY(linear(f32_view(a.up, {T, F}), *h2_in, p.up));
   } else {
     FERRY_TRY(linear(f32_view(a.gate, {T, F}), h2, p.gate));
     FERRY_TRY(linear(f32_view(a.up, {T, F}), h2, p.up));
@@ -516,27 +514,36 @@ Status ModelCompute::run_layer_forward(int l, LayerActs& a, const LayerTensors<C
                                        std::int64_t T, const PackedBatch& batch, const float* x_in,
                                        float* x_out) {
   const std::int64_t C = geo_.hidden;
-  FERRY_TRY(be_.rms_norm({.out = f32_view(a.h1, {T, C}),
-                          .rstd = f32_view(a.rstd1, {T}),
-                          .in = ConstTensorView::contiguous(x_in, DType::kF32, dev_, {T, C}),
-                          .weight = p.attn_norm,
-                          .eps = geo_.rms_eps},
-                         st()));
+  // h1 = rms_norm(x_in), with the reuse on also h1's bf16 GEMM operand (gemm.x16) for q/k/v.
+  FERRY_ASSIGN_OR_RETURN(
+      const std::optional<GemmInput> h1_in,
+      rms_norm_into_gemm_input({.out = f32_view(a.h1, {T, C}),
+                                .rstd = f32_view(a.rstd1, {T}),
+                                .in = ConstTensorView::contiguous(x_in, DType::kF32, dev_, {T, C}),
+                                .weight = p.attn_norm,
+                                .eps = geo_.rms_eps}));
   // The shared bf16 attention buffers get this layer's q/k/v/out (attention_backward reuses them).
   attn16_layer_ = -1;
-  FERRY_TRY(attention_forward(a, p, T, batch, x_in));
+  FERRY_TRY(attention_forward(a, p, T, batch, x_in, h1_in));
   if (attn_bf16_) {
     attn16_layer_ = l;
     attn16_tokens_ = T;
     attn16_acts_ = &a;
   }
-  FERRY_TRY(be_.rms_norm({.out = f32_view(a.h2, {T, C}),
-                          .rstd = f32_view(a.rstd2, {T}),
-                          .in = f32_view(a.x_mid, {T, C}),
-                          .weight = p.mlp_norm,
-                          .eps = geo_.rms_eps},
-                         st()));
-  FERRY_TRY(geo_.layer_is_moe[l] ? moe_forward(a, p, T) : mlp_forward(l, a, p, T));
+  const kernels::RmsNormArgs norm2{.out = f32_view(a.h2, {T, C}),
+                                   .rstd = f32_view(a.rstd2, {T}),
+                                   .in = f32_view(a.x_mid, {T, C}),
+                                   .weight = p.mlp_norm,
+                                   .eps = geo_.rms_eps};
+  if (geo_.layer_is_moe[l]) {
+    // The experts read h2's rows gathered (rounded per expert), the router in f32: no copy.
+    FERRY_TRY(be_.rms_norm(norm2, st()));
+    FERRY_TRY(moe_forward(a, p, T));
+  } else {
+    // h2 = rms_norm(x_mid), with the reuse on also h2's bf16 GEMM operand for gate/up.
+    FERRY_ASSIGN_OR_RETURN(const std::optional<GemmInput> h2_in, rms_norm_into_gemm_input(norm2));
+    FERRY_TRY(mlp_forward(l, a, p, T, h2_in));
+  }
   return be_.add({.out = TensorView::contiguous(x_out, DType::kF32, dev_, {T, C}),
                   .a = f32_view(a.x_mid, {T, C}),
                   .b = f32_view(scratch_->tmp_c, {T, C})},

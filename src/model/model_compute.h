@@ -200,7 +200,8 @@ bool attn_bwd_workspace_default();
 // Whether ModelCompute rounds each GEMM input activation to bf16 once per pass where several
 // GEMMs read it (GemmPrecision::kBf16; model_compute_linear.cpp): q/k/v share the rounded attn
 // norm output, gate/up the rounded mlp norm output (forward and the backward's weight-gradient
-// GEMMs), the SwiGLU kernel writes the down projection's bf16 operand itself (SwiGluArgs::out16),
+// GEMMs; in a dense layer's forward the norm kernel writes that copy itself, RmsNormArgs::out16),
+// the SwiGLU kernel writes the down projection's bf16 operand itself (SwiGluArgs::out16),
 // and a layer's backward right after its own forward reuses that copy for the down projection's
 // weight gradient. The same bits either way (rounding is deterministic); off only for A/B runs.
 // True unless FERRY_GEMM_INPUT_REUSE=0 in the environment, read on every call (create() reads it
@@ -305,7 +306,8 @@ class ModelCompute {
   bool gemm_input_reuse() const { return gemm_input_reuse_; }
   // Layer GEMM input activations rounded to bf16 by a separate convert since create() (into
   // gemm.x16; with GemmPrecision::kF32 none). The loss head's hidden rows (hf16) are not counted,
-  // nor the bf16 copies the SwiGLU kernel writes itself. For tests and benches of the reuse.
+  // nor the bf16 copies the norm and SwiGLU kernels write themselves. For tests and benches of the
+  // reuse.
   std::uint64_t gemm_input_converts() const { return gemm_input_converts_; }
   // Bytes of the attention backward's workspace in the arena (0: the backward runs without one).
   std::size_t attention_workspace_bytes() const;
@@ -337,8 +339,9 @@ class ModelCompute {
   // Linear layers in the GemmPrecision (model_compute_linear.cpp).
   // A GEMM's input activation as the GEMMs read it: x the f32 activation [N, in], op x itself
   // (f32 GEMMs) or its bf16 rounding in gemm.x16 (gemm.x16_f widened on the CPU twin). Valid
-  // until the next gemm_input / swiglu_into_gemm_input (they overwrite gemm.x16), so a caller
-  // takes one and passes it to every GEMM that reads x before asking for another.
+  // until the next gemm_input / swiglu_into_gemm_input / rms_norm_into_gemm_input (they overwrite
+  // gemm.x16), so a caller takes one and passes it to every GEMM that reads x before asking for
+  // another.
   struct GemmInput {
     ConstTensorView x;
     ConstTensorView op;
@@ -364,6 +367,11 @@ class ModelCompute {
   // and gemm_input(out).
   Result<GemmInput> swiglu_into_gemm_input(const TensorView& out, const ConstTensorView& gate,
                                            const ConstTensorView& up);
+  // args.out [N, C] (f32) = rms_norm(args.in) and, with the reuse on, the GemmInput of the GEMMs
+  // that read it: with bf16 GEMMs the norm kernel writes the bf16 copy into gemm.x16 itself
+  // (RmsNormArgs::out16; args.out16 must be empty). With the reuse off a plain rms_norm and
+  // nullopt (the GEMMs then round out themselves, the old path).
+  Result<std::optional<GemmInput>> rms_norm_into_gemm_input(const kernels::RmsNormArgs& args);
   // The down projection's input of layer l as its forward left it in gemm.x16 (act [T, F] of
   // workspace a), when that copy is still there (act16_layer_ below); else nullopt.
   std::optional<GemmInput> reusable_act16(int l, const LayerActs& a, const ConstTensorView& act);
@@ -381,15 +389,19 @@ class ModelCompute {
   Status run_layer_backward(int l, LayerActs& a, const LayerTensors<ConstTensorView>& p,
                             const LayerTensors<TensorView>& g, std::int64_t T,
                             const PackedBatch& batch, const float* x_in);
+  // h1_in: h1 as rms_norm_into_gemm_input returned it (nullopt: the old path).
   Status attention_forward(LayerActs& a, const LayerTensors<ConstTensorView>& p, std::int64_t T,
-                           const PackedBatch& batch, const float* x_in);
+                           const PackedBatch& batch, const float* x_in,
+                           const std::optional<GemmInput>& h1_in);
   Status attention_backward(int l, LayerActs& a, const LayerTensors<ConstTensorView>& p,
                             const LayerTensors<TensorView>& g, std::int64_t T,
                             const PackedBatch& batch);
   // The attention backward's workspace for these arguments: the first workspace_bytes(args)
   // bytes of the planned buffer, or an empty view when none was planned.
   TensorView attention_workspace(const kernels::AttentionBackwardArgs& args) const;
-  Status mlp_forward(int l, LayerActs& a, const LayerTensors<ConstTensorView>& p, std::int64_t T);
+  // h2_in: h2 as rms_norm_into_gemm_input returned it (nullopt: the old path).
+  Status mlp_forward(int l, LayerActs& a, const LayerTensors<ConstTensorView>& p, std::int64_t T,
+                     const std::optional<GemmInput>& h2_in);
   Status mlp_backward(int l, LayerActs& a, const LayerTensors<ConstTensorView>& p,
                       const LayerTensors<TensorView>& g, std::int64_t T);
   Status moe_forward(LayerActs& a, const LayerTensors<ConstTensorView>& p, std::int64_t T);

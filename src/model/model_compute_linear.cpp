@@ -15,8 +15,10 @@
 //
 // GEMM input reuse (gemm_input_reuse_default()): gemm_input() rounds an activation once into
 // gemm.x16 and the GemmInput it returns feeds every GEMM that reads that activation (q/k/v,
-// gate/up, their weight gradients); swiglu_into_gemm_input() has the SwiGLU kernel write the down
-// projection's bf16 operand there itself; reusable_act16() hands the backward of the layer just
+// gate/up, their weight gradients); rms_norm_into_gemm_input() and swiglu_into_gemm_input() have
+// the norm and SwiGLU kernels write the forward's q/k/v, gate/up and down operands there
+// themselves (RmsNormArgs::out16, SwiGluArgs::out16); reusable_act16() hands the backward of the
+// layer just
 // forwarded that copy back. gemm.x16 has exactly these writers, and each drops act16_layer_ before
 // writing, so the key (layer, workspace, shape) is valid only while the copy is. Same bits either
 // way: tests/unit/model/model_compute_gemm_input_test.cpp, tests/gpu/model_gpu_gemm_input_test.cpp.
@@ -183,6 +185,29 @@ Result<ModelCompute::GemmInput> ModelCompute::swiglu_into_gemm_input(const Tenso
   FERRY_TRY(be_.swiglu({.out = out, .gate = gate, .up = up, .out16 = out16}, st()));
   FERRY_ASSIGN_OR_RETURN(const ConstTensorView op, gemm_operand(out16, s.x16, s.x16_f));
   return GemmInput{out, op};
+}
+
+Result<std::optional<ModelCompute::GemmInput>> ModelCompute::rms_norm_into_gemm_input(
+    const kernels::RmsNormArgs& args) {
+  FERRY_CHECK(args.out16.data == nullptr, "model: rms_norm_into_gemm_input owns out16");
+  if (!gemm_input_reuse_) {
+    FERRY_TRY(be_.rms_norm(args, st()));
+    return std::optional<GemmInput>();  // the old path: each GEMM rounds out itself
+  }
+  const ConstTensorView out = args.out;
+  if (precision_ == GemmPrecision::kF32) {
+    FERRY_TRY(be_.rms_norm(args, st()));
+    return std::optional<GemmInput>(GemmInput{out, out});  // gemm_input(out) for f32 GEMMs
+  }
+  // The norm kernel writes the bf16 rounding itself (RmsNormArgs::out16): convert(out)'s bits.
+  Scratch& s = *scratch_;
+  act16_layer_ = -1;
+  kernels::RmsNormArgs with_copy = args;
+  with_copy.out16 = detail::typed_view(s.x16, DType::kBF16, {out.shape[0], out.shape[1]});
+  FERRY_TRY(be_.rms_norm(with_copy, st()));
+  FERRY_ASSIGN_OR_RETURN(const ConstTensorView op,
+                         gemm_operand(ConstTensorView(with_copy.out16), s.x16, s.x16_f));
+  return std::optional<GemmInput>(GemmInput{out, op});
 }
 
 std::optional<ModelCompute::GemmInput> ModelCompute::reusable_act16(int l, const LayerActs& a,

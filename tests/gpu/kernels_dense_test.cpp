@@ -384,6 +384,97 @@ TEST_F(KernelsDense, SwiGluBf16CopyIsConvertOfTheOutput) {
           .ok());
 }
 
+// RmsNormArgs::out16 on an f32 norm (ModelCompute's GEMM input reuse): out and rstd are the bits
+// of the plain f32 kernel, and out16 is convert(out) bit for bit, over widths that reach every f32
+// kernel of launch_rms_norm (one warp per row with 2/8/16 vectors per lane, one CTA per row with
+// 1/2 vectors per thread (3584: the 7B width), the strided vector kernel, the scalar kernel),
+// and an out16 view offset by one element (the copy's scalar stores, out still vectorized); also
+// overflow to +-inf. A wrong out16 (shape, dtype, bf16 input) is refused.
+TEST_F(KernelsDense, RmsNormBf16CopyIsConvertOfTheOutput) {
+  for (auto [n, c] : std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 1},
+                                                                        {3, 7},
+                                                                        {5, 128},
+                                                                        {9, 256},
+                                                                        {33, 1024},
+                                                                        {17, 2048},
+                                                                        {64, 3584},
+                                                                        {6, 8192},
+                                                                        {3, 1031},
+                                                                        {2, 40000}}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n << " c=" << c);
+    const auto x = random_tensor({n, c}, kF32, 70 + n, -4, 4);
+    auto w = random_tensor({c}, kF32, 71 + c, -2, 2);
+    if (c > 2) {
+      w.set(0, 3.0e38);  // overflows to +-inf where |x r| > 1
+      w.set(1, 1.0e-30);
+    }
+    DeviceTensor dx(x), dw(w), plain(std::vector<std::int64_t>{n, c}, kF32),
+        out(std::vector<std::int64_t>{n, c}, kF32), rstd_plain(std::vector<std::int64_t>{n}, kF32),
+        rstd(std::vector<std::int64_t>{n}, kF32), out16(std::vector<std::int64_t>{n, c}, kBf),
+        want16(std::vector<std::int64_t>{n, c}, kBf), out_b(std::vector<std::int64_t>{n, c}, kF32),
+        out16_b(std::vector<std::int64_t>{n * c + 1}, kBf);
+    FERRY_ASSERT_OK(cuda().rms_norm({.out = plain.view(),
+                                     .rstd = rstd_plain.view(),
+                                     .in = dx.cview(),
+                                     .weight = dw.cview(),
+                                     .eps = 1e-6f},
+                                    stream()));
+    FERRY_ASSERT_OK(cuda().rms_norm({.out = out.view(),
+                                     .rstd = rstd.view(),
+                                     .in = dx.cview(),
+                                     .weight = dw.cview(),
+                                     .eps = 1e-6f,
+                                     .out16 = out16.view()},
+                                    stream()));
+    FERRY_ASSERT_OK(cuda().convert({.out = want16.view(), .in = out.cview()}, stream()));
+    // The copy one bf16 element into its buffer: 2-byte aligned only.
+    TensorView shifted16 = out16_b.view();
+    shifted16.data = static_cast<std::byte*>(shifted16.data) + sizeof(std::uint16_t);
+    shifted16.ndim = 2;
+    shifted16.shape[0] = n;
+    shifted16.shape[1] = c;
+    shifted16.stride[0] = c;
+    shifted16.stride[1] = 1;
+    FERRY_ASSERT_OK(cuda().rms_norm({.out = out_b.view(),
+                                     .in = dx.cview(),
+                                     .weight = dw.cview(),
+                                     .eps = 1e-6f,
+                                     .out16 = shifted16},
+                                    stream()));
+    sync();
+    const HostTensor p = plain.download(), o = out.download(), rp = rstd_plain.download(),
+                     r = rstd.download(), o16 = out16.download(), w16 = want16.download(),
+                     ob = out_b.download(), ob16 = out16_b.download();
+    const auto count = static_cast<std::size_t>(n * c);
+    EXPECT_EQ(std::memcmp(o.data(), p.data(), count * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(r.data(), rp.data(), static_cast<std::size_t>(n) * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(o16.data(), w16.data(), count * sizeof(std::uint16_t)), 0);
+    EXPECT_EQ(std::memcmp(ob.data(), p.data(), count * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(static_cast<const std::uint16_t*>(ob16.data()) + 1, w16.data(),
+                          count * sizeof(std::uint16_t)),
+              0);
+  }
+  const auto x = random_tensor({2, 4}, kF32, 1), w = random_tensor({4}, kF32, 2);
+  DeviceTensor dx(x), dw(w), out(std::vector<std::int64_t>{2, 4}, kF32),
+      bad_shape(std::vector<std::int64_t>{4, 2}, kBf),
+      bad_dtype(std::vector<std::int64_t>{2, 4}, kF32);
+  for (const DeviceTensor* bad : {&bad_shape, &bad_dtype}) {
+    EXPECT_FALSE(
+        cuda()
+            .rms_norm(
+                {.out = out.view(), .in = dx.cview(), .weight = dw.cview(), .out16 = bad->view()},
+                stream())
+            .ok());
+  }
+  DeviceTensor xb(converted(x, kBf)), wb(converted(w, kBf)),
+      ob(std::vector<std::int64_t>{2, 4}, kBf), o16(std::vector<std::int64_t>{2, 4}, kBf);
+  EXPECT_FALSE(
+      cuda()
+          .rms_norm({.out = ob.view(), .in = xb.cview(), .weight = wb.cview(), .out16 = o16.view()},
+                    stream())
+          .ok());
+}
+
 TEST_F(KernelsDense, EmbeddingForwardBackward) {
   for (auto [t, v, c] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
            {1, 1, 1}, {13, 7, 33}, {500, 97, 256}}) {

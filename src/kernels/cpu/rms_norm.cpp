@@ -3,9 +3,12 @@
 // the SIMD row kernels of simd_rms_norm.cpp (variant from best_isa()). The weight gradient is a
 // reduction over rows, done in a second pass split by columns: each thread sums its columns over
 // all rows in f64 (in row order) and adds the total into d_weight once, so the result does not
-// depend on the thread count. Covered by dense_cpu_vs_ref_test.cpp.
+// depend on the thread count. The forward's optional bf16 copy (out16) rounds each row as just
+// written with convert()'s f32_to_bf16, so it equals convert(out) bit for bit. Covered by
+// dense_cpu_vs_ref_test.cpp.
 #include <algorithm>
 
+#include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/simd_kernels.h"
@@ -29,17 +32,23 @@ Status CpuBackend::rms_norm(const RmsNormArgs& a, Stream&) {
   FERRY_TRY(check_view(kWho, "out", a.out, {n, c}, kF32Only));
   FERRY_TRY(check_view(kWho, "weight", a.weight, {c}, kF32Only));
   FERRY_TRY(check_optional_view(kWho, "rstd", a.rstd, {n}, kF32Only));
+  FERRY_TRY(check_optional_view(kWho, "out16", a.out16, {n, c}, kBf16Only));
   const cpu::Isa isa = cpu::best_isa();
   const auto* in = a.in.as<float>();
   const auto* w = a.weight.as<float>();
   auto* out = a.out.as<float>();
   auto* rstd = is_absent(a.rstd) ? nullptr : a.rstd.as<float>();
+  auto* out16 = is_absent(a.out16) ? nullptr : a.out16.as<std::uint16_t>();
   ThreadPool::global().parallel_for(
       static_cast<std::size_t>(n),
       [&](std::size_t r0, std::size_t r1) {
         for (auto r = static_cast<std::int64_t>(r0); r < static_cast<std::int64_t>(r1); ++r) {
           const float rs = cpu::rms_norm_row(isa, out + r * c, in + r * c, w, c, a.eps);
           if (rstd != nullptr) rstd[r] = rs;
+          // The bf16 copy from the f32 row just written (still in cache): convert()'s rounding.
+          if (out16 != nullptr) {
+            for (std::int64_t j = r * c; j < (r + 1) * c; ++j) out16[j] = f32_to_bf16(out[j]);
+          }
         }
       },
       rows_per_chunk(c));

@@ -214,6 +214,16 @@ Status CudaBackend::rms_norm(const RmsNormArgs& a, Stream& stream) {
   FERRY_TRY(need(op, "weight", a.weight, {c}, {a.in.dtype}));
   FERRY_TRY(need(op, "out", a.out, {n, c}, {a.in.dtype}));
   FERRY_TRY(maybe(op, "rstd", a.rstd, {n}, kF32));
+  if (a.out16.data != nullptr) {
+    // The bf16 copy of an f32 output (RmsNormArgs::out16).
+    FERRY_TRY(need(op, "in", a.in, {n, c}, {DType::kF32}));
+    FERRY_TRY(need(op, "out16", a.out16, {n, c}, {DType::kBF16}));
+    FERRY_LAUNCH_TRY(op, native(stream),
+                     launch_rms_norm_f32_bf16(a.out.as<float>(), a.out16.data, a.rstd.as<float>(),
+                                              a.in.as<float>(), a.weight.as<float>(), n, c, a.eps,
+                                              native(stream)));
+    return ok_status();
+  }
   FERRY_LAUNCH_TRY(op, native(stream),
                    launch_rms_norm(elt(a.in.dtype), a.out.data, a.rstd.as<float>(), a.in.data,
                                    a.weight.data, n, c, a.eps, native(stream)));

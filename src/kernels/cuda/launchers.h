@@ -85,6 +85,11 @@ cudaError_t launch_convert(Elt e_out, void* out, Elt e_in, const void* in, std::
 // out, in: [n, c]; weight [c] (same Elt); rstd [n] f32, optional.
 cudaError_t launch_rms_norm(Elt e, void* out, float* rstd, const void* in, const void* weight,
                             std::int64_t n, std::int64_t c, float eps, cudaStream_t stream);
+// The same over f32, also writing out16 (bf16 [n, c]) = out rounded to nearest even
+// (launch_convert's rounding, bit for bit); out and rstd are the bits launch_rms_norm gives.
+cudaError_t launch_rms_norm_f32_bf16(float* out, void* out16, float* rstd, const float* in,
+                                     const float* weight, std::int64_t n, std::int64_t c, float eps,
+                                     cudaStream_t stream);
 // x_out = x + y (f32, n x c; x_out may alias x), then out = rms_norm(x_out) with rstd, in one
 // launch: the bits of launch_add followed by launch_rms_norm (f32) on every output (rms_norm.cu
 // mirrors launch_rms_norm's kernel choice; y or x not 16-byte aligned: those two launches).

@@ -12,6 +12,10 @@
 // Fused residual add + norm (f32, a serve decode step; docs/cuda.md "Decode fusions"): a twin of
 // each f32 forward kernel that adds y to the row first; the bits of add then norm
 // (tests/gpu/serve_decode_fusion_gpu_test.cpp).
+// The f32 forward may also write its output rounded to bf16 (RmsNormArgs::out16, the next GEMM's
+// operand): each f32 value as stored, rounded by convert_kernel's round to nearest even, so the
+// copy equals convert(out) bit for bit and out is the same with or without it (the kernel choice
+// does not depend on out16; an 8-byte aligned copy is written as 4-element vectors).
 #include <algorithm>
 #include <cstdlib>
 
@@ -31,17 +35,43 @@ struct alignas(16) Vec16 {
   T v[kN];
 };
 
+struct alignas(8) Bf16x4 {
+  bf16 v[4];
+};
+
+// out16 (bf16 [.., c], may be null) gets vector i of an f32 row as just written to out (the
+// rounding of convert_kernel). Compiled out for bf16 rows (out16 is f32-only).
+template <typename T>
+__device__ __forceinline__ void store_bf16_copy(bf16* out16, std::int64_t i, const Vec16<T>& o) {
+  if constexpr (sizeof(T) == 4) {
+    if (out16 == nullptr) return;
+    bf16* d = out16 + i * Vec16<T>::kN;
+    if ((reinterpret_cast<std::uintptr_t>(d) & 7u) == 0) {
+      Bf16x4 b;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) b.v[e] = from_f32<bf16>(o.v[e]);
+      *reinterpret_cast<Bf16x4*>(d) = b;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) d[e] = from_f32<bf16>(o.v[e]);
+    }
+  }
+}
+
 // kVec: rows are read and written as 16-byte vectors (c % Vec16<T>::kN == 0, 16-byte aligned).
+// out16: see store_bf16_copy (null: none).
 template <typename T, bool kVec>
-__global__ void rms_norm_kernel(T* __restrict__ out, float* __restrict__ rstd,
-                                const T* __restrict__ in, const T* __restrict__ weight,
-                                std::int64_t n, std::int64_t c, float eps) {
+__global__ void rms_norm_kernel(T* __restrict__ out, bf16* __restrict__ out16,
+                                float* __restrict__ rstd, const T* __restrict__ in,
+                                const T* __restrict__ weight, std::int64_t n, std::int64_t c,
+                                float eps) {
   const int lane = threadIdx.x & 31;
   const std::int64_t row =
       static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= n) return;
   const T* x = in + row * c;
   T* y = out + row * c;
+  bf16* y16 = out16 != nullptr ? out16 + row * c : nullptr;
   float ss = 0.0f;
   if constexpr (kVec) {
     using V = Vec16<T>;
@@ -66,6 +96,7 @@ __global__ void rms_norm_kernel(T* __restrict__ out, float* __restrict__ rstd,
 #pragma unroll
       for (int j = 0; j < V::kN; ++j) o.v[j] = from_f32<T>(to_f32(a.v[j]) * r * to_f32(w.v[j]));
       yv[i] = o;
+      store_bf16_copy<T>(y16, i, o);
     }
   } else {
     for (std::int64_t i = lane; i < c; i += 32) {
@@ -75,19 +106,22 @@ __global__ void rms_norm_kernel(T* __restrict__ out, float* __restrict__ rstd,
     ss = warp_sum(ss);
     const float r = rsqrtf(ss / static_cast<float>(c) + eps);
     if (rstd != nullptr && lane == 0) rstd[row] = r;
-    for (std::int64_t i = lane; i < c; i += 32)
-      y[i] = from_f32<T>(to_f32(x[i]) * r * to_f32(weight[i]));
+    for (std::int64_t i = lane; i < c; i += 32) {
+      const T o = from_f32<T>(to_f32(x[i]) * r * to_f32(weight[i]));
+      y[i] = o;
+      if constexpr (sizeof(T) == 4) {
+        if (y16 != nullptr) y16[i] = from_f32<bf16>(o);
+      }
+    }
   }
 }
 
 // The row-in-registers body shared by the two kernels below: `lane` of `lanes` threads holds
 // vectors lane, lane + lanes, ... (up to kVpt) of the row; `reduce` sums across those threads.
 template <typename T, int kVpt, typename Reduce>
-__device__ __forceinline__ void rms_norm_row_in_registers(T* __restrict__ out, float* rstd,
-                                                          const T* __restrict__ in,
-                                                          const T* __restrict__ weight,
-                                                          std::int64_t c, float eps, int lane,
-                                                          int lanes, Reduce reduce) {
+__device__ __forceinline__ void rms_norm_row_in_registers(
+    T* __restrict__ out, bf16* __restrict__ out16, float* rstd, const T* __restrict__ in,
+    const T* __restrict__ weight, std::int64_t c, float eps, int lane, int lanes, Reduce reduce) {
   using V = Vec16<T>;
   const std::int64_t nv = c / V::kN;
   const V* xv = reinterpret_cast<const V*>(in);
@@ -119,32 +153,37 @@ __device__ __forceinline__ void rms_norm_row_in_registers(T* __restrict__ out, f
 #pragma unroll
       for (int e = 0; e < V::kN; ++e) o.v[e] = from_f32<T>(to_f32(x[j].v[e]) * r * to_f32(w.v[e]));
       yv[i] = o;
+      store_bf16_copy<T>(out16, i, o);
     }
   }
 }
 
 // One warp per row (kRowsPerBlock rows per CTA).
 template <typename T, int kVpt>
-__global__ void rms_norm_warp_regs_kernel(T* __restrict__ out, float* __restrict__ rstd,
-                                          const T* __restrict__ in, const T* __restrict__ weight,
-                                          std::int64_t n, std::int64_t c, float eps) {
+__global__ void rms_norm_warp_regs_kernel(T* __restrict__ out, bf16* __restrict__ out16,
+                                          float* __restrict__ rstd, const T* __restrict__ in,
+                                          const T* __restrict__ weight, std::int64_t n,
+                                          std::int64_t c, float eps) {
   const std::int64_t row =
       static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= n) return;
-  rms_norm_row_in_registers<T, kVpt>(out + row * c, rstd != nullptr ? rstd + row : nullptr,
-                                     in + row * c, weight, c, eps, threadIdx.x & 31, 32,
+  rms_norm_row_in_registers<T, kVpt>(out + row * c, out16 != nullptr ? out16 + row * c : nullptr,
+                                     rstd != nullptr ? rstd + row : nullptr, in + row * c, weight,
+                                     c, eps, threadIdx.x & 31, 32,
                                      [](float v) { return warp_sum(v); });
 }
 
 // One CTA per row.
 template <typename T, int kVpt>
 __global__ void __launch_bounds__(1024)
-    rms_norm_row_kernel(T* __restrict__ out, float* __restrict__ rstd, const T* __restrict__ in,
-                        const T* __restrict__ weight, std::int64_t c, float eps) {
+    rms_norm_row_kernel(T* __restrict__ out, bf16* __restrict__ out16, float* __restrict__ rstd,
+                        const T* __restrict__ in, const T* __restrict__ weight, std::int64_t c,
+                        float eps) {
   __shared__ float scratch[32];
   const std::int64_t row = blockIdx.x;
-  rms_norm_row_in_registers<T, kVpt>(out + row * c, rstd != nullptr ? rstd + row : nullptr,
-                                     in + row * c, weight, c, eps, threadIdx.x, blockDim.x,
+  rms_norm_row_in_registers<T, kVpt>(out + row * c, out16 != nullptr ? out16 + row * c : nullptr,
+                                     rstd != nullptr ? rstd + row : nullptr, in + row * c, weight,
+                                     c, eps, threadIdx.x, blockDim.x,
                                      [&](float v) { return block_sum(v, scratch); });
 }
 
@@ -417,10 +456,11 @@ __global__ void rms_norm_backward_dw_kernel(T* __restrict__ d_weight, const T* _
   }
 }
 
-}  // namespace
-
-cudaError_t launch_rms_norm(Elt e, void* out, float* rstd, const void* in, const void* weight,
-                            std::int64_t n, std::int64_t c, float eps, cudaStream_t stream) {
+// launch_rms_norm, and launch_rms_norm_f32_bf16 with out16 (f32 only; null: no copy). The kernel
+// choice does not depend on out16.
+cudaError_t launch_rms_norm_impl(Elt e, void* out, bf16* out16, float* rstd, const void* in,
+                                 const void* weight, std::int64_t n, std::int64_t c, float eps,
+                                 cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
   return dispatch_elt(e, [&](auto tag) {
@@ -430,8 +470,8 @@ cudaError_t launch_rms_norm(Elt e, void* out, float* rstd, const void* in, const
     const unsigned warp_blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
     auto warp_regs = [&](auto kernel) {
       kernel<<<warp_blocks, 32 * kRowsPerBlock, 0, stream>>>(
-          static_cast<T*>(out), rstd, static_cast<const T*>(in), static_cast<const T*>(weight), n,
-          c, eps);
+          static_cast<T*>(out), out16, rstd, static_cast<const T*>(in),
+          static_cast<const T*>(weight), n, c, eps);
     };
     constexpr int kCtaRowWarps = 4, kCtaRowVpt = 4;
     // bf16 only: f32 rows of these vector counts (C = 1536..2048, ModelCompute's f32 path) stay
@@ -457,7 +497,8 @@ cudaError_t launch_rms_norm(Elt e, void* out, float* rstd, const void* in, const
       const std::int64_t vpt = (nv + threads - 1) / threads;
       const unsigned rows = static_cast<unsigned>(n);
       auto go = [&](auto kernel) {
-        kernel<<<rows, threads, 0, stream>>>(static_cast<T*>(out), rstd, static_cast<const T*>(in),
+        kernel<<<rows, threads, 0, stream>>>(static_cast<T*>(out), out16, rstd,
+                                             static_cast<const T*>(in),
                                              static_cast<const T*>(weight), c, eps);
       };
       if (vpt == 1) {
@@ -471,14 +512,28 @@ cudaError_t launch_rms_norm(Elt e, void* out, float* rstd, const void* in, const
       }
     } else if (vec) {
       rms_norm_kernel<T, true><<<blocks, 32 * kRowsPerBlock, 0, stream>>>(
-          static_cast<T*>(out), rstd, static_cast<const T*>(in), static_cast<const T*>(weight), n,
-          c, eps);
+          static_cast<T*>(out), out16, rstd, static_cast<const T*>(in),
+          static_cast<const T*>(weight), n, c, eps);
     } else {
       rms_norm_kernel<T, false><<<blocks, 32 * kRowsPerBlock, 0, stream>>>(
-          static_cast<T*>(out), rstd, static_cast<const T*>(in), static_cast<const T*>(weight), n,
-          c, eps);
+          static_cast<T*>(out), out16, rstd, static_cast<const T*>(in),
+          static_cast<const T*>(weight), n, c, eps);
     }
   });
+}
+
+}  // namespace
+
+cudaError_t launch_rms_norm(Elt e, void* out, float* rstd, const void* in, const void* weight,
+                            std::int64_t n, std::int64_t c, float eps, cudaStream_t stream) {
+  return launch_rms_norm_impl(e, out, nullptr, rstd, in, weight, n, c, eps, stream);
+}
+
+cudaError_t launch_rms_norm_f32_bf16(float* out, void* out16, float* rstd, const float* in,
+                                     const float* weight, std::int64_t n, std::int64_t c, float eps,
+                                     cudaStream_t stream) {
+  return launch_rms_norm_impl(Elt::kF32, out, static_cast<bf16*>(out16), rstd, in, weight, n, c,
+                              eps, stream);
 }
 
 cudaError_t launch_add_rms_norm_f32(float* x_out, float* out, float* rstd, const float* x,

@@ -8,6 +8,7 @@
 // Covered by dense_fd_test.cpp (central differences in f64) and dense_ref_test.cpp.
 #include <cmath>
 
+#include "core/dtype.h"
 #include "kernels/ref/arg_checks.h"
 #include "kernels/ref/element_access.h"
 #include "kernels/ref/reference_backend.h"
@@ -22,6 +23,10 @@ Status ReferenceBackend::rms_norm(const RmsNormArgs& a, Stream&) {
   FERRY_TRY(check_view(kWho, "out", a.out, {n, c}, kF32F64));
   FERRY_TRY(check_view(kWho, "weight", a.weight, {c}, kF32F64Bf16));
   FERRY_TRY(check_optional_view(kWho, "rstd", a.rstd, {n}, kF32F64));
+  // The optional bf16 copy: out (f32 only) rounded as convert() rounds it.
+  FERRY_TRY(check_optional_view(kWho, "out16", a.out16, {n, c}, kBf16Only));
+  if (!is_absent(a.out16) && a.out.dtype != DType::kF32)
+    return invalid_argument("kernels: {}: out16 needs an f32 out", kWho);
   if (!(a.eps >= 0.0f)) return invalid_argument("kernels: {}: eps {} < 0", kWho, a.eps);
   if (c == 0) return invalid_argument("kernels: {}: rows have 0 columns", kWho);
   for (std::int64_t row = 0; row < n; ++row) {
@@ -33,6 +38,9 @@ Status ReferenceBackend::rms_norm(const RmsNormArgs& a, Stream&) {
     const double r = 1.0 / std::sqrt(ss / static_cast<double>(c) + static_cast<double>(a.eps));
     for (std::int64_t j = 0; j < c; ++j) {
       ref::store(a.out, row * c + j, ref::load(a.in, row * c + j) * r * ref::load(a.weight, j));
+      if (!is_absent(a.out16)) {
+        a.out16.as<std::uint16_t>()[row * c + j] = f32_to_bf16(a.out.as<float>()[row * c + j]);
+      }
     }
     if (!is_absent(a.rstd)) ref::store(a.rstd, row, r);
   }

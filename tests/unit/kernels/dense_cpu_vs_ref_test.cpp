@@ -438,6 +438,56 @@ TEST(DenseCpuVsRef, SwiGluBf16CopyIsConvertOfTheOutput) {
   }
 }
 
+// RmsNormArgs::out16: out rounded to bf16 by the norm itself is convert(out) bit for bit, and
+// out and rstd are the bits of the norm without the copy.
+TEST(DenseCpuVsRef, RmsNormBf16CopyIsConvertOfTheOutput) {
+  for (Backend* be : {&cpu(), &ref()}) {
+    for (auto [n, c] :
+         {std::pair<std::int64_t, std::int64_t>{1, 1}, {3, 7}, {7, 129}, {64, 1031}, {5, 3584}}) {
+      SCOPED_TRACE(::testing::Message() << be->name() << " n=" << n << " c=" << c);
+      const HostTensor x = random_tensor({n, c}, DType::kF32, 13 * n + c, -4.0, 4.0);
+      HostTensor w = random_tensor({c}, DType::kF32, 17 * n + c, -2.0, 2.0);
+      if (c > 2) {
+        w.set(0, 3.0e38);  // overflows to +-inf in f32 and bf16 where |x r| > 1
+        w.set(1, 1.0e-30);
+      }
+      HostTensor plain = zeros({n, c}, DType::kF32), out = zeros({n, c}, DType::kF32);
+      HostTensor rstd_plain = zeros({n}, DType::kF32), rstd = zeros({n}, DType::kF32);
+      HostTensor out16 = zeros({n, c}, DType::kBF16), want16 = zeros({n, c}, DType::kBF16);
+      FERRY_ASSERT_OK(be->rms_norm({.out = plain.view(),
+                                    .rstd = rstd_plain.view(),
+                                    .in = x.cview(),
+                                    .weight = w.cview(),
+                                    .eps = 1e-6f},
+                                   host()));
+      FERRY_ASSERT_OK(be->rms_norm({.out = out.view(),
+                                    .rstd = rstd.view(),
+                                    .in = x.cview(),
+                                    .weight = w.cview(),
+                                    .eps = 1e-6f,
+                                    .out16 = out16.view()},
+                                   host()));
+      FERRY_ASSERT_OK(cpu().convert({.out = want16.view(), .in = out.cview()}, host()));
+      const std::size_t elems = static_cast<std::size_t>(n * c);
+      EXPECT_EQ(std::memcmp(out.data(), plain.data(), elems * sizeof(float)), 0);
+      EXPECT_EQ(std::memcmp(rstd.data(), rstd_plain.data(), static_cast<std::size_t>(n) * 4), 0);
+      EXPECT_EQ(std::memcmp(out16.data(), want16.data(), elems * sizeof(std::uint16_t)), 0);
+    }
+  }
+  // A bf16 copy of the wrong shape or dtype is refused.
+  const HostTensor x = random_tensor({2, 3}, DType::kF32, 1),
+                   w = random_tensor({3}, DType::kF32, 2);
+  HostTensor out = zeros({2, 3}, DType::kF32), bad_shape = zeros({3, 2}, DType::kBF16),
+             bad_dtype = zeros({2, 3}, DType::kF32);
+  for (Backend* be : {&cpu(), &ref()}) {
+    for (HostTensor* bad : {&bad_shape, &bad_dtype}) {
+      const Status st = be->rms_norm(
+          {.out = out.view(), .in = x.cview(), .weight = w.cview(), .out16 = bad->view()}, host());
+      EXPECT_FALSE(st.ok()) << be->name();
+    }
+  }
+}
+
 // ---------------------------------------------------------------- add, sum_squares
 
 TEST(DenseCpuVsRef, AddMatchesOneRoundingAndAllowsAliasing) {

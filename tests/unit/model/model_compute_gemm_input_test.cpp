@@ -79,12 +79,17 @@ class Counting final : public testing::ForwardingBackend {
     if (a.in.dtype == DType::kF32 && a.out.dtype == DType::kBF16) ++casts_down;
     return inner_.convert(a, s);
   }
+  Status rms_norm(const kernels::RmsNormArgs& a, mem::Stream& s) override {
+    if (a.out16.data != nullptr) ++norm_bf16;
+    return inner_.rms_norm(a, s);
+  }
   Status swiglu(const kernels::SwiGluArgs& a, mem::Stream& s) override {
     if (a.out16.data != nullptr) ++swiglu_bf16;
     return inner_.swiglu(a, s);
   }
   int casts_down = 0;
   int swiglu_bf16 = 0;
+  int norm_bf16 = 0;  // rms_norm calls that wrote the bf16 copy (RmsNormArgs::out16)
 
  private:
   Backend& inner_;
@@ -124,7 +129,7 @@ struct Pass {
   double loss = 0.0;
   std::vector<std::vector<float>> grads;
   std::uint64_t converts = 0;  // ModelCompute::gemm_input_converts()
-  int casts_down = 0, swiglu_bf16 = 0;
+  int casts_down = 0, swiglu_bf16 = 0, norm_bf16 = 0;
 };
 
 std::vector<std::vector<float>> grads_of(const GradStorage& g) {
@@ -174,6 +179,7 @@ Pass whole_model(Case& c, Backend& inner, bool reuse) {
   r.converts = mc->gemm_input_converts();
   r.casts_down = be.casts_down;
   r.swiglu_bf16 = be.swiglu_bf16;
+  r.norm_bf16 = be.norm_bf16;
   return r;
 }
 
@@ -213,6 +219,7 @@ Pass per_layer(Case& c, Backend& inner, bool reuse) {
   r.converts = mc->gemm_input_converts();
   r.casts_down = be.casts_down;
   r.swiglu_bf16 = be.swiglu_bf16;
+  r.norm_bf16 = be.norm_bf16;
   return r;
 }
 
@@ -228,6 +235,7 @@ TEST(ModelComputeGemmInput, SameBitsAndFewerConvertsOnTheWholeModelPath) {
       const Pass on = whole_model(c, *inner, true);
       expect_same(on, off, what);
       EXPECT_EQ(off.swiglu_bf16, 0);
+      EXPECT_EQ(off.norm_bf16, 0);
       EXPECT_LT(on.converts, off.converts);
       EXPECT_LT(on.casts_down, off.casts_down);
       // The counter counts exactly the activation roundings that disappeared (the other casts:
@@ -236,13 +244,16 @@ TEST(ModelComputeGemmInput, SameBitsAndFewerConvertsOnTheWholeModelPath) {
       const DecoderGeometry& geo = c.m->geometry;
       int dense = 0;
       for (bool moe : geo.layer_is_moe) dense += moe ? 0 : 1;
+      // Every layer's forward has its attention norm write h1's bf16 copy, a dense layer's its
+      // MLP norm h2's too (an MoE layer's experts read gathered rows).
+      EXPECT_EQ(on.norm_bf16, geo.layers + dense);
       if (dense == geo.layers) {
-        // Per dense layer, forward: 7 roundings (q, k, v, o, gate, up, down) -> 3 (h1, attn,
-        // h2; the SwiGLU kernel writes down's); backward: 7 -> 4 (act, h2, attn, h1), and 3 for
-        // the last layer, whose act copy is still there from the forward.
+        // Per dense layer, forward: 7 roundings (q, k, v, o, gate, up, down) -> 1 (attn; the
+        // norms write h1's and h2's, the SwiGLU kernel down's); backward: 7 -> 4 (act, h2, attn,
+        // h1), and 3 for the last layer, whose act copy is still there from the forward.
         const auto L = static_cast<std::uint64_t>(geo.layers);
         EXPECT_EQ(off.converts, 14 * L);
-        EXPECT_EQ(on.converts, 3 * L + 4 * L - 1);
+        EXPECT_EQ(on.converts, 1 * L + 4 * L - 1);
         EXPECT_EQ(on.swiglu_bf16, geo.layers);
       } else {
         EXPECT_GT(on.swiglu_bf16, 0);
@@ -265,11 +276,13 @@ TEST(ModelComputeGemmInput, SameBitsAndFewerConvertsInTheRecomputeOrder) {
       // The per-layer path gives the whole-model path's bits.
       expect_same(on, whole_model(c, *inner, true), what + " vs whole model");
       if (std::string(arch) == "qwen2") {
-        // Two forwards and one backward per layer: 21 roundings -> 3 + 3 + 3 (the backward's
-        // act is reused every time: each backward follows its own recompute).
+        // Two forwards and one backward per layer: 21 roundings -> 1 + 1 + 3 (the norms write
+        // h1's and h2's copies in each forward; the backward's act is reused every time: each
+        // backward follows its own recompute).
         const auto L = static_cast<std::uint64_t>(c.m->geometry.layers);
         EXPECT_EQ(off.converts, 21 * L);
-        EXPECT_EQ(on.converts, 9 * L);
+        EXPECT_EQ(on.converts, 5 * L);
+        EXPECT_EQ(on.norm_bf16, 4 * c.m->geometry.layers);
       } else {
         EXPECT_LT(on.converts, off.converts);
       }
@@ -321,11 +334,11 @@ TEST(ModelComputeGemmInput, NeverReadsAStaleCopy) {
       runs[reuse ? 1 : 0].converts = mc->gemm_input_converts();
     }
     expect_same(runs[1], runs[0], "stale-copy order");
-    // L + 3 forwards save 4 roundings each; the backwards 3 each, and 4 for the one that reused
-    // the copy: layer 1's first (layer 0's found layer 1's copy, layer 1's second found h1's
-    // rounding in gemm.x16).
+    // L + 3 forwards save 6 roundings each (q/k/v, gate/up from the norms' copies, down from the
+    // SwiGLU's); the backwards 3 each, and 4 for the one that reused the copy: layer 1's first
+    // (layer 0's found layer 1's copy, layer 1's second found h1's rounding in gemm.x16).
     const auto forwards = static_cast<std::uint64_t>(L + 3);
-    EXPECT_EQ(runs[0].converts - runs[1].converts, 4u * forwards + 3u + 4u + 3u);
+    EXPECT_EQ(runs[0].converts - runs[1].converts, 6u * forwards + 3u + 4u + 3u);
   }
 }
 
@@ -344,6 +357,7 @@ TEST(ModelComputeGemmInput, F32GemmsConvertNothing) {
     ASSERT_TRUE((*mc)->backward(c.m->params, c.batch, (*grads)->grads).ok());
     EXPECT_EQ((*mc)->gemm_input_converts(), 0u);
     EXPECT_EQ(be.swiglu_bf16, 0);
+    EXPECT_EQ(be.norm_bf16, 0);
   }
 }
 
