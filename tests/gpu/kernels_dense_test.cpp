@@ -7,8 +7,11 @@
 // bf16 tables) and sum_squares are bitwise repeatable; rms_norm rows do not depend on which other
 // rows are in the batch.
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <string>
+#include <tuple>
 
 #include "kernels/rope_table.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -516,6 +519,46 @@ TEST_F(KernelsDense, EmbeddingForwardBackward) {
     EXPECT_TRUE(same_bits(dtab_bf.download(), dtab_bf2.download()));
     // Both backwards are deterministic: repeated ids add in token order every time.
     EXPECT_TRUE(same_bits(dtab_f32.download(), dtab_f32b.download()));
+  }
+}
+
+// The vocabulary-sliced embedding backward (the default) against the column kernel
+// (FERRY_EMBEDDING_BWD_COLUMN=1) bit for bit: random ids with heavy repeats (a quarter of the
+// tokens on 3 ids, ids sharing a slice) and out-of-range ids, more tokens than one staged chunk,
+// widths not a multiple of the CTA, a nonzero d_table accumulated into, f32 and bf16 tables.
+TEST_F(KernelsDense, EmbeddingBackwardSlicedIsTheColumnKernelBitForBit) {
+  const char* old_env = std::getenv("FERRY_EMBEDDING_BWD_COLUMN");
+  const std::string saved = old_env != nullptr ? old_env : "";
+  for (auto [t, v, c] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
+           {1, 1, 1}, {5000, 1000, 200}, {4500, 70, 33}, {300, 152064, 64}}) {
+    SCOPED_TRACE(::testing::Message() << "t=" << t << " v=" << v << " c=" << c);
+    HostTensor ids = random_ids(t, v, 90 + t);
+    for (std::int64_t i = 0; i < t; i += 4) ids.set(i, static_cast<double>((i / 4) % 3 * 32 % v));
+    if (t > 10) {
+      ids.set(3, -1.0);
+      ids.set(7, static_cast<double>(v));
+    }
+    DeviceTensor dids(ids);
+    for (auto [dt_table, dt_out] :
+         std::vector<std::pair<DType, DType>>{{kF32, kF32}, {kF32, kBf}, {kBf, kBf}, {kBf, kF32}}) {
+      const auto dy = random_tensor({t, c}, dt_out, 91 + c, -1, 1);
+      const auto init = random_tensor({v, c}, dt_table, 92 + v, -1, 1);
+      DeviceTensor ddy(dy), sliced(init), column(init);
+      ::unsetenv("FERRY_EMBEDDING_BWD_COLUMN");
+      FERRY_ASSERT_OK(cuda().embedding_backward(
+          {.d_table = sliced.view(), .d_out = ddy.cview(), .ids = dids.cview()}, stream()));
+      ::setenv("FERRY_EMBEDDING_BWD_COLUMN", "1", 1);
+      FERRY_ASSERT_OK(cuda().embedding_backward(
+          {.d_table = column.view(), .d_out = ddy.cview(), .ids = dids.cview()}, stream()));
+      sync();
+      EXPECT_TRUE(same_bits(sliced.download(), column.download()))
+          << to_string(dt_table) << " table, " << to_string(dt_out) << " d_out";
+    }
+  }
+  if (old_env != nullptr) {
+    ::setenv("FERRY_EMBEDDING_BWD_COLUMN", saved.c_str(), 1);
+  } else {
+    ::unsetenv("FERRY_EMBEDDING_BWD_COLUMN");
   }
 }
 
