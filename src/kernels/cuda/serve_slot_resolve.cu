@@ -59,6 +59,57 @@ __device__ __forceinline__ unsigned long long block_min(unsigned long long v,
   return r;
 }
 
+// The layer's state block and the call's log as typed pointers (SlotStateLayout).
+struct ResolveView {
+  std::int32_t *slot_of, *expert_in, *flags, *ids_out, *miss_expert, *miss_slot, *evicted;
+  std::uint32_t* stamp;
+  __device__ explicit ResolveView(const SlotResolveArgs& a)
+      : slot_of(a.state + 4),
+        expert_in(slot_of + a.E),
+        flags(expert_in + 2 * a.max_cap),
+        ids_out(a.log + 5),
+        miss_expert(ids_out + a.E),
+        miss_slot(ids_out + 2 * a.E),
+        evicted(ids_out + 3 * a.E),
+        stamp(reinterpret_cast<std::uint32_t*>(expert_in + a.max_cap)) {}
+};
+
+// Slot s's key as a miss's victim (the smallest wins): an empty slot (0, s), an evictable one
+// (neither hot nor in use) (1, stamp, s), any other never.
+__device__ __forceinline__ unsigned long long victim_key(const ResolveView& v, int s) {
+  if (v.expert_in[s] < 0) return static_cast<unsigned long long>(s);
+  if ((v.flags[s] & (kSlotHot | kSlotInUse)) != 0) return ~0ull;
+  return (1ull << 62) | (static_cast<unsigned long long>(v.stamp[s]) << 20) |
+         static_cast<unsigned long long>(s);
+}
+
+// Miss number j of this call puts expert e into `victim`: the slot's old expert (if any) loses
+// its slot and table entries, e gets both, the slot is stamped and in use, and the log records
+// the miss. One thread. Returns 1 when an expert was evicted.
+__device__ __forceinline__ int take_slot(const SlotResolveArgs& a, const ResolveView& v, int victim,
+                                         std::int32_t e, std::uint32_t tick, std::int32_t j) {
+  const int E = a.E;
+  const std::int32_t old = v.expert_in[victim];
+  if (old >= 0) {
+    v.slot_of[old] = -1;
+    a.table[old] = nullptr;
+    a.table[E + old] = nullptr;
+    a.table[2 * E + old] = nullptr;
+  }
+  v.expert_in[victim] = e;
+  v.slot_of[e] = victim;
+  v.stamp[victim] = tick;
+  v.flags[victim] |= kSlotInUse;
+  unsigned char* block = a.slot_base + std::int64_t(victim) * a.expert_bytes;
+  a.table[e] = block;
+  a.table[E + e] = block + a.up_offset;
+  a.table[2 * E + e] = block + a.down_offset;
+  v.miss_expert[j] = e;
+  v.miss_slot[j] = victim;
+  v.evicted[j] = old;
+  return old >= 0 ? 1 : 0;
+}
+
 __global__ void resolve_slots_kernel(SlotResolveArgs a) {
   extern __shared__ std::int32_t smem[];  // distinct [E] then seen [E]
   __shared__ unsigned long long scratch[33];
@@ -66,14 +117,12 @@ __global__ void resolve_slots_kernel(SlotResolveArgs a) {
   std::int32_t* distinct = smem;
   std::int32_t* seen = smem + a.E;
   const int E = a.E, M = a.max_cap;
-  std::int32_t* slot_of = a.state + 4;
-  std::int32_t* expert_in = slot_of + E;
-  auto* stamp = reinterpret_cast<std::uint32_t*>(expert_in + M);
-  std::int32_t* flags = expert_in + 2 * M;
-  std::int32_t* ids_out = a.log + 5;
-  std::int32_t* miss_expert = ids_out + E;
-  std::int32_t* miss_slot = ids_out + 2 * E;
-  std::int32_t* evicted = ids_out + 3 * E;
+  const ResolveView v(a);
+  std::int32_t* slot_of = v.slot_of;
+  std::uint32_t* stamp = v.stamp;
+  std::int32_t* flags = v.flags;
+  std::int32_t* ids_out = v.ids_out;
+  std::int32_t* evicted = v.evicted;
   const int cap = a.state[0];
   // The previous call's working set back to resident; scratch cleared.
   for (int s = threadIdx.x; s < M; s += blockDim.x) flags[s] &= ~kSlotInUse;
@@ -117,13 +166,7 @@ __global__ void resolve_slots_kernel(SlotResolveArgs a) {
     if (slot_of[e] >= 0) continue;  // a hit (uniform: read after the last barrier)
     unsigned long long key = ~0ull;
     for (int s = threadIdx.x; s < cap; s += blockDim.x) {
-      unsigned long long k = ~0ull;
-      if (expert_in[s] < 0) {
-        k = static_cast<unsigned long long>(s);
-      } else if ((flags[s] & (kSlotHot | kSlotInUse)) == 0) {
-        k = (1ull << 62) | (static_cast<unsigned long long>(stamp[s]) << 20) |
-            static_cast<unsigned long long>(s);
-      }
+      const unsigned long long k = victim_key(v, s);
       key = k < key ? k : key;
     }
     key = block_min(key, scratch);
@@ -131,26 +174,7 @@ __global__ void resolve_slots_kernel(SlotResolveArgs a) {
       if (key == ~0ull) {
         ++s_errors;  // more non-hot experts than slots: the caller's bug
       } else {
-        const int victim = static_cast<int>(key & 0xfffffull);
-        const std::int32_t old = expert_in[victim];
-        if (old >= 0) {
-          slot_of[old] = -1;
-          a.table[old] = nullptr;
-          a.table[E + old] = nullptr;
-          a.table[2 * E + old] = nullptr;
-          ++evictions;
-        }
-        expert_in[victim] = e;
-        slot_of[e] = victim;
-        stamp[victim] = tick;
-        flags[victim] |= kSlotInUse;
-        unsigned char* block = a.slot_base + std::int64_t(victim) * a.expert_bytes;
-        a.table[e] = block;
-        a.table[E + e] = block + a.up_offset;
-        a.table[2 * E + e] = block + a.down_offset;
-        miss_expert[misses] = e;
-        miss_slot[misses] = victim;
-        evicted[misses] = old;
+        evictions += take_slot(a, v, static_cast<int>(key & 0xfffffull), e, tick, misses);
         ++misses;
       }
     }
@@ -173,14 +197,12 @@ __global__ void __launch_bounds__(32) resolve_slots_warp_kernel(SlotResolveArgs 
   const int lane = static_cast<int>(threadIdx.x);
   const unsigned below = (1u << lane) - 1u;  // lanes before this one
   const int E = a.E, M = a.max_cap;
-  std::int32_t* slot_of = a.state + 4;
-  std::int32_t* expert_in = slot_of + E;
-  auto* stamp = reinterpret_cast<std::uint32_t*>(expert_in + M);
-  std::int32_t* flags = expert_in + 2 * M;
-  std::int32_t* ids_out = a.log + 5;
-  std::int32_t* miss_expert = ids_out + E;
-  std::int32_t* miss_slot = ids_out + 2 * E;
-  std::int32_t* evicted = ids_out + 3 * E;
+  const ResolveView v(a);
+  std::int32_t* slot_of = v.slot_of;
+  std::uint32_t* stamp = v.stamp;
+  std::int32_t* flags = v.flags;
+  std::int32_t* ids_out = v.ids_out;
+  std::int32_t* evicted = v.evicted;
   const int cap = a.state[0];
   const std::uint32_t tick = reinterpret_cast<std::uint32_t*>(a.state)[1] + 1u;
   // The previous call's working set back to resident; scratch cleared.
@@ -236,13 +258,7 @@ __global__ void __launch_bounds__(32) resolve_slots_warp_kernel(SlotResolveArgs 
     const std::int32_t e = seen[j];
     unsigned long long key = ~0ull;
     for (int s = lane; s < cap; s += 32) {
-      unsigned long long k = ~0ull;
-      if (expert_in[s] < 0) {
-        k = static_cast<unsigned long long>(s);
-      } else if ((flags[s] & (kSlotHot | kSlotInUse)) == 0) {
-        k = (1ull << 62) | (static_cast<unsigned long long>(stamp[s]) << 20) |
-            static_cast<unsigned long long>(s);
-      }
+      const unsigned long long k = victim_key(v, s);
       key = k < key ? k : key;
     }
     for (int off = 16; off > 0; off >>= 1) {
@@ -253,26 +269,7 @@ __global__ void __launch_bounds__(32) resolve_slots_warp_kernel(SlotResolveArgs 
       ++errors;  // more non-hot experts than slots: the caller's bug
     } else {
       if (lane == 0) {
-        const int victim = static_cast<int>(key & 0xfffffull);
-        const std::int32_t old = expert_in[victim];
-        if (old >= 0) {
-          slot_of[old] = -1;
-          a.table[old] = nullptr;
-          a.table[E + old] = nullptr;
-          a.table[2 * E + old] = nullptr;
-          ++evictions;
-        }
-        expert_in[victim] = e;
-        slot_of[e] = victim;
-        stamp[victim] = tick;
-        flags[victim] |= kSlotInUse;
-        unsigned char* block = a.slot_base + std::int64_t(victim) * a.expert_bytes;
-        a.table[e] = block;
-        a.table[E + e] = block + a.up_offset;
-        a.table[2 * E + e] = block + a.down_offset;
-        miss_expert[misses] = e;
-        miss_slot[misses] = victim;
-        evicted[misses] = old;
+        evictions += take_slot(a, v, static_cast<int>(key & 0xfffffull), e, tick, misses);
       }
       ++misses;
     }
