@@ -165,6 +165,26 @@ Status ExpertExecutor::device_group(int layer, const float* d_x, const std::int3
   const int E = geo_.experts, K = geo_.top_k;
   const auto* h_ids = reinterpret_cast<const std::int32_t*>(s.h_ids.data());
   FERRY_TRY(resolve_group(layer, h_ids, rows));
+  // The group is acquired from here. An enqueue below that fails must not leave it so (the
+  // layer's next acquire would abort on "acquired twice"): compute is made to wait for every copy
+  // of the batch (release() checks it: no later reader of, or copy into, these slots may race
+  // them), then the group is released. Should even that wait fail, it stays acquired.
+  struct ReleaseOnError {
+    ExpertExecutor& x;
+    int layer;
+    mem::Stream& cs;
+    bool armed = true;
+    ~ReleaseOnError() {
+      if (!armed) return;
+      bool joined = true;
+      if (x.pager_->overlaps_copies()) {
+        for (std::size_t j = 0; j < x.expert_of_copy_.size(); ++j) {
+          joined = x.pager_->wait_copy(static_cast<int>(j), cs).ok() && joined;
+        }
+      }
+      if (joined) x.pager_->release(layer);
+    }
+  } release_on_error{*this, layer, *s.dev.compute};
   const std::uint64_t group_rows = rows.size();
   if (placement_on()) {
     // Rows of experts sent to the host leave this group's launches (and its table: no host
@@ -181,6 +201,7 @@ Status ExpertExecutor::device_group(int layer, const float* d_x, const std::int3
   }
   const std::int64_t n = std::int64_t(rows.size());
   if (n == 0) {  // every expert of the group runs on the host: nothing to launch
+    release_on_error.armed = false;
     pager_->release(layer);
     ++counters_.groups;
     counters_.expert_rows += group_rows;
@@ -248,7 +269,8 @@ Status ExpertExecutor::device_group(int layer, const float* d_x, const std::int3
       FERRY_TRY(device::expert_ffn(a, cs));
     }
   }
-  if (pager_) pager_->release(layer);
+  release_on_error.armed = false;
+  pager_->release(layer);
   ++counters_.groups;
   counters_.expert_rows += group_rows;
   return ok_status();
