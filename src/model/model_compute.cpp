@@ -341,23 +341,16 @@ Status ModelCompute::zero_fill(float* p, std::int64_t n) {
 
 Status ModelCompute::attention_forward(LayerActs& a, const LayerTensors<ConstTensorView>& p,
                                        std::int64_t T, const PackedBatch& batch, const float* x_in,
-                                       const std::optional<GemmInput>& h1_in) {
+                                       const GemmInput& h1_in) {
   const std::int64_t C = geo_.hidden, H = geo_.heads, G = geo_.kv_heads, D = geo_.head_dim;
-  const ConstTensorView h1 = f32_view(a.h1, {T, C});
   const bool normed = geo_.qk_norm != QkNorm::kNone;
   // Projections: into q_pre/k_pre when a q/k norm follows, else straight into q/k.
   const TensorView q_proj = normed ? f32_view(a.q_pre, {T, H * D}) : f32_view(a.q, {T, H * D});
   const TensorView k_proj = normed ? f32_view(a.k_pre, {T, G * D}) : f32_view(a.k, {T, G * D});
-  if (h1_in) {
-    // The norm's one rounding of h1 for the three projections.
-    FERRY_TRY(linear(q_proj, *h1_in, p.q, p.q_bias));
-    FERRY_TRY(linear(k_proj, *h1_in, p.k, p.k_bias));
-    FERRY_TRY(linear(f32_view(a.v, {T, G * D}), *h1_in, p.v, p.v_bias));
-  } else {
-    FERRY_TRY(linear(q_proj, h1, p.q, p.q_bias));
-    FERRY_TRY(linear(k_proj, h1, p.k, p.k_bias));
-    FERRY_TRY(linear(f32_view(a.v, {T, G * D}), h1, p.v, p.v_bias));
-  }
+  // h1 as the norm left it: one rounding for the three projections (reuse on).
+  FERRY_TRY(linear(q_proj, h1_in, p.q, p.q_bias));
+  FERRY_TRY(linear(k_proj, h1_in, p.k, p.k_bias));
+  FERRY_TRY(linear(f32_view(a.v, {T, G * D}), h1_in, p.v, p.v_bias));
   if (geo_.qk_norm == QkNorm::kPerHead) {
     FERRY_TRY(be_.rms_norm({.out = f32_view(a.q, {T * H, D}),
                             .rstd = f32_view(a.q_rstd, {T * H}),
@@ -436,17 +429,11 @@ Status ModelCompute::attention_forward(LayerActs& a, const LayerTensors<ConstTen
 }
 
 Status ModelCompute::mlp_forward(int l, LayerActs& a, const LayerTensors<ConstTensorView>& p,
-                                 std::int64_t T, const std::optional<GemmInput>& h2_in) {
+                                 std::int64_t T, const GemmInput& h2_in) {
   const std::int64_t C = geo_.hidden, F = geo_.mlp_width;
-  const ConstTensorView h2 = f32_view(a.h2, {T, C});
-  if (h2_in) {
-    // The norm's one rounding of h2 for gate and up.
-    FERRY_TRY(linear(f32_view(a.gate, {T, F}), *h2_in, p.gate));
-    FERRY_TRY(linear(f32_view(a.up, {T, F}), *h2_in, p.up));
-  } else {
-    FERRY_TRY(linear(f32_view(a.gate, {T, F}), h2, p.gate));
-    FERRY_TRY(linear(f32_view(a.up, {T, F}), h2, p.up));
-  }
+  // h2 as the norm left it: one rounding for gate and up (reuse on).
+  FERRY_TRY(linear(f32_view(a.gate, {T, F}), h2_in, p.gate));
+  FERRY_TRY(linear(f32_view(a.up, {T, F}), h2_in, p.up));
   FERRY_ASSIGN_OR_RETURN(const GemmInput act_in,
                          swiglu_into_gemm_input(f32_view(a.act, {T, F}), f32_view(a.gate, {T, F}),
                                                 f32_view(a.up, {T, F})));
@@ -489,14 +476,9 @@ Status ModelCompute::moe_forward(LayerActs& a, const LayerTensors<ConstTensorVie
     const std::int64_t r0 = offsets[e], r1 = offsets[e + 1];
     if (r1 == r0) continue;
     const ConstTensorView x_e = rows_of(ConstTensorView(gathered), r0, r1);
-    if (gemm_input_reuse_) {
-      FERRY_ASSIGN_OR_RETURN(const GemmInput x_in, gemm_input(x_e));
-      FERRY_TRY(linear(rows_of(egate, r0, r1), x_in, p.expert_gate[e]));
-      FERRY_TRY(linear(rows_of(eup, r0, r1), x_in, p.expert_up[e]));
-    } else {
-      FERRY_TRY(linear(rows_of(egate, r0, r1), x_e, p.expert_gate[e]));
-      FERRY_TRY(linear(rows_of(eup, r0, r1), x_e, p.expert_up[e]));
-    }
+    FERRY_ASSIGN_OR_RETURN(const GemmInput x_in, shared_gemm_input(x_e));
+    FERRY_TRY(linear(rows_of(egate, r0, r1), x_in, p.expert_gate[e]));
+    FERRY_TRY(linear(rows_of(eup, r0, r1), x_in, p.expert_up[e]));
     FERRY_ASSIGN_OR_RETURN(
         const GemmInput act_in,
         swiglu_into_gemm_input(rows_of(eact, r0, r1), rows_of(ConstTensorView(egate), r0, r1),
@@ -516,7 +498,7 @@ Status ModelCompute::run_layer_forward(int l, LayerActs& a, const LayerTensors<C
   const std::int64_t C = geo_.hidden;
   // h1 = rms_norm(x_in), with the reuse on also h1's bf16 GEMM operand (gemm.x16) for q/k/v.
   FERRY_ASSIGN_OR_RETURN(
-      const std::optional<GemmInput> h1_in,
+      const GemmInput h1_in,
       rms_norm_into_gemm_input({.out = f32_view(a.h1, {T, C}),
                                 .rstd = f32_view(a.rstd1, {T}),
                                 .in = ConstTensorView::contiguous(x_in, DType::kF32, dev_, {T, C}),
@@ -541,7 +523,7 @@ Status ModelCompute::run_layer_forward(int l, LayerActs& a, const LayerTensors<C
     FERRY_TRY(moe_forward(a, p, T));
   } else {
     // h2 = rms_norm(x_mid), with the reuse on also h2's bf16 GEMM operand for gate/up.
-    FERRY_ASSIGN_OR_RETURN(const std::optional<GemmInput> h2_in, rms_norm_into_gemm_input(norm2));
+    FERRY_ASSIGN_OR_RETURN(const GemmInput h2_in, rms_norm_into_gemm_input(norm2));
     FERRY_TRY(mlp_forward(l, a, p, T, h2_in));
   }
   return be_.add({.out = TensorView::contiguous(x_out, DType::kF32, dev_, {T, C}),

@@ -47,7 +47,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -342,16 +341,20 @@ class ModelCompute {
   // until the next gemm_input / swiglu_into_gemm_input / rms_norm_into_gemm_input (they overwrite
   // gemm.x16), so a caller takes one and passes it to every GEMM that reads x before asking for
   // another.
+  // op empty: x not rounded yet, each GEMM that reads it rounds it itself (the reuse off: the
+  // path before it, kept for A/B).
   struct GemmInput {
     ConstTensorView x;
     ConstTensorView op;
   };
   Result<GemmInput> gemm_input(const ConstTensorView& x, bool f32_operands = false);
+  // The GemmInput for several GEMMs reading x: gemm_input(x) with the reuse on, else {x, empty}.
+  Result<GemmInput> shared_gemm_input(const ConstTensorView& x);
   // y = x w^T (+ bias), y f32 [N, out], x f32 [N, in], w [out, in]. f32_operands: multiply in
   // f32 whatever the precision (the MoE router, see model_compute_linear.cpp).
   Status linear(const TensorView& y, const ConstTensorView& x, const ConstTensorView& w,
                 const ConstTensorView& bias = {}, bool f32_operands = false);
-  // The same over an input already rounded by gemm_input (with the same f32_operands).
+  // The same over a GemmInput (rounded by gemm_input with the same f32_operands, or op empty).
   Status linear(const TensorView& y, const GemmInput& x, const ConstTensorView& w,
                 const ConstTensorView& bias = {}, bool f32_operands = false);
   // Backward of y = x w^T + b given dy: dw += dy^T x; db += 1^T dy (f32, exact operands);
@@ -370,11 +373,11 @@ class ModelCompute {
   // args.out [N, C] (f32) = rms_norm(args.in) and, with the reuse on, the GemmInput of the GEMMs
   // that read it: with bf16 GEMMs the norm kernel writes the bf16 copy into gemm.x16 itself
   // (RmsNormArgs::out16; args.out16 must be empty). With the reuse off a plain rms_norm and
-  // nullopt (the GEMMs then round out themselves, the old path).
-  Result<std::optional<GemmInput>> rms_norm_into_gemm_input(const kernels::RmsNormArgs& args);
+  // {out, empty} (the GEMMs then round out themselves, the old path).
+  Result<GemmInput> rms_norm_into_gemm_input(const kernels::RmsNormArgs& args);
   // The down projection's input of layer l as its forward left it in gemm.x16 (act [T, F] of
-  // workspace a), when that copy is still there (act16_layer_ below); else nullopt.
-  std::optional<GemmInput> reusable_act16(int l, const LayerActs& a, const ConstTensorView& act);
+  // workspace a), when that copy is still there (act16_layer_ below); else {act, empty}.
+  GemmInput reusable_act16(int l, const LayerActs& a, const ConstTensorView& act);
   // The view a GEMM reads for v in the GemmPrecision: v itself (kF32, or v already bf16 on a
   // bf16 backend); else v rounded to bf16 in `b16` (a bf16 view on a bf16-GEMM backend, or
   // widened back into `f32` on the CPU twin).
@@ -391,17 +394,16 @@ class ModelCompute {
                             const PackedBatch& batch, const float* x_in);
   // h1_in: h1 as rms_norm_into_gemm_input returned it (nullopt: the old path).
   Status attention_forward(LayerActs& a, const LayerTensors<ConstTensorView>& p, std::int64_t T,
-                           const PackedBatch& batch, const float* x_in,
-                           const std::optional<GemmInput>& h1_in);
+                           const PackedBatch& batch, const float* x_in, const GemmInput& h1_in);
   Status attention_backward(int l, LayerActs& a, const LayerTensors<ConstTensorView>& p,
                             const LayerTensors<TensorView>& g, std::int64_t T,
                             const PackedBatch& batch);
   // The attention backward's workspace for these arguments: the first workspace_bytes(args)
   // bytes of the planned buffer, or an empty view when none was planned.
   TensorView attention_workspace(const kernels::AttentionBackwardArgs& args) const;
-  // h2_in: h2 as rms_norm_into_gemm_input returned it (nullopt: the old path).
+  // h2_in: h2 as rms_norm_into_gemm_input returned it.
   Status mlp_forward(int l, LayerActs& a, const LayerTensors<ConstTensorView>& p, std::int64_t T,
-                     const std::optional<GemmInput>& h2_in);
+                     const GemmInput& h2_in);
   Status mlp_backward(int l, LayerActs& a, const LayerTensors<ConstTensorView>& p,
                       const LayerTensors<TensorView>& g, std::int64_t T);
   Status moe_forward(LayerActs& a, const LayerTensors<ConstTensorView>& p, std::int64_t T);

@@ -4,7 +4,6 @@
 // gradient accumulation work without special cases). Each step names the forward line it undoes.
 #include <algorithm>
 #include <cmath>
-#include <optional>
 #include <tuple>
 #include <utility>
 
@@ -26,11 +25,8 @@ Status ModelCompute::mlp_backward(int l, LayerActs& a, const LayerTensors<ConstT
   const ConstTensorView dy = f32_view(s.dx, {T, C});
   // y = act Wd^T. Right after this layer's forward its bf16 act is still in gemm.x16.
   const ConstTensorView act = f32_view(a.act, {T, F});
-  if (const std::optional<GemmInput> act_in = reusable_act16(l, a, act)) {
-    FERRY_TRY(linear_backward(f32_view(s.d_act, {T, F}), g.down, {}, dy, *act_in, p.down, false));
-  } else {
-    FERRY_TRY(linear_backward(f32_view(s.d_act, {T, F}), g.down, {}, dy, act, p.down, false));
-  }
+  FERRY_TRY(linear_backward(f32_view(s.d_act, {T, F}), g.down, {}, dy, reusable_act16(l, a, act),
+                            p.down, false));
   // act = silu(gate) * up
   FERRY_TRY(be_.swiglu_backward({.d_gate = f32_view(s.d_gate, {T, F}),
                                  .d_up = f32_view(s.d_up, {T, F}),
@@ -39,18 +35,11 @@ Status ModelCompute::mlp_backward(int l, LayerActs& a, const LayerTensors<ConstT
                                  .up = f32_view(a.up, {T, F})},
                                 st()));
   // gate = h2 Wg^T, up = h2 Wu^T  ->  dh = d_gate Wg + d_up Wu
-  const ConstTensorView h2 = f32_view(a.h2, {T, C});
-  if (gemm_input_reuse_) {
-    // One rounding of h2 for both weight gradients.
-    FERRY_ASSIGN_OR_RETURN(const GemmInput h2_in, gemm_input(h2));
-    FERRY_TRY(linear_backward(f32_view(s.dh, {T, C}), g.gate, {}, f32_view(s.d_gate, {T, F}), h2_in,
-                              p.gate, false));
-    return linear_backward(f32_view(s.dh, {T, C}), g.up, {}, f32_view(s.d_up, {T, F}), h2_in, p.up,
-                           true);
-  }
-  FERRY_TRY(linear_backward(f32_view(s.dh, {T, C}), g.gate, {}, f32_view(s.d_gate, {T, F}), h2,
+  // One rounding of h2 for both weight gradients (reuse on).
+  FERRY_ASSIGN_OR_RETURN(const GemmInput h2_in, shared_gemm_input(f32_view(a.h2, {T, C})));
+  FERRY_TRY(linear_backward(f32_view(s.dh, {T, C}), g.gate, {}, f32_view(s.d_gate, {T, F}), h2_in,
                             p.gate, false));
-  return linear_backward(f32_view(s.dh, {T, C}), g.up, {}, f32_view(s.d_up, {T, F}), h2, p.up,
+  return linear_backward(f32_view(s.dh, {T, C}), g.up, {}, f32_view(s.d_up, {T, F}), h2_in, p.up,
                          true);
 }
 
@@ -90,21 +79,12 @@ Status ModelCompute::moe_backward(LayerActs& a, const LayerTensors<ConstTensorVi
                                    .up = rows_of(ConstTensorView(eup), r0, r1)},
                                   st()));
     const ConstTensorView x_e = rows_of(ConstTensorView(gathered), r0, r1);
-    if (gemm_input_reuse_) {
-      FERRY_ASSIGN_OR_RETURN(const GemmInput x_in, gemm_input(x_e));
-      FERRY_TRY(linear_backward(rows_of(d_gathered, r0, r1), g.expert_gate[e], {},
-                                rows_of(ConstTensorView(d_egate), r0, r1), x_in, p.expert_gate[e],
-                                false));
-      FERRY_TRY(linear_backward(rows_of(d_gathered, r0, r1), g.expert_up[e], {},
-                                rows_of(ConstTensorView(d_eup), r0, r1), x_in, p.expert_up[e],
-                                true));
-      continue;
-    }
+    FERRY_ASSIGN_OR_RETURN(const GemmInput x_in, shared_gemm_input(x_e));
     FERRY_TRY(linear_backward(rows_of(d_gathered, r0, r1), g.expert_gate[e], {},
-                              rows_of(ConstTensorView(d_egate), r0, r1), x_e, p.expert_gate[e],
+                              rows_of(ConstTensorView(d_egate), r0, r1), x_in, p.expert_gate[e],
                               false));
     FERRY_TRY(linear_backward(rows_of(d_gathered, r0, r1), g.expert_up[e], {},
-                              rows_of(ConstTensorView(d_eup), r0, r1), x_e, p.expert_up[e], true));
+                              rows_of(ConstTensorView(d_eup), r0, r1), x_in, p.expert_up[e], true));
   }
   // gathered = dispatch(h2)  ->  dh accumulates every copy of a token's row
   const TensorView dh = f32_view(s.dh, {T, C});
@@ -238,19 +218,12 @@ Status ModelCompute::attention_backward(int l, LayerActs& a, const LayerTensors<
     dk_proj = &s.dk_pre;
   }
   // q, k, v = h1 W^T + b  ->  dh = dq Wq + dk Wk + dv Wv
-  const ConstTensorView h1 = f32_view(a.h1, {T, C});
   const TensorView dh = f32_view(s.dh, {T, C});
-  if (gemm_input_reuse_) {
-    // One rounding of h1 for the three weight gradients.
-    FERRY_ASSIGN_OR_RETURN(const GemmInput h1_in, gemm_input(h1));
-    FERRY_TRY(
-        linear_backward(dh, g.q, g.q_bias, f32_view(*dq_proj, {T, H * D}), h1_in, p.q, false));
-    FERRY_TRY(linear_backward(dh, g.k, g.k_bias, f32_view(*dk_proj, {T, G * D}), h1_in, p.k, true));
-    return linear_backward(dh, g.v, g.v_bias, f32_view(s.dv, {T, G * D}), h1_in, p.v, true);
-  }
-  FERRY_TRY(linear_backward(dh, g.q, g.q_bias, f32_view(*dq_proj, {T, H * D}), h1, p.q, false));
-  FERRY_TRY(linear_backward(dh, g.k, g.k_bias, f32_view(*dk_proj, {T, G * D}), h1, p.k, true));
-  return linear_backward(dh, g.v, g.v_bias, f32_view(s.dv, {T, G * D}), h1, p.v, true);
+  // One rounding of h1 for the three weight gradients (reuse on).
+  FERRY_ASSIGN_OR_RETURN(const GemmInput h1_in, shared_gemm_input(f32_view(a.h1, {T, C})));
+  FERRY_TRY(linear_backward(dh, g.q, g.q_bias, f32_view(*dq_proj, {T, H * D}), h1_in, p.q, false));
+  FERRY_TRY(linear_backward(dh, g.k, g.k_bias, f32_view(*dk_proj, {T, G * D}), h1_in, p.k, true));
+  return linear_backward(dh, g.v, g.v_bias, f32_view(s.dv, {T, G * D}), h1_in, p.v, true);
 }
 
 // On entry s.dx holds d loss / d (layer output); on exit d loss / d (layer input).

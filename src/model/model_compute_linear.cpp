@@ -18,10 +18,11 @@
 // gate/up, their weight gradients); rms_norm_into_gemm_input() and swiglu_into_gemm_input() have
 // the norm and SwiGLU kernels write the forward's q/k/v, gate/up and down operands there
 // themselves (RmsNormArgs::out16, SwiGluArgs::out16); reusable_act16() hands the backward of the
-// layer just
-// forwarded that copy back. gemm.x16 has exactly these writers, and each drops act16_layer_ before
-// writing, so the key (layer, workspace, shape) is valid only while the copy is. Same bits either
-// way: tests/unit/model/model_compute_gemm_input_test.cpp, tests/gpu/model_gpu_gemm_input_test.cpp.
+// layer just forwarded that copy back. With the reuse off these hand out GemmInputs with an empty
+// op, and each GEMM rounds its input itself (the old path). gemm.x16 has exactly these writers, and
+// each drops act16_layer_ before writing, so the key (layer, workspace, shape) is valid only while
+// the copy is. Same bits either way: tests/unit/model/model_compute_gemm_input_test.cpp,
+// tests/gpu/model_gpu_gemm_input_test.cpp.
 //
 // Bias gradients are column sums (1^T dy); they stay f32 GEMMs on the exact dy, as torch's do.
 // The MoE router's GEMMs stay f32 in every precision (Megatron's moe_router_dtype=fp32): they are
@@ -29,7 +30,6 @@
 // near-ties between two backends that differ only in the order of their sums (seen on the GPU:
 // one token of the qwen3_moe fixture changed experts).
 #include <cstdlib>
-#include <optional>
 #include <string_view>
 
 #include "core/check.h"
@@ -130,8 +130,14 @@ Result<ModelCompute::GemmInput> ModelCompute::gemm_input(const ConstTensorView& 
   return GemmInput{x, op};
 }
 
+Result<ModelCompute::GemmInput> ModelCompute::shared_gemm_input(const ConstTensorView& x) {
+  if (!gemm_input_reuse_) return GemmInput{x, {}};
+  return gemm_input(x);
+}
+
 Status ModelCompute::linear(const TensorView& y, const GemmInput& x, const ConstTensorView& w,
                             const ConstTensorView& bias, bool f32_operands) {
+  if (x.op.data == nullptr) return linear(y, x.x, w, bias, f32_operands);  // not rounded yet
   Scratch& s = *scratch_;
   FERRY_ASSIGN_OR_RETURN(const ConstTensorView wa, gemm_operand(w, s.w16, s.w16_f, f32_operands));
   if (wa.data != w.data) ++gemm_weight_converts_;
@@ -148,6 +154,9 @@ Status ModelCompute::linear_backward(const TensorView& dx, const TensorView& dw,
                                      const TensorView& db, const ConstTensorView& dy,
                                      const GemmInput& x, const ConstTensorView& w,
                                      bool accumulate_dx, bool f32_operands) {
+  if (x.op.data == nullptr) {  // not rounded yet
+    return linear_backward(dx, dw, db, dy, x.x, w, accumulate_dx, f32_operands);
+  }
   Scratch& s = *scratch_;
   FERRY_ASSIGN_OR_RETURN(const ConstTensorView dya,
                          gemm_operand(dy, s.dy16, s.dy16_f, f32_operands));
@@ -187,17 +196,17 @@ Result<ModelCompute::GemmInput> ModelCompute::swiglu_into_gemm_input(const Tenso
   return GemmInput{out, op};
 }
 
-Result<std::optional<ModelCompute::GemmInput>> ModelCompute::rms_norm_into_gemm_input(
+Result<ModelCompute::GemmInput> ModelCompute::rms_norm_into_gemm_input(
     const kernels::RmsNormArgs& args) {
   FERRY_CHECK(args.out16.data == nullptr, "model: rms_norm_into_gemm_input owns out16");
+  const ConstTensorView out = args.out;
   if (!gemm_input_reuse_) {
     FERRY_TRY(be_.rms_norm(args, st()));
-    return std::optional<GemmInput>();  // the old path: each GEMM rounds out itself
+    return GemmInput{out, {}};  // the old path: each GEMM rounds out itself
   }
-  const ConstTensorView out = args.out;
   if (precision_ == GemmPrecision::kF32) {
     FERRY_TRY(be_.rms_norm(args, st()));
-    return std::optional<GemmInput>(GemmInput{out, out});  // gemm_input(out) for f32 GEMMs
+    return GemmInput{out, out};  // gemm_input(out) for f32 GEMMs
   }
   // The norm kernel writes the bf16 rounding itself (RmsNormArgs::out16): convert(out)'s bits.
   Scratch& s = *scratch_;
@@ -207,14 +216,14 @@ Result<std::optional<ModelCompute::GemmInput>> ModelCompute::rms_norm_into_gemm_
   FERRY_TRY(be_.rms_norm(with_copy, st()));
   FERRY_ASSIGN_OR_RETURN(const ConstTensorView op,
                          gemm_operand(ConstTensorView(with_copy.out16), s.x16, s.x16_f));
-  return std::optional<GemmInput>(GemmInput{out, op});
+  return GemmInput{out, op};
 }
 
-std::optional<ModelCompute::GemmInput> ModelCompute::reusable_act16(int l, const LayerActs& a,
-                                                                    const ConstTensorView& act) {
+ModelCompute::GemmInput ModelCompute::reusable_act16(int l, const LayerActs& a,
+                                                     const ConstTensorView& act) {
   if (!gemm_input_reuse_ || act16_layer_ != l || act16_acts_ != &a ||
       act16_shape_[0] != act.shape[0] || act16_shape_[1] != act.shape[1]) {
-    return std::nullopt;
+    return GemmInput{act, {}};  // the down projection's GEMMs round act themselves
   }
   Scratch& s = *scratch_;
   const std::int64_t r = act.shape[0], c = act.shape[1];
