@@ -17,9 +17,10 @@ import re
 import sys
 
 FAMILIES = [
-    ("gemm", r"gemm|nvjet|xmma|cutlass|cublas|matmul|splitk|sm90_"),
+    # attention first: cuDNN's SDPA kernels are named cudnn_..._sdpa_sm90_flash_...
     ("attention", r"flash|fmha|attn|attention|sdpa|softmax_warp"),
-    ("cross_entropy", r"cross|entropy|nll|log_softmax|lm_head|logsumexp"),
+    ("gemm", r"gemm|nvjet|xmma|cutlass|cublas|matmul|splitk|sm90_"),
+    ("cross_entropy", r"cross|entropy|nll|log_?softmax|lm_head|logsumexp|ce_rows"),
     ("norm", r"rms|norm"),
     ("rope", r"rope|rotary"),
     ("activation", r"silu|swiglu|gelu|act_"),
@@ -83,7 +84,7 @@ def main():
         for name, ms, calls in sorted(rows, key=lambda r: -r[1])[: a.top]:
             print(f"  {ms:10.2f} ms {calls:7d}x  [{family(name)}] {name[:110]}")
     print("== families (ms of kernel time over each run; give both runs the same steps)")
-    names = [f for f, _ in FAMILIES] + ["other"]
+    names = [f for f, _ in FAMILIES] + ["other"]  # first match wins (FAMILIES' order)
     print(f"  {'family':14s} {'ferry':>10s} {'torch':>10s} {'ferry-torch':>12s}")
     for f in names:
         fe, to = totals["ferry"].get(f, 0.0), totals["torch"].get(f, 0.0)
