@@ -35,7 +35,7 @@ ModelCompute::~ModelCompute() = default;
 namespace {
 
 Status check_geometry(const DecoderGeometry& geo, std::int64_t max_tokens,
-                      kernels::Backend& backend, int work_layers) {
+                      kernels::Backend& backend, int work_layers, const std::vector<bool>& kept) {
   if (max_tokens <= 0) return invalid_argument("model: max_tokens must be positive");
   if (geo.layers <= 0 || geo.hidden <= 0 || geo.heads <= 0 || geo.kv_heads <= 0 ||
       geo.head_dim <= 0 || geo.vocab <= 0) {
@@ -51,6 +51,10 @@ Status check_geometry(const DecoderGeometry& geo, std::int64_t max_tokens,
   }
   if (work_layers < 1 || work_layers > geo.layers) {
     return invalid_argument("model: work_layers {} outside [1, {}]", work_layers, geo.layers);
+  }
+  if (!kept.empty() && static_cast<int>(kept.size()) != geo.layers) {
+    return invalid_argument("model: kept_layers has {} entries for {} layers", kept.size(),
+                            geo.layers);
   }
   if (backend.device() != Device::kCpu &&
       (backend.device() != Device::kCuda || mem::device_tier_is_host_memory())) {
@@ -124,61 +128,92 @@ bool attn_bwd_workspace_default() {
   return on;
 }
 
-void ModelCompute::plan_buffers(const DecoderGeometry& geo, std::int64_t T, int work_layers,
-                                kernels::Backend& backend, GemmPrecision precision, bool attn_ws,
-                                std::vector<LayerActs>& acts, Scratch& s, detail::BufferTable& tab,
-                                std::size_t* activation_bytes) {
-  const bool whole = work_layers == geo.layers;
-  const bool device = backend.device() != Device::kCpu;
-  const bool bf16_attn = !backend.supports(kernels::OpKind::kAttention, DType::kF32);
+void ModelCompute::plan_workspace(const DecoderGeometry& geo, std::int64_t T, bool moe, bool dense,
+                                  bool with_x_in, bool device, LayerActs& a,
+                                  detail::BufferTable& tab, const std::string& p) {
   const std::int64_t C = geo.hidden, HD = std::int64_t(geo.heads) * geo.head_dim,
                      GD = std::int64_t(geo.kv_heads) * geo.head_dim, H = geo.heads,
                      G = geo.kv_heads, F = geo.mlp_width, Fe = geo.expert_width, E = geo.experts,
                      K = geo.top_k;
-  acts.resize(work_layers);
+  // The whole-model path keeps every boundary in its layer's workspace; per-layer callers own
+  // the boundaries.
+  if (with_x_in) tab.add(a.x_in, p + "x_in", T * C);
+  tab.add(a.h1, p + "h1", T * C);
+  tab.add(a.rstd1, p + "rstd1", T);
+  if (geo.qk_norm != QkNorm::kNone) {
+    tab.add(a.q_pre, p + "q_pre", T * HD);
+    tab.add(a.k_pre, p + "k_pre", T * GD);
+    tab.add(a.q_rstd, p + "q_rstd", geo.qk_norm == QkNorm::kPerHead ? T * H : T);
+    tab.add(a.k_rstd, p + "k_rstd", geo.qk_norm == QkNorm::kPerHead ? T * G : T);
+  }
+  tab.add(a.q, p + "q", T * HD);
+  tab.add(a.k, p + "k", T * GD);
+  tab.add(a.v, p + "v", T * GD);
+  tab.add(a.attn, p + "attn", T * HD);
+  tab.add(a.lse, p + "lse", H * T);
+  tab.add(a.x_mid, p + "x_mid", T * C);
+  tab.add(a.h2, p + "h2", T * C);
+  tab.add(a.rstd2, p + "rstd2", T);
+  if (moe) {
+    tab.add(a.router_logits, p + "router_logits", T * E);
+    tab.add(a.probs, p + "probs", T * E);
+    tab.add(a.weights, p + "weights", T * K);
+    tab.add(a.ids, p + "ids", T * K);
+    tab.add(a.slot_of, p + "slot_of", T * K);
+    tab.add(a.offsets, p + "offsets", E + 1);
+    tab.add(a.gathered, p + "gathered", T * K * C);
+    tab.add(a.egate, p + "egate", T * K * Fe);
+    tab.add(a.eup, p + "eup", T * K * Fe);
+    tab.add(a.eact, p + "eact", T * K * Fe);
+    tab.add(a.eout, p + "eout", T * K * C);
+    if (device) a.h_offsets.resize(E + 1);
+  }
+  if (dense) {
+    tab.add(a.gate, p + "gate", T * F);
+    tab.add(a.up, p + "up", T * F);
+    tab.add(a.act, p + "act", T * F);
+  }
+}
+
+void ModelCompute::plan_buffers(const DecoderGeometry& geo, std::int64_t T, int work_layers,
+                                const std::vector<bool>& kept, kernels::Backend& backend,
+                                GemmPrecision precision, bool attn_ws, std::vector<LayerActs>& acts,
+                                std::vector<int>& workspace_of, Scratch& s,
+                                detail::BufferTable& tab, std::size_t* activation_bytes,
+                                std::size_t* kept_bytes) {
+  const bool whole = work_layers == geo.layers;
+  const bool device = backend.device() != Device::kCpu;
+  const bool bf16_attn = !backend.supports(kernels::OpKind::kAttention, DType::kF32);
+  const std::int64_t C = geo.hidden, HD = std::int64_t(geo.heads) * geo.head_dim,
+                     GD = std::int64_t(geo.kv_heads) * geo.head_dim, F = geo.mlp_width,
+                     Fe = geo.expert_width, E = geo.experts, K = geo.top_k;
+  // The layer -> workspace map: kept layers get workspaces work_layers, work_layers + 1, ...
+  workspace_of.assign(static_cast<std::size_t>(geo.layers), 0);
+  int n_kept = 0;
+  for (int l = 0; l < geo.layers; ++l) {
+    const bool k = !kept.empty() && kept[static_cast<std::size_t>(l)];
+    workspace_of[static_cast<std::size_t>(l)] = k ? work_layers + n_kept++ : l % work_layers;
+  }
+  acts.resize(static_cast<std::size_t>(work_layers + n_kept));
+  // The kept layers' workspaces lead the table: each then starts at a 256-aligned offset and adds
+  // exactly kept_layer_bytes() in front of the rest, whatever else is planned. Sized for the
+  // layer's own kind only (the shared workspaces stay sized for every layer mapped to them by
+  // l % work_layers, kept or not, so keeping a layer changes nothing else).
+  for (int l = 0; l < geo.layers; ++l) {
+    const int w = workspace_of[static_cast<std::size_t>(l)];
+    if (w < work_layers) continue;
+    const bool moe = geo.layer_is_moe[static_cast<std::size_t>(l)];
+    plan_workspace(geo, T, moe, !moe, false, device, acts[static_cast<std::size_t>(w)], tab,
+                   fmt::format("kept{}.", l));
+  }
+  *kept_bytes = tab.plan().total_bytes() == 0
+                    ? 0
+                    : mem::detail::align_up(tab.plan().total_bytes(), mem::detail::kMinAlignBytes);
   for (int w = 0; w < work_layers; ++w) {
-    LayerActs& a = acts[w];
     bool moe = false, dense = false;
     workspace_kinds(geo, w, work_layers, &moe, &dense);
-    const std::string p = fmt::format("l{}.", w);
-    // The whole-model path keeps every boundary in its layer's workspace; per-layer callers own
-    // the boundaries.
-    if (whole) tab.add(a.x_in, p + "x_in", T * C);
-    tab.add(a.h1, p + "h1", T * C);
-    tab.add(a.rstd1, p + "rstd1", T);
-    if (geo.qk_norm != QkNorm::kNone) {
-      tab.add(a.q_pre, p + "q_pre", T * HD);
-      tab.add(a.k_pre, p + "k_pre", T * GD);
-      tab.add(a.q_rstd, p + "q_rstd", geo.qk_norm == QkNorm::kPerHead ? T * H : T);
-      tab.add(a.k_rstd, p + "k_rstd", geo.qk_norm == QkNorm::kPerHead ? T * G : T);
-    }
-    tab.add(a.q, p + "q", T * HD);
-    tab.add(a.k, p + "k", T * GD);
-    tab.add(a.v, p + "v", T * GD);
-    tab.add(a.attn, p + "attn", T * HD);
-    tab.add(a.lse, p + "lse", H * T);
-    tab.add(a.x_mid, p + "x_mid", T * C);
-    tab.add(a.h2, p + "h2", T * C);
-    tab.add(a.rstd2, p + "rstd2", T);
-    if (moe) {
-      tab.add(a.router_logits, p + "router_logits", T * E);
-      tab.add(a.probs, p + "probs", T * E);
-      tab.add(a.weights, p + "weights", T * K);
-      tab.add(a.ids, p + "ids", T * K);
-      tab.add(a.slot_of, p + "slot_of", T * K);
-      tab.add(a.offsets, p + "offsets", E + 1);
-      tab.add(a.gathered, p + "gathered", T * K * C);
-      tab.add(a.egate, p + "egate", T * K * Fe);
-      tab.add(a.eup, p + "eup", T * K * Fe);
-      tab.add(a.eact, p + "eact", T * K * Fe);
-      tab.add(a.eout, p + "eout", T * K * C);
-      if (device) a.h_offsets.resize(E + 1);
-    }
-    if (dense) {
-      tab.add(a.gate, p + "gate", T * F);
-      tab.add(a.up, p + "up", T * F);
-      tab.add(a.act, p + "act", T * F);
-    }
+    plan_workspace(geo, T, moe, dense, whole, device, acts[static_cast<std::size_t>(w)], tab,
+                   fmt::format("l{}.", w));
   }
   *activation_bytes = tab.plan().total_bytes();
   if (whole) tab.add(s.x_final, "x_final", T * C);
@@ -239,9 +274,10 @@ void ModelCompute::plan_buffers(const DecoderGeometry& geo, std::int64_t T, int 
 
 Result<std::unique_ptr<ModelCompute>> ModelCompute::create(
     const DecoderGeometry& geo, std::int64_t max_tokens, kernels::Backend& backend, int work_layers,
-    Stream* stream, GemmPrecision precision, AttnBwdWorkspace attn_ws) {
+    Stream* stream, GemmPrecision precision, AttnBwdWorkspace attn_ws,
+    const std::vector<bool>& kept_layers) {
   if (work_layers < 0) work_layers = geo.layers;
-  FERRY_TRY(check_geometry(geo, max_tokens, backend, work_layers));
+  FERRY_TRY(check_geometry(geo, max_tokens, backend, work_layers, kept_layers));
   const Device dev = backend.device();
   if (stream == nullptr) {
     if (dev != Device::kCpu) {
@@ -263,8 +299,10 @@ Result<std::unique_ptr<ModelCompute>> ModelCompute::create(
   mc->gemm_input_reuse_ = gemm_input_reuse_default();
   auto s = std::make_unique<Scratch>();
   detail::BufferTable table;
-  plan_buffers(geo, max_tokens, work_layers, backend, precision, resolve(attn_ws), mc->acts_, *s,
-               table, &mc->activation_bytes_);
+  mc->work_layers_ = work_layers;
+  plan_buffers(geo, max_tokens, work_layers, kept_layers, backend, precision, resolve(attn_ws),
+               mc->acts_, mc->workspace_of_, *s, table, &mc->activation_bytes_, &mc->kept_bytes_);
+  mc->kept_count_ = static_cast<int>(mc->acts_.size()) - work_layers;
   const mem::MemTier tier =
       dev == Device::kCpu ? mem::MemTier::kPageableHost : mem::MemTier::kDevice;
   mc->budget_ = std::make_unique<mem::MemoryBudget>(tier);
@@ -294,16 +332,35 @@ Result<std::unique_ptr<ModelCompute>> ModelCompute::create(
 
 Result<std::size_t> ModelCompute::planned_bytes(const DecoderGeometry& geo, std::int64_t max_tokens,
                                                 kernels::Backend& backend, int work_layers,
-                                                GemmPrecision precision, AttnBwdWorkspace attn_ws) {
+                                                GemmPrecision precision, AttnBwdWorkspace attn_ws,
+                                                const std::vector<bool>& kept_layers) {
   if (work_layers < 0) work_layers = geo.layers;
-  FERRY_TRY(check_geometry(geo, max_tokens, backend, work_layers));
+  FERRY_TRY(check_geometry(geo, max_tokens, backend, work_layers, kept_layers));
   std::vector<LayerActs> acts;
+  std::vector<int> workspace_of;
   Scratch s;
   detail::BufferTable table;
-  std::size_t activation = 0;
-  plan_buffers(geo, max_tokens, work_layers, backend, precision, resolve(attn_ws), acts, s, table,
-               &activation);
+  std::size_t activation = 0, kept = 0;
+  plan_buffers(geo, max_tokens, work_layers, kept_layers, backend, precision, resolve(attn_ws),
+               acts, workspace_of, s, table, &activation, &kept);
   return table.plan().allocation_bytes();
+}
+
+Result<std::size_t> ModelCompute::kept_layer_bytes(const DecoderGeometry& geo, int layer,
+                                                   std::int64_t max_tokens,
+                                                   kernels::Backend& backend,
+                                                   GemmPrecision /*precision*/) {
+  FERRY_TRY(check_geometry(geo, max_tokens, backend, 1, {}));
+  if (layer < 0 || layer >= geo.layers) {
+    return invalid_argument("model: kept layer {} outside [0, {})", layer, geo.layers);
+  }
+  // The same workspace plan_buffers gives a kept layer, alone in a table that starts aligned.
+  LayerActs a;
+  detail::BufferTable table;
+  const bool moe = geo.layer_is_moe[static_cast<std::size_t>(layer)];
+  plan_workspace(geo, max_tokens, moe, !moe, false, backend.device() != Device::kCpu, a, table,
+                 "kept.");
+  return mem::detail::align_up(table.plan().total_bytes(), mem::detail::kMinAlignBytes);
 }
 
 std::size_t ModelCompute::total_bytes() const { return arena_->plan().allocation_bytes(); }
@@ -561,8 +618,8 @@ Status ModelCompute::layer_forward(int l, const LayerTensors<ConstTensorView>& p
                                    const TensorView& x_out) {
   FERRY_TRY(check_layer_call(l, batch, x_in));
   FERRY_TRY(check_layer_call(l, batch, x_out));
-  return run_layer_forward(l, acts_[l % acts_.size()], p, batch.ids.numel(), batch,
-                           x_in.as<float>(), x_out.as<float>());
+  return run_layer_forward(l, acts_[static_cast<std::size_t>(workspace_of(l))], p,
+                           batch.ids.numel(), batch, x_in.as<float>(), x_out.as<float>());
 }
 
 Result<ForwardResult> ModelCompute::head_forward(const ConstTensorView& final_norm,
@@ -635,7 +692,7 @@ Result<ForwardResult> ModelCompute::forward(const ModelParams& params, const Pac
     return invalid_argument("model: {} layer parameter sets for {} layers", params.layers.size(),
                             geo_.layers);
   }
-  FERRY_CHECK(static_cast<int>(acts_.size()) == geo_.layers,
+  FERRY_CHECK(work_layers_ == geo_.layers,
               "model: whole-model forward on a ModelCompute created for the per-layer API");
   const std::int64_t C = geo_.hidden;
   FERRY_TRY(be_.embedding(

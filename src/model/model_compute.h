@@ -13,6 +13,9 @@
 //                consumes those of layer l, so an executor recomputes a layer's internals from its
 //                boundary just before the layer's backward. The CPU kernels are deterministic for
 //                a given thread count, so a recomputed layer is bit-identical to the first pass.
+//                Kept layers (create()'s kept_layers) get a workspace of their own instead, so
+//                their internals survive the other layers' forwards and an executor can run
+//                their backward without re-running the forward (train/stream's "keep internals").
 //
 // Memory is planned, not discovered: ModelCompute sizes every activation buffer for max_tokens at
 // construction, in one arena (model_compute_buffers.h); forward()/backward() never allocate.
@@ -47,6 +50,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -228,20 +232,36 @@ class ModelCompute {
   //   FERRY_ASSIGN_OR_RETURN(mem::StreamSet ss, mem::StreamSet::create(Device::kCuda, 0));
   //   FERRY_ASSIGN_OR_RETURN(auto mc, ModelCompute::create(geo, T, *be, -1, &ss.compute()));
   // attn_ws: the attention backward's workspace (AttnBwdWorkspace above).
+  // kept_layers ([L] or empty = none): the layer -> workspace map. Layer l with kept_layers[l]
+  // gets a dedicated workspace (its internals, sized for max_tokens and for its own kind, dense or
+  // MoE: kept_layer_bytes()); every other layer uses the shared workspace l % work_layers. A kept
+  // layer's internals stay until its next layer_forward, whatever other layers run meanwhile.
   static Result<std::unique_ptr<ModelCompute>> create(
       const DecoderGeometry& geo, std::int64_t max_tokens, kernels::Backend& backend,
       int work_layers = -1, mem::Stream* stream = nullptr,
       GemmPrecision precision = GemmPrecision::kF32,
-      AttnBwdWorkspace attn_ws = AttnBwdWorkspace::kDefault);
+      AttnBwdWorkspace attn_ws = AttnBwdWorkspace::kDefault,
+      const std::vector<bool>& kept_layers = {});
   // Bytes create() would allocate for these arguments (activations + scratch + the loss chunk's
-  // workspace + the attention backward's workspace + 256-byte slot alignment, in the backend's
-  // memory), without allocating: what a planner charges for ModelCompute's buffers. Equals
-  // total_bytes() of the created object. Not counted: the small host copies of the header comment
-  // (O(T + L*E) values, device arenas only).
+  // workspace + the attention backward's workspace + the kept layers' workspaces + 256-byte slot
+  // alignment, in the backend's memory), without allocating: what a planner charges for
+  // ModelCompute's buffers. Equals total_bytes() of the created object. Not counted: the small
+  // host copies of the header comment (O(T + L*E) values, device arenas only).
   static Result<std::size_t> planned_bytes(const DecoderGeometry& geo, std::int64_t max_tokens,
                                            kernels::Backend& backend, int work_layers = -1,
                                            GemmPrecision precision = GemmPrecision::kF32,
-                                           AttnBwdWorkspace attn_ws = AttnBwdWorkspace::kDefault);
+                                           AttnBwdWorkspace attn_ws = AttnBwdWorkspace::kDefault,
+                                           const std::vector<bool>& kept_layers = {});
+  // The bytes keeping layer l's internals adds to planned_bytes() (its dedicated workspace, slot
+  // alignment included): planned_bytes(keep S) == planned_bytes(keep none) + the sum of this over
+  // S, exactly (the dedicated workspaces lead the size table, so each starts 256-aligned and adds
+  // the same bytes whatever else is planned). Depends on the layer only through its kind (dense
+  // or MoE); backend and precision do not change it today (the kept internals are f32; the bf16
+  // copies of q/k/v/out and the GEMM operands are shared scratch, recast by a kept layer's
+  // backward), and are taken so a planner asks the same question the executor plans with.
+  static Result<std::size_t> kept_layer_bytes(const DecoderGeometry& geo, int layer,
+                                              std::int64_t max_tokens, kernels::Backend& backend,
+                                              GemmPrecision precision = GemmPrecision::kF32);
 
   // Runs the model over the batch. When targets are given, fills nll_out ([T] f32, optional)
   // and returns the loss; when logits_out ([T, V] f32) is given, writes the full logits too (tests
@@ -258,7 +278,7 @@ class ModelCompute {
   // ---- Per-layer API (see the header comment). T = batch.ids.numel() <= max_tokens. ----
   // x0 [T, C] = table[ids].
   Status embed(const ConstTensorView& table, const PackedBatch& batch, const TensorView& x0);
-  // x_out [T, C] = layer l (x_in [T, C]); keeps the layer's internals in workspace l % work_layers
+  // x_out [T, C] = layer l (x_in [T, C]); keeps the layer's internals in workspace_of(l)
   // (overwriting what was there). x_in must stay unchanged until layer_backward(l).
   Status layer_forward(int l, const LayerTensors<ConstTensorView>& p, const PackedBatch& batch,
                        const ConstTensorView& x_in, const TensorView& x_out);
@@ -273,7 +293,11 @@ class ModelCompute {
                        const TensorView& d_final_norm, const TensorView& d_lm_head,
                        const PackedBatch& batch, const ConstTensorView& x_final);
   // Running gradient d(layer l output) -> d(layer l input); weight gradients ADDED into g. Uses
-  // the internals of the last layer_forward(l) (same x_in, same weights, same batch).
+  // the internals of the last layer_forward(l) (same x_in, same weights, same batch), which are
+  // still in workspace_of(l) when no other layer sharing it ran since: always for a kept layer.
+  // The shared bf16 copies (attention's q/k/v/out, the down projection's operand) are reused only
+  // when this layer's forward was the last to write them (same layer, workspace and T); else they
+  // are recast from the f32 internals (the same bits).
   Status layer_backward(int l, const LayerTensors<ConstTensorView>& p,
                         const LayerTensors<TensorView>& g, const PackedBatch& batch,
                         const ConstTensorView& x_in);
@@ -284,6 +308,13 @@ class ModelCompute {
 
   const DecoderGeometry& geometry() const { return geo_; }
   std::size_t activation_bytes() const;
+  // The layer -> workspace map: kept layers have one of their own (index >= work_layers), the
+  // others share l % work_layers.
+  int workspace_of(int l) const { return workspace_of_[static_cast<std::size_t>(l)]; }
+  bool layer_kept(int l) const { return workspace_of(l) >= work_layers_; }
+  int kept_layer_count() const { return kept_count_; }
+  // Bytes of the kept layers' workspaces in the arena (the sum of kept_layer_bytes()).
+  std::size_t kept_bytes() const { return kept_bytes_; }
   // Everything create() allocated (activations + scratch + cross-entropy workspace, one arena in
   // the backend's memory).
   std::size_t total_bytes() const;
@@ -318,11 +349,18 @@ class ModelCompute {
   ~ModelCompute();
   friend struct std::default_delete<ModelCompute>;
 
-  // The size table shared by create() and planned_bytes() (model_compute_buffers.h).
+  // The size table shared by create() and planned_bytes() (model_compute_buffers.h). acts gets
+  // work_layers shared workspaces, then one per kept layer; workspace_of [L] maps layers to them.
   static void plan_buffers(const DecoderGeometry& geo, std::int64_t T, int work_layers,
-                           kernels::Backend& backend, GemmPrecision precision, bool attn_ws,
-                           std::vector<LayerActs>& acts, Scratch& s, detail::BufferTable& table,
-                           std::size_t* activation_bytes);
+                           const std::vector<bool>& kept, kernels::Backend& backend,
+                           GemmPrecision precision, bool attn_ws, std::vector<LayerActs>& acts,
+                           std::vector<int>& workspace_of, Scratch& s, detail::BufferTable& table,
+                           std::size_t* activation_bytes, std::size_t* kept_bytes);
+  // One layer workspace's buffers (moe / dense: the kinds of layer it serves; x_in only for the
+  // whole-model path), named with `prefix`.
+  static void plan_workspace(const DecoderGeometry& geo, std::int64_t T, bool moe, bool dense,
+                             bool with_x_in, bool device, LayerActs& a, detail::BufferTable& tab,
+                             const std::string& prefix);
   // The GEMM operand buffers of GemmPrecision::kBf16 (model_compute_linear.cpp).
   static void plan_linear_buffers(const DecoderGeometry& geo, std::int64_t T,
                                   kernels::Backend& backend, Scratch& s,
@@ -431,7 +469,11 @@ class ModelCompute {
   std::unique_ptr<mem::TransferEngine> own_te_;  // the CUDA engine (device arenas)
   mem::TransferEngine* te_ = nullptr;            // own_te_ or host_transfer_engine()
   std::size_t activation_bytes_ = 0;
-  std::vector<LayerActs> acts_;
+  std::size_t kept_bytes_ = 0;
+  int work_layers_ = 0;            // shared workspaces: acts_[0, work_layers_)
+  int kept_count_ = 0;             // dedicated workspaces: acts_[work_layers_, +kept_count_)
+  std::vector<LayerActs> acts_;    // shared workspaces, then one per kept layer
+  std::vector<int> workspace_of_;  // [L] index into acts_
   std::unique_ptr<Scratch> scratch_;
   std::int64_t last_T_ = 0;
   std::int64_t last_counted_ = 0;
@@ -442,7 +484,10 @@ class ModelCompute {
   int attn16_layer_ = -1;
   std::int64_t attn16_tokens_ = 0;
   // ...and whose activations they came from: a backward of the same layer and T over other
-  // activations (a caller's saved ones, another micro-batch's) recasts too.
+  // activations (a caller's saved ones, another micro-batch's) recasts too. A kept layer's
+  // backward normally follows other layers' forwards (which reset the key before writing), so it
+  // recasts from its kept f32 internals; it reuses the copies only when its own forward was the
+  // last writer (e.g. the top layer, whose forward is followed only by the loss).
   const LayerActs* attn16_acts_ = nullptr;
   // GEMM input reuse (gemm_input_reuse_default()).
   bool gemm_input_reuse_ = true;

@@ -326,8 +326,8 @@ Status ModelCompute::layer_backward(int l, const LayerTensors<ConstTensorView>& 
                                     const ConstTensorView& x_in) {
   FERRY_TRY(check_layer_call(l, batch, x_in));
   if (last_counted_ == 0) return {};
-  return run_layer_backward(l, acts_[l % acts_.size()], p, g, batch.ids.numel(), batch,
-                            x_in.as<float>());
+  return run_layer_backward(l, acts_[static_cast<std::size_t>(workspace_of(l))], p, g,
+                            batch.ids.numel(), batch, x_in.as<float>());
 }
 
 Status ModelCompute::embed_backward(const TensorView& d_table, const PackedBatch& batch) {
@@ -346,7 +346,7 @@ Status ModelCompute::backward(const ModelParams& params, const PackedBatch& batc
     return invalid_argument("model: {} layer gradient sets for {} layers", grads.layers.size(),
                             geo_.layers);
   }
-  FERRY_CHECK(static_cast<int>(acts_.size()) == geo_.layers,
+  FERRY_CHECK(work_layers_ == geo_.layers,
               "model: whole-model backward on a ModelCompute created for the per-layer API");
   if (last_counted_ == 0) return {};  // every target ignored: the loss has no gradient
   FERRY_TRY(run_head_backward(params.final_norm, params.lm_head, grads.final_norm, grads.lm_head,

@@ -1,0 +1,371 @@
+// SPDX-License-Identifier: Apache-2.0
+// ModelCompute's kept layers (create()'s kept_layers: a dedicated workspace per kept layer, the
+// rest sharing l % work_layers), on the host:
+//   - planned_bytes() equals what create() allocates with kept workspaces, and grows by exactly
+//     kept_layer_bytes() per kept layer (dense and MoE layers, several T and work_layers); the
+//     layer -> workspace map is what the header says; wrong-sized lists are refused;
+//   - train/stream's per-layer order with keeps (forward every layer, the loss, then from the top
+//     a re-forward only for layers not kept, and the backward) gives the whole-model path's loss
+//     and gradients bit for bit: f32 and bf16 GEMMs (the down projection's bf16 copy in gemm.x16
+//     is reused only when the kept layer's own forward wrote it last), with attention in bf16 as
+//     on CUDA (Bf16AttentionOnly below: the shared q16/k16/v16/o16 are recast for a kept layer
+//     whose forward was followed by other layers'), dense and MoE fixtures.
+// The executor's use is tested in tests/unit/train/stream_keep_test.cpp.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "model/model_binding.h"
+#include "model/safetensors.h"
+#include "model_fixtures.h"
+#include "unit/kernels/forwarding_backend.h"
+
+namespace ferry::model {
+namespace {
+
+using kernels::Backend;
+
+// The CPU backend, but attention sees and produces bf16 (as on CUDA): ModelCompute then casts
+// q/k/v/out into its shared bf16 buffers. Inside, the values are widened and the CPU's f32
+// attention runs; results are rounded back.
+class Bf16AttentionOnly final : public testing::ForwardingBackend {
+ public:
+  std::string_view name() const override { return "cpu+bf16-attention"; }
+  bool supports(kernels::OpKind op, DType dt) const override {
+    if (op == kernels::OpKind::kAttention || op == kernels::OpKind::kAttentionBackward)
+      return dt == DType::kBF16;
+    return cpu().supports(op, dt);
+  }
+  Status convert(const kernels::ConvertArgs& a, mem::Stream& s) override {
+    if (a.in.dtype == DType::kF32 && a.out.dtype == DType::kBF16) ++casts_down;
+    return cpu().convert(a, s);
+  }
+  Status attention(const kernels::AttentionArgs& a, mem::Stream& s) override {
+    std::vector<float> q = widened(a.q), k = widened(a.k), v = widened(a.v), out(numel(a.out));
+    FERRY_TRY(cpu().attention({.out = f32(out, a.out),
+                               .lse = a.lse,
+                               .q = f32(q, a.q),
+                               .k = f32(k, a.k),
+                               .v = f32(v, a.v),
+                               .cu_seqlens = a.cu_seqlens,
+                               .scale = a.scale,
+                               .causal = a.causal},
+                              s));
+    return narrow_into(out, a.out, s);
+  }
+  Status attention_backward(const kernels::AttentionBackwardArgs& a, mem::Stream& s) override {
+    std::vector<float> q = widened(a.q), k = widened(a.k), v = widened(a.v), out = widened(a.out),
+                       dout = widened(a.d_out), dq(numel(a.d_q)), dk(numel(a.d_k)),
+                       dv(numel(a.d_v));
+    FERRY_TRY(cpu().attention_backward({.d_q = f32(dq, a.d_q),
+                                        .d_k = f32(dk, a.d_k),
+                                        .d_v = f32(dv, a.d_v),
+                                        .d_out = f32(dout, a.d_out),
+                                        .q = f32(q, a.q),
+                                        .k = f32(k, a.k),
+                                        .v = f32(v, a.v),
+                                        .out = f32(out, a.out),
+                                        .lse = a.lse,
+                                        .cu_seqlens = a.cu_seqlens,
+                                        .scale = a.scale,
+                                        .causal = a.causal},
+                                       s));
+    FERRY_TRY(narrow_into(dq, a.d_q, s));
+    FERRY_TRY(narrow_into(dk, a.d_k, s));
+    return narrow_into(dv, a.d_v, s);
+  }
+  int casts_down = 0;
+
+ private:
+  static Backend& cpu() { return kernels::cpu_backend(); }
+  static std::size_t numel(const ConstTensorView& v) { return static_cast<std::size_t>(v.numel()); }
+  static TensorView f32(std::vector<float>& buf, const ConstTensorView& like) {
+    TensorView t;
+    t.data = buf.data();
+    t.dtype = DType::kF32;
+    t.device = Device::kCpu;
+    t.ndim = like.ndim;
+    t.shape = like.shape;
+    t.stride = like.stride;
+    return t;
+  }
+  static std::vector<float> widened(const ConstTensorView& v) {
+    std::vector<float> out(numel(v));
+    EXPECT_TRUE(convert_elements(v.data, v.dtype, out.data(), DType::kF32, out.size()));
+    return out;
+  }
+  static Status narrow_into(std::vector<float>& f, const TensorView& out, mem::Stream& s) {
+    return cpu().convert({.out = out, .in = f32(f, out)}, s);
+  }
+};
+
+struct Case {
+  std::unique_ptr<LoadedModel> m;
+  std::optional<SafetensorsFile> expected;
+  PackedBatch batch;
+  std::int64_t T = 0;
+};
+
+Case load_case(const std::string& arch) {
+  Case c;
+  auto m = load_model_f32(testing::model_fixture_dir(arch));
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  if (!m.ok()) return c;
+  c.m = std::move(*m);
+  auto e = SafetensorsFile::open(testing::model_fixture_dir(arch) + "/expected.safetensors");
+  EXPECT_TRUE(e.ok()) << e.status().to_string();
+  if (!e.ok()) return c;
+  c.expected.emplace(std::move(*e));
+  auto view = [&](const char* name) {
+    auto v = c.expected->view(name);
+    EXPECT_TRUE(v.ok()) << name;
+    return v.ok() ? *v : ConstTensorView{};
+  };
+  c.batch = {.ids = view("input_ids"),
+             .positions = view("positions"),
+             .cu_seqlens = view("cu_seqlens"),
+             .targets = view("targets")};
+  c.T = c.batch.ids.numel();
+  return c;
+}
+
+struct Pass {
+  double loss = 0.0;
+  std::vector<std::vector<float>> grads;
+  int layer_forwards = 0;
+};
+
+std::vector<std::vector<float>> grads_of(const GradStorage& g) {
+  std::vector<std::vector<float>> out;
+  for (const auto& [name, v] : g.named) {
+    const float* p = v.as<float>();
+    out.emplace_back(p, p + v.numel());
+  }
+  return out;
+}
+
+void expect_same(const Pass& a, const Pass& b, const std::string& what) {
+  EXPECT_EQ(std::memcmp(&a.loss, &b.loss, sizeof(double)), 0) << what;
+  ASSERT_EQ(a.grads.size(), b.grads.size()) << what;
+  for (std::size_t i = 0; i < a.grads.size(); ++i) {
+    ASSERT_EQ(a.grads[i].size(), b.grads[i].size());
+    EXPECT_EQ(std::memcmp(a.grads[i].data(), b.grads[i].data(), a.grads[i].size() * sizeof(float)),
+              0)
+        << what << ": gradient " << i;
+  }
+}
+
+Pass whole_model(Case& c, Backend& be, GemmPrecision precision) {
+  Pass r;
+  auto mc = ModelCompute::create(c.m->geometry, c.T, be, -1, nullptr, precision);
+  auto grads = GradStorage::create(*c.m);
+  EXPECT_TRUE(mc.ok() && grads.ok());
+  if (!mc.ok() || !grads.ok()) return r;
+  auto fwd = (*mc)->forward(c.m->params, c.batch);
+  EXPECT_TRUE(fwd.ok()) << fwd.status().to_string();
+  if (fwd.ok()) r.loss = fwd->loss_sum;
+  EXPECT_TRUE((*mc)->backward(c.m->params, c.batch, (*grads)->grads).ok());
+  r.grads = grads_of(**grads);
+  return r;
+}
+
+// train/stream's order with keeps: forward every layer (kept ones into their own workspace), the
+// loss, then from the top: a re-forward for layers not kept (the shared workspace), the backward.
+Pass per_layer(Case& c, Backend& be, GemmPrecision precision, const std::vector<bool>& keep) {
+  Pass r;
+  auto mc = ModelCompute::create(c.m->geometry, c.T, be, 1, nullptr, precision,
+                                 AttnBwdWorkspace::kDefault, keep);
+  auto grads = GradStorage::create(*c.m);
+  EXPECT_TRUE(mc.ok() && grads.ok()) << mc.status().to_string();
+  if (!mc.ok() || !grads.ok()) return r;
+  ModelCompute& m = **mc;
+  const int L = c.m->geometry.layers;
+  const std::int64_t C = c.m->geometry.hidden;
+  std::vector<std::vector<float>> x(static_cast<std::size_t>(L + 2),
+                                    std::vector<float>(static_cast<std::size_t>(c.T * C)));
+  auto xv = [&](int i) {
+    return TensorView::contiguous(x[static_cast<std::size_t>(i)].data(), DType::kF32, Device::kCpu,
+                                  {c.T, C});
+  };
+  const ModelParams& p = c.m->params;
+  ModelGrads& g = (*grads)->grads;
+  EXPECT_TRUE(m.embed(p.embed, c.batch, xv(0)).ok());
+  for (int l = 0; l < L; ++l) {
+    EXPECT_TRUE(m.layer_forward(l, p.layers[l], c.batch, xv(l), xv(l + 1)).ok());
+    ++r.layer_forwards;
+  }
+  auto head = m.head_forward(p.final_norm, p.lm_head, c.batch, xv(L));
+  EXPECT_TRUE(head.ok());
+  if (head.ok()) r.loss = head->loss_sum;
+  EXPECT_TRUE(
+      m.head_backward(p.final_norm, p.lm_head, g.final_norm, g.lm_head, c.batch, xv(L)).ok());
+  for (int l = L - 1; l >= 0; --l) {
+    EXPECT_EQ(m.layer_kept(l), !keep.empty() && keep[static_cast<std::size_t>(l)]);
+    if (!m.layer_kept(l)) {
+      EXPECT_TRUE(m.layer_forward(l, p.layers[l], c.batch, xv(l), xv(L + 1)).ok());
+      ++r.layer_forwards;
+    }
+    EXPECT_TRUE(m.layer_backward(l, p.layers[l], g.layers[l], c.batch, xv(l)).ok());
+  }
+  EXPECT_TRUE(m.embed_backward(g.embed, c.batch).ok());
+  r.grads = grads_of(**grads);
+  return r;
+}
+
+std::vector<bool> keep_set(int L, std::initializer_list<int> layers) {
+  std::vector<bool> k(static_cast<std::size_t>(L), false);
+  for (int l : layers) k[static_cast<std::size_t>(l)] = true;
+  return k;
+}
+
+TEST(ModelComputeKeep, PlannedBytesGrowByKeptLayerBytesAndEqualAllocated) {
+  for (const char* arch : {"qwen3", "qwen3_moe", "olmoe"}) {
+    auto m = load_model_f32(testing::model_fixture_dir(arch));
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    const DecoderGeometry& geo = (*m)->geometry;
+    const int L = geo.layers;
+    Backend& be = kernels::cpu_backend();
+    for (int work : {1, 2}) {
+      if (work > L) continue;
+      for (std::int64_t T : {1, 37, 200}) {
+        auto none = ModelCompute::planned_bytes(geo, T, be, work);
+        ASSERT_TRUE(none.ok()) << none.status().to_string();
+        for (const std::vector<bool>& keep :
+             {keep_set(L, {0}), keep_set(L, {L - 1}), keep_set(L, {0, L - 1}),
+              std::vector<bool>(static_cast<std::size_t>(L), true)}) {
+          const std::string what = std::string(arch) + " work " + std::to_string(work) + " T " +
+                                   std::to_string(T) + " kept " +
+                                   std::to_string(std::count(keep.begin(), keep.end(), true));
+          std::size_t extra = 0;
+          for (int l = 0; l < L; ++l) {
+            if (!keep[static_cast<std::size_t>(l)]) continue;
+            auto k = ModelCompute::kept_layer_bytes(geo, l, T, be, GemmPrecision::kF32);
+            ASSERT_TRUE(k.ok()) << k.status().to_string();
+            EXPECT_GT(*k, 0u);
+            EXPECT_EQ(*k % 256, 0u);
+            extra += *k;
+          }
+          for (GemmPrecision prec : {GemmPrecision::kF32, GemmPrecision::kBf16}) {
+            auto planned = ModelCompute::planned_bytes(geo, T, be, work, prec,
+                                                       AttnBwdWorkspace::kDefault, keep);
+            auto base = ModelCompute::planned_bytes(geo, T, be, work, prec);
+            ASSERT_TRUE(planned.ok() && base.ok()) << what;
+            EXPECT_EQ(*planned, *base + extra) << what;
+            auto mc = ModelCompute::create(geo, T, be, work, nullptr, prec,
+                                           AttnBwdWorkspace::kDefault, keep);
+            ASSERT_TRUE(mc.ok()) << mc.status().to_string();
+            EXPECT_EQ((*mc)->total_bytes(), *planned) << what;
+            EXPECT_EQ((*mc)->kept_bytes(), extra) << what;
+            int kept = 0;
+            for (int l = 0; l < L; ++l) {
+              if (keep[static_cast<std::size_t>(l)]) {
+                EXPECT_EQ((*mc)->workspace_of(l), work + kept++) << what << " layer " << l;
+                EXPECT_TRUE((*mc)->layer_kept(l));
+              } else {
+                EXPECT_EQ((*mc)->workspace_of(l), l % work) << what << " layer " << l;
+                EXPECT_FALSE((*mc)->layer_kept(l));
+              }
+            }
+            EXPECT_EQ((*mc)->kept_layer_count(), kept);
+          }
+        }
+      }
+    }
+    // A kept MoE layer costs its experts' rows, a dense one its MLP's: each is sized by its kind.
+    for (int l = 0; l < L; ++l) {
+      for (int l2 = 0; l2 < L; ++l2) {
+        if (geo.layer_is_moe[l] != geo.layer_is_moe[l2]) continue;
+        EXPECT_EQ(*ModelCompute::kept_layer_bytes(geo, l, 37, be),
+                  *ModelCompute::kept_layer_bytes(geo, l2, 37, be));
+      }
+    }
+    // Refused: a list of the wrong length, a layer out of range.
+    EXPECT_EQ(
+        ModelCompute::planned_bytes(geo, 8, be, 1, GemmPrecision::kF32, AttnBwdWorkspace::kDefault,
+                                    std::vector<bool>(static_cast<std::size_t>(L + 1), true))
+            .status()
+            .code(),
+        StatusCode::kInvalidArgument);
+    EXPECT_EQ(ModelCompute::create(geo, 8, be, 1, nullptr, GemmPrecision::kF32,
+                                   AttnBwdWorkspace::kDefault, std::vector<bool>(1, true))
+                  .status()
+                  .code(),
+              L == 1 ? StatusCode::kOk : StatusCode::kInvalidArgument);
+    EXPECT_FALSE(ModelCompute::kept_layer_bytes(geo, L, 8, be).ok());
+    EXPECT_FALSE(ModelCompute::kept_layer_bytes(geo, -1, 8, be).ok());
+  }
+}
+
+// The qwen3_moe fixture has MoE layers 0 and 2 around dense layer 1.
+TEST(ModelComputeKeep, KeptLayersSkipTheReForwardWithTheWholeModelsBits) {
+  Bf16AttentionOnly bf16_attention;
+  for (Backend* be : {&kernels::cpu_backend(), static_cast<Backend*>(&bf16_attention)}) {
+    for (const char* arch : {"qwen3", "qwen3_moe"}) {
+      Case c = load_case(arch);
+      ASSERT_TRUE(c.m != nullptr);
+      const int L = c.m->geometry.layers;
+      ASSERT_GE(L, 2);
+      for (GemmPrecision prec : {GemmPrecision::kF32, GemmPrecision::kBf16}) {
+        const std::string what = std::string(arch) + " on " + std::string(be->name()) + ", " +
+                                 std::string(to_string(prec)) + " GEMMs";
+        SCOPED_TRACE(what);
+        const Pass whole = whole_model(c, *be, prec);
+        const Pass none = per_layer(c, *be, prec, {});
+        expect_same(none, whole, what + ", no keeps");
+        EXPECT_EQ(none.layer_forwards, 2 * L);
+        for (const std::vector<bool>& keep :
+             {keep_set(L, {L - 1}), keep_set(L, {0}), keep_set(L, {0, L - 1}),
+              std::vector<bool>(static_cast<std::size_t>(L), true)}) {
+          const int kept = static_cast<int>(std::count(keep.begin(), keep.end(), true));
+          const Pass k = per_layer(c, *be, prec, keep);
+          expect_same(k, whole, what + ", " + std::to_string(kept) + " kept");
+          EXPECT_EQ(k.layer_forwards, 2 * L - kept);
+        }
+      }
+    }
+  }
+}
+
+// A kept layer's bf16 attention copies: recast (4 casts down) when other layers ran since its
+// forward, reused when its own forward wrote them last (the top layer: only the loss between).
+TEST(ModelComputeKeep, KeptLayerRecastsTheSharedBf16AttentionCopiesOnlyWhenOverwritten) {
+  Case c = load_case("qwen3");
+  ASSERT_TRUE(c.m != nullptr);
+  const int L = c.m->geometry.layers;
+  const std::vector<bool> all(static_cast<std::size_t>(L), true);
+  Bf16AttentionOnly be;
+  auto mc = ModelCompute::create(c.m->geometry, c.T, be, 1, nullptr, GemmPrecision::kF32,
+                                 AttnBwdWorkspace::kDefault, all);
+  auto grads = GradStorage::create(*c.m);
+  ASSERT_TRUE(mc.ok() && grads.ok());
+  const std::int64_t C = c.m->geometry.hidden;
+  std::vector<std::vector<float>> x(static_cast<std::size_t>(L + 1),
+                                    std::vector<float>(static_cast<std::size_t>(c.T * C)));
+  auto xv = [&](int i) {
+    return TensorView::contiguous(x[static_cast<std::size_t>(i)].data(), DType::kF32, Device::kCpu,
+                                  {c.T, C});
+  };
+  const ModelParams& p = c.m->params;
+  ModelGrads& g = (*grads)->grads;
+  ASSERT_TRUE((*mc)->embed(p.embed, c.batch, xv(0)).ok());
+  for (int l = 0; l < L; ++l)
+    ASSERT_TRUE((*mc)->layer_forward(l, p.layers[l], c.batch, xv(l), xv(l + 1)).ok());
+  ASSERT_TRUE((*mc)->head_forward(p.final_norm, p.lm_head, c.batch, xv(L)).ok());
+  ASSERT_TRUE(
+      (*mc)->head_backward(p.final_norm, p.lm_head, g.final_norm, g.lm_head, c.batch, xv(L)).ok());
+  for (int l = L - 1; l >= 0; --l) {
+    const int before = be.casts_down;
+    ASSERT_TRUE((*mc)->layer_backward(l, p.layers[l], g.layers[l], c.batch, xv(l)).ok());
+    // dO always; q, k, v, out unless the copies are this layer's (the top layer only).
+    EXPECT_EQ(be.casts_down - before, l == L - 1 ? 1 : 5) << "layer " << l;
+  }
+}
+
+}  // namespace
+}  // namespace ferry::model
