@@ -5,9 +5,12 @@
 # CUDA kernel benchmarks and the PyTorch baselines on the same shapes (tools/bench/), the
 # whole-layer benchmark (bench/kernels/layer_bench.cpp) against transformers' Qwen2DecoderLayer
 # (tools/bench/torch_layer_baseline.py), a ratio summary, and compute-sanitizer memcheck over
-# gpu_test. Everything lands in $OUT (8 files):
+# gpu_test, and compute-sanitizer racecheck over the atomic-dQ attention test. Everything lands in
+# $OUT (9 files):
 #   build.log ctest.log ferry_bench.json ferry_bench_prev.json (the previous kernel variants) torch_bench.json
-#   bench_summary.json summary.log memcheck.log
+#   bench_summary.json summary.log memcheck.log racecheck.log
+# The attention rows BM_AttnFwdBwd/.../3 are the atomic-dQ backward (FERRY_ATTN_BWD_DQ=atomic, set
+# by the bench for those rows only) beside the deterministic .../0 rows of the same shapes.
 # The layer rows are in bench_summary.json (rows BM_Layer/..., raw entries of both sides under
 # raw_extra) and at the end of summary.log; their raw JSON files stay in a temporary folder.
 #   LAYER_ONLY=1 bash scripts/gpu_check.sh   builds and runs only the layer benchmark, its torch
@@ -121,5 +124,14 @@ if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-s
     --gtest_filter="${MEMCHECK_FILTER:-*}" >"$OUT/memcheck.log" 2>&1
   echo "memcheck exit $?"
   grep -E "ERROR SUMMARY|Invalid|PASSED|FAILED" "$OUT/memcheck.log" | head -12
+  # Shared-memory hazards of the atomic-dQ dK/dV kernel (dS^T staged between two CTA barriers,
+  # the cp.async double buffer); small shapes. RACECHECK_FILTER= (empty) skips it.
+  RACECHECK_FILTER=${RACECHECK_FILTER-KernelsAttention.AtomicDqMatchesDeterministicPath}
+  if [ -n "$RACECHECK_FILTER" ]; then
+    timeout 240 "$CS" --tool racecheck --error-exitcode 9 "$GT" \
+      --gtest_filter="$RACECHECK_FILTER" >"$OUT/racecheck.log" 2>&1
+    echo "racecheck exit $?"
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|[Hh]azard|PASSED|FAILED" "$OUT/racecheck.log" | head -12
+  fi
 fi
 exit $status

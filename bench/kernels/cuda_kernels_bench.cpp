@@ -2,7 +2,9 @@
 // Google Benchmark programs for the CUDA backend, timed with CUDA events (UseManualTime), L2
 // flushed (256 MiB memset) before every repetition, rates computed from our own summed event time:
 //   BM_Gemm/M/N/K           bf16 x bf16 -> bf16 (y = x W^T), TFLOP/s, Qwen2.5-3B/7B layer shapes
-//   BM_AttnFwdBwd/S/B/H/G/D causal GQA forward + backward, packed varlen of B sequences of S
+//   BM_AttnFwdBwd/S/B/H/G/D/mode causal GQA forward + backward, packed varlen of B sequences of S
+//                           (mode: 0 with the backward's workspace, 1 forward only, 2 no workspace,
+//                           3 atomic dQ: FERRY_ATTN_BWD_DQ=atomic and its larger workspace)
 //   BM_RmsNorm/T/C, BM_SwiGlu/T/F, BM_Add/N, BM_AdamW/N   GB/s of compulsory traffic
 //   BM_Copy/bytes           cudaMemcpyAsync device->device: the bandwidth ceiling (GB/s, r+w)
 // tools/bench/torch_baselines.py times PyTorch on the same shapes in the same device call, and
@@ -11,7 +13,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "core/check.h"
@@ -143,10 +148,18 @@ void BM_AttnFwdBwd(benchmark::State& st) {
                                     .lse = fa.lse,
                                     .cu_seqlens = fa.cu_seqlens};
   // mode 0: forward + backward with the backward's workspace (per-query-head dK/dV slices);
-  // 1: forward only; 2: forward + backward without a workspace (the low-memory path).
+  // 1: forward only; 2: forward + backward without a workspace (the low-memory path); 3: as 0 with
+  // FERRY_ATTN_BWD_DQ=atomic (dQ by f32 atomics inside the dK/dV kernel, attention_bwd.cu) set for
+  // the whole row — its workspace size and every launch — and restored afterwards. Modes 0-2 run
+  // whatever the environment selects (the kernel variants' A/B runs of scripts/gpu_check.sh).
   const std::int64_t mode = st.range(5);
   const bool fwd_only = mode == 1;
-  std::size_t ws_bytes = mode == 0 ? env->be->workspace_bytes(ba) : 0;
+  std::optional<std::string> dq_env_old;
+  if (mode == 3) {
+    if (const char* e = std::getenv("FERRY_ATTN_BWD_DQ"); e != nullptr) dq_env_old = e;
+    setenv("FERRY_ATTN_BWD_DQ", "atomic", 1);
+  }
+  std::size_t ws_bytes = mode == 0 || mode == 3 ? env->be->workspace_bytes(ba) : 0;
   Dev ws(ws_bytes > 0 ? ws_bytes : 16, 0);
   if (ws_bytes > 0) ba.workspace = ws.view(DType::kU8, {static_cast<std::int64_t>(ws_bytes)});
   // causal: forward 2 GEMMs of 2*S*S/2*D each per head; backward 2.5x the forward.
@@ -158,6 +171,13 @@ void BM_AttnFwdBwd(benchmark::State& st) {
         if (!fwd_only) FERRY_CHECK_OK(env->be->attention_backward(ba, env->stream));
       },
       fwd_only ? fwd_flops : 3.5 * fwd_flops, 0);
+  if (mode == 3) {
+    if (dq_env_old) {
+      setenv("FERRY_ATTN_BWD_DQ", dq_env_old->c_str(), 1);
+    } else {
+      unsetenv("FERRY_ATTN_BWD_DQ");
+    }
+  }
 }
 
 void BM_RmsNorm(benchmark::State& st) {
@@ -247,6 +267,10 @@ BENCHMARK(BM_AttnFwdBwd)
     ->Args({4096, 2, 28, 4, 128, 0})
     ->Args({2048, 4, 16, 2, 128, 1})
     ->Args({2048, 4, 16, 2, 128, 2})
+    ->Args({1024, 8, 16, 2, 128, 3})
+    ->Args({2048, 4, 16, 2, 128, 3})
+    ->Args({4096, 2, 16, 2, 128, 3})
+    ->Args({4096, 2, 28, 4, 128, 3})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 // 8192 tokens (e.g. 2 x 4096) and 32768 / 65536 (a training micro-batch of 8 x 4096 / 16 x 4096

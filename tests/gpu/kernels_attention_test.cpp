@@ -6,11 +6,16 @@
 // the 64-row tiles, head dims 16, 32 (tiny models), 64 and 128. Determinism: bitwise repeatable,
 // and a sequence's outputs do not depend on which other sequences are packed with it. D = 96 is
 // unimplemented. Every kernel variant runs (the launchers read FERRY_ATTN_FWD_MT,
-// FERRY_ATTN_FWD_QREGS and FERRY_ATTN_BWD_KEYS at each launch; kVariants below). Long sequences
-// (S up to 4096, GQA 16/2 and 28/4) are checked on sampled rows against f64 row computations
-// (LongSequencesSampledRows), since the full reference is O(S^2) per head on the CPU.
+// FERRY_ATTN_FWD_QREGS, FERRY_ATTN_BWD_KEYS and FERRY_ATTN_BWD_DQ at each launch; kVariants
+// below). Long sequences (S up to 4096, GQA 16/2 and 28/4) are checked on sampled rows against f64
+// row computations (LongSequencesSampledRows), since the full reference is O(S^2) per head on the
+// CPU. The atomic-dQ backward (FERRY_ATTN_BWD_DQ=atomic, D = 64 / 128, with a workspace) is not
+// bitwise repeatable in dQ: its dQ is held to the tolerance rule instead, and its dK / dV must have
+// the deterministic path's bits (AtomicDqMatchesDeterministicPath).
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -59,19 +64,40 @@ struct Variant {
   const char* fwd_mt;     // FERRY_ATTN_FWD_MT
   const char* fwd_qregs;  // FERRY_ATTN_FWD_QREGS
   const char* bwd_keys;   // FERRY_ATTN_BWD_KEYS
+  const char* bwd_dq;     // FERRY_ATTN_BWD_DQ
 };
 constexpr Variant kVariants[] = {
-    {"default (fwd Q from smem at D=128, dK/dV 16 keys/warp)", nullptr, nullptr, nullptr},
-    {"previous (fwd Q in registers, dK/dV 16 keys/warp)", nullptr, "1", "16"},
-    {"fwd 16 rows/warp, dK/dV 32 keys/warp", "1", nullptr, "32"},
+    {"default (fwd Q from smem at D=128, dK/dV 16 keys/warp)", nullptr, nullptr, nullptr, nullptr},
+    {"previous (fwd Q in registers, dK/dV 16 keys/warp)", nullptr, "1", "16", nullptr},
+    {"fwd 16 rows/warp, dK/dV 32 keys/warp", "1", nullptr, "32", nullptr},
+    {"atomic dQ (fused dK/dV/dQ kernel when it has a workspace)", nullptr, nullptr, nullptr,
+     "atomic"},
 };
 struct ScopedVariant {
   explicit ScopedVariant(const Variant& v)
       : mt("FERRY_ATTN_FWD_MT", v.fwd_mt),
         qregs("FERRY_ATTN_FWD_QREGS", v.fwd_qregs),
-        keys("FERRY_ATTN_BWD_KEYS", v.bwd_keys) {}
-  ScopedEnv mt, qregs, keys;
+        keys("FERRY_ATTN_BWD_KEYS", v.bwd_keys),
+        dq("FERRY_ATTN_BWD_DQ", v.bwd_dq) {}
+  ScopedEnv mt, qregs, keys, dq;
 };
+
+// Whether the variant's backward runs the atomic-dQ kernel at head dim d given enough workspace
+// (attention_bwd.cu: D = 64 / 128; other D take the deterministic path).
+bool atomic_dq(const Variant& v, std::int64_t d) {
+  return v.bwd_dq != nullptr && (d == 64 || d == 128);
+}
+// The atomic path's part of the workspace (attention_bwd.cu): the f32 dQ accumulator [T, H, D] and
+// dsum [H, T] (padded to 4 floats), in front of the dK/dV partials. Less than this: deterministic.
+std::size_t atomic_dq_bytes(std::int64_t t, std::int64_t h, std::int64_t d) {
+  return static_cast<std::size_t>(t * h * d + (t * h + 3) / 4 * 4) * sizeof(float);
+}
+// Backend::workspace_bytes(AttentionBackwardArgs) on CUDA: the dK/dV partials, 2 x [T, H, D] f32,
+// plus the atomic part when that path runs.
+std::size_t expected_workspace_bytes(std::int64_t t, std::int64_t h, std::int64_t d, bool atomic) {
+  return static_cast<std::size_t>(2 * t * h * d) * sizeof(float) +
+         (atomic ? atomic_dq_bytes(t, h, d) : 0);
+}
 
 struct Case {
   std::vector<std::int64_t> lens;
@@ -167,6 +193,63 @@ HostTensor cu_of(const std::vector<std::int64_t>& lens) {
   return cu;
 }
 
+// A case's bf16 inputs, its f64 reference forward + backward (want) and the naive bf16 one.
+struct Expected {
+  std::int64_t t = 0;
+  HostTensor q, k, v, dout, cu;
+  HostTensor out_w, lse_w, dq_w, dk_w, dv_w;  // reference backend (f64; lse f32)
+  HostTensor out_n, dq_n, dk_n, dv_n;         // naive_attention
+};
+Expected expected_attention(const Case& c) {
+  Expected x;
+  for (auto l : c.lens) x.t += l;
+  const std::int64_t t = x.t;
+  const std::uint64_t seed = static_cast<std::uint64_t>(t * 31 + c.h * 7 + c.d);
+  x.q = random_tensor({t, c.h, c.d}, kBf, seed, -2, 2);
+  x.k = random_tensor({t, c.g, c.d}, kBf, seed + 1, -2, 2);
+  x.v = random_tensor({t, c.g, c.d}, kBf, seed + 2);
+  x.dout = random_tensor({t, c.h, c.d}, kBf, seed + 3);
+  x.cu = cu_of(c.lens);
+  const auto q64 = converted(x.q, kF64), k64 = converted(x.k, kF64), v64 = converted(x.v, kF64),
+             do64 = converted(x.dout, kF64);
+  x.out_w = HostTensor({t, c.h, c.d}, kF64);
+  x.lse_w = HostTensor({c.h, t}, kF32);
+  x.dq_w = HostTensor({t, c.h, c.d}, kF64);
+  x.dk_w = HostTensor({t, c.g, c.d}, kF64);
+  x.dv_w = HostTensor({t, c.g, c.d}, kF64);
+  FERRY_CHECK_OK(reference_backend().attention({.out = x.out_w.view(),
+                                                .lse = x.lse_w.view(),
+                                                .q = q64.cview(),
+                                                .k = k64.cview(),
+                                                .v = v64.cview(),
+                                                .cu_seqlens = x.cu.cview(),
+                                                .causal = c.causal},
+                                               mem::Stream::host()));
+  FERRY_CHECK_OK(reference_backend().attention_backward({.d_q = x.dq_w.view(),
+                                                         .d_k = x.dk_w.view(),
+                                                         .d_v = x.dv_w.view(),
+                                                         .d_out = do64.cview(),
+                                                         .q = q64.cview(),
+                                                         .k = k64.cview(),
+                                                         .v = v64.cview(),
+                                                         .out = x.out_w.cview(),
+                                                         .lse = x.lse_w.cview(),
+                                                         .cu_seqlens = x.cu.cview(),
+                                                         .causal = c.causal},
+                                                        mem::Stream::host()));
+  x.out_n = HostTensor({t, c.h, c.d}, kF64);
+  x.dq_n = HostTensor({t, c.h, c.d}, kF64);
+  x.dk_n = HostTensor({t, c.g, c.d}, kF64);
+  x.dv_n = HostTensor({t, c.g, c.d}, kF64);
+  naive_attention(c, x.q, x.k, x.v, x.dout, x.out_n, x.dq_n, x.dk_n, x.dv_n);
+  return x;
+}
+
+std::string case_name(const Case& c, std::int64_t t) {
+  return "t=" + std::to_string(t) + " h=" + std::to_string(c.h) + " g=" + std::to_string(c.g) +
+         " d=" + std::to_string(c.d) + " causal=" + std::to_string(c.causal);
+}
+
 class KernelsAttention : public CudaTest {};
 
 TEST_F(KernelsAttention, ForwardBackwardWithinTwiceNaiveBf16) {
@@ -177,43 +260,9 @@ TEST_F(KernelsAttention, ForwardBackwardWithinTwiceNaiveBf16) {
                         {{31, 160}, 28, 4, 64, true}, {{7, 23, 100}, 4, 2, 16, true},
                         {{65, 1}, 4, 1, 32, true},    {{90}, 2, 2, 32, false}};
   for (const Case& c : cases) {
-    std::int64_t t = 0;
-    for (auto l : c.lens) t += l;
-    const std::uint64_t seed = static_cast<std::uint64_t>(t * 31 + c.h * 7 + c.d);
-    const auto q = random_tensor({t, c.h, c.d}, kBf, seed, -2, 2),
-               k = random_tensor({t, c.g, c.d}, kBf, seed + 1, -2, 2),
-               v = random_tensor({t, c.g, c.d}, kBf, seed + 2),
-               dout = random_tensor({t, c.h, c.d}, kBf, seed + 3);
-    const auto cu = cu_of(c.lens);
-    const auto q64 = converted(q, kF64), k64 = converted(k, kF64), v64 = converted(v, kF64),
-               do64 = converted(dout, kF64);
-    HostTensor out_w({t, c.h, c.d}, kF64), lse_w({c.h, t}, kF32), dq_w({t, c.h, c.d}, kF64),
-        dk_w({t, c.g, c.d}, kF64), dv_w({t, c.g, c.d}, kF64);
-    FERRY_ASSERT_OK(reference_backend().attention({.out = out_w.view(),
-                                                   .lse = lse_w.view(),
-                                                   .q = q64.cview(),
-                                                   .k = k64.cview(),
-                                                   .v = v64.cview(),
-                                                   .cu_seqlens = cu.cview(),
-                                                   .causal = c.causal},
-                                                  mem::Stream::host()));
-    FERRY_ASSERT_OK(reference_backend().attention_backward({.d_q = dq_w.view(),
-                                                            .d_k = dk_w.view(),
-                                                            .d_v = dv_w.view(),
-                                                            .d_out = do64.cview(),
-                                                            .q = q64.cview(),
-                                                            .k = k64.cview(),
-                                                            .v = v64.cview(),
-                                                            .out = out_w.cview(),
-                                                            .lse = lse_w.cview(),
-                                                            .cu_seqlens = cu.cview(),
-                                                            .causal = c.causal},
-                                                           mem::Stream::host()));
-    HostTensor out_n({t, c.h, c.d}, kF64), dq_n({t, c.h, c.d}, kF64), dk_n({t, c.g, c.d}, kF64),
-        dv_n({t, c.g, c.d}, kF64);
-    naive_attention(c, q, k, v, dout, out_n, dq_n, dk_n, dv_n);
-
-    DeviceTensor dq(q), dk(k), dv(v), ddo(dout), dcu(cu);
+    const Expected x = expected_attention(c);
+    const std::int64_t t = x.t;
+    DeviceTensor dq(x.q), dk(x.k), dv(x.v), ddo(x.dout), dcu(x.cu);
     std::optional<HostTensor> out_first;  // the first variant's forward output
     for (const Variant& var : kVariants) {
       const ScopedVariant env(var);
@@ -241,13 +290,12 @@ TEST_F(KernelsAttention, ForwardBackwardWithinTwiceNaiveBf16) {
                                               .lse = dlse.cview(),
                                               .cu_seqlens = dcu.cview(),
                                               .causal = c.causal};
+      // Without a workspace every variant is deterministic (atomic dQ needs the workspace).
       FERRY_ASSERT_OK(cuda().attention_backward(ba, stream()));
       sync();
-      const std::string what = "t=" + std::to_string(t) + " h=" + std::to_string(c.h) +
-                               " g=" + std::to_string(c.g) + " d=" + std::to_string(c.d) +
-                               " causal=" + std::to_string(c.causal) + " variant: " + var.name;
+      const std::string what = case_name(c, t) + " variant: " + var.name;
       const auto out_got = dout_c.download();
-      EXPECT_TRUE(within_twice_naive(out_got, out_w, out_n, 1e-3)) << "out " << what;
+      EXPECT_TRUE(within_twice_naive(out_got, x.out_w, x.out_n, 1e-3)) << "out " << what;
       // The default forward and the previous one (Q in registers) run the same MMAs in the same
       // order: the same bits.
       if (!out_first) {
@@ -255,12 +303,12 @@ TEST_F(KernelsAttention, ForwardBackwardWithinTwiceNaiveBf16) {
       } else if (var.fwd_mt == nullptr) {
         EXPECT_TRUE(same_bits(*out_first, out_got)) << "forward differs from the default " << what;
       }
-      EXPECT_LE(max_abs_diff(dlse.download(), lse_w), 1e-4 * (max_abs(lse_w) + 1.0))
+      EXPECT_LE(max_abs_diff(dlse.download(), x.lse_w), 1e-4 * (max_abs(x.lse_w) + 1.0))
           << "lse " << what;
       const auto gq1 = gq.download(), gk1 = gk.download(), gv1 = gv.download();
-      EXPECT_TRUE(within_twice_naive(gq1, dq_w, dq_n, 1e-3)) << "dq " << what;
-      EXPECT_TRUE(within_twice_naive(gk1, dk_w, dk_n, 1e-3)) << "dk " << what;
-      EXPECT_TRUE(within_twice_naive(gv1, dv_w, dv_n, 1e-3)) << "dv " << what;
+      EXPECT_TRUE(within_twice_naive(gq1, x.dq_w, x.dq_n, 1e-3)) << "dq " << what;
+      EXPECT_TRUE(within_twice_naive(gk1, x.dk_w, x.dk_n, 1e-3)) << "dk " << what;
+      EXPECT_TRUE(within_twice_naive(gv1, x.dv_w, x.dv_n, 1e-3)) << "dv " << what;
       // Determinism: the backward again gives the same bits.
       FERRY_ASSERT_OK(cuda().attention_backward(ba, stream()));
       sync();
@@ -269,10 +317,18 @@ TEST_F(KernelsAttention, ForwardBackwardWithinTwiceNaiveBf16) {
       EXPECT_TRUE(same_bits(gv1, gv.download())) << what;
 
       // The workspace path (dK/dV per query-head slice, partials added in slice order): the full
-      // workspace (one slice per query head) and a quarter of it (fewer, larger slices).
+      // workspace (one slice per query head) and a quarter of it (fewer, larger slices). Atomic
+      // dQ: the full workspace, its accumulator plus a quarter of the partials, and 16 bytes less
+      // than the accumulator (which runs the deterministic path).
+      const bool atomic = atomic_dq(var, c.d);
       const std::size_t full = cuda().workspace_bytes(ba);
-      ASSERT_EQ(full, static_cast<std::size_t>(2 * t * c.h * c.d) * sizeof(float));
-      for (std::size_t bytes : {full, full / 4}) {
+      ASSERT_EQ(full, expected_workspace_bytes(t, c.h, c.d, atomic));
+      const std::size_t acc = atomic_dq_bytes(t, c.h, c.d);
+      const std::vector<std::size_t> sizes =
+          atomic ? std::vector<std::size_t>{full, acc + (full - acc) / 4, acc - 16}
+                 : std::vector<std::size_t>{full, full / 4};
+      for (std::size_t bytes : sizes) {
+        const bool runs_atomic = atomic && bytes >= acc;
         DeviceTensor ws(std::vector<std::int64_t>{static_cast<std::int64_t>(bytes)}, DType::kU8);
         kernels::AttentionBackwardArgs bw = ba;
         bw.workspace = ws.view();
@@ -280,15 +336,103 @@ TEST_F(KernelsAttention, ForwardBackwardWithinTwiceNaiveBf16) {
         sync();
         const std::string w = what + " workspace=" + std::to_string(bytes);
         const auto wq = gq.download(), wk = gk.download(), wv = gv.download();
-        EXPECT_TRUE(same_bits(gq1, wq)) << "dq does not use the workspace " << w;
-        EXPECT_TRUE(within_twice_naive(wk, dk_w, dk_n, 1e-3)) << "dk " << w;
-        EXPECT_TRUE(within_twice_naive(wv, dv_w, dv_n, 1e-3)) << "dv " << w;
+        if (runs_atomic) {
+          EXPECT_TRUE(within_twice_naive(wq, x.dq_w, x.dq_n, 1e-3)) << "dq (atomic) " << w;
+        } else {
+          EXPECT_TRUE(same_bits(gq1, wq)) << "dq does not use the workspace " << w;
+        }
+        EXPECT_TRUE(within_twice_naive(wk, x.dk_w, x.dk_n, 1e-3)) << "dk " << w;
+        EXPECT_TRUE(within_twice_naive(wv, x.dv_w, x.dv_n, 1e-3)) << "dv " << w;
         FERRY_ASSERT_OK(cuda().attention_backward(bw, stream()));
         sync();
+        // dK / dV are deterministic on every path; atomic dQ is held to the rule again.
         EXPECT_TRUE(same_bits(wk, gk.download())) << w;
         EXPECT_TRUE(same_bits(wv, gv.download())) << w;
+        if (runs_atomic) {
+          EXPECT_TRUE(within_twice_naive(gq.download(), x.dq_w, x.dq_n, 1e-3))
+              << "dq (atomic, again) " << w;
+        } else {
+          EXPECT_TRUE(same_bits(wq, gq.download())) << w;
+        }
       }
     }
+  }
+}
+
+// The atomic-dQ backward against the deterministic one on the same inputs and the same (full)
+// workspace: dK and dV bit for bit (the same kernel body, slices and MMA order; only dQ moved into
+// it), and dQ within the tolerance rule twice over — against the naive bf16 loop and against the
+// deterministic kernel's own error (err(atomic) <= 2 err(deterministic) + atol). Also run twice:
+// dK / dV repeat bitwise, dQ may differ in the last bits (f32 adds in arrival order); the count
+// of differing dQ elements is printed. Small shapes, so compute-sanitizer racecheck can run it
+// (scripts/gpu_check.sh) over the dS^T staging and the cp.async pipeline.
+TEST_F(KernelsAttention, AtomicDqMatchesDeterministicPath) {
+  const Case cases[] = {{{300, 70}, 16, 2, 128, true}, {{5, 129, 77}, 4, 4, 128, true},
+                        {{97, 33}, 28, 4, 128, true},  {{200}, 2, 1, 128, false},
+                        {{150}, 8, 2, 64, false},      {{17, 64, 130}, 4, 2, 64, true},
+                        {{31, 160}, 4, 1, 64, true}};
+  for (const Case& c : cases) {
+    const Expected x = expected_attention(c);
+    const std::int64_t t = x.t;
+    const std::string what = case_name(c, t);
+    DeviceTensor dq(x.q), dk(x.k), dv(x.v), ddo(x.dout), dcu(x.cu),
+        out(std::vector<std::int64_t>{t, c.h, c.d}, kBf),
+        lse(std::vector<std::int64_t>{c.h, t}, kF32);
+    FERRY_ASSERT_OK(cuda().attention({.out = out.view(),
+                                      .lse = lse.view(),
+                                      .q = dq.cview(),
+                                      .k = dk.cview(),
+                                      .v = dv.cview(),
+                                      .cu_seqlens = dcu.cview(),
+                                      .causal = c.causal},
+                                     stream()));
+    DeviceTensor gq(std::vector<std::int64_t>{t, c.h, c.d}, kBf),
+        gk(std::vector<std::int64_t>{t, c.g, c.d}, kBf),
+        gv(std::vector<std::int64_t>{t, c.g, c.d}, kBf);
+    kernels::AttentionBackwardArgs ba{.d_q = gq.view(),
+                                      .d_k = gk.view(),
+                                      .d_v = gv.view(),
+                                      .d_out = ddo.cview(),
+                                      .q = dq.cview(),
+                                      .k = dk.cview(),
+                                      .v = dv.cview(),
+                                      .out = out.cview(),
+                                      .lse = lse.cview(),
+                                      .cu_seqlens = dcu.cview(),
+                                      .causal = c.causal};
+    std::size_t bytes = 0;
+    {
+      const ScopedEnv env("FERRY_ATTN_BWD_DQ", "atomic");
+      bytes = cuda().workspace_bytes(ba);
+    }
+    ASSERT_EQ(bytes, expected_workspace_bytes(t, c.h, c.d, true)) << what;
+    DeviceTensor ws(std::vector<std::int64_t>{static_cast<std::int64_t>(bytes)}, DType::kU8);
+    ba.workspace = ws.view();
+    auto run = [&](const char* mode) {
+      const ScopedEnv env("FERRY_ATTN_BWD_DQ", mode);
+      const ScopedEnv keys("FERRY_ATTN_BWD_KEYS", nullptr);  // the 16-key kernel on both paths
+      FERRY_CHECK_OK(cuda().attention_backward(ba, stream()));
+      sync();
+      return std::array<HostTensor, 3>{gq.download(), gk.download(), gv.download()};
+    };
+    const auto det = run(nullptr);
+    const auto at1 = run("atomic");
+    const auto at2 = run("atomic");
+    EXPECT_TRUE(same_bits(det[1], at1[1])) << "dk differs from the deterministic path " << what;
+    EXPECT_TRUE(same_bits(det[2], at1[2])) << "dv differs from the deterministic path " << what;
+    EXPECT_TRUE(within_twice_naive(det[0], x.dq_w, x.dq_n, 1e-3)) << "dq (deterministic) " << what;
+    for (const auto* a : {&at1, &at2}) {
+      EXPECT_TRUE(within_twice_naive((*a)[0], x.dq_w, x.dq_n, 1e-3)) << "dq (atomic) " << what;
+      EXPECT_TRUE(within_twice_naive((*a)[0], x.dq_w, det[0], 1e-3))
+          << "dq (atomic) vs the deterministic dq's error " << what;
+    }
+    EXPECT_TRUE(same_bits(at1[1], at2[1])) << "dk (atomic, twice) " << what;
+    EXPECT_TRUE(same_bits(at1[2], at2[2])) << "dv (atomic, twice) " << what;
+    std::int64_t differ = 0;
+    for (std::int64_t i = 0; i < at1[0].numel(); ++i) differ += at1[0].get(i) != at2[0].get(i);
+    std::printf("atomic dq %s: %lld of %lld elements differ between two runs, max |diff| %g\n",
+                what.c_str(), static_cast<long long>(differ),
+                static_cast<long long>(at1[0].numel()), max_abs_diff(at1[0], at2[0]));
   }
 }
 
@@ -299,9 +443,10 @@ TEST_F(KernelsAttention, ForwardBackwardWithinTwiceNaiveBf16) {
 //   dK/dV rows (token, kv head): sums over every query of the group, with the GPU forward's lse
 //   and rowsum(dO * out) (the backward's inputs; computing every lse exactly is O(S^2 D) per head).
 // Every forward variant is checked on the forward rows; every backward variant (no workspace and
-// the full workspace) on the gradient rows, from the default forward's out and lse. Also every
-// variant's full dQ / dK / dV against the first one: |diff| <= 2 % of max |x| (a few bf16 ulps
-// of the largest element; a dropped tile or a wrong fragment is far larger).
+// the full workspace; with atomic dQ the latter runs the atomic kernel) on the gradient rows, from
+// the default forward's out and lse. Also every variant's full dQ / dK / dV against the first one:
+// |diff| <= 2 % of max |x| (a few bf16 ulps of the largest element; a dropped tile or a wrong
+// fragment is far larger).
 TEST_F(KernelsAttention, LongSequencesSampledRows) {
   const Case cases[] = {{{4096}, 16, 2, 128, true},
                         {{1000, 3096}, 28, 4, 128, true},
@@ -453,6 +598,7 @@ TEST_F(KernelsAttention, LongSequencesSampledRows) {
     DeviceTensor out0(std::vector<std::int64_t>{t, h, d}, kBf),
         lse0(std::vector<std::int64_t>{h, t}, kF32);
     for (const Variant& var : kVariants) {
+      if (var.bwd_dq != nullptr) continue;  // a backward switch: the default forward again
       const ScopedVariant env(var);
       const bool first = &var == &kVariants[0];
       DeviceTensor o(std::vector<std::int64_t>{t, h, d}, kBf),

@@ -50,9 +50,12 @@ def main():
         res[f"BM_Gemm/{m}/{n}/{k}/manual_time"] = {"ms": timed(lambda: torch.matmul(x, w.t()))}
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    # mode: 0 forward + backward, 1 forward only, 2 forward + backward (ferry without its workspace)
+    # mode: 0 forward + backward, 1 forward only, 2 forward + backward (ferry without its workspace),
+    # 3 forward + backward (ferry with atomic dQ; torch's flash backward accumulates dQ by atomics too)
     for s, b, h, g, d, mode in [(1024, 8, 16, 2, 128, 0), (2048, 4, 16, 2, 128, 0), (4096, 2, 16, 2, 128, 0),
-                                (4096, 2, 28, 4, 128, 0), (2048, 4, 16, 2, 128, 1), (2048, 4, 16, 2, 128, 2)]:
+                                (4096, 2, 28, 4, 128, 0), (2048, 4, 16, 2, 128, 1), (2048, 4, 16, 2, 128, 2),
+                                (1024, 8, 16, 2, 128, 3), (2048, 4, 16, 2, 128, 3), (4096, 2, 16, 2, 128, 3),
+                                (4096, 2, 28, 4, 128, 3)]:
         fwd_only = mode == 1
         q = torch.randn(b, h, s, d, device=dev, dtype=bf, requires_grad=True)
         # K/V expanded to H heads outside the timed region: the flash backend of SDPA then runs

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// Flash-style attention backward (FlashAttention-2 algorithm, our own code), deterministic: no
-// atomics. Three kernels on one stream:
+// Flash-style attention backward (FlashAttention-2 algorithm, our own code). Two paths.
+//
+// Deterministic (the default; no atomics). Three kernels on one stream:
 //   1. dsum[t, h] = rowsum(dO * O) (f32), stashed in the first 4 bytes of d_q's own row (t, h):
-//      d_q is overwritten later anyway and AttentionBackwardArgs carries no workspace.
+//      d_q is overwritten later anyway (DsumRef below says where dsum lives).
 //   2. dK, dV: one CTA per 64 keys of a kv head and per slice of its group's H/G query heads;
 //      loops over those heads and over query tiles (double-buffered through cp.async),
 //      recomputing P^T = exp(S^T - lse) from K Q^T. With one slice (no workspace) dK and dV are
@@ -14,9 +15,37 @@
 //      with the partner warp through shared memory (attention_bwd_dkdv_mt2_kernel).
 //   3. dQ: one CTA per 64 query rows of a head; loops over key tiles (double-buffered); reads its
 //      rows' dsum before overwriting them with dQ. Causal: heavy query blocks first.
+// 7 tensor-core products per (key block, query tile): S^T, dP^T, dV, dK in kernel 2 and S, dP, dQ
+// again in kernel 3.
+//
+// Atomic dQ (opt-in, FERRY_ATTN_BWD_DQ=atomic, D = 64 / 128, and only with a workspace of at
+// least T H D + T H floats; otherwise the deterministic path runs): FlashAttention-2's 5 products.
+//   1. the dsum kernel writes dsum to the workspace as [H, T] and zeroes the f32 dQ accumulator
+//      [T, H, D] (also in the workspace);
+//   2. attention_bwd_dkdv_kernel<D, BQ, kDq = true>: the 16-keys-per-warp dK/dV kernel, unchanged
+//      (same slices, same MMAs in the same order: dK and dV have the deterministic path's bits),
+//      plus per (head, query tile) item: each warp stores its dS^T (16 keys x BQ queries, bf16,
+//      the very values its dK MMA uses) into a key-major [64][BQ + 8] shared tile; after a CTA
+//      barrier each warp computes dQ_tile = dS K for all BQ queries and its D / 4 head dims over
+//      the CTA's 64 keys — A = dS read from the key-major tile with ldmatrix.x4.trans (the
+//      transpose comes free with the load), B = the resident K tile (ldmatrix.x4.trans pairs) —
+//      and adds it into the accumulator with red.global.add.v4.f32 (lane pairs swap half their C
+//      fragment with two shuffles so each lane holds 4 consecutive dims of one row). Per warp and
+//      item that is as many MMAs as its dK product (BQ x D/4 x 64 vs 16 x D x BQ), so the
+//      fragments and the accumulator (32 f32) stay small. The staging tile is written after the
+//      item's top barrier (all reads of the previous item's tile happen before it) and read after
+//      a second barrier that follows the dK/dV MMAs (every warp's stores are then visible);
+//   3. (with W > 1 slices) the dK/dV partial reduction, as in the deterministic path;
+//   4. d_q = bf16(scale * accumulator).
+// dQ's f32 sums then depend on the order the CTAs' adds arrive in: not bitwise reproducible (the
+// reason it is opt-in; docs/cuda.md "Determinism"). Workspace (attention_bwd_workspace_floats):
+// [accumulator T H D | dsum H T, padded to 4 | dK/dV partials 2 T H D] floats; the partials'
+// region sets the slices exactly as the whole workspace does on the deterministic path.
+//
 // Each kernel computes its products with mma.sync m16n8k16 and reuses C fragments as A fragments
 // (attention_common.cuh). Tested in tests/gpu/kernels_attention_test.cpp.
 #include <cstdlib>
+#include <string_view>
 
 #include "kernels/cuda/attention_common.cuh"
 
@@ -32,8 +61,22 @@ __device__ __forceinline__ float* dsum_slot(bf16* d_q, std::int64_t tok, std::in
   return reinterpret_cast<float*>(d_q + (tok * heads + h) * d);
 }
 
+// Where rowsum(dO * O) of (token, head) lives: base + tok * tok_stride + head * head_stride (f32).
+// Deterministic path: d_q's own row (dsum_slot: tok_stride H D / 2, head_stride D / 2); atomic
+// dQ: the workspace as [H, T] (tok_stride 1, head_stride T).
+struct DsumRef {
+  float* base;
+  std::int64_t tok_stride, head_stride;
+  __device__ __forceinline__ float* at(std::int64_t tok, std::int64_t h) const {
+    return base + tok * tok_stride + h * head_stride;
+  }
+};
+
+// One warp per (token, head) row: dsum, and with dq_acc (atomic dQ) the row's f32 accumulator
+// zeroed for the dK/dV/dQ kernel that follows on the stream.
 template <int D>
-__global__ void attention_bwd_dsum_kernel(bf16* __restrict__ d_q, const bf16* __restrict__ d_out,
+__global__ void attention_bwd_dsum_kernel(DsumRef dsum, float* __restrict__ dq_acc,
+                                          const bf16* __restrict__ d_out,
                                           const bf16* __restrict__ out, std::int64_t rows,
                                           std::int64_t heads) {
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
@@ -43,7 +86,11 @@ __global__ void attention_bwd_dsum_kernel(bf16* __restrict__ d_q, const bf16* __
   for (int i = lane; i < D; i += 32)
     acc = fmaf(__bfloat162float(d_out[row * D + i]), __bfloat162float(out[row * D + i]), acc);
   acc = warp_sum(acc);
-  if (lane == 0) dsum_slot(d_q, row / heads, row % heads, heads, D)[0] = acc;
+  if (lane == 0) *dsum.at(row / heads, row % heads) = acc;
+  if (dq_acc != nullptr) {
+    float4* z = reinterpret_cast<float4*>(dq_acc + row * D);
+    for (int i = lane; i < D / 4; i += 32) z[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
 }
 
 // One work item of the dK/dV kernels' pipeline — query tile q0 of head h — into buffer `buf`:
@@ -52,7 +99,7 @@ template <int D, int BQ>
 __device__ __forceinline__ void issue_query_tile(std::int64_t h, std::int64_t q0, int buf,
                                                  bf16* qbuf, bf16* dobuf, float* lsebuf,
                                                  float* dsumbuf, const bf16* q, const bf16* d_out,
-                                                 const float* lse, bf16* d_q_scratch,
+                                                 const float* lse, const DsumRef& dsum,
                                                  std::int64_t s0, std::int64_t len,
                                                  const AttnShape& sh) {
   constexpr int kTile = BQ * (D + 8);
@@ -61,18 +108,79 @@ __device__ __forceinline__ void issue_query_tile(std::int64_t h, std::int64_t q0
   for (int i = threadIdx.x; i < BQ; i += blockDim.x) {
     const bool valid = q0 + i < len;
     cp_async4(lsebuf + buf * BQ + i, valid ? lse + h * sh.t + s0 + q0 + i : lse, valid);
-    cp_async4(dsumbuf + buf * BQ + i, valid ? dsum_slot(d_q_scratch, s0 + q0 + i, h, sh.h, D) : lse,
-              valid);
+    cp_async4(dsumbuf + buf * BQ + i, valid ? dsum.at(s0 + q0 + i, h) : lse, valid);
+  }
+}
+
+// dQ_tile += dS K for one (head, query tile) item of the atomic-dQ dK/dV kernel (file comment):
+// dss = the CTA's dS^T [kBK keys][BQ + 8] (bf16, complete: the caller's barrier), ks = the K tile
+// [kBK][D + 8]. This warp: all BQ queries x head dims warp * D/4 .. + D/4 - 1, added into
+// dq_acc [T, H, D] (f32) for the rows below len.
+template <int D, int BQ>
+__device__ __forceinline__ void dq_tile_atomic(float* __restrict__ dq_acc, const bf16* dss,
+                                               const bf16* ks, std::int64_t h, std::int64_t q0,
+                                               std::int64_t s0, std::int64_t len,
+                                               const AttnShape& sh) {
+  constexpr int kStr = D + 8;
+  constexpr int kDsStr = BQ + 8;
+  constexpr int kDW = D / 4;    // head dims per warp
+  constexpr int kMT = BQ / 16;  // query m-tiles
+  static_assert(kDW % 16 == 0 && BQ % 16 == 0, "dQ tile shape");
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int dw0 = warp * kDW;
+  float dq[kMT][kDW / 8][4];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int j = 0; j < kDW / 8; ++j)
+      dq[mt][j][0] = dq[mt][j][1] = dq[mt][j][2] = dq[mt][j][3] = 0.0f;
+#pragma unroll
+  for (int kc = 0; kc < kBK / 16; ++kc) {
+    std::uint32_t bk[kDW / 16][4];
+#pragma unroll
+    for (int np = 0; np < kDW / 16; ++np)
+      ldmatrix_b_trans_pair(bk[np], ks + kc * 16 * kStr + dw0 + np * 16, kStr);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      std::uint32_t a[4];
+      ldmatrix_a_trans(a, dss, kDsStr, kc * 16, mt * 16);
+#pragma unroll
+      for (int np = 0; np < kDW / 16; ++np) {
+        mma_bf16(dq[mt][2 * np], a, bk[np][0], bk[np][1]);
+        mma_bf16(dq[mt][2 * np + 1], a, bk[np][2], bk[np][3]);
+      }
+    }
+  }
+  // C fragment: lane (g, t) holds rows g (c0, c1) and g + 8 (c2, c3) at dims 2t, 2t + 1. Lanes t
+  // and t ^ 1 swap halves: even t keeps row g and gets its partner's (c0, c1) -> dims 2t .. 2t+3;
+  // odd t keeps row g + 8 and gets its partner's (c2, c3) -> dims 2t - 2 .. 2t + 1. Every lane
+  // shuffles (full mask); only the add is guarded.
+  const bool odd = (t & 1) != 0;
+  const int col = dw0 + 2 * (t & 2);
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+    const std::int64_t row = q0 + mt * 16 + g + (odd ? 8 : 0);
+    float* dst = dq_acc + ((s0 + row) * sh.h + h) * D + col;
+#pragma unroll
+    for (int j = 0; j < kDW / 8; ++j) {
+      const float* c = dq[mt][j];
+      const float r0 = __shfl_xor_sync(0xffffffffu, odd ? c[0] : c[2], 1);
+      const float r1 = __shfl_xor_sync(0xffffffffu, odd ? c[1] : c[3], 1);
+      if (row < len)
+        red_add_f32x4(dst + j * 8, odd ? r0 : c[0], odd ? r1 : c[1], odd ? c[2] : r0,
+                      odd ? c[3] : r1);
+    }
   }
 }
 
 // Heads [h_begin, h_begin + heads) of kv head blockIdx.y / slices; slice = blockIdx.y % slices.
 // partial == nullptr: bf16 dK (scaled) and dV straight out; else f32 partials for the reduction.
-template <int D, int BQ>
+// kDq: also dQ into dq_acc by atomics (the file comment); dq_acc is unused otherwise.
+template <int D, int BQ, bool kDq>
 __global__ void __launch_bounds__(kThreads)
     attention_bwd_dkdv_kernel(bf16* __restrict__ d_k, bf16* __restrict__ d_v,
-                              float* __restrict__ partial, int slices,
-                              bf16* __restrict__ d_q_scratch, const bf16* __restrict__ d_out,
+                              float* __restrict__ partial, int slices, float* __restrict__ dq_acc,
+                              DsumRef dsum, const bf16* __restrict__ d_out,
                               const bf16* __restrict__ q, const bf16* __restrict__ k,
                               const bf16* __restrict__ v, const float* __restrict__ lse,
                               const std::int32_t* __restrict__ cu, AttnShape sh, float scale_log2) {
@@ -87,6 +195,10 @@ __global__ void __launch_bounds__(kThreads)
   bf16* const dobuf = qbuf + 2 * kTile;
   float* const lsebuf = reinterpret_cast<float*>(dobuf + 2 * kTile);
   float* const dsumbuf = lsebuf + 2 * BQ;
+  // kDq: the CTA's dS^T [kBK keys][kDsStr] (bf16), 16-byte rows (80 / 144 bytes): the 32-bit
+  // stores (rows g, cols 2t) and the ldmatrix rows are both bank-conflict-free.
+  constexpr int kDsStr = BQ + 8;
+  bf16* const dss = reinterpret_cast<bf16*>(dsumbuf + 2 * BQ);
 
   SeqBlock sb;
   if (!find_block(cu, sh.s, kBK, blockIdx.x, &sb)) return;
@@ -105,7 +217,7 @@ __global__ void __launch_bounds__(kThreads)
   const std::int64_t items = per_slice * qtiles;
   auto issue = [&](std::int64_t item, int buf) {
     issue_query_tile<D, BQ>(h_begin + item / qtiles, qstart + (item % qtiles) * BQ, buf, qbuf,
-                            dobuf, lsebuf, dsumbuf, q, d_out, lse, d_q_scratch, s0, len, sh);
+                            dobuf, lsebuf, dsumbuf, q, d_out, lse, dsum, s0, len, sh);
   };
 
   load_rows_async<D>(ks, k, s0, k0, len, kBK, sh.g, kvh);
@@ -122,7 +234,9 @@ __global__ void __launch_bounds__(kThreads)
 
   for (std::int64_t it = 0; it < items; ++it) {
     cp_async_wait_all();
-    __syncthreads();  // item `it` (and K, V) landed for all; all are done with item it - 1
+    // Item `it` (and K, V) landed for all; all are done with item it - 1, including (kDq) their
+    // dQ reads of dss, which this item overwrites below.
+    __syncthreads();
     if (it + 1 < items) issue(it + 1, static_cast<int>((it + 1) & 1));
     cp_async_commit();
     const int buf = static_cast<int>(it & 1);
@@ -168,6 +282,16 @@ __global__ void __launch_bounds__(kThreads)
         dpt[nt][e] = p * (dpt[nt][e] - dsum_s[ql]);  // dS^T
       }
     }
+    if constexpr (kDq) {
+      // This warp's dS^T rows (keys warp * 16 + g, + 8) in bf16: pack_bf16 of the same pairs
+      // c_to_a packs for the dK MMA below, so dQ and dK see the same rounded dS.
+#pragma unroll
+      for (int nt = 0; nt < BQ / 8; ++nt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          *reinterpret_cast<std::uint32_t*>(dss + (warp * 16 + g + 8 * r) * kDsStr + nt * 8 +
+                                            2 * t) = pack_bf16(dpt[nt][2 * r], dpt[nt][2 * r + 1]);
+    }
     // dV += P^T dO ; dK += dS^T Q  (k dimension = queries)
 #pragma unroll
     for (int kc = 0; kc < BQ / 16; ++kc) {
@@ -182,6 +306,14 @@ __global__ void __launch_bounds__(kThreads)
         ldmatrix_b_trans(b0, b1, qs + kc * 16 * kStr + nd * 8, kStr);
         mma_bf16(dk[nd], ads, b0, b1);
       }
+    }
+    if constexpr (kDq) {
+      // Every warp's dS^T stores are visible after this barrier (the dK/dV MMAs above overlap
+      // their latency). No warp writes dss again before the next item's top barrier, which every
+      // warp reaches only after its dq_tile_atomic reads: no write-after-read hazard either.
+      // Uniform: every warp runs every item (no per-warp skip in this kernel).
+      __syncthreads();
+      dq_tile_atomic<D, BQ>(dq_acc, dss, ks, h_begin + it / qtiles, q0, s0, len, sh);
     }
   }
   cp_async_wait_all();  // nothing may be in flight into smem when the CTA exits
@@ -241,10 +373,10 @@ __device__ __forceinline__ void pair_barrier(int kg) {
 template <int D, int BQ>
 __global__ void __launch_bounds__(kThreads)
     attention_bwd_dkdv_mt2_kernel(bf16* __restrict__ d_k, bf16* __restrict__ d_v,
-                                  float* __restrict__ partial, int slices,
-                                  bf16* __restrict__ d_q_scratch, const bf16* __restrict__ d_out,
-                                  const bf16* __restrict__ q, const bf16* __restrict__ k,
-                                  const bf16* __restrict__ v, const float* __restrict__ lse,
+                                  float* __restrict__ partial, int slices, DsumRef dsum,
+                                  const bf16* __restrict__ d_out, const bf16* __restrict__ q,
+                                  const bf16* __restrict__ k, const bf16* __restrict__ v,
+                                  const float* __restrict__ lse,
                                   const std::int32_t* __restrict__ cu, AttnShape sh,
                                   float scale_log2) {
   constexpr int kStr = D + 8;
@@ -293,7 +425,7 @@ __global__ void __launch_bounds__(kThreads)
   const std::int64_t items = per_slice * qtiles;
   auto issue = [&](std::int64_t item, int buf) {
     issue_query_tile<D, BQ>(h_begin + item / qtiles, qstart + (item % qtiles) * BQ, buf, qbuf,
-                            dobuf, lsebuf, dsumbuf, q, d_out, lse, d_q_scratch, s0, len, sh);
+                            dobuf, lsebuf, dsumbuf, q, d_out, lse, dsum, s0, len, sh);
   };
 
   load_rows_async<D>(ks, k, s0, k0, len, kBK, sh.g, kvh);
@@ -483,6 +615,17 @@ __global__ void attention_bwd_reduce_kernel(bf16* __restrict__ d_k, bf16* __rest
   d_v[i] = __float2bfloat16_rn(sv);
 }
 
+// Atomic dQ's last step: d_q = bf16(scale * accumulator), 4 values per thread (n4 = T H D / 4).
+__global__ void attention_bwd_dq_convert_kernel(bf16* __restrict__ d_q,
+                                                const float* __restrict__ acc, std::int64_t n4,
+                                                float scale) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n4) return;
+  const float4 x = reinterpret_cast<const float4*>(acc)[i];
+  reinterpret_cast<uint2*>(d_q)[i] =
+      make_uint2(pack_bf16(x.x * scale, x.y * scale), pack_bf16(x.z * scale, x.w * scale));
+}
+
 template <int D, int BN>
 __global__ void __launch_bounds__(kThreads)
     attention_bwd_dq_kernel(bf16* __restrict__ d_q, const bf16* __restrict__ d_out,
@@ -601,13 +744,22 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Floats of the atomic-dQ path's accumulator [T, H, D] plus dsum [H, T] (padded to 4 floats, so
+// the partials that follow stay 16-byte aligned); the partials' region starts there.
+std::int64_t atomic_dq_floats(std::int64_t t, std::int64_t h, std::int64_t d) {
+  return t * h * d + (t * h + 3) / 4 * 4;
+}
+
 // BQ: query tile of the 16-keys-per-warp dK/dV kernel; BQ2: of the 32-keys-per-warp one (0: none
-// for this D); keys32 picks between them; BN: key tile of the dQ kernel.
+// for this D); keys32 picks between them; BN: key tile of the dQ kernel. dq_atomic: the fused
+// kernel with atomic dQ when D allows it and the workspace holds its accumulator (else the
+// deterministic path).
 template <int D, int BQ, int BN, int BQ2>
 cudaError_t launch_bwd_d(void* d_q, void* d_k, void* d_v, const void* d_out, const void* q,
                          const void* k, const void* v, const void* out, const float* lse,
                          const std::int32_t* cu, AttnShape sh, float* workspace,
-                         std::int64_t workspace_floats, bool keys32, cudaStream_t stream) {
+                         std::int64_t workspace_floats, bool keys32, bool dq_atomic,
+                         cudaStream_t stream) {
   constexpr int kStr = D + 8;
   const float scale_log2 = sh.scale * kLog2e;
   auto* dq = static_cast<bf16*>(d_q);
@@ -617,26 +769,60 @@ cudaError_t launch_bwd_d(void* d_q, void* d_k, void* d_v, const void* d_out, con
   const auto* vv = static_cast<const bf16*>(v);
 
   const std::int64_t rows = sh.t * sh.h;
-  attention_bwd_dsum_kernel<D><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(
-      dq, dout, static_cast<const bf16*>(out), rows, sh.h);
+  constexpr bool kAtomicDims = D == 64 || D == 128;  // dQ step: D / 4 dims per warp, 16 | D / 4
+  const std::int64_t acc_floats = atomic_dq_floats(sh.t, sh.h, D);
+  const bool atomic =
+      kAtomicDims && dq_atomic && workspace != nullptr && workspace_floats >= acc_floats;
+  // Atomic: [accumulator | dsum [H, T] | partials]; deterministic: dsum in d_q, all partials.
+  float* const dq_acc = atomic ? workspace : nullptr;
+  const DsumRef dsum = atomic ? DsumRef{workspace + rows * D, 1, sh.t}
+                              : DsumRef{reinterpret_cast<float*>(dq), sh.h * D / 2, D / 2};
+  float* const part_ws = atomic ? workspace + acc_floats : workspace;
+  const std::int64_t part_floats = atomic ? workspace_floats - acc_floats : workspace_floats;
 
-  // Slices of each kv head's query-head group: as many as the workspace holds (a divisor of the
-  // group size), 1 without a workspace.
+  attention_bwd_dsum_kernel<D><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(
+      dsum, dq_acc, dout, static_cast<const bf16*>(out), rows, sh.h);
+
+  // Slices of each kv head's query-head group: as many as the partials' region holds (a divisor
+  // of the group size), 1 without a workspace.
   const std::int64_t group = sh.h / sh.g;
   const std::int64_t per_slice_floats = 2 * sh.t * sh.g * D;
   int slices = 1;
-  if (workspace != nullptr) {
+  if (part_ws != nullptr) {
     for (std::int64_t w = group; w > 1; --w) {
-      if (group % w == 0 && w * per_slice_floats <= workspace_floats) {
+      if (group % w == 0 && w * per_slice_floats <= part_floats) {
         slices = static_cast<int>(w);
         break;
       }
     }
   }
-  float* partial = slices > 1 ? workspace : nullptr;
+  float* partial = slices > 1 ? part_ws : nullptr;
 
   const dim3 grid_kv(grid_blocks(sh.t, sh.s, kBK), static_cast<unsigned>(sh.g * slices));
+  const int smem_kv = (2 * kBK + 4 * BQ) * kStr * static_cast<int>(sizeof(bf16)) +
+                      4 * BQ * static_cast<int>(sizeof(float));
   cudaError_t err = cudaSuccess;
+  if constexpr (kAtomicDims) {
+    if (atomic) {
+      // + the dS^T staging tile [kBK][BQ + 8].
+      const int smem_dq = smem_kv + kBK * (BQ + 8) * static_cast<int>(sizeof(bf16));
+      err = cudaFuncSetAttribute(attention_bwd_dkdv_kernel<D, BQ, true>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem_dq);
+      if (err != cudaSuccess) return err;
+      attention_bwd_dkdv_kernel<D, BQ, true><<<grid_kv, kThreads, smem_dq, stream>>>(
+          static_cast<bf16*>(d_k), static_cast<bf16*>(d_v), partial, slices, dq_acc, dsum, dout, qq,
+          kk, vv, lse, cu, sh, scale_log2);
+      if (partial != nullptr) {
+        const std::int64_t n = sh.t * sh.g * D;
+        attention_bwd_reduce_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
+            static_cast<bf16*>(d_k), static_cast<bf16*>(d_v), partial, slices, n, sh.scale);
+      }
+      const std::int64_t n4 = rows * D / 4;
+      attention_bwd_dq_convert_kernel<<<static_cast<unsigned>((n4 + 255) / 256), 256, 0, stream>>>(
+          dq, dq_acc, n4, sh.scale);
+      return cudaGetLastError();
+    }
+  }
   if constexpr (BQ2 > 0) {
     if (keys32) {
       const int smem_kv2 = (2 * kBK + 4 * BQ2) * kStr * static_cast<int>(sizeof(bf16)) +
@@ -646,19 +832,17 @@ cudaError_t launch_bwd_d(void* d_q, void* d_k, void* d_v, const void* d_out, con
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, smem_kv2);
       if (err != cudaSuccess) return err;
       attention_bwd_dkdv_mt2_kernel<D, BQ2><<<grid_kv, kThreads, smem_kv2, stream>>>(
-          static_cast<bf16*>(d_k), static_cast<bf16*>(d_v), partial, slices, dq, dout, qq, kk, vv,
+          static_cast<bf16*>(d_k), static_cast<bf16*>(d_v), partial, slices, dsum, dout, qq, kk, vv,
           lse, cu, sh, scale_log2);
     }
   }
   if (BQ2 == 0 || !keys32) {
-    const int smem_kv = (2 * kBK + 4 * BQ) * kStr * static_cast<int>(sizeof(bf16)) +
-                        4 * BQ * static_cast<int>(sizeof(float));
-    err = cudaFuncSetAttribute(attention_bwd_dkdv_kernel<D, BQ>,
+    err = cudaFuncSetAttribute(attention_bwd_dkdv_kernel<D, BQ, false>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem_kv);
     if (err != cudaSuccess) return err;
-    attention_bwd_dkdv_kernel<D, BQ><<<grid_kv, kThreads, smem_kv, stream>>>(
-        static_cast<bf16*>(d_k), static_cast<bf16*>(d_v), partial, slices, dq, dout, qq, kk, vv,
-        lse, cu, sh, scale_log2);
+    attention_bwd_dkdv_kernel<D, BQ, false><<<grid_kv, kThreads, smem_kv, stream>>>(
+        static_cast<bf16*>(d_k), static_cast<bf16*>(d_v), partial, slices, nullptr, dsum, dout, qq,
+        kk, vv, lse, cu, sh, scale_log2);
   }
   if (partial != nullptr) {
     const std::int64_t n = sh.t * sh.g * D;
@@ -680,17 +864,30 @@ cudaError_t launch_bwd_d(void* d_q, void* d_k, void* d_v, const void* d_out, con
 // so one benchmark build A/Bs them and a test can switch them): 16 (default) or 32 with
 // FERRY_ATTN_BWD_KEYS=32 (D = 64 and 128; D = 16 and 32 always use 16). The 32-key kernel was
 // 3-5 % slower fwd + bwd on the H200 (bench/kernels/results/h200_2026-12-01_s9_*), so it is not
-// the default.
+// the default. The atomic-dQ path always uses the 16-key kernel.
 int bwd_keys_per_warp() {
   const char* e = std::getenv("FERRY_ATTN_BWD_KEYS");
   return e != nullptr && e[0] == '3' && e[1] == '2' ? 32 : 16;
 }
 
+// FERRY_ATTN_BWD_DQ=atomic: dQ accumulated by f32 atomics in the dK/dV kernel (non-deterministic,
+// opt-in). Read at every call like the variables above, by attention_bwd_workspace_floats (hence
+// Backend::workspace_bytes) and by the launch alike, so a process that sets it before it starts
+// sizes and launches consistently. Should it change between the two, the launch still never
+// reads or writes past the workspace it gets: too small for the accumulator -> deterministic.
+bool bwd_dq_atomic() {
+  const char* e = std::getenv("FERRY_ATTN_BWD_DQ");
+  return e != nullptr && std::string_view(e) == "atomic";
+}
+
 }  // namespace
 
 std::int64_t attention_bwd_workspace_floats(std::int64_t t, std::int64_t h, std::int64_t d) {
-  // Every query head its own slice: 2 (dK, dV) x [H, T, D] f32 (H = slices x G).
-  return 2 * t * h * d;
+  // Every query head its own slice: 2 (dK, dV) x [H, T, D] f32 (H = slices x G); atomic dQ
+  // (D = 64 / 128) puts its accumulator and dsum in front.
+  const std::int64_t partials = 2 * t * h * d;
+  if (bwd_dq_atomic() && (d == 64 || d == 128)) return atomic_dq_floats(t, h, d) + partials;
+  return partials;
 }
 
 cudaError_t launch_attention_bwd(void* d_q, void* d_k, void* d_v, const void* d_out, const void* q,
@@ -699,19 +896,20 @@ cudaError_t launch_attention_bwd(void* d_q, void* d_k, void* d_v, const void* d_
                                  std::int64_t workspace_floats, cudaStream_t stream) {
   if (sh.t == 0) return cudaSuccess;
   const bool keys32 = bwd_keys_per_warp() == 32;
+  const bool atomic = bwd_dq_atomic();
   switch (sh.d) {
     case 16:
       return launch_bwd_d<16, 64, 64, 0>(d_q, d_k, d_v, d_out, q, k, v, out, lse, cu_seqlens, sh,
-                                         workspace, workspace_floats, keys32, stream);
+                                         workspace, workspace_floats, keys32, atomic, stream);
     case 32:
       return launch_bwd_d<32, 64, 64, 0>(d_q, d_k, d_v, d_out, q, k, v, out, lse, cu_seqlens, sh,
-                                         workspace, workspace_floats, keys32, stream);
+                                         workspace, workspace_floats, keys32, atomic, stream);
     case 64:
       return launch_bwd_d<64, 64, 64, 64>(d_q, d_k, d_v, d_out, q, k, v, out, lse, cu_seqlens, sh,
-                                          workspace, workspace_floats, keys32, stream);
+                                          workspace, workspace_floats, keys32, atomic, stream);
     case 128:
       return launch_bwd_d<128, 32, 32, 32>(d_q, d_k, d_v, d_out, q, k, v, out, lse, cu_seqlens, sh,
-                                           workspace, workspace_floats, keys32, stream);
+                                           workspace, workspace_floats, keys32, atomic, stream);
     default:
       return cudaErrorInvalidValue;
   }

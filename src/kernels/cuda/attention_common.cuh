@@ -82,6 +82,39 @@ __device__ __forceinline__ void ldmatrix_b_trans_pair(std::uint32_t (&b)[4], con
                : "r"(addr));
 }
 
+// A fragment (16 m x 16 k) of the TRANSPOSE of a row-major [k][stride] smem tile: stored rows
+// k0 .. k0 + 15 are the operand's k, stored columns m0 .. m0 + 15 its m (dS^T stored key-major,
+// read as dS for dQ = dS K). One ldmatrix.x4.trans: matrix i = lane / 8 is (m half i & 1, k half
+// i >> 1) — a0 (m 0-7, k 0-7), a1 (m 8-15, k 0-7), a2 (m 0-7, k 8-15), a3 (m 8-15, k 8-15) — each
+// read as 8 stored rows (k) of 8 consecutive m; .trans hands lane (g, t) stored elements
+// [2t][g], [2t+1][g] of each, i.e. A (g, 2t..2t+1): the load_a layout.
+__device__ __forceinline__ void ldmatrix_a_trans(std::uint32_t (&a)[4], const bf16* tile,
+                                                 int stride, int k0, int m0) {
+  const int lane = threadIdx.x & 31;
+  const bf16* p =
+      tile + (k0 + ((lane >> 4) << 3) + (lane & 7)) * stride + m0 + (((lane >> 3) & 1) << 3);
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(addr));
+}
+
+// p[0..3] += (a, b, c, d) in global memory without a return value (p 16-byte aligned): one
+// red.global.add.v4.f32 on sm_90 (PTX ISA 8.1+), four scalar f32 atomics before. The order in
+// which concurrent adds land is not fixed: the sums are not bitwise reproducible.
+__device__ __forceinline__ void red_add_f32x4(float* p, float a, float b, float c, float d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c),
+               "f"(d)
+               : "memory");
+#else
+  atomicAdd(p, a);
+  atomicAdd(p + 1, b);
+  atomicAdd(p + 2, c);
+  atomicAdd(p + 3, d);
+#endif
+}
+
 __device__ __forceinline__ std::uint32_t lds32(const bf16* p) {
   return *reinterpret_cast<const std::uint32_t*>(p);
 }

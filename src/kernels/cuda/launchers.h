@@ -173,8 +173,10 @@ struct AttnShape {
 // bf16 q/k/v/out; lse [h, t] f32 (may be null).
 cudaError_t launch_attention_fwd(void* out, float* lse, const void* q, const void* k, const void* v,
                                  const std::int32_t* cu_seqlens, AttnShape sh, cudaStream_t stream);
-// lse required; d_q/d_k/d_v overwritten; deterministic (no atomics). workspace (f32, may be
-// null): up to attention_bwd_workspace_floats() floats; more of it = more dK/dV parallelism.
+// lse required; d_q/d_k/d_v overwritten; deterministic (no atomics) unless FERRY_ATTN_BWD_DQ=atomic
+// (D = 64 / 128 with a workspace that holds dQ's f32 accumulator: dQ by atomics, attention_bwd.cu).
+// workspace (f32, may be null): up to attention_bwd_workspace_floats() floats (which reads the same
+// variable); more of it = more dK/dV parallelism.
 cudaError_t launch_attention_bwd(void* d_q, void* d_k, void* d_v, const void* d_out, const void* q,
                                  const void* k, const void* v, const void* out, const float* lse,
                                  const std::int32_t* cu_seqlens, AttnShape sh, float* workspace,
