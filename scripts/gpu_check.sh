@@ -128,7 +128,7 @@ if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-s
   # the cp.async double buffer); small shapes. RACECHECK_FILTER= (empty) skips it.
   RACECHECK_FILTER=${RACECHECK_FILTER-KernelsAttention.AtomicDqMatchesDeterministicPath}
   if [ -n "$RACECHECK_FILTER" ]; then
-    timeout 240 "$CS" --tool racecheck --error-exitcode 9 "$GT" \
+    timeout "${RACECHECK_TIMEOUT:-150}" "$CS" --tool racecheck --error-exitcode 9 "$GT" \
       --gtest_filter="$RACECHECK_FILTER" >"$OUT/racecheck.log" 2>&1
     echo "racecheck exit $?"
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|[Hh]azard|PASSED|FAILED" "$OUT/racecheck.log" | head -12
