@@ -8,8 +8,15 @@
 //
 // Spans: consecutive materialized boundaries s < e (e = L for the last) enclose layers s..e-1;
 // layers s..e-2 are recomputed (e - s - 1 extra layer forwards and weight streams), then the
-// backward runs e-1 down to s, each layer re-running its own forward from its input first (so
-// layer internals are never stored).
+// backward runs e-1 down to s, each layer re-running its own forward from its input first (its
+// internals), unless the layer is kept.
+//
+// Kept layers (`keep`, [L], empty = none; issue #7): the forward's layer_forward(l) leaves layer
+// l's internals in a device-tier workspace of their own (ModelCompute's kept_layers), and the
+// layer's backward consumes them instead of re-running the forward: one layer forward less per
+// kept layer and micro-batch (a layer inside a recomputed span still runs in the span's
+// recompute, which regenerates the boundary above it). Keeping changes no boundary home and no
+// weight stream (weight_schedule is the same); it costs ModelCompute::kept_layer_bytes per layer.
 //
 // Spellings (CLI --policy, docs/train.md):
 //   device              every boundary in the device tier
@@ -18,7 +25,9 @@
 //   every:K             boundaries 0, K, 2K, ... in the device tier, the rest recomputed
 //   every:K:host        ... checkpoints in host memory; every:K:nvme:DIR on NVMe
 //   mix:HOMES[:DIR]     one letter per boundary 0..L-1: d(evice) h(ost) n(vme) r(ecompute)
-// Tests: tests/unit/train/stream_policy_test.cpp.
+// Any of them may end in +keep:LIST, the kept layers: LIST is top:N (the N highest layers) or
+// comma-separated layer indices and ranges (30,31 or 28-35 or 0,4-6), e.g. every:4+keep:top:2.
+// Tests: tests/unit/train/stream_executor_test.cpp (StreamPolicy.*), stream_keep_test.cpp.
 #pragma once
 
 #include <cstdint>
@@ -43,20 +52,28 @@ struct ActivationPolicy {
   std::vector<Home> homes;  // [L] home of boundary i (input of layer i)
   std::string nvme_dir;     // required when some home is kNvme
   std::string name;         // the spelling it was parsed from
+  std::vector<bool> keep;   // [L] layer l's internals kept for its backward; empty = none
 
   int layers() const { return static_cast<int>(homes.size()); }
   int count(Home h) const;
+  bool kept(int l) const { return !keep.empty() && keep[static_cast<std::size_t>(l)]; }
+  int kept_count() const;
   // The path of materialized boundaries, bottom to top: spans[0].start == 0, back().end == L.
   std::vector<Span> spans() const;
   // Largest number of boundaries a span regenerates in backward (max e - s - 1, 0 if none).
   int max_recomputed() const;
-  std::string describe() const;  // "every:4 = drrrdrrr"
+  // "every:4 = drrrdrrr"; with kept layers "every:4+keep:top:2 = drrrdrrr keep 6-7".
+  std::string describe() const;
 };
+
+// The kept layers as a LIST of the +keep: spelling, ranges compressed ("0,4-6"); "" for none.
+std::string keep_list(const std::vector<bool>& keep);
 
 // Parses one of the spellings above for an L-layer model.
 Result<ActivationPolicy> parse_policy(std::string_view spec, int layers);
 
-// Checks the invariants (L homes, boundary 0 materialized, a directory for NVMe homes).
+// Checks the invariants (L homes, boundary 0 materialized, a directory for NVMe homes, keep
+// empty or [L]).
 Status validate(const ActivationPolicy& p);
 
 // Layer-weight streams of one micro-batch, in order: forward 0..L-1, then per span from the top

@@ -32,6 +32,10 @@ Result<DevicePlan> plan_device(const model::DecoderGeometry& geo, const ModelSiz
     return invalid_argument("train: policy for {} layers, model has {}", policy.layers(),
                             geo.layers);
   }
+  if (!policy.keep.empty() && policy.keep.size() != policy.homes.size()) {
+    return invalid_argument("train: policy {} has {} keep flags for {} layers", policy.name,
+                            policy.keep.size(), policy.homes.size());
+  }
   DevicePlan d;
   const std::size_t f = sizeof(float);
   const std::size_t act = static_cast<std::size_t>(tokens) * geo.hidden * f;
@@ -80,8 +84,17 @@ Result<DevicePlan> plan_device(const model::DecoderGeometry& geo, const ModelSiz
   d.sumsq_ws = d.plan.add("sumsq.workspace", backend.workspace_bytes(kernels::SumSquaresArgs{}));
   const std::size_t batch_ints = backend.device() == Device::kCpu ? 0 : 4 * tokens + 1;
   d.batch = d.plan.add("batch", batch_ints * sizeof(std::int32_t));
-  FERRY_ASSIGN_OR_RETURN(d.compute_bytes,
-                         model::ModelCompute::planned_bytes(geo, tokens, backend, 1, precision));
+  // The kept layers' workspaces are part of ModelCompute's arena (dedicated workspaces beside
+  // the shared one), so compute_bytes grows by exactly kept_layer_bytes per kept layer.
+  FERRY_ASSIGN_OR_RETURN(d.compute_bytes, model::ModelCompute::planned_bytes(
+                                              geo, tokens, backend, 1, precision,
+                                              model::AttnBwdWorkspace::kDefault, policy.keep));
+  for (int l = 0; l < geo.layers; ++l) {
+    if (!policy.kept(l)) continue;
+    FERRY_ASSIGN_OR_RETURN(const std::size_t k, model::ModelCompute::kept_layer_bytes(
+                                                    geo, l, tokens, backend, precision));
+    d.kept_bytes += k;
+  }
   return d;
 }
 

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // DevicePlan: every byte the streaming executor holds in the device tier for one micro-batch of
 // T tokens, as one mem::ArenaPlan plus the compute workspace (ModelCompute's one-layer
-// internals, scratch, the loss's logits chunk and the attention backward's dK/dV workspace,
+// internals, one dedicated workspace per kept layer of the policy (ModelCompute::kept_layer_bytes
+// each), scratch, the loss's logits chunk and the attention backward's dK/dV workspace,
 // ModelCompute::planned_bytes with the process default model::AttnBwdWorkspace::kDefault, which
 // is what the executor's ModelCompute::create uses, so the plan is exactly what it allocates):
 //   globals   embedding / final norm / untied lm_head weights + their gradients (resident)
@@ -84,7 +85,8 @@ struct DevicePlan {
   std::vector<mem::SlotId> boundary;   // [L]: device-homed boundaries (others unused)
   std::vector<mem::SlotId> transit;    // [2]
   std::vector<mem::SlotId> recompute;  // [policy.max_recomputed()]
-  std::size_t compute_bytes = 0;       // ModelCompute(work_layers = 1) buffers
+  std::size_t compute_bytes = 0;       // ModelCompute(work_layers = 1, the kept layers) buffers
+  std::size_t kept_bytes = 0;          // of compute_bytes: the kept layers' workspaces
   std::size_t total_bytes() const { return plan.allocation_bytes() + compute_bytes; }
 };
 

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "train/stream/plan_policy.h"
 
+#include <algorithm>
+
 #include "core/file_util.h"
 #include "core/json.h"
 
@@ -40,6 +42,27 @@ Result<PlanPolicy> plan_policy_from_text(const std::string& text, const std::str
       } else {
         return corrupt("train: plan {}: boundary {} has home \"{}\"", what, i, h);
       }
+    }
+    // Optional: the layers whose internals the plan keeps for their backward (issue #7), L
+    // booleans (true/false or 0/1); absent = none.
+    if (j.contains("keep_internals")) {
+      const Json& k = j.at("keep_internals");
+      if (!k.is_array() || static_cast<int>(k.size()) != L) {
+        return corrupt("train: plan {}: keep_internals is not an array of {} booleans", what, L);
+      }
+      std::vector<bool> keep;
+      for (std::size_t l = 0; l < k.size(); ++l) {
+        const Json& v = k.at(l);
+        if (v.is_boolean()) {
+          keep.push_back(v.get<bool>());
+        } else if (v.is_number_integer() && (v.get<int>() == 0 || v.get<int>() == 1)) {
+          keep.push_back(v.get<int>() == 1);
+        } else {
+          return corrupt("train: plan {}: keep_internals[{}] is {}, not a boolean or 0/1", what, l,
+                         v.dump());
+        }
+      }
+      if (std::count(keep.begin(), keep.end(), true) > 0) out.policy.keep = std::move(keep);
     }
     if (j.contains("spans")) {
       for (const Json& s : j.at("spans")) {

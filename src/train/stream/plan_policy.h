@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Reads the activation policy out of a `ferry plan` JSON document (docs/plan.md, written by
 // src/plan/plan_json.cpp): the "boundaries" homes gpu / host / nvme / recompute of boundaries
-// 0..L-1 become an ActivationPolicy (boundary L always stays on the device). Only the document's
+// 0..L-1 become an ActivationPolicy (boundary L always stays on the device), and the optional
+// top-level "keep_internals" (L booleans, true/false or 0/1; absent = none) its kept layers
+// (ActivationPolicy::keep; a wrong length is a corrupt plan). Only the document's
 // public JSON is read, so ferry_train does not depend on the planner (and its solver) at all.
 // What the executor does not follow yet is reported, not silently dropped: spans that keep their
 // weights on the GPU run with re-streamed weights, and the per-window transfer schedule is

@@ -266,9 +266,15 @@ Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_s
   } else {
     te_ = &mem::host_transfer_engine();
   }
+  // One shared workspace for the layers re-run in backward, one of its own per kept layer.
   FERRY_ASSIGN_OR_RETURN(
       compute_, model::ModelCompute::create(geo_, max_tokens, be_, 1, gpu ? &cs() : nullptr,
-                                            opts_.gemm_precision));
+                                            opts_.gemm_precision, model::AttnBwdWorkspace::kDefault,
+                                            pol.keep));
+  FERRY_CHECK(
+      compute_->total_bytes() == plan_.compute_bytes && compute_->kept_bytes() == plan_.kept_bytes,
+      "train: ModelCompute holds {} bytes ({} kept), the device plan {} ({} kept)",
+      compute_->total_bytes(), compute_->kept_bytes(), plan_.compute_bytes, plan_.kept_bytes);
 
   // Pinned host homes of boundaries, and the NVMe bounce buffer.
   const std::size_t act = static_cast<std::size_t>(max_tokens) * geo_.hidden * sizeof(float);
@@ -768,7 +774,12 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
     auto input_of = [&](int l) -> const float* {
       return l == s ? xs : dev(plan_.recompute[static_cast<std::size_t>(l - s - 1)]);
     };
-    for (int l = s; l <= e - 2; ++l) {  // regenerate boundaries s+1 .. e-1
+    // Regenerate boundaries s+1 .. e-1. A kept layer among s..e-2 runs here too (its output is
+    // the boundary above it) and so rewrites its kept workspace: with the same bits (the same
+    // kernels on the same input and weights; the kernels are deterministic, which every
+    // recomputing policy's bit-identity already relies on), and in any case internals that
+    // match the regenerated x_in its backward reads, as a re-run would give.
+    for (int l = s; l <= e - 2; ++l) {
       FERRY_ASSIGN_OR_RETURN(const int slot, acquire_weights(j));
       ++stats_.layer_forwards;
       FERRY_TRY(compute_->layer_forward(
@@ -805,9 +816,15 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
         FERRY_TRY(refill_ready_->record(refill()));
         stats_.grad_h2d += lbytes;
       }
-      // The layer's internals, from its input (the output is not needed again).
-      ++stats_.layer_forwards;
-      FERRY_TRY(compute_->layer_forward(l, p, b, x_in, act_view(dev(plan_.transit[0]), T)));
+      // The layer's internals: kept ones are still in their workspace from this micro-batch's
+      // forward (or its span's recompute); the others are re-run from the layer's input (the
+      // output is not needed again).
+      if (opts_.policy.kept(l)) {
+        ++stats_.kept_layers;
+      } else {
+        ++stats_.layer_forwards;
+        FERRY_TRY(compute_->layer_forward(l, p, b, x_in, act_view(dev(plan_.transit[0]), T)));
+      }
       if (a > 0) {  // the backward accumulates into the refilled slot: the GPU waits (measured)
         FERRY_TRY(timed_wait([&] { return cs().wait(*refill_ready_); }));
       }

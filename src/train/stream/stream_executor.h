@@ -15,9 +15,11 @@
 //     loss      final norm + chunked cross-entropy, then its backward
 //     backward  per span (s, e) from the top: bring boundary s back, recompute layers s..e-2 on
 //               re-streamed weights, then for l = e-1..s: re-run layer l's forward from its input
-//               (internals) — meanwhile a gradient slot is filled (zero on the first
-//               micro-batch, else the host's accumulated gradient, copied on a refill stream of
-//               its own beside the internals) — backward; on the last micro-batch take each
+//               (internals; skipped for a kept layer, whose forward left them in a workspace
+//               of its own: ActivationPolicy::keep) — meanwhile a gradient slot is filled
+//               (zero on the first micro-batch, else the host's accumulated gradient, copied on
+//               a refill stream of its own beside the internals) — backward; on the last
+//               micro-batch take each
 //               parameter's sum of squares on the device slot; GradDrain copies the slot to the
 //               host arena on its own thread while compute moves on to the next layer
 //     embed backward; [last: drain the globals' gradients, their sums of squares]
@@ -141,6 +143,10 @@ struct TransferStats {
   double exposed_s = 0.0;
   // Work, for the FLOP count (step_flops.h): layer passes run, recomputes included.
   std::uint64_t layer_forwards = 0, layer_backwards = 0;
+  // Layer backwards that read the internals their forward kept (ActivationPolicy::keep) instead
+  // of re-running the forward: per micro-batch the policy's kept count, and layer_forwards is
+  // that much lower than without the keeps.
+  std::uint64_t kept_layers = 0;
   // Per compute window of the plan's numbering ([2L+1]: forward of layer j = j, loss = L,
   // backward of layer j = 2L - j, its span's recompute included): wall time spent in the window
   // and the part of it the compute thread was blocked on copies (plan/problem.h). The embedding,
@@ -190,6 +196,8 @@ class StreamExecutor {
   const TransferStats& stats() const { return stats_; }
   std::size_t device_peak_bytes() const { return budget_.bytes_peak(); }
   std::size_t device_planned_bytes() const { return plan_.total_bytes(); }
+  // Of that, the kept layers' internals (ModelCompute::kept_layer_bytes per kept layer).
+  std::size_t device_kept_bytes() const { return plan_.kept_bytes; }
   const HostArena& arena() const { return *arena_; }
   double optimizer_busy_s() const { return opt_->busy_s(); }
   // Per arena unit (layers 0..L-1, then the globals), cumulative.
