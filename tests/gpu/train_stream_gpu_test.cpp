@@ -59,6 +59,7 @@ void expect_transfers_equal(const TransferStats& a, const TransferStats& b, cons
   EXPECT_EQ(a.nvme_read, b.nvme_read) << p;
   EXPECT_EQ(a.layer_forwards, b.layer_forwards) << p;
   EXPECT_EQ(a.layer_backwards, b.layer_backwards) << p;
+  EXPECT_EQ(a.kept_layers, b.kept_layers) << p;
 }
 
 void check_policies_on_gpu(const model::LoadedModel& m, const std::vector<std::string>& policies,
@@ -122,6 +123,27 @@ TEST(TrainStreamGpu, Bf16GemmsEveryPolicyBitIdenticalOnGpu) {
   check_policies_on_gpu(*m, {"host", "every:2", "every:3:host"}, spec);
   auto moe = moe_model();
   check_policies_on_gpu(*moe, {"every:2"}, spec);
+}
+
+// Kept layer internals (+keep:LIST, #7): a kept layer's backward reads the workspace its forward
+// filled (its bf16 attention copies and the down projection's bf16 operand recast from the kept
+// f32 internals when other layers ran since) instead of re-running the forward; kept layers inside
+// a recomputed span have the recompute rewrite them. Still bit-identical to "device" without
+// keeps, f32 and bf16 GEMMs, dense and MoE; one re-forward less per kept layer and micro-batch
+// (the pass counts equal the CPU executor's, checked in check_policies_on_gpu).
+TEST(TrainStreamGpu, KeptLayersBitIdenticalOnGpu) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = testing::temp_dir("stream_gpu_keep");
+  auto m = dense_model(dir + "/model");
+  const std::string nv = testing::temp_dir("stream_gpu_keep_nvme");
+  const std::vector<std::string> dense = {"device+keep:top:2", "every:2+keep:0-1", "host+keep:1,3",
+                                          "every:3:host+keep:0-3", "mix:dhrn:" + nv + "+keep:1-2"};
+  check_policies_on_gpu(*m, dense);
+  RunSpec bf16;
+  bf16.gemm_precision = model::GemmPrecision::kBf16;
+  check_policies_on_gpu(*m, dense, bf16);
+  auto moe = moe_model();
+  check_policies_on_gpu(*moe, {"device+keep:top:3", "every:2+keep:0,2"}, bf16);
 }
 
 // bf16 masters: bf16 weights on the link (half the bytes), landed in a staging buffer and widened
