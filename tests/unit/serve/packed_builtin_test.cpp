@@ -10,6 +10,8 @@
 //   - bench_host_bytes: the 48-layer bf16 model is ~60 GiB packed (it fits a 128 GiB host);
 //   - DeviceWeights' bounded staging (CPU build: the emulated device tier) uploads the same
 //     bytes however small the staging buffer is.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include <gtest/gtest.h>
@@ -119,6 +121,32 @@ TEST(PackedBuiltin, StoreEqualsTheF32ModelPackedForAnyThreadCount) {
   const float w = static_cast<const float*>((*ref)->params.layers[2].expert_up[5].data)[7];
   const std::uint16_t b = static_cast<const std::uint16_t*>((*m)->experts->ref(2, 5).up)[7];
   EXPECT_EQ(b, f32_to_bf16(w));
+}
+
+// parallel_init's values (Irwin-Hall(4), builtin_model.cpp fill_chunk): mean ~0 and standard
+// deviation ~init_std (router: router_std) over a large tensor, never beyond the sum's bound of
+// sqrt(12) = 3.464 standard deviations, and not all equal (a broken generator fails one of these).
+TEST(PackedBuiltin, ParallelInitDrawsCentredValuesOfTheSpecStd) {
+  BuiltinMoeSpec spec = packed_spec();
+  spec.init_std = 0.05;
+  auto m = make_builtin_moe(spec, 23, 2);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  const ConstTensorView& emb = (*m)->params.embed;
+  const auto* v = static_cast<const float*>(emb.data);
+  const std::int64_t n = emb.numel();
+  ASSERT_GE(n, 10000);
+  double sum = 0, sq = 0, worst = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    sum += v[i];
+    sq += double(v[i]) * v[i];
+    worst = std::max(worst, std::abs(double(v[i])));
+  }
+  const double mean = sum / double(n), sd = std::sqrt(sq / double(n) - mean * mean);
+  // Standard errors: mean 0.05 / sqrt(n) (<= 5e-4 at n >= 1e4), sd ~0.05 / sqrt(2n).
+  EXPECT_LT(std::abs(mean), 5 * 0.05 / std::sqrt(double(n)));
+  EXPECT_NEAR(sd, 0.05, 0.05 * 5 / std::sqrt(2.0 * double(n)) + 1e-4);
+  EXPECT_LE(worst, 0.05 * std::sqrt(12.0) * 1.0001);
+  EXPECT_GT(worst, 0.05 * 2.0);  // tails reach past 2 sigma somewhere in >= 1e4 draws
 }
 
 TEST(PackedBuiltin, NeedsParallelInitAndAStoreDtype) {
