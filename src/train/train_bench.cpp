@@ -155,7 +155,8 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
   // bytes, instead of allocating and pinning tens of GB again per policy (a full-depth 3B policy
   // spent ~40 s outside its timed steps on the H200; setup_s now times the parts).
   std::unique_ptr<stream::HostArena> reuse;
-  for (const std::string& name : c.policies) {
+  // --policies is split on commas, which a +keep:LIST of layers also holds: put those back.
+  for (const std::string& name : stream::rejoin_keep_lists(c.policies)) {
     Timer setup;
     BuiltinInit init(spec, c.seed, specs);
     const auto fill = [&](std::size_t i, float* out) { init.fill(i, out); };
@@ -333,6 +334,13 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
          {"host_peak_bytes", host_peak_rss_bytes()},
          {"device_peak_bytes", x.device_peak_bytes()},
          {"device_planned_bytes", x.device_planned_bytes()},
+         // Kept layer internals (+keep:LIST): how many, their device bytes, and the layer passes
+         // per step (each kept layer's backward skips its re-forward: kept_layer_backwards).
+         {"kept_layers", pol.kept_count()},
+         {"device_kept_bytes", x.device_kept_bytes()},
+         {"layer_forwards_per_step", double(s.layer_forwards - s0.layer_forwards) * per},
+         {"layer_backwards_per_step", double(s.layer_backwards - s0.layer_backwards) * per},
+         {"kept_layer_backwards_per_step", double(s.kept_layers - s0.kept_layers) * per},
          {"host_bytes_per_param", x.arena().bytes_per_param()},
          {"weight_h2d_bytes_per_step", double(s.weight_h2d - s0.weight_h2d) * per},
          {"grad_d2h_bytes_per_step", double(s.grad_d2h - s0.grad_d2h) * per},

@@ -6,6 +6,8 @@
 #     uninterrupted stream run's losses and final weights (model.safetensors bytes);
 #  3. a batch over --device-budget-mib exits non-zero naming the largest batch that fits, and
 #     that batch does run under the same budget.
+#  Also: kept layer internals (--policy ...+keep:LIST) give the memory executor's losses and
+#  weights, and `ferry bench train` reports one re-forward less per kept layer.
 set -euo pipefail
 FERRY="$1"; ROOT="$2"
 TMP="$(mktemp -d)"; trap 'rm -rf "$TMP"' EXIT
@@ -69,6 +71,16 @@ cmp "$TMP/memg/model.safetensors" "$TMP/ag/model.safetensors" ||
 if cmp -s "$TMP/a/model.safetensors" "$TMP/ag/model.safetensors"; then
   echo "train_stream: --grad-dtype bf16 changed nothing"; exit 1
 fi
+
+# 1d. Kept layer internals (+keep:LIST, #7): layer 1 recomputed in its span and kept, layer 3 on
+#     top of its span; still the memory executor's losses and weights.
+"$FERRY" train "${common[@]}" --executor stream --policy every:2+keep:1,3 --prefetch 2 \
+  --output-dir "$TMP/ak" --metrics-out "$TMP/ak.jsonl" > "$TMP/ak.log" 2> "$TMP/ak.err"
+grep -q "policy every:2+keep:1,3 = drdr keep 1,3" "$TMP/ak.log" "$TMP/ak.err" ||
+  { echo "train_stream: the keep policy did not run"; cat "$TMP/ak.log" "$TMP/ak.err"; exit 1; }
+compare_losses "$TMP/mem.jsonl" "$TMP/ak.jsonl" "kept internals: stream vs memory"
+cmp "$TMP/mem/model.safetensors" "$TMP/ak/model.safetensors" ||
+  { echo "train_stream: kept internals: stream and memory export different weights"; exit 1; }
 
 # 2. SIGKILL mid-way, resume.
 "$FERRY" train "${common[@]}" "${stream[@]}" --output-dir "$TMP/b" --save-every 4 \
@@ -169,6 +181,34 @@ three = r["policies"][0]
 assert r["grad_accum"] == 3 and r["gemm_precision"] == "bf16", r
 assert three["weight_h2d_bytes_per_step"] > 2.5 * one["weight_h2d_bytes_per_step"], (one, three)
 assert three["grad_d2h_bytes_per_step"] > 2.5 * one["grad_d2h_bytes_per_step"], (one, three)
+PY
+# Kept internals through --policies (its commas split the list; the keep list's are put back):
+# one layer forward less per kept layer and micro-batch, the same bytes moved and the same
+# losses as without, the kept workspaces counted in the device plan.
+"$FERRY" bench train --layers 4 --hidden 64 --heads 2 --kv-heads 1 --intermediate 128 \
+  --batch-size 2 --seq-len 32 --steps 2 --grad-accum 2 \
+  --policies device,device+keep:top:2,every:2,every:2+keep:0,3 \
+  --json "$TMP/benchk.json" > "$TMP/benchk.log" 2>&1 ||
+  { echo "train_stream: bench train with keeps failed"; cat "$TMP/benchk.log"; exit 1; }
+python3 - "$TMP/benchk.json" <<'PY' || { echo "train_stream: bad keep report"; exit 1; }
+import json, sys
+p = {x["policy"]: x for x in json.load(open(sys.argv[1]))["policies"]}
+assert list(p) == ["device", "device+keep:top:2", "every:2", "every:2+keep:0,3"], list(p)
+for base, kept, n in (("device", "device+keep:top:2", 2), ("every:2", "every:2+keep:0,3", 2)):
+    b, k = p[base], p[kept]
+    assert "error" not in b and "error" not in k, (b, k)
+    assert b["kept_layers"] == 0 and k["kept_layers"] == n, (b, k)
+    # 2 micro-batches per step
+    assert k["layer_forwards_per_step"] == b["layer_forwards_per_step"] - 2 * n, (b, k)
+    assert k["kept_layer_backwards_per_step"] == 2 * n, k
+    assert k["layer_backwards_per_step"] == b["layer_backwards_per_step"] == 2 * 4, (b, k)
+    assert k["loss_first"] == b["loss_first"] and k["loss_last"] == b["loss_last"], (b, k)
+    assert k["weight_h2d_bytes_per_step"] == b["weight_h2d_bytes_per_step"], (b, k)
+    assert k["device_kept_bytes"] > 0 and b["device_kept_bytes"] == 0, (b, k)
+    assert k["device_planned_bytes"] == b["device_planned_bytes"] + k["device_kept_bytes"], (b, k)
+    assert k["device_peak_bytes"] == k["device_planned_bytes"], k
+assert p["every:2+keep:0,3"]["describe"] == "every:2+keep:0,3 = drdr keep 0,3", p
+print("train_stream: bench train keeps: one re-forward less per kept layer, same losses")
 PY
 if "$FERRY" bench train --layers 1 --hidden 64 --heads 2 --kv-heads 1 --intermediate 128 \
   --steps 1 --gemm-precision fp8 > "$TMP/bp.log" 2>&1; then

@@ -226,6 +226,31 @@ Result<ActivationPolicy> parse_policy(std::string_view spec, int layers) {
   return p;
 }
 
+std::vector<std::string> rejoin_keep_lists(const std::vector<std::string>& items) {
+  // "N" or "N-M", digits only.
+  const auto is_keep_item = [](std::string_view s) {
+    const std::size_t dash = s.find('-');
+    const auto digits = [](std::string_view d) {
+      return !d.empty() &&
+             std::all_of(d.begin(), d.end(), [](char c) { return c >= '0' && c <= '9'; });
+    };
+    return dash == std::string_view::npos ? digits(s)
+                                          : digits(s.substr(0, dash)) && digits(s.substr(dash + 1));
+  };
+  std::vector<std::string> out;
+  for (const std::string& item : items) {
+    if (!out.empty() && is_keep_item(item)) {
+      const std::size_t k = out.back().rfind("+keep:");
+      if (k != std::string::npos && out.back().compare(k + 6, 4, "top:") != 0) {
+        out.back() += ',' + item;
+        continue;
+      }
+    }
+    out.push_back(item);
+  }
+  return out;
+}
+
 std::vector<int> weight_schedule(const ActivationPolicy& p) {
   std::vector<int> order;
   for (int l = 0; l < p.layers(); ++l) order.push_back(l);

@@ -72,6 +72,12 @@ std::string keep_list(const std::vector<bool>& keep);
 // Parses one of the spellings above for an L-layer model.
 Result<ActivationPolicy> parse_policy(std::string_view spec, int layers);
 
+// A comma-split list of policy spellings (CLI11's --policies delimiter) with the commas of
+// +keep:LIST put back: an item that is only a layer or a range ("3", "5-7") continues the
+// previous item when that one ends in a +keep: list of indices (no policy spelling is a bare
+// number). {"device+keep:1", "3", "every:2"} -> {"device+keep:1,3", "every:2"}.
+std::vector<std::string> rejoin_keep_lists(const std::vector<std::string>& items);
+
 // Checks the invariants (L homes, boundary 0 materialized, a directory for NVMe homes, keep
 // empty or [L]).
 Status validate(const ActivationPolicy& p);

@@ -278,6 +278,19 @@ TEST(StreamKeep, ParsesKeepSuffixes) {
   EXPECT_FALSE(validate(hand).ok());
 }
 
+// `ferry bench train --policies` splits on commas: the keep lists' commas are put back.
+TEST(StreamKeep, RejoinsKeepListsSplitOnCommas) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(rejoin_keep_lists({"device+keep:1", "3", "5-6", "every:2", "host+keep:0", "2"}),
+            (V{"device+keep:1,3,5-6", "every:2", "host+keep:0,2"}));
+  // A bare number after anything but an index list stays an item of its own (and fails to parse).
+  EXPECT_EQ(rejoin_keep_lists({"device+keep:top:1", "3"}), (V{"device+keep:top:1", "3"}));
+  EXPECT_EQ(rejoin_keep_lists({"device", "3"}), (V{"device", "3"}));
+  EXPECT_EQ(rejoin_keep_lists({"3", "every:4"}), (V{"3", "every:4"}));
+  EXPECT_EQ(rejoin_keep_lists({"every:2+keep:1", "x3"}), (V{"every:2+keep:1", "x3"}));
+  EXPECT_EQ(rejoin_keep_lists({}), V{});
+}
+
 TEST(StreamKeep, ReadsKeepInternalsOfAFerryPlanDocument) {
   auto doc = [](const std::string& keep) {
     return R"({"format": "ferry-plan", "version": 1, "policy": "solved",
