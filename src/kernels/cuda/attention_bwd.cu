@@ -41,6 +41,9 @@
 // reason it is opt-in; docs/cuda.md "Determinism"). Workspace (attention_bwd_workspace_floats):
 // [accumulator T H D | dsum H T, padded to 4 | dK/dV partials 2 T H D] floats; the partials'
 // region sets the slices exactly as the whole workspace does on the deterministic path.
+// The dQ step's fragment layouts and index math (and the workspace split) are replayed on a host
+// warp emulator in tests/unit/kernels/warp_fragment_emulation_test.cpp, which pins the replayed
+// expressions to this file's and attention_common.cuh's text: edit both together.
 //
 // Each kernel computes its products with mma.sync m16n8k16 and reuses C fragments as A fragments
 // (attention_common.cuh). Tested in tests/gpu/kernels_attention_test.cpp.
