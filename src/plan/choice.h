@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Choice: the discrete half of a plan — which boundaries are materialized and where, and the
-// recompute spans — without the transfer schedule (which an LP fills in, milp.h solve_fixed).
-// The fixed policies (checkpoint every K, all on GPU, all on host) and the exact enumerator are
-// sets of Choices.
+// recompute spans — without the transfer schedule (which an LP fills in, milp.h solve_fixed) and
+// without kept internals (none in a Choice; the exact enumerator searches their subsets per
+// Choice, exact.cpp). The fixed policies (checkpoint every K, all on GPU, all on host) and the
+// exact enumerator are sets of Choices.
 #pragma once
 
 #include <functional>

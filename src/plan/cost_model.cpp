@@ -4,10 +4,67 @@
 #include "plan/cost_model.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "model/model_summary.h"
 
 namespace ferry::plan {
+
+double kept_internals_bytes(const model::ModelConfig& c, int layer, double tokens) {
+  const double T = tokens;
+  const double C = static_cast<double>(c.hidden_size);
+  const double H = static_cast<double>(c.num_attention_heads);
+  const double G = static_cast<double>(c.num_key_value_heads);
+  const double Q = static_cast<double>(c.q_dim()), K = static_cast<double>(c.kv_dim());
+  double bytes = 0;
+  // One LayerActs buffer of n 4-byte elements (f32, or i32 for the MoE ids), 256-byte aligned as
+  // ArenaPlan::add places it.
+  const auto buf = [&](double n) {
+    if (n <= 0) return;
+    bytes += std::ceil(n * 4 / 256) * 256;
+  };
+  // No x_in: a kept layer's input is its boundary, which the stream executor owns (ModelCompute
+  // adds x_in to a layer's workspace only on the whole-model path).
+  buf(T * C);  // h1
+  buf(T);      // rstd1
+  if (c.qk_norm != model::QkNorm::kNone) {
+    const bool per_head = c.qk_norm == model::QkNorm::kPerHead;
+    buf(T * Q);                 // q_pre
+    buf(T * K);                 // k_pre
+    buf(per_head ? T * H : T);  // q_rstd
+    buf(per_head ? T * G : T);  // k_rstd
+  }
+  buf(T * Q);  // q
+  buf(T * K);  // k
+  buf(T * K);  // v
+  buf(T * Q);  // attn
+  buf(H * T);  // lse
+  buf(T * C);  // x_mid
+  buf(T * C);  // h2
+  buf(T);      // rstd2
+  if (c.is_moe_layer(layer)) {
+    const double E = static_cast<double>(c.num_experts);
+    const double k = static_cast<double>(c.num_experts_per_tok);
+    const double Fe = static_cast<double>(c.moe_intermediate_size);
+    buf(T * E);       // router_logits
+    buf(T * E);       // probs
+    buf(T * k);       // weights
+    buf(T * k);       // ids (i32)
+    buf(T * k);       // slot_of (i32)
+    buf(E + 1);       // offsets (i32)
+    buf(T * k * C);   // gathered
+    buf(T * k * Fe);  // egate
+    buf(T * k * Fe);  // eup
+    buf(T * k * Fe);  // eact
+    buf(T * k * C);   // eout
+  } else {
+    const double F = static_cast<double>(c.intermediate_size);
+    buf(T * F);  // gate
+    buf(T * F);  // up
+    buf(T * F);  // act
+  }
+  return bytes;
+}
 
 Result<PlanProblem> analytic_problem(const model::ModelConfig& c, const MachineSpec& m,
                                      const TrainShape& shape, const Capacities& caps) {
@@ -73,6 +130,9 @@ Result<PlanProblem> analytic_problem(const model::ModelConfig& c, const MachineS
     // Backward: the re-forwarded internals kept for the layer's backward, plus the gradients in
     // flight (two of width F, two of C, and dY/dX at the boundaries).
     lc.work_bwd_gb = N * (7 * C + 2 * Q + 2 * K + 5 * F) * kBf16 / kGB;
+    // Kept internals (the executor's f32 LayerActs): the backward then skips its re-forward.
+    lc.internals_gb = kept_internals_bytes(c, j, N) / kGB;
+    lc.keep_saved_ms = lc.rec_ms;
     max_w = std::max(max_w, lc.weight_gb);
     max_g = std::max(max_g, lc.grad_gb);
   }

@@ -73,6 +73,18 @@ Result<Prediction> evaluate(const PlanProblem& p, const Plan& plan) {
   if (plan.homes[0] != Home::kGpu || plan.homes[L] != Home::kGpu) {
     return invalid_argument("plan: boundaries 0 and {} must stay on the gpu", L);
   }
+  if (!plan.keep_internals.empty() && static_cast<int>(plan.keep_internals.size()) != L) {
+    return invalid_argument("plan: {} keep-internals flags for {} layers",
+                            plan.keep_internals.size(), L);
+  }
+  for (int j = 0; j < L; ++j) {
+    if (plan.keeps(j) && !keep_allowed(p, j)) {
+      return invalid_argument(
+          "plan: layer {} keeps its internals, which the problem does not allow (allow {}, saves "
+          "{} ms)",
+          j, p.allow_keep_internals, p.layers[j].keep_saved_ms);
+    }
+  }
   if (!p.has_nvme()) {
     for (Home h : plan.homes) {
       if (h == Home::kNvme) return invalid_argument("plan: nvme home but no nvme tier");
@@ -94,6 +106,16 @@ Result<Prediction> evaluate(const PlanProblem& p, const Plan& plan) {
   }
   compute[L] = p.loss_ms;
   gpu[L] += p.loss_work_gb;
+
+  // Kept internals: resident from the layer's forward through its backward, which then does not
+  // re-run the layer's forward.
+  double kept_gb = 0;
+  for (int j = 0; j < L; ++j) {
+    if (!plan.keeps(j)) continue;
+    compute[p.bwd_window(j)] -= p.layers[j].keep_saved_ms;
+    for (int t = p.fwd_window(j); t <= p.bwd_window(j); ++t) gpu[t] += p.layers[j].internals_gb;
+    kept_gb += p.layers[j].internals_gb;
+  }
 
   // Mandatory weight and gradient traffic: each window prefetches the next window's weights and
   // the backward windows drain the previous window's gradients.
@@ -228,7 +250,8 @@ Result<Prediction> evaluate(const PlanProblem& p, const Plan& plan) {
   }
   r.step_ms = std::max(r.gpu_step_ms + r.optimizer_wait_ms, optimizer_phase_ms(p));
   r.optimizer_bound_ms = r.step_ms - r.gpu_step_ms - r.optimizer_wait_ms;
-  r.objective_ms = r.step_ms + p.move_penalty_ms_per_gb * moved;
+  r.kept_internals_gb = kept_gb;
+  r.objective_ms = r.step_ms + p.move_penalty_ms_per_gb * (moved + kept_gb);
   r.host_peak_gb = p.host_fixed_gb;
   for (int i = 1; i < L; ++i) {
     if (plan.homes[i] == Home::kHost) r.host_peak_gb += A[i];

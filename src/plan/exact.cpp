@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include "core/check.h"
@@ -26,14 +27,18 @@ Result<ExactResult> solve_exact(const PlanProblem& p, int max_layers) {
   const int cols = sm.model().num_cols();
   ExactResult r;
   double best = std::numeric_limits<double>::infinity();
-  r.choices = for_each_choice(p, [&](const Choice& c) {
-    sm.fix_choice(c.homes, c.spans);
+  // One discrete choice: homes and spans from for_each_choice, kept internals from the search
+  // below. Returns whether its LP is feasible.
+  std::vector<bool> keep(p.num_layers, false);
+  const auto solve_choice = [&](const Choice& c) {
+    ++r.choices;
+    sm.fix_choice(c.homes, c.spans, keep);
     const LinearModel& m = sm.model();
     for (int col = 0; col < cols; ++col) {
       if (m.integer[col]) osi->setColBounds(col, m.col_lb[col], m.col_ub[col]);
     }
     osi->initialSolve();
-    if (!osi->isProvenOptimal()) return;
+    if (!osi->isProvenOptimal()) return false;
     ++r.feasible;
     // The choice is priced by the evaluator (the step walked window by window, the optimizer gate
     // as a recursion), not by the LP's objective: the LP only supplies the transfer schedule.
@@ -49,7 +54,21 @@ Result<ExactResult> solve_exact(const PlanProblem& p, int max_layers) {
       plan.predicted = *pred;
       r.best = std::move(plan);
     }
-  });
+    return true;
+  };
+  // Every subset of the layers with a keep choice, each once (layers added in increasing order).
+  // A subset whose LP is infeasible is not extended: kept internals only add GPU memory (their
+  // time terms meet only free columns: eps, wait, bound), so every superset is infeasible too.
+  const std::function<void(const Choice&, int)> keep_subsets = [&](const Choice& c, int from) {
+    if (!solve_choice(c)) return;
+    for (int j = from; j < p.num_layers; ++j) {
+      if (!keep_allowed(p, j)) continue;
+      keep[j] = true;
+      keep_subsets(c, j + 1);
+      keep[j] = false;
+    }
+  };
+  r.paths = for_each_choice(p, [&](const Choice& c) { keep_subsets(c, 0); });
   if (r.feasible == 0) {
     return resource_exhausted("plan: exact: none of {} choices fits (batch {})", r.choices,
                               p.batch_size);

@@ -8,6 +8,8 @@
 #include <optional>
 #include <string>
 
+#include <fmt/format.h>
+
 #include <coin/CbcModel.hpp>
 #include <coin/CbcSolver.hpp>
 
@@ -41,7 +43,8 @@ CbcOutcome run_cbc(const LinearModel& m, const SolveOptions& o) {
   model.setLogLevel(o.log_level);
   // CbcMain's own parser: wall-clock limit, gaps, quiet, solve. Strings outlive the call.
   const std::string seconds = std::to_string(std::max(0.01, o.time_limit_s));
-  const std::string ratio = std::to_string(o.rel_gap);
+  // {:g}: std::to_string prints 6 decimals, which made any gap below 5e-7 "0.000000".
+  const std::string ratio = fmt::format("{:g}", o.rel_gap);
   const std::string log = std::to_string(o.log_level);
   const char* argv[] = {"ferry-plan", "-timeMode",   "elapsed",       "-seconds", seconds.c_str(),
                         "-ratioGap",  ratio.c_str(), "-allowableGap", "1e-7",     "-log",
@@ -124,11 +127,22 @@ Result<Plan> solve_milp(const PlanProblem& p, const SolveOptions& o) {
 }
 
 Result<Plan> solve_fixed(const PlanProblem& p, const std::vector<Home>& homes,
-                         const std::vector<Span>& spans, const std::string& policy) {
+                         const std::vector<Span>& spans, const std::string& policy,
+                         const std::vector<bool>& keep) {
   FERRY_TRY(validate(p));
   const auto t0 = std::chrono::steady_clock::now();
   ScheduleModel sm(p);
-  sm.fix_choice(homes, spans);
+  for (int j = 0; j < static_cast<int>(keep.size()) && j < p.num_layers; ++j) {
+    if (keep[j] && !keep_allowed(p, j)) {
+      return invalid_argument("plan: policy {} keeps layer {}'s internals, not allowed here",
+                              policy, j);
+    }
+  }
+  if (!keep.empty() && static_cast<int>(keep.size()) != p.num_layers) {
+    return invalid_argument("plan: policy {}: {} keep flags for {} layers", policy, keep.size(),
+                            p.num_layers);
+  }
+  sm.fix_choice(homes, spans, keep);
   auto osi = detail::make_osi(sm.model());
   osi->initialSolve();
   if (!osi->isProvenOptimal()) {

@@ -2,12 +2,15 @@
 // Plan: the activation policy of one training step as data — for every layer boundary its home
 // (GPU, host, NVMe) or "recompute", the recompute spans (the path of materialized boundaries, and
 // per span whether the span's weights are re-streamed or kept on the GPU between recompute and
-// backward), and every activation transfer as (boundary, window, direction, tier, bytes). Solvers
-// write it, the evaluator (evaluate.h) prices it, plan_json.h stores it, and the streaming
-// executor follows its boundary homes (train/stream/plan_policy.h; weight-keeping spans and the
-// per-window transfer schedule not yet). Fixed policies are Plans too.
+// backward), per layer whether its internals are kept on the GPU from its forward to its backward
+// (which then skips its re-forward), and every activation transfer as (boundary, window,
+// direction, tier, bytes). Solvers write it, the evaluator (evaluate.h) prices it, plan_json.h
+// stores it, and the streaming executor follows its boundary homes (train/stream/plan_policy.h;
+// weight-keeping spans and the per-window transfer schedule not yet). Fixed policies are Plans too
+// (they keep no internals).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -52,8 +55,12 @@ struct Prediction {
   double compute_ms = 0;  // sum of window compute, incl. recompute
   double recompute_ms = 0;
   double exposed_ms = 0;    // transfer time no compute hides
-  double objective_ms = 0;  // step_ms + move penalty (what the solvers minimize)
+  double objective_ms = 0;  // step_ms + move penalty on moved_gb + kept_internals_gb (what the
+                            // solvers minimize)
   double moved_gb = 0;      // activation + re-streamed weight bytes moved by choice
+  // GPU bytes of the kept layers' internals (each held from its forward to its backward window).
+  // The move penalty applies to them too: between equally fast plans, keep less.
+  double kept_internals_gb = 0;
   double gpu_peak_gb = 0;
   int gpu_peak_window = 0;
   double host_peak_gb = 0;
@@ -91,10 +98,20 @@ struct Plan {
   int seq_len = 0;
   std::vector<Home> homes;  // [L+1]
   std::vector<Span> spans;  // path from boundary 0 to L, in order
+  // [L] or empty (= all false): layer j's forward keeps its internals on the GPU until its
+  // backward, which skips the re-forward (PlanProblem keep_allowed). JSON: "keep_internals".
+  std::vector<bool> keep_internals;
   std::vector<Transfer> transfers;
   Prediction predicted;
   SolverInfo solver;
   bool operator==(const Plan&) const = default;
+
+  bool keeps(int layer) const {
+    return layer >= 0 && layer < static_cast<int>(keep_internals.size()) && keep_internals[layer];
+  }
+  int num_kept() const {
+    return static_cast<int>(std::count(keep_internals.begin(), keep_internals.end(), true));
+  }
 };
 
 }  // namespace ferry::plan

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "plan/plan_json.h"
 
+#include <algorithm>
+
 #include "core/file_util.h"
 
 namespace ferry::plan {
@@ -26,6 +28,7 @@ Json prediction_to_json(const Prediction& r) {
           {"exposed_ms", r.exposed_ms},
           {"objective_ms", r.objective_ms},
           {"moved_gb", r.moved_gb},
+          {"kept_internals_gb", r.kept_internals_gb},
           {"gpu_peak_gb", r.gpu_peak_gb},
           {"gpu_peak_window", r.gpu_peak_window},
           {"host_peak_gb", r.host_peak_gb},
@@ -49,6 +52,7 @@ Prediction prediction_from_json(const Json& j) {
   r.exposed_ms = j.at("exposed_ms").get<double>();
   r.objective_ms = j.at("objective_ms").get<double>();
   r.moved_gb = j.at("moved_gb").get<double>();
+  r.kept_internals_gb = j.value("kept_internals_gb", 0.0);  // absent before the keep choice
   r.gpu_peak_gb = j.at("gpu_peak_gb").get<double>();
   r.gpu_peak_window = j.at("gpu_peak_window").get<int>();
   r.host_peak_gb = j.at("host_peak_gb").get<double>();
@@ -74,6 +78,9 @@ Json plan_to_json(const Plan& plan, const PlanProblem* problem) {
   for (const Span& s : plan.spans) {
     spans.push_back({{"start", s.start}, {"end", s.end}, {"keep_weights", s.keep_weights}});
   }
+  // Always L numbers 0/1 (the executor's plan_policy.cpp reads them), zeros when none is kept.
+  Json keep = Json::array();
+  for (int l = 0; l < plan.num_layers; ++l) keep.push_back(plan.keeps(l) ? 1 : 0);
   Json transfers = Json::array();
   for (const Transfer& t : plan.transfers) {
     transfers.push_back({{"boundary", t.boundary},
@@ -90,6 +97,7 @@ Json plan_to_json(const Plan& plan, const PlanProblem* problem) {
             {"seq_len", plan.seq_len},
             {"boundaries", boundaries},
             {"spans", spans},
+            {"keep_internals", keep},
             {"transfers", transfers},
             {"predicted", prediction_to_json(plan.predicted)},
             {"solver",
@@ -131,6 +139,27 @@ Result<Plan> plan_from_json(const Json& j) {
     for (const Json& s : j.at("spans")) {
       plan.spans.push_back(
           Span{s.at("start").get<int>(), s.at("end").get<int>(), s.at("keep_weights").get<bool>()});
+    }
+    // Absent before the keep choice (nothing kept). 0/1 or false/true; all false reads as empty,
+    // the form the solvers write.
+    if (j.contains("keep_internals")) {
+      const Json& k = j.at("keep_internals");
+      if (!k.is_array() || static_cast<int>(k.size()) != plan.num_layers) {
+        return corrupt("plan: keep_internals must be an array of {} flags", plan.num_layers);
+      }
+      std::vector<bool> keep;
+      for (const Json& v : k) {
+        if (v.is_boolean()) {
+          keep.push_back(v.get<bool>());
+        } else if (v.is_number_integer() && (v.get<int>() == 0 || v.get<int>() == 1)) {
+          keep.push_back(v.get<int>() == 1);
+        } else {
+          return corrupt("plan: keep_internals entry {} is not 0/1 or a boolean", v.dump());
+        }
+      }
+      if (std::find(keep.begin(), keep.end(), true) != keep.end()) {
+        plan.keep_internals = std::move(keep);
+      }
     }
     for (const Json& t : j.at("transfers")) {
       const std::string dir = t.at("direction").get<std::string>();

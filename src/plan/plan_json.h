@@ -7,6 +7,7 @@
 //   {"format": "ferry-plan", "version": 1, "policy": "solved", "num_layers": 36, ...,
 //    "boundaries": [{"boundary": 0, "home": "gpu"}, ...],
 //    "spans": [{"start": 0, "end": 2, "keep_weights": false}, ...],
+//    "keep_internals": [0, 1, ...] (L flags: layer j keeps its internals; absent in old documents),
 //    "transfers": [{"boundary": 3, "window": 3, "direction": "d2h", "tier": "host", "gb": 0.1}],
 //    "predicted": {...}, "solver": {...}, "problem": {...}}
 #pragma once

@@ -129,9 +129,13 @@ Status validate(const PlanProblem& p) {
   }
   for (int j = 0; j < L; ++j) {
     const LayerCost& c = p.layers[j];
-    for (double v :
-         {c.fwd_ms, c.bwd_ms, c.rec_ms, c.weight_gb, c.grad_gb, c.work_fwd_gb, c.work_bwd_gb}) {
+    for (double v : {c.fwd_ms, c.bwd_ms, c.rec_ms, c.weight_gb, c.grad_gb, c.work_fwd_gb,
+                     c.work_bwd_gb, c.internals_gb, c.keep_saved_ms}) {
       if (!finite_nonneg(v)) return invalid_argument("plan: layer {} has a negative cost", j);
+    }
+    if (c.keep_saved_ms > c.bwd_ms) {
+      return invalid_argument("plan: layer {} saves {} ms of a {} ms backward by keeping internals",
+                              j, c.keep_saved_ms, c.bwd_ms);
     }
   }
   for (double v : {p.loss_ms, p.loss_work_gb, p.head_weight_gb, p.head_grad_gb, p.step_fixed_ms,
@@ -168,7 +172,9 @@ Json to_json(const PlanProblem& p) {
                       {"grad_gb", c.grad_gb},
                       {"work_fwd_gb", c.work_fwd_gb},
                       {"work_bwd_gb", c.work_bwd_gb},
-                      {"optimizer_ms", c.optimizer_ms}});
+                      {"optimizer_ms", c.optimizer_ms},
+                      {"internals_gb", c.internals_gb},
+                      {"keep_saved_ms", c.keep_saved_ms}});
   }
   Json j = {{"num_layers", p.num_layers},
             {"boundary_gb", p.boundary_gb},
@@ -192,7 +198,7 @@ Json to_json(const PlanProblem& p) {
             {"gpu_fixed_gb", p.gpu_fixed_gb},
             {"host_fixed_gb", p.host_fixed_gb},
             {"max_span", p.max_span},
-
+            {"allow_keep_internals", p.allow_keep_internals},
             {"move_penalty_ms_per_gb", p.move_penalty_ms_per_gb},
             {"batch_size", p.batch_size},
             {"seq_len", p.seq_len},
@@ -222,6 +228,8 @@ Result<PlanProblem> problem_from_json(const Json& j) {
       l.work_fwd_gb = c.at("work_fwd_gb").get<double>();
       l.work_bwd_gb = c.at("work_bwd_gb").get<double>();
       l.optimizer_ms = c.value("optimizer_ms", 0.0);  // absent before per-layer times
+      l.internals_gb = c.value("internals_gb", 0.0);  // absent before the keep choice
+      l.keep_saved_ms = c.value("keep_saved_ms", 0.0);
       p.layers.push_back(l);
     }
     p.loss_ms = j.at("loss_ms").get<double>();
@@ -243,6 +251,8 @@ Result<PlanProblem> problem_from_json(const Json& j) {
     p.gpu_fixed_gb = j.at("gpu_fixed_gb").get<double>();
     p.host_fixed_gb = j.at("host_fixed_gb").get<double>();
     p.max_span = j.at("max_span").get<int>();
+    // Absent before the keep choice existed: such a document keeps nothing (its old plans).
+    p.allow_keep_internals = j.value("allow_keep_internals", false);
     p.device_update_layers = j.value("device_update_layers", 0);  // absent before the tail
     p.device_update_ms_per_layer = j.value("device_update_ms_per_layer", 0.0);
     p.move_penalty_ms_per_gb = j.at("move_penalty_ms_per_gb").get<double>();

@@ -14,6 +14,7 @@
 //   t = j          forward of layer j            (j = 0..L-1)
 //   t = L          loss: final norm + lm_head + chunked cross-entropy, forward and backward
 //   t = 2L - j     backward of layer j           (j = L-1..0), incl. re-forward of its internals
+//                  (unless the plan keeps layer j's internals: Plan::keep_internals)
 // Boundary i (i = 0..L) is the input of layer i (boundary L feeds the loss); it is produced at the
 // end of window i-1 (boundary 0: before the step, by the embedding gather on the host) and last
 // read by the backward of layer i (boundary L: by the loss window).
@@ -39,6 +40,12 @@ struct LayerCost {
   // The CPU update of this layer's parameters, measured (a profile's per-unit optimizer time);
   // 0 on every layer: cpu_optimizer_ms split by weight instead (optimizer_ready_ms).
   double optimizer_ms = 0;
+  // Keeping the layer's internals (issue #7, docs/plan.md "keep internals"): the forward of the
+  // layer leaves what its backward reads in GPU memory from its forward window j through its
+  // backward window 2L-j, and the backward skips its re-forward.
+  double internals_gb = 0;   // GPU bytes of the kept internals (cost_model.h kept_internals_gb)
+  double keep_saved_ms = 0;  // backward time saved when kept (the re-forward, normally = rec_ms),
+                             // <= bwd_ms; 0: keeping never helps, so the layer has no keep choice
 };
 
 struct LinkRates {
@@ -80,6 +87,10 @@ struct PlanProblem {
   double device_update_ms_per_layer = 0;
 
   int max_span = 4;  // R: a recomputed span covers at most R-1 layers between boundaries
+  // Whether the solvers may keep a layer's internals (keep_allowed). false gives exactly the plans
+  // of a planner without the choice. A problem JSON without the key (written before the choice
+  // existed) reads as false, so an old document solves to its old plan.
+  bool allow_keep_internals = true;
   // Tie-breaker on moved bytes (ms per GB moved) so equal-time plans prefer moving less. Part of
   // the objective of every solver, so exact and MILP optima stay comparable.
   double move_penalty_ms_per_gb = 1e-4;
@@ -96,6 +107,12 @@ struct PlanProblem {
   int bwd_window(int layer) const { return 2 * num_layers - layer; }
   bool has_nvme() const { return nvme_cap_gb > 0 && link.nvme_read_gbps > 0; }
 };
+
+// Layer j's keep-internals choice exists: allow_keep_internals and keep_saved_ms > 0 (a keep that
+// saves nothing is never offered, so equal-cost ties cannot keep bytes for nothing).
+inline bool keep_allowed(const PlanProblem& p, int j) {
+  return p.allow_keep_internals && p.layers[j].keep_saved_ms > 0;
+}
 
 // "f3", "loss", "b3": a window's short name for tables and messages.
 std::string window_name(const PlanProblem& p, int t);

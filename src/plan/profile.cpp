@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "plan/profile.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include <fmt/format.h>
@@ -118,6 +119,9 @@ Status apply_profile(const Profile& prof, PlanProblem& p) {
     p.layers[j].fwd_ms = prof.layers[j].fwd_ms * scale;
     p.layers[j].bwd_ms = prof.layers[j].bwd_ms * scale;
     p.layers[j].rec_ms = prof.layers[j].rec_ms * scale;
+    // Keeping the internals saves the backward's re-forward: the measured forward (at most the
+    // measured backward, which contains it). internals_gb stays the geometry's bytes.
+    p.layers[j].keep_saved_ms = std::min(p.layers[j].rec_ms, p.layers[j].bwd_ms);
   }
   p.loss_ms = prof.loss_ms * scale;
   p.cpu_optimizer_ms = prof.cpu_optimizer_ms;

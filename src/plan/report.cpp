@@ -5,6 +5,30 @@
 
 namespace ferry::plan {
 
+namespace {
+
+// "kept internals: 2 of 24 layers (3, 7), 1.234 GB on the gpu, 12.3 ms of re-forward saved".
+std::string kept_internals_text(const PlanProblem& p, const Plan& plan) {
+  if (plan.num_kept() == 0) {
+    return fmt::format("kept internals: none ({})\n",
+                       p.allow_keep_internals ? "every backward re-runs its layer's forward"
+                                              : "not allowed in this problem");
+  }
+  std::string layers;
+  double saved_ms = 0;
+  for (int j = 0; j < p.num_layers; ++j) {
+    if (!plan.keeps(j)) continue;
+    layers += fmt::format("{}{}", layers.empty() ? "" : ", ", j);
+    saved_ms += p.layers[j].keep_saved_ms;
+  }
+  return fmt::format(
+      "kept internals: {} of {} layers ({}), {:.3f} GB on the gpu, {:.1f} ms of re-forward "
+      "saved\n",
+      plan.num_kept(), p.num_layers, layers, plan.predicted.kept_internals_gb, saved_ms);
+}
+
+}  // namespace
+
 std::string plan_text(const PlanProblem& p, const Plan& plan) {
   const Prediction& r = plan.predicted;
   std::string s;
@@ -13,7 +37,8 @@ std::string plan_text(const PlanProblem& p, const Plan& plan) {
   s += fmt::format("solver {}: {} in {:.2f} s, objective {:.3f} ms, bound {:.3f} ms, gap {:.3f}%\n",
                    plan.solver.solver, plan.solver.status, plan.solver.seconds,
                    plan.solver.objective_ms, plan.solver.bound_ms, 100 * plan.solver.gap);
-  s += "\nboundary  home       GB      span\n";
+  // keep: "yes" when layer i (the layer boundary i feeds) keeps its internals until its backward.
+  s += "\nboundary  home       GB      keep  span\n";
   std::vector<const Span*> span_from(p.num_layers + 1, nullptr);
   for (const Span& sp : plan.spans) span_from[sp.start] = &sp;
   for (int i = 0; i <= p.num_layers; ++i) {
@@ -22,8 +47,9 @@ std::string plan_text(const PlanProblem& p, const Plan& plan) {
       span = fmt::format("-> {} (recompute layers {}..{}, {} weights)", sp->end, sp->start,
                          sp->end - 2, sp->keep_weights ? "keep" : "re-stream");
     }
-    s += fmt::format("{:<9} {:<10} {:<7.3f} {}\n", i, to_string(plan.homes[i]), p.boundary_gb[i],
-                     span);
+    const std::string_view keep = i == p.num_layers ? "" : plan.keeps(i) ? "yes" : "-";
+    s += fmt::format("{:<9} {:<10} {:<7.3f} {:<5} {}\n", i, to_string(plan.homes[i]),
+                     p.boundary_gb[i], keep, span);
   }
   s += "\nwindow  compute_ms  exposed_ms  opt_wait_ms  gpu_gb\n";
   for (int t = 0; t < p.num_windows(); ++t) {
@@ -44,6 +70,7 @@ std::string plan_text(const PlanProblem& p, const Plan& plan) {
       "/ {:.2f} GB\n",
       r.gpu_peak_gb, p.gpu_cap_gb, window_description(p, r.gpu_peak_window), r.host_peak_gb,
       p.host_cap_gb, r.nvme_peak_gb, p.nvme_cap_gb);
+  s += kept_internals_text(p, plan);
   if (r.optimizer_bound_ms > 0 || r.optimizer_wait_ms > 0.02 * r.step_ms) {
     s += "note: the CPU optimizer holds the GPU back; a larger batch amortizes it\n";
   }

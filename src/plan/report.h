@@ -10,8 +10,9 @@
 
 namespace ferry::plan {
 
-// Per boundary: home or recompute and its span; per window: compute, exposed transfer, GPU
-// memory; then the predicted step, TFLOPS and peak memory per tier.
+// Per boundary: home or recompute, whether the layer it feeds keeps its internals, and its span;
+// per window: compute, exposed transfer, GPU memory; then the predicted step, TFLOPS, peak memory
+// per tier and the kept internals (layers, GPU bytes, re-forward saved).
 std::string plan_text(const PlanProblem& p, const Plan& plan);
 std::string comparison_text(const Comparison& c);
 

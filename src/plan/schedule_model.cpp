@@ -113,6 +113,14 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
       if (len >= 2) span_cols_[s][2 * len + 1] = m_.add_col(0, 1, time_w * rec, true);
     }
   }
+  // Keep-internals columns: saves keep_saved_ms of the layer's backward window (negative cost) and
+  // pays the tie-breaking penalty on the kept bytes, so equally fast plans keep less.
+  keep_.assign(L, -1);
+  for (int j = 0; j < L; ++j) {
+    if (!keep_allowed(p, j)) continue;
+    keep_[j] = m_.add_col(
+        0, 1, -time_w * p.layers[j].keep_saved_ms + pen * p.layers[j].internals_gb, true);
+  }
   // Homes of interior boundaries (0 and L are on the GPU by rule: no columns).
   g_.assign(L + 1, -1);
   c_.assign(L + 1, -1);
@@ -269,6 +277,10 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
         }
       }
     }
+    // Kept internals of layer j: from its forward window j through its backward window 2L-j.
+    for (int j = 0; j < L; ++j) {
+      if (t >= j && t <= 2 * L - j) gpu.add(keep_[j], p.layers[j].internals_gb);
+    }
     if (t > L) {  // backward of layer j: recomputed boundaries and kept weights of its span
       const int j = 2 * L - t;
       for (int s = std::max(0, j - R + 1); s <= j; ++s) {
@@ -296,6 +308,7 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
     } else {
       const int j = 2 * L - t;
       compute.constant = p.layers[j].bwd_ms;
+      compute.add(keep_[j], -p.layers[j].keep_saved_ms);  // kept internals: no re-forward
       d2h.constant = j == L - 1 ? p.head_grad_gb : p.layers[j + 1].grad_gb;
       if (j >= 1) {
         // Prefetch of layer j-1's weights, unless a keep span already holds them.
@@ -368,11 +381,12 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
     }
     // The step is never shorter than the whole update: bound >= optimizer_phase_ms (without the
     // device tail: cpu_optimizer_ms) - (gpu step + wait), the gpu step being the constant compute
-    // plus recompute plus exposure.
+    // plus recompute plus exposure minus the re-forwards kept internals save.
     Expr row;
     row.add(bound_col_, 1);
     row.add(wait_col_, 1);
     for (int t = 0; t < T; ++t) row.add(eps_[t], 1);
+    for (int j = 0; j < L; ++j) row.add(keep_[j], -p.layers[j].keep_saved_ms);
     for (int s = 0; s < L; ++s) {
       for (int e = s + 2; e <= std::min(L, s + R); ++e) {
         double rec = 0;
@@ -385,8 +399,19 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
   }
 }
 
-void ScheduleModel::fix_choice(const std::vector<Home>& homes, const std::vector<Span>& spans) {
+void ScheduleModel::fix_choice(const std::vector<Home>& homes, const std::vector<Span>& spans,
+                               const std::vector<bool>& keep) {
   const int L = p_.num_layers;
+  FERRY_CHECK(keep.empty() || static_cast<int>(keep.size()) == L,
+              "plan: fix_choice: {} keep flags for {} layers", keep.size(), L);
+  for (int j = 0; j < L; ++j) {
+    const bool kept = !keep.empty() && keep[j];
+    if (keep_[j] < 0) {
+      FERRY_CHECK(!kept, "plan: fix_choice: layer {} keeps internals but has no keep choice", j);
+      continue;
+    }
+    m_.col_lb[keep_[j]] = m_.col_ub[keep_[j]] = kept ? 1 : 0;
+  }
   for (int s = 0; s <= L; ++s) {
     for (int col : span_cols_[s]) {
       if (col >= 0) m_.col_lb[col] = m_.col_ub[col] = 0;
@@ -438,6 +463,12 @@ Plan ScheduleModel::extract_plan(const std::vector<double>& sol) const {
     for (Home h : {Home::kGpu, Home::kHost, Home::kNvme}) {
       const int col = home_col(i, h);
       if (col >= 0 && sol[col] > 0.5) plan.homes[i] = h;
+    }
+  }
+  for (int j = 0; j < L; ++j) {
+    if (keep_[j] >= 0 && sol[keep_[j]] > 0.5) {
+      plan.keep_internals.resize(L, false);
+      plan.keep_internals[j] = true;
     }
   }
   // Transfers below 1 byte are solver noise.

@@ -6,6 +6,7 @@
 // solution vector back into a Plan (which evaluate.h then prices independently).
 //
 // Variables: x[s,e,v] (span s->e, v = re-stream / keep weights), g/c/n[i] (home of boundary i),
+// k[j] (layer j keeps its internals from its forward to its backward; only where keep_allowed),
 // dc/dn[i,t] (D2H bytes of i in window t, to host / to NVMe), hc/hn[i,t] (H2D bytes), eps[t]
 // (exposure of window t, ms), wait and bound (ms: the forward held back by the CPU optimizer, and
 // the optimizer outlasting the GPU's step; only when the problem has an optimizer time), and in a
@@ -51,12 +52,16 @@ class ScheduleModel {
   // Column of span (s, e) with variant keep (false: re-stream); -1 when it does not exist.
   int span_col(int s, int e, bool keep) const;
   int home_col(int i, Home h) const;  // g/c/n of an interior boundary; -1 if absent (nvme off)
+  int keep_col(int j) const { return keep_[j]; }  // k of layer j; -1 if not keep_allowed
   int capacity_col() const { return cap_col_; }
 
-  // Bounds that fix every binary to the given discrete choice (an LP remains).
-  void fix_choice(const std::vector<Home>& homes, const std::vector<Span>& spans);
+  // Bounds that fix every binary to the given discrete choice (an LP remains). keep: [L] or empty
+  // (nothing kept); keeping a layer without a keep column is a bug.
+  void fix_choice(const std::vector<Home>& homes, const std::vector<Span>& spans,
+                  const std::vector<bool>& keep = {});
 
-  // Reads a solution vector (num_cols values) into a Plan's homes, spans and transfers.
+  // Reads a solution vector (num_cols values) into a Plan's homes, spans, kept internals (empty
+  // when none) and transfers.
   Plan extract_plan(const std::vector<double>& sol) const;
 
  private:
@@ -68,6 +73,7 @@ class ScheduleModel {
   LinearModel m_;
   std::vector<std::vector<int>> span_cols_;  // [s][2*(e-s)+keep]
   std::vector<int> g_, c_, n_;               // [L+1], -1 at 0 and L
+  std::vector<int> keep_;                    // [L], -1 where the layer has no keep choice
   std::vector<XferCols> xfer_;               // [L+1]
   std::vector<int> eps_;                     // [2L+1]
   int cap_col_ = -1;

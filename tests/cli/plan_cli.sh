@@ -35,9 +35,16 @@ assert pr["optimizer_wait_ms"] > 0  # 0.5B at 2 Gparam/s: ~247 ms of updates vs 
 opt = prob["cpu_optimizer_ms"]
 assert abs(pr["step_ms"] - (pr["gpu_step_ms"] + pr["optimizer_wait_ms"] + pr["optimizer_bound_ms"])) < 1e-6
 assert abs(pr["step_ms"] - max(pr["gpu_step_ms"] + pr["optimizer_wait_ms"], opt)) < 1e-6
-pen = prob["move_penalty_ms_per_gb"] * pr["moved_gb"]
+# The penalty counts kept internals' bytes too (between equally fast plans, keep less).
+pen = prob["move_penalty_ms_per_gb"] * (pr["moved_gb"] + pr["kept_internals_gb"])
 assert abs(j["solver"]["objective_ms"] - (pr["step_ms"] + pen)) <= 1e-6 * pr["step_ms"], j["solver"]
+# Kept internals: one 0/1 flag per layer (what the executor reads), their bytes in the prediction.
+keep = j["keep_internals"]
+assert len(keep) == 24 and all(k in (0, 1) for k in keep), keep
+kept_gb = sum(l["internals_gb"] for l, k in zip(prob["layers"], keep) if k)
+assert abs(pr["kept_internals_gb"] - kept_gb) <= 1e-9, (pr["kept_internals_gb"], kept_gb)
 PY
+grep -q "^kept internals: " "$TMP/out" || { echo "no kept internals line"; cat "$TMP/out"; exit 1; }
 grep -q "optimizer wait [0-9.]* (forward held by the cpu optimizer)" "$TMP/out" ||
   { echo "no optimizer wait in the text"; cat "$TMP/out"; exit 1; }
 grep -q "opt_wait_ms" "$TMP/out" || { echo "no opt_wait_ms column"; cat "$TMP/out"; exit 1; }

@@ -69,6 +69,56 @@ TEST(PlanJson, RoundTripsExactlyThroughTextAndFile) {
   EXPECT_EQ(plan_from_json(bad).status().code(), StatusCode::kCorrupt);
 }
 
+// Kept internals in the plan document: "keep_internals" is always L flags 0/1 (the executor reads
+// it), reads back to the same Plan; old documents without it and true/false flags read too.
+TEST(PlanJson, KeptInternalsRoundTrip) {
+  std::mt19937_64 rng(4);
+  PlanProblem p = testing::random_problem(rng, 4, false, 0.8);
+  testing::add_keep_costs(rng, p, 0.1, 0.3);
+  p.gpu_cap_gb += 0.5;  // room for some internals
+  auto plan = solve_milp(p);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  ASSERT_GT(plan->num_kept(), 0) << "want a plan that keeps internals";
+  const Json j = plan_to_json(*plan, &p);
+  ASSERT_TRUE(j.at("keep_internals").is_array());
+  ASSERT_EQ(j.at("keep_internals").size(), 4u);
+  for (int l = 0; l < 4; ++l) EXPECT_EQ(j.at("keep_internals")[l].get<int>(), plan->keeps(l));
+  EXPECT_GT(j.at("predicted").at("kept_internals_gb").get<double>(), 0);
+  auto back = plan_from_json(*parse_json(j.dump(1), "test"));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(*back, *plan);
+  auto prob = plan_problem_from_json(j);
+  ASSERT_TRUE(prob.ok() && prob->has_value());
+  EXPECT_EQ(to_json(**prob), to_json(p));
+  // true/false is read as well; all false is "nothing kept" (the empty vector solvers write).
+  Json bools = j;
+  for (Json& v : bools["keep_internals"]) v = v.get<int>() == 1;
+  auto from_bools = plan_from_json(bools);
+  ASSERT_TRUE(from_bools.ok()) << from_bools.status().to_string();
+  EXPECT_EQ(from_bools->keep_internals, plan->keep_internals);
+  Json none = j;
+  none["keep_internals"] = Json::array({0, 0, 0, 0});
+  auto from_none = plan_from_json(none);
+  ASSERT_TRUE(from_none.ok());
+  EXPECT_TRUE(from_none->keep_internals.empty());
+  Json old = j;
+  old.erase("keep_internals");
+  old["predicted"].erase("kept_internals_gb");
+  auto from_old = plan_from_json(old);
+  ASSERT_TRUE(from_old.ok()) << from_old.status().to_string();
+  EXPECT_TRUE(from_old->keep_internals.empty());
+  // A plan without keeps writes L zeros.
+  Plan plain = *plan;
+  plain.keep_internals.clear();
+  EXPECT_EQ(plan_to_json(plain).at("keep_internals"), Json::array({0, 0, 0, 0}));
+  // Wrong length or values are refused.
+  Json bad = j;
+  bad["keep_internals"] = Json::array({1, 0});
+  EXPECT_EQ(plan_from_json(bad).status().code(), StatusCode::kCorrupt);
+  bad["keep_internals"] = Json::array({2, 0, 0, 0});
+  EXPECT_EQ(plan_from_json(bad).status().code(), StatusCode::kCorrupt);
+}
+
 TEST(CostModel, Qwen7bCountsMatchThePublishedShape) {
   auto cfg = builtin_geometry("qwen2.5-7b");
   ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();

@@ -29,9 +29,9 @@ void expect_consistent(const PlanProblem& p, const Plan& plan, const std::string
               kRelTol * std::max(1.0, plan.solver.objective_ms))
       << what << ": evaluator and solver disagree on the plan's cost";
   // The objective is the predicted step (the optimizer's wait and bound included) plus the
-  // tie-breaking move penalty, nothing else.
-  EXPECT_NEAR(pred->step_ms + p.move_penalty_ms_per_gb * pred->moved_gb, plan.solver.objective_ms,
-              kRelTol * std::max(1.0, plan.solver.objective_ms))
+  // tie-breaking penalty on moved and kept bytes, nothing else.
+  EXPECT_NEAR(pred->step_ms + p.move_penalty_ms_per_gb * (pred->moved_gb + pred->kept_internals_gb),
+              plan.solver.objective_ms, kRelTol * std::max(1.0, plan.solver.objective_ms))
       << what;
   EXPECT_NEAR(pred->step_ms,
               std::max(pred->gpu_step_ms + pred->optimizer_wait_ms, optimizer_phase_ms(p)), 1e-9)
@@ -188,6 +188,103 @@ TEST(MilpVsExact, SameOptimumWithTheDeviceTail) {
       "milp vs exact with the device tail: %d feasible, optimizer wait %d, tail changed "
       "the gate in %d\n",
       both_feasible, with_wait, device_layers_differ);
+}
+
+}  // namespace
+}  // namespace ferry::plan
+
+namespace ferry::plan {
+namespace {
+
+// Per-layer "keep internals" (docs/plan.md): the same random families with every layer offered
+// the choice (kept bytes 0.1..1.5 GB against random_problem's ~1 GB of GPU slack, so some keeps
+// fit and some do not). The MILP equals the exact enumerator (which searches every keep subset
+// per path and home choice); every plan fits with its kept internals counted; a copy whose kept
+// internals cannot fit anywhere keeps nothing and has the optimum of the problem without the
+// choice; and allow_keep_internals = false gives exactly the plan of the problem as drawn before
+// keep costs existed. L = 2..5 (and 6 once in ten, at most 64x the paths of the exact search).
+TEST(MilpVsExact, SameOptimumWithKeptInternals) {
+  std::mt19937_64 rng(20261202);
+  int both_feasible = 0, both_infeasible = 0, keeps_something = 0, keeps_all = 0;
+  int keep_changes_optimum = 0, exact_choices = 0, huge_checked = 0;
+  for (int n = 0; n < 60; ++n) {
+    const int L = 2 + n % 4 + (n % 10 == 9 ? 1 : 0);  // 2..6
+    const bool nvme = n % 3 == 0 && L <= 4;
+    const int regime = (n / 4) % 4;
+    PlanProblem base = testing::random_problem(rng, L, nvme, testing::uniform(rng, 0.0, 0.8));
+    set_optimizer(rng, base, regime);
+    PlanProblem p = base;
+    testing::add_keep_costs(rng, p, 0.1, 1.5);
+    SCOPED_TRACE(::testing::Message()
+                 << "instance " << n << " L=" << L << " nvme=" << nvme << " R=" << p.max_span
+                 << " optimizer regime " << regime << " (" << p.cpu_optimizer_ms << " ms)");
+    auto exact = solve_exact(p);
+    auto milp = solve_milp(p, SolveOptions{.time_limit_s = 30});
+    // Without the choice: the problem as drawn (no keep costs), and the same problem with keep
+    // costs but the switch off, solve to the same plan.
+    auto before = solve_milp(base, SolveOptions{.time_limit_s = 30});
+    PlanProblem off = p;
+    off.allow_keep_internals = false;
+    auto milp_off = solve_milp(off, SolveOptions{.time_limit_s = 30});
+    ASSERT_EQ(before.ok(), milp_off.ok());
+    if (before.ok()) {
+      Plan a = *before, b = *milp_off;
+      a.solver.seconds = b.solver.seconds = 0;
+      EXPECT_EQ(a, b) << "allow_keep_internals = false changed the plan";
+      EXPECT_TRUE(b.keep_internals.empty());
+    }
+    if (!exact.ok()) {
+      EXPECT_EQ(exact.status().code(), StatusCode::kResourceExhausted)
+          << exact.status().to_string();
+      EXPECT_FALSE(milp.ok()) << "milp found a plan the exact solver says cannot exist";
+      // Keeping only adds memory: nothing fits without it either.
+      EXPECT_FALSE(before.ok());
+      ++both_infeasible;
+      continue;
+    }
+    exact_choices += static_cast<int>(exact->choices);
+    ASSERT_TRUE(milp.ok()) << milp.status().to_string();
+    EXPECT_EQ(milp->solver.solver, "cbc");
+    EXPECT_EQ(milp->solver.status, "optimal");
+    const double want = exact->best.solver.objective_ms;
+    EXPECT_NEAR(milp->solver.objective_ms, want, kRelTol * std::max(1.0, want));
+    expect_consistent(p, *milp, "milp");
+    expect_consistent(p, exact->best, "exact");
+    EXPECT_LE(exact->max_lp_mismatch_ms, kRelTol * std::max(1.0, want));
+    ++both_feasible;
+    if (milp->num_kept() > 0) ++keeps_something;
+    if (milp->num_kept() == L) ++keeps_all;
+    // The choice never costs: the plan without keeps is a candidate.
+    ASSERT_TRUE(before.ok());
+    EXPECT_LE(want, before->solver.objective_ms + kRelTol * std::max(1.0, want));
+    if (want < before->solver.objective_ms - 1e-3) ++keep_changes_optimum;
+    // Internals larger than the whole GPU budget are never kept: the optimum is the one without
+    // (every third instance: the exact search of these is as long as without keeps).
+    if (n % 3 != 0) continue;
+    ++huge_checked;
+    PlanProblem huge = p;
+    for (LayerCost& c : huge.layers) c.internals_gb = huge.gpu_cap_gb;
+    auto exact_huge = solve_exact(huge);
+    auto milp_huge = solve_milp(huge, SolveOptions{.time_limit_s = 30});
+    ASSERT_TRUE(exact_huge.ok() && milp_huge.ok());
+    EXPECT_EQ(milp_huge->num_kept(), 0);
+    EXPECT_EQ(exact_huge->best.num_kept(), 0);
+    EXPECT_NEAR(milp_huge->solver.objective_ms, before->solver.objective_ms,
+                kRelTol * std::max(1.0, want));
+    EXPECT_NEAR(exact_huge->best.solver.objective_ms, before->solver.objective_ms,
+                kRelTol * std::max(1.0, want));
+  }
+  EXPECT_GE(both_feasible, 30);
+  EXPECT_GE(both_infeasible, 1);
+  EXPECT_GE(keeps_something, 10);         // the choice is taken ...
+  EXPECT_LT(keeps_all, keeps_something);  // ... and memory limits it in some optima
+  EXPECT_GE(huge_checked, 10);
+  std::printf(
+      "milp vs exact with kept internals: %d feasible, %d infeasible; optimum keeps some layer "
+      "in %d (every layer in %d), faster than without the choice in %d; %d exact choices; "
+      "internals larger than the budget kept nowhere in %d\n",
+      both_feasible, both_infeasible, keeps_something, keeps_all, keep_changes_optimum,
+      exact_choices, huge_checked);
 }
 
 }  // namespace

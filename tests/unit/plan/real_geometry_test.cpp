@@ -77,7 +77,9 @@ Result<PlanProblem> slow_link_3b_problem() {
 TEST(TimeLimit, KeepsAFittingIncumbentAndReportsTheGap) {
   auto p = slow_link_3b_problem();
   ASSERT_TRUE(p.ok()) << p.status().to_string();
-  auto plan = solve_milp(*p, SolveOptions{.time_limit_s = 0.2});
+  // rel_gap 0: a proof to the last 1e-7 ms, which this instance does not finish in 0.2 s (the
+  // default gap of 1e-7 lets CBC stop within 0.2 s here).
+  auto plan = solve_milp(*p, SolveOptions{.time_limit_s = 0.2, .rel_gap = 0});
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   EXPECT_EQ(plan->solver.status, "time_limit") << "instance solved too fast to test the limit";
   EXPECT_LE(plan->solver.bound_ms, plan->solver.objective_ms);
@@ -91,7 +93,7 @@ TEST(TimeLimit, KeepsAFittingIncumbentAndReportsTheGap) {
   EXPECT_TRUE(check_fits(*p, *pred).ok());
   EXPECT_NEAR(pred->objective_ms, plan->solver.objective_ms, 1e-6 * plan->solver.objective_ms);
   // More time never gives a worse plan.
-  auto longer = solve_milp(*p, SolveOptions{.time_limit_s = 5});
+  auto longer = solve_milp(*p, SolveOptions{.time_limit_s = 5, .rel_gap = 0});
   ASSERT_TRUE(longer.ok());
   EXPECT_LE(longer->solver.objective_ms, plan->solver.objective_ms * (1 + 1e-9));
 }

@@ -63,6 +63,43 @@ TEST(ScheduleLp, NeverWorseThanASimpleFittingSchedule) {
   EXPECT_GE(compared, 100);
 }
 
+// The same with kept internals: every discrete choice times every subset of kept layers. The
+// simple schedule keeps the same layers; the LP for that choice must accept it when it fits and be
+// no more expensive, and its own objective must be the evaluator's price of its plan (the MILP's
+// keep terms in the memory, exposure and optimizer rows against evaluate.cpp's walk).
+TEST(ScheduleLp, NeverWorseThanASimpleFittingScheduleWithKeptInternals) {
+  std::mt19937_64 rng(8);
+  int compared = 0, with_keeps = 0;
+  for (int n = 0; n < 9; ++n) {
+    const int L = 2 + n % 3;
+    PlanProblem p = testing::random_problem(rng, L, n % 2 == 0, 0.4);
+    p.cpu_optimizer_ms = n % 3 == 0 ? 0 : p.cpu_optimizer_ms * 3;
+    testing::add_keep_costs(rng, p, 0.1, 1.0);
+    for_each_choice(p, [&](const Choice& c) {
+      for (int mask = 0; mask < (1 << L); ++mask) {
+        std::vector<bool> keep(L);
+        for (int j = 0; j < L; ++j) keep[j] = (mask >> j & 1) != 0;
+        Plan simple = simple_schedule(p, c, mask % 2 == 1);
+        simple.keep_internals = keep;
+        auto pred = evaluate(p, simple);
+        ASSERT_TRUE(pred.ok()) << pred.status().to_string();
+        if (!check_fits(p, *pred).ok()) continue;
+        auto lp = solve_fixed(p, c.homes, c.spans, "choice", keep);
+        ASSERT_TRUE(lp.ok()) << "LP refuses a choice whose simple schedule fits: "
+                             << lp.status().to_string();
+        EXPECT_EQ(lp->num_kept(), simple.num_kept());
+        EXPECT_LE(lp->predicted.objective_ms, pred->objective_ms + 1e-6);
+        EXPECT_NEAR(lp->solver.objective_ms, lp->predicted.objective_ms,
+                    1e-6 * std::max(1.0, lp->predicted.objective_ms));
+        ++compared;
+        if (mask != 0) ++with_keeps;
+      }
+    });
+  }
+  EXPECT_GE(compared, 100);
+  EXPECT_GE(with_keeps, 50);
+}
+
 // Hand-checked accounting on a 2-layer problem: all boundaries on the host, one transfer each way.
 TEST(Evaluate, HandComputedTwoLayerHostPlan) {
   PlanProblem p;
