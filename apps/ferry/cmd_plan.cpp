@@ -2,8 +2,9 @@
 // `ferry plan (--model DIR | --geometry NAME) (--batch-size B | --batch-size auto) --seq-len S
 //   --gpu-mem-gb G --host-mem-gb H [--nvme-dir D --nvme-gb N] [--json OUT] [--time-limit-s T]`:
 // solves the activation schedule (src/plan, docs/plan.md) and prints it (per boundary: home or
-// recompute; per window: predicted exposure), the predicted step and peak memory per tier, and the
-// fixed policies next to it; --json writes the plan. `--compare --gpu-caps 24,40,80` prints, as
+// recompute; per layer: whether its internals are kept; per window: predicted exposure), the
+// predicted step and peak memory per tier, and the fixed policies next to it; --json writes the
+// plan (--no-keep-internals: no layer keeps its internals). `--compare --gpu-caps 24,40,80` prints, as
 // JSON, the solved plan against the fixed policies at each GPU cap. Every figure is a prediction
 // of the cost model (analytic, or a measured profile when one is cached), never a measurement.
 // `ferry plan --measure-machine [--geometry NAME | --model DIR] [--nvme-dir D] [--machine NAME]
@@ -79,6 +80,7 @@ struct PlanConfig {
   int device_update_layers = 0;
   double device_update_ms_per_layer = 0;
   int device_update_slots = 2;
+  bool no_keep_internals = false;  // PlanProblem::allow_keep_internals = false
 };
 
 PlanConfig& plan_config() {
@@ -212,6 +214,7 @@ Result<plan::ProblemAt> make_problem_at(const PlanConfig& c, const model::ModelC
     p.device_update_layers =
         c.device_update_layers < 0 ? p.num_layers : std::min(c.device_update_layers, p.num_layers);
     p.device_update_ms_per_layer = c.device_update_ms_per_layer;
+    p.allow_keep_internals = !c.no_keep_internals;
     return p;
   });
 }
@@ -460,6 +463,7 @@ Status write_training_plan(const TrainingPlanRequest& r, const std::string& out_
   c.device_update_layers = r.device_update_layers;
   c.device_update_slots = r.device_update_slots;
   c.device_update_ms_per_layer = r.device_update_ms_per_layer;
+  c.no_keep_internals = !r.keep_internals;
   FERRY_TRY(resolve_host_state(c));
   FERRY_ASSIGN_OR_RETURN(const std::optional<ExecutorTarget> exec, executor_of(c));
   FERRY_ASSIGN_OR_RETURN(plan::ProblemAt at, make_problem_at(c, r.config, c.gpu_mem_gb, exec));
@@ -553,6 +557,9 @@ void register_plan(CLI::App& app, CommandFn& run) {
   cmd->add_flag("--compare", c.compare, "print solved plan vs fixed policies per GPU cap as JSON");
   cmd->add_option("--gpu-caps", c.gpu_caps, "GPU caps for --compare, comma-separated GB");
   cmd->add_flag("--no-policies", c.no_policies, "skip the fixed-policy comparison");
+  cmd->add_flag("--no-keep-internals", c.no_keep_internals,
+                "keep no layer's internals between its forward and backward (every backward "
+                "re-runs its layer's forward, as the fixed policies do)");
   cmd->add_flag("--measure-machine", c.measure_machine,
                 "measure this machine's link, NVMe, GEMM, attention and CPU-optimizer rates "
                 "(with --nvme-dir for NVMe) and cache them for --machine");

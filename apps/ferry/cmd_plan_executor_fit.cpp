@@ -130,6 +130,13 @@ Status fit_gpu_memory_to_executor(plan::PlanProblem& p, const model::ModelConfig
   const double a = static_cast<double>(tokens) * static_cast<double>(geo.hidden) * 4.0 / kGB;
   p.boundary_gb.assign(static_cast<std::size_t>(p.num_layers) + 1, a);
   for (plan::LayerCost& l : p.layers) l.work_fwd_gb = l.work_bwd_gb = 0;
+  // A kept layer costs the executor exactly its dedicated workspace (ModelCompute's size table:
+  // planned_bytes grows by kept_layer_bytes per kept layer), whatever else the plan holds.
+  for (int l = 0; l < p.num_layers; ++l) {
+    FERRY_ASSIGN_OR_RETURN(const std::size_t kept, model::ModelCompute::kept_layer_bytes(
+                                                       geo, l, tokens, *t.backend, t.precision));
+    p.layers[static_cast<std::size_t>(l)].internals_gb = static_cast<double>(kept) / kGB;
+  }
   p.loss_work_gb = 0;
   p.gpu_fixed_gb = 0;
 
@@ -165,6 +172,10 @@ Result<double> executor_gpu_gb(const plan::PlanProblem& p, const plan::Plan& pla
   }
   train::stream::ActivationPolicy pol;
   for (int i = 0; i < geo.layers; ++i) pol.homes.push_back(executor_home(plan.homes[i]));
+  if (plan.num_kept() > 0) {
+    pol.keep.assign(static_cast<std::size_t>(geo.layers), false);
+    for (int l = 0; l < geo.layers; ++l) pol.keep[static_cast<std::size_t>(l)] = plan.keeps(l);
+  }
   pol.nvme_dir = "nvme";  // only its presence matters to the byte count
   FERRY_ASSIGN_OR_RETURN(
       const train::stream::DevicePlan d,

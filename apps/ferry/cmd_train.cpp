@@ -31,7 +31,7 @@ namespace {
 // --device-budget-mib and this host's physical memory (NVMe: the free space of --nvme-dir),
 // solved as `ferry plan` would and written to OUT/plan.json, which the run then follows.
 Status solve_auto_plan(train::TrainConfig& cfg, const std::string& master,
-                       const std::string& states) {
+                       const std::string& states, bool keep_internals) {
   if (cfg.device_budget_mib <= 0) {
     return invalid_argument(
         "train: --plan auto needs --device-budget-mib (the GPU memory the plan may use)");
@@ -62,6 +62,7 @@ Status solve_auto_plan(train::TrainConfig& cfg, const std::string& master,
   r.device = cfg.device;
   r.device_update_layers = cfg.device_update_layers;  // the tail this run will use
   r.device_update_slots = cfg.device_update_slots;
+  r.keep_internals = keep_internals;
   std::error_code ec;
   std::filesystem::create_directories(cfg.output_dir, ec);
   if (ec) return io_error("train: cannot create {}: {}", cfg.output_dir, ec.message());
@@ -80,6 +81,7 @@ void register_train(CLI::App& app, CommandFn& run) {
   auto states = std::make_shared<std::string>("fp32");
   auto master = std::make_shared<std::string>("fp32");
   auto executor = std::make_shared<std::string>("memory");
+  auto no_keep = std::make_shared<bool>(false);
   auto* cmd = app.add_subcommand(
       "train", "fine-tune a model (CPU, in-memory); no --model/--data: the embedded demo");
   auto* model = cmd->add_option("--model", cfg->model_dir, "Hugging Face model folder")
@@ -192,6 +194,9 @@ void register_train(CLI::App& app, CommandFn& run) {
                   "now for --device-budget-mib and this host's memory, with this run's optimizer "
                   "mode and --device-update-layers / --device-update-slots (OUT/plan.json; "
                   "implies --executor stream)");
+  cmd->add_flag("--no-keep-internals", *no_keep,
+                "stream: --plan auto keeps no layer's internals (every backward re-runs its "
+                "layer's forward, as the fixed policies do)");
   cmd->add_option("--nvme-dir", cfg->nvme_dir, "stream: directory for NVMe homes of a --plan");
   cmd->add_option("--prefetch", cfg->prefetch, "stream: weight slots prefetched ahead")
       ->check(CLI::Range(1, 64));
@@ -199,7 +204,7 @@ void register_train(CLI::App& app, CommandFn& run) {
                   "stream: device-tier budget in MiB; a batch that does not fit is refused "
                   "(0 = unlimited)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30));
-  cmd->callback([cfg, schedule, overlong, states, master, executor, lr, &run] {
+  cmd->callback([cfg, schedule, overlong, states, master, executor, lr, no_keep, &run] {
     cfg->executor = *executor == "stream" || !cfg->plan_file.empty() || cfg->device == "cuda"
                         ? train::Executor::kStream
                         : train::Executor::kMemory;
@@ -226,9 +231,9 @@ void register_train(CLI::App& app, CommandFn& run) {
     if (const Status st = train::validate(*cfg); !st.ok()) {
       throw CLI::ValidationError(st.message());
     }
-    run = [cfg, master, states] {
+    run = [cfg, master, states, no_keep] {
       if (cfg->plan_file == "auto") {
-        const Status st = solve_auto_plan(*cfg, *master, *states);
+        const Status st = solve_auto_plan(*cfg, *master, *states, !*no_keep);
         if (!st.ok()) return fail(st);
       }
       auto r = train::run_training(*cfg);

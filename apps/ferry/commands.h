@@ -56,6 +56,8 @@ struct TrainingPlanRequest {
   int device_update_layers = 0;
   int device_update_slots = 2;
   double device_update_ms_per_layer = 0;
+  // false: no layer keeps its internals (ferry plan / ferry train --no-keep-internals).
+  bool keep_internals = true;
 };
 Status write_training_plan(const TrainingPlanRequest& r, const std::string& out_path);
 

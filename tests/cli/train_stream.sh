@@ -294,4 +294,47 @@ print(f"train_stream: solved plan batch {fit['plan_batch']} fits the executor "
       f"(largest {fit['largest_fitting_batch']}); the planner's largest {sys.argv[2]} >= "
       f"the fixed policies' {best_fixed}")
 PY
+# A solved plan that keeps layer internals (#7): on a GPU-bound profile (written here: 10 ms
+# forwards, the CPU optimizer 1 ms) with room under a 5 MiB cap the planner keeps layers; the
+# executor's byte count it logs for that plan equals the bench's device_planned_bytes (kept
+# workspaces included) and fits the cap, and the bench runs the plan's keeps (one re-forward less
+# per kept layer). --no-keep-internals keeps none.
+python3 - "$TMP/kprof.json" <<'PY'
+import json, sys
+json.dump({"format": "ferry-plan-profile", "version": 1, "machine": "h200",
+           "geometry": "qwen3-L12-C64-F64-H4-KV2-D16-V259-E0", "batch_size": 2, "seq_len": 64,
+           "measured_by": "hand (train_stream.sh)",
+           "layers": [{"fwd_ms": 10.0, "bwd_ms": 20.0, "rec_ms": 10.0}] * 12,
+           "loss_ms": 5.0, "cpu_optimizer_ms": 1.0,
+           "link": {"h2d_gbps": 50, "d2h_gbps": 50, "duplex_gbps": 90, "duplex_loaded_gbps": 80,
+                    "nvme_read_gbps": 5, "nvme_write_gbps": 4}}, open(sys.argv[1], "w"))
+PY
+kplan=("$FERRY" plan --model "$TMP/m" --profile "$TMP/kprof.json" --seq-len 64 --batch-size 2
+  --gpu-mem-gb 0.00524288 --host-mem-gb 8 --time-limit-s 5 --executor-device cpu --no-policies)
+"${kplan[@]}" --json "$TMP/keep.json" > "$TMP/kp.log" 2>&1 ||
+  { echo "train_stream: ferry plan (keeps) failed"; cat "$TMP/kp.log"; exit 1; }
+"${kplan[@]}" --no-keep-internals --json "$TMP/nokeep.json" > "$TMP/nkp.log" 2>&1 ||
+  { echo "train_stream: ferry plan --no-keep-internals failed"; cat "$TMP/nkp.log"; exit 1; }
+grep -q "kept internals: none" "$TMP/nkp.log" ||
+  { echo "train_stream: --no-keep-internals kept layers"; cat "$TMP/nkp.log"; exit 1; }
+"$FERRY" bench train --layers 12 --hidden 64 --heads 4 --kv-heads 2 --head-dim 16 \
+  --intermediate 64 --seq-len 64 --steps 1 --warmup 0 --batch-size 2 --device-budget-mib 5 \
+  --policies "plan=$TMP/keep.json,plan=$TMP/nokeep.json" --json "$TMP/bkeep.json" \
+  > "$TMP/bkeep.log" 2>&1 || { echo "train_stream: bench of a keep plan failed"; cat "$TMP/bkeep.log"; exit 1; }
+logged="$(grep -o 'executor gpu bytes [0-9]*' "$TMP/kp.log" | head -1 | grep -o '[0-9]*$')"
+python3 - "$TMP/keep.json" "$TMP/bkeep.json" "$logged" <<'PY'
+import json, sys
+plan, rep, logged = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), int(sys.argv[3])
+kept = sum(plan["keep_internals"])
+keep, nokeep = rep["policies"]
+assert 1 <= kept <= 12, plan["keep_internals"]
+assert "error" not in keep and "error" not in nokeep, rep
+assert keep["kept_layers"] == kept, (keep["kept_layers"], kept)
+assert keep["device_planned_bytes"] == logged <= 5 << 20, (keep["device_planned_bytes"], logged)
+assert keep["device_kept_bytes"] > 0 and nokeep["device_kept_bytes"] == 0, rep
+assert keep["layer_forwards_per_step"] == nokeep["layer_forwards_per_step"] - kept, rep
+print(f"train_stream: the solved plan keeps {kept} of 12 layers; the executor holds it in "
+      f"{logged} bytes (5 MiB cap), {kept} re-forwards fewer than the same plan without keeps")
+PY
+
 echo "train stream cli: ok"
