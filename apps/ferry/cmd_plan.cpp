@@ -4,8 +4,8 @@
 // solves the activation schedule (src/plan, docs/plan.md) and prints it (per boundary: home or
 // recompute; per layer: whether its internals are kept; per window: predicted exposure), the
 // predicted step and peak memory per tier, and the fixed policies next to it; --json writes the
-// plan (--no-keep-internals: no layer keeps its internals). `--compare --gpu-caps 24,40,80` prints, as
-// JSON, the solved plan against the fixed policies at each GPU cap. Every figure is a prediction
+// plan (--no-keep-internals: no layer keeps its internals). `--compare --gpu-caps 24,40,80` prints,
+// as JSON, the solved plan against the fixed policies at each GPU cap. Every figure is a prediction
 // of the cost model (analytic, or a measured profile when one is cached), never a measurement.
 // `ferry plan --measure-machine [--geometry NAME | --model DIR] [--nvme-dir D] [--machine NAME]
 //   [--machine-profile OUT]` measures this machine's rates (plan/machine_profile.h) and caches
