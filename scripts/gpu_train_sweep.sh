@@ -11,6 +11,8 @@
 # Cases whose baseline flags equal the previous case's (e.g. the same geometry with another ferry
 # option) reuse that baseline's report from this same script run instead of running torch again.
 # FERRY_SWEEP_DEADLINE (epoch s): start no case after it (the device call's own limit).
+# A case's flags may start with VAR=VALUE words: environment of that case's ferry run only
+# ('q2ga4-atomic+ckpt|FERRY_ATTN_BWD_DQ=atomic --geometry ...').
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/ferry_gpu_train}
@@ -26,12 +28,21 @@ IFS=';' read -ra CASES <<<"${FERRY_TRAIN_SWEEP:?set FERRY_TRAIN_SWEEP}"
 for c in "${CASES[@]}"; do
   name=${c%%|*}
   flags=${c#*|}
+  # Leading VAR=VALUE words are environment for ferry's run only (e.g. FERRY_ATTN_BWD_DQ=atomic):
+  # the baseline never sees them, so a case differing only in them reuses the baseline.
+  fenv=()
+  read -ra words <<<"$flags"
+  while [ ${#words[@]} -gt 0 ] && [[ "${words[0]}" =~ ^[A-Z_][A-Z0-9_]*=[^[:space:]]*$ ]]; do
+    fenv+=("${words[0]}")
+    words=("${words[@]:1}")
+  done
+  flags="${words[*]}"
   if [ -n "${FERRY_SWEEP_DEADLINE:-}" ] && [ "$(date +%s)" -ge "$FERRY_SWEEP_DEADLINE" ]; then
     echo "[$name] not started: past FERRY_SWEEP_DEADLINE"
     continue
   fi
   rm -f /tmp/sweep_ferry.json
-  timeout "${FERRY_SWEEP_TIMEOUT:-400}" "$FERRY" bench train --device cuda $flags \
+  timeout "${FERRY_SWEEP_TIMEOUT:-400}" env "${fenv[@]}" "$FERRY" bench train --device cuda $flags \
     --json /tmp/sweep_ferry.json >"/tmp/sweep_ferry.log" 2>&1 || {
     echo "[$name] ferry bench train failed:"
     tail -5 /tmp/sweep_ferry.log
