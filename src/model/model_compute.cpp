@@ -129,7 +129,7 @@ bool attn_bwd_workspace_default() {
 }
 
 void ModelCompute::plan_workspace(const DecoderGeometry& geo, std::int64_t T, bool moe, bool dense,
-                                  bool with_x_in, bool device, LayerActs& a,
+                                  bool kept, bool with_x_in, bool device, LayerActs& a,
                                   detail::BufferTable& tab, const std::string& p) {
   const std::int64_t C = geo.hidden, HD = std::int64_t(geo.heads) * geo.head_dim,
                      GD = std::int64_t(geo.kv_heads) * geo.head_dim, H = geo.heads,
@@ -171,7 +171,9 @@ void ModelCompute::plan_workspace(const DecoderGeometry& geo, std::int64_t T, bo
   if (dense) {
     tab.add(a.gate, p + "gate", T * F);
     tab.add(a.up, p + "up", T * F);
-    tab.add(a.act, p + "act", T * F);
+    // A kept layer does not keep act = swiglu(gate, up): create() points it at the shared
+    // workspace's, and the backward recomputes it when a later forward overwrote it.
+    if (!kept) tab.add(a.act, p + "act", T * F);
   }
 }
 
@@ -197,14 +199,15 @@ void ModelCompute::plan_buffers(const DecoderGeometry& geo, std::int64_t T, int 
   acts.resize(static_cast<std::size_t>(work_layers + n_kept));
   // The kept layers' workspaces lead the table: each then starts at a 256-aligned offset and adds
   // exactly kept_layer_bytes() in front of the rest, whatever else is planned. Sized for the
-  // layer's own kind only (the shared workspaces stay sized for every layer mapped to them by
-  // l % work_layers, kept or not, so keeping a layer changes nothing else).
+  // layer's own kind only, without a dense layer's act (the shared workspaces stay sized for every
+  // layer mapped to them by l % work_layers, kept or not, so keeping a layer changes nothing else,
+  // and a kept dense layer's act can be the shared workspace's: create()).
   for (int l = 0; l < geo.layers; ++l) {
     const int w = workspace_of[static_cast<std::size_t>(l)];
     if (w < work_layers) continue;
     const bool moe = geo.layer_is_moe[static_cast<std::size_t>(l)];
-    plan_workspace(geo, T, moe, !moe, false, device, acts[static_cast<std::size_t>(w)], tab,
-                   fmt::format("kept{}.", l));
+    plan_workspace(geo, T, moe, !moe, /*kept=*/true, false, device,
+                   acts[static_cast<std::size_t>(w)], tab, fmt::format("kept{}.", l));
   }
   *kept_bytes = tab.plan().total_bytes() == 0
                     ? 0
@@ -212,8 +215,8 @@ void ModelCompute::plan_buffers(const DecoderGeometry& geo, std::int64_t T, int 
   for (int w = 0; w < work_layers; ++w) {
     bool moe = false, dense = false;
     workspace_kinds(geo, w, work_layers, &moe, &dense);
-    plan_workspace(geo, T, moe, dense, whole, device, acts[static_cast<std::size_t>(w)], tab,
-                   fmt::format("l{}.", w));
+    plan_workspace(geo, T, moe, dense, /*kept=*/false, whole, device,
+                   acts[static_cast<std::size_t>(w)], tab, fmt::format("l{}.", w));
   }
   *activation_bytes = tab.plan().total_bytes();
   if (whole) tab.add(s.x_final, "x_final", T * C);
@@ -311,6 +314,16 @@ Result<std::unique_ptr<ModelCompute>> ModelCompute::create(
                                                             .what = "model compute activations"}));
   mc->arena_ = std::make_unique<mem::Arena>(std::move(arena));
   table.bind(*mc->arena_, dev);
+  // A kept dense layer's act is the shared workspace's (l % work_layers serves layer l's kind
+  // too: workspace_kinds counts kept layers), whose holder act_holder_ tracks.
+  for (int l = 0; l < geo.layers; ++l) {
+    if (!mc->layer_kept(l) || geo.layer_is_moe[static_cast<std::size_t>(l)]) continue;
+    const F32Buf& shared = mc->acts_[static_cast<std::size_t>(l % work_layers)].act;
+    FERRY_CHECK(shared.n == max_tokens * geo.mlp_width, "model: kept layer {} has no shared act",
+                l);
+    mc->acts_[static_cast<std::size_t>(mc->workspace_of(l))].act = shared;
+  }
+  mc->act_holder_.assign(static_cast<std::size_t>(work_layers), ActHolder{});
   if (dev == Device::kCpu) {
     mc->te_ = &mem::host_transfer_engine();
   } else {
@@ -358,8 +371,8 @@ Result<std::size_t> ModelCompute::kept_layer_bytes(const DecoderGeometry& geo, i
   LayerActs a;
   detail::BufferTable table;
   const bool moe = geo.layer_is_moe[static_cast<std::size_t>(layer)];
-  plan_workspace(geo, max_tokens, moe, !moe, false, backend.device() != Device::kCpu, a, table,
-                 "kept.");
+  plan_workspace(geo, max_tokens, moe, !moe, /*kept=*/true, false, backend.device() != Device::kCpu,
+                 a, table, "kept.");
   return mem::detail::align_up(table.plan().total_bytes(), mem::detail::kMinAlignBytes);
 }
 
@@ -494,6 +507,7 @@ Status ModelCompute::mlp_forward(int l, LayerActs& a, const LayerTensors<ConstTe
   FERRY_ASSIGN_OR_RETURN(const GemmInput act_in,
                          swiglu_into_gemm_input(f32_view(a.act, {T, F}), f32_view(a.gate, {T, F}),
                                                 f32_view(a.up, {T, F})));
+  act_holder_[static_cast<std::size_t>(l % work_layers_)] = {l, &a, T};
   if (gemm_input_reuse_ && precision_ == GemmPrecision::kBf16) {
     // gemm.x16 now holds this layer's act in bf16: the backward's dW of down may read it.
     act16_layer_ = l;

@@ -16,6 +16,8 @@
 //                Kept layers (create()'s kept_layers) get a workspace of their own instead, so
 //                their internals survive the other layers' forwards and an executor can run
 //                their backward without re-running the forward (train/stream's "keep internals").
+//                All but a dense layer's SwiGLU output: its backward recomputes that from the
+//                kept gate and up (one elementwise pass, the forward's call, the same bits).
 //
 // Memory is planned, not discovered: ModelCompute sizes every activation buffer for max_tokens at
 // construction, in one arena (model_compute_buffers.h); forward()/backward() never allocate.
@@ -235,7 +237,10 @@ class ModelCompute {
   // kept_layers ([L] or empty = none): the layer -> workspace map. Layer l with kept_layers[l]
   // gets a dedicated workspace (its internals, sized for max_tokens and for its own kind, dense or
   // MoE: kept_layer_bytes()); every other layer uses the shared workspace l % work_layers. A kept
-  // layer's internals stay until its next layer_forward, whatever other layers run meanwhile.
+  // layer's internals stay until its next layer_forward, whatever other layers run meanwhile,
+  // except a dense layer's act = swiglu(gate, up): it is written into the shared workspace's act
+  // (l % work_layers), and the layer's backward recomputes it when another dense layer's forward
+  // or backward wrote there since (swiglu_recomputes()).
   static Result<std::unique_ptr<ModelCompute>> create(
       const DecoderGeometry& geo, std::int64_t max_tokens, kernels::Backend& backend,
       int work_layers = -1, mem::Stream* stream = nullptr,
@@ -259,6 +264,8 @@ class ModelCompute {
   // or MoE); backend and precision do not change it today (the kept internals are f32; the bf16
   // copies of q/k/v/out and the GEMM operands are shared scratch, recast by a kept layer's
   // backward), and are taken so a planner asks the same question the executor plans with.
+  // Dense, no q/k norm, each buffer 256-byte aligned: 4 T (3C + 2HD + 2GD + H + 2F + 2) bytes
+  // (h1, x_mid, h2; q, attn; k, v; lse; gate, up; rstd1, rstd2), no act (create() above).
   static Result<std::size_t> kept_layer_bytes(const DecoderGeometry& geo, int layer,
                                               std::int64_t max_tokens, kernels::Backend& backend,
                                               GemmPrecision precision = GemmPrecision::kF32);
@@ -297,7 +304,9 @@ class ModelCompute {
   // still in workspace_of(l) when no other layer sharing it ran since: always for a kept layer.
   // The shared bf16 copies (attention's q/k/v/out, the down projection's operand) are reused only
   // when this layer's forward was the last to write them (same layer, workspace and T); else they
-  // are recast from the f32 internals (the same bits).
+  // are recast from the f32 internals (the same bits). A dense layer whose act was overwritten
+  // since its forward (a kept layer's, in the shared buffer) recomputes it first with the
+  // forward's swiglu_into_gemm_input, which also writes the down projection's bf16 operand.
   Status layer_backward(int l, const LayerTensors<ConstTensorView>& p,
                         const LayerTensors<TensorView>& g, const PackedBatch& batch,
                         const ConstTensorView& x_in);
@@ -339,6 +348,16 @@ class ModelCompute {
   // nor the bf16 copies the norm and SwiGLU kernels write themselves. For tests and benches of the
   // reuse.
   std::uint64_t gemm_input_converts() const { return gemm_input_converts_; }
+  // Dense SwiGLU outputs a layer_backward recomputed since create(): one per backward of a dense
+  // layer whose act = swiglu(gate, up) is no longer where its forward left it, i.e. a kept layer
+  // (whose act lives in the shared workspace l % work_layers) after another dense layer's forward
+  // or recompute wrote that buffer. Each is one swiglu_into_gemm_input call over the kept gate and
+  // up, the forward's own call: one swiglu kernel (with the reuse on and bf16 GEMMs it also writes
+  // the down projection's bf16 operand, so no gemm_input convert; with the reuse off or f32 GEMMs
+  // it counts in gemm_input_converts() as the forward's does). Not counted: the top kept layer's
+  // backward right after its own forward, which finds act (and its bf16 copy) in place. For tests
+  // and benches of the keep.
+  std::uint64_t swiglu_recomputes() const { return swiglu_recomputes_; }
   // Bytes of the attention backward's workspace in the arena (0: the backward runs without one).
   std::size_t attention_workspace_bytes() const;
 
@@ -358,9 +377,10 @@ class ModelCompute {
                            std::size_t* activation_bytes, std::size_t* kept_bytes);
   // One layer workspace's buffers (moe / dense: the kinds of layer it serves; x_in only for the
   // whole-model path), named with `prefix`.
+  // kept: a kept layer's (no act of its own).
   static void plan_workspace(const DecoderGeometry& geo, std::int64_t T, bool moe, bool dense,
-                             bool with_x_in, bool device, LayerActs& a, detail::BufferTable& tab,
-                             const std::string& prefix);
+                             bool kept, bool with_x_in, bool device, LayerActs& a,
+                             detail::BufferTable& tab, const std::string& prefix);
   // The GEMM operand buffers of GemmPrecision::kBf16 (model_compute_linear.cpp).
   static void plan_linear_buffers(const DecoderGeometry& geo, std::int64_t T,
                                   kernels::Backend& backend, Scratch& s,
@@ -501,6 +521,18 @@ class ModelCompute {
   int act16_layer_ = -1;
   const LayerActs* act16_acts_ = nullptr;
   std::int64_t act16_shape_[2] = {0, 0};  // [T, F]
+  // Whose SwiGLU output each shared workspace's f32 act buffer holds: [work_layers], indexed by
+  // l % work_layers (the buffer layer l's act is, kept or not): the layer, the workspace whose
+  // gate/up it came from and T. Set by every write to it (mlp_forward, mlp_backward's recompute);
+  // mlp_backward recomputes act when the entry is not (l, its workspace, T).
+  struct ActHolder {
+    int layer = -1;
+    const LayerActs* acts = nullptr;
+    std::int64_t tokens = 0;
+    bool operator==(const ActHolder&) const = default;
+  };
+  std::vector<ActHolder> act_holder_;
+  std::uint64_t swiglu_recomputes_ = 0;  // swiglu_recomputes()
 };
 
 }  // namespace ferry::model

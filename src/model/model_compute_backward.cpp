@@ -23,10 +23,24 @@ Status ModelCompute::mlp_backward(int l, LayerActs& a, const LayerTensors<ConstT
   Scratch& s = *scratch_;
   const std::int64_t C = geo_.hidden, F = geo_.mlp_width;
   const ConstTensorView dy = f32_view(s.dx, {T, C});
-  // y = act Wd^T. Right after this layer's forward its bf16 act is still in gemm.x16.
-  const ConstTensorView act = f32_view(a.act, {T, F});
-  FERRY_TRY(linear_backward(f32_view(s.d_act, {T, F}), g.down, {}, dy, reusable_act16(l, a, act),
-                            p.down, false));
+  // y = act Wd^T: act is read only here, as the weight gradient's operand. Right after this
+  // layer's forward act is where the forward left it, and its bf16 copy may still be in gemm.x16.
+  // A kept layer's act lives in the shared workspace's buffer (create()), so when another dense
+  // layer wrote that since, act = silu(gate) * up is recomputed from the kept gate and up by the
+  // forward's own call: the same kernel over the same inputs, the same bits (with the reuse on
+  // and bf16 GEMMs it writes the bf16 operand into gemm.x16 too, as in the forward).
+  const TensorView act = f32_view(a.act, {T, F});
+  ActHolder& holder = act_holder_[static_cast<std::size_t>(l % work_layers_)];
+  GemmInput act_in;
+  if (holder != ActHolder{l, &a, T}) {
+    FERRY_ASSIGN_OR_RETURN(
+        act_in, swiglu_into_gemm_input(act, f32_view(a.gate, {T, F}), f32_view(a.up, {T, F})));
+    holder = {l, &a, T};
+    ++swiglu_recomputes_;
+  } else {
+    act_in = reusable_act16(l, a, act);
+  }
+  FERRY_TRY(linear_backward(f32_view(s.d_act, {T, F}), g.down, {}, dy, act_in, p.down, false));
   // act = silu(gate) * up
   FERRY_TRY(be_.swiglu_backward({.d_gate = f32_view(s.d_gate, {T, F}),
                                  .d_up = f32_view(s.d_up, {T, F}),

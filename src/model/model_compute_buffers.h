@@ -140,6 +140,10 @@ struct ModelCompute::LayerActs {
   F32Buf h2;             // [T, C] mlp_norm output
   F32Buf rstd2;          // [T]
   F32Buf gate, up, act;  // dense MLP: [T, F]
+  // (act: a kept layer's workspace has none of its own; create() points it at the shared
+  // workspace l % work_layers' act, which later dense layers' forwards overwrite, so the kept
+  // layer's backward recomputes act = swiglu(gate, up) when it is no longer there:
+  // ModelCompute::act_holder_, swiglu_recomputes().)
   // MoE
   F32Buf router_logits, probs;  // [T, E]
   F32Buf weights;               // [T, K]

@@ -53,16 +53,19 @@ struct Capacities {
 // GPU bytes of layer `layer`'s kept internals at `tokens` tokens (LayerCost::internals_gb, in
 // bytes): what the executor keeps per layer to skip the backward's re-forward, i.e.
 // ModelCompute's f32 LayerActs (src/model/model_compute_buffers.h) of that layer — h1, rstd1,
-// q_pre/k_pre and their rstds with a q/k norm, q, k, v, attn, lse, x_mid, h2, rstd2, and gate, up,
-// act (dense) or the MoE buffers (router logits and probs, top-k weights, ids, slots, offsets,
-// gathered rows, expert gate/up/act and outputs); not x_in (the layer's input boundary, owned by
-// the stream executor) — each buffer rounded up to the arena's 256-byte alignment. Computed from
+// q_pre/k_pre and their rstds with a q/k norm, q, k, v, attn, lse, x_mid, h2, rstd2, and gate, up
+// (dense; not the SwiGLU output act, which the executor recomputes in a kept layer's backward) or
+// the MoE buffers (router logits and probs, top-k weights, ids, slots, offsets, gathered rows,
+// expert gate/up/act and outputs); not x_in (the layer's input boundary, owned by the stream
+// executor) — each buffer rounded up to the arena's 256-byte alignment. Dense, no q/k norm:
+// 4 T (3C + 2Q + 2K + H + 2F + 2) bytes with every buffer a multiple of 256. Computed from
 // the config, without a backend or ModelCompute; keep_internals_test.cpp checks it equals the
 // executor's ModelCompute::kept_layer_bytes. NOTE(plan): that count could replace this one.
 double kept_internals_bytes(const model::ModelConfig& c, int layer, double tokens);
 
 // Dense and MoE decoder layers (MoE: the top-k experts' FLOPs, all experts' bytes). Every layer's
-// internals may be kept (internals_gb = kept_internals_bytes, keep_saved_ms = rec_ms).
+// internals may be kept (internals_gb = kept_internals_bytes, keep_saved_ms = rec_ms, which leaves
+// out the SwiGLU recompute of a kept dense layer: see the NOTE in cost_model.cpp).
 Result<PlanProblem> analytic_problem(const model::ModelConfig& c, const MachineSpec& m,
                                      const TrainShape& shape, const Capacities& caps);
 

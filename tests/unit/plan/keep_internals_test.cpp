@@ -188,8 +188,9 @@ TEST(KeepInternals, ProblemValidationAndJsonDefaults) {
 
 // Kept bytes: ModelCompute's f32 LayerActs per token, without x_in (the boundary). Qwen2.5-7B (C
 // 3584, H 28, G 4, D 128: Q 3584, K 512, F 18944, no q/k norm): h1, x_mid, h2 (3C) + rstd1, rstd2
-// (2) + q, attn (2Q) + k, v (2K) + lse (H) + gate, up, act (3F) = 75806 floats per token; at 8192
-// tokens every buffer is a multiple of 256 bytes. Each count must equal the executor's own
+// (2) + q, attn (2Q) + k, v (2K) + lse (H) + gate, up (2F) = 56862 floats per token (not the
+// SwiGLU output act, 18944 more: a kept layer's backward recomputes it); at 8192 tokens every
+// buffer is a multiple of 256 bytes. Each count must equal the executor's own
 // (ModelCompute::kept_layer_bytes, what the stream executor allocates per kept layer).
 TEST(KeepInternals, CostModelBytesAreTheExecutorsLayerActs) {
   auto cfg = builtin_geometry("qwen2.5-7b");
@@ -202,27 +203,28 @@ TEST(KeepInternals, CostModelBytesAreTheExecutorsLayerActs) {
     EXPECT_TRUE(b.ok()) << b.status().to_string();
     return b.ok() ? static_cast<double>(*b) : -1.0;
   };
-  EXPECT_DOUBLE_EQ(kept_internals_bytes(*cfg, 0, 8192), 4.0 * 8192 * 75806);
+  EXPECT_DOUBLE_EQ(kept_internals_bytes(*cfg, 0, 8192), 4.0 * 8192 * 56862);
   EXPECT_DOUBLE_EQ(kept_internals_bytes(*cfg, 0, 8192), executor_bytes(*cfg, 0, 8192));
-  // One token: 13 buffers, each rounded up to 256 bytes (14336 B for C, 2048 for K, 112 -> 256
+  // One token: 12 buffers, each rounded up to 256 bytes (14336 B for C, 2048 for K, 112 -> 256
   // for lse, 4 -> 256 for each rstd, 75776 for F).
-  const double one = 3 * 14336 + 2 * 256 + 2 * 14336 + 2 * 2048 + 256 + 3 * 75776;
+  const double one = 3 * 14336 + 2 * 256 + 2 * 14336 + 2 * 2048 + 256 + 2 * 75776;
   EXPECT_DOUBLE_EQ(kept_internals_bytes(*cfg, 0, 1), one);
   EXPECT_DOUBLE_EQ(kept_internals_bytes(*cfg, 0, 1), executor_bytes(*cfg, 0, 1));
   EXPECT_DOUBLE_EQ(kept_internals_bytes(*cfg, 5, 777), executor_bytes(*cfg, 5, 777));
   // A per-head q/k norm adds q_pre, k_pre and their rstds: Q + K + H + G floats per token.
   model::ModelConfig qk = *cfg;
   qk.qk_norm = model::QkNorm::kPerHead;
-  EXPECT_DOUBLE_EQ(kept_internals_bytes(qk, 0, 8192), 4.0 * 8192 * (75806 + 3584 + 512 + 28 + 4));
+  EXPECT_DOUBLE_EQ(kept_internals_bytes(qk, 0, 8192), 4.0 * 8192 * (56862 + 3584 + 512 + 28 + 4));
   EXPECT_DOUBLE_EQ(kept_internals_bytes(qk, 0, 8192), executor_bytes(qk, 0, 8192));
-  // An MoE layer trades gate/up/act for the routing and expert buffers: E = 64, top 8, Fe 1024:
-  // 2E + 3K (weights, ids, slot_of) + 2KC (gathered, eout) + 3K Fe per token, plus E + 1 offsets.
+  // An MoE layer trades gate/up for the routing and expert buffers (all kept, the experts' eact
+  // too): E = 64, top 8, Fe 1024: 2E + 3K (weights, ids, slot_of) + 2KC (gathered, eout) + 3K Fe
+  // per token, plus E + 1 offsets.
   model::ModelConfig moe = *cfg;
   moe.num_experts = 64;
   moe.num_experts_per_tok = 8;
   moe.moe_intermediate_size = 1024;
   ASSERT_TRUE(moe.is_moe_layer(0));
-  const double attn = 75806 - 3 * 18944;
+  const double attn = 56862 - 2 * 18944;
   const double per_token = attn + 2 * 64 + 3 * 8 + 2 * 8 * 3584 + 3 * 8 * 1024;
   EXPECT_DOUBLE_EQ(kept_internals_bytes(moe, 0, 8192), 4.0 * 8192 * per_token + 512);
   EXPECT_DOUBLE_EQ(kept_internals_bytes(moe, 0, 8192), executor_bytes(moe, 0, 8192));
@@ -230,7 +232,7 @@ TEST(KeepInternals, CostModelBytesAreTheExecutorsLayerActs) {
   auto p = analytic_problem(*cfg, MachineSpec{}, TrainShape{.batch_size = 8, .seq_len = 1024},
                             Capacities{.gpu_gb = 80, .host_gb = 256});
   ASSERT_TRUE(p.ok()) << p.status().to_string();
-  EXPECT_DOUBLE_EQ(p->layers[3].internals_gb, 4.0 * 8192 * 75806 / 1e9);
+  EXPECT_DOUBLE_EQ(p->layers[3].internals_gb, 4.0 * 8192 * 56862 / 1e9);
   EXPECT_EQ(p->layers[3].keep_saved_ms, p->layers[3].rec_ms);
   EXPECT_TRUE(p->allow_keep_internals);
 }
