@@ -2,6 +2,7 @@
 #include "plan/plan_json.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "core/file_util.h"
 
@@ -151,8 +152,9 @@ Result<Plan> plan_from_json(const Json& j) {
       for (const Json& v : k) {
         if (v.is_boolean()) {
           keep.push_back(v.get<bool>());
-        } else if (v.is_number_integer() && (v.get<int>() == 0 || v.get<int>() == 1)) {
-          keep.push_back(v.get<int>() == 1);
+        } else if (v.is_number_integer() &&
+                   (v.get<std::int64_t>() == 0 || v.get<std::int64_t>() == 1)) {
+          keep.push_back(v.get<std::int64_t>() == 1);
         } else {
           return corrupt("plan: keep_internals entry {} is not 0/1 or a boolean", v.dump());
         }

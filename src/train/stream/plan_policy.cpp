@@ -2,6 +2,7 @@
 #include "train/stream/plan_policy.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "core/file_util.h"
 #include "core/json.h"
@@ -55,8 +56,9 @@ Result<PlanPolicy> plan_policy_from_text(const std::string& text, const std::str
         const Json& v = k.at(l);
         if (v.is_boolean()) {
           keep.push_back(v.get<bool>());
-        } else if (v.is_number_integer() && (v.get<int>() == 0 || v.get<int>() == 1)) {
-          keep.push_back(v.get<int>() == 1);
+        } else if (v.is_number_integer() &&
+                   (v.get<std::int64_t>() == 0 || v.get<std::int64_t>() == 1)) {
+          keep.push_back(v.get<std::int64_t>() == 1);
         } else {
           return corrupt("train: plan {}: keep_internals[{}] is {}, not a boolean or 0/1", what, l,
                          v.dump());

@@ -2,6 +2,7 @@
 // Plan JSON round trip, the analytic cost model on published geometries, measured-profile override.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 
@@ -117,6 +118,12 @@ TEST(PlanJson, KeptInternalsRoundTrip) {
   EXPECT_EQ(plan_from_json(bad).status().code(), StatusCode::kCorrupt);
   bad["keep_internals"] = Json::array({2, 0, 0, 0});
   EXPECT_EQ(plan_from_json(bad).status().code(), StatusCode::kCorrupt);
+  // Integers that only truncate to 0/1 in an int (2^32 + 1, 2^32, -(2^32) + 1).
+  for (const std::int64_t v :
+       {std::int64_t{4294967297}, std::int64_t{4294967296}, std::int64_t{-4294967295}}) {
+    bad["keep_internals"] = Json::array({v, 0, 0, 0});
+    EXPECT_EQ(plan_from_json(bad).status().code(), StatusCode::kCorrupt) << v;
+  }
 }
 
 TEST(CostModel, Qwen7bCountsMatchThePublishedShape) {

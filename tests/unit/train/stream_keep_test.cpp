@@ -313,7 +313,11 @@ TEST(StreamKeep, ReadsKeepInternalsOfAFerryPlanDocument) {
   for (const std::string bad :
        {R"(, "keep_internals": [0, 1, 0])", R"(, "keep_internals": [0, 1, 0, 1, 0])",
         R"(, "keep_internals": 1)", R"(, "keep_internals": [0, 2, 0, 1])",
-        R"(, "keep_internals": [0, "yes", 0, 1])", R"(, "keep_internals": [0, 1.0, 0, 1])"}) {
+        R"(, "keep_internals": [0, "yes", 0, 1])", R"(, "keep_internals": [0, 1.0, 0, 1])",
+        // Integers that only truncate to 0/1 in an int (2^32 + 1, 2^32, -(2^32) + 1).
+        R"(, "keep_internals": [0, 4294967297, 0, 1])",
+        R"(, "keep_internals": [0, 4294967296, 0, 1])",
+        R"(, "keep_internals": [0, -4294967295, 0, 1])"}) {
     auto p = plan_policy_from_text(doc(bad), "p", 4, "");
     ASSERT_FALSE(p.ok()) << bad;
     EXPECT_EQ(p.status().code(), StatusCode::kCorrupt) << bad;
