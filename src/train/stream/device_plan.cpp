@@ -137,19 +137,36 @@ Status check_budget(const model::DecoderGeometry& geo, const ModelSizes& sizes,
   if (d.total_bytes() <= budget) return {};
   FERRY_ASSIGN_OR_RETURN(const int best, largest_batch(geo, sizes, policy, slots, seq_len, budget,
                                                        backend, precision));
+  // Kept layer internals (+keep:LIST, a plan's keep_internals) are often what does not fit: how
+  // much of the reported bytes they are (`plan`'s), and the batch that fits without them.
+  const auto keeps = [&](const DevicePlan& plan, int at_batch) -> Result<std::string> {
+    if (policy.kept_count() == 0) return std::string();
+    ActivationPolicy none = policy;
+    none.keep.clear();
+    FERRY_ASSIGN_OR_RETURN(const int without, largest_batch(geo, sizes, none, slots, seq_len,
+                                                            budget, backend, precision, batch));
+    return fmt::format("; the kept internals of {} layers ({}) take {} of it at batch {}; {}",
+                       policy.kept_count(), keep_list(policy.keep),
+                       mem::format_bytes(plan.kept_bytes), at_batch,
+                       without == 0 ? std::string("without the keeps not even batch 1 fits")
+                                    : fmt::format("without the keeps batch {} fits", without));
+  };
   if (best == 0) {
     FERRY_ASSIGN_OR_RETURN(const DevicePlan one,
                            plan_device(geo, sizes, policy, slots, seq_len, backend, precision));
+    FERRY_ASSIGN_OR_RETURN(const std::string k, keeps(one, 1));
     return resource_exhausted(
         "train: the device budget of {} does not fit even batch 1 (needs {}) under policy {} "
-        "with {} weight slots; raise --device-budget-mib, lower --seq-len or --prefetch",
-        mem::format_bytes(budget), mem::format_bytes(one.total_bytes()), policy.describe(), slots);
+        "with {} weight slots{}; raise --device-budget-mib, lower --seq-len or --prefetch{}",
+        mem::format_bytes(budget), mem::format_bytes(one.total_bytes()), policy.describe(), slots,
+        k, k.empty() ? "" : ", or keep fewer layers");
   }
+  FERRY_ASSIGN_OR_RETURN(const std::string k, keeps(d, batch));
   return resource_exhausted(
       "train: batch {} (x seq {}) needs {} of device tier under policy {} ({} weight slots; {} "
-      "of it compute workspace), the budget is {}: the largest batch that fits is {}",
+      "of it compute workspace), the budget is {}: the largest batch that fits is {}{}",
       batch, seq_len, mem::format_bytes(d.total_bytes()), policy.describe(), slots,
-      mem::format_bytes(d.compute_bytes), mem::format_bytes(budget), best);
+      mem::format_bytes(d.compute_bytes), mem::format_bytes(budget), best, k);
 }
 
 }  // namespace ferry::train::stream

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "mem/budget.h"
 #include "model/model_compute.h"
 #include "test_util.h"
 #include "train/stream/activation_policy.h"
@@ -206,6 +207,56 @@ TEST(StreamKeep, DevicePlanGrowsByKeptLayerBytesAndIsWhatTheExecutorAllocates) {
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(*a, 8);
   EXPECT_LT(*b, *a);
+}
+
+// A batch the kept workspaces push over the device budget is refused before anything runs, naming
+// the largest batch that fits, what the keeps hold and the batch that fits without them; a budget
+// that holds not even batch 1 with the keeps (but does without) says to keep fewer layers.
+TEST(StreamKeep, BudgetRefusalNamesTheKeptBytesAndTheBatchWithoutThem) {
+  const std::string dir = testing::temp_dir("stream_keep_budget");
+  auto dense = dense_model(dir + "/model");
+  kernels::Backend& be = kernels::cpu_backend();
+  const model::DecoderGeometry& geo = dense->geometry;
+  auto s = TrainState::from_loaded(*dense, {}, 1);
+  ASSERT_TRUE(s.ok());
+  auto arena = HostArena::create(**s);
+  ASSERT_TRUE(arena.ok());
+  const ModelSizes sizes = model_sizes(**arena);
+  constexpr std::int64_t S = 32;
+  auto plain = parse_policy("every:2", geo.layers);
+  auto kept = parse_policy("every:2+keep:0-3", geo.layers);
+  ASSERT_TRUE(plain.ok() && kept.ok());
+  auto p8 = plan_device(geo, sizes, *plain, 3, 8 * S, be);
+  auto k8 = plan_device(geo, sizes, *kept, 3, 8 * S, be);
+  ASSERT_TRUE(p8.ok() && k8.ok());
+  auto best = largest_batch(geo, sizes, *kept, 3, S, p8->total_bytes(), be);
+  ASSERT_TRUE(best.ok());
+  ASSERT_GE(*best, 1);
+  ASSERT_LT(*best, 8);
+  StreamOptions so{.policy = *kept, .prefetch = 2, .device_budget_bytes = p8->total_bytes()};
+  auto refused = StreamExecutor::create(**s, 8, S, so, be);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  const std::string msg = refused.status().message();
+  EXPECT_NE(msg.find("the largest batch that fits is " + std::to_string(*best)), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("the kept internals of 4 layers (0-3) take " +
+                     mem::format_bytes(k8->kept_bytes) + " of it at batch 8"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("without the keeps batch 8 fits"), std::string::npos) << msg;
+  // Batch 1 does not fit with the keeps, but does without them.
+  auto p1 = plan_device(geo, sizes, *plain, 3, S, be);
+  auto k1 = plan_device(geo, sizes, *kept, 3, S, be);
+  ASSERT_TRUE(p1.ok() && k1.ok());
+  ASSERT_LT(p1->total_bytes(), k1->total_bytes());
+  so.device_budget_bytes = p1->total_bytes();
+  auto none = StreamExecutor::create(**s, 1, S, so, be);
+  ASSERT_FALSE(none.ok());
+  const std::string nmsg = none.status().message();
+  EXPECT_NE(nmsg.find("does not fit even batch 1"), std::string::npos) << nmsg;
+  EXPECT_NE(nmsg.find("without the keeps batch 1 fits"), std::string::npos) << nmsg;
+  EXPECT_NE(nmsg.find("keep fewer layers"), std::string::npos) << nmsg;
 }
 
 TEST(StreamKeep, ParsesKeepSuffixes) {
