@@ -287,5 +287,38 @@ TEST(MilpVsExact, SameOptimumWithKeptInternals) {
       exact_choices, huge_checked);
 }
 
+// Kept internals with the device optimizer tail and measured per-layer optimizer times (the gate's
+// other inputs): the MILP still finds the exact optimum, both priced as the evaluator prices them.
+TEST(MilpVsExact, SameOptimumWithKeptInternalsAndDeviceTail) {
+  std::mt19937_64 rng(20261203);
+  int feasible = 0, keeps = 0;
+  for (int n = 0; n < 24; ++n) {
+    const int L = 2 + n % 4;
+    PlanProblem p = testing::random_problem(rng, L, n % 4 == 0, testing::uniform(rng, 0.0, 0.8));
+    set_optimizer(rng, p, 2 + n % 2);
+    if (n % 3 == 0) {
+      for (LayerCost& c : p.layers) c.optimizer_ms = testing::uniform(rng, 1.0, 20.0);
+    }
+    p.device_update_layers = 1 + n % L;
+    p.device_update_ms_per_layer = n % 2 == 0 ? 0.0 : testing::uniform(rng, 0.5, 8.0);
+    testing::add_keep_costs(rng, p, 0.1, 1.5);
+    SCOPED_TRACE(::testing::Message()
+                 << "instance " << n << " L=" << L << " tail " << p.device_update_layers);
+    auto exact = solve_exact(p);
+    auto milp = solve_milp(p, SolveOptions{.time_limit_s = 30});
+    ASSERT_EQ(exact.ok(), milp.ok());
+    if (!exact.ok()) continue;
+    ++feasible;
+    if (milp->num_kept() > 0) ++keeps;
+    const double want = exact->best.solver.objective_ms;
+    EXPECT_NEAR(milp->solver.objective_ms, want, kRelTol * std::max(1.0, want));
+    expect_consistent(p, *milp, "milp");
+    expect_consistent(p, exact->best, "exact");
+    EXPECT_LE(exact->max_lp_mismatch_ms, kRelTol * std::max(1.0, want));
+  }
+  EXPECT_GE(feasible, 10);
+  EXPECT_GE(keeps, 3);
+}
+
 }  // namespace
 }  // namespace ferry::plan
