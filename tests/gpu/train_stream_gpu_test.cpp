@@ -144,6 +144,18 @@ TEST(TrainStreamGpu, KeptLayersBitIdenticalOnGpu) {
   check_policies_on_gpu(*m, dense, bf16);
   auto moe = moe_model();
   check_policies_on_gpu(*moe, {"device+keep:top:3", "every:2+keep:0,2"}, bf16);
+  // The 7B A/B's configuration (#7 review): bf16 weight views (Kahan bf16 master, 8-bit states),
+  // bf16 gradients (rounded on the compute stream, widened on the refill stream, which a kept
+  // layer's backward now waits for with no re-forward in between), accumulation 2.
+  RunSpec ab = bf16;
+  ab.mode = {.master = MasterWeights::kBf16Kahan, .states = OptimizerStates::k8Bit};
+  ab.bf16_grads = true;
+  check_policies_on_gpu(*m, {"host+keep:top:2", "every:2+keep:0-1"}, ab);
+  // ... with the device optimizer tail on layers 0-1 (a slow CPU worker, so the device takes
+  // both and the bytes equal the CPU executor's).
+  ab.device_update_layers = 2;
+  ab.cpu_update_hook = [](int) { std::this_thread::sleep_for(std::chrono::milliseconds(20)); };
+  check_policies_on_gpu(*m, {"host+keep:0,3", "every:2+keep:1-2"}, ab);
 }
 
 // bf16 masters: bf16 weights on the link (half the bytes), landed in a staging buffer and widened
@@ -664,6 +676,10 @@ TEST(TrainStreamGpu, GemmInputReuseBitIdenticalOnGpu) {
   spec.gemm_precision = model::GemmPrecision::kBf16;
   spec.mode = {.master = MasterWeights::kBf16Sr, .states = OptimizerStates::k8Bit};
   check_gemm_input_reuse(*moe, spec, {"every:2", "host"}, "moe sr+8bit");
+  // Kept layers (#7 review): the SwiGLU recompute writes the down projection's bf16 operand with
+  // the reuse on, a separate convert with it off; the same bits either way.
+  spec.mode = {.master = MasterWeights::kBf16Kahan, .states = OptimizerStates::k8Bit};
+  check_gemm_input_reuse(*m, spec, {"device+keep:top:2", "every:2+keep:0-1"}, "keep kahan+8bit");
 }
 
 TEST(TrainStreamGpu, Bf16WeightViewsBudgetIsExact) {
