@@ -116,6 +116,23 @@ TEST(StreamKeep, GradientAccumulationAndBf16GradientsMatchInMemory) {
   check_keeps(*m, {"every:2+keep:1-2"}, g16);
 }
 
+// The 7B A/B's configuration (#7 review): Kahan bf16 master with 8-bit states (bf16 weights, so
+// bf16 weight views with bf16 GEMMs), bf16 gradients, and the device optimizer tail on every layer
+// and on layers 0-1: still the in-memory reference's bits with keeps.
+TEST(StreamKeep, DeviceTailAndBf16MasterMatchInMemoryBitForBit) {
+  const std::string dir = testing::temp_dir("stream_keep_tail");
+  auto m = dense_model(dir + "/model");
+  RunSpec spec;
+  spec.gemm_precision = model::GemmPrecision::kBf16;
+  spec.mode = {.master = MasterWeights::kBf16Kahan, .states = OptimizerStates::k8Bit};
+  spec.bf16_grads = true;
+  for (const int K : {2, kDeviceUpdateAllLayers}) {
+    spec.device_update_layers = K;
+    SCOPED_TRACE("tail " + std::to_string(K));
+    check_keeps(*m, {"host+keep:0,3", "every:2+keep:1-2", "device+keep:top:4"}, spec);
+  }
+}
+
 // Keeping changes no transfer: the same weight, gradient and activation bytes as without.
 TEST(StreamKeep, MovesTheSameBytesAsWithoutKeeps) {
   const std::string dir = testing::temp_dir("stream_keep_bytes");
