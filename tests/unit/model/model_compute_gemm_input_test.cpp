@@ -15,22 +15,24 @@
 // invalidation were wrong). The GPU counterpart is tests/gpu/model_gpu_test.cpp.
 #include <gtest/gtest.h>
 
-#include <cstring>
-#include <optional>
+#include <cstdint>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
 #include "model/model_binding.h"
-#include "model/safetensors.h"
-#include "model_fixtures.h"
 #include "unit/kernels/forwarding_backend.h"
+#include "unit/model/model_compute_test_util.h"
 
 namespace ferry::model {
 namespace {
 
 using kernels::Backend;
+using testing::Case;
+using testing::load_case;
 
 // The CPU backend with "native" bf16 GEMMs (and loss head): bf16 operands are widened (exactly)
 // and multiplied in f32.
@@ -95,62 +97,12 @@ class Counting final : public testing::ForwardingBackend {
   Backend& inner_;
 };
 
-struct Case {
-  std::unique_ptr<LoadedModel> m;
-  std::optional<SafetensorsFile> expected;
-  PackedBatch batch;
-  std::int64_t T = 0;
-};
-
-Case load_case(const std::string& arch) {
-  Case c;
-  auto m = load_model_f32(testing::model_fixture_dir(arch));
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  if (!m.ok()) return c;
-  c.m = std::move(*m);
-  auto e = SafetensorsFile::open(testing::model_fixture_dir(arch) + "/expected.safetensors");
-  EXPECT_TRUE(e.ok()) << e.status().to_string();
-  if (!e.ok()) return c;
-  c.expected.emplace(std::move(*e));
-  auto view = [&](const char* name) {
-    auto v = c.expected->view(name);
-    EXPECT_TRUE(v.ok()) << name;
-    return v.ok() ? *v : ConstTensorView{};
-  };
-  c.batch = {.ids = view("input_ids"),
-             .positions = view("positions"),
-             .cu_seqlens = view("cu_seqlens"),
-             .targets = view("targets")};
-  c.T = c.batch.ids.numel();
-  return c;
-}
-
 struct Pass {
   double loss = 0.0;
-  std::vector<std::vector<float>> grads;
+  testing::Grads grads;
   std::uint64_t converts = 0;  // ModelCompute::gemm_input_converts()
   int casts_down = 0, swiglu_bf16 = 0, norm_bf16 = 0;
 };
-
-std::vector<std::vector<float>> grads_of(const GradStorage& g) {
-  std::vector<std::vector<float>> out;
-  for (const auto& [name, v] : g.named) {
-    const float* p = v.as<float>();
-    out.emplace_back(p, p + v.numel());
-  }
-  return out;
-}
-
-void expect_same(const Pass& a, const Pass& b, const std::string& what) {
-  EXPECT_EQ(std::memcmp(&a.loss, &b.loss, sizeof(double)), 0) << what;
-  ASSERT_EQ(a.grads.size(), b.grads.size()) << what;
-  for (std::size_t i = 0; i < a.grads.size(); ++i) {
-    ASSERT_EQ(a.grads[i].size(), b.grads[i].size());
-    EXPECT_EQ(std::memcmp(a.grads[i].data(), b.grads[i].data(), a.grads[i].size() * sizeof(float)),
-              0)
-        << what << ": gradient " << i;
-  }
-}
 
 std::unique_ptr<ModelCompute> make(Case& c, Backend& be, int work_layers, bool reuse) {
   auto mc =
@@ -162,6 +114,15 @@ std::unique_ptr<ModelCompute> make(Case& c, Backend& be, int work_layers, bool r
   return std::move(*mc);
 }
 
+// The counters of a finished pass (mc's and be's) into r, with the gradients.
+void collect(Pass& r, const GradStorage& grads, const ModelCompute& mc, const Counting& be) {
+  r.grads = testing::grads_of(grads);
+  r.converts = mc.gemm_input_converts();
+  r.casts_down = be.casts_down;
+  r.swiglu_bf16 = be.swiglu_bf16;
+  r.norm_bf16 = be.norm_bf16;
+}
+
 // Whole-model forward + backward.
 Pass whole_model(Case& c, Backend& inner, bool reuse) {
   Pass r;
@@ -170,16 +131,8 @@ Pass whole_model(Case& c, Backend& inner, bool reuse) {
   auto grads = GradStorage::create(*c.m);
   EXPECT_TRUE(grads.ok());
   if (!mc || !grads.ok()) return r;
-  auto fwd = mc->forward(c.m->params, c.batch);
-  EXPECT_TRUE(fwd.ok()) << fwd.status().to_string();
-  if (fwd.ok()) r.loss = fwd->loss_sum;
-  const Status s = mc->backward(c.m->params, c.batch, (*grads)->grads);
-  EXPECT_TRUE(s.ok()) << s.to_string();
-  r.grads = grads_of(**grads);
-  r.converts = mc->gemm_input_converts();
-  r.casts_down = be.casts_down;
-  r.swiglu_bf16 = be.swiglu_bf16;
-  r.norm_bf16 = be.norm_bf16;
+  r.loss = testing::forward_backward(*mc, c, (*grads)->grads);
+  collect(r, **grads, *mc, be);
   return r;
 }
 
@@ -192,34 +145,15 @@ Pass per_layer(Case& c, Backend& inner, bool reuse) {
   auto grads = GradStorage::create(*c.m);
   EXPECT_TRUE(grads.ok());
   if (!mc || !grads.ok()) return r;
-  const int L = c.m->geometry.layers;
-  const std::int64_t C = c.m->geometry.hidden;
-  std::vector<std::vector<float>> x(static_cast<std::size_t>(L + 2),
-                                    std::vector<float>(static_cast<std::size_t>(c.T * C)));
-  auto xv = [&](int i) {
-    return TensorView::contiguous(x[static_cast<std::size_t>(i)].data(), DType::kF32, Device::kCpu,
-                                  {c.T, C});
-  };
-  const ModelParams& p = c.m->params;
-  ModelGrads& g = (*grads)->grads;
-  EXPECT_TRUE(mc->embed(p.embed, c.batch, xv(0)).ok());
-  for (int l = 0; l < L; ++l)
-    EXPECT_TRUE(mc->layer_forward(l, p.layers[l], c.batch, xv(l), xv(l + 1)).ok());
-  auto head = mc->head_forward(p.final_norm, p.lm_head, c.batch, xv(L));
-  EXPECT_TRUE(head.ok());
-  if (head.ok()) r.loss = head->loss_sum;
-  EXPECT_TRUE(
-      mc->head_backward(p.final_norm, p.lm_head, g.final_norm, g.lm_head, c.batch, xv(L)).ok());
-  for (int l = L - 1; l >= 0; --l) {
-    EXPECT_TRUE(mc->layer_forward(l, p.layers[l], c.batch, xv(l), xv(L + 1)).ok());
-    EXPECT_TRUE(mc->layer_backward(l, p.layers[l], g.layers[l], c.batch, xv(l)).ok());
+  testing::PerLayerRun run(*mc, c, (*grads)->grads);
+  run.forward();
+  r.loss = run.loss();
+  for (int l = c.m->geometry.layers - 1; l >= 0; --l) {
+    run.reforward(l);
+    run.backward(l);
   }
-  EXPECT_TRUE(mc->embed_backward(g.embed, c.batch).ok());
-  r.grads = grads_of(**grads);
-  r.converts = mc->gemm_input_converts();
-  r.casts_down = be.casts_down;
-  r.swiglu_bf16 = be.swiglu_bf16;
-  r.norm_bf16 = be.norm_bf16;
+  run.embed_backward();
+  collect(r, **grads, *mc, be);
   return r;
 }
 
@@ -233,7 +167,7 @@ TEST(ModelComputeGemmInput, SameBitsAndFewerConvertsOnTheWholeModelPath) {
       ASSERT_TRUE(c.m != nullptr);
       const Pass off = whole_model(c, *inner, false);
       const Pass on = whole_model(c, *inner, true);
-      expect_same(on, off, what);
+      testing::expect_same(on, off, what);
       EXPECT_EQ(off.swiglu_bf16, 0);
       EXPECT_EQ(off.norm_bf16, 0);
       EXPECT_LT(on.converts, off.converts);
@@ -272,9 +206,9 @@ TEST(ModelComputeGemmInput, SameBitsAndFewerConvertsInTheRecomputeOrder) {
       ASSERT_TRUE(c.m != nullptr);
       const Pass off = per_layer(c, *inner, false);
       const Pass on = per_layer(c, *inner, true);
-      expect_same(on, off, what);
+      testing::expect_same(on, off, what);
       // The per-layer path gives the whole-model path's bits.
-      expect_same(on, whole_model(c, *inner, true), what + " vs whole model");
+      testing::expect_same(on, whole_model(c, *inner, true), what + " vs whole model");
       if (std::string(arch) == "qwen2") {
         // Two forwards and one backward per layer: 21 roundings -> 1 + 1 + 3 (the norms write
         // h1's and h2's copies in each forward; the backward's act is reused every time: each
@@ -301,7 +235,6 @@ TEST(ModelComputeGemmInput, NeverReadsAStaleCopy) {
     ASSERT_TRUE(c.m != nullptr);
     ASSERT_GE(c.m->geometry.layers, 2);
     const int L = c.m->geometry.layers;
-    const std::int64_t C = c.m->geometry.hidden;
     Pass runs[2];
     for (bool reuse : {false, true}) {
       Counting be(*inner);
@@ -309,31 +242,19 @@ TEST(ModelComputeGemmInput, NeverReadsAStaleCopy) {
       ASSERT_TRUE(mc != nullptr);
       auto grads = GradStorage::create(*c.m);
       ASSERT_TRUE(grads.ok());
-      std::vector<std::vector<float>> x(static_cast<std::size_t>(L + 2),
-                                        std::vector<float>(static_cast<std::size_t>(c.T * C)));
-      auto xv = [&](int i) {
-        return TensorView::contiguous(x[static_cast<std::size_t>(i)].data(), DType::kF32,
-                                      Device::kCpu, {c.T, C});
-      };
-      const ModelParams& p = c.m->params;
-      ModelGrads& g = (*grads)->grads;
-      ASSERT_TRUE(mc->embed(p.embed, c.batch, xv(0)).ok());
-      for (int l = 0; l < L; ++l)
-        ASSERT_TRUE(mc->layer_forward(l, p.layers[l], c.batch, xv(l), xv(l + 1)).ok());
-      ASSERT_TRUE(mc->head_forward(p.final_norm, p.lm_head, c.batch, xv(L)).ok());
-      ASSERT_TRUE(
-          mc->head_backward(p.final_norm, p.lm_head, g.final_norm, g.lm_head, c.batch, xv(L)).ok());
+      testing::PerLayerRun run(*mc, c, (*grads)->grads);
+      ASSERT_TRUE(run.forward());
       // Layers 0 and 1 (workspaces 0 and 1) forwarded last: layer 0 backward first.
-      ASSERT_TRUE(mc->layer_forward(0, p.layers[0], c.batch, xv(0), xv(L + 1)).ok());
-      ASSERT_TRUE(mc->layer_forward(1, p.layers[1], c.batch, xv(1), xv(L + 1)).ok());
-      ASSERT_TRUE(mc->layer_backward(0, p.layers[0], g.layers[0], c.batch, xv(0)).ok());
-      ASSERT_TRUE(mc->layer_forward(1, p.layers[1], c.batch, xv(1), xv(L + 1)).ok());
-      ASSERT_TRUE(mc->layer_backward(1, p.layers[1], g.layers[1], c.batch, xv(1)).ok());
-      ASSERT_TRUE(mc->layer_backward(1, p.layers[1], g.layers[1], c.batch, xv(1)).ok());
-      runs[reuse ? 1 : 0].grads = grads_of(**grads);
+      ASSERT_TRUE(run.reforward(0));
+      ASSERT_TRUE(run.reforward(1));
+      ASSERT_TRUE(run.backward(0));
+      ASSERT_TRUE(run.reforward(1));
+      ASSERT_TRUE(run.backward(1));
+      ASSERT_TRUE(run.backward(1));
+      runs[reuse ? 1 : 0].grads = testing::grads_of(**grads);
       runs[reuse ? 1 : 0].converts = mc->gemm_input_converts();
     }
-    expect_same(runs[1], runs[0], "stale-copy order");
+    testing::expect_same(runs[1], runs[0], "stale-copy order");
     // L + 3 forwards save 6 roundings each (q/k/v, gate/up from the norms' copies, down from the
     // SwiGLU's); the backwards 3 each, and 4 for the one that reused the copy: layer 1's first
     // (layer 0's found layer 1's copy, layer 1's second found h1's rounding in gemm.x16).

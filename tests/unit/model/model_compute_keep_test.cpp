@@ -8,7 +8,7 @@
 //     a re-forward only for layers not kept, and the backward) gives the whole-model path's loss
 //     and gradients bit for bit: f32 and bf16 GEMMs (the down projection's bf16 copy in gemm.x16
 //     is reused only when the kept layer's own forward wrote it last), with attention in bf16 as
-//     on CUDA (Bf16AttentionOnly below: the shared q16/k16/v16/o16 are recast for a kept layer
+//     on CUDA (Bf16AttentionBackend: the shared q16/k16/v16/o16 are recast for a kept layer
 //     whose forward was followed by other layers'), dense and MoE fixtures;
 //   - a kept dense layer keeps no SwiGLU output (kept_layer_bytes: the geometry's buffers without
 //     act, 4 T F bytes + alignment less than with it); its backward recomputes act with the
@@ -19,136 +19,36 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstring>
+#include <cstdint>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
 #include "model/model_binding.h"
-#include "model/safetensors.h"
 #include "model_fixtures.h"
 #include "unit/kernels/forwarding_backend.h"
+#include "unit/model/bf16_attention_backend.h"
+#include "unit/model/model_compute_test_util.h"
 
 namespace ferry::model {
 namespace {
 
 using kernels::Backend;
-
-// The CPU backend, but attention sees and produces bf16 (as on CUDA): ModelCompute then casts
-// q/k/v/out into its shared bf16 buffers. Inside, the values are widened and the CPU's f32
-// attention runs; results are rounded back.
-class Bf16AttentionOnly final : public testing::ForwardingBackend {
- public:
-  std::string_view name() const override { return "cpu+bf16-attention"; }
-  bool supports(kernels::OpKind op, DType dt) const override {
-    if (op == kernels::OpKind::kAttention || op == kernels::OpKind::kAttentionBackward)
-      return dt == DType::kBF16;
-    return cpu().supports(op, dt);
-  }
-  Status convert(const kernels::ConvertArgs& a, mem::Stream& s) override {
-    if (a.in.dtype == DType::kF32 && a.out.dtype == DType::kBF16) ++casts_down;
-    return cpu().convert(a, s);
-  }
-  Status attention(const kernels::AttentionArgs& a, mem::Stream& s) override {
-    std::vector<float> q = widened(a.q), k = widened(a.k), v = widened(a.v), out(numel(a.out));
-    FERRY_TRY(cpu().attention({.out = f32(out, a.out),
-                               .lse = a.lse,
-                               .q = f32(q, a.q),
-                               .k = f32(k, a.k),
-                               .v = f32(v, a.v),
-                               .cu_seqlens = a.cu_seqlens,
-                               .scale = a.scale,
-                               .causal = a.causal},
-                              s));
-    return narrow_into(out, a.out, s);
-  }
-  Status attention_backward(const kernels::AttentionBackwardArgs& a, mem::Stream& s) override {
-    std::vector<float> q = widened(a.q), k = widened(a.k), v = widened(a.v), out = widened(a.out),
-                       dout = widened(a.d_out), dq(numel(a.d_q)), dk(numel(a.d_k)),
-                       dv(numel(a.d_v));
-    FERRY_TRY(cpu().attention_backward({.d_q = f32(dq, a.d_q),
-                                        .d_k = f32(dk, a.d_k),
-                                        .d_v = f32(dv, a.d_v),
-                                        .d_out = f32(dout, a.d_out),
-                                        .q = f32(q, a.q),
-                                        .k = f32(k, a.k),
-                                        .v = f32(v, a.v),
-                                        .out = f32(out, a.out),
-                                        .lse = a.lse,
-                                        .cu_seqlens = a.cu_seqlens,
-                                        .scale = a.scale,
-                                        .causal = a.causal},
-                                       s));
-    FERRY_TRY(narrow_into(dq, a.d_q, s));
-    FERRY_TRY(narrow_into(dk, a.d_k, s));
-    return narrow_into(dv, a.d_v, s);
-  }
-  int casts_down = 0;
-
- private:
-  static Backend& cpu() { return kernels::cpu_backend(); }
-  static std::size_t numel(const ConstTensorView& v) { return static_cast<std::size_t>(v.numel()); }
-  static TensorView f32(std::vector<float>& buf, const ConstTensorView& like) {
-    TensorView t;
-    t.data = buf.data();
-    t.dtype = DType::kF32;
-    t.device = Device::kCpu;
-    t.ndim = like.ndim;
-    t.shape = like.shape;
-    t.stride = like.stride;
-    return t;
-  }
-  static std::vector<float> widened(const ConstTensorView& v) {
-    std::vector<float> out(numel(v));
-    EXPECT_TRUE(convert_elements(v.data, v.dtype, out.data(), DType::kF32, out.size()));
-    return out;
-  }
-  static Status narrow_into(std::vector<float>& f, const TensorView& out, mem::Stream& s) {
-    return cpu().convert({.out = out, .in = f32(f, out)}, s);
-  }
-};
-
-struct Case {
-  std::unique_ptr<LoadedModel> m;
-  std::optional<SafetensorsFile> expected;
-  PackedBatch batch;
-  std::int64_t T = 0;
-};
-
-Case load_case(const std::string& arch) {
-  Case c;
-  auto m = load_model_f32(testing::model_fixture_dir(arch));
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  if (!m.ok()) return c;
-  c.m = std::move(*m);
-  auto e = SafetensorsFile::open(testing::model_fixture_dir(arch) + "/expected.safetensors");
-  EXPECT_TRUE(e.ok()) << e.status().to_string();
-  if (!e.ok()) return c;
-  c.expected.emplace(std::move(*e));
-  auto view = [&](const char* name) {
-    auto v = c.expected->view(name);
-    EXPECT_TRUE(v.ok()) << name;
-    return v.ok() ? *v : ConstTensorView{};
-  };
-  c.batch = {.ids = view("input_ids"),
-             .positions = view("positions"),
-             .cu_seqlens = view("cu_seqlens"),
-             .targets = view("targets")};
-  c.T = c.batch.ids.numel();
-  return c;
-}
+using testing::Bf16AttentionBackend;
+using testing::Case;
+using testing::load_case;
 
 struct Pass {
   double loss = 0.0;
-  std::vector<std::vector<float>> grads;
+  testing::Grads grads;
   int layer_forwards = 0;
   // Per layer, during its layer_backward: ModelCompute::swiglu_recomputes() and
-  // gemm_input_converts() added, and the backend's swiglu calls (PerLayerOptions::swiglu_calls;
-  // those writing a bf16 copy, SwiGluArgs::out16, apart).
+  // gemm_input_converts() added, the backend's swiglu calls (PerLayerOptions::swiglu_calls;
+  // those writing a bf16 copy, SwiGluArgs::out16, apart) and its f32 -> bf16 converts
+  // (PerLayerOptions::casts_down).
   std::vector<std::uint64_t> recomputes_in_backward, converts_in_backward;
-  std::vector<int> swiglus_in_backward, swiglu16s_in_backward;
+  std::vector<int> swiglus_in_backward, swiglu16s_in_backward, casts_down_in_backward;
 };
 
 // per_layer's knobs beyond the keeps (the defaults are what the executor runs).
@@ -158,6 +58,8 @@ struct PerLayerOptions {
   // The backend's swiglu call counters, read around each layer_backward (SwigluCounting below).
   const int* swiglu_calls = nullptr;
   const int* swiglu16_calls = nullptr;
+  // The backend's f32 -> bf16 convert counter (Bf16AttentionBackend::casts_down), likewise.
+  const int* casts_down = nullptr;
 };
 
 // The CPU backend, counting swiglu calls (all, and those that also write the bf16 copy).
@@ -171,37 +73,14 @@ class SwigluCounting final : public testing::ForwardingBackend {
   int calls = 0, calls16 = 0;
 };
 
-std::vector<std::vector<float>> grads_of(const GradStorage& g) {
-  std::vector<std::vector<float>> out;
-  for (const auto& [name, v] : g.named) {
-    const float* p = v.as<float>();
-    out.emplace_back(p, p + v.numel());
-  }
-  return out;
-}
-
-void expect_same(const Pass& a, const Pass& b, const std::string& what) {
-  EXPECT_EQ(std::memcmp(&a.loss, &b.loss, sizeof(double)), 0) << what;
-  ASSERT_EQ(a.grads.size(), b.grads.size()) << what;
-  for (std::size_t i = 0; i < a.grads.size(); ++i) {
-    ASSERT_EQ(a.grads[i].size(), b.grads[i].size());
-    EXPECT_EQ(std::memcmp(a.grads[i].data(), b.grads[i].data(), a.grads[i].size() * sizeof(float)),
-              0)
-        << what << ": gradient " << i;
-  }
-}
-
 Pass whole_model(Case& c, Backend& be, GemmPrecision precision) {
   Pass r;
   auto mc = ModelCompute::create(c.m->geometry, c.T, be, -1, nullptr, precision);
   auto grads = GradStorage::create(*c.m);
   EXPECT_TRUE(mc.ok() && grads.ok());
   if (!mc.ok() || !grads.ok()) return r;
-  auto fwd = (*mc)->forward(c.m->params, c.batch);
-  EXPECT_TRUE(fwd.ok()) << fwd.status().to_string();
-  if (fwd.ok()) r.loss = fwd->loss_sum;
-  EXPECT_TRUE((*mc)->backward(c.m->params, c.batch, (*grads)->grads).ok());
-  r.grads = grads_of(**grads);
+  r.loss = testing::forward_backward(**mc, c, (*grads)->grads);
+  r.grads = testing::grads_of(**grads);
   return r;
 }
 
@@ -222,43 +101,31 @@ Pass per_layer(Case& c, Backend& be, GemmPrecision precision, const std::vector<
   r.converts_in_backward.assign(static_cast<std::size_t>(L), 0);
   r.swiglus_in_backward.assign(static_cast<std::size_t>(L), 0);
   r.swiglu16s_in_backward.assign(static_cast<std::size_t>(L), 0);
+  r.casts_down_in_backward.assign(static_cast<std::size_t>(L), 0);
   const auto read = [](const int* counter) { return counter != nullptr ? *counter : 0; };
-  const std::int64_t C = c.m->geometry.hidden;
-  std::vector<std::vector<float>> x(static_cast<std::size_t>(L + 2),
-                                    std::vector<float>(static_cast<std::size_t>(c.T * C)));
-  auto xv = [&](int i) {
-    return TensorView::contiguous(x[static_cast<std::size_t>(i)].data(), DType::kF32, Device::kCpu,
-                                  {c.T, C});
-  };
-  const ModelParams& p = c.m->params;
-  ModelGrads& g = (*grads)->grads;
-  EXPECT_TRUE(m.embed(p.embed, c.batch, xv(0)).ok());
-  for (int l = 0; l < L; ++l) {
-    EXPECT_TRUE(m.layer_forward(l, p.layers[l], c.batch, xv(l), xv(l + 1)).ok());
-    ++r.layer_forwards;
-  }
-  auto head = m.head_forward(p.final_norm, p.lm_head, c.batch, xv(L));
-  EXPECT_TRUE(head.ok());
-  if (head.ok()) r.loss = head->loss_sum;
-  EXPECT_TRUE(
-      m.head_backward(p.final_norm, p.lm_head, g.final_norm, g.lm_head, c.batch, xv(L)).ok());
+  testing::PerLayerRun run(m, c, (*grads)->grads);
+  run.forward();
+  r.loss = run.loss();
+  r.layer_forwards = L;
   for (int l = L - 1; l >= 0; --l) {
     EXPECT_EQ(m.layer_kept(l), !keep.empty() && keep[static_cast<std::size_t>(l)]);
     if (!m.layer_kept(l)) {
-      EXPECT_TRUE(m.layer_forward(l, p.layers[l], c.batch, xv(l), xv(L + 1)).ok());
+      run.reforward(l);
       ++r.layer_forwards;
     }
     const std::uint64_t recomputes = m.swiglu_recomputes(), converts = m.gemm_input_converts();
-    const int swiglus = read(opt.swiglu_calls), swiglu16s = read(opt.swiglu16_calls);
-    EXPECT_TRUE(m.layer_backward(l, p.layers[l], g.layers[l], c.batch, xv(l)).ok());
+    const int swiglus = read(opt.swiglu_calls), swiglu16s = read(opt.swiglu16_calls),
+              casts_down = read(opt.casts_down);
+    run.backward(l);
     const auto i = static_cast<std::size_t>(l);
     r.recomputes_in_backward[i] = m.swiglu_recomputes() - recomputes;
     r.converts_in_backward[i] = m.gemm_input_converts() - converts;
     r.swiglus_in_backward[i] = read(opt.swiglu_calls) - swiglus;
     r.swiglu16s_in_backward[i] = read(opt.swiglu16_calls) - swiglu16s;
+    r.casts_down_in_backward[i] = read(opt.casts_down) - casts_down;
   }
-  EXPECT_TRUE(m.embed_backward(g.embed, c.batch).ok());
-  r.grads = grads_of(**grads);
+  run.embed_backward();
+  r.grads = testing::grads_of(**grads);
   return r;
 }
 
@@ -348,7 +215,7 @@ TEST(ModelComputeKeep, PlannedBytesGrowByKeptLayerBytesAndEqualAllocated) {
 
 // The qwen3_moe fixture has MoE layers 0 and 2 around dense layer 1.
 TEST(ModelComputeKeep, KeptLayersSkipTheReForwardWithTheWholeModelsBits) {
-  Bf16AttentionOnly bf16_attention;
+  Bf16AttentionBackend bf16_attention;
   for (Backend* be : {&kernels::cpu_backend(), static_cast<Backend*>(&bf16_attention)}) {
     for (const char* arch : {"qwen3", "qwen3_moe"}) {
       Case c = load_case(arch);
@@ -361,14 +228,14 @@ TEST(ModelComputeKeep, KeptLayersSkipTheReForwardWithTheWholeModelsBits) {
         SCOPED_TRACE(what);
         const Pass whole = whole_model(c, *be, prec);
         const Pass none = per_layer(c, *be, prec, {});
-        expect_same(none, whole, what + ", no keeps");
+        testing::expect_same(none, whole, what + ", no keeps");
         EXPECT_EQ(none.layer_forwards, 2 * L);
         for (const std::vector<bool>& keep :
              {keep_set(L, {L - 1}), keep_set(L, {0}), keep_set(L, {0, L - 1}),
               std::vector<bool>(static_cast<std::size_t>(L), true)}) {
           const int kept = static_cast<int>(std::count(keep.begin(), keep.end(), true));
           const Pass k = per_layer(c, *be, prec, keep);
-          expect_same(k, whole, what + ", " + std::to_string(kept) + " kept");
+          testing::expect_same(k, whole, what + ", " + std::to_string(kept) + " kept");
           EXPECT_EQ(k.layer_forwards, 2 * L - kept);
         }
       }
@@ -382,32 +249,15 @@ TEST(ModelComputeKeep, KeptLayerRecastsTheSharedBf16AttentionCopiesOnlyWhenOverw
   Case c = load_case("qwen3");
   ASSERT_TRUE(c.m != nullptr);
   const int L = c.m->geometry.layers;
-  const std::vector<bool> all(static_cast<std::size_t>(L), true);
-  Bf16AttentionOnly be;
-  auto mc = ModelCompute::create(c.m->geometry, c.T, be, 1, nullptr, GemmPrecision::kF32,
-                                 AttnBwdWorkspace::kDefault, all);
-  auto grads = GradStorage::create(*c.m);
-  ASSERT_TRUE(mc.ok() && grads.ok());
-  const std::int64_t C = c.m->geometry.hidden;
-  std::vector<std::vector<float>> x(static_cast<std::size_t>(L + 1),
-                                    std::vector<float>(static_cast<std::size_t>(c.T * C)));
-  auto xv = [&](int i) {
-    return TensorView::contiguous(x[static_cast<std::size_t>(i)].data(), DType::kF32, Device::kCpu,
-                                  {c.T, C});
-  };
-  const ModelParams& p = c.m->params;
-  ModelGrads& g = (*grads)->grads;
-  ASSERT_TRUE((*mc)->embed(p.embed, c.batch, xv(0)).ok());
-  for (int l = 0; l < L; ++l)
-    ASSERT_TRUE((*mc)->layer_forward(l, p.layers[l], c.batch, xv(l), xv(l + 1)).ok());
-  ASSERT_TRUE((*mc)->head_forward(p.final_norm, p.lm_head, c.batch, xv(L)).ok());
-  ASSERT_TRUE(
-      (*mc)->head_backward(p.final_norm, p.lm_head, g.final_norm, g.lm_head, c.batch, xv(L)).ok());
+  Bf16AttentionBackend be;
+  const Pass k =
+      per_layer(c, be, GemmPrecision::kF32, std::vector<bool>(static_cast<std::size_t>(L), true),
+                {.casts_down = &be.casts_down});
+  ASSERT_EQ(k.casts_down_in_backward.size(), static_cast<std::size_t>(L));
   for (int l = L - 1; l >= 0; --l) {
-    const int before = be.casts_down;
-    ASSERT_TRUE((*mc)->layer_backward(l, p.layers[l], g.layers[l], c.batch, xv(l)).ok());
     // dO always; q, k, v, out unless the copies are this layer's (the top layer only).
-    EXPECT_EQ(be.casts_down - before, l == L - 1 ? 1 : 5) << "layer " << l;
+    EXPECT_EQ(k.casts_down_in_backward[static_cast<std::size_t>(l)], l == L - 1 ? 1 : 5)
+        << "layer " << l;
   }
 }
 
@@ -504,7 +354,7 @@ TEST(ModelComputeKeep, KeptDenseLayerRecomputesItsSwigluOutputOnlyWhenOverwritte
                                       .gemm_input_reuse = reuse,
                                       .swiglu_calls = &be.calls,
                                       .swiglu16_calls = &be.calls16});
-            expect_same(k, whole, what);
+            testing::expect_same(k, whole, what);
             int total = 0;
             for (int l = 0; l < L; ++l) {
               bool overwritten = false;
