@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "core/file_util.h"
+#include "core/json_flags.h"
 
 namespace ferry::plan {
 namespace {
@@ -144,21 +145,10 @@ Result<Plan> plan_from_json(const Json& j) {
     // Absent before the keep choice (nothing kept). 0/1 or false/true; all false reads as empty,
     // the form the solvers write.
     if (j.contains("keep_internals")) {
-      const Json& k = j.at("keep_internals");
-      if (!k.is_array() || static_cast<int>(k.size()) != plan.num_layers) {
-        return corrupt("plan: keep_internals must be an array of {} flags", plan.num_layers);
-      }
-      std::vector<bool> keep;
-      for (const Json& v : k) {
-        if (v.is_boolean()) {
-          keep.push_back(v.get<bool>());
-        } else if (v.is_number_integer() &&
-                   (v.get<std::int64_t>() == 0 || v.get<std::int64_t>() == 1)) {
-          keep.push_back(v.get<std::int64_t>() == 1);
-        } else {
-          return corrupt("plan: keep_internals entry {} is not 0/1 or a boolean", v.dump());
-        }
-      }
+      FERRY_ASSIGN_OR_RETURN(
+          std::vector<bool> keep,
+          flag_array(j.at("keep_internals"), static_cast<std::size_t>(plan.num_layers),
+                     "plan: keep_internals"));
       if (std::find(keep.begin(), keep.end(), true) != keep.end()) {
         plan.keep_internals = std::move(keep);
       }

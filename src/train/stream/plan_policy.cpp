@@ -4,8 +4,11 @@
 #include <algorithm>
 #include <cstdint>
 
+#include <fmt/format.h>
+
 #include "core/file_util.h"
 #include "core/json.h"
+#include "core/json_flags.h"
 
 namespace ferry::train::stream {
 
@@ -47,23 +50,9 @@ Result<PlanPolicy> plan_policy_from_text(const std::string& text, const std::str
     // Optional: the layers whose internals the plan keeps for their backward (issue #7), L
     // booleans (true/false or 0/1); absent = none.
     if (j.contains("keep_internals")) {
-      const Json& k = j.at("keep_internals");
-      if (!k.is_array() || static_cast<int>(k.size()) != L) {
-        return corrupt("train: plan {}: keep_internals is not an array of {} booleans", what, L);
-      }
-      std::vector<bool> keep;
-      for (std::size_t l = 0; l < k.size(); ++l) {
-        const Json& v = k.at(l);
-        if (v.is_boolean()) {
-          keep.push_back(v.get<bool>());
-        } else if (v.is_number_integer() &&
-                   (v.get<std::int64_t>() == 0 || v.get<std::int64_t>() == 1)) {
-          keep.push_back(v.get<std::int64_t>() == 1);
-        } else {
-          return corrupt("train: plan {}: keep_internals[{}] is {}, not a boolean or 0/1", what, l,
-                         v.dump());
-        }
-      }
+      FERRY_ASSIGN_OR_RETURN(std::vector<bool> keep,
+                             flag_array(j.at("keep_internals"), static_cast<std::size_t>(L),
+                                        fmt::format("train: plan {}: keep_internals", what)));
       if (std::count(keep.begin(), keep.end(), true) > 0) out.policy.keep = std::move(keep);
     }
     if (j.contains("spans")) {
