@@ -13,6 +13,7 @@
 #include "apps/ferry/commands.h"
 #include "apps/ferry/device_update_flags.h"
 #include "plan/geometry.h"
+#include "train/stream/activation_policy.h"
 #include "train/train_bench.h"
 
 namespace ferry::app {
@@ -120,6 +121,8 @@ void register_bench_train(CLI::App& app, CommandFn& run) {
   CLI::Option* layers_opt = cmd->get_option("--layers");
   cmd->callback(
       [cfg, json_out, states, master, batch, budget_mib, geometry, layers_opt, untied, &run] {
+        // --policies is split on commas, which a +keep:LIST of layers also holds: put those back.
+        cfg->policies = train::stream::rejoin_keep_lists(cfg->policies);
         if (!geometry->empty()) {
           auto g = plan::builtin_geometry(*geometry);
           if (!g.ok()) throw CLI::ValidationError("--geometry", g.status().message());

@@ -155,8 +155,7 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
   // bytes, instead of allocating and pinning tens of GB again per policy (a full-depth 3B policy
   // spent ~40 s outside its timed steps on the H200; setup_s now times the parts).
   std::unique_ptr<stream::HostArena> reuse;
-  // --policies is split on commas, which a +keep:LIST of layers also holds: put those back.
-  for (const std::string& name : stream::rejoin_keep_lists(c.policies)) {
+  for (const std::string& name : c.policies) {
     Timer setup;
     BuiltinInit init(spec, c.seed, specs);
     const auto fill = [&](std::size_t i, float* out) { init.fill(i, out); };
