@@ -4,9 +4,10 @@
 # For each ';'-separated case: `ferry bench train --device cuda FLAGS` and the PyTorch baseline
 # (tools/bench/train_torch_baseline.py) on the same geometry, batch and sequence length, one after
 # the other in this script (same machine, same minute). Flags the baseline does not take
-# (--policies, --optimizer-states, --master, --grad-dtype, --weights-dtype, --gemm-precision, --prefetch, --grad-accum, --device-budget-mib, --device-update-layers, --device-update-slots, --device-update-prestage, --head-update) are dropped for it; add
+# (--policies, --optimizer-states, --master, --grad-dtype, --weights-dtype, --gemm-precision, --prefetch, --device-budget-mib, --device-update-layers, --device-update-slots, --device-update-prestage, --head-update) are dropped for it; add
 # `--checkpointing` to a case's name part as `name+ckpt` to run the baseline with HF's activation
-# checkpointing (what a resident run of a big model needs). One JSON line per case goes to
+# checkpointing (what a resident run of a big model needs). --grad-accum goes to both: the baseline
+# then also steps its optimizer once per that many micro-batches (the same work per step). One JSON line per case goes to
 # $OUT/train_sweep.jsonl ({"case", "ferry": report, "torch": report}); a ratio table to stdout.
 # Cases whose baseline flags equal the previous case's (e.g. the same geometry with another ferry
 # option) reuse that baseline's report from this same script run instead of running torch again.
@@ -47,7 +48,7 @@ for c in "${CASES[@]}"; do
     echo "[$name] ferry bench train failed:"
     tail -5 /tmp/sweep_ferry.log
   }
-  tflags=$(echo " $flags " | sed -E 's/ --(policies|optimizer-states|master|grad-dtype|weights-dtype|gemm-precision|prefetch|optimizer-threads|grad-accum|device-budget-mib|device-update-layers|device-update-slots|device-update-prestage|head-update) [^ ]+//g; s/--batch-size/--batch/; s/--seq-len/--seq/')
+  tflags=$(echo " $flags " | sed -E 's/ --(policies|optimizer-states|master|grad-dtype|weights-dtype|gemm-precision|prefetch|optimizer-threads|device-budget-mib|device-update-layers|device-update-slots|device-update-prestage|head-update) [^ ]+//g; s/--batch-size/--batch/; s/--seq-len/--seq/')
   ck=""
   [[ "$name" == *+ckpt* ]] && ck="--checkpointing"
   tkey="$tflags $ck"

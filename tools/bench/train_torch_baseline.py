@@ -34,7 +34,7 @@ def main():
     p = argparse.ArgumentParser()
     defaults = [("layers", 4), ("hidden", 128), ("heads", 4), ("kv-heads", 2), ("head-dim", 32),
                 ("intermediate", 384), ("vocab", 259), ("batch", 4), ("seq", 256), ("steps", 5),
-                ("warmup", 1)]
+                ("warmup", 1), ("grad-accum", 1)]
     for name, _ in defaults:
         p.add_argument("--" + name, type=int, default=None)
     p.add_argument("--geometry", choices=sorted(GEOMETRIES),
@@ -83,11 +83,16 @@ def main():
     params = sum(p.numel() for p in model.parameters())
     times, losses = [], []
     torch.cuda.reset_peak_memory_stats()
+    if a.grad_accum < 1:
+        p.error("--grad-accum must be >= 1")
     for step in range(a.warmup + a.steps):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        out = model(input_ids=ids, labels=ids)
-        out.loss.backward()
+        # One optimizer step per grad_accum micro-batches, as ferry bench train's --grad-accum
+        # (HF's convention: each micro-batch's mean loss scaled by 1/grad_accum).
+        for _ in range(a.grad_accum):
+            out = model(input_ids=ids, labels=ids)
+            (out.loss / a.grad_accum).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
@@ -95,10 +100,11 @@ def main():
         losses.append(float(out.loss))
         if step >= a.warmup:
             times.append(dt)
-    tokens = a.batch * a.seq
+    tokens = a.batch * a.seq * a.grad_accum
     mean = sum(times) / len(times)
     rep = {"baseline": "torch", "torch": torch.__version__, "device": torch.cuda.get_device_name(),
            "params": params, "batch": a.batch, "seq": a.seq, "steps": a.steps,
+           "grad_accum": a.grad_accum,
            "checkpointing": a.checkpointing, "arch": cfg.model_type,
            "dtype": "bf16 weights, fused AdamW, SDPA",
            "step_ms_median": statistics.median(times) * 1e3, "step_ms_mean": mean * 1e3,
