@@ -499,7 +499,7 @@ Status ModelCompute::attention_forward(LayerActs& a, const LayerTensors<ConstTen
 }
 
 Status ModelCompute::mlp_forward(int l, LayerActs& a, const LayerTensors<ConstTensorView>& p,
-                                 std::int64_t T, const GemmInput& h2_in) {
+                                 std::int64_t T, const GemmInput& h2_in, bool with_output) {
   const std::int64_t C = geo_.hidden, F = geo_.mlp_width;
   // h2 as the norm left it: one rounding for gate and up (reuse on).
   FERRY_TRY(linear(f32_view(a.gate, {T, F}), h2_in, p.gate));
@@ -515,11 +515,12 @@ Status ModelCompute::mlp_forward(int l, LayerActs& a, const LayerTensors<ConstTe
     act16_shape_[0] = T;
     act16_shape_[1] = F;
   }
+  if (!with_output) return {};
   return linear(f32_view(scratch_->tmp_c, {T, C}), act_in, p.down);
 }
 
 Status ModelCompute::moe_forward(LayerActs& a, const LayerTensors<ConstTensorView>& p,
-                                 std::int64_t T) {
+                                 std::int64_t T, bool with_output) {
   const std::int64_t C = geo_.hidden, E = geo_.experts, K = geo_.top_k, Fe = geo_.expert_width;
   const ConstTensorView h2 = f32_view(a.h2, {T, C});
   FERRY_TRY(linear(f32_view(a.router_logits, {T, E}), h2, p.router, {}, /*f32_operands=*/true));
@@ -556,6 +557,7 @@ Status ModelCompute::moe_forward(LayerActs& a, const LayerTensors<ConstTensorVie
                                rows_of(ConstTensorView(eup), r0, r1)));
     FERRY_TRY(linear(rows_of(eout, r0, r1), act_in, p.expert_down[e]));
   }
+  if (!with_output) return {};
   return be_.moe_combine({.out = f32_view(scratch_->tmp_c, {T, C}),
                           .expert_out = eout,
                           .weights = f32_view(a.weights, {T, K}),
@@ -591,12 +593,13 @@ Status ModelCompute::run_layer_forward(int l, LayerActs& a, const LayerTensors<C
   if (geo_.layer_is_moe[l]) {
     // The experts read h2's rows gathered (rounded per expert), the router in f32: no copy.
     FERRY_TRY(be_.rms_norm(norm2, st()));
-    FERRY_TRY(moe_forward(a, p, T));
+    FERRY_TRY(moe_forward(a, p, T, x_out != nullptr));
   } else {
     // h2 = rms_norm(x_mid), with the reuse on also h2's bf16 GEMM operand for gate/up.
     FERRY_ASSIGN_OR_RETURN(const GemmInput h2_in, rms_norm_into_gemm_input(norm2));
-    FERRY_TRY(mlp_forward(l, a, p, T, h2_in));
+    FERRY_TRY(mlp_forward(l, a, p, T, h2_in, x_out != nullptr));
   }
+  if (x_out == nullptr) return {};
   return be_.add({.out = TensorView::contiguous(x_out, DType::kF32, dev_, {T, C}),
                   .a = f32_view(a.x_mid, {T, C}),
                   .b = f32_view(scratch_->tmp_c, {T, C})},
@@ -634,6 +637,15 @@ Status ModelCompute::layer_forward(int l, const LayerTensors<ConstTensorView>& p
   FERRY_TRY(check_layer_call(l, batch, x_out));
   return run_layer_forward(l, acts_[static_cast<std::size_t>(workspace_of(l))], p,
                            batch.ids.numel(), batch, x_in.as<float>(), x_out.as<float>());
+}
+
+Status ModelCompute::layer_forward_internals(int l, const LayerTensors<ConstTensorView>& p,
+                                             const PackedBatch& batch,
+                                             const ConstTensorView& x_in) {
+  FERRY_TRY(check_layer_call(l, batch, x_in));
+  ++internals_forwards_;
+  return run_layer_forward(l, acts_[static_cast<std::size_t>(workspace_of(l))], p,
+                           batch.ids.numel(), batch, x_in.as<float>(), nullptr);
 }
 
 Result<ForwardResult> ModelCompute::head_forward(const ConstTensorView& final_norm,

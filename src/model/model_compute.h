@@ -289,6 +289,16 @@ class ModelCompute {
   // (overwriting what was there). x_in must stay unchanged until layer_backward(l).
   Status layer_forward(int l, const LayerTensors<ConstTensorView>& p, const PackedBatch& batch,
                        const ConstTensorView& x_in, const TensorView& x_out);
+  // What layer_backward(l) reads, without the output: layer_forward's internals (the same kernels
+  // on the same input, the same bits) minus the last steps, whose result only the next layer reads
+  // and the backward never does: a dense layer's down projection GEMM and residual add (2*T*C*F
+  // of its GEMMs' 2*T*C*(2*H*D + 2*G*D + 3*F) FLOPs: 29% at Qwen2.5-3B/7B shapes), an MoE layer's
+  // expert combine and residual add (its experts' down outputs stay: the router's gradient reads
+  // them). An executor's re-forward right before a layer's backward runs this; a span recompute,
+  // whose outputs are the next layers' inputs, runs layer_forward. Counted in
+  // internals_forwards().
+  Status layer_forward_internals(int l, const LayerTensors<ConstTensorView>& p,
+                                 const PackedBatch& batch, const ConstTensorView& x_in);
   // Final norm + fused lm_head / cross-entropy over x_final [T, C] (kept by the caller until
   // head_backward). Requires targets.
   Result<ForwardResult> head_forward(const ConstTensorView& final_norm,
@@ -358,6 +368,8 @@ class ModelCompute {
   // backward right after its own forward, which finds act (and its bf16 copy) in place. For tests
   // and benches of the keep.
   std::uint64_t swiglu_recomputes() const { return swiglu_recomputes_; }
+  // layer_forward_internals calls since create() (for tests and benches of the re-forward).
+  std::uint64_t internals_forwards() const { return internals_forwards_; }
   // Bytes of the attention backward's workspace in the arena (0: the backward runs without one).
   std::size_t attention_workspace_bytes() const;
 
@@ -443,7 +455,8 @@ class ModelCompute {
                                        const detail::DevBuf<std::uint16_t>& b16,
                                        const detail::DevBuf<float>& f32, bool f32_operands = false);
 
-  // The internal steps work on one layer's workspace `a`; x_in/x_out are [T*C] f32.
+  // The internal steps work on one layer's workspace `a`; x_in/x_out are [T*C] f32. x_out null:
+  // the internals only (layer_forward_internals: no down projection / combine, no residual add).
   Status run_layer_forward(int l, LayerActs& a, const LayerTensors<ConstTensorView>& p,
                            std::int64_t T, const PackedBatch& batch, const float* x_in,
                            float* x_out);
@@ -460,11 +473,14 @@ class ModelCompute {
   // bytes of the planned buffer, or an empty view when none was planned.
   TensorView attention_workspace(const kernels::AttentionBackwardArgs& args) const;
   // h2_in: h2 as rms_norm_into_gemm_input returned it.
+  // with_output false: up to act (the down projection, whose output only the residual reads, is
+  // skipped); likewise moe_forward skips the combine.
   Status mlp_forward(int l, LayerActs& a, const LayerTensors<ConstTensorView>& p, std::int64_t T,
-                     const GemmInput& h2_in);
+                     const GemmInput& h2_in, bool with_output);
   Status mlp_backward(int l, LayerActs& a, const LayerTensors<ConstTensorView>& p,
                       const LayerTensors<TensorView>& g, std::int64_t T);
-  Status moe_forward(LayerActs& a, const LayerTensors<ConstTensorView>& p, std::int64_t T);
+  Status moe_forward(LayerActs& a, const LayerTensors<ConstTensorView>& p, std::int64_t T,
+                     bool with_output);
   Status moe_backward(LayerActs& a, const LayerTensors<ConstTensorView>& p,
                       const LayerTensors<TensorView>& g, std::int64_t T);
   Status check_layer_call(int l, const PackedBatch& batch, const ConstTensorView& x) const;
@@ -532,7 +548,8 @@ class ModelCompute {
     bool operator==(const ActHolder&) const = default;
   };
   std::vector<ActHolder> act_holder_;
-  std::uint64_t swiglu_recomputes_ = 0;  // swiglu_recomputes()
+  std::uint64_t swiglu_recomputes_ = 0;   // swiglu_recomputes()
+  std::uint64_t internals_forwards_ = 0;  // internals_forwards()
 };
 
 }  // namespace ferry::model

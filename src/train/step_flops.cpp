@@ -16,6 +16,7 @@ TokenMatmulParams token_matmul_params(const model::DecoderGeometry& g) {
   if (g.qk_norm == model::QkNorm::kFullWidth) attn_extra += H * D + G * D;
   TokenMatmulParams t;
   t.layer.resize(static_cast<std::size_t>(g.layers));
+  t.layer_output.resize(static_cast<std::size_t>(g.layers));
   t.head = V * C;
   t.model_params = V * C * (g.tied_embeddings ? 1.0 : 2.0) + C;  // embed (+ lm_head), final norm
   for (int l = 0; l < g.layers; ++l) {
@@ -23,6 +24,7 @@ TokenMatmulParams token_matmul_params(const model::DecoderGeometry& g) {
     const double mlp = moe ? double(g.experts) * C + double(g.top_k) * 3.0 * g.expert_width * C
                            : 3.0 * double(g.mlp_width) * C;
     t.layer[std::size_t(l)] = attn + mlp;
+    t.layer_output[std::size_t(l)] = moe ? 0.0 : double(g.mlp_width) * C;
     t.model_params += attn + mlp + attn_extra;
   }
   return t;
@@ -40,16 +42,19 @@ double attention_forward_flops(const model::DecoderGeometry& g,
 
 StepFlops micro_batch_flops(const model::DecoderGeometry& g, const TokenMatmulParams& t,
                             std::span<const std::int32_t> cu_seqlens, std::uint64_t layer_forwards,
-                            std::uint64_t layer_backwards) {
-  double layer_mean = 0;
+                            std::uint64_t layer_backwards, std::uint64_t internals_forwards) {
+  double layer_mean = 0, output_mean = 0;
   for (double p : t.layer) layer_mean += p;
+  for (double p : t.layer_output) output_mean += p;
   if (!t.layer.empty()) layer_mean /= double(t.layer.size());
+  if (!t.layer_output.empty()) output_mean /= double(t.layer_output.size());
   const double T = cu_seqlens.empty() ? 0.0 : double(cu_seqlens.back() - cu_seqlens.front());
   const double attn = attention_forward_flops(g, cu_seqlens);
   StepFlops f;
   f.model = 6.0 * t.model_params * T;
   f.hardware = double(layer_forwards) * (2.0 * layer_mean * T + attn) +
-               double(layer_backwards) * (4.0 * layer_mean * T + 2.5 * attn) + 6.0 * t.head * T;
+               double(layer_backwards) * (4.0 * layer_mean * T + 2.5 * attn) + 6.0 * t.head * T -
+               double(internals_forwards) * 2.0 * output_mean * T;
   return f;
 }
 

@@ -28,8 +28,11 @@ namespace ferry::train {
 // Per-token multiply-add counts of one geometry (each x2 is FLOPs).
 struct TokenMatmulParams {
   std::vector<double> layer;  // [L]: q, k, v, o + dense MLP or router + top_k experts
-  double head = 0;            // lm_head V * C
-  double model_params = 0;    // N of the 6 N convention (embedding, norms and biases included)
+  // [L]: the part of layer[l] an internals-only re-forward skips (ModelCompute::
+  // layer_forward_internals): a dense layer's down projection F * C; 0 for MoE layers.
+  std::vector<double> layer_output;
+  double head = 0;          // lm_head V * C
+  double model_params = 0;  // N of the 6 N convention (embedding, norms and biases included)
 };
 TokenMatmulParams token_matmul_params(const model::DecoderGeometry& g);
 
@@ -41,7 +44,8 @@ double attention_forward_flops(const model::DecoderGeometry& g,
 // One micro-batch's FLOPs. layer_forwards / layer_backwards: how many layer passes the executor
 // ran for it (the in-memory executor: L and L; the stream executor adds its recomputes). Layers
 // are priced at the mean of token_matmul_params().layer (exact unless a model mixes dense and MoE
-// layers and recomputes some more often than others).
+// layers and recomputes some more often than others). internals_forwards: how many of the
+// layer_forwards were internals-only re-forwards (priced without layer_output).
 struct StepFlops {
   double model = 0;     // 6 N tokens
   double hardware = 0;  // what ran
@@ -53,7 +57,7 @@ struct StepFlops {
 };
 StepFlops micro_batch_flops(const model::DecoderGeometry& g, const TokenMatmulParams& t,
                             std::span<const std::int32_t> cu_seqlens, std::uint64_t layer_forwards,
-                            std::uint64_t layer_backwards);
+                            std::uint64_t layer_backwards, std::uint64_t internals_forwards = 0);
 
 // Peak dense bf16 tensor FLOP/s of a device by its name (H100/H200 SXM, A100, L40S, RTX 3090 /
 // 4090, ...), 0 when unknown. From the vendors' data sheets (dense, no sparsity).

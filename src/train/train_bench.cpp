@@ -251,12 +251,14 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
       // stream twice per micro-batch.
       double loss = 0;
       for (int a = 0; a < c.accum; ++a) {
-        const std::uint64_t f0 = x.stats().layer_forwards, b0 = x.stats().layer_backwards;
+        const std::uint64_t f0 = x.stats().layer_forwards, b0 = x.stats().layer_backwards,
+                            i0 = x.stats().internals_forwards;
         FERRY_ASSIGN_OR_RETURN(const model::ForwardResult r, x.micro_batch(batch.view()));
         loss += r.mean_loss() / c.accum;
         if (step >= c.warmup) {
-          flops += micro_batch_flops(geo, tm, batch.cu_seqlens, x.stats().layer_forwards - f0,
-                                     x.stats().layer_backwards - b0);
+          flops +=
+              micro_batch_flops(geo, tm, batch.cu_seqlens, x.stats().layer_forwards - f0,
+                                x.stats().layer_backwards - b0, x.stats().internals_forwards - i0);
         }
       }
       FERRY_TRY(x.finish_step(adamw, 1e-5, static_cast<std::int64_t>(step) + 1).status());
@@ -339,6 +341,9 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
          {"device_kept_bytes", x.device_kept_bytes()},
          {"layer_forwards_per_step", double(s.layer_forwards - s0.layer_forwards) * per},
          {"layer_backwards_per_step", double(s.layer_backwards - s0.layer_backwards) * per},
+         // Of layer_forwards_per_step, the internals-only re-forwards before each backward.
+         {"internals_forwards_per_step",
+          double(s.internals_forwards - s0.internals_forwards) * per},
          {"kept_layer_backwards_per_step", double(s.kept_layers - s0.kept_layers) * per},
          {"host_bytes_per_param", x.arena().bytes_per_param()},
          {"weight_h2d_bytes_per_step", double(s.weight_h2d - s0.weight_h2d) * per},

@@ -404,21 +404,23 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
       batcher.next(ts.cursor, mb);
       const model::PackedBatch batch = mb.view();
       model::ForwardResult r;
-      std::uint64_t fwd = 0, bwd = 0;
+      std::uint64_t fwd = 0, bwd = 0, internals = 0;
       if (streamer) {
         // The two counters only: TransferStats also holds per-window vectors (no copy per step).
         const std::uint64_t fwd0 = streamer->stats().layer_forwards;
         const std::uint64_t bwd0 = streamer->stats().layer_backwards;
+        const std::uint64_t int0 = streamer->stats().internals_forwards;
         FERRY_ASSIGN_OR_RETURN(r, streamer->micro_batch(batch));
         fwd = streamer->stats().layer_forwards - fwd0;
         bwd = streamer->stats().layer_backwards - bwd0;
+        internals = streamer->stats().internals_forwards - int0;
       } else {
         FERRY_ASSIGN_OR_RETURN(r, compute->forward(s.params, batch));
         FERRY_TRY(compute->backward(s.params, batch, s.grads->grads));
         s.round_grads_to_bf16();  // bf16 gradients: what the stream executor's host arena keeps
         fwd = bwd = static_cast<std::uint64_t>(s.geometry.layers);
       }
-      flops += micro_batch_flops(s.geometry, matmul_params, mb.cu_seqlens, fwd, bwd);
+      flops += micro_batch_flops(s.geometry, matmul_params, mb.cu_seqlens, fwd, bwd, internals);
       loss += r.mean_loss() / c.grad_accum;
       useful += mb.useful_tokens;
       padded += mb.padded_tokens;

@@ -817,13 +817,14 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
         stats_.grad_h2d += lbytes;
       }
       // The layer's internals: kept ones are still in their workspace from this micro-batch's
-      // forward (or its span's recompute); the others are re-run from the layer's input (the
-      // output is not needed again).
+      // forward (or its span's recompute); the others are re-run from the layer's input, without
+      // the output (not needed again): no down projection, no residual add.
       if (opts_.policy.kept(l)) {
         ++stats_.kept_layers;
       } else {
         ++stats_.layer_forwards;
-        FERRY_TRY(compute_->layer_forward(l, p, b, x_in, act_view(dev(plan_.transit[0]), T)));
+        ++stats_.internals_forwards;
+        FERRY_TRY(compute_->layer_forward_internals(l, p, b, x_in));
       }
       if (a > 0) {  // the backward accumulates into the refilled slot: the GPU waits (measured)
         FERRY_TRY(timed_wait([&] { return cs().wait(*refill_ready_); }));

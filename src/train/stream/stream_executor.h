@@ -143,6 +143,9 @@ struct TransferStats {
   double exposed_s = 0.0;
   // Work, for the FLOP count (step_flops.h): layer passes run, recomputes included.
   std::uint64_t layer_forwards = 0, layer_backwards = 0;
+  // Of layer_forwards, the re-forwards right before a layer's backward: internals only
+  // (ModelCompute::layer_forward_internals: no down projection / combine, no residual add).
+  std::uint64_t internals_forwards = 0;
   // Layer backwards that read the internals their forward kept (ActivationPolicy::keep) instead
   // of re-running the forward: per micro-batch the policy's kept count, and layer_forwards is
   // that much lower than without the keeps.

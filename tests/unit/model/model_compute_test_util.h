@@ -124,9 +124,14 @@ class PerLayerRun {
         m_.head_backward(p.final_norm, p.lm_head, g_.final_norm, g_.lm_head, c_.batch, x(L_)));
     return ok;
   }
-  // layer_forward(l) again from x(l), into the scratch (what a layer not kept runs before its
-  // backward).
+  // Layer l's internals again from x(l) (what train/stream runs before the backward of a layer
+  // not kept: layer_forward_internals, no output).
   bool reforward(int l) {
+    return check(m_.layer_forward_internals(l, c_.m->params.layers[l], c_.batch, x(l)));
+  }
+  // The same by the whole layer_forward, its output into a scratch (what the executor ran before
+  // layer_forward_internals existed; the twin the internals-only path is compared with).
+  bool reforward_full(int l) {
     return check(m_.layer_forward(l, c_.m->params.layers[l], c_.batch, x(l), x(L_ + 1)));
   }
   bool backward(int l) {

@@ -62,6 +62,25 @@ TEST(StepFlops, RecomputeCostsHardwareFlopsNotModelFlops) {
   EXPECT_NEAR(recompute.hardware - plain.hardware, extra, 1e-9 * extra);
 }
 
+// An internals-only re-forward (ModelCompute::layer_forward_internals) is priced without a dense
+// layer's down projection: 2 * mlp_width * hidden per token less; MoE layers skip no GEMM.
+TEST(StepFlops, InternalsOnlyReforwardsSkipTheDownProjection) {
+  const std::vector<std::int32_t> cu{0, 16, 40};
+  for (const char* arch : {"qwen2", "olmoe"}) {
+    auto cfg = model::load_model_config(std::string(FERRY_TEST_DATA_DIR) + "/models/" + arch);
+    ASSERT_TRUE(cfg.ok());
+    auto g = model::make_geometry(*cfg);
+    ASSERT_TRUE(g.ok());
+    const TokenMatmulParams t = token_matmul_params(*g);
+    const auto L = static_cast<std::uint64_t>(g->layers);
+    const StepFlops full = micro_batch_flops(*g, t, cu, 2 * L, L);
+    const StepFlops internals = micro_batch_flops(*g, t, cu, 2 * L, L, L);
+    EXPECT_DOUBLE_EQ(internals.model, full.model) << arch;
+    const double skipped = g->experts > 0 ? 0.0 : double(L) * 2.0 * g->mlp_width * g->hidden * 40;
+    EXPECT_NEAR(full.hardware - internals.hardware, skipped, 1e-9 * full.hardware) << arch;
+  }
+}
+
 TEST(StepFlops, KnownPeaksByDeviceName) {
   EXPECT_DOUBLE_EQ(known_peak_bf16_flops("NVIDIA H200"), 989e12);
   EXPECT_DOUBLE_EQ(known_peak_bf16_flops("NVIDIA H100 PCIe"), 756e12);
