@@ -185,7 +185,7 @@ Result<plan::ProblemAt> make_problem_at(const PlanConfig& c, const model::ModelC
     if (std::filesystem::exists(cached)) path = cached;
   }
   if (!path.empty()) {
-    FERRY_ASSIGN_OR_RETURN(plan::Profile p, plan::read_profile(path));
+    FERRY_ASSIGN_OR_RETURN(plan::Profile p, plan::read_profile(path, cfg));
     log::get("plan")->info("profile={} measured_by=\"{}\"", path, p.measured_by);
     prof = std::move(p);
   } else {

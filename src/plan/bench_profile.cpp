@@ -77,7 +77,12 @@ Result<BenchPrediction> predict_bench(const Json& report, const model::ModelConf
   double windows_ms = 0;
   for (int j = 0; j < L; ++j) {
     const double f = compute_ms(w, j), b = compute_ms(w, 2 * L - j);
-    prof.layers.push_back({.fwd_ms = f, .bwd_ms = b, .rec_ms = f});
+    // The backward window contains the internals-only re-forward (measured inside b); what a keep
+    // saves is the forward's FLOP share of it (cost_model.h reforward_flop_share).
+    prof.layers.push_back({.fwd_ms = f,
+                           .bwd_ms = b,
+                           .rec_ms = f,
+                           .reforward_ms = f * reforward_flop_share(cfg, j, seq)});
   }
   prof.loss_ms = compute_ms(w, L);
   for (const Json& v : w.at("measured_ms")) windows_ms += v.get<double>();

@@ -2,7 +2,8 @@
 // Predicted vs measured (issue #7) from a `ferry bench train` report (src/train/train_bench.h,
 // measured on the GPU): the report's all-on-GPU run becomes a measured plan Profile (profile.h) —
 // per layer, forward = the forward window's GPU time minus its exposed time, backward likewise
-// (it includes the re-run of the layer's internals), recompute = forward; the loss window; the
+// (it includes the internals-only re-run of the layer's forward), recompute = forward, re-forward
+// (what a keep saves) = forward x reforward_flop_share (cost_model.h); the loss window; the
 // CPU optimizer's busy time per step — and every other benched policy the planner knows
 // (every:K = checkpoint-every-K, host = all-host, device = all-gpu) is priced under that profile
 // and set next to its measured step time.

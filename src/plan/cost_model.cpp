@@ -67,6 +67,47 @@ double kept_internals_bytes(const model::ModelConfig& c, int layer, double token
   return bytes;
 }
 
+namespace {
+
+// FLOPs of one layer's forward at B sequences of S tokens.
+struct LayerFlops {
+  double gemm = 0;       // 2 N x (attention weights + active MLP weights, MoE: router + top-k)
+  double attention = 0;  // causal QK^T and PV: 2 B S^2 H D
+  double down = 0;       // the dense MLP down projection, part of gemm: 2 N F C (MoE: 0)
+};
+
+LayerFlops layer_flops(const model::ModelConfig& c, const model::LayerSummary& ls, double B,
+                       double S) {
+  const double N = B * S;
+  double mlp_active = static_cast<double>(ls.mlp_params);
+  if (ls.moe) {
+    mlp_active -= static_cast<double>(c.num_experts - c.num_experts_per_tok) *
+                  static_cast<double>(ls.expert_params);
+  }
+  LayerFlops f;
+  f.gemm = 2 * N * (static_cast<double>(ls.attention_params) + mlp_active);
+  // Causal attention: QK^T and PV over half the S x S scores, per head.
+  f.attention = 2 * 2 * B * S * S * static_cast<double>(c.num_attention_heads) *
+                static_cast<double>(c.head_dim) / 2;
+  if (!ls.moe) {
+    f.down = 2 * N * static_cast<double>(c.intermediate_size) * static_cast<double>(c.hidden_size);
+  }
+  return f;
+}
+
+// Share of the internals-only re-forward (reforward_flop_share).
+double reforward_share(const LayerFlops& f) {
+  const double full = f.gemm + f.attention;
+  return full > 0 ? (full - f.down) / full : 1.0;
+}
+
+}  // namespace
+
+double reforward_flop_share(const model::ModelConfig& c, int layer, int seq_len) {
+  const model::ModelSummary sum = model::summarize(c, nullptr);
+  return reforward_share(layer_flops(c, sum.layers.at(layer), 1, seq_len));
+}
+
 Result<PlanProblem> analytic_problem(const model::ModelConfig& c, const MachineSpec& m,
                                      const TrainShape& shape, const Capacities& caps) {
   if (shape.batch_size < 1 || shape.seq_len < 1) {
@@ -87,8 +128,6 @@ Result<PlanProblem> analytic_problem(const model::ModelConfig& c, const MachineS
   const double C = static_cast<double>(c.hidden_size);
   const double Q = static_cast<double>(c.q_dim()), K = static_cast<double>(c.kv_dim());
   const double V = static_cast<double>(c.vocab_size);
-  const double H = static_cast<double>(c.num_attention_heads);
-  const double D = static_cast<double>(c.head_dim);
   constexpr double kGB = 1e9, kBf16 = 2;
   const double gemm = m.gemm_tflops * 1e12 / 1e3;  // FLOP per ms
   const double hbm = m.hbm_gbps * kGB / 1e3;       // bytes per ms
@@ -101,25 +140,23 @@ Result<PlanProblem> analytic_problem(const model::ModelConfig& c, const MachineS
   for (int j = 0; j < L; ++j) {
     const model::LayerSummary& ls = sum.layers[j];
     const double params = static_cast<double>(ls.attention_params + ls.mlp_params + ls.norm_params);
-    // Per-token FLOP-bearing weights: the projections plus, for MoE, the router and top-k experts.
-    double mlp_active = static_cast<double>(ls.mlp_params);
     double F = static_cast<double>(c.intermediate_size);
-    if (ls.moe) {
-      mlp_active = static_cast<double>(ls.mlp_params) -
-                   static_cast<double>(c.num_experts - c.num_experts_per_tok) *
-                       static_cast<double>(ls.expert_params);
-      F = static_cast<double>(c.num_experts_per_tok * c.moe_intermediate_size);
-    }
-    const double gemm_flops = 2 * N * (static_cast<double>(ls.attention_params) + mlp_active);
-    // Causal attention: QK^T and PV over half the S x S scores, per head.
-    const double attn_flops = 2 * 2 * B * S * S * H * D / 2;
+    if (ls.moe) F = static_cast<double>(c.num_experts_per_tok * c.moe_intermediate_size);
+    const LayerFlops fl = layer_flops(c, ls, B, S);
+    const double gemm_flops = fl.gemm;
+    const double attn_flops = fl.attention;
     // Elementwise traffic (norms, rope, SwiGLU, residual adds), read + write, bf16.
     const double elem_bytes = N * (12 * C + 3 * F + 2 * (Q + K)) * kBf16;
     const double fwd =
         gemm_flops / gemm + attn_flops / (m.attn_fwd_tflops * 1e9) + elem_bytes / hbm;
-    // Backward = re-forward of the internals + dgrad and wgrad GEMMs + attention backward.
-    const double bwd = fwd + 2 * gemm_flops / gemm + 2.5 * attn_flops / (m.attn_bwd_tflops * 1e9) +
-                       2 * elem_bytes / hbm;
+    // The backward's internals-only re-forward (reforward_flop_share: a dense layer's forward
+    // without its down projection and residual add), its FLOP share of the forward time. Applied
+    // to the whole forward time (attention and elementwise included), as bench_profile.cpp
+    // applies it to a measured forward, so the two profiles mean the same thing.
+    const double reforward = fwd * reforward_share(fl);
+    // Backward = internals-only re-forward + dgrad and wgrad GEMMs + attention backward.
+    const double bwd = reforward + 2 * gemm_flops / gemm +
+                       2.5 * attn_flops / (m.attn_bwd_tflops * 1e9) + 2 * elem_bytes / hbm;
     LayerCost& lc = p.layers[j];
     lc.fwd_ms = fwd;
     lc.rec_ms = fwd;
@@ -131,16 +168,18 @@ Result<PlanProblem> analytic_problem(const model::ModelConfig& c, const MachineS
     // Backward: the re-forwarded internals kept for the layer's backward, plus the gradients in
     // flight (two of width F, two of C, and dY/dX at the boundaries).
     lc.work_bwd_gb = N * (7 * C + 2 * Q + 2 * K + 5 * F) * kBf16 / kGB;
-    // Kept internals (the executor's f32 LayerActs): the backward then skips its re-forward.
-    // NOTE(plan): keep_saved_ms = rec_ms overstates the saving of a dense layer a little: its
-    // backward still recomputes the SwiGLU output (kept_internals_bytes), one elementwise pass over
-    // [N, F], 3F bf16 values per token in this model's elementwise count (reads gate and up,
-    // writes act): N * 3F * 2 / hbm, 0.62 ms of a 12.4 ms forward at Qwen2.5-7B, batch 16 x 1024
-    // (5 %; the executor's f32 pass moves 14 bytes per element, ~1.1-1.5 ms at 3-4 TB/s). Kept
-    // as rec_ms so that the analytic and the measured profiles (profile.cpp: the measured
-    // forward) mean the same thing.
+    // Kept internals (the executor's f32 LayerActs): the backward then skips its re-forward, so a
+    // keep saves the internals-only re-forward, not the full forward (rec_ms).
+    // NOTE(plan): keep_saved_ms = the re-forward overstates the saving of a dense layer a little:
+    // a kept layer's backward still recomputes the SwiGLU output (kept_internals_bytes), one
+    // elementwise pass over [N, F], 3F bf16 values per token in this model's elementwise count
+    // (reads gate and up, writes act): N * 3F * 2 / hbm, 0.62 ms of the 8.8 ms re-forward (12.4 ms
+    // forward) at Qwen2.5-7B, batch 16 x 1024 (7 %; the executor's f32 pass moves 14 bytes per
+    // element, ~1.1-1.5 ms at 3-4 TB/s). Kept as the re-forward so that the analytic and the
+    // measured profiles (profile.cpp: reforward_ms, the measured forward x the share) mean the
+    // same thing.
     lc.internals_gb = kept_internals_bytes(c, j, N) / kGB;
-    lc.keep_saved_ms = lc.rec_ms;
+    lc.keep_saved_ms = reforward;
     max_w = std::max(max_w, lc.weight_gb);
     max_g = std::max(max_g, lc.grad_gb);
   }

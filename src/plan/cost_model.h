@@ -63,9 +63,25 @@ struct Capacities {
 // executor's ModelCompute::kept_layer_bytes. NOTE(plan): that count could replace this one.
 double kept_internals_bytes(const model::ModelConfig& c, int layer, double tokens);
 
-// Dense and MoE decoder layers (MoE: the top-k experts' FLOPs, all experts' bytes). Every layer's
-// internals may be kept (internals_gb = kept_internals_bytes, keep_saved_ms = rec_ms, which leaves
-// out the SwiGLU recompute of a kept dense layer: see the NOTE in cost_model.cpp).
+// The backward's re-forward of a layer (the stream executor re-runs a not-kept layer's forward
+// from its input just before the layer's backward) is "internals-only": it stops at what the
+// backward reads. A dense layer skips its MLP down projection (2 N F C FLOPs) and the final
+// residual add (the backward never reads the layer's output); an MoE layer skips only the expert
+// combine and the residual add (the experts' down projections feed the router-weight gradient).
+// Returns the FLOP share of that re-forward in the layer's full forward, in this file's FLOP
+// convention: full = 2 x the FLOP-bearing weights per token (q/k/v/o, gate/up/down, biases
+// included; MoE: router + top-k experts) + causal attention (QK^T and PV over half the S x S
+// scores: 2 S H D per token at `seq_len` S). Dense: (full - 2 F C per token) / full, ~0.71 at
+// Qwen2.5-3B and 7B shapes at S = 1024; MoE: 1 (the skipped combine and add are elementwise).
+// Independent of the batch (every term is linear in it). A span recompute still runs full
+// forwards (rec_ms): its outputs are the next layer's inputs.
+double reforward_flop_share(const model::ModelConfig& c, int layer, int seq_len);
+
+// Dense and MoE decoder layers (MoE: the top-k experts' FLOPs, all experts' bytes). The backward
+// contains the internals-only re-forward, forward x reforward_flop_share (also the time a keep
+// saves: keep_saved_ms); rec_ms (span recompute) is the full forward. Every layer's internals may
+// be kept (internals_gb = kept_internals_bytes; keep_saved_ms leaves out the SwiGLU recompute of a
+// kept dense layer: see the NOTE in cost_model.cpp).
 Result<PlanProblem> analytic_problem(const model::ModelConfig& c, const MachineSpec& m,
                                      const TrainShape& shape, const Capacities& caps);
 

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/file_util.h"
+#include "plan/cost_model.h"
 
 namespace ferry::plan {
 
@@ -34,7 +35,10 @@ std::string default_profile_path(const std::string& machine, const std::string& 
 Json to_json(const Profile& p) {
   Json layers = Json::array();
   for (const LayerTimes& l : p.layers) {
-    layers.push_back({{"fwd_ms", l.fwd_ms}, {"bwd_ms", l.bwd_ms}, {"rec_ms", l.rec_ms}});
+    layers.push_back({{"fwd_ms", l.fwd_ms},
+                      {"bwd_ms", l.bwd_ms},
+                      {"rec_ms", l.rec_ms},
+                      {"reforward_ms", l.reforward_ms}});
   }
   return {{"format", "ferry-plan-profile"},
           {"version", 1},
@@ -56,7 +60,7 @@ Json to_json(const Profile& p) {
           {"optimizer_layer_ms", p.optimizer_layer_ms}};
 }
 
-Result<Profile> profile_from_json(const Json& j) {
+Result<Profile> profile_from_json(const Json& j, const model::ModelConfig& cfg) {
   try {
     if (j.at("format").get<std::string>() != "ferry-plan-profile" ||
         j.at("version").get<int>() != 1) {
@@ -75,9 +79,23 @@ Result<Profile> profile_from_json(const Json& j) {
     p.link.duplex_loaded_gbps = r.at("duplex_loaded_gbps").get<double>();
     p.link.nvme_read_gbps = r.at("nvme_read_gbps").get<double>();
     p.link.nvme_write_gbps = r.at("nvme_write_gbps").get<double>();
+    if (p.batch_size < 1 || p.seq_len < 1) return corrupt("plan: profile batch/seq < 1");
     for (const Json& l : j.at("layers")) {
-      p.layers.push_back(LayerTimes{l.at("fwd_ms").get<double>(), l.at("bwd_ms").get<double>(),
-                                    l.at("rec_ms").get<double>()});
+      LayerTimes t{.fwd_ms = l.at("fwd_ms").get<double>(),
+                   .bwd_ms = l.at("bwd_ms").get<double>(),
+                   .rec_ms = l.at("rec_ms").get<double>()};
+      const int layer = static_cast<int>(p.layers.size());
+      if (l.contains("reforward_ms")) {
+        t.reforward_ms = l.at("reforward_ms").get<double>();
+      } else {
+        // Written before the re-forward became internals-only: the model's share of rec_ms.
+        if (layer >= cfg.num_hidden_layers) {
+          return invalid_argument("plan: profile has more layers than the model's {}",
+                                  cfg.num_hidden_layers);
+        }
+        t.reforward_ms = t.rec_ms * reforward_flop_share(cfg, layer, p.seq_len);
+      }
+      p.layers.push_back(t);
     }
     p.loss_ms = j.at("loss_ms").get<double>();
     p.cpu_optimizer_ms = j.at("cpu_optimizer_ms").get<double>();
@@ -86,17 +104,16 @@ Result<Profile> profile_from_json(const Json& j) {
       return corrupt("plan: profile has {} per-layer optimizer times for {} layers",
                      p.optimizer_layer_ms.size(), p.layers.size());
     }
-    if (p.batch_size < 1 || p.seq_len < 1) return corrupt("plan: profile batch/seq < 1");
     return p;
   } catch (const Json::exception& e) {
     return corrupt("plan: profile json: {}", e.what());
   }
 }
 
-Result<Profile> read_profile(const std::string& path) {
+Result<Profile> read_profile(const std::string& path, const model::ModelConfig& cfg) {
   FERRY_ASSIGN_OR_RETURN(std::string text, read_file(path));
   FERRY_ASSIGN_OR_RETURN(Json j, parse_json(text, path));
-  Result<Profile> p = profile_from_json(j);
+  Result<Profile> p = profile_from_json(j, cfg);
   if (!p.ok()) return p.status().with_context(path);
   return p;
 }
@@ -119,9 +136,9 @@ Status apply_profile(const Profile& prof, PlanProblem& p) {
     p.layers[j].fwd_ms = prof.layers[j].fwd_ms * scale;
     p.layers[j].bwd_ms = prof.layers[j].bwd_ms * scale;
     p.layers[j].rec_ms = prof.layers[j].rec_ms * scale;
-    // Keeping the internals saves the backward's re-forward: the measured forward (at most the
-    // measured backward, which contains it). internals_gb stays the geometry's bytes.
-    p.layers[j].keep_saved_ms = std::min(p.layers[j].rec_ms, p.layers[j].bwd_ms);
+    // Keeping the internals saves the backward's internals-only re-forward (at most the measured
+    // backward, which contains it), not a full forward. internals_gb stays the geometry's bytes.
+    p.layers[j].keep_saved_ms = std::min(prof.layers[j].reforward_ms * scale, p.layers[j].bwd_ms);
   }
   p.loss_ms = prof.loss_ms * scale;
   p.cpu_optimizer_ms = prof.cpu_optimizer_ms;

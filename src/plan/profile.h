@@ -7,8 +7,16 @@
 //    "batch_size": 8, "seq_len": 1024, "measured_by": "...",
 //    "link": {"h2d_gbps": .., "d2h_gbps": .., "duplex_gbps": .., "duplex_loaded_gbps": ..,
 //             "nvme_read_gbps": .., "nvme_write_gbps": ..},
-//    "layers": [{"fwd_ms": .., "bwd_ms": .., "rec_ms": ..}, ...], "loss_ms": ..,
-//    "cpu_optimizer_ms": .., "optimizer_layer_ms": [..] (optional: each layer's update)}
+//    "layers": [{"fwd_ms": .., "bwd_ms": .., "rec_ms": .., "reforward_ms": ..}, ...],
+//    "loss_ms": .., "cpu_optimizer_ms": .., "optimizer_layer_ms": [..] (optional: each layer's
+//    update)}
+//
+// reforward_ms is the backward's internals-only re-forward (cost_model.h reforward_flop_share),
+// the time keeping the layer's internals saves. A profile without it (written before the
+// re-forward became internals-only) reads it as rec_ms x reforward_flop_share of the model it is
+// read for; its bwd_ms were measured with a full re-forward inside, so they overstate today's
+// backward of a dense layer by about (1 - share) x forward (~0.29 x at Qwen2.5-3B/7B, seq 1024):
+// re-measure (`ferry plan --from-bench`) for current numbers.
 //
 // Times measured at (batch_size, seq_len) are scaled linearly in the batch for other batches
 // (compute at fixed seq is linear in B); a different seq_len is refused (attention is quadratic).
@@ -27,7 +35,10 @@
 namespace ferry::plan {
 
 struct LayerTimes {
-  double fwd_ms = 0, bwd_ms = 0, rec_ms = 0;
+  double fwd_ms = 0;        // forward of the layer in the forward pass
+  double bwd_ms = 0;        // backward, incl. the internals-only re-forward
+  double rec_ms = 0;        // full forward when recomputing a span
+  double reforward_ms = 0;  // the backward's internals-only re-forward (what a keep saves)
 };
 
 struct Profile {
@@ -52,8 +63,10 @@ std::string geometry_key(const model::ModelConfig& c);
 std::string default_profile_path(const std::string& machine, const std::string& geometry);
 
 Json to_json(const Profile& p);
-Result<Profile> profile_from_json(const Json& j);
-Result<Profile> read_profile(const std::string& path);
+// cfg: the model the profile is read for; gives a layer without "reforward_ms" (an old profile)
+// rec_ms x reforward_flop_share(cfg, layer, the profile's seq_len).
+Result<Profile> profile_from_json(const Json& j, const model::ModelConfig& cfg);
+Result<Profile> read_profile(const std::string& path, const model::ModelConfig& cfg);
 Status write_profile(const std::string& path, const Profile& p);
 
 // Overrides p's times and rates; refuses a profile of another layer count or sequence length.

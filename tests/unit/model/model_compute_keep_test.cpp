@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -74,13 +75,10 @@ class SwigluCounting final : public testing::ForwardingBackend {
 };
 
 Pass whole_model(Case& c, Backend& be, GemmPrecision precision) {
+  testing::LossAndGrads w = testing::whole_model_pass(c, be, precision);
   Pass r;
-  auto mc = ModelCompute::create(c.m->geometry, c.T, be, -1, nullptr, precision);
-  auto grads = GradStorage::create(*c.m);
-  EXPECT_TRUE(mc.ok() && grads.ok());
-  if (!mc.ok() || !grads.ok()) return r;
-  r.loss = testing::forward_backward(**mc, c, (*grads)->grads);
-  r.grads = testing::grads_of(**grads);
+  r.loss = w.loss;
+  r.grads = std::move(w.grads);
   return r;
 }
 

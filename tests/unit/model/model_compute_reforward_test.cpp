@@ -30,21 +30,7 @@ using testing::Bf16AttentionBackend;
 using testing::Case;
 using testing::load_case;
 
-struct Pass {
-  double loss = 0.0;
-  testing::Grads grads;
-};
-
-Pass whole_model(Case& c, Backend& be, GemmPrecision precision) {
-  Pass r;
-  auto mc = ModelCompute::create(c.m->geometry, c.T, be, -1, nullptr, precision);
-  auto grads = GradStorage::create(*c.m);
-  EXPECT_TRUE(mc.ok() && grads.ok());
-  if (!mc.ok() || !grads.ok()) return r;
-  r.loss = testing::forward_backward(**mc, c, (*grads)->grads);
-  r.grads = testing::grads_of(**grads);
-  return r;
-}
+using Pass = testing::LossAndGrads;
 
 // The executor's order with every layer re-forwarded before its backward, by the internals-only
 // call (internals = true) or the full layer_forward.
@@ -81,7 +67,7 @@ TEST(ModelComputeReforward, InternalsOnlyGivesTheWholeModelsBits) {
       Case c = load_case(arch);
       ASSERT_TRUE(c.m != nullptr);
       for (GemmPrecision prec : {GemmPrecision::kF32, GemmPrecision::kBf16}) {
-        const Pass whole = whole_model(c, *be, prec);
+        const Pass whole = testing::whole_model_pass(c, *be, prec);
         for (bool reuse : {true, false}) {
           const std::string what = std::string(arch) + " on " + std::string(be->name()) + ", " +
                                    std::string(to_string(prec)) + " GEMMs, reuse " +

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "model/model_binding.h"
 #include "model/safetensors.h"
 #include "model_fixtures.h"
@@ -90,6 +91,23 @@ inline double forward_backward(model::ModelCompute& mc, const Case& c, const mod
   const Status s = mc.backward(c.m->params, c.batch, g);
   EXPECT_TRUE(s.ok()) << s.to_string();
   return fwd.ok() ? fwd->loss_sum : 0.0;
+}
+
+// The whole-model path on a fresh ModelCompute (all layers' workspaces) and fresh gradients.
+struct LossAndGrads {
+  double loss = 0.0;
+  Grads grads;
+};
+inline LossAndGrads whole_model_pass(Case& c, kernels::Backend& be,
+                                     model::GemmPrecision precision) {
+  LossAndGrads r;
+  auto mc = model::ModelCompute::create(c.m->geometry, c.T, be, -1, nullptr, precision);
+  auto grads = model::GradStorage::create(*c.m);
+  EXPECT_TRUE(mc.ok() && grads.ok());
+  if (!mc.ok() || !grads.ok()) return r;
+  r.loss = forward_backward(**mc, c, (*grads)->grads);
+  r.grads = grads_of(**grads);
+  return r;
 }
 
 // train/stream's per-layer steps on one ModelCompute, with the residual stream between layers

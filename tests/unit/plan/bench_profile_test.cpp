@@ -57,6 +57,12 @@ TEST(BenchProfile, ProfileFromTheDeviceRunAndPredictionsPerPolicy) {
   EXPECT_DOUBLE_EQ(b->profile.layers[1].fwd_ms, 10.0);
   EXPECT_DOUBLE_EQ(b->profile.layers[1].bwd_ms, 30.0);
   EXPECT_DOUBLE_EQ(b->profile.layers[1].rec_ms, 10.0);
+  // The backward window's re-forward is internals-only: the forward's share at the bench's seq
+  // (qwen2.5-0.5b's dense layers, seq 256: below 1); a span recompute stays the full forward.
+  const double share = reforward_flop_share(cfg, 1, 256);
+  EXPECT_GT(share, 0.5);
+  EXPECT_LT(share, 0.9);
+  EXPECT_DOUBLE_EQ(b->profile.layers[1].reforward_ms, 10.0 * share);
   EXPECT_DOUBLE_EQ(b->profile.loss_ms, 5.0);
   EXPECT_DOUBLE_EQ(b->profile.cpu_optimizer_ms, 100.0);
   EXPECT_DOUBLE_EQ(b->serial_ms, 7.0);
@@ -89,9 +95,10 @@ TEST(BenchProfile, MeasuredPerLayerOptimizerTimes) {
   ASSERT_EQ(b->checks.size(), 1u);
   EXPECT_NEAR(b->checks[0].predicted_ms, 165 + 7 + 10 + 60, 1.0);
   // Through the profile's JSON into another problem.
-  auto back = profile_from_json(to_json(b->profile));
+  auto back = profile_from_json(to_json(b->profile), cfg);
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_EQ(back->optimizer_layer_ms, b->profile.optimizer_layer_ms);
+  EXPECT_EQ(to_json(*back), to_json(b->profile));
   dev["optimizer_layer_ms"] = {10.0, 20.0};
   EXPECT_FALSE(predict_bench(report({dev}), cfg, MachineSpec{}).ok());
 }

@@ -164,21 +164,41 @@ TEST(Profile, OverridesTimesAndRatesScaledByBatch) {
   prof.seq_len = 512;
   prof.measured_by = "unit test";
   prof.link = LinkRates{20, 21, 30, 25, 0, 0};
-  for (int j = 0; j < 24; ++j) prof.layers.push_back({1.0 + j, 3.0 + j, 1.5 + j});
+  for (int j = 0; j < 24; ++j) prof.layers.push_back({1.0 + j, 3.0 + j, 1.5 + j, 1.2 + j});
   prof.loss_ms = 7;
   prof.cpu_optimizer_ms = 123;
   const std::string path = ::testing::TempDir() + "/ferry_profile.json";
   ASSERT_TRUE(write_profile(path, prof).ok());
-  auto back = read_profile(path);
+  auto back = read_profile(path, *cfg);
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_EQ(to_json(*back), to_json(prof));
+  EXPECT_DOUBLE_EQ(back->layers[3].reforward_ms, 4.2);
   std::remove(path.c_str());
   ASSERT_TRUE(apply_profile(*back, *p).ok());
   EXPECT_DOUBLE_EQ(p->layers[3].fwd_ms, 2 * 4.0);  // measured at batch 4, planned at 8
   EXPECT_DOUBLE_EQ(p->layers[3].bwd_ms, 2 * 6.0);
+  EXPECT_DOUBLE_EQ(p->layers[3].rec_ms, 2 * 4.5);
+  // A keep saves the measured internals-only re-forward, not the recompute (rec_ms).
+  EXPECT_DOUBLE_EQ(p->layers[3].keep_saved_ms, 2 * 4.2);
   EXPECT_DOUBLE_EQ(p->loss_ms, 14);
   EXPECT_DOUBLE_EQ(p->link.h2d_gbps, 20);
   EXPECT_DOUBLE_EQ(p->cpu_optimizer_ms, 123);
+  // A profile written before "reforward_ms" existed: rec_ms x the geometry's share at the
+  // profile's seq (dense: below rec_ms), and the keep saves that.
+  Json old = to_json(prof);
+  for (Json& l : old["layers"]) l.erase("reforward_ms");
+  auto old_prof = profile_from_json(old, *cfg);
+  ASSERT_TRUE(old_prof.ok()) << old_prof.status().to_string();
+  const double share = reforward_flop_share(*cfg, 3, 512);
+  EXPECT_LT(share, 0.9);
+  EXPECT_DOUBLE_EQ(old_prof->layers[3].reforward_ms, 4.5 * share);
+  EXPECT_DOUBLE_EQ(old_prof->layers[3].rec_ms, 4.5);
+  ASSERT_TRUE(apply_profile(*old_prof, *p).ok());
+  EXPECT_DOUBLE_EQ(p->layers[3].keep_saved_ms, 2 * 4.5 * share);
+  // ... and a re-forward longer than the backward is capped at the backward.
+  prof.layers[3].reforward_ms = 7;
+  ASSERT_TRUE(apply_profile(prof, *p).ok());
+  EXPECT_DOUBLE_EQ(p->layers[3].keep_saved_ms, 2 * 6.0);
   prof.seq_len = 1024;
   EXPECT_FALSE(apply_profile(prof, *p).ok());
   EXPECT_NE(default_profile_path("h200", prof.geometry).find("plan/h200__qwen2-L24-"),

@@ -108,6 +108,29 @@ TEST(KeepInternals, EvaluatorPricesAKeptLayerByHand) {
   EXPECT_FALSE(evaluate(no_saving, all_gpu_plan({false, true})).ok());
 }
 
+// A keep saves the internals-only re-forward (keep_saved_ms), while a span through the kept layer
+// still re-runs its full forward (rec_ms) to regenerate the boundary above it. Layer 0 saves 1.4
+// of its 2 ms forward (share 0.7); span 0 -> 2 (boundary 1 recomputed), layer 0 kept:
+// b1 = 9 + rec_0 2 = 11, b0 = 8 - 1.4 = 6.6; step 2 + 3 + 3 + 11 + 6.6 = 25.6 ms (the span's
+// 1 MB of weights in b1 is hidden). Using rec_ms for the saving would give b0 = 6 (25.0 ms); using
+// the saving for the recompute would give b1 = 10.4 (25.0 ms).
+TEST(KeepInternals, KeptLayerInsideASpanSavesTheReforwardAndRecomputesInFull) {
+  PlanProblem p = two_layers(10);
+  p.max_span = 2;
+  p.layers[0].keep_saved_ms = 1.4;
+  Plan plan;
+  plan.num_layers = 2;
+  plan.homes = {Home::kGpu, Home::kRecompute, Home::kGpu};
+  plan.spans = {{0, 2, false}};
+  plan.keep_internals = {true, false};
+  auto r = evaluate(p, plan);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_NEAR(r->window_compute_ms[3], 11, 1e-12);
+  EXPECT_NEAR(r->window_compute_ms[4], 6.6, 1e-12);
+  EXPECT_NEAR(r->exposed_ms, 0, 1e-12);
+  EXPECT_NEAR(r->step_ms, 25.6, 1e-9);
+}
+
 // Which layers the solvers keep as the budget grows: 1.5 GB holds none (25 ms); 2.2 GB holds
 // layer 0's 1 GB, not layer 1's 1.5 (23 ms); 3.0 GB holds layer 1 alone (22 ms, better than
 // layer 0) but not both (3.5); 4 GB holds both (20 ms). With the switch off: 25 ms at any budget.
@@ -228,13 +251,56 @@ TEST(KeepInternals, CostModelBytesAreTheExecutorsLayerActs) {
   const double per_token = attn + 2 * 64 + 3 * 8 + 2 * 8 * 3584 + 3 * 8 * 1024;
   EXPECT_DOUBLE_EQ(kept_internals_bytes(moe, 0, 8192), 4.0 * 8192 * per_token + 512);
   EXPECT_DOUBLE_EQ(kept_internals_bytes(moe, 0, 8192), executor_bytes(moe, 0, 8192));
-  // The analytic problem: each layer's internals and the re-forward it saves.
+  // The analytic problem: each layer's internals and the re-forward it saves, the internals-only
+  // share of the (full) forward that a span recompute still costs.
   auto p = analytic_problem(*cfg, MachineSpec{}, TrainShape{.batch_size = 8, .seq_len = 1024},
                             Capacities{.gpu_gb = 80, .host_gb = 256});
   ASSERT_TRUE(p.ok()) << p.status().to_string();
   EXPECT_DOUBLE_EQ(p->layers[3].internals_gb, 4.0 * 8192 * 56862 / 1e9);
-  EXPECT_EQ(p->layers[3].keep_saved_ms, p->layers[3].rec_ms);
+  EXPECT_DOUBLE_EQ(p->layers[3].rec_ms, p->layers[3].fwd_ms);
+  EXPECT_NEAR(p->layers[3].keep_saved_ms, p->layers[3].rec_ms * reforward_flop_share(*cfg, 3, 1024),
+              1e-12);
+  EXPECT_LT(p->layers[3].keep_saved_ms, 0.72 * p->layers[3].rec_ms);
   EXPECT_TRUE(p->allow_keep_internals);
+}
+
+// The FLOP share of the backward's internals-only re-forward in the full forward. Dense layer
+// without biases: C 64, H 4, Hkv 2, D 16 (Q 64, K 32), F 160, S 32. Per token (x2 = FLOPs):
+// q/o 2 x 64 x 64 = 8192, k/v 2 x 64 x 32 = 4096 -> attention weights 12288; MLP 3 x 160 x 64 =
+// 30720, of it down 160 x 64 = 10240. GEMMs 2 x (12288 + 30720) = 86016; causal attention
+// 2 x 2 x S x S x H x D / 2 per sequence = 2 x S x 64 = 4096 per token; full 90112. Without the
+// down projection (2 x 10240 = 20480): 69632 / 90112 = 17/22 = 0.772727...
+TEST(ReforwardShare, HandComputedDenseGeometryMoeAndQwenShapes) {
+  auto base = builtin_geometry("qwen2.5-0.5b");
+  ASSERT_TRUE(base.ok()) << base.status().to_string();
+  model::ModelConfig c = *base;
+  c.hidden_size = 64;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 16;
+  c.intermediate_size = 160;
+  c.qkv_bias = false;
+  c.o_bias = false;
+  EXPECT_NEAR(reforward_flop_share(c, 0, 32), 17.0 / 22.0, 1e-12);
+  EXPECT_NEAR(reforward_flop_share(c, 5, 32), 17.0 / 22.0, 1e-12);  // every dense layer alike
+  // Longer sequences: attention grows, the skipped down projection's share shrinks. At S = 1024:
+  // attention 2 x 1024 x 64 = 131072 per token, full 217088: 1 - 20480 / 217088.
+  EXPECT_NEAR(reforward_flop_share(c, 0, 1024), 1.0 - 20480.0 / 217088.0, 1e-12);
+  // MoE layers skip only the combine and the residual add (no GEMM): share 1.
+  model::ModelConfig moe = c;
+  moe.num_experts = 8;
+  moe.num_experts_per_tok = 2;
+  moe.moe_intermediate_size = 32;
+  ASSERT_TRUE(moe.is_moe_layer(0));
+  EXPECT_EQ(reforward_flop_share(moe, 0, 32), 1.0);
+  // Qwen2.5-3B and 7B at seq 1024 (q/k/v biases included): ~0.71 (0.715, 0.713).
+  for (const char* name : {"qwen2.5-3b", "qwen2.5-7b"}) {
+    auto q = builtin_geometry(name);
+    ASSERT_TRUE(q.ok());
+    const double share = reforward_flop_share(*q, 0, 1024);
+    EXPECT_GT(share, 0.70) << name;
+    EXPECT_LT(share, 0.72) << name;
+  }
 }
 
 }  // namespace

@@ -65,13 +65,15 @@ inline PlanProblem random_problem(std::mt19937_64& rng, int L, bool nvme, double
 
 // Gives every layer a keep-internals choice (a separate draw, so random_problem's own stream, and
 // the instances other tests draw from it, stay as they were): the re-forward saved is the
-// recompute time, and the kept bytes lie between `lo_gb` and `hi_gb`, so that with the GPU slack
-// of random_problem (about 1 GB + a fraction of the activations) some layers fit and some do not.
+// backward's internals-only re-forward, a random share in [0.6, 1] of the recompute time (dense
+// layers ~0.71, MoE ~1; never equal to rec_ms, so a solver that confuses the two disagrees with
+// the others), and the kept bytes lie between `lo_gb` and `hi_gb`, so that with the GPU slack of
+// random_problem (about 1 GB + a fraction of the activations) some layers fit and some do not.
 inline void add_keep_costs(std::mt19937_64& rng, PlanProblem& p, double lo_gb, double hi_gb) {
   p.allow_keep_internals = true;
   for (LayerCost& c : p.layers) {
     c.internals_gb = uniform(rng, lo_gb, hi_gb);
-    c.keep_saved_ms = std::min(c.rec_ms, c.bwd_ms);
+    c.keep_saved_ms = std::min(c.rec_ms * uniform(rng, 0.6, 1.0), c.bwd_ms);
   }
 }
 
