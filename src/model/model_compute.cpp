@@ -81,12 +81,10 @@ std::size_t ce_workspace_bytes(const DecoderGeometry& geo, std::int64_t T,
 }
 
 // The attention backward's optional workspace for T tokens (AttnBwdWorkspace in the header): what
-// the backend asks for with the attention's dtypes, or 0 when the geometry has no grouped heads
-// (the CUDA backend would split the query heads of a kv head's group, and a group of one has
-// nothing to split; its workspace_bytes() does not look at G, so the test is here).
+// the backend asks for with the attention's shapes and dtypes (CUDA: the dK/dV partials of grouped
+// heads, none when H == G; with FERRY_ATTN_BWD_DQ=atomic also dQ's accumulator, for any H, G).
 std::size_t attn_bwd_workspace_bytes(const DecoderGeometry& geo, std::int64_t T,
                                      kernels::Backend& backend) {
-  if (geo.heads == geo.kv_heads) return 0;
   const DType dt =
       backend.supports(kernels::OpKind::kAttention, DType::kF32) ? DType::kF32 : DType::kBF16;
   const std::int64_t H = geo.heads, G = geo.kv_heads, D = geo.head_dim;

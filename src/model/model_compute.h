@@ -189,11 +189,13 @@ bool is_gemm_weight_role(ParamRole r);
 // Backend::workspace_bytes): on the CUDA backend the dK/dV kernel then runs every query head of a
 // kv head's group in parallel (f32 partials added in a fixed order) instead of one slice per kv
 // head: 2 x [T, H, D] f32 = 8 T H D bytes, sized for max_tokens, one buffer shared by all layers
-// (they run one at a time) and counted in planned_bytes(). CPU backends ask for 0 bytes, and a
-// model without grouped heads (H == G) has nothing to split, so both plan 0. The bits of dK/dV
-// depend on the choice (both are deterministic), so every ModelCompute of one process should make
-// the same one: kDefault does (on, unless FERRY_ATTN_BWD_WORKSPACE=0 in the environment, read
-// once per process), and it is what train/stream's executor and its device plan use.
+// (they run one at a time) and counted in planned_bytes(). CPU backends ask for 0 bytes, and on
+// CUDA a model without grouped heads (H == G) has nothing to split: 0 bytes, unless
+// FERRY_ATTN_BWD_DQ=atomic, whose dQ accumulator (4 T H D + dsum bytes) is then the workspace. The
+// bits of dK/dV depend on the choice (both are deterministic), so every ModelCompute of one process
+// should make the same one: kDefault does (on, unless FERRY_ATTN_BWD_WORKSPACE=0 in the
+// environment, read once per process), and it is what train/stream's executor and its device plan
+// use.
 enum class AttnBwdWorkspace : std::uint8_t {
   kDefault,  // attn_bwd_workspace_default()
   kOn,

@@ -92,10 +92,11 @@ bool atomic_dq(const Variant& v, std::int64_t d) {
 std::size_t atomic_dq_bytes(std::int64_t t, std::int64_t h, std::int64_t d) {
   return static_cast<std::size_t>(t * h * d + (t * h + 3) / 4 * 4) * sizeof(float);
 }
-// Backend::workspace_bytes(AttentionBackwardArgs) on CUDA: the dK/dV partials, 2 x [T, H, D] f32,
-// plus the atomic part when that path runs.
-std::size_t expected_workspace_bytes(std::int64_t t, std::int64_t h, std::int64_t d, bool atomic) {
-  return static_cast<std::size_t>(2 * t * h * d) * sizeof(float) +
+// Backend::workspace_bytes(AttentionBackwardArgs) on CUDA: the dK/dV partials, 2 x [T, H, D] f32
+// (none when H == G: nothing to split), plus the atomic part when that path runs.
+std::size_t expected_workspace_bytes(std::int64_t t, std::int64_t h, std::int64_t g, std::int64_t d,
+                                     bool atomic) {
+  return static_cast<std::size_t>(h == g ? 0 : 2 * t * h * d) * sizeof(float) +
          (atomic ? atomic_dq_bytes(t, h, d) : 0);
 }
 
@@ -322,11 +323,13 @@ TEST_F(KernelsAttention, ForwardBackwardWithinTwiceNaiveBf16) {
       // than the accumulator (which runs the deterministic path).
       const bool atomic = atomic_dq(var, c.d);
       const std::size_t full = cuda().workspace_bytes(ba);
-      ASSERT_EQ(full, expected_workspace_bytes(t, c.h, c.d, atomic));
+      ASSERT_EQ(full, expected_workspace_bytes(t, c.h, c.g, c.d, atomic));
       const std::size_t acc = atomic_dq_bytes(t, c.h, c.d);
+      // (H == G on the deterministic path asks for none: nothing to run here.)
       const std::vector<std::size_t> sizes =
-          atomic ? std::vector<std::size_t>{full, acc + (full - acc) / 4, acc - 16}
-                 : std::vector<std::size_t>{full, full / 4};
+          atomic     ? std::vector<std::size_t>{full, acc + (full - acc) / 4, acc - 16}
+          : full > 0 ? std::vector<std::size_t>{full, full / 4}
+                     : std::vector<std::size_t>{};
       for (std::size_t bytes : sizes) {
         const bool runs_atomic = atomic && bytes >= acc;
         DeviceTensor ws(std::vector<std::int64_t>{static_cast<std::int64_t>(bytes)}, DType::kU8);
@@ -405,7 +408,7 @@ TEST_F(KernelsAttention, AtomicDqMatchesDeterministicPath) {
       const ScopedEnv env("FERRY_ATTN_BWD_DQ", "atomic");
       bytes = cuda().workspace_bytes(ba);
     }
-    ASSERT_EQ(bytes, expected_workspace_bytes(t, c.h, c.d, true)) << what;
+    ASSERT_EQ(bytes, expected_workspace_bytes(t, c.h, c.g, c.d, true)) << what;
     DeviceTensor ws(std::vector<std::int64_t>{static_cast<std::int64_t>(bytes)}, DType::kU8);
     ba.workspace = ws.view();
     auto run = [&](const char* mode) {

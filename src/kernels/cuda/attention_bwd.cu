@@ -885,10 +885,12 @@ bool bwd_dq_atomic() {
 
 }  // namespace
 
-std::int64_t attention_bwd_workspace_floats(std::int64_t t, std::int64_t h, std::int64_t d) {
-  // Every query head its own slice: 2 (dK, dV) x [H, T, D] f32 (H = slices x G); atomic dQ
-  // (D = 64 / 128) puts its accumulator and dsum in front.
-  const std::int64_t partials = 2 * t * h * d;
+std::int64_t attention_bwd_workspace_floats(std::int64_t t, std::int64_t h, std::int64_t g,
+                                            std::int64_t d) {
+  // Every query head its own slice: 2 (dK, dV) x [H, T, D] f32 (H = slices x G), none without
+  // grouped heads (a group of one has nothing to split); atomic dQ (D = 64 / 128) puts its
+  // accumulator and dsum in front.
+  const std::int64_t partials = h == g ? 0 : 2 * t * h * d;
   if (bwd_dq_atomic() && (d == 64 || d == 128)) return atomic_dq_floats(t, h, d) + partials;
   return partials;
 }

@@ -92,9 +92,9 @@ Status CudaBackend::attention_backward(const AttentionBackwardArgs& a, Stream& s
 }
 
 std::size_t CudaBackend::workspace_bytes(const AttentionBackwardArgs& a) const {
-  if (a.q.ndim != 3) return 0;
-  return static_cast<std::size_t>(
-             attention_bwd_workspace_floats(a.q.shape[0], a.q.shape[1], a.q.shape[2])) *
+  if (a.q.ndim != 3 || a.k.ndim != 3) return 0;
+  return static_cast<std::size_t>(attention_bwd_workspace_floats(a.q.shape[0], a.q.shape[1],
+                                                                 a.k.shape[1], a.q.shape[2])) *
          sizeof(float);
 }
 

@@ -181,6 +181,8 @@ cudaError_t launch_attention_bwd(void* d_q, void* d_k, void* d_v, const void* d_
                                  const void* k, const void* v, const void* out, const float* lse,
                                  const std::int32_t* cu_seqlens, AttnShape sh, float* workspace,
                                  std::int64_t workspace_floats, cudaStream_t stream);
-std::int64_t attention_bwd_workspace_floats(std::int64_t t, std::int64_t h, std::int64_t d);
+// g: kv heads (no partials when g == h).
+std::int64_t attention_bwd_workspace_floats(std::int64_t t, std::int64_t h, std::int64_t g,
+                                            std::int64_t d);
 
 }  // namespace ferry::kernels::cuda

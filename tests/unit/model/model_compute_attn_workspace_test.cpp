@@ -41,10 +41,15 @@ using testing::load_case;
 class CudaLikeCpu final : public testing::Bf16AttentionBackend {
  public:
   std::string_view name() const override { return "cpu+cuda-like-attention"; }
+  // As CUDA: the dK/dV partials (8 T H D bytes) only for grouped heads; with atomic_dq also an
+  // accumulator (4 T H D bytes) for any H, G (FERRY_ATTN_BWD_DQ=atomic).
   std::size_t workspace_bytes(const kernels::AttentionBackwardArgs& a) const override {
-    if (a.q.ndim != 3) return 0;
-    return static_cast<std::size_t>(8 * a.q.shape[0] * a.q.shape[1] * a.q.shape[2]);
+    if (a.q.ndim != 3 || a.k.ndim != 3) return 0;
+    const std::int64_t thd = a.q.shape[0] * a.q.shape[1] * a.q.shape[2];
+    const bool grouped = a.k.shape[1] != a.q.shape[1];
+    return static_cast<std::size_t>((grouped ? 8 * thd : 0) + (atomic_dq ? 4 * thd : 0));
   }
+  bool atomic_dq = false;
   Status attention_backward(const kernels::AttentionBackwardArgs& a, mem::Stream& s) override {
     ++backward_calls;
     last_workspace_bytes = a.workspace.empty_view() ? 0 : a.workspace.bytes();
@@ -110,7 +115,8 @@ TEST(ModelComputeAttnWorkspace, PlannedOnceAndCountedInPlannedBytes) {
     ASSERT_TRUE(on.ok() && off.ok());
     EXPECT_EQ(*on, *off) << host->name();
   }
-  // Without grouped heads there is nothing to split: none planned.
+  // Without grouped heads there is nothing to split: none planned, unless the backend asks for
+  // some anyway (CUDA's atomic dQ accumulator), which is then planned as for grouped heads.
   DecoderGeometry mha = geo;
   mha.kv_heads = mha.heads;
   auto on = ModelCompute::planned_bytes(mha, 50, be, 1, GemmPrecision::kF32, AttnBwdWorkspace::kOn);
@@ -118,6 +124,16 @@ TEST(ModelComputeAttnWorkspace, PlannedOnceAndCountedInPlannedBytes) {
       ModelCompute::planned_bytes(mha, 50, be, 1, GemmPrecision::kF32, AttnBwdWorkspace::kOff);
   ASSERT_TRUE(on.ok() && off.ok());
   EXPECT_EQ(*on, *off);
+  CudaLikeCpu atomic;
+  atomic.atomic_dq = true;
+  auto on_atomic =
+      ModelCompute::planned_bytes(mha, 50, atomic, 1, GemmPrecision::kF32, AttnBwdWorkspace::kOn);
+  auto off_atomic =
+      ModelCompute::planned_bytes(mha, 50, atomic, 1, GemmPrecision::kF32, AttnBwdWorkspace::kOff);
+  ASSERT_TRUE(on_atomic.ok() && off_atomic.ok());
+  const std::size_t asked = static_cast<std::size_t>(4 * 50 * mha.heads * mha.head_dim);
+  EXPECT_GE(*on_atomic - *off_atomic, asked);
+  EXPECT_LT(*on_atomic - *off_atomic, asked + 256);
 }
 
 TEST(ModelComputeAttnWorkspace, SameBitsWithAndWithoutAndSizedForTheCall) {
