@@ -139,11 +139,12 @@ struct RunResult {
   TransferStats stats;
   DeviceTailStats tail;  // the device optimizer tail's counters
   std::size_t peak = 0, planned = 0;
-  std::int64_t tokens = 0;                 // summed over micro-batches
-  bool bf16_weight_views = false;          // StreamExecutor::bf16_weight_views()
-  std::uint64_t gemm_weight_converts = 0;  // StreamExecutor::gemm_weight_converts()
-  std::uint64_t gemm_input_converts = 0;   // StreamExecutor::gemm_input_converts()
-  bool gemm_input_reuse = false;           // StreamExecutor::gemm_input_reuse()
+  std::int64_t tokens = 0;                       // summed over micro-batches
+  bool bf16_weight_views = false;                // StreamExecutor::bf16_weight_views()
+  std::uint64_t gemm_weight_converts = 0;        // StreamExecutor::gemm_weight_converts()
+  std::uint64_t gemm_input_converts = 0;         // StreamExecutor::gemm_input_converts()
+  std::uint64_t compute_internals_forwards = 0;  // StreamExecutor::compute_internals_forwards()
+  bool gemm_input_reuse = false;                 // StreamExecutor::gemm_input_reuse()
 };
 
 // The in-memory reference: the same batches, kernels and AdamW as the streamed runs, on
@@ -226,6 +227,7 @@ inline RunResult run_stream(const model::LoadedModel& m, const RunSpec& r,
   out.bf16_weight_views = (*ex)->bf16_weight_views();
   out.gemm_weight_converts = (*ex)->gemm_weight_converts();
   out.gemm_input_converts = (*ex)->gemm_input_converts();
+  out.compute_internals_forwards = (*ex)->compute_internals_forwards();
   out.gemm_input_reuse = (*ex)->gemm_input_reuse();
   return out;
 }

@@ -2,6 +2,7 @@
 #include "train/stream/device_plan.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 
@@ -68,9 +69,15 @@ Result<DevicePlan> plan_device(const model::DecoderGeometry& geo, const ModelSiz
     }
   }
   d.x_final = d.plan.add("x_final", act);
-  d.transit.push_back(d.plan.add("transit.0", act));
-  d.transit.push_back(d.plan.add("transit.1", act));
+  // Transit buffer k holds the forward's boundaries i = k (mod 2) homed off the device (stored,
+  // or recomputed: read by the next layer) and transit.1 also a backward fetch. Nothing else
+  // writes them (the backward's re-forwards are internals-only: no output), so one no boundary
+  // of the policy needs is empty.
   const bool offloaded = policy.count(Home::kHost) + policy.count(Home::kNvme) > 0;
+  std::array<bool, 2> transit_used{false, offloaded};
+  for (int i = 0; i < geo.layers; ++i) transit_used[i % 2] |= policy.homes[i] != Home::kDevice;
+  d.transit.push_back(d.plan.add("transit.0", transit_used[0] ? act : 0));
+  d.transit.push_back(d.plan.add("transit.1", transit_used[1] ? act : 0));
   d.fetch = d.plan.add("fetch", offloaded ? act : 0);
   for (int r = 0; r < policy.max_recomputed(); ++r) {
     d.recompute.push_back(d.plan.add("recompute." + std::to_string(r), act));

@@ -11,8 +11,10 @@
 //             bf16 gradients each with a bf16 twin the D2H / refill moves (the globals' pass
 //             through twin 0 in chunks)
 //   boundary  [T, C] f32 per device-homed boundary, x_final, two transit buffers (forward of
-//             boundaries kept elsewhere or recomputed), one fetch buffer (host/NVMe boundaries
-//             coming back) and one per boundary a recompute span regenerates
+//             boundaries kept elsewhere or recomputed, boundary i in transit.(i % 2); transit.1
+//             also a backward fetch; each empty when no boundary of the policy needs it), one
+//             fetch buffer (host/NVMe boundaries coming back) and one per boundary a recompute
+//             span regenerates
 //   stage16   bf16 landing buffer for bf16 streaming weights on a GPU (the largest unit; empty on
 //             the emulated tier, which widens in place, for f32 streaming weights, and with bf16
 //             weight views, where layers land in their slot's twin and the embedding through the

@@ -750,11 +750,9 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
                          compute_->head_forward(globals_.final_norm, globals_.lm_head, b, x_final));
   FERRY_TRY(compute_->head_backward(globals_.final_norm, globals_.lm_head, globals_grad_.final_norm,
                                     globals_grad_.lm_head, b, x_final));
-  if (any_offloaded) {
-    FERRY_TRY(issue_first_fetches(true));
-    // Backward's layer re-runs write transit.0: its last store leaves first.
-    FERRY_TRY(wait_transit_stored(0));
-  }
+  // Backward writes no transit buffer (its re-forwards are internals-only, no output; fetches
+  // land in the fetch buffer and transit.1 after the stores): the next forward waits for stores.
+  if (any_offloaded) FERRY_TRY(issue_first_fetches(true));
   FERRY_TRY(clock_->window_end());
   // The forward waited for every layer's update (the weight thread copies a layer only once it is
   // ready), so the states of the device tail's first layers are final until the next update: they

@@ -56,7 +56,8 @@
 // Boundary offload overlaps compute: stores leave on an activation d2h stream once compute has
 // written the boundary (its transit buffer is reused two layers later, after the copy), and
 // backward's fetches run one span ahead on an activation h2d stream into two buffers (the fetch
-// buffer and transit.1, which backward does not otherwise use), the first during the loss. An
+// buffer and transit.1, which backward does not otherwise use: its re-forwards write no output),
+// the first during the loss. An
 // H200 run with every boundary in host memory showed 6-9 ms per window exposed while these
 // copies sat on the compute stream.
 // Tests: tests/unit/train/stream_executor_test.cpp.
@@ -220,6 +221,9 @@ class StreamExecutor {
   // and the layer GEMM input activations it rounded to bf16 by a separate convert since create().
   bool gemm_input_reuse() const { return compute_->gemm_input_reuse(); }
   std::uint64_t gemm_input_converts() const { return compute_->gemm_input_converts(); }
+  // ModelCompute::layer_forward_internals calls since create(): the backward's re-forwards (for
+  // tests: equal to stats().internals_forwards).
+  std::uint64_t compute_internals_forwards() const { return compute_->internals_forwards(); }
 
  private:
   StreamExecutor(kernels::Backend& be, const StreamOptions& opts);

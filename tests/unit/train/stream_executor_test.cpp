@@ -13,6 +13,9 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "core/dtype.h"
 #include "kernels/backend.h"
@@ -50,6 +53,12 @@ void check_policies(const model::LoadedModel& m, const std::vector<std::string>&
     }
     expect_same_state(*ref.state, *st.state, p);
     EXPECT_LE(st.peak, st.planned) << p;
+    // Without keeps every layer's backward follows an internals-only re-forward
+    // (ModelCompute::layer_forward_internals), never a full one.
+    const auto micro = static_cast<std::uint64_t>(spec.steps * spec.accum);
+    EXPECT_EQ(st.stats.internals_forwards, micro * static_cast<std::uint64_t>(m.geometry.layers))
+        << p;
+    EXPECT_EQ(st.compute_internals_forwards, st.stats.internals_forwards) << p;
   }
 }
 
@@ -489,6 +498,57 @@ TEST(StreamExecutor, PlannedComputeBytesAreWhatModelComputeAllocates) {
       ASSERT_TRUE(planned.ok() && mc.ok());
       EXPECT_EQ(*planned, (*mc)->total_bytes()) << "work_layers " << work;
     }
+  }
+}
+
+// The two transit buffers hold boundaries the forward writes off the device (boundary i in
+// transit.(i % 2): stored to a host or NVMe home, or a recomputed one the next layer reads) and
+// transit.1 also a backward fetch; nothing else writes them (the backward's re-forwards are
+// internals-only, no output), so a buffer no boundary of the policy needs plans 0 bytes. The
+// executor runs within the plan (peak == planned) and matches the in-memory reference's bits
+// under these policies (check_policies' cases: device, every:K, mixes).
+TEST(StreamExecutor, TransitBuffersOnlyForTheBoundariesThatUseThem) {
+  const std::string dir = testing::temp_dir("stream_transit");
+  auto m = dense_model(dir + "/model");
+  const int L = m->geometry.layers;
+  ASSERT_EQ(L, 4);
+  auto s = TrainState::from_loaded(*m, {}, 1);
+  ASSERT_TRUE(s.ok());
+  auto arena = HostArena::create(**s);
+  ASSERT_TRUE(arena.ok());
+  const ModelSizes sizes{.globals_elements = (*arena)->unit_elements((*arena)->globals_unit()),
+                         .max_layer_elements = (*arena)->max_layer_elements(),
+                         .params = static_cast<std::int64_t>((*arena)->params().size())};
+  kernels::Backend& be = kernels::cpu_backend();
+  const std::int64_t T = kBatch * kSeq;
+  const std::size_t act = static_cast<std::size_t>(T) * m->geometry.hidden * sizeof(float);
+  // policy, transit.0 and transit.1 in activations
+  const std::vector<std::tuple<std::string, int, int>> cases{
+      {"device", 0, 0},      {"device+keep:0-1", 0, 0}, {"every:2", 0, 1},  {"mix:drdd", 0, 1},
+      {"mix:ddrd", 1, 0},    {"mix:dddh", 0, 1},        {"mix:ddhd", 1, 1}, {"host", 1, 1},
+      {"every:2:host", 1, 1}};
+  for (const auto& [name, t0, t1] : cases) {
+    auto pol = parse_policy(name, L);
+    ASSERT_TRUE(pol.ok()) << name;
+    auto d = plan_device(m->geometry, sizes, *pol, 3, T, be);
+    ASSERT_TRUE(d.ok()) << name;
+    ASSERT_EQ(d->transit.size(), 2u);
+    EXPECT_EQ(d->plan.slot(d->transit[0]).size_bytes, static_cast<std::size_t>(t0) * act) << name;
+    EXPECT_EQ(d->plan.slot(d->transit[1]).size_bytes, static_cast<std::size_t>(t1) * act) << name;
+  }
+  // The executor under a policy with neither buffer, and with transit.0 only.
+  RunSpec spec;
+  spec.steps = 2;
+  const std::vector<Batch> data = make_batches(spec.steps * spec.accum, m->geometry.vocab, 9);
+  const RunResult ref = run_reference(*m, spec, data);
+  for (const std::string p : {"device", "mix:ddrd", "mix:ddhd"}) {
+    const RunResult st = run_stream(*m, spec, data, p);
+    ASSERT_EQ(st.losses.size(), ref.losses.size()) << p;
+    for (std::size_t i = 0; i < ref.losses.size(); ++i) {
+      EXPECT_EQ(st.losses[i], ref.losses[i]) << p << " step " << i;
+    }
+    expect_same_state(*ref.state, *st.state, p);
+    EXPECT_EQ(st.peak, st.planned) << p;
   }
 }
 

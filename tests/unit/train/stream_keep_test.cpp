@@ -6,7 +6,8 @@
 //     dense and MoE (the qwen3_moe fixture: MoE layers 0 and 2, dense 1), f32 and bf16 GEMMs,
 //     bf16 gradients, accumulation 1 and 3;
 //   - exact pass counts: per micro-batch L forwards + the spans' recomputes + one re-forward per
-//     layer not kept, L backwards, and the kept count in kept_layers; weight bytes unchanged;
+//     layer not kept (internals-only: internals_forwards, and ModelCompute's own count), L
+//     backwards, and the kept count in kept_layers; weight bytes unchanged;
 //   - the device plan grows by exactly ModelCompute::kept_layer_bytes per kept layer, and the
 //     executor allocates exactly the plan (peak == planned);
 //   - the +keep:LIST spelling (round trips through keep_list / describe, errors) and a ferry-plan
@@ -62,6 +63,12 @@ void check_keeps(const model::LoadedModel& m, const std::vector<std::string>& po
     EXPECT_EQ(st.stats.layer_forwards, micro * forwards_per_micro(*pol)) << name;
     EXPECT_EQ(st.stats.layer_backwards, micro * static_cast<std::uint64_t>(L)) << name;
     EXPECT_EQ(st.stats.kept_layers, micro * static_cast<std::uint64_t>(pol->kept_count())) << name;
+    // The re-forwards of the layers not kept are internals-only (layer_forward_internals), the
+    // forward's and the spans' recomputes full: counted by the executor and by ModelCompute.
+    EXPECT_EQ(st.stats.internals_forwards,
+              micro * static_cast<std::uint64_t>(L - pol->kept_count()))
+        << name;
+    EXPECT_EQ(st.compute_internals_forwards, st.stats.internals_forwards) << name;
     EXPECT_EQ(st.peak, st.planned) << name;
   }
 }
