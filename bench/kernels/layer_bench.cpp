@@ -1,12 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // One whole decoder layer, forward then backward, through the code the trainer runs on a GPU:
-// model::ModelCompute's per-layer API (layer_forward / layer_backward, train/stream's
-// StreamExecutor calls exactly these) on a Backend, here kernels::cuda_backend(0). Nothing in this
-// file computes: it sets the layer up the way the executor does and times it.
+// model::ModelCompute's per-layer API (layer_forward / layer_forward_internals / layer_backward,
+// train/stream's StreamExecutor calls exactly these) on a Backend, here kernels::cuda_backend(0).
+// Nothing in this file computes: it sets the layer up the way the executor does and times it.
 //
 // What is timed (per repetition, GPU events on the compute stream, mean of the repetitions after
 // a warm-up that also lets cuBLASLt autotune every GEMM shape):
-//   layer_forward(x_in -> x_out)  then  layer_backward: d x_in and every weight gradient.
+//   layer_forward(x_in -> x_out), then (after a second L2 flush, as other layers run in between
+//   in the trainer) layer_forward_internals(x_in): the re-forward the stream executor runs right
+//   before the backward of a layer whose internals it did not keep (no down projection, no
+//   residual add), then layer_backward: d x_in and every weight gradient.
 // Set-up as in StreamExecutor (stream_executor.cpp): a ModelCompute with one layer workspace,
 // the GEMM precision "auto" (bf16 operands, f32 accumulation on a GPU), f32 weights on the GPU
 // (the executor's device slots hold the bf16-streamed weights widened to f32), f32 gradient
@@ -32,7 +35,16 @@
 // Counters: ms (forward + backward), fwd_ms, bwd_ms, TFLOP/s (model FLOPs: 3x the linear layers'
 // 2*T*MACs, causal attention 3.5x its forward's 2*2*B*H*(S^2/2)*D, as cuda_kernels_bench),
 // workspace_gib (ModelCompute's arena), attn_ws_mib (the attention backward's workspace in it,
-// 0: none), tokens.
+// 0: none), tokens; reforward_ms (the internals-only re-forward) and trainer_ms (fwd_ms +
+// reforward_ms + bwd_ms: a not-kept layer's work per micro-batch in the stream executor).
+// ms, fwd_ms and bwd_ms exclude the re-forward, so they pair with torch_layer_baseline.py's plain
+// (not checkpointed) layer: forward, then backward from the saved activations. A checkpointed
+// torch layer (HF's gradient checkpointing, train_torch_baseline.py --checkpointing: each decoder
+// layer under torch.utils.checkpoint) re-runs the layer's forward inside its backward; reentrant
+// checkpointing (transformers' default when gradient_checkpointing_enable() gets no kwargs)
+// re-runs all of it, down projection and residual add included, so its time per layer is about
+// torch fwd_ms + ms, the figure trainer_ms compares with (non-reentrant checkpointing may stop
+// the re-run early, once every tensor the backward saved has been regenerated).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -221,9 +233,15 @@ class LayerRig {
     return r;
   }
 
+  // Seconds of one repetition's three timed phases.
+  struct RepTimes {
+    double fwd = 0, reforward = 0, bwd = 0;
+  };
+
   // One repetition: seeds the running gradient (head_backward), flushes L2, then times
-  // layer_forward + layer_backward. Returns {forward, backward} seconds.
-  Result<std::pair<double, double>> rep() {
+  // layer_forward, layer_forward_internals (after another flush) and layer_backward: the stream
+  // executor's order for a layer whose internals it does not keep.
+  Result<RepTimes> rep() {
     mem::Stream& st = env_.stream();
     FERRY_TRY(mc_->head_backward(head_c(final_norm_), head_c(lm_head_), d_final_norm_, d_lm_head_,
                                  batch_, x_out_));
@@ -232,22 +250,31 @@ class LayerRig {
       FERRY_TRY(e0_.record(st));
       FERRY_TRY(mc_->layer_forward(0, p_, batch_, x_in_, x_out_));
       FERRY_TRY(e1_.record(st));
-      FERRY_TRY(mc_->layer_backward(0, p_, g_, batch_, x_in_));
+      FERRY_TRY(env_.te->zero(env_.flush.data(), kFlushBytes, st));
       FERRY_TRY(e2_.record(st));
-      FERRY_TRY(e2_.synchronize());
+      FERRY_TRY(mc_->layer_forward_internals(0, p_, batch_, x_in_));
+      FERRY_TRY(e3_.record(st));
+      FERRY_TRY(mc_->layer_backward(0, p_, g_, batch_, x_in_));
+      FERRY_TRY(e4_.record(st));
+      FERRY_TRY(e4_.synchronize());
       FERRY_ASSIGN_OR_RETURN(const float fwd_ms, mem::Event::elapsed_ms(e0_, e1_));
-      FERRY_ASSIGN_OR_RETURN(const float bwd_ms, mem::Event::elapsed_ms(e1_, e2_));
-      return std::pair{fwd_ms * 1e-3, bwd_ms * 1e-3};
+      FERRY_ASSIGN_OR_RETURN(const float ref_ms, mem::Event::elapsed_ms(e2_, e3_));
+      FERRY_ASSIGN_OR_RETURN(const float bwd_ms, mem::Event::elapsed_ms(e3_, e4_));
+      return RepTimes{fwd_ms * 1e-3, ref_ms * 1e-3, bwd_ms * 1e-3};
     }
     // Host streams run each op at enqueue time: the wall clock is the time.
     using Clock = std::chrono::steady_clock;
+    const auto seconds = [](auto a, auto b) {
+      return std::chrono::duration<double>(b - a).count();
+    };
     const auto t0 = Clock::now();
     FERRY_TRY(mc_->layer_forward(0, p_, batch_, x_in_, x_out_));
     const auto t1 = Clock::now();
-    FERRY_TRY(mc_->layer_backward(0, p_, g_, batch_, x_in_));
+    FERRY_TRY(mc_->layer_forward_internals(0, p_, batch_, x_in_));
     const auto t2 = Clock::now();
-    return std::pair{std::chrono::duration<double>(t1 - t0).count(),
-                     std::chrono::duration<double>(t2 - t1).count()};
+    FERRY_TRY(mc_->layer_backward(0, p_, g_, batch_, x_in_));
+    const auto t3 = Clock::now();
+    return RepTimes{seconds(t0, t1), seconds(t1, t2), seconds(t2, t3)};
   }
 
   // A check that the backward reached the layer's first op: the attn_norm weight gradient (the
@@ -362,7 +389,7 @@ class LayerRig {
     FERRY_ASSIGN_OR_RETURN(mc_, model::ModelCompute::create(geo_, T_, *env_.be, 1, &env_.stream(),
                                                             prec, shape.attn_ws));
     if (dev == Device::kCuda) {
-      for (mem::Event* e : {&e0_, &e1_, &e2_}) {
+      for (mem::Event* e : {&e0_, &e1_, &e2_, &e3_, &e4_}) {
         FERRY_ASSIGN_OR_RETURN(*e, mem::Event::create(dev, 0, /*timing=*/true));
       }
     }
@@ -386,7 +413,7 @@ class LayerRig {
   TensorView x_in_, x_out_;  // [T, C] f32
   model::PackedBatch batch_;
   std::unique_ptr<model::ModelCompute> mc_;
-  mem::Event e0_, e1_, e2_;
+  mem::Event e0_, e1_, e2_, e3_, e4_;
   double loss_ = 0.0;
 };
 
@@ -408,16 +435,19 @@ void run_layer(benchmark::State& st, const LayerShape& shape) {
       return;
     }
   }
-  double fwd = 0.0, bwd = 0.0;
+  double fwd = 0.0, reforward = 0.0, bwd = 0.0;
   for (auto _ : st) {
     auto t = r.rep();
     if (!t.ok()) {
       st.SkipWithError(("layer bench: " + t.status().to_string()).c_str());
       return;
     }
-    st.SetIterationTime(t->first + t->second);
-    fwd += t->first;
-    bwd += t->second;
+    // The row's time is forward + backward (torch_layer_baseline.py's plain layer); the
+    // re-forward is reported beside it (reforward_ms, trainer_ms).
+    st.SetIterationTime(t->fwd + t->bwd);
+    fwd += t->fwd;
+    reforward += t->reforward;
+    bwd += t->bwd;
   }
   auto reached = r.gradient_reached_input();
   if (!reached.ok() || !*reached) {
@@ -428,6 +458,8 @@ void run_layer(benchmark::State& st, const LayerShape& shape) {
   st.counters["ms"] = (fwd + bwd) / it * 1e3;
   st.counters["fwd_ms"] = fwd / it * 1e3;
   st.counters["bwd_ms"] = bwd / it * 1e3;
+  st.counters["reforward_ms"] = reforward / it * 1e3;
+  st.counters["trainer_ms"] = (fwd + reforward + bwd) / it * 1e3;
   st.counters["TFLOP/s"] = r.flops() * it / (fwd + bwd) / 1e12;
   st.counters["tokens"] = static_cast<double>(r.tokens());
   st.counters["workspace_gib"] = static_cast<double>(r.workspace_bytes()) / double(1u << 30);
