@@ -64,6 +64,9 @@ Status add_rms_norm(const AddRmsNormArgs& a, mem::Stream& stream) {
 Result<bool> qk_norm_rope(const QkNormRopeArgs& a, mem::Stream& stream) {
   return kernels::cuda::qk_norm_rope(a, stream);
 }
+Result<bool> qk_norm_rope_kv_write(const QkNormRopeKvArgs& a, mem::Stream& stream) {
+  return kernels::cuda::qk_norm_rope_kv_write(a, stream);
+}
 #else
 Status kv_write(const PagedKvLayout&, int, const PagedStep&, const float*, const float*,
                 mem::Stream&) {
@@ -118,6 +121,9 @@ Status add_rms_norm(const AddRmsNormArgs&, mem::Stream&) {
 }
 Result<bool> qk_norm_rope(const QkNormRopeArgs&, mem::Stream&) {
   return unavailable("serve: fused q/k norm + rope needs a CUDA build");
+}
+Result<bool> qk_norm_rope_kv_write(const QkNormRopeKvArgs&, mem::Stream&) {
+  return unavailable("serve: fused q/k norm + rope + KV write needs a CUDA build");
 }
 #endif
 

@@ -21,6 +21,7 @@ using kernels::cuda::MissCopyArgs;
 using kernels::cuda::PagedKvLayout;
 using kernels::cuda::PagedStep;
 using kernels::cuda::QkNormRopeArgs;
+using kernels::cuda::QkNormRopeKvArgs;
 using kernels::cuda::SlotResolveArgs;
 using kernels::cuda::SmallMGemmBf16Args;
 using kernels::cuda::SmallMGemmMultiArgs;
@@ -56,5 +57,6 @@ bool decode_fusion_enabled(DecodeFusion f);
 Status small_m_gemm_multi(const SmallMGemmMultiArgs& a, mem::Stream& stream);
 Status add_rms_norm(const AddRmsNormArgs& a, mem::Stream& stream);
 Result<bool> qk_norm_rope(const QkNormRopeArgs& a, mem::Stream& stream);
+Result<bool> qk_norm_rope_kv_write(const QkNormRopeKvArgs& a, mem::Stream& stream);
 
 }  // namespace ferry::serve::device

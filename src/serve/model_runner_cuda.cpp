@@ -57,6 +57,7 @@ class CudaModelRunner final : public ModelRunner {
     fuse_qkv_ = device::decode_fusion_enabled(device::DecodeFusion::kQkv);
     fuse_add_norm_ = device::decode_fusion_enabled(device::DecodeFusion::kAddNorm);
     fuse_qk_norm_rope_ = device::decode_fusion_enabled(device::DecodeFusion::kQkNormRope);
+    fuse_qk_norm_rope_kv_ = device::decode_fusion_enabled(device::DecodeFusion::kQkNormRopeKv);
   }
   Status init(mem::MemoryBudget* shared, std::int64_t max_logit_rows);
   Status forward(const StepBatch& b, float* logits) override;
@@ -134,7 +135,8 @@ class CudaModelRunner final : public ModelRunner {
   // Decode fusions (kernels/cuda/decode_fusion.h; read once per process): timing only, the same
   // bits on or off.
   bool fuse_qkv_ = false, fuse_add_norm_ = false, fuse_qk_norm_rope_ = false;
-  std::vector<StepGraph> graphs_;  // least recently used first
+  bool fuse_qk_norm_rope_kv_ = false;  // kQkNormRopeKv: that launch writes the KV cache too
+  std::vector<StepGraph> graphs_;      // least recently used first
 };
 
 Status CudaModelRunner::init(mem::MemoryBudget* shared, std::int64_t max_logit_rows) {
@@ -244,30 +246,45 @@ Status CudaModelRunner::attention(int l, std::int64_t T, const kernels::cuda::Pa
        {.out = f32(s_.v, {T, G * D}), .a = h, .b = p.v, .bias = p.v_bias, .trans_b = true}},
       st_));
   const std::int64_t R = static_cast<std::int64_t>(geo_.rope.inv_freq.size());
-  bool roped = false;  // the q/k norms and ropes ran as one fused launch
+  // The paged cache this layer's keys and values join (kv_write below, or the fused launch).
+  const kernels::cuda::PagedKvLayout layout{.base = kv_.base(),
+                                            .layer_stride = kv_.layer_stride_floats(),
+                                            .block_tokens = kv_.block_tokens(),
+                                            .G = geo_.kv_heads,
+                                            .D = geo_.head_dim};
+  bool roped = false;    // the q/k norms and ropes ran as one fused launch
+  bool kv_done = false;  // ... which also wrote the step's K/V rows to the cache (kQkNormRopeKv)
   if (geo_.qk_norm == model::QkNorm::kPerHead && fuse_qk_norm_rope_ &&
       p.q_norm.dtype == DType::kF32 && p.k_norm.dtype == DType::kF32 &&
       p.q_norm.device == Device::kCuda && p.k_norm.device == Device::kCuda &&
       p.q_norm.numel() == D && p.k_norm.numel() == D) {
     // rstd is not written (scratch nobody reads in serving; the unfused path's two norms overlap
-    // there anyway).
-    FERRY_ASSIGN_OR_RETURN(
-        roped, device::qk_norm_rope({.q_out = arena_.as<float>(s_.q),
-                                     .q_in = arena_.as<float>(s_.q_pre),
-                                     .q_weight = static_cast<const float*>(p.q_norm.data),
-                                     .k_out = arena_.as<float>(s_.k),
-                                     .k_in = arena_.as<float>(s_.k_pre),
-                                     .k_weight = static_cast<const float*>(p.k_norm.data),
-                                     .positions = step.pos,
-                                     .inv_freq = inv_freq_,
-                                     .t = T,
-                                     .h = H,
-                                     .g = G,
-                                     .d = D,
-                                     .r = 2 * R,
-                                     .eps = geo_.rms_eps,
-                                     .scaling = geo_.rope.attention_scaling},
-                                    st_));
+    // there anyway). s_.k is still written: kv_write's input on the other paths, scratch here.
+    const device::QkNormRopeArgs qk{.q_out = arena_.as<float>(s_.q),
+                                    .q_in = arena_.as<float>(s_.q_pre),
+                                    .q_weight = static_cast<const float*>(p.q_norm.data),
+                                    .k_out = arena_.as<float>(s_.k),
+                                    .k_in = arena_.as<float>(s_.k_pre),
+                                    .k_weight = static_cast<const float*>(p.k_norm.data),
+                                    .positions = step.pos,
+                                    .inv_freq = inv_freq_,
+                                    .t = T,
+                                    .h = H,
+                                    .g = G,
+                                    .d = D,
+                                    .r = 2 * R,
+                                    .eps = geo_.rms_eps,
+                                    .scaling = geo_.rope.attention_scaling};
+    if (fuse_qk_norm_rope_kv_) {
+      FERRY_ASSIGN_OR_RETURN(
+          roped,
+          device::qk_norm_rope_kv_write(
+              {.qk = qk, .kv = layout, .layer = l, .step = step, .v = arena_.as<float>(s_.v)},
+              st_));
+      kv_done = roped;
+    } else {
+      FERRY_ASSIGN_OR_RETURN(roped, device::qk_norm_rope(qk, st_));
+    }
   }
   if (!roped && geo_.qk_norm == model::QkNorm::kPerHead) {
     FERRY_TRY(be_.rms_norm({.out = f32(s_.q, {T * H, D}),
@@ -313,12 +330,10 @@ Status CudaModelRunner::attention(int l, std::int64_t T, const kernels::cuda::Pa
                        st_));
   }
   // The step's keys and values join the cache before anyone reads it (same stream: ordered).
-  const kernels::cuda::PagedKvLayout layout{.base = kv_.base(),
-                                            .layer_stride = kv_.layer_stride_floats(),
-                                            .block_tokens = kv_.block_tokens(),
-                                            .G = geo_.kv_heads,
-                                            .D = geo_.head_dim};
-  FERRY_TRY(device::kv_write(layout, l, step, arena_.as<float>(s_.k), arena_.as<float>(s_.v), st_));
+  if (!kv_done) {
+    FERRY_TRY(
+        device::kv_write(layout, l, step, arena_.as<float>(s_.k), arena_.as<float>(s_.v), st_));
+  }
   FERRY_TRY(device::paged_attention(layout, l, step, arena_.as<float>(s_.attn),
                                     arena_.as<float>(s_.q), geo_.heads,
                                     1.0f / std::sqrt(static_cast<float>(D)), st_));

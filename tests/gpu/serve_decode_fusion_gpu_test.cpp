@@ -13,20 +13,26 @@
 //   - qk_norm_rope vs the backend's two rms_norms and two ropes: Qwen3-30B-A3B's 32 / 4 heads of
 //     128, fixture-sized heads, partial rotary dims, 63 vectors per row, positions up to 1e5,
 //     attention scaling != 1, 1..4 tokens; d = 256 and d % 4 != 0 are declined (nothing runs).
+//   - qk_norm_rope_kv_write vs qk_norm_rope then kv_write: q, k, rstd and the whole (poisoned)
+//     paged cache, on random block tables, a decode step and a prefill chunk + decodes, G < H,
+//     D 64 and 128, block sizes 1..16; d = 256 declined (the cache untouched);
 //   - the whole engine (Fixtures/ServeDecodeFusionEngine.*, the six HF fixtures: per-head q/k
-//   norms,
-//     biases, full-width norms, dense MLPs and MoE): an engine created with the fusions on gives
-//     the token ids and logits bits of one created with them off, resident with f32 and bf16 dense
-//     weights and paged (cap top-k + 1), 3 concurrent requests, chunked prefill, decode graphs.
+//     norms, biases, full-width norms, dense MLPs and MoE): an engine created with the fusions on
+//     (all, and all but the KV write in the q/k norm + rope launch) gives the token ids and logits
+//     bits of one created with them off, resident with f32 and bf16 dense weights and paged (cap
+//     top-k + 1), 3 concurrent requests, chunked prefill, decode graphs.
 // The serving engine's own tests (*ServeModesCuda*, *DenseBf16*, *DeviceResolve*) run the runner
 // with the fusions on (the default), so they hold the fused runner to the same contracts.
 // Skips, saying so, without a CUDA device.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -388,6 +394,194 @@ TEST_F(ServeDecodeFusion, QkNormRopeEqualsNormsThenRopes) {
   EXPECT_EQ(cases, int(shapes.size()) * 4 * 2);
 }
 
+// ---- q/k norm + rope with the paged KV cache write in the same launch ----
+
+struct QkKvShape {
+  std::int64_t h, g, d, r;
+  int block_tokens;
+  bool fused;  // qk_norm_rope_kv_write takes it (else it declines like qk_norm_rope)
+};
+
+// (a) qk_norm_rope then kv_write vs (b) qk_norm_rope_kv_write: q, k, both rstd and the whole
+// cache buffer (both poisoned alike first) bit for bit, on a random block-table layout of three
+// sequences: a decode step (T = 1 per sequence) and a mixed step (a prefill chunk of 5 + decodes).
+TEST_F(ServeDecodeFusion, QkNormRopeKvWriteEqualsQkNormRopeThenKvWrite) {
+  const std::vector<QkKvShape> shapes = {
+      {32, 4, 128, 128, 16, true},  // Qwen3-30B-A3B
+      {8, 2, 64, 64, 4, true},      // D 64
+      {6, 2, 128, 64, 3, true},     // partial rotary dims, odd block size
+      {4, 1, 64, 64, 1, true},      // one token per block
+      {2, 1, 256, 256, 4, false},   // declined (qk_norm_rope's domain): nothing runs
+  };
+  constexpr int kSeqs = 3, kLayers = 2, kLayer = 1, kBlocksPerSeq = 6;
+  std::mt19937 rng(1205);
+  int cases = 0;
+  for (const QkKvShape& sh : shapes) {
+    const std::int64_t GD = sh.g * sh.d;
+    // A random layout: the pool's blocks shuffled, each sequence's table a run of them, padded.
+    const int capacity = kSeqs * kBlocksPerSeq + 5;
+    std::vector<std::int32_t> perm(static_cast<std::size_t>(capacity));
+    for (int i = 0; i < capacity; ++i) perm[std::size_t(i)] = i;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    const int stride = kBlocksPerSeq + 1;
+    std::vector<std::int32_t> tables(std::size_t(kSeqs * stride), -1);
+    for (int q = 0; q < kSeqs; ++q) {
+      for (int b = 0; b < kBlocksPerSeq; ++b) {
+        tables[std::size_t(q * stride + b)] = perm[std::size_t(q * kBlocksPerSeq + b)];
+      }
+    }
+    const int max_pos = kBlocksPerSeq * sh.block_tokens - 1;
+    std::uniform_int_distribution<int> pos_d(0, max_pos - 5);
+    struct Step {
+      std::vector<std::int32_t> seq_of, pos;
+      const char* name;
+    };
+    std::vector<Step> steps;
+    {
+      Step dec{{}, {}, "decodes"};
+      for (int q = 0; q < kSeqs; ++q) {
+        dec.seq_of.push_back(q);
+        dec.pos.push_back(pos_d(rng));
+      }
+      steps.push_back(dec);
+      Step mixed{{0}, {pos_d(rng)}, "prefill chunk + decodes"};
+      const int start = pos_d(rng);
+      for (int i = 0; i < 5; ++i) {
+        mixed.seq_of.push_back(1);
+        mixed.pos.push_back(start + i);
+      }
+      mixed.seq_of.push_back(2);
+      mixed.pos.push_back(max_pos);  // the last position of the last block
+      steps.push_back(mixed);
+    }
+    for (const Step& st : steps) {
+      const std::int64_t t = static_cast<std::int64_t>(st.pos.size());
+      const std::string what = fmt::format("h {} g {} d {} r {} block_tokens {}, {} (t {})", sh.h,
+                                           sh.g, sh.d, sh.r, sh.block_tokens, st.name, t);
+      const std::size_t qn = std::size_t(t * sh.h * sh.d), kn = std::size_t(t * GD);
+      const std::vector<float> q = normal(rng, qn, 3.0f), k = normal(rng, kn, 3.0f),
+                               v = normal(rng, kn), qw = normal(rng, std::size_t(sh.d)),
+                               kw = normal(rng, std::size_t(sh.d));
+      std::vector<float> inv_freq(std::size_t(sh.r / 2));
+      for (std::size_t i = 0; i < inv_freq.size(); ++i) {
+        inv_freq[i] = static_cast<float>(1.0 / std::pow(1e6, 2.0 * double(i) / double(sh.r)));
+      }
+      const float eps = 1e-6f, scaling = 0.8f;
+      const std::int64_t layer_stride = std::int64_t(capacity) * 2 * sh.block_tokens * GD;
+      const std::size_t pool_bytes = std::size_t(kLayers * layer_stride) * 4;
+      DeviceBuf d_q(qn * 4), d_k(kn * 4), d_v(kn * 4), d_qw(std::size_t(sh.d) * 4),
+          d_kw(std::size_t(sh.d) * 4), d_inv(inv_freq.size() * 4);
+      DeviceBuf d_pos(std::size_t(t) * 4), d_seq(std::size_t(t) * 4), d_tab(tables.size() * 4);
+      up(d_q.p, q);
+      up(d_k.p, k);
+      up(d_v.p, v);
+      up(d_qw.p, qw);
+      up(d_kw.p, kw);
+      up(d_inv.p, inv_freq);
+      up(d_pos.p, st.pos);
+      up(d_seq.p, st.seq_of);
+      up(d_tab.p, tables);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      // [0]: (a) the two launches; [1]: (b) the fused launch. Every output poisoned alike.
+      std::vector<std::unique_ptr<DeviceBuf>> qo, ko, qr, kr, pool;
+      for (int i = 0; i < 2; ++i) {
+        qo.push_back(std::make_unique<DeviceBuf>(qn * 4));
+        ko.push_back(std::make_unique<DeviceBuf>(kn * 4));
+        qr.push_back(std::make_unique<DeviceBuf>(std::size_t(t * sh.h) * 4));
+        kr.push_back(std::make_unique<DeviceBuf>(std::size_t(t * sh.g) * 4));
+        pool.push_back(std::make_unique<DeviceBuf>(pool_bytes));
+        for (const auto& [p, n] :
+             {std::pair{qo[i]->p, qn * 4}, std::pair{ko[i]->p, kn * 4},
+              std::pair{qr[i]->p, std::size_t(t * sh.h) * 4},
+              std::pair{kr[i]->p, std::size_t(t * sh.g) * 4}, std::pair{pool[i]->p, pool_bytes}}) {
+          ASSERT_EQ(cudaMemsetAsync(p, 0xff, n, raw_stream()), cudaSuccess) << what;
+        }
+      }
+      const auto qk_args = [&](int i) {
+        return kernels::cuda::QkNormRopeArgs{.q_out = qo[i]->as<float>(),
+                                             .q_rstd = qr[i]->as<float>(),
+                                             .q_in = d_q.as<float>(),
+                                             .q_weight = d_qw.as<float>(),
+                                             .k_out = ko[i]->as<float>(),
+                                             .k_rstd = kr[i]->as<float>(),
+                                             .k_in = d_k.as<float>(),
+                                             .k_weight = d_kw.as<float>(),
+                                             .positions = d_pos.as<std::int32_t>(),
+                                             .inv_freq = d_inv.as<float>(),
+                                             .t = t,
+                                             .h = sh.h,
+                                             .g = sh.g,
+                                             .d = sh.d,
+                                             .r = sh.r,
+                                             .eps = eps,
+                                             .scaling = scaling};
+      };
+      const auto layout = [&](int i) {
+        return kernels::cuda::PagedKvLayout{.base = pool[i]->as<float>(),
+                                            .layer_stride = layer_stride,
+                                            .block_tokens = sh.block_tokens,
+                                            .G = int(sh.g),
+                                            .D = int(sh.d)};
+      };
+      const kernels::cuda::PagedStep step{.seq_of = d_seq.as<std::int32_t>(),
+                                          .pos = d_pos.as<std::int32_t>(),
+                                          .tables = d_tab.as<std::int32_t>(),
+                                          .table_stride = stride,
+                                          .T = t};
+      const std::uint64_t kv_calls =
+          kernels::cuda::decode_fusion_calls(kernels::cuda::DecodeFusion::kQkNormRopeKv);
+      const Result<bool> fused = kernels::cuda::qk_norm_rope_kv_write(
+          {.qk = qk_args(1), .kv = layout(1), .layer = kLayer, .step = step, .v = d_v.as<float>()},
+          stream());
+      ASSERT_TRUE(fused.ok()) << what << ": " << fused.status().to_string();
+      ASSERT_EQ(*fused, sh.fused) << what;
+      EXPECT_EQ(kernels::cuda::decode_fusion_calls(kernels::cuda::DecodeFusion::kQkNormRopeKv),
+                kv_calls + (sh.fused ? 1 : 0))
+          << what;
+      const std::size_t pool_floats = pool_bytes / 4;
+      if (!sh.fused) {  // declined: nothing enqueued, the cache keeps its poison
+        sync();
+        const std::vector<float> p1 = down<float>(pool[1]->p, pool_floats);
+        std::vector<std::uint32_t> bits(pool_floats);
+        std::memcpy(bits.data(), p1.data(), pool_bytes);
+        EXPECT_TRUE(std::all_of(bits.begin(), bits.end(), [](std::uint32_t b) {
+          return b == 0xffffffffu;
+        })) << what;
+        ++cases;
+        continue;
+      }
+      // (a): the fused q/k norm + rope, then kv_write of its k rows and v.
+      const Result<bool> ran = kernels::cuda::qk_norm_rope(qk_args(0), stream());
+      ASSERT_TRUE(ran.ok()) << what << ": " << ran.status().to_string();
+      ASSERT_TRUE(*ran) << what;
+      const Status w = kernels::cuda::kv_write(layout(0), kLayer, step, ko[0]->as<float>(),
+                                               d_v.as<float>(), stream());
+      ASSERT_TRUE(w.ok()) << what << ": " << w.to_string();
+      sync();
+      EXPECT_TRUE(same_bits(down<float>(qo[0]->p, qn), down<float>(qo[1]->p, qn))) << what << ": q";
+      EXPECT_TRUE(same_bits(down<float>(ko[0]->p, kn), down<float>(ko[1]->p, kn))) << what << ": k";
+      EXPECT_TRUE(same_bits(down<float>(qr[0]->p, std::size_t(t * sh.h)),
+                            down<float>(qr[1]->p, std::size_t(t * sh.h))))
+          << what << ": q rstd";
+      EXPECT_TRUE(same_bits(down<float>(kr[0]->p, std::size_t(t * sh.g)),
+                            down<float>(kr[1]->p, std::size_t(t * sh.g))))
+          << what << ": k rstd";
+      const std::vector<float> p0 = down<float>(pool[0]->p, pool_floats),
+                               p1 = down<float>(pool[1]->p, pool_floats);
+      EXPECT_EQ(std::memcmp(p0.data(), p1.data(), pool_bytes), 0) << what << ": the cache";
+      // kv_write wrote exactly the step's K and V rows (2 * t * G*D floats) over the poison.
+      std::vector<std::uint32_t> bits(pool_floats);
+      std::memcpy(bits.data(), p0.data(), pool_bytes);
+      EXPECT_EQ(
+          std::count_if(bits.begin(), bits.end(), [](std::uint32_t b) { return b != 0xffffffffu; }),
+          std::ptrdiff_t(2 * kn))
+          << what;
+      ++cases;
+    }
+  }
+  EXPECT_EQ(cases, int(shapes.size()) * 2);
+}
+
 // ---- the whole engine: fusions on vs off in one process ----
 
 EngineConfig engine_config(ExpertMode mode, int cap, DType dense) {
@@ -430,37 +624,55 @@ TEST_P(ServeDecodeFusionEngine, FusedRunnerGivesTheUnfusedBits) {
   for (const Case& c : cases) {
     const std::string what = fmt::format("{} {}", GetParam(), c.name);
     using kernels::cuda::DecodeFusion;
-    const DecodeFusion kinds[3] = {DecodeFusion::kQkv, DecodeFusion::kAddNorm,
-                                   DecodeFusion::kQkNormRope};
-    testing::RunRecord rec[2];
-    std::uint64_t replays[2] = {0, 0}, calls[2][3] = {};
-    for (const int on : {0, 1}) {
-      kernels::cuda::override_decode_fusion_for_tests(on);
-      std::uint64_t before[3];
-      for (int k = 0; k < 3; ++k) before[k] = kernels::cuda::decode_fusion_calls(kinds[k]);
+    constexpr int kKinds = kernels::cuda::kDecodeFusions;
+    const DecodeFusion kinds[kKinds] = {DecodeFusion::kQkv, DecodeFusion::kAddNorm,
+                                        DecodeFusion::kQkNormRope, DecodeFusion::kQkNormRopeKv};
+    // Runs: 0 every fusion off (the reference), 1 all on (the default), 2 all on but the KV write
+    // in the q/k norm + rope launch (the session-12 path: that launch, then kv_write).
+    constexpr int kRuns = 3;
+    const unsigned off_mask[kRuns] = {0u, 0u,
+                                      1u << static_cast<unsigned>(DecodeFusion::kQkNormRopeKv)};
+    testing::RunRecord rec[kRuns];
+    std::uint64_t replays[kRuns] = {}, calls[kRuns][kKinds] = {};
+    for (int run = 0; run < kRuns; ++run) {
+      kernels::cuda::override_decode_fusion_for_tests(run == 0 ? 0 : 1, off_mask[run]);
+      std::uint64_t before[kKinds];
+      for (int k = 0; k < kKinds; ++k) before[k] = kernels::cuda::decode_fusion_calls(kinds[k]);
       auto eng =
           Engine::create(m.geometry, m.params, engine_config(c.mode, c.cap, c.dense), cuda());
       ASSERT_TRUE(eng.ok()) << what << ": " << eng.status().to_string();
       auto r = testing::run_engine(**eng, testing::mixed_requests(m.geometry.vocab));
       ASSERT_TRUE(r.ok()) << what << ": " << r.status().to_string();
-      rec[on] = std::move(*r);
-      replays[on] = (*eng)->graph_stats().replays;
-      for (int k = 0; k < 3; ++k) {
-        calls[on][k] = kernels::cuda::decode_fusion_calls(kinds[k]) - before[k];
+      rec[run] = std::move(*r);
+      replays[run] = (*eng)->graph_stats().replays;
+      for (int k = 0; k < kKinds; ++k) {
+        calls[run][k] = kernels::cuda::decode_fusion_calls(kinds[k]) - before[k];
       }
     }
     kernels::cuda::override_decode_fusion_for_tests(-1);
     ASSERT_FALSE(rec[0].logits.empty()) << what;
     testing::expect_same_bits(rec[1], rec[0], what + ": fused vs unfused");
+    testing::expect_same_bits(rec[2], rec[0], what + ": fused but the KV write vs unfused");
     EXPECT_EQ(replays[1], replays[0]) << what;
-    // The unfused engine never took a fused entry point; the fused one took each that applies
-    // (decode steps have <= 4 rows; eager steps count, graph replays do not re-enter the host).
-    for (int k = 0; k < 3; ++k) EXPECT_EQ(calls[0][k], 0u) << what << " fusion " << k;
-    EXPECT_GT(calls[1][0], 0u) << what << ": no fused q/k/v launch";
-    EXPECT_GT(calls[1][1], 0u) << what << ": no fused add + rms_norm launch";
+    EXPECT_EQ(replays[2], replays[0]) << what;
+    // The unfused engine never took a fused entry point; the fused ones took each that applies
+    // (decode steps have <= 4 rows; eager steps count, graph replays do not re-enter the host);
+    // run 2 never the KV-writing launch.
+    for (int k = 0; k < kKinds; ++k) EXPECT_EQ(calls[0][k], 0u) << what << " fusion " << k;
+    EXPECT_EQ(calls[2][3], 0u) << what << ": the KV-writing launch while switched off";
+    for (int run = 1; run < kRuns; ++run) {
+      EXPECT_GT(calls[run][0], 0u) << what << " run " << run << ": no fused q/k/v launch";
+      EXPECT_GT(calls[run][1], 0u) << what << " run " << run << ": no fused add + rms_norm launch";
+    }
     if (m.geometry.qk_norm == model::QkNorm::kPerHead && m.geometry.head_dim < 256 &&
         m.geometry.head_dim % 4 == 0) {
       EXPECT_GT(calls[1][2], 0u) << what << ": no fused q/k norm + rope launch";
+      EXPECT_GT(calls[1][3], 0u) << what << ": no q/k norm + rope launch writing the KV cache";
+      // Every fused q/k norm + rope of the default runner wrote the cache in the same launch.
+      EXPECT_EQ(calls[1][3], calls[1][2]) << what;
+      EXPECT_GT(calls[2][2], 0u) << what << ": no fused q/k norm + rope launch (KV write off)";
+    } else {
+      EXPECT_EQ(calls[1][3], 0u) << what;
     }
   }
 }

@@ -8,11 +8,13 @@
 
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/cuda/launchers.h"
+#include "kernels/cuda/serve_launchers.h"
 
 namespace ferry::kernels::cuda {
 namespace {
 
 std::atomic<int> g_override{-1};
+std::atomic<unsigned> g_override_off{0};
 
 bool switch_on(const char* name) {
   const char* v = std::getenv(name);
@@ -21,14 +23,20 @@ bool switch_on(const char* name) {
 
 }  // namespace
 
-void override_decode_fusion_for_tests(int on) { g_override.store(on < 0 ? -1 : (on != 0 ? 1 : 0)); }
+void override_decode_fusion_for_tests(int on, unsigned off_mask) {
+  g_override_off.store(on < 0 ? 0u : off_mask);
+  g_override.store(on < 0 ? -1 : (on != 0 ? 1 : 0));
+}
 
 bool decode_fusion_enabled(DecodeFusion f) {
-  if (const int o = g_override.load(); o >= 0) return o == 1;
+  if (const int o = g_override.load(); o >= 0) {
+    return o == 1 && (g_override_off.load() & (1u << static_cast<unsigned>(f))) == 0;
+  }
   static const bool all = switch_on("FERRY_DECODE_FUSION");
   static const bool qkv = all && switch_on("FERRY_FUSE_QKV");
   static const bool add_norm = all && switch_on("FERRY_FUSE_ADD_NORM");
   static const bool qk_norm_rope = all && switch_on("FERRY_FUSE_QK_NORM_ROPE");
+  static const bool qk_norm_rope_kv = qk_norm_rope && switch_on("FERRY_FUSE_QK_NORM_ROPE_KV");
   switch (f) {
     case DecodeFusion::kQkv:
       return qkv;
@@ -36,6 +44,8 @@ bool decode_fusion_enabled(DecodeFusion f) {
       return add_norm;
     case DecodeFusion::kQkNormRope:
       return qk_norm_rope;
+    case DecodeFusion::kQkNormRopeKv:
+      return qk_norm_rope_kv;
   }
   return false;
 }
@@ -43,7 +53,7 @@ bool decode_fusion_enabled(DecodeFusion f) {
 static_assert(SmallMGemmMultiArgs::kMaxOutputs == kSmallGemmMaxOutputs);
 
 namespace {
-std::atomic<std::uint64_t> g_calls[3];
+std::atomic<std::uint64_t> g_calls[kDecodeFusions];
 void count_call(DecodeFusion f) {
   g_calls[static_cast<int>(f)].fetch_add(1, std::memory_order_relaxed);
 }
@@ -99,7 +109,9 @@ Status add_rms_norm(const AddRmsNormArgs& a, mem::Stream& stream) {
   return ok_status();
 }
 
-Result<bool> qk_norm_rope(const QkNormRopeArgs& a, mem::Stream& stream) {
+namespace {
+// qk_norm_rope's argument checks: an error, or whether the launch fits the grid.
+Result<bool> check_qk_norm_rope(const QkNormRopeArgs& a, const mem::Stream& stream) {
   if (stream.device() != Device::kCuda) return invalid_argument("cuda qk_norm_rope: CUDA stream");
   if (a.q_out == nullptr || a.q_in == nullptr || a.q_weight == nullptr || a.k_out == nullptr ||
       a.k_in == nullptr || a.k_weight == nullptr || a.positions == nullptr ||
@@ -107,13 +119,41 @@ Result<bool> qk_norm_rope(const QkNormRopeArgs& a, mem::Stream& stream) {
     return invalid_argument("cuda qk_norm_rope: missing pointers or t {} h {} g {} d {} r {}", a.t,
                             a.h, a.g, a.d, a.r);
   }
-  if ((a.t * (a.h + a.g) + 3) / 4 > 0x7fffffff) return false;
+  return (a.t * (a.h + a.g) + 3) / 4 <= 0x7fffffff;
+}
+}  // namespace
+
+Result<bool> qk_norm_rope(const QkNormRopeArgs& a, mem::Stream& stream) {
+  FERRY_ASSIGN_OR_RETURN(const bool fits, check_qk_norm_rope(a, stream));
+  if (!fits) return false;
   const cudaError_t e = launch_qk_norm_rope_f32(
       a.q_out, a.q_rstd, a.q_in, a.q_weight, a.k_out, a.k_rstd, a.k_in, a.k_weight, a.positions,
       a.inv_freq, a.t, a.h, a.g, a.d, a.r, a.eps, a.scaling, native(stream));
   if (e == cudaErrorNotSupported) return false;
   FERRY_LAUNCH_TRY("serve qk_norm_rope", native(stream), e);
   count_call(DecodeFusion::kQkNormRope);
+  return true;
+}
+
+Result<bool> qk_norm_rope_kv_write(const QkNormRopeKvArgs& a, mem::Stream& stream) {
+  FERRY_ASSIGN_OR_RETURN(const bool fits, check_qk_norm_rope(a.qk, stream));
+  const PagedKvLayout& kv = a.kv;
+  const PagedStep& st = a.step;
+  if (kv.base == nullptr || kv.block_tokens <= 0 || kv.G != a.qk.g || kv.D != a.qk.d ||
+      a.layer < 0 || a.v == nullptr || st.T != a.qk.t ||
+      (st.T > 0 && (st.seq_of == nullptr || st.pos == nullptr || st.tables == nullptr ||
+                    st.table_stride <= 0))) {
+    return invalid_argument(
+        "cuda qk_norm_rope_kv_write: KV layout G {} D {} (g {} d {}), layer {}, step T {} (t {}), "
+        "or missing step / v pointers",
+        kv.G, kv.D, a.qk.g, a.qk.d, a.layer, st.T, a.qk.t);
+  }
+  if (!fits) return false;
+  const cudaError_t e = launch_qk_norm_rope_kv_f32(a, native(stream));
+  if (e == cudaErrorNotSupported) return false;
+  FERRY_LAUNCH_TRY("serve qk_norm_rope_kv_write", native(stream), e);
+  count_call(DecodeFusion::kQkNormRope);
+  count_call(DecodeFusion::kQkNormRopeKv);
   return true;
 }
 

@@ -22,6 +22,7 @@
 #include <cstdlib>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/paged_kv_row.cuh"
 #include "kernels/cuda/serve_launchers.h"
 
 namespace ferry::kernels::cuda {
@@ -29,15 +30,6 @@ namespace {
 
 constexpr int kThreads = 128;  // baseline: 4 warps per block
 constexpr int kKeys = 8;       // keys whose rows are in flight together (per warp)
-
-__device__ __forceinline__ float* kv_row(const PagedKvLayout& kv, int layer, const PagedStep& s,
-                                         std::int64_t t, std::int64_t j, int which) {
-  const std::int32_t* table = s.tables + std::int64_t(s.seq_of[t]) * s.table_stride;
-  const std::int64_t blk = table[j / kv.block_tokens];
-  const std::int64_t row = std::int64_t(kv.G) * kv.D;
-  return kv.base + std::int64_t(layer) * kv.layer_stride +
-         (blk * 2 + which) * std::int64_t(kv.block_tokens) * row + (j % kv.block_tokens) * row;
-}
 
 __global__ void kv_write_kernel(PagedKvLayout kv, int layer, PagedStep s,
                                 const float* __restrict__ k, const float* __restrict__ v) {

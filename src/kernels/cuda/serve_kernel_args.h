@@ -85,7 +85,11 @@ struct SmallMGemmBf16Args {
 //   kAddNorm    (FERRY_FUSE_ADD_NORM)      the residual add and the next rms_norm (AddRmsNormArgs)
 //   kQkNormRope (FERRY_FUSE_QK_NORM_ROPE)  Qwen3's per-head q/k norms and both ropes
 //                                          (QkNormRopeArgs)
-enum class DecodeFusion : std::uint8_t { kQkv, kAddNorm, kQkNormRope };
+//   kQkNormRopeKv (FERRY_FUSE_QK_NORM_ROPE_KV, and only where kQkNormRope is on) the step's K/V
+//                                          rows written to the paged cache by that launch too,
+//                                          kv_write's launch gone (QkNormRopeKvArgs)
+enum class DecodeFusion : std::uint8_t { kQkv, kAddNorm, kQkNormRope, kQkNormRopeKv };
+inline constexpr int kDecodeFusions = 4;
 
 // Up to 3 linear layers on the same rows a [m, k] (lda), m <= 4: out_o [m, ldo_o] =
 // alpha * a @ b_o^T (+ bias_o) + beta * out_o, b_o [n_o, ldb_o] f32, or bf16 bits when `bf16`;
@@ -138,6 +142,19 @@ struct QkNormRopeArgs {
   const float* inv_freq = nullptr;          // [r / 2]
   std::int64_t t = 0, h = 0, g = 0, d = 0, r = 0;
   float eps = 0.0f, scaling = 1.0f;
+};
+
+// QkNormRopeArgs, and in the same launch the step's K/V rows into the paged cache: each k row,
+// once normed and roped (and stored to qk.k_out as before), and the v row of the same token and
+// kv head go where kv_write(kv, layer, step, qk.k_out, v) puts them, the same f32 values (so the
+// cache gets kv_write's bits). step.T == qk.t, kv.G == qk.g, kv.D == qk.d; step.pos is where the
+// rows land (the runner passes the same positions as qk.positions).
+struct QkNormRopeKvArgs {
+  QkNormRopeArgs qk;
+  PagedKvLayout kv;
+  int layer = 0;
+  PagedStep step;
+  const float* v = nullptr;  // [t, g*d]
 };
 
 // One MoE layer's forced routing (a routing hook's ids for the step, uploaded before the layers

@@ -38,7 +38,9 @@
 
 namespace ferry::kernels::cuda {
 
-// k, v: [T, G*D] -> the cache rows of (seq_of[t], pos[t]) in `layer`.
+// k, v: [T, G*D] -> the cache rows of (seq_of[t], pos[t]) in `layer`. (The serve runner's
+// default path writes them in its q/k norm + rope launch instead: decode_fusion.h
+// qk_norm_rope_kv_write, the same bits.)
 Status kv_write(const PagedKvLayout& kv, int layer, const PagedStep& step, const float* k,
                 const float* v, mem::Stream& stream);
 

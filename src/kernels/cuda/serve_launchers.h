@@ -16,6 +16,11 @@ namespace ferry::kernels::cuda {
 
 cudaError_t launch_kv_write(const PagedKvLayout& kv, int layer, const PagedStep& step,
                             const float* k, const float* v, cudaStream_t stream);
+// rope.cu: launch_qk_norm_rope_f32 (launchers.h) on a.qk, the same launch also writing the step's
+// K/V rows into the paged cache (QkNormRopeKvArgs, serve_kernel_args.h); cudaErrorNotSupported
+// (nothing launched) where launch_qk_norm_rope_f32 declines. a.step.T == a.qk.t, a.kv.G == a.qk.g,
+// a.kv.D == a.qk.d (checked by the caller).
+cudaError_t launch_qk_norm_rope_kv_f32(const QkNormRopeKvArgs& a, cudaStream_t stream);
 // D = kv.D <= 256 (checked by the caller). kDecode falls back to kBaseline when D % 4 != 0 or a
 // pointer is not 16-byte aligned.
 cudaError_t launch_paged_attention(const PagedKvLayout& kv, int layer, const PagedStep& step,
