@@ -202,6 +202,12 @@ for base, kept, n in (("device", "device+keep:top:2", 2), ("every:2", "every:2+k
     assert k["layer_forwards_per_step"] == b["layer_forwards_per_step"] - 2 * n, (b, k)
     assert k["kept_layer_backwards_per_step"] == 2 * n, k
     assert k["layer_backwards_per_step"] == b["layer_backwards_per_step"] == 2 * 4, (b, k)
+    # The re-forward before each backward is internals-only: one per layer not kept and
+    # micro-batch; the rest of layer_forwards are full (the forward pass, every:K's recomputes).
+    for x, kept_n in ((b, 0), (k, n)):
+        assert x["internals_forwards_per_step"] == 2 * (4 - kept_n), x
+    full = {"device": 2 * 4, "every:2": 2 * (4 + 2)}[base]
+    assert b["layer_forwards_per_step"] - b["internals_forwards_per_step"] == full, b
     assert k["loss_first"] == b["loss_first"] and k["loss_last"] == b["loss_last"], (b, k)
     assert k["weight_h2d_bytes_per_step"] == b["weight_h2d_bytes_per_step"], (b, k)
     assert k["device_kept_bytes"] > 0 and b["device_kept_bytes"] == 0, (b, k)
