@@ -59,6 +59,7 @@ void expect_transfers_equal(const TransferStats& a, const TransferStats& b, cons
   EXPECT_EQ(a.nvme_read, b.nvme_read) << p;
   EXPECT_EQ(a.layer_forwards, b.layer_forwards) << p;
   EXPECT_EQ(a.layer_backwards, b.layer_backwards) << p;
+  EXPECT_EQ(a.internals_forwards, b.internals_forwards) << p;
   EXPECT_EQ(a.kept_layers, b.kept_layers) << p;
 }
 
