@@ -14,6 +14,7 @@ wall time per step with a CUDA sync at the end of each step. Writes JSON.
 import argparse
 import json
 import statistics
+import sys
 import time
 
 import torch
@@ -46,6 +47,8 @@ def main():
                    help="lm_head a matrix of its own (Qwen2.5-7B), as ferry bench train's flag")
     p.add_argument("--arch", choices=["qwen3", "qwen2"], default="qwen3",
                    help="as ferry bench train's --arch")
+    p.add_argument("--init-on", choices=["cuda", "cpu"], default="cuda",
+                   help="where the random weights are created (cpu: fp32 on the host, then copied)")
     p.add_argument("--out", default="")
     a = p.parse_args()
     if a.geometry:
@@ -74,7 +77,25 @@ def main():
     else:
         cfg, model_cls = Qwen3Config(head_dim=a.head_dim, **common), Qwen3ForCausalLM
     torch.manual_seed(1)
-    model = model_cls(cfg).to(device="cuda", dtype=torch.bfloat16)
+    t_init = time.perf_counter()
+    if a.init_on == "cuda":
+        # Parameters created and randomly initialized on the GPU in bf16: a 7B model's CPU fp32
+        # init and copy took most of two minutes of device time (session 15). Throughput does not
+        # depend on the random values.
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            with torch.device("cuda"):
+                model = model_cls(cfg)
+        except (RuntimeError, TypeError) as e:  # an older torch / transformers: the host path
+            print(f"train_torch_baseline: init on cuda failed ({e}); initializing on the host",
+                  file=sys.stderr)
+            a.init_on = "cpu"
+        finally:
+            torch.set_default_dtype(torch.float32)
+    if a.init_on == "cpu":
+        model = model_cls(cfg).to(device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    init_s = time.perf_counter() - t_init
     if a.checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
@@ -104,7 +125,7 @@ def main():
     mean = sum(times) / len(times)
     rep = {"baseline": "torch", "torch": torch.__version__, "device": torch.cuda.get_device_name(),
            "params": params, "batch": a.batch, "seq": a.seq, "steps": a.steps,
-           "grad_accum": a.grad_accum,
+           "grad_accum": a.grad_accum, "init_on": a.init_on, "init_s": init_s,
            "checkpointing": a.checkpointing, "arch": cfg.model_type,
            "dtype": "bf16 weights, fused AdamW, SDPA",
            "step_ms_median": statistics.median(times) * 1e3, "step_ms_mean": mean * 1e3,
