@@ -6,6 +6,7 @@
 
 #include "core/dtype.h"
 #include "core/thread_pool.h"
+#include "core/timer.h"
 #include "model/model_binding.h"
 #include "model/model_compute.h"
 #include "model/param_spec.h"
@@ -47,14 +48,19 @@ Result<std::unique_ptr<HostArena>> HostArena::create_initialized(
     decay.push_back(decays(p.hf_name));
     q8.push_back(mode.states == OptimizerStates::k8Bit);
   }
+  Timer alloc;
   FERRY_ASSIGN_OR_RETURN(
       auto a, allocate(specs, geo.layers, mode, bf16_compute, bf16_grads, decay, q8, tier));
+  const double allocate_s = alloc.elapsed_s();
   a->reinitialize(init);
+  a->setup_times_.allocate_s = allocate_s;
   return a;
 }
 
 void HostArena::reinitialize(const std::function<void(std::size_t, float*)>& init) {
   // Zero everything but the weights, unit by unit in parallel (tens of GB at bench sizes).
+  setup_times_ = {};
+  Timer phase;
   const mem::ArenaPlan& plan = arena_.plan();
   ThreadPool::global().parallel_for(units_.size(), [&](std::size_t u0, std::size_t u1) {
     for (std::size_t u = u0; u < u1; ++u) {
@@ -65,11 +71,15 @@ void HostArena::reinitialize(const std::function<void(std::size_t, float*)>& ini
       for (mem::SlotId id : zero) std::memset(arena_.data(id), 0, plan.slot(id).size_bytes);
     }
   });
+  setup_times_.zero_s = phase.elapsed_s();
   std::vector<float> tmp;
   for (const ParamLoc& p : params_) {
     if (bf16_master()) {
       tmp.resize(static_cast<std::size_t>(p.n));
+      phase.reset();
       init(static_cast<std::size_t>(p.index), tmp.data());
+      setup_times_.init_s += phase.elapsed_s();
+      phase.reset();
       // The rounding of billions of weights (a 3B bench arena) on every thread, not one.
       std::uint16_t* w = w16(p.unit) + p.offset;
       ThreadPool::global().parallel_for(
@@ -78,10 +88,15 @@ void HostArena::reinitialize(const std::function<void(std::size_t, float*)>& ini
             for (std::size_t k = k0; k < k1; ++k) w[k] = f32_to_bf16(tmp[k]);
           },
           std::size_t{1} << 16);
+      setup_times_.round_s += phase.elapsed_s();
     } else {
       float* m = master(p.unit) + p.offset;
+      phase.reset();
       init(static_cast<std::size_t>(p.index), m);
+      setup_times_.init_s += phase.elapsed_s();
+      phase.reset();
       write_streaming_copy(p);
+      setup_times_.round_s += phase.elapsed_s();
     }
   }
 }

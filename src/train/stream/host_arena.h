@@ -76,6 +76,14 @@ class HostArena {
   // `ferry bench train` reuses one pinned arena for every policy instead of pinning tens of GB
   // again per policy.
   void reinitialize(const std::function<void(std::size_t, float*)>& init);
+  // Where create_initialized / the last reinitialize spent their time, in seconds (`ferry bench
+  // train` reports them: a 7B arena took ~61 s before the first step on the H200, parts unknown):
+  // allocating (pinning) the arena, zeroing states / compensation / gradients, drawing the
+  // weights (init), rounding them to the bf16 streaming copy or master.
+  struct SetupTimes {
+    double allocate_s = 0, zero_s = 0, init_s = 0, round_s = 0;
+  };
+  const SetupTimes& setup_times() const { return setup_times_; }
 
   Status load_from(const TrainState& s);  // weights + master + states (grads zeroed)
   Status store_to(TrainState& s) const;   // master + states, bit for bit
@@ -148,6 +156,7 @@ class HostArena {
     mem::SlotId weights, master, m, v, m_absmax, v_absmax, grads;
   };
   explicit HostArena(mem::MemTier tier) : budget_(tier) {}
+  SetupTimes setup_times_;
   // Lays out and allocates (contents undefined) the arena of these parameters.
   static Result<std::unique_ptr<HostArena>> allocate(const std::vector<model::ParamSpec>& specs,
                                                      int layers, const OptimMode& mode,
