@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "core/irwin_hall.h"
 #include "core/thread_pool.h"
 #include "model/model_binding.h"
 #include "model/param_spec.h"
@@ -41,24 +42,15 @@ std::uint64_t chunk_seed(std::uint64_t seed, std::size_t tensor, std::size_t chu
   return seed ^ (0x9e3779b97f4a7c15ull * (tensor + 1)) ^ (chunk << 32);
 }
 
-// parallel_init's chunks draw each value as the sum of four 16-bit uniforms (the four quarters of
-// one Rng::next()), centred and scaled to std_dev: Irwin-Hall(4), approximately normal (bounded at
-// +-3.46 sigma, kurtosis 2.4 instead of 3), which random benchmark weights do not mind. Why not
-// Box-Muller: drawing the 48-layer bench geometry's ~31 G values was bound by its log, sqrt and
-// sincos (~100-120 s per process on the H200's 16 cores with one value per pair, ~half that with
-// both); this is ~8x cheaper per value than the pair version here (2.3 vs 18 ns, one core). The
-// sequential stream (`normal`, small models) is unchanged: their weights stay as they were.
+// parallel_init's chunks draw each value as Irwin-Hall(4) of one Rng::next(), scaled to std_dev
+// (core/irwin_hall.h: drawing the 48-layer bench geometry's ~31 G values by Box-Muller took ~100-
+// 120 s per process on the H200's 16 cores). The sequential stream (`normal`, small models) is
+// unchanged: their weights stay as they were.
 void fill_chunk(float* dst, std::size_t n, double std_dev, std::uint64_t seed) {
   Rng r(seed);
-  // Each quarter is uniform on 0..65535: mean 65535 / 2 and variance (65536^2 - 1) / 12.
-  constexpr double kMean = 4 * 65535.0 / 2;
-  const double sd = std::sqrt(4 * (65536.0 * 65536.0 - 1) / 12);
-  const float scale = static_cast<float>(std_dev / sd);
+  const float scale = static_cast<float>(std_dev / std::sqrt(kIrwinHall4Variance));
   for (std::size_t k = 0; k < n; ++k) {
-    const std::uint64_t x = r.next();
-    const std::uint32_t sum = static_cast<std::uint32_t>((x & 0xffff) + ((x >> 16) & 0xffff) +
-                                                         ((x >> 32) & 0xffff) + (x >> 48));
-    dst[k] = static_cast<float>(static_cast<double>(sum) - kMean) * scale;
+    dst[k] = static_cast<float>(irwin_hall4_centred(r.next())) * scale;
   }
 }
 

@@ -2,11 +2,13 @@
 #include "train/builtin_model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <vector>
 
 #include "core/check.h"
 #include "core/file_util.h"
+#include "core/irwin_hall.h"
 #include "core/json.h"
 #include "core/thread_pool.h"
 #include "model/config.h"
@@ -118,6 +120,7 @@ std::string builtin_config_json(const BuiltinModelSpec& s) {
 
 void fill_normal_chunked(float* out, std::int64_t n, double std, std::uint64_t stream_seed) {
   const std::int64_t chunks = (n + kInitChunk - 1) / kInitChunk;
+  const float scale = static_cast<float>(std / std::sqrt(kIrwinHall4Variance));
   ThreadPool::global().parallel_for(
       static_cast<std::size_t>(chunks), [&](std::size_t c0, std::size_t c1) {
         for (std::size_t c = c0; c < c1; ++c) {
@@ -125,7 +128,7 @@ void fill_normal_chunked(float* out, std::int64_t n, double std, std::uint64_t s
           const std::int64_t begin = static_cast<std::int64_t>(c) * kInitChunk;
           const std::int64_t end = std::min(n, begin + kInitChunk);
           for (std::int64_t k = begin; k < end; ++k)
-            out[k] = static_cast<float>(rng.normal() * std);
+            out[k] = static_cast<float>(irwin_hall4_centred(rng.next_u64())) * scale;
         }
       });
 }
