@@ -2,7 +2,7 @@
 // The device side of the paged KV cache's addressing (PagedKvLayout / PagedStep,
 // serve_kernel_args.h), shared by kv_write_kernel and the paged_attention baseline
 // (paged_attention.cu) and by the fused q/k norm + rope + cache write (rope.cu,
-// qk_norm_rope_kv_kernel), so every writer and reader of the cache computes the same addresses.
+// qk_norm_rope_kernel<true>), so every writer and reader of the cache computes the same addresses.
 #pragma once
 
 #include <cstdint>

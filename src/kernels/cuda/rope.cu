@@ -4,9 +4,9 @@
 // (positions reach 1e5 and an f32 angle would lose ~1e-2 rad there), then rotates pair
 // (i, i + R/2) of the group's heads.
 // Tested in tests/gpu/kernels_dense_test.cpp. qk_norm_rope_kernel: Qwen3's per-head q/k norms and
-// the rope in one launch, the bits of the separate launches (docs/cuda.md "Decode fusions";
-// tests/gpu/serve_decode_fusion_gpu_test.cpp); qk_norm_rope_kv_kernel: the same, plus the step's
-// K/V rows into the paged KV cache (kv_write's bits, through paged_kv_row.cuh).
+// the rope in one launch (<false>), the bits of the separate launches (docs/cuda.md "Decode
+// fusions"; tests/gpu/serve_decode_fusion_gpu_test.cpp); qk_norm_rope_kernel<true>: the same, plus
+// the step's K/V rows into the paged KV cache (kv_write's bits, through paged_kv_row.cuh).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/paged_kv_row.cuh"
 #include "kernels/cuda/serve_launchers.h"
@@ -79,7 +79,7 @@ struct QkRows {
   std::int64_t heads;
 };
 
-// One head row of qk_norm_rope_kernel / qk_norm_rope_kv_kernel, by one warp: the row `local` of
+// One head row of qk_norm_rope_kernel<false / true>, by one warp: the row `local` of
 // s (token local / s.heads) normed into s.out, __syncwarp, then roped in place there. Both
 // kernels call this one body, so they compile the same expressions (the same bits). Returns the
 // row's output, which every lane may read after a further __syncwarp.
@@ -125,29 +125,25 @@ __device__ __forceinline__ float* qk_norm_rope_row(QkRows s, std::int64_t local,
 
 constexpr int kQkRowsPerBlock = 4;  // warps per 128-thread block, a head row each
 
+// Where qk_norm_rope_kernel<true> writes the step's K/V rows: the paged cache of `layer`, and the
+// v rows [t * g, d] beside the k rows it norms and ropes.
+struct KvDest {
+  PagedKvLayout kv;
+  int layer = 0;
+  PagedStep step;
+  const float* v = nullptr;
+};
+
+// kWriteKv false: the norms and ropes only (launch_qk_norm_rope_f32). true: also, after
+// __syncwarp (the rope's stores visible to every lane), a k row's warp copies its finished row
+// and the v row of the same (token, kv head) into the paged cache at (seq_of[tok], pos[tok])
+// through kv_row as kv_write_kernel does: plain f32 copies, so the cache holds kv_write's bits
+// (decode fusion kQkNormRopeKv, decode_fusion.h).
+template <bool kWriteKv>
 __global__ void qk_norm_rope_kernel(QkRows q, QkRows k, const std::int32_t* __restrict__ positions,
                                     const float* __restrict__ inv_freq, std::int64_t t,
-                                    std::int64_t d, std::int64_t half, float eps, float scaling) {
-  const int lane = threadIdx.x & 31;
-  const std::int64_t row =
-      static_cast<std::int64_t>(blockIdx.x) * kQkRowsPerBlock + (threadIdx.x >> 5);
-  const std::int64_t q_rows = t * q.heads;
-  if (row >= q_rows + t * k.heads) return;
-  const bool is_q = row < q_rows;
-  qk_norm_rope_row(is_q ? q : k, is_q ? row : row - q_rows, lane, positions, inv_freq, d, half, eps,
-                   scaling);
-}
-
-// qk_norm_rope_kernel, and then a k row's warp (after __syncwarp: the rope's stores visible to
-// every lane) copies its finished row and the v row of the same (token, kv head) into the paged
-// cache at (seq_of[tok], pos[tok]), through kv_row as kv_write_kernel does: plain f32 copies, so
-// the cache holds kv_write's bits. Decode fusion kQkNormRopeKv (decode_fusion.h).
-__global__ void qk_norm_rope_kv_kernel(QkRows q, QkRows k,
-                                       const std::int32_t* __restrict__ positions,
-                                       const float* __restrict__ inv_freq, std::int64_t t,
-                                       std::int64_t d, std::int64_t half, float eps, float scaling,
-                                       PagedKvLayout kv, int layer, PagedStep step,
-                                       const float* __restrict__ v) {
+                                    std::int64_t d, std::int64_t half, float eps, float scaling,
+                                    KvDest dest) {
   const int lane = threadIdx.x & 31;
   const std::int64_t row =
       static_cast<std::int64_t>(blockIdx.x) * kQkRowsPerBlock + (threadIdx.x >> 5);
@@ -157,16 +153,21 @@ __global__ void qk_norm_rope_kv_kernel(QkRows q, QkRows k,
   const std::int64_t local = is_q ? row : row - q_rows;
   const float* y =
       qk_norm_rope_row(is_q ? q : k, local, lane, positions, inv_freq, d, half, eps, scaling);
-  if (is_q) return;  // the whole warp: a warp owns one row
-  __syncwarp();
-  const std::int64_t tok = local / k.heads, head = local % k.heads;
-  const std::int64_t j = step.pos[tok];
-  float* kc = kv_row(kv, layer, step, tok, j, 0) + head * d;
-  float* vc = kv_row(kv, layer, step, tok, j, 1) + head * d;
-  const float* vr = v + local * d;
-  for (std::int64_t i = lane; i < d; i += 32) {
-    kc[i] = y[i];
-    vc[i] = vr[i];
+  if constexpr (kWriteKv) {
+    if (is_q) return;  // the whole warp: a warp owns one row
+    __syncwarp();
+    const std::int64_t tok = local / k.heads, head = local % k.heads;
+    const std::int64_t j = dest.step.pos[tok];
+    float* kc = kv_row(dest.kv, dest.layer, dest.step, tok, j, 0) + head * d;
+    float* vc = kv_row(dest.kv, dest.layer, dest.step, tok, j, 1) + head * d;
+    const float* vr = dest.v + local * d;
+    for (std::int64_t i = lane; i < d; i += 32) {
+      kc[i] = y[i];
+      vc[i] = vr[i];
+    }
+  } else {
+    (void)y;
+    (void)dest;
   }
 }
 
@@ -200,9 +201,9 @@ cudaError_t launch_qk_norm_rope_f32(float* q_out, float* q_rstd, const float* q_
   const std::int64_t rows = t * (h + g);
   if (rows == 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>((rows + kQkRowsPerBlock - 1) / kQkRowsPerBlock);
-  qk_norm_rope_kernel<<<blocks, kQkRowsPerBlock * 32, 0, stream>>>(
+  qk_norm_rope_kernel<false><<<blocks, kQkRowsPerBlock * 32, 0, stream>>>(
       {q_out, q_rstd, q_in, q_weight, h}, {k_out, k_rstd, k_in, k_weight, g}, positions, inv_freq,
-      t, d, r / 2, eps, scaling);
+      t, d, r / 2, eps, scaling, KvDest{});
   return cudaGetLastError();
 }
 
@@ -212,9 +213,10 @@ cudaError_t launch_qk_norm_rope_kv_f32(const QkNormRopeKvArgs& a, cudaStream_t s
   const std::int64_t rows = p.t * (p.h + p.g);
   if (rows == 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>((rows + kQkRowsPerBlock - 1) / kQkRowsPerBlock);
-  qk_norm_rope_kv_kernel<<<blocks, kQkRowsPerBlock * 32, 0, stream>>>(
+  qk_norm_rope_kernel<true><<<blocks, kQkRowsPerBlock * 32, 0, stream>>>(
       {p.q_out, p.q_rstd, p.q_in, p.q_weight, p.h}, {p.k_out, p.k_rstd, p.k_in, p.k_weight, p.g},
-      p.positions, p.inv_freq, p.t, p.d, p.r / 2, p.eps, p.scaling, a.kv, a.layer, a.step, a.v);
+      p.positions, p.inv_freq, p.t, p.d, p.r / 2, p.eps, p.scaling,
+      KvDest{.kv = a.kv, .layer = a.layer, .step = a.step, .v = a.v});
   return cudaGetLastError();
 }
 
