@@ -3,13 +3,40 @@
 // mmap'd pages (the base of exact-size pinned memory and of the CPU build's pinned tier).
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 
 #include "core/check.h"
+#include "core/log.h"
+#include "core/thread_pool.h"
 #include "mem/budget.h"
 #include "mem/tier_alloc.h"
+
+namespace ferry::mem {
+
+std::optional<PinnedMode> parse_pinned_mode(std::string_view s) {
+  if (s == "hostalloc") return PinnedMode::kHostAlloc;
+  if (s == "register") return PinnedMode::kRegister;
+  return std::nullopt;
+}
+
+PinnedMode large_arena_pinned_mode() {
+  static const PinnedMode mode = [] {
+    const char* e = std::getenv("FERRY_PINNED_MODE");
+    if (e == nullptr) return PinnedMode::kHostAlloc;
+    const std::optional<PinnedMode> m = parse_pinned_mode(e);
+    if (!m) {
+      log::get("mem")->warn("FERRY_PINNED_MODE={} is not hostalloc or register: hostalloc", e);
+      return PinnedMode::kHostAlloc;
+    }
+    return *m;
+  }();
+  return mode;
+}
+
+}  // namespace ferry::mem
 
 namespace ferry::mem::detail {
 
@@ -34,6 +61,23 @@ Result<std::byte*> map_pages(std::size_t bytes, std::string_view tier, std::stri
                               format_bytes(bytes), std::strerror(err));
   }
   return static_cast<std::byte*>(p);
+}
+
+void prefault_pages(std::byte* p, std::size_t bytes) {
+  const std::size_t mapped = align_up(bytes, kPageBytes);
+#ifdef MADV_HUGEPAGE
+  // Advice only: without THP (or where p is not 2 MiB aligned) the pages stay 4 KiB.
+  ::madvise(p, mapped, MADV_HUGEPAGE);
+#endif
+  // 2 MiB pieces: a huge page is touched by one thread.
+  constexpr std::size_t kPiece = std::size_t{2} << 20;
+  ThreadPool::global().parallel_for(
+      (mapped + kPiece - 1) / kPiece, [&](std::size_t c0, std::size_t c1) {
+        for (std::size_t c = c0; c < c1; ++c) {
+          const std::size_t begin = c * kPiece, end = std::min(mapped, begin + kPiece);
+          for (std::size_t o = begin; o < end; o += kPageBytes) p[o] = std::byte{0};
+        }
+      });
 }
 
 void unmap_pages(std::byte* p, std::size_t bytes) {

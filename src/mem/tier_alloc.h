@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 #include "core/result.h"
@@ -23,8 +24,15 @@ namespace ferry::mem {
 // How kPinnedHost memory is obtained in CUDA builds (buffer.h explains when to pick which).
 enum class PinnedMode : std::uint8_t {
   kHostAlloc,  // cudaHostAlloc (optionally write-combined)
-  kRegister,   // mmap of exactly the rounded-up pages, then cudaHostRegister
+  kRegister,   // mmap of exactly the rounded-up pages, faulted in on every thread, then
+               // cudaHostRegister
 };
+// "hostalloc" / "register"; anything else nullopt.
+std::optional<PinnedMode> parse_pinned_mode(std::string_view s);
+// The mode for large host arenas (train/stream's HostArena): FERRY_PINNED_MODE=register|hostalloc
+// in the environment (read once; unset or unknown: kHostAlloc, an unknown value warned about). An
+// A/B switch for the arena's setup time (`ferry bench train` reports setup_s.arena_allocate).
+PinnedMode large_arena_pinned_mode();
 
 namespace detail {
 
@@ -40,6 +48,11 @@ Result<std::byte*> pageable_alloc(std::size_t bytes, std::string_view what);
 void pageable_free(std::byte* p);
 Result<std::byte*> map_pages(std::size_t bytes, std::string_view tier, std::string_view what);
 void unmap_pages(std::byte* p, std::size_t bytes);
+// Faults in map_pages' pages before they are pinned, on every thread of ThreadPool::global()
+// (transparent huge pages requested first, where the kernel allows them): the kernel zeroes each
+// page on its first touch, and cudaHostRegister then pins pages that are already there, instead
+// of one driver thread faulting and zeroing tens of GB (a 7B training arena). Writes zeros.
+void prefault_pages(std::byte* p, std::size_t bytes);
 
 // Device tier. In CPU builds: emulated with host memory.
 Result<std::byte*> device_alloc(std::size_t bytes, int device, std::string_view what);

@@ -80,6 +80,7 @@ Result<std::byte*> pinned_alloc(std::size_t bytes, PinnedMode mode, bool write_c
     return static_cast<std::byte*>(p);
   }
   FERRY_ASSIGN_OR_RETURN(std::byte * p, map_pages(bytes, "pinned-host", what));
+  prefault_pages(p, bytes);
   const std::size_t mapped = align_up(bytes, kPageBytes);
   if (const cudaError_t e = cudaHostRegister(p, mapped, cudaHostRegisterPortable);
       e != cudaSuccess) {

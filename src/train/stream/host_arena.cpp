@@ -163,8 +163,9 @@ Result<std::unique_ptr<HostArena>> HostArena::allocate(const std::vector<model::
     }
     unit.grads = plan.add(pre + ".grads", bf16_grads ? b16 : f32, kPage);
   }
-  FERRY_ASSIGN_OR_RETURN(a->arena_,
-                         mem::make_arena(plan, tier, a->budget_, {.what = "train host arena"}));
+  FERRY_ASSIGN_OR_RETURN(a->arena_, mem::make_arena(plan, tier, a->budget_,
+                                                    {.pinned_mode = mem::large_arena_pinned_mode(),
+                                                     .what = "train host arena"}));
   return a;
 }
 
