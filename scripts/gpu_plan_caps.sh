@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run THERE (the GPU machine) after a build (scripts/gpu_train_check.sh builds build/gpu), for
-# issue #7's benchmark: at each GPU-memory cap, the solved plan against the fixed policies, each
+# issue #7's benchmark: at each GPU-memory cap (GiB), the solved plan against the fixed policies, each
 # at the largest batch that fits the cap, measured by the streaming executor at full depth.
 #   CAPS="24 40 80" GEOMS="qwen2.5-3b qwen2.5-7b" bash scripts/gpu_plan_caps.sh
 #   (CAPS_qwen2_5_7b="24" GEOMS=...: per-geometry caps; PROFILE_qwen2_5_3b=FILE reuses a
@@ -58,16 +58,20 @@ for g in ${GEOMS:-qwen2.5-3b qwen2.5-7b}; do
   caps_var="CAPS_${g//[.-]/_}"  # e.g. CAPS_qwen2_5_7b="24 40": this geometry's caps
   for cap in ${!caps_var:-${CAPS:-24 40 80}}; do
     plan="$OUT/plan_${g}_${cap}.json"
+    # CAP is in GiB (what a 24 GB card has: 24 GiB), the bench's budget in MiB; ferry plan counts
+    # GB = 1e9 bytes, so it gets the same bytes as CAP x 1.073741824 (before session 16 it got CAP
+    # GB, 7 % less than the policies it was compared with).
+    plan_gb=$(awk -v c="$cap" 'BEGIN { printf "%.6f", c * 1.073741824 }')
     rep="/tmp/plan_caps_bench.json"
     rm -f "$rep"
     if ! "$FERRY" plan --geometry "$g" --seq-len 1024 --batch-size auto --max-batch "$maxb" \
-      --gpu-mem-gb "$cap" --profile "$prof" $OPTIM $TAIL $TAIL_MS $PLAN_EXTRA --json "$plan" >"$OUT/plan_${g}_${cap}.log" 2>&1; then
-      echo "[$g ${cap} GB] ferry plan failed:"; tail -3 "$OUT/plan_${g}_${cap}.log"; continue
+      --gpu-mem-gb "$plan_gb" --profile "$prof" $OPTIM $TAIL $TAIL_MS $PLAN_EXTRA --json "$plan" >"$OUT/plan_${g}_${cap}.log" 2>&1; then
+      echo "[$g ${cap} GiB] ferry plan failed:"; tail -3 "$OUT/plan_${g}_${cap}.log"; continue
     fi
     timeout "${BENCH_TIMEOUT:-500}" "$FERRY" bench train --device cuda --geometry "$g" --seq-len 1024 \
       --batch-size auto --max-batch "$maxb" --device-budget-mib $((cap * 1024)) \
       --policies "every:4,device,host,plan=$plan" $OPTIM $TAIL $BENCH_EXTRA --json "$rep" \
-      >"$OUT/bench_${g}_${cap}.log" 2>&1 || { echo "[$g ${cap} GB] bench failed:"; tail -3 "$OUT/bench_${g}_${cap}.log"; }
+      >"$OUT/bench_${g}_${cap}.log" 2>&1 || { echo "[$g ${cap} GiB] bench failed:"; tail -3 "$OUT/bench_${g}_${cap}.log"; }
     python3 - "$g" "$cap" "$plan" "$rep" "$OUT/plan_caps.jsonl" <<'PY'
 import json, sys
 g, cap, plan, rep, out = sys.argv[1:6]
@@ -79,7 +83,7 @@ def load(p):
 P, B = load(plan), load(rep)
 with open(out, "a") as o:
     o.write(json.dumps({"geometry": g, "cap_gb": int(cap), "plan": P, "bench": B}) + "\n")
-print(f"[{g} {cap} GB] plan: batch {P.get('batch_size')}, predicted step "
+print(f"[{g} {cap} GiB] plan: batch {P.get('batch_size')}, predicted step "
       f"{P.get('predicted', {}).get('step_ms', float('nan')):.0f} ms")
 for p in B.get("policies", []):
     if "error" in p:
