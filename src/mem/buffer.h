@@ -25,8 +25,11 @@
 // Why two pinned modes: cudaHostAlloc is the simple path and the only one that offers
 // write-combined memory; mmap + cudaHostRegister lets us choose the pages ourselves (exactly the
 // rounded-up size, madvise/hugepages, NUMA placement) and pin memory whose layout was decided
-// before CUDA saw it. Registering can also fail where cudaHostAlloc succeeds (RLIMIT_MEMLOCK), so
-// the mode is an option, not a guess.
+// before CUDA saw it, and faulting the pages in on every thread first pinned a 63 GiB arena ~9x
+// faster than one cudaHostAlloc on the H200 (2.5 vs 22.7 s). Registering can also fail where
+// cudaHostAlloc succeeds (RLIMIT_MEMLOCK), so the mode is an option: BufferOptions defaults to
+// kHostAlloc; the train host arena defaults to kRegister and falls back
+// (mem::large_arena_pinned_mode).
 #pragma once
 
 #include <cstddef>

@@ -22,18 +22,18 @@ std::optional<PinnedMode> parse_pinned_mode(std::string_view s) {
   return std::nullopt;
 }
 
-PinnedMode large_arena_pinned_mode() {
-  static const PinnedMode mode = [] {
+LargeArenaPinning large_arena_pinned_mode() {
+  static const LargeArenaPinning choice = [] {
     const char* e = std::getenv("FERRY_PINNED_MODE");
-    if (e == nullptr) return PinnedMode::kHostAlloc;
+    if (e == nullptr) return LargeArenaPinning{};
     const std::optional<PinnedMode> m = parse_pinned_mode(e);
     if (!m) {
-      log::get("mem")->warn("FERRY_PINNED_MODE={} is not hostalloc or register: hostalloc", e);
-      return PinnedMode::kHostAlloc;
+      log::get("mem")->warn("FERRY_PINNED_MODE={} is not hostalloc or register: the default", e);
+      return LargeArenaPinning{};
     }
-    return *m;
+    return LargeArenaPinning{.mode = *m, .explicit_choice = true};
   }();
-  return mode;
+  return choice;
 }
 
 }  // namespace ferry::mem

@@ -30,9 +30,14 @@ enum class PinnedMode : std::uint8_t {
 // "hostalloc" / "register"; anything else nullopt.
 std::optional<PinnedMode> parse_pinned_mode(std::string_view s);
 // The mode for large host arenas (train/stream's HostArena): FERRY_PINNED_MODE=register|hostalloc
-// in the environment (read once; unset or unknown: kHostAlloc, an unknown value warned about). An
-// A/B switch for the arena's setup time (`ferry bench train` reports setup_s.arena_allocate).
-PinnedMode large_arena_pinned_mode();
+// in the environment (read once). Unset: kRegister, not explicit — the caller falls back to
+// kHostAlloc when registration fails (H200, 7B arena of 63 GiB: cudaHostAlloc 22.7 s, register
+// 2.5 s, the same step time; docs/train.md). An unknown value is warned about and treated as unset.
+struct LargeArenaPinning {
+  PinnedMode mode = PinnedMode::kRegister;
+  bool explicit_choice = false;  // set by FERRY_PINNED_MODE: no fallback
+};
+LargeArenaPinning large_arena_pinned_mode();
 
 namespace detail {
 

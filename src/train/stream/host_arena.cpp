@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/log.h"
 #include "core/thread_pool.h"
 #include "core/timer.h"
 #include "model/model_binding.h"
@@ -163,9 +164,20 @@ Result<std::unique_ptr<HostArena>> HostArena::allocate(const std::vector<model::
     }
     unit.grads = plan.add(pre + ".grads", bf16_grads ? b16 : f32, kPage);
   }
-  FERRY_ASSIGN_OR_RETURN(a->arena_, mem::make_arena(plan, tier, a->budget_,
-                                                    {.pinned_mode = mem::large_arena_pinned_mode(),
-                                                     .what = "train host arena"}));
+  const mem::LargeArenaPinning pin = mem::large_arena_pinned_mode();
+  Result<mem::Arena> arena = mem::make_arena(plan, tier, a->budget_,
+                                             {.pinned_mode = pin.mode, .what = "train host arena"});
+  if (!arena.ok() && !pin.explicit_choice && pin.mode != mem::PinnedMode::kHostAlloc) {
+    // The default (register) failed, e.g. where the driver refuses to register this much; the
+    // older path may still pin it. FERRY_PINNED_MODE set by the user gets no second try.
+    log::get("train")->warn("host arena: {}; trying cudaHostAlloc instead",
+                            arena.status().message());
+    arena =
+        mem::make_arena(plan, tier, a->budget_,
+                        {.pinned_mode = mem::PinnedMode::kHostAlloc, .what = "train host arena"});
+  }
+  if (!arena.ok()) return arena.status();
+  a->arena_ = std::move(arena).value();
   return a;
 }
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <cstdlib>
 
 #include <cstddef>
 #include <vector>
@@ -47,6 +48,20 @@ TEST(HostAlloc, PinnedModeSpellings) {
   EXPECT_EQ(parse_pinned_mode("register"), PinnedMode::kRegister);
   EXPECT_FALSE(parse_pinned_mode("Register").has_value());
   EXPECT_FALSE(parse_pinned_mode("").has_value());
+}
+
+// Unset, the train arena registers pages and may fall back; set, the choice is the user's.
+TEST(HostAlloc, LargeArenaPinningDefaultIsRegisterWithFallback) {
+  const char* e = std::getenv("FERRY_PINNED_MODE");
+  const LargeArenaPinning pin = large_arena_pinned_mode();
+  if (e == nullptr) {
+    EXPECT_EQ(pin.mode, PinnedMode::kRegister);
+    EXPECT_FALSE(pin.explicit_choice);
+  } else {
+    const std::optional<PinnedMode> m = parse_pinned_mode(e);
+    EXPECT_EQ(pin.explicit_choice, m.has_value());
+    EXPECT_EQ(pin.mode, m.value_or(PinnedMode::kRegister));
+  }
 }
 
 }  // namespace
