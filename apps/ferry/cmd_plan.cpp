@@ -186,7 +186,8 @@ Result<plan::ProblemAt> make_problem_at(const PlanConfig& c, const model::ModelC
   }
   if (!path.empty()) {
     FERRY_ASSIGN_OR_RETURN(plan::Profile p, plan::read_profile(path, cfg));
-    log::get("plan")->info("profile={} measured_by=\"{}\"", path, p.measured_by);
+    log::get("plan")->info("profile={} measured_by=\"{}\" host_homes=\"{}\"", path, p.measured_by,
+                           plan::host_home_text(p));
     prof = std::move(p);
   } else {
     log::get("plan")->info(

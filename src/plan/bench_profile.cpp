@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "plan/bench_profile.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -23,6 +24,45 @@ const Json* find_policy(const Json& report, const std::string& name) {
 double compute_ms(const Json& windows, int t) {
   return windows.at("measured_ms").at(t).get<double>() -
          windows.at("measured_exposed_ms").at(t).get<double>();
+}
+
+Result<Plan> price_policy(const PlanProblem& problem, const std::string& plan_name) {
+  FERRY_ASSIGN_OR_RETURN(const FixedPolicy fp, fixed_policy_by_name(plan_name, problem.num_layers));
+  return solve_policy(problem, fp);
+}
+
+// The host-home term (PlanProblem::host_home_ms_per_gb) from the report's device and host runs at
+// one batch: what the host run measured beyond the device run, less what the model already
+// predicts between them (problem: the profile without the term), per GB of boundaries the host run
+// homed off the GPU, clamped at >= 0. The GB homed: act_bytes_per_step / 2 (the bench counts both
+// directions; every homed boundary goes out once and comes back once), in the planner's unit (f32
+// boundaries of B x S x hidden, PlanProblem::boundary_gb). The executor's host policy homes the
+// first layer's input too (the planner keeps boundary 0 on the GPU), so the bytes are L
+// boundaries, the planner's all-host L-1. Without a host run at the device run's batch: 0 and an
+// empty measured_by.
+Status measure_host_home(const Json& report, const Json& dev, const PlanProblem& problem,
+                         Profile& prof) {
+  prof.host_home_ms_per_gb = 0;
+  prof.host_home_measured_by.clear();
+  const Json* host = find_policy(report, "host");
+  if (host == nullptr) return ok_status();
+  const int batch = report.at("batch").get<int>();
+  if (host->value("batch_size", batch) != dev.value("batch_size", batch)) return ok_status();
+  const double homed_gb = host->value("act_bytes_per_step", 0.0) / 2 / 1e9;
+  if (!(homed_gb > 0)) return ok_status();
+  FERRY_ASSIGN_OR_RETURN(const Plan pd, price_policy(problem, "all-gpu"));
+  FERRY_ASSIGN_OR_RETURN(const Plan ph, price_policy(problem, "all-host"));
+  const double dev_ms = dev.at("step_ms_mean").get<double>();
+  const double host_ms = host->at("step_ms_mean").get<double>();
+  const double modelled_ms = ph.predicted.step_ms - pd.predicted.step_ms;
+  const double extra_ms = host_ms - dev_ms - modelled_ms;
+  prof.host_home_ms_per_gb = std::max(0.0, extra_ms) / homed_gb;
+  prof.host_home_measured_by = fmt::format(
+      "ferry bench train on {}: host {:.1f} ms - device {:.1f} ms at batch {} ({} timed steps), "
+      "{:+.1f} ms of it modelled, {:+.1f} ms unmodelled over {:.2f} GB homed{}",
+      report.value("device", "?"), host_ms, dev_ms, batch, report.at("steps").get<int>(),
+      modelled_ms, extra_ms, homed_gb, extra_ms < 0 ? " (clamped at 0)" : "");
+  return ok_status();
 }
 
 }  // namespace
@@ -112,12 +152,13 @@ Result<BenchPrediction> predict_bench(const Json& report, const model::ModelConf
       out.serial_ms + (prof.optimizer_layer_ms.empty()
                            ? prof.cpu_optimizer_ms * problem.layers[0].weight_gb / total_w
                            : prof.optimizer_layer_ms[0]);
+  FERRY_TRY(measure_host_home(report, *dev, problem, prof));
+  problem.host_home_ms_per_gb = prof.host_home_ms_per_gb;
   for (const Json& p : report.at("policies")) {
     const std::string name = p.value("policy", "");
     const std::string plan_name = plan_policy_name(name);
     if (plan_name.empty() || p.contains("error")) continue;
-    FERRY_ASSIGN_OR_RETURN(const FixedPolicy fp, fixed_policy_by_name(plan_name, L));
-    FERRY_ASSIGN_OR_RETURN(const Plan plan, solve_policy(problem, fp));
+    FERRY_ASSIGN_OR_RETURN(const Plan plan, price_policy(problem, plan_name));
     const Prediction& pr = plan.predicted;
     out.checks.push_back({.policy = name,
                           .plan_policy = plan_name,
@@ -150,6 +191,13 @@ std::string bench_prediction_text(const BenchPrediction& b) {
   std::string s =
       fmt::format("profile from {} | serial part {:.1f} ms | cpu optimizer {:.1f} ms/step\n",
                   b.profile.measured_by, b.serial_ms, b.profile.cpu_optimizer_ms);
+  s += fmt::format("host homes: {}\n", host_home_text(b.profile));
+  if (!b.profile.host_home_measured_by.empty()) {
+    s += "(the host policy's prediction below includes the term fitted to it: not a check)\n";
+  } else {
+    s += "(no host run at the device run's batch: bench with --policies device,host to measure "
+         "it)\n";
+  }
   s += fmt::format("{:<10} {:<20} {:>12} {:>13} {:>8} {:>12} {:>13}\n", "policy", "plan policy",
                    "measured ms", "predicted ms", "error", "exposed ms", "predicted exp");
   for (const BenchCheck& c : b.checks) {

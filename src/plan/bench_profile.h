@@ -17,6 +17,11 @@
 // itself checks the optimizer model and the other policies check transfers and recompute.
 // The stream executor streams f32 weights and keeps f32 boundaries today: the problem is built
 // with 4 bytes per weight, gradient and activation element.
+// With a `host` run at the device run's batch beside it, the profile also gets the measured cost
+// of off-GPU boundary homes (Profile::host_home_ms_per_gb: the host run's step beyond the device
+// run's, less the model's own difference, per GB homed = act_bytes_per_step / 2; clamped at 0);
+// without one it is 0 and the text says so. The host policy's check then includes the term fitted
+// to it (not an independent check).
 // Tests: tests/unit/plan/bench_profile_test.cpp.
 #pragma once
 

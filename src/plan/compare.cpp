@@ -70,6 +70,7 @@ Json to_json(const Comparison& c) {
                 {"exposed_ms", p.predicted.exposed_ms},
                 {"optimizer_wait_ms", p.predicted.optimizer_wait_ms},
                 {"optimizer_bound_ms", p.predicted.optimizer_bound_ms},
+                {"host_home_ms", p.predicted.host_home_ms},
                 {"recompute_ms", p.predicted.recompute_ms},
                 {"tflops", p.predicted.tflops},
                 {"gpu_peak_gb", p.predicted.gpu_peak_gb},

@@ -248,8 +248,16 @@ Result<Prediction> evaluate(const PlanProblem& p, const Plan& plan) {
     r.optimizer_wait_ms += held;
     fwd_end += held + compute[t] + r.window_exposed_ms[t];
   }
-  r.step_ms = std::max(r.gpu_step_ms + r.optimizer_wait_ms, optimizer_phase_ms(p));
-  r.optimizer_bound_ms = r.step_ms - r.gpu_step_ms - r.optimizer_wait_ms;
+  const double with_optimizer =
+      std::max(r.gpu_step_ms + r.optimizer_wait_ms, optimizer_phase_ms(p));
+  r.optimizer_bound_ms = with_optimizer - r.gpu_step_ms - r.optimizer_wait_ms;
+  // The host-home term: serial, per GB homed off the GPU (NVMe bytes pass through host memory).
+  double homed_gb = 0;
+  for (int i = 1; i < L; ++i) {
+    if (offloaded(plan.homes[i])) homed_gb += A[i];
+  }
+  r.host_home_ms = p.host_home_ms_per_gb * homed_gb;
+  r.step_ms = with_optimizer + r.host_home_ms;
   r.kept_internals_gb = kept_gb;
   r.objective_ms = r.step_ms + p.move_penalty_ms_per_gb * (moved + kept_gb);
   r.host_peak_gb = p.host_fixed_gb;

@@ -44,7 +44,8 @@ struct Transfer {
 // What a plan costs under a PlanProblem (filled by evaluate()).
 struct Prediction {
   double gpu_step_ms = 0;  // compute + exposed transfers + step_fixed
-  double step_ms = 0;      // max(gpu_step_ms + optimizer_wait_ms, cpu_optimizer_ms)
+  // max(gpu_step_ms + optimizer_wait_ms, optimizer phase) + host_home_ms
+  double step_ms = 0;
   // Forward windows held back by the CPU optimizer: the update of the previous step runs layer by
   // layer from the step's start (units in forward order) and layer i's forward needs layer i's
   // update (the executor's LayerOptimizer gate); beyond the layer-0 update step_fixed_ms counts.
@@ -52,6 +53,10 @@ struct Prediction {
   // step_ms - gpu_step_ms - optimizer_wait_ms: the GPU done with the step but the CPU optimizer
   // not (its whole update is longer than the GPU's step); 0 unless the optimizer bounds the step.
   double optimizer_bound_ms = 0;
+  // PlanProblem::host_home_ms_per_gb x the GB of boundaries homed in host memory or on NVMe: the
+  // measured serial cost of off-GPU homes (host memory bandwidth shared with the CPU optimizer),
+  // added to the step after the optimizer's max. 0 without the measured term.
+  double host_home_ms = 0;
   double compute_ms = 0;  // sum of window compute, incl. recompute
   double recompute_ms = 0;
   double exposed_ms = 0;    // transfer time no compute hides
@@ -73,8 +78,11 @@ struct Prediction {
   // sums to optimizer_wait_ms).
   std::vector<double> window_optimizer_wait_ms;
   // Time per step the GPU waits on something other than its compute and the serial part: exposed
-  // transfers, forward windows held by the optimizer, and the optimizer outlasting the GPU.
-  double idle_ms() const { return exposed_ms + optimizer_wait_ms + optimizer_bound_ms; }
+  // transfers, forward windows held by the optimizer, the optimizer outlasting the GPU, and the
+  // host-home term (measured as exposed time: docs/plan.md).
+  double idle_ms() const {
+    return exposed_ms + optimizer_wait_ms + optimizer_bound_ms + host_home_ms;
+  }
   bool operator==(const Prediction&) const = default;
 };
 

@@ -140,7 +140,7 @@ Status validate(const PlanProblem& p) {
   }
   for (double v : {p.loss_ms, p.loss_work_gb, p.head_weight_gb, p.head_grad_gb, p.step_fixed_ms,
                    p.cpu_optimizer_ms, p.gpu_cap_gb, p.host_cap_gb, p.nvme_cap_gb, p.gpu_fixed_gb,
-                   p.host_fixed_gb, p.move_penalty_ms_per_gb}) {
+                   p.host_fixed_gb, p.move_penalty_ms_per_gb, p.host_home_ms_per_gb}) {
     if (!finite_nonneg(v)) return invalid_argument("plan: a step cost or capacity is negative");
   }
   const LinkRates& r = p.link;
@@ -209,6 +209,8 @@ Json to_json(const PlanProblem& p) {
     j["device_update_layers"] = p.device_update_layers;
     j["device_update_ms_per_layer"] = p.device_update_ms_per_layer;
   }
+  // Only when measured, likewise (a problem without the term serializes as before).
+  if (p.host_home_ms_per_gb != 0) j["host_home_ms_per_gb"] = p.host_home_ms_per_gb;
   return j;
 }
 
@@ -255,6 +257,7 @@ Result<PlanProblem> problem_from_json(const Json& j) {
     p.allow_keep_internals = j.value("allow_keep_internals", false);
     p.device_update_layers = j.value("device_update_layers", 0);  // absent before the tail
     p.device_update_ms_per_layer = j.value("device_update_ms_per_layer", 0.0);
+    p.host_home_ms_per_gb = j.value("host_home_ms_per_gb", 0.0);  // absent: not measured
     p.move_penalty_ms_per_gb = j.at("move_penalty_ms_per_gb").get<double>();
     p.batch_size = j.at("batch_size").get<int>();
     p.seq_len = j.at("seq_len").get<int>();

@@ -73,6 +73,14 @@ struct PlanProblem {
                                     // last gradients, optimizer of layer 0, step start/stop)
   double cpu_optimizer_ms = 0;      // the CPU optimizer's work per step; it overlaps the GPU
                                     // windows, so the step is never shorter than this
+  // Measured per-step cost of boundaries homed off the GPU (docs/plan.md, "the host-home term"):
+  // ms per GB of boundary bytes (boundary_gb, one copy; each moves out and back) homed in host
+  // memory or on NVMe (whose bytes pass through host memory too), added serially to the step
+  // (Prediction::host_home_ms) whether or not the transfers hide in compute windows: the DMA
+  // traffic competes with the CPU optimizer for host memory bandwidth (measured on an H200 at
+  // Qwen2.5-3B: +126 ms per step for 9.7 GB homed). Constant per GB at any batch; 0: not measured
+  // (an older profile, or the analytic model), the transfers are then free when hidden.
+  double host_home_ms_per_gb = 0;
   LinkRates link;
 
   // Capacities and the bytes each tier needs whatever the plan.

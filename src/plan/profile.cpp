@@ -2,6 +2,7 @@
 #include "plan/profile.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 
 #include <fmt/format.h>
@@ -57,7 +58,17 @@ Json to_json(const Profile& p) {
           {"layers", layers},
           {"loss_ms", p.loss_ms},
           {"cpu_optimizer_ms", p.cpu_optimizer_ms},
-          {"optimizer_layer_ms", p.optimizer_layer_ms}};
+          {"optimizer_layer_ms", p.optimizer_layer_ms},
+          {"host_home_ms_per_gb", p.host_home_ms_per_gb},
+          {"host_home_measured_by", p.host_home_measured_by}};
+}
+
+std::string host_home_text(const Profile& p) {
+  if (p.host_home_measured_by.empty() && p.host_home_ms_per_gb == 0) {
+    return "0 ms/GB (not measured: the profile has no host-home term, so off-gpu boundaries are "
+           "priced free when their transfers hide)";
+  }
+  return fmt::format("{:.3f} ms/GB ({})", p.host_home_ms_per_gb, p.host_home_measured_by);
 }
 
 Result<Profile> profile_from_json(const Json& j, const model::ModelConfig& cfg) {
@@ -104,6 +115,13 @@ Result<Profile> profile_from_json(const Json& j, const model::ModelConfig& cfg) 
       return corrupt("plan: profile has {} per-layer optimizer times for {} layers",
                      p.optimizer_layer_ms.size(), p.layers.size());
     }
+    // Absent in profiles written before the host-home term: 0, i.e. not measured.
+    p.host_home_ms_per_gb = j.value("host_home_ms_per_gb", 0.0);
+    p.host_home_measured_by = j.value("host_home_measured_by", std::string{});
+    if (!std::isfinite(p.host_home_ms_per_gb) || p.host_home_ms_per_gb < 0) {
+      return corrupt("plan: profile host_home_ms_per_gb {} is not a cost >= 0",
+                     p.host_home_ms_per_gb);
+    }
     return p;
   } catch (const Json::exception& e) {
     return corrupt("plan: profile json: {}", e.what());
@@ -146,6 +164,7 @@ Status apply_profile(const Profile& prof, PlanProblem& p) {
     for (int j = 0; j < p.num_layers; ++j) p.layers[j].optimizer_ms = prof.optimizer_layer_ms[j];
   }
   p.link = prof.link;
+  p.host_home_ms_per_gb = prof.host_home_ms_per_gb;  // per GB: the same at every batch
   p.source = "profile:" + prof.machine + ":" + prof.geometry;
   return validate(p);
 }

@@ -9,7 +9,8 @@
 //             "nvme_read_gbps": .., "nvme_write_gbps": ..},
 //    "layers": [{"fwd_ms": .., "bwd_ms": .., "rec_ms": .., "reforward_ms": ..}, ...],
 //    "loss_ms": .., "cpu_optimizer_ms": .., "optimizer_layer_ms": [..] (optional: each layer's
-//    update)}
+//    update), "host_home_ms_per_gb": .., "host_home_measured_by": ".." (optional: the host-home
+//    term, PlanProblem::host_home_ms_per_gb; absent in profiles written before it: read as 0)}
 //
 // reforward_ms is the backward's internals-only re-forward (cost_model.h reforward_flop_share),
 // the time keeping the layer's internals saves. A profile without it (written before the
@@ -54,7 +55,18 @@ struct Profile {
   // Each layer's CPU update, measured per unit (empty: not measured; the total is split by weight).
   // Not scaled with the batch: the update touches every parameter once whatever the batch.
   std::vector<double> optimizer_layer_ms;
+  // The measured cost of boundaries homed off the GPU, ms per GB homed (PlanProblem
+  // host_home_ms_per_gb; bench_profile.h derives it from a device and a host run at one batch).
+  // Not scaled with the batch: boundary bytes scale with it, the cost per GB does not.
+  double host_home_ms_per_gb = 0;
+  // How it was measured; empty: not measured (an older profile, or a bench without a host run),
+  // host_home_ms_per_gb is then 0.
+  std::string host_home_measured_by;
 };
+
+// "2.15 ms/GB (device 2247.8 vs host 2374.4 ms ...)" or "0 (not measured: ...)": the term as the
+// profile's users print it.
+std::string host_home_text(const Profile& p);
 
 // "qwen2-L36-C2048-F11008-H16-KV2-D128-V151936-E0": what fixes per-layer cost.
 std::string geometry_key(const model::ModelConfig& c);

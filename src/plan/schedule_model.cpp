@@ -125,10 +125,13 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
   g_.assign(L + 1, -1);
   c_.assign(L + 1, -1);
   n_.assign(L + 1, -1);
+  // An off-GPU home pays the measured host-home term (serial, per GB: PlanProblem
+  // host_home_ms_per_gb) on its bytes; NVMe homes too, their bytes pass through host memory.
   for (int i = 1; i < L; ++i) {
+    const double home_ms = time_w * p.host_home_ms_per_gb * A[i];
     g_[i] = m_.add_col(0, 1, 0, true);
-    c_[i] = m_.add_col(0, 1, 0, true);
-    if (nvme) n_[i] = m_.add_col(0, 1, 0, true);
+    c_[i] = m_.add_col(0, 1, home_ms, true);
+    if (nvme) n_[i] = m_.add_col(0, 1, home_ms, true);
   }
   // Transfer columns (GB), only in the windows evaluate.h allows; the H2D range is the widest
   // (span end i+1) and the deadline row below narrows it to the chosen span's end.

@@ -21,6 +21,15 @@ namespace {
 // Solver tolerances: CBC/Clp satisfy rows to ~1e-7 absolute; objectives are O(10..100) ms.
 constexpr double kRelTol = 1e-6;
 
+// GB of boundaries a plan homes off the GPU (host and NVMe alike).
+double homed_gb(const PlanProblem& p, const Plan& plan) {
+  double gb = 0;
+  for (int i = 1; i < p.num_layers; ++i) {
+    if (plan.homes[i] == Home::kHost || plan.homes[i] == Home::kNvme) gb += p.boundary_gb[i];
+  }
+  return gb;
+}
+
 void expect_consistent(const PlanProblem& p, const Plan& plan, const std::string& what) {
   auto pred = evaluate(p, plan);
   ASSERT_TRUE(pred.ok()) << what << ": " << pred.status().to_string();
@@ -34,8 +43,12 @@ void expect_consistent(const PlanProblem& p, const Plan& plan, const std::string
               plan.solver.objective_ms, kRelTol * std::max(1.0, plan.solver.objective_ms))
       << what;
   EXPECT_NEAR(pred->step_ms,
-              std::max(pred->gpu_step_ms + pred->optimizer_wait_ms, optimizer_phase_ms(p)), 1e-9)
+              std::max(pred->gpu_step_ms + pred->optimizer_wait_ms, optimizer_phase_ms(p)) +
+                  pred->host_home_ms,
+              1e-9)
       << what;
+  // The host-home term: per GB of boundaries homed in host memory or on NVMe.
+  EXPECT_NEAR(pred->host_home_ms, p.host_home_ms_per_gb * homed_gb(p, plan), 1e-9) << what;
 }
 
 // The CPU optimizer's time per step, by regime: none; random_problem's own draw (0..30 ms); a few
@@ -74,8 +87,11 @@ void set_optimizer(std::mt19937_64& rng, PlanProblem& p, int regime) {
 
 TEST(MilpVsExact, SameOptimumOnRandomSmallInstances) {
   std::mt19937_64 rng(20261130);
+  // The host-home term's draws come from their own stream, so the instances stay as they were.
+  std::mt19937_64 rng_home(20261202);
   int both_feasible = 0, both_infeasible = 0, with_recompute = 0, with_offload = 0;
   int with_wait = 0, with_bound = 0, optimizer_changes_plan = 0;
+  int home_feasible = 0, home_offloads = 0, home_moves_less = 0;
   for (int n = 0; n < 80; ++n) {
     const int L = 2 + n % 4 + (n % 10 == 9 ? 1 : 0);  // 2..6
     const bool nvme = n % 3 == 0 && L <= 4;
@@ -122,6 +138,30 @@ TEST(MilpVsExact, SameOptimumOnRandomSmallInstances) {
     ASSERT_TRUE(blind_cost.ok());
     EXPECT_GE(blind_cost->objective_ms, want - kRelTol * std::max(1.0, want));
     if (blind_cost->objective_ms > want + 1e-3) ++optimizer_changes_plan;
+
+    // The same instance with a measured host-home term (ms per GB homed off the GPU, a serial step
+    // cost): the MILP still finds the exact optimum, and the optimum homes no more bytes off the
+    // GPU than without the term (the term only adds to off-GPU homes). A fitting problem stays
+    // fitting: the term is a cost, not a constraint.
+    PlanProblem h = p;
+    h.host_home_ms_per_gb = testing::uniform(rng_home, 0.5, 20.0);
+    SCOPED_TRACE(::testing::Message() << "host_home_ms_per_gb " << h.host_home_ms_per_gb);
+    auto exact_h = solve_exact(h);
+    auto milp_h = solve_milp(h, SolveOptions{.time_limit_s = 30});
+    ASSERT_TRUE(exact_h.ok()) << exact_h.status().to_string();
+    ASSERT_TRUE(milp_h.ok()) << milp_h.status().to_string();
+    EXPECT_EQ(milp_h->solver.status, "optimal");
+    const double want_h = exact_h->best.solver.objective_ms;
+    EXPECT_NEAR(milp_h->solver.objective_ms, want_h, kRelTol * std::max(1.0, want_h));
+    expect_consistent(h, *milp_h, "milp, host-home term");
+    expect_consistent(h, exact_h->best, "exact, host-home term");
+    EXPECT_LE(exact_h->max_lp_mismatch_ms, kRelTol * std::max(1.0, want_h));
+    EXPECT_GE(want_h, want - kRelTol * std::max(1.0, want));  // a cost never makes a plan faster
+    // Optimal with and without an added cost on homed GB: h (homed_h - homed) <= 0 (exchange).
+    EXPECT_LE(homed_gb(h, exact_h->best), homed_gb(p, exact->best) + 1e-3);
+    ++home_feasible;
+    if (homed_gb(h, *milp_h) > 0) ++home_offloads;
+    if (homed_gb(h, *milp_h) < homed_gb(p, *milp) - 1e-9) ++home_moves_less;
   }
   // The generator must exercise every regime, or the comparison proves little.
   EXPECT_GE(both_feasible, 40);
@@ -130,6 +170,12 @@ TEST(MilpVsExact, SameOptimumOnRandomSmallInstances) {
   EXPECT_GE(with_offload, 5);
   EXPECT_GE(with_wait, 10);
   EXPECT_GE(with_bound, 3);
+  EXPECT_GE(home_offloads, 3);    // the term is priced where the optimum still offloads ...
+  EXPECT_GE(home_moves_less, 3);  // ... and changes the optimum elsewhere
+  std::printf(
+      "milp vs exact with a host-home term: %d feasible, optimum offloads in %d, homes fewer GB "
+      "off the gpu than without the term in %d\n",
+      home_feasible, home_offloads, home_moves_less);
   // How often the optimizer term changes the optimum here is reported, not required: these
   // instances rarely trade recompute against forward-window exposure; optimizer_gate_test.cpp's
   // family does, and requires it.
