@@ -6,11 +6,12 @@
 #   (CAPS_qwen2_5_7b="24" GEOMS=...: per-geometry caps; PROFILE_qwen2_5_3b=FILE reuses a
 #   measured profile, e.g. bench/plan/results/h200_2026-12-01_s9_profile_qwen2.5-3b_b40.json,
 #   instead of the profile run)
-# Per geometry, first a profile: `ferry bench train --geometry G --policies device` at the run
-# batch (no cap), turned into a measured cost profile by `ferry plan --from-bench` (per-layer
+# Per geometry, first a profile: `ferry bench train --geometry G --policies device,host` at the
+# run batch (no cap), turned into a measured cost profile by `ferry plan --from-bench` (per-layer
 # forward / backward / recompute, loss window, optimizer, serial part; scaled linearly to other
-# batches). Then per cap: `ferry plan --batch-size auto --gpu-mem-gb CAP --profile P` writes the
-# plan, and `ferry bench train --batch-size auto --device-budget-mib CAP*1024 --policies
+# batches; and from the host run beside the device run, the measured cost per GB of boundaries
+# homed off the GPU, host_home_ms_per_gb: docs/plan.md). Then per cap: `ferry plan --batch-size
+# auto --gpu-mem-gb CAP --profile P` writes the plan, and `ferry bench train --batch-size auto --device-budget-mib CAP*1024 --policies
 # every:4,device,host,plan=PLAN` runs every policy at its largest fitting batch (at most
 # MAX_BATCH: a 7B step at batch 256 takes most of a minute; the largest batch the cap fits is
 # reported beside it), the plan at the batch it was solved for, with its predicted step next to
@@ -49,7 +50,7 @@ for g in ${GEOMS:-qwen2.5-3b qwen2.5-7b}; do
   if [[ -n "${!prof_var:-}" && ! -s "$prof" ]]; then cp "${!prof_var}" "$prof"; fi
   if [[ ! -s "$prof" ]]; then
     timeout "${BENCH_TIMEOUT:-500}" "$FERRY" bench train --device cuda --geometry "$g" --seq-len 1024 \
-      --batch-size "$maxb" --policies device $OPTIM $BENCH_EXTRA --json "$OUT/profile_bench_${g}.json" \
+      --batch-size "$maxb" --policies device,host $OPTIM $BENCH_EXTRA --json "$OUT/profile_bench_${g}.json" \
       >"$OUT/profile_bench_${g}.log" 2>&1 || { echo "[$g] profile bench failed:"; tail -3 "$OUT/profile_bench_${g}.log"; continue; }
     "$FERRY" plan --from-bench "$OUT/profile_bench_${g}.json" --write-profile "$prof" \
       >"$OUT/profile_${g}.log" 2>&1 || { echo "[$g] from-bench failed:"; tail -3 "$OUT/profile_${g}.log"; continue; }
