@@ -87,6 +87,7 @@ Result<DevicePlan> plan_device(const model::DecoderGeometry& geo, const ModelSiz
   }
   d.stage16 = d.plan.add("stage16", static_cast<std::size_t>(d.stage16_elements) * 2);
   d.optimizer_tail = d.plan.add("optimizer_tail", sizes.optimizer_tail_bytes);
+  d.resident = d.plan.add("resident", sizes.resident_bytes);
   d.sumsq = d.plan.add("sumsq", static_cast<std::size_t>(sizes.params) * f);
   d.sumsq_ws = d.plan.add("sumsq.workspace", backend.workspace_bytes(kernels::SumSquaresArgs{}));
   const std::size_t batch_ints = backend.device() == Device::kCpu ? 0 : 4 * tokens + 1;

@@ -28,6 +28,8 @@
 //   optimizer_tail  the device optimizer tail's staging (device_optimizer_tail.h, with
 //             --device-update-layers: --device-update-slots x the largest of its layers' optimizer
 //             sections, plus one parameter's f32 widening buffer with bf16 gradients), else 0
+//   resident  --resident-layers K: layers 0..K-1's weights, master/Kahan words, AdamW states and
+//             gradients, on the device for the whole run (resident_layers.h), else 0
 //   batch     a GPU backend's copy of the packed batch (ids, positions, targets [T], cu_seqlens
 //             [T + 1] i32); empty for host backends, which read the caller's batch
 // The executor allocates exactly this; check_budget() refuses a batch that does not fit before
@@ -59,6 +61,8 @@ struct ModelSizes {
   bool bf16_grads = false;              // the arena keeps bf16 gradients (grad16 staging)
   // DeviceOptimizerTail::staging_bytes (layers, slots) for --device-update-layers (0: off).
   std::size_t optimizer_tail_bytes = 0;
+  // ResidentLayers::bytes for --resident-layers K (0: none resident).
+  std::size_t resident_bytes = 0;
   // bf16 weight views asked for (StreamOptions::bf16_weight_views; they apply only where
   // bf16_weight_views() says) and the largest layer's f32 part with them
   // (bf16_view_f32_elements: norms, biases, q/k norms, router, under-aligned matrices).
@@ -74,6 +78,7 @@ struct DevicePlan {
   mem::SlotId sumsq_ws;        // the backend's sum_squares scratch (0 bytes on the CPU)
   mem::SlotId stage16;         // bf16 landing buffer (bf16_widen.h), maybe 0 bytes
   mem::SlotId optimizer_tail;  // device optimizer tail staging, maybe 0 bytes
+  mem::SlotId resident;        // GPU-resident layers (resident_layers.h), maybe 0 bytes
   std::int64_t stage16_elements = 0;
   // Layer GEMM weights read in place from slot16 (bf16_weight_views()); slot.i is then the f32
   // part only.
