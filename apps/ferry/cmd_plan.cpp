@@ -26,6 +26,7 @@
 #include "apps/ferry/commands.h"
 #include "apps/ferry/device_update_flags.h"
 #include "core/file_util.h"
+#include "core/json.h"
 #include "core/log.h"
 #include "model/config.h"
 #include "plan/bench_profile.h"
@@ -39,6 +40,7 @@
 #include "plan/search.h"
 #include "train/builtin_model.h"
 #include "train/optim/optim_modes.h"
+#include "train/stream/device_plan.h"
 
 namespace ferry::app {
 namespace {
@@ -163,6 +165,16 @@ Status log_executor_bytes(const plan::PlanProblem& p, const plan::Plan& solved,
           : std::to_string(exec->device_update_layers),
       exec->device_update_slots);
   return ok_status();
+}
+
+// The plan document with the model it was solved for ("model": train::stream::device_plan_model),
+// which ferry bench train checks a plan=FILE against: another architecture or shape has other
+// GPU bytes (a Qwen3 q/k norm's workspaces), so the plan's fit and step do not hold there.
+Status write_plan_document(const std::string& path, const plan::Plan& solved,
+                           const plan::PlanProblem& p, const model::ModelConfig& cfg) {
+  Json j = plan::plan_to_json(solved, &p);
+  j["model"] = train::stream::device_plan_model(cfg);
+  return write_file_atomic(path, j.dump(1) + "\n");
 }
 
 // `solve`, and with an executor target its solution checked against the executor's bytes.
@@ -442,7 +454,7 @@ Status run_plan_status() {
     std::printf("%s", plan::comparison_text(cmp).c_str());
   }
   std::fflush(stdout);
-  if (!c.json_out.empty()) FERRY_TRY(plan::write_plan_file(c.json_out, solved, &p));
+  if (!c.json_out.empty()) FERRY_TRY(write_plan_document(c.json_out, solved, p, cfg));
   return ok_status();
 }
 
@@ -477,7 +489,7 @@ Status write_training_plan(const TrainingPlanRequest& r, const std::string& out_
   FERRY_TRY(log_executor_bytes(p, solved, r.config, exec));
   std::printf("%s", plan::plan_text(p, solved).c_str());
   std::fflush(stdout);
-  return plan::write_plan_file(out_path, solved, &p);
+  return write_plan_document(out_path, solved, p, r.config);
 }
 
 namespace {

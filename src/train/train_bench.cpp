@@ -23,6 +23,7 @@
 #include "train/rng.h"
 #include "train/step_flops.h"
 #include "train/stream/activation_policy.h"
+#include "train/stream/device_plan.h"
 #include "train/stream/plan_policy.h"
 #include "train/stream/stream_executor.h"
 #include "train/stream/window_report.h"
@@ -67,6 +68,14 @@ Result<int> plan_tail_layers(const std::string& path) {
   if (!j.contains("problem") || !j["problem"].is_object()) return 0;
   const Json k = j["problem"].value("device_update_layers", Json(0));
   return k.is_number_integer() ? k.get<int>() : 0;
+}
+
+// The model a `ferry plan` document was solved for (its "model": stream::device_plan_model);
+// null when absent (a document from before it was recorded).
+Result<Json> plan_model(const std::string& path) {
+  FERRY_ASSIGN_OR_RETURN(const std::string text, read_file(path));
+  FERRY_ASSIGN_OR_RETURN(const Json j, parse_json(text, path));
+  return j.contains("model") ? j["model"] : Json(nullptr);
 }
 
 double median(std::vector<double> v) {
@@ -179,6 +188,23 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
           (std::filesystem::temp_directory_path() / "ferry_bench_train_nvme").string();
       FERRY_ASSIGN_OR_RETURN(const stream::PlanPolicy pp,
                              stream::read_plan_policy(name.substr(5), geo.layers, nvme));
+      // A plan solved for another model (architecture or shapes) fits another model's bytes:
+      // H200, session 16, a --geometry qwen2.5-3b plan (Qwen2) fitted 40 GiB at batch 32, and
+      // this bench's Qwen3 of that geometry (its q/k norm workspaces) ran it at batch 31.
+      FERRY_ASSIGN_OR_RETURN(const Json planned, plan_model(name.substr(5)));
+      const std::string differs =
+          stream::device_plan_model_mismatch(planned, stream::device_plan_model(config));
+      if (!differs.empty()) {
+        rep["policies"].push_back(
+            {{"policy", name},
+             {"error", fmt::format("{} was solved for another model ({}): its GPU bytes and "
+                                   "predicted step are not this run's; bench the plan's model "
+                                   "(--arch qwen2 for a Qwen2.5 --geometry) or solve the plan "
+                                   "for this one",
+                                   name, differs)}});
+        reuse = std::move(arena);
+        continue;
+      }
       pol = pp.policy;
       predicted_step_ms = pp.predicted_step_ms;
       plan_batch = pp.batch_size;

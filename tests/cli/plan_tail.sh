@@ -10,7 +10,13 @@
 #  3. ferry train --plan auto passes the run's tail: the plan's problem has it, its optimizer
 #     phase differs from the run without, and plan and phase equal what ferry plan predicts for
 #     the same request;
-#  4. a tail with fp32 master + fp32 states (no device kernel) is refused by the executor fit.
+#  4. a tail with fp32 master + fp32 states (no device kernel) is refused by the executor fit;
+#  5. a plan records the model it was solved for, and ferry bench train refuses a plan=FILE for
+#     another architecture (H200, session 16: ferry plan --geometry qwen2.5-3b prices Qwen2, the
+#     bench's --geometry model is Qwen3 unless --arch qwen2, whose q/k norm buffers in every layer
+#     workspace, kept ones included, took 1.2 GB more than the plan's 40 GiB fit at batch 32);
+#     with the plan's architecture, at a binding cap with the tail and mixed homes, the executor
+#     runs it at its batch with ferry plan's bytes.
 set -euo pipefail
 FERRY="$1"; ROOT="$2"
 TMP="$(mktemp -d)"; trap 'rm -rf "$TMP"' EXIT
@@ -134,4 +140,42 @@ set +e
 set -e
 [ "$rc" -eq 1 ] && grep -q "no kernel for fp32 master + fp32 states" "$TMP/r.err" ||
   { echo "plan_tail: fp32 + fp32 tail: rc=$rc"; cat "$TMP/r.err"; exit 1; }
+# 5. The plan's model: Qwen2 (q/k/v biases, no q/k norm) of the same shapes.
+mkdir -p "$TMP/m2"
+python3 - "$TMP/m/config.json" "$TMP/m2/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.update({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"})
+c.pop("attention_bias", None)
+json.dump(c, open(sys.argv[2], "w"))
+PY
+plan2=(plan --model "$TMP/m2" "${plan[@]:3}")
+"$FERRY" "${plan2[@]}" --batch-size auto --max-batch 64 --gpu-mem-gb 0.004194304 "${optim[@]}" \
+  "${tail[@]}" --json "$TMP/q2.json" > /dev/null 2> "$TMP/q2.log" ||
+  { echo "plan_tail: qwen2 plan failed"; cat "$TMP/q2.log"; exit 1; }
+read -r with staging <<< "$(executor_bytes "$TMP/q2.log")"
+for arch in qwen2 qwen3; do
+  "$FERRY" "${bench[@]}" --arch "$arch" --batch-size auto --max-batch 64 --device-budget-mib 4 \
+    "${optim[@]}" "${tail[@]}" --policies "plan=$TMP/q2.json" --json "$TMP/b_$arch.json" \
+    > "$TMP/b_$arch.log" 2>&1 ||
+    { echo "plan_tail: bench --arch $arch failed"; cat "$TMP/b_$arch.log"; exit 1; }
+done
+python3 - "$TMP/q2.json" "$TMP/b_qwen2.json" "$TMP/b_qwen3.json" "$with" <<'PY'
+import json, sys
+plan, same, other = (json.load(open(p)) for p in sys.argv[1:4])
+want = int(sys.argv[4])
+assert plan.get("model", {}).get("model_type") == "qwen2", plan.get("model")
+assert plan["model"]["qkv_bias"], plan["model"]
+homes = {b["home"] for b in plan["boundaries"]}
+assert len(homes) > 1, homes  # a mixed plan at this cap
+p = same["policies"][0]
+assert "error" not in p, p
+assert p["batch_size"] == plan["batch_size"] == p["plan_batch"], (p["batch_size"], plan["batch_size"])
+assert p["device_planned_bytes"] == want, (p["device_planned_bytes"], want)
+q = other["policies"][0]
+assert "error" in q and "solved for another model" in q["error"] and "model_type" in q["error"], q
+print(f"plan_tail: a qwen2 plan (batch {plan['batch_size']}, homes {sorted(homes)}) runs at its "
+      f"batch with ferry plan's {want} bytes under --arch qwen2; a qwen3 bench refuses it")
+PY
+
 echo "plan tail cli: ok"

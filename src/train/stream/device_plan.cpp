@@ -5,6 +5,9 @@
 #include <array>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+
+#include <fmt/format.h>
 
 #include "mem/budget.h"
 
@@ -23,6 +26,34 @@ bool bf16_weight_views(const ModelSizes& sizes, const kernels::Backend& backend,
   return sizes.bf16_weights && sizes.bf16_weight_views &&
          precision == model::GemmPrecision::kBf16 && backend.device() != Device::kCpu &&
          backend.supports(kernels::OpKind::kGemm, DType::kBF16);
+}
+
+Json device_plan_model(const model::ModelConfig& config) {
+  return Json{{"model_type", config.model_type},
+              {"layers", config.num_hidden_layers},
+              {"hidden", config.hidden_size},
+              {"intermediate", config.intermediate_size},
+              {"heads", config.num_attention_heads},
+              {"kv_heads", config.num_key_value_heads},
+              {"head_dim", config.head_dim},
+              {"vocab", config.vocab_size},
+              {"tied", config.tie_word_embeddings},
+              {"qk_norm", std::string(model::to_string(config.qk_norm))},
+              {"qkv_bias", config.qkv_bias},
+              {"o_bias", config.o_bias},
+              {"experts", config.num_experts},
+              {"expert_intermediate", config.moe_intermediate_size}};
+}
+
+std::string device_plan_model_mismatch(const Json& planned, const Json& run) {
+  std::string out;
+  for (const auto& [key, value] : run.items()) {
+    // A field the plan does not record (an older document) is not a difference.
+    if (!planned.is_object() || !planned.contains(key) || planned.at(key) == value) continue;
+    out += fmt::format("{}{} {} (this run {})", out.empty() ? "" : ", ", key,
+                       planned.at(key).dump(), value.dump());
+  }
+  return out;
 }
 
 Result<DevicePlan> plan_device(const model::DecoderGeometry& geo, const ModelSizes& sizes,

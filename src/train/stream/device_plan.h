@@ -41,9 +41,11 @@
 #include <string>
 #include <vector>
 
+#include "core/json.h"
 #include "core/result.h"
 #include "kernels/backend.h"
 #include "mem/arena.h"
+#include "model/config.h"
 #include "model/model_compute.h"
 #include "train/stream/activation_policy.h"
 
@@ -102,6 +104,18 @@ struct DevicePlan {
 // backend and the emulated tier keep the widened f32 slots).
 bool bf16_weight_views(const ModelSizes& sizes, const kernels::Backend& backend,
                        model::GemmPrecision precision);
+
+// The model a device plan's bytes are for, beyond its layer count: the architecture (a per-head
+// q/k norm, Qwen3's, adds q_pre / k_pre and their rstd to every layer workspace, each kept layer's
+// included: at 3B shapes x 32768 tokens 304 MB a workspace; q/k/v biases) and the shapes. `ferry
+// plan` records it in a plan document ("model"), and `ferry bench train` refuses a plan=FILE
+// solved for another model, whose GPU bytes and step do not hold for the one it runs (H200,
+// session 16: a plan solved for --geometry qwen2.5-3b, Qwen2, fitted 40 GiB at batch 32 by
+// 214 MB; the bench's --geometry model, Qwen3 unless --arch qwen2, needed 1.2 GB more there).
+Json device_plan_model(const model::ModelConfig& config);
+// "" when `planned` (a plan document's "model") and `run` (device_plan_model of the run's model)
+// agree; else each field that differs, "model_type qwen2 (this run qwen3), qk_norm ...".
+std::string device_plan_model_mismatch(const Json& planned, const Json& run);
 
 // slots >= 2: the weight ring (prefetch depth + the slot in use).
 Result<DevicePlan> plan_device(const model::DecoderGeometry& geo, const ModelSizes& sizes,
