@@ -17,6 +17,9 @@
 # reported beside it), the plan at the batch it was solved for, with its predicted step next to
 # the measured one. The bench model is the geometry itself (--geometry: shapes, the real
 # vocabulary and tying; random weights and token ids).
+# The bench models are Qwen2 (--arch qwen2: q/k/v biases, no q/k norm), the architecture ferry
+# plan's built-in geometries describe; before session 16 they ran ferry bench's default qwen3
+# (per-head q/k norms: more workspace than the plan counted), which a plan now refuses.
 # Extra flags: PLAN_EXTRA (ferry plan), BENCH_EXTRA (ferry bench train; default 8-bit states,
 # bf16-kahan masters, 1 warm-up + 3 timed steps: one-step runs of the same policy spread 6.8 % between calls in session 15). MAX_BATCH per geometry (default 3B 48, 7B 24).
 # TAIL: the device optimizer tail of the capped runs, given to ferry plan and to ferry bench train
@@ -49,7 +52,7 @@ for g in ${GEOMS:-qwen2.5-3b qwen2.5-7b}; do
   prof_var="PROFILE_${g//[.-]/_}"  # e.g. PROFILE_qwen2_5_3b=bench/plan/results/...json: reuse it
   if [[ -n "${!prof_var:-}" && ! -s "$prof" ]]; then cp "${!prof_var}" "$prof"; fi
   if [[ ! -s "$prof" ]]; then
-    timeout "${BENCH_TIMEOUT:-500}" "$FERRY" bench train --device cuda --geometry "$g" --seq-len 1024 \
+    timeout "${BENCH_TIMEOUT:-500}" "$FERRY" bench train --device cuda --geometry "$g" --arch qwen2 --seq-len 1024 \
       --batch-size "$maxb" --policies device,host $OPTIM $BENCH_EXTRA --json "$OUT/profile_bench_${g}.json" \
       >"$OUT/profile_bench_${g}.log" 2>&1 || { echo "[$g] profile bench failed:"; tail -3 "$OUT/profile_bench_${g}.log"; continue; }
     "$FERRY" plan --from-bench "$OUT/profile_bench_${g}.json" --write-profile "$prof" \
@@ -69,7 +72,7 @@ for g in ${GEOMS:-qwen2.5-3b qwen2.5-7b}; do
       --gpu-mem-gb "$plan_gb" --profile "$prof" $OPTIM $TAIL $TAIL_MS $PLAN_EXTRA --json "$plan" >"$OUT/plan_${g}_${cap}.log" 2>&1; then
       echo "[$g ${cap} GiB] ferry plan failed:"; tail -3 "$OUT/plan_${g}_${cap}.log"; continue
     fi
-    timeout "${BENCH_TIMEOUT:-500}" "$FERRY" bench train --device cuda --geometry "$g" --seq-len 1024 \
+    timeout "${BENCH_TIMEOUT:-500}" "$FERRY" bench train --device cuda --geometry "$g" --arch qwen2 --seq-len 1024 \
       --batch-size auto --max-batch "$maxb" --device-budget-mib $((cap * 1024)) \
       --policies "every:4,device,host,plan=$plan" $OPTIM $TAIL $BENCH_EXTRA --json "$rep" \
       >"$OUT/bench_${g}_${cap}.log" 2>&1 || { echo "[$g ${cap} GiB] bench failed:"; tail -3 "$OUT/bench_${g}_${cap}.log"; }
