@@ -98,6 +98,7 @@ struct RunSpec {
   bool bf16_grads = false;       // TrainState::bf16_grads
   int device_update_layers = 0;  // StreamOptions::device_update_layers (-1: all)
   int device_update_slots = 2;   // StreamOptions::device_update_slots
+  int resident_layers = 0;       // StreamOptions::resident_layers (-1: all, -2: auto)
   std::function<void(int)> cpu_update_hook;              // StreamOptions::cpu_update_hook
   std::function<Status(int)> device_update_hook;         // StreamOptions::device_update_hook
   HeadUpdate head_update = HeadUpdate::kEarly;           // StreamOptions::head_update
@@ -137,7 +138,10 @@ struct RunResult {
   std::vector<StepOutcome> outcomes;
   std::unique_ptr<TrainState> state;
   TransferStats stats;
-  DeviceTailStats tail;  // the device optimizer tail's counters
+  DeviceTailStats tail;             // the device optimizer tail's counters
+  ResidentStats resident;           // StreamExecutor::resident_stats()
+  std::size_t resident_bytes = 0;   // StreamExecutor::device_resident_bytes()
+  std::vector<double> unit_busy_s;  // StreamExecutor::optimizer_unit_busy_s()
   std::size_t peak = 0, planned = 0;
   std::int64_t tokens = 0;                       // summed over micro-batches
   bool bf16_weight_views = false;                // StreamExecutor::bf16_weight_views()
@@ -192,6 +196,7 @@ inline RunResult run_stream(const model::LoadedModel& m, const RunSpec& r,
                    .gemm_precision = r.gemm_precision,
                    .device_update_layers = r.device_update_layers,
                    .device_update_slots = r.device_update_slots,
+                   .resident_layers = r.resident_layers,
                    .head_update = r.head_update,
                    .device_update_prestage = r.device_update_prestage,
                    .bf16_weight_views = r.bf16_weight_views,
@@ -222,6 +227,9 @@ inline RunResult run_stream(const model::LoadedModel& m, const RunSpec& r,
   EXPECT_TRUE((*ex)->store_to(*out.state).ok());
   out.stats = (*ex)->stats();
   out.tail = (*ex)->device_tail_stats();
+  out.resident = (*ex)->resident_stats();
+  out.resident_bytes = (*ex)->device_resident_bytes();
+  out.unit_busy_s = (*ex)->optimizer_unit_busy_s();
   out.peak = (*ex)->device_peak_bytes();
   out.planned = (*ex)->device_planned_bytes();
   out.bf16_weight_views = (*ex)->bf16_weight_views();

@@ -289,6 +289,9 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
   if (c.device_update_layers != 0 && c.executor != Executor::kStream) {
     return invalid_argument("train: --device-update-layers runs on --executor stream");
   }
+  if (c.resident_layers != 0 && c.executor != Executor::kStream) {
+    return invalid_argument("train: --resident-layers runs on --executor stream");
+  }
   if (c.executor == Executor::kStream) {
     stream::ActivationPolicy policy;
     if (!c.plan_file.empty()) {
@@ -321,6 +324,7 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
         .gemm_precision = gemm_precision,
         .device_update_layers = c.device_update_layers,
         .device_update_slots = c.device_update_slots,
+        .resident_layers = c.resident_layers,
         .head_update = head_update,
         .device_update_prestage = c.device_update_prestage};
     FERRY_ASSIGN_OR_RETURN(
@@ -334,6 +338,12 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
         c.prefetch + 1, mem::format_bytes(streamer->device_planned_bytes()),
         c.device_budget_mib > 0 ? mem::format_bytes(so.device_budget_bytes) : "unlimited",
         mem::format_bytes(streamer->arena().total_bytes()), sum.host_bytes_per_param);
+    if (streamer->resident_layers() > 0) {
+      lg->info(
+          "resident layers: 0..{} on the device ({} of the device tier; no weight streaming, "
+          "gradient D2H or CPU update for them)",
+          streamer->resident_layers() - 1, mem::format_bytes(streamer->device_resident_bytes()));
+    }
   }
   // Eval, checkpoints and the export read TrainState: bring the streamed state back first.
   auto sync_state = [&]() -> Status { return streamer ? streamer->store_to(s) : Status{}; };

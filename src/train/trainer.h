@@ -64,11 +64,12 @@ struct TrainConfig {
   // Where the stream executor computes: "cpu" (the CPU backend over the emulated device tier) or
   // "cuda" (GPU 0; stream executor only). Eval and export stay on the CPU.
   std::string device = "cpu";
-  int optimizer_threads = 0;            // stream: AdamW threads (0: StreamOptions' default)
-  int device_update_layers = 0;         // stream: StreamOptions::device_update_layers (-1: all)
-  int device_update_slots = 2;          // stream: StreamOptions::device_update_slots
-  std::string head_update = "early";    // stream: StreamOptions::head_update (early | late)
-  bool device_update_prestage = true;   // stream: StreamOptions::device_update_prestage
+  int optimizer_threads = 0;           // stream: AdamW threads (0: StreamOptions' default)
+  int device_update_layers = 0;        // stream: StreamOptions::device_update_layers (-1: all)
+  int device_update_slots = 2;         // stream: StreamOptions::device_update_slots
+  int resident_layers = 0;             // stream: StreamOptions::resident_layers (-1: all, -2: auto)
+  std::string head_update = "early";   // stream: StreamOptions::head_update (early | late)
+  bool device_update_prestage = true;  // stream: StreamOptions::device_update_prestage
   std::string gemm_precision = "auto";  // stream: auto | bf16 | f32 (model::parse_gemm_precision)
   // The weights forward/backward read (and that stream to the device) with an fp32 master: bf16
   // (the master rounded to bf16, TrainState::use_bf16_compute), f32, or auto (bf16 with

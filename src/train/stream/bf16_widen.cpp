@@ -77,6 +77,11 @@ std::int64_t Bf16ViewLanding::widened_elements(int layer) const {
 Status Bf16ViewLanding::land(float* slot, std::uint16_t* twin, int layer, const std::uint16_t* src,
                              std::int64_t n, mem::TransferEngine& te, mem::Stream& stream) const {
   FERRY_TRY(te.h2d(twin, src, static_cast<std::size_t>(n) * sizeof(std::uint16_t), stream));
+  return widen(slot, twin, layer, stream);
+}
+
+Status Bf16ViewLanding::widen(float* slot, const std::uint16_t* twin, int layer,
+                              mem::Stream& stream) const {
   const Device d = be_.device();
   for (const Run& r : runs_[static_cast<std::size_t>(layer)]) {
     FERRY_TRY(

@@ -97,6 +97,10 @@ class Bf16ViewLanding {
   // device. Enqueued on `stream`.
   Status land(float* slot, std::uint16_t* twin, int layer, const std::uint16_t* src, std::int64_t n,
               mem::TransferEngine& te, mem::Stream& stream) const;
+  // Only the widening: the f32-read parameters of `layer` from a device `twin` (the layer's bf16
+  // weights, the arena's layout) into `slot`'s f32 part; enqueued on `stream` (GPU-resident
+  // layers, resident_layers.h, after their in-place update).
+  Status widen(float* slot, const std::uint16_t* twin, int layer, mem::Stream& stream) const;
 
  private:
   kernels::Backend& be_;

@@ -4,7 +4,10 @@
 #include <algorithm>
 #include <array>
 #include <deque>
+#include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "core/dtype.h"
 #include "core/timer.h"
@@ -53,24 +56,24 @@ std::size_t index_of(Section s) {
 
 }  // namespace
 
-int DeviceOptimizerTail::resolve_units(const HostArena& arena, int units) {
-  return units == kDeviceUpdateAllLayers ? arena.globals_unit() : units;
+int DeviceOptimizerTail::resolve_units(const HostArena& arena, int units, int first) {
+  return units == kDeviceUpdateAllLayers ? arena.globals_unit() - first : units;
 }
 
-Status DeviceOptimizerTail::check(const HostArena& arena, int units_in, int slots) {
-  const int layers = arena.globals_unit();
-  const int units = resolve_units(arena, units_in);
+Status DeviceOptimizerTail::check(const HostArena& arena, int units_in, int slots, int first) {
+  const int layers = arena.globals_unit() - first;
+  const int units = resolve_units(arena, units_in, first);
   if (units < 0 || units > layers) {
     return invalid_argument(
-        "train: --device-update-layers {} outside [0, {}] (the model's layers) or all", units_in,
-        layers);
+        "train: --device-update-layers {} outside [0, {}] (the model's layers{}) or all", units_in,
+        layers, first > 0 ? fmt::format(" not GPU-resident: {} are", first) : std::string());
   }
   if (units > 0 && (slots < 1 || slots > kMaxDeviceUpdateSlots)) {
     return invalid_argument("train: --device-update-slots {} outside [1, {}]", slots,
                             kMaxDeviceUpdateSlots);
   }
   if (arena.mode().master != MasterWeights::kF32) return {};
-  for (int u = 0; u < units; ++u) {
+  for (int u = first; u < first + units; ++u) {
     for (int idx : arena.unit_params(u)) {
       if (!arena.params()[static_cast<std::size_t>(idx)].q8) {
         return unimplemented(
@@ -84,18 +87,18 @@ Status DeviceOptimizerTail::check(const HostArena& arena, int units_in, int slot
   return {};
 }
 
-std::size_t DeviceOptimizerTail::slot_bytes(const HostArena& arena, int units) {
-  units = std::min(resolve_units(arena, units), arena.globals_unit());
+std::size_t DeviceOptimizerTail::slot_bytes(const HostArena& arena, int units, int first) {
+  const int end = std::min(first + resolve_units(arena, units, first), arena.globals_unit());
   std::size_t most = 0;
-  for (int u = 0; u < units; ++u) most = std::max(most, layout(arena, u).total);
+  for (int u = first; u < end; ++u) most = std::max(most, layout(arena, u).total);
   return most;
 }
 
-std::size_t DeviceOptimizerTail::widen_bytes(const HostArena& arena, int units) {
+std::size_t DeviceOptimizerTail::widen_bytes(const HostArena& arena, int units, int first) {
   if (!arena.bf16_grads()) return 0;
-  units = std::min(resolve_units(arena, units), arena.globals_unit());
+  const int end = std::min(first + resolve_units(arena, units, first), arena.globals_unit());
   std::int64_t most = 0;
-  for (int u = 0; u < units; ++u) {
+  for (int u = first; u < end; ++u) {
     for (int idx : arena.unit_params(u)) {
       most = std::max(most, arena.params()[static_cast<std::size_t>(idx)].n);
     }
@@ -103,24 +106,27 @@ std::size_t DeviceOptimizerTail::widen_bytes(const HostArena& arena, int units) 
   return align_up(static_cast<std::size_t>(most) * sizeof(float));
 }
 
-std::size_t DeviceOptimizerTail::staging_bytes(const HostArena& arena, int units, int slots) {
-  if (resolve_units(arena, units) <= 0 || slots <= 0) return 0;
-  return static_cast<std::size_t>(slots) * slot_bytes(arena, units) + widen_bytes(arena, units);
+std::size_t DeviceOptimizerTail::staging_bytes(const HostArena& arena, int units, int slots,
+                                               int first) {
+  if (resolve_units(arena, units, first) <= 0 || slots <= 0) return 0;
+  return static_cast<std::size_t>(slots) * slot_bytes(arena, units, first) +
+         widen_bytes(arena, units, first);
 }
 
 Result<std::unique_ptr<DeviceOptimizerTail>> DeviceOptimizerTail::create(
     HostArena& arena, LayerOptimizer& opt, int units, int slots, kernels::Backend& backend,
     mem::TransferEngine& te, std::uint8_t* staging, std::size_t staging_size,
     mem::StreamSet& streams, std::function<Status(int)> before_unit,
-    std::function<Status(int)> before_prestage) {
-  FERRY_TRY(check(arena, units, slots));
-  units = resolve_units(arena, units);
-  FERRY_CHECK(staging_size >= staging_bytes(arena, units, slots),
+    std::function<Status(int)> before_prestage, int first) {
+  FERRY_TRY(check(arena, units, slots, first));
+  units = resolve_units(arena, units, first);
+  FERRY_CHECK(staging_size >= staging_bytes(arena, units, slots, first),
               "train: device optimizer staging of {} bytes, {} needed", staging_size,
-              staging_bytes(arena, units, slots));
+              staging_bytes(arena, units, slots, first));
   std::unique_ptr<DeviceOptimizerTail> t(
       new DeviceOptimizerTail(arena, opt, units, backend, te, streams, std::move(before_unit)));
-  const std::size_t per = slot_bytes(arena, units);
+  t->first_ = first;
+  const std::size_t per = slot_bytes(arena, units, first);
   const bool timing = backend.device() != Device::kCpu;
   t->slots_.resize(static_cast<std::size_t>(slots));
   for (int s = 0; s < slots; ++s) {
@@ -136,7 +142,7 @@ Result<std::unique_ptr<DeviceOptimizerTail>> DeviceOptimizerTail::create(
   t->before_prestage_ = std::move(before_prestage);
   t->stats_.slots = slots;
   t->stats_.unit_updates.assign(static_cast<std::size_t>(arena.globals_unit()), 0);
-  opt.share_layers(units);
+  opt.share_layers(units, first);
   t->thread_ = std::thread([p = t.get()] { p->run(); });
   return t;
 }
@@ -306,7 +312,7 @@ void DeviceOptimizerTail::run() {
     {
       std::lock_guard lk(mu_);
       ++stats_.steps;
-      stats_.cpu_units += static_cast<std::uint64_t>(arena_.globals_unit() - taken);
+      stats_.cpu_units += static_cast<std::uint64_t>(arena_.globals_unit() - first_ - taken);
       stats_.busy_s += t.elapsed_s();
       finished_ = submitted_;
     }
@@ -349,7 +355,7 @@ Status DeviceOptimizerTail::run_prestage() {
   for (int s = 0; s < n; ++s) {
     Slot& slot = slots_[static_cast<std::size_t>(s)];
     slot.staged = -1;
-    const int u = s;
+    const int u = first_ + s;
     if (before_prestage_) FERRY_TRY(before_prestage_(u));
     const Layout l = layout(arena_, u);
     FERRY_TRY(up.wait(slot.down_done));
@@ -376,8 +382,6 @@ Status DeviceOptimizerTail::enqueue(InFlight& f, const UpdateArgs& a) {
   mem::Stream& cs = streams_.compute();
   mem::Stream& down = streams_.d2h();
   const Layout l = layout(arena_, u);
-  const OptimMode& mode = arena_.mode();
-  const bool bf16 = arena_.bf16_master();
   const Device dev = be_.device();
   const bool emulated = dev == Device::kCpu;  // host streams: each call below runs at once
   DeviceTailStats& st = f.d;
@@ -406,67 +410,31 @@ Status DeviceOptimizerTail::enqueue(InFlight& f, const UpdateArgs& a) {
   // The kernels, on the compute stream once the sections landed.
   FERRY_TRY(cs.wait(slot.up_done));
   FERRY_TRY(slot.kernels_start.record(cs));
-  const kc::MasterKind mk = mode.master == MasterWeights::kF32         ? kc::MasterKind::kF32
-                            : mode.master == MasterWeights::kBf16Kahan ? kc::MasterKind::kBf16Kahan
-                                                                       : kc::MasterKind::kBf16Sr;
-  auto* w16 = reinterpret_cast<std::uint16_t*>(staged(Section::kWeights));
-  auto* master = reinterpret_cast<float*>(staged(Section::kMaster));
-  auto* comp16 = reinterpret_cast<std::uint16_t*>(staged(Section::kMaster));
-  std::uint8_t* m = staged(Section::kM);
-  std::uint8_t* v = staged(Section::kV);
-  auto* m_absmax = reinterpret_cast<float*>(staged(Section::kMAbsmax));
-  auto* v_absmax = reinterpret_cast<float*>(staged(Section::kVAbsmax));
+  UnitSections at{.weights = staged(Section::kWeights),
+                  .master = staged(Section::kMaster),
+                  .m = staged(Section::kM),
+                  .v = staged(Section::kV),
+                  .m_absmax = staged(Section::kMAbsmax),
+                  .v_absmax = staged(Section::kVAbsmax)};
   std::uint8_t* grads = staged(Section::kGrads);
-  // Per parameter, LayerOptimizer::update_range's arguments over the whole parameter.
-  for (int idx : arena_.unit_params(u)) {
-    const ParamLoc& p = arena_.params()[static_cast<std::size_t>(idx)];
-    const float* g32 = reinterpret_cast<const float*>(grads) + p.offset;
-    if (arena_.bf16_grads()) {
-      // Widened exactly (bf16 -> f32), the values update_range widens on the CPU, into the one
-      // widening buffer: the previous parameter's kernel read it before, in compute-stream order.
-      const auto* g16 = reinterpret_cast<const std::uint16_t*>(grads) + p.offset;
-      auto* w = reinterpret_cast<float*>(widen_);
-      if (emulated) {
-        // The copies above already landed; the CPU backend's convert would use the global pool,
-        // which is the compute thread's.
-        for (std::int64_t e = 0; e < p.n; ++e) w[e] = bf16_to_f32(g16[e]);
-      } else {
-        FERRY_TRY(be_.convert({.out = TensorView::contiguous(w, DType::kF32, dev, {p.n}),
-                               .in = ConstTensorView::contiguous(g16, DType::kBF16, dev, {p.n})},
-                              cs));
-      }
-      g32 = w;
-    }
-    kernels::HybridAdamWArgs h;
-    h.device = dev;
-    h.master = mk;
-    h.states = p.q8 ? kc::StateKind::kQ8 : kc::StateKind::kF32;
-    h.k = kc::make_adamw_constants(a.lr, a.beta1, a.beta2, a.eps, p.decay ? a.weight_decay : 0.0f,
-                                   a.grad_scale, a.step);
-    kc::HybridAdamWSpan& s = h.span;
-    s.n = p.n;
-    s.grad = g32;
-    if (bf16) {
-      s.p16 = w16 + p.offset;
-      if (mk == kc::MasterKind::kBf16Kahan) s.comp16 = comp16 + p.offset;
+  auto grads_of = [&](const ParamLoc& p) -> Result<const float*> {
+    if (!arena_.bf16_grads()) return reinterpret_cast<const float*>(grads) + p.offset;
+    // Widened exactly (bf16 -> f32), the values update_range widens on the CPU, into the one
+    // widening buffer: the previous parameter's kernel read it before, in compute-stream order.
+    const auto* g16 = reinterpret_cast<const std::uint16_t*>(grads) + p.offset;
+    auto* w = reinterpret_cast<float*>(widen_);
+    if (emulated) {
+      // The copies above already landed; the CPU backend's convert would use the global pool,
+      // which is the compute thread's.
+      for (std::int64_t e = 0; e < p.n; ++e) w[e] = bf16_to_f32(g16[e]);
     } else {
-      s.p32 = master + p.offset;
-      s.p16 = arena_.bf16_weights() ? w16 + p.offset : nullptr;
+      FERRY_TRY(be_.convert({.out = TensorView::contiguous(w, DType::kF32, dev, {p.n}),
+                             .in = ConstTensorView::contiguous(g16, DType::kBF16, dev, {p.n})},
+                            cs));
     }
-    if (p.q8) {
-      s.m8 = m + p.state_offset;
-      s.v8 = v + p.state_offset;
-      s.m_absmax = m_absmax + p.block0;
-      s.v_absmax = v_absmax + p.block0;
-    } else {
-      s.m32 = reinterpret_cast<float*>(m + p.state_offset);
-      s.v32 = reinterpret_cast<float*>(v + p.state_offset);
-    }
-    s.index0 = 0;
-    s.sr_key = kc::sr_key(a.sr_seed, a.step, static_cast<std::uint64_t>(p.index));
-    FERRY_TRY(be_.hybrid_adamw(h, cs));
-    ++st.params_updated;
-  }
+    return static_cast<const float*>(w);
+  };
+  FERRY_TRY(update_unit(arena_, be_, u, at, grads_of, a, cs, &st.params_updated));
   FERRY_TRY(slot.kernels_done.record(cs));
   if (emulated) st.unit_kernel_s = phase.elapsed_s();
   phase.reset();
@@ -487,6 +455,57 @@ Status DeviceOptimizerTail::enqueue(InFlight& f, const UpdateArgs& a) {
   if (emulated) {
     st.unit_d2h_s = phase.elapsed_s();
     st.unit_s = unit_t.elapsed_s();
+  }
+  return {};
+}
+
+Status DeviceOptimizerTail::update_unit(
+    const HostArena& arena, kernels::Backend& backend, int u, const UnitSections& at,
+    const std::function<Result<const float*>(const ParamLoc& p)>& grads, const UpdateArgs& a,
+    mem::Stream& stream, std::uint64_t* params_updated) {
+  const OptimMode& mode = arena.mode();
+  const bool bf16 = arena.bf16_master();
+  const kc::MasterKind mk = mode.master == MasterWeights::kF32         ? kc::MasterKind::kF32
+                            : mode.master == MasterWeights::kBf16Kahan ? kc::MasterKind::kBf16Kahan
+                                                                       : kc::MasterKind::kBf16Sr;
+  auto* w16 = reinterpret_cast<std::uint16_t*>(at.weights);
+  auto* master = reinterpret_cast<float*>(at.master);
+  auto* comp16 = reinterpret_cast<std::uint16_t*>(at.master);
+  auto* m_absmax = reinterpret_cast<float*>(at.m_absmax);
+  auto* v_absmax = reinterpret_cast<float*>(at.v_absmax);
+  // Per parameter, LayerOptimizer::update_range's arguments over the whole parameter.
+  for (int idx : arena.unit_params(u)) {
+    const ParamLoc& p = arena.params()[static_cast<std::size_t>(idx)];
+    FERRY_ASSIGN_OR_RETURN(const float* g32, grads(p));
+    kernels::HybridAdamWArgs h;
+    h.device = backend.device();
+    h.master = mk;
+    h.states = p.q8 ? kc::StateKind::kQ8 : kc::StateKind::kF32;
+    h.k = kc::make_adamw_constants(a.lr, a.beta1, a.beta2, a.eps, p.decay ? a.weight_decay : 0.0f,
+                                   a.grad_scale, a.step);
+    kc::HybridAdamWSpan& s = h.span;
+    s.n = p.n;
+    s.grad = g32;
+    if (bf16) {
+      s.p16 = w16 + p.offset;
+      if (mk == kc::MasterKind::kBf16Kahan) s.comp16 = comp16 + p.offset;
+    } else {
+      s.p32 = master + p.offset;
+      s.p16 = arena.bf16_weights() ? w16 + p.offset : nullptr;
+    }
+    if (p.q8) {
+      s.m8 = at.m + p.state_offset;
+      s.v8 = at.v + p.state_offset;
+      s.m_absmax = m_absmax + p.block0;
+      s.v_absmax = v_absmax + p.block0;
+    } else {
+      s.m32 = reinterpret_cast<float*>(at.m + p.state_offset);
+      s.v32 = reinterpret_cast<float*>(at.v + p.state_offset);
+    }
+    s.index0 = 0;
+    s.sr_key = kc::sr_key(a.sr_seed, a.step, static_cast<std::uint64_t>(p.index));
+    FERRY_TRY(backend.hybrid_adamw(h, stream));
+    ++*params_updated;
   }
   return {};
 }

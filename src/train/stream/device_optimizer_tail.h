@@ -109,19 +109,46 @@ struct DeviceTailStats {
 
 class DeviceOptimizerTail {
  public:
-  // units as given (kDeviceUpdateAllLayers: every layer) -> the most layers per update.
-  static int resolve_units(const HostArena& arena, int units);
-  // OK when K units can be updated on the device through `slots` staging slots: 0 <= K <= layers
-  // (after resolve_units), 1 <= slots <= kMaxDeviceUpdateSlots, and no parameter of units 0..K-1
-  // has f32 states beside an f32 master (that combination has no device kernel).
-  static Status check(const HostArena& arena, int units, int slots);
-  // One staging slot: the largest of units 0..K-1's sections, each 256-byte aligned.
-  static std::size_t slot_bytes(const HostArena& arena, int units);
-  // The widening buffer with bf16 gradients: the largest parameter of units 0..K-1 in f32 (one for
+  // `first` (every call below): the lowest layer the tail may take; layers below it are
+  // GPU-resident (resident_layers.h: updated in place, never by the tail or the CPU worker), and
+  // the tail's layers are first, first + 1, ..., at most first + K - 1.
+  // units as given (kDeviceUpdateAllLayers: every layer from `first`) -> the most layers per
+  // update.
+  static int resolve_units(const HostArena& arena, int units, int first = 0);
+  // OK when K units can be updated on the device through `slots` staging slots: 0 <= K <=
+  // layers - first (after resolve_units), 1 <= slots <= kMaxDeviceUpdateSlots, and no parameter
+  // of units first..first+K-1 has f32 states beside an f32 master (no device kernel for that).
+  static Status check(const HostArena& arena, int units, int slots, int first = 0);
+  // One staging slot: the largest of units first..first+K-1's sections, each 256-byte aligned.
+  static std::size_t slot_bytes(const HostArena& arena, int units, int first = 0);
+  // The widening buffer with bf16 gradients: the largest parameter of those units in f32 (one for
   // every slot: it lives on the compute stream); 0 with f32 gradients.
-  static std::size_t widen_bytes(const HostArena& arena, int units);
+  static std::size_t widen_bytes(const HostArena& arena, int units, int first = 0);
   // Device-tier bytes the tail needs: slots x slot_bytes + widen_bytes; 0 for K = 0.
-  static std::size_t staging_bytes(const HostArena& arena, int units, int slots);
+  static std::size_t staging_bytes(const HostArena& arena, int units, int slots, int first = 0);
+
+  // Unit u's optimizer sections somewhere in device memory, each in the arena's layout of that
+  // section (HostArena::section): the bf16 weights (a bf16 master, or an fp32 master's bf16
+  // streaming copy; null otherwise), the f32 master or the Kahan words, m, v and the 8-bit
+  // block scales (null where the mode has none).
+  struct UnitSections {
+    std::uint8_t* weights = nullptr;
+    std::uint8_t* master = nullptr;
+    std::uint8_t* m = nullptr;
+    std::uint8_t* v = nullptr;
+    std::uint8_t* m_absmax = nullptr;
+    std::uint8_t* v_absmax = nullptr;
+  };
+  // Enqueues unit u's AdamW kernels on `stream`: one Backend::hybrid_adamw per parameter with
+  // LayerOptimizer::update_range's arguments over the whole parameter (same constants, decay,
+  // grad_scale, SR key; index0 = 0), so the bits are the CPU worker's. grads(p) gives parameter
+  // p's f32 gradients [p.n] on the device (it may enqueue a widening on `stream`). Adds the calls
+  // to *params_updated. Used by the tail (its staging slots) and by ResidentLayers (in place).
+  static Status update_unit(const HostArena& arena, kernels::Backend& backend, int u,
+                            const UnitSections& at,
+                            const std::function<Result<const float*>(const ParamLoc& p)>& grads,
+                            const UpdateArgs& a, mem::Stream& stream,
+                            std::uint64_t* params_updated);
 
   // staging: staging_bytes(arena, units, slots) bytes of the device tier (owned by the caller).
   // streams: the tail's own StreamSet (h2d, compute, d2h; outlives the tail). Shares the layers
@@ -133,7 +160,7 @@ class DeviceOptimizerTail {
       HostArena& arena, LayerOptimizer& opt, int units, int slots, kernels::Backend& backend,
       mem::TransferEngine& te, std::uint8_t* staging, std::size_t staging_size,
       mem::StreamSet& streams, std::function<Status(int unit)> before_unit = {},
-      std::function<Status(int unit)> before_prestage = {});
+      std::function<Status(int unit)> before_prestage = {}, int first = 0);
   // Stops after the units in flight (the CPU worker takes any unclaimed units).
   ~DeviceOptimizerTail();
   DeviceOptimizerTail(const DeviceOptimizerTail&) = delete;
@@ -162,6 +189,7 @@ class DeviceOptimizerTail {
   // The first error so far, without waiting.
   Status error() const;
   int units() const { return units_; }
+  int first() const { return first_; }
   int slots() const { return static_cast<int>(slots_.size()); }
   DeviceTailStats stats() const;
 
@@ -200,6 +228,7 @@ class DeviceOptimizerTail {
   HostArena& arena_;
   LayerOptimizer& opt_;
   int units_ = 0;
+  int first_ = 0;  // the lowest layer the tail claims (the GPU-resident layers lie below)
   kernels::Backend& be_;
   mem::TransferEngine& te_;
   std::uint8_t* widen_ = nullptr;  // [largest parameter] f32, bf16 gradients only

@@ -65,7 +65,7 @@ void LayerOptimizer::submit(const UpdateArgs& args) {
     std::lock_guard lk(mu_);
     args_ = args;
     ++submitted_;
-    bottom_ = 0;
+    bottom_ = shared_first_;
     top_ = arena_.globals_unit();
   }
   cv_.notify_all();
@@ -95,19 +95,27 @@ void LayerOptimizer::mark_external_done(int unit) {
   cv_.notify_all();
 }
 
-void LayerOptimizer::share_layers(int bottom_max) {
+void LayerOptimizer::share_layers(int bottom_max, int first) {
   wait_all();
   std::lock_guard lk(mu_);
-  FERRY_CHECK(bottom_max >= 0 && bottom_max <= arena_.globals_unit(),
-              "train: {} shared layers of {}", bottom_max, arena_.globals_unit());
+  FERRY_CHECK(first >= 0 && bottom_max >= 0 && first + bottom_max <= arena_.globals_unit(),
+              "train: {} shared layers from layer {} of {}", bottom_max, first,
+              arena_.globals_unit());
+  for (int u = 0; u < first; ++u) {
+    FERRY_CHECK(external_[static_cast<std::size_t>(u)],
+                "train: layer {} below the shared range "
+                "{} is not external",
+                u, first);
+  }
   shared_ = true;
   bottom_max_ = bottom_max;
+  shared_first_ = first;
 }
 
 int LayerOptimizer::claim_bottom() {
   std::lock_guard lk(mu_);
   FERRY_CHECK(shared_, "train: claim_bottom without share_layers");
-  if (bottom_ >= top_ || bottom_ >= bottom_max_) return -1;
+  if (bottom_ >= top_ || bottom_ - shared_first_ >= bottom_max_) return -1;
   return bottom_++;
 }
 
@@ -121,7 +129,8 @@ int LayerOptimizer::claim_top(std::uint64_t gen) {
 void LayerOptimizer::mark_bottom_done(int unit) {
   {
     std::lock_guard lk(mu_);
-    FERRY_CHECK(shared_ && unit >= 0 && unit < bottom_, "train: layer {} was not claimed", unit);
+    FERRY_CHECK(shared_ && unit >= shared_first_ && unit < bottom_,
+                "train: layer {} was not claimed", unit);
     done_[static_cast<std::size_t>(unit)] = submitted_;
   }
   cv_.notify_all();

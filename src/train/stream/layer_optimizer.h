@@ -99,9 +99,10 @@ class LayerOptimizer {
   bool is_external(int unit) const { return external_[static_cast<std::size_t>(unit)]; }
   // External unit `unit` holds the newest submitted update (wakes wait_ready).
   void mark_external_done(int unit);
-  // Layers 0..L-1 shared with a bottom-up updater from now on (before the first submit, or
+  // Layers first..L-1 shared with a bottom-up updater from now on (before the first submit, or
   // between steps once wait_all() returned); bottom_max: the most it may claim per update.
-  void share_layers(int bottom_max);
+  // Layers below `first` must be external (GPU-resident layers: resident_layers.h).
+  void share_layers(int bottom_max, int first = 0);
   // The lowest unclaimed layer of the newest update, claimed; -1 once the two ends met or
   // bottom_max were claimed.
   int claim_bottom();
@@ -141,6 +142,7 @@ class LayerOptimizer {
   bool stop_ = false;
   bool shared_ = false;              // share_layers() called
   int bottom_max_ = 0;               // the bottom-up updater's most units per update
+  int shared_first_ = 0;             // the shared range's lowest layer
   int bottom_ = 0, top_ = 0;         // unclaimed layers of the newest update: [bottom_, top_)
   std::vector<double> unit_busy_s_;  // [unit + head] seconds updating it (busy_s(): their sum)
   struct Chunk {

@@ -82,11 +82,66 @@ mem::MemTier pinned_tier_for(const kernels::Backend& be) {
   return be.device() == Device::kCpu ? cpu_pinned_tier() : mem::MemTier::kPinnedHost;
 }
 
-// The arena's sizes with the executor's choice of bf16 weight views.
-ModelSizes executor_sizes(const HostArena& arena, const StreamOptions& opts) {
+// The arena's sizes with the executor's choice of bf16 weight views and `resident` GPU-resident
+// layers (resolved; their w32 is the f32 part only where bf16 weight views apply).
+ModelSizes executor_sizes(const HostArena& arena, const StreamOptions& opts,
+                          const kernels::Backend& backend, int resident) {
   ModelSizes sizes = model_sizes(arena);
   sizes.bf16_weight_views = opts.bf16_weight_views;
+  sizes.resident_bytes = ResidentLayers::bytes(
+      arena, resident, bf16_weight_views(sizes, backend, opts.gemm_precision));
   return sizes;
+}
+
+// The whole device plan's bytes with `resident` layers and the tail's staging for the rest.
+Result<std::size_t> planned_total(const HostArena& arena, const model::DecoderGeometry& geo,
+                                  const StreamOptions& opts, int batch, std::int64_t seq_len,
+                                  kernels::Backend& backend, int resident) {
+  ModelSizes sizes = executor_sizes(arena, opts, backend, resident);
+  const int tail = DeviceOptimizerTail::resolve_units(arena, opts.device_update_layers, resident);
+  sizes.optimizer_tail_bytes =
+      tail > 0 ? DeviceOptimizerTail::staging_bytes(arena, tail, opts.device_update_slots, resident)
+               : 0;
+  FERRY_ASSIGN_OR_RETURN(const DevicePlan d,
+                         plan_device(geo, sizes, opts.policy, opts.prefetch + 1, batch * seq_len,
+                                     backend, opts.gemm_precision));
+  return d.total_bytes();
+}
+
+// The most resident layers (<= most) whose plan fits the budget at this batch; -1 when not even 0.
+Result<int> most_resident(const HostArena& arena, const model::DecoderGeometry& geo,
+                          const StreamOptions& opts, int batch, std::int64_t seq_len,
+                          kernels::Backend& backend, int most) {
+  for (int k = most; k >= 0; --k) {
+    // A tail count given as a number may exceed the layers left above k: not a candidate.
+    if (opts.device_update_layers > geo.layers - k) continue;
+    FERRY_ASSIGN_OR_RETURN(const std::size_t n,
+                           planned_total(arena, geo, opts, batch, seq_len, backend, k));
+    if (n <= opts.device_budget_bytes) return k;
+  }
+  return -1;
+}
+
+// --resident-layers K on top of a plan that fits without it: refused when the resident layers do
+// not fit, naming the largest K that does at this batch.
+Status check_resident_budget(const HostArena& arena, const model::DecoderGeometry& geo,
+                             const StreamOptions& opts, int batch, std::int64_t seq_len,
+                             kernels::Backend& backend) {
+  const int K = opts.resident_layers;
+  FERRY_ASSIGN_OR_RETURN(const std::size_t need,
+                         planned_total(arena, geo, opts, batch, seq_len, backend, K));
+  if (need <= opts.device_budget_bytes) return {};
+  FERRY_ASSIGN_OR_RETURN(const int best,
+                         most_resident(arena, geo, opts, batch, seq_len, backend, K - 1));
+  const ModelSizes sizes = executor_sizes(arena, opts, backend, K);
+  return resource_exhausted(
+      "train: --resident-layers {} needs {} of device tier for the resident layers (their "
+      "weights, master, optimizer states and gradients); with it batch {} needs {}, the budget is "
+      "{}: {}; or lower the batch or raise --device-budget-mib",
+      K, mem::format_bytes(sizes.resident_bytes), batch, mem::format_bytes(need),
+      mem::format_bytes(opts.device_budget_bytes),
+      best > 0 ? fmt::format("the largest --resident-layers that fits at this batch is {}", best)
+               : std::string("not even --resident-layers 1 fits at this batch"));
 }
 
 // The device tail's staging (slots x the largest layer's optimizer sections, plus the widening
@@ -96,9 +151,10 @@ Status check_tail_budget(const HostArena& arena, const model::DecoderGeometry& g
                          const StreamOptions& opts, int batch, std::int64_t seq_len,
                          kernels::Backend& backend) {
   const int K = opts.device_update_layers, S = opts.device_update_slots;
-  ModelSizes sizes = executor_sizes(arena, opts);
+  const int R = opts.resident_layers;
+  ModelSizes sizes = executor_sizes(arena, opts, backend, R);
   auto total = [&](int k, int slots) -> Result<std::size_t> {
-    sizes.optimizer_tail_bytes = DeviceOptimizerTail::staging_bytes(arena, k, slots);
+    sizes.optimizer_tail_bytes = DeviceOptimizerTail::staging_bytes(arena, k, slots, R);
     FERRY_ASSIGN_OR_RETURN(const DevicePlan d,
                            plan_device(geo, sizes, opts.policy, opts.prefetch + 1, batch * seq_len,
                                        backend, opts.gemm_precision));
@@ -121,10 +177,10 @@ Status check_tail_budget(const HostArena& arena, const model::DecoderGeometry& g
       "train: --device-update-layers {} with {} staging slots needs {} of device-tier staging "
       "({} x {} of one layer's optimizer sections + {} widening); with it batch {} needs {}, the "
       "budget is {}: {}; or lower the batch or raise --device-budget-mib",
-      K, S, mem::format_bytes(DeviceOptimizerTail::staging_bytes(arena, K, S)), S,
-      mem::format_bytes(DeviceOptimizerTail::slot_bytes(arena, K)),
-      mem::format_bytes(DeviceOptimizerTail::widen_bytes(arena, K)), batch, mem::format_bytes(need),
-      mem::format_bytes(budget), hint);
+      K, S, mem::format_bytes(DeviceOptimizerTail::staging_bytes(arena, K, S, R)), S,
+      mem::format_bytes(DeviceOptimizerTail::slot_bytes(arena, K, R)),
+      mem::format_bytes(DeviceOptimizerTail::widen_bytes(arena, K, R)), batch,
+      mem::format_bytes(need), mem::format_bytes(budget), hint);
 }
 
 }  // namespace
@@ -205,14 +261,29 @@ Result<std::unique_ptr<StreamExecutor>> StreamExecutor::create(
   std::unique_ptr<StreamExecutor> ex(new StreamExecutor(backend, opts));
   ex->geo_ = geo;
   ex->arena_ = std::move(arena);
-  FERRY_TRY(
-      DeviceOptimizerTail::check(*ex->arena_, opts.device_update_layers, opts.device_update_slots));
-  // `all` becomes the model's layers here; the executor keeps the resolved count.
-  ex->opts_.device_update_layers =
-      DeviceOptimizerTail::resolve_units(*ex->arena_, opts.device_update_layers);
-  const ModelSizes sizes = executor_sizes(*ex->arena_, opts);
+  const bool auto_resident = opts.resident_layers == kResidentAuto;
+  FERRY_TRY(ResidentLayers::check(*ex->arena_, auto_resident ? 0 : opts.resident_layers));
+  int resident = auto_resident ? 0 : ResidentLayers::resolve(*ex->arena_, opts.resident_layers);
+  FERRY_TRY(DeviceOptimizerTail::check(*ex->arena_, opts.device_update_layers,
+                                       opts.device_update_slots, resident));
+  // The batch first, without resident layers or the tail (today's refusal, naming the batch).
+  const ModelSizes sizes = executor_sizes(*ex->arena_, opts, backend, 0);
   FERRY_TRY(check_budget(geo, sizes, opts.policy, opts.prefetch + 1, batch, seq_len,
                          opts.device_budget_bytes, backend, opts.gemm_precision));
+  if (auto_resident) {
+    // The most layers that fit at this batch (beside the tail's staging); then like a given K.
+    FERRY_ASSIGN_OR_RETURN(
+        resident, most_resident(*ex->arena_, geo, opts, batch, seq_len, backend, geo.layers));
+    resident = std::max(resident, 0);
+    FERRY_TRY(ResidentLayers::check(*ex->arena_, resident));
+  }
+  ex->opts_.resident_layers = resident;
+  if (resident > 0) {
+    FERRY_TRY(check_resident_budget(*ex->arena_, geo, ex->opts_, batch, seq_len, backend));
+  }
+  // `all` becomes the layers above the resident ones here; the executor keeps the resolved count.
+  ex->opts_.device_update_layers =
+      DeviceOptimizerTail::resolve_units(*ex->arena_, opts.device_update_layers, resident);
   if (ex->opts_.device_update_layers > 0) {
     FERRY_TRY(check_tail_budget(*ex->arena_, geo, ex->opts_, batch, seq_len, backend));
   }
@@ -228,9 +299,10 @@ Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_s
   sr_seed_ = sr_seed;
   const ActivationPolicy& pol = opts_.policy;
   const int L = geo_.layers;
-  ModelSizes sizes = executor_sizes(*arena_, opts_);
+  const int resident = opts_.resident_layers;
+  ModelSizes sizes = executor_sizes(*arena_, opts_, be_, resident);
   sizes.optimizer_tail_bytes = DeviceOptimizerTail::staging_bytes(
-      *arena_, opts_.device_update_layers, opts_.device_update_slots);
+      *arena_, opts_.device_update_layers, opts_.device_update_slots, resident);
   FERRY_ASSIGN_OR_RETURN(plan_, plan_device(geo_, sizes, pol, opts_.prefetch + 1, max_tokens, be_,
                                             opts_.gemm_precision));
   FERRY_ASSIGN_OR_RETURN(device_, mem::make_arena(plan_.plan, device_tier_for(be_), budget_,
@@ -311,6 +383,12 @@ Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_s
   }
   opt_ = std::make_unique<LayerOptimizer>(*arena_, opt_threads, opts_.cpu_update_hook,
                                           opts_.head_update);
+  if (resident > 0) {
+    // Their updates run in finish_step on the device; the CPU worker (and the tail) skip them.
+    std::vector<int> units;
+    for (int u = 0; u < resident; ++u) units.push_back(u);
+    opt_->set_external(units);
+  }
   if (opts_.device_update_layers > 0) {
     FERRY_ASSIGN_OR_RETURN(mem::StreamSet ts, mem::StreamSet::create(be_.device(), 0));
     tail_streams_ = std::make_unique<mem::StreamSet>(std::move(ts));
@@ -319,11 +397,15 @@ Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_s
                    *arena_, *opt_, opts_.device_update_layers, opts_.device_update_slots, be_, *te_,
                    device_.as<std::uint8_t>(plan_.optimizer_tail),
                    plan_.plan.slot(plan_.optimizer_tail).size_bytes, *tail_streams_,
-                   opts_.device_update_hook, opts_.device_prestage_hook));
+                   opts_.device_update_hook, opts_.device_prestage_hook, resident));
   }
   std::vector<float*> slots;
   for (mem::SlotId id : plan_.slots) slots.push_back(dev(id));
-  std::vector<int> schedule = weight_schedule(pol);
+  // Resident layers are read in place: they leave the weight ring's schedule.
+  std::vector<int> schedule;
+  for (int l : weight_schedule(pol)) {
+    if (l >= resident) schedule.push_back(l);
+  }
   // Per micro-batch: each schedule item's acquire, and per layer at most a boundary store and a
   // fetch (NVMe: copy + disk each), a gradient slot and its refill; the globals and the flush.
   // (each NVMe fetch: staging + disk + landing), the transit buffers' stores.
@@ -344,6 +426,13 @@ Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_s
                 "train: bf16 weight views: the slot's f32 part is {} elements, the plan's {}",
                 view_landing_->max_f32_elements(), sizes.max_layer_f32_elements);
     for (mem::SlotId id : plan_.slots16) twins.push_back(device_.as<std::uint16_t>(id));
+  }
+  if (resident > 0) {
+    FERRY_ASSIGN_OR_RETURN(
+        resident_,
+        ResidentLayers::create(*arena_, resident, be_, device_.as<std::uint8_t>(plan_.resident),
+                               plan_.plan.slot(plan_.resident).size_bytes, view_landing_.get()));
+    FERRY_TRY(resident_->upload(*te_, cs()));
   }
   FERRY_ASSIGN_OR_RETURN(
       streamer_,
@@ -393,6 +482,30 @@ Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_s
     }
     slot_params_.push_back(std::move(mp));
   }
+  if (resident_) {
+    // Layer u < K at its resident pieces; the other layers' entries point at slot 0 (unused).
+    model::ModelParams rg;
+    for (std::size_t i = 0; i < arena_->params().size(); ++i) {
+      const ParamLoc& p = arena_->params()[i];
+      if (p.unit == arena_->globals_unit()) continue;
+      const model::ParamSpec& spec = specs[static_cast<std::size_t>(p.index)];
+      const bool res = resident_->resident(p.unit);
+      const float* g = res ? resident_->grads(p.unit) : dev(plan_.grads[0]);
+      *model::param_slot(rg, spec, geo_) = view_at(g + p.offset, spec.shape, d);
+      if (!res) {
+        *model::param_slot(resident_params_, spec, geo_) =
+            view_at(dev(plan_.slots[0]) + p.offset, spec.shape, d);
+        continue;
+      }
+      const std::int64_t at = view_landing_ ? view_landing_->f32_offset(static_cast<int>(i)) : 0;
+      *model::param_slot(resident_params_, spec, geo_) =
+          view_landing_ && at < 0
+              ? view_at(resident_->weights16(p.unit) + p.offset, spec.shape, d, DType::kBF16)
+              : view_at(resident_->weights_f32(p.unit) + (view_landing_ ? at : p.offset),
+                        spec.shape, d);
+    }
+    resident_grads_ = writable(rg);
+  }
   for (mem::SlotId id : plan_.grads) {
     grad_slots_.push_back(writable(
         bind_views(specs, *arena_, geo_, false, d, [&](int) -> const float* { return dev(id); })));
@@ -416,6 +529,9 @@ Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_s
 
 std::unique_ptr<HostArena> StreamExecutor::release_arena(std::unique_ptr<StreamExecutor> ex) {
   ex->wait_optimizer();  // a failed device tail still marks its units done: no hang
+  // The resident layers' state back into the arena (its reader may save it). NOTE(resident):
+  // a failure here cannot be returned; store_to, which checkpoints use, reports it.
+  if (ex->resident_) (void)ex->resident_->download(*ex->te_, ex->cs());
   // The destructor stops the optimizer and the copy threads and waits for the GPU streams, which
   // may still read or write the arena's pinned memory; the arena outlives them.
   std::unique_ptr<HostArena> arena = std::move(ex->arena_);
@@ -643,6 +759,45 @@ Result<int> StreamExecutor::acquire_weights(int j) {
   return timed_wait([&] { return streamer_->acquire(j); });
 }
 
+Result<StreamExecutor::LayerWeights> StreamExecutor::layer_weights(int l, int j) {
+  if (resident_ && resident_->resident(l)) {
+    return LayerWeights{.params = &resident_params_.layers[static_cast<std::size_t>(l)],
+                        .slot = -1};
+  }
+  FERRY_ASSIGN_OR_RETURN(const int slot, acquire_weights(j));
+  return LayerWeights{.params = &slot_params_[static_cast<std::size_t>(slot)].layers[l],
+                      .slot = slot};
+}
+
+void StreamExecutor::release_weights(const LayerWeights& w, int& j) {
+  if (w.slot >= 0) streamer_->release(j++);
+}
+
+// A resident layer's backward: the internals (re-run unless kept), then the backward into its
+// resident f32 gradients; with bf16 gradients they are rounded (and read back) after every
+// micro-batch, as the in-memory executor's round_grads_to_bf16 and the drained layers' refill
+// from the host's bf16 sum give; on the last micro-batch the norm's sums.
+Status StreamExecutor::resident_backward(int l, const model::LayerTensors<ConstTensorView>& p,
+                                         const model::PackedBatch& b, const TensorView& x_in, int a,
+                                         bool last) {
+  float* g = resident_->grads(l);
+  const std::int64_t ln = arena_->unit_elements(l);
+  if (a == 0) FERRY_TRY(te_->zero(g, static_cast<std::size_t>(ln) * sizeof(float), cs()));
+  if (opts_.policy.kept(l)) {
+    ++stats_.kept_layers;
+  } else {
+    ++stats_.layer_forwards;
+    ++stats_.internals_forwards;
+    FERRY_TRY(compute_->layer_forward_internals(l, p, b, x_in));
+  }
+  ++stats_.layer_backwards;
+  FERRY_TRY(
+      compute_->layer_backward(l, p, resident_grads_.layers[static_cast<std::size_t>(l)], b, x_in));
+  if (arena_->bf16_grads()) FERRY_TRY(round_to_bf16(g, resident_->grads16(l), ln, true));
+  if (last) FERRY_TRY(take_sumsq(l, g));
+  return {};
+}
+
 Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatch& host_batch) {
   const std::int64_t T = host_batch.ids.numel();
   if (T <= 0 || T > max_tokens_) {
@@ -698,15 +853,14 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
   int j = 0;
   for (int l = 0; l < L; ++l) {
     FERRY_TRY(clock_->window_begin(l));
-    FERRY_ASSIGN_OR_RETURN(const int slot, acquire_weights(j));
+    FERRY_ASSIGN_OR_RETURN(const LayerWeights w, layer_weights(l, j));
     if (any_offloaded && l + 1 < L && opts_.policy.homes[l + 1] != Home::kDevice) {
       FERRY_TRY(wait_transit_stored((l + 1) % 2));
     }
     ++stats_.layer_forwards;
-    FERRY_TRY(compute_->layer_forward(l, slot_params_[slot].layers[l], b,
-                                      act_view(boundary_ptr(l), T),
+    FERRY_TRY(compute_->layer_forward(l, *w.params, b, act_view(boundary_ptr(l), T),
                                       act_view(boundary_ptr(l + 1), T)));
-    streamer_->release(j++);
+    release_weights(w, j);
     if (l + 1 < L) FERRY_TRY(store_boundary(l + 1, boundary_ptr(l + 1), T));
     // The head's weights go up as soon as its update is ready, beside the forward.
     if (head_pending_ && opt_->is_ready(opt_->head_unit())) FERRY_TRY(land_head());
@@ -778,18 +932,29 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
     // recomputing policy's bit-identity already relies on), and in any case internals that
     // match the regenerated x_in its backward reads, as a re-run would give.
     for (int l = s; l <= e - 2; ++l) {
-      FERRY_ASSIGN_OR_RETURN(const int slot, acquire_weights(j));
+      FERRY_ASSIGN_OR_RETURN(const LayerWeights w, layer_weights(l, j));
       ++stats_.layer_forwards;
       FERRY_TRY(compute_->layer_forward(
-          l, slot_params_[slot].layers[l], b, act_view(const_cast<float*>(input_of(l)), T),
+          l, *w.params, b, act_view(const_cast<float*>(input_of(l)), T),
           act_view(dev(plan_.recompute[static_cast<std::size_t>(l - s)]), T)));
-      streamer_->release(j++);
+      release_weights(w, j);
     }
     for (int l = e - 1; l >= s; --l) {
       if (l != e - 1) FERRY_TRY(clock_->window_begin(2 * L - l));
-      FERRY_ASSIGN_OR_RETURN(const int slot, acquire_weights(j));
-      const model::LayerTensors<ConstTensorView>& p = slot_params_[slot].layers[l];
+      FERRY_ASSIGN_OR_RETURN(const LayerWeights w, layer_weights(l, j));
+      const model::LayerTensors<ConstTensorView>& p = *w.params;
       const TensorView x_in = act_view(const_cast<float*>(input_of(l)), T);
+      if (w.slot < 0) {
+        // A resident layer: its gradients accumulate in place (zeroed by the first micro-batch),
+        // its weights are read in place; nothing drains, nothing is refilled.
+        FERRY_TRY(resident_backward(l, p, b, x_in, a, last));
+        if (l == s && offloaded(s)) {
+          FERRY_TRY(buf_free_[static_cast<std::size_t>((fetches_taken_ - 1) % 2)]->record(cs()));
+          FERRY_TRY(issue_fetch(T));
+        }
+        FERRY_TRY(clock_->window_end());
+        continue;
+      }
       // The gradient slot first: on micro-batches after the first it is refilled with the host's
       // running sum on the refill stream, while compute re-runs the layer's internals (the copy
       // is the largest of the window: f32, twice the bf16 weights' bytes).
@@ -829,7 +994,7 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
       }
       ++stats_.layer_backwards;
       FERRY_TRY(compute_->layer_backward(l, p, grad_slots_[gk].layers[l], b, x_in));
-      streamer_->release(j++);
+      release_weights(w, j);
       if (g16) {
         // The slot's bf16 rounding leaves; the last micro-batch's norm is taken on those values.
         FERRY_TRY(round_to_bf16(gslot, gslot16, ln, last));
@@ -917,6 +1082,12 @@ Result<StepOutcome> StreamExecutor::finish_step(const AdamWConfig& cfg, double l
   opt_->submit(args);  // the CPU worker: globals, then layers (from the top with a device tail)
   // The device claims layers from the bottom meanwhile, on its own thread and stream.
   if (tail_) tail_->submit(args);
+  if (resident_) {
+    // The resident layers in place on the compute stream, ahead of the next forward's kernels
+    // (on the emulated tier: run here, on the compute thread).
+    FERRY_TRY(resident_->update(args, cs()));
+    for (int u = 0; u < resident_->count(); ++u) opt_->mark_external_done(u);
+  }
   o.applied = true;
   return o;
 }
@@ -930,13 +1101,17 @@ void StreamExecutor::wait_optimizer() {
 Status StreamExecutor::store_to(TrainState& s) {
   wait_optimizer();
   if (tail_) FERRY_TRY(tail_->error());  // a failed unit: the arena is not a consistent step
+  // The resident layers' state lives on the device: into the arena first (after their update).
+  if (resident_) FERRY_TRY(resident_->download(*te_, cs()));
   return arena_->store_to(s);
 }
 
 Status StreamExecutor::load_from(const TrainState& s) {
   wait_optimizer();
   if (tail_) tail_->drop_prestaged();  // staged from the states being replaced
-  return arena_->load_from(s);
+  FERRY_TRY(arena_->load_from(s));
+  if (resident_) FERRY_TRY(resident_->upload(*te_, cs()));
+  return {};
 }
 
 }  // namespace ferry::train::stream

@@ -31,6 +31,12 @@
 //     submitted (the caller counts skips). A failed device unit surfaces as the Status of the
 //     next micro_batch / finish_step / store_to.
 //
+// GPU-resident layers (--resident-layers K, resident_layers.h): layers 0..K-1 leave the weight
+// schedule (forward, recompute and backward read their resident weights in place), the backward
+// accumulates their gradients in place (no drain, no refill; their sums of squares as for the
+// others), and finish_step enqueues their update on the compute stream right after the CPU
+// worker's and the tail's submit; store_to / release_arena copy their state back to the arena,
+// load_from takes it up again. The tail and the CPU worker share only layers K..L-1.
 // bf16 gradients (TrainState::bf16_grads): after each layer's backward the f32 slot is rounded
 // to bf16 into its twin (grad16), which drains (half the D2H) into the arena's bf16 gradients;
 // later micro-batches refill the twin and widen it into the slot on the refill stream; the
@@ -88,6 +94,7 @@
 #include "train/stream/grad_drain.h"
 #include "train/stream/host_arena.h"
 #include "train/stream/layer_optimizer.h"
+#include "train/stream/resident_layers.h"
 #include "train/stream/weight_streamer.h"
 #include "train/train_state.h"
 
@@ -112,6 +119,12 @@ struct StreamOptions {
   // the previous unit's kernels and D2H (the device tier holds slots x the largest layer's
   // optimizer sections). 1: one unit at a time.
   int device_update_slots = 2;
+  // GPU-resident layers (resident_layers.h): layers 0..K-1 keep weights, master, states and
+  // gradients in the device tier for the whole run and are updated there in place (no weight
+  // streaming, no gradient D2H, no CPU optimizer work for them). 0: none (today's behaviour);
+  // kResidentAllLayers: every layer; kResidentAuto: the most that fit the budget at this batch.
+  // With device_update_layers the tail takes only layers K.. (its count is of those).
+  int resident_layers = 0;
   // Where the CPU worker updates the final norm + lm_head (layer_optimizer.h): the forward waits
   // for them only at the head, for the embedding before its first layer.
   HeadUpdate head_update = HeadUpdate::kEarly;
@@ -211,6 +224,11 @@ class StreamExecutor {
   // The device optimizer tail's counters (all zero with device_update_layers = 0); consistent
   // once wait_optimizer() returned.
   DeviceTailStats device_tail_stats() const { return tail_ ? tail_->stats() : DeviceTailStats{}; }
+  // GPU-resident layers (StreamOptions::resident_layers, resolved) and their counters.
+  int resident_layers() const { return resident_ ? resident_->count() : 0; }
+  ResidentStats resident_stats() const { return resident_ ? resident_->stats() : ResidentStats{}; }
+  // Of device_planned_bytes(), the resident layers' (ResidentLayers::bytes).
+  std::size_t device_resident_bytes() const { return plan_.plan.slot(plan_.resident).size_bytes; }
   // Whether the layer GEMM weights are read as bf16 views of the slots' twins (the plan's
   // decision: StreamOptions::bf16_weight_views where it applies).
   bool bf16_weight_views() const { return plan_.bf16_weight_views; }
@@ -255,6 +273,17 @@ class StreamExecutor {
   template <typename F>
   auto timed_wait(F&& what) -> decltype(what());
   Result<int> acquire_weights(int j);
+  // Layer l's weights for schedule item j: a resident layer's in place (slot -1: nothing
+  // acquired), else the weight ring's slot; release_weights releases (and advances j) only a
+  // streamed one.
+  struct LayerWeights {
+    const model::LayerTensors<ConstTensorView>* params = nullptr;
+    int slot = -1;
+  };
+  Result<LayerWeights> layer_weights(int l, int j);
+  void release_weights(const LayerWeights& w, int& j);
+  Status resident_backward(int l, const model::LayerTensors<ConstTensorView>& p,
+                           const model::PackedBatch& b, const TensorView& x_in, int a, bool last);
   // The batch as the backend reads it: `b` itself on the CPU, a copy in the device tier on a GPU.
   Result<model::PackedBatch> device_batch(const model::PackedBatch& b);
 
@@ -297,6 +326,10 @@ class StreamExecutor {
   std::unique_ptr<LayerOptimizer> opt_;
   std::unique_ptr<mem::StreamSet> tail_streams_;  // the tail's own h2d, compute and d2h streams
   std::unique_ptr<DeviceOptimizerTail> tail_;     // device_update_layers != 0
+  std::unique_ptr<ResidentLayers> resident_;      // resident_layers != 0
+  // Layers 0..K-1 bound to their resident weights / gradients (the other layers' entries unused).
+  model::ModelParams resident_params_;
+  model::ModelGrads resident_grads_;
   std::unique_ptr<Bf16Landing> landing_;
   std::unique_ptr<Bf16ViewLanding> view_landing_;  // plan_.bf16_weight_views
   // The head part of the globals lands on a stream of its own (head_streams_->h2d()) during the
