@@ -96,6 +96,7 @@ void register_bench_train(CLI::App& app, CommandFn& run) {
                   "accumulation; PyTorch autocast), f32, or auto (bf16 on cuda, f32 on cpu)")
       ->check(CLI::IsMember({"auto", "bf16", "f32"}));
   add_device_update_flags(cmd, cfg->device_update_layers, cfg->device_update_slots, "");
+  add_resident_layers_flag(cmd, cfg->resident_layers, "");
   add_head_update_flag(cmd, cfg->head_update, "");
   add_device_prestage_flag(cmd, cfg->device_update_prestage, "");
   cmd->add_option("--optimizer-threads", cfg->optimizer_threads,

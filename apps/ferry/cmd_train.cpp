@@ -180,6 +180,7 @@ void register_train(CLI::App& app, CommandFn& run) {
                   "bf16 after every micro-batch)")
       ->check(CLI::IsMember({"f32", "bf16"}));
   add_device_update_flags(cmd, cfg->device_update_layers, cfg->device_update_slots, "stream: ");
+  add_resident_layers_flag(cmd, cfg->resident_layers, "stream: ");
   add_head_update_flag(cmd, cfg->head_update, "stream: ");
   add_device_prestage_flag(cmd, cfg->device_update_prestage, "stream: ");
   cmd->add_option("--optimizer-threads", cfg->optimizer_threads,

@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 
 #include "train/stream/device_optimizer_tail.h"
+#include "train/stream/resident_layers.h"
 
 namespace ferry::app {
 
@@ -43,7 +44,8 @@ inline void add_device_update_flags(CLI::App* cmd, int& layers, int& slots, cons
                       "... while the CPU worker takes the globals and then L-1, L-2, ... until "
                       "they meet (bit-identical; needs 8-bit states or a bf16 master for the "
                       "device's layers); all: every layer may go to the device, the meeting point "
-                      "decides; 0: the CPU updates all")
+                      "decides; 0: the CPU updates all. With --resident-layers R the tail works on "
+                      "the non-resident layers only: it claims R, R+1, ... and all means L-R")
       ->envname("FERRY_DEVICE_UPDATE_LAYERS")
       ->transform(layers_or_all());
   cmd->add_option("--device-update-slots", slots,
@@ -53,6 +55,38 @@ inline void add_device_update_flags(CLI::App* cmd, int& layers, int& slots, cons
                       "the device budget")
       ->envname("FERRY_DEVICE_UPDATE_SLOTS")
       ->check(CLI::Range(1, train::stream::kMaxDeviceUpdateSlots));
+}
+
+// `--resident-layers K|all|auto`: layers 0..K-1 stay on the GPU for the whole run (weights,
+// master, optimizer states, gradients; resident_layers.h), updated there in place.
+inline void add_resident_layers_flag(CLI::App* cmd, int& layers, const char* prefix) {
+  cmd->add_option("--resident-layers", layers,
+                  std::string(prefix) +
+                      "keep the first K decoder layers on the GPU for the whole run (bf16 weights, "
+                      "master, AdamW states, gradients in the device budget): no weight "
+                      "streaming, gradient D2H or CPU update for them, their update runs on the "
+                      "GPU in place (bit-identical; needs 8-bit states or a bf16 master); all: "
+                      "every layer; auto: the most that fit the device budget at this batch; a K "
+                      "that does not fit is refused naming the largest that does; 0: none")
+      ->envname("FERRY_RESIDENT_LAYERS")
+      ->transform(CLI::Validator(
+          [](std::string& s) -> std::string {
+            if (s == "auto") {
+              s = std::to_string(train::stream::kResidentAuto);
+              return {};
+            }
+            if (s == "all") {
+              s = std::to_string(train::stream::kResidentAllLayers);
+              return {};
+            }
+            char* end = nullptr;
+            const long v = std::strtol(s.c_str(), &end, 10);
+            if (s.empty() || *end != '\0' || v < 0 || v > 4096) {
+              return "must be an integer in [0, 4096], all or auto, not " + s;
+            }
+            return {};
+          },
+          "INT|all|auto"));
 }
 
 // `--device-update-prestage true|false`: the device tail copies its first layers' optimizer

@@ -156,6 +156,8 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
       {"device_update_slots",
        c.device_update_layers != 0 ? Json(c.device_update_slots) : Json(nullptr)},
       {"head_update", c.head_update},
+      // As asked (-1: all, -2: auto); each policy reports the resolved resident_layers.
+      {"resident_layers_asked", c.resident_layers},
       {"device_update_prestage",
        c.device_update_layers != 0 ? Json(c.device_update_prestage) : Json(nullptr)},
       {"policies", Json::array()}};
@@ -227,9 +229,15 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
     int largest_fitting = 0;  // batch auto: the largest batch the cap fits, --max-batch aside
     if (c.batch_auto) {
       // The device optimizer tail's staging counts against the cap like the rest of the plan.
+      // So do GPU-resident layers given as a number or all (auto fills what the batch leaves).
       stream::ModelSizes sizes = stream::model_sizes(*arena);
+      const int resident = c.resident_layers == stream::kResidentAuto
+                               ? 0
+                               : stream::ResidentLayers::resolve(*arena, c.resident_layers);
+      sizes.resident_bytes = stream::ResidentLayers::bytes(
+          *arena, resident, stream::bf16_weight_views(sizes, *be, precision));
       sizes.optimizer_tail_bytes = stream::DeviceOptimizerTail::staging_bytes(
-          *arena, c.device_update_layers, c.device_update_slots);
+          *arena, c.device_update_layers, c.device_update_slots, resident);
       FERRY_ASSIGN_OR_RETURN(
           largest_fitting,
           stream::largest_batch(geo, sizes, pol, c.prefetch + 1, c.seq, c.device_budget_bytes, *be,
@@ -255,6 +263,7 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
                                    .gemm_precision = precision,
                                    .device_update_layers = c.device_update_layers,
                                    .device_update_slots = c.device_update_slots,
+                                   .resident_layers = c.resident_layers,
                                    .head_update = head_update,
                                    .device_update_prestage = c.device_update_prestage};
     Timer create;
@@ -369,6 +378,11 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
          {"device_planned_bytes", x.device_planned_bytes()},
          // Kept layer internals (+keep:LIST): how many, their device bytes, and the layer passes
          // per step (each kept layer's backward skips its re-forward: kept_layer_backwards).
+         // GPU-resident layers (--resident-layers, resolved): their device bytes, and their
+         // updates run on the device per step (every applied step: resident_layers).
+         {"resident_layers", x.resident_layers()},
+         {"device_resident_bytes", x.device_resident_bytes()},
+         {"resident_updates", x.resident_stats().updates},
          {"kept_layers", pol.kept_count()},
          {"device_kept_bytes", x.device_kept_bytes()},
          {"layer_forwards_per_step", double(s.layer_forwards - s0.layer_forwards) * per},
@@ -446,6 +460,11 @@ std::string format_train_bench(const Json& r) {
         p["optimizer_ms_per_step"].get<double>(),
         mem::format_bytes(p["device_peak_bytes"].get<std::size_t>()),
         mem::format_bytes(p["host_peak_bytes"].get<std::size_t>()));
+    if (p.value("resident_layers", 0) > 0) {
+      out += fmt::format("{:<22} resident layers: {} ({} of the device tier)\n", "",
+                         p["resident_layers"].get<int>(),
+                         mem::format_bytes(p["device_resident_bytes"].get<std::size_t>()));
+    }
     if (p.value("device_update_units", std::uint64_t{0}) > 0) {
       out += fmt::format(
           "{:<22} device tail: {:.2f} layers/step (cpu {:.2f}), {} slots, per unit {:.1f} ms "

@@ -41,6 +41,7 @@ struct TrainBenchConfig {
   int optimizer_threads = 0;            // StreamOptions::optimizer_threads
   int device_update_layers = 0;         // StreamOptions::device_update_layers (-1: all)
   int device_update_slots = 2;          // StreamOptions::device_update_slots
+  int resident_layers = 0;              // StreamOptions::resident_layers (-1: all, -2: auto)
   std::string head_update = "early";    // StreamOptions::head_update (early | late)
   bool device_update_prestage = true;   // StreamOptions::device_update_prestage
   std::string gemm_precision = "auto";  // stream: auto | bf16 | f32 (model::parse_gemm_precision)

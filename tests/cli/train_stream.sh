@@ -182,6 +182,28 @@ assert r["grad_accum"] == 3 and r["gemm_precision"] == "bf16", r
 assert three["weight_h2d_bytes_per_step"] > 2.5 * one["weight_h2d_bytes_per_step"], (one, three)
 assert three["grad_d2h_bytes_per_step"] > 2.5 * one["grad_d2h_bytes_per_step"], (one, three)
 PY
+# GPU-resident layers (--resident-layers): the same losses, the resident layers' weights and
+# gradients off the link (all: no weight streaming at all), their updates counted, reported.
+for k in 0 2 all; do
+  "$FERRY" bench train --layers 4 --hidden 64 --heads 2 --kv-heads 1 --intermediate 128 \
+    --batch-size 2 --seq-len 32 --steps 2 --grad-accum 2 --policies every:2 \
+    --optimizer-states 8bit --resident-layers $k \
+    --json "$TMP/benchr$k.json" > "$TMP/benchr$k.log" 2>&1 ||
+    { echo "train_stream: bench train --resident-layers $k failed"; cat "$TMP/benchr$k.log"; exit 1; }
+done
+python3 - "$TMP" <<'PY' || { echo "train_stream: bad resident report"; exit 1; }
+import json, sys
+p = {k: json.load(open(f"{sys.argv[1]}/benchr{k}.json"))["policies"][0] for k in ("0", "2", "all")}
+for k, x in p.items():
+    assert "error" not in x, x
+assert [p[k]["resident_layers"] for k in ("0", "2", "all")] == [0, 2, 4], p
+assert p["0"]["loss_last"] == p["2"]["loss_last"] == p["all"]["loss_last"], p
+assert p["0"]["device_resident_bytes"] == 0 < p["2"]["device_resident_bytes"], p
+assert p["2"]["weight_h2d_bytes_per_step"] < p["0"]["weight_h2d_bytes_per_step"], p
+assert p["all"]["weight_h2d_bytes_per_step"] == 0, p
+assert p["2"]["grad_d2h_bytes_per_step"] < p["0"]["grad_d2h_bytes_per_step"], p
+assert p["2"]["resident_updates"] == 2 * 3, p  # 2 layers x (1 warmup + 2 timed) steps
+PY
 # Kept internals through --policies (its commas split the list; the keep list's are put back):
 # one layer forward less per kept layer and micro-batch, the same bytes moved and the same
 # losses as without, the kept workspaces counted in the device plan.
