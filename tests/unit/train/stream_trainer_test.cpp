@@ -11,6 +11,7 @@
 #include "core/file_util.h"
 #include "test_util.h"
 #include "train/stream/plan_policy.h"
+#include "train/stream/resident_layers.h"
 #include "train/stream/window_report.h"
 #include "train/trainer.h"
 
@@ -110,6 +111,54 @@ TEST(StreamTrainer, Bf16MastersMatchMemoryAndResumeExactly) {
     ASSERT_TRUE(rc.ok()) << rc.status().to_string();
     testing::expect_resume_reproduces(*ra, a_dir, *rc, b_dir, 3);
   }
+}
+
+// --resident-layers: layers 0..K-1 on the (emulated) device for the whole run give the memory
+// executor's losses and exported weights, and a resume from a checkpoint written mid-run (their
+// state downloaded into the host arena for it) reproduces the uninterrupted run exactly.
+TEST(StreamTrainer, ResidentLayersMatchMemoryAndResumeExactly) {
+  const OptimMode mode{.master = MasterWeights::kBf16Kahan, .states = OptimizerStates::k8Bit};
+  const std::string mem_dir = testing::temp_dir("st_res_mem");
+  TrainConfig mem_cfg = stream_config(mem_dir);
+  mem_cfg.optim = mode;
+  mem_cfg.executor = Executor::kMemory;
+  auto rm = run_training(mem_cfg);
+  ASSERT_TRUE(rm.ok()) << rm.status().to_string();
+  auto wm = read_file(mem_dir + "/model.safetensors");
+  ASSERT_TRUE(wm.ok());
+  for (const int k : {2, stream::kResidentAllLayers}) {
+    SCOPED_TRACE(k);
+    const std::string tag = std::to_string(k < 0 ? 99 : k);
+    const std::string a_dir = testing::temp_dir("st_res_a_" + tag);
+    const std::string b_dir = testing::temp_dir("st_res_b_" + tag);
+    auto config = [&](const std::string& out) {
+      TrainConfig c = stream_config(out);
+      c.optim = mode;
+      c.resident_layers = k;
+      return c;
+    };
+    auto ra = run_training(config(a_dir));
+    ASSERT_TRUE(ra.ok()) << ra.status().to_string();
+    EXPECT_EQ(rm->losses, ra->losses);
+    auto wa = read_file(a_dir + "/model.safetensors");
+    ASSERT_TRUE(wa.ok());
+    EXPECT_TRUE(*wm == *wa) << "exported weights differ";
+    {
+      TrainConfig b = config(b_dir);
+      b.save_every = 3;
+      b.keep_checkpoints = 5;
+      ASSERT_TRUE(run_training(b).ok());
+      std::filesystem::remove(b_dir + "/model.safetensors");
+    }
+    TrainConfig resumed = config(b_dir);
+    resumed.resume = b_dir + "/checkpoint-3";
+    auto rc = run_training(resumed);
+    ASSERT_TRUE(rc.ok()) << rc.status().to_string();
+    testing::expect_resume_reproduces(*ra, a_dir, *rc, b_dir, 3);
+  }
+  // On the memory executor the flag is refused.
+  mem_cfg.resident_layers = 1;
+  EXPECT_FALSE(run_training(mem_cfg).ok());
 }
 
 // --plan FILE: the homes of a `ferry plan` document drive the executor (same bits again).
