@@ -31,6 +31,7 @@
 
 #include "model_fixtures.h"
 #include "tests/gpu/bf16_attention_cpu.h"
+#include "train/stream/resident_layers.h"
 #include "train_stream_util.h"
 
 namespace ferry::train::stream {
@@ -310,6 +311,95 @@ TEST(TrainStreamGpu, DeviceUpdatedLayersBitIdenticalOnGpu) {
                   << " units on the GPU, " << g.tail.h2d_bytes << " B up ("
                   << g.tail.prestaged_bytes << " B pre-staged, " << g.tail.prestage_hits
                   << " hits), " << g.tail.d2h_bytes << " B down\n";
+      }
+    }
+  }
+}
+
+// GPU-resident layers (--resident-layers K, resident_layers.h) on the GPU: layers 0..K-1's
+// weights, master, states and gradients in GPU memory for the whole run, updated there in place
+// by the tail's kernels on the compute stream. K = 1, 2, L - 1 and all give the K = 0 GPU run's
+// losses, gradient norms, weights and states bitwise (bf16 GEMMs: with bf16 streaming weights the
+// resident GEMM weights are read as bf16 views of their resident bf16 copy), under host and
+// every:2, dense and MoE, f32 and 8-bit states, f32 and bf16 gradients, and beside the tail; the
+// weight H2D drops by exactly their streamed bytes, their gradients never cross, the plan grows by
+// exactly ResidentLayers::bytes. The CPU twin: tests/unit/train/stream_resident_test.cpp.
+// Written and compiled; not yet run on a GPU.
+TEST(TrainStreamGpu, ResidentLayersBitIdenticalOnGpu) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  kernels::Backend* be = cuda_or_null();
+  ASSERT_NE(be, nullptr);
+  const std::string dir = testing::temp_dir("stream_gpu_resident");
+  auto dense = dense_model(dir + "/model");
+  auto moe = moe_model();
+  struct Case {
+    const model::LoadedModel* m;
+    OptimMode mode;
+    bool bf16_grads, bf16_compute;
+    int tail;  // device_update_layers beside the resident layers
+  };
+  const OptimMode kahan8{.master = MasterWeights::kBf16Kahan, .states = OptimizerStates::k8Bit};
+  const OptimMode kahan32{.master = MasterWeights::kBf16Kahan, .states = OptimizerStates::kF32};
+  const OptimMode f32x8{.master = MasterWeights::kF32, .states = OptimizerStates::k8Bit};
+  const std::vector<Case> cases = {{dense.get(), kahan8, true, false, 0},
+                                   {dense.get(), kahan32, false, false, 0},
+                                   {dense.get(), f32x8, false, true, 0},
+                                   {dense.get(), kahan8, false, false, kDeviceUpdateAllLayers},
+                                   {moe.get(), kahan8, true, false, 0}};
+  for (const Case& c : cases) {
+    const int L = c.m->geometry.layers;
+    RunSpec spec;
+    spec.gemm_precision = model::GemmPrecision::kBf16;
+    spec.mode = c.mode;
+    spec.bf16_grads = c.bf16_grads;
+    spec.bf16_compute = c.bf16_compute;
+    spec.device_update_layers = c.tail;
+    SCOPED_TRACE(describe(c.mode) + (c.bf16_grads ? " bf16 grads" : "") +
+                 (c.tail != 0 ? " tail all" : ""));
+    const std::vector<Batch> data = make_batches(spec.steps * spec.accum, c.m->geometry.vocab, 5);
+    auto state = make_state(*c.m, spec);
+    auto arena = HostArena::create(*state);
+    ASSERT_TRUE(arena.ok()) << arena.status().to_string();
+    for (const std::string& p : {std::string("host"), std::string("every:2")}) {
+      auto pol = parse_policy(p, L);
+      ASSERT_TRUE(pol.ok());
+      std::vector<std::uint64_t> streams(static_cast<std::size_t>(L), 0);
+      for (int l : weight_schedule(*pol)) ++streams[static_cast<std::size_t>(l)];
+      spec.resident_layers = 0;
+      const RunResult base = run_stream(*c.m, spec, data, p, 2, *be);
+      ASSERT_EQ(base.losses.size(), static_cast<std::size_t>(spec.steps));
+      std::uint64_t applied = 0;
+      for (const StepOutcome& o : base.outcomes) applied += o.applied ? 1 : 0;
+      for (int k_in : {1, 2, L - 1, kResidentAllLayers}) {
+        const int K = k_in == kResidentAllLayers ? L : k_in;
+        const std::string what = p + " K=" + std::to_string(K);
+        spec.resident_layers = k_in;
+        const RunResult g = run_stream(*c.m, spec, data, p, 2, *be);
+        ASSERT_EQ(g.losses.size(), base.losses.size()) << what;
+        for (std::size_t i = 0; i < base.losses.size(); ++i) {
+          EXPECT_EQ(g.losses[i], base.losses[i]) << what << " step " << i;
+          EXPECT_EQ(g.outcomes[i].grad_norm, base.outcomes[i].grad_norm) << what << " step " << i;
+        }
+        expect_same_state(*base.state, *g.state, what + " (cuda) vs K=0 (cuda)");
+        std::uint64_t w = 0, gb = 0;
+        for (int l = 0; l < K; ++l) {
+          w += streams[static_cast<std::size_t>(l)] * (*arena)->unit_weight_bytes(l);
+          gb += static_cast<std::uint64_t>((*arena)->unit_elements(l)) * (*arena)->grad_size();
+        }
+        const auto micro = static_cast<std::uint64_t>(spec.steps * spec.accum);
+        EXPECT_EQ(base.stats.weight_h2d - g.stats.weight_h2d, micro * w) << what;
+        EXPECT_EQ(base.stats.grad_d2h - g.stats.grad_d2h, micro * gb) << what;
+        EXPECT_EQ(g.resident.layers, K) << what;
+        EXPECT_EQ(g.resident.updates, applied * static_cast<std::uint64_t>(K)) << what;
+        EXPECT_EQ(g.resident_bytes, ResidentLayers::bytes(**arena, K, g.bf16_weight_views)) << what;
+        // (Beside the tail the plan also holds the tail's staging for layers K.., none at K = L.)
+        if (c.tail == 0) {
+          EXPECT_EQ(g.planned - base.planned, g.resident_bytes) << what;
+        }
+        EXPECT_LE(g.peak, g.planned) << what;
+        if (c.tail != 0 && !g.tail.unit_updates.empty()) {
+          for (int u = 0; u < K; ++u) EXPECT_EQ(g.tail.unit_updates[u], 0u) << what << " " << u;
+        }
       }
     }
   }
