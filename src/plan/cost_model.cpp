@@ -163,6 +163,10 @@ Result<PlanProblem> analytic_problem(const model::ModelConfig& c, const MachineS
     lc.bwd_ms = bwd;
     lc.weight_gb = params * shape.weight_bytes_per_param / kGB;
     lc.grad_gb = params * shape.grad_bytes_per_param / kGB;
+    // GPU-resident (PlanProblem::resident_layers): the layer's host model state plus the f32
+    // gradient accumulator (an estimate; ferry plan with an executor target replaces it by the
+    // executor's layout, cmd_plan_executor_fit.h).
+    lc.resident_gb = params * (shape.host_state_bytes_per_param + 4) / kGB;
     // Forward: norm out, q, k, v, attention out, gate, up, activation (transient).
     lc.work_fwd_gb = N * (2 * C + 2 * Q + 2 * K + 3 * F) * kBf16 / kGB;
     // Backward: the re-forwarded internals kept for the layer's backward, plus the gradients in

@@ -85,6 +85,10 @@ Result<Prediction> evaluate(const PlanProblem& p, const Plan& plan) {
           j, p.allow_keep_internals, p.layers[j].keep_saved_ms);
     }
   }
+  if (plan.resident_layers != resident_count(p)) {
+    return invalid_argument("plan: plan has {} resident layers, problem {}", plan.resident_layers,
+                            resident_count(p));
+  }
   if (!p.has_nvme()) {
     for (Home h : plan.homes) {
       if (h == Home::kNvme) return invalid_argument("plan: nvme home but no nvme tier");
@@ -92,9 +96,10 @@ Result<Prediction> evaluate(const PlanProblem& p, const Plan& plan) {
   }
 
   const auto& A = p.boundary_gb;
-  const auto W = [&](int j) { return p.layers[j].weight_gb; };
+  // Weights as streamed: a GPU-resident layer's (resident_layers) never cross the link.
+  const auto W = [&](int j) { return streamed_weight_gb(p, j); };
   std::vector<double> compute(T, 0), h2d(T, 0), d2h(T, 0), nv_read(T, 0), nv_write(T, 0);
-  std::vector<double> gpu(T, p.gpu_fixed_gb);
+  std::vector<double> gpu(T, p.gpu_fixed_gb + resident_gpu_gb(p));
   double recompute = 0, moved = 0;
 
   // Compute and working memory of each window.
@@ -128,7 +133,7 @@ Result<Prediction> evaluate(const PlanProblem& p, const Plan& plan) {
   for (int j = 0; j < L; ++j) {
     h2d[p.fwd_window(j)] += j + 1 < L ? W(j + 1) : p.head_weight_gb;
     if (j >= 1 && !kept[j - 1]) h2d[p.bwd_window(j)] += W(j - 1);
-    d2h[p.bwd_window(j)] += j == L - 1 ? p.head_grad_gb : p.layers[j + 1].grad_gb;
+    d2h[p.bwd_window(j)] += j == L - 1 ? p.head_grad_gb : drained_grad_gb(p, j + 1);
   }
   h2d[L] += W(L - 1);
 
@@ -235,7 +240,9 @@ Result<Prediction> evaluate(const PlanProblem& p, const Plan& plan) {
   }
   r.recompute_ms = recompute;
   r.moved_gb = moved;
-  r.gpu_step_ms = r.compute_ms + r.exposed_ms + p.step_fixed_ms;
+  r.resident_serial_ms = resident_serial_ms(p);
+  r.resident_gb = resident_gpu_gb(p);
+  r.gpu_step_ms = r.compute_ms + r.exposed_ms + p.step_fixed_ms + r.resident_serial_ms;
   // The forward pipeline behind the optimizer (optimizer_ready_ms): forward window j starts once
   // window j-1 has ended (compute and its transfers) and layer j's update is done.
   const std::vector<double> ready = optimizer_ready_ms(p);

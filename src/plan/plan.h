@@ -43,7 +43,7 @@ struct Transfer {
 
 // What a plan costs under a PlanProblem (filled by evaluate()).
 struct Prediction {
-  double gpu_step_ms = 0;  // compute + exposed transfers + step_fixed
+  double gpu_step_ms = 0;  // compute + exposed transfers + step_fixed + resident_serial_ms
   // max(gpu_step_ms + optimizer_wait_ms, optimizer phase) + host_home_ms
   double step_ms = 0;
   // Forward windows held back by the CPU optimizer: the update of the previous step runs layer by
@@ -66,6 +66,10 @@ struct Prediction {
   // GPU bytes of the kept layers' internals (each held from its forward to its backward window).
   // The move penalty applies to them too: between equally fast plans, keep less.
   double kept_internals_gb = 0;
+  // GPU-resident layers (PlanProblem::resident_layers): their bytes (in every window's GPU
+  // memory) and the serial change of the step (their GPU updates minus layer 0's CPU share).
+  double resident_gb = 0;
+  double resident_serial_ms = 0;
   double gpu_peak_gb = 0;
   int gpu_peak_window = 0;
   double host_peak_gb = 0;
@@ -109,6 +113,9 @@ struct Plan {
   // [L] or empty (= all false): layer j's forward keeps its internals on the GPU until its
   // backward, which skips the re-forward (PlanProblem keep_allowed). JSON: "keep_internals".
   std::vector<bool> keep_internals;
+  // Decoder layers 0..K-1 GPU-resident (PlanProblem::resident_layers; ferry train
+  // --resident-layers K). JSON: "resident_layers" (absent in older files: 0).
+  int resident_layers = 0;
   std::vector<Transfer> transfers;
   Prediction predicted;
   SolverInfo solver;

@@ -32,6 +32,8 @@ Json prediction_to_json(const Prediction& r) {
           {"objective_ms", r.objective_ms},
           {"moved_gb", r.moved_gb},
           {"kept_internals_gb", r.kept_internals_gb},
+          {"resident_gb", r.resident_gb},
+          {"resident_serial_ms", r.resident_serial_ms},
           {"gpu_peak_gb", r.gpu_peak_gb},
           {"gpu_peak_window", r.gpu_peak_window},
           {"host_peak_gb", r.host_peak_gb},
@@ -57,6 +59,8 @@ Prediction prediction_from_json(const Json& j) {
   r.objective_ms = j.at("objective_ms").get<double>();
   r.moved_gb = j.at("moved_gb").get<double>();
   r.kept_internals_gb = j.value("kept_internals_gb", 0.0);  // absent before the keep choice
+  r.resident_gb = j.value("resident_gb", 0.0);              // absent before resident layers
+  r.resident_serial_ms = j.value("resident_serial_ms", 0.0);
   r.gpu_peak_gb = j.at("gpu_peak_gb").get<double>();
   r.gpu_peak_window = j.at("gpu_peak_window").get<int>();
   r.host_peak_gb = j.at("host_peak_gb").get<double>();
@@ -102,6 +106,8 @@ Json plan_to_json(const Plan& plan, const PlanProblem* problem) {
             {"boundaries", boundaries},
             {"spans", spans},
             {"keep_internals", keep},
+            // Decoder layers 0..K-1 GPU-resident (ferry train --resident-layers K).
+            {"resident_layers", plan.resident_layers},
             {"transfers", transfers},
             {"predicted", prediction_to_json(plan.predicted)},
             {"solver",
@@ -154,6 +160,11 @@ Result<Plan> plan_from_json(const Json& j) {
       if (std::find(keep.begin(), keep.end(), true) != keep.end()) {
         plan.keep_internals = std::move(keep);
       }
+    }
+    plan.resident_layers = j.value("resident_layers", 0);  // absent before resident layers
+    if (plan.resident_layers < 0 || plan.resident_layers > plan.num_layers) {
+      return corrupt("plan: resident_layers {} of {} layers", plan.resident_layers,
+                     plan.num_layers);
     }
     for (const Json& t : j.at("transfers")) {
       const std::string dir = t.at("direction").get<std::string>();

@@ -38,12 +38,15 @@ TailPhase simulate_device_tail(const PlanProblem& p, bool measured, double total
         measured ? p.layers[j].optimizer_ms : p.cpu_optimizer_ms * p.layers[j].weight_gb / total_w;
     layers_ms += cpu_ms[j];
   }
+  // (The globals are what the measured total has beyond every layer's time, resident or not.)
   // Measured per-layer times: the rest of the CPU optimizer's time is the globals' (run first).
   const double globals_ms = measured ? std::max(0.0, p.cpu_optimizer_ms - layers_ms) : 0.0;
-  const int k_max = std::min(p.device_update_layers, L);
+  // The tail works on the non-resident layers only (resident ones are updated in place).
+  const int first = resident_count(p);
+  const int k_max = std::min(p.device_update_layers, L - first) + first;
   TailPhase t;
   t.done_ms.assign(L, 0.0);
-  int low = 0;       // the device's next layer
+  int low = first;   // the device's next layer
   int high = L - 1;  // the CPU's next layer
   double dev_free = 0;
   double cpu_free = globals_ms;
@@ -71,6 +74,26 @@ std::vector<double> optimizer_ready_ms(const PlanProblem& p) {
   const bool measured = std::all_of(p.layers.begin(), p.layers.end(),
                                     [](const LayerCost& c) { return c.optimizer_ms > 0; });
   if (!measured && (!(p.cpu_optimizer_ms > 0) || !(total_w > 0))) return ready;
+  const int K = resident_count(p);
+  if (K > 0) {
+    // Resident layers: the GPU updates 0..K-1 in place from the clip point (time 0), then the
+    // forward of layer 0 starts (at S); the CPU (or the tail with it) updates K..L-1 from time 0.
+    // Layer j's forward waits until max(0, its update's end - S).
+    double S = 0;
+    for (int j = 0; j < K; ++j) S += resident_update_layer_ms(p, j);
+    if (p.device_update_layers <= 0) {
+      double done = 0;
+      for (int j = K; j < L; ++j) {
+        done += measured ? p.layers[j].optimizer_ms
+                         : p.cpu_optimizer_ms * p.layers[j].weight_gb / total_w;
+        ready[j] = std::max(0.0, done - S);
+      }
+      return ready;
+    }
+    const TailPhase tail = simulate_device_tail(p, measured, total_w);
+    for (int j = K; j < L; ++j) ready[j] = std::max(0.0, tail.done_ms[j] - S);
+    return ready;
+  }
   if (p.device_update_layers <= 0) {
     double done = 0;  // updates finished after layer 0's, in ms
     for (int j = 1; j < L; ++j) {
@@ -86,13 +109,63 @@ std::vector<double> optimizer_ready_ms(const PlanProblem& p) {
 }
 
 double optimizer_phase_ms(const PlanProblem& p) {
-  if (p.device_update_layers <= 0) return p.cpu_optimizer_ms;
+  const int K = resident_count(p);
+  if (p.device_update_layers <= 0 && K == 0) return p.cpu_optimizer_ms;
   double total_w = 0;
   for (const LayerCost& c : p.layers) total_w += c.weight_gb;
   const bool measured = std::all_of(p.layers.begin(), p.layers.end(),
                                     [](const LayerCost& c) { return c.optimizer_ms > 0; });
   if (!measured && (!(p.cpu_optimizer_ms > 0) || !(total_w > 0))) return p.cpu_optimizer_ms;
+  if (p.device_update_layers <= 0) {
+    // The CPU does everything but the resident layers' share.
+    double resident_ms = 0;
+    for (int j = 0; j < K; ++j) {
+      resident_ms += measured ? p.layers[j].optimizer_ms
+                              : p.cpu_optimizer_ms * p.layers[j].weight_gb / total_w;
+    }
+    return std::max(0.0, p.cpu_optimizer_ms - resident_ms);
+  }
   return simulate_device_tail(p, measured, total_w).end_ms;
+}
+
+int resident_count(const PlanProblem& p) { return std::clamp(p.resident_layers, 0, p.num_layers); }
+
+double streamed_weight_gb(const PlanProblem& p, int j) {
+  return j < resident_count(p) ? 0.0 : p.layers[j].weight_gb;
+}
+
+double drained_grad_gb(const PlanProblem& p, int j) {
+  return j < resident_count(p) ? 0.0 : p.layers[j].grad_gb;
+}
+
+double resident_gpu_gb(const PlanProblem& p) {
+  double gb = 0;
+  for (int j = 0; j < resident_count(p); ++j) gb += p.layers[j].resident_gb;
+  return gb;
+}
+
+double resident_update_layer_ms(const PlanProblem& p, int j) {
+  if (p.resident_update_ms_per_layer > 0) return p.resident_update_ms_per_layer;
+  return kResidentUpdateMsPerGb * p.layers[j].resident_gb;
+}
+
+double resident_serial_ms(const PlanProblem& p) {
+  const int K = resident_count(p);
+  if (K == 0) return 0;
+  double gpu_ms = 0;
+  for (int j = 0; j < K; ++j) gpu_ms += resident_update_layer_ms(p, j);
+  // Layer 0's CPU share, which step_fixed_ms holds (cost_model.cpp, bench_profile.cpp).
+  double total_w = 0;
+  for (const LayerCost& c : p.layers) total_w += c.weight_gb;
+  const bool measured = std::all_of(p.layers.begin(), p.layers.end(),
+                                    [](const LayerCost& c) { return c.optimizer_ms > 0; });
+  double layer0_ms = 0;
+  if (measured) {
+    layer0_ms = p.layers[0].optimizer_ms;
+  } else if (p.cpu_optimizer_ms > 0 && total_w > 0) {
+    layer0_ms = p.cpu_optimizer_ms * p.layers[0].weight_gb / total_w;
+  }
+  return gpu_ms - std::min(layer0_ms, p.step_fixed_ms);
 }
 
 double device_update_layer_ms(const PlanProblem& p, int j) {
@@ -130,7 +203,7 @@ Status validate(const PlanProblem& p) {
   for (int j = 0; j < L; ++j) {
     const LayerCost& c = p.layers[j];
     for (double v : {c.fwd_ms, c.bwd_ms, c.rec_ms, c.weight_gb, c.grad_gb, c.work_fwd_gb,
-                     c.work_bwd_gb, c.internals_gb, c.keep_saved_ms}) {
+                     c.work_bwd_gb, c.internals_gb, c.keep_saved_ms, c.resident_gb}) {
       if (!finite_nonneg(v)) return invalid_argument("plan: layer {} has a negative cost", j);
     }
     if (c.keep_saved_ms > c.bwd_ms) {
@@ -155,6 +228,13 @@ Status validate(const PlanProblem& p) {
   if (p.device_update_layers < 0) {
     return invalid_argument("plan: device_update_layers {} < 0", p.device_update_layers);
   }
+  if (p.resident_layers < 0) {
+    return invalid_argument("plan: resident_layers {} < 0", p.resident_layers);
+  }
+  if (!finite_nonneg(p.resident_update_ms_per_layer)) {
+    return invalid_argument("plan: resident_update_ms_per_layer {} is not a time",
+                            p.resident_update_ms_per_layer);
+  }
   if (!finite_nonneg(p.device_update_ms_per_layer)) {
     return invalid_argument("plan: device_update_ms_per_layer {} is not a time",
                             p.device_update_ms_per_layer);
@@ -175,6 +255,7 @@ Json to_json(const PlanProblem& p) {
                       {"optimizer_ms", c.optimizer_ms},
                       {"internals_gb", c.internals_gb},
                       {"keep_saved_ms", c.keep_saved_ms}});
+    if (c.resident_gb != 0) layers.back()["resident_gb"] = c.resident_gb;
   }
   Json j = {{"num_layers", p.num_layers},
             {"boundary_gb", p.boundary_gb},
@@ -211,6 +292,11 @@ Json to_json(const PlanProblem& p) {
   }
   // Only when measured, likewise (a problem without the term serializes as before).
   if (p.host_home_ms_per_gb != 0) j["host_home_ms_per_gb"] = p.host_home_ms_per_gb;
+  // Only with resident layers (or a measured update time), likewise.
+  if (p.resident_layers != 0) j["resident_layers"] = p.resident_layers;
+  if (p.resident_update_ms_per_layer != 0) {
+    j["resident_update_ms_per_layer"] = p.resident_update_ms_per_layer;
+  }
   return j;
 }
 
@@ -232,6 +318,7 @@ Result<PlanProblem> problem_from_json(const Json& j) {
       l.optimizer_ms = c.value("optimizer_ms", 0.0);  // absent before per-layer times
       l.internals_gb = c.value("internals_gb", 0.0);  // absent before the keep choice
       l.keep_saved_ms = c.value("keep_saved_ms", 0.0);
+      l.resident_gb = c.value("resident_gb", 0.0);  // absent before resident layers
       p.layers.push_back(l);
     }
     p.loss_ms = j.at("loss_ms").get<double>();
@@ -258,6 +345,8 @@ Result<PlanProblem> problem_from_json(const Json& j) {
     p.device_update_layers = j.value("device_update_layers", 0);  // absent before the tail
     p.device_update_ms_per_layer = j.value("device_update_ms_per_layer", 0.0);
     p.host_home_ms_per_gb = j.value("host_home_ms_per_gb", 0.0);  // absent: not measured
+    p.resident_layers = j.value("resident_layers", 0);  // absent before resident layers: none
+    p.resident_update_ms_per_layer = j.value("resident_update_ms_per_layer", 0.0);
     p.move_penalty_ms_per_gb = j.at("move_penalty_ms_per_gb").get<double>();
     p.batch_size = j.at("batch_size").get<int>();
     p.seq_len = j.at("seq_len").get<int>();

@@ -50,6 +50,11 @@ struct LayerCost {
   double keep_saved_ms = 0;  // backward time saved when kept: the internals-only re-forward
                              // (dense: ~0.71 x rec_ms at Qwen2.5-3B/7B, seq 1024; MoE: ~rec_ms),
                              // <= bwd_ms; 0: keeping never helps, so the layer has no keep choice
+  // GPU-resident layers (PlanProblem::resident_layers, docs/plan.md "resident layers"): the device
+  // bytes the layer takes when resident (weights, master, AdamW states, gradients in the
+  // executor's layout: ResidentLayers::layer_bytes; cmd_plan_executor_fit.h mirrors it). 0 with
+  // resident_layers > j: the layer is resident for free (a test problem's choice).
+  double resident_gb = 0;
 };
 
 struct LinkRates {
@@ -97,6 +102,18 @@ struct PlanProblem {
   // (device_update_layer_ms).
   int device_update_layers = 0;
   double device_update_ms_per_layer = 0;
+
+  // GPU-resident layers (`ferry train --resident-layers K`, train/stream/resident_layers.h):
+  // layers 0..K-1 keep weights, master, states and gradients on the GPU for the whole run. Such a
+  // layer streams no weights (no H2D in any window, recompute included), drains no gradients (no
+  // D2H), costs the CPU optimizer nothing, and is updated in place on the GPU once the clip scale
+  // is known, before the next forward (serial: resident_update_layer_ms). Its bytes
+  // (LayerCost::resident_gb) are GPU memory in every window. The solvers price a problem at its
+  // K; the search over K is an outer loop (resident.h). 0: none (the default; JSON without the
+  // key). K > L is read as L.
+  int resident_layers = 0;
+  // The GPU update of one resident layer, ms; 0: derived (resident_update_layer_ms).
+  double resident_update_ms_per_layer = 0;
 
   int max_span = 4;  // R: a recomputed span covers at most R-1 layers between boundaries
   // Whether the solvers may keep a layer's internals (keep_allowed). false gives exactly the plans
@@ -158,6 +175,21 @@ double optimizer_phase_ms(const PlanProblem& p);
 // The device tail's time for layer j: device_update_ms_per_layer when > 0, else the layer's share
 // of the host model state (host_fixed_gb by weight over the layers and the head) over the H2D rate.
 double device_update_layer_ms(const PlanProblem& p, int j);
+
+// Resident layers (resident_layers): K clamped to [0, L]; the weight bytes layer j streams (0
+// when resident); the gradient bytes it drains (0 when resident); the resident bytes on the GPU
+// in every window; the GPU update time of resident layer j (resident_update_ms_per_layer, else
+// ASSUMED kResidentUpdateMsPerGb x its resident_gb: the device tail's kernels, 0.8 ms per
+// Qwen2.5-3B layer on an H200 in the session-16 logs, over that layer's ~0.8 GB of sections); the
+// serial change of the step: the K GPU updates run before the next forward where layer 0's CPU
+// update was serial (step_fixed_ms holds it), so K x update - layer 0's CPU share (0 at K = 0).
+inline constexpr double kResidentUpdateMsPerGb = 1.0;
+int resident_count(const PlanProblem& p);
+double streamed_weight_gb(const PlanProblem& p, int j);
+double drained_grad_gb(const PlanProblem& p, int j);
+double resident_gpu_gb(const PlanProblem& p);
+double resident_update_layer_ms(const PlanProblem& p, int j);
+double resident_serial_ms(const PlanProblem& p);
 
 // Sizes and signs consistent; a non-ok Status names the first bad field.
 Status validate(const PlanProblem& p);

@@ -90,14 +90,15 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
   const int R = p.max_span;
   const bool nvme = p.has_nvme();
   const auto& A = p.boundary_gb;
-  const auto W = [&](int j) { return p.layers[j].weight_gb; };
+  // Weights as streamed (0 for GPU-resident layers: streamed_weight_gb).
+  const auto W = [&](int j) { return streamed_weight_gb(p, j); };
   const bool min_mode = minimize_tier != nullptr;
   const double pen = min_mode ? 0.0 : p.move_penalty_ms_per_gb;
   const double time_w = min_mode ? 0.0 : 1.0;  // objective weight of time terms
 
   // Constant part of the objective: all non-recompute compute and the serial step overhead.
   for (const LayerCost& c : p.layers) m_.obj_constant += c.fwd_ms + c.bwd_ms;
-  m_.obj_constant += p.loss_ms + p.step_fixed_ms;
+  m_.obj_constant += p.loss_ms + p.step_fixed_ms + resident_serial_ms(p);
   if (min_mode) m_.obj_constant = 0;
 
   // Span columns; their objective carries the recompute time and the re-stream penalty.
@@ -254,7 +255,7 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
   }
   for (int t = 0; t < T; ++t) {
     Expr gpu;
-    gpu.constant = p.gpu_fixed_gb + A[0];
+    gpu.constant = p.gpu_fixed_gb + resident_gpu_gb(p) + A[0];
     if (t < L) gpu.constant += p.layers[t].work_fwd_gb;
     if (t == L) gpu.constant += p.loss_work_gb;
     if (t > L) gpu.constant += p.layers[2 * L - t].work_bwd_gb;
@@ -312,7 +313,7 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
       const int j = 2 * L - t;
       compute.constant = p.layers[j].bwd_ms;
       compute.add(keep_[j], -p.layers[j].keep_saved_ms);  // kept internals: no re-forward
-      d2h.constant = j == L - 1 ? p.head_grad_gb : p.layers[j + 1].grad_gb;
+      d2h.constant = j == L - 1 ? p.head_grad_gb : drained_grad_gb(p, j + 1);
       if (j >= 1) {
         // Prefetch of layer j-1's weights, unless a keep span already holds them.
         h2d.constant = W(j - 1);
@@ -445,6 +446,7 @@ Plan ScheduleModel::extract_plan(const std::vector<double>& sol) const {
   plan.num_layers = L;
   plan.batch_size = p_.batch_size;
   plan.seq_len = p_.seq_len;
+  plan.resident_layers = resident_count(p_);
   plan.homes.assign(L + 1, Home::kRecompute);
   plan.homes[0] = plan.homes[L] = Home::kGpu;
   for (int s = 0; s < L;) {
