@@ -52,7 +52,6 @@ ResidentLayers::Layout ResidentLayers::layout(const HostArena& arena, int u, boo
   l.size[kV] = arena.section(u, S::kV).size;
   l.size[kMAbs] = arena.section(u, S::kMAbsmax).size;
   l.size[kVAbs] = arena.section(u, S::kVAbsmax).size;
-  l.size[kG16] = arena.bf16_grads() ? n * sizeof(std::uint16_t) : 0;
   l.size[kG32] = n * sizeof(float);
   if (arena.bf16_weights()) {
     std::int64_t f32 = static_cast<std::int64_t>(n);
@@ -80,11 +79,19 @@ std::size_t ResidentLayers::layer_bytes(const HostArena& arena, int u, bool view
   return layout(arena, u, views).total;
 }
 
+std::size_t ResidentLayers::scratch_bytes(const HostArena& arena, int k) {
+  if (!arena.bf16_grads()) return 0;
+  k = std::min(resolve(arena, k), arena.globals_unit());
+  std::int64_t most = 0;
+  for (int u = 0; u < k; ++u) most = std::max(most, arena.unit_elements(u));
+  return align_up(static_cast<std::size_t>(most) * sizeof(std::uint16_t));
+}
+
 std::size_t ResidentLayers::bytes(const HostArena& arena, int k, bool views) {
   k = std::min(resolve(arena, k), arena.globals_unit());
   std::size_t total = 0;
   for (int u = 0; u < k; ++u) total += layer_bytes(arena, u, views);
-  return total;
+  return total + scratch_bytes(arena, k);
 }
 
 Result<std::unique_ptr<ResidentLayers>> ResidentLayers::create(const HostArena& arena, int k,
@@ -105,6 +112,7 @@ Result<std::unique_ptr<ResidentLayers>> ResidentLayers::create(const HostArena& 
     r->base_.push_back(base + off);
     off += r->layouts_.back().total;
   }
+  if (arena.bf16_grads() && k > 0) r->g16_ = reinterpret_cast<std::uint16_t*>(base + off);
   return r;
 }
 
@@ -118,9 +126,7 @@ const std::uint16_t* ResidentLayers::weights16(int u) const {
 
 float* ResidentLayers::grads(int u) const { return reinterpret_cast<float*>(piece(u, kG32)); }
 
-std::uint16_t* ResidentLayers::grads16(int u) const {
-  return reinterpret_cast<std::uint16_t*>(piece(u, kG16));
-}
+std::uint16_t* ResidentLayers::grads16() const { return g16_; }
 
 Status ResidentLayers::widen(int u, mem::Stream& stream) {
   if (!arena_.bf16_weights()) return {};

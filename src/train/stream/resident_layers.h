@@ -13,12 +13,14 @@
 //           layout of the unit; none with f32 streaming weights (compute reads the master)
 //   master  the f32 master or the Kahan words (none with bf16-sr)
 //   m, v, m_absmax, v_absmax   the arena's state sections (scales only with 8-bit states)
-//   g16     bf16 gradients only: each micro-batch's rounding of g32 (the in-memory executor's
-//           round_grads_to_bf16), what the norm and the update read widened back
-//   g32     [n] f32 gradients: the backward's target, the running sum over micro-batches
+//   g32     [n] f32 gradients: the backward's target, the running sum over micro-batches (with
+//           bf16 gradients rounded to bf16 and back after every micro-batch: the in-memory
+//           executor's round_grads_to_bf16, which the norm and the update then read)
 //   w32     bf16 streaming weights only: what compute reads as f32, widened from w16 after each
 //           update (exact); with bf16 weight views only the f32-read parameters (bf16_widen.h),
 //           the GEMMs read w16 in place
+// and once, after the layers, bf16 gradients only: g16, [the largest resident layer] bf16, the
+// scratch of that rounding (used on the compute stream only, so one serves every layer).
 // The host arena keeps these layers' sections but they are stale while training: upload() at
 // start / load_from (host -> device), download() where host memory is read (store_to:
 // checkpoints, export, the end of the run; release_arena). Tests:
@@ -62,7 +64,10 @@ class ResidentLayers {
   // Device-tier bytes of resident layer u / of layers 0..K-1; views: bf16 weight views apply
   // (DevicePlan::bf16_weight_views): w32 holds only the f32-read parameters.
   static std::size_t layer_bytes(const HostArena& arena, int u, bool views);
+  // (bytes() = the layers' layer_bytes + scratch_bytes.)
   static std::size_t bytes(const HostArena& arena, int k, bool views);
+  // The bf16 rounding scratch g16 (bf16 gradients; else 0).
+  static std::size_t scratch_bytes(const HostArena& arena, int k);
 
   // base: bytes(arena, k, views) bytes of the device tier (the caller's). views: the
   // executor's Bf16ViewLanding with bf16 weight views, else null. Nothing is copied yet.
@@ -78,8 +83,8 @@ class ResidentLayers {
   // bf16 weights (w16, at p.offset).
   const float* weights_f32(int u) const;
   const std::uint16_t* weights16(int u) const;
-  float* grads(int u) const;            // g32 [n]
-  std::uint16_t* grads16(int u) const;  // g16 [n], bf16 gradients only
+  float* grads(int u) const;       // g32 [n]
+  std::uint16_t* grads16() const;  // g16, bf16 gradients only (compute stream only)
 
   // Host arena -> device: every section but the gradients, then w32 widened; enqueued on
   // `stream` and synchronized.
@@ -93,7 +98,7 @@ class ResidentLayers {
   const ResidentStats& stats() const { return stats_; }
 
  private:
-  enum Piece : std::uint8_t { kW16, kMaster, kM, kV, kMAbs, kVAbs, kG16, kG32, kW32, kPieces };
+  enum Piece : std::uint8_t { kW16, kMaster, kM, kV, kMAbs, kVAbs, kG32, kW32, kPieces };
   struct Layout {
     std::size_t at[kPieces] = {};
     std::size_t size[kPieces] = {};
@@ -116,6 +121,7 @@ class ResidentLayers {
   int k_ = 0;
   std::vector<Layout> layouts_;      // [K]
   std::vector<std::uint8_t*> base_;  // [K]
+  std::uint16_t* g16_ = nullptr;     // the bf16 rounding scratch
   ResidentStats stats_;
 };
 

@@ -793,7 +793,7 @@ Status StreamExecutor::resident_backward(int l, const model::LayerTensors<ConstT
   ++stats_.layer_backwards;
   FERRY_TRY(
       compute_->layer_backward(l, p, resident_grads_.layers[static_cast<std::size_t>(l)], b, x_in));
-  if (arena_->bf16_grads()) FERRY_TRY(round_to_bf16(g, resident_->grads16(l), ln, true));
+  if (arena_->bf16_grads()) FERRY_TRY(round_to_bf16(g, resident_->grads16(), ln, true));
   if (last) FERRY_TRY(take_sumsq(l, g));
   return {};
 }

@@ -11,6 +11,7 @@
 // does not fit is refused before training naming the largest K that does; auto picks it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -258,6 +259,56 @@ TEST(ResidentLayers, BudgetRefusesNamingTheLargestKAndAutoPicksIt) {
   auto r32 = StreamExecutor::create(*s32, kBatch, kSeq, so, kernels::cpu_backend());
   ASSERT_FALSE(r32.ok());
   EXPECT_EQ(r32.status().code(), StatusCode::kUnimplemented);
+}
+
+// The device bytes are each layer's pieces, 256-byte aligned: bf16 weights (bf16 streaming
+// weights only), master / Kahan words, m, v, block scales, f32 gradients, the f32 weights compute
+// reads (bf16 streaming weights: the whole layer without views, the f32-read part with them),
+// plus one bf16 rounding scratch of the largest layer with bf16 gradients.
+TEST(ResidentLayers, BytesAreEachLayersPiecesPlusOneScratch) {
+  const std::string dir = testing::temp_dir("resident_bytes");
+  auto m = dense_model(dir + "/model");
+  using S = HostArena::Section;
+  auto up = [](std::size_t n) { return (n + 255) / 256 * 256; };
+  for (const bool bf16_grads : {false, true}) {
+    for (const OptimMode& mode : {kKahan8, kF32x8}) {
+      RunSpec spec;
+      spec.mode = mode;
+      spec.bf16_grads = bf16_grads;
+      auto s = make_state(*m, spec);
+      auto arena = HostArena::create(*s);
+      ASSERT_TRUE(arena.ok());
+      const HostArena& a = **arena;
+      for (const bool views : {false, true}) {
+        std::size_t want = 0;
+        std::int64_t most = 0;
+        for (int u = 0; u < a.globals_unit(); ++u) {
+          const auto n = static_cast<std::size_t>(a.unit_elements(u));
+          most = std::max<std::int64_t>(most, a.unit_elements(u));
+          std::size_t f32_part = n;
+          if (views) {
+            f32_part = 0;
+            for (int idx : a.unit_params(u)) {
+              const ParamLoc& p = a.params()[static_cast<std::size_t>(idx)];
+              if (!bf16_view_param(p.gemm_weight, p.offset)) f32_part += p.n;
+            }
+          }
+          std::size_t layer = 0;
+          if (a.bf16_weights()) layer += up(a.section(u, S::kWeights).size) + up(4 * f32_part);
+          for (S sec : {S::kMaster, S::kM, S::kV, S::kMAbsmax, S::kVAbsmax}) {
+            layer += up(a.section(u, sec).size);
+          }
+          layer += up(4 * n);
+          EXPECT_EQ(ResidentLayers::layer_bytes(a, u, views), layer) << u;
+          want += layer;
+          EXPECT_EQ(ResidentLayers::bytes(a, u + 1, views),
+                    want + (bf16_grads ? up(2 * static_cast<std::size_t>(most)) : 0))
+              << u;
+        }
+      }
+      EXPECT_EQ(ResidentLayers::bytes(a, 0, false), 0u);
+    }
+  }
 }
 
 // store_to brings the resident state back (the host arena is stale meanwhile) and load_from
