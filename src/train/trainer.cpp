@@ -330,6 +330,7 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
     FERRY_ASSIGN_OR_RETURN(
         streamer, stream::StreamExecutor::create(s, c.batch_size, c.seq_len, so, *step_be));
     sum.host_bytes_per_param = streamer->arena().bytes_per_param();
+    sum.resident_layers = streamer->resident_layers();
     lg->info(
         "executor: stream on {} | {} GEMMs | {} weights | {} grads | policy {} | {} weight slots | "
         "device tier {} planned (budget {}) | host arena {} = {:.2f} bytes/param",

@@ -125,6 +125,7 @@ struct TrainSummary {
   double exposed_transfer_s = 0.0;    // compute blocked on copies / weight slots, whole run
   std::size_t device_peak_bytes = 0;  // peak of the device tier
   double host_bytes_per_param = 0.0;  // host arena bytes / parameters
+  int resident_layers = 0;            // GPU-resident layers (--resident-layers, resolved)
   // Per compute window ([2L+1], plan numbering), ms per step: wall and exposed transfer time
   // (stream/window_report.h; also printed and in the metrics JSONL).
   std::vector<double> window_ms, window_exposed_ms;

@@ -139,6 +139,7 @@ TEST(StreamTrainer, ResidentLayersMatchMemoryAndResumeExactly) {
     };
     auto ra = run_training(config(a_dir));
     ASSERT_TRUE(ra.ok()) << ra.status().to_string();
+    EXPECT_EQ(ra->resident_layers, k < 0 ? 3 : k);
     EXPECT_EQ(rm->losses, ra->losses);
     auto wa = read_file(a_dir + "/model.safetensors");
     ASSERT_TRUE(wa.ok());
