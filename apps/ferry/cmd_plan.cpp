@@ -35,8 +35,10 @@
 #include "plan/geometry.h"
 #include "plan/machine_profile.h"
 #include "plan/plan_json.h"
+#include "plan/policies.h"
 #include "plan/profile.h"
 #include "plan/report.h"
+#include "plan/resident.h"
 #include "plan/search.h"
 #include "train/builtin_model.h"
 #include "train/optim/optim_modes.h"
@@ -83,6 +85,10 @@ struct PlanConfig {
   double device_update_ms_per_layer = 0;
   int device_update_slots = 2;
   bool no_keep_internals = false;  // PlanProblem::allow_keep_internals = false
+  // GPU-resident layers (ferry train --resident-layers): K forced, or plan::kResidentAuto (the
+  // solve picks K); the GPU update's ms per resident layer (0: assumed, problem.h).
+  int resident_layers = plan::kResidentAuto;
+  double resident_update_ms_per_layer = 0;
 };
 
 PlanConfig& plan_config() {
@@ -159,7 +165,8 @@ Status log_executor_bytes(const plan::PlanProblem& p, const plan::Plan& solved,
   log::get("plan")->info(
       "executor gpu bytes {} for the plan at batch {} (device optimizer tail staging {} bytes: "
       "--device-update-layers {} x {} slots)",
-      std::llround(gb * 1e9), p.batch_size, device_tail_staging_bytes(cfg, *exec),
+      std::llround(gb * 1e9), p.batch_size,
+      device_tail_staging_bytes(cfg, *exec, plan::resident_count(p)),
       exec->device_update_layers == train::stream::kDeviceUpdateAllLayers
           ? std::string("all")
           : std::to_string(exec->device_update_layers),
@@ -177,13 +184,29 @@ Status write_plan_document(const std::string& path, const plan::Plan& solved,
   return write_file_atomic(path, j.dump(1) + "\n");
 }
 
-// `solve`, and with an executor target its solution checked against the executor's bytes.
+// `solve`, and with an executor target its solution checked against the executor's bytes; all
+// inside the search over GPU-resident layers (plan/resident.h; c.resident_layers: K or
+// plan::kResidentAuto), so every plan, probe and comparison has its best K.
+// Whether the executor can keep layers GPU-resident in c's optimizer mode: not with an fp32 master
+// and fp32 states (no device kernel: ResidentLayers::check; train's defaults).
+bool resident_possible(const PlanConfig& c) {
+  const bool f32_master = c.master.empty() || c.master == "fp32";
+  const bool f32_states = c.optimizer_states.empty() || c.optimizer_states == "fp32";
+  return !(f32_master && f32_states);
+}
+
 plan::Planner for_executor(plan::Planner solve, const std::optional<ExecutorTarget>& exec,
-                           const model::ModelConfig& cfg) {
-  if (!exec) return solve;
-  return [solve = std::move(solve), exec = *exec, cfg](const plan::PlanProblem& p) {
-    return solve_for_executor(p, solve, cfg, exec);
-  };
+                           const model::ModelConfig& cfg, const PlanConfig& c) {
+  // Without a device kernel for the mode, auto means none (a forced K is refused up front).
+  const int resident = resident_possible(c) ? c.resident_layers : 0;
+  // A numeric device tail of n layers needs n layers above the resident ones.
+  const int reserve = std::max(0, c.device_update_layers);
+  if (!exec) return plan::resident_planner(std::move(solve), resident, reserve);
+  return plan::resident_planner(
+      [solve = std::move(solve), exec = *exec, cfg](const plan::PlanProblem& p) {
+        return solve_for_executor(p, solve, cfg, exec);
+      },
+      resident, reserve);
 }
 
 // Problem factory for one GPU cap: analytic costs, overridden by a profile when one applies, GPU
@@ -228,6 +251,7 @@ Result<plan::ProblemAt> make_problem_at(const PlanConfig& c, const model::ModelC
         c.device_update_layers < 0 ? p.num_layers : std::min(c.device_update_layers, p.num_layers);
     p.device_update_ms_per_layer = c.device_update_ms_per_layer;
     p.allow_keep_internals = !c.no_keep_internals;
+    p.resident_update_ms_per_layer = c.resident_update_ms_per_layer;
     return p;
   });
 }
@@ -268,9 +292,9 @@ Status run_compare(const PlanConfig& c, const model::ModelConfig& cfg, int batch
     const plan::SolveOptions solve{.time_limit_s = c.time_limit_s};
     const plan::SolveOptions probe{.time_limit_s = std::min(c.time_limit_s, 10.0)};
     const plan::Planner solve_full = for_executor(
-        [&](const plan::PlanProblem& p) { return plan::solve_milp(p, solve); }, exec, cfg);
+        [&](const plan::PlanProblem& p) { return plan::solve_milp(p, solve); }, exec, cfg, c);
     const plan::Planner solve_probe = for_executor(
-        [&](const plan::PlanProblem& p) { return plan::solve_milp(p, probe); }, exec, cfg);
+        [&](const plan::PlanProblem& p) { return plan::solve_milp(p, probe); }, exec, cfg, c);
     int b = batch;
     std::optional<plan::Plan> solved;
     if (b == 0) {  // auto: the solved plan's own batch
@@ -402,6 +426,62 @@ Status run_from_bench(const PlanConfig& c) {
   return ok_status();
 }
 
+// The solved plan's GPU-resident layers against the same solve at K = 0: the resident bytes and
+// what residency changes in the optimizer wait and the step.
+Status print_resident(const PlanConfig& c, const model::ModelConfig& cfg,
+                      const std::optional<ExecutorTarget>& exec, const plan::PlanProblem& p0,
+                      const plan::Plan& solved) {
+  const int k = solved.resident_layers;
+  const plan::Prediction& pr = solved.predicted;
+  if (k == 0) {
+    std::printf("resident layers: 0 (%s)\n", c.resident_layers == plan::kResidentAuto
+                                                 ? "none pays or fits at this budget"
+                                                 : "--resident-layers 0");
+    return ok_status();
+  }
+  const plan::SolveOptions solve{.time_limit_s = c.time_limit_s};
+  PlanConfig zero = c;
+  zero.resident_layers = 0;
+  auto none = for_executor([&](const plan::PlanProblem& q) { return plan::solve_milp(q, solve); },
+                           exec, cfg, zero)(p0);
+  std::string change = "no plan fits at K = 0";
+  if (none.ok()) {
+    change = fmt::format("optimizer wait {:.1f} -> {:.1f} ms, step {:.1f} -> {:.1f} ms vs K = 0",
+                         none->predicted.optimizer_wait_ms, pr.optimizer_wait_ms,
+                         none->predicted.step_ms, pr.step_ms);
+  }
+  std::printf("resident layers: %d (0..%d on the gpu, %.3f GB; gpu update %+.1f ms serial; %s)\n",
+              k, k - 1, pr.resident_gb, pr.resident_serial_ms, change.c_str());
+  return ok_status();
+}
+
+// One more row under the policy table: the fastest fixed policy that fits at the common batch
+// with the solved plan's resident layers (cost model only), so that the gain from residency and
+// the gain from the plan's activation choices can be told apart. Nothing when the plan has none.
+void print_best_fixed_resident(const plan::Comparison& cmp, const plan::PlanProblem& p) {
+  if (p.resident_layers == 0) return;
+  std::optional<plan::Plan> best;
+  std::string best_name;
+  for (const plan::PolicyRow& row : cmp.rows) {
+    if (row.policy == "solved") continue;
+    auto pol = plan::fixed_policy_by_name(row.policy, p.num_layers);
+    if (!pol.ok()) continue;
+    auto r = plan::solve_policy(p, *pol);
+    if (!r.ok() || (best && !(r->predicted.step_ms < best->predicted.step_ms))) continue;
+    best = std::move(r).value();
+    best_name = row.policy;
+  }
+  const std::string name = fmt::format("fixed + resident {}", p.resident_layers);
+  if (!best) {
+    std::printf("%-20s no fixed policy fits with the plan's resident layers\n", name.c_str());
+    return;
+  }
+  const plan::Prediction& q = best->predicted;
+  std::printf("%-20s %9.1f %9.1f %11.2f %11.2f | (%s with the plan's resident layers)\n",
+              name.c_str(), q.step_ms, q.tflops, q.exposed_ms, q.optimizer_wait_ms,
+              best_name.c_str());
+}
+
 Status run_plan_status() {
   PlanConfig& c = plan_config();
   if (c.measure_machine) return run_measure_machine(c);
@@ -415,6 +495,13 @@ Status run_plan_status() {
   if (c.nvme_dir.empty() != (c.nvme_gb <= 0)) {
     return invalid_argument("plan: --nvme-dir and --nvme-gb go together");
   }
+  if (c.resident_layers > 0 && !resident_possible(c)) {
+    return invalid_argument(
+        "plan: --resident-layers {}: GPU-resident layers need 8-bit states or a bf16 master (no "
+        "device kernel for fp32 master + fp32 states); give --master / --optimizer-states as the "
+        "run's",
+        c.resident_layers);
+  }
   if (c.compare) return run_compare(c, cfg, batch);
 
   FERRY_ASSIGN_OR_RETURN(const std::optional<ExecutorTarget> exec, executor_of(c));
@@ -422,9 +509,9 @@ Status run_plan_status() {
   const plan::SolveOptions solve{.time_limit_s = c.time_limit_s};
   const plan::SolveOptions probe{.time_limit_s = std::min(c.time_limit_s, 10.0)};
   const plan::Planner solve_probe = for_executor(
-      [&](const plan::PlanProblem& p) { return plan::solve_milp(p, probe); }, exec, cfg);
+      [&](const plan::PlanProblem& p) { return plan::solve_milp(p, probe); }, exec, cfg, c);
   const plan::Planner solve_diagnosed = for_executor(
-      [&](const plan::PlanProblem& p) { return plan::solve_or_diagnose(p, solve); }, exec, cfg);
+      [&](const plan::PlanProblem& p) { return plan::solve_or_diagnose(p, solve); }, exec, cfg, c);
   if (batch == 0) {
     FERRY_ASSIGN_OR_RETURN(
         plan::BatchSearchResult r,
@@ -437,21 +524,24 @@ Status run_plan_status() {
         r.batch, r.largest_fitting, pr.idle_ms(), pr.exposed_ms, pr.optimizer_wait_ms,
         pr.optimizer_bound_ms, pr.step_ms, r.exposure_ok ? "within" : "above", r.probes);
   }
-  FERRY_ASSIGN_OR_RETURN(plan::PlanProblem p, at(batch));
-  FERRY_ASSIGN_OR_RETURN(plan::Plan solved, solve_diagnosed(p));
+  FERRY_ASSIGN_OR_RETURN(plan::PlanProblem p0, at(batch));
+  FERRY_ASSIGN_OR_RETURN(plan::Plan solved, solve_diagnosed(p0));
+  const plan::PlanProblem p = plan::at_resident(p0, solved.resident_layers);
   FERRY_TRY(log_executor_bytes(p, solved, cfg, exec));
   std::printf("%s", plan::plan_text(p, solved).c_str());
+  FERRY_TRY(print_resident(c, cfg, exec, p0, solved));
   if (!c.no_policies) {
     plan::CompareOptions o{
         .solve = solve,
         .probe_solve = probe,
         .max_batch = c.max_batch,
         .planner = for_executor(
-            [&](const plan::PlanProblem& q) { return plan::solve_milp(q, solve); }, exec, cfg),
+            [&](const plan::PlanProblem& q) { return plan::solve_milp(q, solve); }, exec, cfg, c),
         .probe_planner = solve_probe};
     o.solved_at_batch = &solved;
     FERRY_ASSIGN_OR_RETURN(plan::Comparison cmp, plan::compare_policies(at, batch, o));
     std::printf("%s", plan::comparison_text(cmp).c_str());
+    print_best_fixed_resident(cmp, p);
   }
   std::fflush(stdout);
   if (!c.json_out.empty()) FERRY_TRY(write_plan_document(c.json_out, solved, p, cfg));
@@ -477,15 +567,17 @@ Status write_training_plan(const TrainingPlanRequest& r, const std::string& out_
   c.device_update_slots = r.device_update_slots;
   c.device_update_ms_per_layer = r.device_update_ms_per_layer;
   c.no_keep_internals = !r.keep_internals;
+  c.resident_layers = r.resident_layers < 0 ? plan::kResidentAuto : r.resident_layers;
   FERRY_TRY(resolve_host_state(c));
   FERRY_ASSIGN_OR_RETURN(const std::optional<ExecutorTarget> exec, executor_of(c));
   FERRY_ASSIGN_OR_RETURN(plan::ProblemAt at, make_problem_at(c, r.config, c.gpu_mem_gb, exec));
-  FERRY_ASSIGN_OR_RETURN(plan::PlanProblem p, at(r.batch_size));
+  FERRY_ASSIGN_OR_RETURN(plan::PlanProblem p0, at(r.batch_size));
   const plan::SolveOptions solve{.time_limit_s = c.time_limit_s};
   FERRY_ASSIGN_OR_RETURN(
       plan::Plan solved,
       for_executor([&](const plan::PlanProblem& q) { return plan::solve_or_diagnose(q, solve); },
-                   exec, r.config)(p));
+                   exec, r.config, c)(p0));
+  const plan::PlanProblem p = plan::at_resident(p0, solved.resident_layers);
   FERRY_TRY(log_executor_bytes(p, solved, r.config, exec));
   std::printf("%s", plan::plan_text(p, solved).c_str());
   std::fflush(stdout);
@@ -560,6 +652,28 @@ void register_plan(CLI::App& app, CommandFn& run) {
   cmd->add_option("--device-update-ms-per-layer", c.device_update_ms_per_layer,
                   "the device tail's time per layer (measured); 0: the layer's share of the host "
                   "model state over the H2D rate")
+      ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--resident-layers", c.resident_layers,
+                  "GPU-resident layers (ferry train --resident-layers): K forces layers 0..K-1 "
+                  "resident; auto (default): the solve picks the K of the fastest predicted step "
+                  "that fits (docs/plan.md, resident layers)")
+      ->transform(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (v == "auto") {
+              v = std::to_string(plan::kResidentAuto);
+              return {};
+            }
+            try {
+              std::size_t used = 0;
+              if (std::stoi(v, &used) >= 0 && used == v.size()) return {};
+            } catch (const std::exception&) {
+            }
+            return "expected a layer count >= 0 or auto, got " + v;
+          },
+          "K|auto"));
+  cmd->add_option("--resident-update-ms-per-layer", c.resident_update_ms_per_layer,
+                  "the GPU update of one resident layer (measured); 0: assumed 1 ms per resident "
+                  "GB (the device tail's kernels, 0.8 ms per Qwen2.5-3B layer on an H200)")
       ->check(CLI::Range(0.0, 1e6));
   cmd->add_option("--profile", c.profile, "measured cost profile JSON (docs/plan.md)")
       ->check(CLI::ExistingFile);

@@ -14,6 +14,7 @@
 #include "train/optim/optim_modes.h"
 #include "train/optim/optim_state.h"
 #include "train/stream/activation_policy.h"
+#include "train/stream/bf16_widen.h"
 #include "train/stream/device_optimizer_tail.h"
 #include "train/stream/device_plan.h"
 #include "train/stream/stream_executor.h"
@@ -37,16 +38,19 @@ train::stream::Home executor_home(plan::Home h) {
   return train::stream::Home::kDevice;
 }
 
-// The executor's ModelSizes for t, with the device tail's staging.
-train::stream::ModelSizes executor_sizes(const model::ModelConfig& cfg, const ExecutorTarget& t) {
+// The executor's ModelSizes for t, with the device tail's staging (its layers above the
+// `resident` GPU-resident ones).
+train::stream::ModelSizes executor_sizes(const model::ModelConfig& cfg, const ExecutorTarget& t,
+                                         int resident = 0) {
   train::stream::ModelSizes sizes = train::stream::model_sizes(cfg, t.bf16_weights, t.bf16_grads);
-  sizes.optimizer_tail_bytes = device_tail_staging_bytes(cfg, t);
+  sizes.optimizer_tail_bytes = device_tail_staging_bytes(cfg, t, resident);
   return sizes;
 }
 
 }  // namespace
 
-std::size_t device_tail_staging_bytes(const model::ModelConfig& cfg, const ExecutorTarget& t) {
+std::size_t device_tail_staging_bytes(const model::ModelConfig& cfg, const ExecutorTarget& t,
+                                      int resident) {
   // Mirrors HostArena::allocate's unit sections and DeviceOptimizerTail's slot layout (each
   // section rounded up to 256 bytes): weights, master (f32 / bf16 Kahan words / none), m, v,
   // the 8-bit block scales, gradients. tests/cli/plan_tail.sh checks the total against the
@@ -55,17 +59,20 @@ std::size_t device_tail_staging_bytes(const model::ModelConfig& cfg, const Execu
   const std::vector<model::ParamSpec> specs = model::param_specs(cfg);
   int layers = 0;
   for (const model::ParamSpec& s : specs) layers = std::max(layers, s.layer + 1);
+  // The tail claims layers resident, resident + 1, ... (DeviceOptimizerTail's `first`).
+  const int first = std::clamp(resident, 0, layers);
   const int units = t.device_update_layers == train::stream::kDeviceUpdateAllLayers
-                        ? layers
-                        : std::min(t.device_update_layers, layers);
+                        ? layers - first
+                        : std::min(t.device_update_layers, layers - first);
+  if (units <= 0) return 0;
   struct Unit {
     std::int64_t elements = 0, blocks = 0, largest = 0;
   };
   std::vector<Unit> unit(static_cast<std::size_t>(units));
   const bool q8 = t.mode.states == train::OptimizerStates::k8Bit;
   for (const model::ParamSpec& s : specs) {
-    if (s.layer < 0 || s.layer >= units) continue;
-    Unit& u = unit[static_cast<std::size_t>(s.layer)];
+    if (s.layer < first || s.layer >= first + units) continue;
+    Unit& u = unit[static_cast<std::size_t>(s.layer - first)];
     u.elements += s.numel();
     if (q8) u.blocks += train::q8_blocks(s.numel());
     u.largest = std::max(u.largest, s.numel());
@@ -86,6 +93,38 @@ std::size_t device_tail_staging_bytes(const model::ModelConfig& cfg, const Execu
   }
   const std::size_t widen = t.bf16_grads ? align(4 * largest) : 0;
   return static_cast<std::size_t>(t.device_update_slots) * slot + widen;
+}
+
+std::size_t resident_layer_bytes(const model::ModelConfig& cfg, const ExecutorTarget& t, int u) {
+  // Mirrors ResidentLayers::layout over HostArena's unit sections (the same section sizes as
+  // device_tail_staging_bytes above).
+  const std::vector<model::ParamSpec> specs = model::param_specs(cfg);
+  std::int64_t n = 0, blocks = 0;
+  std::vector<bool> gemm;
+  std::vector<std::int64_t> numel;
+  const bool q8 = t.mode.states == train::OptimizerStates::k8Bit;
+  for (const model::ParamSpec& s : specs) {
+    if (s.layer != u) continue;
+    n += s.numel();
+    if (q8) blocks += train::q8_blocks(s.numel());
+    gemm.push_back(model::is_gemm_weight_role(s.role));
+    numel.push_back(s.numel());
+  }
+  auto align = [](std::int64_t b) { return (static_cast<std::size_t>(b) + 255) / 256 * 256; };
+  const bool w16 = t.bf16_weights || t.mode.master != train::MasterWeights::kF32;
+  const std::int64_t master = t.mode.master == train::MasterWeights::kF32         ? 4 * n
+                              : t.mode.master == train::MasterWeights::kBf16Kahan ? 2 * n
+                                                                                  : 0;
+  const std::int64_t state = q8 ? n : 4 * n;
+  std::int64_t w32 = 0;
+  if (w16) {
+    const train::stream::ModelSizes sizes = executor_sizes(cfg, t);
+    const bool views =
+        t.backend != nullptr && train::stream::bf16_weight_views(sizes, *t.backend, t.precision);
+    w32 = 4 * (views ? train::stream::bf16_view_f32_elements(gemm, numel) : n);
+  }
+  return align(w16 ? 2 * n : 0) + align(master) + 2 * align(state) + 2 * align(4 * blocks) +
+         align(t.bf16_grads ? 2 * n : 0) + align(4 * n) + align(w32);
 }
 
 Result<ExecutorTarget> executor_target(const std::string& device, const std::string& master,
@@ -139,6 +178,10 @@ Status fit_gpu_memory_to_executor(plan::PlanProblem& p, const model::ModelConfig
   }
   p.loss_work_gb = 0;
   p.gpu_fixed_gb = 0;
+  for (int l = 0; l < p.num_layers; ++l) {
+    p.layers[static_cast<std::size_t>(l)].resident_gb =
+        static_cast<double>(resident_layer_bytes(cfg, t, l)) / kGB;
+  }
 
   // The planner's peak of each fixed policy with no fixed term, under no GPU cap.
   plan::PlanProblem probe = p;
@@ -177,9 +220,12 @@ Result<double> executor_gpu_gb(const plan::PlanProblem& p, const plan::Plan& pla
     for (int l = 0; l < geo.layers; ++l) pol.keep[static_cast<std::size_t>(l)] = plan.keeps(l);
   }
   pol.nvme_dir = "nvme";  // only its presence matters to the byte count
+  const int resident = plan::resident_count(p);
+  train::stream::ModelSizes sizes = executor_sizes(cfg, t, resident);
+  for (int u = 0; u < resident; ++u) sizes.resident_bytes += resident_layer_bytes(cfg, t, u);
   FERRY_ASSIGN_OR_RETURN(
       const train::stream::DevicePlan d,
-      train::stream::plan_device(geo, executor_sizes(cfg, t), pol, t.slots,
+      train::stream::plan_device(geo, sizes, pol, t.slots,
                                  static_cast<std::int64_t>(p.batch_size) * p.seq_len, *t.backend,
                                  t.precision));
   return static_cast<double>(d.total_bytes()) / kGB;

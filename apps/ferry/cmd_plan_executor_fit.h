@@ -46,20 +46,30 @@ struct ExecutorTarget {
 };
 
 // DeviceOptimizerTail::staging_bytes of the arena ferry train would build for cfg and t (its
-// layout computed, nothing allocated); 0 with the tail off.
-std::size_t device_tail_staging_bytes(const model::ModelConfig& cfg, const ExecutorTarget& t);
+// layout computed, nothing allocated); 0 with the tail off. With `resident` GPU-resident layers
+// the tail works on the layers above them (none left: 0).
+std::size_t device_tail_staging_bytes(const model::ModelConfig& cfg, const ExecutorTarget& t,
+                                      int resident = 0);
+
+// ResidentLayers::layer_bytes of decoder layer u in the arena ferry train would build for cfg and
+// t (its layout computed, nothing allocated): w16, master, m, v, the 8-bit block scales, g16, g32
+// and w32 (only the f32-read parameters with bf16 weight views), each rounded up to 256 bytes.
+// Every parameter's states 8-bit in 8bit mode (no --8bit-params subset), as the tail's staging.
+std::size_t resident_layer_bytes(const model::ModelConfig& cfg, const ExecutorTarget& t, int u);
 
 // device: "cuda", "cpu" or "auto" (cuda when a GPU is present, else cpu); master: ferry train's
 // --master (bf16 masters stream bf16 weights; an fp32 master streams bf16 on a GPU, auto).
 Result<ExecutorTarget> executor_target(const std::string& device, const std::string& master,
                                        bool bf16_grads = false);
 
-// Rewrites p's GPU-memory terms (boundary_gb, work_*_gb, loss_work_gb, gpu_fixed_gb) for the
-// executor at p.batch_size x p.seq_len tokens. Timings and the other tiers are untouched.
+// Rewrites p's GPU-memory terms (boundary_gb, work_*_gb, loss_work_gb, gpu_fixed_gb, and each
+// layer's resident_gb: resident_layer_bytes) for the executor at p.batch_size x p.seq_len tokens.
+// Timings and the other tiers are untouched.
 Status fit_gpu_memory_to_executor(plan::PlanProblem& p, const model::ModelConfig& cfg,
                                   const ExecutorTarget& t);
 
-// The executor's device bytes (GB) for a plan's boundary homes at p's batch.
+// The executor's device bytes (GB) for a plan's boundary homes at p's batch, its resident layers'
+// (p.resident_layers) included.
 Result<double> executor_gpu_gb(const plan::PlanProblem& p, const plan::Plan& plan,
                                const model::ModelConfig& cfg, const ExecutorTarget& t);
 

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -21,6 +22,7 @@
 #include "core/log.h"
 #include "model/config.h"
 #include "train/builtin_model.h"
+#include "train/stream/plan_policy.h"
 #include "train/trainer.h"
 
 namespace ferry::app {
@@ -31,7 +33,7 @@ namespace {
 // --device-budget-mib and this host's physical memory (NVMe: the free space of --nvme-dir),
 // solved as `ferry plan` would and written to OUT/plan.json, which the run then follows.
 Status solve_auto_plan(train::TrainConfig& cfg, const std::string& master,
-                       const std::string& states, bool keep_internals) {
+                       const std::string& states, bool keep_internals, bool resident_given) {
   if (cfg.device_budget_mib <= 0) {
     return invalid_argument(
         "train: --plan auto needs --device-budget-mib (the GPU memory the plan may use)");
@@ -63,6 +65,11 @@ Status solve_auto_plan(train::TrainConfig& cfg, const std::string& master,
   r.device_update_layers = cfg.device_update_layers;  // the tail this run will use
   r.device_update_slots = cfg.device_update_slots;
   r.keep_internals = keep_internals;
+  // --resident-layers K given: the plan is solved with K (all: every layer); else it picks K.
+  if (resident_given && cfg.resident_layers >= 0) r.resident_layers = cfg.resident_layers;
+  if (resident_given && cfg.resident_layers == train::stream::kResidentAllLayers) {
+    r.resident_layers = 1 << 20;  // clamped to the model's depth
+  }
   std::error_code ec;
   std::filesystem::create_directories(cfg.output_dir, ec);
   if (ec) return io_error("train: cannot create {}: {}", cfg.output_dir, ec.message());
@@ -205,7 +212,10 @@ void register_train(CLI::App& app, CommandFn& run) {
                   "stream: device-tier budget in MiB; a batch that does not fit is refused "
                   "(0 = unlimited)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30));
-  cmd->callback([cfg, schedule, overlong, states, master, executor, lr, no_keep, &run] {
+  cmd->callback([cfg, schedule, overlong, states, master, executor, lr, no_keep, cmd, &run] {
+    // A plan's GPU-resident layers apply unless --resident-layers (or its variable) is given.
+    const bool resident_given =
+        cmd->count("--resident-layers") > 0 || std::getenv("FERRY_RESIDENT_LAYERS") != nullptr;
     cfg->executor = *executor == "stream" || !cfg->plan_file.empty() || cfg->device == "cuda"
                         ? train::Executor::kStream
                         : train::Executor::kMemory;
@@ -232,10 +242,21 @@ void register_train(CLI::App& app, CommandFn& run) {
     if (const Status st = train::validate(*cfg); !st.ok()) {
       throw CLI::ValidationError(st.message());
     }
-    run = [cfg, master, states, no_keep] {
+    run = [cfg, master, states, no_keep, resident_given] {
       if (cfg->plan_file == "auto") {
-        const Status st = solve_auto_plan(*cfg, *master, *states, !*no_keep);
+        const Status st = solve_auto_plan(*cfg, *master, *states, !*no_keep, resident_given);
         if (!st.ok()) return fail(st);
+      }
+      if (!cfg->plan_file.empty() && !resident_given) {
+        auto k = train::stream::read_plan_resident_layers(cfg->plan_file);
+        if (!k.ok()) return fail(k.status());
+        cfg->resident_layers = *k;
+        if (*k > 0) {
+          log::get("train")->info(
+              "--plan {}: layers 0..{} GPU-resident (the plan's; "
+              "--resident-layers overrides)",
+              cfg->plan_file, *k - 1);
+        }
       }
       auto r = train::run_training(*cfg);
       if (!r.ok()) return fail(r.status());

@@ -58,6 +58,9 @@ struct TrainingPlanRequest {
   double device_update_ms_per_layer = 0;
   // false: no layer keeps its internals (ferry plan / ferry train --no-keep-internals).
   bool keep_internals = true;
+  // GPU-resident layers (ferry train --resident-layers, when given): K forced; -1 (auto, the
+  // default): the solve picks K (docs/plan.md, resident layers).
+  int resident_layers = -1;
 };
 Status write_training_plan(const TrainingPlanRequest& r, const std::string& out_path);
 

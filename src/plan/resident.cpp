@@ -17,8 +17,9 @@ PlanProblem at_resident(const PlanProblem& p, int k) {
   return q;
 }
 
-Result<ResidentSearch> search_resident(const PlanProblem& p, const Planner& solve, int forced) {
-  const int L = p.num_layers;
+Result<ResidentSearch> search_resident(const PlanProblem& p, const Planner& solve, int forced,
+                                       int reserve_top) {
+  const int L = std::max(0, p.num_layers - std::max(0, reserve_top));  // the largest K tried
   ResidentSearch r;
   std::optional<Plan> best;
   double best_obj = std::numeric_limits<double>::infinity();
@@ -74,9 +75,9 @@ Result<ResidentSearch> search_resident(const PlanProblem& p, const Planner& solv
   return r;
 }
 
-Planner resident_planner(Planner solve, int forced) {
-  return [solve = std::move(solve), forced](const PlanProblem& p) -> Result<Plan> {
-    FERRY_ASSIGN_OR_RETURN(ResidentSearch s, search_resident(p, solve, forced));
+Planner resident_planner(Planner solve, int forced, int reserve_top) {
+  return [solve = std::move(solve), forced, reserve_top](const PlanProblem& p) -> Result<Plan> {
+    FERRY_ASSIGN_OR_RETURN(ResidentSearch s, search_resident(p, solve, forced, reserve_top));
     log::get("plan")->debug("plan at batch {}: resident layers {} (tried {})", p.batch_size,
                             s.plan.resident_layers, s.tried.size());
     return std::move(s.plan);

@@ -38,10 +38,13 @@ struct ResidentSearch {
 // at the forced K) is returned as it is (the solver's own message: the binding constraint and the
 // smallest budget); at K > 0 "does not fit" (resource_exhausted, deadline_exceeded) ends the
 // ascent; other errors are returned.
-Result<ResidentSearch> search_resident(const PlanProblem& p, const Planner& solve, int forced);
+// reserve_top: K <= L - reserve_top (ferry train's numeric --device-update-layers n needs n
+// non-resident layers for its tail: the executor refuses more).
+Result<ResidentSearch> search_resident(const PlanProblem& p, const Planner& solve, int forced,
+                                       int reserve_top = 0);
 
 // A Planner that runs search_resident around `solve`: what ferry plan's batch search, the
 // executor-checked solve and the comparison call.
-Planner resident_planner(Planner solve, int forced);
+Planner resident_planner(Planner solve, int forced, int reserve_top = 0);
 
 }  // namespace ferry::plan

@@ -183,7 +183,10 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
     // A policy by name, or a `ferry plan` document's boundary homes (plan=FILE).
     stream::ActivationPolicy pol;
     double predicted_step_ms = 0;
-    int plan_batch = 0;        // what a plan was solved for
+    int plan_batch = 0;  // what a plan was solved for
+    // GPU-resident layers as asked; a plan runs its own K unless --resident-layers is given (a
+    // nonzero value: 0 is the default, so an explicit 0 cannot override a plan's K).
+    int resident_asked = c.resident_layers;
     Json plan_tail = nullptr;  // the device tail layers a plan was solved with
     if (name.rfind("plan=", 0) == 0) {
       const std::string nvme =
@@ -210,6 +213,7 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
       pol = pp.policy;
       predicted_step_ms = pp.predicted_step_ms;
       plan_batch = pp.batch_size;
+      if (c.resident_layers == 0) resident_asked = pp.resident_layers;
       FERRY_ASSIGN_OR_RETURN(const int k, plan_tail_layers(name.substr(5)));
       plan_tail = k;
       const int run_k = c.device_update_layers == stream::kDeviceUpdateAllLayers
@@ -231,9 +235,9 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
       // The device optimizer tail's staging counts against the cap like the rest of the plan.
       // So do GPU-resident layers given as a number or all (auto fills what the batch leaves).
       stream::ModelSizes sizes = stream::model_sizes(*arena);
-      const int resident = c.resident_layers == stream::kResidentAuto
+      const int resident = resident_asked == stream::kResidentAuto
                                ? 0
-                               : stream::ResidentLayers::resolve(*arena, c.resident_layers);
+                               : stream::ResidentLayers::resolve(*arena, resident_asked);
       sizes.resident_bytes = stream::ResidentLayers::bytes(
           *arena, resident, stream::bf16_weight_views(sizes, *be, precision));
       sizes.optimizer_tail_bytes = stream::DeviceOptimizerTail::staging_bytes(
@@ -263,7 +267,7 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
                                    .gemm_precision = precision,
                                    .device_update_layers = c.device_update_layers,
                                    .device_update_slots = c.device_update_slots,
-                                   .resident_layers = c.resident_layers,
+                                   .resident_layers = resident_asked,
                                    .head_update = head_update,
                                    .device_update_prestage = c.device_update_prestage};
     Timer create;

@@ -8,7 +8,10 @@ set -euo pipefail
 FERRY="$1"; ROOT="$2"
 TMP="$(mktemp -d)"; trap 'rm -rf "$TMP"' EXIT
 export FERRY_CACHE_DIR="$TMP/cache"  # no cached profile from this machine's user leaks in
-base=(plan --geometry qwen2.5-0.5b --seq-len 512 --host-mem-gb 64 --time-limit-s 10 --max-batch 64)
+# --resident-layers 0: these checks are about the activation plan and the optimizer gate without
+# GPU-resident layers (tests/cli/plan_resident.sh covers the search over them).
+base=(plan --geometry qwen2.5-0.5b --seq-len 512 --host-mem-gb 64 --time-limit-s 10 --max-batch 64
+      --resident-layers 0)
 
 "$FERRY" "${base[@]}" --batch-size 8 --gpu-mem-gb 24 --json "$TMP/p.json" > "$TMP/out" 2> "$TMP/err" ||
   { echo "plan failed"; cat "$TMP/err"; exit 1; }

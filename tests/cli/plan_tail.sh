@@ -33,7 +33,10 @@ json.dump({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_
            "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": True},
           open(sys.argv[1], "w"))
 PY
+# --resident-layers 0 (and on train below): the tail's checks without GPU-resident layers, which
+# would leave the tail fewer layers or none (tests/cli/plan_resident.sh).
 plan=(plan --model "$TMP/m" --seq-len 64 --host-mem-gb 8 --time-limit-s 5 --executor-device cpu
+      --resident-layers 0
       --no-policies)
 bench=(bench train --layers 12 --hidden 64 --heads 4 --kv-heads 2 --head-dim 16 --intermediate 64
        --seq-len 64 --steps 1 --warmup 0)
@@ -105,6 +108,7 @@ PY
 
 # 3. ferry train --plan auto with the run's tail.
 train=(train --demo-layers 4 --demo-hidden 32 --seq-len 128 --batch-size 4 --max-steps 1
+       --resident-layers 0
        --eval-every 0 --seed 11 --plan auto --device-budget-mib 3000 "${optim[@]}")
 "$FERRY" "${train[@]}" --output-dir "$TMP/r0" > "$TMP/r0.log" 2> "$TMP/r0.err" ||
   { echo "plan_tail: train --plan auto failed"; cat "$TMP/r0.err"; exit 1; }
@@ -115,7 +119,7 @@ grep -q 'policy plan:solved' "$TMP/r1.err" "$TMP/r1.log" || { echo "plan_tail: t
 caps=$(python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["problem"]; print(repr(p["gpu_cap_gb"]), repr(p["host_cap_gb"]))' "$TMP/r1/plan.json")
 read -r gpu host <<< "$caps"
 "$FERRY" plan --model "$TMP/r1" --seq-len 128 --batch-size 4 --gpu-mem-gb "$gpu" --host-mem-gb "$host" \
-  --executor-device cpu "${optim[@]}" --device-update-layers all --no-policies \
+  --executor-device cpu "${optim[@]}" --device-update-layers all --no-policies --resident-layers 0 \
   --json "$TMP/p1.json" > /dev/null 2> "$TMP/p1.log" ||
   { echo "plan_tail: ferry plan of the same request failed"; cat "$TMP/p1.log"; exit 1; }
 python3 - "$TMP/r0/plan.json" "$TMP/r1/plan.json" "$TMP/p1.json" <<'PY'

@@ -55,6 +55,13 @@ Result<PlanPolicy> plan_policy_from_text(const std::string& text, const std::str
                                         fmt::format("train: plan {}: keep_internals", what)));
       if (std::count(keep.begin(), keep.end(), true) > 0) out.policy.keep = std::move(keep);
     }
+    // Optional: decoder layers 0..K-1 GPU-resident (ferry train --resident-layers K); absent in
+    // documents written before the planner chose them: 0.
+    out.resident_layers = j.value("resident_layers", 0);
+    if (out.resident_layers < 0 || out.resident_layers > L) {
+      return corrupt("train: plan {}: resident_layers {} of {} layers", what, out.resident_layers,
+                     L);
+    }
     if (j.contains("spans")) {
       for (const Json& s : j.at("spans")) {
         if (s.value("keep_weights", false)) ++out.keep_weight_spans;
@@ -77,6 +84,18 @@ Result<PlanPolicy> plan_policy_from_text(const std::string& text, const std::str
   out.policy.nvme_dir = nvme_dir;
   FERRY_TRY(validate(out.policy));
   return out;
+}
+
+Result<int> read_plan_resident_layers(const std::string& path) {
+  FERRY_ASSIGN_OR_RETURN(const std::string text, read_file(path));
+  try {
+    const Json j = Json::parse(text);
+    const int k = j.value("resident_layers", 0);
+    if (k < 0) return corrupt("train: plan {}: resident_layers {} < 0", path, k);
+    return k;
+  } catch (const std::exception& e) {
+    return corrupt("train: plan {}: {}", path, e.what());
+  }
 }
 
 Result<PlanPolicy> read_plan_policy(const std::string& path, int layers,
