@@ -209,6 +209,19 @@ plan::Planner for_executor(plan::Planner solve, const std::optional<ExecutorTarg
       resident, reserve);
 }
 
+PlanConfig with_resident(const PlanConfig& c, int k) {
+  PlanConfig z = c;
+  z.resident_layers = k;
+  return z;
+}
+
+// The comparison's batch-search probes: K = 0 resident layers (resident bytes only add memory, so
+// the largest batch any K fits is the largest K = 0 fits; compare_policies re-solves the plan
+// there with the full search). Saves the search over K in every probe.
+plan::Planner compare_probe(const PlanConfig& c, const plan::SolveOptions& probe,
+                            const std::optional<ExecutorTarget>& exec,
+                            const model::ModelConfig& cfg);
+
 // Problem factory for one GPU cap: analytic costs, overridden by a profile when one applies, GPU
 // memory fitted to the executor when `exec` is given.
 Result<plan::ProblemAt> make_problem_at(const PlanConfig& c, const model::ModelConfig& cfg,
@@ -310,7 +323,7 @@ Status run_compare(const PlanConfig& c, const model::ModelConfig& cfg, int batch
                            .probe_solve = probe,
                            .max_batch = c.max_batch,
                            .planner = solve_full,
-                           .probe_planner = solve_probe};
+                           .probe_planner = compare_probe(c, probe, exec, cfg)};
     if (solved) o.solved_at_batch = &*solved;
     FERRY_ASSIGN_OR_RETURN(plan::Comparison cmp, plan::compare_policies(at, b, o));
     Json j = plan::to_json(cmp);
@@ -426,6 +439,13 @@ Status run_from_bench(const PlanConfig& c) {
   return ok_status();
 }
 
+plan::Planner compare_probe(const PlanConfig& c, const plan::SolveOptions& probe,
+                            const std::optional<ExecutorTarget>& exec,
+                            const model::ModelConfig& cfg) {
+  return for_executor([probe](const plan::PlanProblem& p) { return plan::solve_milp(p, probe); },
+                      exec, cfg, with_resident(c, 0));
+}
+
 // The solved plan's GPU-resident layers against the same solve at K = 0: the resident bytes and
 // what residency changes in the optimizer wait and the step.
 Status print_resident(const PlanConfig& c, const model::ModelConfig& cfg,
@@ -440,10 +460,8 @@ Status print_resident(const PlanConfig& c, const model::ModelConfig& cfg,
     return ok_status();
   }
   const plan::SolveOptions solve{.time_limit_s = c.time_limit_s};
-  PlanConfig zero = c;
-  zero.resident_layers = 0;
   auto none = for_executor([&](const plan::PlanProblem& q) { return plan::solve_milp(q, solve); },
-                           exec, cfg, zero)(p0);
+                           exec, cfg, with_resident(c, 0))(p0);
   std::string change = "no plan fits at K = 0";
   if (none.ok()) {
     change = fmt::format("optimizer wait {:.1f} -> {:.1f} ms, step {:.1f} -> {:.1f} ms vs K = 0",
@@ -537,7 +555,7 @@ Status run_plan_status() {
         .max_batch = c.max_batch,
         .planner = for_executor(
             [&](const plan::PlanProblem& q) { return plan::solve_milp(q, solve); }, exec, cfg, c),
-        .probe_planner = solve_probe};
+        .probe_planner = compare_probe(c, probe, exec, cfg)};
     o.solved_at_batch = &solved;
     FERRY_ASSIGN_OR_RETURN(plan::Comparison cmp, plan::compare_policies(at, batch, o));
     std::printf("%s", plan::comparison_text(cmp).c_str());

@@ -47,6 +47,12 @@ Result<Comparison> compare_policies(const ProblemAt& problem_at, int batch,
     FERRY_TRY(keep(planner(at_batch), solved.at_batch));
   }
   FERRY_TRY(fill_largest(solved, probe_planner));
+  // The probes find the largest fitting batch (ferry plan probes at K = 0 resident layers: any K
+  // fits only where K = 0 does); the plan shown there is the full planner's.
+  if (solved.at_largest && o.planner) {
+    FERRY_ASSIGN_OR_RETURN(PlanProblem p, problem_at(solved.largest_batch));
+    FERRY_TRY(keep(planner(p), solved.at_largest));
+  }
   c.rows.push_back(std::move(solved));
 
   for (const FixedPolicy& pol : fixed_policies(at_batch.num_layers, o.checkpoint_k)) {
