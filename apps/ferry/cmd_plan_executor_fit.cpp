@@ -124,7 +124,19 @@ std::size_t resident_layer_bytes(const model::ModelConfig& cfg, const ExecutorTa
     w32 = 4 * (views ? train::stream::bf16_view_f32_elements(gemm, numel) : n);
   }
   return align(w16 ? 2 * n : 0) + align(master) + 2 * align(state) + 2 * align(4 * blocks) +
-         align(t.bf16_grads ? 2 * n : 0) + align(4 * n) + align(w32);
+         align(4 * n) + align(w32);
+}
+
+std::size_t resident_scratch_bytes(const model::ModelConfig& cfg, const ExecutorTarget& t, int k) {
+  // ResidentLayers::scratch_bytes: with bf16 gradients one bf16 rounding buffer of the largest
+  // resident layer.
+  if (!t.bf16_grads || k <= 0) return 0;
+  std::vector<std::int64_t> n(static_cast<std::size_t>(k), 0);
+  for (const model::ParamSpec& s : model::param_specs(cfg)) {
+    if (s.layer >= 0 && s.layer < k) n[static_cast<std::size_t>(s.layer)] += s.numel();
+  }
+  const std::int64_t most = *std::max_element(n.begin(), n.end());
+  return (static_cast<std::size_t>(most) * 2 + 255) / 256 * 256;
 }
 
 Result<ExecutorTarget> executor_target(const std::string& device, const std::string& master,
@@ -182,6 +194,10 @@ Status fit_gpu_memory_to_executor(plan::PlanProblem& p, const model::ModelConfig
     p.layers[static_cast<std::size_t>(l)].resident_gb =
         static_cast<double>(resident_layer_bytes(cfg, t, l)) / kGB;
   }
+  // The bf16 rounding scratch (one, sized by the largest resident layer) is charged to layer 0,
+  // resident whenever any layer is: exact for models whose layers are alike, an under-count by
+  // the size difference otherwise (executor_gpu_gb and the executor check use the exact bytes).
+  p.layers[0].resident_gb += static_cast<double>(resident_scratch_bytes(cfg, t, 1)) / kGB;
 
   // The planner's peak of each fixed policy with no fixed term, under no GPU cap.
   plan::PlanProblem probe = p;
@@ -223,6 +239,7 @@ Result<double> executor_gpu_gb(const plan::PlanProblem& p, const plan::Plan& pla
   const int resident = plan::resident_count(p);
   train::stream::ModelSizes sizes = executor_sizes(cfg, t, resident);
   for (int u = 0; u < resident; ++u) sizes.resident_bytes += resident_layer_bytes(cfg, t, u);
+  sizes.resident_bytes += resident_scratch_bytes(cfg, t, resident);
   FERRY_ASSIGN_OR_RETURN(
       const train::stream::DevicePlan d,
       train::stream::plan_device(geo, sizes, pol, t.slots,

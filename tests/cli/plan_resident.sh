@@ -84,6 +84,20 @@ done
 "$FERRY" "${bench[@]}" --batch-size 4 --resident-layers 2 --policies "plan=$TMP/auto.json" \
   --json "$TMP/bo.json" > "$TMP/bo.out" 2>&1 || { echo "plan_resident: override failed"; cat "$TMP/bo.out"; exit 1; }
 python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["policies"][0]; assert p["resident_layers"] == 2, p' "$TMP/bo.json"
+# With bf16 gradients (the executor's one bf16 rounding scratch): bytes equal too.
+"$FERRY" "${plan[@]}" --grad-dtype bf16 --batch-size 4 --gpu-mem-gb 1 --resident-layers 5 \
+  --no-policies --json "$TMP/g16.json" > /dev/null 2> "$TMP/g16.log" ||
+  { echo "plan_resident: bf16 grads plan failed"; cat "$TMP/g16.log"; exit 1; }
+want=$(executor_bytes "$TMP/g16.log")
+"$FERRY" "${bench[@]}" --grad-dtype bf16 --batch-size 4 --policies "plan=$TMP/g16.json" \
+  --json "$TMP/bg16.json" > "$TMP/bg16.out" 2>&1 || { echo "plan_resident: bf16 bench failed"; cat "$TMP/bg16.out"; exit 1; }
+python3 - "$TMP/bg16.json" "$want" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))["policies"][0]
+assert "error" not in p and p["resident_layers"] == 5, p
+assert p["device_planned_bytes"] == int(sys.argv[2]), (p["device_planned_bytes"], sys.argv[2])
+print(f"plan_resident: bf16 gradients, 5 resident layers: ferry plan's {sys.argv[2]} bytes = the executor's")
+PY
 
 # 3. A binding cap: the plan's K fits the executor at the plan's batch.
 "$FERRY" "${plan[@]}" --batch-size auto --max-batch 64 --gpu-mem-gb 0.004194304 --no-policies \
