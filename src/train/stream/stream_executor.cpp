@@ -777,19 +777,24 @@ void StreamExecutor::release_weights(const LayerWeights& w, int& j) {
 // resident f32 gradients; with bf16 gradients they are rounded (and read back) after every
 // micro-batch, as the in-memory executor's round_grads_to_bf16 and the drained layers' refill
 // from the host's bf16 sum give; on the last micro-batch the norm's sums.
+Status StreamExecutor::internals_for_backward(int l, const model::LayerTensors<ConstTensorView>& p,
+                                              const model::PackedBatch& b, const TensorView& x_in) {
+  if (opts_.policy.kept(l)) {
+    ++stats_.kept_layers;
+    return ok_status();
+  }
+  ++stats_.layer_forwards;
+  ++stats_.internals_forwards;
+  return compute_->layer_forward_internals(l, p, b, x_in);
+}
+
 Status StreamExecutor::resident_backward(int l, const model::LayerTensors<ConstTensorView>& p,
                                          const model::PackedBatch& b, const TensorView& x_in, int a,
                                          bool last) {
   float* g = resident_->grads(l);
   const std::int64_t ln = arena_->unit_elements(l);
   if (a == 0) FERRY_TRY(te_->zero(g, static_cast<std::size_t>(ln) * sizeof(float), cs()));
-  if (opts_.policy.kept(l)) {
-    ++stats_.kept_layers;
-  } else {
-    ++stats_.layer_forwards;
-    ++stats_.internals_forwards;
-    FERRY_TRY(compute_->layer_forward_internals(l, p, b, x_in));
-  }
+  FERRY_TRY(internals_for_backward(l, p, b, x_in));
   ++stats_.layer_backwards;
   FERRY_TRY(
       compute_->layer_backward(l, p, resident_grads_.layers[static_cast<std::size_t>(l)], b, x_in));
@@ -979,16 +984,7 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
         FERRY_TRY(refill_ready_->record(refill()));
         stats_.grad_h2d += lbytes;
       }
-      // The layer's internals: kept ones are still in their workspace from this micro-batch's
-      // forward (or its span's recompute); the others are re-run from the layer's input, without
-      // the output (not needed again): no down projection, no residual add.
-      if (opts_.policy.kept(l)) {
-        ++stats_.kept_layers;
-      } else {
-        ++stats_.layer_forwards;
-        ++stats_.internals_forwards;
-        FERRY_TRY(compute_->layer_forward_internals(l, p, b, x_in));
-      }
+      FERRY_TRY(internals_for_backward(l, p, b, x_in));
       if (a > 0) {  // the backward accumulates into the refilled slot: the GPU waits (measured)
         FERRY_TRY(timed_wait([&] { return cs().wait(*refill_ready_); }));
       }

@@ -284,6 +284,11 @@ class StreamExecutor {
   void release_weights(const LayerWeights& w, int& j);
   Status resident_backward(int l, const model::LayerTensors<ConstTensorView>& p,
                            const model::PackedBatch& b, const TensorView& x_in, int a, bool last);
+  // Layer l's internals for its backward: kept ones are still in their workspace from this
+  // micro-batch's forward (or its span's recompute); the others are re-run from the layer's input
+  // without the output (not needed again): no down projection, no residual add. Counted.
+  Status internals_for_backward(int l, const model::LayerTensors<ConstTensorView>& p,
+                                const model::PackedBatch& b, const TensorView& x_in);
   // The batch as the backend reads it: `b` itself on the CPU, a copy in the device tier on a GPU.
   Result<model::PackedBatch> device_batch(const model::PackedBatch& b);
 
