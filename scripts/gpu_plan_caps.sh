@@ -40,6 +40,12 @@ OPTIM=${OPTIM:---optimizer-states 8bit --master bf16-kahan}
 PLAN_EXTRA=${PLAN_EXTRA:---host-mem-gb 120 --time-limit-s 10}
 BENCH_EXTRA=${BENCH_EXTRA:---steps 3 --warmup 1}
 TAIL=${TAIL:-}
+# RESIDENT: GPU-resident layers for the plan AND every fixed policy alike (ferry plan
+# --resident-layers and ferry bench train --resident-layers), so the comparison is of activation
+# plans at one K. Default 0 (comparable with sessions 9-16). RESIDENT=auto lets ferry plan choose
+# its K and the bench run each fixed policy with its own largest K (then the plan's gain includes
+# what residency gives every policy: say so when reporting).
+RESIDENT=${RESIDENT:-0}
 TAIL_MS=${TAIL_MS:-}
 if [[ " $PLAN_EXTRA $BENCH_EXTRA " == *" --device-update-"* ]]; then
   echo "gpu_plan_caps: give the device tail's flags in TAIL (plan and bench alike), not in PLAN_EXTRA / BENCH_EXTRA" >&2
@@ -69,12 +75,12 @@ for g in ${GEOMS:-qwen2.5-3b qwen2.5-7b}; do
     rep="/tmp/plan_caps_bench.json"
     rm -f "$rep"
     if ! "$FERRY" plan --geometry "$g" --seq-len 1024 --batch-size auto --max-batch "$maxb" \
-      --gpu-mem-gb "$plan_gb" --profile "$prof" $OPTIM $TAIL $TAIL_MS $PLAN_EXTRA --json "$plan" >"$OUT/plan_${g}_${cap}.log" 2>&1; then
+      --gpu-mem-gb "$plan_gb" --profile "$prof" --resident-layers "$RESIDENT" $OPTIM $TAIL $TAIL_MS $PLAN_EXTRA --json "$plan" >"$OUT/plan_${g}_${cap}.log" 2>&1; then
       echo "[$g ${cap} GiB] ferry plan failed:"; tail -3 "$OUT/plan_${g}_${cap}.log"; continue
     fi
     timeout "${BENCH_TIMEOUT:-500}" "$FERRY" bench train --device cuda --geometry "$g" --arch qwen2 --seq-len 1024 \
       --batch-size auto --max-batch "$maxb" --device-budget-mib $((cap * 1024)) \
-      --policies "every:4,device,host,plan=$plan" $OPTIM $TAIL $BENCH_EXTRA --json "$rep" \
+      --policies "every:4,device,host,plan=$plan" --resident-layers "$RESIDENT" $OPTIM $TAIL $BENCH_EXTRA --json "$rep" \
       >"$OUT/bench_${g}_${cap}.log" 2>&1 || { echo "[$g ${cap} GiB] bench failed:"; tail -3 "$OUT/bench_${g}_${cap}.log"; }
     python3 - "$g" "$cap" "$plan" "$rep" "$OUT/plan_caps.jsonl" <<'PY'
 import json, sys
