@@ -156,8 +156,9 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
       {"device_update_slots",
        c.device_update_layers != 0 ? Json(c.device_update_slots) : Json(nullptr)},
       {"head_update", c.head_update},
-      // As asked (-1: all, -2: auto); each policy reports the resolved resident_layers.
-      {"resident_layers_asked", c.resident_layers},
+      // As asked (-1: all, -2: auto, null: not given); each policy reports the resolved K.
+      {"resident_layers_asked",
+       c.resident_layers == kResidentNotGiven ? Json(nullptr) : Json(c.resident_layers)},
       {"device_update_prestage",
        c.device_update_layers != 0 ? Json(c.device_update_prestage) : Json(nullptr)},
       {"policies", Json::array()}};
@@ -184,9 +185,9 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
     stream::ActivationPolicy pol;
     double predicted_step_ms = 0;
     int plan_batch = 0;  // what a plan was solved for
-    // GPU-resident layers as asked; a plan runs its own K unless --resident-layers is given (a
-    // nonzero value: 0 is the default, so an explicit 0 cannot override a plan's K).
-    int resident_asked = c.resident_layers;
+    // GPU-resident layers as asked (not given: none); a plan runs its own K unless a number is
+    // given (0 included); `auto` leaves a plan its K, which its solve already chose.
+    int resident_asked = c.resident_layers == kResidentNotGiven ? 0 : c.resident_layers;
     Json plan_tail = nullptr;  // the device tail layers a plan was solved with
     if (name.rfind("plan=", 0) == 0) {
       const std::string nvme =
@@ -213,7 +214,9 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
       pol = pp.policy;
       predicted_step_ms = pp.predicted_step_ms;
       plan_batch = pp.batch_size;
-      if (c.resident_layers == 0) resident_asked = pp.resident_layers;
+      if (c.resident_layers == kResidentNotGiven || c.resident_layers == stream::kResidentAuto) {
+        resident_asked = pp.resident_layers;
+      }
       FERRY_ASSIGN_OR_RETURN(const int k, plan_tail_layers(name.substr(5)));
       plan_tail = k;
       const int run_k = c.device_update_layers == stream::kDeviceUpdateAllLayers

@@ -22,6 +22,9 @@
 
 namespace ferry::train {
 
+// TrainBenchConfig::resident_layers when --resident-layers was not given.
+inline constexpr int kResidentNotGiven = -3;
+
 struct TrainBenchConfig {
   std::string device = "cpu";  // cpu | cuda
   BuiltinModelSpec model;      // geometry of the random-weight model (builtin tokenizer's vocab)
@@ -38,10 +41,13 @@ struct TrainBenchConfig {
   // plan` JSON (stream::read_plan_policy; its predicted step is reported next to the measured).
   std::vector<std::string> policies{"device", "every:4", "host"};
   int prefetch = 2;
-  int optimizer_threads = 0;            // StreamOptions::optimizer_threads
-  int device_update_layers = 0;         // StreamOptions::device_update_layers (-1: all)
-  int device_update_slots = 2;          // StreamOptions::device_update_slots
-  int resident_layers = 0;              // StreamOptions::resident_layers (-1: all, -2: auto)
+  int optimizer_threads = 0;     // StreamOptions::optimizer_threads
+  int device_update_layers = 0;  // StreamOptions::device_update_layers (-1: all)
+  int device_update_slots = 2;   // StreamOptions::device_update_slots
+  // StreamOptions::resident_layers (-1: all, -2: auto); kResidentNotGiven: 0 for the fixed
+  // policies and a plan's own K for plan=FILE (an explicit value, 0 included, overrides a plan's
+  // K; auto leaves a plan its K: the plan chose it).
+  int resident_layers = kResidentNotGiven;
   std::string head_update = "early";    // StreamOptions::head_update (early | late)
   bool device_update_prestage = true;   // StreamOptions::device_update_prestage
   std::string gemm_precision = "auto";  // stream: auto | bf16 | f32 (model::parse_gemm_precision)

@@ -84,6 +84,20 @@ done
 "$FERRY" "${bench[@]}" --batch-size 4 --resident-layers 2 --policies "plan=$TMP/auto.json" \
   --json "$TMP/bo.json" > "$TMP/bo.out" 2>&1 || { echo "plan_resident: override failed"; cat "$TMP/bo.out"; exit 1; }
 python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["policies"][0]; assert p["resident_layers"] == 2, p' "$TMP/bo.json"
+# An explicit 0 overrides the plan's K too; auto leaves the plan its own K (its solve chose it).
+for asked in 0 auto; do
+  "$FERRY" "${bench[@]}" --batch-size 4 --resident-layers "$asked" --policies "plan=$TMP/auto.json" \
+    --json "$TMP/bo$asked.json" > "$TMP/bo$asked.out" 2>&1 ||
+    { echo "plan_resident: --resident-layers $asked with a plan failed"; cat "$TMP/bo$asked.out"; exit 1; }
+done
+python3 - "$TMP/bo0.json" "$TMP/boauto.json" "$TMP/auto.json" <<'PY'
+import json, sys
+p0, pa = (json.load(open(f))["policies"][0] for f in sys.argv[1:3])
+K = json.load(open(sys.argv[3]))["resident_layers"]
+assert p0["resident_layers"] == 0 and p0["device_resident_bytes"] == 0, p0
+assert pa["resident_layers"] == K > 0, (pa["resident_layers"], K)
+print(f"plan_resident: --resident-layers 0 ran 0 layers of the plan's {K}; auto ran the plan's {K}")
+PY
 # With bf16 gradients (the executor's one bf16 rounding scratch): bytes equal too.
 "$FERRY" "${plan[@]}" --grad-dtype bf16 --batch-size 4 --gpu-mem-gb 1 --resident-layers 5 \
   --no-policies --json "$TMP/g16.json" > /dev/null 2> "$TMP/g16.log" ||
