@@ -7,7 +7,9 @@
 #   measured profile, e.g. bench/plan/results/h200_2026-12-01_s9_profile_qwen2.5-3b_b40.json,
 #   instead of the profile run)
 # Per geometry, first a profile: `ferry bench train --geometry G --policies device,host` at the
-# run batch (no cap), turned into a measured cost profile by `ferry plan --from-bench` (per-layer
+# run batch (no cap), and the device policy again with every layer that fits GPU-resident
+# (`--resident-layers auto`: the resident-saving term, PROFILE_RESIDENT=0 skips it), turned into a
+# measured cost profile by `ferry plan --from-bench ... --from-bench-resident ...` (per-layer
 # forward / backward / recompute, loss window, optimizer, serial part; scaled linearly to other
 # batches; and from the host run beside the device run, the measured cost per GB of boundaries
 # homed off the GPU, host_home_ms_per_gb: docs/plan.md). Then per cap: `ferry plan --batch-size
@@ -61,9 +63,18 @@ for g in ${GEOMS:-qwen2.5-3b qwen2.5-7b}; do
     timeout "${BENCH_TIMEOUT:-500}" "$FERRY" bench train --device cuda --geometry "$g" --arch qwen2 --seq-len 1024 \
       --batch-size "$maxb" --policies device,host $OPTIM $BENCH_EXTRA --json "$OUT/profile_bench_${g}.json" \
       >"$OUT/profile_bench_${g}.log" 2>&1 || { echo "[$g] profile bench failed:"; tail -3 "$OUT/profile_bench_${g}.log"; continue; }
-    "$FERRY" plan --from-bench "$OUT/profile_bench_${g}.json" --write-profile "$prof" \
+    # The same model and batch with every layer that fits GPU-resident (device policy): the
+    # resident-saving term (docs/plan.md). PROFILE_RESIDENT=0 leaves it out.
+    res_args=()
+    if [[ "${PROFILE_RESIDENT:-1}" != 0 ]] && timeout "${BENCH_TIMEOUT:-500}" "$FERRY" bench train --device cuda \
+      --geometry "$g" --arch qwen2 --seq-len 1024 --batch-size "$maxb" --policies device \
+      --resident-layers auto $OPTIM $BENCH_EXTRA --json "$OUT/profile_bench_${g}_resident.json" \
+      >"$OUT/profile_bench_${g}_resident.log" 2>&1; then
+      res_args=(--from-bench-resident "$OUT/profile_bench_${g}_resident.json")
+    fi
+    "$FERRY" plan --from-bench "$OUT/profile_bench_${g}.json" "${res_args[@]}" --write-profile "$prof" \
       >"$OUT/profile_${g}.log" 2>&1 || { echo "[$g] from-bench failed:"; tail -3 "$OUT/profile_${g}.log"; continue; }
-    echo "[$g] profile at batch $maxb:"; grep -E "serial|device" "$OUT/profile_${g}.log" | head -3
+    echo "[$g] profile at batch $maxb:"; grep -E "serial|device|resident saving" "$OUT/profile_${g}.log" | head -4
   fi
   caps_var="CAPS_${g//[.-]/_}"  # e.g. CAPS_qwen2_5_7b="24 40": this geometry's caps
   for cap in ${!caps_var:-${CAPS:-24 40 80}}; do

@@ -58,6 +58,11 @@ struct PlanConfig {
   double nvme_gb = 0;
   std::string json_out;
   double time_limit_s = 30;
+  // CBC's relative gap (SolveOptions::rel_gap) for ferry plan's solves. 1e-4 is 0.2 ms of a 2 s
+  // step, far below the profile's noise (1-5 % between calls); the library's 1e-7 ran every 3B
+  // solve to its time limit once homes had a price (H200, session 17: 10 s per solve, gap 2e-5,
+  // ~17 solves per batch probe, 9.5 min for `--batch-size auto`).
+  double mip_gap = 1e-4;
   int max_span = 4;
   int max_batch = 512;
   double host_state_bytes_per_param = 16;
@@ -72,9 +77,10 @@ struct PlanConfig {
   std::string gpu_caps = "24,40,80";
   bool no_policies = false;
   bool measure_machine = false;
-  std::string from_bench;       // `ferry bench train` JSON: predicted vs measured per policy
-  std::string write_profile;    // with --from-bench: write the measured profile (PATH or auto)
-  std::string machine_profile;  // explicit machine profile (in or, with --measure-machine, out)
+  std::string from_bench;           // `ferry bench train` JSON: predicted vs measured per policy
+  std::string from_bench_resident;  // a second one whose device run kept resident layers
+  std::string write_profile;        // with --from-bench: write the measured profile (PATH or auto)
+  std::string machine_profile;      // explicit machine profile (in or, with --measure-machine, out)
   // GPU memory as the stream executor will allocate it (cmd_plan_executor_fit.h) for this device's
   // backend: auto (cuda when present), cpu, cuda, or none (the cost model's bf16 estimate).
   std::string executor_device = "auto";
@@ -222,6 +228,17 @@ plan::Planner compare_probe(const PlanConfig& c, const plan::SolveOptions& probe
                             const std::optional<ExecutorTarget>& exec,
                             const model::ModelConfig& cfg);
 
+// The batch search's options: with K = auto, its fitting probes at K = 0 (the same argument as
+// compare_probe's) and only the largest fitting batch and the exposure walk-down searched over K
+// (3B at 40 GiB: 6 probes x ~14 solves took 2-6 minutes before).
+plan::BatchSearchOptions batch_search_options(const PlanConfig& c, const plan::SolveOptions& probe,
+                                              const std::optional<ExecutorTarget>& exec,
+                                              const model::ModelConfig& cfg) {
+  plan::BatchSearchOptions o{.max_batch = c.max_batch};
+  if (c.resident_layers == plan::kResidentAuto) o.fit_planner = compare_probe(c, probe, exec, cfg);
+  return o;
+}
+
 // Problem factory for one GPU cap: analytic costs, overridden by a profile when one applies, GPU
 // memory fitted to the executor when `exec` is given.
 Result<plan::ProblemAt> make_problem_at(const PlanConfig& c, const model::ModelConfig& cfg,
@@ -234,8 +251,9 @@ Result<plan::ProblemAt> make_problem_at(const PlanConfig& c, const model::ModelC
   }
   if (!path.empty()) {
     FERRY_ASSIGN_OR_RETURN(plan::Profile p, plan::read_profile(path, cfg));
-    log::get("plan")->info("profile={} measured_by=\"{}\" host_homes=\"{}\"", path, p.measured_by,
-                           plan::host_home_text(p));
+    log::get("plan")->info("profile={} measured_by=\"{}\" host_homes=\"{}\" resident_saving=\"{}\"",
+                           path, p.measured_by, plan::host_home_text(p),
+                           plan::resident_saved_text(p));
     prof = std::move(p);
   } else {
     log::get("plan")->info(
@@ -302,8 +320,9 @@ Status run_compare(const PlanConfig& c, const model::ModelConfig& cfg, int batch
               {"caps", Json::array()}};
   for (double gpu : caps) {
     FERRY_ASSIGN_OR_RETURN(plan::ProblemAt at, make_problem_at(c, cfg, gpu, exec));
-    const plan::SolveOptions solve{.time_limit_s = c.time_limit_s};
-    const plan::SolveOptions probe{.time_limit_s = std::min(c.time_limit_s, 10.0)};
+    const plan::SolveOptions solve{.time_limit_s = c.time_limit_s, .rel_gap = c.mip_gap};
+    const plan::SolveOptions probe{.time_limit_s = std::min(c.time_limit_s, 10.0),
+                                   .rel_gap = c.mip_gap};
     const plan::Planner solve_full = for_executor(
         [&](const plan::PlanProblem& p) { return plan::solve_milp(p, solve); }, exec, cfg, c);
     const plan::Planner solve_probe = for_executor(
@@ -311,8 +330,7 @@ Status run_compare(const PlanConfig& c, const model::ModelConfig& cfg, int batch
     int b = batch;
     std::optional<plan::Plan> solved;
     if (b == 0) {  // auto: the solved plan's own batch
-      auto r =
-          plan::largest_batch(at, solve_probe, plan::BatchSearchOptions{.max_batch = c.max_batch});
+      auto r = plan::largest_batch(at, solve_probe, batch_search_options(c, probe, exec, cfg));
       if (!r.ok()) return r.status();
       b = r->batch;
       FERRY_ASSIGN_OR_RETURN(plan::PlanProblem p, at(b));
@@ -421,7 +439,24 @@ Status run_from_bench(const PlanConfig& c) {
       model::ModelConfig cfg,
       model::parse_model_config_text(train::builtin_config_json(spec), "bench train geometry"));
   FERRY_ASSIGN_OR_RETURN(const plan::MachineSpec machine, machine_spec(c));  // link rates
-  FERRY_ASSIGN_OR_RETURN(const plan::BenchPrediction b, plan::predict_bench(report, cfg, machine));
+  Json resident;  // --from-bench-resident: the resident-saving term's run
+  if (!c.from_bench_resident.empty()) {
+    std::ifstream rin(c.from_bench_resident);
+    if (!rin)
+      return not_found("plan: --from-bench-resident {}: cannot open", c.from_bench_resident);
+    try {
+      resident = Json::parse(rin);
+    } catch (const std::exception& e) {
+      return corrupt("plan: --from-bench-resident {}: {}", c.from_bench_resident, e.what());
+    }
+    if (resident.value("bench", "") != "train") {
+      return invalid_argument("plan: --from-bench-resident {} is not a `ferry bench train` report",
+                              c.from_bench_resident);
+    }
+  }
+  FERRY_ASSIGN_OR_RETURN(
+      const plan::BenchPrediction b,
+      plan::predict_bench(report, cfg, machine, resident.is_null() ? nullptr : &resident));
   std::printf("%s", plan::bench_prediction_text(b).c_str());
   std::fflush(stdout);
   if (!c.write_profile.empty()) {
@@ -459,7 +494,7 @@ Status print_resident(const PlanConfig& c, const model::ModelConfig& cfg,
                                                  : "--resident-layers 0");
     return ok_status();
   }
-  const plan::SolveOptions solve{.time_limit_s = c.time_limit_s};
+  const plan::SolveOptions solve{.time_limit_s = c.time_limit_s, .rel_gap = c.mip_gap};
   auto none = for_executor([&](const plan::PlanProblem& q) { return plan::solve_milp(q, solve); },
                            exec, cfg, with_resident(c, 0))(p0);
   std::string change = "no plan fits at K = 0";
@@ -524,17 +559,20 @@ Status run_plan_status() {
 
   FERRY_ASSIGN_OR_RETURN(const std::optional<ExecutorTarget> exec, executor_of(c));
   FERRY_ASSIGN_OR_RETURN(plan::ProblemAt at, make_problem_at(c, cfg, c.gpu_mem_gb, exec));
-  const plan::SolveOptions solve{.time_limit_s = c.time_limit_s};
-  const plan::SolveOptions probe{.time_limit_s = std::min(c.time_limit_s, 10.0)};
+  const plan::SolveOptions solve{.time_limit_s = c.time_limit_s, .rel_gap = c.mip_gap};
+  const plan::SolveOptions probe{.time_limit_s = std::min(c.time_limit_s, 10.0),
+                                 .rel_gap = c.mip_gap};
   const plan::Planner solve_probe = for_executor(
       [&](const plan::PlanProblem& p) { return plan::solve_milp(p, probe); }, exec, cfg, c);
   const plan::Planner solve_diagnosed = for_executor(
       [&](const plan::PlanProblem& p) { return plan::solve_or_diagnose(p, solve); }, exec, cfg, c);
+  std::optional<plan::Plan> searched;  // the batch search's plan when it is the full solve's
   if (batch == 0) {
     FERRY_ASSIGN_OR_RETURN(
         plan::BatchSearchResult r,
-        plan::largest_batch(at, solve_probe, plan::BatchSearchOptions{.max_batch = c.max_batch}));
+        plan::largest_batch(at, solve_probe, batch_search_options(c, probe, exec, cfg)));
     batch = r.batch;
+    if (probe.time_limit_s == solve.time_limit_s) searched = r.plan;
     const plan::Prediction& pr = r.plan.predicted;
     log::get("plan")->info(
         "batch=auto -> {} (largest fitting {}; gpu idle {:.1f} ms = exposed {:.1f} + optimizer "
@@ -543,7 +581,9 @@ Status run_plan_status() {
         pr.optimizer_bound_ms, pr.step_ms, r.exposure_ok ? "within" : "above", r.probes);
   }
   FERRY_ASSIGN_OR_RETURN(plan::PlanProblem p0, at(batch));
-  FERRY_ASSIGN_OR_RETURN(plan::Plan solved, solve_diagnosed(p0));
+  // The same solve (problem, time limit, gap) as the search's last: not repeated.
+  FERRY_ASSIGN_OR_RETURN(plan::Plan solved,
+                         searched ? Result<plan::Plan>(std::move(*searched)) : solve_diagnosed(p0));
   const plan::PlanProblem p = plan::at_resident(p0, solved.resident_layers);
   FERRY_TRY(log_executor_bytes(p, solved, cfg, exec));
   std::printf("%s", plan::plan_text(p, solved).c_str());
@@ -590,7 +630,7 @@ Status write_training_plan(const TrainingPlanRequest& r, const std::string& out_
   FERRY_ASSIGN_OR_RETURN(const std::optional<ExecutorTarget> exec, executor_of(c));
   FERRY_ASSIGN_OR_RETURN(plan::ProblemAt at, make_problem_at(c, r.config, c.gpu_mem_gb, exec));
   FERRY_ASSIGN_OR_RETURN(plan::PlanProblem p0, at(r.batch_size));
-  const plan::SolveOptions solve{.time_limit_s = c.time_limit_s};
+  const plan::SolveOptions solve{.time_limit_s = c.time_limit_s, .rel_gap = c.mip_gap};
   FERRY_ASSIGN_OR_RETURN(
       plan::Plan solved,
       for_executor([&](const plan::PlanProblem& q) { return plan::solve_or_diagnose(q, solve); },
@@ -639,6 +679,10 @@ void register_plan(CLI::App& app, CommandFn& run) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda", "none"}));
   cmd->add_option("--time-limit-s", c.time_limit_s, "CBC wall-clock limit per solve")
       ->check(CLI::Range(0.1, 86400.0));
+  cmd->add_option("--mip-gap", c.mip_gap,
+                  "stop a solve when (incumbent - bound) / incumbent is at most this (0: prove "
+                  "optimality to 1e-7 ms)")
+      ->check(CLI::Range(0.0, 0.1));
   cmd->add_option("--max-span", c.max_span, "longest recomputed span R (layers + 1)")
       ->check(CLI::Range(1, 64));
   cmd->add_option("--max-batch", c.max_batch, "upper end of the batch search")
@@ -711,6 +755,11 @@ void register_plan(CLI::App& app, CommandFn& run) {
   cmd->add_option("--from-bench", c.from_bench,
                   "a `ferry bench train --json` report: its device run as a measured profile, and "
                   "each benched policy's measured step next to the plan's prediction")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--from-bench-resident", c.from_bench_resident,
+                  "with --from-bench: a second report of the same model and batch whose device run "
+                  "kept GPU-resident layers (--resident-layers K|auto): the measured saving of "
+                  "each resident layer beyond the model's (the profile's resident_saved_ms)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--write-profile", c.write_profile,
                   "with --from-bench: write that profile here (auto: the cache for --machine)");

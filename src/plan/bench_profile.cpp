@@ -8,6 +8,7 @@
 
 #include "plan/evaluate.h"
 #include "plan/policies.h"
+#include "plan/resident.h"
 
 namespace ferry::plan {
 
@@ -65,6 +66,48 @@ Status measure_host_home(const Json& report, const Json& dev, const PlanProblem&
   return ok_status();
 }
 
+// The resident-saving term (PlanProblem::resident_saved_ms) from the device run at K = 0 and a
+// device run with R > 0 resident layers at the same batch (`resident` report): what the resident
+// run measured faster beyond the model's own difference between the two (problem: the profile
+// without the term, priced all-gpu at K = 0 and at R), per layer made resident, clamped at >= 0.
+Status measure_resident_saved(const Json& report, const Json& dev, const Json& resident,
+                              const PlanProblem& problem, Profile& prof) {
+  prof.resident_saved_ms = 0;
+  prof.resident_saved_measured_by.clear();
+  const Json* rdev = find_policy(resident, "device");
+  if (rdev == nullptr) {
+    return invalid_argument("plan: the resident-layers report has no successful `device` run");
+  }
+  const int R = rdev->value("resident_layers", 0);
+  if (R <= 0) {
+    return invalid_argument(
+        "plan: the resident-layers report's device run kept no layer resident (bench it with "
+        "--resident-layers K or auto)");
+  }
+  if (rdev->value("batch_size", -1) != dev.value("batch_size", -2) ||
+      resident.value("seq", -1) != report.value("seq", -2) ||
+      resident.value("geometry", Json()) != report.value("geometry", Json())) {
+    return invalid_argument(
+        "plan: the resident-layers report is of another model, batch or sequence length than "
+        "the profile's report");
+  }
+  FERRY_ASSIGN_OR_RETURN(const FixedPolicy fp, fixed_policy_by_name("all-gpu", problem.num_layers));
+  FERRY_ASSIGN_OR_RETURN(const Plan p0, solve_policy(problem, fp));
+  FERRY_ASSIGN_OR_RETURN(const Plan pr, solve_policy(at_resident(problem, R), fp));
+  const double dev_ms = dev.at("step_ms_mean").get<double>();
+  const double res_ms = rdev->at("step_ms_mean").get<double>();
+  const double modelled_ms = p0.predicted.step_ms - pr.predicted.step_ms;
+  const double extra_ms = dev_ms - res_ms - modelled_ms;
+  prof.resident_saved_ms = std::max(0.0, extra_ms) / R;
+  prof.resident_saved_measured_by = fmt::format(
+      "ferry bench train on {}: device {:.1f} ms at K = 0 - {:.1f} ms at K = {} resident layers, "
+      "batch {} ({} / {} timed steps), {:+.1f} ms of it modelled, {:+.1f} ms unmodelled{}",
+      report.value("device", "?"), dev_ms, res_ms, R, dev.value("batch_size", 0),
+      report.at("steps").get<int>(), resident.at("steps").get<int>(), modelled_ms, extra_ms,
+      extra_ms < 0 ? " (clamped at 0)" : "");
+  return ok_status();
+}
+
 }  // namespace
 
 std::string plan_policy_name(const std::string& p) {
@@ -77,13 +120,19 @@ std::string plan_policy_name(const std::string& p) {
 }
 
 Result<BenchPrediction> predict_bench(const Json& report, const model::ModelConfig& cfg,
-                                      const MachineSpec& machine) {
+                                      const MachineSpec& machine, const Json* resident_report) {
   const int L = static_cast<int>(cfg.num_hidden_layers);
   const Json* dev = find_policy(report, "device");
   if (dev == nullptr) {
     return invalid_argument(
         "plan: the bench report has no successful `device` policy run (the profile is taken "
         "from the all-on-GPU run; bench with --policies device,...)");
+  }
+  if (dev->value("resident_layers", 0) != 0) {
+    return invalid_argument(
+        "plan: the bench report's device run kept {} layers resident; profile from a run without "
+        "(--resident-layers 0; a resident run goes in --from-bench-resident)",
+        dev->value("resident_layers", 0));
   }
   const Json& w = dev->at("windows");
   if (static_cast<int>(w.at("measured_ms").size()) != 2 * L + 1) {
@@ -153,7 +202,13 @@ Result<BenchPrediction> predict_bench(const Json& report, const model::ModelConf
                            ? prof.cpu_optimizer_ms * problem.layers[0].weight_gb / total_w
                            : prof.optimizer_layer_ms[0]);
   FERRY_TRY(measure_host_home(report, *dev, problem, prof));
+  if (resident_report != nullptr) {
+    // Fitted with the host-home term at 0, as that one is (the device runs home nothing off the
+    // GPU, so the order does not matter).
+    FERRY_TRY(measure_resident_saved(report, *dev, *resident_report, problem, prof));
+  }
   problem.host_home_ms_per_gb = prof.host_home_ms_per_gb;
+  problem.resident_saved_ms = prof.resident_saved_ms;
   for (const Json& p : report.at("policies")) {
     const std::string name = p.value("policy", "");
     const std::string plan_name = plan_policy_name(name);
@@ -192,6 +247,7 @@ std::string bench_prediction_text(const BenchPrediction& b) {
       fmt::format("profile from {} | serial part {:.1f} ms | cpu optimizer {:.1f} ms/step\n",
                   b.profile.measured_by, b.serial_ms, b.profile.cpu_optimizer_ms);
   s += fmt::format("host homes: {}\n", host_home_text(b.profile));
+  s += fmt::format("resident saving: {}\n", resident_saved_text(b.profile));
   if (!b.profile.host_home_measured_by.empty()) {
     s += "(the host policy's prediction below includes the term fitted to it: not a check)\n";
   } else {

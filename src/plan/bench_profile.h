@@ -55,8 +55,12 @@ struct BenchPrediction {
 std::string plan_policy_name(const std::string& executor_policy);
 
 // cfg: the benched model's config (its layer count and seq must match the report).
+// resident_report (optional): a second report of the same model and batch whose `device` run kept
+// resident layers (`--resident-layers K|auto`): the resident-saving term (Profile
+// resident_saved_ms) is what it measured beyond the model's difference, per layer made resident.
 Result<BenchPrediction> predict_bench(const Json& report, const model::ModelConfig& cfg,
-                                      const MachineSpec& machine);
+                                      const MachineSpec& machine,
+                                      const Json* resident_report = nullptr);
 Json to_json(const BenchPrediction& b);
 std::string bench_prediction_text(const BenchPrediction& b);
 

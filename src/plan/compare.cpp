@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "plan/compare.h"
 
+#include <map>
+
 #include "plan/policies.h"
 
 namespace ferry::plan {
@@ -40,29 +42,39 @@ Result<Comparison> compare_policies(const ProblemAt& problem_at, int batch,
   const Planner probe_planner = o.probe_planner ? o.probe_planner : [&](const PlanProblem& p) {
     return solve_milp(p, o.probe_solve);
   };
+  // The full planner's plan at a batch, solved once per batch: the rows below ask it at each
+  // policy's largest batch, often the same one (ferry plan's search over resident layers makes
+  // each solve ~15 s at 3B). problem_at gives the same problem for the same batch.
+  std::map<int, std::optional<Plan>> solved_by_batch;
+  const auto solved_at = [&](int b, std::optional<Plan>& out) -> Status {
+    auto it = solved_by_batch.find(b);
+    if (it == solved_by_batch.end()) {
+      FERRY_ASSIGN_OR_RETURN(PlanProblem p, problem_at(b));
+      std::optional<Plan> plan;
+      FERRY_TRY(keep(planner(p), plan));
+      it = solved_by_batch.emplace(b, std::move(plan)).first;
+    }
+    out = it->second;
+    return ok_status();
+  };
   PolicyRow solved{.policy = "solved"};
   if (o.solved_at_batch != nullptr) {
     solved.at_batch = *o.solved_at_batch;
   } else {
     FERRY_TRY(keep(planner(at_batch), solved.at_batch));
   }
+  solved_by_batch.emplace(batch, solved.at_batch);
   FERRY_TRY(fill_largest(solved, probe_planner));
   // The probes find the largest fitting batch (ferry plan probes at K = 0 resident layers: any K
   // fits only where K = 0 does); the plan shown there is the full planner's.
-  if (solved.at_largest && o.planner) {
-    FERRY_ASSIGN_OR_RETURN(PlanProblem p, problem_at(solved.largest_batch));
-    FERRY_TRY(keep(planner(p), solved.at_largest));
-  }
+  if (solved.at_largest && o.planner) FERRY_TRY(solved_at(solved.largest_batch, solved.at_largest));
   c.rows.push_back(std::move(solved));
 
   for (const FixedPolicy& pol : fixed_policies(at_batch.num_layers, o.checkpoint_k)) {
     PolicyRow row{.policy = pol.name};
     FERRY_TRY(keep(solve_policy(at_batch, pol), row.at_batch));
     FERRY_TRY(fill_largest(row, [&](const PlanProblem& p) { return solve_policy(p, pol); }));
-    if (row.at_largest) {
-      FERRY_ASSIGN_OR_RETURN(PlanProblem p, problem_at(row.largest_batch));
-      FERRY_TRY(keep(planner(p), row.solved_at_largest));
-    }
+    if (row.at_largest) FERRY_TRY(solved_at(row.largest_batch, row.solved_at_largest));
     c.rows.push_back(std::move(row));
   }
   return c;

@@ -264,7 +264,8 @@ Result<Prediction> evaluate(const PlanProblem& p, const Plan& plan) {
     if (offloaded(plan.homes[i])) homed_gb += A[i];
   }
   r.host_home_ms = p.host_home_ms_per_gb * homed_gb;
-  r.step_ms = with_optimizer + r.host_home_ms;
+  r.resident_saved_ms = resident_saved_total_ms(p);
+  r.step_ms = with_optimizer + r.host_home_ms - r.resident_saved_ms;
   r.kept_internals_gb = kept_gb;
   r.objective_ms = r.step_ms + p.move_penalty_ms_per_gb * (moved + kept_gb);
   r.host_peak_gb = p.host_fixed_gb;

@@ -45,10 +45,16 @@ CbcOutcome run_cbc(const LinearModel& m, const SolveOptions& o) {
   const std::string seconds = std::to_string(std::max(0.01, o.time_limit_s));
   // {:g}: std::to_string prints 6 decimals, which made any gap below 5e-7 "0.000000".
   const std::string ratio = fmt::format("{:g}", o.rel_gap);
+  // CBC's ratio gap is relative to its own objective, which leaves out the model's constant (the
+  // step's fixed part: most of a 3B step), so rel_gap of the whole objective is also given as an
+  // absolute gap: rel_gap x the constant (a lower bound on the whole objective's size).
+  const std::string absolute =
+      fmt::format("{:g}", std::max(1e-7, o.rel_gap * std::max(0.0, m.obj_constant)));
   const std::string log = std::to_string(o.log_level);
-  const char* argv[] = {"ferry-plan", "-timeMode",   "elapsed",       "-seconds", seconds.c_str(),
-                        "-ratioGap",  ratio.c_str(), "-allowableGap", "1e-7",     "-log",
-                        log.c_str(),  "-solve",      "-quit"};
+  const char* argv[] = {"ferry-plan",     "-timeMode", "elapsed",     "-seconds",
+                        seconds.c_str(),  "-ratioGap", ratio.c_str(), "-allowableGap",
+                        absolute.c_str(), "-log",      log.c_str(),   "-solve",
+                        "-quit"};
   CbcMain1(static_cast<int>(std::size(argv)), argv, model, no_callback, data);
 
   CbcOutcome r;

@@ -44,7 +44,7 @@ struct Transfer {
 // What a plan costs under a PlanProblem (filled by evaluate()).
 struct Prediction {
   double gpu_step_ms = 0;  // compute + exposed transfers + step_fixed + resident_serial_ms
-  // max(gpu_step_ms + optimizer_wait_ms, optimizer phase) + host_home_ms
+  // max(gpu_step_ms + optimizer_wait_ms, optimizer phase) + host_home_ms - resident_saved_ms
   double step_ms = 0;
   // Forward windows held back by the CPU optimizer: the update of the previous step runs layer by
   // layer from the step's start (units in forward order) and layer i's forward needs layer i's
@@ -57,6 +57,10 @@ struct Prediction {
   // measured serial cost of off-GPU homes (host memory bandwidth shared with the CPU optimizer),
   // added to the step after the optimizer's max. 0 without the measured term.
   double host_home_ms = 0;
+  // PlanProblem::resident_saved_ms x the GPU-resident layers: the measured saving of a resident
+  // layer beyond its modelled transfers and update (the profile's windows were measured with it
+  // streamed), subtracted after the optimizer's max. 0 without the measured term.
+  double resident_saved_ms = 0;
   double compute_ms = 0;  // sum of window compute, incl. recompute
   double recompute_ms = 0;
   double exposed_ms = 0;    // transfer time no compute hides

@@ -25,6 +25,7 @@ Json prediction_to_json(const Prediction& r) {
           {"optimizer_wait_ms", r.optimizer_wait_ms},
           {"optimizer_bound_ms", r.optimizer_bound_ms},
           {"host_home_ms", r.host_home_ms},
+          {"resident_saved_ms", r.resident_saved_ms},
           {"idle_ms", r.idle_ms()},
           {"compute_ms", r.compute_ms},
           {"recompute_ms", r.recompute_ms},
@@ -52,7 +53,8 @@ Prediction prediction_from_json(const Json& j) {
   // Absent in plans written before the optimizer terms existed.
   r.optimizer_wait_ms = j.value("optimizer_wait_ms", 0.0);
   r.optimizer_bound_ms = j.value("optimizer_bound_ms", 0.0);
-  r.host_home_ms = j.value("host_home_ms", 0.0);  // absent before the host-home term
+  r.host_home_ms = j.value("host_home_ms", 0.0);            // absent before the host-home term
+  r.resident_saved_ms = j.value("resident_saved_ms", 0.0);  // absent before its term
   r.compute_ms = j.at("compute_ms").get<double>();
   r.recompute_ms = j.at("recompute_ms").get<double>();
   r.exposed_ms = j.at("exposed_ms").get<double>();

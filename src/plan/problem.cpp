@@ -149,6 +149,10 @@ double resident_update_layer_ms(const PlanProblem& p, int j) {
   return kResidentUpdateMsPerGb * p.layers[j].resident_gb;
 }
 
+double resident_saved_total_ms(const PlanProblem& p) {
+  return p.resident_saved_ms * resident_count(p);
+}
+
 double resident_serial_ms(const PlanProblem& p) {
   const int K = resident_count(p);
   if (K == 0) return 0;
@@ -211,9 +215,10 @@ Status validate(const PlanProblem& p) {
                               j, c.keep_saved_ms, c.bwd_ms);
     }
   }
-  for (double v : {p.loss_ms, p.loss_work_gb, p.head_weight_gb, p.head_grad_gb, p.step_fixed_ms,
-                   p.cpu_optimizer_ms, p.gpu_cap_gb, p.host_cap_gb, p.nvme_cap_gb, p.gpu_fixed_gb,
-                   p.host_fixed_gb, p.move_penalty_ms_per_gb, p.host_home_ms_per_gb}) {
+  for (double v :
+       {p.loss_ms, p.loss_work_gb, p.head_weight_gb, p.head_grad_gb, p.step_fixed_ms,
+        p.cpu_optimizer_ms, p.gpu_cap_gb, p.host_cap_gb, p.nvme_cap_gb, p.gpu_fixed_gb,
+        p.host_fixed_gb, p.move_penalty_ms_per_gb, p.host_home_ms_per_gb, p.resident_saved_ms}) {
     if (!finite_nonneg(v)) return invalid_argument("plan: a step cost or capacity is negative");
   }
   const LinkRates& r = p.link;
@@ -292,6 +297,7 @@ Json to_json(const PlanProblem& p) {
   }
   // Only when measured, likewise (a problem without the term serializes as before).
   if (p.host_home_ms_per_gb != 0) j["host_home_ms_per_gb"] = p.host_home_ms_per_gb;
+  if (p.resident_saved_ms != 0) j["resident_saved_ms"] = p.resident_saved_ms;
   // Only with resident layers (or a measured update time), likewise.
   if (p.resident_layers != 0) j["resident_layers"] = p.resident_layers;
   if (p.resident_update_ms_per_layer != 0) {
@@ -345,6 +351,7 @@ Result<PlanProblem> problem_from_json(const Json& j) {
     p.device_update_layers = j.value("device_update_layers", 0);  // absent before the tail
     p.device_update_ms_per_layer = j.value("device_update_ms_per_layer", 0.0);
     p.host_home_ms_per_gb = j.value("host_home_ms_per_gb", 0.0);  // absent: not measured
+    p.resident_saved_ms = j.value("resident_saved_ms", 0.0);      // absent: not measured
     p.resident_layers = j.value("resident_layers", 0);  // absent before resident layers: none
     p.resident_update_ms_per_layer = j.value("resident_update_ms_per_layer", 0.0);
     p.move_penalty_ms_per_gb = j.at("move_penalty_ms_per_gb").get<double>();

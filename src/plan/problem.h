@@ -86,6 +86,15 @@ struct PlanProblem {
   // Qwen2.5-3B: +126 ms per step for 9.7 GB homed). Constant per GB at any batch; 0: not measured
   // (an older profile, or the analytic model), the transfers are then free when hidden.
   double host_home_ms_per_gb = 0;
+  // Measured per-step saving of each GPU-resident layer beyond what the model predicts for it
+  // (docs/plan.md, "the resident-saving term"): ms per layer per step, x resident_layers,
+  // subtracted from the step (Prediction::resident_saved_ms). The profile's windows are measured
+  // with every layer streamed, so whatever streaming costs a layer beside its modelled transfers
+  // and optimizer gate (its CPU update and weight / gradient traffic sharing the host with the
+  // step) is in them; a resident layer does not pay it. Fitted from a device run at K = 0 and one
+  // with resident layers at the same batch (H200, Qwen2.5-3B, session 17: K = 16 -> 27 measured
+  // ~100 ms faster where the model saw no difference). Not scaled with the batch; 0: not measured.
+  double resident_saved_ms = 0;
   LinkRates link;
 
   // Capacities and the bytes each tier needs whatever the plan.
@@ -190,6 +199,8 @@ double drained_grad_gb(const PlanProblem& p, int j);
 double resident_gpu_gb(const PlanProblem& p);
 double resident_update_layer_ms(const PlanProblem& p, int j);
 double resident_serial_ms(const PlanProblem& p);
+// The resident-saving term: resident_saved_ms x the resident layers (K).
+double resident_saved_total_ms(const PlanProblem& p);
 
 // Sizes and signs consistent; a non-ok Status names the first bad field.
 Status validate(const PlanProblem& p);

@@ -60,7 +60,17 @@ Json to_json(const Profile& p) {
           {"cpu_optimizer_ms", p.cpu_optimizer_ms},
           {"optimizer_layer_ms", p.optimizer_layer_ms},
           {"host_home_ms_per_gb", p.host_home_ms_per_gb},
-          {"host_home_measured_by", p.host_home_measured_by}};
+          {"host_home_measured_by", p.host_home_measured_by},
+          {"resident_saved_ms", p.resident_saved_ms},
+          {"resident_saved_measured_by", p.resident_saved_measured_by}};
+}
+
+std::string resident_saved_text(const Profile& p) {
+  if (p.resident_saved_measured_by.empty() && p.resident_saved_ms == 0) {
+    return "0 ms/layer (not measured: the profile has no run with resident layers, so a resident "
+           "layer saves only its modelled transfers and CPU update)";
+  }
+  return fmt::format("{:.3f} ms/layer ({})", p.resident_saved_ms, p.resident_saved_measured_by);
 }
 
 std::string host_home_text(const Profile& p) {
@@ -122,6 +132,13 @@ Result<Profile> profile_from_json(const Json& j, const model::ModelConfig& cfg) 
       return corrupt("plan: profile host_home_ms_per_gb {} is not a cost >= 0",
                      p.host_home_ms_per_gb);
     }
+    // Absent in profiles written before the resident-saving term: 0, i.e. not measured.
+    p.resident_saved_ms = j.value("resident_saved_ms", 0.0);
+    p.resident_saved_measured_by = j.value("resident_saved_measured_by", std::string{});
+    if (!std::isfinite(p.resident_saved_ms) || p.resident_saved_ms < 0) {
+      return corrupt("plan: profile resident_saved_ms {} is not a saving >= 0",
+                     p.resident_saved_ms);
+    }
     return p;
   } catch (const Json::exception& e) {
     return corrupt("plan: profile json: {}", e.what());
@@ -165,6 +182,7 @@ Status apply_profile(const Profile& prof, PlanProblem& p) {
   }
   p.link = prof.link;
   p.host_home_ms_per_gb = prof.host_home_ms_per_gb;  // per GB: the same at every batch
+  p.resident_saved_ms = prof.resident_saved_ms;      // per layer and step: likewise
   p.source = "profile:" + prof.machine + ":" + prof.geometry;
   return validate(p);
 }

@@ -62,11 +62,19 @@ struct Profile {
   // How it was measured; empty: not measured (an older profile, or a bench without a host run),
   // host_home_ms_per_gb is then 0.
   std::string host_home_measured_by;
+  // The measured saving of each GPU-resident layer beyond the model, ms per layer per step
+  // (PlanProblem::resident_saved_ms; bench_profile.h derives it from a device run at K = 0 and one
+  // with resident layers at the same batch). Not scaled with the batch. Empty measured_by: not
+  // measured, 0.
+  double resident_saved_ms = 0;
+  std::string resident_saved_measured_by;
 };
 
 // "2.15 ms/GB (device 2247.8 vs host 2374.4 ms ...)" or "0 (not measured: ...)": the term as the
 // profile's users print it.
 std::string host_home_text(const Profile& p);
+// Likewise for the resident-saving term.
+std::string resident_saved_text(const Profile& p);
 
 // "qwen2-L36-C2048-F11008-H16-KV2-D128-V151936-E0": what fixes per-layer cost.
 std::string geometry_key(const model::ModelConfig& c);

@@ -62,9 +62,10 @@ std::string plan_text(const PlanProblem& p, const Plan& plan) {
       "\npredicted step {:.1f} ms = gpu {:.1f} (compute {:.1f} incl. recompute {:.1f}, exposed "
       "{:.2f}, serial {:.1f}) + optimizer wait {:.1f} (forward held by the cpu optimizer) + "
       "optimizer bound {:.1f} (cpu optimizer {:.1f} ms/step outlasting the gpu) + host homes "
-      "{:.1f}; {:.1f} TFLOPS (6*N*B*S / step)\n",
+      "{:.1f} - resident saving {:.1f}; {:.1f} TFLOPS (6*N*B*S / step)\n",
       r.step_ms, r.gpu_step_ms, r.compute_ms, r.recompute_ms, r.exposed_ms, p.step_fixed_ms,
-      r.optimizer_wait_ms, r.optimizer_bound_ms, optimizer_phase_ms(p), r.host_home_ms, r.tflops);
+      r.optimizer_wait_ms, r.optimizer_bound_ms, optimizer_phase_ms(p), r.host_home_ms,
+      r.resident_saved_ms, r.tflops);
   if (p.host_home_ms_per_gb > 0) {
     s += fmt::format(
         "host homes: {:.2f} ms per GB homed in host memory or on NVMe (measured; NVMe bytes pass "
@@ -73,6 +74,12 @@ std::string plan_text(const PlanProblem& p, const Plan& plan) {
   } else {
     s += "host homes: no measured cost (0 ms/GB: a profile without host_home_ms_per_gb, or the "
          "analytic model); off-gpu boundaries are free when their transfers hide\n";
+  }
+  if (p.resident_saved_ms > 0) {
+    s += fmt::format(
+        "resident saving: {:.2f} ms per GPU-resident layer beyond the model (measured): {} of {} "
+        "resident\n",
+        p.resident_saved_ms, resident_count(p), p.num_layers);
   }
   s += fmt::format(
       "peak memory: gpu {:.2f} / {:.2f} GB ({}), host {:.2f} / {:.2f} GB, nvme {:.2f} "

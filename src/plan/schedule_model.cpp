@@ -401,6 +401,9 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
     }
     m_.add_row(row.terms, optimizer_phase_ms(p) - m_.obj_constant, kInf);
   }
+  // The resident-saving term: after the optimizer's max (so not in the row above), and a constant
+  // at this problem's K.
+  m_.obj_constant -= time_w * resident_saved_total_ms(p);
 }
 
 void ScheduleModel::fix_choice(const std::vector<Home>& homes, const std::vector<Span>& spans,

@@ -55,7 +55,8 @@ double throughput(const Probe& pr) {
 Result<BatchSearchResult> largest_batch(const ProblemAt& problem_at, const Planner& planner,
                                         const BatchSearchOptions& o) {
   BatchSearchResult res;
-  FERRY_ASSIGN_OR_RETURN(Probe lo, probe(problem_at, planner, 1, res.probes));
+  const Planner& fits = o.fit_planner ? o.fit_planner : planner;
+  FERRY_ASSIGN_OR_RETURN(Probe lo, probe(problem_at, fits, 1, res.probes));
   if (!lo.plan) {
     return resource_exhausted("plan: not even batch 1 fits (gpu {:.2f} GB, host {:.2f} GB)",
                               lo.problem.gpu_cap_gb, lo.problem.host_cap_gb);
@@ -70,14 +71,25 @@ Result<BatchSearchResult> largest_batch(const ProblemAt& problem_at, const Plann
       fastest = pr;
     }
   };
-  consider(lo);
+  // Only `planner`'s plans: with a fit planner, its plans are not the ones the search returns;
+  // the batches it found fitting are solved by `planner` for the fallback below when needed.
+  const bool fit_plans_count = !o.fit_planner;
+  std::vector<int> fit_batches;
+  const auto fitted = [&](const Probe& pr) {
+    if (fit_plans_count) {
+      consider(pr);
+    } else if (pr.plan) {
+      fit_batches.push_back(pr.problem.batch_size);
+    }
+  };
+  fitted(lo);
   // Doubling, then bisection between the last fitting and the first failing batch.
   int good = 1, bad = -1;
   Probe best = std::move(lo);
   while (bad < 0 && good < o.max_batch) {
     const int b = std::min(o.max_batch, good * 2);
-    FERRY_ASSIGN_OR_RETURN(Probe pr, probe(problem_at, planner, b, res.probes));
-    consider(pr);
+    FERRY_ASSIGN_OR_RETURN(Probe pr, probe(problem_at, fits, b, res.probes));
+    fitted(pr);
     if (pr.plan) {
       good = b;
       best = std::move(pr);
@@ -87,14 +99,24 @@ Result<BatchSearchResult> largest_batch(const ProblemAt& problem_at, const Plann
   }
   while (bad > 0 && bad - good > 1) {
     const int mid = good + (bad - good) / 2;
-    FERRY_ASSIGN_OR_RETURN(Probe pr, probe(problem_at, planner, mid, res.probes));
-    consider(pr);
+    FERRY_ASSIGN_OR_RETURN(Probe pr, probe(problem_at, fits, mid, res.probes));
+    fitted(pr);
     if (pr.plan) {
       good = mid;
       best = std::move(pr);
     } else {
       bad = mid;
     }
+  }
+  if (!fit_plans_count) {
+    // The largest fitting batch, solved by the planner itself; it fits there too (the fit
+    // planner's contract), so "does not fit" here is a broken twin, returned as an error.
+    FERRY_ASSIGN_OR_RETURN(Probe pr, probe(problem_at, planner, good, res.probes));
+    if (!pr.plan) {
+      return internal_error("plan: batch {} fits by the fit planner but not by the planner", good);
+    }
+    consider(pr);
+    best = std::move(pr);
   }
   res.largest_fitting = good;
   res.batch = good;
@@ -117,6 +139,16 @@ Result<BatchSearchResult> largest_batch(const ProblemAt& problem_at, const Plann
         break;
       }
       stop = optimizer_over(*pr.plan, o.max_exposed_fraction);
+    }
+    if (!res.exposure_ok && !fit_plans_count) {
+      // The fallback chooses among the batches the search solved; with a fit planner those of the
+      // doubling and bisection were not solved by `planner` yet: solve them now, so that the
+      // choice is the one the search without a fit planner makes.
+      for (int b : fit_batches) {
+        if (b == good) continue;
+        FERRY_ASSIGN_OR_RETURN(Probe pr, probe(problem_at, planner, b, res.probes));
+        consider(pr);
+      }
     }
     if (!res.exposure_ok) {
       // None within the limit: the batch of the highest throughput among those solved.

@@ -34,6 +34,12 @@ struct BatchSearchOptions {
   int max_batch = 1024;
   bool require_low_exposure = true;
   double max_exposed_fraction = 0.02;  // GPU idle "near zero": <= 2 % of the step
+  // When set, the doubling and bisection (where some plan fits: monotone in the batch) ask this
+  // planner, and `planner` solves only the largest fitting batch and the exposure walk-down. For a
+  // planner whose fitting does not depend on a choice it searches (ferry plan's search over
+  // GPU-resident layers: resident bytes only add memory, so K = 0 fits wherever any K fits), a
+  // cheaper twin that fits exactly where `planner` does.
+  Planner fit_planner;
 };
 
 struct BatchSearchResult {

@@ -66,6 +66,9 @@ TEST(Resident, SearchWithMilpEqualsExactOverEveryK) {
     if (n % 3 == 0) testing::add_keep_costs(rng, p, 0.1, 1.0);
     if (n % 7 == 3) p.device_update_layers = 1 + static_cast<int>(rng() % L);
     add_resident_costs(rng_res, p, 0.8);
+    // The measured resident saving (resident_saving_test.cpp) on some: a constant at each K, so
+    // the search's optimum over K moves with it, the MILP's and the exact solver's alike.
+    if (n % 4 == 1) p.resident_saved_ms = testing::uniform(rng_res, 0.5, 5.0);
     SCOPED_TRACE(::testing::Message() << "instance " << n << " L=" << L << " opt "
                                       << p.cpu_optimizer_ms << " tail " << p.device_update_layers);
     // The exact optimum over every K.
