@@ -409,21 +409,27 @@ Status resolve_host_state(PlanConfig& c) {
   return ok_status();
 }
 
-// --from-bench: the bench's all-on-GPU run as a measured profile; every benched policy priced
-// under it next to its measured step time (plan/bench_profile.h).
-Status run_from_bench(const PlanConfig& c) {
-  std::ifstream in(c.from_bench);
-  if (!in) return not_found("plan: --from-bench {}: cannot open", c.from_bench);
+// A `ferry bench train --json` report given as `flag` (a clear error for a missing, unparsable or
+// other file).
+Result<Json> read_bench_report(const std::string& path, const char* flag) {
+  std::ifstream in(path);
+  if (!in) return not_found("plan: {} {}: cannot open", flag, path);
   Json report;
   try {
     report = Json::parse(in);
   } catch (const std::exception& e) {
-    return corrupt("plan: --from-bench {}: {}", c.from_bench, e.what());
+    return corrupt("plan: {} {}: {}", flag, path, e.what());
   }
   if (report.value("bench", "") != "train") {
-    return invalid_argument("plan: --from-bench {} is not a `ferry bench train` report",
-                            c.from_bench);
+    return invalid_argument("plan: {} {} is not a `ferry bench train` report", flag, path);
   }
+  return report;
+}
+
+// --from-bench: the bench's all-on-GPU run as a measured profile; every benched policy priced
+// under it next to its measured step time (plan/bench_profile.h).
+Status run_from_bench(const PlanConfig& c) {
+  FERRY_ASSIGN_OR_RETURN(const Json report, read_bench_report(c.from_bench, "--from-bench"));
   // The benched model: the built-in Qwen3 layout at the report's geometry (train_bench.h).
   const Json& g = report.at("geometry");
   const train::BuiltinModelSpec spec{.layers = g.at("layers").get<int>(),
@@ -441,18 +447,8 @@ Status run_from_bench(const PlanConfig& c) {
   FERRY_ASSIGN_OR_RETURN(const plan::MachineSpec machine, machine_spec(c));  // link rates
   Json resident;  // --from-bench-resident: the resident-saving term's run
   if (!c.from_bench_resident.empty()) {
-    std::ifstream rin(c.from_bench_resident);
-    if (!rin)
-      return not_found("plan: --from-bench-resident {}: cannot open", c.from_bench_resident);
-    try {
-      resident = Json::parse(rin);
-    } catch (const std::exception& e) {
-      return corrupt("plan: --from-bench-resident {}: {}", c.from_bench_resident, e.what());
-    }
-    if (resident.value("bench", "") != "train") {
-      return invalid_argument("plan: --from-bench-resident {} is not a `ferry bench train` report",
-                              c.from_bench_resident);
-    }
+    FERRY_ASSIGN_OR_RETURN(resident,
+                           read_bench_report(c.from_bench_resident, "--from-bench-resident"));
   }
   FERRY_ASSIGN_OR_RETURN(
       const plan::BenchPrediction b,

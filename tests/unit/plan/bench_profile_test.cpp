@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "bench_report_util.h"
 #include "plan/evaluate.h"
 #include "plan/geometry.h"
 #include "plan/policies.h"
@@ -15,36 +16,16 @@
 namespace ferry::plan {
 namespace {
 
-constexpr int kL = 4;
+constexpr int kL = testing::kBenchLayers;
 
-model::ModelConfig four_layers() {
-  auto cfg = builtin_geometry("qwen2.5-0.5b");
-  EXPECT_TRUE(cfg.ok());
-  model::ModelConfig c = *cfg;
-  c.num_hidden_layers = kL;
-  return c;
-}
+model::ModelConfig four_layers() { return testing::four_layer_model(); }
 
 // Windows f0..f3, loss, b3..b0: forward 10 ms (+2 exposed), loss 5, backward 30 ms.
 Json policy(const std::string& name, double step_ms, double exposed_ms) {
-  Json measured = Json::array(), exposed = Json::array();
-  for (int t = 0; t < 2 * kL + 1; ++t) {
-    const bool fwd = t < kL, loss = t == kL;
-    measured.push_back(fwd ? 12.0 : loss ? 5.0 : 30.0);
-    exposed.push_back(fwd ? 2.0 : 0.0);
-  }
-  return {{"policy", name},
-          {"step_ms_mean", step_ms},
-          {"exposed_ms_per_step", exposed_ms},
-          {"optimizer_busy_s", 0.5},  // over 5 steps: 100 ms per step
-          {"windows", {{"measured_ms", measured}, {"measured_exposed_ms", exposed}}}};
+  return testing::bench_run(name, step_ms, {{"exposed_ms_per_step", exposed_ms}});
 }
 
-Json report(std::vector<Json> policies) {
-  return {{"bench", "train"}, {"device", "test"},    {"geometry", {{"layers", kL}}},
-          {"batch", 2},       {"seq", 256},          {"steps", 4},
-          {"warmup", 1},      {"policies", policies}};
-}
+Json report(std::vector<Json> policies) { return testing::bench_report(std::move(policies)); }
 
 TEST(BenchProfile, ProfileFromTheDeviceRunAndPredictionsPerPolicy) {
   const model::ModelConfig cfg = four_layers();

@@ -7,6 +7,7 @@
 // memory (the term is a cost, never a constraint). Random instances: milp_exact_test.cpp.
 #include <gtest/gtest.h>
 
+#include "bench_report_util.h"
 #include "plan/bench_profile.h"
 #include "plan/evaluate.h"
 #include "plan/exact.h"
@@ -20,37 +21,17 @@ namespace {
 
 // ---- from a bench report -------------------------------------------------------------------
 
-constexpr int kL = 4;
+constexpr int kL = testing::kBenchLayers;
 
-model::ModelConfig four_layers() {
-  auto cfg = builtin_geometry("qwen2.5-0.5b");
-  EXPECT_TRUE(cfg.ok());
-  model::ModelConfig c = *cfg;
-  c.num_hidden_layers = kL;
-  return c;
-}
+model::ModelConfig four_layers() { return testing::four_layer_model(); }
 
-// As bench_profile_test.cpp: forward windows 12 ms (2 exposed), loss 5, backward 30.
 Json policy(const std::string& name, double step_ms, double act_bytes, int batch = 2) {
-  Json measured = Json::array(), exposed = Json::array();
-  for (int t = 0; t < 2 * kL + 1; ++t) {
-    measured.push_back(t < kL ? 12.0 : t == kL ? 5.0 : 30.0);
-    exposed.push_back(t < kL ? 2.0 : 0.0);
-  }
-  return {{"policy", name},
-          {"batch_size", batch},
-          {"step_ms_mean", step_ms},
-          {"exposed_ms_per_step", 8.0},
-          {"act_bytes_per_step", act_bytes},
-          {"optimizer_busy_s", 0.5},
-          {"windows", {{"measured_ms", measured}, {"measured_exposed_ms", exposed}}}};
+  return testing::bench_run(
+      name, step_ms,
+      {{"batch_size", batch}, {"exposed_ms_per_step", 8.0}, {"act_bytes_per_step", act_bytes}});
 }
 
-Json report(std::vector<Json> policies) {
-  return {{"bench", "train"}, {"device", "test"},    {"geometry", {{"layers", kL}}},
-          {"batch", 2},       {"seq", 256},          {"steps", 4},
-          {"warmup", 1},      {"policies", policies}};
-}
+Json report(std::vector<Json> policies) { return testing::bench_report(std::move(policies)); }
 
 const BenchCheck& check(const BenchPrediction& b, const std::string& policy) {
   for (const BenchCheck& c : b.checks) {

@@ -9,6 +9,7 @@
 
 #include <random>
 
+#include "bench_report_util.h"
 #include "plan/bench_profile.h"
 #include "plan/cost_model.h"
 #include "plan/evaluate.h"
@@ -23,43 +24,17 @@
 namespace ferry::plan {
 namespace {
 
-constexpr int kL = 4;
+model::ModelConfig four_layers() { return testing::four_layer_model(); }
 
-model::ModelConfig four_layers() {
-  auto cfg = builtin_geometry("qwen2.5-0.5b");
-  EXPECT_TRUE(cfg.ok());
-  model::ModelConfig c = *cfg;
-  c.num_hidden_layers = kL;
-  return c;
-}
-
-// A device run as `ferry bench train --json` reports it (windows as bench_profile_test.cpp's).
 Json device_run(double step_ms, int resident_layers, int batch = 2) {
-  Json measured = Json::array(), exposed = Json::array();
-  for (int t = 0; t < 2 * kL + 1; ++t) {
-    measured.push_back(t < kL ? 12.0 : t == kL ? 5.0 : 30.0);
-    exposed.push_back(t < kL ? 2.0 : 0.0);
-  }
-  return {{"policy", "device"},
-          {"batch_size", batch},
-          {"resident_layers", resident_layers},
-          {"step_ms_mean", step_ms},
-          {"exposed_ms_per_step", 8.0},
-          {"act_bytes_per_step", 0.0},
-          {"optimizer_busy_s", 0.5},
-          {"windows", {{"measured_ms", measured}, {"measured_exposed_ms", exposed}}}};
+  return testing::bench_run("device", step_ms,
+                            {{"batch_size", batch},
+                             {"resident_layers", resident_layers},
+                             {"exposed_ms_per_step", 8.0},
+                             {"act_bytes_per_step", 0.0}});
 }
 
-Json report(const Json& run, int seq = 256) {
-  return {{"bench", "train"},
-          {"device", "test"},
-          {"geometry", {{"layers", kL}}},
-          {"batch", 2},
-          {"seq", seq},
-          {"steps", 4},
-          {"warmup", 1},
-          {"policies", Json::array({run})}};
-}
+Json report(const Json& run, int seq = 256) { return testing::bench_report({run}, seq); }
 
 TEST(ResidentSaving, FromBenchDerivesTheTermPerResidentLayer) {
   const model::ModelConfig cfg = four_layers();
