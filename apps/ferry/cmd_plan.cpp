@@ -430,7 +430,8 @@ Result<Json> read_bench_report(const std::string& path, const char* flag) {
 // under it next to its measured step time (plan/bench_profile.h).
 Status run_from_bench(const PlanConfig& c) {
   FERRY_ASSIGN_OR_RETURN(const Json report, read_bench_report(c.from_bench, "--from-bench"));
-  // The benched model: the built-in Qwen3 layout at the report's geometry (train_bench.h).
+  // The benched model: the built-in layout of the report's architecture (`arch`: qwen3, the bench's
+  // default, or qwen2; reports before it was recorded: qwen3) at its geometry (train_bench.h).
   const Json& g = report.at("geometry");
   const train::BuiltinModelSpec spec{.layers = g.at("layers").get<int>(),
                                      .hidden = g.at("hidden").get<int>(),
@@ -440,7 +441,12 @@ Status run_from_bench(const PlanConfig& c) {
                                      .intermediate = g.at("intermediate").get<int>(),
                                      .max_positions = report.at("seq").get<int>(),
                                      .vocab = g.value("vocab", train::kBuiltinVocab),
-                                     .tie_embeddings = g.value("tie_embeddings", true)};
+                                     .tie_embeddings = g.value("tie_embeddings", true),
+                                     .model_type = report.value("arch", std::string("qwen3"))};
+  if (!train::known_builtin_model_type(spec.model_type)) {
+    return invalid_argument("plan: --from-bench {}: unknown arch {}", c.from_bench,
+                            spec.model_type);
+  }
   FERRY_ASSIGN_OR_RETURN(
       model::ModelConfig cfg,
       model::parse_model_config_text(train::builtin_config_json(spec), "bench train geometry"));

@@ -86,6 +86,7 @@ Status measure_resident_saved(const Json& report, const Json& dev, const Json& r
   }
   if (rdev->value("batch_size", -1) != dev.value("batch_size", -2) ||
       resident.value("seq", -1) != report.value("seq", -2) ||
+      resident.value("arch", std::string("qwen3")) != report.value("arch", std::string("qwen3")) ||
       resident.value("geometry", Json()) != report.value("geometry", Json())) {
     return invalid_argument(
         "plan: the resident-layers report is of another model, batch or sequence length than "

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "core/file_util.h"
+#include "core/log.h"
 #include "plan/cost_model.h"
 
 namespace ferry::plan {
@@ -150,6 +151,24 @@ Result<Profile> read_profile(const std::string& path, const model::ModelConfig& 
   FERRY_ASSIGN_OR_RETURN(Json j, parse_json(text, path));
   Result<Profile> p = profile_from_json(j, cfg);
   if (!p.ok()) return p.status().with_context(path);
+  // "<model_type>-L..-C..-...": the shapes after the first "-L".
+  const auto shapes = [](const std::string& key) {
+    const std::size_t at = key.find("-L");
+    return at == std::string::npos ? key : key.substr(at);
+  };
+  const std::string want = geometry_key(cfg);
+  if (shapes(p->geometry) != shapes(want)) {
+    return invalid_argument(
+        "plan: profile {} was measured on {}, this plan is for {}: its times are another "
+        "model's (measure this one: ferry bench train + ferry plan --from-bench)",
+        path, p->geometry, want);
+  }
+  if (p->geometry != want) {
+    log::get("plan")->warn(
+        "profile {} was measured on {}, this plan is for {}: the same shapes, another "
+        "architecture",
+        path, p->geometry, want);
+  }
   return p;
 }
 

@@ -86,6 +86,10 @@ Json to_json(const Profile& p);
 // cfg: the model the profile is read for; gives a layer without "reforward_ms" (an old profile)
 // rec_ms x reforward_flop_share(cfg, layer, the profile's seq_len).
 Result<Profile> profile_from_json(const Json& j, const model::ModelConfig& cfg);
+// read_profile also refuses a profile of other shapes than cfg's (its geometry key past the
+// architecture: layers, widths, heads, vocabulary, experts): its times are another model's. An
+// architecture-only difference (qwen2 vs qwen3 of the same shapes: profiles written by --from-bench
+// before it read the report's arch were keyed qwen3) is logged as a warning and read.
 Result<Profile> read_profile(const std::string& path, const model::ModelConfig& cfg);
 Status write_profile(const std::string& path, const Profile& p);
 

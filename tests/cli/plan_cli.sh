@@ -135,4 +135,26 @@ set +e
 "$FERRY" plan --from-bench "$TMP/err" > /dev/null 2> "$TMP/err2"; rc=$?
 set -e
 [ "$rc" -ne 0 ] && grep -q "from-bench" "$TMP/err2" || { echo "bad report not refused"; exit 1; }
+# A Qwen2 bench (--arch qwen2, session 17 on the H200) with its resident-layers run: the profile
+# is keyed by the benched architecture and carries the measured resident saving; a plan for other
+# shapes refuses it, a plan for the same shapes of the other architecture reads it with a warning.
+R17="$ROOT/bench/plan/results/h200_2026-12-02_s17_profile_bench_qwen2.5-3b"
+"$FERRY" plan --from-bench "${R17}_device_host.json" --from-bench-resident "${R17}_device_resident.json" \
+  --write-profile "$TMP/q2.json" > "$TMP/out" 2> "$TMP/err" ||
+  { echo "from-bench qwen2 failed"; cat "$TMP/err"; exit 1; }
+grep -q "^resident saving: [0-9.]* ms/layer (.*K = 36 resident layers" "$TMP/out" ||
+  { echo "no resident saving"; cat "$TMP/out"; exit 1; }
+python3 -c 'import json,sys; p=json.load(open(sys.argv[1])); assert p["geometry"].startswith("qwen2-L36-"), p["geometry"]; assert p["resident_saved_ms"] > 0' "$TMP/q2.json"
+set +e
+"$FERRY" plan --geometry qwen2.5-7b --seq-len 1024 --batch-size 4 --gpu-mem-gb 80 --host-mem-gb 200 \
+  --profile "$TMP/q2.json" --no-policies > /dev/null 2> "$TMP/err3"; rc=$?
+set -e
+[ "$rc" -ne 0 ] && grep -q "another model's" "$TMP/err3" ||
+  { echo "a profile of other shapes was not refused"; cat "$TMP/err3"; exit 1; }
+sed 's/"qwen2-L36-/"qwen3-L36-/' "$TMP/q2.json" > "$TMP/q3.json"
+"$FERRY" plan --geometry qwen2.5-3b --seq-len 1024 --batch-size 4 --gpu-mem-gb 80 --host-mem-gb 200 \
+  --profile "$TMP/q3.json" --no-policies > /dev/null 2> "$TMP/err4" ||
+  { echo "a same-shapes profile of the other architecture failed"; cat "$TMP/err4"; exit 1; }
+grep -q "the same shapes, another architecture" "$TMP/err4" ||
+  { echo "no architecture warning"; cat "$TMP/err4"; exit 1; }
 echo "plan cli: ok"
