@@ -33,7 +33,9 @@ struct CbcOutcome {
 
 int no_callback(CbcModel*, int) { return 0; }
 
-CbcOutcome run_cbc(const LinearModel& m, const SolveOptions& o) {
+// objective_floor: a lower bound on the whole objective (incl. the model's constant), the scale of
+// the absolute gap below.
+CbcOutcome run_cbc(const LinearModel& m, const SolveOptions& o, double objective_floor) {
   const auto t0 = std::chrono::steady_clock::now();
   auto osi = detail::make_osi(m);
   CbcModel model(*osi);
@@ -47,9 +49,9 @@ CbcOutcome run_cbc(const LinearModel& m, const SolveOptions& o) {
   const std::string ratio = fmt::format("{:g}", o.rel_gap);
   // CBC's ratio gap is relative to its own objective, which leaves out the model's constant (the
   // step's fixed part: most of a 3B step), so rel_gap of the whole objective is also given as an
-  // absolute gap: rel_gap x the constant (a lower bound on the whole objective's size).
+  // absolute gap: rel_gap x a lower bound on the whole objective.
   const std::string absolute =
-      fmt::format("{:g}", std::max(1e-7, o.rel_gap * std::max(0.0, m.obj_constant)));
+      fmt::format("{:g}", std::max(1e-7, o.rel_gap * std::max(0.0, objective_floor)));
   const std::string log = std::to_string(o.log_level);
   const char* argv[] = {"ferry-plan",     "-timeMode", "elapsed",     "-seconds",
                         seconds.c_str(),  "-ratioGap", ratio.c_str(), "-allowableGap",
@@ -88,12 +90,17 @@ Status no_fit_status(const PlanProblem& p) {
 Result<Plan> solve_milp(const PlanProblem& p, const SolveOptions& o) {
   FERRY_TRY(validate(p));
   const ScheduleModel sm(p);
-  const CbcOutcome r = run_cbc(sm.model(), o);
+  // The step is at least the constant (the GPU's fixed work) and at least the CPU optimizer's phase
+  // (less the resident saving, which comes off after the max).
+  const double floor =
+      std::max(sm.model().obj_constant, optimizer_phase_ms(p) - resident_saved_total_ms(p));
+  const CbcOutcome r = run_cbc(sm.model(), o, floor);
   // The best fixed policy within the model (span <= max_span), if it beats CBC's incumbent. Also
   // tried when CBC says infeasible: a fitting fixed policy is a proof that it is not, and a few LP
   // solves cost nothing next to a wrong "no plan fits".
   std::optional<Plan> seed;
-  if (o.seed_with_fixed_policies && !r.optimal) {
+  // Also when CBC stopped at the gap (rel_gap > 0): a fixed policy within it may be better.
+  if (o.seed_with_fixed_policies && (!r.optimal || o.rel_gap > 0)) {
     for (const FixedPolicy& pol : fixed_policies(p.num_layers)) {
       if (pol.span > p.max_span) continue;
       Result<Plan> fp = solve_policy(p, pol);
@@ -108,7 +115,9 @@ Result<Plan> solve_milp(const PlanProblem& p, const SolveOptions& o) {
   if (seed) {
     seed->policy = "solved";
     seed->solver.solver = "cbc+seed";
-    seed->solver.status = r.time_limit ? "time_limit" : "cbc_no_incumbent";
+    seed->solver.status = r.time_limit ? "time_limit"
+                          : r.optimal  ? "within_gap"
+                                       : "cbc_no_incumbent";
     seed->solver.bound_ms = r.has_solution ? r.bound : 0;
     const double obj = seed->solver.objective_ms;
     seed->solver.gap = obj > 0 ? std::max(0.0, (obj - seed->solver.bound_ms) / obj) : 0;
@@ -173,7 +182,7 @@ Result<Plan> solve_fixed(const PlanProblem& p, const std::vector<Home>& homes,
 Result<CapacityBound> min_capacity(const PlanProblem& p, Tier tier, const SolveOptions& o) {
   FERRY_TRY(validate(p));
   const ScheduleModel sm(p, &tier);
-  const CbcOutcome r = run_cbc(sm.model(), o);
+  const CbcOutcome r = run_cbc(sm.model(), o, sm.model().obj_constant);
   if (!r.has_solution) {
     return resource_exhausted("plan: no {} capacity makes batch {} fit the other budgets",
                               to_string(tier), p.batch_size);

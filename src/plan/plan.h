@@ -96,8 +96,11 @@ struct Prediction {
 
 struct SolverInfo {
   std::string solver;  // "cbc", "exact", "fixed"
-  std::string status;  // "optimal", "time_limit" (incumbent kept), "cbc_no_incumbent" (CBC stopped
-                       // early without a plan; the best fixed policy kept), "evaluated",
+  std::string status;  // "optimal" (proven within SolveOptions::rel_gap: `gap` says how close),
+                       // "time_limit" (incumbent kept), "cbc_no_incumbent" (CBC stopped
+                       // early without a plan; the best fixed policy kept), "within_gap" (CBC
+                       // stopped at rel_gap and a fixed policy beat its plan: that one kept),
+                       // "evaluated",
                        // "fixed_kept:<policy>" (ferry plan's executor check: that fixed policy,
                        // as the executor holds it, predicted faster than the MILP's plan)
   double objective_ms = 0;  // the solver's own objective value
