@@ -216,6 +216,14 @@ plan::Planner for_executor(plan::Planner solve, const std::optional<ExecutorTarg
       resident, reserve);
 }
 
+// CBC's options for the plan's own solve and for the batch-search probes (at most 10 s each).
+plan::SolveOptions solve_options(const PlanConfig& c) {
+  return {.time_limit_s = c.time_limit_s, .rel_gap = c.mip_gap};
+}
+plan::SolveOptions probe_options(const PlanConfig& c) {
+  return {.time_limit_s = std::min(c.time_limit_s, 10.0), .rel_gap = c.mip_gap};
+}
+
 PlanConfig with_resident(const PlanConfig& c, int k) {
   PlanConfig z = c;
   z.resident_layers = k;
@@ -321,9 +329,8 @@ Status run_compare(const PlanConfig& c, const model::ModelConfig& cfg, int batch
               {"caps", Json::array()}};
   for (double gpu : caps) {
     FERRY_ASSIGN_OR_RETURN(plan::ProblemAt at, make_problem_at(c, cfg, gpu, exec));
-    const plan::SolveOptions solve{.time_limit_s = c.time_limit_s, .rel_gap = c.mip_gap};
-    const plan::SolveOptions probe{.time_limit_s = std::min(c.time_limit_s, 10.0),
-                                   .rel_gap = c.mip_gap};
+    const plan::SolveOptions solve = solve_options(c);
+    const plan::SolveOptions probe = probe_options(c);
     const plan::Planner solve_full = for_executor(
         [&](const plan::PlanProblem& p) { return plan::solve_milp(p, solve); }, exec, cfg, c);
     const plan::Planner solve_probe = for_executor(
@@ -497,7 +504,7 @@ Status print_resident(const PlanConfig& c, const model::ModelConfig& cfg,
                                                  : "--resident-layers 0");
     return ok_status();
   }
-  const plan::SolveOptions solve{.time_limit_s = c.time_limit_s, .rel_gap = c.mip_gap};
+  const plan::SolveOptions solve = solve_options(c);
   auto none = for_executor([&](const plan::PlanProblem& q) { return plan::solve_milp(q, solve); },
                            exec, cfg, with_resident(c, 0))(p0);
   std::string change = "no plan fits at K = 0";
@@ -562,9 +569,8 @@ Status run_plan_status() {
 
   FERRY_ASSIGN_OR_RETURN(const std::optional<ExecutorTarget> exec, executor_of(c));
   FERRY_ASSIGN_OR_RETURN(plan::ProblemAt at, make_problem_at(c, cfg, c.gpu_mem_gb, exec));
-  const plan::SolveOptions solve{.time_limit_s = c.time_limit_s, .rel_gap = c.mip_gap};
-  const plan::SolveOptions probe{.time_limit_s = std::min(c.time_limit_s, 10.0),
-                                 .rel_gap = c.mip_gap};
+  const plan::SolveOptions solve = solve_options(c);
+  const plan::SolveOptions probe = probe_options(c);
   const plan::Planner solve_probe = for_executor(
       [&](const plan::PlanProblem& p) { return plan::solve_milp(p, probe); }, exec, cfg, c);
   const plan::Planner solve_diagnosed = for_executor(
@@ -633,7 +639,7 @@ Status write_training_plan(const TrainingPlanRequest& r, const std::string& out_
   FERRY_ASSIGN_OR_RETURN(const std::optional<ExecutorTarget> exec, executor_of(c));
   FERRY_ASSIGN_OR_RETURN(plan::ProblemAt at, make_problem_at(c, r.config, c.gpu_mem_gb, exec));
   FERRY_ASSIGN_OR_RETURN(plan::PlanProblem p0, at(r.batch_size));
-  const plan::SolveOptions solve{.time_limit_s = c.time_limit_s, .rel_gap = c.mip_gap};
+  const plan::SolveOptions solve = solve_options(c);
   FERRY_ASSIGN_OR_RETURN(
       plan::Plan solved,
       for_executor([&](const plan::PlanProblem& q) { return plan::solve_or_diagnose(q, solve); },

@@ -99,8 +99,9 @@ Result<Plan> solve_milp(const PlanProblem& p, const SolveOptions& o) {
   // tried when CBC says infeasible: a fitting fixed policy is a proof that it is not, and a few LP
   // solves cost nothing next to a wrong "no plan fits".
   std::optional<Plan> seed;
-  // Also when CBC stopped at the gap (rel_gap > 0): a fixed policy within it may be better.
-  if (o.seed_with_fixed_policies && (!r.optimal || o.rel_gap > 0)) {
+  // Also when CBC stopped at the gap with one left open: a fixed policy within it may be better.
+  const bool gap_left = r.has_solution && r.objective - r.bound > 1e-9 * std::max(1.0, r.objective);
+  if (o.seed_with_fixed_policies && (!r.optimal || gap_left)) {
     for (const FixedPolicy& pol : fixed_policies(p.num_layers)) {
       if (pol.span > p.max_span) continue;
       Result<Plan> fp = solve_policy(p, pol);

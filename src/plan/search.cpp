@@ -64,7 +64,9 @@ Result<BatchSearchResult> largest_batch(const ProblemAt& problem_at, const Plann
   // The fitting probe of the highest throughput (the larger batch on a tie), kept for the case
   // where no batch meets the idle limit.
   std::optional<Probe> fastest;
+  std::vector<int> solved_batches;  // the batches `planner` solved (consider()ed)
   const auto consider = [&](const Probe& pr) {
+    solved_batches.push_back(pr.problem.batch_size);
     if (pr.plan && (!fastest || throughput(pr) > throughput(*fastest) * (1 + 1e-12) ||
                     (throughput(pr) >= throughput(*fastest) * (1 - 1e-12) &&
                      pr.problem.batch_size > fastest->problem.batch_size))) {
@@ -145,7 +147,9 @@ Result<BatchSearchResult> largest_batch(const ProblemAt& problem_at, const Plann
       // doubling and bisection were not solved by `planner` yet: solve them now, so that the
       // choice is the one the search without a fit planner makes.
       for (int b : fit_batches) {
-        if (b == good) continue;
+        if (std::find(solved_batches.begin(), solved_batches.end(), b) != solved_batches.end()) {
+          continue;  // the largest fitting batch or one the walk-down solved
+        }
         FERRY_ASSIGN_OR_RETURN(Probe pr, probe(problem_at, planner, b, res.probes));
         consider(pr);
       }

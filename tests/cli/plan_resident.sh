@@ -15,16 +15,8 @@ FERRY="$1"; ROOT="$2"
 TMP="$(mktemp -d)"; trap 'rm -rf "$TMP"' EXIT
 export FERRY_CACHE_DIR="$TMP/cache"
 
-mkdir -p "$TMP/m"
-python3 - "$TMP/m/config.json" <<'PY'
-import json, sys
-json.dump({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 259,
-           "hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 12,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-           "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-           "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": True},
-          open(sys.argv[1], "w"))
-PY
+source "$ROOT/tests/cli/lib/bench_model_dir.sh"
+bench_model_dir "$TMP/m"
 optim=(--master bf16-kahan --optimizer-states 8bit)
 plan=(plan --model "$TMP/m" --seq-len 64 --host-mem-gb 8 --time-limit-s 5 --executor-device cpu
       "${optim[@]}")

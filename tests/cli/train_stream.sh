@@ -289,16 +289,8 @@ echo "train_stream: bench train reported every policy"
 # sizes GPU memory as the stream executor allocates it (--executor-device). (The cost model's
 # estimate, --executor-device none, solved batch 64 for Qwen2.5-3B at 24 GB on the H200, where the
 # executor held 25; at this size its reserved CUDA context alone exceeds the cap.)
-mkdir -p "$TMP/m"
-python3 - "$TMP/m/config.json" <<'PY'
-import json, sys
-json.dump({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 259,
-           "hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 12,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-           "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-           "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": True},
-          open(sys.argv[1], "w"))
-PY
+source "$ROOT/tests/cli/lib/bench_model_dir.sh"
+bench_model_dir "$TMP/m"
 "$FERRY" plan --model "$TMP/m" --seq-len 64 --batch-size auto --max-batch 64 \
   --gpu-mem-gb 0.004194304 --host-mem-gb 8 --time-limit-s 5 --executor-device cpu \
   --no-policies --json "$TMP/solved.json" > "$TMP/pl.log" 2>&1 ||
