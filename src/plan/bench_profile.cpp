@@ -37,10 +37,9 @@ Result<Plan> price_policy(const PlanProblem& problem, const std::string& plan_na
 // predicts between them (problem: the profile without the term), per GB of boundaries the host run
 // homed off the GPU, clamped at >= 0. The GB homed: act_bytes_per_step / 2 (the bench counts both
 // directions; every homed boundary goes out once and comes back once), in the planner's unit (f32
-// boundaries of B x S x hidden, PlanProblem::boundary_gb). The executor's host policy homes the
-// first layer's input too (the planner keeps boundary 0 on the GPU), so the bytes are L
-// boundaries, the planner's all-host L-1. Without a host run at the device run's batch: 0 and an
-// empty measured_by.
+// boundaries of B x S x hidden, PlanProblem::boundary_gb): L boundaries, 0..L-1, as the
+// executor's host policy and the planner's all-host both home them. Without a host run at the
+// device run's batch: 0 and an empty measured_by.
 Status measure_host_home(const Json& report, const Json& dev, const PlanProblem& problem,
                          Profile& prof) {
   prof.host_home_ms_per_gb = 0;

@@ -10,8 +10,10 @@ namespace ferry::plan {
 Choice all_materialized(int num_layers, Home home) {
   FERRY_CHECK(num_layers >= 1 && home != Home::kRecompute, "plan: bad all_materialized call");
   Choice c;
+  // Boundary 0 (the embedding's output) too, as the executor's host policy homes it; boundary L
+  // feeds the loss on the GPU.
   c.homes.assign(num_layers + 1, home);
-  c.homes[0] = c.homes[num_layers] = Home::kGpu;
+  c.homes[num_layers] = Home::kGpu;
   for (int i = 0; i < num_layers; ++i) c.spans.push_back(Span{i, i + 1, false});
   return c;
 }
@@ -26,7 +28,7 @@ Choice checkpoint_every(int num_layers, int k, Home home) {
     c.homes[s] = home;
     c.spans.push_back(Span{s, e, false});
   }
-  c.homes[0] = c.homes[num_layers] = Home::kGpu;
+  c.homes[num_layers] = Home::kGpu;
   return c;
 }
 
@@ -71,8 +73,12 @@ long long for_each_choice(const PlanProblem& p, const std::function<void(const C
   Enumerator en{p, visit, {Home::kGpu, Home::kHost}, {}, 0};
   if (p.has_nvme()) en.homes_available.push_back(Home::kNvme);
   en.cur.homes.assign(p.num_layers + 1, Home::kRecompute);
-  en.cur.homes[0] = en.cur.homes[p.num_layers] = Home::kGpu;
-  en.extend(0);
+  en.cur.homes[p.num_layers] = Home::kGpu;
+  // Boundary 0 is always materialized (every path leaves it), in any tier.
+  for (Home h : en.homes_available) {
+    en.cur.homes[0] = h;
+    en.extend(0);
+  }
   return en.count;
 }
 

@@ -70,8 +70,8 @@ Result<Prediction> evaluate(const PlanProblem& p, const Plan& plan) {
                               to_string(plan.homes[i]));
     }
   }
-  if (plan.homes[0] != Home::kGpu || plan.homes[L] != Home::kGpu) {
-    return invalid_argument("plan: boundaries 0 and {} must stay on the gpu", L);
+  if (plan.homes[L] != Home::kGpu) {
+    return invalid_argument("plan: boundary {} (the loss's input) must stay on the gpu", L);
   }
   if (!plan.keep_internals.empty() && static_cast<int>(plan.keep_internals.size()) != L) {
     return invalid_argument("plan: {} keep-internals flags for {} layers",
@@ -164,7 +164,7 @@ Result<Prediction> evaluate(const PlanProblem& p, const Plan& plan) {
   std::vector<std::vector<double>> h2d_at(L + 1, std::vector<double>(T, 0));
   for (const Transfer& x : plan.transfers) {
     const int i = x.boundary;
-    if (i < 1 || i >= L || !offloaded(plan.homes[i])) {
+    if (i < 0 || i >= L || !offloaded(plan.homes[i])) {
       return invalid_argument("plan: transfer of boundary {}, which is not offloaded", i);
     }
     if (x.nvme != (plan.homes[i] == Home::kNvme) || !(x.gb >= 0) || !std::isfinite(x.gb)) {
@@ -183,7 +183,7 @@ Result<Prediction> evaluate(const PlanProblem& p, const Plan& plan) {
     (x.to_gpu ? h2d_at : d2h_at)[i][x.window] += x.gb;
     moved += x.gb;
   }
-  for (int i = 1; i < L; ++i) {
+  for (int i = 0; i < L; ++i) {
     const double want = offloaded(plan.homes[i]) ? A[i] : 0.0;
     const double tol = kGbTolerance * std::max(1.0, A[i]);
     if (std::abs(out_gb[i] - want) > tol || std::abs(in_gb[i] - want) > tol) {
@@ -193,12 +193,11 @@ Result<Prediction> evaluate(const PlanProblem& p, const Plan& plan) {
   }
 
   // Boundary residency on the GPU.
-  for (int t = 0; t < T; ++t) gpu[t] += A[0];  // boundary 0: whole step
-  gpu[L - 1] += A[L];                          // boundary L: written in f_{L-1}, read by loss
+  gpu[L - 1] += A[L];  // boundary L: written in f_{L-1}, read by loss
   gpu[L] += A[L];
-  for (int i = 1; i < L; ++i) {
-    gpu[i - 1] += A[i];  // being written by layer i-1 ...
-    gpu[i] += A[i];      // ... and read by layer i, whatever its home
+  for (int i = 0; i < L; ++i) {
+    if (i >= 1) gpu[i - 1] += A[i];  // being written by layer i-1 (0: by the embedding) ...
+    gpu[i] += A[i];                  // ... and read by layer i, whatever its home
     if (plan.homes[i] == Home::kGpu) {
       for (int t = i + 1; t <= p.bwd_window(i); ++t) gpu[t] += A[i];
     } else if (offloaded(plan.homes[i])) {
@@ -260,7 +259,7 @@ Result<Prediction> evaluate(const PlanProblem& p, const Plan& plan) {
   r.optimizer_bound_ms = with_optimizer - r.gpu_step_ms - r.optimizer_wait_ms;
   // The host-home term: serial, per GB homed off the GPU (NVMe bytes pass through host memory).
   double homed_gb = 0;
-  for (int i = 1; i < L; ++i) {
+  for (int i = 0; i < L; ++i) {
     if (offloaded(plan.homes[i])) homed_gb += A[i];
   }
   r.host_home_ms = p.host_home_ms_per_gb * homed_gb;
@@ -269,7 +268,7 @@ Result<Prediction> evaluate(const PlanProblem& p, const Plan& plan) {
   r.kept_internals_gb = kept_gb;
   r.objective_ms = r.step_ms + p.move_penalty_ms_per_gb * (moved + kept_gb);
   r.host_peak_gb = p.host_fixed_gb;
-  for (int i = 1; i < L; ++i) {
+  for (int i = 0; i < L; ++i) {
     if (plan.homes[i] == Home::kHost) r.host_peak_gb += A[i];
     if (plan.homes[i] == Home::kNvme) r.nvme_peak_gb += A[i];
   }

@@ -17,8 +17,8 @@ namespace ferry::plan {
 inline constexpr double kGbTolerance = 1e-6;
 
 // Checks the plan is well formed for `p` (a valid path with spans <= max_span, homes consistent
-// with it, boundaries 0 and L on the GPU, every offloaded boundary moved out and back in full in
-// allowed windows) and computes its Prediction. Capacities are not checked here.
+// with it, boundary L on the GPU, every offloaded boundary (0 included) moved out and back in full
+// in allowed windows) and computes its Prediction. Capacities are not checked here.
 Result<Prediction> evaluate(const PlanProblem& p, const Plan& plan);
 
 // resource_exhausted naming the first tier (and window) over capacity, else ok.

@@ -18,8 +18,9 @@
 //                  residual add; skipped when the plan keeps layer j's internals:
 //                  Plan::keep_internals)
 // Boundary i (i = 0..L) is the input of layer i (boundary L feeds the loss); it is produced at the
-// end of window i-1 (boundary 0: before the step, by the embedding gather on the host) and last
-// read by the backward of layer i (boundary L: by the loss window).
+// end of window i-1 (boundary 0: before the step, by the embedding) and last read by the backward
+// of layer i (boundary L: by the loss window). Boundaries 0..L-1 may be homed off the GPU (their
+// transfers then run in windows, boundary 0's from window 0 on); boundary L stays on the GPU.
 #pragma once
 
 #include <string>

@@ -70,7 +70,7 @@ int ScheduleModel::span_col(int s, int e, bool keep) const {
 }
 
 int ScheduleModel::home_col(int i, Home h) const {
-  if (i <= 0 || i >= p_.num_layers) return -1;
+  if (i < 0 || i >= p_.num_layers) return -1;
   switch (h) {
     case Home::kGpu:
       return g_[i];
@@ -122,13 +122,14 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
     keep_[j] = m_.add_col(
         0, 1, -time_w * p.layers[j].keep_saved_ms + pen * p.layers[j].internals_gb, true);
   }
-  // Homes of interior boundaries (0 and L are on the GPU by rule: no columns).
+  // Homes of boundaries 0..L-1 (L feeds the loss on the GPU by rule: no columns). Boundary 0, the
+  // embedding's output, is always materialized and may leave the GPU like any other.
   g_.assign(L + 1, -1);
   c_.assign(L + 1, -1);
   n_.assign(L + 1, -1);
   // An off-GPU home pays the measured host-home term (serial, per GB: PlanProblem
   // host_home_ms_per_gb) on its bytes; NVMe homes too, their bytes pass through host memory.
-  for (int i = 1; i < L; ++i) {
+  for (int i = 0; i < L; ++i) {
     const double home_ms = time_w * p.host_home_ms_per_gb * A[i];
     g_[i] = m_.add_col(0, 1, 0, true);
     c_[i] = m_.add_col(0, 1, home_ms, true);
@@ -137,7 +138,7 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
   // Transfer columns (GB), only in the windows evaluate.h allows; the H2D range is the widest
   // (span end i+1) and the deadline row below narrows it to the chosen span's end.
   xfer_.assign(L + 1, XferCols{});
-  for (int i = 1; i < L; ++i) {
+  for (int i = 0; i < L; ++i) {
     XferCols& x = xfer_[i];
     x.first_d2h = first_d2h_window(p, i);
     x.first_h2d = first_h2d_window(p, i);
@@ -187,6 +188,9 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
     }
     m_.add_row(out0.terms, 1, 1);
     m_.add_row(inL.terms, 1, 1);
+    Expr home0;  // boundary 0 has one home
+    for (int col : {g_[0], c_[0], n_[0]}) home0.add(col, 1);
+    m_.add_row(home0.terms, 1, 1);
   }
   for (int i = 1; i < L; ++i) {
     Expr in, out;
@@ -207,7 +211,7 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
   }
 
   // An offloaded boundary moves out in full and back in full, in its tier.
-  for (int i = 1; i < L; ++i) {
+  for (int i = 0; i < L; ++i) {
     const XferCols& x = xfer_[i];
     for (bool to_nvme : {false, true}) {
       if (to_nvme && !nvme) continue;
@@ -245,24 +249,26 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
   {
     Expr host;
     host.constant = p.host_fixed_gb;
-    for (int i = 1; i < L; ++i) host.add(c_[i], A[i]);
+    for (int i = 0; i < L; ++i) host.add(c_[i], A[i]);
     add_cap_row(host, Tier::kHost, p.host_cap_gb);
     if (nvme) {
       Expr nv;
-      for (int i = 1; i < L; ++i) nv.add(n_[i], A[i]);
+      for (int i = 0; i < L; ++i) nv.add(n_[i], A[i]);
       add_cap_row(nv, Tier::kNvme, p.nvme_cap_gb);
     }
   }
   for (int t = 0; t < T; ++t) {
     Expr gpu;
-    gpu.constant = p.gpu_fixed_gb + resident_gpu_gb(p) + A[0];
+    gpu.constant = p.gpu_fixed_gb + resident_gpu_gb(p);
     if (t < L) gpu.constant += p.layers[t].work_fwd_gb;
     if (t == L) gpu.constant += p.loss_work_gb;
     if (t > L) gpu.constant += p.layers[2 * L - t].work_bwd_gb;
     if (t == L - 1 || t == L) gpu.constant += A[L];
-    for (int i = 1; i < L; ++i) {
+    for (int i = 0; i < L; ++i) {
       if (t == i - 1 || t == i) {
-        gpu.constant += A[i];  // written by layer i-1, read by layer i: resident whatever its home
+        // Written by layer i-1 (boundary 0: by the embedding, before window 0), read by layer i:
+        // resident whatever its home.
+        gpu.constant += A[i];
         continue;
       }
       if (t > i && t <= 2 * L - i) gpu.add(g_[i], A[i]);
@@ -335,7 +341,7 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
         }
       }
     }
-    for (int i = 1; i < L; ++i) {
+    for (int i = 0; i < L; ++i) {
       for (bool to_nvme : {false, true}) {
         d2h.add(d2h_col(i, t, to_nvme), 1);
         h2d.add(h2d_col(i, t, to_nvme), 1);
@@ -429,7 +435,7 @@ void ScheduleModel::fix_choice(const std::vector<Home>& homes, const std::vector
     FERRY_CHECK(col >= 0, "plan: fix_choice: span [{}, {}] not in the model", s.start, s.end);
     m_.col_lb[col] = m_.col_ub[col] = 1;
   }
-  for (int i = 1; i < L; ++i) {
+  for (int i = 0; i < L; ++i) {
     for (Home h : {Home::kGpu, Home::kHost, Home::kNvme}) {
       const int col = home_col(i, h);
       if (col < 0) {
@@ -451,7 +457,7 @@ Plan ScheduleModel::extract_plan(const std::vector<double>& sol) const {
   plan.seq_len = p_.seq_len;
   plan.resident_layers = resident_count(p_);
   plan.homes.assign(L + 1, Home::kRecompute);
-  plan.homes[0] = plan.homes[L] = Home::kGpu;
+  plan.homes[L] = Home::kGpu;
   for (int s = 0; s < L;) {
     int next = -1;
     for (int e = s + 1; e <= std::min(L, s + p_.max_span) && next < 0; ++e) {
@@ -467,7 +473,7 @@ Plan ScheduleModel::extract_plan(const std::vector<double>& sol) const {
     FERRY_CHECK(next > s, "plan: solution has no span leaving boundary {}", s);
     s = next;
   }
-  for (int i = 1; i < L; ++i) {
+  for (int i = 0; i < L; ++i) {
     for (Home h : {Home::kGpu, Home::kHost, Home::kNvme}) {
       const int col = home_col(i, h);
       if (col >= 0 && sol[col] > 0.5) plan.homes[i] = h;
@@ -481,7 +487,7 @@ Plan ScheduleModel::extract_plan(const std::vector<double>& sol) const {
   }
   // Transfers below 1 byte are solver noise.
   constexpr double kMinGb = 1e-9;
-  for (int i = 1; i < L; ++i) {
+  for (int i = 0; i < L; ++i) {
     const XferCols& x = xfer_[i];
     for (std::size_t k = 0; k < x.dc.size(); ++k) {
       const int t = x.first_d2h + static_cast<int>(k);

@@ -51,7 +51,7 @@ class ScheduleModel {
 
   // Column of span (s, e) with variant keep (false: re-stream); -1 when it does not exist.
   int span_col(int s, int e, bool keep) const;
-  int home_col(int i, Home h) const;  // g/c/n of an interior boundary; -1 if absent (nvme off)
+  int home_col(int i, Home h) const;  // g/c/n of boundary 0..L-1; -1 if absent (nvme off, L)
   int keep_col(int j) const { return keep_[j]; }  // k of layer j; -1 if not keep_allowed
   int capacity_col() const { return cap_col_; }
 

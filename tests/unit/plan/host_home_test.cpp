@@ -60,7 +60,8 @@ TEST(HostHome, FromBenchDerivesTheTermFromDeviceAndHostRuns) {
   EXPECT_GT(b->profile.host_home_ms_per_gb, 0);
   EXPECT_NE(b->profile.host_home_measured_by.find("3.00 GB homed"), std::string::npos)
       << b->profile.host_home_measured_by;
-  // Every policy is priced with it: all-gpu unchanged, all-host pays it on its L-1 boundaries.
+  // Every policy is priced with it: all-gpu unchanged, all-host pays it on its L boundaries
+  // (0..L-1: the embedding's output too, as the executor's host policy homes it).
   EXPECT_NEAR(check(*b, "device").predicted_ms, check(*without, "device").predicted_ms, 1e-9);
   auto prob = analytic_problem(cfg, MachineSpec{},
                                {.batch_size = 2,
@@ -70,10 +71,10 @@ TEST(HostHome, FromBenchDerivesTheTermFromDeviceAndHostRuns) {
                                 .activation_bytes = 4},
                                {.gpu_gb = 1e6, .host_gb = 1e6});
   ASSERT_TRUE(prob.ok());
-  double interior_gb = 0;
-  for (int i = 1; i < kL; ++i) interior_gb += prob->boundary_gb[i];
+  double homed_gb = 0;
+  for (int i = 0; i < kL; ++i) homed_gb += prob->boundary_gb[i];
   EXPECT_NEAR(check(*b, "host").predicted_ms - check(*without, "host").predicted_ms,
-              b->profile.host_home_ms_per_gb * interior_gb, 1e-6);
+              b->profile.host_home_ms_per_gb * homed_gb, 1e-6);
   const std::string text = bench_prediction_text(*b);
   EXPECT_NE(text.find("host homes: "), std::string::npos) << text;
   EXPECT_NE(text.find("not a check"), std::string::npos) << text;
@@ -196,6 +197,13 @@ int host_homes(const Plan& plan) {
   return n;
 }
 
+// GB of boundaries homed in host memory (boundary 0, the embedding's output, included).
+double host_homed_gb(const PlanProblem& p, const Plan& plan) {
+  double gb = 0;
+  for (int i = 0; i <= p.num_layers; ++i) gb += plan.homes[i] == Home::kHost ? p.boundary_gb[i] : 0;
+  return gb;
+}
+
 TEST(HostHome, RoomForEveryBoundaryOnTheGpuHomesThemThereAndKeepsWhatIsLeft) {
   PlanProblem free_homes = four_layer_keeps(0);
   // Room for every boundary on the GPU plus 1.5 GB: one more kept layer in the windows where the
@@ -227,7 +235,7 @@ TEST(HostHome, RoomForEveryBoundaryOnTheGpuHomesThemThereAndKeepsWhatIsLeft) {
   auto old_plan = evaluate(costly, *milp0);
   ASSERT_TRUE(old_plan.ok());
   EXPECT_GT(old_plan->step_ms, milp->predicted.step_ms);
-  EXPECT_NEAR(old_plan->host_home_ms, 10.0 * host_homes(*milp0), 1e-9);
+  EXPECT_NEAR(old_plan->host_home_ms, 10.0 * host_homed_gb(costly, *milp0), 1e-9);
 }
 
 TEST(HostHome, TightMemoryStillHomesBoundariesInHostMemory) {
@@ -245,19 +253,76 @@ TEST(HostHome, TightMemoryStillHomesBoundariesInHostMemory) {
   ASSERT_TRUE(exact.ok()) << exact.status().to_string();
   EXPECT_NEAR(milp->solver.objective_ms, exact->best.solver.objective_ms, 1e-6);
   EXPECT_GT(host_homes(*milp), 0);
-  EXPECT_NEAR(milp->predicted.host_home_ms, 10.0 * host_homes(*milp), 1e-9);  // 1 GB each
+  EXPECT_NEAR(milp->predicted.host_home_ms, 10.0 * host_homed_gb(p, *milp), 1e-9);
   EXPECT_TRUE(check_fits(p, milp->predicted).ok());
-  // The all-host policy fits too and pays the term on its three boundaries.
+  // The all-host policy fits too and pays the term on its four boundaries (0.2 + 3 x 1 GB).
   auto fp = fixed_policy_by_name("all-host", p.num_layers);
   ASSERT_TRUE(fp.ok());
   auto host = solve_policy(p, *fp);
   ASSERT_TRUE(host.ok()) << host.status().to_string();
-  EXPECT_NEAR(host->predicted.host_home_ms, 30.0, 1e-9);
+  EXPECT_NEAR(host->predicted.host_home_ms, 32.0, 1e-9);
   EXPECT_LE(milp->predicted.step_ms, host->predicted.step_ms + 1e-6);
   // all-gpu does not fit here.
   auto gpu_fp = fixed_policy_by_name("all-gpu", p.num_layers);
   ASSERT_TRUE(gpu_fp.ok());
   EXPECT_FALSE(solve_policy(p, *gpu_fp).ok());
+}
+
+// Boundary 0 (the embedding's output) may leave the GPU like any other boundary, as the
+// executor's host policy homes it: with a cap that only the all-host plan of boundaries 0..L-1
+// fits, the solvers find it, and all-host with boundary 0 pinned to the GPU (the planner's rule
+// before session 18, one batch less than the executor's host policy at 3B / 24 GiB) does not fit.
+TEST(HostHome, BoundaryZeroLeavesTheGpuWhenOnlyThatFits) {
+  PlanProblem p = four_layer_keeps(10);
+  p.boundary_gb = {1, 1, 1, 1, 0.2};
+  p.allow_keep_internals = false;
+  auto fp = fixed_policy_by_name("all-host", p.num_layers);
+  ASSERT_TRUE(fp.ok());
+  EXPECT_EQ(fp->choice.homes[0], Home::kHost);
+  EXPECT_EQ(fp->choice.homes[p.num_layers], Home::kGpu);
+  std::vector<Home> pinned = fp->choice.homes;  // the same with boundary 0 on the GPU
+  pinned[0] = Home::kGpu;
+  // The smallest GPU cap each choice fits (its transfers scheduled by the LP), by bisection.
+  const auto least_cap = [&](const std::vector<Home>& homes) {
+    double lo = 0, hi = 100;
+    for (int it = 0; it < 50; ++it) {
+      PlanProblem q = p;
+      q.gpu_cap_gb = (lo + hi) / 2;
+      (solve_fixed(q, homes, fp->choice.spans, "probe").ok() ? hi : lo) = q.gpu_cap_gb;
+    }
+    return hi;
+  };
+  const double all_host = least_cap(fp->choice.homes);
+  ASSERT_GT(least_cap(pinned), all_host + 0.5);  // boundary 0's GB for the whole step
+
+  p.gpu_cap_gb = all_host + 1e-3;  // above the bisection's last step, below the pinned need
+  auto milp = solve_milp(p);
+  auto exact = solve_exact(p);
+  ASSERT_TRUE(milp.ok()) << milp.status().to_string();
+  ASSERT_TRUE(exact.ok()) << exact.status().to_string();
+  EXPECT_NEAR(milp->solver.objective_ms, exact->best.solver.objective_ms, 1e-6);
+  EXPECT_EQ(milp->homes[0], Home::kHost);
+  EXPECT_TRUE(check_fits(p, milp->predicted).ok());
+  // Its transfers move boundary 0 out in the forward and back before the backward of layer 0,
+  // and it pays the host-home term on it.
+  double out = 0, in = 0;
+  for (const Transfer& x : milp->transfers) {
+    if (x.boundary != 0) continue;
+    (x.to_gpu ? in : out) += x.gb;
+    if (x.to_gpu) {
+      EXPECT_GE(x.window, p.num_layers);
+      EXPECT_LE(x.window, 2 * p.num_layers - 1);
+    } else {
+      EXPECT_LE(x.window, p.num_layers - 1);
+    }
+  }
+  EXPECT_NEAR(out, 1.0, 1e-6);
+  EXPECT_NEAR(in, 1.0, 1e-6);
+  EXPECT_NEAR(milp->predicted.host_home_ms, 10.0 * host_homed_gb(p, *milp), 1e-9);
+  EXPECT_GE(milp->predicted.host_home_ms, 10.0 - 1e-9);
+  // With boundary 0 pinned the cap holds no plan of this choice.
+  auto pinned_capped = solve_fixed(p, pinned, fp->choice.spans, "pinned");
+  EXPECT_FALSE(pinned_capped.ok());
 }
 
 }  // namespace

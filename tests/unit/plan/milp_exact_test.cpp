@@ -21,10 +21,10 @@ namespace {
 // Solver tolerances: CBC/Clp satisfy rows to ~1e-7 absolute; objectives are O(10..100) ms.
 constexpr double kRelTol = 1e-6;
 
-// GB of boundaries a plan homes off the GPU (host and NVMe alike).
+// GB of boundaries a plan homes off the GPU (host and NVMe alike; boundary 0 included).
 double homed_gb(const PlanProblem& p, const Plan& plan) {
   double gb = 0;
-  for (int i = 1; i < p.num_layers; ++i) {
+  for (int i = 0; i < p.num_layers; ++i) {
     if (plan.homes[i] == Home::kHost || plan.homes[i] == Home::kNvme) gb += p.boundary_gb[i];
   }
   return gb;

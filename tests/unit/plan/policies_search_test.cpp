@@ -18,8 +18,8 @@ TEST(Policies, ShapesAndCostsUnderTheEvaluator) {
   PlanProblem p = testing::random_problem(rng, 8, false, 1.0);
   p.gpu_cap_gb = 1000;  // everything fits
   p.host_cap_gb = 1000;
-  double interior = 0;
-  for (int i = 1; i < 8; ++i) interior += p.boundary_gb[i];
+  double homed = 0;  // all-host: boundaries 0..L-1 (the embedding's output too) out and back
+  for (int i = 0; i < 8; ++i) homed += p.boundary_gb[i];
   for (const FixedPolicy& pol : fixed_policies(8, 4)) {
     auto plan = solve_policy(p, pol);
     ASSERT_TRUE(plan.ok()) << pol.name << ": " << plan.status().to_string();
@@ -29,7 +29,7 @@ TEST(Policies, ShapesAndCostsUnderTheEvaluator) {
       EXPECT_TRUE(plan->transfers.empty());
       EXPECT_EQ(plan->predicted.recompute_ms, 0);
     } else if (pol.name == "all-host") {
-      EXPECT_NEAR(plan->predicted.moved_gb, 2 * interior, 1e-6);
+      EXPECT_NEAR(plan->predicted.moved_gb, 2 * homed, 1e-6);
       EXPECT_EQ(plan->predicted.recompute_ms, 0);
     } else {
       ASSERT_EQ(pol.name, "checkpoint-every-4");

@@ -21,7 +21,7 @@ Plan simple_schedule(const PlanProblem& p, const Choice& c, bool split) {
   plan.spans = c.spans;
   std::vector<int> next(p.num_layers + 1, -1);
   for (const Span& s : c.spans) next[s.start] = s.end;
-  for (int i = 1; i < p.num_layers; ++i) {
+  for (int i = 0; i < p.num_layers; ++i) {
     if (c.homes[i] != Home::kHost && c.homes[i] != Home::kNvme) continue;
     const bool nvme = c.homes[i] == Home::kNvme;
     const double a = p.boundary_gb[i];
