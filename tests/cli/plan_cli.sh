@@ -4,6 +4,7 @@
 # whose predicted peaks respect the budgets; --batch-size auto picks a batch; a GPU budget no plan
 # fits exits 1 naming the binding constraint and the smallest budget, and that budget works;
 # usage errors exit 2.
+# ctest-cost: 40 (seconds in the CI build: ctest starts the longest tests first)
 set -euo pipefail
 FERRY="$1"; ROOT="$2"
 TMP="$(mktemp -d)"; trap 'rm -rf "$TMP"' EXIT

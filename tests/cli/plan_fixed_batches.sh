@@ -7,6 +7,7 @@
 # Why: the planner pinned boundary 0 (the embedding's output) to the GPU for the whole step while
 # the executor's host policy homes it in host memory, so the plan fitted one batch less than the
 # host policy ran (H200, 3B at 24 GiB: 39 where host ran 40, session 18).
+# ctest-cost: 15 (seconds in the CI build: ctest starts the longest tests first)
 set -euo pipefail
 FERRY="$1"; ROOT="$2"
 TMP="$(mktemp -d)"; trap 'rm -rf "$TMP"' EXIT

@@ -10,6 +10,7 @@
 #  3. at a binding cap (4 MiB, batch auto) the plan still fits the executor with its K;
 #  4. `ferry train --plan auto` runs the K of the plan it solved, and --resident-layers K solves
 #     and runs with K.
+# ctest-cost: 90 (seconds in the CI build: ctest starts the longest tests first)
 set -euo pipefail
 FERRY="$1"; ROOT="$2"
 TMP="$(mktemp -d)"; trap 'rm -rf "$TMP"' EXIT

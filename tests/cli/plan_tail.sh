@@ -17,6 +17,7 @@
 #     workspace, kept ones included, took 1.2 GB more than the plan's 40 GiB fit at batch 32);
 #     with the plan's architecture, at a binding cap with the tail and mixed homes, the executor
 #     runs it at its batch with ferry plan's bytes.
+# ctest-cost: 60 (seconds in the CI build: ctest starts the longest tests first)
 set -euo pipefail
 FERRY="$1"; ROOT="$2"
 TMP="$(mktemp -d)"; trap 'rm -rf "$TMP"' EXIT

@@ -3,6 +3,7 @@
 # 1) a healthy run of 400 frames: realised rho within +-0.01 of the target, every frame accounted,
 #    no fallback; 2) the server is killed mid-run: the agent falls back to its weak results, no
 #    frame lost (local + offloaded_ok + offloaded_fallback = frames), budget still held.
+# ctest-cost: 14 (seconds in the CI build: ctest starts the longest tests first)
 set -u
 FERRY=$1; ROOT=$2
 fail() { echo "FAIL: $*"; for f in "$tmp"/*; do echo "== $f"; tail -20 "$f"; done; exit 1; }

@@ -5,6 +5,7 @@
 # below the RTT every offload falls back to the weak result and no frame is lost; killing the
 # emulator mid-run (the WAN goes down) loses no frame either. tests/cli/route_netns.sh does the
 # same between network namespaces with tc netem where that is available.
+# ctest-cost: 18 (seconds in the CI build: ctest starts the longest tests first)
 set -u
 FERRY=$1; ROOT=$2
 fail() { echo "FAIL: $*"; for f in "$tmp"/*; do echo "== $f"; tail -20 "$f"; done; exit 1; }

@@ -4,6 +4,7 @@
 # logits bits (engine property), the JSON has every field, paged at a cap below E moves fewer H2D
 # bytes per token than static, pacing makes copies no faster than the link, bad flags fail
 # clearly. No timing thresholds.
+# ctest-cost: 24 (seconds in the CI build: ctest starts the longest tests first)
 set -u
 FERRY=$1; ROOT=$2
 tmp=$(mktemp -d)

@@ -2,6 +2,7 @@
 # CLI checks of `ferry train`: the embedded default writes a Hugging Face folder; that folder
 # fine-tunes on JSONL data (malformed lines reported as file:line and skipped, or refused with
 # --strict); the result loads in `ferry perplexity`; usage errors exit 2, runtime errors 1.
+# ctest-cost: 18 (seconds in the CI build: ctest starts the longest tests first)
 set -euo pipefail
 FERRY="$1"; ROOT="$2"
 TMP="$(mktemp -d)"; trap 'rm -rf "$TMP"' EXIT

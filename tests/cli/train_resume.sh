@@ -2,6 +2,7 @@
 # A `ferry train` process killed (SIGKILL) mid-run and then resumed from its newest checkpoint
 # ends with exactly the same weights (byte-identical model.safetensors) and the same per-step
 # losses as an uninterrupted run with the same flags.
+# ctest-cost: 45 (seconds in the CI build: ctest starts the longest tests first)
 set -euo pipefail
 FERRY="$1"; ROOT="$2"
 TMP="$(mktemp -d)"; trap 'rm -rf "$TMP"' EXIT

@@ -8,6 +8,7 @@
 #     that batch does run under the same budget.
 #  Also: kept layer internals (--policy ...+keep:LIST) give the memory executor's losses and
 #  weights, and `ferry bench train` reports one re-forward less per kept layer.
+# ctest-cost: 400 (seconds in the CI build: ctest starts the longest tests first)
 set -euo pipefail
 FERRY="$1"; ROOT="$2"
 TMP="$(mktemp -d)"; trap 'rm -rf "$TMP"' EXIT
