@@ -14,9 +14,11 @@
 #include "train/optim/optim_modes.h"
 #include "train/optim/optim_state.h"
 #include "train/stream/activation_policy.h"
+#include "train/stream/arena_layout.h"
 #include "train/stream/bf16_widen.h"
 #include "train/stream/device_optimizer_tail.h"
 #include "train/stream/device_plan.h"
+#include "train/stream/resident_layers.h"
 #include "train/stream/stream_executor.h"
 
 namespace ferry::app {
@@ -38,6 +40,16 @@ train::stream::Home executor_home(plan::Home h) {
   return train::stream::Home::kDevice;
 }
 
+// The host arena ferry train (and ferry bench train) would build for cfg in t's mode: its layout
+// only, nothing allocated. GPU-resident layers and the device tail are sized from it by the
+// executor's own functions.
+train::stream::ArenaLayout arena_of(const model::ModelConfig& cfg, const ExecutorTarget& t) {
+  Result<train::stream::ArenaLayout> a =
+      train::stream::arena_layout_for(cfg, t.mode, t.bf16_weights, t.bf16_grads);
+  FERRY_CHECK(a.ok(), "plan: arena layout of a validated config: {}", a.status().to_string());
+  return std::move(a).value();
+}
+
 // The executor's ModelSizes for t, with the device tail's staging (its layers above the
 // `resident` GPU-resident ones).
 train::stream::ModelSizes executor_sizes(const model::ModelConfig& cfg, const ExecutorTarget& t,
@@ -51,92 +63,31 @@ train::stream::ModelSizes executor_sizes(const model::ModelConfig& cfg, const Ex
 
 std::size_t device_tail_staging_bytes(const model::ModelConfig& cfg, const ExecutorTarget& t,
                                       int resident) {
-  // Mirrors HostArena::allocate's unit sections and DeviceOptimizerTail's slot layout (each
-  // section rounded up to 256 bytes): weights, master (f32 / bf16 Kahan words / none), m, v,
-  // the 8-bit block scales, gradients. tests/cli/plan_tail.sh checks the total against the
-  // executor's own count (ferry bench train's device_planned_bytes).
+  // The executor's own count (DeviceOptimizerTail::staging_bytes) on the layout of the arena
+  // ferry train would build; tests/cli/plan_tail.sh checks it against ferry bench train's
+  // device_planned_bytes.
   if (t.device_update_layers == 0 || t.device_update_slots <= 0) return 0;
-  const std::vector<model::ParamSpec> specs = model::param_specs(cfg);
-  int layers = 0;
-  for (const model::ParamSpec& s : specs) layers = std::max(layers, s.layer + 1);
+  const train::stream::ArenaLayout arena = arena_of(cfg, t);
+  const int layers = arena.globals_unit();
   // The tail claims layers resident, resident + 1, ... (DeviceOptimizerTail's `first`).
   const int first = std::clamp(resident, 0, layers);
   const int units = t.device_update_layers == train::stream::kDeviceUpdateAllLayers
                         ? layers - first
                         : std::min(t.device_update_layers, layers - first);
   if (units <= 0) return 0;
-  struct Unit {
-    std::int64_t elements = 0, blocks = 0, largest = 0;
-  };
-  std::vector<Unit> unit(static_cast<std::size_t>(units));
-  const bool q8 = t.mode.states == train::OptimizerStates::k8Bit;
-  for (const model::ParamSpec& s : specs) {
-    if (s.layer < first || s.layer >= first + units) continue;
-    Unit& u = unit[static_cast<std::size_t>(s.layer - first)];
-    u.elements += s.numel();
-    if (q8) u.blocks += train::q8_blocks(s.numel());
-    u.largest = std::max(u.largest, s.numel());
-  }
-  auto align = [](std::int64_t n) { return (static_cast<std::size_t>(n) + 255) / 256 * 256; };
-  const bool w16 = t.bf16_weights || t.mode.master != train::MasterWeights::kF32;
-  std::size_t slot = 0;
-  std::int64_t largest = 0;
-  for (const Unit& u : unit) {
-    const std::int64_t n = u.elements;
-    const std::int64_t master = t.mode.master == train::MasterWeights::kF32         ? 4 * n
-                                : t.mode.master == train::MasterWeights::kBf16Kahan ? 2 * n
-                                                                                    : 0;
-    const std::int64_t state = q8 ? n : 4 * n;
-    slot = std::max(slot, align((w16 ? 2 : 4) * n) + align(master) + 2 * align(state) +
-                              2 * align(4 * u.blocks) + align((t.bf16_grads ? 2 : 4) * n));
-    largest = std::max(largest, u.largest);
-  }
-  const std::size_t widen = t.bf16_grads ? align(4 * largest) : 0;
-  return static_cast<std::size_t>(t.device_update_slots) * slot + widen;
+  return train::stream::DeviceOptimizerTail::staging_bytes(arena, units, t.device_update_slots,
+                                                           first);
 }
 
 std::size_t resident_layer_bytes(const model::ModelConfig& cfg, const ExecutorTarget& t, int u) {
-  // Mirrors ResidentLayers::layout over HostArena's unit sections (the same section sizes as
-  // device_tail_staging_bytes above).
-  const std::vector<model::ParamSpec> specs = model::param_specs(cfg);
-  std::int64_t n = 0, blocks = 0;
-  std::vector<bool> gemm;
-  std::vector<std::int64_t> numel;
-  const bool q8 = t.mode.states == train::OptimizerStates::k8Bit;
-  for (const model::ParamSpec& s : specs) {
-    if (s.layer != u) continue;
-    n += s.numel();
-    if (q8) blocks += train::q8_blocks(s.numel());
-    gemm.push_back(model::is_gemm_weight_role(s.role));
-    numel.push_back(s.numel());
-  }
-  auto align = [](std::int64_t b) { return (static_cast<std::size_t>(b) + 255) / 256 * 256; };
-  const bool w16 = t.bf16_weights || t.mode.master != train::MasterWeights::kF32;
-  const std::int64_t master = t.mode.master == train::MasterWeights::kF32         ? 4 * n
-                              : t.mode.master == train::MasterWeights::kBf16Kahan ? 2 * n
-                                                                                  : 0;
-  const std::int64_t state = q8 ? n : 4 * n;
-  std::int64_t w32 = 0;
-  if (w16) {
-    const train::stream::ModelSizes sizes = executor_sizes(cfg, t);
-    const bool views =
-        t.backend != nullptr && train::stream::bf16_weight_views(sizes, *t.backend, t.precision);
-    w32 = 4 * (views ? train::stream::bf16_view_f32_elements(gemm, numel) : n);
-  }
-  return align(w16 ? 2 * n : 0) + align(master) + 2 * align(state) + 2 * align(4 * blocks) +
-         align(4 * n) + align(w32);
+  const bool views = t.backend != nullptr && train::stream::bf16_weight_views(
+                                                 executor_sizes(cfg, t), *t.backend, t.precision);
+  return train::stream::ResidentLayers::layer_bytes(arena_of(cfg, t), u, views);
 }
 
 std::size_t resident_scratch_bytes(const model::ModelConfig& cfg, const ExecutorTarget& t, int k) {
-  // ResidentLayers::scratch_bytes: with bf16 gradients one bf16 rounding buffer of the largest
-  // resident layer.
-  if (!t.bf16_grads || k <= 0) return 0;
-  std::vector<std::int64_t> n(static_cast<std::size_t>(k), 0);
-  for (const model::ParamSpec& s : model::param_specs(cfg)) {
-    if (s.layer >= 0 && s.layer < k) n[static_cast<std::size_t>(s.layer)] += s.numel();
-  }
-  const std::int64_t most = *std::max_element(n.begin(), n.end());
-  return (static_cast<std::size_t>(most) * 2 + 255) / 256 * 256;
+  if (k <= 0) return 0;
+  return train::stream::ResidentLayers::scratch_bytes(arena_of(cfg, t), k);
 }
 
 Result<ExecutorTarget> executor_target(const std::string& device, const std::string& master,

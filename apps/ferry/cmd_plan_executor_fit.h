@@ -45,19 +45,17 @@ struct ExecutorTarget {
   int device_update_slots = 2;
 };
 
-// DeviceOptimizerTail::staging_bytes of the arena ferry train would build for cfg and t (its
-// layout computed, nothing allocated); 0 with the tail off. With `resident` GPU-resident layers
-// the tail works on the layers above them (none left: 0).
+// DeviceOptimizerTail::staging_bytes on the layout of the arena ferry train would build for cfg
+// and t (train::stream::arena_layout_for: nothing allocated); 0 with the tail off. With
+// `resident` GPU-resident layers the tail works on the layers above them (none left: 0).
 std::size_t device_tail_staging_bytes(const model::ModelConfig& cfg, const ExecutorTarget& t,
                                       int resident = 0);
 
-// ResidentLayers::layer_bytes of decoder layer u in the arena ferry train would build for cfg and
-// t (its layout computed, nothing allocated): w16, master, m, v, the 8-bit block scales, g32 and
-// w32 (only the f32-read parameters with bf16 weight views), each rounded up to 256 bytes. Every
-// parameter's states 8-bit in 8bit mode (no --8bit-params subset), as the tail's staging.
+// ResidentLayers::layer_bytes of decoder layer u on that layout (bf16 weight views as the
+// executor on t.backend would use them). Every parameter's states 8-bit in 8bit mode (no
+// --8bit-params subset), as the tail's staging.
 std::size_t resident_layer_bytes(const model::ModelConfig& cfg, const ExecutorTarget& t, int u);
-// ResidentLayers::scratch_bytes for k resident layers: with bf16 gradients one bf16 buffer of the
-// largest of layers 0..k-1 (256-byte aligned), else 0.
+// ResidentLayers::scratch_bytes for k resident layers on that layout.
 std::size_t resident_scratch_bytes(const model::ModelConfig& cfg, const ExecutorTarget& t, int k);
 
 // device: "cuda", "cpu" or "auto" (cuda when a GPU is present, else cpu); master: ferry train's

@@ -53,7 +53,8 @@ struct LayerCost {
                              // <= bwd_ms; 0: keeping never helps, so the layer has no keep choice
   // GPU-resident layers (PlanProblem::resident_layers, docs/plan.md "resident layers"): the device
   // bytes the layer takes when resident (weights, master, AdamW states, gradients in the
-  // executor's layout: ResidentLayers::layer_bytes; cmd_plan_executor_fit.h mirrors it). 0 with
+  // executor's layout: ResidentLayers::layer_bytes, which ferry plan calls on the layout of the
+  // arena the run would build: cmd_plan_executor_fit.h). 0 with
   // resident_layers > j: the layer is resident for free (a test problem's choice).
   double resident_gb = 0;
 };

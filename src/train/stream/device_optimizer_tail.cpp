@@ -36,12 +36,12 @@ struct Layout {
   std::size_t total = 0;
 };
 
-Layout layout(const HostArena& arena, int u) {
+Layout layout(const ArenaLayout& arena, int u) {
   Layout l;
   std::size_t off = 0;
   for (std::size_t s = 0; s < kSections.size(); ++s) {
     l.at[s] = off;
-    off += align_up(arena.section(u, kSections[s]).size);
+    off += align_up(arena.section_bytes(u, kSections[s]));
   }
   l.total = off;
   return l;
@@ -56,7 +56,7 @@ std::size_t index_of(Section s) {
 
 }  // namespace
 
-int DeviceOptimizerTail::resolve_units(const HostArena& arena, int units, int first) {
+int DeviceOptimizerTail::resolve_units(const ArenaLayout& arena, int units, int first) {
   return units == kDeviceUpdateAllLayers ? arena.globals_unit() - first : units;
 }
 
@@ -87,26 +87,26 @@ Status DeviceOptimizerTail::check(const HostArena& arena, int units_in, int slot
   return {};
 }
 
-std::size_t DeviceOptimizerTail::slot_bytes(const HostArena& arena, int units, int first) {
+std::size_t DeviceOptimizerTail::slot_bytes(const ArenaLayout& arena, int units, int first) {
   const int end = std::min(first + resolve_units(arena, units, first), arena.globals_unit());
   std::size_t most = 0;
   for (int u = first; u < end; ++u) most = std::max(most, layout(arena, u).total);
   return most;
 }
 
-std::size_t DeviceOptimizerTail::widen_bytes(const HostArena& arena, int units, int first) {
-  if (!arena.bf16_grads()) return 0;
+std::size_t DeviceOptimizerTail::widen_bytes(const ArenaLayout& arena, int units, int first) {
+  if (!arena.bf16_grads) return 0;
   const int end = std::min(first + resolve_units(arena, units, first), arena.globals_unit());
   std::int64_t most = 0;
   for (int u = first; u < end; ++u) {
-    for (int idx : arena.unit_params(u)) {
-      most = std::max(most, arena.params()[static_cast<std::size_t>(idx)].n);
+    for (int idx : arena.units[static_cast<std::size_t>(u)].params) {
+      most = std::max(most, arena.params[static_cast<std::size_t>(idx)].n);
     }
   }
   return align_up(static_cast<std::size_t>(most) * sizeof(float));
 }
 
-std::size_t DeviceOptimizerTail::staging_bytes(const HostArena& arena, int units, int slots,
+std::size_t DeviceOptimizerTail::staging_bytes(const ArenaLayout& arena, int units, int slots,
                                                int first) {
   if (resolve_units(arena, units, first) <= 0 || slots <= 0) return 0;
   return static_cast<std::size_t>(slots) * slot_bytes(arena, units, first) +
@@ -120,13 +120,13 @@ Result<std::unique_ptr<DeviceOptimizerTail>> DeviceOptimizerTail::create(
     std::function<Status(int)> before_prestage, int first) {
   FERRY_TRY(check(arena, units, slots, first));
   units = resolve_units(arena, units, first);
-  FERRY_CHECK(staging_size >= staging_bytes(arena, units, slots, first),
+  FERRY_CHECK(staging_size >= staging_bytes(arena.layout(), units, slots, first),
               "train: device optimizer staging of {} bytes, {} needed", staging_size,
-              staging_bytes(arena, units, slots, first));
+              staging_bytes(arena.layout(), units, slots, first));
   std::unique_ptr<DeviceOptimizerTail> t(
       new DeviceOptimizerTail(arena, opt, units, backend, te, streams, std::move(before_unit)));
   t->first_ = first;
-  const std::size_t per = slot_bytes(arena, units, first);
+  const std::size_t per = slot_bytes(arena.layout(), units, first);
   const bool timing = backend.device() != Device::kCpu;
   t->slots_.resize(static_cast<std::size_t>(slots));
   for (int s = 0; s < slots; ++s) {
@@ -357,7 +357,7 @@ Status DeviceOptimizerTail::run_prestage() {
     slot.staged = -1;
     const int u = first_ + s;
     if (before_prestage_) FERRY_TRY(before_prestage_(u));
-    const Layout l = layout(arena_, u);
+    const Layout l = layout(arena_.layout(), u);
     FERRY_TRY(up.wait(slot.down_done));
     std::uint64_t bytes = 0;
     for (Section sec : kSections) {
@@ -381,7 +381,7 @@ Status DeviceOptimizerTail::enqueue(InFlight& f, const UpdateArgs& a) {
   mem::Stream& up = streams_.h2d();
   mem::Stream& cs = streams_.compute();
   mem::Stream& down = streams_.d2h();
-  const Layout l = layout(arena_, u);
+  const Layout l = layout(arena_.layout(), u);
   const Device dev = be_.device();
   const bool emulated = dev == Device::kCpu;  // host streams: each call below runs at once
   DeviceTailStats& st = f.d;

@@ -114,18 +114,26 @@ class DeviceOptimizerTail {
   // the tail's layers are first, first + 1, ..., at most first + K - 1.
   // units as given (kDeviceUpdateAllLayers: every layer from `first`) -> the most layers per
   // update.
-  static int resolve_units(const HostArena& arena, int units, int first = 0);
+  static int resolve_units(const ArenaLayout& arena, int units, int first = 0);
+  static int resolve_units(const HostArena& arena, int units, int first = 0) {
+    return resolve_units(arena.layout(), units, first);
+  }
   // OK when K units can be updated on the device through `slots` staging slots: 0 <= K <=
   // layers - first (after resolve_units), 1 <= slots <= kMaxDeviceUpdateSlots, and no parameter
   // of units first..first+K-1 has f32 states beside an f32 master (no device kernel for that).
   static Status check(const HostArena& arena, int units, int slots, int first = 0);
+  // The sizes below read the arena's layout alone (ferry plan sizes the tail with them before any
+  // arena exists: cmd_plan_executor_fit.cpp).
   // One staging slot: the largest of units first..first+K-1's sections, each 256-byte aligned.
-  static std::size_t slot_bytes(const HostArena& arena, int units, int first = 0);
+  static std::size_t slot_bytes(const ArenaLayout& arena, int units, int first = 0);
   // The widening buffer with bf16 gradients: the largest parameter of those units in f32 (one for
   // every slot: it lives on the compute stream); 0 with f32 gradients.
-  static std::size_t widen_bytes(const HostArena& arena, int units, int first = 0);
+  static std::size_t widen_bytes(const ArenaLayout& arena, int units, int first = 0);
   // Device-tier bytes the tail needs: slots x slot_bytes + widen_bytes; 0 for K = 0.
-  static std::size_t staging_bytes(const HostArena& arena, int units, int slots, int first = 0);
+  static std::size_t staging_bytes(const ArenaLayout& arena, int units, int slots, int first = 0);
+  static std::size_t staging_bytes(const HostArena& arena, int units, int slots, int first = 0) {
+    return staging_bytes(arena.layout(), units, slots, first);
+  }
 
   // Unit u's optimizer sections somewhere in device memory, each in the arena's layout of that
   // section (HostArena::section): the bf16 weights (a bf16 master, or an fp32 master's bf16

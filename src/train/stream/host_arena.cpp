@@ -33,8 +33,9 @@ Result<std::unique_ptr<HostArena>> HostArena::create(const TrainState& s, mem::M
   }
   std::vector<bool> q8(specs.size());
   for (std::size_t i = 0; i < specs.size(); ++i) q8[i] = s.optim.params[i].q8();
-  FERRY_ASSIGN_OR_RETURN(auto a, allocate(specs, s.geometry.layers, s.optim.mode, s.bf16_weights(),
-                                          s.bf16_grads, s.decay, q8, tier));
+  FERRY_ASSIGN_OR_RETURN(auto a, allocate(arena_layout(specs, s.geometry.layers, s.optim.mode,
+                                                       s.bf16_weights(), s.bf16_grads, s.decay, q8),
+                                          tier));
   FERRY_TRY(a->load_from(s));
   return a;
 }
@@ -42,16 +43,11 @@ Result<std::unique_ptr<HostArena>> HostArena::create(const TrainState& s, mem::M
 Result<std::unique_ptr<HostArena>> HostArena::create_initialized(
     const model::ModelConfig& config, const OptimMode& mode, mem::MemTier tier,
     const std::function<void(std::size_t, float*)>& init, bool bf16_compute, bool bf16_grads) {
-  const std::vector<model::ParamSpec> specs = model::param_specs(config);
-  FERRY_ASSIGN_OR_RETURN(const model::DecoderGeometry geo, model::make_geometry(config));
-  std::vector<bool> decay, q8;
-  for (const model::ParamSpec& p : specs) {
-    decay.push_back(decays(p.hf_name));
-    q8.push_back(mode.states == OptimizerStates::k8Bit);
-  }
+  // Every parameter's states 8-bit in 8bit mode, weight decay by name (arena_layout_for).
+  FERRY_ASSIGN_OR_RETURN(ArenaLayout layout,
+                         arena_layout_for(config, mode, bf16_compute, bf16_grads));
   Timer alloc;
-  FERRY_ASSIGN_OR_RETURN(
-      auto a, allocate(specs, geo.layers, mode, bf16_compute, bf16_grads, decay, q8, tier));
+  FERRY_ASSIGN_OR_RETURN(auto a, allocate(std::move(layout), tier));
   const double allocate_s = alloc.elapsed_s();
   a->reinitialize(init);
   a->setup_times_.allocate_s = allocate_s;
@@ -67,14 +63,14 @@ void HostArena::reinitialize(const std::function<void(std::size_t, float*)>& ini
     for (std::size_t u = u0; u < u1; ++u) {
       const Unit& unit = units_[u];
       std::vector<mem::SlotId> zero = {unit.m, unit.v, unit.grads};
-      if (mode_.master == MasterWeights::kBf16Kahan) zero.push_back(unit.master);
-      if (unit.blocks > 0) zero.insert(zero.end(), {unit.m_absmax, unit.v_absmax});
+      if (layout_.mode.master == MasterWeights::kBf16Kahan) zero.push_back(unit.master);
+      if (layout_.units[u].blocks > 0) zero.insert(zero.end(), {unit.m_absmax, unit.v_absmax});
       for (mem::SlotId id : zero) std::memset(arena_.data(id), 0, plan.slot(id).size_bytes);
     }
   });
   setup_times_.zero_s = phase.elapsed_s();
   std::vector<float> tmp;
-  for (const ParamLoc& p : params_) {
+  for (const ParamLoc& p : layout_.params) {
     if (bf16_master()) {
       tmp.resize(static_cast<std::size_t>(p.n));
       phase.reset();
@@ -102,67 +98,29 @@ void HostArena::reinitialize(const std::function<void(std::size_t, float*)>& ini
   }
 }
 
-Result<std::unique_ptr<HostArena>> HostArena::allocate(const std::vector<model::ParamSpec>& specs,
-                                                       int layers, const OptimMode& mode,
-                                                       bool bf16_weights, bool bf16_grads,
-                                                       const std::vector<bool>& decay,
-                                                       const std::vector<bool>& q8,
-                                                       mem::MemTier tier) {
+Result<std::unique_ptr<HostArena>> HostArena::allocate(ArenaLayout layout, mem::MemTier tier) {
   std::unique_ptr<HostArena> a(new HostArena(tier));
-  a->mode_ = mode;
-  a->bf16_weights_ = bf16_weights || mode.master != MasterWeights::kF32;
-  a->bf16_grads_ = bf16_grads;
-  const int L = layers;
+  a->layout_ = std::move(layout);
+  const int L = a->layout_.globals_unit();
   a->units_.resize(static_cast<std::size_t>(L) + 1);
-  for (std::size_t i = 0; i < specs.size(); ++i) {
-    const int u = specs[i].layer >= 0 ? specs[i].layer : L;
-    Unit& unit = a->units_[u];
-    ParamLoc p;
-    p.index = static_cast<int>(i);
-    p.unit = u;
-    p.n = specs[i].numel();
-    p.offset = unit.elements;
-    p.block0 = unit.blocks;
-    p.decay = decay[i];
-    p.q8 = q8[i];
-    p.gemm_weight = model::is_gemm_weight_role(specs[i].role);
-    p.state_offset = unit.state_bytes;
-    unit.elements += p.n;
-    if (p.q8) unit.blocks += q8_blocks(p.n);
-    // Each parameter's f32 states start 4-byte aligned (8-bit runs before them may be odd).
-    unit.state_bytes += p.q8 ? p.n : 4 * p.n;
-    if (!p.q8 && p.state_offset % 4 != 0) {
-      const std::int64_t pad = 4 - p.state_offset % 4;
-      p.state_offset += pad;
-      unit.state_bytes += pad;
-    }
-    unit.params.push_back(p.index);
-    a->elements_ += p.n;
-    a->params_.push_back(p);
-  }
-  const bool bf16 = a->bf16_master();
-  const bool w16 = a->bf16_weights();
+  // Every section's size is the layout's (ArenaLayout::section_bytes), each on its own page.
+  using S = ArenaSection;
+  const ArenaLayout& lay = a->layout_;
   mem::ArenaPlan plan;
   for (int u = 0; u <= L; ++u) {
     Unit& unit = a->units_[u];
-    const std::size_t f32 = static_cast<std::size_t>(unit.elements) * sizeof(float);
     const std::string pre = u < L ? "layer" + std::to_string(u) : std::string("globals");
-    const std::size_t b16 = static_cast<std::size_t>(unit.elements) * sizeof(std::uint16_t);
-    unit.weights = plan.add(pre + ".weights", w16 ? b16 : f32, kPage);
-    if (!bf16) {
-      unit.master = plan.add(pre + ".master", f32, kPage);
-    } else if (a->mode_.master == MasterWeights::kBf16Kahan) {
-      unit.master = plan.add(pre + ".kahan", b16, kPage);
+    unit.weights = plan.add(pre + ".weights", lay.section_bytes(u, S::kWeights), kPage);
+    if (const std::size_t master = lay.section_bytes(u, S::kMaster); master > 0) {
+      unit.master = plan.add(pre + (lay.bf16_master() ? ".kahan" : ".master"), master, kPage);
     }
-    const auto state = static_cast<std::size_t>(unit.state_bytes);
-    unit.m = plan.add(pre + ".m", state, kPage);
-    unit.v = plan.add(pre + ".v", state, kPage);
-    if (unit.blocks > 0) {
-      const std::size_t scales = static_cast<std::size_t>(unit.blocks) * sizeof(float);
-      unit.m_absmax = plan.add(pre + ".m_absmax", scales, kPage);
-      unit.v_absmax = plan.add(pre + ".v_absmax", scales, kPage);
+    unit.m = plan.add(pre + ".m", lay.section_bytes(u, S::kM), kPage);
+    unit.v = plan.add(pre + ".v", lay.section_bytes(u, S::kV), kPage);
+    if (lay.units[static_cast<std::size_t>(u)].blocks > 0) {
+      unit.m_absmax = plan.add(pre + ".m_absmax", lay.section_bytes(u, S::kMAbsmax), kPage);
+      unit.v_absmax = plan.add(pre + ".v_absmax", lay.section_bytes(u, S::kVAbsmax), kPage);
     }
-    unit.grads = plan.add(pre + ".grads", bf16_grads ? b16 : f32, kPage);
+    unit.grads = plan.add(pre + ".grads", lay.section_bytes(u, S::kGrads), kPage);
   }
   const mem::LargeArenaPinning pin = mem::large_arena_pinned_mode();
   Result<mem::Arena> arena = mem::make_arena(plan, tier, a->budget_,
@@ -183,7 +141,7 @@ Result<std::unique_ptr<HostArena>> HostArena::allocate(const std::vector<model::
 
 void HostArena::write_streaming_copy(const ParamLoc& p) const {
   const float* m = master(p.unit) + p.offset;
-  if (bf16_weights_) {
+  if (bf16_weights()) {
     std::uint16_t* w = w16(p.unit) + p.offset;
     for (std::int64_t k = 0; k < p.n; ++k) w[k] = f32_to_bf16(m[k]);
   } else {
@@ -193,58 +151,59 @@ void HostArena::write_streaming_copy(const ParamLoc& p) const {
 
 std::int64_t HostArena::max_layer_elements() const {
   std::int64_t m = 0;
-  for (int u = 0; u + 1 < num_units(); ++u) m = std::max(m, units_[u].elements);
+  for (int u = 0; u + 1 < num_units(); ++u) m = std::max(m, unit_elements(u));
   return m;
 }
 
 HostArena::Bytes HostArena::section(int u, Section s) const {
+  const std::size_t bytes = layout_.section_bytes(u, s);
+  if (bytes == 0) return {};  // absent: no master with bf16-sr, no scales without 8-bit states
   const Unit& unit = units_[static_cast<std::size_t>(u)];
-  const auto n = static_cast<std::size_t>(unit.elements);
-  const auto state = static_cast<std::size_t>(unit.state_bytes);
-  const std::size_t scales = static_cast<std::size_t>(unit.blocks) * sizeof(float);
-  auto at = [&](mem::SlotId id, std::size_t bytes) {
-    return bytes == 0 ? Bytes{} : Bytes{arena_.as<std::uint8_t>(id), bytes};
-  };
+  mem::SlotId id = unit.weights;
   switch (s) {
     case Section::kWeights:
-      return at(unit.weights, unit_weight_bytes(u));
+      id = unit.weights;
+      break;
     case Section::kMaster:
-      if (mode_.master == MasterWeights::kF32) return at(unit.master, n * sizeof(float));
-      if (mode_.master == MasterWeights::kBf16Kahan) return at(unit.master, n * 2);
-      return {};
+      id = unit.master;
+      break;
     case Section::kM:
-      return at(unit.m, state);
+      id = unit.m;
+      break;
     case Section::kV:
-      return at(unit.v, state);
+      id = unit.v;
+      break;
     case Section::kMAbsmax:
-      return at(unit.m_absmax, scales);
+      id = unit.m_absmax;
+      break;
     case Section::kVAbsmax:
-      return at(unit.v_absmax, scales);
+      id = unit.v_absmax;
+      break;
     case Section::kGrads:
-      return at(unit.grads, n * grad_size());
+      id = unit.grads;
+      break;
   }
-  return {};
+  return Bytes{arena_.as<std::uint8_t>(id), bytes};
 }
 
 std::size_t HostArena::unit_weight_bytes(int u) const {
-  return static_cast<std::size_t>(units_[u].elements) *
-         (bf16_weights() ? sizeof(std::uint16_t) : sizeof(float));
+  return layout_.section_bytes(u, Section::kWeights);
 }
 
 Status HostArena::check_layout(const TrainState& s) const {
-  if (s.optim.mode != mode_) {
+  if (s.optim.mode != layout_.mode) {
     return invalid_argument("train: state mode {} differs from the arena's {}",
-                            describe(s.optim.mode), describe(mode_));
+                            describe(s.optim.mode), describe(layout_.mode));
   }
-  if (s.bf16_grads != bf16_grads_) {
+  if (s.bf16_grads != bf16_grads()) {
     return invalid_argument("train: the state keeps {} gradients, the arena {}",
-                            s.bf16_grads ? "bf16" : "f32", bf16_grads_ ? "bf16" : "f32");
+                            s.bf16_grads ? "bf16" : "f32", bf16_grads() ? "bf16" : "f32");
   }
-  if (s.bf16_weights() != bf16_weights_) {
+  if (s.bf16_weights() != bf16_weights()) {
     return invalid_argument("train: the state computes with {} weights, the arena streams {}",
-                            s.bf16_weights() ? "bf16" : "f32", bf16_weights_ ? "bf16" : "f32");
+                            s.bf16_weights() ? "bf16" : "f32", bf16_weights() ? "bf16" : "f32");
   }
-  for (const ParamLoc& p : params_) {
+  for (const ParamLoc& p : layout_.params) {
     if (s.optim.params[p.index].q8() != p.q8) {
       return invalid_argument("train: parameter {} has {} states in the state, {} in the arena",
                               s.master->named[p.index].first, p.q8 ? "fp32" : "8-bit",
@@ -256,13 +215,13 @@ Status HostArena::check_layout(const TrainState& s) const {
 
 Status HostArena::load_from(const TrainState& s) {
   FERRY_TRY(check_layout(s));
-  for (const ParamLoc& p : params_) {
+  for (const ParamLoc& p : layout_.params) {
     const std::size_t bytes = static_cast<std::size_t>(p.n) * sizeof(float);
     const ParamOptimState& st = s.optim.params[p.index];
     if (bf16_master()) {
       const std::size_t b16 = static_cast<std::size_t>(p.n) * sizeof(std::uint16_t);
       std::memcpy(w16(p.unit) + p.offset, st.w16.data(), b16);
-      if (mode_.master == MasterWeights::kBf16Kahan) {
+      if (layout_.mode.master == MasterWeights::kBf16Kahan) {
         std::memcpy(comp16(p.unit) + p.offset, st.comp16.data(), b16);
       }
     } else {
@@ -287,13 +246,13 @@ Status HostArena::load_from(const TrainState& s) {
 
 Status HostArena::store_to(TrainState& s) const {
   FERRY_TRY(check_layout(s));
-  for (const ParamLoc& p : params_) {
+  for (const ParamLoc& p : layout_.params) {
     const std::size_t bytes = static_cast<std::size_t>(p.n) * sizeof(float);
     ParamOptimState& st = s.optim.params[p.index];
     if (bf16_master()) {
       const std::size_t b16 = static_cast<std::size_t>(p.n) * sizeof(std::uint16_t);
       std::memcpy(st.w16.data(), w16(p.unit) + p.offset, b16);
-      if (mode_.master == MasterWeights::kBf16Kahan) {
+      if (layout_.mode.master == MasterWeights::kBf16Kahan) {
         std::memcpy(st.comp16.data(), comp16(p.unit) + p.offset, b16);
       }
     } else {

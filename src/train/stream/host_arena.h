@@ -36,24 +36,11 @@
 #include "mem/budget.h"
 #include "model/param_spec.h"
 #include "train/optim/optim_modes.h"
+#include "train/stream/arena_layout.h"
 #include "train/stream/cpu_tiers.h"
 #include "train/train_state.h"
 
 namespace ferry::train::stream {
-
-struct ParamLoc {
-  int index = 0;                  // position in TrainState::master->named (param_specs order)
-  int unit = 0;                   // layer, or L for the globals
-  std::int64_t n = 0;             // elements
-  std::int64_t offset = 0;        // elements from the start of its unit's sections
-  std::int64_t block0 = 0;        // first 8-bit block (absmax entry) within the unit (8-bit only)
-  std::int64_t state_offset = 0;  // bytes from the start of its unit's m (and v) section
-  bool q8 = false;                // 8-bit states (else f32 m, v): --8bit-params
-  bool decay = false;
-  // Read by ModelCompute only as a GEMM weight operand (model::is_gemm_weight_role): on a GPU
-  // with bf16 weight views its slot copy is read as bf16 in place (bf16_widen.h).
-  bool gemm_weight = false;
-};
 
 class HostArena {
  public:
@@ -87,12 +74,14 @@ class HostArena {
 
   Status load_from(const TrainState& s);  // weights + master + states (grads zeroed)
   Status store_to(TrainState& s) const;   // master + states, bit for bit
-  int num_units() const { return static_cast<int>(units_.size()); }
-  int globals_unit() const { return num_units() - 1; }
-  const std::vector<ParamLoc>& params() const { return params_; }
-  const std::vector<int>& unit_params(int u) const { return units_[u].params; }
-  std::int64_t unit_elements(int u) const { return units_[u].elements; }
-  std::int64_t unit_blocks(int u) const { return units_[u].blocks; }
+  // Where everything sits (arena_layout.h): what device-memory sizes are computed from.
+  const ArenaLayout& layout() const { return layout_; }
+  int num_units() const { return layout_.num_units(); }
+  int globals_unit() const { return layout_.globals_unit(); }
+  const std::vector<ParamLoc>& params() const { return layout_.params; }
+  const std::vector<int>& unit_params(int u) const { return layout_.units[u].params; }
+  std::int64_t unit_elements(int u) const { return layout_.units[u].elements; }
+  std::int64_t unit_blocks(int u) const { return layout_.units[u].blocks; }
   std::int64_t max_layer_elements() const;
 
   // fp32 master: the master; its streaming copy is weights() (f32) or w16() (bf16_weights()).
@@ -101,9 +90,9 @@ class HostArena {
   // bf16 streaming weights (bf16 masters: the weights themselves) and the Kahan compensation.
   std::uint16_t* w16(int u) const { return arena_.as<std::uint16_t>(units_[u].weights); }
   std::uint16_t* comp16(int u) const { return arena_.as<std::uint16_t>(units_[u].master); }
-  bool bf16_master() const { return mode_.master != MasterWeights::kF32; }
+  bool bf16_master() const { return layout_.bf16_master(); }
   // The streaming copy is bf16 (bf16 masters, or an fp32 master computing with bf16 weights).
-  bool bf16_weights() const { return bf16_weights_; }
+  bool bf16_weights() const { return layout_.bf16_weights; }
   // Bytes of unit u's streaming weights (what one H2D copy of the unit moves).
   std::size_t unit_weight_bytes(int u) const;
   // One parameter's states: f32 m, v (!p.q8) or the 8-bit codes and block scales (p.q8).
@@ -123,47 +112,40 @@ class HostArena {
   }
   // The unit's gradient landing buffer: f32, or bf16 with bf16 gradients (grads16).
   float* grads(int u) const {
-    FERRY_CHECK(!bf16_grads_, "train: the arena's gradients are bf16");
+    FERRY_CHECK(!layout_.bf16_grads, "train: the arena's gradients are bf16");
     return arena_.as<float>(units_[u].grads);
   }
   std::uint16_t* grads16(int u) const {
-    FERRY_CHECK(bf16_grads_, "train: the arena's gradients are f32");
+    FERRY_CHECK(layout_.bf16_grads, "train: the arena's gradients are f32");
     return arena_.as<std::uint16_t>(units_[u].grads);
   }
-  bool bf16_grads() const { return bf16_grads_; }
-  std::size_t grad_size() const { return bf16_grads_ ? 2 : 4; }  // bytes per gradient element
+  bool bf16_grads() const { return layout_.bf16_grads; }
+  std::size_t grad_size() const { return layout_.grad_size(); }  // bytes per gradient element
   std::uint8_t* grad_bytes(int u) const { return arena_.as<std::uint8_t>(units_[u].grads); }
 
   // Unit u's sections as raw bytes, for moving a unit's optimizer state whole (the device
   // optimizer tail, device_optimizer_tail.h); an absent section (no master with bf16-sr, no
   // block scales without 8-bit parameters) is {nullptr, 0}.
-  enum class Section : std::uint8_t { kWeights, kMaster, kM, kV, kMAbsmax, kVAbsmax, kGrads };
+  using Section = ArenaSection;
   struct Bytes {
     std::uint8_t* data = nullptr;
     std::size_t size = 0;
   };
   Bytes section(int u, Section s) const;
 
-  const OptimMode& mode() const { return mode_; }
+  const OptimMode& mode() const { return layout_.mode; }
   std::size_t total_bytes() const { return arena_.plan().allocation_bytes(); }
-  std::int64_t num_elements() const { return elements_; }
-  double bytes_per_param() const { return double(total_bytes()) / double(elements_); }
+  std::int64_t num_elements() const { return layout_.elements; }
+  double bytes_per_param() const { return double(total_bytes()) / double(layout_.elements); }
 
  private:
-  struct Unit {
-    std::vector<int> params;
-    std::int64_t elements = 0, blocks = 0, state_bytes = 0;
+  struct Unit {  // the unit's sections in arena_ (sizes: layout_)
     mem::SlotId weights, master, m, v, m_absmax, v_absmax, grads;
   };
   explicit HostArena(mem::MemTier tier) : budget_(tier) {}
   SetupTimes setup_times_;
-  // Lays out and allocates (contents undefined) the arena of these parameters.
-  static Result<std::unique_ptr<HostArena>> allocate(const std::vector<model::ParamSpec>& specs,
-                                                     int layers, const OptimMode& mode,
-                                                     bool bf16_weights, bool bf16_grads,
-                                                     const std::vector<bool>& decay,
-                                                     const std::vector<bool>& q8,
-                                                     mem::MemTier tier);
+  // Allocates (contents undefined) the arena of this layout, each section on its own page.
+  static Result<std::unique_ptr<HostArena>> allocate(ArenaLayout layout, mem::MemTier tier);
   Status check_layout(const TrainState& s) const;  // same mode and 8-bit selection
   // fp32 master: its streaming copy (f32, or bf16 rounded to nearest even) from the master.
   void write_streaming_copy(const ParamLoc& p) const;
@@ -171,12 +153,8 @@ class HostArena {
     return arena_.as<std::uint8_t>(section) + p.state_offset;
   }
 
-  OptimMode mode_;
-  bool bf16_weights_ = false;
-  bool bf16_grads_ = false;
-  std::vector<ParamLoc> params_;
+  ArenaLayout layout_;
   std::vector<Unit> units_;
-  std::int64_t elements_ = 0;
   mem::MemoryBudget budget_;
   mem::Arena arena_;
 };

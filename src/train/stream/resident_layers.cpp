@@ -15,7 +15,7 @@ std::size_t align_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign;
 
 }  // namespace
 
-int ResidentLayers::resolve(const HostArena& arena, int k) {
+int ResidentLayers::resolve(const ArenaLayout& arena, int k) {
   return k == kResidentAllLayers ? arena.globals_unit() : k;
 }
 
@@ -42,25 +42,26 @@ Status ResidentLayers::check(const HostArena& arena, int k_in) {
   return {};
 }
 
-ResidentLayers::Layout ResidentLayers::layout(const HostArena& arena, int u, bool views) {
-  using S = HostArena::Section;
+ResidentLayers::Layout ResidentLayers::layout(const ArenaLayout& arena, int u, bool views) {
+  using S = ArenaSection;
   Layout l;
-  const auto n = static_cast<std::size_t>(arena.unit_elements(u));
-  l.size[kW16] = arena.bf16_weights() ? arena.section(u, S::kWeights).size : 0;
-  l.size[kMaster] = arena.section(u, S::kMaster).size;
-  l.size[kM] = arena.section(u, S::kM).size;
-  l.size[kV] = arena.section(u, S::kV).size;
-  l.size[kMAbs] = arena.section(u, S::kMAbsmax).size;
-  l.size[kVAbs] = arena.section(u, S::kVAbsmax).size;
+  const ArenaLayout::Unit& unit = arena.units[static_cast<std::size_t>(u)];
+  const auto n = static_cast<std::size_t>(unit.elements);
+  l.size[kW16] = arena.bf16_weights ? arena.section_bytes(u, S::kWeights) : 0;
+  l.size[kMaster] = arena.section_bytes(u, S::kMaster);
+  l.size[kM] = arena.section_bytes(u, S::kM);
+  l.size[kV] = arena.section_bytes(u, S::kV);
+  l.size[kMAbs] = arena.section_bytes(u, S::kMAbsmax);
+  l.size[kVAbs] = arena.section_bytes(u, S::kVAbsmax);
   l.size[kG32] = n * sizeof(float);
-  if (arena.bf16_weights()) {
+  if (arena.bf16_weights) {
     std::int64_t f32 = static_cast<std::int64_t>(n);
     if (views) {
       std::vector<bool> gemm;
       std::vector<std::int64_t> numel;
-      for (int idx : arena.unit_params(u)) {
-        gemm.push_back(arena.params()[static_cast<std::size_t>(idx)].gemm_weight);
-        numel.push_back(arena.params()[static_cast<std::size_t>(idx)].n);
+      for (int idx : unit.params) {
+        gemm.push_back(arena.params[static_cast<std::size_t>(idx)].gemm_weight);
+        numel.push_back(arena.params[static_cast<std::size_t>(idx)].n);
       }
       f32 = bf16_view_f32_elements(gemm, numel);
     }
@@ -75,19 +76,20 @@ ResidentLayers::Layout ResidentLayers::layout(const HostArena& arena, int u, boo
   return l;
 }
 
-std::size_t ResidentLayers::layer_bytes(const HostArena& arena, int u, bool views) {
+std::size_t ResidentLayers::layer_bytes(const ArenaLayout& arena, int u, bool views) {
   return layout(arena, u, views).total;
 }
 
-std::size_t ResidentLayers::scratch_bytes(const HostArena& arena, int k) {
-  if (!arena.bf16_grads()) return 0;
+std::size_t ResidentLayers::scratch_bytes(const ArenaLayout& arena, int k) {
+  if (!arena.bf16_grads) return 0;
   k = std::min(resolve(arena, k), arena.globals_unit());
   std::int64_t most = 0;
-  for (int u = 0; u < k; ++u) most = std::max(most, arena.unit_elements(u));
+  for (int u = 0; u < k; ++u)
+    most = std::max(most, arena.units[static_cast<std::size_t>(u)].elements);
   return align_up(static_cast<std::size_t>(most) * sizeof(std::uint16_t));
 }
 
-std::size_t ResidentLayers::bytes(const HostArena& arena, int k, bool views) {
+std::size_t ResidentLayers::bytes(const ArenaLayout& arena, int k, bool views) {
   k = std::min(resolve(arena, k), arena.globals_unit());
   std::size_t total = 0;
   for (int u = 0; u < k; ++u) total += layer_bytes(arena, u, views);
@@ -101,14 +103,14 @@ Result<std::unique_ptr<ResidentLayers>> ResidentLayers::create(const HostArena& 
   FERRY_TRY(check(arena, k));
   k = resolve(arena, k);
   const bool v = views != nullptr;
-  FERRY_CHECK(size >= bytes(arena, k, v), "train: resident layers in {} bytes, {} needed", size,
-              bytes(arena, k, v));
+  FERRY_CHECK(size >= bytes(arena.layout(), k, v), "train: resident layers in {} bytes, {} needed",
+              size, bytes(arena.layout(), k, v));
   std::unique_ptr<ResidentLayers> r(new ResidentLayers(arena, backend, views));
   r->k_ = k;
   r->stats_.layers = k;
   std::size_t off = 0;
   for (int u = 0; u < k; ++u) {
-    r->layouts_.push_back(layout(arena, u, v));
+    r->layouts_.push_back(layout(arena.layout(), u, v));
     r->base_.push_back(base + off);
     off += r->layouts_.back().total;
   }

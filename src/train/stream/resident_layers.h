@@ -57,17 +57,25 @@ struct ResidentStats {
 class ResidentLayers {
  public:
   // K as given (kResidentAllLayers: every layer) -> the count; kResidentAuto stays as it is.
-  static int resolve(const HostArena& arena, int k);
+  static int resolve(const ArenaLayout& arena, int k);
+  static int resolve(const HostArena& arena, int k) { return resolve(arena.layout(), k); }
   // OK when layers 0..K-1 can be resident: 0 <= K <= L and no parameter of theirs has f32 states
   // beside an f32 master (no device kernel for it, as the device tail).
   static Status check(const HostArena& arena, int k);
   // Device-tier bytes of resident layer u / of layers 0..K-1; views: bf16 weight views apply
-  // (DevicePlan::bf16_weight_views): w32 holds only the f32-read parameters.
-  static std::size_t layer_bytes(const HostArena& arena, int u, bool views);
+  // (DevicePlan::bf16_weight_views): w32 holds only the f32-read parameters. From the arena's
+  // layout alone, so ferry plan sizes resident layers with this code before any arena exists.
+  static std::size_t layer_bytes(const ArenaLayout& arena, int u, bool views);
+  static std::size_t layer_bytes(const HostArena& arena, int u, bool views) {
+    return layer_bytes(arena.layout(), u, views);
+  }
   // (bytes() = the layers' layer_bytes + scratch_bytes.)
-  static std::size_t bytes(const HostArena& arena, int k, bool views);
+  static std::size_t bytes(const ArenaLayout& arena, int k, bool views);
+  static std::size_t bytes(const HostArena& arena, int k, bool views) {
+    return bytes(arena.layout(), k, views);
+  }
   // The bf16 rounding scratch g16 (bf16 gradients; else 0).
-  static std::size_t scratch_bytes(const HostArena& arena, int k);
+  static std::size_t scratch_bytes(const ArenaLayout& arena, int k);
 
   // base: bytes(arena, k, views) bytes of the device tier (the caller's). views: the
   // executor's Bf16ViewLanding with bf16 weight views, else null. Nothing is copied yet.
@@ -104,7 +112,7 @@ class ResidentLayers {
     std::size_t size[kPieces] = {};
     std::size_t total = 0;
   };
-  static Layout layout(const HostArena& arena, int u, bool views);
+  static Layout layout(const ArenaLayout& arena, int u, bool views);
   ResidentLayers(const HostArena& arena, kernels::Backend& be, const Bf16ViewLanding* views)
       : arena_(arena), be_(be), views_(views) {}
   std::uint8_t* piece(int u, Piece p) const {

@@ -178,8 +178,8 @@ Status check_tail_budget(const HostArena& arena, const model::DecoderGeometry& g
       "({} x {} of one layer's optimizer sections + {} widening); with it batch {} needs {}, the "
       "budget is {}: {}; or lower the batch or raise --device-budget-mib",
       K, S, mem::format_bytes(DeviceOptimizerTail::staging_bytes(arena, K, S, R)), S,
-      mem::format_bytes(DeviceOptimizerTail::slot_bytes(arena, K, R)),
-      mem::format_bytes(DeviceOptimizerTail::widen_bytes(arena, K, R)), batch,
+      mem::format_bytes(DeviceOptimizerTail::slot_bytes(arena.layout(), K, R)),
+      mem::format_bytes(DeviceOptimizerTail::widen_bytes(arena.layout(), K, R)), batch,
       mem::format_bytes(need), mem::format_bytes(budget), hint);
 }
 
