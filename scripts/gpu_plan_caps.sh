@@ -22,6 +22,10 @@
 # The bench models are Qwen2 (--arch qwen2: q/k/v biases, no q/k norm), the architecture ferry
 # plan's built-in geometries describe; before session 16 they ran ferry bench's default qwen3
 # (per-head q/k norms: more workspace than the plan counted), which a plan now refuses.
+# ROUNDS=R (default 1): each cap's bench run R times with the policy order rotated, merged per
+# policy (scripts/lib/merge_bench_rounds.py): a host drift during a call lands on every policy
+# (session 18: the same host run measured 7 % apart between calls, identical plans 3-12 % apart
+# within one).
 # Extra flags: PLAN_EXTRA (ferry plan), BENCH_EXTRA (ferry bench train; default 8-bit states,
 # bf16-kahan masters, 1 warm-up + 3 timed steps: one-step runs of the same policy spread 6.8 % between calls in session 15). MAX_BATCH per geometry (default 3B 48, 7B 32).
 # TAIL: the device optimizer tail of the capped runs, given to ferry plan and to ferry bench train
@@ -86,15 +90,27 @@ for g in ${GEOMS:-qwen2.5-3b qwen2.5-7b}; do
     # GB, 7 % less than the policies it was compared with).
     plan_gb=$(awk -v c="$cap" 'BEGIN { printf "%.6f", c * 1.073741824 }')
     rep="/tmp/plan_caps_bench.json"
-    rm -f "$rep"
+    rm -f "$rep" "$rep".round*
     if ! "$FERRY" plan --geometry "$g" --seq-len 1024 --batch-size auto --max-batch "$maxb" \
       --gpu-mem-gb "$plan_gb" --profile "$prof" --resident-layers "$RESIDENT" $OPTIM $TAIL $TAIL_MS $PLAN_EXTRA --json "$plan" >"$OUT/plan_${g}_${cap}.log" 2>&1; then
       echo "[$g ${cap} GiB] ferry plan failed:"; tail -3 "$OUT/plan_${g}_${cap}.log"; continue
     fi
-    timeout "${BENCH_TIMEOUT:-500}" "$FERRY" bench train --device cuda --geometry "$g" --arch qwen2 --seq-len 1024 \
-      --batch-size auto --max-batch "$maxb" --device-budget-mib $((cap * 1024)) \
-      --policies "every:4,device,host,plan=$plan" --resident-layers "$RESIDENT" $OPTIM $TAIL $BENCH_EXTRA --json "$rep" \
-      >"$OUT/bench_${g}_${cap}.log" 2>&1 || { echo "[$g ${cap} GiB] bench failed:"; tail -3 "$OUT/bench_${g}_${cap}.log"; }
+    # ROUNDS=R: the bench R times, the policy order rotated each time, merged per policy
+    # (scripts/lib/merge_bench_rounds.py: mean step, each round's step kept).
+    pols=(every:4 device host "plan=$plan")
+    round_reps=()
+    for ((r = 0; r < ${ROUNDS:-1}; r++)); do
+      k=$((r % ${#pols[@]}))
+      order=("${pols[@]:k}" "${pols[@]:0:k}")
+      rr="$rep.round$r"
+      round_reps+=("$rr")
+      timeout "${BENCH_TIMEOUT:-500}" "$FERRY" bench train --device cuda --geometry "$g" --arch qwen2 --seq-len 1024 \
+        --batch-size auto --max-batch "$maxb" --device-budget-mib $((cap * 1024)) \
+        --policies "$(IFS=,; echo "${order[*]}")" --resident-layers "$RESIDENT" $OPTIM $TAIL $BENCH_EXTRA --json "$rr" \
+        >"$OUT/bench_${g}_${cap}_round$r.log" 2>&1 || { echo "[$g ${cap} GiB] bench round $r failed:"; tail -3 "$OUT/bench_${g}_${cap}_round$r.log"; }
+    done
+    python3 scripts/lib/merge_bench_rounds.py "$rep" "${round_reps[@]}" ||
+      echo "[$g ${cap} GiB] merging the rounds failed"
     python3 - "$g" "$cap" "$plan" "$rep" "$OUT/plan_caps.jsonl" <<'PY'
 import json, sys
 g, cap, plan, rep, out = sys.argv[1:6]
@@ -118,7 +134,9 @@ for p in B.get("policies", []):
     print(f"  {p['policy'][:12]:>12}: batch {p['batch_size']} (fits {p.get('largest_fitting_batch')}), "
           f"{p['tokens_per_s']:.0f} tok/s, "
           f"{p['model_tflops']:.1f} TFLOPS, step {p['step_ms_mean']:.0f} ms{err}, device peak "
-          f"{p['device_peak_bytes'] / 2**30:.1f} GiB")
+          f"{p['device_peak_bytes'] / 2**30:.1f} GiB"
+          + (f", rounds {' / '.join(f'{v:.0f}' for v in p['rounds_step_ms'])} ms"
+             if len(p.get("rounds_step_ms", [])) > 1 else ""))
 PY
   done
 done
