@@ -80,8 +80,12 @@ std::size_t device_tail_staging_bytes(const model::ModelConfig& cfg, const Execu
 }
 
 std::size_t resident_layer_bytes(const model::ModelConfig& cfg, const ExecutorTarget& t, int u) {
-  const bool views = t.backend != nullptr && train::stream::bf16_weight_views(
-                                                 executor_sizes(cfg, t), *t.backend, t.precision);
+  // The views depend on the weights' dtype and the backend only: the model's sizes without the
+  // tail's staging (executor_sizes would lay the arena out a second time for a term not read).
+  const bool views =
+      t.backend != nullptr &&
+      train::stream::bf16_weight_views(
+          train::stream::model_sizes(cfg, t.bf16_weights, t.bf16_grads), *t.backend, t.precision);
   return train::stream::ResidentLayers::layer_bytes(arena_of(cfg, t), u, views);
 }
 

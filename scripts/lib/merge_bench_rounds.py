@@ -7,6 +7,7 @@
 # on whichever policy runs then; rotated rounds spread it over all of them.
 #   merge_bench_rounds.py OUT.json ROUND1.json ROUND2.json ...
 import json
+import statistics
 import sys
 
 
@@ -39,7 +40,7 @@ def merge(reports):
             if key in p and isinstance(p[key], (int, float)):
                 p[key] = p[key] * scale
         p["step_ms_mean"] = mean
-        p["step_ms_median"] = sorted(r["step_ms_median"] for r in runs)[len(runs) // 2]
+        p["step_ms_median"] = statistics.median(r["step_ms_median"] for r in runs)
         for key in ("exposed_ms_per_step", "optimizer_ms_per_step"):
             if all(isinstance(r.get(key), (int, float)) for r in runs):
                 p[key] = sum(r[key] for r in runs) / len(runs)
