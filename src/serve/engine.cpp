@@ -36,6 +36,7 @@ struct Engine::Sequence {
   bool cancel = false;
   std::string text;
   FinishReason finish = FinishReason::kNone;
+  std::vector<TokenLogprob> logprobs, prompt_logprobs;  // when the request asks for them
   std::int64_t generated() const { return std::int64_t(tokens.size()) - prompt_len; }
 };
 
@@ -126,7 +127,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::DecoderGeometry& geo
   e->runner_->set_batch_invariant(cfg.batch_invariant);
   e->runner_->set_cuda_graphs(cfg.cuda_graphs);
   e->logits_.resize(std::size_t(cfg.max_running) * std::size_t(geo.vocab));
-  e->sampled_.reserve(std::size_t(cfg.max_running));
+  e->rows_.reserve(std::size_t(cfg.max_running));
   return e;
 }
 
@@ -141,8 +142,18 @@ Result<RequestId> Engine::submit(GenerationRequest r) {
           geo_.vocab);
     }
   }
-  if (r.max_new_tokens <= 0) {
-    return invalid_argument("serve: max_new_tokens must be positive, got {}", r.max_new_tokens);
+  for (const auto& [what, n] : {std::pair<const char*, int>{"logprobs", r.logprobs},
+                                {"prompt_logprobs", r.prompt_logprobs}}) {
+    if (n < -1 || n > kMaxTopLogprobs) {
+      return invalid_argument("serve: {} must be -1 (off) or in [0, {}], got {}", what,
+                              kMaxTopLogprobs, n);
+    }
+  }
+  if (r.max_new_tokens < 0 || (r.max_new_tokens == 0 && r.prompt_logprobs < 0)) {
+    return invalid_argument(
+        "serve: max_new_tokens must be positive (0 only to score a prompt with prompt_logprobs), "
+        "got {}",
+        r.max_new_tokens);
   }
   FERRY_TRY(validate(r.sampling));
   if (!r.stop_strings.empty() && !r.detokenize) {
@@ -194,8 +205,9 @@ void Engine::admit() {
     // kv_preempt: what the next steps compute (the prompt, or everything to recompute).
     const std::int64_t need =
         cfg_.kv_preempt ? std::int64_t(s.tokens.size()) : s.prompt_len + s.req.max_new_tokens;
-    // Prefix cache: the longest cached block-aligned prefix is taken as computed.
-    const int matched = kv_->match_prefix(s.table, s.tokens);
+    // Prefix cache: the longest cached block-aligned prefix is taken as computed. Not for prompt
+    // scoring, which needs the logits of every prompt position.
+    const int matched = s.req.prompt_logprobs >= 0 ? 0 : kv_->match_prefix(s.table, s.tokens);
     if (!kv_->reserve(s.table, need).ok()) {
       kv_->release(s.table);  // the matched blocks stay cached
       break;                  // FIFO: wait for blocks, no overtaking
@@ -300,11 +312,15 @@ void Engine::finish(Sequence& s, FinishReason r) {
   out.tokens.assign(s.tokens.begin() + s.prompt_len, s.tokens.end());
   out.text = std::move(s.text);
   out.finish = r;
+  out.logprobs = std::move(s.logprobs);
+  out.prompt_logprobs = std::move(s.prompt_logprobs);
   done_[s.id] = std::move(out);
 }
 
-Status Engine::after_sample(Sequence& s, std::int32_t token, std::vector<TokenEvent>& events) {
+Status Engine::after_sample(Sequence& s, std::int32_t token, std::optional<TokenLogprob> lp,
+                            std::vector<TokenEvent>& events) {
   s.tokens.push_back(token);
+  if (lp) s.logprobs.push_back(*lp);
   const int index = static_cast<int>(s.generated() - 1);
   FinishReason fin = FinishReason::kNone;
   if (std::find(s.req.stop_token_ids.begin(), s.req.stop_token_ids.end(), token) !=
@@ -329,7 +345,8 @@ Status Engine::after_sample(Sequence& s, std::int32_t token, std::vector<TokenEv
   if (fin == FinishReason::kNone && s.generated() >= s.req.max_new_tokens) {
     fin = FinishReason::kLength;
   }
-  events.push_back({.id = s.id, .token = token, .index = index, .finish = fin});
+  events.push_back(
+      {.id = s.id, .token = token, .index = index, .finish = fin, .logprob = std::move(lp)});
   if (fin != FinishReason::kNone) finish(s, fin);
   return ok_status();
 }
@@ -355,17 +372,25 @@ Result<std::vector<TokenEvent>> Engine::step() {
 
   // Decode tokens first (one per sequence past its prompt), then prompt chunks.
   batch_.clear();
-  std::vector<Sequence*>& sampled = sampled_;  // parallel to batch_.logit_rows
-  sampled.clear();
+  rows_.clear();  // parallel to batch_.logit_rows
+  scored_.clear();
   std::int64_t budget = cfg_.max_batch_tokens;
   auto add = [&](Sequence& s, std::int64_t n) {
     const auto seq = static_cast<std::int32_t>(batch_.tables.size());
     batch_.tables.push_back(&s.table);
     batch_.requests.push_back(s.id);
     for (std::int64_t i = 0; i < n; ++i) {
-      batch_.ids.push_back(s.tokens[s.computed + i]);
-      batch_.positions.push_back(static_cast<std::int32_t>(s.computed + i));
+      const std::int64_t pos = s.computed + i;
+      batch_.ids.push_back(s.tokens[pos]);
+      batch_.positions.push_back(static_cast<std::int32_t>(pos));
       batch_.seq_of.push_back(seq);
+      // Prompt scoring: position pos scores prompt token pos + 1 (once: a recompute after a
+      // preemption does not score again).
+      if (s.req.prompt_logprobs >= 0 && pos + 1 < s.prompt_len &&
+          pos >= std::int64_t(s.prompt_logprobs.size())) {
+        batch_.logit_rows.push_back(static_cast<std::int32_t>(batch_.ids.size() - 1));
+        rows_.push_back({.seq = &s, .prompt_pos = pos});
+      }
     }
     (s.computed >= s.prompt_len ? stats_.decode_tokens : stats_.prefill_tokens) += n;
     stats_.recompute_tokens += std::uint64_t(
@@ -374,8 +399,12 @@ Result<std::vector<TokenEvent>> Engine::step() {
     s.high_water = std::max(s.high_water, s.computed);
     budget -= n;
     if (s.computed == std::int64_t(s.tokens.size())) {
-      batch_.logit_rows.push_back(static_cast<std::int32_t>(batch_.ids.size() - 1));
-      sampled.push_back(&s);
+      if (s.generated() == 0 && s.req.max_new_tokens == 0) {
+        scored_.push_back(&s);  // only scoring its prompt: nothing to sample
+      } else {
+        batch_.logit_rows.push_back(static_cast<std::int32_t>(batch_.ids.size() - 1));
+        rows_.push_back({.seq = &s});
+      }
     }
   };
   // Decoding: past the prompt with one token to compute. Everything else is a prompt chunk (or,
@@ -392,17 +421,31 @@ Result<std::vector<TokenEvent>> Engine::step() {
     if (pending > 0 && !decoding(*s) && budget > 0) add(*s, std::min(budget, pending));
   }
   const std::int64_t T = batch_.tokens();
+  const std::size_t V = std::size_t(geo_.vocab);
+  if (logits_.size() < rows_.size() * V) logits_.resize(rows_.size() * V);  // prompt scoring
   FERRY_TRY(runner_->forward(batch_, logits_.data()));
   // Blocks this step filled get their prefix-cache identity (no-op without the prefix cache).
   for (auto& s : running_) kv_->commit_full_blocks(s->table, s->tokens, s->computed);
   ++stats_.steps;
   stats_.max_step_tokens = std::max<std::uint64_t>(stats_.max_step_tokens, T);
-  for (std::size_t r = 0; r < sampled.size(); ++r) {
-    Sequence& s = *sampled[r];
-    const std::span<const float> row(logits_.data() + r * geo_.vocab, std::size_t(geo_.vocab));
+  for (std::size_t r = 0; r < rows_.size(); ++r) {
+    Sequence& s = *rows_[r].seq;
+    const std::span<const float> row(logits_.data() + r * V, V);
+    if (rows_[r].prompt_pos >= 0) {
+      const std::int32_t next = s.tokens[std::size_t(rows_[r].prompt_pos + 1)];
+      s.prompt_logprobs.push_back(
+          token_logprob(row, next, s.req.prompt_logprobs, logprob_scratch_));
+      continue;
+    }
     if (logits_observer_) logits_observer_(s.id, static_cast<int>(s.generated()), row);
     const std::int32_t token = sample(row, s.req.sampling, s.rng, sample_scratch_);
-    FERRY_TRY(after_sample(s, token, events));
+    std::optional<TokenLogprob> lp;
+    if (s.req.logprobs >= 0) lp = token_logprob(row, token, s.req.logprobs, logprob_scratch_);
+    FERRY_TRY(after_sample(s, token, std::move(lp), events));
+  }
+  for (Sequence* s : scored_) {
+    events.push_back({.id = s->id, .token = -1, .index = 0, .finish = FinishReason::kLength});
+    finish(*s, FinishReason::kLength);
   }
   std::erase_if(running_, [](const auto& s) { return s->finish != FinishReason::kNone; });
   return events;

@@ -32,6 +32,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -45,6 +46,7 @@
 #include "serve/expert_executor.h"
 #include "serve/kv_cache.h"
 #include "serve/link_engine.h"
+#include "serve/logprobs.h"
 #include "serve/model_runner.h"
 #include "serve/sampler.h"
 #include "serve/serve_config.h"
@@ -64,6 +66,15 @@ struct GenerationRequest {
   std::vector<std::string> stop_strings;     // text is cut before the first match
   // Text of generated ids (the caller's tokenizer); needed for stop_strings and output text.
   std::function<Result<std::string>(std::span<const std::int32_t>)> detokenize;
+  // Log-probabilities (serve/logprobs.h; raw logits, before temperature / top-k / top-p):
+  // -1 off; n in [0, kMaxTopLogprobs]: each generated token's logprob plus the n most likely
+  // alternatives at its position.
+  int logprobs = -1;
+  // -1 off; n >= 0: the logprob of every prompt token after the first (given the tokens before
+  // it) plus n alternatives. Such a request computes its whole prompt (no prefix-cache match,
+  // whose positions would have no logits) and may set max_new_tokens = 0 to only score the
+  // prompt (it then finishes with kLength once the prompt is computed).
+  int prompt_logprobs = -1;
 };
 
 struct TokenEvent {
@@ -71,12 +82,15 @@ struct TokenEvent {
   std::int32_t token = -1;  // -1 on a cancellation event
   int index = 0;            // position among the request's generated tokens
   FinishReason finish = FinishReason::kNone;
+  std::optional<TokenLogprob> logprob;  // the token's, when the request asked for logprobs
 };
 
 struct RequestOutput {
   std::vector<std::int32_t> tokens;  // generated ids
   std::string text;                  // detokenized (cut at a stop string); empty without one
   FinishReason finish = FinishReason::kNone;
+  std::vector<TokenLogprob> logprobs;         // per generated token (GenerationRequest::logprobs)
+  std::vector<TokenLogprob> prompt_logprobs;  // prompt tokens 1..P-1 (prompt_logprobs)
 };
 
 struct EngineStats {
@@ -117,7 +131,8 @@ class Engine {
   ~Engine();
 
   // invalid_argument: empty prompt, ids outside the vocabulary, bad sampling values, stop strings
-  // without a detokenizer, prompt + max_new_tokens over max_seq_len or over the whole KV pool.
+  // without a detokenizer, prompt + max_new_tokens over max_seq_len or over the whole KV pool,
+  // logprob counts outside [-1, kMaxTopLogprobs], max_new_tokens 0 without prompt_logprobs.
   Result<RequestId> submit(GenerationRequest request);
   Result<std::vector<TokenEvent>> step();
   Status cancel(RequestId id);
@@ -178,7 +193,8 @@ class Engine {
   Status grow_for_decode();
   void preempt(std::size_t running_index);
   void finish(Sequence& s, FinishReason r);
-  Status after_sample(Sequence& s, std::int32_t token, std::vector<TokenEvent>& events);
+  Status after_sample(Sequence& s, std::int32_t token, std::optional<TokenLogprob> lp,
+                      std::vector<TokenEvent>& events);
 
   model::DecoderGeometry geo_;
   const model::ModelParams& params_;
@@ -200,8 +216,16 @@ class Engine {
   std::vector<TokenEvent> pending_;  // events of requests cancelled while waiting
   std::map<RequestId, RequestOutput> done_;
   StepBatch batch_;
-  std::vector<float> logits_;       // [max_running, V]
-  std::vector<Sequence*> sampled_;  // sequences sampled this step, parallel to logit rows
+  // One row of logits this step asked for: the row a sequence samples from (prompt_pos -1) or,
+  // for prompt scoring, the row at prompt position prompt_pos (it scores token prompt_pos + 1).
+  struct LogitRow {
+    Sequence* seq = nullptr;
+    std::int64_t prompt_pos = -1;
+  };
+  std::vector<float> logits_;      // [rows, V]: max_running rows, grown for prompt scoring
+  std::vector<LogitRow> rows_;     // parallel to batch_.logit_rows
+  std::vector<Sequence*> scored_;  // max_new_tokens == 0: prompt computed, finishes unsampled
+  LogprobScratch logprob_scratch_;
   std::vector<std::pair<std::int32_t, double>> sample_scratch_;
   std::function<void(RequestId, int, std::span<const float>)> logits_observer_;
   std::function<Status(Engine&)> step_hook_;

@@ -424,21 +424,33 @@ Status CudaModelRunner::dense_gemm(const kernels::GemmArgs& g, mem::Stream& stre
         "b {})",
         g.out.shape_string(), g.a.shape_string(), g.b.shape_string());
   }
-  // CudaBackend::gemm's own choice for these rows in f32: its small-m kernel, or cuBLASLt.
-  if (device::small_m_gemm_enabled() && m <= device::kSmallGemmRows) {
-    return device::small_m_gemm_bf16w({.out = static_cast<float*>(g.out.data),
-                                       .a = static_cast<const float*>(g.a.data),
-                                       .b = static_cast<const std::uint16_t*>(g.b.data),
-                                       .bias = static_cast<const float*>(g.bias.data),
-                                       .m = m,
-                                       .n = n,
-                                       .k = k,
-                                       .lda = g.a.stride[0],
-                                       .ldb = g.b.stride[0],
-                                       .ldo = g.out.stride[0],
-                                       .alpha = g.alpha,
-                                       .beta = g.beta},
-                                      stream);
+  // CudaBackend::gemm's own choice for these rows in f32: its small-m kernel, or cuBLASLt. Rows
+  // [r0, r0 + rows) through the small-m kernel:
+  auto small_m = [&](std::int64_t r0, std::int64_t rows) {
+    return device::small_m_gemm_bf16w(
+        {.out = static_cast<float*>(g.out.data) + r0 * g.out.stride[0],
+         .a = static_cast<const float*>(g.a.data) + r0 * g.a.stride[0],
+         .b = static_cast<const std::uint16_t*>(g.b.data),
+         .bias = static_cast<const float*>(g.bias.data),
+         .m = rows,
+         .n = n,
+         .k = k,
+         .lda = g.a.stride[0],
+         .ldb = g.b.stride[0],
+         .ldo = g.out.stride[0],
+         .alpha = g.alpha,
+         .beta = g.beta},
+        stream);
+  };
+  if (device::small_m_gemm_enabled() && m <= device::kSmallGemmRows) return small_m(0, m);
+  // More rows than the workspace was planned for (the lm_head when a prompt is scored: every
+  // prompt position's logits, while the plan sized the lm_head for the sampled rows): groups of
+  // kSmallGemmRows rows, each reading the bf16 weight in place.
+  if (g.b.numel() > widen_floats_ && device::small_m_gemm_enabled()) {
+    for (std::int64_t r0 = 0; r0 < m; r0 += device::kSmallGemmRows) {
+      FERRY_TRY(small_m(r0, std::min<std::int64_t>(device::kSmallGemmRows, m - r0)));
+    }
+    return ok_status();
   }
   FERRY_CHECK(g.b.numel() <= widen_floats_,
               "serve: a {}-element bf16 weight for {} rows, the widening workspace holds {}",

@@ -189,6 +189,18 @@ Result<std::string> Tokenizer::decode(std::span<const TokenId> ids,
   return tok::utf8_repair(bytes);
 }
 
+Result<std::string> Tokenizer::token_bytes(TokenId id) const {
+  const Impl& t = *impl_;
+  if (id < 0 || static_cast<std::size_t>(id) >= t.kind.size() || t.kind[id] == 0) {
+    return out_of_range("tokenizer: no token {} in the vocabulary (size {})", id, t.kind.size());
+  }
+  const std::string& token = t.id_to_token[id];
+  if (!t.byte_level_decoder || t.kind[id] != 1) return token;
+  std::string bytes;
+  tok::byte_level_decode_append(token, bytes);
+  return bytes;
+}
+
 Result<std::string> Tokenizer::normalize(std::string_view text) const {
   if (const std::size_t bad = tok::utf8_first_invalid(text); bad != std::string_view::npos) {
     return invalid_argument("tokenizer: input is not valid UTF-8 (byte {} of {})", bad,

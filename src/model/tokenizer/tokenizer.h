@@ -57,6 +57,10 @@ class Tokenizer {
   Result<std::vector<TokenId>> encode(std::string_view text, const EncodeOptions& opts = {}) const;
   // Fails (out_of_range) on an id that is neither in the vocab nor an added token.
   Result<std::string> decode(std::span<const TokenId> ids, const DecodeOptions& opts = {}) const;
+  // The bytes one token decodes to before UTF-8 repair (a byte-level token may hold part of a
+  // character): what decode() concatenates. Special tokens give their text. out_of_range for an
+  // id outside the vocabulary.
+  Result<std::string> token_bytes(TokenId id) const;
 
   // The text encode() tokenizes after normalization (identity without a normalizer; added tokens
   // matched on the raw text are left as they are), so that

@@ -7,10 +7,11 @@
 
 namespace ferry::serve::http {
 
-void RequestChannel::push_token(std::int32_t token) {
+void RequestChannel::push_token(std::int32_t token, const std::optional<TokenLogprob>& logprob) {
   {
     std::lock_guard lk(mu_);
     tokens_.push_back(token);
+    if (logprob) logprobs_.push_back(*logprob);
   }
   cv_.notify_all();
 }
@@ -26,7 +27,7 @@ void RequestChannel::finish(Result<RequestOutput> out) {
 RequestChannel::Snapshot RequestChannel::wait(std::size_t seen, std::chrono::milliseconds timeout) {
   std::unique_lock lk(mu_);
   cv_.wait_for(lk, timeout, [&] { return output_.has_value() || tokens_.size() > seen; });
-  return Snapshot{tokens_, output_};
+  return Snapshot{tokens_, logprobs_, output_};
 }
 
 EngineWorker::EngineWorker(Engine& engine, ServerMetrics* metrics)
@@ -130,7 +131,7 @@ void EngineWorker::step_once() {
     if (it == live_.end()) continue;
     Live& live = it->second;
     if (ev.token >= 0) {
-      live.channel->push_token(ev.token);
+      live.channel->push_token(ev.token, ev.logprob);
       if (metrics_) {
         ++metrics_->generated_tokens;
         const double dt = std::chrono::duration<double>(now - live.last).count();

@@ -30,14 +30,15 @@ namespace ferry::serve::http {
 // What the engine thread has produced for one request so far.
 class RequestChannel {
  public:
-  // Engine thread.
-  void push_token(std::int32_t token);
+  // Engine thread. `logprob`: the token's, when the request asked for logprobs.
+  void push_token(std::int32_t token, const std::optional<TokenLogprob>& logprob = std::nullopt);
   void finish(Result<RequestOutput> out);
 
   // Handler threads: waits until there are more than `seen` tokens or the request finished, or
   // the timeout passes. Returns a snapshot.
   struct Snapshot {
     std::vector<std::int32_t> tokens;
+    std::vector<TokenLogprob> logprobs;  // parallel to tokens when the request asked for them
     std::optional<Result<RequestOutput>> output;  // set once finished
   };
   Snapshot wait(std::size_t seen, std::chrono::milliseconds timeout);
@@ -46,6 +47,7 @@ class RequestChannel {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::int32_t> tokens_;
+  std::vector<TokenLogprob> logprobs_;
   std::optional<Result<RequestOutput>> output_;
 };
 

@@ -10,11 +10,14 @@
 #include <chrono>
 #include <csignal>
 #include <exception>
+#include <optional>
 #include <thread>
 
 #include "core/json.h"
 #include "core/log.h"
+#include "serve/http/connection_probe.h"
 #include "serve/http/engine_worker.h"
+#include "serve/http/logprobs_json.h"
 #include "serve/http/openai_api.h"
 
 namespace ferry::serve::http {
@@ -106,7 +109,17 @@ struct StreamState {
   std::size_t sent_bytes = 0;  // bytes of the detokenized text already sent
   std::size_t hold_back = 0;   // longest stop string - 1: text that may still be cut
   bool role_sent = false, finished = false;
+  std::optional<LogprobsJson> logprobs;  // when asked for: the entries not yet sent
+  std::size_t logprobs_seen = 0;         // tokens whose entries were added
+  std::size_t prompt_tokens = 0;
+  bool include_usage = false;
 };
+
+Json usage_json(std::size_t prompt_tokens, std::size_t completion_tokens) {
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens}};
+}
 
 }  // namespace
 
@@ -144,6 +157,20 @@ void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response
   const std::size_t prompt_tokens = g.prompt.size();
   g.sampling = p.sampling;
   g.max_new_tokens = p.max_tokens;
+  g.logprobs = p.logprobs;
+  // echo: the prompt's text in front of the answer, and with logprobs its tokens' logprobs.
+  std::string echo_text;
+  std::vector<std::int32_t> echo_ids;
+  if (p.echo) {
+    if (p.logprobs >= 0) g.prompt_logprobs = p.logprobs;
+    echo_ids = g.prompt;
+    if (p.prompt) {
+      echo_text = *p.prompt;
+    } else if (tokenizer) {
+      Result<std::string> t = tokenizer->decode(g.prompt);
+      if (t.ok()) echo_text = std::move(*t);
+    }
+  }
   g.stop_strings = p.stop;
   if (!p.ignore_eos) g.stop_token_ids = stop_ids;
   if (tokenizer) {
@@ -163,11 +190,11 @@ void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response
   const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(sub->id);
   const std::int64_t created = unix_now();
   // One choice object: the whole text, or one streamed delta.
-  auto choice = [chat](const std::string& text, const Json& finish, bool stream, bool role) {
-    Json c = {{"index", 0}, {"finish_reason", finish}};
+  auto choice = [chat](const std::string& text, const Json& finish, bool stream, bool role,
+                       const Json& logprobs) {
+    Json c = {{"index", 0}, {"finish_reason", finish}, {"logprobs", logprobs}};
     if (!chat) {
       c["text"] = text;
-      c["logprobs"] = nullptr;
     } else if (stream) {
       c["delta"] = Json::object();
       if (role) c["delta"]["role"] = "assistant";
@@ -179,28 +206,51 @@ void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response
   };
 
   if (!p.stream) {
+    // A client that goes away while its answer is computed has the request cancelled (the
+    // streamed path notices at its next write; this one polls the connection).
+    const ConnectionProbe probe =
+        ConnectionProbe::find(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+    bool client_gone = false;
     RequestChannel::Snapshot snap;
     do {
       snap = sub->channel->wait(snap.tokens.size(), std::chrono::milliseconds(cfg.poll_ms));
+      if (!snap.output && !client_gone && probe.peer_gone()) {
+        client_gone = true;
+        worker.cancel(sub->id);
+      }
     } while (!snap.output);
+    if (client_gone) {  // nobody reads the answer
+      ++metrics.requests_cancelled;
+      res.status = 499;  // nginx's "client closed request"; never seen by the client
+      return;
+    }
     if (!snap.output->ok()) {
       ++metrics.requests_server_error;
       return send_status(res, snap.output->status());
     }
     const RequestOutput& out = **snap.output;
     std::string text;
-    append_utf8_sanitized(out.text, 0, /*final=*/true, text);
+    append_utf8_sanitized(echo_text + out.text, 0, /*final=*/true, text);
+    Json logprobs = nullptr;
+    if (p.logprobs >= 0) {
+      LogprobsJson lj(tokenizer, chat);
+      for (std::size_t i = 0; i < echo_ids.size(); ++i) {
+        const bool have = i > 0 && i - 1 < out.prompt_logprobs.size();
+        lj.add(echo_ids[i], have ? &out.prompt_logprobs[i - 1] : nullptr);
+      }
+      for (std::size_t i = 0; i < out.tokens.size(); ++i) {
+        lj.add(out.tokens[i], i < out.logprobs.size() ? &out.logprobs[i] : nullptr);
+      }
+      logprobs = lj.take();
+    }
     ++(out.finish == FinishReason::kCancelled ? metrics.requests_cancelled : metrics.requests_ok);
     const Json body = {
         {"id", id},
         {"object", chat ? "chat.completion" : "text_completion"},
         {"created", created},
         {"model", cfg.model_name},
-        {"choices", Json::array({choice(text, finish_reason(out.finish), false, false)})},
-        {"usage",
-         {{"prompt_tokens", prompt_tokens},
-          {"completion_tokens", out.tokens.size()},
-          {"total_tokens", prompt_tokens + out.tokens.size()}}}};
+        {"choices", Json::array({choice(text, finish_reason(out.finish), false, false, logprobs)})},
+        {"usage", usage_json(prompt_tokens, out.tokens.size())}};
     res.set_content(dump(body), "application/json");
     return;
   }
@@ -208,19 +258,34 @@ void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response
   auto st = std::make_shared<StreamState>();
   st->sub = std::move(*sub);
   for (const std::string& s : p.stop) st->hold_back = std::max(st->hold_back, s.size() - 1);
+  if (p.logprobs >= 0) st->logprobs.emplace(tokenizer, chat);
+  st->prompt_tokens = prompt_tokens;
+  st->include_usage = p.include_usage;
   const std::string object = chat ? "chat.completion.chunk" : "text_completion";
+  // A chunk: one choice with this text delta and the logprobs of the tokens not yet sent.
   auto event = [=, this](const std::string& text, const Json& finish, bool role) {
+    const Json lp = st->logprobs && !st->logprobs->empty() ? st->logprobs->take() : Json(nullptr);
     const Json j = {{"id", id},
                     {"object", object},
                     {"created", created},
                     {"model", cfg.model_name},
-                    {"choices", Json::array({choice(text, finish, true, role)})}};
+                    {"choices", Json::array({choice(text, finish, true, role, lp)})}};
+    return "data: " + dump(j) + "\n\n";
+  };
+  // stream_options.include_usage: the last chunk before [DONE], no choices.
+  auto usage_event = [=, this](std::size_t completion_tokens) {
+    const Json j = {{"id", id},
+                    {"object", object},
+                    {"created", created},
+                    {"model", cfg.model_name},
+                    {"choices", Json::array()},
+                    {"usage", usage_json(st->prompt_tokens, completion_tokens)}};
     return "data: " + dump(j) + "\n\n";
   };
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, st, event, chat](std::size_t, httplib::DataSink& sink) {
+      [this, st, event, usage_event, chat](std::size_t, httplib::DataSink& sink) {
         auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
         auto gone = [&] {  // the client went away: cancel in the engine, end this response
           worker.cancel(st->sub.id);
@@ -256,7 +321,16 @@ void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response
           }
         }
         st->seen = snap.tokens.size();
-        if (!delta.empty() && !write(event(delta, nullptr, false))) return gone();
+        if (st->logprobs) {
+          for (; st->logprobs_seen < snap.logprobs.size(); ++st->logprobs_seen) {
+            st->logprobs->add(snap.tokens[st->logprobs_seen], &snap.logprobs[st->logprobs_seen]);
+          }
+        }
+        const bool new_logprobs = st->logprobs && !st->logprobs->empty();
+        if ((!delta.empty() || (new_logprobs && !snap.output)) &&
+            !write(event(delta, nullptr, false))) {
+          return gone();
+        }
         if (snap.output) {
           const RequestOutput& out = **snap.output;
           st->finished = true;
@@ -265,7 +339,9 @@ void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response
           } else {
             ++metrics.requests_ok;
           }
-          if (!write(event("", finish_reason(out.finish), false)) || !write("data: [DONE]\n\n")) {
+          if (!write(event("", finish_reason(out.finish), false)) ||
+              (st->include_usage && !write(usage_event(out.tokens.size()))) ||
+              !write("data: [DONE]\n\n")) {
             return false;
           }
           sink.done();

@@ -9,13 +9,28 @@
 namespace ferry::serve::http {
 namespace {
 
+bool given(const Json& j, const char* key) { return j.contains(key) && !j[key].is_null(); }
+
+Result<bool> boolean(const Json& j, const char* key) {
+  if (!j[key].is_boolean()) return invalid_argument("'{}' must be true or false", key);
+  return j[key].get<bool>();
+}
+
+// An integer field in [lo, hi].
+Result<int> integer(const Json& j, const char* key, std::int64_t lo, std::int64_t hi) {
+  const Json& v = j[key];
+  if (!v.is_number_integer() || v.get<std::int64_t>() < lo || v.get<std::int64_t>() > hi) {
+    return invalid_argument("'{}' must be an integer in [{}, {}]", key, lo, hi);
+  }
+  return static_cast<int>(v.get<std::int64_t>());
+}
+
 Status parse_sampling(const Json& j, CompletionParams& p) {
-  if (j.contains("max_tokens") && !j["max_tokens"].is_null()) {
-    const Json& v = j["max_tokens"];
-    if (!v.is_number_integer() || v.get<std::int64_t>() < 1 || v.get<std::int64_t>() > (1 << 24)) {
-      return invalid_argument("'max_tokens' must be an integer in [1, 16777216]");
-    }
-    p.max_tokens = static_cast<int>(v.get<std::int64_t>());
+  // max_completion_tokens: the newer chat name of max_tokens (both given: it wins, as OpenAI's).
+  // 0 is allowed here and refused below unless a completion echoes and scores its prompt.
+  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+    if (!given(j, key)) continue;
+    FERRY_ASSIGN_OR_RETURN(p.max_tokens, integer(j, key, 0, 1 << 24));
   }
   if (j.contains("temperature") && !j["temperature"].is_null()) {
     const Json& v = j["temperature"];
@@ -74,6 +89,47 @@ Status parse_sampling(const Json& j, CompletionParams& p) {
     if (!j["model"].is_string()) return invalid_argument("'model' must be a string");
     p.model = j["model"].get<std::string>();
   }
+  if (given(j, "stream_options")) {
+    const Json& so = j["stream_options"];
+    if (!p.stream) return invalid_argument("'stream_options' is only allowed with 'stream': true");
+    if (!so.is_object()) return invalid_argument("'stream_options' must be an object");
+    if (given(so, "include_usage")) {
+      FERRY_ASSIGN_OR_RETURN(p.include_usage, boolean(so, "include_usage"));
+    }
+  }
+  return ok_status();
+}
+
+// completions: "logprobs": n, "echo"; chat: "logprobs": true, "top_logprobs": n.
+Status parse_logprobs(const Json& j, CompletionParams& p) {
+  if (p.chat) {
+    if (given(j, "echo")) return invalid_argument("'echo' is a /v1/completions field");
+    bool on = false;
+    if (given(j, "logprobs")) {
+      FERRY_ASSIGN_OR_RETURN(on, boolean(j, "logprobs"));
+    }
+    if (given(j, "top_logprobs")) {
+      if (!on) return invalid_argument("'top_logprobs' needs 'logprobs': true");
+      FERRY_ASSIGN_OR_RETURN(p.logprobs, integer(j, "top_logprobs", 0, kMaxTopLogprobs));
+    } else if (on) {
+      p.logprobs = 0;
+    }
+  } else {
+    if (given(j, "logprobs")) {
+      FERRY_ASSIGN_OR_RETURN(p.logprobs, integer(j, "logprobs", 0, kMaxTopLogprobs));
+    }
+    if (given(j, "echo")) {
+      FERRY_ASSIGN_OR_RETURN(p.echo, boolean(j, "echo"));
+    }
+  }
+  if (p.echo && p.stream) {
+    return invalid_argument("'echo' is supported for non-streamed completions only");
+  }
+  if (p.max_tokens == 0 && !(p.echo && p.logprobs >= 0)) {
+    return invalid_argument(
+        "'max_tokens' must be at least 1 (0 only with 'echo': true and 'logprobs', to score the "
+        "prompt)");
+  }
   return ok_status();
 }
 
@@ -119,6 +175,7 @@ Result<CompletionParams> parse_completion_request(std::string_view body, bool ch
     }
   }
   FERRY_TRY(parse_sampling(j, p));
+  FERRY_TRY(parse_logprobs(j, p));
   return p;
 }
 

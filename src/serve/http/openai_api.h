@@ -3,8 +3,12 @@
 // text rules of its responses. Pure functions (no engine, no sockets), so they test alone.
 //   POST /v1/completions       {"prompt": "text" | [ids], "max_tokens", "temperature", "top_p",
 //                               "top_k", "seed", "stop": "s" | ["s", ..], "stream", "model",
-//                               "ignore_eos" (vLLM extension)}
-//   POST /v1/chat/completions  {"messages": [{"role", "content"}, ..], same parameters}
+//                               "ignore_eos" (vLLM extension), "logprobs": n (0..20), "echo",
+//                               "stream_options": {"include_usage"}}
+//                              echo + logprobs + max_tokens 0 scores the prompt (what
+//                              lm-evaluation-harness's loglikelihood requests send)
+//   POST /v1/chat/completions  {"messages": [{"role", "content"}, ..], same parameters but echo,
+//                               "logprobs": true, "top_logprobs": n, "max_completion_tokens"}
 // Malformed JSON, a missing or mistyped field and out-of-range values are invalid_argument with
 // a message naming the field; the server turns them into 400 {"error": {...}}.
 #pragma once
@@ -17,6 +21,7 @@
 
 #include "core/result.h"
 #include "model/tokenizer/chat_template.h"
+#include "serve/logprobs.h"
 #include "serve/sampler.h"
 
 namespace ferry::serve::http {
@@ -31,7 +36,10 @@ struct CompletionParams {
   SamplingParams sampling;
   std::vector<std::string> stop;
   bool stream = false;
-  bool ignore_eos = false;  // vLLM's extension: do not stop at the tokenizer's end tokens
+  bool ignore_eos = false;     // vLLM's extension: do not stop at the tokenizer's end tokens
+  int logprobs = -1;           // -1 off; else alternatives per position (serve/logprobs.h)
+  bool echo = false;           // completions: the prompt (and its logprobs) in front of the answer
+  bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
 };
 
 Result<CompletionParams> parse_completion_request(std::string_view body, bool chat,

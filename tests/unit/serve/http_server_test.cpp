@@ -117,7 +117,7 @@ Sse parse_sse(const std::string& body) {
 std::pair<std::string, std::string> stream_text(const Sse& s) {
   std::string text, finish;
   for (const Json& c : s.chunks) {
-    if (!c.contains("choices")) continue;
+    if (!c.contains("choices") || c["choices"].empty()) continue;  // e.g. the usage chunk
     const Json& ch = c["choices"][0];
     if (ch.contains("text")) text += ch["text"].get<std::string>();
     if (ch.contains("delta") && ch["delta"].contains("content")) {
@@ -224,6 +224,24 @@ class HttpServerTest : public ::testing::Test {
     g.detokenize = [t](std::span<const std::int32_t> ids) {
       return t->decode(ids, {.skip_special_tokens = true});
     };
+    auto id = (*e)->submit(std::move(g));
+    EXPECT_TRUE(id.ok()) << id.status().message();
+    EXPECT_TRUE((*e)->run_until_idle().ok());
+    auto out = (*e)->take_output(*id);
+    EXPECT_TRUE(out.ok());
+    return *out;
+  }
+  // The engine's own logprobs for a greedy request (fresh engine, same configuration).
+  RequestOutput reference_logprobs(const std::vector<std::int32_t>& prompt, int max_tokens,
+                                   int logprobs, int prompt_logprobs) {
+    auto e = Engine::create(model_->geometry, model_->params, engine_config(*model_));
+    EXPECT_TRUE(e.ok());
+    GenerationRequest g;
+    g.prompt = prompt;
+    g.max_new_tokens = max_tokens;
+    g.stop_token_ids = default_stop_ids(*tok_);
+    g.logprobs = logprobs;
+    g.prompt_logprobs = prompt_logprobs;
     auto id = (*e)->submit(std::move(g));
     EXPECT_TRUE(id.ok()) << id.status().message();
     EXPECT_TRUE((*e)->run_until_idle().ok());
@@ -452,6 +470,17 @@ TEST_F(HttpServerTest, BadRequestsGet4xxJsonAndTheServerKeepsServing) {
       {"/v1/completions", R"({"prompt": "x", "model": "nope"})", 404},
       {"/v1/chat/completions", R"({"messages": "hi"})", 400},
       {"/v1/chat/completions", R"({"prompt": "x"})", 400},
+      {"/v1/completions", R"({"prompt": "x", "logprobs": 21})", 400},
+      {"/v1/completions", R"({"prompt": "x", "logprobs": true})", 400},
+      {"/v1/completions", R"({"prompt": "x", "echo": true, "max_tokens": 0})", 400},
+      {"/v1/completions", R"({"prompt": "x", "echo": true, "logprobs": 1, "stream": true})", 400},
+      {"/v1/completions", R"({"prompt": "x", "stream_options": {"include_usage": true}})", 400},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}],
+                                   "top_logprobs": 2})",
+       400},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}],
+                                   "echo": true})",
+       400},
       {"/v1/nothing", "{}", 404},
   };
   for (const Case& c : cases) {
@@ -464,7 +493,190 @@ TEST_F(HttpServerTest, BadRequestsGet4xxJsonAndTheServerKeepsServing) {
   }
   auto [status, body] = post("/v1/completions", R"({"prompt": "still here", "max_tokens": 3})");
   EXPECT_EQ(status, 200) << body;
-  EXPECT_GE(server_->metrics().requests_client_error.load(), 12u);
+  EXPECT_GE(server_->metrics().requests_client_error.load(), 19u);
+}
+
+TEST_F(HttpServerTest, NonStreamedClientDisconnectCancelsTheRequest) {
+  // A long non-streamed request whose client gives up waiting (read timeout) and closes.
+  {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(0, 300 * 1000);
+    auto r =
+        c.Post("/v1/completions",
+               Json{{"prompt", "a long answer"}, {"max_tokens", 480}, {"ignore_eos", true}}.dump(),
+               "application/json");
+    EXPECT_FALSE(r) << "the 480-token answer came back within the client's 300 ms";
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (server_->metrics().finish_cancelled.load() == 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(server_->metrics().finish_cancelled.load(), 1u);
+  EXPECT_LT(server_->metrics().generated_tokens.load(), 480u);
+  // The handler saw its client leave and counts it; the server goes on serving.
+  while (server_->metrics().requests_cancelled.load() == 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(server_->metrics().requests_cancelled.load(), 1u);
+  const RequestOutput ref = reference(encode("after"), 6, {}, false);
+  auto [s, body] = post("/v1/completions", Json{{"prompt", "after"}, {"max_tokens", 6}}.dump());
+  ASSERT_EQ(s, 200) << body;
+  EXPECT_EQ(Json::parse(body)["choices"][0]["text"].get<std::string>(), sanitized(ref.text));
+}
+
+// The token strings of a completions "logprobs" object, and their text offsets.
+void expect_offsets_follow_the_tokens(const Json& lp, std::size_t first_offset) {
+  ASSERT_EQ(lp["tokens"].size(), lp["text_offset"].size());
+  std::size_t expect = first_offset;
+  for (std::size_t i = 0; i < lp["tokens"].size(); ++i) {
+    EXPECT_EQ(lp["text_offset"][i].get<std::size_t>(), expect) << i;
+    const std::string t = lp["tokens"][i].get<std::string>();
+    // Byte tokens of the test tokenizer: one byte each (U+FFFD when not ASCII), specials 0.
+    expect += t.rfind("<|", 0) == 0 ? 0 : 1;
+  }
+}
+
+TEST_F(HttpServerTest, CompletionLogprobsAreTheEnginesRawLogprobs) {
+  const std::string prompt = "Logprobs of";
+  const RequestOutput ref = reference_logprobs(encode(prompt), 12, 3, -1);
+  ASSERT_EQ(ref.logprobs.size(), ref.tokens.size());
+  auto [status, body] =
+      post("/v1/completions", Json{{"prompt", prompt}, {"max_tokens", 12}, {"logprobs", 3}}.dump());
+  ASSERT_EQ(status, 200) << body;
+  const Json lp = Json::parse(body)["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["token_logprobs"].size(), ref.tokens.size()) << lp.dump();
+  for (std::size_t i = 0; i < ref.tokens.size(); ++i) {
+    EXPECT_EQ(lp["token_logprobs"][i].get<float>(), ref.logprobs[i].logprob) << i;
+    ASSERT_EQ(ref.logprobs[i].top.size(), 3u);
+    // Greedy: the chosen token is the most likely one.
+    EXPECT_EQ(ref.logprobs[i].top[0].first, ref.tokens[i]);
+    EXPECT_EQ(ref.logprobs[i].top[0].second, ref.logprobs[i].logprob);
+    const Json& top = lp["top_logprobs"][i];
+    EXPECT_GE(top.size(), 1u);
+    EXPECT_LE(top.size(), 3u);  // three alternatives, the chosen one among them
+    const std::string chosen = lp["tokens"][i].get<std::string>();
+    ASSERT_TRUE(top.contains(chosen)) << top.dump();
+    EXPECT_EQ(top[chosen].get<float>(), ref.logprobs[i].logprob);
+  }
+  expect_offsets_follow_the_tokens(lp, 0);
+  // Without "logprobs" the field is null, as OpenAI's.
+  auto [s2, b2] = post("/v1/completions", Json{{"prompt", prompt}, {"max_tokens", 2}}.dump());
+  ASSERT_EQ(s2, 200) << b2;
+  EXPECT_TRUE(Json::parse(b2)["choices"][0]["logprobs"].is_null());
+}
+
+TEST_F(HttpServerTest, EchoScoresThePromptWithoutGenerating) {
+  // lm-evaluation-harness's loglikelihood request: echo + logprobs + max_tokens 0.
+  const std::string prompt = "score this prompt";
+  const std::vector<std::int32_t> ids = encode(prompt);
+  const RequestOutput ref = reference_logprobs(ids, 0, -1, 2);
+  ASSERT_EQ(ref.prompt_logprobs.size(), ids.size() - 1);
+  EXPECT_TRUE(ref.tokens.empty());
+  EXPECT_EQ(ref.finish, FinishReason::kLength);
+  auto [status, body] =
+      post("/v1/completions",
+           Json{{"prompt", prompt}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 2}}.dump());
+  ASSERT_EQ(status, 200) << body;
+  const Json j = Json::parse(body);
+  const Json& ch = j["choices"][0];
+  EXPECT_EQ(ch["text"].get<std::string>(), prompt);
+  EXPECT_EQ(ch["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["completion_tokens"].get<int>(), 0);
+  const Json& lp = ch["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), ids.size()) << lp.dump();
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  double sum = 0;
+  for (std::size_t i = 1; i < ids.size(); ++i) {
+    EXPECT_EQ(lp["tokens"][i].get<std::string>(), prompt.substr(i, 1));
+    EXPECT_EQ(lp["token_logprobs"][i].get<float>(), ref.prompt_logprobs[i - 1].logprob) << i;
+    EXPECT_LE(lp["top_logprobs"][i].size(), 3u);
+    sum += lp["token_logprobs"][i].get<double>();
+  }
+  EXPECT_LT(sum, 0.0);
+  expect_offsets_follow_the_tokens(lp, 0);
+
+  // Echo with generation: the prompt's entries, then the answer's; the text starts with the
+  // prompt and the answer's offsets continue after it.
+  const RequestOutput gen = reference_logprobs(ids, 5, 1, 1);
+  auto [s2, b2] =
+      post("/v1/completions",
+           Json{{"prompt", prompt}, {"max_tokens", 5}, {"echo", true}, {"logprobs", 1}}.dump());
+  ASSERT_EQ(s2, 200) << b2;
+  const Json j2 = Json::parse(b2);
+  const Json& c2 = j2["choices"][0];
+  EXPECT_EQ(c2["text"].get<std::string>().rfind(prompt, 0), 0u);
+  ASSERT_EQ(c2["logprobs"]["tokens"].size(), ids.size() + gen.tokens.size());
+  for (std::size_t i = 0; i < gen.tokens.size(); ++i) {
+    EXPECT_EQ(c2["logprobs"]["token_logprobs"][ids.size() + i].get<float>(),
+              gen.logprobs[i].logprob);
+  }
+  // The prompt's logprobs do not depend on the alternatives asked for, nor on generating.
+  for (std::size_t i = 0; i + 1 < ids.size(); ++i) {
+    EXPECT_EQ(gen.prompt_logprobs[i].logprob, ref.prompt_logprobs[i].logprob) << i;
+  }
+}
+
+TEST_F(HttpServerTest, ChatLogprobsHaveBytesAndTopEntries) {
+  const Json msgs = Json::array({{{"role", "user"}, {"content", "hi"}}});
+  auto [status, body] = post(
+      "/v1/chat/completions",
+      Json{{"messages", msgs}, {"max_tokens", 8}, {"logprobs", true}, {"top_logprobs", 2}}.dump());
+  ASSERT_EQ(status, 200) << body;
+  const Json j = Json::parse(body);
+  const Json& content = j["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), j["usage"]["completion_tokens"].get<std::size_t>()) << body;
+  for (const Json& e : content) {
+    ASSERT_TRUE(e["token"].is_string());
+    ASSERT_TRUE(e["logprob"].is_number());
+    EXPECT_LE(e["logprob"].get<double>(), 0.0);
+    ASSERT_TRUE(e["bytes"].is_array());
+    ASSERT_EQ(e["top_logprobs"].size(), 2u);
+    EXPECT_GE(e["top_logprobs"][0]["logprob"].get<double>(),
+              e["top_logprobs"][1]["logprob"].get<double>());
+    // Greedy: the chosen token is the first alternative.
+    EXPECT_EQ(e["top_logprobs"][0]["logprob"].get<float>(), e["logprob"].get<float>());
+  }
+  // logprobs: true alone gives the chosen tokens' entries with no alternatives.
+  auto [s2, b2] = post("/v1/chat/completions",
+                       Json{{"messages", msgs}, {"max_tokens", 3}, {"logprobs", true}}.dump());
+  ASSERT_EQ(s2, 200) << b2;
+  for (const Json& e : Json::parse(b2)["choices"][0]["logprobs"]["content"]) {
+    EXPECT_TRUE(e["top_logprobs"].empty());
+  }
+}
+
+TEST_F(HttpServerTest, StreamedLogprobsAndUsageEqualTheWholeAnswer) {
+  const Json req = {
+      {"prompt", "stream me"}, {"max_tokens", 16}, {"ignore_eos", true}, {"logprobs", 1}};
+  auto [s1, whole] = post("/v1/completions", req.dump());
+  ASSERT_EQ(s1, 200) << whole;
+  const Json want = Json::parse(whole)["choices"][0]["logprobs"];
+  Json sreq = req;
+  sreq["stream"] = true;
+  sreq["stream_options"] = {{"include_usage", true}};
+  auto [s2, body] = post("/v1/completions", sreq.dump());
+  ASSERT_EQ(s2, 200) << body;
+  const Sse sse = parse_sse(body);
+  ASSERT_TRUE(sse.well_formed && sse.done) << body;
+  Json tokens = Json::array(), lps = Json::array();
+  for (const Json& c : sse.chunks) {
+    if (c["choices"].empty()) continue;
+    const Json& lp = c["choices"][0]["logprobs"];
+    if (lp.is_null()) continue;
+    for (const Json& t : lp["tokens"]) tokens.push_back(t);
+    for (const Json& x : lp["token_logprobs"]) lps.push_back(x);
+  }
+  EXPECT_EQ(tokens, want["tokens"]);
+  EXPECT_EQ(lps, want["token_logprobs"]);
+  // The usage chunk: last before [DONE], no choices.
+  const Json& last = sse.chunks.back();
+  EXPECT_TRUE(last["choices"].empty()) << last.dump();
+  EXPECT_EQ(last["usage"]["completion_tokens"].get<int>(), 16);
+  EXPECT_EQ(last["usage"]["prompt_tokens"].get<int>(), 9);
+  EXPECT_EQ(stream_text(sse).first, Json::parse(whole)["choices"][0]["text"].get<std::string>());
 }
 
 TEST_F(HttpServerTest, MetricsAreValidPrometheusText) {
