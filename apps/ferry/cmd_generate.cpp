@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // `ferry generate [--model DIR] (--prompt STR | --token-ids FILE) [--max-new-tokens N]
-//   [--greedy | --temperature T --top-k K --top-p P --seed S] [--stop STR]... [--mode M]
+//   [--greedy | --temperature T --top-k K --top-p P --seed S] [--repetition-penalty R]
+//   [--presence-penalty P] [--frequency-penalty F] [--logprobs N] [--stop STR]... [--mode M]
 //   [--expert-slots N | --layer-slots N,N,.. | --expert-budget-mib M] [--policy lru|lfu|lfru]
 //   [--miss-cost-model [--link-gbps G --cpu-gflops F|auto]] [--bypass-window N]
 //   [--json]`
@@ -46,6 +47,8 @@ struct GenerateConfig {
   int top_k = 0;
   float top_p = 1.0f;
   std::optional<std::uint64_t> seed;
+  serve::PenaltyParams penalties;
+  int logprobs = -1;  // --logprobs N: each generated token's logprob and N alternatives (JSON)
   std::vector<std::string> stop;
   std::vector<int> stop_ids;
   std::string mode = "resident";
@@ -176,6 +179,8 @@ int run_generate(const GenerateConfig& cfg) {
     req.sampling = {
         .temperature = cfg.temperature, .top_k = cfg.top_k, .top_p = cfg.top_p, .seed = cfg.seed};
   }
+  req.sampling.penalties = cfg.penalties;
+  req.logprobs = cfg.logprobs;
   req.stop_strings = cfg.stop;
   req.stop_token_ids.assign(cfg.stop_ids.begin(), cfg.stop_ids.end());
   if (holder->tokenizer) {
@@ -267,6 +272,15 @@ int run_generate(const GenerateConfig& cfg) {
               {"device_peak_bytes", eng.device_budget().bytes_peak()},
               {"expert_device_bytes", ex.device_bytes()},
               {"static_bytes_copied", ex.counters().static_bytes_copied}};
+    if (cfg.logprobs >= 0) {  // per generated token: id, logprob, [[id, logprob] alternatives]
+      Json lps = Json::array();
+      for (const serve::TokenLogprob& lp : out->logprobs) {
+        Json top = Json::array();
+        for (const auto& [tid, x] : lp.top) top.push_back(Json::array({tid, x}));
+        lps.push_back({{"id", lp.token}, {"logprob", lp.logprob}, {"top", top}});
+      }
+      j["logprobs"] = lps;
+    }
     if (const serve::ExpertPager* p = ex.pager()) {
       const serve::PagerCounters& c = p->counters();
       std::vector<int> slots;  // per MoE layer
@@ -343,6 +357,19 @@ void register_generate(CLI::App& app, CommandFn& run) {
                    ->check(CLI::Range(1e-6, 1.0));
   cmd->add_option("--seed", cfg->seed, "sampling seed (default: the engine's fixed seed)");
   greedy->excludes(temp)->excludes(topk)->excludes(topp);
+  cmd->add_option("--repetition-penalty", cfg->penalties.repetition,
+                  "divide (multiply) the positive (negative) logits of prompt and generated tokens "
+                  "(1: off)")
+      ->check(CLI::Range(1e-6, 1e6));
+  cmd->add_option("--presence-penalty", cfg->penalties.presence,
+                  "subtract from the logits of tokens generated so far (0: off)")
+      ->check(CLI::Range(-2.0, 2.0));
+  cmd->add_option("--frequency-penalty", cfg->penalties.frequency,
+                  "subtract per occurrence among the generated tokens (0: off)")
+      ->check(CLI::Range(-2.0, 2.0));
+  cmd->add_option("--logprobs", cfg->logprobs,
+                  "with --json: each generated token's logprob and N alternatives (0..20)")
+      ->check(CLI::Range(0, serve::kMaxTopLogprobs));
   cmd->add_option("--stop", cfg->stop, "stop string (repeatable)");
   cmd->add_option("--stop-id", cfg->stop_ids, "stop token id (repeatable)");
   cmd->add_option("--mode", cfg->mode, "expert mode: resident, static, cpu-experts, paged")

@@ -4,7 +4,7 @@
 //   [--miss-cost-model [--link-gbps G --cpu-gflops F|auto]] [--bypass-window N]
 //   [--max-running N] [--max-batch-tokens N] [--kv-budget-mib M] [--kv-block-tokens N]
 //   [--no-prefix-cache]
-//   [--device-budget-mib M] [--max-tokens-default N] [--duration-s S]
+//   [--device-budget-mib M] [--max-tokens-default N] [--http-threads N] [--duration-s S]
 //   [--split fixed|auto [--wsa-max-context N] [--wsa-decide-steps N]]`
 // `ferry serve --plan-only --trace FILE --budget-gib X [--model DIR] [--link-gbps G]
 //   [--plan-bytes-per-param B] [--max-running N] [--wsa-max-context N]` prints the MV-WSA split
@@ -64,6 +64,7 @@ struct ServeCliConfig {
   int kv_block_tokens = 16;
   bool no_prefix_cache = false;
   int default_max_tokens = 16;
+  int http_threads = 0;  // 0: max(8, cores - 1)
   double duration_s = 0;
   std::string split = "fixed";
   int wsa_max_context = 0;
@@ -224,6 +225,7 @@ int run_serve(const ServeCliConfig& c) {
                   : c.model_dir.empty() ? std::string("builtin-qwen3-moe")
                                         : std::filesystem::path(c.model_dir).filename().string();
   hc.default_max_tokens = c.default_max_tokens;
+  hc.http_threads = c.http_threads;
   serve::http::HttpServer server(**engine, tokenizer ? &*tokenizer : nullptr, hc);
   auto port = server.start(c.host, c.port);
   if (!port.ok()) return fail(port.status());
@@ -286,6 +288,9 @@ void register_serve(CLI::App& app, CommandFn& run) {
   cmd->add_option("--max-tokens-default", c->default_max_tokens,
                   "max_tokens of a request that gives none")
       ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--http-threads", c->http_threads,
+                  "connection handler threads; each open stream holds one (0: max(8, cores - 1))")
+      ->check(CLI::Range(0, 4096));
   cmd->add_option("--duration-s", c->duration_s, "stop after this long (0 = until a signal)")
       ->check(CLI::Range(0.0, 1e7));
   cmd->add_option("--split", c->split,

@@ -156,6 +156,7 @@ Result<RequestId> Engine::submit(GenerationRequest r) {
         r.max_new_tokens);
   }
   FERRY_TRY(validate(r.sampling));
+  FERRY_TRY(validate(r.sampling.penalties));
   if (!r.stop_strings.empty() && !r.detokenize) {
     return invalid_argument("serve: stop strings need a detokenizer");
   }
@@ -438,7 +439,15 @@ Result<std::vector<TokenEvent>> Engine::step() {
       continue;
     }
     if (logits_observer_) logits_observer_(s.id, static_cast<int>(s.generated()), row);
-    const std::int32_t token = sample(row, s.req.sampling, s.rng, sample_scratch_);
+    std::span<const float> sample_row = row;
+    if (s.req.sampling.penalties.active()) {  // on a copy: logprobs stay the model's
+      penalized_.assign(row.begin(), row.end());
+      const std::span<const std::int32_t> all(s.tokens);
+      apply_penalties(penalized_, s.req.sampling.penalties, all.first(std::size_t(s.prompt_len)),
+                      all.subspan(std::size_t(s.prompt_len)), penalty_scratch_);
+      sample_row = penalized_;
+    }
+    const std::int32_t token = sample(sample_row, s.req.sampling, s.rng, sample_scratch_);
     std::optional<TokenLogprob> lp;
     if (s.req.logprobs >= 0) lp = token_logprob(row, token, s.req.logprobs, logprob_scratch_);
     FERRY_TRY(after_sample(s, token, std::move(lp), events));

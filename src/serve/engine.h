@@ -226,6 +226,8 @@ class Engine {
   std::vector<LogitRow> rows_;     // parallel to batch_.logit_rows
   std::vector<Sequence*> scored_;  // max_new_tokens == 0: prompt computed, finishes unsampled
   LogprobScratch logprob_scratch_;
+  std::vector<float> penalized_;  // [V]: a row with its request's penalties applied
+  PenaltyScratch penalty_scratch_;
   std::vector<std::pair<std::int32_t, double>> sample_scratch_;
   std::function<void(RequestId, int, std::span<const float>)> logits_observer_;
   std::function<Status(Engine&)> step_hook_;

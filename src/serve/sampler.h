@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/result.h"
+#include "serve/logit_penalties.h"
 
 namespace ferry::serve {
 
@@ -26,6 +27,9 @@ struct SamplingParams {
   // Seeds the request's Rng. Unset: the engine derives one from its own seed and the request
   // id (distinct per request, reproducible per engine run).
   std::optional<std::uint64_t> seed;
+  // Applied to the row before any of the above (logit_penalties.h); the engine keeps the raw row
+  // for logprobs.
+  PenaltyParams penalties;
 };
 
 Status validate(const SamplingParams& p);

@@ -1,7 +1,8 @@
 #!/bin/bash
 # `ferry serve --port 0` (built-in MoE, byte tokenizer) over loopback with curl: /health, a
-# completion, a streamed chat completion ending in data: [DONE], a 400 for a bad body, /metrics;
-# then SIGTERM stops it cleanly.
+# completion, a streamed chat completion ending in data: [DONE], an lm-evaluation-harness style
+# prompt scoring (echo + logprobs + max_tokens 0), a 400 for a bad body, /metrics; then SIGTERM
+# stops it cleanly.
 set -u
 FERRY=$1; ROOT=$2
 tmp=$(mktemp -d)
@@ -10,7 +11,7 @@ fail() { echo "FAIL: $*"; for f in "$tmp"/*; do echo "== $f"; tail -20 "$f"; don
 cleanup() { [ -n "$spid" ] && kill "$spid" 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
 
-"$FERRY" serve --port 0 --max-running 2 >"$tmp/serve.out" 2>"$tmp/serve.err" &
+"$FERRY" serve --port 0 --max-running 2 --http-threads 4 >"$tmp/serve.out" 2>"$tmp/serve.err" &
 spid=$!
 for _ in $(seq 300); do grep -q "^listening port=" "$tmp/serve.out" && break; sleep 0.1; done
 port=$(sed -n 's/^listening port=\([0-9]*\).*/\1/p' "$tmp/serve.out")
@@ -46,12 +47,26 @@ assert all(c["object"] == "chat.completion.chunk" for c in chunks)
 assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
 PY
 
+curl -sf "$URL/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"prompt": "score me", "max_tokens": 0, "echo": true, "logprobs": 1}' >"$tmp/score.json" \
+  || fail "prompt scoring"
+python3 - "$tmp/score.json" <<'PY' || fail "scoring body: $(cat "$tmp/score.json")"
+import json, sys
+j = json.load(open(sys.argv[1]))
+c = j["choices"][0]
+assert c["text"] == "score me", c
+lp = c["logprobs"]
+assert len(lp["tokens"]) == 8 and lp["token_logprobs"][0] is None, lp
+assert all(x < 0 for x in lp["token_logprobs"][1:]), lp
+assert j["usage"]["completion_tokens"] == 0, j
+PY
+
 code=$(curl -s -o "$tmp/bad.json" -w '%{http_code}' "$URL/v1/completions" -d '{oops')
 [ "$code" = 400 ] || fail "malformed JSON gave $code"
 grep -q '"error"' "$tmp/bad.json" || fail "error body"
 
 curl -sf "$URL/metrics" >"$tmp/metrics.txt" || fail "/metrics"
-grep -q '^ferry_serve_requests_total{outcome="ok"} 2$' "$tmp/metrics.txt" || fail "metrics ok count"
+grep -q '^ferry_serve_requests_total{outcome="ok"} 3$' "$tmp/metrics.txt" || fail "metrics ok count"
 grep -q '^ferry_serve_requests_total{outcome="client_error"} 1$' "$tmp/metrics.txt" \
   || fail "metrics client_error count"
 

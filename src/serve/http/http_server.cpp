@@ -10,6 +10,7 @@
 #include <chrono>
 #include <csignal>
 #include <exception>
+#include <limits>
 #include <optional>
 #include <thread>
 
@@ -95,6 +96,13 @@ struct HttpServer::Impl {
 
   void routes();
   void completion(const httplib::Request& req, httplib::Response& res, bool chat);
+  void tokenize(const httplib::Request& req, httplib::Response& res);
+  void detokenize_route(const httplib::Request& req, httplib::Response& res);
+  // 400 with the message; counted as a client error.
+  void client_error(httplib::Response& res, const std::string& message) {
+    ++metrics.requests_client_error;
+    send_error(res, 400, "invalid_request_error", message);
+  }
   Result<std::string> detokenize(std::span<const std::int32_t> ids) const {
     return tokenizer->decode(ids, {.skip_special_tokens = true});
   }
@@ -357,8 +365,58 @@ void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response
       });
 }
 
+// {"prompt": "text"} or {"messages": [...]} (rendered as a chat completion would be) ->
+// {"tokens": [ids], "count": n, "max_model_len": positions}.
+void HttpServer::Impl::tokenize(const httplib::Request& req, httplib::Response& res) {
+  if (!tokenizer) return client_error(res, "this model has no tokenizer");
+  const Json j = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return client_error(res, "the request body must be a JSON object");
+  }
+  std::string text;
+  if (j.contains("prompt") && j["prompt"].is_string()) {
+    text = j["prompt"].get<std::string>();
+  } else if (j.contains("messages")) {
+    Result<CompletionParams> p = parse_completion_request(req.body, true, 1);
+    if (!p.ok()) return client_error(res, p.status().message());
+    text = model::render_chatml(p->messages, true);
+  } else {
+    return client_error(res, "'prompt' (a string) or 'messages' is required");
+  }
+  Result<std::vector<model::TokenId>> ids = tokenizer->encode(text);
+  if (!ids.ok()) return client_error(res, ids.status().message());
+  const Json body = {
+      {"tokens", *ids}, {"count", ids->size()}, {"max_model_len", engine.config().max_seq_len}};
+  res.set_content(dump(body), "application/json");
+}
+
+// {"tokens": [ids]} -> {"prompt": "text"} (special tokens kept, invalid UTF-8 as U+FFFD).
+void HttpServer::Impl::detokenize_route(const httplib::Request& req, httplib::Response& res) {
+  if (!tokenizer) return client_error(res, "this model has no tokenizer");
+  const Json j = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("tokens") || !j["tokens"].is_array()) {
+    return client_error(res, "'tokens' (a list of token ids) is required");
+  }
+  std::vector<model::TokenId> ids;
+  for (const Json& t : j["tokens"]) {
+    if (!t.is_number_integer() || t.get<std::int64_t>() < 0 ||
+        t.get<std::int64_t>() > std::numeric_limits<std::int32_t>::max()) {
+      return client_error(res, "'tokens' must hold non-negative token ids");
+    }
+    ids.push_back(static_cast<model::TokenId>(t.get<std::int64_t>()));
+  }
+  Result<std::string> text = tokenizer->decode(ids);
+  if (!text.ok()) return client_error(res, text.status().message());
+  res.set_content(dump({{"prompt", *text}}), "application/json");
+}
+
 void HttpServer::Impl::routes() {
   http.set_tcp_nodelay(true);
+  if (cfg.http_threads > 0) {
+    http.new_task_queue = [n = std::size_t(cfg.http_threads)] {
+      return new httplib::ThreadPool(n);
+    };
+  }
   http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(R"({"status":"ok"})", "application/json");
   });
@@ -372,6 +430,12 @@ void HttpServer::Impl::routes() {
   });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics.render(), "text/plain; version=0.0.4");
+  });
+  // vLLM's /tokenize and /detokenize (the model's tokenizer, no engine involved).
+  http.Post("/tokenize",
+            [this](const httplib::Request& req, httplib::Response& res) { tokenize(req, res); });
+  http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    detokenize_route(req, res);
   });
   http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     completion(req, res, false);

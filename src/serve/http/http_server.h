@@ -5,6 +5,8 @@
 //   POST /v1/completions       prompt text or token ids -> text (openai_api.h for the fields)
 //   POST /v1/chat/completions  messages -> ChatML prompt -> assistant text
 //   GET  /metrics              Prometheus text (metrics.h)
+//   POST /tokenize             {"prompt"} or {"messages"} -> {"tokens", "count", "max_model_len"}
+//   POST /detokenize           {"tokens"} -> {"prompt"} (vLLM's two tokenizer endpoints)
 // "stream": true answers with server-sent events (`data: {...}\n\n` ..., `data: [DONE]\n\n`);
 // a client that goes away mid-stream has its request cancelled in the engine. Errors are
 // {"error": {"message", "type"}} with a 4xx status (400 bad body/values/too long a prompt, 404
@@ -32,6 +34,9 @@ struct HttpServerConfig {
   std::string model_name = "ferry";
   int default_max_tokens = 16;  // when a request gives no max_tokens (OpenAI's default)
   int poll_ms = 50;             // how often a waiting stream checks its connection
+  // Connection handler threads (httplib's pool; each open stream or waiting request holds one,
+  // more connections queue at the socket). 0: httplib's default, max(8, cores - 1).
+  int http_threads = 0;
 };
 
 // The ids generation stops at: <|im_end|> and <|endoftext|>, those the tokenizer has.

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "core/json.h"
 
@@ -88,6 +89,19 @@ Status parse_sampling(const Json& j, CompletionParams& p) {
   if (j.contains("model") && !j["model"].is_null()) {
     if (!j["model"].is_string()) return invalid_argument("'model' must be a string");
     p.model = j["model"].get<std::string>();
+  }
+  // OpenAI's presence / frequency penalties and vLLM's repetition_penalty (logit_penalties.h).
+  for (const auto& [key, field, lo, hi] :
+       {std::tuple<const char*, float*, double, double>{"presence_penalty",
+                                                        &p.sampling.penalties.presence, -2.0, 2.0},
+        {"frequency_penalty", &p.sampling.penalties.frequency, -2.0, 2.0},
+        {"repetition_penalty", &p.sampling.penalties.repetition, 1e-6, 1e6}}) {
+    if (!given(j, key)) continue;
+    const Json& v = j[key];
+    if (!v.is_number() || !(v.get<double>() >= lo && v.get<double>() <= hi)) {
+      return invalid_argument("'{}' must be a number in [{}, {}]", key, lo, hi);
+    }
+    *field = v.get<float>();
   }
   if (given(j, "stream_options")) {
     const Json& so = j["stream_options"];

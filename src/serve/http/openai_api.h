@@ -4,7 +4,8 @@
 //   POST /v1/completions       {"prompt": "text" | [ids], "max_tokens", "temperature", "top_p",
 //                               "top_k", "seed", "stop": "s" | ["s", ..], "stream", "model",
 //                               "ignore_eos" (vLLM extension), "logprobs": n (0..20), "echo",
-//                               "stream_options": {"include_usage"}}
+//                               "stream_options": {"include_usage"}, "presence_penalty",
+//                               "frequency_penalty", "repetition_penalty" (vLLM extension)}
 //                              echo + logprobs + max_tokens 0 scores the prompt (what
 //                              lm-evaluation-harness's loglikelihood requests send)
 //   POST /v1/chat/completions  {"messages": [{"role", "content"}, ..], same parameters but echo,

@@ -471,6 +471,8 @@ TEST_F(HttpServerTest, BadRequestsGet4xxJsonAndTheServerKeepsServing) {
       {"/v1/chat/completions", R"({"messages": "hi"})", 400},
       {"/v1/chat/completions", R"({"prompt": "x"})", 400},
       {"/v1/completions", R"({"prompt": "x", "logprobs": 21})", 400},
+      {"/v1/completions", R"({"prompt": "x", "presence_penalty": 5})", 400},
+      {"/v1/completions", R"({"prompt": "x", "repetition_penalty": 0})", 400},
       {"/v1/completions", R"({"prompt": "x", "logprobs": true})", 400},
       {"/v1/completions", R"({"prompt": "x", "echo": true, "max_tokens": 0})", 400},
       {"/v1/completions", R"({"prompt": "x", "echo": true, "logprobs": 1, "stream": true})", 400},
@@ -493,7 +495,7 @@ TEST_F(HttpServerTest, BadRequestsGet4xxJsonAndTheServerKeepsServing) {
   }
   auto [status, body] = post("/v1/completions", R"({"prompt": "still here", "max_tokens": 3})");
   EXPECT_EQ(status, 200) << body;
-  EXPECT_GE(server_->metrics().requests_client_error.load(), 19u);
+  EXPECT_GE(server_->metrics().requests_client_error.load(), 21u);
 }
 
 TEST_F(HttpServerTest, NonStreamedClientDisconnectCancelsTheRequest) {
@@ -536,6 +538,53 @@ void expect_offsets_follow_the_tokens(const Json& lp, std::size_t first_offset) 
     // Byte tokens of the test tokenizer: one byte each (U+FFFD when not ASCII), specials 0.
     expect += t.rfind("<|", 0) == 0 ? 0 : 1;
   }
+}
+
+TEST_F(HttpServerTest, TokenizeAndDetokenizeRoundTrip) {
+  auto [s1, b1] = post("/tokenize", R"({"prompt": "hello there"})");
+  ASSERT_EQ(s1, 200) << b1;
+  const Json t = Json::parse(b1);
+  EXPECT_EQ(t["tokens"].get<std::vector<std::int32_t>>(), encode("hello there"));
+  EXPECT_EQ(t["count"].get<int>(), 11);
+  EXPECT_EQ(t["max_model_len"].get<int>(), engine_config(*model_).max_seq_len);
+  auto [s2, b2] = post("/detokenize", Json{{"tokens", t["tokens"]}}.dump());
+  ASSERT_EQ(s2, 200) << b2;
+  EXPECT_EQ(Json::parse(b2)["prompt"], "hello there");
+  // messages: the chat completion's prompt, ChatML with the assistant turn opened.
+  const Json msgs = Json::array({{{"role", "user"}, {"content", "hi"}}});
+  auto [s3, b3] = post("/tokenize", Json{{"messages", msgs}}.dump());
+  ASSERT_EQ(s3, 200) << b3;
+  const std::vector<model::ChatMessage> chat = {{"user", "hi"}};
+  EXPECT_EQ(Json::parse(b3)["tokens"].get<std::vector<std::int32_t>>(),
+            encode(model::render_chatml(chat, true)));
+  for (const auto& [path, body] : std::vector<std::pair<std::string, std::string>>{
+           {"/tokenize", "{oops"},
+           {"/tokenize", R"({"prompt": 5})"},
+           {"/detokenize", R"({"tokens": "abc"})"},
+           {"/detokenize", R"({"tokens": [-1]})"},
+           {"/detokenize", R"({"tokens": [999999]})"}}) {
+    auto [st, b] = post(path, body);
+    EXPECT_EQ(st, 400) << path << " " << body << " -> " << b;
+    EXPECT_TRUE(Json::parse(b, nullptr, false)["error"]["message"].is_string()) << b;
+  }
+}
+
+TEST_F(HttpServerTest, PenaltiesReachTheEngine) {
+  const std::string prompt = "penalize";
+  SamplingParams sp;
+  sp.penalties = {.repetition = 1.8f, .presence = 0.5f, .frequency = 1.0f};
+  const RequestOutput ref = reference(encode(prompt), 20, {}, true, sp);
+  auto [status, body] = post("/v1/completions", Json{{"prompt", prompt},
+                                                     {"max_tokens", 20},
+                                                     {"ignore_eos", true},
+                                                     {"repetition_penalty", 1.8},
+                                                     {"presence_penalty", 0.5},
+                                                     {"frequency_penalty", 1.0}}
+                                                    .dump());
+  ASSERT_EQ(status, 200) << body;
+  EXPECT_EQ(Json::parse(body)["choices"][0]["text"].get<std::string>(), sanitized(ref.text));
+  const RequestOutput plain = reference(encode(prompt), 20, {}, true);
+  EXPECT_NE(plain.tokens, ref.tokens);  // the penalties changed the answer
 }
 
 TEST_F(HttpServerTest, CompletionLogprobsAreTheEnginesRawLogprobs) {
