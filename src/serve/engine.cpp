@@ -156,7 +156,7 @@ Result<RequestId> Engine::submit(GenerationRequest r) {
         r.max_new_tokens);
   }
   FERRY_TRY(validate(r.sampling));
-  FERRY_TRY(validate(r.sampling.penalties));
+  FERRY_TRY(validate(r.sampling.penalties, geo_.vocab));
   if (!r.stop_strings.empty() && !r.detokenize) {
     return invalid_argument("serve: stop strings need a detokenizer");
   }

@@ -7,7 +7,22 @@
 
 namespace ferry::serve {
 
-Status validate(const PenaltyParams& p) {
+Status validate(const PenaltyParams& p, std::int64_t vocab) {
+  for (std::size_t i = 0; i < p.logit_bias.size(); ++i) {
+    const auto& [t, b] = p.logit_bias[i];
+    if (t < 0 || t >= vocab) {
+      return invalid_argument("serve: logit_bias token {} is outside the vocabulary of {}", t,
+                              vocab);
+    }
+    if (!(b >= -100.0f && b <= 100.0f)) {
+      return invalid_argument("serve: logit_bias of token {} must be in [-100, 100], got {}", t, b);
+    }
+    for (std::size_t j = 0; j < i; ++j) {
+      if (p.logit_bias[j].first == t) {
+        return invalid_argument("serve: logit_bias lists token {} twice", t);
+      }
+    }
+  }
   if (!(p.repetition > 0.0f) || !std::isfinite(p.repetition)) {
     return invalid_argument("serve: repetition_penalty must be > 0 (1: off), got {}", p.repetition);
   }
@@ -54,6 +69,7 @@ void apply_penalties(std::span<float> row, const PenaltyParams& p,
       s.count[i] = 0;
     }
   }
+  for (const auto& [t, b] : p.logit_bias) row[check(t)] += b;
 }
 
 }  // namespace ferry::serve

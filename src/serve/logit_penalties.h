@@ -4,7 +4,9 @@
 //   repetition r (CTRL; transformers' RepetitionPenaltyLogitsProcessor): every token that occurs
 //     in the prompt or the generated tokens gets x / r if x > 0, else x * r (r = 1: off);
 //   presence p and frequency f (OpenAI): x_t -= p * [c_t > 0] + f * c_t, c_t the count of t among
-//     the generated tokens only (p = f = 0: off).
+//     the generated tokens only (p = f = 0: off);
+//   logit_bias (OpenAI): x_t += b_t for the listed tokens, after the penalties (-100 bans a
+//     token in practice, +100 forces it).
 // The engine applies them to a copy of the row: the raw row is what logprobs report and the
 // logits observer sees. Deterministic (host arithmetic in a fixed order). Steady state does not
 // allocate: PenaltyScratch keeps a per-vocabulary count vector and clears only what it touched.
@@ -12,6 +14,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "core/result.h"
@@ -19,13 +22,17 @@
 namespace ferry::serve {
 
 struct PenaltyParams {
-  float repetition = 1.0f;  // > 0; 1: off
-  float presence = 0.0f;    // [-2, 2]; 0: off
-  float frequency = 0.0f;   // [-2, 2]; 0: off
-  bool active() const { return repetition != 1.0f || presence != 0.0f || frequency != 0.0f; }
+  float repetition = 1.0f;                                 // > 0; 1: off
+  float presence = 0.0f;                                   // [-2, 2]; 0: off
+  float frequency = 0.0f;                                  // [-2, 2]; 0: off
+  std::vector<std::pair<std::int32_t, float>> logit_bias;  // (token, bias in [-100, 100])
+  bool active() const {
+    return repetition != 1.0f || presence != 0.0f || frequency != 0.0f || !logit_bias.empty();
+  }
 };
 
-Status validate(const PenaltyParams& p);
+// Ranges as above; logit_bias tokens in [0, vocab), each listed once.
+Status validate(const PenaltyParams& p, std::int64_t vocab);
 
 struct PenaltyScratch {
   std::vector<std::int32_t> count;  // [V]: generated-token counts, zero between calls

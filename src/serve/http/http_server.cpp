@@ -181,6 +181,7 @@ void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response
   }
   g.stop_strings = p.stop;
   if (!p.ignore_eos) g.stop_token_ids = stop_ids;
+  g.stop_token_ids.insert(g.stop_token_ids.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
   if (tokenizer) {
     g.detokenize = [this](std::span<const std::int32_t> ids) { return detokenize(ids); };
   } else if (!g.stop_strings.empty()) {

@@ -2,6 +2,7 @@
 #include "serve/http/openai_api.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <tuple>
 
@@ -102,6 +103,34 @@ Status parse_sampling(const Json& j, CompletionParams& p) {
       return invalid_argument("'{}' must be a number in [{}, {}]", key, lo, hi);
     }
     *field = v.get<float>();
+  }
+  // OpenAI's logit_bias: {"token id": bias}; range and vocabulary checked by the engine.
+  if (given(j, "logit_bias")) {
+    const Json& lb = j["logit_bias"];
+    if (!lb.is_object()) return invalid_argument("'logit_bias' must be an object of id: bias");
+    for (const auto& [key, v] : lb.items()) {
+      char* end = nullptr;
+      const long id = std::strtol(key.c_str(), &end, 10);
+      if (key.empty() || *end != '\0' || id < 0 || id > std::numeric_limits<std::int32_t>::max()) {
+        return invalid_argument("'logit_bias' keys must be token ids, got '{}'", key);
+      }
+      if (!v.is_number() || !(v.get<double>() >= -100.0 && v.get<double>() <= 100.0)) {
+        return invalid_argument("'logit_bias' values must be numbers in [-100, 100]");
+      }
+      p.sampling.penalties.logit_bias.emplace_back(static_cast<std::int32_t>(id), v.get<float>());
+    }
+  }
+  // vLLM's stop_token_ids: generation also stops at these ids.
+  if (given(j, "stop_token_ids")) {
+    const Json& v = j["stop_token_ids"];
+    if (!v.is_array()) return invalid_argument("'stop_token_ids' must be a list of token ids");
+    for (const Json& t : v) {
+      if (!t.is_number_integer() || t.get<std::int64_t>() < 0 ||
+          t.get<std::int64_t>() > std::numeric_limits<std::int32_t>::max()) {
+        return invalid_argument("'stop_token_ids' must be a list of token ids");
+      }
+      p.stop_token_ids.push_back(static_cast<std::int32_t>(t.get<std::int64_t>()));
+    }
   }
   if (given(j, "stream_options")) {
     const Json& so = j["stream_options"];

@@ -5,7 +5,8 @@
 //                               "top_k", "seed", "stop": "s" | ["s", ..], "stream", "model",
 //                               "ignore_eos" (vLLM extension), "logprobs": n (0..20), "echo",
 //                               "stream_options": {"include_usage"}, "presence_penalty",
-//                               "frequency_penalty", "repetition_penalty" (vLLM extension)}
+//                               "frequency_penalty", "repetition_penalty" (vLLM extension),
+//                               "logit_bias": {"id": bias}, "stop_token_ids" (vLLM extension)}
 //                              echo + logprobs + max_tokens 0 scores the prompt (what
 //                              lm-evaluation-harness's loglikelihood requests send)
 //   POST /v1/chat/completions  {"messages": [{"role", "content"}, ..], same parameters but echo,
@@ -36,6 +37,7 @@ struct CompletionParams {
   int max_tokens = 16;
   SamplingParams sampling;
   std::vector<std::string> stop;
+  std::vector<std::int32_t> stop_token_ids;  // besides the tokenizer's end tokens
   bool stream = false;
   bool ignore_eos = false;     // vLLM's extension: do not stop at the tokenizer's end tokens
   int logprobs = -1;           // -1 off; else alternatives per position (serve/logprobs.h)

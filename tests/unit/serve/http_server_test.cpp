@@ -473,6 +473,10 @@ TEST_F(HttpServerTest, BadRequestsGet4xxJsonAndTheServerKeepsServing) {
       {"/v1/completions", R"({"prompt": "x", "logprobs": 21})", 400},
       {"/v1/completions", R"({"prompt": "x", "presence_penalty": 5})", 400},
       {"/v1/completions", R"({"prompt": "x", "repetition_penalty": 0})", 400},
+      {"/v1/completions", R"({"prompt": "x", "logit_bias": {"abc": 1}})", 400},
+      {"/v1/completions", R"({"prompt": "x", "logit_bias": {"5": 200}})", 400},
+      {"/v1/completions", R"({"prompt": "x", "logit_bias": {"999999": 1}})", 400},
+      {"/v1/completions", R"({"prompt": "x", "stop_token_ids": [-3]})", 400},
       {"/v1/completions", R"({"prompt": "x", "logprobs": true})", 400},
       {"/v1/completions", R"({"prompt": "x", "echo": true, "max_tokens": 0})", 400},
       {"/v1/completions", R"({"prompt": "x", "echo": true, "logprobs": 1, "stream": true})", 400},
@@ -495,7 +499,7 @@ TEST_F(HttpServerTest, BadRequestsGet4xxJsonAndTheServerKeepsServing) {
   }
   auto [status, body] = post("/v1/completions", R"({"prompt": "still here", "max_tokens": 3})");
   EXPECT_EQ(status, 200) << body;
-  EXPECT_GE(server_->metrics().requests_client_error.load(), 21u);
+  EXPECT_GE(server_->metrics().requests_client_error.load(), 25u);
 }
 
 TEST_F(HttpServerTest, NonStreamedClientDisconnectCancelsTheRequest) {
@@ -585,6 +589,32 @@ TEST_F(HttpServerTest, PenaltiesReachTheEngine) {
   EXPECT_EQ(Json::parse(body)["choices"][0]["text"].get<std::string>(), sanitized(ref.text));
   const RequestOutput plain = reference(encode(prompt), 20, {}, true);
   EXPECT_NE(plain.tokens, ref.tokens);  // the penalties changed the answer
+  // logit_bias -100 on the plain answer's first token, and stop_token_ids at its third token.
+  const std::int32_t first = plain.tokens[0], third = plain.tokens[2];
+  auto [s2, b2] = post("/v1/completions", Json{{"prompt", prompt},
+                                               {"max_tokens", 20},
+                                               {"ignore_eos", true},
+                                               {"logit_bias", {{std::to_string(first), -100}}},
+                                               {"logprobs", 0}}
+                                              .dump());
+  ASSERT_EQ(s2, 200) << b2;
+  SamplingParams banned;
+  banned.penalties.logit_bias = {{first, -100.0f}};
+  const RequestOutput bref = reference(encode(prompt), 20, {}, true, banned);
+  EXPECT_EQ(std::find(bref.tokens.begin(), bref.tokens.end(), first), bref.tokens.end());
+  const Json j2 = Json::parse(b2);
+  EXPECT_EQ(j2["choices"][0]["text"].get<std::string>(), sanitized(bref.text));
+  EXPECT_EQ(j2["usage"]["completion_tokens"].get<std::size_t>(), bref.tokens.size());
+  auto [s3, b3] = post(
+      "/v1/completions",
+      Json{
+          {"prompt", prompt}, {"max_tokens", 20}, {"ignore_eos", true}, {"stop_token_ids", {third}}}
+          .dump());
+  ASSERT_EQ(s3, 200) << b3;
+  const Json j3 = Json::parse(b3);
+  const auto at = std::find(plain.tokens.begin(), plain.tokens.end(), third) - plain.tokens.begin();
+  EXPECT_EQ(j3["usage"]["completion_tokens"].get<long>(), at + 1);  // the stop token is kept
+  EXPECT_EQ(j3["choices"][0]["finish_reason"], "stop");
 }
 
 TEST_F(HttpServerTest, CompletionLogprobsAreTheEnginesRawLogprobs) {

@@ -2,6 +2,7 @@
 // Repetition / presence / frequency penalties (serve/logit_penalties.h): the in-place kernel
 // against a plain map-based twin, and the engine's greedy tokens against argmax of the twin
 // applied to the raw rows the engine sampled from (its logits observer).
+#include <algorithm>
 #include <map>
 #include <random>
 #include <set>
@@ -29,6 +30,7 @@ std::vector<float> penalized(std::vector<float> row, const PenaltyParams& p,
   for (const auto& [t, c] : count) {
     row[std::size_t(t)] -= p.presence + p.frequency * static_cast<float>(c);
   }
+  for (const auto& [t, b] : p.logit_bias) row[std::size_t(t)] += b;
   return row;
 }
 
@@ -44,9 +46,11 @@ TEST(Penalties, EqualTheTwinAndLeaveTheScratchClean) {
     std::vector<std::int32_t> prompt(std::size_t(1 + trial % 7)), out(std::size_t(trial % 11));
     for (auto& t : prompt) t = tok(gen);
     for (auto& t : out) t = tok(gen);
-    const PenaltyParams p{.repetition = trial % 3 == 0 ? 1.0f : 1.3f,
-                          .presence = trial % 4 == 1 ? 0.0f : 0.7f,
-                          .frequency = trial % 5 == 2 ? 0.0f : -0.4f};
+    PenaltyParams p{.repetition = trial % 3 == 0 ? 1.0f : 1.3f,
+                    .presence = trial % 4 == 1 ? 0.0f : 0.7f,
+                    .frequency = trial % 5 == 2 ? 0.0f : -0.4f};
+    if (trial % 2 == 0) p.logit_bias = {{std::int32_t(trial), -5.0f}, {3, 2.5f}};
+    ASSERT_TRUE(validate(p, V).ok());
     std::vector<float> got = row;
     apply_penalties(got, p, prompt, out, scratch);
     EXPECT_EQ(got, penalized(row, p, prompt, out)) << "trial " << trial;
@@ -58,11 +62,14 @@ TEST(Penalties, EqualTheTwinAndLeaveTheScratchClean) {
   apply_penalties(row, PenaltyParams{}, std::vector<std::int32_t>{0, 1},
                   std::vector<std::int32_t>{2, 2}, scratch);
   EXPECT_EQ(row, (std::vector<float>{1.0f, -2.0f, 3.0f}));
-  EXPECT_FALSE(validate(PenaltyParams{.repetition = 0.0f}).ok());
-  EXPECT_FALSE(validate(PenaltyParams{.presence = 2.5f}).ok());
-  EXPECT_FALSE(validate(PenaltyParams{.frequency = -3.0f}).ok());
+  EXPECT_FALSE(validate(PenaltyParams{.repetition = 0.0f}, V).ok());
+  EXPECT_FALSE(validate(PenaltyParams{.presence = 2.5f}, V).ok());
+  EXPECT_FALSE(validate(PenaltyParams{.frequency = -3.0f}, V).ok());
+  EXPECT_FALSE(validate(PenaltyParams{.logit_bias = {{V, 1.0f}}}, V).ok());
+  EXPECT_FALSE(validate(PenaltyParams{.logit_bias = {{1, 101.0f}}}, V).ok());
+  EXPECT_FALSE(validate(PenaltyParams{.logit_bias = {{1, 1.0f}, {1, 2.0f}}}, V).ok());
   EXPECT_TRUE(
-      validate(PenaltyParams{.repetition = 1.2f, .presence = -2.0f, .frequency = 2.0f}).ok());
+      validate(PenaltyParams{.repetition = 1.2f, .presence = -2.0f, .frequency = 2.0f}, V).ok());
 }
 
 TEST(Penalties, EngineGreedyIsArgmaxOfThePenalizedRawRow) {
@@ -104,7 +111,19 @@ TEST(Penalties, EngineGreedyIsArgmaxOfThePenalizedRawRow) {
     EXPECT_EQ(out.logprobs[k].logprob, token_logprob(rows[k], out.tokens[k], 0, ls).logprob);
   }
   // The penalties changed the answer (the unpenalized greedy run repeats itself).
-  EXPECT_NE(run(PenaltyParams{}, nullptr).tokens, out.tokens);
+  const RequestOutput plain = run(PenaltyParams{}, nullptr);
+  EXPECT_NE(plain.tokens, out.tokens);
+  // A logit bias of +100 on a token the plain run never picks forces it at every step; -100 on
+  // the plain run's first token removes it from the answer.
+  std::int32_t unused = 0;
+  while (std::find(plain.tokens.begin(), plain.tokens.end(), unused) != plain.tokens.end())
+    ++unused;
+  const RequestOutput forced = run(PenaltyParams{.logit_bias = {{unused, 100.0f}}}, nullptr);
+  EXPECT_EQ(forced.tokens, std::vector<std::int32_t>(forced.tokens.size(), unused));
+  const RequestOutput banned =
+      run(PenaltyParams{.logit_bias = {{plain.tokens[0], -100.0f}}}, nullptr);
+  EXPECT_EQ(std::find(banned.tokens.begin(), banned.tokens.end(), plain.tokens[0]),
+            banned.tokens.end());
   // Out-of-range values are refused at submit.
   auto e = Engine::create(m->geometry, m->params, EngineConfig{});
   ASSERT_TRUE(e.ok());
