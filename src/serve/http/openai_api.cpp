@@ -202,20 +202,53 @@ Result<CompletionParams> parse_completion_request(std::string_view body, bool ch
   } else {
     if (!j.contains("prompt")) return invalid_argument("missing required field 'prompt'");
     const Json& pr = j["prompt"];
-    if (pr.is_string()) {
-      p.prompt = pr.get<std::string>();
-      if (p.prompt->empty()) return invalid_argument("'prompt' must not be empty");
-    } else if (pr.is_array() && !pr.empty()) {
-      for (const Json& id : pr) {
+    // One prompt (a string or a list of ids) or a batch of them (a list of strings or of id
+    // lists; OpenAI's batched completions, as lm-evaluation-harness sends them).
+    auto ids_of = [](const Json& a, std::vector<std::int32_t>& out) -> Status {
+      if (a.empty()) return invalid_argument("'prompt' token-id lists must not be empty");
+      for (const Json& id : a) {
         if (!id.is_number_integer() || id.get<std::int64_t>() < 0 ||
             id.get<std::int64_t>() > std::numeric_limits<std::int32_t>::max()) {
           return invalid_argument("'prompt' as a list must hold non-negative token ids");
         }
-        p.prompt_ids.push_back(static_cast<std::int32_t>(id.get<std::int64_t>()));
+        out.push_back(static_cast<std::int32_t>(id.get<std::int64_t>()));
       }
+      return ok_status();
+    };
+    auto text_of = [](const Json& t, PromptInput& out) -> Status {
+      out.text = t.get<std::string>();
+      if (out.text->empty()) return invalid_argument("'prompt' must not be empty");
+      return ok_status();
+    };
+    const bool batch = pr.is_array() && !pr.empty() && (pr[0].is_string() || pr[0].is_array());
+    if (pr.is_string()) {
+      FERRY_TRY(text_of(pr, p.prompts.emplace_back()));
+    } else if (batch) {
+      if (pr.size() > kMaxPromptsPerRequest) {
+        return invalid_argument("'prompt' batches hold at most {} prompts", kMaxPromptsPerRequest);
+      }
+      for (const Json& one : pr) {
+        if (one.is_string()) {
+          FERRY_TRY(text_of(one, p.prompts.emplace_back()));
+        } else if (one.is_array()) {
+          FERRY_TRY(ids_of(one, p.prompts.emplace_back().ids));
+        } else {
+          return invalid_argument("a 'prompt' batch holds strings or lists of token ids");
+        }
+      }
+    } else if (pr.is_array() && !pr.empty()) {
+      FERRY_TRY(ids_of(pr, p.prompts.emplace_back().ids));
     } else {
       return invalid_argument("'prompt' must be a string or a non-empty list of token ids");
     }
+  }
+  if (given(j, "n")) {
+    FERRY_ASSIGN_OR_RETURN(p.n, integer(j, "n", 1, kMaxChoicesPerRequest));
+  }
+  const std::size_t prompts = chat ? 1 : p.prompts.size();
+  if (prompts * std::size_t(p.n) > std::size_t(kMaxChoicesPerRequest)) {
+    return invalid_argument("{} prompts x n = {} choices; at most {} per request", prompts, p.n,
+                            kMaxChoicesPerRequest);
   }
   FERRY_TRY(parse_sampling(j, p));
   FERRY_TRY(parse_logprobs(j, p));

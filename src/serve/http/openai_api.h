@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The OpenAI-style request bodies the HTTP server accepts, parsed into plain structs, and the
 // text rules of its responses. Pure functions (no engine, no sockets), so they test alone.
-//   POST /v1/completions       {"prompt": "text" | [ids], "max_tokens", "temperature", "top_p",
+//   POST /v1/completions       {"prompt": "text" | [ids] | ["text" | [ids], ..] (a batch), "n",
+//                               "max_tokens", "temperature", "top_p",
 //                               "top_k", "seed", "stop": "s" | ["s", ..], "stream", "model",
 //                               "ignore_eos" (vLLM extension), "logprobs": n (0..20), "echo",
 //                               "stream_options": {"include_usage"}, "presence_penalty",
@@ -28,12 +29,22 @@
 
 namespace ferry::serve::http {
 
+// A request's choices: its prompts (completions may batch them) times n.
+inline constexpr std::size_t kMaxPromptsPerRequest = 64;
+inline constexpr int kMaxChoicesPerRequest = 64;
+
+// One completions prompt: text, or token ids when text is unset.
+struct PromptInput {
+  std::optional<std::string> text;
+  std::vector<std::int32_t> ids;
+};
+
 struct CompletionParams {
   bool chat = false;
   std::string model;                         // "" when the body names none
-  std::optional<std::string> prompt;         // completions: text prompt
-  std::vector<std::int32_t> prompt_ids;      // completions: token-id prompt
+  std::vector<PromptInput> prompts;          // completions: one, or a batch (choices in order)
   std::vector<model::ChatMessage> messages;  // chat
+  int n = 1;                                 // choices per prompt
   int max_tokens = 16;
   SamplingParams sampling;
   std::vector<std::string> stop;

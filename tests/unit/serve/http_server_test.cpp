@@ -75,6 +75,9 @@ model::Tokenizer byte_tokenizer() {
 EngineConfig engine_config(const BuiltinModel& m) {
   EngineConfig ec;
   ec.max_running = 4;
+  // Answers compared with a solo run of the same request must not depend on what shares its
+  // steps (a request's choices run side by side; the handler threads race the engine's steps).
+  ec.batch_invariant = true;
   ec.max_seq_len = static_cast<int>(m.config.max_position_embeddings);
   return ec;
 }
@@ -477,6 +480,11 @@ TEST_F(HttpServerTest, BadRequestsGet4xxJsonAndTheServerKeepsServing) {
       {"/v1/completions", R"({"prompt": "x", "logit_bias": {"5": 200}})", 400},
       {"/v1/completions", R"({"prompt": "x", "logit_bias": {"999999": 1}})", 400},
       {"/v1/completions", R"({"prompt": "x", "stop_token_ids": [-3]})", 400},
+      {"/v1/completions", R"({"prompt": "x", "n": 0})", 400},
+      {"/v1/completions", R"({"prompt": ["a", "b"], "n": 40})", 400},
+      {"/v1/completions", R"({"prompt": ["a", 5]})", 400},
+      {"/v1/completions", R"({"prompt": ["a", ""]})", 400},
+      {"/v1/completions", R"({"prompt": [[1, 2], []]})", 400},
       {"/v1/completions", R"({"prompt": "x", "logprobs": true})", 400},
       {"/v1/completions", R"({"prompt": "x", "echo": true, "max_tokens": 0})", 400},
       {"/v1/completions", R"({"prompt": "x", "echo": true, "logprobs": 1, "stream": true})", 400},
@@ -499,7 +507,7 @@ TEST_F(HttpServerTest, BadRequestsGet4xxJsonAndTheServerKeepsServing) {
   }
   auto [status, body] = post("/v1/completions", R"({"prompt": "still here", "max_tokens": 3})");
   EXPECT_EQ(status, 200) << body;
-  EXPECT_GE(server_->metrics().requests_client_error.load(), 25u);
+  EXPECT_GE(server_->metrics().requests_client_error.load(), 30u);
 }
 
 TEST_F(HttpServerTest, NonStreamedClientDisconnectCancelsTheRequest) {
@@ -542,6 +550,78 @@ void expect_offsets_follow_the_tokens(const Json& lp, std::size_t first_offset) 
     // Byte tokens of the test tokenizer: one byte each (U+FFFD when not ASCII), specials 0.
     expect += t.rfind("<|", 0) == 0 ? 0 : 1;
   }
+}
+
+TEST_F(HttpServerTest, BatchedPromptsAndNGiveOneChoiceEach) {
+  // A batch of two prompts (text and ids), greedy: each choice is its prompt's own answer.
+  const RequestOutput r0 = reference(encode("first one"), 10, {}, true);
+  const RequestOutput r1 = reference(encode("second"), 10, {}, true);
+  auto [s1, b1] =
+      post("/v1/completions", Json{{"prompt", Json::array({"first one", encode("second")})},
+                                   {"max_tokens", 10},
+                                   {"ignore_eos", true}}
+                                  .dump());
+  ASSERT_EQ(s1, 200) << b1;
+  const Json j1 = Json::parse(b1);
+  ASSERT_EQ(j1["choices"].size(), 2u) << b1;
+  EXPECT_EQ(j1["choices"][0]["index"], 0);
+  EXPECT_EQ(j1["choices"][1]["index"], 1);
+  EXPECT_EQ(j1["choices"][0]["text"].get<std::string>(), sanitized(r0.text));
+  EXPECT_EQ(j1["choices"][1]["text"].get<std::string>(), sanitized(r1.text));
+  EXPECT_EQ(j1["usage"]["prompt_tokens"].get<int>(), 9 + 6);
+  EXPECT_EQ(j1["usage"]["completion_tokens"].get<int>(), 20);
+
+  // n = 3 sampled with a seed: choice j is the engine's answer with seed + j.
+  SamplingParams sp{.temperature = 1.0f, .top_k = 0, .top_p = 1.0f};
+  std::vector<std::string> want;
+  for (std::uint64_t j = 0; j < 3; ++j) {
+    sp.seed = 7 + j;
+    want.push_back(sanitized(reference(encode("sample"), 12, {}, true, sp).text));
+  }
+  EXPECT_FALSE(want[0] == want[1] && want[1] == want[2]);
+  const Json nreq = {{"prompt", "sample"}, {"max_tokens", 12}, {"ignore_eos", true},
+                     {"temperature", 1.0}, {"seed", 7},        {"n", 3}};
+  auto [s2, b2] = post("/v1/completions", nreq.dump());
+  ASSERT_EQ(s2, 200) << b2;
+  const Json j2 = Json::parse(b2);
+  ASSERT_EQ(j2["choices"].size(), 3u);
+  for (std::size_t k = 0; k < 3; ++k) {
+    EXPECT_EQ(j2["choices"][k]["text"].get<std::string>(), want[k]) << k;
+  }
+  EXPECT_EQ(j2["usage"]["prompt_tokens"].get<int>(), 6);  // the prompt counts once
+  EXPECT_EQ(j2["usage"]["completion_tokens"].get<int>(), 36);
+
+  // Streamed: the chunks of each index concatenate to that choice's text, each index finishes.
+  Json sreq = nreq;
+  sreq["stream"] = true;
+  auto [s3, b3] = post("/v1/completions", sreq.dump());
+  ASSERT_EQ(s3, 200) << b3;
+  const Sse sse = parse_sse(b3);
+  ASSERT_TRUE(sse.well_formed && sse.done) << b3;
+  std::vector<std::string> text(3);
+  std::vector<int> finishes(3, 0);
+  for (const Json& c : sse.chunks) {
+    ASSERT_EQ(c["choices"].size(), 1u) << c.dump();
+    const Json& ch = c["choices"][0];
+    const std::size_t k = ch["index"].get<std::size_t>();
+    ASSERT_LT(k, 3u);
+    text[k] += ch["text"].get<std::string>();
+    if (ch["finish_reason"].is_string()) ++finishes[k];
+  }
+  for (std::size_t k = 0; k < 3; ++k) {
+    EXPECT_EQ(text[k], want[k]) << k;
+    EXPECT_EQ(finishes[k], 1) << k;
+  }
+  // Chat with n = 2: two messages.
+  auto [s4, b4] = post("/v1/chat/completions",
+                       Json{{"messages", Json::array({{{"role", "user"}, {"content", "hi"}}})},
+                            {"max_tokens", 4},
+                            {"n", 2}}
+                           .dump());
+  ASSERT_EQ(s4, 200) << b4;
+  const Json j4 = Json::parse(b4);
+  ASSERT_EQ(j4["choices"].size(), 2u);
+  EXPECT_EQ(j4["choices"][0]["message"], j4["choices"][1]["message"]);  // greedy: the same
 }
 
 TEST_F(HttpServerTest, TokenizeAndDetokenizeRoundTrip) {
