@@ -7,7 +7,8 @@
 # (tools/bench/torch_layer_baseline.py), a ratio summary, and compute-sanitizer memcheck over
 # gpu_test, and compute-sanitizer racecheck over the atomic-dQ attention test. Everything lands in
 # $OUT (9 files):
-#   build.log ctest.log ferry_bench.json ferry_bench_prev.json (the previous kernel variants) torch_bench.json
+#   build.log ctest.log ferry_bench.json ferry_bench_prev.json (the previous kernel variants)
+#   ferry_bench_lazy1.json ferry_bench_lazy64.json (the forward's conditional rescale) torch_bench.json
 #   bench_summary.json summary.log memcheck.log racecheck.log
 # The attention rows BM_AttnFwdBwd/.../3 are the atomic-dQ backward (FERRY_ATTN_BWD_DQ=atomic, set
 # by the bench for those rows only) beside the deterministic .../0 rows of the same shapes.
@@ -111,6 +112,12 @@ timeout 150 "$BENCH" --benchmark_out="$OUT/ferry_bench.json" \
 FERRY_ATTN_FWD_QREGS=1 FERRY_ATTN_BWD_KEYS=16 FERRY_RMS_NORM_WARP_ROWS=1 timeout 90 "$BENCH" \
   --benchmark_filter='AttnFwdBwd|RmsNorm' \
   --benchmark_out="$OUT/ferry_bench_prev.json" --benchmark_out_format=json >>"$OUT/summary.log" 2>&1
+# The forward's conditional rescale (FERRY_ATTN_FWD_LAZY=1) and with 64-key tiles (=64), same rows.
+for lazy in 1 64; do
+  FERRY_ATTN_FWD_LAZY=$lazy timeout 90 "$BENCH" --benchmark_filter='AttnFwdBwd' \
+    --benchmark_out="$OUT/ferry_bench_lazy$lazy.json" --benchmark_out_format=json \
+    >>"$OUT/summary.log" 2>&1
+done
 timeout 120 $PY tools/bench/torch_baselines.py --out "$OUT/torch_bench.json" >>"$OUT/summary.log" 2>&1
 run_layer_bench
 $PY tools/bench/compare.py "$OUT/ferry_bench.json" "$OUT/torch_bench.json" \

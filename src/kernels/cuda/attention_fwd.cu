@@ -9,6 +9,7 @@
 // log-sum-exp of the scaled scores (natural log) for the backward. Deterministic (no atomics, fixed
 // order). Tested in tests/gpu/kernels_attention_test.cpp against the reference backend.
 #include <cstdlib>
+#include <string_view>
 
 #include "kernels/cuda/attention_common.cuh"
 
@@ -23,7 +24,18 @@ using namespace attn;
 // registers: 64 at D = 128 with 2 m-tiles, which with O's 128 pushed that variant to 255 registers
 // and spills); otherwise they are re-read from the (resident) Q tile in shared memory, one
 // ldmatrix.x4 per m-tile and k-chunk, and V's B fragments come two n-tiles per ldmatrix.x4.trans.
-template <int D, int kMT, int kBN, bool kQRegs>
+// kLazy (FERRY_ATTN_FWD_LAZY=1; not yet the default: measured on no GPU so far): the online
+// softmax keeps a row's running max m until a tile's max exceeds it by more than
+// kLazyRescaleLog2 (in the log2 domain), so P = 2^(s - m) <= 2^8 in bf16 (same relative
+// rounding) and O, l are rescaled only when some row of the warp moves its max — a warp-uniform
+// branch that skips the O-rescale's kMT * D / 2 multiplies per lane and tile in the common case
+// (FlashAttention-4's conditional rescaling). The max is taken over the raw scores and scaled
+// once, P is one FFMA + ex2 per element (s * scale - m), and masked tiles are masked in a
+// separate pass. The result is the same softmax (l and O carry the same stale max; lse = m +
+// log2 l); bits differ from the default's rounding, within the tests' tolerance rule.
+constexpr float kLazyRescaleLog2 = 8.0f;
+
+template <int D, int kMT, int kBN, bool kQRegs, bool kLazy>
 __global__ void __launch_bounds__(kThreads)
     attention_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse,
                          const bf16* __restrict__ q, const bf16* __restrict__ k,
@@ -128,48 +140,120 @@ __global__ void __launch_bounds__(kThreads)
     }
     // Only the diagonal tiles (causal) and the sequence's last tile need a mask.
     const bool masked = k0 + kBN > len || (sh.causal && k0 + kBN > qw);
+    if constexpr (kLazy) {
+      if (masked) {
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
-      float mx[2] = {-INFINITY, -INFINITY};
+        for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < kBN / 8; ++nt) {
+          for (int nt = 0; nt < kBN / 8; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int kj = static_cast<int>(k0) + nt * 8 + 2 * t + (e & 1);
-          const int r = e >> 1;
-          const bool ok = !masked || (kj < len32 && (!sh.causal || kj <= qi[mt][r]));
-          const float x = ok ? s[mt][nt][e] * scale_log2 : -INFINITY;
-          s[mt][nt][e] = x;
-          mx[r] = fmaxf(mx[r], x);
+            for (int e = 0; e < 4; ++e) {
+              const int kj = static_cast<int>(k0) + nt * 8 + 2 * t + (e & 1);
+              if (!(kj < len32 && (!sh.causal || kj <= qi[mt][e >> 1]))) {
+                s[mt][nt][e] = -INFINITY;
+              }
+            }
+      }
+      // Row maxima of the raw scores, scaled once (scale_log2 > 0 keeps the order).
+      float mx[kMT][2];
+      bool need = false;
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float v = -INFINITY;
+#pragma unroll
+          for (int nt = 0; nt < kBN / 8; ++nt)
+            v = fmaxf(v, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+          mx[mt][r] = v * scale_log2;
+          // m = -inf (nothing seen yet): any finite max moves it.
+          need = need || mx[mt][r] > m[mt][r] + kLazyRescaleLog2;
         }
       }
-      float alpha[2], mu[2], rs[2] = {0.0f, 0.0f};
+      if (__any_sync(0xffffffffu, need)) {  // warp-uniform: the rows that moved are rescaled
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        const float mn = fmaxf(m[mt][r], mx[r]);
-        mu[r] = mn == -INFINITY ? 0.0f : mn;
-        alpha[r] = fast_exp2(m[mt][r] - mu[r]);
-        m[mt][r] = mn;
-      }
+        for (int mt = 0; mt < kMT; ++mt) {
+          float alpha[2];
 #pragma unroll
-      for (int nt = 0; nt < kBN / 8; ++nt) {
+          for (int r = 0; r < 2; ++r) {
+            const bool moves = mx[mt][r] > m[mt][r] + kLazyRescaleLog2;
+            alpha[r] = moves ? fast_exp2(m[mt][r] - mx[mt][r]) : 1.0f;  // 2^-inf = 0
+            if (moves) m[mt][r] = mx[mt][r];
+            l[mt][r] *= alpha[r];
+          }
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float p = fast_exp2(s[mt][nt][e] - mu[e >> 1]);
-          s[mt][nt][e] = p;
-          rs[e >> 1] += p;
+          for (int nd = 0; nd < D / 8; ++nd) {
+            o[mt][nd][0] *= alpha[0];
+            o[mt][nd][1] *= alpha[0];
+            o[mt][nd][2] *= alpha[1];
+            o[mt][nd][3] *= alpha[1];
+          }
         }
       }
-      l[mt][0] = l[mt][0] * alpha[0] + rs[0];
-      l[mt][1] = l[mt][1] * alpha[1] + rs[1];
 #pragma unroll
-      for (int nd = 0; nd < D / 8; ++nd) {
-        o[mt][nd][0] *= alpha[0];
-        o[mt][nd][1] *= alpha[0];
-        o[mt][nd][2] *= alpha[1];
-        o[mt][nd][3] *= alpha[1];
+      for (int mt = 0; mt < kMT; ++mt) {
+        // A row with nothing unmasked yet keeps m = -inf: its p are 2^(-inf - 0) = 0.
+        const float mu[2] = {m[mt][0] == -INFINITY ? 0.0f : m[mt][0],
+                             m[mt][1] == -INFINITY ? 0.0f : m[mt][1]};
+        float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int nt = 0; nt < kBN / 8; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float p = fast_exp2(fmaf(s[mt][nt][e], scale_log2, -mu[e >> 1]));
+            s[mt][nt][e] = p;
+            rs[e >> 1] += p;
+          }
+        }
+        l[mt][0] += rs[0];
+        l[mt][1] += rs[1];
+      }
+    } else {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < kBN / 8; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int kj = static_cast<int>(k0) + nt * 8 + 2 * t + (e & 1);
+            const int r = e >> 1;
+            const bool ok = !masked || (kj < len32 && (!sh.causal || kj <= qi[mt][r]));
+            const float x = ok ? s[mt][nt][e] * scale_log2 : -INFINITY;
+            s[mt][nt][e] = x;
+            mx[r] = fmaxf(mx[r], x);
+          }
+        }
+        float alpha[2], mu[2], rs[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+          const float mn = fmaxf(m[mt][r], mx[r]);
+          mu[r] = mn == -INFINITY ? 0.0f : mn;
+          alpha[r] = fast_exp2(m[mt][r] - mu[r]);
+          m[mt][r] = mn;
+        }
+#pragma unroll
+        for (int nt = 0; nt < kBN / 8; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float p = fast_exp2(s[mt][nt][e] - mu[e >> 1]);
+            s[mt][nt][e] = p;
+            rs[e >> 1] += p;
+          }
+        }
+        l[mt][0] = l[mt][0] * alpha[0] + rs[0];
+        l[mt][1] = l[mt][1] * alpha[1] + rs[1];
+#pragma unroll
+        for (int nd = 0; nd < D / 8; ++nd) {
+          o[mt][nd][0] *= alpha[0];
+          o[mt][nd][1] *= alpha[0];
+          o[mt][nd][2] *= alpha[1];
+          o[mt][nd][3] *= alpha[1];
+        }
       }
     }
 #pragma unroll
@@ -223,17 +307,17 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int D, int kMT, int kBN, bool kQRegs = true>
+template <int D, int kMT, int kBN, bool kQRegs = true, bool kLazy = false>
 cudaError_t launch_fwd_d(void* out, float* lse, const void* q, const void* k, const void* v,
                          const std::int32_t* cu, AttnShape sh, cudaStream_t stream) {
   constexpr int kStr = D + 8;
   constexpr int kBM = 64 * kMT;
   const int smem = (kBM + 4 * kBN) * kStr * static_cast<int>(sizeof(bf16));
-  cudaError_t err = cudaFuncSetAttribute(attention_fwd_kernel<D, kMT, kBN, kQRegs>,
+  cudaError_t err = cudaFuncSetAttribute(attention_fwd_kernel<D, kMT, kBN, kQRegs, kLazy>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(grid_blocks(sh.t, sh.s, kBM), static_cast<unsigned>(sh.h));
-  attention_fwd_kernel<D, kMT, kBN, kQRegs><<<grid, kThreads, smem, stream>>>(
+  attention_fwd_kernel<D, kMT, kBN, kQRegs, kLazy><<<grid, kThreads, smem, stream>>>(
       static_cast<bf16*>(out), lse, static_cast<const bf16*>(q), static_cast<const bf16*>(k),
       static_cast<const bf16*>(v), cu, sh, sh.scale * kLog2e);
   return cudaGetLastError();
@@ -256,6 +340,43 @@ FwdVariant fwd_variant() {
   return FwdVariant::kRows32;
 }
 
+// The variant's D dispatch, with or without the lazy rescale.
+template <bool kLazy, bool kWide = false>
+cudaError_t launch_fwd(FwdVariant var, void* out, float* lse, const void* q, const void* k,
+                       const void* v, const std::int32_t* cu, AttnShape sh, cudaStream_t stream) {
+  const bool two = var != FwdVariant::kRows16;
+  switch (sh.d) {
+    // D = 16 / 32: small models (the tiny Hugging Face fixtures of tests/gpu/model_gpu_test.cpp).
+    case 16:
+      return two ? launch_fwd_d<16, 2, 64, true, kLazy>(out, lse, q, k, v, cu, sh, stream)
+                 : launch_fwd_d<16, 1, 64, true, kLazy>(out, lse, q, k, v, cu, sh, stream);
+    case 32:
+      return two ? launch_fwd_d<32, 2, 64, true, kLazy>(out, lse, q, k, v, cu, sh, stream)
+                 : launch_fwd_d<32, 1, 64, true, kLazy>(out, lse, q, k, v, cu, sh, stream);
+    case 64:
+      return two ? launch_fwd_d<64, 2, 64, true, kLazy>(out, lse, q, k, v, cu, sh, stream)
+                 : launch_fwd_d<64, 1, 64, true, kLazy>(out, lse, q, k, v, cu, sh, stream);
+    case 128:
+      switch (var) {
+        case FwdVariant::kRows16:
+          return launch_fwd_d<128, 1, 64, true, kLazy>(out, lse, q, k, v, cu, sh, stream);
+        case FwdVariant::kRows32QRegs:
+          return launch_fwd_d<128, 2, 32, true, kLazy>(out, lse, q, k, v, cu, sh, stream);
+        case FwdVariant::kRows32:
+          // kWide: 64-key tiles (with kLazy, 255 registers and no spill on sm_90 ptxas 13.0;
+          // without it they spill 72 bytes, hence 32 keys by default).
+          if constexpr (kWide) {
+            return launch_fwd_d<128, 2, 64, false, kLazy>(out, lse, q, k, v, cu, sh, stream);
+          } else {
+            return launch_fwd_d<128, 2, 32, false, kLazy>(out, lse, q, k, v, cu, sh, stream);
+          }
+      }
+      return cudaErrorInvalidValue;
+    default:
+      return cudaErrorInvalidValue;  // the backend reports unimplemented before getting here
+  }
+}
+
 }  // namespace
 
 cudaError_t launch_attention_fwd(void* out, float* lse, const void* q, const void* k, const void* v,
@@ -263,31 +384,17 @@ cudaError_t launch_attention_fwd(void* out, float* lse, const void* q, const voi
                                  cudaStream_t stream) {
   if (sh.t == 0) return cudaSuccess;
   const FwdVariant var = fwd_variant();
-  const bool two = var != FwdVariant::kRows16;
-  switch (sh.d) {
-    // D = 16 / 32: small models (the tiny Hugging Face fixtures of tests/gpu/model_gpu_test.cpp).
-    case 16:
-      return two ? launch_fwd_d<16, 2, 64>(out, lse, q, k, v, cu_seqlens, sh, stream)
-                 : launch_fwd_d<16, 1, 64>(out, lse, q, k, v, cu_seqlens, sh, stream);
-    case 32:
-      return two ? launch_fwd_d<32, 2, 64>(out, lse, q, k, v, cu_seqlens, sh, stream)
-                 : launch_fwd_d<32, 1, 64>(out, lse, q, k, v, cu_seqlens, sh, stream);
-    case 64:
-      return two ? launch_fwd_d<64, 2, 64>(out, lse, q, k, v, cu_seqlens, sh, stream)
-                 : launch_fwd_d<64, 1, 64>(out, lse, q, k, v, cu_seqlens, sh, stream);
-    case 128:
-      switch (var) {
-        case FwdVariant::kRows16:
-          return launch_fwd_d<128, 1, 64>(out, lse, q, k, v, cu_seqlens, sh, stream);
-        case FwdVariant::kRows32QRegs:
-          return launch_fwd_d<128, 2, 32>(out, lse, q, k, v, cu_seqlens, sh, stream);
-        case FwdVariant::kRows32:
-          return launch_fwd_d<128, 2, 32, false>(out, lse, q, k, v, cu_seqlens, sh, stream);
-      }
-      return cudaErrorInvalidValue;
-    default:
-      return cudaErrorInvalidValue;  // the backend reports unimplemented before getting here
+  // FERRY_ATTN_FWD_LAZY=1: the conditional rescale (attention_fwd_kernel's kLazy) on any
+  // variant; =64: also 64-key tiles for the default D = 128 variant (32 rows per warp, Q from
+  // shared memory), which the lazy rescale's lower register count lets fit.
+  const char* lazy = std::getenv("FERRY_ATTN_FWD_LAZY");
+  if (lazy != nullptr && std::string_view(lazy) == "64") {
+    return launch_fwd<true, true>(var, out, lse, q, k, v, cu_seqlens, sh, stream);
   }
+  if (lazy != nullptr && lazy[0] == '1') {
+    return launch_fwd<true>(var, out, lse, q, k, v, cu_seqlens, sh, stream);
+  }
+  return launch_fwd<false>(var, out, lse, q, k, v, cu_seqlens, sh, stream);
 }
 
 }  // namespace ferry::kernels::cuda
