@@ -273,16 +273,38 @@ __global__ void __launch_bounds__(kThreads)
         mma_bf16(dpt[nt + 1], av, bd[2], bd[3]);
       }
     }
+    // P^T and dS^T. Only an item that meets a query or key tail or the causal diagonal of this
+    // warp's 16 keys needs the mask; the others (most of a causal sweep: every query of the tile
+    // at or after the warp's last key) skip its per-element test. Warp-uniform; same values.
+    const std::int64_t key_lo = k0 + warp * 16;
+    // One rounding for both paths (explicit FMA: the compiler cannot contract them apart).
+    auto prob = [scale_log2](float s, float lse) {
+      return fast_exp2(fmaf(s, scale_log2, -(lse * kLog2e)));
+    };
+    const bool unmasked = q0 + BQ <= len && key_lo + 16 <= len && (!sh.causal || q0 >= key_lo + 15);
+    if (unmasked) {
 #pragma unroll
-    for (int nt = 0; nt < BQ / 8; ++nt) {
+      for (int nt = 0; nt < BQ / 8; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int ql = nt * 8 + 2 * t + (e & 1);
-        const std::int64_t qi = q0 + ql;
-        const bool ok = qi < len && kr[e >> 1] < len && (!sh.causal || qi >= kr[e >> 1]);
-        const float p = ok ? fast_exp2(st[nt][e] * scale_log2 - lse_s[ql] * kLog2e) : 0.0f;
-        st[nt][e] = p;
-        dpt[nt][e] = p * (dpt[nt][e] - dsum_s[ql]);  // dS^T
+        for (int e = 0; e < 4; ++e) {
+          const int ql = nt * 8 + 2 * t + (e & 1);
+          const float p = prob(st[nt][e], lse_s[ql]);
+          st[nt][e] = p;
+          dpt[nt][e] = p * (dpt[nt][e] - dsum_s[ql]);  // dS^T
+        }
+      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < BQ / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int ql = nt * 8 + 2 * t + (e & 1);
+          const std::int64_t qi = q0 + ql;
+          const bool ok = qi < len && kr[e >> 1] < len && (!sh.causal || qi >= kr[e >> 1]);
+          const float p = ok ? prob(st[nt][e], lse_s[ql]) : 0.0f;
+          st[nt][e] = p;
+          dpt[nt][e] = p * (dpt[nt][e] - dsum_s[ql]);  // dS^T
+        }
       }
     }
     if constexpr (kDq) {
