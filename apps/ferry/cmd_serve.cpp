@@ -31,6 +31,7 @@
 #include "apps/ferry/serve_device_flag.h"
 #include "core/log.h"
 #include "model/model_binding.h"
+#include "model/tokenizer/chat_template.h"
 #include "model/tokenizer/tokenizer.h"
 #include "serve/builtin_model.h"
 #include "serve/engine.h"
@@ -64,7 +65,8 @@ struct ServeCliConfig {
   int kv_block_tokens = 16;
   bool no_prefix_cache = false;
   int default_max_tokens = 16;
-  int http_threads = 0;  // 0: max(8, cores - 1)
+  int http_threads = 0;                // 0: max(8, cores - 1)
+  std::string chat_template = "auto";  // auto: the model's must be ChatML; chatml: forced
   double duration_s = 0;
   std::string split = "fixed";
   int wsa_max_context = 0;
@@ -117,6 +119,28 @@ int run_plan(const ServeCliConfig& c, const model::DecoderGeometry& geo) {
   std::printf("moe layers (engine index of each slot entry): %s\n",
               slots_text(plan->moe_layers).c_str());
   return 0;
+}
+
+// What /v1/chat/completions answers for a model folder: "" (render ChatML) or why it refuses.
+// ferry renders plain ChatML only; a model whose tokenizer_config.json holds another template, or
+// none, would get silently wrong prompts, so chat is refused unless --chat-template chatml.
+Result<std::string> chat_refusal(const std::string& model_dir, const std::string& mode) {
+  const std::string config = model_dir + "/tokenizer_config.json";
+  Result<std::string> tmpl = model::read_chat_template(config);
+  if (!tmpl.ok() && tmpl.status().code() != StatusCode::kNotFound) {
+    if (std::filesystem::exists(config)) return tmpl.status();  // a corrupt file: say so
+  }
+  const bool chatml = tmpl.ok() && model::detect_chat_template(*tmpl).ok();
+  if (chatml) return std::string();
+  const std::string why = tmpl.ok() ? "its chat template is not plain ChatML, the one ferry renders"
+                                    : "it has no chat template (tokenizer_config.json)";
+  if (mode == "chatml") {
+    log::get("serve")->warn("serve: --chat-template chatml: rendering ChatML although {}", why);
+    return std::string();
+  }
+  return "this model's chat completions are refused: " + why +
+         "; send the formatted prompt to /v1/completions, or start the server with "
+         "--chat-template chatml";
 }
 
 int run_serve(const ServeCliConfig& c) {
@@ -226,6 +250,12 @@ int run_serve(const ServeCliConfig& c) {
                                         : std::filesystem::path(c.model_dir).filename().string();
   hc.default_max_tokens = c.default_max_tokens;
   hc.http_threads = c.http_threads;
+  if (!c.model_dir.empty()) {
+    auto refusal = chat_refusal(c.model_dir, c.chat_template);
+    if (!refusal.ok()) return fail(refusal.status());
+    hc.chat_refusal = std::move(*refusal);
+  }
+  if (!hc.chat_refusal.empty()) log::get("serve")->warn("{}", hc.chat_refusal);
   serve::http::HttpServer server(**engine, tokenizer ? &*tokenizer : nullptr, hc);
   auto port = server.start(c.host, c.port);
   if (!port.ok()) return fail(port.status());
@@ -288,6 +318,10 @@ void register_serve(CLI::App& app, CommandFn& run) {
   cmd->add_option("--max-tokens-default", c->default_max_tokens,
                   "max_tokens of a request that gives none")
       ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--chat-template", c->chat_template,
+                  "auto: chat completions only when the model's template is plain ChatML; "
+                  "chatml: render ChatML whatever the model's template says")
+      ->check(CLI::IsMember({"auto", "chatml"}));
   cmd->add_option("--http-threads", c->http_threads,
                   "connection handler threads; each open stream holds one (0: max(8, cores - 1))")
       ->check(CLI::Range(0, 4096));

@@ -103,6 +103,7 @@ void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response
     return std::vector<std::int32_t>(ids.begin(), ids.end());
   };
   if (chat) {
+    if (!cfg.chat_refusal.empty()) return client_error(res, cfg.chat_refusal);
     Result<std::vector<std::int32_t>> ids = encode(model::render_chatml(p.messages, true));
     if (!ids.ok()) return client_error(res, ids.status().message());
     prompts.push_back({.ids = std::move(*ids)});

@@ -83,6 +83,7 @@ void HttpServer::Impl::tokenize(const httplib::Request& req, httplib::Response& 
   if (j.contains("prompt") && j["prompt"].is_string()) {
     text = j["prompt"].get<std::string>();
   } else if (j.contains("messages")) {
+    if (!cfg.chat_refusal.empty()) return client_error(res, cfg.chat_refusal);
     Result<CompletionParams> p = parse_completion_request(req.body, true, 1);
     if (!p.ok()) return client_error(res, p.status().message());
     text = model::render_chatml(p->messages, true);

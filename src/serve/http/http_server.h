@@ -37,6 +37,10 @@ struct HttpServerConfig {
   // Connection handler threads (httplib's pool; each open stream or waiting request holds one,
   // more connections queue at the socket). 0: httplib's default, max(8, cores - 1).
   int http_threads = 0;
+  // Non-empty: /v1/chat/completions (and /tokenize with messages) answer 400 with this message
+  // instead of rendering ChatML — the model's own chat template is another one, or it has none
+  // (ferry renders plain ChatML only: model/tokenizer/chat_template.h).
+  std::string chat_refusal;
 };
 
 // The ids generation stops at: <|im_end|> and <|endoftext|>, those the tokenizer has.

@@ -624,6 +624,31 @@ TEST_F(HttpServerTest, BatchedPromptsAndNGiveOneChoiceEach) {
   EXPECT_EQ(j4["choices"][0]["message"], j4["choices"][1]["message"]);  // greedy: the same
 }
 
+TEST(HttpServerChat, RefusedChatIs400AndCompletionsStillWork) {
+  auto m = make_builtin_moe({}, /*seed=*/0x5eed);
+  ASSERT_TRUE(m.ok());
+  const model::Tokenizer tok = byte_tokenizer();
+  auto e = Engine::create((*m)->geometry, (*m)->params, engine_config(**m));
+  ASSERT_TRUE(e.ok());
+  HttpServer server(
+      **e, &tok, HttpServerConfig{.model_name = "tiny", .poll_ms = 10, .chat_refusal = "no chat"});
+  auto port = server.start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok());
+  httplib::Client c("127.0.0.1", *port);
+  const Json msgs = Json::array({{{"role", "user"}, {"content", "hi"}}});
+  auto r = c.Post("/v1/chat/completions", Json{{"messages", msgs}}.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(Json::parse(r->body)["error"]["message"], "no chat");
+  auto t = c.Post("/tokenize", Json{{"messages", msgs}}.dump(), "application/json");
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->status, 400);
+  auto ok = c.Post("/v1/completions", R"({"prompt": "hi", "max_tokens": 2})", "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+  server.stop();
+}
+
 TEST_F(HttpServerTest, TokenizeAndDetokenizeRoundTrip) {
   auto [s1, b1] = post("/tokenize", R"({"prompt": "hello there"})");
   ASSERT_EQ(s1, 200) << b1;
