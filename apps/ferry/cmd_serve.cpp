@@ -29,9 +29,10 @@
 #include "apps/ferry/cpu_expert_kernel_flag.h"
 #include "apps/ferry/miss_placement_flags.h"
 #include "apps/ferry/serve_device_flag.h"
+#include "core/file_util.h"
 #include "core/log.h"
 #include "model/model_binding.h"
-#include "model/tokenizer/chat_template.h"
+#include "model/tokenizer/chat_renderer.h"
 #include "model/tokenizer/tokenizer.h"
 #include "serve/builtin_model.h"
 #include "serve/engine.h"
@@ -66,7 +67,7 @@ struct ServeCliConfig {
   bool no_prefix_cache = false;
   int default_max_tokens = 16;
   int http_threads = 0;                // 0: max(8, cores - 1)
-  std::string chat_template = "auto";  // auto: the model's must be ChatML; chatml: forced
+  std::string chat_template = "auto";  // auto | chatml | a Jinja template file
   double duration_s = 0;
   std::string split = "fixed";
   int wsa_max_context = 0;
@@ -121,26 +122,56 @@ int run_plan(const ServeCliConfig& c, const model::DecoderGeometry& geo) {
   return 0;
 }
 
-// What /v1/chat/completions answers for a model folder: "" (render ChatML) or why it refuses.
-// ferry renders plain ChatML only; a model whose tokenizer_config.json holds another template, or
-// none, would get silently wrong prompts, so chat is refused unless --chat-template chatml.
-Result<std::string> chat_refusal(const std::string& model_dir, const std::string& mode) {
+// How a model folder's chat completions are rendered (--chat-template): auto, the folder's
+// tokenizer_config.json template (ChatML natively, any other through the Jinja subset);
+// chatml, ChatML whatever the folder says; anything else, a Jinja template file (vLLM's
+// --chat-template FILE) with the folder's bos/eos tokens. A folder without a template, or with
+// one the subset cannot render, gets chat refused with the reason (never a wrong prompt); a
+// corrupt tokenizer_config.json or an unreadable template file fails the start.
+struct ChatSetup {
+  std::shared_ptr<const model::ChatRenderer> renderer;  // null with a refusal
+  std::string refusal, source;
+};
+Result<ChatSetup> chat_setup(const std::string& model_dir, const std::string& mode) {
+  ChatSetup out;
   const std::string config = model_dir + "/tokenizer_config.json";
-  Result<std::string> tmpl = model::read_chat_template(config);
-  if (!tmpl.ok() && tmpl.status().code() != StatusCode::kNotFound) {
-    if (std::filesystem::exists(config)) return tmpl.status();  // a corrupt file: say so
-  }
-  const bool chatml = tmpl.ok() && model::detect_chat_template(*tmpl).ok();
-  if (chatml) return std::string();
-  const std::string why = tmpl.ok() ? "its chat template is not plain ChatML, the one ferry renders"
-                                    : "it has no chat template (tokenizer_config.json)";
+  const std::string hint =
+      "; send the formatted prompt to /v1/completions, or start the server with --chat-template "
+      "chatml or --chat-template FILE (a Jinja template)";
   if (mode == "chatml") {
-    log::get("serve")->warn("serve: --chat-template chatml: rendering ChatML although {}", why);
-    return std::string();
+    out.renderer = std::make_shared<const model::ChatRenderer>(model::ChatRenderer::chatml());
+    out.source = "ChatML (--chat-template chatml)";
+    return out;
   }
-  return "this model's chat completions are refused: " + why +
-         "; send the formatted prompt to /v1/completions, or start the server with "
-         "--chat-template chatml";
+  if (mode != "auto") {
+    FERRY_ASSIGN_OR_RETURN(const std::string source, read_file(mode));
+    model::SpecialTokens tokens;  // the folder's bos / eos, when it has a tokenizer_config.json
+    if (std::filesystem::exists(config)) {
+      FERRY_ASSIGN_OR_RETURN(tokens, model::read_special_tokens(config));
+    }
+    auto r = model::ChatRenderer::from_source(source, tokens.bos, tokens.eos);
+    if (!r.ok()) return r.status();
+    out.renderer = std::make_shared<const model::ChatRenderer>(std::move(*r));
+    out.source = mode;
+    return out;
+  }
+  auto r = model::ChatRenderer::from_tokenizer_config(config);
+  if (r.ok()) {
+    out.renderer = std::make_shared<const model::ChatRenderer>(std::move(*r));
+    out.source = std::string(out.renderer->kind()) + " (" + config + ")";
+    return out;
+  }
+  if (r.status().code() == StatusCode::kNotFound) {
+    out.refusal =
+        "this model's chat completions are refused: it has no chat template "
+        "(tokenizer_config.json)" +
+        hint;
+  } else if (r.status().code() == StatusCode::kUnimplemented) {
+    out.refusal = "this model's chat completions are refused: " + r.status().message() + hint;
+  } else {
+    return r.status();  // a corrupt tokenizer_config.json: say so at the start
+  }
+  return out;
 }
 
 int run_serve(const ServeCliConfig& c) {
@@ -251,9 +282,15 @@ int run_serve(const ServeCliConfig& c) {
   hc.default_max_tokens = c.default_max_tokens;
   hc.http_threads = c.http_threads;
   if (!c.model_dir.empty()) {
-    auto refusal = chat_refusal(c.model_dir, c.chat_template);
-    if (!refusal.ok()) return fail(refusal.status());
-    hc.chat_refusal = std::move(*refusal);
+    auto chat = chat_setup(c.model_dir, c.chat_template);
+    if (!chat.ok()) return fail(chat.status());
+    hc.chat = chat->renderer;
+    hc.chat_refusal = chat->refusal;
+    if (hc.chat) log::get("serve")->info("chat template: {}", chat->source);
+  } else if (c.chat_template != "auto" && c.chat_template != "chatml") {
+    return fail(
+        invalid_argument("serve: --chat-template FILE needs --model (the built-in model "
+                         "is ChatML)"));
   }
   if (!hc.chat_refusal.empty()) log::get("serve")->warn("{}", hc.chat_refusal);
   serve::http::HttpServer server(**engine, tokenizer ? &*tokenizer : nullptr, hc);
@@ -319,9 +356,9 @@ void register_serve(CLI::App& app, CommandFn& run) {
                   "max_tokens of a request that gives none")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--chat-template", c->chat_template,
-                  "auto: chat completions only when the model's template is plain ChatML; "
-                  "chatml: render ChatML whatever the model's template says")
-      ->check(CLI::IsMember({"auto", "chatml"}));
+                  "auto: the model's tokenizer_config.json template (refused if it has none or "
+                  "one ferry cannot render); chatml: ChatML whatever it says; FILE: a Jinja "
+                  "chat template file");
   cmd->add_option("--http-threads", c->http_threads,
                   "connection handler threads; each open stream holds one (0: max(8, cores - 1))")
       ->check(CLI::Range(0, 4096));

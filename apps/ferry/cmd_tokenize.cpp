@@ -14,7 +14,7 @@
 #include "core/file_util.h"
 #include "core/json.h"
 #include "core/log.h"
-#include "model/tokenizer/chat_template.h"
+#include "model/tokenizer/chat_renderer.h"
 #include "model/tokenizer/tokenizer.h"
 
 namespace ferry::app {
@@ -49,21 +49,18 @@ Result<std::string> render_chat_input(const std::string& tokenizer_json, const s
   FERRY_ASSIGN_OR_RETURN(auto messages, parse_messages(input));
   const std::string config =
       (std::filesystem::path(tokenizer_json).parent_path() / "tokenizer_config.json").string();
-  model::ChatTemplateKind kind = model::ChatTemplateKind::kChatMl;
+  // The folder's template (ChatML natively, any other through the Jinja subset); ChatML when
+  // the folder has none, as before.
   std::error_code ec;
   if (std::filesystem::exists(config, ec)) {
-    auto tmpl = model::read_chat_template(config);
-    if (tmpl.ok()) {
-      FERRY_ASSIGN_OR_RETURN(kind, model::detect_chat_template(tmpl.value()));
-    } else if (tmpl.status().code() != StatusCode::kNotFound) {
-      return tmpl.status();
-    } else {
-      log::get("tokenizer")->warn("no chat_template in {}; using ChatML", config);
-    }
+    auto renderer = model::ChatRenderer::from_tokenizer_config(config);
+    if (renderer.ok()) return renderer->render(messages, /*add_generation_prompt=*/true);
+    if (renderer.status().code() != StatusCode::kNotFound) return renderer.status();
+    log::get("tokenizer")->warn("no chat_template in {}; using ChatML", config);
   } else {
     log::get("tokenizer")->warn("no tokenizer_config.json beside {}; using ChatML", tokenizer_json);
   }
-  return model::render_chat(kind, messages, /*add_generation_prompt=*/true);
+  return model::render_chatml(messages, /*add_generation_prompt=*/true);
 }
 
 Status run_tokenize(const TokenizeConfig& cfg) {

@@ -104,7 +104,9 @@ void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response
   };
   if (chat) {
     if (!cfg.chat_refusal.empty()) return client_error(res, cfg.chat_refusal);
-    Result<std::vector<std::int32_t>> ids = encode(model::render_chatml(p.messages, true));
+    Result<std::string> text = render_chat(p.messages);  // a template's raise_exception: 400
+    if (!text.ok()) return client_error(res, text.status().message());
+    Result<std::vector<std::int32_t>> ids = encode(*text);
     if (!ids.ok()) return client_error(res, ids.status().message());
     prompts.push_back({.ids = std::move(*ids)});
   } else {

@@ -86,7 +86,9 @@ void HttpServer::Impl::tokenize(const httplib::Request& req, httplib::Response& 
     if (!cfg.chat_refusal.empty()) return client_error(res, cfg.chat_refusal);
     Result<CompletionParams> p = parse_completion_request(req.body, true, 1);
     if (!p.ok()) return client_error(res, p.status().message());
-    text = model::render_chatml(p->messages, true);
+    Result<std::string> rendered = render_chat(p->messages);
+    if (!rendered.ok()) return client_error(res, rendered.status().message());
+    text = std::move(*rendered);
   } else {
     return client_error(res, "'prompt' (a string) or 'messages' is required");
   }

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/result.h"
+#include "model/tokenizer/chat_renderer.h"
 #include "model/tokenizer/tokenizer.h"
 #include "serve/engine.h"
 #include "serve/http/metrics.h"
@@ -37,9 +38,11 @@ struct HttpServerConfig {
   // Connection handler threads (httplib's pool; each open stream or waiting request holds one,
   // more connections queue at the socket). 0: httplib's default, max(8, cores - 1).
   int http_threads = 0;
-  // Non-empty: /v1/chat/completions (and /tokenize with messages) answer 400 with this message
-  // instead of rendering ChatML — the model's own chat template is another one, or it has none
-  // (ferry renders plain ChatML only: model/tokenizer/chat_template.h).
+  // How /v1/chat/completions (and /tokenize with messages) render messages: the model's chat
+  // template (model/tokenizer/chat_renderer.h); null: plain ChatML (the built-in model's).
+  std::shared_ptr<const model::ChatRenderer> chat;
+  // Non-empty: those endpoints answer 400 with this message instead (the model has no chat
+  // template, or one ferry cannot render: a wrong prompt is never sent to the model).
   std::string chat_refusal;
 };
 

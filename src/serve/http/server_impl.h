@@ -56,6 +56,11 @@ struct HttpServer::Impl {
     send_error(res, 400, "invalid_request_error", message);
   }
   // The answer's text: special tokens left out.
+  // The prompt text of chat messages (cfg.chat, or ChatML); the caller checked chat_refusal.
+  Result<std::string> render_chat(std::span<const model::ChatMessage> messages) const {
+    if (cfg.chat) return cfg.chat->render(messages, /*add_generation_prompt=*/true);
+    return model::render_chatml(messages, true);
+  }
   Result<std::string> detokenize(std::span<const std::int32_t> ids) const {
     return tokenizer->decode(ids, {.skip_special_tokens = true});
   }

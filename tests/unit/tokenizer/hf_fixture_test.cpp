@@ -5,11 +5,14 @@
 // A missing fixture directory is a test FAILURE, not a skip: the fixtures are part of the repo.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
 #include "core/json.h"
+#include "model/tokenizer/chat_renderer.h"
 #include "model/tokenizer/chat_template.h"
+#include "model/tokenizer/jinja.h"
 #include "model/tokenizer/tokenizer.h"
 
 namespace ferry::model {
@@ -100,6 +103,66 @@ TEST(HfFixtureChat, ChatMlMatchesApplyChatTemplate) {
     ASSERT_TRUE(ids.ok());
     EXPECT_EQ(ids.value(), row["ids"].get<std::vector<TokenId>>()) << Json(text).dump();
   }
+}
+
+// The same transformers renderings through the Jinja subset (jinja.h) instead of the native
+// ChatML path: the template source itself, evaluated.
+TEST(HfFixtureChat, JinjaRenderingOfTheTemplateMatchesApplyChatTemplate) {
+  const std::string dir = fixture_dir("qwen2");
+  auto tmpl = read_chat_template(dir + "/tokenizer_config.json");
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status().to_string();
+  auto t = jinja::Template::parse(*tmpl);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  for (const Json& row : read_jsonl(dir + "/chat_cases.jsonl")) {
+    jinja::List messages;
+    for (const Json& m : row["messages"]) {
+      messages.push_back(
+          jinja::Value::dict({{"role", jinja::Value(m["role"].get<std::string>())},
+                              {"content", jinja::Value(m["content"].get<std::string>())}}));
+    }
+    auto text = t->render(
+        {{"messages", jinja::Value::list(std::move(messages))},
+         {"add_generation_prompt", jinja::Value(row["add_generation_prompt"].get<bool>())}});
+    ASSERT_TRUE(text.ok()) << text.status().to_string();
+    EXPECT_EQ(*text, row["text"].get<std::string>());
+  }
+}
+
+// ChatRenderer (chat_renderer.h): ChatML natively, other templates through Jinja with the
+// config's special tokens, refusals and template errors as Statuses.
+TEST(ChatRenderer, PicksThePathAndPassesTheSpecialTokens) {
+  const std::vector<ChatMessage> msgs = {{"user", "hi"}};
+  auto chatml = ChatRenderer::from_source(kChatMlJinja, "<s>", "</s>");
+  ASSERT_TRUE(chatml.ok());
+  EXPECT_EQ(chatml->kind(), "chatml");
+  EXPECT_EQ(*chatml->render(msgs, true), render_chatml(msgs, true));
+  auto other = ChatRenderer::from_source(
+      "{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content }}{{ eos_token }}{% endfor "
+      "%}",
+      "<s>", "</s>");
+  ASSERT_TRUE(other.ok()) << other.status().to_string();
+  EXPECT_EQ(other->kind(), "jinja");
+  EXPECT_EQ(*other->render(msgs, false), "<s>user: hi</s>");
+  auto raising = ChatRenderer::from_source("{{ raise_exception('no system role') }}", "", "");
+  ASSERT_TRUE(raising.ok());
+  const auto r = raising->render(msgs, true);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("no system role"), std::string::npos);
+  auto unsupported = ChatRenderer::from_source("{% macro x() %}{% endmacro %}", "", "");
+  ASSERT_FALSE(unsupported.ok());
+  EXPECT_EQ(unsupported.status().code(), StatusCode::kUnimplemented);
+  // tokenizer_config.json: special tokens as strings or {"content": ...}.
+  const std::string path = ::testing::TempDir() + "/ferry_chat_renderer_config.json";
+  {
+    std::ofstream f(path);
+    f << R"({"bos_token": {"content": "<B>", "lstrip": false}, "eos_token": "<E>",
+             "chat_template": "{{ bos_token }}{{ messages[0].content }}{{ eos_token }}"})";
+  }
+  auto from_config = ChatRenderer::from_tokenizer_config(path);
+  ASSERT_TRUE(from_config.ok()) << from_config.status().to_string();
+  EXPECT_EQ(*from_config->render(msgs, false), "<B>hi<E>");
+  std::remove(path.c_str());
 }
 
 }  // namespace
