@@ -35,6 +35,19 @@ using namespace attn;
 // log2 l); bits differ from the default's rounding, within the tests' tolerance rule.
 constexpr float kLazyRescaleLog2 = 8.0f;
 
+// O's C fragments of one m-tile: rows g (c0, c1) times alpha[0], rows g + 8 (c2, c3) times
+// alpha[1].
+template <int D>
+__device__ __forceinline__ void rescale_rows(float (&o)[D / 8][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int nd = 0; nd < D / 8; ++nd) {
+    o[nd][0] *= alpha[0];
+    o[nd][1] *= alpha[0];
+    o[nd][2] *= alpha[1];
+    o[nd][3] *= alpha[1];
+  }
+}
+
 template <int D, int kMT, int kBN, bool kQRegs, bool kLazy>
 __global__ void __launch_bounds__(kThreads)
     attention_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse,
@@ -183,13 +196,7 @@ __global__ void __launch_bounds__(kThreads)
             if (moves) m[mt][r] = mx[mt][r];
             l[mt][r] *= alpha[r];
           }
-#pragma unroll
-          for (int nd = 0; nd < D / 8; ++nd) {
-            o[mt][nd][0] *= alpha[0];
-            o[mt][nd][1] *= alpha[0];
-            o[mt][nd][2] *= alpha[1];
-            o[mt][nd][3] *= alpha[1];
-          }
+          rescale_rows<D>(o[mt], alpha);
         }
       }
 #pragma unroll
@@ -247,13 +254,7 @@ __global__ void __launch_bounds__(kThreads)
         }
         l[mt][0] = l[mt][0] * alpha[0] + rs[0];
         l[mt][1] = l[mt][1] * alpha[1] + rs[1];
-#pragma unroll
-        for (int nd = 0; nd < D / 8; ++nd) {
-          o[mt][nd][0] *= alpha[0];
-          o[mt][nd][1] *= alpha[0];
-          o[mt][nd][2] *= alpha[1];
-          o[mt][nd][3] *= alpha[1];
-        }
+        rescale_rows<D>(o[mt], alpha);
       }
     }
 #pragma unroll

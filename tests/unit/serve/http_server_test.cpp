@@ -215,8 +215,6 @@ class HttpServerTest : public ::testing::Test {
   RequestOutput reference(const std::vector<std::int32_t>& prompt, int max_tokens,
                           std::vector<std::string> stop, bool ignore_eos,
                           SamplingParams sampling = {}) {
-    auto e = Engine::create(model_->geometry, model_->params, engine_config(*model_));
-    EXPECT_TRUE(e.ok());
     GenerationRequest g;
     g.prompt = prompt;
     g.max_new_tokens = max_tokens;
@@ -227,24 +225,23 @@ class HttpServerTest : public ::testing::Test {
     g.detokenize = [t](std::span<const std::int32_t> ids) {
       return t->decode(ids, {.skip_special_tokens = true});
     };
-    auto id = (*e)->submit(std::move(g));
-    EXPECT_TRUE(id.ok()) << id.status().message();
-    EXPECT_TRUE((*e)->run_until_idle().ok());
-    auto out = (*e)->take_output(*id);
-    EXPECT_TRUE(out.ok());
-    return *out;
+    return run_alone(std::move(g));
   }
   // The engine's own logprobs for a greedy request (fresh engine, same configuration).
   RequestOutput reference_logprobs(const std::vector<std::int32_t>& prompt, int max_tokens,
                                    int logprobs, int prompt_logprobs) {
-    auto e = Engine::create(model_->geometry, model_->params, engine_config(*model_));
-    EXPECT_TRUE(e.ok());
     GenerationRequest g;
     g.prompt = prompt;
     g.max_new_tokens = max_tokens;
     g.stop_token_ids = default_stop_ids(*tok_);
     g.logprobs = logprobs;
     g.prompt_logprobs = prompt_logprobs;
+    return run_alone(std::move(g));
+  }
+  // One request on a fresh engine of the server's configuration.
+  RequestOutput run_alone(GenerationRequest g) {
+    auto e = Engine::create(model_->geometry, model_->params, engine_config(*model_));
+    EXPECT_TRUE(e.ok());
     auto id = (*e)->submit(std::move(g));
     EXPECT_TRUE(id.ok()) << id.status().message();
     EXPECT_TRUE((*e)->run_until_idle().ok());
