@@ -143,6 +143,34 @@ Status parse_sampling(const Json& j, CompletionParams& p) {
   return ok_status();
 }
 
+// A message's content: a string, null (an assistant turn with nothing to say), or OpenAI's list
+// of parts, whose "text" parts are joined with newlines (as vLLM joins them); other part types
+// (images, audio) are refused: the models served here read text only.
+Result<std::string> message_content(const Json& c) {
+  if (c.is_string()) return c.get<std::string>();
+  if (c.is_null()) return std::string();
+  if (!c.is_array())
+    return invalid_argument("a message's 'content' must be a string or a list of parts");
+  std::string out;
+  bool first = true;
+  for (const Json& part : c) {
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) {
+      return invalid_argument("each content part needs a string 'type'");
+    }
+    const std::string type = part["type"].get<std::string>();
+    if (type != "text") {
+      return invalid_argument("content parts of type '{}' are not supported (text only)", type);
+    }
+    if (!part.contains("text") || !part["text"].is_string()) {
+      return invalid_argument("a text content part needs a string 'text'");
+    }
+    if (!first) out += '\n';
+    out += part["text"].get<std::string>();
+    first = false;
+  }
+  return out;
+}
+
 // completions: "logprobs": n, "echo"; chat: "logprobs": true, "top_logprobs": n.
 Status parse_logprobs(const Json& j, CompletionParams& p) {
   if (p.chat) {
@@ -194,10 +222,11 @@ Result<CompletionParams> parse_completion_request(std::string_view body, bool ch
     }
     for (const Json& msg : m) {
       if (!msg.is_object() || !msg.contains("role") || !msg["role"].is_string() ||
-          !msg.contains("content") || !msg["content"].is_string()) {
-        return invalid_argument("each message needs string 'role' and 'content'");
+          !msg.contains("content")) {
+        return invalid_argument("each message needs a string 'role' and a 'content'");
       }
-      p.messages.push_back({msg["role"].get<std::string>(), msg["content"].get<std::string>()});
+      FERRY_ASSIGN_OR_RETURN(std::string content, message_content(msg["content"]));
+      p.messages.push_back({msg["role"].get<std::string>(), std::move(content)});
     }
   } else {
     if (!j.contains("prompt")) return invalid_argument("missing required field 'prompt'");

@@ -469,6 +469,11 @@ TEST_F(HttpServerTest, BadRequestsGet4xxJsonAndTheServerKeepsServing) {
       {"/v1/completions", R"({"prompt": [999999]})", 400},
       {"/v1/completions", R"({"prompt": "x", "model": "nope"})", 404},
       {"/v1/chat/completions", R"({"messages": "hi"})", 400},
+      {"/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})",
+       400},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": [{"type": "text"}]}]})",
+       400},
       {"/v1/chat/completions", R"({"prompt": "x"})", 400},
       {"/v1/completions", R"({"prompt": "x", "logprobs": 21})", 400},
       {"/v1/completions", R"({"prompt": "x", "presence_penalty": 5})", 400},
@@ -504,7 +509,7 @@ TEST_F(HttpServerTest, BadRequestsGet4xxJsonAndTheServerKeepsServing) {
   }
   auto [status, body] = post("/v1/completions", R"({"prompt": "still here", "max_tokens": 3})");
   EXPECT_EQ(status, 200) << body;
-  EXPECT_GE(server_->metrics().requests_client_error.load(), 30u);
+  EXPECT_GE(server_->metrics().requests_client_error.load(), 32u);
 }
 
 TEST_F(HttpServerTest, NonStreamedClientDisconnectCancelsTheRequest) {
@@ -644,6 +649,27 @@ TEST(HttpServerChat, RefusedChatIs400AndCompletionsStillWork) {
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200) << ok->body;
   server.stop();
+}
+
+TEST_F(HttpServerTest, ContentPartsEqualTheJoinedText) {
+  // OpenAI's list-of-parts content: the text parts joined by newlines, as one string would be.
+  const Json parts =
+      Json::array({{{"role", "user"},
+                    {"content", Json::array({{{"type", "text"}, {"text", "one"}},
+                                             {{"type", "text"}, {"text", "two"}}})}}});
+  const Json plain = Json::array({{{"role", "user"}, {"content", "one\ntwo"}}});
+  auto [s1, b1] = post("/tokenize", Json{{"messages", parts}}.dump());
+  auto [s2, b2] = post("/tokenize", Json{{"messages", plain}}.dump());
+  ASSERT_EQ(s1, 200) << b1;
+  ASSERT_EQ(s2, 200) << b2;
+  EXPECT_EQ(Json::parse(b1)["tokens"], Json::parse(b2)["tokens"]);
+  // An assistant turn with null content renders as empty.
+  const Json with_null = Json::array({{{"role", "user"}, {"content", "a"}},
+                                      {{"role", "assistant"}, {"content", nullptr}},
+                                      {{"role", "user"}, {"content", "b"}}});
+  auto [s3, b3] =
+      post("/v1/chat/completions", Json{{"messages", with_null}, {"max_tokens", 2}}.dump());
+  EXPECT_EQ(s3, 200) << b3;
 }
 
 TEST_F(HttpServerTest, TokenizeAndDetokenizeRoundTrip) {
