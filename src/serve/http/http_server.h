@@ -44,6 +44,10 @@ struct HttpServerConfig {
   // Non-empty: those endpoints answer 400 with this message instead (the model has no chat
   // template, or one ferry cannot render: a wrong prompt is never sent to the model).
   std::string chat_refusal;
+  // Generation also stops at these ids (unless ignore_eos), besides default_stop_ids: the model's
+  // own end tokens (generation_config.json eos_token_id, tokenizer_config.json eos_token), e.g.
+  // Llama 3's <|eot_id|>.
+  std::vector<std::int32_t> extra_stop_ids;
 };
 
 // The ids generation stops at: <|im_end|> and <|endoftext|>, those the tokenizer has.

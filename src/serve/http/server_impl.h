@@ -6,6 +6,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <span>
@@ -33,6 +34,9 @@ struct HttpServer::Impl {
   Impl(Engine& e, const model::Tokenizer* t, HttpServerConfig c)
       : engine(e), tokenizer(t), cfg(std::move(c)), worker(e, &metrics) {
     if (tokenizer) stop_ids = default_stop_ids(*tokenizer);
+    for (const std::int32_t id : cfg.extra_stop_ids) {
+      if (std::find(stop_ids.begin(), stop_ids.end(), id) == stop_ids.end()) stop_ids.push_back(id);
+    }
   }
 
   Engine& engine;

@@ -672,6 +672,45 @@ TEST_F(HttpServerTest, ContentPartsEqualTheJoinedText) {
   EXPECT_EQ(s3, 200) << b3;
 }
 
+TEST(HttpServerStops, TheModelsOwnEndTokensStopGeneration) {
+  // extra_stop_ids (ferry serve: generation_config.json / tokenizer_config.json end tokens) stop
+  // generation like the tokenizer's <|im_end|>; ignore_eos runs past them.
+  auto m = make_builtin_moe({}, /*seed=*/0x5eed);
+  ASSERT_TRUE(m.ok());
+  const model::Tokenizer tok = byte_tokenizer();
+  std::vector<std::int32_t> free_run;  // the greedy answer with no stops
+  {
+    auto e = Engine::create((*m)->geometry, (*m)->params, engine_config(**m));
+    ASSERT_TRUE(e.ok());
+    auto ids = tok.encode("stop here");
+    ASSERT_TRUE(ids.ok());
+    auto id = (*e)->submit({.prompt = {ids->begin(), ids->end()}, .max_new_tokens = 12});
+    ASSERT_TRUE(id.ok() && (*e)->run_until_idle().ok());
+    free_run = (*e)->take_output(*id)->tokens;
+  }
+  const std::int32_t stop = free_run[3];
+  const auto at = std::find(free_run.begin(), free_run.end(), stop) - free_run.begin();
+  auto e = Engine::create((*m)->geometry, (*m)->params, engine_config(**m));
+  ASSERT_TRUE(e.ok());
+  HttpServer server(
+      **e, &tok, HttpServerConfig{.model_name = "tiny", .poll_ms = 10, .extra_stop_ids = {stop}});
+  auto port = server.start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok());
+  httplib::Client c("127.0.0.1", *port);
+  auto r =
+      c.Post("/v1/completions", R"({"prompt": "stop here", "max_tokens": 12})", "application/json");
+  ASSERT_TRUE(r);
+  const Json j = Json::parse(r->body);
+  EXPECT_EQ(j["usage"]["completion_tokens"].get<long>(), at + 1) << r->body;
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  auto r2 =
+      c.Post("/v1/completions", R"({"prompt": "stop here", "max_tokens": 12, "ignore_eos": true})",
+             "application/json");
+  ASSERT_TRUE(r2);
+  EXPECT_EQ(Json::parse(r2->body)["usage"]["completion_tokens"].get<int>(), 12);
+  server.stop();
+}
+
 TEST_F(HttpServerTest, TokenizeAndDetokenizeRoundTrip) {
   auto [s1, b1] = post("/tokenize", R"({"prompt": "hello there"})");
   ASSERT_EQ(s1, 200) << b1;
