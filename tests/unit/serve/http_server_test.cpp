@@ -889,7 +889,8 @@ TEST_F(HttpServerTest, ChatLogprobsHaveBytesAndTopEntries) {
   auto [s2, b2] = post("/v1/chat/completions",
                        Json{{"messages", msgs}, {"max_tokens", 3}, {"logprobs", true}}.dump());
   ASSERT_EQ(s2, 200) << b2;
-  for (const Json& e : Json::parse(b2)["choices"][0]["logprobs"]["content"]) {
+  const Json j2 = Json::parse(b2);  // the loop reads into it: it must outlive the loop
+  for (const Json& e : j2["choices"][0]["logprobs"]["content"]) {
     EXPECT_TRUE(e["top_logprobs"].empty());
   }
 }
