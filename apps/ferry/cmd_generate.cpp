@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // `ferry generate [--model DIR] (--prompt STR | --token-ids FILE) [--max-new-tokens N]
 //   [--greedy | --temperature T --top-k K --top-p P --seed S] [--repetition-penalty R]
-//   [--presence-penalty P] [--frequency-penalty F] [--logprobs N] [--stop STR]... [--mode M]
+//   [--presence-penalty P] [--frequency-penalty F] [--logprobs N] [--chat [--system S]]
+//   [--stop STR]... [--mode M]
 //   [--expert-slots N | --layer-slots N,N,.. | --expert-budget-mib M] [--policy lru|lfu|lfru]
 //   [--miss-cost-model [--link-gbps G --cpu-gflops F|auto]] [--bypass-window N]
 //   [--json]`
@@ -27,6 +28,7 @@
 #include "core/json.h"
 #include "core/log.h"
 #include "model/model_binding.h"
+#include "model/tokenizer/chat_renderer.h"
 #include "model/tokenizer/tokenizer.h"
 #include "serve/builtin_model.h"
 #include "serve/engine.h"
@@ -48,7 +50,9 @@ struct GenerateConfig {
   float top_p = 1.0f;
   std::optional<std::uint64_t> seed;
   serve::PenaltyParams penalties;
-  int logprobs = -1;  // --logprobs N: each generated token's logprob and N alternatives (JSON)
+  int logprobs = -1;   // --logprobs N: each generated token's logprob and N alternatives (JSON)
+  bool chat = false;   // --chat: the prompt as a user message through the model's chat template
+  std::string system;  // --system: a system message before it
   std::vector<std::string> stop;
   std::vector<int> stop_ids;
   std::string mode = "resident";
@@ -161,6 +165,7 @@ int run_generate(const GenerateConfig& cfg) {
   if (!holder.ok()) return fail(holder.status());
   const model::DecoderGeometry& geo = holder->geometry();
   serve::GenerationRequest req;
+  std::vector<std::int32_t> chat_stop_ids;  // --chat: the end of the assistant's turn
   if (!cfg.token_ids_file.empty()) {
     auto ids = read_ids(cfg.token_ids_file);
     if (!ids.ok()) return fail(ids.status());
@@ -170,7 +175,26 @@ int run_generate(const GenerateConfig& cfg) {
       return fail(
           invalid_argument("generate: {} has no tokenizer.json; use --token-ids", cfg.model_dir));
     }
-    auto ids = holder->tokenizer->encode(cfg.prompt);
+    std::string text = cfg.prompt;
+    if (cfg.chat) {  // the model's template (ChatML for the built-in model)
+      auto renderer = cfg.model_dir.empty()
+                          ? Result<model::ChatRenderer>(model::ChatRenderer::chatml())
+                          : model::ChatRenderer::from_tokenizer_config(cfg.model_dir +
+                                                                       "/tokenizer_config.json");
+      if (!renderer.ok()) return fail(renderer.status());
+      std::vector<model::ChatMessage> msgs;
+      if (!cfg.system.empty()) msgs.push_back({"system", cfg.system});
+      msgs.push_back({"user", cfg.prompt});
+      auto rendered = renderer->render(msgs, /*add_generation_prompt=*/true);
+      if (!rendered.ok()) return fail(rendered.status());
+      text = std::move(*rendered);
+      // Stop at the end of the assistant's turn (the tokenizer's turn and text end tokens).
+      for (const char* t : {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>"}) {
+        const std::int32_t id = holder->tokenizer->token_to_id(t);
+        if (id >= 0) chat_stop_ids.push_back(id);
+      }
+    }
+    auto ids = holder->tokenizer->encode(text);
     if (!ids.ok()) return fail(ids.status());
     req.prompt.assign(ids->begin(), ids->end());
   }
@@ -183,6 +207,7 @@ int run_generate(const GenerateConfig& cfg) {
   req.logprobs = cfg.logprobs;
   req.stop_strings = cfg.stop;
   req.stop_token_ids.assign(cfg.stop_ids.begin(), cfg.stop_ids.end());
+  req.stop_token_ids.insert(req.stop_token_ids.end(), chat_stop_ids.begin(), chat_stop_ids.end());
   if (holder->tokenizer) {
     const model::Tokenizer* tok = &*holder->tokenizer;
     req.detokenize = [tok](std::span<const std::int32_t> ids) { return tok->decode(ids); };
@@ -367,6 +392,10 @@ void register_generate(CLI::App& app, CommandFn& run) {
   cmd->add_option("--frequency-penalty", cfg->penalties.frequency,
                   "subtract per occurrence among the generated tokens (0: off)")
       ->check(CLI::Range(-2.0, 2.0));
+  auto* chat = cmd->add_flag("--chat", cfg->chat,
+                             "render --prompt as a user message with the model's chat template "
+                             "(tokenizer_config.json; ChatML for the built-in model)");
+  cmd->add_option("--system", cfg->system, "with --chat: a system message before it")->needs(chat);
   cmd->add_option("--logprobs", cfg->logprobs,
                   "with --json: each generated token's logprob and N alternatives (0..20)")
       ->check(CLI::Range(0, serve::kMaxTopLogprobs));

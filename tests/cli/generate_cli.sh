@@ -42,4 +42,19 @@ if ! command -v nvidia-smi > /dev/null 2>&1 || ! nvidia-smi > /dev/null 2>&1; th
   [ "$rc" -ne 0 ] || { echo "--device cuda without a GPU should fail"; exit 1; }
   [ -s "$TMP/err" ] || { echo "--device cuda failed without a message"; exit 1; }
 fi
+# --chat (built-in model: ChatML): the prompt is the rendered turn — 39 byte-level tokens for
+# <|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n
+# (each special token one id) — and --logprobs 2 gives every generated token two alternatives.
+"$FERRY" generate --prompt hi --chat --system "be brief" --max-new-tokens 3 --logprobs 2 --json \
+  > "$TMP/chat.json"
+python3 - "$TMP/chat.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["prefill_tokens"] == 39, j["prefill_tokens"]
+assert len(j["logprobs"]) == len(j["ids"]) and all(len(e["top"]) == 2 for e in j["logprobs"]), j
+PY
+set +e
+"$FERRY" generate --prompt hi --system "x" > /dev/null 2> "$TMP/err"; rc=$?
+set -e
+[ "$rc" -ne 0 ] || { echo "--system without --chat should be refused"; exit 1; }
 echo "generate_cli: ok"
