@@ -32,6 +32,7 @@
 #include "model/tokenizer/tokenizer.h"
 #include "serve/builtin_model.h"
 #include "serve/engine.h"
+#include "serve/http/http_server.h"
 #include "serve/routing_trace.h"
 #include "serve/trace_synth.h"
 #include "train/builtin_model.h"
@@ -188,10 +189,14 @@ int run_generate(const GenerateConfig& cfg) {
       auto rendered = renderer->render(msgs, /*add_generation_prompt=*/true);
       if (!rendered.ok()) return fail(rendered.status());
       text = std::move(*rendered);
-      // Stop at the end of the assistant's turn (the tokenizer's turn and text end tokens).
-      for (const char* t : {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>"}) {
-        const std::int32_t id = holder->tokenizer->token_to_id(t);
-        if (id >= 0) chat_stop_ids.push_back(id);
+      // Stop at the end of the assistant's turn, as ferry serve does: the tokenizer's
+      // <|im_end|> / <|endoftext|> and the model folder's own end tokens.
+      chat_stop_ids = serve::http::default_stop_ids(*holder->tokenizer);
+      if (!cfg.model_dir.empty()) {
+        for (const std::int32_t id :
+             model::model_end_token_ids(cfg.model_dir, *holder->tokenizer)) {
+          chat_stop_ids.push_back(id);
+        }
       }
     }
     auto ids = holder->tokenizer->encode(text);

@@ -30,7 +30,6 @@
 #include "apps/ferry/miss_placement_flags.h"
 #include "apps/ferry/serve_device_flag.h"
 #include "core/file_util.h"
-#include "core/json.h"
 #include "core/log.h"
 #include "model/model_binding.h"
 #include "model/tokenizer/chat_renderer.h"
@@ -175,30 +174,6 @@ Result<ChatSetup> chat_setup(const std::string& model_dir, const std::string& mo
   return out;
 }
 
-// The model folder's own end tokens: generation_config.json's eos_token_id (an id or a list) and
-// tokenizer_config.json's eos_token (as an id of the tokenizer). Missing files or keys: none.
-std::vector<std::int32_t> model_stop_ids(const std::string& model_dir,
-                                         const model::Tokenizer* tokenizer) {
-  std::vector<std::int32_t> ids;
-  if (auto text = read_file(model_dir + "/generation_config.json"); text.ok()) {
-    if (auto j = parse_json(*text, "generation_config.json");
-        j.ok() && j->is_object() && j->contains("eos_token_id")) {
-      const Json& e = (*j)["eos_token_id"];
-      for (const Json& x : e.is_array() ? e : Json::array({e})) {
-        if (x.is_number_integer()) ids.push_back(x.get<std::int32_t>());
-      }
-    }
-  }
-  const std::string config = model_dir + "/tokenizer_config.json";
-  if (tokenizer && std::filesystem::exists(config)) {
-    if (auto t = model::read_special_tokens(config); t.ok() && !t->eos.empty()) {
-      const std::int32_t id = tokenizer->token_to_id(t->eos);
-      if (id >= 0) ids.push_back(id);
-    }
-  }
-  return ids;
-}
-
 int run_serve(const ServeCliConfig& c) {
   std::unique_ptr<model::LoadedModel> loaded;
   std::unique_ptr<serve::BuiltinModel> builtin;
@@ -310,7 +285,7 @@ int run_serve(const ServeCliConfig& c) {
     auto chat = chat_setup(c.model_dir, c.chat_template);
     if (!chat.ok()) return fail(chat.status());
     hc.chat = chat->renderer;
-    hc.extra_stop_ids = model_stop_ids(c.model_dir, tokenizer ? &*tokenizer : nullptr);
+    if (tokenizer) hc.extra_stop_ids = model::model_end_token_ids(c.model_dir, *tokenizer);
     hc.chat_refusal = chat->refusal;
     if (hc.chat) log::get("serve")->info("chat template: {}", chat->source);
   } else if (c.chat_template != "auto" && c.chat_template != "chatml") {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "serve/logit_penalties.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/check.h"
@@ -8,8 +9,10 @@
 namespace ferry::serve {
 
 Status validate(const PenaltyParams& p, std::int64_t vocab) {
-  for (std::size_t i = 0; i < p.logit_bias.size(); ++i) {
-    const auto& [t, b] = p.logit_bias[i];
+  // Sorted ids find a repeat in n log n (a client may send thousands of entries).
+  std::vector<std::int32_t> ids;
+  ids.reserve(p.logit_bias.size());
+  for (const auto& [t, b] : p.logit_bias) {
     if (t < 0 || t >= vocab) {
       return invalid_argument("serve: logit_bias token {} is outside the vocabulary of {}", t,
                               vocab);
@@ -17,11 +20,11 @@ Status validate(const PenaltyParams& p, std::int64_t vocab) {
     if (!(b >= -100.0f && b <= 100.0f)) {
       return invalid_argument("serve: logit_bias of token {} must be in [-100, 100], got {}", t, b);
     }
-    for (std::size_t j = 0; j < i; ++j) {
-      if (p.logit_bias[j].first == t) {
-        return invalid_argument("serve: logit_bias lists token {} twice", t);
-      }
-    }
+    ids.push_back(t);
+  }
+  std::sort(ids.begin(), ids.end());
+  if (const auto rep = std::adjacent_find(ids.begin(), ids.end()); rep != ids.end()) {
+    return invalid_argument("serve: logit_bias lists token {} twice", *rep);
   }
   if (!(p.repetition > 0.0f) || !std::isfinite(p.repetition)) {
     return invalid_argument("serve: repetition_penalty must be > 0 (1: off), got {}", p.repetition);

@@ -14,10 +14,12 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/result.h"
 #include "model/tokenizer/chat_template.h"
 #include "model/tokenizer/jinja.h"
+#include "model/tokenizer/tokenizer.h"
 
 namespace ferry::model {
 
@@ -27,6 +29,11 @@ struct SpecialTokens {
   std::string bos, eos;
 };
 Result<SpecialTokens> read_special_tokens(const std::string& tokenizer_config_path);
+
+// The model folder's own end tokens, where transformers' generate stops:
+// generation_config.json's eos_token_id (an id or a list) and tokenizer_config.json's eos_token
+// (as an id of `tokenizer`), without repeats. Missing or unreadable files add none.
+std::vector<TokenId> model_end_token_ids(const std::string& model_dir, const Tokenizer& tokenizer);
 
 class ChatRenderer {
  public:

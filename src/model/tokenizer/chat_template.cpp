@@ -82,6 +82,10 @@ Result<ChatTemplateKind> detect_chat_template(std::string_view jinja_source) {
 Result<std::string> read_chat_template(const std::string& tokenizer_config_path) {
   FERRY_ASSIGN_OR_RETURN(std::string text, read_file(tokenizer_config_path));
   FERRY_ASSIGN_OR_RETURN(Json doc, parse_json(text, tokenizer_config_path));
+  return chat_template_of(doc, tokenizer_config_path);
+}
+
+Result<std::string> chat_template_of(const Json& doc, const std::string& tokenizer_config_path) {
   if (!doc.is_object() || !doc.contains("chat_template") || doc["chat_template"].is_null()) {
     return not_found("tokenizer: {} has no chat_template", tokenizer_config_path);
   }

@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 
+#include "core/json.h"
 #include "core/result.h"
 
 namespace ferry::model {
@@ -36,6 +37,8 @@ Result<ChatTemplateKind> detect_chat_template(std::string_view jinja_source);
 // Reads "chat_template" from a tokenizer_config.json: a string, or a list of {name, template}
 // (the "default" entry is used). not_found when the file has no chat_template.
 Result<std::string> read_chat_template(const std::string& tokenizer_config_path);
+// The same from a parsed tokenizer_config.json (the path only names it in messages).
+Result<std::string> chat_template_of(const Json& doc, const std::string& tokenizer_config_path);
 
 // Renders with the template kind (only ChatML today).
 std::string render_chat(ChatTemplateKind kind, std::span<const ChatMessage> messages,

@@ -272,7 +272,10 @@ class Renderer {
       return v ? *v : Value();
     }
     if ((obj.is_list() || obj.is_string()) && key.kind() == Value::Kind::kInt) {
-      const List seq = obj.is_list() ? obj.items() : iterate(obj, line);
+      // A list is indexed in place (messages[i] inside a loop must not copy the list); a
+      // string by its characters.
+      const List chars = obj.is_string() ? iterate(obj, line) : List();
+      const List& seq = obj.is_list() ? obj.items() : chars;
       std::int64_t i = key.as_int();
       if (i < 0) i += std::int64_t(seq.size());
       if (i < 0 || i >= std::int64_t(seq.size())) return Value();  // jinja2: undefined
@@ -281,7 +284,8 @@ class Renderer {
     return Value();
   }
   static Value slice(const Value& obj, const Value& a, const Value& b, const Value& c, int line) {
-    const List seq = obj.is_list() ? obj.items() : iterate(obj, line);
+    const List chars = obj.is_list() ? List() : iterate(obj, line);
+    const List& seq = obj.is_list() ? obj.items() : chars;
     const auto n = static_cast<std::int64_t>(seq.size());
     const std::int64_t step = c.is_undefined() || c.is_none() ? 1 : c.as_int();
     if (step == 0) fail(line, "slice step cannot be zero");

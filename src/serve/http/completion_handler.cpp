@@ -32,7 +32,6 @@ struct Choice {
   std::size_t sent_bytes = 0;                   // bytes of the detokenized text already sent
   bool role_sent = false;
   std::optional<LogprobsJson> logprobs;  // streamed with logprobs: entries not yet sent
-  std::size_t logprobs_seen = 0;         // tokens whose entries were added
 };
 
 // The state a streamed response's provider keeps between calls.
@@ -40,8 +39,16 @@ struct Stream {
   std::vector<Choice> choices;
   std::size_t hold_back = 0;  // longest stop string - 1: text that may still be cut
   std::size_t prompt_tokens = 0, completion_tokens = 0;
-  bool include_usage = false, finished = false, failed = false;
+  bool include_usage = false, finished = false;
 };
+
+// Cancels in the engine every choice that has not finished (the client went away, or the
+// request failed as a whole).
+void cancel_unfinished(EngineWorker& worker, const std::vector<Choice>& choices) {
+  for (const Choice& c : choices) {
+    if (!c.output) worker.cancel(c.sub.id);
+  }
+}
 
 // The choice object: the whole text, or one streamed delta.
 Json choice_json(bool chat, std::size_t index, const std::string& text, const Json& finish,
@@ -152,7 +159,7 @@ void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response
       }
       Result<EngineWorker::Submitted> sub = worker.submit(std::move(g));
       if (!sub.ok()) {
-        for (const Choice& c : choices) worker.cancel(c.sub.id);  // the request fails whole
+        cancel_unfinished(worker, choices);  // the request fails whole
         ++(client_fault(sub.status()) ? metrics.requests_client_error
                                       : metrics.requests_server_error);
         return send_status(res, sub.status());
@@ -200,9 +207,7 @@ void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response
       if (all) break;
       if (!client_gone && probe.peer_gone()) {
         client_gone = true;
-        for (const Choice& c : choices) {
-          if (!c.output) worker.cancel(c.sub.id);
-        }
+        cancel_unfinished(worker, choices);
       }
     }
     if (client_gone) {  // nobody reads the answer
@@ -266,9 +271,7 @@ void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response
       [this, st, event, envelope, chat](std::size_t, httplib::DataSink& sink) {
         auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
         auto gone = [&] {  // the client went away: cancel in the engine, end this response
-          for (const Choice& c : st->choices) {
-            if (!c.output) worker.cancel(c.sub.id);
-          }
+          cancel_unfinished(worker, st->choices);
           return false;
         };
         bool waited = false, all = true;
@@ -284,13 +287,11 @@ void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response
           waited = true;
           if (snap.output && !snap.output->ok()) {
             ++metrics.requests_server_error;
-            st->failed = st->finished = true;
-            for (const Choice& o : st->choices) {
-              if (!o.output && o.sub.id != c.sub.id) worker.cancel(o.sub.id);
-            }
+            st->finished = true;
+            c.output = std::move(snap.output);  // this one is over; the others are cancelled
+            cancel_unfinished(worker, st->choices);
             const Json err = {
-                {"error",
-                 {{"message", snap.output->status().message()}, {"type", "server_error"}}}};
+                {"error", {{"message", c.output->status().message()}, {"type", "server_error"}}}};
             write("data: " + dump(err) + "\n\n");
             write("data: [DONE]\n\n");
             sink.done();
@@ -315,12 +316,12 @@ void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response
               }
             }
           }
-          c.seen = snap.tokens.size();
-          if (c.logprobs) {
-            for (; c.logprobs_seen < snap.logprobs.size(); ++c.logprobs_seen) {
-              c.logprobs->add(snap.tokens[c.logprobs_seen], &snap.logprobs[c.logprobs_seen]);
+          if (c.logprobs) {  // snap.logprobs are those of tokens[c.seen..]
+            for (std::size_t k = 0; k < snap.logprobs.size(); ++k) {
+              c.logprobs->add(snap.tokens[c.seen + k], &snap.logprobs[k]);
             }
           }
+          c.seen = snap.tokens.size();
           const bool new_logprobs = c.logprobs && !c.logprobs->empty();
           if ((!delta.empty() || (new_logprobs && !snap.output)) &&
               !write(event(i, delta, nullptr, false))) {
@@ -353,9 +354,7 @@ void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response
       },
       [this, st](bool /*success*/) {
         if (!st->finished) {  // ended before the engine finished it: the client went away
-          for (const Choice& c : st->choices) {
-            if (!c.output) worker.cancel(c.sub.id);
-          }
+          cancel_unfinished(worker, st->choices);
           ++metrics.requests_cancelled;
           st->finished = true;
         }

@@ -27,7 +27,10 @@ void RequestChannel::finish(Result<RequestOutput> out) {
 RequestChannel::Snapshot RequestChannel::wait(std::size_t seen, std::chrono::milliseconds timeout) {
   std::unique_lock lk(mu_);
   cv_.wait_for(lk, timeout, [&] { return output_.has_value() || tokens_.size() > seen; });
-  return Snapshot{tokens_, logprobs_, output_};
+  const std::size_t from = std::min(seen, logprobs_.size());
+  return Snapshot{
+      tokens_, std::vector<TokenLogprob>(logprobs_.begin() + std::ptrdiff_t(from), logprobs_.end()),
+      output_};
 }
 
 EngineWorker::EngineWorker(Engine& engine, ServerMetrics* metrics)

@@ -38,7 +38,9 @@ class RequestChannel {
   // the timeout passes. Returns a snapshot.
   struct Snapshot {
     std::vector<std::int32_t> tokens;
-    std::vector<TokenLogprob> logprobs;  // parallel to tokens when the request asked for them
+    // The logprobs of tokens[seen..] (those the caller has not seen; when the request asked for
+    // them): copied per wait, so a stream does not copy its whole history every poll.
+    std::vector<TokenLogprob> logprobs;
     std::optional<Result<RequestOutput>> output;  // set once finished
   };
   Snapshot wait(std::size_t seen, std::chrono::milliseconds timeout);

@@ -188,8 +188,7 @@ class HttpServerTest : public ::testing::Test {
     auto e = Engine::create(model_->geometry, model_->params, engine_config(*model_));
     ASSERT_TRUE(e.ok()) << e.status().message();
     engine_ = std::move(*e);
-    server_ = std::make_unique<HttpServer>(*engine_, &*tok_,
-                                           HttpServerConfig{.model_name = "tiny", .poll_ms = 10});
+    server_ = std::make_unique<HttpServer>(*engine_, &*tok_, server_config());
     auto port = server_->start("127.0.0.1", 0);
     ASSERT_TRUE(port.ok()) << port.status().message();
     port_ = *port;
@@ -197,6 +196,9 @@ class HttpServerTest : public ::testing::Test {
   void TearDown() override {
     if (server_) server_->stop();
   }
+  // What the server runs with; a test fixture deriving from this one may change it (the model
+  // and the tokenizer exist when it is called).
+  virtual HttpServerConfig server_config() { return {.model_name = "tiny", .poll_ms = 10}; }
 
   httplib::Client client() {
     httplib::Client c("127.0.0.1", port_);
@@ -626,29 +628,21 @@ TEST_F(HttpServerTest, BatchedPromptsAndNGiveOneChoiceEach) {
   EXPECT_EQ(j4["choices"][0]["message"], j4["choices"][1]["message"]);  // greedy: the same
 }
 
-TEST(HttpServerChat, RefusedChatIs400AndCompletionsStillWork) {
-  auto m = make_builtin_moe({}, /*seed=*/0x5eed);
-  ASSERT_TRUE(m.ok());
-  const model::Tokenizer tok = byte_tokenizer();
-  auto e = Engine::create((*m)->geometry, (*m)->params, engine_config(**m));
-  ASSERT_TRUE(e.ok());
-  HttpServer server(
-      **e, &tok, HttpServerConfig{.model_name = "tiny", .poll_ms = 10, .chat_refusal = "no chat"});
-  auto port = server.start("127.0.0.1", 0);
-  ASSERT_TRUE(port.ok());
-  httplib::Client c("127.0.0.1", *port);
+class HttpServerChatRefused : public HttpServerTest {
+  HttpServerConfig server_config() override {
+    return {.model_name = "tiny", .poll_ms = 10, .chat_refusal = "no chat"};
+  }
+};
+
+TEST_F(HttpServerChatRefused, RefusedChatIs400AndCompletionsStillWork) {
   const Json msgs = Json::array({{{"role", "user"}, {"content", "hi"}}});
-  auto r = c.Post("/v1/chat/completions", Json{{"messages", msgs}}.dump(), "application/json");
-  ASSERT_TRUE(r);
-  EXPECT_EQ(r->status, 400);
-  EXPECT_EQ(Json::parse(r->body)["error"]["message"], "no chat");
-  auto t = c.Post("/tokenize", Json{{"messages", msgs}}.dump(), "application/json");
-  ASSERT_TRUE(t);
-  EXPECT_EQ(t->status, 400);
-  auto ok = c.Post("/v1/completions", R"({"prompt": "hi", "max_tokens": 2})", "application/json");
-  ASSERT_TRUE(ok);
-  EXPECT_EQ(ok->status, 200) << ok->body;
-  server.stop();
+  auto [s1, b1] = post("/v1/chat/completions", Json{{"messages", msgs}}.dump());
+  EXPECT_EQ(s1, 400);
+  EXPECT_EQ(Json::parse(b1)["error"]["message"], "no chat");
+  auto [s2, b2] = post("/tokenize", Json{{"messages", msgs}}.dump());
+  EXPECT_EQ(s2, 400) << b2;
+  auto [s3, b3] = post("/v1/completions", R"({"prompt": "hi", "max_tokens": 2})");
+  EXPECT_EQ(s3, 200) << b3;
 }
 
 TEST_F(HttpServerTest, ContentPartsEqualTheJoinedText) {
@@ -672,43 +666,29 @@ TEST_F(HttpServerTest, ContentPartsEqualTheJoinedText) {
   EXPECT_EQ(s3, 200) << b3;
 }
 
-TEST(HttpServerStops, TheModelsOwnEndTokensStopGeneration) {
-  // extra_stop_ids (ferry serve: generation_config.json / tokenizer_config.json end tokens) stop
-  // generation like the tokenizer's <|im_end|>; ignore_eos runs past them.
-  auto m = make_builtin_moe({}, /*seed=*/0x5eed);
-  ASSERT_TRUE(m.ok());
-  const model::Tokenizer tok = byte_tokenizer();
-  std::vector<std::int32_t> free_run;  // the greedy answer with no stops
-  {
-    auto e = Engine::create((*m)->geometry, (*m)->params, engine_config(**m));
-    ASSERT_TRUE(e.ok());
-    auto ids = tok.encode("stop here");
-    ASSERT_TRUE(ids.ok());
-    auto id = (*e)->submit({.prompt = {ids->begin(), ids->end()}, .max_new_tokens = 12});
-    ASSERT_TRUE(id.ok() && (*e)->run_until_idle().ok());
-    free_run = (*e)->take_output(*id)->tokens;
+// extra_stop_ids (ferry serve: generation_config.json / tokenizer_config.json end tokens) stop
+// generation like the tokenizer's <|im_end|>; ignore_eos runs past them. The stop id is the 4th
+// token of the greedy answer without stops.
+class HttpServerStops : public HttpServerTest {
+ protected:
+  HttpServerConfig server_config() override {
+    free_run_ = reference(encode("stop here"), 12, {}, /*ignore_eos=*/true).tokens;
+    return {.model_name = "tiny", .poll_ms = 10, .extra_stop_ids = {free_run_.at(3)}};
   }
-  const std::int32_t stop = free_run[3];
-  const auto at = std::find(free_run.begin(), free_run.end(), stop) - free_run.begin();
-  auto e = Engine::create((*m)->geometry, (*m)->params, engine_config(**m));
-  ASSERT_TRUE(e.ok());
-  HttpServer server(
-      **e, &tok, HttpServerConfig{.model_name = "tiny", .poll_ms = 10, .extra_stop_ids = {stop}});
-  auto port = server.start("127.0.0.1", 0);
-  ASSERT_TRUE(port.ok());
-  httplib::Client c("127.0.0.1", *port);
-  auto r =
-      c.Post("/v1/completions", R"({"prompt": "stop here", "max_tokens": 12})", "application/json");
-  ASSERT_TRUE(r);
-  const Json j = Json::parse(r->body);
-  EXPECT_EQ(j["usage"]["completion_tokens"].get<long>(), at + 1) << r->body;
+  std::vector<std::int32_t> free_run_;
+};
+
+TEST_F(HttpServerStops, TheModelsOwnEndTokensStopGeneration) {
+  const auto at = std::find(free_run_.begin(), free_run_.end(), free_run_[3]) - free_run_.begin();
+  auto [s1, b1] = post("/v1/completions", R"({"prompt": "stop here", "max_tokens": 12})");
+  ASSERT_EQ(s1, 200) << b1;
+  const Json j = Json::parse(b1);
+  EXPECT_EQ(j["usage"]["completion_tokens"].get<long>(), at + 1) << b1;
   EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
-  auto r2 =
-      c.Post("/v1/completions", R"({"prompt": "stop here", "max_tokens": 12, "ignore_eos": true})",
-             "application/json");
-  ASSERT_TRUE(r2);
-  EXPECT_EQ(Json::parse(r2->body)["usage"]["completion_tokens"].get<int>(), 12);
-  server.stop();
+  auto [s2, b2] =
+      post("/v1/completions", R"({"prompt": "stop here", "max_tokens": 12, "ignore_eos": true})");
+  ASSERT_EQ(s2, 200) << b2;
+  EXPECT_EQ(Json::parse(b2)["usage"]["completion_tokens"].get<int>(), 12);
 }
 
 TEST_F(HttpServerTest, TokenizeAndDetokenizeRoundTrip) {

@@ -165,5 +165,24 @@ TEST(ChatRenderer, PicksThePathAndPassesTheSpecialTokens) {
   std::remove(path.c_str());
 }
 
+// The model folder's end tokens: generation_config.json's eos_token_id (an id or a list) and
+// tokenizer_config.json's eos_token as the tokenizer's id, each once; none without the files.
+TEST(ChatRenderer, ModelEndTokensComeFromBothConfigFiles) {
+  auto tok = Tokenizer::from_file(fixture_dir("qwen2") + "/tokenizer.json");
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  const TokenId im_end = tok->token_to_id("<|im_end|>");
+  ASSERT_GE(im_end, 0);
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / "ferry_model_end_tokens";
+  std::filesystem::create_directories(dir);
+  EXPECT_TRUE(model_end_token_ids(dir.string(), *tok).empty());
+  std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": [5, 7]})";
+  std::ofstream(dir / "tokenizer_config.json") << R"({"eos_token": {"content": "<|im_end|>"}})";
+  EXPECT_EQ(model_end_token_ids(dir.string(), *tok), (std::vector<TokenId>{5, 7, im_end}));
+  std::ofstream(dir / "generation_config.json") << "{\"eos_token_id\": " << im_end << "}";
+  EXPECT_EQ(model_end_token_ids(dir.string(), *tok), (std::vector<TokenId>{im_end}));
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace ferry::model
