@@ -121,6 +121,11 @@ bool resolve(AttnBwdWorkspace w) {
 
 }  // namespace
 
+bool scratch_overlay_default() {
+  const char* e = std::getenv("FERRY_SCRATCH_OVERLAY");
+  return e == nullptr || std::string_view(e) != "0";
+}
+
 bool attn_bwd_workspace_default() {
   static const bool on = read_attn_bwd_workspace_env();
   return on;
@@ -184,6 +189,7 @@ void ModelCompute::plan_buffers(const DecoderGeometry& geo, std::int64_t T, int 
   const bool whole = work_layers == geo.layers;
   const bool device = backend.device() != Device::kCpu;
   const bool bf16_attn = !backend.supports(kernels::OpKind::kAttention, DType::kF32);
+  const bool overlay = scratch_overlay_default();
   const std::int64_t C = geo.hidden, HD = std::int64_t(geo.heads) * geo.head_dim,
                      GD = std::int64_t(geo.kv_heads) * geo.head_dim, F = geo.mlp_width,
                      Fe = geo.expert_width, E = geo.experts, K = geo.top_k;
@@ -233,15 +239,54 @@ void ModelCompute::plan_buffers(const DecoderGeometry& geo, std::int64_t T, int 
   tab.add(s.dx, "dx", T * C);
   tab.add(s.dx_mid, "dx_mid", T * C);
   tab.add(s.dh, "dh", T * C);
+  // bf16 attention's copies of q/k/v/out carry the forward's values into the backward (attn16_):
+  // outside the overlay below.
+  if (bf16_attn) {
+    for (auto [buf, name, n] : {std::tuple{&s.q16, "q16", T * HD},
+                                {&s.k16, "k16", T * GD},
+                                {&s.v16, "v16", T * GD},
+                                {&s.o16, "o16", T * HD}}) {
+      tab.add(*buf, name, n);
+    }
+  }
+  if (precision == GemmPrecision::kBf16) plan_linear_buffers(geo, T, backend, s, tab);
+  // The scratch overlay (scratch_overlay_default(), model_compute.h): four sets whose lifetimes
+  // never overlap share one region as large as the largest. Each set is written before it is
+  // read inside one call and dead when the call returns, and the calls run one after another on
+  // one stream:
+  //   attention backward (attention_backward(): d_attn .. dq/dk/dv, their bf16 twins, the
+  //     kernel's workspace); dense MLP backward (mlp_backward(): d_act, d_gate, d_up); MoE
+  //     backward (moe_backward()); the loss head (run_head_forward() / run_head_backward() /
+  //     forward()'s logits: the fused cross-entropy's chunk workspace and the bf16 operands
+  //     hf16 / head16, recast at every call).
+  // What crosses those calls stays outside: dx, dx_mid, dh, tmp_c, the layer activations, the
+  // forward's bf16 q/k/v/out, the GEMM operand buffers x16 / dy16 / w16 (a layer's backward may
+  // reuse its forward's rounded act from x16).
+  if (overlay) tab.begin_overlay("backward_overlay");
   tab.add(s.dq, "dq", T * HD);
   tab.add(s.dk, "dk", T * GD);
   tab.add(s.dv, "dv", T * GD);
   tab.add(s.dq_pre, "dq_pre", T * HD);
   tab.add(s.dk_pre, "dk_pre", T * GD);
   tab.add(s.d_attn, "d_attn", T * HD);
+  if (bf16_attn) {
+    for (auto [buf, name, n] : {std::tuple{&s.do16, "do16", T * HD},
+                                {&s.dq16, "dq16", T * HD},
+                                {&s.dk16, "dk16", T * GD},
+                                {&s.dv16, "dv16", T * GD}}) {
+      tab.add(*buf, name, n);
+    }
+  }
+  // One for all layers (they run one at a time), sized for the largest T.
+  if (attn_ws) {
+    tab.add(s.attn_workspace, "attn_bwd_workspace",
+            static_cast<std::int64_t>(attn_bwd_workspace_bytes(geo, T, backend)));
+  }
+  if (overlay) tab.next_alternative();
   tab.add(s.d_act, "d_act", T * F);
   tab.add(s.d_gate, "d_gate", T * F);
   tab.add(s.d_up, "d_up", T * F);
+  if (overlay) tab.next_alternative();
   if (E > 0) {
     tab.add(s.d_eout, "d_eout", T * K * C);
     tab.add(s.d_gathered, "d_gathered", T * K * C);
@@ -251,26 +296,11 @@ void ModelCompute::plan_buffers(const DecoderGeometry& geo, std::int64_t T, int 
     tab.add(s.d_weights, "d_weights", T * K);
     tab.add(s.d_router_logits, "d_router_logits", T * E);
   }
-  if (bf16_attn) {
-    for (auto [buf, name, n] : {std::tuple{&s.q16, "q16", T * HD},
-                                {&s.k16, "k16", T * GD},
-                                {&s.v16, "v16", T * GD},
-                                {&s.o16, "o16", T * HD},
-                                {&s.do16, "do16", T * HD},
-                                {&s.dq16, "dq16", T * HD},
-                                {&s.dk16, "dk16", T * GD},
-                                {&s.dv16, "dv16", T * GD}}) {
-      tab.add(*buf, name, n);
-    }
-  }
-  if (precision == GemmPrecision::kBf16) plan_linear_buffers(geo, T, backend, s, tab);
+  if (overlay) tab.next_alternative();
+  if (precision == GemmPrecision::kBf16) plan_head_operands(geo, T, backend, s, tab);
   tab.add(s.ce_workspace, "ce_workspace",
           static_cast<std::int64_t>(ce_workspace_bytes(geo, T, backend)));
-  // One for all layers (they run one at a time), sized for the largest T.
-  if (attn_ws) {
-    tab.add(s.attn_workspace, "attn_bwd_workspace",
-            static_cast<std::int64_t>(attn_bwd_workspace_bytes(geo, T, backend)));
-  }
+  if (overlay) tab.end_overlay();
 }
 
 Result<std::unique_ptr<ModelCompute>> ModelCompute::create(

@@ -215,6 +215,16 @@ bool attn_bwd_workspace_default();
 // once per ModelCompute; set_gemm_input_reuse() overrides it per object).
 bool gemm_input_reuse_default();
 
+// Whether ModelCompute lays the buffers of its attention backward, dense MLP backward, MoE
+// backward and loss head over one another (plan_buffers' overlay in model_compute.cpp): their
+// lifetimes never overlap, so one region as large as the largest set holds them all. At
+// Qwen2.5-3B with bf16 GEMMs that region is the MLP backward's 3 T F f32 or the loss head's
+// chunk workspace + bf16 lm_head, whichever is larger, instead of all of them; the same bits
+// either way (every buffer of a set is written before it is read). True unless
+// FERRY_SCRATCH_OVERLAY=0 in the environment (the A/B and the tests' twin), read at every
+// create() / planned_bytes() call, so the two agree within a process that does not change it.
+bool scratch_overlay_default();
+
 struct ForwardResult {
   double loss_sum = 0.0;     // sum of nll over counted targets
   std::int64_t counted = 0;  // targets != ignore index
@@ -399,6 +409,9 @@ class ModelCompute {
   static void plan_linear_buffers(const DecoderGeometry& geo, std::int64_t T,
                                   kernels::Backend& backend, Scratch& s,
                                   detail::BufferTable& table);
+  // The loss head's bf16 operands (hf16, head16 and their f32 twins), recast at every use.
+  static void plan_head_operands(const DecoderGeometry& geo, std::int64_t T,
+                                 kernels::Backend& backend, Scratch& s, detail::BufferTable& table);
   kernels::Stream& st() const { return *stream_; }
   // n elements at src (arena or caller memory on the buffer device) as a host pointer: src itself
   // for host buffers, else a D2H copy into `mirror` followed by a stream synchronize.

@@ -7,6 +7,7 @@
 // view ModelCompute hands a kernel carries the right Device.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -50,30 +51,71 @@ using Bf16Buf = DevBuf<std::uint16_t>;
 
 // The size table. add() records a buffer (name, element count); bind() points every recorded
 // buffer into an arena made from plan().
+//
+// Overlays: buffers whose lifetimes never overlap may share bytes. Between begin_overlay(name)
+// and end_overlay(), every next_alternative() starts a new set laid out again from the region's
+// start (each buffer 256-byte aligned within it), and the region, one arena slot, is as large as
+// the largest set. The caller guarantees that no buffer of one set is read after a buffer of
+// another set was written (model_compute.cpp says why that holds for its sets).
 class BufferTable {
  public:
   template <typename T>
   void add(DevBuf<T>& b, std::string name, std::int64_t n) {
     if (n <= 0) return;
     b.n = n;
-    entries_.push_back(
-        {plan_.add(name, static_cast<std::size_t>(n) * sizeof(T)), [&b](std::byte* p, Device d) {
-           b.ptr = reinterpret_cast<T*>(p);
-           b.device = d;
-         }});
+    auto bind = [&b](std::byte* p, Device d) {
+      b.ptr = reinterpret_cast<T*>(p);
+      b.device = d;
+    };
+    const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(T);
+    if (in_overlay_) {
+      const std::size_t offset = mem::detail::align_up(set_bytes_, mem::detail::kMinAlignBytes);
+      overlay_.push_back({offset, std::move(bind)});
+      set_bytes_ = offset + bytes;
+      overlay_bytes_ = std::max(overlay_bytes_, set_bytes_);
+      return;
+    }
+    entries_.push_back({plan_.add(name, bytes), 0, std::move(bind)});
+  }
+  void begin_overlay(std::string name) {
+    FERRY_CHECK(!in_overlay_, "model: overlay {} opened inside overlay {}", name, overlay_name_);
+    in_overlay_ = true;
+    overlay_name_ = std::move(name);
+    overlay_.clear();
+    set_bytes_ = overlay_bytes_ = 0;
+  }
+  void next_alternative() { set_bytes_ = 0; }
+  void end_overlay() {
+    FERRY_CHECK(in_overlay_, "model: end_overlay without begin_overlay");
+    in_overlay_ = false;
+    if (overlay_bytes_ == 0) return;  // every set empty: no slot
+    const mem::SlotId slot = plan_.add(overlay_name_, overlay_bytes_);
+    for (Member& m : overlay_) entries_.push_back({slot, m.offset, std::move(m.bind)});
+    overlay_.clear();
   }
   const mem::ArenaPlan& plan() const { return plan_; }
   void bind(mem::Arena& arena, Device device) {
-    for (const Entry& e : entries_) e.bind(arena.data(e.slot), device);
+    FERRY_CHECK(!in_overlay_, "model: overlay {} not closed", overlay_name_);
+    for (const Entry& e : entries_) e.bind(arena.data(e.slot) + e.offset, device);
   }
 
  private:
+  using Binder = std::function<void(std::byte*, Device)>;
   struct Entry {
     mem::SlotId slot;
-    std::function<void(std::byte*, Device)> bind;
+    std::size_t offset = 0;  // within the slot (overlay members)
+    Binder bind;
+  };
+  struct Member {
+    std::size_t offset = 0;
+    Binder bind;
   };
   mem::ArenaPlan plan_;
   std::vector<Entry> entries_;
+  bool in_overlay_ = false;
+  std::string overlay_name_;
+  std::vector<Member> overlay_;
+  std::size_t set_bytes_ = 0, overlay_bytes_ = 0;
 };
 
 template <typename T>

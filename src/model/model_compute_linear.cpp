@@ -72,7 +72,7 @@ void ModelCompute::plan_linear_buffers(const DecoderGeometry& geo, std::int64_t 
                                        detail::BufferTable& tab) {
   const std::int64_t C = geo.hidden, HD = std::int64_t(geo.heads) * geo.head_dim,
                      GD = std::int64_t(geo.kv_heads) * geo.head_dim, F = geo.mlp_width,
-                     Fe = geo.expert_width, E = geo.experts, K = geo.top_k, V = geo.vocab;
+                     Fe = geo.expert_width, E = geo.experts, K = geo.top_k;
   // The widest operand of each kind: activations and output gradients are [T, in|out] of a
   // dense linear or [T*K, in|out] of an expert's; weights [out, in]. The router ([E, C]) is not
   // among them: its GEMMs keep f32 operands.
@@ -83,12 +83,20 @@ void ModelCompute::plan_linear_buffers(const DecoderGeometry& geo, std::int64_t 
   tab.add(s.x16, "gemm.x16", rows);
   tab.add(s.dy16, "gemm.dy16", rows);
   tab.add(s.w16, "gemm.w16", weight);
-  tab.add(s.hf16, "gemm.hf16", T * C);
-  tab.add(s.head16, "gemm.head16", V * C);
   if (twin) {
     tab.add(s.x16_f, "gemm.x16_f", rows);
     tab.add(s.dy16_f, "gemm.dy16_f", rows);
     tab.add(s.w16_f, "gemm.w16_f", weight);
+  }
+}
+
+void ModelCompute::plan_head_operands(const DecoderGeometry& geo, std::int64_t T,
+                                      kernels::Backend& backend, Scratch& s,
+                                      detail::BufferTable& tab) {
+  const std::int64_t C = geo.hidden, V = geo.vocab;
+  tab.add(s.hf16, "gemm.hf16", T * C);
+  tab.add(s.head16, "gemm.head16", V * C);
+  if (!backend.supports(kernels::OpKind::kGemm, DType::kBF16)) {
     tab.add(s.hf16_f, "gemm.hf16_f", T * C);
     tab.add(s.head16_f, "gemm.head16_f", V * C);
   }

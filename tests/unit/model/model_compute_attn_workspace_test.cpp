@@ -4,8 +4,10 @@
 // (CudaLikeCpu below: attention only in bf16, and an attention backward that asks for a
 // workspace of 8 T H D bytes, as the CUDA backend does, and scribbles over all of it).
 //   - planned_bytes() counts the workspace once (kOn minus kOff = the backend's bytes for
-//     max_tokens, within the arena's slot alignment), equals what create() allocates, and is 0
-//     on the plain CPU backend and for a geometry without grouped heads;
+//     max_tokens, within the arena's slot alignment, with the scratch overlay off: with it on the
+//     workspace shares bytes with the MLP backward's, model_compute_overlay_test.cpp), equals
+//     what create() allocates, and is 0 on the plain CPU backend and for a geometry without
+//     grouped heads;
 //   - every attention backward gets a workspace of exactly the bytes asked for at its T (so a
 //     smaller batch than planned gets the same split), none when off;
 //   - the gradients are the same bits with and without it (nothing else lives in it), on the
@@ -25,6 +27,7 @@
 #include "kernels/backend.h"
 #include "model/model_binding.h"
 #include "model_fixtures.h"
+#include "scoped_env.h"
 #include "unit/model/bf16_attention_backend.h"
 #include "unit/model/model_compute_test_util.h"
 
@@ -76,6 +79,8 @@ testing::Grads whole_model(Case& c, Backend& be, AttnBwdWorkspace ws, std::int64
 }
 
 TEST(ModelComputeAttnWorkspace, PlannedOnceAndCountedInPlannedBytes) {
+  // The workspace's own bytes: without the overlay, where it would share them.
+  const testing::ScopedEnv no_overlay("FERRY_SCRATCH_OVERLAY", "0");
   Case c = load_case("qwen3");  // 4 heads over 2 kv heads of 32
   ASSERT_TRUE(c.m != nullptr);
   const DecoderGeometry& geo = c.m->geometry;

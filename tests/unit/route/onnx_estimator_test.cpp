@@ -22,9 +22,12 @@
 
 #include "core/file_util.h"
 #include "core/json.h"
+#include "scoped_env.h"
 
 namespace ferry::route {
 namespace {
+
+using ferry::testing::ScopedEnv;
 
 const std::string kDir = std::string(FERRY_TEST_DATA_DIR) + "/route/";
 const std::string kOnnx = kDir + "skip_mobilenet_v2_offloadbin.onnx";
@@ -153,35 +156,6 @@ TEST(RouteOnnxEstimator, FerryKernelsMatchOpenCvWithin1e5) {
   }
   EXPECT_EQ(own_convs, 0);
 }
-
-// Sets `var` to `value` (nullptr: unsets) for the object's lifetime.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* var, const char* value) : var_(var) {
-    const char* old = std::getenv(var);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    if (value != nullptr) {
-      setenv(var, value, 1);
-    } else {
-      unsetenv(var);
-    }
-  }
-  ~ScopedEnv() {
-    if (had_) {
-      setenv(var_, old_.c_str(), 1);
-    } else {
-      unsetenv(var_);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* var_;
-  bool had_ = false;
-  std::string old_;
-};
 
 TEST(RouteOnnxEstimator, EnvSelectsTheRuntimePerKind) {
   if (!std::filesystem::exists(kOnnx)) GTEST_SKIP() << "SKIPPED: no " << kOnnx;

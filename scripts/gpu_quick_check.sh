@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Run THERE (the GPU machine), from the repo root, with .debs carried, in one device call:
+#   bash scripts/gpu_quick_check.sh          (files under $OUT/r, packed as $OUT/all.tgz)
+# A short check for code compiled but not yet run on a GPU: builds gpu_test and
+# cuda_kernels_bench (Release, sm_90), runs the gpu tests of TEST_FILTER (and the attention tests
+# again with FERRY_ATTN_FWD_MT=1), benches AttnFwdBwd with the default forward and with each
+# FERRY_ATTN_FWD_LAZY value of LAZY (default "1 64") against torch SDPA on the same shapes
+# (tools/bench/torch_baselines.py, compare.py: cmp_*.txt), then the gpu tests of LATE_FILTER.
+# RESET_PATHS: paths restored to HEAD in this copy first (someone else's unfinished work in the
+# working tree that the device's copy must not build).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if [ -n "${RESET_PATHS:-}" ]; then
+  git checkout -q -- $RESET_PATHS 2>/dev/null
+  git clean -fdq $RESET_PATHS 2>/dev/null
+fi
+source scripts/device_env.sh
+B=${FERRY_GPU_BUILD:-build/gpu}
+R=${OUT:-/tmp/ferry_quick}/r
+mkdir -p "$R"
+TEST_FILTER=${TEST_FILTER:-'KernelsAttention.*:*ModelGpu*'}
+LATE_FILTER=${LATE_FILTER:-}
+LAZY=${LAZY:-"1 64"}
+t0=$(date +%s)
+stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
+nvidia-smi --query-gpu=name,memory.total --format=csv >"$R/gpu.txt"
+git status --short >"$R/gitstatus.txt"
+cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+  -DFERRY_BUILD_TESTS=ON -DFERRY_BUILD_BENCH=ON -DFERRY_BUILD_ROUTE=OFF >"$R/build.log" 2>&1
+if ! cmake --build "$B" -j16 --target gpu_test cuda_kernels_bench >>"$R/build.log" 2>&1; then
+  grep -E "error|FAILED" "$R/build.log" | head -30
+  stamp "BUILD FAILED"
+  cd "$R/.." && tar czf all.tgz r
+  exit 1
+fi
+stamp "built"
+status=0
+timeout "${TEST_TIMEOUT:-150}" "$B/tests/gpu_test" --gtest_filter="$TEST_FILTER" >"$R/test.log" 2>&1 || status=1
+FERRY_ATTN_FWD_MT=1 timeout 40 "$B/tests/gpu_test" --gtest_filter='KernelsAttention.*' \
+  >"$R/test_mt.log" 2>&1 || status=1
+grep -E "FAILED|PASSED|Failure" "$R/test.log" "$R/test_mt.log" | head -30
+stamp "tests (status $status)"
+PY=python3
+$PY -c "import torch" 2>/dev/null || PY=/opt/torch/.venv/bin/python3
+timeout 70 "$B/bench/cuda_kernels_bench" --benchmark_filter='AttnFwdBwd' \
+  --benchmark_out="$R/ferry_bench.json" --benchmark_out_format=json >"$R/bench.log" 2>&1
+for l in $LAZY; do
+  FERRY_ATTN_FWD_LAZY=$l timeout 70 "$B/bench/cuda_kernels_bench" --benchmark_filter='AttnFwdBwd' \
+    --benchmark_out="$R/ferry_bench_lazy$l.json" --benchmark_out_format=json >>"$R/bench.log" 2>&1
+done
+timeout 100 $PY tools/bench/torch_baselines.py --out "$R/torch_bench.json" >>"$R/bench.log" 2>&1
+for f in "$R"/ferry_bench*.json; do
+  n=$(basename "$f" .json)
+  $PY tools/bench/compare.py "$f" "$R/torch_bench.json" --out "$R/cmp_$n.json" >"$R/cmp_$n.txt" 2>&1
+done
+grep -i attn "$R"/cmp_*.txt | head -40
+stamp "benches"
+if [ -n "$LATE_FILTER" ]; then
+  timeout "${LATE_TIMEOUT:-120}" "$B/tests/gpu_test" --gtest_filter="$LATE_FILTER" >"$R/test_late.log" 2>&1 || status=1
+  grep -E "FAILED|PASSED" "$R/test_late.log" | head
+  stamp "late tests"
+fi
+cd "$R/.." && tar czf all.tgz r
+exit $status
