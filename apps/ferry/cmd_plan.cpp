@@ -32,6 +32,7 @@
 #include "plan/bench_profile.h"
 #include "plan/compare.h"
 #include "plan/cost_model.h"
+#include "plan/device_tail.h"
 #include "plan/geometry.h"
 #include "plan/machine_profile.h"
 #include "plan/plan_json.h"
@@ -85,9 +86,10 @@ struct PlanConfig {
   // GPU memory as the stream executor will allocate it (cmd_plan_executor_fit.h) for this device's
   // backend: auto (cuda when present), cpu, cuda, or none (the cost model's bf16 estimate).
   std::string executor_device = "auto";
-  // The executor's device optimizer tail (ferry train --device-update-layers): 0 off, K, or
-  // train::stream::kDeviceUpdateAllLayers (all); its ms per layer (0: derived, problem.h); its
-  // staging slots (--device-update-slots: device bytes, counted by the executor fit).
+  // The executor's device optimizer tail (ferry train --device-update-layers): 0 off, K,
+  // train::stream::kDeviceUpdateAllLayers (all) or kDeviceUpdateAuto (the solve picks K:
+  // plan/device_tail.h); its ms per layer (0: derived, problem.h); its staging slots
+  // (--device-update-slots: device bytes, counted by the executor fit).
   int device_update_layers = 0;
   double device_update_ms_per_layer = 0;
   int device_update_slots = 2;
@@ -137,6 +139,20 @@ Result<plan::MachineSpec> machine_spec(const PlanConfig& c) {
   return machine;
 }
 
+// Whether the executor can keep layers GPU-resident in c's optimizer mode: not with an fp32 master
+// and fp32 states (no device kernel: ResidentLayers::check; train's defaults); nor a device tail
+// (DeviceOptimizerTail::check): `--device-update-layers auto` means 0 there.
+bool resident_possible(const PlanConfig& c) {
+  const bool f32_master = c.master.empty() || c.master == "fp32";
+  const bool f32_states = c.optimizer_states.empty() || c.optimizer_states == "fp32";
+  return !(f32_master && f32_states);
+}
+
+// --device-update-layers auto where the device has a kernel for the mode: the solve picks K.
+bool tail_search(const PlanConfig& c) {
+  return c.device_update_layers == kDeviceUpdateAuto && resident_possible(c);
+}
+
 // GPU memory as the stream executor allocates it (--executor-device; none: the cost model's).
 Result<std::optional<ExecutorTarget>> executor_of(const PlanConfig& c) {
   if (c.executor_device == "none") return std::optional<ExecutorTarget>();
@@ -145,7 +161,11 @@ Result<std::optional<ExecutorTarget>> executor_of(const PlanConfig& c) {
   if (!c.optimizer_states.empty()) {
     FERRY_ASSIGN_OR_RETURN(exec.mode.states, train::parse_optimizer_states(c.optimizer_states));
   }
-  exec.device_update_layers = c.device_update_layers;
+  // auto: the fit sizes the staging for a tail over every layer (plan/device_tail.h picks K);
+  // each solve then counts it for the problem's own K (for_executor).
+  exec.device_update_layers = c.device_update_layers != kDeviceUpdateAuto ? c.device_update_layers
+                              : tail_search(c) ? train::stream::kDeviceUpdateAllLayers
+                                               : 0;
   exec.device_update_slots = c.device_update_slots;
   if (exec.device_update_layers != 0 && exec.mode.master == train::MasterWeights::kF32 &&
       exec.mode.states == train::OptimizerStates::kF32) {
@@ -163,20 +183,28 @@ Result<std::optional<ExecutorTarget>> executor_of(const PlanConfig& c) {
   return std::optional<ExecutorTarget>(exec);
 }
 
+// exec with the tail of problem p (its layers above the resident ones: device_tail_layers), so
+// that the executor's bytes count the staging of the K the problem was solved at (0: none).
+ExecutorTarget with_tail_of(ExecutorTarget exec, const plan::PlanProblem& p) {
+  exec.device_update_layers = plan::device_tail_layers(p);
+  return exec;
+}
+
 // What the executor will allocate for the solved plan, the device tail's staging included.
 Status log_executor_bytes(const plan::PlanProblem& p, const plan::Plan& solved,
                           const model::ModelConfig& cfg,
                           const std::optional<ExecutorTarget>& exec) {
   if (!exec) return ok_status();
-  FERRY_ASSIGN_OR_RETURN(const double gb, executor_gpu_gb(p, solved, cfg, *exec));
+  const ExecutorTarget t = with_tail_of(*exec, p);
+  FERRY_ASSIGN_OR_RETURN(const double gb, executor_gpu_gb(p, solved, cfg, t));
   log::get("plan")->info(
       "executor gpu bytes {} for the plan at batch {} (device optimizer tail staging {} bytes: "
       "--device-update-layers {} x {} slots)",
       std::llround(gb * 1e9), p.batch_size,
-      device_tail_staging_bytes(cfg, *exec, plan::resident_count(p)),
+      device_tail_staging_bytes(cfg, t, plan::resident_count(p)),
       exec->device_update_layers == train::stream::kDeviceUpdateAllLayers
           ? std::string("all")
-          : std::to_string(exec->device_update_layers),
+          : std::to_string(t.device_update_layers),
       exec->device_update_slots);
   return ok_status();
 }
@@ -194,26 +222,21 @@ Status write_plan_document(const std::string& path, const plan::Plan& solved,
 // `solve`, and with an executor target its solution checked against the executor's bytes; all
 // inside the search over GPU-resident layers (plan/resident.h; c.resident_layers: K or
 // plan::kResidentAuto), so every plan, probe and comparison has its best K.
-// Whether the executor can keep layers GPU-resident in c's optimizer mode: not with an fp32 master
-// and fp32 states (no device kernel: ResidentLayers::check; train's defaults).
-bool resident_possible(const PlanConfig& c) {
-  const bool f32_master = c.master.empty() || c.master == "fp32";
-  const bool f32_states = c.optimizer_states.empty() || c.optimizer_states == "fp32";
-  return !(f32_master && f32_states);
-}
-
 plan::Planner for_executor(plan::Planner solve, const std::optional<ExecutorTarget>& exec,
                            const model::ModelConfig& cfg, const PlanConfig& c) {
   // Without a device kernel for the mode, auto means none (a forced K is refused up front).
   const int resident = resident_possible(c) ? c.resident_layers : 0;
-  // A numeric device tail of n layers needs n layers above the resident ones.
+  // A numeric device tail of n layers needs n layers above the resident ones (auto: any).
   const int reserve = std::max(0, c.device_update_layers);
-  if (!exec) return plan::resident_planner(std::move(solve), resident, reserve);
-  return plan::resident_planner(
-      [solve = std::move(solve), exec = *exec, cfg](const plan::PlanProblem& p) {
-        return solve_for_executor(p, solve, cfg, exec);
-      },
-      resident, reserve);
+  plan::Planner inner = std::move(solve);
+  if (exec) {
+    inner = [solve = std::move(inner), exec = *exec, cfg](const plan::PlanProblem& p) {
+      return solve_for_executor(p, solve, cfg, with_tail_of(exec, p));
+    };
+  }
+  // --device-update-layers auto: each resident K with its best tail on the layers above.
+  if (tail_search(c)) inner = plan::device_tail_planner(std::move(inner));
+  return plan::resident_planner(std::move(inner), resident, reserve);
 }
 
 // CBC's options for the plan's own solve and for the batch-search probes (at most 10 s each).
@@ -227,6 +250,14 @@ plan::SolveOptions probe_options(const PlanConfig& c) {
 PlanConfig with_resident(const PlanConfig& c, int k) {
   PlanConfig z = c;
   z.resident_layers = k;
+  return z;
+}
+
+// c with the device tail searched turned into K = 0 (the search's least memory, so the largest
+// batch any K fits is the largest K = 0 fits).
+PlanConfig without_tail_search(const PlanConfig& c) {
+  PlanConfig z = c;
+  if (z.device_update_layers == kDeviceUpdateAuto) z.device_update_layers = 0;
   return z;
 }
 
@@ -244,7 +275,9 @@ plan::BatchSearchOptions batch_search_options(const PlanConfig& c, const plan::S
                                               const std::optional<ExecutorTarget>& exec,
                                               const model::ModelConfig& cfg) {
   plan::BatchSearchOptions o{.max_batch = c.max_batch};
-  if (c.resident_layers == plan::kResidentAuto) o.fit_planner = compare_probe(c, probe, exec, cfg);
+  if (c.resident_layers == plan::kResidentAuto || tail_search(c)) {
+    o.fit_planner = compare_probe(c, probe, exec, cfg);
+  }
   return o;
 }
 
@@ -287,8 +320,11 @@ Result<plan::ProblemAt> make_problem_at(const PlanConfig& c, const model::ModelC
     FERRY_ASSIGN_OR_RETURN(plan::PlanProblem p, plan::analytic_problem(cfg, machine, shape, caps));
     if (prof) FERRY_TRY(plan::apply_profile(*prof, p));
     if (exec) FERRY_TRY(fit_gpu_memory_to_executor(p, cfg, *exec));
-    p.device_update_layers =
-        c.device_update_layers < 0 ? p.num_layers : std::min(c.device_update_layers, p.num_layers);
+    // auto: K = 0 here; the tail search (for_executor) sets each solve's K.
+    p.device_update_layers = c.device_update_layers == kDeviceUpdateAuto ? 0
+                             : c.device_update_layers < 0
+                                 ? p.num_layers
+                                 : std::min(c.device_update_layers, p.num_layers);
     p.device_update_ms_per_layer = c.device_update_ms_per_layer;
     p.allow_keep_internals = !c.no_keep_internals;
     p.resident_update_ms_per_layer = c.resident_update_ms_per_layer;
@@ -488,7 +524,7 @@ plan::Planner compare_probe(const PlanConfig& c, const plan::SolveOptions& probe
                             const std::optional<ExecutorTarget>& exec,
                             const model::ModelConfig& cfg) {
   return for_executor([probe](const plan::PlanProblem& p) { return plan::solve_milp(p, probe); },
-                      exec, cfg, with_resident(c, 0));
+                      exec, cfg, without_tail_search(with_resident(c, 0)));
 }
 
 // The solved plan's GPU-resident layers against the same solve at K = 0: the resident bytes and
@@ -515,6 +551,56 @@ Status print_resident(const PlanConfig& c, const model::ModelConfig& cfg,
   }
   std::printf("resident layers: %d (0..%d on the gpu, %.3f GB; gpu update %+.1f ms serial; %s)\n",
               k, k - 1, pr.resident_gb, pr.resident_serial_ms, change.c_str());
+  return ok_status();
+}
+
+// The problem a solved plan is priced with: p0 at the plan's resident K and, when the solve chose
+// it (--device-update-layers auto), the plan's tail.
+plan::PlanProblem solved_problem(const PlanConfig& c, const plan::PlanProblem& p0,
+                                 const plan::Plan& solved) {
+  const plan::PlanProblem q = plan::at_resident(p0, solved.resident_layers);
+  if (c.device_update_layers != kDeviceUpdateAuto) return q;
+  return plan::at_device_tail(q, solved.device_update_layers);
+}
+
+// The solved plan's device optimizer tail; with auto, against the same solve at K = 0 (the
+// plan's resident K): the staging and what the tail changes in the optimizer wait and the step.
+Status print_device_tail(const PlanConfig& c, const model::ModelConfig& cfg,
+                         const std::optional<ExecutorTarget>& exec, const plan::PlanProblem& p0,
+                         const plan::PlanProblem& p, const plan::Plan& solved) {
+  if (c.device_update_layers == 0) return ok_status();
+  const int k = solved.device_update_layers;
+  if (c.device_update_layers != kDeviceUpdateAuto) {
+    std::printf("device optimizer tail: %d (--device-update-layers; optimizer phase %.1f ms)\n", k,
+                plan::optimizer_phase_ms(p));
+    return ok_status();
+  }
+  if (!tail_search(c)) {
+    std::printf(
+        "device optimizer tail: 0 (auto: no device kernel for fp32 master + fp32 states)\n");
+    return ok_status();
+  }
+  if (k == 0) {
+    std::printf("device optimizer tail: 0 (auto: no tail is faster or fits at this budget)\n");
+    return ok_status();
+  }
+  const plan::SolveOptions solve = solve_options(c);
+  PlanConfig z = with_resident(c, solved.resident_layers);
+  z.device_update_layers = 0;
+  auto none = for_executor([&](const plan::PlanProblem& q) { return plan::solve_milp(q, solve); },
+                           exec, cfg, z)(p0);
+  std::string change = "no plan fits at K = 0";
+  if (none.ok()) {
+    change = fmt::format("optimizer wait {:.1f} -> {:.1f} ms, step {:.1f} -> {:.1f} ms vs K = 0",
+                         none->predicted.optimizer_wait_ms, solved.predicted.optimizer_wait_ms,
+                         none->predicted.step_ms, solved.predicted.step_ms);
+  }
+  const int first = solved.resident_layers;
+  std::printf(
+      "device optimizer tail: %d (auto; layers %d..%d may go to the gpu, staging %.3f GB; "
+      "optimizer phase %.1f ms; %s)\n",
+      k, first, first + k - 1, plan::device_tail_gpu_gb(p), plan::optimizer_phase_ms(p),
+      change.c_str());
   return ok_status();
 }
 
@@ -593,10 +679,11 @@ Status run_plan_status() {
   // The same solve (problem, time limit, gap) as the search's last: not repeated.
   FERRY_ASSIGN_OR_RETURN(plan::Plan solved,
                          searched ? Result<plan::Plan>(std::move(*searched)) : solve_diagnosed(p0));
-  const plan::PlanProblem p = plan::at_resident(p0, solved.resident_layers);
+  const plan::PlanProblem p = solved_problem(c, p0, solved);
   FERRY_TRY(log_executor_bytes(p, solved, cfg, exec));
   std::printf("%s", plan::plan_text(p, solved).c_str());
   FERRY_TRY(print_resident(c, cfg, exec, p0, solved));
+  FERRY_TRY(print_device_tail(c, cfg, exec, p0, p, solved));
   if (!c.no_policies) {
     plan::CompareOptions o{
         .solve = solve,
@@ -644,9 +731,10 @@ Status write_training_plan(const TrainingPlanRequest& r, const std::string& out_
       plan::Plan solved,
       for_executor([&](const plan::PlanProblem& q) { return plan::solve_or_diagnose(q, solve); },
                    exec, r.config, c)(p0));
-  const plan::PlanProblem p = plan::at_resident(p0, solved.resident_layers);
+  const plan::PlanProblem p = solved_problem(c, p0, solved);
   FERRY_TRY(log_executor_bytes(p, solved, r.config, exec));
   std::printf("%s", plan::plan_text(p, solved).c_str());
+  FERRY_TRY(print_device_tail(c, r.config, exec, p0, p, solved));
   std::fflush(stdout);
   return write_plan_document(out_path, solved, p, r.config);
 }
@@ -711,10 +799,13 @@ void register_plan(CLI::App& app, CommandFn& run) {
   cmd->add_option("--device-update-layers", c.device_update_layers,
                   "ferry train's device optimizer tail in the optimizer gate: the device updates "
                   "layers 0, 1, ... (at most K) while the CPU, after the globals, updates L-1, "
-                  "L-2, ... until they meet; all: no limit; 0: the CPU updates all. Its staging "
-                  "counts as GPU memory unless --executor-device none")
+                  "L-2, ... until they meet; all: no limit; 0 (default): the CPU updates all; "
+                  "auto: the solve picks K, the fastest predicted step (ties: the smaller K; 0 "
+                  "with fp32 master + fp32 states, which have no device kernel), written to the "
+                  "plan for ferry train --plan. Its staging counts as GPU memory unless "
+                  "--executor-device none")
       ->envname("FERRY_DEVICE_UPDATE_LAYERS")
-      ->transform(layers_or_all());
+      ->transform(layers_or_all(true));
   cmd->add_option("--device-update-slots", c.device_update_slots,
                   "ferry train's --device-update-slots: each staging slot holds one layer's "
                   "optimizer sections in GPU memory (with --device-update-layers)")

@@ -131,7 +131,13 @@ Status fit_gpu_memory_to_executor(plan::PlanProblem& p, const model::ModelConfig
                             p.num_layers);
   }
   const std::int64_t tokens = static_cast<std::int64_t>(p.batch_size) * p.seq_len;
-  const train::stream::ModelSizes sizes = executor_sizes(cfg, t);
+  // The device tail's staging apart (device_update_staging_gb: GPU memory at K > 0 only, so that
+  // the tail search can fall back to K = 0), sized for t's tail over all layers (the tail search
+  // asks t's K = all; for a model of alike layers the staging is the same for any K > 0). The
+  // fixed term below is fitted without it: the executor's bytes are the sum of its slots.
+  ExecutorTarget no_tail = t;
+  no_tail.device_update_layers = 0;
+  const train::stream::ModelSizes sizes = executor_sizes(cfg, no_tail);
   // The executor's boundary: f32 hidden states of every token.
   const double a = static_cast<double>(tokens) * static_cast<double>(geo.hidden) * 4.0 / kGB;
   p.boundary_gb.assign(static_cast<std::size_t>(p.num_layers) + 1, a);
@@ -175,6 +181,7 @@ Status fit_gpu_memory_to_executor(plan::PlanProblem& p, const model::ModelConfig
         std::max(fixed, static_cast<double>(d.total_bytes()) / kGB - priced->predicted.gpu_peak_gb);
   }
   p.gpu_fixed_gb = fixed;
+  p.device_update_staging_gb = static_cast<double>(device_tail_staging_bytes(cfg, t)) / kGB;
   return plan::validate(p);
 }
 

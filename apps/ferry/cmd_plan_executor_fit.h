@@ -63,14 +63,17 @@ std::size_t resident_scratch_bytes(const model::ModelConfig& cfg, const Executor
 Result<ExecutorTarget> executor_target(const std::string& device, const std::string& master,
                                        bool bf16_grads = false);
 
-// Rewrites p's GPU-memory terms (boundary_gb, work_*_gb, loss_work_gb, gpu_fixed_gb, and each
-// layer's resident_gb: resident_layer_bytes) for the executor at p.batch_size x p.seq_len tokens.
+// Rewrites p's GPU-memory terms (boundary_gb, work_*_gb, loss_work_gb, gpu_fixed_gb, each
+// layer's resident_gb: resident_layer_bytes, and device_update_staging_gb: t's device tail
+// staging, counted by the planner at K > 0 only) for the executor at p.batch_size x p.seq_len
+// tokens.
 // Timings and the other tiers are untouched.
 Status fit_gpu_memory_to_executor(plan::PlanProblem& p, const model::ModelConfig& cfg,
                                   const ExecutorTarget& t);
 
 // The executor's device bytes (GB) for a plan's boundary homes at p's batch, its resident layers'
-// (p.resident_layers) included.
+// (p.resident_layers) included, and t's device tail staging (callers pass t with the problem's
+// tail: device_tail_layers(p)).
 Result<double> executor_gpu_gb(const plan::PlanProblem& p, const plan::Plan& plan,
                                const model::ModelConfig& cfg, const ExecutorTarget& t);
 

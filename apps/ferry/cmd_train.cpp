@@ -11,6 +11,7 @@
 //   ferry train --output-dir runs/p --plan auto --device-budget-mib 64
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -19,6 +20,8 @@
 
 #include "apps/ferry/commands.h"
 #include "apps/ferry/device_update_flags.h"
+#include "core/file_util.h"
+#include "core/json.h"
 #include "core/log.h"
 #include "model/config.h"
 #include "train/builtin_model.h"
@@ -78,6 +81,61 @@ Status solve_auto_plan(train::TrainConfig& cfg, const std::string& master,
   log::get("train")->info("--plan auto: solved for gpu {:.3f} GB, host {:.1f} GB; written to {}",
                           r.gpu_gb, r.host_gb, path);
   cfg.plan_file = path;
+  return ok_status();
+}
+
+// The device optimizer tail a `ferry plan` document was solved with: its "device_update_layers"
+// (the layers the tail may update above the resident ones: the planner's choice with
+// --device-update-layers auto), in documents before that key its problem's (clamped), else 0.
+struct PlanTail {
+  int layers = 0;       // the plan's tail
+  int free_layers = 0;  // the plan's non-resident layers (what `all` means for it)
+};
+Result<PlanTail> read_plan_tail(const std::string& path) {
+  FERRY_ASSIGN_OR_RETURN(const std::string text, read_file(path));
+  FERRY_ASSIGN_OR_RETURN(const Json j, parse_json(text, path));
+  try {
+    PlanTail t;
+    t.free_layers = j.at("num_layers").get<int>() - j.value("resident_layers", 0);
+    if (j.contains("device_update_layers")) {
+      t.layers = j.at("device_update_layers").get<int>();
+    } else if (j.contains("problem") && j.at("problem").is_object()) {
+      t.layers = std::clamp(j.at("problem").value("device_update_layers", 0), 0, t.free_layers);
+    }
+    if (t.layers < 0 || t.layers > t.free_layers) {
+      return corrupt("train: plan {}: device_update_layers {} of {} non-resident layers", path,
+                     t.layers, t.free_layers);
+    }
+    return t;
+  } catch (const std::exception& e) {
+    return corrupt("train: plan {}: {}", path, e.what());
+  }
+}
+
+// A plan's tail applies unless --device-update-layers K|all (or its variable) is given; `auto`
+// (given or not) runs the plan's. A given K that differs from the plan's is warned about: the
+// plan's predicted step and GPU memory assume its own tail.
+Status apply_plan_tail(train::TrainConfig& cfg, bool tail_given, bool tail_auto) {
+  FERRY_ASSIGN_OR_RETURN(const PlanTail t, read_plan_tail(cfg.plan_file));
+  if (!tail_given || tail_auto) {
+    cfg.device_update_layers = t.layers;
+    if (t.layers > 0) {
+      log::get("train")->info(
+          "--plan {}: device optimizer tail of {} layers (the plan's; --device-update-layers K "
+          "overrides)",
+          cfg.plan_file, t.layers);
+    }
+    return ok_status();
+  }
+  const int run = cfg.device_update_layers == train::stream::kDeviceUpdateAllLayers
+                      ? t.free_layers
+                      : std::min(cfg.device_update_layers, t.free_layers);
+  if (run != t.layers) {
+    log::get("train")->warn(
+        "train: --plan {} was solved for --device-update-layers {}, this run uses {} (given): the "
+        "plan's predicted step and GPU memory assume its tail",
+        cfg.plan_file, t.layers, run);
+  }
   return ok_status();
 }
 
@@ -186,7 +244,8 @@ void register_train(CLI::App& app, CommandFn& run) {
                   "host bytes, the D2H and the optimizer's reads; the running sum is rounded to "
                   "bf16 after every micro-batch)")
       ->check(CLI::IsMember({"f32", "bf16"}));
-  add_device_update_flags(cmd, cfg->device_update_layers, cfg->device_update_slots, "stream: ");
+  add_device_update_flags(cmd, cfg->device_update_layers, cfg->device_update_slots, "stream: ",
+                          /*with_plan=*/true);
   add_resident_layers_flag(cmd, cfg->resident_layers, "stream: ");
   add_head_update_flag(cmd, cfg->head_update, "stream: ");
   add_device_prestage_flag(cmd, cfg->device_update_prestage, "stream: ");
@@ -216,6 +275,15 @@ void register_train(CLI::App& app, CommandFn& run) {
     // A plan's GPU-resident layers apply unless --resident-layers (or its variable) is given.
     const bool resident_given =
         cmd->count("--resident-layers") > 0 || std::getenv("FERRY_RESIDENT_LAYERS") != nullptr;
+    // Likewise a plan's device optimizer tail, unless K or all is given (auto: the plan's).
+    const bool tail_given = cmd->count("--device-update-layers") > 0 ||
+                            std::getenv("FERRY_DEVICE_UPDATE_LAYERS") != nullptr;
+    const bool tail_auto = cfg->device_update_layers == kDeviceUpdateAuto;
+    if (tail_auto && cfg->plan_file.empty()) {
+      throw CLI::ValidationError("--device-update-layers",
+                                 "auto needs --plan auto (the planner chooses the tail) or --plan "
+                                 "FILE (the plan's tail)");
+    }
     cfg->executor = *executor == "stream" || !cfg->plan_file.empty() || cfg->device == "cuda"
                         ? train::Executor::kStream
                         : train::Executor::kMemory;
@@ -242,9 +310,13 @@ void register_train(CLI::App& app, CommandFn& run) {
     if (const Status st = train::validate(*cfg); !st.ok()) {
       throw CLI::ValidationError(st.message());
     }
-    run = [cfg, master, states, no_keep, resident_given] {
+    run = [cfg, master, states, no_keep, resident_given, tail_given, tail_auto] {
       if (cfg->plan_file == "auto") {
         const Status st = solve_auto_plan(*cfg, *master, *states, !*no_keep, resident_given);
+        if (!st.ok()) return fail(st);
+      }
+      if (!cfg->plan_file.empty()) {
+        const Status st = apply_plan_tail(*cfg, tail_given, tail_auto);
         if (!st.ok()) return fail(st);
       }
       if (!cfg->plan_file.empty() && !resident_given) {

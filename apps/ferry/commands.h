@@ -51,8 +51,10 @@ struct TrainingPlanRequest {
   double time_limit_s = 30;
   std::string device = "auto";  // the executor's device (ferry train --device): its GPU memory
   // The run's device optimizer tail (ferry train --device-update-layers / --device-update-slots):
-  // 0 off, K, or train::stream::kDeviceUpdateAllLayers (-1, all); in the optimizer gate and, as
-  // staging bytes, in the executor fit. Its ms per layer: 0 derives it as ferry plan does.
+  // 0 off, K, train::stream::kDeviceUpdateAllLayers (-1, all), or kDeviceUpdateAuto (-2,
+  // device_update_flags.h: the solve picks K, written to the plan as its device_update_layers); in
+  // the optimizer gate and, as staging bytes, in the executor fit. Its ms per layer: 0 derives it
+  // as ferry plan does.
   int device_update_layers = 0;
   int device_update_slots = 2;
   double device_update_ms_per_layer = 0;

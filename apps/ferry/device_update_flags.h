@@ -18,26 +18,38 @@
 
 namespace ferry::app {
 
+// `--device-update-layers auto` (ferry plan, ferry train --plan): the planner chooses the tail
+// (plan/device_tail.h). Apart from kDeviceUpdateAllLayers (-1) and the layer counts.
+inline constexpr int kDeviceUpdateAuto = -2;
+
 // Accepts an integer in [0, 4096] or `all` (rewritten to kDeviceUpdateAllLayers before CLI11
-// converts it to int).
-inline CLI::Validator layers_or_all() {
+// converts it to int), and with allow_auto `auto` (rewritten to kDeviceUpdateAuto).
+inline CLI::Validator layers_or_all(bool allow_auto = false) {
   return CLI::Validator(
-      [](std::string& s) -> std::string {
+      [allow_auto](std::string& s) -> std::string {
         if (s == "all") {
           s = std::to_string(train::stream::kDeviceUpdateAllLayers);
+          return {};
+        }
+        if (allow_auto && s == "auto") {
+          s = std::to_string(kDeviceUpdateAuto);
           return {};
         }
         char* end = nullptr;
         const long v = std::strtol(s.c_str(), &end, 10);
         if (s.empty() || *end != '\0' || v < 0 || v > 4096) {
-          return "must be an integer in [0, 4096] or all, not " + s;
+          return std::string("must be an integer in [0, 4096]") +
+                 (allow_auto ? ", all or auto" : " or all") + ", not " + s;
         }
         return {};
       },
-      "INT|all");
+      allow_auto ? "INT|all|auto" : "INT|all");
 }
 
-inline void add_device_update_flags(CLI::App* cmd, int& layers, int& slots, const char* prefix) {
+// with_plan: ferry train, whose --plan FILE|auto carries a tail: not given (or auto), a plan
+// file's tail runs; `auto` with --plan auto lets the planner choose it.
+inline void add_device_update_flags(CLI::App* cmd, int& layers, int& slots, const char* prefix,
+                                    bool with_plan = false) {
   cmd->add_option("--device-update-layers", layers,
                   std::string(prefix) +
                       "the device updates up to K layers in the optimizer phase, claiming 0, 1, "
@@ -45,9 +57,14 @@ inline void add_device_update_flags(CLI::App* cmd, int& layers, int& slots, cons
                       "they meet (bit-identical; needs 8-bit states or a bf16 master for the "
                       "device's layers); all: every layer may go to the device, the meeting point "
                       "decides; 0: the CPU updates all. With --resident-layers R the tail works on "
-                      "the non-resident layers only: it claims R, R+1, ... and all means L-R")
+                      "the non-resident layers only: it claims R, R+1, ... and all means L-R" +
+                      (with_plan ? ". With --plan FILE the plan's tail runs unless K or all is "
+                                   "given; auto: with --plan auto the planner chooses K (the "
+                                   "fastest predicted step; ties: the smaller K), with --plan "
+                                   "FILE the plan's"
+                                 : ""))
       ->envname("FERRY_DEVICE_UPDATE_LAYERS")
-      ->transform(layers_or_all());
+      ->transform(layers_or_all(with_plan));
   cmd->add_option("--device-update-slots", slots,
                   std::string(prefix) +
                       "device-update staging slots (layers in flight: one's H2D overlaps the "

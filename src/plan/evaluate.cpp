@@ -99,7 +99,7 @@ Result<Prediction> evaluate(const PlanProblem& p, const Plan& plan) {
   // Weights as streamed: a GPU-resident layer's (resident_layers) never cross the link.
   const auto W = [&](int j) { return streamed_weight_gb(p, j); };
   std::vector<double> compute(T, 0), h2d(T, 0), d2h(T, 0), nv_read(T, 0), nv_write(T, 0);
-  std::vector<double> gpu(T, p.gpu_fixed_gb + resident_gpu_gb(p));
+  std::vector<double> gpu(T, p.gpu_fixed_gb + resident_gpu_gb(p) + device_tail_gpu_gb(p));
   double recompute = 0, moved = 0;
 
   // Compute and working memory of each window.

@@ -123,6 +123,11 @@ struct Plan {
   // Decoder layers 0..K-1 GPU-resident (PlanProblem::resident_layers; ferry train
   // --resident-layers K). JSON: "resident_layers" (absent in older files: 0).
   int resident_layers = 0;
+  // The device optimizer tail the plan was solved with (PlanProblem::device_update_layers, as the
+  // layers it may update: min(K, L - resident_layers); ferry train --device-update-layers K): the
+  // tail search's choice with --device-update-layers auto (device_tail.h), else the one given.
+  // JSON: "device_update_layers" (absent in older files: the problem's, else 0).
+  int device_update_layers = 0;
   std::vector<Transfer> transfers;
   Prediction predicted;
   SolverInfo solver;

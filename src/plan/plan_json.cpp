@@ -110,6 +110,8 @@ Json plan_to_json(const Plan& plan, const PlanProblem* problem) {
             {"keep_internals", keep},
             // Decoder layers 0..K-1 GPU-resident (ferry train --resident-layers K).
             {"resident_layers", plan.resident_layers},
+            // The device optimizer tail (ferry train --device-update-layers K; 0: the CPU).
+            {"device_update_layers", plan.device_update_layers},
             {"transfers", transfers},
             {"predicted", prediction_to_json(plan.predicted)},
             {"solver",
@@ -167,6 +169,18 @@ Result<Plan> plan_from_json(const Json& j) {
     if (plan.resident_layers < 0 || plan.resident_layers > plan.num_layers) {
       return corrupt("plan: resident_layers {} of {} layers", plan.resident_layers,
                      plan.num_layers);
+    }
+    // Absent before the tail was a plan's choice: the tail its problem was solved with.
+    if (j.contains("device_update_layers")) {
+      plan.device_update_layers = j.at("device_update_layers").get<int>();
+    } else if (j.contains("problem") && j.at("problem").is_object()) {
+      plan.device_update_layers = std::clamp(j.at("problem").value("device_update_layers", 0), 0,
+                                             plan.num_layers - plan.resident_layers);
+    }
+    if (plan.device_update_layers < 0 ||
+        plan.device_update_layers > plan.num_layers - plan.resident_layers) {
+      return corrupt("plan: device_update_layers {} of {} non-resident layers",
+                     plan.device_update_layers, plan.num_layers - plan.resident_layers);
     }
     for (const Json& t : j.at("transfers")) {
       const std::string dir = t.at("direction").get<std::string>();

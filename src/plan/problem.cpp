@@ -185,6 +185,14 @@ double device_update_layer_ms(const PlanProblem& p, int j) {
   return p.host_fixed_gb * p.layers[j].weight_gb / total_w / p.link.h2d_gbps * 1e3;
 }
 
+int device_tail_layers(const PlanProblem& p) {
+  return std::clamp(p.device_update_layers, 0, p.num_layers - resident_count(p));
+}
+
+double device_tail_gpu_gb(const PlanProblem& p) {
+  return device_tail_layers(p) > 0 ? p.device_update_staging_gb : 0.0;
+}
+
 namespace {
 
 bool finite_nonneg(double v) { return std::isfinite(v) && v >= 0; }
@@ -244,6 +252,10 @@ Status validate(const PlanProblem& p) {
     return invalid_argument("plan: device_update_ms_per_layer {} is not a time",
                             p.device_update_ms_per_layer);
   }
+  if (!finite_nonneg(p.device_update_staging_gb)) {
+    return invalid_argument("plan: device_update_staging_gb {} is not a size",
+                            p.device_update_staging_gb);
+  }
   return ok_status();
 }
 
@@ -295,6 +307,7 @@ Json to_json(const PlanProblem& p) {
     j["device_update_layers"] = p.device_update_layers;
     j["device_update_ms_per_layer"] = p.device_update_ms_per_layer;
   }
+  if (p.device_update_staging_gb != 0) j["device_update_staging_gb"] = p.device_update_staging_gb;
   // Only when measured, likewise (a problem without the term serializes as before).
   if (p.host_home_ms_per_gb != 0) j["host_home_ms_per_gb"] = p.host_home_ms_per_gb;
   if (p.resident_saved_ms != 0) j["resident_saved_ms"] = p.resident_saved_ms;
@@ -350,6 +363,8 @@ Result<PlanProblem> problem_from_json(const Json& j) {
     p.allow_keep_internals = j.value("allow_keep_internals", false);
     p.device_update_layers = j.value("device_update_layers", 0);  // absent before the tail
     p.device_update_ms_per_layer = j.value("device_update_ms_per_layer", 0.0);
+    // Absent: the staging, if any, is in gpu_fixed_gb (documents before the tail search).
+    p.device_update_staging_gb = j.value("device_update_staging_gb", 0.0);
     p.host_home_ms_per_gb = j.value("host_home_ms_per_gb", 0.0);  // absent: not measured
     p.resident_saved_ms = j.value("resident_saved_ms", 0.0);      // absent: not measured
     p.resident_layers = j.value("resident_layers", 0);  // absent before resident layers: none

@@ -113,6 +113,12 @@ struct PlanProblem {
   // (device_update_layer_ms).
   int device_update_layers = 0;
   double device_update_ms_per_layer = 0;
+  // The tail's GPU memory: its staging (the executor's DeviceOptimizerTail::staging_bytes, slots x
+  // the largest of its layers' optimizer sections), the same for every K > 0 and nothing at K = 0
+  // (device_tail_gpu_gb), counted in every window beside gpu_fixed_gb. 0: not separated (a problem
+  // whose gpu_fixed_gb holds it, or no executor target). The tail search (device_tail.h) needs it
+  // apart: K = 0 then fits where a K > 0 may not.
+  double device_update_staging_gb = 0;
 
   // GPU-resident layers (`ferry train --resident-layers K`, train/stream/resident_layers.h):
   // layers 0..K-1 keep weights, master, states and gradients on the GPU for the whole run. Such a
@@ -186,6 +192,10 @@ double optimizer_phase_ms(const PlanProblem& p);
 // The device tail's time for layer j: device_update_ms_per_layer when > 0, else the layer's share
 // of the host model state (host_fixed_gb by weight over the layers and the head) over the H2D rate.
 double device_update_layer_ms(const PlanProblem& p, int j);
+// The layers the tail may update: min(device_update_layers, L - resident layers), >= 0.
+int device_tail_layers(const PlanProblem& p);
+// The tail's GPU bytes in every window: device_update_staging_gb when it updates a layer, else 0.
+double device_tail_gpu_gb(const PlanProblem& p);
 
 // Resident layers (resident_layers): K clamped to [0, L]; the weight bytes layer j streams (0
 // when resident); the gradient bytes it drains (0 when resident); the resident bytes on the GPU

@@ -259,7 +259,7 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
   }
   for (int t = 0; t < T; ++t) {
     Expr gpu;
-    gpu.constant = p.gpu_fixed_gb + resident_gpu_gb(p);
+    gpu.constant = p.gpu_fixed_gb + resident_gpu_gb(p) + device_tail_gpu_gb(p);
     if (t < L) gpu.constant += p.layers[t].work_fwd_gb;
     if (t == L) gpu.constant += p.loss_work_gb;
     if (t > L) gpu.constant += p.layers[2 * L - t].work_bwd_gb;
@@ -456,6 +456,7 @@ Plan ScheduleModel::extract_plan(const std::vector<double>& sol) const {
   plan.batch_size = p_.batch_size;
   plan.seq_len = p_.seq_len;
   plan.resident_layers = resident_count(p_);
+  plan.device_update_layers = device_tail_layers(p_);
   plan.homes.assign(L + 1, Home::kRecompute);
   plan.homes[L] = Home::kGpu;
   for (int s = 0; s < L;) {

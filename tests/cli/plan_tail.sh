@@ -16,7 +16,11 @@
 #     bench's --geometry model is Qwen3 unless --arch qwen2, whose q/k norm buffers in every layer
 #     workspace, kept ones included, took 1.2 GB more than the plan's 40 GiB fit at batch 32);
 #     with the plan's architecture, at a binding cap with the tail and mixed homes, the executor
-#     runs it at its batch with ferry plan's bytes.
+#     runs it at its batch with ferry plan's bytes;
+#  6. --device-update-layers auto: ferry plan chooses K and writes it (top level = its problem's,
+#     named in the text); ferry train --plan auto --device-update-layers auto solves the K of
+#     ferry plan for the same request and runs it; --plan FILE runs the plan's K unless a K is
+#     given, which is warned about; fp32 master + fp32 states: auto means 0.
 # ctest-cost: 60 (seconds in the CI build: ctest starts the longest tests first)
 set -euo pipefail
 FERRY="$1"; ROOT="$2"
@@ -174,5 +178,64 @@ assert "error" in q and "solved for another model" in q["error"] and "model_type
 print(f"plan_tail: a qwen2 plan (batch {plan['batch_size']}, homes {sorted(homes)}) runs at its "
       f"batch with ferry plan's {want} bytes under --arch qwen2; a qwen3 bench refuses it")
 PY
+
+# 6. The tail as the planner's choice.
+train_auto=(train --demo-layers 4 --demo-hidden 32 --seq-len 128 --batch-size 4 --max-steps 1
+            --resident-layers 0 --eval-every 0 --seed 11 --device-budget-mib 3000 "${optim[@]}")
+"$FERRY" "${train_auto[@]}" --plan auto --device-update-layers auto --output-dir "$TMP/ra" \
+  > "$TMP/ra.log" 2> "$TMP/ra.err" ||
+  { echo "plan_tail: train --plan auto --device-update-layers auto failed"; cat "$TMP/ra.err"; exit 1; }
+caps=$(python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["problem"]; print(repr(p["gpu_cap_gb"]), repr(p["host_cap_gb"]))' "$TMP/ra/plan.json")
+read -r gpu host <<< "$caps"
+"$FERRY" plan --model "$TMP/ra" --seq-len 128 --batch-size 4 --gpu-mem-gb "$gpu" --host-mem-gb "$host" \
+  --executor-device cpu "${optim[@]}" --device-update-layers auto --no-policies --resident-layers 0 \
+  --json "$TMP/pa.json" > "$TMP/pa.out" 2> "$TMP/pa.log" ||
+  { echo "plan_tail: ferry plan --device-update-layers auto failed"; cat "$TMP/pa.log"; exit 1; }
+k=$(python3 - "$TMP/ra/plan.json" "$TMP/pa.json" "$TMP/r1/plan.json" <<'PY'
+import json, sys
+run, ref, full = (json.load(open(p)) for p in sys.argv[1:4])
+k = ref["device_update_layers"]
+assert run["device_update_layers"] == k, (run["device_update_layers"], k)
+assert ref["problem"].get("device_update_layers", 0) == k, ref["problem"]
+assert run["problem"] == ref["problem"] and run["boundaries"] == ref["boundaries"]
+for key in ("step_ms", "optimizer_wait_ms", "optimizer_phase_ms", "gpu_peak_gb"):
+    assert run["predicted"][key] == ref["predicted"][key], (key, run["predicted"][key], ref["predicted"][key])
+# The choice is the best: no slower than the plan solved with every layer allowed (section 3),
+# up to ferry plan's MIP gap (--mip-gap, 1e-3 of the objective).
+assert ref["predicted"]["objective_ms"] <= full["predicted"]["objective_ms"] * (1 + 1e-3), \
+    (ref["predicted"]["objective_ms"], full["predicted"]["objective_ms"])
+assert ref["problem"]["device_update_staging_gb"] > 0, ref["problem"]
+print(k)
+PY
+)
+grep -q "^device optimizer tail: $k (auto" "$TMP/pa.out" ||
+  { echo "plan_tail: ferry plan's text does not name the tail $k"; cat "$TMP/pa.out"; exit 1; }
+if [ "$k" -gt 0 ]; then
+  grep -q "device optimizer tail of $k layers (the plan's" "$TMP/ra.err" ||
+    { echo "plan_tail: train --plan auto did not run the plan's tail $k"; cat "$TMP/ra.err"; exit 1; }
+  # A plan file's tail runs without the flag; a given K that differs is warned about.
+  "$FERRY" "${train_auto[@]}" --plan "$TMP/pa.json" --output-dir "$TMP/rf" > /dev/null \
+    2> "$TMP/rf.err" || { echo "plan_tail: train --plan FILE failed"; cat "$TMP/rf.err"; exit 1; }
+  grep -q "device optimizer tail of $k layers (the plan's" "$TMP/rf.err" ||
+    { echo "plan_tail: train --plan FILE did not run the plan's tail"; cat "$TMP/rf.err"; exit 1; }
+  "$FERRY" "${train_auto[@]}" --plan "$TMP/pa.json" --device-update-layers 0 \
+    --output-dir "$TMP/rg" > /dev/null 2> "$TMP/rg.err" ||
+    { echo "plan_tail: train --plan FILE --device-update-layers 0 failed"; cat "$TMP/rg.err"; exit 1; }
+  grep -q "was solved for --device-update-layers $k, this run uses 0" "$TMP/rg.err" ||
+    { echo "plan_tail: a given K unlike the plan's is not warned about"; cat "$TMP/rg.err"; exit 1; }
+fi
+echo "plan_tail: --device-update-layers auto: ferry plan and train --plan auto chose K = $k"
+# fp32 master + fp32 states: no device kernel, auto means 0 (not a refusal).
+"$FERRY" "${plan[@]}" --batch-size 4 --gpu-mem-gb 1 --device-update-layers auto --json "$TMP/pz.json" \
+  > "$TMP/pz.out" 2> "$TMP/pz.log" || { echo "plan_tail: auto with fp32 failed"; cat "$TMP/pz.log"; exit 1; }
+grep -q "^device optimizer tail: 0 (auto: no device kernel" "$TMP/pz.out" ||
+  { echo "plan_tail: auto with fp32 + fp32 is not 0"; cat "$TMP/pz.out"; exit 1; }
+# Without a plan, auto is refused.
+set +e
+"$FERRY" "${train_auto[@]}" --executor stream --device-update-layers auto --output-dir "$TMP/rn" \
+  > /dev/null 2> "$TMP/rn.err"; rc=$?
+set -e
+[ "$rc" -ne 0 ] && grep -q "auto needs --plan" "$TMP/rn.err" ||
+  { echo "plan_tail: --device-update-layers auto without --plan: rc=$rc"; cat "$TMP/rn.err"; exit 1; }
 
 echo "plan tail cli: ok"
