@@ -18,7 +18,7 @@
 //                     [--live-min-steps 4] [--live-decide-per-expert 2] [--trace-live off]
 //                     [--phase-turns 0] [--long-output-min 512] [--long-output-max 1024]
 //                     [--layers 48] [--kv-bytes 2] [--max-batch-tokens 512]
-//                     [--step-base-ms 5] [--token-ms 0.1]
+//                     [--step-base-ms 5] [--token-ms 0.1] [--alloc-tie 1e-3]
 // --live-decide-steps is the longest interval between live decisions, --live-decide-per-expert x E
 // the mean expert accesses per MoE layer after which it decides sooner (0: the old fixed cadence),
 // --live-age the curve weight kept per 64 steps (split_controller.h DecisionCadence);
@@ -29,6 +29,8 @@
 // (agentic_workload.h: phases of N chat turns and N long-answer turns). --layers N / --kv-bytes 4:
 // the engine bench's scaled geometry (N of 48 layers, pool budget x N / 48, f32 KV rows);
 // --step-base-ms / --token-ms: the step model's constants (e.g. fitted to a GPU run).
+// --alloc-tie: the allocator's balance_tie for the offline and live policies (split_allocator.h;
+// 0: the plain greedy, ties to a corner split -- the allocator before the tie-break).
 // With the prefix cache, "mv-wsa live" uses the prefix curve's reuse prior (prefix_curve.h;
 // --live-reuse-prior off drops it) and "mv-wsa live, no prior" is the controller without it.
 // x_named: the best of the three named fixed splits (50/50, expert-heavy, KV-heavy) / policy;
@@ -85,6 +87,7 @@ int main(int argc, char** argv) {
   int layers = 48, kv_bytes = 2, max_batch_tokens = 512;
   double step_base_ms = 5, token_ms = 0.1;
   bool trace_live = false;
+  AllocatorOptions alloc;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const char* v = argv[i + 1];
@@ -152,6 +155,8 @@ int main(int argc, char** argv) {
       token_ms = std::atof(v);
     else if (a == "--trace-live")
       trace_live = std::strcmp(v, "off") != 0;
+    else if (a == "--alloc-tie")
+      alloc.balance_tie = std::atof(v);
     else {
       std::fprintf(stderr, "serve_split_bench: unknown flag %s\n", a.c_str());
       return 2;
@@ -193,7 +198,8 @@ int main(int argc, char** argv) {
                     .horizon_steps = 256,
                     .link_bytes_per_s = cfg.link_bytes_per_s,
                     .uniform_tie = uniform_tie,
-                    .of_avoidable = band_of_avoidable};
+                    .of_avoidable = band_of_avoidable,
+                    .allocator = alloc};
 
   ferry::Timer gen_timer;
   const AgenticWorkload w({.sessions = sessions,
@@ -247,7 +253,7 @@ int main(int argc, char** argv) {
     run("expert-heavy", uniform.back(), false);
     run("kv-heavy", uniform.front(), false);
     suite.named_s = std::min({rows[0].r.total_s, rows[1].r.total_s, rows[2].r.total_s});
-    auto offline = allocate(profile);
+    auto offline = allocate(profile, alloc);
     FERRY_CHECK(offline.ok(), "offline: {}", offline.status().to_string());
     run("mv-wsa offline", *offline, false);
     run("mv-wsa live", *half, true);
@@ -329,7 +335,8 @@ int main(int argc, char** argv) {
                {"age_factor", age},
                {"hysteresis", hysteresis},
                {"warmup_steps", warmup},
-               {"reuse_prior", reuse_prior}};
+               {"reuse_prior", reuse_prior},
+               {"alloc_balance_tie", alloc.balance_tie}};
   for (const Suite& suite : suites) {
     nlohmann::json sweep = nlohmann::json::array();
     for (const auto& [cap, t] : suite.sweep) sweep.push_back({{"cap", cap}, {"total_s", t}});

@@ -2,8 +2,8 @@
 #include "serve/wsa/split_allocator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
-#include <queue>
 
 #include <fmt/format.h>
 
@@ -139,7 +139,7 @@ Result<Split> fraction_split(const SplitProblem& p, double expert_fraction) {
   return resource_exhausted("wsa: no uniform split fits the kv floor");
 }
 
-Result<Split> greedy_on_hulls(const SplitProblem& p) {
+Result<Split> greedy_on_hulls(const SplitProblem& p, const AllocatorOptions& opt) {
   FERRY_TRY(check_problem(p));
   const int L = layers(p);
   // Curve i < L: layer i over x = min_slots..E; curve L: KV over x = floor..max.
@@ -148,7 +148,15 @@ Result<Split> greedy_on_hulls(const SplitProblem& p) {
     std::size_t unit = 0;
     std::vector<double> y;
     std::vector<int> hull;  // vertex offsets from x0
-    std::size_t next = 0;   // next segment: hull[next] -> hull[next + 1]
+    std::size_t next = 0;   // current segment: hull[next] -> hull[next + 1]
+    int at = 0;             // offset from x0 taken so far (inside the current segment)
+    bool closed = false;    // a segment that did not fit was taken partly: nothing more
+    bool open() const { return !closed && next + 1 < hull.size(); }
+    // Saving per byte of the current segment (linear along it, so also of its untaken rest).
+    double rate() const {
+      const int a = hull[next], b = hull[next + 1];
+      return (y[std::size_t(a)] - y[std::size_t(b)]) / (double(b - a) * double(unit));
+    }
   };
   std::vector<Curve> cv(std::size_t(L) + 1);
   for (int i = 0; i <= L; ++i) {
@@ -162,48 +170,58 @@ Result<Split> greedy_on_hulls(const SplitProblem& p) {
   }
   Split s{.slots = std::vector<int>(std::size_t(L), p.min_slots), .kv_blocks = p.kv_floor_blocks};
   std::size_t left = p.budget_bytes - s.bytes(p);
-  using Item = std::pair<double, int>;  // (saving per byte, curve)
-  std::priority_queue<Item> pq;
-  auto push = [&](int i) {
-    const Curve& c = cv[std::size_t(i)];
-    if (c.next + 1 >= c.hull.size()) return;
-    const int a = c.hull[c.next], b = c.hull[c.next + 1];
-    const double gain = c.y[std::size_t(a)] - c.y[std::size_t(b)];
-    pq.push({gain / (double(b - a) * double(c.unit)), i});
-  };
-  auto grow = [&](int i, int units) {
-    if (i == L) {
-      s.kv_blocks += units;
-    } else {
-      s.slots[std::size_t(i)] += units;
-    }
-  };
-  for (int i = 0; i <= L; ++i) push(i);
-  while (!pq.empty()) {
-    const auto [rate, i] = pq.top();
-    pq.pop();
-    if (rate <= 0) break;  // the heap's best saves nothing: neither does anything after it
+  // Takes up to `units` of curve i's current segment (fewer if they do not fit: then the curve is
+  // closed, its later segments save less per byte); moves to the next segment at its end.
+  auto take = [&](int i, int units) {
     Curve& c = cv[std::size_t(i)];
-    const int units = c.hull[c.next + 1] - c.hull[c.next];
-    const std::size_t bytes = std::size_t(units) * c.unit;
-    if (bytes <= left) {
-      grow(i, units);
-      left -= bytes;
-      ++c.next;
-      push(i);
+    const int part = static_cast<int>(std::min<std::size_t>(std::size_t(units), left / c.unit));
+    if (i == L) {
+      s.kv_blocks += part;
     } else {
-      // Part of the segment, then this curve is closed: its later segments save less per byte.
-      const int part = static_cast<int>(left / c.unit);
-      grow(i, part);
-      left -= std::size_t(part) * c.unit;
+      s.slots[std::size_t(i)] += part;
+    }
+    left -= std::size_t(part) * c.unit;
+    c.at += part;
+    if (part < units) c.closed = true;
+    if (c.at == c.hull[c.next + 1]) ++c.next;
+  };
+  // Each round scans the L + 1 current segments: O((L + 1) x rounds), rounds <= the hull
+  // segments plus the slots taken one at a time (<= L x E).
+  const double tie = std::max(opt.balance_tie, 0.0);
+  for (;;) {
+    // The best segment: highest rate, exact ties to the highest index (the plain greedy's order).
+    int best = -1;
+    double best_rate = 0;
+    for (int i = 0; i <= L; ++i) {
+      const Curve& c = cv[std::size_t(i)];
+      if (!c.open()) continue;
+      const double r = c.rate();
+      if (best < 0 || r >= best_rate) best = i, best_rate = r;
+    }
+    if (best < 0 || best_rate <= 0) break;  // nothing left saves anything
+    // A MoE layer's segment is best: the layers within `tie` of it are a tie; the one with the
+    // fewest slots gets one slot. A lone best (or KV) takes its whole segment.
+    int pick = best, tied = 0;
+    if (best < L && tie > 0) {
+      for (int l = 0; l < L; ++l) {
+        const Curve& c = cv[std::size_t(l)];
+        if (!c.open() || c.rate() < best_rate * (1 - tie)) continue;
+        ++tied;
+        if (s.slots[std::size_t(l)] < s.slots[std::size_t(pick)]) pick = l;
+      }
+    }
+    const Curve& c = cv[std::size_t(pick)];
+    take(pick, tied > 1 ? 1 : c.hull[c.next + 1] - c.at);
+    if (tied > 1 && cv[std::size_t(pick)].closed) {
+      for (int l = 0; l < L; ++l) cv[std::size_t(l)].closed = true;  // no slot fits any layer
     }
   }
   fill_leftover(p, s);
   return s;
 }
 
-Result<Split> allocate(const SplitProblem& p) {
-  FERRY_ASSIGN_OR_RETURN(Split best, greedy_on_hulls(p));
+Result<Split> allocate(const SplitProblem& p, const AllocatorOptions& opt) {
+  FERRY_ASSIGN_OR_RETURN(Split best, greedy_on_hulls(p, opt));
   double best_t = modelled_step_s(p, best);
   for (Split& u : all_uniform_splits(p)) {
     const double t = modelled_step_s(p, u);
@@ -213,6 +231,7 @@ Result<Split> allocate(const SplitProblem& p) {
   // its bytes buy (and back), taking the best move while it lowers T. Moves are scored by their
   // cost deltas (O(L) per round); each accepted move lowers T strictly, so the loop ends.
   const int L = layers(p);
+  const double tie = std::max(opt.balance_tie, 0.0);
   constexpr double kInf = 1e300;
   for (int round = 0; round < 1'000'000; ++round) {
     const std::size_t left = p.budget_bytes - best.bytes(p);
@@ -238,11 +257,15 @@ Result<Split> allocate(const SplitProblem& p) {
     }
     double best_net = 1e-12 * std::max(best_t, 1e-300);
     int kind = 0, from = -1, to = -1, blocks = 0;
-    // slot a -> slot b
+    // slot a -> slot b, only when b saves more than (1 + tie) x what a loses: a near-tie between
+    // layers stays where the greedy balanced it. (The best pair, most gain and least loss, is
+    // the only one to check: if it is a near-tie, so is every other pair.)
+    auto pays = [&](double gain, double loss) { return gain > loss + tie * std::abs(loss); };
     if (a1 >= 0 && b1 >= 0) {
       const bool same = a1 == b1;
-      const double n1 = same ? (b2 >= 0 ? g2 - l1 : -kInf) : g1 - l1;
-      const double n2 = same && a2 >= 0 ? g1 - l2 : -kInf;
+      const double n1 =
+          same ? (b2 >= 0 && pays(g2, l1) ? g2 - l1 : -kInf) : (pays(g1, l1) ? g1 - l1 : -kInf);
+      const double n2 = same && a2 >= 0 && pays(g1, l2) ? g1 - l2 : -kInf;
       if (n1 > best_net) best_net = n1, kind = 1, from = a1, to = same ? b2 : b1;
       if (n2 > best_net) best_net = n2, kind = 1, from = a2, to = b1;
     }

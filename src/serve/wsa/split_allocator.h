@@ -15,8 +15,20 @@
 // optimum of the convexified problem. Because the real curves are not convex and quanta are
 // whole, the result is then polished on the real curves: single-quantum exchanges between pools
 // while one lowers T, and every uniform split (the fixed-split family) is a candidate too.
+// Balanced ties (AllocatorOptions::balance_tie): on nearly linear curves (live curves of a few
+// prefill steps: every slot of every layer saves about one miss) a layer's hull is one long
+// segment, and taking whole segments by rate hands them to whichever layer's rate is a hair
+// higher -- corner splits (13..95 slots per layer) whose T equals a balanced split's. So while
+// the best segment is a MoE layer's, every MoE layer whose segment rate is within balance_tie
+// (relative) of it is a tie: the greedy then takes one slot at a time, to the tied layer with the
+// fewest slots. Every quantum taken saves at least (1 - balance_tie) x the best rate then on
+// offer, so on convex curves the greedy's T is within balance_tie x (T(minimum split) - T(opt))
+// of the optimum (exact with balance_tie = 0, the plain greedy). The polish moves a slot between
+// layers only when the receiving layer saves more than (1 + balance_tie) x what the giving layer
+// loses, so it does not undo the balance on (near-)ties either.
 // Tests: tests/unit/serve/wsa_allocator_test.cpp (budget, floor, <= every fixed split, greedy
-// within one segment of the brute-force optimum).
+// within one segment of the brute-force optimum), wsa_allocator_balance_test.cpp (balanced caps
+// on ties, real differences kept, the tolerance bound).
 #pragma once
 
 #include <cstddef>
@@ -78,9 +90,20 @@ std::vector<Split> all_uniform_splits(const SplitProblem& p);
 // clamped to the feasible range).
 Result<Split> fraction_split(const SplitProblem& p, double expert_fraction);
 
+struct AllocatorOptions {
+  // Relative tolerance within which MoE layers' saving-per-byte rates count as a tie, broken
+  // towards the layer with the fewest slots (0: the plain greedy, ties to the highest index).
+  // 1e-3: far below what live curves resolve -- a rate is a count of accesses between two stack
+  // depths, and telling two rates 0.1 % apart takes ~10^7 counts each (Poisson, 3 standard
+  // errors), where a live curve holds 10^2..10^5 -- and far below the controller's own tie and
+  // band (uniform_tie and min_hysteresis, 1 % of T - U), so the T it may give up (at most
+  // 1e-3 x the avoidable part, file comment) is invisible to every rule downstream.
+  double balance_tie = 1e-3;
+};
+
 // The marginal-value greedy on convexified curves alone (no polish), for tests.
-Result<Split> greedy_on_hulls(const SplitProblem& p);
+Result<Split> greedy_on_hulls(const SplitProblem& p, const AllocatorOptions& opt = {});
 // greedy_on_hulls, then polished on the real curves (see the file comment).
-Result<Split> allocate(const SplitProblem& p);
+Result<Split> allocate(const SplitProblem& p, const AllocatorOptions& opt = {});
 
 }  // namespace ferry::serve::wsa

@@ -67,7 +67,7 @@ double SplitController::unavoidable_s(const SplitProblem& p) {
 
 Result<Decision> SplitController::decide(const SplitProblem& p, const Split& current) const {
   Decision d;
-  FERRY_ASSIGN_OR_RETURN(d.target, allocate(p));
+  FERRY_ASSIGN_OR_RETURN(d.target, allocate(p, cfg_.allocator));
   d.optimum_s = d.target_s = modelled_step_s(p, d.target);
   d.floor_s = cfg_.of_avoidable ? std::min(unavoidable_s(p), d.optimum_s) : 0.0;
   if (cfg_.uniform_tie > 0) {

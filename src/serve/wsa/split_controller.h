@@ -43,6 +43,7 @@ struct ControllerConfig {
   double link_bytes_per_s = 0;  // for migration_s (0: migration is free)
   double uniform_tie = 0.01;    // take the best uniform split within this of the allocator's
   bool of_avoidable = true;     // thresholds relative to T - U (false: to T, the first version)
+  AllocatorOptions allocator;   // the allocator's (balance_tie: near-ties to balanced caps)
 };
 
 struct Decision {
