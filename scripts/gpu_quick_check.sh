@@ -6,6 +6,10 @@
 # again with FERRY_ATTN_FWD_MT=1), benches AttnFwdBwd with the default forward and with each
 # FERRY_ATTN_FWD_LAZY value of LAZY (default "1 64") against torch SDPA on the same shapes
 # (tools/bench/torch_baselines.py, compare.py: cmp_*.txt), then the gpu tests of LATE_FILTER.
+# PLAN_CAPS="24 40" also builds ferry and runs `ferry plan --compare` (solved plan and fixed
+# policies, largest batch each) for PLAN_GEOMS (default "qwen2.5-3b qwen2.5-7b") at those GPU caps
+# (GB), with ModelCompute's scratch overlay (default) and without (FERRY_SCRATCH_OVERLAY=0):
+# plan_<geom>_overlay{1,0}.json + .txt.
 # RESET_PATHS: paths restored to HEAD in this copy first (someone else's unfinished work in the
 # working tree that the device's copy must not build).
 set -uo pipefail
@@ -27,7 +31,9 @@ nvidia-smi --query-gpu=name,memory.total --format=csv >"$R/gpu.txt"
 git status --short >"$R/gitstatus.txt"
 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DFERRY_BUILD_TESTS=ON -DFERRY_BUILD_BENCH=ON -DFERRY_BUILD_ROUTE=OFF >"$R/build.log" 2>&1
-if ! cmake --build "$B" -j16 --target gpu_test cuda_kernels_bench >>"$R/build.log" 2>&1; then
+TARGETS="gpu_test cuda_kernels_bench"
+[ -n "${PLAN_CAPS:-}" ] && TARGETS="$TARGETS ferry"
+if ! cmake --build "$B" -j16 --target $TARGETS >>"$R/build.log" 2>&1; then
   grep -E "error|FAILED" "$R/build.log" | head -30
   stamp "BUILD FAILED"
   cd "$R/.." && tar czf all.tgz r
@@ -55,6 +61,17 @@ for f in "$R"/ferry_bench*.json; do
 done
 grep -i attn "$R"/cmp_*.txt | head -40
 stamp "benches"
+if [ -n "${PLAN_CAPS:-}" ]; then
+  caps=$(echo "$PLAN_CAPS" | tr ' ' ',')
+  for geom in ${PLAN_GEOMS:-qwen2.5-3b qwen2.5-7b}; do
+    for ov in 1 0; do
+      FERRY_SCRATCH_OVERLAY=$ov timeout 120 "$B/apps/ferry/ferry" plan --geometry "$geom" --compare \
+        --gpu-caps "$caps" --seq-len 1024 --host-mem-gb 125 --json "$R/plan_${geom}_overlay$ov.json" \
+        >"$R/plan_${geom}_overlay$ov.txt" 2>&1 || echo "ferry plan $geom overlay $ov: exit $?"
+    done
+  done
+  stamp "plans"
+fi
 if [ -n "$LATE_FILTER" ]; then
   timeout "${LATE_TIMEOUT:-120}" "$B/tests/gpu_test" --gtest_filter="$LATE_FILTER" >"$R/test_late.log" 2>&1 || status=1
   grep -E "FAILED|PASSED" "$R/test_late.log" | head
