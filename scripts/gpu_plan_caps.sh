@@ -31,7 +31,8 @@
 # TAIL: the device optimizer tail of the capped runs, given to ferry plan and to ferry bench train
 # alike so that the plan is solved for the tail the bench runs (its layers in the optimizer gate,
 # its staging in GPU memory), e.g. TAIL="--device-update-layers all --device-update-slots 2"
-# (default: none); TAIL_MS="--device-update-ms-per-layer 43" gives ferry plan a measured device
+# (default: none); TAIL="--device-update-layers auto": ferry plan chooses K, the plan's bench
+# runs the plan's K, the fixed policies none; TAIL_MS="--device-update-ms-per-layer 43" gives ferry plan a measured device
 # time per layer (default: derived from the H2D rate, docs/plan.md). The profile run keeps the
 # CPU doing every update (the profile's per-layer optimizer times are the CPU's).
 # Output: $OUT/plan_caps.jsonl (one line per geometry and cap: {"geometry", "cap_gb", "plan":

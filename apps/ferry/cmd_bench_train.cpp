@@ -95,7 +95,8 @@ void register_bench_train(CLI::App& app, CommandFn& run) {
                   "stream: linear layers' GEMMs: bf16 (operands rounded to bf16, f32 "
                   "accumulation; PyTorch autocast), f32, or auto (bf16 on cuda, f32 on cpu)")
       ->check(CLI::IsMember({"auto", "bf16", "f32"}));
-  add_device_update_flags(cmd, cfg->device_update_layers, cfg->device_update_slots, "");
+  add_device_update_flags(cmd, cfg->device_update_layers, cfg->device_update_slots, "",
+                          TailAuto::kBenchPlan);
   add_resident_layers_flag(cmd, cfg->resident_layers, "");
   add_head_update_flag(cmd, cfg->head_update, "");
   add_device_prestage_flag(cmd, cfg->device_update_prestage, "");

@@ -244,8 +244,8 @@ void register_train(CLI::App& app, CommandFn& run) {
                   "host bytes, the D2H and the optimizer's reads; the running sum is rounded to "
                   "bf16 after every micro-batch)")
       ->check(CLI::IsMember({"f32", "bf16"}));
-  add_device_update_flags(cmd, cfg->device_update_layers, cfg->device_update_slots, "stream: ",
-                          /*with_plan=*/true);
+  add_device_update_flags(cmd, cfg->device_update_layers, cfg->device_update_slots,
+                          "stream: ", TailAuto::kTrainPlan);
   add_resident_layers_flag(cmd, cfg->resident_layers, "stream: ");
   add_head_update_flag(cmd, cfg->head_update, "stream: ");
   add_device_prestage_flag(cmd, cfg->device_update_prestage, "stream: ");

@@ -19,8 +19,12 @@
 namespace ferry::app {
 
 // `--device-update-layers auto` (ferry plan, ferry train --plan): the planner chooses the tail
-// (plan/device_tail.h). Apart from kDeviceUpdateAllLayers (-1) and the layer counts.
-inline constexpr int kDeviceUpdateAuto = -2;
+// (plan/device_tail.h); ferry bench train: a plan=FILE policy runs its plan's tail. Apart from
+// kDeviceUpdateAllLayers (-1) and the layer counts.
+inline constexpr int kDeviceUpdateAuto = train::stream::kDeviceUpdateAuto;
+
+// Which command's --plan the tail flag's `auto` refers to.
+enum class TailAuto { kNone, kTrainPlan, kBenchPlan };
 
 // Accepts an integer in [0, 4096] or `all` (rewritten to kDeviceUpdateAllLayers before CLI11
 // converts it to int), and with allow_auto `auto` (rewritten to kDeviceUpdateAuto).
@@ -46,10 +50,23 @@ inline CLI::Validator layers_or_all(bool allow_auto = false) {
       allow_auto ? "INT|all|auto" : "INT|all");
 }
 
-// with_plan: ferry train, whose --plan FILE|auto carries a tail: not given (or auto), a plan
-// file's tail runs; `auto` with --plan auto lets the planner choose it.
+// with_plan: kTrainPlan, ferry train, whose --plan FILE|auto carries a tail: not given (or
+// auto), a plan file's tail runs; `auto` with --plan auto lets the planner choose it.
+// kBenchPlan, ferry bench train: not given or auto, a plan=FILE policy runs its plan's tail and
+// the named policies none; K or all: every policy runs that.
 inline void add_device_update_flags(CLI::App* cmd, int& layers, int& slots, const char* prefix,
-                                    bool with_plan = false) {
+                                    TailAuto with_plan = TailAuto::kNone) {
+  const char* plan_help = "";
+  if (with_plan == TailAuto::kTrainPlan) {
+    plan_help =
+        ". With --plan FILE the plan's tail runs unless K or all is given; auto: with --plan "
+        "auto the planner chooses K (the fastest predicted step; ties: the smaller K), with "
+        "--plan FILE the plan's";
+  } else if (with_plan == TailAuto::kBenchPlan) {
+    plan_help =
+        ". auto (the default): a plan=FILE policy runs the tail its plan was solved with (ferry "
+        "plan --device-update-layers), the named policies none; K or all: every policy";
+  }
   cmd->add_option("--device-update-layers", layers,
                   std::string(prefix) +
                       "the device updates up to K layers in the optimizer phase, claiming 0, 1, "
@@ -58,13 +75,9 @@ inline void add_device_update_flags(CLI::App* cmd, int& layers, int& slots, cons
                       "device's layers); all: every layer may go to the device, the meeting point "
                       "decides; 0: the CPU updates all. With --resident-layers R the tail works on "
                       "the non-resident layers only: it claims R, R+1, ... and all means L-R" +
-                      (with_plan ? ". With --plan FILE the plan's tail runs unless K or all is "
-                                   "given; auto: with --plan auto the planner chooses K (the "
-                                   "fastest predicted step; ties: the smaller K), with --plan "
-                                   "FILE the plan's"
-                                 : ""))
+                      plan_help)
       ->envname("FERRY_DEVICE_UPDATE_LAYERS")
-      ->transform(layers_or_all(with_plan));
+      ->transform(layers_or_all(with_plan != TailAuto::kNone));
   cmd->add_option("--device-update-slots", slots,
                   std::string(prefix) +
                       "device-update staging slots (layers in flight: one's H2D overlaps the "

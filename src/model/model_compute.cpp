@@ -239,16 +239,18 @@ void ModelCompute::plan_buffers(const DecoderGeometry& geo, std::int64_t T, int 
   tab.add(s.dx, "dx", T * C);
   tab.add(s.dx_mid, "dx_mid", T * C);
   tab.add(s.dh, "dh", T * C);
-  // bf16 attention's copies of q/k/v/out carry the forward's values into the backward (attn16_):
-  // outside the overlay below.
-  if (bf16_attn) {
-    for (auto [buf, name, n] : {std::tuple{&s.q16, "q16", T * HD},
-                                {&s.k16, "k16", T * GD},
-                                {&s.v16, "v16", T * GD},
-                                {&s.o16, "o16", T * HD}}) {
-      tab.add(*buf, name, n);
-    }
-  }
+  // bf16 attention's buffers: [q|dq]16 and [o|do]16 are [T, H D], [k|v|dk|dv]16 [T, G D].
+  auto add_attn16 = [&](Bf16Buf& a, const char* an, Bf16Buf& b, const char* bn, Bf16Buf& c,
+                        const char* cn, Bf16Buf& d, const char* dn) {
+    if (!bf16_attn) return;
+    tab.add(a, an, T * HD);
+    tab.add(b, bn, T * GD);
+    tab.add(c, cn, T * GD);
+    tab.add(d, dn, T * HD);
+  };
+  // The forward's copies of q/k/v/out carry its values into the backward (attn16_): outside the
+  // overlay below.
+  add_attn16(s.q16, "q16", s.k16, "k16", s.v16, "v16", s.o16, "o16");
   if (precision == GemmPrecision::kBf16) plan_linear_buffers(geo, T, backend, s, tab);
   // The scratch overlay (scratch_overlay_default(), model_compute.h): four sets whose lifetimes
   // never overlap share one region as large as the largest. Each set is written before it is
@@ -269,14 +271,7 @@ void ModelCompute::plan_buffers(const DecoderGeometry& geo, std::int64_t T, int 
   tab.add(s.dq_pre, "dq_pre", T * HD);
   tab.add(s.dk_pre, "dk_pre", T * GD);
   tab.add(s.d_attn, "d_attn", T * HD);
-  if (bf16_attn) {
-    for (auto [buf, name, n] : {std::tuple{&s.do16, "do16", T * HD},
-                                {&s.dq16, "dq16", T * HD},
-                                {&s.dk16, "dk16", T * GD},
-                                {&s.dv16, "dv16", T * GD}}) {
-      tab.add(*buf, name, n);
-    }
-  }
+  add_attn16(s.dq16, "dq16", s.dk16, "dk16", s.dv16, "dv16", s.do16, "do16");
   // One for all layers (they run one at a time), sized for the largest T.
   if (attn_ws) {
     tab.add(s.attn_workspace, "attn_bwd_workspace",

@@ -149,10 +149,13 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
       {"gemm_precision", model::to_string(precision)},
       {"weights_dtype", bf16_compute || c.optim.master != MasterWeights::kF32 ? "bf16" : "f32"},
       {"grad_dtype", bf16_grads ? "bf16" : "f32"},
-      // `all` (kDeviceUpdateAllLayers) reported as the model's layers.
-      {"device_update_layers", c.device_update_layers == stream::kDeviceUpdateAllLayers
-                                   ? geo.layers
-                                   : c.device_update_layers},
+      // As asked: `all` (kDeviceUpdateAllLayers) as the model's layers, "auto" (a plan's own);
+      // each policy reports the tail it ran (device_update_layers_run).
+      {"device_update_layers", c.device_update_layers == stream::kDeviceUpdateAuto
+                                   ? Json("auto")
+                                   : Json(c.device_update_layers == stream::kDeviceUpdateAllLayers
+                                              ? geo.layers
+                                              : c.device_update_layers)},
       {"device_update_slots",
        c.device_update_layers != 0 ? Json(c.device_update_slots) : Json(nullptr)},
       {"head_update", c.head_update},
@@ -189,6 +192,9 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
     // given (0 included); `auto` leaves a plan its K, which its solve already chose.
     int resident_asked = c.resident_layers == kResidentNotGiven ? 0 : c.resident_layers;
     Json plan_tail = nullptr;  // the device tail layers a plan was solved with
+    // The tail this policy runs: as asked, or with auto a plan's own (named policies: none).
+    int tail_layers =
+        c.device_update_layers == stream::kDeviceUpdateAuto ? 0 : c.device_update_layers;
     if (name.rfind("plan=", 0) == 0) {
       const std::string nvme =
           (std::filesystem::temp_directory_path() / "ferry_bench_train_nvme").string();
@@ -219,9 +225,10 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
       }
       FERRY_ASSIGN_OR_RETURN(const int k, plan_tail_layers(name.substr(5)));
       plan_tail = k;
-      const int run_k = c.device_update_layers == stream::kDeviceUpdateAllLayers
+      if (c.device_update_layers == stream::kDeviceUpdateAuto) tail_layers = k;
+      const int run_k = tail_layers == stream::kDeviceUpdateAllLayers
                             ? geo.layers
-                            : std::min(c.device_update_layers, geo.layers);
+                            : std::min(tail_layers, geo.layers);
       if (std::min(k, geo.layers) != run_k) {
         log::get("bench")->warn(
             "bench train: {} was solved for --device-update-layers {}, this run uses {}: its "
@@ -244,7 +251,7 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
       sizes.resident_bytes = stream::ResidentLayers::bytes(
           *arena, resident, stream::bf16_weight_views(sizes, *be, precision));
       sizes.optimizer_tail_bytes = stream::DeviceOptimizerTail::staging_bytes(
-          *arena, c.device_update_layers, c.device_update_slots, resident);
+          *arena, tail_layers, c.device_update_slots, resident);
       FERRY_ASSIGN_OR_RETURN(
           largest_fitting,
           stream::largest_batch(geo, sizes, pol, c.prefetch + 1, c.seq, c.device_budget_bytes, *be,
@@ -268,7 +275,7 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
                                    .device_budget_bytes = c.device_budget_bytes,
                                    .optimizer_threads = c.optimizer_threads,
                                    .gemm_precision = precision,
-                                   .device_update_layers = c.device_update_layers,
+                                   .device_update_layers = tail_layers,
                                    .device_update_slots = c.device_update_slots,
                                    .resident_layers = resident_asked,
                                    .head_update = head_update,
@@ -358,6 +365,8 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
          {"plan_batch", plan_batch > 0 ? Json(plan_batch) : Json(nullptr)},
          // The device tail layers the plan was solved with (null: not a plan).
          {"plan_device_update_layers", plan_tail},
+         // The device tail this policy ran (-1: all).
+         {"device_update_layers_run", tail_layers},
          {"predicted_step_ms", predicted_step_ms > 0 ? Json(predicted_step_ms) : Json(nullptr)},
          {"step_ms_median", median(step_s) * 1e3},
          {"step_ms_mean", total_s * per * 1e3},

@@ -19,6 +19,7 @@
 #include "mem/budget.h"
 #include "train/builtin_model.h"
 #include "train/optim/optim_modes.h"
+#include "train/stream/device_optimizer_tail.h"
 
 namespace ferry::train {
 
@@ -41,9 +42,12 @@ struct TrainBenchConfig {
   // plan` JSON (stream::read_plan_policy; its predicted step is reported next to the measured).
   std::vector<std::string> policies{"device", "every:4", "host"};
   int prefetch = 2;
-  int optimizer_threads = 0;     // StreamOptions::optimizer_threads
-  int device_update_layers = 0;  // StreamOptions::device_update_layers (-1: all)
-  int device_update_slots = 2;   // StreamOptions::device_update_slots
+  int optimizer_threads = 0;  // StreamOptions::optimizer_threads
+  // StreamOptions::device_update_layers (-1: all) for every policy, or stream::kDeviceUpdateAuto:
+  // a plan=FILE policy runs its plan's tail (the problem's device_update_layers), the named
+  // policies none.
+  int device_update_layers = stream::kDeviceUpdateAuto;
+  int device_update_slots = 2;  // StreamOptions::device_update_slots
   // StreamOptions::resident_layers (-1: all, -2: auto); kResidentNotGiven: 0 for the fixed
   // policies and a plan's own K for plan=FILE (an explicit value, 0 included, overrides a plan's
   // K; auto leaves a plan its K: the plan chose it).

@@ -6,6 +6,8 @@
 #     the bytes it logs for a plan equal `ferry bench train`'s device_planned_bytes for that plan
 #     with the same tail, and differ from the run without it by exactly the staging it names
 #     (two optimizer modes: bf16-kahan + 8-bit, and fp32 master + 8-bit with bf16 gradients);
+#     without --device-update-layers (auto) ferry bench train runs a plan=FILE policy with its
+#     plan's tail (the same bytes as given explicitly) and a named policy without one;
 #  2. a plan solved with the tail at a binding GPU cap fits the executor with the tail on;
 #  3. ferry train --plan auto passes the run's tail: the plan's problem has it, its optimizer
 #     phase differs from the run without, and plan and phase equal what ferry plan predicts for
@@ -63,8 +65,27 @@ for mode in "--master bf16-kahan --optimizer-states 8bit|--device-update-layers 
     "${tail[@]}" --json "$TMP/bt$n.json" > "$TMP/bt$n.log" 2>&1 ||
     { echo "plan_tail: bench with the tail failed"; cat "$TMP/bt$n.log"; exit 1; }
   "$FERRY" "${bench[@]}" --batch-size 4 --policies "plan=$TMP/t$n.json" "${optim[@]}" \
-    --json "$TMP/bo$n.json" > "$TMP/bo$n.log" 2>&1 ||
+    --device-update-layers 0 --json "$TMP/bo$n.json" > "$TMP/bo$n.log" 2>&1 ||
     { echo "plan_tail: bench without the tail failed"; cat "$TMP/bo$n.log"; exit 1; }
+  # No --device-update-layers (auto): a plan=FILE policy runs the tail its plan was solved with.
+  "$FERRY" "${bench[@]}" --batch-size 4 --policies "plan=$TMP/t$n.json,every:4" "${optim[@]}" \
+    "${tail[@]:2}" \
+    --json "$TMP/ba$n.json" > "$TMP/ba$n.log" 2>&1 ||
+    { echo "plan_tail: bench with the plan's own tail failed"; cat "$TMP/ba$n.log"; exit 1; }
+  python3 - "$TMP/ba$n.json" "$TMP/bt$n.json" "$TMP/t$n.json" <<'PY'
+import json, sys
+auto, given, plan = (json.load(open(p)) for p in sys.argv[1:4])
+k = plan["problem"]["device_update_layers"]
+assert auto["device_update_layers"] == "auto", auto["device_update_layers"]
+a, named = auto["policies"]
+assert "error" not in a and "error" not in named, auto["policies"]
+assert a["device_update_layers_run"] == k and a["plan_device_update_layers"] == k, a
+assert named["device_update_layers_run"] == 0, named
+assert a["device_planned_bytes"] == given["policies"][0]["device_planned_bytes"], (a, given)
+PY
+  if grep -q "solved for --device-update-layers" "$TMP/ba$n.log"; then
+    echo "plan_tail: the plan's own tail is flagged as another"; cat "$TMP/ba$n.log"; exit 1
+  fi
   got=$(planned_bytes "$TMP/bt$n.json"); off=$(planned_bytes "$TMP/bo$n.json")
   [ "$with" -eq "$got" ] ||
     { echo "plan_tail: ${mode}: ferry plan counts $with bytes, the executor $got"; exit 1; }

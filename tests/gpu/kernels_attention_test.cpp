@@ -20,6 +20,7 @@
 #include <optional>
 #include <string>
 
+#include "scoped_env.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace ferry::testing {
@@ -31,32 +32,6 @@ constexpr DType kF64 = DType::kF64;
 constexpr DType kF32 = DType::kF32;
 
 float rb(float x) { return bf16_to_f32(f32_to_bf16(x)); }
-
-// Sets (or with nullptr unsets) an environment variable for the scope; restores the old value.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name); old != nullptr) old_ = old;
-    if (value != nullptr) {
-      setenv(name, value, 1);
-    } else {
-      unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 // The kernel variants (attention_fwd.cu / attention_bwd.cu), selected through the environment.
 struct Variant {

@@ -82,6 +82,10 @@ namespace ferry::train::stream {
 // --device-update-layers all: every layer may go to the device; where the device and the CPU
 // worker meet decides the split.
 inline constexpr int kDeviceUpdateAllLayers = -1;
+// --device-update-layers auto: a plan's tail (ferry train --plan FILE, ferry bench train's
+// plan=FILE policies) or the planner's choice (ferry plan, ferry train --plan auto); the
+// executor itself never sees it.
+inline constexpr int kDeviceUpdateAuto = -2;
 inline constexpr int kMaxDeviceUpdateSlots = 8;
 
 // Cumulative since the executor was created.

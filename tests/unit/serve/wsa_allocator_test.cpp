@@ -14,6 +14,7 @@
 
 #include "serve/wsa/convex_curve.h"
 #include "serve/wsa/split_allocator.h"
+#include "unit/serve/wsa_random_problem.h"
 
 namespace ferry::serve::wsa {
 namespace {
@@ -34,21 +35,7 @@ std::vector<double> random_curve(std::mt19937& rng, int n, bool convex) {
 
 SplitProblem random_problem(std::mt19937& rng, int L, int E, int kv_max, bool convex,
                             bool equal_quanta) {
-  SplitProblem p;
-  p.expert_bytes = 1000;
-  p.kv_block_bytes = equal_quanta ? 1000 : 1 + rng() % 700;
-  p.min_slots = 1 + static_cast<int>(rng() % 2);
-  for (int l = 0; l < L; ++l) p.expert_misses.push_back(random_curve(rng, E, convex));
-  p.kv_short = random_curve(rng, kv_max, convex);
-  p.kv_floor_blocks = static_cast<int>(rng() % (kv_max / 2 + 1));
-  p.miss_cost_s = 1e-3;
-  p.kv_block_cost_s = 1e-3 * (0.2 + std::uniform_real_distribution<double>(0, 2)(rng));
-  const std::size_t min_bytes = std::size_t(L * p.min_slots) * p.expert_bytes +
-                                std::size_t(p.kv_floor_blocks) * p.kv_block_bytes;
-  const std::size_t max_bytes =
-      std::size_t(L * E) * p.expert_bytes + std::size_t(kv_max) * p.kv_block_bytes;
-  p.budget_bytes = min_bytes + rng() % (max_bytes - min_bytes + 1);
-  return p;
+  return testing::random_problem(rng, L, E, kv_max, convex, equal_quanta, random_curve);
 }
 
 double price(const SplitProblem& p, const std::vector<int>& caps, int kv) {
