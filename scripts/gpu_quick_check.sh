@@ -4,7 +4,7 @@
 # A short check for code compiled but not yet run on a GPU: builds gpu_test and
 # cuda_kernels_bench (Release, sm_90), runs the gpu tests of TEST_FILTER (and the attention tests
 # again with FERRY_ATTN_FWD_MT=1), benches AttnFwdBwd with the default forward and with each
-# FERRY_ATTN_FWD_LAZY value of LAZY (default "1 64") against torch SDPA on the same shapes
+# FERRY_ATTN_FWD_LAZY value of LAZY (default "0 1": the eager forward, lazy with 32-key tiles) against torch SDPA on the same shapes
 # (tools/bench/torch_baselines.py, compare.py: cmp_*.txt), then the gpu tests of LATE_FILTER.
 # BENCH=0 skips the benches (tests only).
 # PLAN_CAPS="24 40" also builds ferry and runs `ferry plan --compare` (solved plan and fixed
@@ -25,7 +25,7 @@ R=${OUT:-/tmp/ferry_quick}/r
 mkdir -p "$R"
 TEST_FILTER=${TEST_FILTER:-'KernelsAttention.*:*ModelGpu*'}
 LATE_FILTER=${LATE_FILTER:-}
-LAZY=${LAZY:-"1 64"}
+LAZY=${LAZY:-"0 1"}
 t0=$(date +%s)
 stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
 nvidia-smi --query-gpu=name,memory.total --format=csv >"$R/gpu.txt"

@@ -24,7 +24,7 @@ using namespace attn;
 // registers: 64 at D = 128 with 2 m-tiles, which with O's 128 pushed that variant to 255 registers
 // and spills); otherwise they are re-read from the (resident) Q tile in shared memory, one
 // ldmatrix.x4 per m-tile and k-chunk, and V's B fragments come two n-tiles per ldmatrix.x4.trans.
-// kLazy (FERRY_ATTN_FWD_LAZY=1; not yet the default: measured on no GPU so far): the online
+// kLazy (the default; FERRY_ATTN_FWD_LAZY=0 turns it off, launch_attention_fwd): the online
 // softmax keeps a row's running max m until a tile's max exceeds it by more than
 // kLazyRescaleLog2 (in the log2 domain), so P = 2^(s - m) <= 2^8 in bf16 (same relative
 // rounding) and O, l are rescaled only when some row of the warp moves its max — a warp-uniform
@@ -385,17 +385,16 @@ cudaError_t launch_attention_fwd(void* out, float* lse, const void* q, const voi
                                  cudaStream_t stream) {
   if (sh.t == 0) return cudaSuccess;
   const FwdVariant var = fwd_variant();
-  // FERRY_ATTN_FWD_LAZY=1: the conditional rescale (attention_fwd_kernel's kLazy) on any
-  // variant; =64: also 64-key tiles for the default D = 128 variant (32 rows per warp, Q from
-  // shared memory), which the lazy rescale's lower register count lets fit.
+  // The conditional rescale (attention_fwd_kernel's kLazy) is the default since session 27, with
+  // 64-key tiles for the D = 128 variant of 32 rows per warp (Q from shared memory), which the
+  // lazy rescale's lower register count lets fit: on the H200 the forward of S 2048 x B 4, 16/2
+  // heads took 0.326 ms against 0.502 ms before (docs/cuda.md). FERRY_ATTN_FWD_LAZY=0: the eager
+  // rescale with 32-key tiles (the previous default); =1: lazy with 32-key tiles.
   const char* lazy = std::getenv("FERRY_ATTN_FWD_LAZY");
-  if (lazy != nullptr && std::string_view(lazy) == "64") {
-    return launch_fwd<true, true>(var, out, lse, q, k, v, cu_seqlens, sh, stream);
-  }
-  if (lazy != nullptr && lazy[0] == '1') {
-    return launch_fwd<true>(var, out, lse, q, k, v, cu_seqlens, sh, stream);
-  }
-  return launch_fwd<false>(var, out, lse, q, k, v, cu_seqlens, sh, stream);
+  const std::string_view mode = lazy != nullptr ? std::string_view(lazy) : std::string_view("64");
+  if (mode == "0") return launch_fwd<false>(var, out, lse, q, k, v, cu_seqlens, sh, stream);
+  if (mode == "1") return launch_fwd<true>(var, out, lse, q, k, v, cu_seqlens, sh, stream);
+  return launch_fwd<true, true>(var, out, lse, q, k, v, cu_seqlens, sh, stream);
 }
 
 }  // namespace ferry::kernels::cuda
