@@ -189,7 +189,6 @@ void ModelCompute::plan_buffers(const DecoderGeometry& geo, std::int64_t T, int 
   const bool whole = work_layers == geo.layers;
   const bool device = backend.device() != Device::kCpu;
   const bool bf16_attn = !backend.supports(kernels::OpKind::kAttention, DType::kF32);
-  const bool overlay = scratch_overlay_default();
   const std::int64_t C = geo.hidden, HD = std::int64_t(geo.heads) * geo.head_dim,
                      GD = std::int64_t(geo.kv_heads) * geo.head_dim, F = geo.mlp_width,
                      Fe = geo.expert_width, E = geo.experts, K = geo.top_k;
@@ -264,7 +263,7 @@ void ModelCompute::plan_buffers(const DecoderGeometry& geo, std::int64_t T, int 
   // What crosses those calls stays outside: dx, dx_mid, dh, tmp_c, the layer activations, the
   // forward's bf16 q/k/v/out, the GEMM operand buffers x16 / dy16 / w16 (a layer's backward may
   // reuse its forward's rounded act from x16).
-  if (overlay) tab.begin_overlay("backward_overlay");
+  tab.begin_overlay("backward_overlay", scratch_overlay_default());
   tab.add(s.dq, "dq", T * HD);
   tab.add(s.dk, "dk", T * GD);
   tab.add(s.dv, "dv", T * GD);
@@ -277,11 +276,11 @@ void ModelCompute::plan_buffers(const DecoderGeometry& geo, std::int64_t T, int 
     tab.add(s.attn_workspace, "attn_bwd_workspace",
             static_cast<std::int64_t>(attn_bwd_workspace_bytes(geo, T, backend)));
   }
-  if (overlay) tab.next_alternative();
+  tab.next_alternative();
   tab.add(s.d_act, "d_act", T * F);
   tab.add(s.d_gate, "d_gate", T * F);
   tab.add(s.d_up, "d_up", T * F);
-  if (overlay) tab.next_alternative();
+  tab.next_alternative();
   if (E > 0) {
     tab.add(s.d_eout, "d_eout", T * K * C);
     tab.add(s.d_gathered, "d_gathered", T * K * C);
@@ -291,11 +290,11 @@ void ModelCompute::plan_buffers(const DecoderGeometry& geo, std::int64_t T, int 
     tab.add(s.d_weights, "d_weights", T * K);
     tab.add(s.d_router_logits, "d_router_logits", T * E);
   }
-  if (overlay) tab.next_alternative();
+  tab.next_alternative();
   if (precision == GemmPrecision::kBf16) plan_head_operands(geo, T, backend, s, tab);
   tab.add(s.ce_workspace, "ce_workspace",
           static_cast<std::int64_t>(ce_workspace_bytes(geo, T, backend)));
-  if (overlay) tab.end_overlay();
+  tab.end_overlay();
 }
 
 Result<std::unique_ptr<ModelCompute>> ModelCompute::create(

@@ -55,8 +55,9 @@ using Bf16Buf = DevBuf<std::uint16_t>;
 // Overlays: buffers whose lifetimes never overlap may share bytes. Between begin_overlay(name)
 // and end_overlay(), every next_alternative() starts a new set laid out again from the region's
 // start (each buffer 256-byte aligned within it), and the region, one arena slot, is as large as
-// the largest set. The caller guarantees that no buffer of one set is read after a buffer of
-// another set was written (model_compute.cpp says why that holds for its sets).
+// the largest set. begin_overlay(name, false) makes the three calls no-ops: every buffer then gets
+// its own slot (the layout's twin). The caller guarantees that no buffer of one set is read after a
+// buffer of another set was written (model_compute.cpp says why that holds for its sets).
 class BufferTable {
  public:
   template <typename T>
@@ -77,8 +78,9 @@ class BufferTable {
     }
     entries_.push_back({plan_.add(name, bytes), 0, std::move(bind)});
   }
-  void begin_overlay(std::string name) {
+  void begin_overlay(std::string name, bool enabled = true) {
     FERRY_CHECK(!in_overlay_, "model: overlay {} opened inside overlay {}", name, overlay_name_);
+    if (!enabled) return;
     in_overlay_ = true;
     overlay_name_ = std::move(name);
     overlay_.clear();
@@ -86,7 +88,7 @@ class BufferTable {
   }
   void next_alternative() { set_bytes_ = 0; }
   void end_overlay() {
-    FERRY_CHECK(in_overlay_, "model: end_overlay without begin_overlay");
+    if (!in_overlay_) return;  // begin_overlay(name, false)
     in_overlay_ = false;
     if (overlay_bytes_ == 0) return;  // every set empty: no slot
     const mem::SlotId slot = plan_.add(overlay_name_, overlay_bytes_);

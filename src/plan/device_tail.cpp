@@ -99,10 +99,11 @@ Result<DeviceTailSearch> search_device_tail(const PlanProblem& p, const Planner&
   }
   FERRY_CHECK(best.has_value(), "plan: tail search without a plan");
   // A K below the best's that only larger K dominate is at least as slow as the best; it ties if
-  // the best plan priced with its gate costs the same (same memory: both K > 0).
+  // the best plan priced with its gate costs the same (same memory: both K > 0; with best K = 0
+  // the loop does not start).
   const int best_k = best->device_update_layers;
   for (int a = 1; a < n && gates[a].k < best_k; ++a) {
-    if (by_smaller[a] || !by_larger[a] || best_k == 0) continue;
+    if (by_smaller[a] || !by_larger[a]) continue;
     const PlanProblem q = at_device_tail(p, gates[a].k);
     FERRY_ASSIGN_OR_RETURN(Prediction pr, evaluate(q, *best));
     if (pr.objective_ms > best_obj + kTieMs) continue;

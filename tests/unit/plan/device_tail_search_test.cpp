@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <random>
 
@@ -185,19 +186,26 @@ TEST(DeviceTailSearch, SlowDeviceAndNoBindingOptimizerGiveZero) {
   }
 }
 
-// The CPU optimizer 20 ms per layer against 2 ms forwards: the forward waits for it (K = 0), and
-// a device at 3 ms per layer takes the bottom layers off the CPU: the search picks a tail, with
-// less wait and a shorter step than K = 0.
-TEST(DeviceTailSearch, BindingOptimizerPicksATail) {
-  std::mt19937_64 rng(5);
-  PlanProblem p = testing::random_problem(rng, 5, false, 1.0);
+// A random L-layer problem whose forward waits for the CPU optimizer: 2 ms forwards, 20 ms of
+// update per layer (cpu_optimizer_ms = 20 L), and a device at 3 ms per layer.
+PlanProblem binding_optimizer_problem(std::uint64_t seed, int L) {
+  std::mt19937_64 rng(seed);
+  PlanProblem p = testing::random_problem(rng, L, false, 1.0);
   for (LayerCost& c : p.layers) {
     c.fwd_ms = 2.0;
     c.optimizer_ms = 20.0;
   }
-  p.gpu_cap_gb = 1e3;
-  p.cpu_optimizer_ms = 100.0;
+  p.cpu_optimizer_ms = 20.0 * L;
   p.device_update_ms_per_layer = 3.0;
+  return p;
+}
+
+// The CPU optimizer 20 ms per layer against 2 ms forwards: the forward waits for it (K = 0), and
+// a device at 3 ms per layer takes the bottom layers off the CPU: the search picks a tail, with
+// less wait and a shorter step than K = 0.
+TEST(DeviceTailSearch, BindingOptimizerPicksATail) {
+  PlanProblem p = binding_optimizer_problem(5, 5);
+  p.gpu_cap_gb = 1e3;
   p.device_update_staging_gb = 0.1;
   auto zero = solve_milp(at_device_tail(p, 0));
   ASSERT_TRUE(zero.ok());
@@ -220,14 +228,7 @@ TEST(DeviceTailSearch, BindingOptimizerPicksATail) {
 // The staging does not fit beside the smallest plan: K = 0, not a failure (while solving at any
 // K > 0 alone is refused).
 TEST(DeviceTailSearch, StagingThatDoesNotFitGivesZero) {
-  std::mt19937_64 rng(9);
-  PlanProblem p = testing::random_problem(rng, 4, false, 1.0);
-  for (LayerCost& c : p.layers) {
-    c.fwd_ms = 2.0;
-    c.optimizer_ms = 20.0;
-  }
-  p.cpu_optimizer_ms = 80.0;
-  p.device_update_ms_per_layer = 3.0;
+  PlanProblem p = binding_optimizer_problem(9, 4);
   p.device_update_staging_gb = p.gpu_cap_gb;  // never fits beside gpu_fixed_gb
   auto alone = solve_milp(at_device_tail(p, 2));
   ASSERT_FALSE(alone.ok());
