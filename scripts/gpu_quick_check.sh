@@ -11,6 +11,9 @@
 # policies, largest batch each) for PLAN_GEOMS (default "qwen2.5-3b qwen2.5-7b") at those GPU caps
 # (GB), with ModelCompute's scratch overlay (default) and without (FERRY_SCRATCH_OVERLAY=0):
 # plan_<geom>_overlay{1,0}.json + .txt.
+# FLAKE=1: the atomic-dQ flake: KernelsAttention.ForwardBackwardWithinTwiceNaiveBf16 with
+# FERRY_ATTN_FWD_MT=1 FLAKE_REPEAT times (10), then under compute-sanitizer racecheck and initcheck
+# (attention kernels only): flake_*.log.
 # RESET_PATHS: paths restored to HEAD in this copy first (someone else's unfinished work in the
 # working tree that the device's copy must not build).
 set -uo pipefail
@@ -75,6 +78,22 @@ if [ -n "${PLAN_CAPS:-}" ]; then
     done
   done
   stamp "plans"
+fi
+if [ "${FLAKE:-0}" = 1 ]; then
+  # The atomic-dQ flake (docs/cuda.md): its rate over repeats, then racecheck / initcheck on the
+  # attention backward kernels only (the rest of the test runs unchecked).
+  t=KernelsAttention.ForwardBackwardWithinTwiceNaiveBf16
+  FERRY_ATTN_FWD_MT=1 timeout "${FLAKE_TIMEOUT:-150}" "$B/tests/gpu_test" --gtest_filter=$t \
+    --gtest_repeat="${FLAKE_REPEAT:-10}" >"$R/flake_repeat.log" 2>&1 || status=1
+  echo "flake repeat: $(grep -c '^\[       OK' "$R/flake_repeat.log") ok, $(grep -c '^\[  FAILED  \] Kernels' "$R/flake_repeat.log") failed"
+  CS=compute-sanitizer
+  command -v $CS >/dev/null || CS=/usr/local/cuda/bin/compute-sanitizer
+  for tool in racecheck initcheck; do
+    FERRY_ATTN_FWD_MT=1 timeout "${SAN_TIMEOUT:-150}" $CS --tool $tool --kernel-name regex:attention \
+      --error-exitcode 9 "$B/tests/gpu_test" --gtest_filter=$t >"$R/flake_$tool.log" 2>&1
+    echo "$tool exit $?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$R/flake_$tool.log" | tail -2 | tr '\n' ' ')"
+  done
+  stamp "flake"
 fi
 if [ -n "$LATE_FILTER" ]; then
   timeout "${LATE_TIMEOUT:-120}" "$B/tests/gpu_test" --gtest_filter="$LATE_FILTER" >"$R/test_late.log" 2>&1 || status=1
