@@ -14,6 +14,8 @@
 # FLAKE=1: the atomic-dQ flake: KernelsAttention.ForwardBackwardWithinTwiceNaiveBf16 with
 # FERRY_ATTN_FWD_MT=1 FLAKE_REPEAT times (10), then under compute-sanitizer racecheck and initcheck
 # (attention kernels only): flake_*.log.
+# NCU=1: Nsight Compute on the attention kernels of one AttnFwdBwd row (ncu.txt, ncu_details.csv,
+# ncu.ncu-rep); NCU_ROW picks the row.
 # RESET_PATHS: paths restored to HEAD in this copy first (someone else's unfinished work in the
 # working tree that the device's copy must not build).
 set -uo pipefail
@@ -94,6 +96,28 @@ if [ "${FLAKE:-0}" = 1 ]; then
     echo "$tool exit $?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$R/flake_$tool.log" | tail -2 | tr '\n' ' ')"
   done
   stamp "flake"
+fi
+if [ "${NCU:-0}" = 1 ]; then
+  # Nsight Compute on the attention kernels of one fwd + bwd row (NCU_ROW, default 2048 x 4, 16/2,
+  # D 128, with the workspace): the first launch of each kernel after a warm-up, the sections
+  # that say what bounds it (tensor pipe, shared-memory wavefronts, warp stalls, occupancy).
+  NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute*/ncu 2>/dev/null | head -1)
+  if [ -z "$NCU_BIN" ]; then
+    echo "ncu: not found" | tee "$R/ncu.txt"
+  else
+    row=${NCU_ROW:-'BM_AttnFwdBwd/2048/4/16/2/128/0'}
+    timeout "${NCU_TIMEOUT:-200}" "$NCU_BIN" --kernel-name regex:attention --launch-skip 8 \
+      --launch-count "${NCU_COUNT:-8}" --section SpeedOfLight --section ComputeWorkloadAnalysis \
+      --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+      --section SchedulerStats --section LaunchStats --metrics \
+      sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,smsp__inst_executed_pipe_tensor.sum \
+      -o "$R/ncu" -f "$B/bench/cuda_kernels_bench" --benchmark_filter="^$row/" \
+      --benchmark_min_time=0.05 >"$R/ncu_run.log" 2>&1
+    "$NCU_BIN" --import "$R/ncu.ncu-rep" --page details --csv >"$R/ncu_details.csv" 2>>"$R/ncu_run.log"
+    "$NCU_BIN" --import "$R/ncu.ncu-rep" --page details >"$R/ncu.txt" 2>>"$R/ncu_run.log"
+    grep -E "attention_|Duration|Compute \(SM\) Throughput|Memory Throughput|Tensor|Shared|Stall|Registers|Achieved Occupancy" "$R/ncu.txt" | head -80
+  fi
+  stamp "ncu"
 fi
 if [ -n "$LATE_FILTER" ]; then
   timeout "${LATE_TIMEOUT:-120}" "$B/tests/gpu_test" --gtest_filter="$LATE_FILTER" >"$R/test_late.log" 2>&1 || status=1
