@@ -81,22 +81,6 @@ if [ -n "${PLAN_CAPS:-}" ]; then
   done
   stamp "plans"
 fi
-if [ "${FLAKE:-0}" = 1 ]; then
-  # The atomic-dQ flake (docs/cuda.md): its rate over repeats, then racecheck / initcheck on the
-  # attention backward kernels only (the rest of the test runs unchecked).
-  t=KernelsAttention.ForwardBackwardWithinTwiceNaiveBf16
-  FERRY_ATTN_FWD_MT=1 timeout "${FLAKE_TIMEOUT:-150}" "$B/tests/gpu_test" --gtest_filter=$t \
-    --gtest_repeat="${FLAKE_REPEAT:-10}" >"$R/flake_repeat.log" 2>&1 || status=1
-  echo "flake repeat: $(grep -c '^\[       OK' "$R/flake_repeat.log") ok, $(grep -c '^\[  FAILED  \] Kernels' "$R/flake_repeat.log") failed"
-  CS=compute-sanitizer
-  command -v $CS >/dev/null || CS=/usr/local/cuda/bin/compute-sanitizer
-  for tool in racecheck initcheck; do
-    FERRY_ATTN_FWD_MT=1 timeout "${SAN_TIMEOUT:-150}" $CS --tool $tool --kernel-name regex:attention \
-      --error-exitcode 9 "$B/tests/gpu_test" --gtest_filter=$t >"$R/flake_$tool.log" 2>&1
-    echo "$tool exit $?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$R/flake_$tool.log" | tail -2 | tr '\n' ' ')"
-  done
-  stamp "flake"
-fi
 if [ "${NCU:-0}" = 1 ]; then
   # Nsight Compute on the attention kernels of one fwd + bwd row (NCU_ROW, default 2048 x 4, 16/2,
   # D 128, with the workspace): the first launch of each kernel after a warm-up, the sections
@@ -118,6 +102,22 @@ if [ "${NCU:-0}" = 1 ]; then
     grep -E "attention_|Duration|Compute \(SM\) Throughput|Memory Throughput|Tensor|Shared|Stall|Registers|Achieved Occupancy" "$R/ncu.txt" | head -80
   fi
   stamp "ncu"
+fi
+if [ "${FLAKE:-0}" = 1 ]; then
+  # The atomic-dQ flake (docs/cuda.md): its rate over repeats, then racecheck / initcheck on the
+  # attention backward kernels only (the rest of the test runs unchecked).
+  t=KernelsAttention.ForwardBackwardWithinTwiceNaiveBf16
+  FERRY_ATTN_FWD_MT=1 timeout "${FLAKE_TIMEOUT:-150}" "$B/tests/gpu_test" --gtest_filter=$t \
+    --gtest_repeat="${FLAKE_REPEAT:-10}" >"$R/flake_repeat.log" 2>&1 || status=1
+  echo "flake repeat: $(grep -c '^\[       OK' "$R/flake_repeat.log") ok, $(grep -c '^\[  FAILED  \] Kernels' "$R/flake_repeat.log") failed"
+  CS=compute-sanitizer
+  command -v $CS >/dev/null || CS=/usr/local/cuda/bin/compute-sanitizer
+  for tool in racecheck initcheck; do
+    FERRY_ATTN_FWD_MT=1 timeout "${SAN_TIMEOUT:-150}" $CS --tool $tool --kernel-name regex:attention \
+      --error-exitcode 9 "$B/tests/gpu_test" --gtest_filter=$t >"$R/flake_$tool.log" 2>&1
+    echo "$tool exit $?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$R/flake_$tool.log" | tail -2 | tr '\n' ' ')"
+  done
+  stamp "flake"
 fi
 if [ -n "$LATE_FILTER" ]; then
   timeout "${LATE_TIMEOUT:-120}" "$B/tests/gpu_test" --gtest_filter="$LATE_FILTER" >"$R/test_late.log" 2>&1 || status=1
