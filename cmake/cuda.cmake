@@ -8,8 +8,9 @@ if(NOT FERRY_CUDA STREQUAL "OFF")
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-      # RTX 30xx, RTX 40xx, H100/H200 + PTX for newer parts. Never "native" in CI.
-      set(CMAKE_CUDA_ARCHITECTURES 86-real 89-real 90-real 90-virtual)
+      # RTX 30xx, RTX 40xx, H100/H200 (sm_90a: its warpgroup MMAs) + PTX for newer parts.
+      # Never "native" in CI.
+      set(CMAKE_CUDA_ARCHITECTURES 86-real 89-real 90a-real 90-virtual)
     endif()
     # CMake 3.25 does not know nvcc 13's C++20 flag; tell it (harmless on newer CMake).
     set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")

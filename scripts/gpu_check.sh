@@ -28,7 +28,7 @@ status=0
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DFERRY_BUILD_TESTS=ON -DFERRY_BUILD_BENCH=ON -DFERRY_BUILD_ROUTE=OFF
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DFERRY_BUILD_TESTS=ON -DFERRY_BUILD_BENCH=ON -DFERRY_BUILD_ROUTE=OFF
 } >"$OUT/build.log" 2>&1 || {
   echo "CONFIGURE FAILED"
   tail -30 "$OUT/build.log"

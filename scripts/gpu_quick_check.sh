@@ -6,7 +6,7 @@
 # again with FERRY_ATTN_FWD_MT=1), benches AttnFwdBwd with the default forward and with each
 # FERRY_ATTN_FWD_LAZY value of LAZY (default "0 1": the eager forward, lazy with 32-key tiles) against torch SDPA on the same shapes
 # (tools/bench/torch_baselines.py, compare.py: cmp_*.txt), then the gpu tests of LATE_FILTER.
-# BENCH=0 skips the benches (tests only).
+# BENCH=0 skips the benches (tests only). BENCH_ENVS="VAR=VALUE ..." benches again under each.
 # PLAN_CAPS="24 40" also builds ferry and runs `ferry plan --compare` (solved plan and fixed
 # policies, largest batch each) for PLAN_GEOMS (default "qwen2.5-3b qwen2.5-7b") at those GPU caps
 # (GB), with ModelCompute's scratch overlay (default) and without (FERRY_SCRATCH_OVERLAY=0):
@@ -35,7 +35,7 @@ t0=$(date +%s)
 stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
 nvidia-smi --query-gpu=name,memory.total --format=csv >"$R/gpu.txt"
 git status --short >"$R/gitstatus.txt"
-cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
   -DFERRY_BUILD_TESTS=ON -DFERRY_BUILD_BENCH=ON -DFERRY_BUILD_ROUTE=OFF >"$R/build.log" 2>&1
 TARGETS="gpu_test cuda_kernels_bench"
 [ -n "${PLAN_CAPS:-}" ] && TARGETS="$TARGETS ferry"
@@ -57,6 +57,13 @@ $PY -c "import torch" 2>/dev/null || PY=/opt/torch/.venv/bin/python3
 [ "${BENCH:-1}" = 0 ] && LAZY=""
 [ "${BENCH:-1}" != 0 ] && timeout 70 "$B/bench/cuda_kernels_bench" --benchmark_filter='AttnFwdBwd' \
   --benchmark_out="$R/ferry_bench.json" --benchmark_out_format=json >"$R/bench.log" 2>&1
+# BENCH_ENVS="VAR=VALUE ...": the AttnFwdBwd bench again under each assignment (ferry_bench_VAR_VALUE.json).
+for ev in ${BENCH_ENVS:-}; do
+  [ "${BENCH:-1}" = 0 ] && break
+  env "$ev" timeout 70 "$B/bench/cuda_kernels_bench" --benchmark_filter='AttnFwdBwd' \
+    --benchmark_out="$R/ferry_bench_$(echo "$ev" | tr '=' '_').json" --benchmark_out_format=json \
+    >>"$R/bench.log" 2>&1
+done
 for l in $LAZY; do
   FERRY_ATTN_FWD_LAZY=$l timeout 70 "$B/bench/cuda_kernels_bench" --benchmark_filter='AttnFwdBwd' \
     --benchmark_out="$R/ferry_bench_lazy$l.json" --benchmark_out_format=json >>"$R/bench.log" 2>&1

@@ -92,7 +92,7 @@ if has build; then
     # bench / bench48* alone need only the ferry binary.
     has test || has wsa || targets="ferry"
     cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_CUDA=ON \
-      -DCMAKE_CUDA_ARCHITECTURES=90 -DFERRY_BUILD_TESTS=ON -DFERRY_BUILD_BENCH=$bench \
+      -DCMAKE_CUDA_ARCHITECTURES=90a -DFERRY_BUILD_TESTS=ON -DFERRY_BUILD_BENCH=$bench \
       -DFERRY_BUILD_ROUTE=OFF
     # Every target before any timing: a compile beside the bench would disturb it.
     # shellcheck disable=SC2086

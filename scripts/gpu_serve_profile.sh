@@ -19,7 +19,7 @@ source scripts/device_env.sh
 B=${FERRY_GPU_BUILD:-build/gpu-serve}
 {
   cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DFERRY_BUILD_TESTS=OFF -DFERRY_BUILD_BENCH=OFF \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DFERRY_BUILD_TESTS=OFF -DFERRY_BUILD_BENCH=OFF \
     -DFERRY_BUILD_ROUTE=OFF
   cmake --build "$B" -j16 --target ferry
 } >"$OUT/build.log" 2>&1 || {

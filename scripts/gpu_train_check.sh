@@ -20,7 +20,7 @@ status=0
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DFERRY_BUILD_TESTS=ON -DFERRY_BUILD_BENCH=OFF \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DFERRY_BUILD_TESTS=ON -DFERRY_BUILD_BENCH=OFF \
     -DFERRY_BUILD_ROUTE=OFF
   cmake --build "$B" -j16 --target gpu_test ferry
 } >"$OUT/build.log" 2>&1 || {

@@ -19,7 +19,7 @@ NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/
 [ -n "$NCU" ] || { echo "ncu not found"; exit 1; }
 {
   cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DFERRY_BUILD_TESTS=ON -DFERRY_BUILD_BENCH=OFF \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DFERRY_BUILD_TESTS=ON -DFERRY_BUILD_BENCH=OFF \
     -DFERRY_BUILD_ROUTE=OFF
   cmake --build "$B" -j16 --target ferry
 } >"$OUT/build.log" 2>&1 || {

@@ -6,12 +6,13 @@
 // the 64-row tiles, head dims 16, 32 (tiny models), 64 and 128. Determinism: bitwise repeatable,
 // and a sequence's outputs do not depend on which other sequences are packed with it. D = 96 is
 // unimplemented. Every kernel variant runs (the launchers read FERRY_ATTN_FWD_MT,
-// FERRY_ATTN_FWD_QREGS, FERRY_ATTN_FWD_LAZY, FERRY_ATTN_BWD_KEYS and FERRY_ATTN_BWD_DQ at each
-// launch; kVariants below). Long sequences (S up to 4096, GQA 16/2 and 28/4) are checked on sampled
-// rows against f64 row computations (LongSequencesSampledRows), since the full reference is O(S^2)
-// per head on the CPU. The atomic-dQ backward (FERRY_ATTN_BWD_DQ=atomic, D = 64 / 128, with a
-// workspace) is not bitwise repeatable in dQ: its dQ is held to the tolerance rule instead, and its
-// dK / dV must have the deterministic path's bits (AtomicDqMatchesDeterministicPath).
+// FERRY_ATTN_FWD_QREGS, FERRY_ATTN_FWD_LAZY, FERRY_ATTN_BWD_KEYS, FERRY_ATTN_BWD_DQ and
+// FERRY_ATTN_BWD_WGMMA at each launch; kVariants below). Long sequences (S up to 4096, GQA 16/2 and
+// 28/4) are checked on sampled rows against f64 row computations (LongSequencesSampledRows), since
+// the full reference is O(S^2) per head on the CPU. The atomic-dQ backward
+// (FERRY_ATTN_BWD_DQ=atomic, D = 64 / 128, with a workspace) is not bitwise repeatable in dQ: its
+// dQ is held to the tolerance rule instead, and its dK / dV must have the deterministic path's bits
+// (AtomicDqMatchesDeterministicPath).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -20,6 +21,7 @@
 #include <optional>
 #include <string>
 
+#include "kernels/cuda/launchers.h"
 #include "scoped_env.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -36,11 +38,12 @@ float rb(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 // The kernel variants (attention_fwd.cu / attention_bwd.cu), selected through the environment.
 struct Variant {
   const char* name;
-  const char* fwd_mt;              // FERRY_ATTN_FWD_MT
-  const char* fwd_qregs;           // FERRY_ATTN_FWD_QREGS
-  const char* bwd_keys;            // FERRY_ATTN_BWD_KEYS
-  const char* bwd_dq;              // FERRY_ATTN_BWD_DQ
-  const char* fwd_lazy = nullptr;  // FERRY_ATTN_FWD_LAZY: conditional rescale ("64": 64-key tiles)
+  const char* fwd_mt;               // FERRY_ATTN_FWD_MT
+  const char* fwd_qregs;            // FERRY_ATTN_FWD_QREGS
+  const char* bwd_keys;             // FERRY_ATTN_BWD_KEYS
+  const char* bwd_dq;               // FERRY_ATTN_BWD_DQ
+  const char* fwd_lazy = nullptr;   // FERRY_ATTN_FWD_LAZY: conditional rescale ("64": 64-key tiles)
+  const char* bwd_wgmma = nullptr;  // FERRY_ATTN_BWD_WGMMA: dK/dV with sm_90a warpgroup MMAs
 };
 constexpr Variant kVariants[] = {
     {"default (fwd lazy rescale, Q from smem, 64-key tiles at D=128; dK/dV 16 keys/warp)", nullptr,
@@ -54,6 +57,9 @@ constexpr Variant kVariants[] = {
     {"fwd lazy rescale, 32-key tiles", nullptr, nullptr, nullptr, nullptr, "1"},
     {"fwd lazy rescale, Q in registers", nullptr, "1", nullptr, nullptr, "1"},
     {"fwd eager rescale, 16 rows/warp", "1", nullptr, nullptr, nullptr, "0"},
+    // Runs the mma.sync dK/dV kernel where the build or the device lacks sm_90a
+    // (ForwardBackwardWithinTwiceNaiveBf16 prints which).
+    {"dK/dV with sm_90a warpgroup MMAs", nullptr, nullptr, nullptr, nullptr, nullptr, "1"},
 };
 struct ScopedVariant {
   explicit ScopedVariant(const Variant& v)
@@ -61,8 +67,9 @@ struct ScopedVariant {
         qregs("FERRY_ATTN_FWD_QREGS", v.fwd_qregs),
         keys("FERRY_ATTN_BWD_KEYS", v.bwd_keys),
         dq("FERRY_ATTN_BWD_DQ", v.bwd_dq),
-        lazy("FERRY_ATTN_FWD_LAZY", v.fwd_lazy) {}
-  ScopedEnv mt, qregs, keys, dq, lazy;
+        lazy("FERRY_ATTN_FWD_LAZY", v.fwd_lazy),
+        wgmma("FERRY_ATTN_BWD_WGMMA", v.bwd_wgmma) {}
+  ScopedEnv mt, qregs, keys, dq, lazy, wgmma;
 };
 
 // Whether the variant's backward runs the atomic-dQ kernel at head dim d given enough workspace
@@ -237,6 +244,10 @@ std::string case_name(const Case& c, std::int64_t t) {
 class KernelsAttention : public CudaTest {};
 
 TEST_F(KernelsAttention, ForwardBackwardWithinTwiceNaiveBf16) {
+  std::printf("wgmma dK/dV variant: %s\n",
+              kernels::cuda::attention_bwd_wgmma_available()
+                  ? "runs the warpgroup-MMA kernel"
+                  : "no sm_90a build or device: runs the mma.sync kernel");
   const Case cases[] = {{{1}, 1, 1, 64, true},        {{17, 64, 130}, 4, 2, 64, true},
                         {{200}, 2, 1, 128, false},    {{5, 129, 77}, 4, 4, 128, true},
                         {{256}, 8, 2, 128, true},     {{300, 70}, 16, 2, 128, true},
@@ -596,7 +607,8 @@ TEST_F(KernelsAttention, LongSequencesSampledRows) {
     DeviceTensor out0(std::vector<std::int64_t>{t, h, d}, kBf),
         lse0(std::vector<std::int64_t>{h, t}, kF32);
     for (const Variant& var : kVariants) {
-      if (var.bwd_dq != nullptr) continue;  // a backward switch: the default forward again
+      // A backward switch: the default forward again.
+      if (var.bwd_dq != nullptr || var.bwd_wgmma != nullptr) continue;
       const ScopedVariant env(var);
       const bool first = &var == &kVariants[0];
       DeviceTensor o(std::vector<std::int64_t>{t, h, d}, kBf),

@@ -45,11 +45,16 @@
 // warp emulator in tests/unit/kernels/warp_fragment_emulation_test.cpp, which pins the replayed
 // expressions to this file's and attention_common.cuh's text: edit both together.
 //
-// Each kernel computes its products with mma.sync m16n8k16 and reuses C fragments as A fragments
+// Warpgroup MMAs (opt-in, FERRY_ATTN_BWD_WGMMA=1, D = 64 / 128, sm_90a builds on a compute
+// capability 9.0 device; the deterministic path only): kernels 2 and 3 are replaced by
+// attention_bwd_wgmma.cu's, same grids, slices, partials and outputs (its file comment).
+//
+// Each kernel here computes its products with mma.sync m16n8k16 and reuses C fragments as A fragments
 // (attention_common.cuh). Tested in tests/gpu/kernels_attention_test.cpp.
 #include <cstdlib>
 #include <string_view>
 
+#include "kernels/cuda/attention_bwd_common.cuh"
 #include "kernels/cuda/attention_common.cuh"
 
 namespace ferry::kernels::cuda {
@@ -63,17 +68,6 @@ __device__ __forceinline__ float* dsum_slot(bf16* d_q, std::int64_t tok, std::in
                                             std::int64_t heads, int d) {
   return reinterpret_cast<float*>(d_q + (tok * heads + h) * d);
 }
-
-// Where rowsum(dO * O) of (token, head) lives: base + tok * tok_stride + head * head_stride (f32).
-// Deterministic path: d_q's own row (dsum_slot: tok_stride H D / 2, head_stride D / 2); atomic
-// dQ: the workspace as [H, T] (tok_stride 1, head_stride T).
-struct DsumRef {
-  float* base;
-  std::int64_t tok_stride, head_stride;
-  __device__ __forceinline__ float* at(std::int64_t tok, std::int64_t h) const {
-    return base + tok * tok_stride + h * head_stride;
-  }
-};
 
 // One warp per (token, head) row: dsum, and with dq_acc (atomic dQ) the row's f32 accumulator
 // zeroed for the dK/dV/dQ kernel that follows on the stream.
@@ -278,9 +272,7 @@ __global__ void __launch_bounds__(kThreads)
     // at or after the warp's last key) skip its per-element test. Warp-uniform; same values.
     const std::int64_t key_lo = k0 + warp * 16;
     // One rounding for both paths (explicit FMA: the compiler cannot contract them apart).
-    auto prob = [scale_log2](float s, float lse) {
-      return fast_exp2(fmaf(s, scale_log2, -(lse * kLog2e)));
-    };
+    auto prob = [scale_log2](float s, float lse) { return bwd_prob(s, scale_log2, lse); };
     const bool unmasked = q0 + BQ <= len && key_lo + 16 <= len && (!sh.causal || q0 >= key_lo + 15);
     if (unmasked) {
 #pragma unroll
@@ -783,7 +775,7 @@ template <int D, int BQ, int BN, int BQ2>
 cudaError_t launch_bwd_d(void* d_q, void* d_k, void* d_v, const void* d_out, const void* q,
                          const void* k, const void* v, const void* out, const float* lse,
                          const std::int32_t* cu, AttnShape sh, float* workspace,
-                         std::int64_t workspace_floats, bool keys32, bool dq_atomic,
+                         std::int64_t workspace_floats, bool keys32, bool dq_atomic, bool wgmma,
                          cudaStream_t stream) {
   constexpr int kStr = D + 8;
   const float scale_log2 = sh.scale * kLog2e;
@@ -848,8 +840,18 @@ cudaError_t launch_bwd_d(void* d_q, void* d_k, void* d_v, const void* d_out, con
       return cudaGetLastError();
     }
   }
+  bool dkdv_done = false;
+  if constexpr (D == 64 || D == 128) {
+    if (wgmma && bwd_wgmma_available()) {
+      err = launch_bwd_dkdv_wgmma(D, static_cast<bf16*>(d_k), static_cast<bf16*>(d_v), partial,
+                                  slices, dsum, dout, qq, kk, vv, lse, cu, sh, scale_log2, grid_kv,
+                                  stream);
+      if (err != cudaSuccess) return err;
+      dkdv_done = true;
+    }
+  }
   if constexpr (BQ2 > 0) {
-    if (keys32) {
+    if (keys32 && !dkdv_done) {
       const int smem_kv2 = (2 * kBK + 4 * BQ2) * kStr * static_cast<int>(sizeof(bf16)) +
                            4 * BQ2 * static_cast<int>(sizeof(float)) +
                            2 * kBK * (BQ2 + 8) * static_cast<int>(sizeof(bf16));
@@ -861,7 +863,7 @@ cudaError_t launch_bwd_d(void* d_q, void* d_k, void* d_v, const void* d_out, con
           lse, cu, sh, scale_log2);
     }
   }
-  if (BQ2 == 0 || !keys32) {
+  if ((BQ2 == 0 || !keys32) && !dkdv_done) {
     err = cudaFuncSetAttribute(attention_bwd_dkdv_kernel<D, BQ, false>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem_kv);
     if (err != cudaSuccess) return err;
@@ -875,13 +877,20 @@ cudaError_t launch_bwd_d(void* d_q, void* d_k, void* d_v, const void* d_out, con
         static_cast<bf16*>(d_k), static_cast<bf16*>(d_v), partial, slices, n, sh.scale);
   }
 
+  const dim3 grid_q(grid_blocks(sh.t, sh.s, kBK), static_cast<unsigned>(sh.h));
+  if constexpr (D == 64 || D == 128) {
+    if (dkdv_done) {  // the warpgroup-MMA path: its dQ kernel too
+      err = launch_bwd_dq_wgmma(D, dq, dsum, dout, qq, kk, vv, lse, cu, sh, scale_log2, grid_q,
+                                stream);
+      return err != cudaSuccess ? err : cudaGetLastError();
+    }
+  }
   const int smem_q = (2 * kBK + 4 * BN) * kStr * static_cast<int>(sizeof(bf16));
   err = cudaFuncSetAttribute(attention_bwd_dq_kernel<D, BN>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem_q);
   if (err != cudaSuccess) return err;
   attention_bwd_dq_kernel<D, BN>
-      <<<dim3(grid_blocks(sh.t, sh.s, kBK), static_cast<unsigned>(sh.h)), kThreads, smem_q,
-         stream>>>(dq, dout, qq, kk, vv, lse, cu, sh, scale_log2);
+      <<<grid_q, kThreads, smem_q, stream>>>(dq, dout, qq, kk, vv, lse, cu, sh, scale_log2);
   return cudaGetLastError();
 }
 
@@ -905,6 +914,15 @@ bool bwd_dq_atomic() {
   return e != nullptr && std::string_view(e) == "atomic";
 }
 
+// FERRY_ATTN_BWD_WGMMA=1: the dK/dV kernel with sm_90a warpgroup MMAs (attention_bwd_wgmma.cu)
+// on the deterministic path at D = 64 / 128 where the build and the device have sm_90a; ignored
+// elsewhere and on the atomic-dQ path (whose dQ step reads the mma.sync kernel's padded tiles).
+// Read at every call like the variables above.
+bool bwd_dkdv_wgmma() {
+  const char* e = std::getenv("FERRY_ATTN_BWD_WGMMA");
+  return e != nullptr && e[0] == '1' && e[1] == '\0';
+}
+
 }  // namespace
 
 std::int64_t attention_bwd_workspace_floats(std::int64_t t, std::int64_t h, std::int64_t g,
@@ -924,19 +942,24 @@ cudaError_t launch_attention_bwd(void* d_q, void* d_k, void* d_v, const void* d_
   if (sh.t == 0) return cudaSuccess;
   const bool keys32 = bwd_keys_per_warp() == 32;
   const bool atomic = bwd_dq_atomic();
+  const bool wgmma = bwd_dkdv_wgmma();
   switch (sh.d) {
     case 16:
       return launch_bwd_d<16, 64, 64, 0>(d_q, d_k, d_v, d_out, q, k, v, out, lse, cu_seqlens, sh,
-                                         workspace, workspace_floats, keys32, atomic, stream);
+                                         workspace, workspace_floats, keys32, atomic, wgmma,
+                                         stream);
     case 32:
       return launch_bwd_d<32, 64, 64, 0>(d_q, d_k, d_v, d_out, q, k, v, out, lse, cu_seqlens, sh,
-                                         workspace, workspace_floats, keys32, atomic, stream);
+                                         workspace, workspace_floats, keys32, atomic, wgmma,
+                                         stream);
     case 64:
       return launch_bwd_d<64, 64, 64, 64>(d_q, d_k, d_v, d_out, q, k, v, out, lse, cu_seqlens, sh,
-                                          workspace, workspace_floats, keys32, atomic, stream);
+                                          workspace, workspace_floats, keys32, atomic, wgmma,
+                                          stream);
     case 128:
       return launch_bwd_d<128, 32, 32, 32>(d_q, d_k, d_v, d_out, q, k, v, out, lse, cu_seqlens, sh,
-                                           workspace, workspace_floats, keys32, atomic, stream);
+                                           workspace, workspace_floats, keys32, atomic, wgmma,
+                                           stream);
     default:
       return cudaErrorInvalidValue;
   }

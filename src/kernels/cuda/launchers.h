@@ -181,6 +181,9 @@ cudaError_t launch_attention_bwd(void* d_q, void* d_k, void* d_v, const void* d_
                                  const void* k, const void* v, const void* out, const float* lse,
                                  const std::int32_t* cu_seqlens, AttnShape sh, float* workspace,
                                  std::int64_t workspace_floats, cudaStream_t stream);
+// Whether FERRY_ATTN_BWD_WGMMA=1 runs the warpgroup-MMA dK/dV kernel here (an sm_90a build on a
+// compute capability 9.0 device); elsewhere the variable is ignored.
+bool attention_bwd_wgmma_available();
 // g: kv heads (no partials when g == h).
 std::int64_t attention_bwd_workspace_floats(std::int64_t t, std::int64_t h, std::int64_t g,
                                             std::int64_t d);
