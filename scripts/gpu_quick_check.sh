@@ -6,7 +6,7 @@
 # again with FERRY_ATTN_FWD_MT=1), benches AttnFwdBwd with the default forward and with each
 # FERRY_ATTN_FWD_LAZY value of LAZY (default "0 1": the eager forward, lazy with 32-key tiles) against torch SDPA on the same shapes
 # (tools/bench/torch_baselines.py, compare.py: cmp_*.txt), then the gpu tests of LATE_FILTER.
-# BENCH=0 skips the benches (tests only). BENCH_ENVS="VAR=VALUE ..." benches again under each.
+# BENCH=0 skips the benches (tests only). BENCH_ENVS="A=1,B=0 C=1": benches again under each set.
 # PLAN_CAPS="24 40" also builds ferry and runs `ferry plan --compare` (solved plan and fixed
 # policies, largest batch each) for PLAN_GEOMS (default "qwen2.5-3b qwen2.5-7b") at those GPU caps
 # (GB), with ModelCompute's scratch overlay (default) and without (FERRY_SCRATCH_OVERLAY=0):
@@ -57,11 +57,12 @@ $PY -c "import torch" 2>/dev/null || PY=/opt/torch/.venv/bin/python3
 [ "${BENCH:-1}" = 0 ] && LAZY=""
 [ "${BENCH:-1}" != 0 ] && timeout 70 "$B/bench/cuda_kernels_bench" --benchmark_filter='AttnFwdBwd' \
   --benchmark_out="$R/ferry_bench.json" --benchmark_out_format=json >"$R/bench.log" 2>&1
-# BENCH_ENVS="VAR=VALUE ...": the AttnFwdBwd bench again under each assignment (ferry_bench_VAR_VALUE.json).
+# BENCH_ENVS="VAR=VALUE[,VAR=VALUE] ...": the AttnFwdBwd bench again under each (comma-joined)
+# set of assignments (ferry_bench_VAR_VALUE[-VAR_VALUE].json).
 for ev in ${BENCH_ENVS:-}; do
   [ "${BENCH:-1}" = 0 ] && break
-  env "$ev" timeout 70 "$B/bench/cuda_kernels_bench" --benchmark_filter='AttnFwdBwd' \
-    --benchmark_out="$R/ferry_bench_$(echo "$ev" | tr '=' '_').json" --benchmark_out_format=json \
+  env $(echo "$ev" | tr ',' ' ') timeout 70 "$B/bench/cuda_kernels_bench" --benchmark_filter='AttnFwdBwd' \
+    --benchmark_out="$R/ferry_bench_$(echo "$ev" | tr '=,' '_-').json" --benchmark_out_format=json \
     >>"$R/bench.log" 2>&1
 done
 for l in $LAZY; do

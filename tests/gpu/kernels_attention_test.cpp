@@ -6,13 +6,14 @@
 // the 64-row tiles, head dims 16, 32 (tiny models), 64 and 128. Determinism: bitwise repeatable,
 // and a sequence's outputs do not depend on which other sequences are packed with it. D = 96 is
 // unimplemented. Every kernel variant runs (the launchers read FERRY_ATTN_FWD_MT,
-// FERRY_ATTN_FWD_QREGS, FERRY_ATTN_FWD_LAZY, FERRY_ATTN_BWD_KEYS, FERRY_ATTN_BWD_DQ and
-// FERRY_ATTN_BWD_WGMMA at each launch; kVariants below). Long sequences (S up to 4096, GQA 16/2 and
-// 28/4) are checked on sampled rows against f64 row computations (LongSequencesSampledRows), since
-// the full reference is O(S^2) per head on the CPU. The atomic-dQ backward
-// (FERRY_ATTN_BWD_DQ=atomic, D = 64 / 128, with a workspace) is not bitwise repeatable in dQ: its
-// dQ is held to the tolerance rule instead, and its dK / dV must have the deterministic path's bits
-// (AtomicDqMatchesDeterministicPath).
+// FERRY_ATTN_FWD_QREGS, FERRY_ATTN_FWD_LAZY, FERRY_ATTN_FWD_WGMMA, FERRY_ATTN_BWD_KEYS,
+// FERRY_ATTN_BWD_DQ and FERRY_ATTN_BWD_WGMMA at each launch; kVariants below; on sm_90a the
+// default forward and backward are the warpgroup-MMA kernels). Long sequences (S up to 4096, GQA
+// 16/2 and 28/4) are checked on sampled rows against f64 row computations
+// (LongSequencesSampledRows), since the full reference is O(S^2) per head on the CPU. The atomic-dQ
+// backward (FERRY_ATTN_BWD_DQ=atomic, D = 64 / 128, with a workspace) is not bitwise repeatable in
+// dQ: its dQ is held to the tolerance rule instead, and its dK / dV must have the deterministic
+// path's bits (AtomicDqMatchesDeterministicPath).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -43,23 +44,30 @@ struct Variant {
   const char* bwd_keys;             // FERRY_ATTN_BWD_KEYS
   const char* bwd_dq;               // FERRY_ATTN_BWD_DQ
   const char* fwd_lazy = nullptr;   // FERRY_ATTN_FWD_LAZY: conditional rescale ("64": 64-key tiles)
-  const char* bwd_wgmma = nullptr;  // FERRY_ATTN_BWD_WGMMA: dK/dV with sm_90a warpgroup MMAs
+  const char* bwd_wgmma = nullptr;  // FERRY_ATTN_BWD_WGMMA ("0": the mma.sync backward kernels)
+  const char* fwd_wgmma = nullptr;  // FERRY_ATTN_FWD_WGMMA ("0": the mma.sync forward)
 };
 constexpr Variant kVariants[] = {
-    {"default (fwd lazy rescale, Q from smem, 64-key tiles at D=128; dK/dV 16 keys/warp)", nullptr,
-     nullptr, nullptr, nullptr},
+    {"default (sm_90a: warpgroup-MMA fwd and bwd; else fwd lazy rescale, Q from smem, 64-key "
+     "tiles at D=128, dK/dV 16 keys/warp)",
+     nullptr, nullptr, nullptr, nullptr},
     {"fwd eager rescale, 32-key tiles (the default before session 27)", nullptr, nullptr, nullptr,
      nullptr, "0"},
-    {"fwd eager, Q in registers, dK/dV 16 keys/warp", nullptr, "1", "16", nullptr, "0"},
-    {"fwd 16 rows/warp, dK/dV 32 keys/warp", "1", nullptr, "32", nullptr},
+    {"fwd eager, Q in registers, dK/dV 16 keys/warp (mma.sync)", nullptr, "1", "16", nullptr, "0",
+     "0"},
+    {"fwd 16 rows/warp, dK/dV 32 keys/warp (mma.sync)", "1", nullptr, "32", nullptr, nullptr, "0"},
     {"atomic dQ (fused dK/dV/dQ kernel when it has a workspace)", nullptr, nullptr, nullptr,
      "atomic"},
     {"fwd lazy rescale, 32-key tiles", nullptr, nullptr, nullptr, nullptr, "1"},
     {"fwd lazy rescale, Q in registers", nullptr, "1", nullptr, nullptr, "1"},
     {"fwd eager rescale, 16 rows/warp", "1", nullptr, nullptr, nullptr, "0"},
-    // Runs the mma.sync dK/dV kernel where the build or the device lacks sm_90a
-    // (ForwardBackwardWithinTwiceNaiveBf16 prints which).
-    {"dK/dV with sm_90a warpgroup MMAs", nullptr, nullptr, nullptr, nullptr, nullptr, "1"},
+    // The backward's mma.sync kernels where the default is the warpgroup-MMA one (sm_90a;
+    // ForwardBackwardWithinTwiceNaiveBf16 prints which runs by default here).
+    {"dK/dV and dQ mma.sync (FERRY_ATTN_BWD_WGMMA=0)", nullptr, nullptr, nullptr, nullptr, nullptr,
+     "0"},
+    // The mma.sync forward that is the default where the warpgroup-MMA one cannot run.
+    {"fwd mma.sync lazy, 64-key tiles (FERRY_ATTN_FWD_WGMMA=0)", nullptr, nullptr, nullptr, nullptr,
+     nullptr, nullptr, "0"},
 };
 struct ScopedVariant {
   explicit ScopedVariant(const Variant& v)
@@ -68,8 +76,9 @@ struct ScopedVariant {
         keys("FERRY_ATTN_BWD_KEYS", v.bwd_keys),
         dq("FERRY_ATTN_BWD_DQ", v.bwd_dq),
         lazy("FERRY_ATTN_FWD_LAZY", v.fwd_lazy),
-        wgmma("FERRY_ATTN_BWD_WGMMA", v.bwd_wgmma) {}
-  ScopedEnv mt, qregs, keys, dq, lazy, wgmma;
+        wgmma("FERRY_ATTN_BWD_WGMMA", v.bwd_wgmma),
+        fwd_wgmma("FERRY_ATTN_FWD_WGMMA", v.fwd_wgmma) {}
+  ScopedEnv mt, qregs, keys, dq, lazy, wgmma, fwd_wgmma;
 };
 
 // Whether the variant's backward runs the atomic-dQ kernel at head dim d given enough workspace
@@ -244,10 +253,9 @@ std::string case_name(const Case& c, std::int64_t t) {
 class KernelsAttention : public CudaTest {};
 
 TEST_F(KernelsAttention, ForwardBackwardWithinTwiceNaiveBf16) {
-  std::printf("wgmma dK/dV variant: %s\n",
-              kernels::cuda::attention_bwd_wgmma_available()
-                  ? "runs the warpgroup-MMA kernel"
-                  : "no sm_90a build or device: runs the mma.sync kernel");
+  std::printf("attention by default: %s\n", kernels::cuda::attention_wgmma_available()
+                                                ? "warpgroup-MMA kernels at D 64 / 128 (sm_90a)"
+                                                : "mma.sync kernels (no sm_90a build or device)");
   const Case cases[] = {{{1}, 1, 1, 64, true},        {{17, 64, 130}, 4, 2, 64, true},
                         {{200}, 2, 1, 128, false},    {{5, 129, 77}, 4, 4, 128, true},
                         {{256}, 8, 2, 128, true},     {{300, 70}, 16, 2, 128, true},
@@ -296,7 +304,7 @@ TEST_F(KernelsAttention, ForwardBackwardWithinTwiceNaiveBf16) {
       // order: the same bits.
       if (!out_first) {
         out_first = out_got;
-      } else if (var.fwd_mt == nullptr && var.fwd_lazy == nullptr) {
+      } else if (var.fwd_mt == nullptr && var.fwd_lazy == nullptr && var.fwd_wgmma == nullptr) {
         // The default forward (only the backward differs): the same bits.
         EXPECT_TRUE(same_bits(*out_first, out_got)) << "forward differs from the default " << what;
       }
@@ -420,6 +428,7 @@ TEST_F(KernelsAttention, AtomicDqMatchesDeterministicPath) {
     auto run = [&](const char* mode) {
       const ScopedEnv env("FERRY_ATTN_BWD_DQ", mode);
       const ScopedEnv keys("FERRY_ATTN_BWD_KEYS", nullptr);  // the 16-key kernel on both paths
+      const ScopedEnv wgmma("FERRY_ATTN_BWD_WGMMA", "0");    // (mma.sync, like the atomic one)
       FERRY_CHECK_OK(cuda().attention_backward(ba, stream()));
       sync();
       return std::array<HostTensor, 3>{gq.download(), gk.download(), gv.download()};
@@ -607,8 +616,10 @@ TEST_F(KernelsAttention, LongSequencesSampledRows) {
     DeviceTensor out0(std::vector<std::int64_t>{t, h, d}, kBf),
         lse0(std::vector<std::int64_t>{h, t}, kF32);
     for (const Variant& var : kVariants) {
-      // A backward switch: the default forward again.
-      if (var.bwd_dq != nullptr || var.bwd_wgmma != nullptr) continue;
+      // A backward switch only: the default forward again.
+      const bool default_fwd = var.fwd_mt == nullptr && var.fwd_qregs == nullptr &&
+                               var.fwd_lazy == nullptr && var.fwd_wgmma == nullptr;
+      if (default_fwd && &var != &kVariants[0]) continue;
       const ScopedVariant env(var);
       const bool first = &var == &kVariants[0];
       DeviceTensor o(std::vector<std::int64_t>{t, h, d}, kBf),

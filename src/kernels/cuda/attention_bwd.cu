@@ -45,17 +45,18 @@
 // warp emulator in tests/unit/kernels/warp_fragment_emulation_test.cpp, which pins the replayed
 // expressions to this file's and attention_common.cuh's text: edit both together.
 //
-// Warpgroup MMAs (opt-in, FERRY_ATTN_BWD_WGMMA=1, D = 64 / 128, sm_90a builds on a compute
-// capability 9.0 device; the deterministic path only): kernels 2 and 3 are replaced by
-// attention_bwd_wgmma.cu's, same grids, slices, partials and outputs (its file comment).
+// Warpgroup MMAs (the default where it can run: D = 64 / 128, sm_90a builds on a compute
+// capability 9.0 device, the deterministic path; FERRY_ATTN_BWD_WGMMA=0 turns it off): kernels 2
+// and 3 are replaced by attention_bwd_wgmma.cu's, same grids, slices, partials and outputs.
 //
-// Each kernel here computes its products with mma.sync m16n8k16 and reuses C fragments as A fragments
-// (attention_common.cuh). Tested in tests/gpu/kernels_attention_test.cpp.
+// Each kernel here computes its products with mma.sync m16n8k16 and reuses C fragments as A
+// fragments (attention_common.cuh). Tested in tests/gpu/kernels_attention_test.cpp.
 #include <cstdlib>
 #include <string_view>
 
 #include "kernels/cuda/attention_bwd_common.cuh"
 #include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/attention_wgmma.cuh"
 
 namespace ferry::kernels::cuda {
 namespace {
@@ -842,7 +843,7 @@ cudaError_t launch_bwd_d(void* d_q, void* d_k, void* d_v, const void* d_out, con
   }
   bool dkdv_done = false;
   if constexpr (D == 64 || D == 128) {
-    if (wgmma && bwd_wgmma_available()) {
+    if (wgmma && wgmma_available()) {
       err = launch_bwd_dkdv_wgmma(D, static_cast<bf16*>(d_k), static_cast<bf16*>(d_v), partial,
                                   slices, dsum, dout, qq, kk, vv, lse, cu, sh, scale_log2, grid_kv,
                                   stream);
@@ -914,13 +915,14 @@ bool bwd_dq_atomic() {
   return e != nullptr && std::string_view(e) == "atomic";
 }
 
-// FERRY_ATTN_BWD_WGMMA=1: the dK/dV kernel with sm_90a warpgroup MMAs (attention_bwd_wgmma.cu)
-// on the deterministic path at D = 64 / 128 where the build and the device have sm_90a; ignored
-// elsewhere and on the atomic-dQ path (whose dQ step reads the mma.sync kernel's padded tiles).
-// Read at every call like the variables above.
+// The dK/dV and dQ kernels with sm_90a warpgroup MMAs (attention_bwd_wgmma.cu) on the
+// deterministic path at D = 64 / 128, wherever the build and the device have sm_90a: the default
+// there since session 28 (H100, fwd + bwd vs torch SDPA 0.65-0.83x -> 0.81-1.00x, docs/cuda.md);
+// FERRY_ATTN_BWD_WGMMA=0 runs the mma.sync kernels instead. Ignored on the atomic-dQ path (whose
+// dQ step reads the mma.sync kernel's padded tiles). Read at every call like the variables above.
 bool bwd_dkdv_wgmma() {
   const char* e = std::getenv("FERRY_ATTN_BWD_WGMMA");
-  return e != nullptr && e[0] == '1' && e[1] == '\0';
+  return !(e != nullptr && e[0] == '0' && e[1] == '\0');
 }
 
 }  // namespace

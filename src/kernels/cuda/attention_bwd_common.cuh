@@ -26,11 +26,6 @@ __device__ __forceinline__ float bwd_prob(float s, float scale_log2, float lse) 
   return fast_exp2(fmaf(s, scale_log2, -(lse * kLog2e)));
 }
 
-// Whether this build and the current device run the wgmma dK/dV kernel: built with sm_90a
-// (FERRY_CUDA_SM90A) and a compute capability 9.0 device; false otherwise (the caller then runs
-// the mma.sync kernel).
-bool bwd_wgmma_available();
-
 // dK/dV for D = 64 / 128 with warpgroup MMAs (attention_bwd_wgmma.cu): the grid, slices, partials
 // and bf16 outputs of attention_bwd_dkdv_kernel<D, BQ, false> (grid_kv x 128 threads), 64 query
 // rows per work item. Deterministic (fixed order, no atomics).

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The attention backward's dK/dV kernel with sm_90a warpgroup MMAs (opt-in: FERRY_ATTN_BWD_WGMMA=1,
-// D = 64 / 128, sm_90a builds on a compute capability 9.0 device; attention_bwd.cu launches it in
-// place of attention_bwd_dkdv_kernel on the deterministic path).
+// The attention backward's dK/dV and dQ kernels with sm_90a warpgroup MMAs (D = 64 / 128, sm_90a
+// builds on a compute capability 9.0 device: the default there; FERRY_ATTN_BWD_WGMMA=0 turns them
+// off; attention_bwd.cu launches them in place of attention_bwd_dkdv_kernel and
+// attention_bwd_dq_kernel on the deterministic path).
 //
 // Why: the mma.sync kernel reads ~320 bytes of shared memory per tensor-core MMA (its K / V
 // A fragments per item, its Q / dO B fragments twice, through ldmatrix into registers) and is
@@ -25,29 +26,13 @@
 #include <cstdint>
 
 #include "kernels/cuda/attention_bwd_common.cuh"
-#include "kernels/cuda/wgmma.cuh"
+#include "kernels/cuda/attention_wgmma.cuh"
 
 namespace ferry::kernels::cuda::attn {
 namespace {
 
 constexpr int kKeys = 64;   // keys per CTA (one warpgroup, 16 per warp)
 constexpr int kTileQ = 64;  // queries per work item
-
-// rows x D bf16 rows of one head of a packed [T, heads, D] tensor (sequence at s0, length len,
-// rows r0 ..) into a 128-byte-swizzled tile (wgmma.cuh), rows at or past len zero-filled.
-template <int D>
-__device__ __forceinline__ void load_rows_swz(unsigned char* dst, const bf16* src, std::int64_t s0,
-                                              std::int64_t r0, std::int64_t len, int rows,
-                                              std::int64_t heads, std::int64_t head) {
-  constexpr int kVecPerRow = D / 8;
-  for (int i = threadIdx.x; i < rows * kVecPerRow; i += blockDim.x) {
-    const int r = i / kVecPerRow, c = (i % kVecPerRow) * 8;
-    const std::int64_t rr = r0 + r;
-    const bool ok = rr < len;
-    cp_async16(dst + wgmma::swz128_offset(r, c, rows),
-               ok ? src + ((s0 + rr) * heads + head) * D + c : src, ok);
-  }
-}
 
 template <int D>
 struct Smem {
@@ -71,8 +56,7 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int BQ = kTileQ;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // Swizzle atoms need 1024-byte alignment of every tile (all tile sizes are multiples of 1024).
-  const auto raw = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem_raw));
-  unsigned char* const base = smem_raw + ((1024u - (raw & 1023u)) & 1023u);
+  unsigned char* const base = align1024(smem_raw);
   unsigned char* const ks = base;
   unsigned char* const vs = ks + S::kKvBytes;
   unsigned char* const qbuf = vs + S::kKvBytes;  // buffer b at qbuf + b * kQBytes
@@ -243,7 +227,7 @@ __global__ void __launch_bounds__(kThreads)
 #else
   (void)d_k, (void)d_v, (void)partial, (void)slices, (void)dsum, (void)d_out, (void)q, (void)k,
       (void)v, (void)lse, (void)cu, (void)sh, (void)scale_log2;
-  __trap();  // never launched: bwd_wgmma_available() is false without sm_90a
+  __trap();  // never launched: wgmma_available() is false without sm_90a
 #endif
 }
 
@@ -273,8 +257,7 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int BM = 64, BN = 64;
   constexpr int kTile = DqSmem<D>::kTileBytes;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const auto raw = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem_raw));
-  unsigned char* const base = smem_raw + ((1024u - (raw & 1023u)) & 1023u);
+  unsigned char* const base = align1024(smem_raw);
   unsigned char* const qs = base;
   unsigned char* const dos = qs + kTile;
   unsigned char* const kbuf = dos + kTile;  // buffer b at kbuf + b * kTile
@@ -386,7 +369,7 @@ __global__ void __launch_bounds__(kThreads)
 #else
   (void)d_q, (void)dsum, (void)d_out, (void)q, (void)k, (void)v, (void)lse, (void)cu, (void)sh,
       (void)scale_log2;
-  __trap();  // never launched: bwd_wgmma_available() is false without sm_90a
+  __trap();  // never launched: wgmma_available() is false without sm_90a
 #endif
 }
 
@@ -419,7 +402,7 @@ cudaError_t launch_d(bf16* d_k, bf16* d_v, float* partial, int slices, DsumRef d
 
 }  // namespace
 
-bool bwd_wgmma_available() {
+bool wgmma_available() {
 #if defined(FERRY_CUDA_SM90A)
   // Per device: 0 not yet asked, 1 no, 2 yes (compute capability 9.0 exactly: the only devices
   // that run sm_90a code). A race only repeats the query.
@@ -474,5 +457,5 @@ cudaError_t launch_bwd_dq_wgmma(int d, bf16* d_q, DsumRef dsum, const bf16* d_ou
 }  // namespace ferry::kernels::cuda::attn
 
 namespace ferry::kernels::cuda {
-bool attention_bwd_wgmma_available() { return attn::bwd_wgmma_available(); }
+bool attention_wgmma_available() { return attn::wgmma_available(); }
 }  // namespace ferry::kernels::cuda

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/attention_wgmma.cuh"
 
 namespace ferry::kernels::cuda {
 namespace {
@@ -341,6 +342,16 @@ FwdVariant fwd_variant() {
   return FwdVariant::kRows32;
 }
 
+// Whether the warpgroup-MMA forward may run: not turned off (FERRY_ATTN_FWD_WGMMA=0) and none of
+// the mma.sync variants' switches set (so each of them stays reachable and tested).
+bool fwd_wgmma_requested() {
+  const char* w = std::getenv("FERRY_ATTN_FWD_WGMMA");
+  if (w != nullptr && std::string_view(w) == "0") return false;
+  return std::getenv("FERRY_ATTN_FWD_MT") == nullptr &&
+         std::getenv("FERRY_ATTN_FWD_QREGS") == nullptr &&
+         std::getenv("FERRY_ATTN_FWD_LAZY") == nullptr;
+}
+
 // The variant's D dispatch, with or without the lazy rescale.
 template <bool kLazy, bool kWide = false>
 cudaError_t launch_fwd(FwdVariant var, void* out, float* lse, const void* q, const void* k,
@@ -384,6 +395,10 @@ cudaError_t launch_attention_fwd(void* out, float* lse, const void* q, const voi
                                  const std::int32_t* cu_seqlens, AttnShape sh,
                                  cudaStream_t stream) {
   if (sh.t == 0) return cudaSuccess;
+  // The warpgroup-MMA forward (attention_fwd_wgmma.cu): the default at D = 64 / 128 where it can
+  // run, unless FERRY_ATTN_FWD_WGMMA=0 or another variant below is asked for by name.
+  if ((sh.d == 64 || sh.d == 128) && fwd_wgmma_requested() && wgmma_available())
+    return launch_fwd_wgmma(out, lse, q, k, v, cu_seqlens, sh, stream);
   const FwdVariant var = fwd_variant();
   // The conditional rescale (attention_fwd_kernel's kLazy) is the default since session 27, with
   // 64-key tiles for the D = 128 variant of 32 rows per warp (Q from shared memory), which the

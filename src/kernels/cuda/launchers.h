@@ -181,9 +181,10 @@ cudaError_t launch_attention_bwd(void* d_q, void* d_k, void* d_v, const void* d_
                                  const void* k, const void* v, const void* out, const float* lse,
                                  const std::int32_t* cu_seqlens, AttnShape sh, float* workspace,
                                  std::int64_t workspace_floats, cudaStream_t stream);
-// Whether FERRY_ATTN_BWD_WGMMA=1 runs the warpgroup-MMA dK/dV kernel here (an sm_90a build on a
-// compute capability 9.0 device); elsewhere the variable is ignored.
-bool attention_bwd_wgmma_available();
+// Whether attention runs its warpgroup-MMA kernels here by default (an sm_90a build on a compute
+// capability 9.0 device; FERRY_ATTN_FWD_WGMMA=0 / FERRY_ATTN_BWD_WGMMA=0 turn them off);
+// elsewhere the mma.sync ones.
+bool attention_wgmma_available();
 // g: kv heads (no partials when g == h).
 std::int64_t attention_bwd_workspace_floats(std::int64_t t, std::int64_t h, std::int64_t g,
                                             std::int64_t d);
