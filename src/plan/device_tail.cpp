@@ -17,15 +17,19 @@ constexpr double kTieMs = 1e-9;  // as the resident search
 
 // a's gate is <= b's in every U_j and in the phase (exact: a pruned K is never better).
 bool gate_leq(const TailGate& a, const TailGate& b) {
-  if (a.phase_ms > b.phase_ms) return false;
+  if (a.phase_ms > b.phase_ms || a.serial_ms > b.serial_ms) return false;
   for (std::size_t j = 0; j < a.ready_ms.size(); ++j) {
     if (a.ready_ms[j] > b.ready_ms[j]) return false;
+  }
+  for (std::size_t t = 0; t < a.h2d_gb.size(); ++t) {
+    if (a.h2d_gb[t] > b.h2d_gb[t]) return false;
   }
   return true;
 }
 
 bool gate_eq(const TailGate& a, const TailGate& b) {
-  return a.phase_ms == b.phase_ms && a.ready_ms == b.ready_ms;
+  return a.phase_ms == b.phase_ms && a.ready_ms == b.ready_ms && a.h2d_gb == b.h2d_gb &&
+         a.serial_ms == b.serial_ms;
 }
 
 bool misfit(const Status& s) {
@@ -45,7 +49,11 @@ std::vector<TailGate> distinct_tail_gates(const PlanProblem& p) {
   std::vector<TailGate> gates;
   for (int k = 0; k <= k_max; ++k) {
     const PlanProblem q = at_device_tail(p, k);
-    TailGate g{.k = k, .ready_ms = optimizer_ready_ms(q), .phase_ms = optimizer_phase_ms(q)};
+    TailGate g{.k = k,
+               .ready_ms = optimizer_ready_ms(q),
+               .phase_ms = optimizer_phase_ms(q),
+               .h2d_gb = device_tail_h2d_gb(q),
+               .serial_ms = device_tail_serial_ms(q)};
     // K = 0 stays apart (no staging); a K > 0 with a smaller K > 0's gate adds nothing.
     const bool seen = k > 0 && std::any_of(gates.begin(), gates.end(), [&](const TailGate& h) {
                         return h.k > 0 && gate_eq(h, g);

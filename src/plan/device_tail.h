@@ -5,13 +5,17 @@
 // penalty, as the resident search; ties: the smaller K, since device updates cost GPU memory and
 // H2D traffic).
 //
-// Why not one solve per K, and why not one solve in all. K enters the problem in two places only:
-// the optimizer gate (optimizer_ready_ms U_j, optimizer_phase_ms) and the staging's GPU memory
-// (device_tail_gpu_gb: the same bytes for every K > 0, none at K = 0). For a fixed plan the
-// objective max(gpu + wait(U), phase) + ... is non-decreasing in every U_j and in the phase (wait
-// is a maximum of U_k minus plan terms), so so is each K's optimum. Hence if K' has U and phase <=
-// K's pointwise ("K' dominates K") and K' needs no more memory (K' = 0, or both > 0), K' is at
-// least as good: K needs no solve. That is cheap (a simulation per K) but does not pick K alone:
+// Why not one solve per K, and why not one solve in all. K enters the problem in four places
+// only: the optimizer gate (optimizer_ready_ms U_j, optimizer_phase_ms), the tail's H2D bytes on
+// the link in the forward windows (device_tail_h2d_gb), the serial layer-0 update
+// (device_tail_serial_ms: the same for every K > 0, none at K = 0) and the staging's GPU memory
+// (device_tail_gpu_gb: likewise). For a fixed plan the objective max(gpu + wait(U), phase) + ...
+// is non-decreasing in every U_j, in the phase, in every window's link bytes (a window's exposure
+// is a maximum of its bytes over rates minus its compute) and in the serial time, so so is each
+// K's optimum. Hence if K' has U, phase, bytes and serial time <= K's pointwise ("K' dominates
+// K") and K' needs no more memory (K' = 0, or both > 0), K' is at least as good: K needs no
+// solve. (The tail's bytes grow with K, so a larger K rarely dominates a smaller one now: with
+// the link charged, the search solves more K than the gate alone would need.) That is cheap (a simulation per K) but does not pick K alone:
 // the U of two K cross in general (the CPU's top layers are ready earlier, the device's bottom ones
 // later, and which matters depends on the plan's exposure per forward window), so the K left
 // undominated (K = 0 and the minimal gates among K > 0) are each solved. With K >= 1 the gates
@@ -37,11 +41,14 @@ namespace ferry::plan {
 // p with device_update_layers = k (clamped to [0, L]).
 PlanProblem at_device_tail(const PlanProblem& p, int k);
 
-// The optimizer gate a tail K gives: U_j and the phase.
+// What a tail K changes in the problem besides the staging: the optimizer gate (U_j and the
+// phase), the tail's H2D on the link per window and the serial layer-0 update.
 struct TailGate {
   int k = 0;
   std::vector<double> ready_ms;  // [L] optimizer_ready_ms
   double phase_ms = 0;           // optimizer_phase_ms
+  std::vector<double> h2d_gb;    // [2L+1] device_tail_h2d_gb
+  double serial_ms = 0;          // device_tail_serial_ms
 };
 // The distinct gates of K = 0 .. L - resident layers (K > 0 with the gate of a smaller K > 0 left
 // out: the same objective, and the smaller K wins the tie), K ascending.

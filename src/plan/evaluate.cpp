@@ -136,6 +136,9 @@ Result<Prediction> evaluate(const PlanProblem& p, const Plan& plan) {
     d2h[p.bwd_window(j)] += j == L - 1 ? p.head_grad_gb : drained_grad_gb(p, j + 1);
   }
   h2d[L] += W(L - 1);
+  // The device optimizer tail's H2D beside the forward's weight stream (device_tail_h2d_gb).
+  const std::vector<double> tail_h2d = device_tail_h2d_gb(p);
+  for (int t = 0; t < T; ++t) h2d[t] += tail_h2d[t];
 
   // Recompute spans: compute, weight traffic and memory inside the backward of layer end-1.
   for (const Span& s : plan.spans) {
@@ -241,7 +244,9 @@ Result<Prediction> evaluate(const PlanProblem& p, const Plan& plan) {
   r.moved_gb = moved;
   r.resident_serial_ms = resident_serial_ms(p);
   r.resident_gb = resident_gpu_gb(p);
-  r.gpu_step_ms = r.compute_ms + r.exposed_ms + p.step_fixed_ms + r.resident_serial_ms;
+  r.device_tail_serial_ms = device_tail_serial_ms(p);
+  r.gpu_step_ms = r.compute_ms + r.exposed_ms + p.step_fixed_ms + r.resident_serial_ms +
+                  r.device_tail_serial_ms;
   // The forward pipeline behind the optimizer (optimizer_ready_ms): forward window j starts once
   // window j-1 has ended (compute and its transfers) and layer j's update is done.
   const std::vector<double> ready = optimizer_ready_ms(p);

@@ -43,7 +43,8 @@ struct Transfer {
 
 // What a plan costs under a PlanProblem (filled by evaluate()).
 struct Prediction {
-  double gpu_step_ms = 0;  // compute + exposed transfers + step_fixed + resident_serial_ms
+  double gpu_step_ms = 0;  // compute + exposed transfers + step_fixed + resident_serial_ms +
+                           // device_tail_serial_ms
   // max(gpu_step_ms + optimizer_wait_ms, optimizer phase) + host_home_ms - resident_saved_ms
   double step_ms = 0;
   // Forward windows held back by the CPU optimizer: the update of the previous step runs layer by
@@ -74,6 +75,9 @@ struct Prediction {
   // memory) and the serial change of the step (their GPU updates minus layer 0's CPU share).
   double resident_gb = 0;
   double resident_serial_ms = 0;
+  // The device optimizer tail's serial change (PlanProblem device_tail_serial_ms): the device's
+  // update of layer 0 before the forward in place of layer 0's CPU share; 0 without a tail.
+  double device_tail_serial_ms = 0;
   double gpu_peak_gb = 0;
   int gpu_peak_window = 0;
   double host_peak_gb = 0;

@@ -35,6 +35,7 @@ Json prediction_to_json(const Prediction& r) {
           {"kept_internals_gb", r.kept_internals_gb},
           {"resident_gb", r.resident_gb},
           {"resident_serial_ms", r.resident_serial_ms},
+          {"device_tail_serial_ms", r.device_tail_serial_ms},
           {"gpu_peak_gb", r.gpu_peak_gb},
           {"gpu_peak_window", r.gpu_peak_window},
           {"host_peak_gb", r.host_peak_gb},
@@ -63,6 +64,7 @@ Prediction prediction_from_json(const Json& j) {
   r.kept_internals_gb = j.value("kept_internals_gb", 0.0);  // absent before the keep choice
   r.resident_gb = j.value("resident_gb", 0.0);              // absent before resident layers
   r.resident_serial_ms = j.value("resident_serial_ms", 0.0);
+  r.device_tail_serial_ms = j.value("device_tail_serial_ms", 0.0);  // absent before the term
   r.gpu_peak_gb = j.at("gpu_peak_gb").get<double>();
   r.gpu_peak_window = j.at("gpu_peak_window").get<int>();
   r.host_peak_gb = j.at("host_peak_gb").get<double>();

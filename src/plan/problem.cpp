@@ -25,7 +25,8 @@ namespace {
 // The device tail's optimizer phase from its start (t = 0): when each layer's update is done and
 // when the later side finishes.
 struct TailPhase {
-  std::vector<double> done_ms;  // [L]
+  std::vector<double> done_ms;   // [L]
+  std::vector<bool> on_device;   // [L] the layers the device claimed
   double end_ms = 0;
 };
 
@@ -34,8 +35,9 @@ TailPhase simulate_device_tail(const PlanProblem& p, bool measured, double total
   std::vector<double> cpu_ms(L);
   double layers_ms = 0;
   for (int j = 0; j < L; ++j) {
-    cpu_ms[j] =
-        measured ? p.layers[j].optimizer_ms : p.cpu_optimizer_ms * p.layers[j].weight_gb / total_w;
+    cpu_ms[j] = measured       ? p.layers[j].optimizer_ms
+                : total_w > 0 ? p.cpu_optimizer_ms * p.layers[j].weight_gb / total_w
+                              : 0.0;
     layers_ms += cpu_ms[j];
   }
   // (The globals are what the measured total has beyond every layer's time, resident or not.)
@@ -46,6 +48,7 @@ TailPhase simulate_device_tail(const PlanProblem& p, bool measured, double total
   const int k_max = std::min(p.device_update_layers, L - first) + first;
   TailPhase t;
   t.done_ms.assign(L, 0.0);
+  t.on_device.assign(L, false);
   int low = first;   // the device's next layer
   int high = L - 1;  // the CPU's next layer
   double dev_free = 0;
@@ -54,6 +57,7 @@ TailPhase simulate_device_tail(const PlanProblem& p, bool measured, double total
     // Whoever is free first claims (ties: the device); the device stops after k_max layers.
     if (low < k_max && dev_free <= cpu_free) {
       dev_free += device_update_layer_ms(p, low);
+      t.on_device[low] = true;
       t.done_ms[low++] = dev_free;
     } else {
       cpu_free += cpu_ms[high];
@@ -62,6 +66,28 @@ TailPhase simulate_device_tail(const PlanProblem& p, bool measured, double total
   }
   t.end_ms = std::max(dev_free, cpu_free);
   return t;
+}
+
+bool measured_layers(const PlanProblem& p) {
+  return std::all_of(p.layers.begin(), p.layers.end(),
+                     [](const LayerCost& c) { return c.optimizer_ms > 0; });
+}
+
+double total_weight_gb(const PlanProblem& p) {
+  double total_w = 0;
+  for (const LayerCost& c : p.layers) total_w += c.weight_gb;
+  return total_w;
+}
+
+// Layer 0's CPU update, which step_fixed_ms holds (cost_model.cpp, bench_profile.cpp): measured,
+// or its share by weight of cpu_optimizer_ms; 0 without an optimizer time.
+double layer0_cpu_ms(const PlanProblem& p) {
+  const double total_w = total_weight_gb(p);
+  if (measured_layers(p)) return p.layers[0].optimizer_ms;
+  if (p.cpu_optimizer_ms > 0 && total_w > 0) {
+    return p.cpu_optimizer_ms * p.layers[0].weight_gb / total_w;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -158,31 +184,44 @@ double resident_serial_ms(const PlanProblem& p) {
   if (K == 0) return 0;
   double gpu_ms = 0;
   for (int j = 0; j < K; ++j) gpu_ms += resident_update_layer_ms(p, j);
-  // Layer 0's CPU share, which step_fixed_ms holds (cost_model.cpp, bench_profile.cpp).
-  double total_w = 0;
-  for (const LayerCost& c : p.layers) total_w += c.weight_gb;
-  const bool measured = std::all_of(p.layers.begin(), p.layers.end(),
-                                    [](const LayerCost& c) { return c.optimizer_ms > 0; });
-  double layer0_ms = 0;
-  if (measured) {
-    layer0_ms = p.layers[0].optimizer_ms;
-  } else if (p.cpu_optimizer_ms > 0 && total_w > 0) {
-    layer0_ms = p.cpu_optimizer_ms * p.layers[0].weight_gb / total_w;
-  }
-  return gpu_ms - std::min(layer0_ms, p.step_fixed_ms);
+  // Layer 0's CPU share, which step_fixed_ms holds.
+  return gpu_ms - std::min(layer0_cpu_ms(p), p.step_fixed_ms);
+}
+
+double device_tail_layer_h2d_gb(const PlanProblem& p, int j) {
+  if (p.device_update_h2d_gb_per_layer > 0) return p.device_update_h2d_gb_per_layer;
+  // ASSUMED: the bytes the tail moves up per layer (its optimizer sections + gradients) are the
+  // layer's share by weight of the host-resident model state (host_fixed_gb, spread over the
+  // layers and the head; the embedding's share, when counted there, is smeared over them too).
+  const double total_w = p.head_weight_gb + total_weight_gb(p);
+  if (!(total_w > 0)) return 0;
+  return p.host_fixed_gb * p.layers[j].weight_gb / total_w;
 }
 
 double device_update_layer_ms(const PlanProblem& p, int j) {
   if (p.device_update_ms_per_layer > 0) return p.device_update_ms_per_layer;
-  // ASSUMED: the bytes the tail moves up per layer (its optimizer sections + gradients) are the
-  // layer's share by weight of the host-resident model state (host_fixed_gb, spread over the
-  // layers and the head; the embedding's share, when counted there, is smeared over them too), at
-  // the H2D rate alone (the tail is H2D-bound: docs/train_gpu_executor.md item 5); the kernels, the
-  // D2H of the results and the first unit's latency are not counted.
-  double total_w = p.head_weight_gb;
-  for (const LayerCost& c : p.layers) total_w += c.weight_gb;
-  if (!(total_w > 0) || !(p.link.h2d_gbps > 0)) return 0;
-  return p.host_fixed_gb * p.layers[j].weight_gb / total_w / p.link.h2d_gbps * 1e3;
+  // ASSUMED: the tail's bytes at the H2D rate alone (the tail is H2D-bound:
+  // docs/train_gpu_executor.md item 5); the kernels, the D2H of the results and the first unit's
+  // latency are not counted.
+  if (!(p.link.h2d_gbps > 0)) return 0;
+  return device_tail_layer_h2d_gb(p, j) / p.link.h2d_gbps * 1e3;
+}
+
+std::vector<double> device_tail_h2d_gb(const PlanProblem& p) {
+  std::vector<double> gb(p.num_windows(), 0.0);
+  if (device_tail_layers(p) <= 0) return gb;
+  const TailPhase tail = simulate_device_tail(p, measured_layers(p), total_weight_gb(p));
+  for (int j = 1; j < p.num_layers; ++j) {
+    if (tail.on_device[j]) gb[p.fwd_window(j - 1)] += device_tail_layer_h2d_gb(p, j);
+  }
+  return gb;
+}
+
+double device_tail_serial_ms(const PlanProblem& p) {
+  // The device claims its lowest layer first, at the clip point (ties go to the device), so with
+  // no resident layers layer 0 is always the device's.
+  if (device_tail_layers(p) <= 0 || resident_count(p) > 0) return 0;
+  return device_update_layer_ms(p, 0) - std::min(layer0_cpu_ms(p), p.step_fixed_ms);
 }
 
 int device_tail_layers(const PlanProblem& p) {
@@ -252,6 +291,10 @@ Status validate(const PlanProblem& p) {
     return invalid_argument("plan: device_update_ms_per_layer {} is not a time",
                             p.device_update_ms_per_layer);
   }
+  if (!finite_nonneg(p.device_update_h2d_gb_per_layer)) {
+    return invalid_argument("plan: device_update_h2d_gb_per_layer {} is not a size",
+                            p.device_update_h2d_gb_per_layer);
+  }
   if (!finite_nonneg(p.device_update_staging_gb)) {
     return invalid_argument("plan: device_update_staging_gb {} is not a size",
                             p.device_update_staging_gb);
@@ -306,6 +349,9 @@ Json to_json(const PlanProblem& p) {
   if (p.device_update_layers != 0 || p.device_update_ms_per_layer != 0) {
     j["device_update_layers"] = p.device_update_layers;
     j["device_update_ms_per_layer"] = p.device_update_ms_per_layer;
+  }
+  if (p.device_update_h2d_gb_per_layer != 0) {
+    j["device_update_h2d_gb_per_layer"] = p.device_update_h2d_gb_per_layer;
   }
   if (p.device_update_staging_gb != 0) j["device_update_staging_gb"] = p.device_update_staging_gb;
   // Only when measured, likewise (a problem without the term serializes as before).
@@ -363,6 +409,8 @@ Result<PlanProblem> problem_from_json(const Json& j) {
     p.allow_keep_internals = j.value("allow_keep_internals", false);
     p.device_update_layers = j.value("device_update_layers", 0);  // absent before the tail
     p.device_update_ms_per_layer = j.value("device_update_ms_per_layer", 0.0);
+    // Absent: derived from host_fixed_gb (documents before the tail's bytes were carried).
+    p.device_update_h2d_gb_per_layer = j.value("device_update_h2d_gb_per_layer", 0.0);
     // Absent: the staging, if any, is in gpu_fixed_gb (documents before the tail search).
     p.device_update_staging_gb = j.value("device_update_staging_gb", 0.0);
     p.host_home_ms_per_gb = j.value("host_home_ms_per_gb", 0.0);  // absent: not measured

@@ -113,6 +113,12 @@ struct PlanProblem {
   // (device_update_layer_ms).
   int device_update_layers = 0;
   double device_update_ms_per_layer = 0;
+  // The bytes the tail moves host->device per layer it updates (its optimizer sections and
+  // gradients), GB: measured (a bench report's device_update_h2d_bytes per unit) or 0: derived as
+  // the layer's share of host_fixed_gb (device_tail_layer_h2d_gb). They share the link with the
+  // forward's weight stream (device_tail_h2d_gb: charged to the forward windows), and with
+  // device_update_ms_per_layer 0 they also give the device's time per layer (over the H2D rate).
+  double device_update_h2d_gb_per_layer = 0;
   // The tail's GPU memory: its staging (the executor's DeviceOptimizerTail::staging_bytes, slots x
   // the largest of its layers' optimizer sections), the same for every K > 0 and nothing at K = 0
   // (device_tail_gpu_gb), counted in every window beside gpu_fixed_gb. 0: not separated (a problem
@@ -189,9 +195,26 @@ std::vector<double> optimizer_ready_ms(const PlanProblem& p);
 // two sides finishes (the CPU does only its share of the layers).
 double optimizer_phase_ms(const PlanProblem& p);
 
-// The device tail's time for layer j: device_update_ms_per_layer when > 0, else the layer's share
-// of the host model state (host_fixed_gb by weight over the layers and the head) over the H2D rate.
+// The device tail's time for layer j: device_update_ms_per_layer when > 0, else its H2D bytes
+// (device_tail_layer_h2d_gb) over the H2D rate.
 double device_update_layer_ms(const PlanProblem& p, int j);
+// The tail's H2D bytes for layer j: device_update_h2d_gb_per_layer when > 0, else the layer's
+// share of the host model state (host_fixed_gb by weight over the layers and the head).
+double device_tail_layer_h2d_gb(const PlanProblem& p, int j);
+// The tail's link traffic (docs/plan.md, "the tail on the link"): [2L+1] GB of H2D per window,
+// beside the window's own transfers. The tail's units run from the clip point; each layer j > 0
+// the device claims (the simulation of optimizer_ready_ms decides which) has its bytes charged to
+// the forward window f(j-1), the window that runs beside that unit when the forward follows the
+// device (f(j-1) starts at U_(j-1), when unit j-1 is done and unit j begins) and that prefetches
+// layer j's weights on the same link. Layer 0's unit (j = 0) runs before the forward, in the
+// serial part (device_tail_serial_ms). Zero everywhere without a tail; the same constants for
+// every plan, so the evaluator and the MILP add them alike.
+std::vector<double> device_tail_h2d_gb(const PlanProblem& p);
+// The serial change of the step with the tail on and no resident layers: the device updates
+// layer 0 (device_update_layer_ms(p, 0)) before the forward where step_fixed_ms holds layer 0's
+// CPU share: that time minus min(layer 0's CPU share, step_fixed_ms); 0 otherwise (no tail, or
+// resident layers: resident_serial_ms replaces layer 0's share and the tail starts above them).
+double device_tail_serial_ms(const PlanProblem& p);
 // The layers the tail may update: min(device_update_layers, L - resident layers), >= 0.
 int device_tail_layers(const PlanProblem& p);
 // The tail's GPU bytes in every window: device_update_staging_gb when it updates a layer, else 0.

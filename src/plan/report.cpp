@@ -75,6 +75,14 @@ std::string plan_text(const PlanProblem& p, const Plan& plan) {
     s += "host homes: no measured cost (0 ms/GB: a profile without host_home_ms_per_gb, or the "
          "analytic model); off-gpu boundaries are free when their transfers hide\n";
   }
+  if (device_tail_layers(p) > 0) {
+    double tail_gb = 0;
+    for (double gb : device_tail_h2d_gb(p)) tail_gb += gb;
+    s += fmt::format(
+        "device optimizer tail on the link: {:.3f} GB of its H2D in the forward windows beside the "
+        "weight stream; its layer-0 update before the forward {:+.1f} ms serial vs the cpu's\n",
+        tail_gb, r.device_tail_serial_ms);
+  }
   if (p.resident_saved_ms > 0) {
     s += fmt::format(
         "resident saving: {:.2f} ms per GPU-resident layer beyond the model (measured): {} of {} "

@@ -98,7 +98,7 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
 
   // Constant part of the objective: all non-recompute compute and the serial step overhead.
   for (const LayerCost& c : p.layers) m_.obj_constant += c.fwd_ms + c.bwd_ms;
-  m_.obj_constant += p.loss_ms + p.step_fixed_ms + resident_serial_ms(p);
+  m_.obj_constant += p.loss_ms + p.step_fixed_ms + resident_serial_ms(p) + device_tail_serial_ms(p);
   if (min_mode) m_.obj_constant = 0;
 
   // Span columns; their objective carries the recompute time and the re-stream penalty.
@@ -307,6 +307,9 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
   }
 
   // Exposure rows: eps_t >= (bytes / rate) - compute_t for each link and each NVMe direction.
+  // The device optimizer tail's H2D (constants per forward window: device_tail_h2d_gb) shares the
+  // link with each window's own traffic.
+  const std::vector<double> tail_h2d = device_tail_h2d_gb(p);
   for (int t = 0; t < T; ++t) {
     Expr compute, h2d, d2h, nv_read, nv_write;
     if (t < L) {
@@ -341,6 +344,7 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
         }
       }
     }
+    h2d.constant += tail_h2d[t];
     for (int i = 0; i < L; ++i) {
       for (bool to_nvme : {false, true}) {
         d2h.add(d2h_col(i, t, to_nvme), 1);

@@ -62,6 +62,9 @@ void add_tail_costs(std::mt19937_64& rng, PlanProblem& p, int n) {
     p.host_fixed_gb = testing::uniform(rng, 0.5, 3.0);
   }
   p.device_update_staging_gb = testing::uniform(rng, 0.0, 0.6);
+  // Every fourth: the tail's H2D bytes per layer given (measured) instead of derived from the host
+  // state, on the small side, so that the link's share does not rule out every tail.
+  if (n % 4 == 0) p.device_update_h2d_gb_per_layer = testing::uniform(rng, 0.005, 0.1);
 }
 
 struct Best {
@@ -207,6 +210,10 @@ TEST(DeviceTailSearch, BindingOptimizerPicksATail) {
   PlanProblem p = binding_optimizer_problem(5, 5);
   p.gpu_cap_gb = 1e3;
   p.device_update_staging_gb = 0.1;
+  // The gate alone: the tail moves no bytes in this problem (none given, and no host state to
+  // derive them from), so the link is the weight stream's (the tail's share of it:
+  // device_tail_link_test.cpp).
+  p.host_fixed_gb = 0;
   auto zero = solve_milp(at_device_tail(p, 0));
   ASSERT_TRUE(zero.ok());
   EXPECT_GT(zero->predicted.optimizer_wait_ms, 10.0);
