@@ -108,6 +108,59 @@ Status measure_resident_saved(const Json& report, const Json& dev, const Json& r
   return ok_status();
 }
 
+double number_or(const Json& run, const char* key, double fallback) {
+  const auto it = run.find(key);
+  return it != run.end() && it->is_number() ? it->get<double>() : fallback;
+}
+
+// The device optimizer tail as measured (Profile::device_update_*): from the first policy run of
+// the report whose tail updated layers (a plan=FILE policy solved with a tail, or every policy of
+// a bench given --device-update-layers K|all), the device's time per layer it updated, as the
+// gate's simulation uses it (one layer after another at the device's pace): the tail's busy time
+// over its units (with S > 1 slots the units overlap, so one unit's own time from its H2D to its
+// D2H, device_update_unit_ms_mean, is longer than the pace: 71 vs 43 ms at 7B on the H200 with
+// S = 2), or, in a report without the busy time, that unit mean; and its H2D bytes per unit.
+// The device run itself must not have run the tail: its CPU optimizer times would then cover only
+// the layers the CPU took.
+Status measure_device_tail(const Json& report, const Json& dev, Profile& prof) {
+  prof.device_update_ms_per_layer = 0;
+  prof.device_update_h2d_gb_per_layer = 0;
+  prof.device_update_measured_by.clear();
+  if (number_or(dev, "device_update_units", 0) > 0) {
+    return invalid_argument(
+        "plan: the bench report's device run updated {} layers per step on the GPU (a device "
+        "optimizer tail): its CPU optimizer times cover only the layers the CPU took; profile from "
+        "a device run without the tail (ferry bench train without --device-update-layers runs "
+        "none on the named policies) and bench the tail in a plan=FILE policy beside it",
+        number_or(dev, "device_update_units_per_step", 0));
+  }
+  for (const Json& run : report.at("policies")) {
+    if (run.contains("error")) continue;
+    const double units = number_or(run, "device_update_units", 0);
+    if (!(units > 0)) continue;
+    const double busy_s = number_or(run, "device_update_busy_s", 0);
+    const double unit_ms = number_or(run, "device_update_unit_ms_mean", 0);
+    const double ms = busy_s > 0 ? busy_s * 1e3 / units : unit_ms;
+    if (!(ms > 0)) continue;
+    prof.device_update_ms_per_layer = ms;
+    prof.device_update_h2d_gb_per_layer = number_or(run, "device_update_h2d_bytes", 0) / units / 1e9;
+    prof.device_update_measured_by = fmt::format(
+        "ferry bench train on {}: policy {}, {:.0f} device units in {} steps with {} staging slots; "
+        "{} -> {:.2f} ms per layer (one unit {:.2f} ms from its H2D to its D2H: H2D {:.2f}, "
+        "kernels {:.2f}, D2H {:.2f}), {:.3f} GB H2D per unit",
+        report.value("device", "?"), run.value("policy", "?"), units,
+        report.at("steps").get<int>() + report.at("warmup").get<int>(),
+        number_or(run, "device_update_slots", 0),
+        busy_s > 0 ? fmt::format("busy {:.3f} s over the units", busy_s)
+                   : std::string("no busy time: the unit mean"),
+        ms, unit_ms, number_or(run, "device_update_unit_h2d_ms_mean", 0),
+        number_or(run, "device_update_unit_kernel_ms_mean", 0),
+        number_or(run, "device_update_unit_d2h_ms_mean", 0), prof.device_update_h2d_gb_per_layer);
+    return ok_status();
+  }
+  return ok_status();
+}
+
 }  // namespace
 
 std::string plan_policy_name(const std::string& p) {
@@ -184,6 +237,7 @@ Result<BenchPrediction> predict_bench(const Json& report, const model::ModelConf
                    prof.optimizer_layer_ms.size(), L);
   }
   out.serial_ms = std::max(0.0, dev->at("step_ms_mean").get<double>() - windows_ms);
+  FERRY_TRY(measure_device_tail(report, *dev, prof));
 
   const TrainShape shape{.batch_size = batch,
                          .seq_len = seq,
@@ -248,6 +302,7 @@ std::string bench_prediction_text(const BenchPrediction& b) {
                   b.profile.measured_by, b.serial_ms, b.profile.cpu_optimizer_ms);
   s += fmt::format("host homes: {}\n", host_home_text(b.profile));
   s += fmt::format("resident saving: {}\n", resident_saved_text(b.profile));
+  s += fmt::format("device optimizer tail: {}\n", device_update_text(b.profile));
   if (!b.profile.host_home_measured_by.empty()) {
     s += "(the host policy's prediction below includes the term fitted to it: not a check)\n";
   } else {

@@ -63,7 +63,20 @@ Json to_json(const Profile& p) {
           {"host_home_ms_per_gb", p.host_home_ms_per_gb},
           {"host_home_measured_by", p.host_home_measured_by},
           {"resident_saved_ms", p.resident_saved_ms},
-          {"resident_saved_measured_by", p.resident_saved_measured_by}};
+          {"resident_saved_measured_by", p.resident_saved_measured_by},
+          {"device_update_ms_per_layer", p.device_update_ms_per_layer},
+          {"device_update_h2d_gb_per_layer", p.device_update_h2d_gb_per_layer},
+          {"device_update_measured_by", p.device_update_measured_by}};
+}
+
+std::string device_update_text(const Profile& p) {
+  if (p.device_update_measured_by.empty() && p.device_update_ms_per_layer == 0 &&
+      p.device_update_h2d_gb_per_layer == 0) {
+    return "not measured (the device tail's time and bytes per layer are derived from the host "
+           "state share over the H2D rate)";
+  }
+  return fmt::format("{:.2f} ms and {:.3f} GB H2D per layer ({})", p.device_update_ms_per_layer,
+                     p.device_update_h2d_gb_per_layer, p.device_update_measured_by);
 }
 
 std::string resident_saved_text(const Profile& p) {
@@ -140,6 +153,15 @@ Result<Profile> profile_from_json(const Json& j, const model::ModelConfig& cfg) 
       return corrupt("plan: profile resident_saved_ms {} is not a saving >= 0",
                      p.resident_saved_ms);
     }
+    // Absent in profiles written before the tail was carried: 0, i.e. derived.
+    p.device_update_ms_per_layer = j.value("device_update_ms_per_layer", 0.0);
+    p.device_update_h2d_gb_per_layer = j.value("device_update_h2d_gb_per_layer", 0.0);
+    p.device_update_measured_by = j.value("device_update_measured_by", std::string{});
+    for (double v : {p.device_update_ms_per_layer, p.device_update_h2d_gb_per_layer}) {
+      if (!std::isfinite(v) || v < 0) {
+        return corrupt("plan: profile device_update time or bytes {} is not >= 0", v);
+      }
+    }
     return p;
   } catch (const Json::exception& e) {
     return corrupt("plan: profile json: {}", e.what());
@@ -202,6 +224,9 @@ Status apply_profile(const Profile& prof, PlanProblem& p) {
   p.link = prof.link;
   p.host_home_ms_per_gb = prof.host_home_ms_per_gb;  // per GB: the same at every batch
   p.resident_saved_ms = prof.resident_saved_ms;      // per layer and step: likewise
+  // The device tail per layer, as measured (0: derived): per unit, not scaled with the batch.
+  p.device_update_ms_per_layer = prof.device_update_ms_per_layer;
+  p.device_update_h2d_gb_per_layer = prof.device_update_h2d_gb_per_layer;
   p.source = "profile:" + prof.machine + ":" + prof.geometry;
   return validate(p);
 }

@@ -10,7 +10,10 @@
 //    "layers": [{"fwd_ms": .., "bwd_ms": .., "rec_ms": .., "reforward_ms": ..}, ...],
 //    "loss_ms": .., "cpu_optimizer_ms": .., "optimizer_layer_ms": [..] (optional: each layer's
 //    update), "host_home_ms_per_gb": .., "host_home_measured_by": ".." (optional: the host-home
-//    term, PlanProblem::host_home_ms_per_gb; absent in profiles written before it: read as 0)}
+//    term, PlanProblem::host_home_ms_per_gb; absent in profiles written before it: read as 0),
+//    "device_update_ms_per_layer": .., "device_update_h2d_gb_per_layer": ..,
+//    "device_update_measured_by": ".." (optional: the device optimizer tail as measured; absent
+//    or 0: derived)}
 //
 // reforward_ms is the backward's internals-only re-forward (cost_model.h reforward_flop_share),
 // the time keeping the layer's internals saves. A profile without it (written before the
@@ -68,6 +71,14 @@ struct Profile {
   // measured, 0.
   double resident_saved_ms = 0;
   std::string resident_saved_measured_by;
+  // The device optimizer tail as a bench run with it measured (bench_profile.h): the device's time
+  // per layer it updated (PlanProblem::device_update_ms_per_layer) and its H2D bytes per layer
+  // (device_update_h2d_gb_per_layer), both per unit and not scaled with the batch (the update
+  // touches every parameter once whatever the batch). 0: not measured (the planner derives them);
+  // ferry plan --device-update-ms-per-layer overrides the time.
+  double device_update_ms_per_layer = 0;
+  double device_update_h2d_gb_per_layer = 0;
+  std::string device_update_measured_by;
 };
 
 // "2.15 ms/GB (device 2247.8 vs host 2374.4 ms ...)" or "0 (not measured: ...)": the term as the
@@ -75,6 +86,8 @@ struct Profile {
 std::string host_home_text(const Profile& p);
 // Likewise for the resident-saving term.
 std::string resident_saved_text(const Profile& p);
+// Likewise for the device tail's measured time and bytes per layer.
+std::string device_update_text(const Profile& p);
 
 // "qwen2-L36-C2048-F11008-H16-KV2-D128-V151936-E0": what fixes per-layer cost.
 std::string geometry_key(const model::ModelConfig& c);

@@ -94,6 +94,60 @@ TEST(BenchProfile, RefusesAReportWithoutADeviceRunOrOfAnotherModel) {
   EXPECT_FALSE(predict_bench(report({policy("device", 180, 8)}), other, MachineSpec{}).ok());
 }
 
+// The device optimizer tail as a bench run with it measured (docs/plan.md, "the tail on the
+// link"): from a policy whose tail updated layers (here a plan=FILE policy beside the tail-free
+// device run), the device's pace per layer (busy 0.6 s over 12 units: 50 ms, where one unit's own
+// time from its H2D to its D2H is 80 ms with 2 slots overlapping) and its bytes per unit (18 GB
+// over 12: 1.5 GB) go into the profile, through its JSON, into the problem.
+TEST(BenchProfile, DeviceTailTimeAndBytesFromATailRun) {
+  const model::ModelConfig cfg = four_layers();
+  Json tail = policy("plan=p.json", 170, 6);
+  tail["device_update_units"] = 12;
+  tail["device_update_units_per_step"] = 2.4;
+  tail["device_update_busy_s"] = 0.6;
+  tail["device_update_unit_ms_mean"] = 80.0;
+  tail["device_update_h2d_bytes"] = 18e9;
+  tail["device_update_slots"] = 2;
+  auto b = predict_bench(report({policy("device", 180, 8), tail}), cfg, MachineSpec{});
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  EXPECT_DOUBLE_EQ(b->profile.device_update_ms_per_layer, 50.0);
+  EXPECT_DOUBLE_EQ(b->profile.device_update_h2d_gb_per_layer, 1.5);
+  EXPECT_NE(b->profile.device_update_measured_by.find("plan=p.json"), std::string::npos);
+  EXPECT_NE(bench_prediction_text(*b).find("50.00 ms and 1.500 GB"), std::string::npos);
+  auto back = profile_from_json(to_json(b->profile), cfg);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(to_json(*back), to_json(b->profile));
+  auto p = analytic_problem(cfg, MachineSpec{}, {.batch_size = 4, .seq_len = 256},
+                            {.gpu_gb = 1e6, .host_gb = 1e6});
+  ASSERT_TRUE(p.ok());
+  ASSERT_TRUE(apply_profile(*back, *p).ok());
+  EXPECT_EQ(p->device_update_ms_per_layer, 50.0);  // per unit: not scaled to batch 4
+  EXPECT_EQ(p->device_update_h2d_gb_per_layer, 1.5);
+  // A report without the busy time: one unit's own time.
+  tail.erase("device_update_busy_s");
+  auto mean = predict_bench(report({policy("device", 180, 8), tail}), cfg, MachineSpec{});
+  ASSERT_TRUE(mean.ok());
+  EXPECT_DOUBLE_EQ(mean->profile.device_update_ms_per_layer, 80.0);
+  // Without a tail run: not measured (0, derived by the planner); older profiles read as that.
+  auto none = predict_bench(report({policy("device", 180, 8)}), cfg, MachineSpec{});
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->profile.device_update_ms_per_layer, 0.0);
+  EXPECT_NE(device_update_text(none->profile).find("not measured"), std::string::npos);
+  Json old = to_json(b->profile);
+  old.erase("device_update_ms_per_layer");
+  old.erase("device_update_h2d_gb_per_layer");
+  old.erase("device_update_measured_by");
+  auto old_back = profile_from_json(old, cfg);
+  ASSERT_TRUE(old_back.ok());
+  EXPECT_EQ(old_back->device_update_ms_per_layer, 0.0);
+  // The device run itself with the tail: its CPU optimizer times are the CPU's share only.
+  Json dev_tail = policy("device", 180, 8);
+  dev_tail["device_update_units"] = 12;
+  auto refused = predict_bench(report({dev_tail}), cfg, MachineSpec{});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("tail"), std::string::npos);
+}
+
 TEST(BenchProfile, PolicyNames) {
   EXPECT_EQ(plan_policy_name("device"), "all-gpu");
   EXPECT_EQ(plan_policy_name("host"), "all-host");
