@@ -16,6 +16,7 @@
 # (attention kernels only): flake_*.log.
 # NCU=1: Nsight Compute on the attention kernels of one AttnFwdBwd row (ncu.txt, ncu_details.csv,
 # ncu.ncu-rep); NCU_ROW picks the row.
+# SAN_WGMMA=1: compute-sanitizer memcheck and initcheck on the warpgroup-MMA attention kernels.
 # RESET_PATHS: paths restored to HEAD in this copy first (someone else's unfinished work in the
 # working tree that the device's copy must not build).
 set -uo pipefail
@@ -126,6 +127,19 @@ if [ "${FLAKE:-0}" = 1 ]; then
     echo "$tool exit $?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$R/flake_$tool.log" | tail -2 | tr '\n' ' ')"
   done
   stamp "flake"
+fi
+if [ "${SAN_WGMMA:-0}" = 1 ]; then
+  # compute-sanitizer memcheck and initcheck on the warpgroup-MMA attention kernels (the rest of
+  # the attention tests runs unchecked): san_wgmma_*.log.
+  CS=compute-sanitizer
+  command -v $CS >/dev/null || CS=/usr/local/cuda/bin/compute-sanitizer
+  for tool in memcheck initcheck; do
+    timeout "${SAN_TIMEOUT:-150}" $CS --tool $tool --kernel-name regex:wgmma --error-exitcode 9 \
+      "$B/tests/gpu_test" --gtest_filter='KernelsAttention.ForwardBackwardWithinTwiceNaiveBf16:KernelsAttention.SequenceResultDoesNotDependOnPacking' \
+      >"$R/san_wgmma_$tool.log" 2>&1
+    echo "wgmma $tool exit $?: $(grep -E 'ERROR SUMMARY' "$R/san_wgmma_$tool.log" | tail -1)"
+  done
+  stamp "wgmma sanitizers"
 fi
 if [ -n "$LATE_FILTER" ]; then
   timeout "${LATE_TIMEOUT:-120}" "$B/tests/gpu_test" --gtest_filter="$LATE_FILTER" >"$R/test_late.log" 2>&1 || status=1
