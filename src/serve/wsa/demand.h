@@ -10,6 +10,7 @@
 // scheduler would refuse or thrash; the allocator never goes under it.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <vector>
@@ -39,21 +40,65 @@ struct CostModel {
   bool prefix_reuse_prior = false;
 };
 
-// Prefill cost per token from a step's modelled or measured time: the step's time is shared
-// among its tokens in proportion (decode and prefill alike), so a prefill token costs
-// step_s / tokens. Accumulate with add(), read with per_token_s().
+// The price of one prompt token the prefix cache did not find: what recomputing it costs.
+// A prompt that finds n blocks fewer cached computes n * block_tokens more tokens, and chunked
+// prefill packs them into full chunks (max_batch_tokens per step, next to the running requests'
+// decode tokens). Such a chunk does not add a step so much as turn a step the running requests
+// take anyway into a prefill step: its price is what a full prefill step costs above a
+// decode-only step, per prefill token in it,
+//   per_token = (mean time of full steps - mean time of decode-only steps)
+//               / mean prefill tokens of full steps,
+// where a full step has prefill tokens and at least `full_tokens` tokens (the batch limit).
+// NOTE(#9): the first version shared every step's time among its tokens (a prefill token cost
+// step_s / tokens, averaged over all prefill). That overprices recomputation wherever the
+// observed prefill comes in small chunks: a step's expert misses saturate at E per layer, so a
+// 128-token chunk (a chat turn's new user tokens after a prefix hit) touches most of the
+// experts a 512-token chunk does, and its misses, the step's base and the decode tokens' own
+// misses were all charged to its few prefill tokens. On the phased 16 x 6 mix with short turns
+// (docs/serve_wsa.md) it priced a block at 1.68 ms where recomputing one costs 1.08 ms (the
+// simulator, with the prefix cache on vs off at the same split; this price: 1.11 ms), and the
+// configurator kept 3,775 blocks for histories that expert slots outvalue (0.892x the oracle;
+// now 1.000x). Without a full step yet, the old proportional share is the fallback; without a
+// decode-only step, the baseline is 0. Not modelled: the price is the profile's, at its caps,
+// while a chunk misses fewer experts at more slots (recomputing a block there costs 1.19 ms at
+// 8 slots per layer, 1.09 at 21, 0.97 at 30). Test: tests/unit/serve/wsa_prefill_price_test.cpp.
 class PrefillCost {
  public:
+  // full_tokens: a step with at least this many tokens is a full chunk (the scheduler's
+  // max_batch_tokens; <= 0: no step counts as full, i.e. the proportional share).
+  explicit PrefillCost(double full_tokens = 0) : full_tokens_(full_tokens) {}
   void add(double step_s, double tokens, double prefill_tokens) {
     if (tokens <= 0) return;
     time_s_ += step_s * prefill_tokens / tokens;
     tokens_ += prefill_tokens;
+    if (prefill_tokens <= 0) {
+      decode_steps_ += 1, decode_s_ += step_s;
+    } else if (full_tokens_ > 0 && tokens >= full_tokens_) {
+      full_steps_ += 1, full_s_ += step_s, full_prefill_ += prefill_tokens;
+    }
   }
-  double per_token_s(double fallback) const { return tokens_ > 0 ? time_s_ / tokens_ : fallback; }
-  void scale(double f) { time_s_ *= f, tokens_ *= f; }
+  double per_token_s(double fallback) const {
+    if (full_steps_ > 0 && full_prefill_ > 0) {
+      const double base = decode_steps_ > 0 ? decode_s_ / decode_steps_ : 0.0;
+      return std::max(0.0, (full_s_ - base * full_steps_) / full_prefill_);
+    }
+    return proportional_s(fallback);
+  }
+  // The first version's price: the steps' time shared by token, averaged over prefill tokens.
+  double proportional_s(double fallback) const {
+    return tokens_ > 0 ? time_s_ / tokens_ : fallback;
+  }
+  void scale(double f) {
+    time_s_ *= f, tokens_ *= f;
+    decode_steps_ *= f, decode_s_ *= f;
+    full_steps_ *= f, full_s_ *= f, full_prefill_ *= f;
+  }
 
  private:
+  double full_tokens_ = 0;
   double time_s_ = 0, tokens_ = 0;
+  double decode_steps_ = 0, decode_s_ = 0;
+  double full_steps_ = 0, full_s_ = 0, full_prefill_ = 0;
 };
 
 class KvDemand {

@@ -65,6 +65,8 @@ Result<std::unique_ptr<LiveSplit>> LiveSplit::attach(Engine& eng, const LiveSpli
     ls->cfg_.controller.link_bytes_per_s = cfg.link_bytes_per_s;
   }
   ls->ctl_ = SplitController(ls->cfg_.controller);
+  // A recomputed prefix block is priced by full prefill chunks (demand.h PrefillCost).
+  ls->prefill_cost_ = PrefillCost(double(eng.config().max_batch_tokens));
   ls->cadence_ =
       DecisionCadence({.min_steps = cfg.min_decide_steps,
                        .max_steps = cfg.decide_every_steps,

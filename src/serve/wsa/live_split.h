@@ -7,7 +7,8 @@
 //   - with the prefix cache on, feeds the pool's block identities (KvCache::set_prefix_observer)
 //     into a PrefixStackDistance: the prefix miss curve over KV capacity, priced at block_tokens
 //     x the prefill cost per token (modelled per step from the pager's misses and the step's
-//     tokens: misses x expert_bytes / link + prefill_token_s x tokens, shared by token), and
+//     tokens: misses x expert_bytes / link + prefill_token_s x tokens; a prefill token costs
+//     what a full chunk of max_batch_tokens costs above a decode-only step, demand.h), and
 //     its reuse prior (reuse_prior): the chains the pool holds now, plus the blocks running and
 //     queued requests will hold (KvDemandSample::final_blocks), valued before they come back,
 //   - every decide_every_steps steps builds the SplitProblem (per-step curves, the floor raised to

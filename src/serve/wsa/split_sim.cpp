@@ -113,7 +113,7 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
   const bool pc = cfg.prefix_cache;
   const int kv_max = static_cast<int>(cfg.budget_bytes / cfg.kv_block_bytes());
   PrefixStackDistance psd(pc ? kv_max : 0), profile_psd(pc ? kv_max : 0);  // live (aged), whole
-  PrefillCost prefill_cost, profile_prefill_cost;
+  PrefillCost prefill_cost(cfg.max_batch_tokens), profile_prefill_cost(cfg.max_batch_tokens);
   // The prefix pool: cached (unreferenced) blocks, LRU, front = least recently released.
   std::list<std::uint64_t> pool_lru;
   std::unordered_map<std::uint64_t, std::list<std::uint64_t>::iterator> cached;
