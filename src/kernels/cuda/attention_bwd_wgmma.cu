@@ -19,9 +19,10 @@
 //   P^T, dS^T in registers (the mma.sync kernel's mask and rounding, the same expressions)
 //   dV  += P^T dO   m64 nD over 4 k steps, A = P^T from registers, B = dO tile MN-major
 //   dK  += dS^T Q   the same with dS^T and Q
-// Fixed order, no atomics: deterministic. Its sums are grouped differently from the mma.sync
-// kernel's (other k-step order inside the tensor cores), so its bits differ from the default's;
-// it is held to the same tolerance rule (tests/gpu/kernels_attention_test.cpp).
+// Fixed order, no atomics: deterministic. The tensor cores may group the sums differently from
+// the mma.sync kernels, so the bits need not match theirs; both are held to the same tolerance
+// rule (tests/gpu/kernels_attention_test.cpp). Also here: wgmma_available() (attention_wgmma.cuh),
+// shared with the forward.
 #include <atomic>
 #include <cstdint>
 

@@ -37,7 +37,7 @@ __device__ __forceinline__ unsigned char* align1024(unsigned char* smem) {
 
 // Whether this build and the current device run the warpgroup-MMA kernels: built with sm_90a
 // (FERRY_CUDA_SM90A) and a compute capability 9.0 device; false otherwise (the callers then run
-// the mma.sync kernels).
+// the mma.sync kernels). Defined in attention_bwd_wgmma.cu.
 bool wgmma_available();
 
 // The forward for D = 64 / 128 (attention_fwd_wgmma.cu); same inputs and outputs as
