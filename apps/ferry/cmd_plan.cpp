@@ -293,9 +293,11 @@ Result<plan::ProblemAt> make_problem_at(const PlanConfig& c, const model::ModelC
   }
   if (!path.empty()) {
     FERRY_ASSIGN_OR_RETURN(plan::Profile p, plan::read_profile(path, cfg));
-    log::get("plan")->info("profile={} measured_by=\"{}\" host_homes=\"{}\" resident_saving=\"{}\"",
-                           path, p.measured_by, plan::host_home_text(p),
-                           plan::resident_saved_text(p));
+    log::get("plan")->info(
+        "profile={} measured_by=\"{}\" host_homes=\"{}\" resident_saving=\"{}\" "
+        "device_tail=\"{}\"",
+        path, p.measured_by, plan::host_home_text(p), plan::resident_saved_text(p),
+        plan::device_update_text(p));
     prof = std::move(p);
   } else {
     log::get("plan")->info(
@@ -325,7 +327,9 @@ Result<plan::ProblemAt> make_problem_at(const PlanConfig& c, const model::ModelC
                              : c.device_update_layers < 0
                                  ? p.num_layers
                                  : std::min(c.device_update_layers, p.num_layers);
-    p.device_update_ms_per_layer = c.device_update_ms_per_layer;
+    // Given: it overrides a profile's measured time (0: the profile's, else derived).
+    if (c.device_update_ms_per_layer > 0)
+      p.device_update_ms_per_layer = c.device_update_ms_per_layer;
     p.allow_keep_internals = !c.no_keep_internals;
     p.resident_update_ms_per_layer = c.resident_update_ms_per_layer;
     return p;
@@ -811,10 +815,7 @@ void register_plan(CLI::App& app, CommandFn& run) {
                   "optimizer sections in GPU memory (with --device-update-layers)")
       ->envname("FERRY_DEVICE_UPDATE_SLOTS")
       ->check(CLI::Range(1, train::stream::kMaxDeviceUpdateSlots));
-  cmd->add_option("--device-update-ms-per-layer", c.device_update_ms_per_layer,
-                  "the device tail's time per layer (measured); 0: the layer's share of the host "
-                  "model state over the H2D rate")
-      ->check(CLI::Range(0.0, 1e6));
+  add_device_update_ms_flag(cmd, c.device_update_ms_per_layer, "");
   cmd->add_option("--resident-layers", c.resident_layers,
                   "GPU-resident layers (ferry train --resident-layers): K forces layers 0..K-1 "
                   "resident; auto (default): the solve picks the K of the fastest predicted step "

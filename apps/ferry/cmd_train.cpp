@@ -36,7 +36,8 @@ namespace {
 // --device-budget-mib and this host's physical memory (NVMe: the free space of --nvme-dir),
 // solved as `ferry plan` would and written to OUT/plan.json, which the run then follows.
 Status solve_auto_plan(train::TrainConfig& cfg, const std::string& master,
-                       const std::string& states, bool keep_internals, bool resident_given) {
+                       const std::string& states, bool keep_internals, bool resident_given,
+                       double device_update_ms_per_layer) {
   if (cfg.device_budget_mib <= 0) {
     return invalid_argument(
         "train: --plan auto needs --device-budget-mib (the GPU memory the plan may use)");
@@ -67,6 +68,9 @@ Status solve_auto_plan(train::TrainConfig& cfg, const std::string& master,
   r.device = cfg.device;
   r.device_update_layers = cfg.device_update_layers;  // the tail this run will use
   r.device_update_slots = cfg.device_update_slots;
+  // --device-update-ms-per-layer: the tail's measured time per layer (0: the profile's, else
+  // derived, as ferry plan).
+  r.device_update_ms_per_layer = device_update_ms_per_layer;
   r.keep_internals = keep_internals;
   // --resident-layers K given: the plan is solved with K (all: every layer); else it picks K.
   if (resident_given && cfg.resident_layers >= 0) r.resident_layers = cfg.resident_layers;
@@ -147,6 +151,7 @@ void register_train(CLI::App& app, CommandFn& run) {
   auto master = std::make_shared<std::string>("fp32");
   auto executor = std::make_shared<std::string>("memory");
   auto no_keep = std::make_shared<bool>(false);
+  auto device_ms = std::make_shared<double>(0.0);
   auto* cmd = app.add_subcommand(
       "train", "fine-tune a model (CPU, in-memory); no --model/--data: the embedded demo");
   auto* model = cmd->add_option("--model", cfg->model_dir, "Hugging Face model folder")
@@ -259,8 +264,9 @@ void register_train(CLI::App& app, CommandFn& run) {
   cmd->add_option("--plan", cfg->plan_file,
                   "stream: run the activation policy of a `ferry plan` JSON, or `auto`: solve one "
                   "now for --device-budget-mib and this host's memory, with this run's optimizer "
-                  "mode and --device-update-layers / --device-update-slots (OUT/plan.json; "
-                  "implies --executor stream)");
+                  "mode and --device-update-layers / --device-update-slots / "
+                  "--device-update-ms-per-layer (OUT/plan.json; implies --executor stream)");
+  add_device_update_ms_flag(cmd, *device_ms, "stream: with --plan auto: ");
   cmd->add_flag("--no-keep-internals", *no_keep,
                 "stream: --plan auto keeps no layer's internals (every backward re-runs its "
                 "layer's forward, as the fixed policies do)");
@@ -271,7 +277,8 @@ void register_train(CLI::App& app, CommandFn& run) {
                   "stream: device-tier budget in MiB; a batch that does not fit is refused "
                   "(0 = unlimited)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30));
-  cmd->callback([cfg, schedule, overlong, states, master, executor, lr, no_keep, cmd, &run] {
+  cmd->callback([cfg, schedule, overlong, states, master, executor, lr, no_keep, device_ms, cmd,
+                 &run] {
     // A plan's GPU-resident layers apply unless --resident-layers (or its variable) is given.
     const bool resident_given =
         cmd->count("--resident-layers") > 0 || std::getenv("FERRY_RESIDENT_LAYERS") != nullptr;
@@ -283,6 +290,12 @@ void register_train(CLI::App& app, CommandFn& run) {
       throw CLI::ValidationError("--device-update-layers",
                                  "auto needs --plan auto (the planner chooses the tail) or --plan "
                                  "FILE (the plan's tail)");
+    }
+    // The tail's measured time is for the planner: given on the command line, it needs --plan
+    // auto (its variable alone is ignored elsewhere, as ferry plan's is without a tail).
+    if (cmd->count("--device-update-ms-per-layer") > 0 && cfg->plan_file != "auto") {
+      throw CLI::ValidationError("--device-update-ms-per-layer",
+                                 "is the planner's device time per layer: it needs --plan auto");
     }
     cfg->executor = *executor == "stream" || !cfg->plan_file.empty() || cfg->device == "cuda"
                         ? train::Executor::kStream
@@ -310,9 +323,10 @@ void register_train(CLI::App& app, CommandFn& run) {
     if (const Status st = train::validate(*cfg); !st.ok()) {
       throw CLI::ValidationError(st.message());
     }
-    run = [cfg, master, states, no_keep, resident_given, tail_given, tail_auto] {
+    run = [cfg, master, states, no_keep, device_ms, resident_given, tail_given, tail_auto] {
       if (cfg->plan_file == "auto") {
-        const Status st = solve_auto_plan(*cfg, *master, *states, !*no_keep, resident_given);
+        const Status st =
+            solve_auto_plan(*cfg, *master, *states, !*no_keep, resident_given, *device_ms);
         if (!st.ok()) return fail(st);
       }
       if (!cfg->plan_file.empty()) {

@@ -87,6 +87,22 @@ inline void add_device_update_flags(CLI::App* cmd, int& layers, int& slots, cons
       ->check(CLI::Range(1, train::stream::kMaxDeviceUpdateSlots));
 }
 
+// `--device-update-ms-per-layer MS` (ferry plan, ferry train --plan auto): the device tail's
+// measured time per layer in the planner's optimizer gate
+// (PlanProblem::device_update_ms_per_layer); 0 (default): a measured profile's (ferry plan
+// --from-bench takes it from a bench run with the tail), else derived (the layer's share of the
+// host model state over the H2D rate).
+inline void add_device_update_ms_flag(CLI::App* cmd, double& ms, const char* prefix) {
+  cmd->add_option("--device-update-ms-per-layer", ms,
+                  std::string(prefix) +
+                      "the device optimizer tail's time per layer for the planner (measured: "
+                      "ferry bench train's device_update_busy_s per unit); 0: the measured "
+                      "profile's when it has one (ferry plan --from-bench), else the layer's share "
+                      "of the host model state over the H2D rate")
+      ->envname("FERRY_DEVICE_UPDATE_MS_PER_LAYER")
+      ->check(CLI::Range(0.0, 1e6));
+}
+
 // `--resident-layers K|all|auto`: layers 0..K-1 stay on the GPU for the whole run (weights,
 // master, optimizer states, gradients; resident_layers.h), updated there in place.
 inline void add_resident_layers_flag(CLI::App* cmd, int& layers, const char* prefix) {

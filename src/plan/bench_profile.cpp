@@ -143,11 +143,12 @@ Status measure_device_tail(const Json& report, const Json& dev, Profile& prof) {
     const double ms = busy_s > 0 ? busy_s * 1e3 / units : unit_ms;
     if (!(ms > 0)) continue;
     prof.device_update_ms_per_layer = ms;
-    prof.device_update_h2d_gb_per_layer = number_or(run, "device_update_h2d_bytes", 0) / units / 1e9;
+    prof.device_update_h2d_gb_per_layer =
+        number_or(run, "device_update_h2d_bytes", 0) / units / 1e9;
     prof.device_update_measured_by = fmt::format(
-        "ferry bench train on {}: policy {}, {:.0f} device units in {} steps with {} staging slots; "
-        "{} -> {:.2f} ms per layer (one unit {:.2f} ms from its H2D to its D2H: H2D {:.2f}, "
-        "kernels {:.2f}, D2H {:.2f}), {:.3f} GB H2D per unit",
+        "ferry bench train on {}: policy {}, {:.0f} device units in {} steps with {} staging "
+        "slots; {} -> {:.2f} ms per layer (one unit {:.2f} ms from its H2D to its D2H: H2D "
+        "{:.2f}, kernels {:.2f}, D2H {:.2f}), {:.3f} GB H2D per unit",
         report.value("device", "?"), run.value("policy", "?"), units,
         report.at("steps").get<int>() + report.at("warmup").get<int>(),
         number_or(run, "device_update_slots", 0),

@@ -22,6 +22,10 @@
 // run's, less the model's own difference, per GB homed = act_bytes_per_step / 2; clamped at 0);
 // without one it is 0 and the text says so. The host policy's check then includes the term fitted
 // to it (not an independent check).
+// The device optimizer tail, when some policy of the report ran one (a plan=FILE policy solved
+// with a tail; the device run itself must not: its CPU optimizer times would be the CPU's share
+// only), gives the profile's device_update_ms_per_layer (the tail's busy time over its units: its
+// pace) and device_update_h2d_gb_per_layer (its H2D bytes per unit).
 // Tests: tests/unit/plan/bench_profile_test.cpp.
 #pragma once
 

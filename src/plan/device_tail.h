@@ -14,14 +14,15 @@
 // is a maximum of its bytes over rates minus its compute) and in the serial time, so so is each
 // K's optimum. Hence if K' has U, phase, bytes and serial time <= K's pointwise ("K' dominates
 // K") and K' needs no more memory (K' = 0, or both > 0), K' is at least as good: K needs no
-// solve. (The tail's bytes grow with K, so a larger K rarely dominates a smaller one now: with
-// the link charged, the search solves more K than the gate alone would need.) That is cheap (a simulation per K) but does not pick K alone:
-// the U of two K cross in general (the CPU's top layers are ready earlier, the device's bottom ones
-// later, and which matters depends on the plan's exposure per forward window), so the K left
-// undominated (K = 0 and the minimal gates among K > 0) are each solved. With K >= 1 the gates
-// differ only in which side updates layers first+K-1 .. (layer j: the device's done time or the
-// CPU's), and K beyond the meeting point change nothing (one gate); where the device is at least
-// as fast per layer the gates form a chain and two solves remain (K = 0 and the meeting point).
+// solve. That is cheap (a simulation per K) but does not pick K alone: the U of two K cross in
+// general (the CPU's top layers are ready earlier, the device's bottom ones later, and which
+// matters depends on the plan's exposure per forward window), so the K left undominated (K = 0
+// and the minimal gates among K > 0) are each solved. With K >= 1 the gates differ only in which
+// side updates layers first+K-1 .. (layer j: the device's done time or the CPU's, and the device's
+// bytes in f(j-1) or none), and K beyond the meeting point change nothing (one gate); where the
+// device is at least as fast per layer and moves no bytes the gates form a chain and two solves
+// remain (K = 0 and the meeting point). The tail's bytes grow with K, so with them a larger K
+// seldom dominates a smaller one and more K are solved.
 // Ties: a K dominated only by larger ones (so possibly tied with the best) is priced with the best
 // plan (evaluate, no solve; same memory as any K > 0): if that plan's objective is the best's, K
 // ties and the smallest such K is taken. Not covered: a tie through a different plan of equal

@@ -25,8 +25,8 @@ namespace {
 // The device tail's optimizer phase from its start (t = 0): when each layer's update is done and
 // when the later side finishes.
 struct TailPhase {
-  std::vector<double> done_ms;   // [L]
-  std::vector<bool> on_device;   // [L] the layers the device claimed
+  std::vector<double> done_ms;  // [L]
+  std::vector<bool> on_device;  // [L] the layers the device claimed
   double end_ms = 0;
 };
 
@@ -35,7 +35,7 @@ TailPhase simulate_device_tail(const PlanProblem& p, bool measured, double total
   std::vector<double> cpu_ms(L);
   double layers_ms = 0;
   for (int j = 0; j < L; ++j) {
-    cpu_ms[j] = measured       ? p.layers[j].optimizer_ms
+    cpu_ms[j] = measured      ? p.layers[j].optimizer_ms
                 : total_w > 0 ? p.cpu_optimizer_ms * p.layers[j].weight_gb / total_w
                               : 0.0;
     layers_ms += cpu_ms[j];

@@ -22,7 +22,11 @@
 #  6. --device-update-layers auto: ferry plan chooses K and writes it (top level = its problem's,
 #     named in the text); ferry train --plan auto --device-update-layers auto solves the K of
 #     ferry plan for the same request and runs it; --plan FILE runs the plan's K unless a K is
-#     given, which is warned about; fp32 master + fp32 states: auto means 0.
+#     given, which is warned about; fp32 master + fp32 states: auto means 0;
+#  7. a measured device time per layer: ferry plan --from-bench takes it (the tail's busy time
+#     over its units) and its H2D bytes per unit from a policy whose tail ran into the profile,
+#     which ferry plan then uses (--device-update-ms-per-layer overrides the time); ferry train
+#     --plan auto takes --device-update-ms-per-layer too, and refuses it without --plan auto.
 # ctest-cost: 60 (seconds in the CI build: ctest starts the longest tests first)
 set -euo pipefail
 FERRY="$1"; ROOT="$2"
@@ -258,5 +262,50 @@ set +e
 set -e
 [ "$rc" -ne 0 ] && grep -q "auto needs --plan" "$TMP/rn.err" ||
   { echo "plan_tail: --device-update-layers auto without --plan: rc=$rc"; cat "$TMP/rn.err"; exit 1; }
+
+# 7. A measured device time per layer. The session-17 H200 report (Qwen2.5-3B shapes) with a
+# tail run added beside its device run: 40 units, busy 1.2 s (30 ms per layer; one unit 47 ms),
+# 32 GB up (0.8 GB per unit).
+R17="$ROOT/bench/plan/results/h200_2026-12-02_s17_profile_bench_qwen2.5-3b_device_host.json"
+python3 - "$R17" "$TMP/tb.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+t = dict(next(p for p in r["policies"] if p["policy"] == "device"))
+t["policy"] = "plan=tail.json"
+t.update({"device_update_units": 40, "device_update_units_per_step": 10.0,
+          "device_update_busy_s": 1.2, "device_update_unit_ms_mean": 47.0,
+          "device_update_h2d_bytes": 40 * 8e8, "device_update_slots": 2})
+r["policies"].append(t)
+json.dump(r, open(sys.argv[2], "w"))
+PY
+"$FERRY" plan --from-bench "$TMP/tb.json" --write-profile "$TMP/tp.json" > "$TMP/tb.out" \
+  2> "$TMP/tb.err" || { echo "plan_tail: from-bench with a tail run failed"; cat "$TMP/tb.err"; exit 1; }
+grep -q "^device optimizer tail: 30.00 ms and 0.800 GB H2D per layer (.*plan=tail.json" "$TMP/tb.out" ||
+  { echo "plan_tail: the profile does not carry the tail"; cat "$TMP/tb.out"; exit 1; }
+geo=(plan --geometry qwen2.5-3b --seq-len 1024 --batch-size 4 --gpu-mem-gb 80 --host-mem-gb 200
+     --executor-device none --resident-layers 0 --no-policies --time-limit-s 5
+     --device-update-layers all --profile "$TMP/tp.json")
+"$FERRY" "${geo[@]}" --json "$TMP/tm.json" > /dev/null 2> "$TMP/tm.err" ||
+  { echo "plan_tail: plan with the tail's profile failed"; cat "$TMP/tm.err"; exit 1; }
+"$FERRY" "${geo[@]}" --device-update-ms-per-layer 9 --json "$TMP/tn.json" > /dev/null \
+  2> "$TMP/tn.err" || { echo "plan_tail: plan with a given ms failed"; cat "$TMP/tn.err"; exit 1; }
+"$FERRY" "${train_auto[@]}" --plan auto --device-update-layers all --device-update-ms-per-layer 7.5 \
+  --output-dir "$TMP/rm" > /dev/null 2> "$TMP/rm.err" ||
+  { echo "plan_tail: train --plan auto --device-update-ms-per-layer failed"; cat "$TMP/rm.err"; exit 1; }
+python3 - "$TMP/tm.json" "$TMP/tn.json" "$TMP/rm/plan.json" <<'PY'
+import json, sys
+prof, given, train = (json.load(open(p))["problem"] for p in sys.argv[1:4])
+assert prof["device_update_ms_per_layer"] == 30.0, prof.get("device_update_ms_per_layer")
+assert prof["device_update_h2d_gb_per_layer"] == 0.8, prof.get("device_update_h2d_gb_per_layer")
+assert given["device_update_ms_per_layer"] == 9.0 and given["device_update_h2d_gb_per_layer"] == 0.8
+assert train["device_update_ms_per_layer"] == 7.5, train.get("device_update_ms_per_layer")
+PY
+set +e
+"$FERRY" "${train_auto[@]}" --executor stream --device-update-ms-per-layer 7.5 --output-dir "$TMP/rx" \
+  > /dev/null 2> "$TMP/rx.err"; rc=$?
+set -e
+[ "$rc" -eq 2 ] && grep -q "needs --plan auto" "$TMP/rx.err" ||
+  { echo "plan_tail: --device-update-ms-per-layer without --plan auto: rc=$rc"; cat "$TMP/rx.err"; exit 1; }
+echo "plan_tail: a measured device time per layer: from the bench into the profile and the plan"
 
 echo "plan tail cli: ok"
