@@ -292,8 +292,10 @@ void register_train(CLI::App& app, CommandFn& run) {
                                  "FILE (the plan's tail)");
     }
     // The tail's measured time is for the planner: given on the command line, it needs --plan
-    // auto (its variable alone is ignored elsewhere, as ferry plan's is without a tail).
-    if (cmd->count("--device-update-ms-per-layer") > 0 && cfg->plan_file != "auto") {
+    // auto (its variable alone is ignored without one, as ferry plan ignores it without a tail;
+    // CLI11 counts a value from the variable too, hence the getenv).
+    if (cmd->count("--device-update-ms-per-layer") > 0 &&
+        std::getenv("FERRY_DEVICE_UPDATE_MS_PER_LAYER") == nullptr && cfg->plan_file != "auto") {
       throw CLI::ValidationError("--device-update-ms-per-layer",
                                  "is the planner's device time per layer: it needs --plan auto");
     }
