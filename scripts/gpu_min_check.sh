@@ -26,7 +26,7 @@ if [ "${SAN:-0}" = 1 ]; then
   CS=compute-sanitizer
   command -v $CS >/dev/null || CS=/usr/local/cuda/bin/compute-sanitizer
   for tool in memcheck initcheck; do
-    timeout "${SAN_TIMEOUT:-60}" $CS --tool $tool --kernel-name regex:wgmma --error-exitcode 9 \
+    timeout "${SAN_TIMEOUT:-60}" $CS --tool $tool --kernel-name kns=wgmma --error-exitcode 9 \
       "$B/tests/gpu_test" --gtest_filter="${SAN_FILTER:-KernelsAttention.SequenceResultDoesNotDependOnPacking:*ModelGpu*hd*}" \
       >"$R/san_$tool.log" 2>&1
     echo "$tool exit $?: $(grep -E 'ERROR SUMMARY' "$R/san_$tool.log" | tail -1)"

@@ -99,7 +99,7 @@ if [ "${NCU:-0}" = 1 ]; then
     echo "ncu: not found" | tee "$R/ncu.txt"
   else
     row=${NCU_ROW:-'BM_AttnFwdBwd/2048/4/16/2/128/0'}
-    timeout "${NCU_TIMEOUT:-200}" "$NCU_BIN" --kernel-name regex:attention --launch-skip 8 \
+    timeout "${NCU_TIMEOUT:-200}" "$NCU_BIN" --kernel-name kns=attention --launch-skip 8 \
       --launch-count "${NCU_COUNT:-8}" --section SpeedOfLight --section ComputeWorkloadAnalysis \
       --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
       --section SchedulerStats --section LaunchStats --metrics \
@@ -122,7 +122,7 @@ if [ "${FLAKE:-0}" = 1 ]; then
   CS=compute-sanitizer
   command -v $CS >/dev/null || CS=/usr/local/cuda/bin/compute-sanitizer
   for tool in racecheck initcheck; do
-    FERRY_ATTN_FWD_MT=1 timeout "${SAN_TIMEOUT:-150}" $CS --tool $tool --kernel-name regex:attention \
+    FERRY_ATTN_FWD_MT=1 timeout "${SAN_TIMEOUT:-150}" $CS --tool $tool --kernel-name kns=attention \
       --error-exitcode 9 "$B/tests/gpu_test" --gtest_filter=$t >"$R/flake_$tool.log" 2>&1
     echo "$tool exit $?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$R/flake_$tool.log" | tail -2 | tr '\n' ' ')"
   done
@@ -134,7 +134,7 @@ if [ "${SAN_WGMMA:-0}" = 1 ]; then
   CS=compute-sanitizer
   command -v $CS >/dev/null || CS=/usr/local/cuda/bin/compute-sanitizer
   for tool in memcheck initcheck; do
-    timeout "${SAN_TIMEOUT:-150}" $CS --tool $tool --kernel-name regex:wgmma --error-exitcode 9 \
+    timeout "${SAN_TIMEOUT:-150}" $CS --tool $tool --kernel-name kns=wgmma --error-exitcode 9 \
       "$B/tests/gpu_test" --gtest_filter='KernelsAttention.ForwardBackwardWithinTwiceNaiveBf16:KernelsAttention.SequenceResultDoesNotDependOnPacking' \
       >"$R/san_wgmma_$tool.log" 2>&1
     echo "wgmma $tool exit $?: $(grep -E 'ERROR SUMMARY' "$R/san_wgmma_$tool.log" | tail -1)"

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Whole tiny models on the GPU (issue #3): ModelCompute with device-resident buffers on the CUDA
 // backend, forward + backward over every Hugging Face fixture of tests/golden/model_golden_test.cpp
-// (llama, qwen2, qwen3, qwen3_moe, mixtral, olmoe), compared with transformers 5.17 (the fixture,
-// float64 values stored as f32) and with the CPU backend's f32 result.
+// (llama, qwen2, qwen3, qwen3_moe, mixtral, olmoe; qwen3_hd128 and llama_hd64 at the head dims of
+// real models), compared with transformers 5.17 (the fixture, float64 values stored as f32) and
+// with the CPU backend's f32 result.
 //
 // Tolerance (style.md's FlashAttention rule, derived, not tuned): the CUDA path computes
 // attention in bf16 (q/k/v/out/dO/dQ/dK/dV rounded to bf16, P rounded to bf16 inside the kernel);
@@ -375,7 +376,10 @@ TEST_P(ModelGpu, ForwardBackwardOnCudaMatchesTransformersAndCpu) {
 
 std::vector<GpuCase> gpu_cases() {
   std::vector<GpuCase> out;
-  for (const char* arch : {"llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "olmoe"}) {
+  // qwen3_hd128 / llama_hd64: the head dims of real models, where the attention kernels are the
+  // warpgroup-MMA ones on sm_90a (the tiny fixtures' 16 / 32 always run mma.sync).
+  for (const char* arch :
+       {"llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "olmoe", "qwen3_hd128", "llama_hd64"}) {
     for (model::GemmPrecision p : {model::GemmPrecision::kF32, model::GemmPrecision::kBf16})
       out.push_back({arch, p});
   }
