@@ -99,7 +99,7 @@ if [ "${NCU:-0}" = 1 ]; then
     echo "ncu: not found" | tee "$R/ncu.txt"
   else
     row=${NCU_ROW:-'BM_AttnFwdBwd/2048/4/16/2/128/0'}
-    timeout "${NCU_TIMEOUT:-200}" "$NCU_BIN" --kernel-name kns=attention --launch-skip 8 \
+    timeout "${NCU_TIMEOUT:-200}" "$NCU_BIN" --kernel-name regex:attention --launch-skip 8 \
       --launch-count "${NCU_COUNT:-8}" --section SpeedOfLight --section ComputeWorkloadAnalysis \
       --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
       --section SchedulerStats --section LaunchStats --metrics \
