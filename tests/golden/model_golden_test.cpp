@@ -99,7 +99,8 @@ TEST_P(ModelGolden, LogitsLossAndGradientsMatchTransformers) {
 
 std::vector<Case> all_cases() {
   std::vector<Case> out;
-  for (const char* arch : {"llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "olmoe"}) {
+  for (const char* arch :
+       {"llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "olmoe", "qwen3_hd128", "llama_hd64"}) {
     for (const char* be : {"reference", "cpu"}) out.push_back({arch, be});
   }
   return out;
