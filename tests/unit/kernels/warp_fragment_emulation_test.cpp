@@ -54,6 +54,7 @@ namespace {
 
 constexpr const char* kBwd = "src/kernels/cuda/attention_bwd.cu";
 constexpr const char* kCommon = "src/kernels/cuda/attention_common.cuh";
+constexpr const char* kBwdCommon = "src/kernels/cuda/attention_bwd_common.cuh";
 
 // ---------------------------------------------------------------------------------------------
 // Pinning replayed expressions to the kernel sources.
@@ -528,10 +529,10 @@ struct Shape {  // AttnShape's fields that the index math reads
   std::int64_t t, h, g, s;
   bool causal;
 };
-struct DsumRef {  // attention_bwd.cu's DsumRef with the workspace as base 0
+struct DsumRef {  // attention_bwd_common.cuh's DsumRef with the workspace as base 0
   std::int64_t base, tok_stride, head_stride;
   std::int64_t at(std::int64_t tok, std::int64_t h) const {
-    return PIN(kBwd, base + tok * tok_stride + h * head_stride);
+    return PIN(kBwdCommon, base + tok * tok_stride + h * head_stride);
   }
 };
 
