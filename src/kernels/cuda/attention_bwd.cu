@@ -43,7 +43,8 @@
 // region sets the slices exactly as the whole workspace does on the deterministic path.
 // The dQ step's fragment layouts and index math (and the workspace split) are replayed on a host
 // warp emulator in tests/unit/kernels/warp_fragment_emulation_test.cpp, which pins the replayed
-// expressions to this file's and attention_common.cuh's text: edit both together.
+// expressions to this file's, attention_common.cuh's and attention_bwd_common.cuh's text:
+// edit them together.
 //
 // Warpgroup MMAs (the default where it can run: D = 64 / 128, sm_90a builds on a compute
 // capability 9.0 device, the deterministic path; FERRY_ATTN_BWD_WGMMA=0 turns it off): kernels 2
