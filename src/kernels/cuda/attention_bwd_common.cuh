@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Pieces shared by the attention backward's dK/dV kernels (attention_bwd.cu: mma.sync;
-// attention_bwd_wgmma.cu: sm_90a warpgroup MMAs): where dsum lives, and the launcher of the
-// wgmma dK/dV kernel with the same grid, slices and outputs as attention_bwd_dkdv_kernel.
+// attention_bwd_wgmma.cu: sm_90a warpgroup MMAs): where dsum lives, P's rounding, and the
+// launchers of the wgmma dK/dV and dQ kernels (the grids, slices and outputs of the mma.sync ones).
 #pragma once
 
 #include <cstdint>
