@@ -269,38 +269,8 @@ __global__ void __launch_bounds__(kThreads)
         mma_bf16(dpt[nt + 1], av, bd[2], bd[3]);
       }
     }
-    // P^T and dS^T. Only an item that meets a query or key tail or the causal diagonal of this
-    // warp's 16 keys needs the mask; the others (most of a causal sweep: every query of the tile
-    // at or after the warp's last key) skip its per-element test. Warp-uniform; same values.
-    const std::int64_t key_lo = k0 + warp * 16;
-    // One rounding for both paths (explicit FMA: the compiler cannot contract them apart).
-    auto prob = [scale_log2](float s, float lse) { return bwd_prob(s, scale_log2, lse); };
-    const bool unmasked = q0 + BQ <= len && key_lo + 16 <= len && (!sh.causal || q0 >= key_lo + 15);
-    if (unmasked) {
-#pragma unroll
-      for (int nt = 0; nt < BQ / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int ql = nt * 8 + 2 * t + (e & 1);
-          const float p = prob(st[nt][e], lse_s[ql]);
-          st[nt][e] = p;
-          dpt[nt][e] = p * (dpt[nt][e] - dsum_s[ql]);  // dS^T
-        }
-      }
-    } else {
-#pragma unroll
-      for (int nt = 0; nt < BQ / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int ql = nt * 8 + 2 * t + (e & 1);
-          const std::int64_t qi = q0 + ql;
-          const bool ok = qi < len && kr[e >> 1] < len && (!sh.causal || qi >= kr[e >> 1]);
-          const float p = ok ? prob(st[nt][e], lse_s[ql]) : 0.0f;
-          st[nt][e] = p;
-          dpt[nt][e] = p * (dpt[nt][e] - dsum_s[ql]);  // dS^T
-        }
-      }
-    }
+    // P^T and dS^T (one rounding for every path: bwd_prob's explicit FMA).
+    p_and_ds<BQ>(st, dpt, lse_s, dsum_s, q0, k0 + warp * 16, kr, len, sh.causal, scale_log2);
     if constexpr (kDq) {
       // This warp's dS^T rows (keys warp * 16 + g, + 8) in bf16: pack_bf16 of the same pairs
       // c_to_a packs for the dK MMA below, so dQ and dK see the same rounded dS.
@@ -336,31 +306,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   cp_async_wait_all();  // nothing may be in flight into smem when the CTA exits
-
-  const float scale = sh.scale;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (kr[r] >= len) continue;
-    const std::int64_t row = (s0 + kr[r]) * sh.g + kvh;
-    if (partial != nullptr) {
-      float* pk = partial + (static_cast<std::int64_t>(slice) * sh.t * sh.g + row) * D + 2 * t;
-      float* pv = pk + static_cast<std::int64_t>(slices) * sh.t * sh.g * D;
-#pragma unroll
-      for (int nd = 0; nd < D / 8; ++nd) {
-        *reinterpret_cast<float2*>(pk + nd * 8) = make_float2(dk[nd][2 * r], dk[nd][2 * r + 1]);
-        *reinterpret_cast<float2*>(pv + nd * 8) = make_float2(dv[nd][2 * r], dv[nd][2 * r + 1]);
-      }
-      continue;
-    }
-    bf16* dkp = d_k + row * D + 2 * t;
-    bf16* dvp = d_v + row * D + 2 * t;
-#pragma unroll
-    for (int nd = 0; nd < D / 8; ++nd) {
-      *reinterpret_cast<std::uint32_t*>(dkp + nd * 8) =
-          pack_bf16(dk[nd][2 * r] * scale, dk[nd][2 * r + 1] * scale);
-      *reinterpret_cast<std::uint32_t*>(dvp + nd * 8) = pack_bf16(dv[nd][2 * r], dv[nd][2 * r + 1]);
-    }
-  }
+  store_dkdv<D>(dk, dv, kr, s0, len, kvh, slice, slices, partial, d_k, d_v, sh);
 }
 
 // Named barrier for the two warps (64 threads) of pair kg (barriers 1 and 2; __syncthreads is 0).
@@ -842,18 +788,16 @@ cudaError_t launch_bwd_d(void* d_q, void* d_k, void* d_v, const void* d_out, con
       return cudaGetLastError();
     }
   }
-  bool dkdv_done = false;
-  if constexpr (D == 64 || D == 128) {
-    if (wgmma && wgmma_available()) {
-      err = launch_bwd_dkdv_wgmma(D, static_cast<bf16*>(d_k), static_cast<bf16*>(d_v), partial,
-                                  slices, dsum, dout, qq, kk, vv, lse, cu, sh, scale_log2, grid_kv,
-                                  stream);
-      if (err != cudaSuccess) return err;
-      dkdv_done = true;
-    }
+  // The warpgroup-MMA kernels replace the dK/dV and the dQ kernel below (attention_bwd_wgmma.cu).
+  const bool use_wgmma = (D == 64 || D == 128) && wgmma && wgmma_available();
+  if (use_wgmma) {
+    err =
+        launch_bwd_dkdv_wgmma(D, static_cast<bf16*>(d_k), static_cast<bf16*>(d_v), partial, slices,
+                              dsum, dout, qq, kk, vv, lse, cu, sh, scale_log2, grid_kv, stream);
+    if (err != cudaSuccess) return err;
   }
   if constexpr (BQ2 > 0) {
-    if (keys32 && !dkdv_done) {
+    if (keys32 && !use_wgmma) {
       const int smem_kv2 = (2 * kBK + 4 * BQ2) * kStr * static_cast<int>(sizeof(bf16)) +
                            4 * BQ2 * static_cast<int>(sizeof(float)) +
                            2 * kBK * (BQ2 + 8) * static_cast<int>(sizeof(bf16));
@@ -865,7 +809,7 @@ cudaError_t launch_bwd_d(void* d_q, void* d_k, void* d_v, const void* d_out, con
           lse, cu, sh, scale_log2);
     }
   }
-  if ((BQ2 == 0 || !keys32) && !dkdv_done) {
+  if ((BQ2 == 0 || !keys32) && !use_wgmma) {
     err = cudaFuncSetAttribute(attention_bwd_dkdv_kernel<D, BQ, false>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem_kv);
     if (err != cudaSuccess) return err;
@@ -880,12 +824,9 @@ cudaError_t launch_bwd_d(void* d_q, void* d_k, void* d_v, const void* d_out, con
   }
 
   const dim3 grid_q(grid_blocks(sh.t, sh.s, kBK), static_cast<unsigned>(sh.h));
-  if constexpr (D == 64 || D == 128) {
-    if (dkdv_done) {  // the warpgroup-MMA path: its dQ kernel too
-      err = launch_bwd_dq_wgmma(D, dq, dsum, dout, qq, kk, vv, lse, cu, sh, scale_log2, grid_q,
-                                stream);
-      return err != cudaSuccess ? err : cudaGetLastError();
-    }
+  if (use_wgmma) {
+    return launch_bwd_dq_wgmma(D, dq, dsum, dout, qq, kk, vv, lse, cu, sh, scale_log2, grid_q,
+                               stream);
   }
   const int smem_q = (2 * kBK + 4 * BN) * kStr * static_cast<int>(sizeof(bf16));
   err = cudaFuncSetAttribute(attention_bwd_dq_kernel<D, BN>,
@@ -921,7 +862,7 @@ bool bwd_dq_atomic() {
 // there since session 28 (H100, fwd + bwd vs torch SDPA 0.65-0.83x -> 0.81-1.00x, docs/cuda.md);
 // FERRY_ATTN_BWD_WGMMA=0 runs the mma.sync kernels instead. Ignored on the atomic-dQ path (whose
 // dQ step reads the mma.sync kernel's padded tiles). Read at every call like the variables above.
-bool bwd_dkdv_wgmma() {
+bool bwd_wgmma() {
   const char* e = std::getenv("FERRY_ATTN_BWD_WGMMA");
   return !(e != nullptr && e[0] == '0' && e[1] == '\0');
 }
@@ -945,7 +886,7 @@ cudaError_t launch_attention_bwd(void* d_q, void* d_k, void* d_v, const void* d_
   if (sh.t == 0) return cudaSuccess;
   const bool keys32 = bwd_keys_per_warp() == 32;
   const bool atomic = bwd_dq_atomic();
-  const bool wgmma = bwd_dkdv_wgmma();
+  const bool wgmma = bwd_wgmma();
   switch (sh.d) {
     case 16:
       return launch_bwd_d<16, 64, 64, 0>(d_q, d_k, d_v, d_out, q, k, v, out, lse, cu_seqlens, sh,

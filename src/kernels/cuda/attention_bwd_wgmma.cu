@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kThreads)
   const std::int64_t per_slice = group / slices;
   const std::int64_t h_begin = kvh * group + slice * per_slice;
   const std::int64_t s0 = sb.start, len = sb.len, k0 = sb.block * kKeys;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const std::int64_t kr[2] = {k0 + warp * 16 + (lane >> 2), k0 + warp * 16 + (lane >> 2) + 8};
 
   const std::int64_t qstart = sh.causal ? (k0 / BQ) * BQ : 0;
@@ -139,35 +139,8 @@ __global__ void __launch_bounds__(kThreads)
     wgmma::fence_operands(st_f);
     wgmma::fence_operands(dpt_f);
 
-    // P^T and dS^T: attention_bwd_dkdv_kernel's expressions (the per-element mask only for an
-    // item that meets a tail or this warp's causal diagonal; warp-uniform).
-    const std::int64_t key_lo = k0 + warp * 16;
-    const bool unmasked = q0 + BQ <= len && key_lo + 16 <= len && (!sh.causal || q0 >= key_lo + 15);
-    if (unmasked) {
-#pragma unroll
-      for (int nt = 0; nt < BQ / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int ql = nt * 8 + 2 * t + (e & 1);
-          const float p = bwd_prob(st[nt][e], scale_log2, lse_s[ql]);
-          st[nt][e] = p;
-          dpt[nt][e] = p * (dpt[nt][e] - dsum_s[ql]);  // dS^T
-        }
-      }
-    } else {
-#pragma unroll
-      for (int nt = 0; nt < BQ / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int ql = nt * 8 + 2 * t + (e & 1);
-          const std::int64_t qi = q0 + ql;
-          const bool ok = qi < len && kr[e >> 1] < len && (!sh.causal || qi >= kr[e >> 1]);
-          const float p = ok ? bwd_prob(st[nt][e], scale_log2, lse_s[ql]) : 0.0f;
-          st[nt][e] = p;
-          dpt[nt][e] = p * (dpt[nt][e] - dsum_s[ql]);  // dS^T
-        }
-      }
-    }
+    // P^T and dS^T: attention_bwd_dkdv_kernel's (the same helper).
+    p_and_ds<BQ>(st, dpt, lse_s, dsum_s, q0, k0 + warp * 16, kr, len, sh.causal, scale_log2);
 
     // dV += P^T dO, dK += dS^T Q (k = queries, 16 per step; B tiles read MN-major).
     std::uint32_t ap[BQ / 16][4], ads[BQ / 16][4];
@@ -179,19 +152,11 @@ __global__ void __launch_bounds__(kThreads)
     wgmma::fence();
 #pragma unroll
     for (int kc = 0; kc < BQ / 16; ++kc) {
-      if constexpr (D == 128) {
-        wgmma::mma_rs_m64n128k16_bmn(dv_f, ap[kc], wgmma::desc_mnmajor(dos, BQ, kc * 16));
-      } else {
-        wgmma::mma_rs_m64n64k16_bmn(dv_f, ap[kc], wgmma::desc_mnmajor(dos, BQ, kc * 16));
-      }
+      wgmma::mma_rs_bmn<D>(dv_f, ap[kc], wgmma::desc_mnmajor(dos, BQ, kc * 16));
     }
 #pragma unroll
     for (int kc = 0; kc < BQ / 16; ++kc) {
-      if constexpr (D == 128) {
-        wgmma::mma_rs_m64n128k16_bmn(dk_f, ads[kc], wgmma::desc_mnmajor(qs, BQ, kc * 16));
-      } else {
-        wgmma::mma_rs_m64n64k16_bmn(dk_f, ads[kc], wgmma::desc_mnmajor(qs, BQ, kc * 16));
-      }
+      wgmma::mma_rs_bmn<D>(dk_f, ads[kc], wgmma::desc_mnmajor(qs, BQ, kc * 16));
     }
     wgmma::commit();
     // Done reading this item's tiles and the A registers before the next item reuses either.
@@ -200,31 +165,7 @@ __global__ void __launch_bounds__(kThreads)
     wgmma::fence_operands(dk_f);
   }
   cp_async_wait_all();  // nothing may be in flight into smem when the CTA exits
-
-  const float scale = sh.scale;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (kr[r] >= len) continue;
-    const std::int64_t row = (s0 + kr[r]) * sh.g + kvh;
-    if (partial != nullptr) {
-      float* pk = partial + (static_cast<std::int64_t>(slice) * sh.t * sh.g + row) * D + 2 * t;
-      float* pv = pk + static_cast<std::int64_t>(slices) * sh.t * sh.g * D;
-#pragma unroll
-      for (int nd = 0; nd < D / 8; ++nd) {
-        *reinterpret_cast<float2*>(pk + nd * 8) = make_float2(dk[nd][2 * r], dk[nd][2 * r + 1]);
-        *reinterpret_cast<float2*>(pv + nd * 8) = make_float2(dv[nd][2 * r], dv[nd][2 * r + 1]);
-      }
-      continue;
-    }
-    bf16* dkp = d_k + row * D + 2 * t;
-    bf16* dvp = d_v + row * D + 2 * t;
-#pragma unroll
-    for (int nd = 0; nd < D / 8; ++nd) {
-      *reinterpret_cast<std::uint32_t*>(dkp + nd * 8) =
-          pack_bf16(dk[nd][2 * r] * scale, dk[nd][2 * r + 1] * scale);
-      *reinterpret_cast<std::uint32_t*>(dvp + nd * 8) = pack_bf16(dv[nd][2 * r], dv[nd][2 * r + 1]);
-    }
-  }
+  store_dkdv<D>(dk, dv, kr, s0, len, kvh, slice, slices, partial, d_k, d_v, sh);
 #else
   (void)d_k, (void)d_v, (void)partial, (void)slices, (void)dsum, (void)d_out, (void)q, (void)k,
       (void)v, (void)lse, (void)cu, (void)sh, (void)scale_log2;
@@ -343,11 +284,7 @@ __global__ void __launch_bounds__(kThreads)
     wgmma::fence();
 #pragma unroll
     for (int kc = 0; kc < BN / 16; ++kc) {
-      if constexpr (D == 128) {
-        wgmma::mma_rs_m64n128k16_bmn(dq_f, a[kc], wgmma::desc_mnmajor(ks, BN, kc * 16));
-      } else {
-        wgmma::mma_rs_m64n64k16_bmn(dq_f, a[kc], wgmma::desc_mnmajor(ks, BN, kc * 16));
-      }
+      wgmma::mma_rs_bmn<D>(dq_f, a[kc], wgmma::desc_mnmajor(ks, BN, kc * 16));
     }
     wgmma::commit();
     wgmma::wait<0>();

@@ -160,11 +160,7 @@ __global__ void __launch_bounds__(kFwdThreads, 2)
     wgmma::fence();  // O was rescaled and P packed by ordinary instructions
 #pragma unroll
     for (int kc = 0; kc < kBN / 16; ++kc) {
-      if constexpr (D == 128) {
-        wgmma::mma_rs_m64n128k16_bmn(o_f, a[kc], wgmma::desc_mnmajor(vs, kBN, kc * 16));
-      } else {
-        wgmma::mma_rs_m64n64k16_bmn(o_f, a[kc], wgmma::desc_mnmajor(vs, kBN, kc * 16));
-      }
+      wgmma::mma_rs_bmn<D>(o_f, a[kc], wgmma::desc_mnmajor(vs, kBN, kc * 16));
     }
     wgmma::commit();
     wgmma::wait<0>();

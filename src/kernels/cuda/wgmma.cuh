@@ -178,4 +178,17 @@ __device__ __forceinline__ void mma_rs_m64n128k16_bmn(float (&d)[64], const std:
   __trap();
 #endif
 }
+// D[64 x N] += A B for N = 64 or 128 (the head dim of dV, dK, dQ, O): the instruction of that
+// width.
+template <int N>
+__device__ __forceinline__ void mma_rs_bmn(float (&d)[N / 2], const std::uint32_t (&a)[4],
+                                           std::uint64_t desc_b) {
+  static_assert(N == 64 || N == 128, "wgmma: N 64 or 128");
+  if constexpr (N == 128) {
+    mma_rs_m64n128k16_bmn(d, a, desc_b);
+  } else {
+    mma_rs_m64n64k16_bmn(d, a, desc_b);
+  }
+}
+
 }  // namespace ferry::kernels::cuda::wgmma
