@@ -30,14 +30,19 @@ struct TailPhase {
   double end_ms = 0;
 };
 
+// Layer j's CPU update: measured (every layer has optimizer_ms) or its share by weight of
+// cpu_optimizer_ms (total_w: the layers' weight; 0 without weight).
+double cpu_layer_ms(const PlanProblem& p, int j, bool measured, double total_w) {
+  if (measured) return p.layers[j].optimizer_ms;
+  return total_w > 0 ? p.cpu_optimizer_ms * p.layers[j].weight_gb / total_w : 0.0;
+}
+
 TailPhase simulate_device_tail(const PlanProblem& p, bool measured, double total_w) {
   const int L = p.num_layers;
   std::vector<double> cpu_ms(L);
   double layers_ms = 0;
   for (int j = 0; j < L; ++j) {
-    cpu_ms[j] = measured      ? p.layers[j].optimizer_ms
-                : total_w > 0 ? p.cpu_optimizer_ms * p.layers[j].weight_gb / total_w
-                              : 0.0;
+    cpu_ms[j] = cpu_layer_ms(p, j, measured, total_w);
     layers_ms += cpu_ms[j];
   }
   // (The globals are what the measured total has beyond every layer's time, resident or not.)
@@ -82,12 +87,9 @@ double total_weight_gb(const PlanProblem& p) {
 // Layer 0's CPU update, which step_fixed_ms holds (cost_model.cpp, bench_profile.cpp): measured,
 // or its share by weight of cpu_optimizer_ms; 0 without an optimizer time.
 double layer0_cpu_ms(const PlanProblem& p) {
-  const double total_w = total_weight_gb(p);
-  if (measured_layers(p)) return p.layers[0].optimizer_ms;
-  if (p.cpu_optimizer_ms > 0 && total_w > 0) {
-    return p.cpu_optimizer_ms * p.layers[0].weight_gb / total_w;
-  }
-  return 0;
+  const bool measured = measured_layers(p);
+  if (!measured && !(p.cpu_optimizer_ms > 0)) return 0;
+  return cpu_layer_ms(p, 0, measured, total_weight_gb(p));
 }
 
 }  // namespace
@@ -95,10 +97,8 @@ double layer0_cpu_ms(const PlanProblem& p) {
 std::vector<double> optimizer_ready_ms(const PlanProblem& p) {
   const int L = p.num_layers;
   std::vector<double> ready(L, 0.0);
-  double total_w = 0;
-  for (const LayerCost& c : p.layers) total_w += c.weight_gb;
-  const bool measured = std::all_of(p.layers.begin(), p.layers.end(),
-                                    [](const LayerCost& c) { return c.optimizer_ms > 0; });
+  const double total_w = total_weight_gb(p);
+  const bool measured = measured_layers(p);
   if (!measured && (!(p.cpu_optimizer_ms > 0) || !(total_w > 0))) return ready;
   const int K = resident_count(p);
   if (K > 0) {
@@ -110,8 +110,7 @@ std::vector<double> optimizer_ready_ms(const PlanProblem& p) {
     if (p.device_update_layers <= 0) {
       double done = 0;
       for (int j = K; j < L; ++j) {
-        done += measured ? p.layers[j].optimizer_ms
-                         : p.cpu_optimizer_ms * p.layers[j].weight_gb / total_w;
+        done += cpu_layer_ms(p, j, measured, total_w);
         ready[j] = std::max(0.0, done - S);
       }
       return ready;
@@ -123,8 +122,7 @@ std::vector<double> optimizer_ready_ms(const PlanProblem& p) {
   if (p.device_update_layers <= 0) {
     double done = 0;  // updates finished after layer 0's, in ms
     for (int j = 1; j < L; ++j) {
-      done += measured ? p.layers[j].optimizer_ms
-                       : p.cpu_optimizer_ms * p.layers[j].weight_gb / total_w;
+      done += cpu_layer_ms(p, j, measured, total_w);
       ready[j] = done;
     }
     return ready;
@@ -137,18 +135,13 @@ std::vector<double> optimizer_ready_ms(const PlanProblem& p) {
 double optimizer_phase_ms(const PlanProblem& p) {
   const int K = resident_count(p);
   if (p.device_update_layers <= 0 && K == 0) return p.cpu_optimizer_ms;
-  double total_w = 0;
-  for (const LayerCost& c : p.layers) total_w += c.weight_gb;
-  const bool measured = std::all_of(p.layers.begin(), p.layers.end(),
-                                    [](const LayerCost& c) { return c.optimizer_ms > 0; });
+  const double total_w = total_weight_gb(p);
+  const bool measured = measured_layers(p);
   if (!measured && (!(p.cpu_optimizer_ms > 0) || !(total_w > 0))) return p.cpu_optimizer_ms;
   if (p.device_update_layers <= 0) {
     // The CPU does everything but the resident layers' share.
     double resident_ms = 0;
-    for (int j = 0; j < K; ++j) {
-      resident_ms += measured ? p.layers[j].optimizer_ms
-                              : p.cpu_optimizer_ms * p.layers[j].weight_gb / total_w;
-    }
+    for (int j = 0; j < K; ++j) resident_ms += cpu_layer_ms(p, j, measured, total_w);
     return std::max(0.0, p.cpu_optimizer_ms - resident_ms);
   }
   return simulate_device_tail(p, measured, total_w).end_ms;
