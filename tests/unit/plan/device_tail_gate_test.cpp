@@ -53,23 +53,8 @@ TEST(DeviceTailGate, OffIsBitForBitTheCpuOnlyGate) {
   }
 }
 
-// Four layers, the CPU 60 ms per layer (measured) after 100 ms of globals (cpu_optimizer_ms 340 =
-// 100 + 4 * 60), the device 43 ms per layer. From the phase start:
-//   K = all: the device takes 0 (done 43), 1 (86), 2 (129: at 86 it is free before the CPU,
-//   which is busy with the globals until 100); at 100 the CPU takes 3 (done 160); they have met.
-//   Ready relative to layer 0: (0, 43, 86, 117).
-//   K = 2: the device stops after 0 (43) and 1 (86); the CPU takes 3 (160) and 2 (220):
-//   (0, 43, 177, 117).
-//   K = 1: the device takes 0 (43); the CPU 3 (160), 2 (220), 1 (280): (0, 237, 177, 117).
-PlanProblem four_layers() {
-  std::mt19937_64 rng(1);
-  PlanProblem p = testing::random_problem(rng, 4, false, 0.5);
-  for (LayerCost& c : p.layers) c.optimizer_ms = 60;
-  p.cpu_optimizer_ms = 340;
-  p.device_update_ms_per_layer = 43;
-  return p;
-}
-
+// The hand-computed tests below run testing::tail_four_layers (plan_test_util.h: the ready times
+// of each K are worked out beside it).
 void expect_ready(const PlanProblem& p, const std::vector<double>& want) {
   const std::vector<double> got = optimizer_ready_ms(p);
   ASSERT_EQ(got.size(), want.size());
@@ -77,7 +62,7 @@ void expect_ready(const PlanProblem& p, const std::vector<double>& want) {
 }
 
 TEST(DeviceTailGate, HandComputedMeetingPoint) {
-  PlanProblem p = four_layers();
+  PlanProblem p = testing::tail_four_layers();
   ASSERT_TRUE(validate(p).ok());
   p.device_update_layers = 4;
   expect_ready(p, {0, 43, 86, 117});
@@ -103,7 +88,7 @@ TEST(DeviceTailGate, HandComputedMeetingPoint) {
 TEST(DeviceTailGate, FastDeviceTakesEveryLayer) {
   // The device 1 ms per layer, the CPU busy 100 ms with the globals: the device takes all four
   // layers (done 1, 2, 3, 4) before the CPU is free; ready (0, 1, 2, 3).
-  PlanProblem p = four_layers();
+  PlanProblem p = testing::tail_four_layers();
   p.device_update_layers = 4;
   p.device_update_ms_per_layer = 1;
   expect_ready(p, {0, 1, 2, 3});
@@ -112,7 +97,7 @@ TEST(DeviceTailGate, FastDeviceTakesEveryLayer) {
 
 TEST(DeviceTailGate, DerivedDeviceTimeIsTheStateShareOverH2d) {
   // host_fixed_gb 10 over weights 4 x 1 + head 1 = 5: 2 GB per layer at 40 GB/s = 50 ms.
-  PlanProblem p = four_layers();
+  PlanProblem p = testing::tail_four_layers();
   for (LayerCost& c : p.layers) c.weight_gb = 1;
   p.head_weight_gb = 1;
   p.host_fixed_gb = 10;
@@ -124,7 +109,7 @@ TEST(DeviceTailGate, DerivedDeviceTimeIsTheStateShareOverH2d) {
 }
 
 TEST(DeviceTailGate, JsonRoundTripAndValidate) {
-  PlanProblem p = four_layers();
+  PlanProblem p = testing::tail_four_layers();
   // Off and no device time: the problem's JSON has no tail keys (problems without the tail
   // serialize as before).
   p.device_update_ms_per_layer = 0;
@@ -147,7 +132,7 @@ TEST(DeviceTailGate, JsonRoundTripAndValidate) {
 TEST(DeviceTailGate, EvaluatorWaitsForTheMeetingPoint) {
   // The gate with the tail is the same recursion over the new U_j: the evaluator's wait for the
   // all-GPU plan equals max_k (U_k - sum_{m<k} (fwd_m + exposed_m)) with U from the tail.
-  PlanProblem p = four_layers();
+  PlanProblem p = testing::tail_four_layers();
   p.gpu_cap_gb = 1e6;
   p.device_update_layers = 2;
   Plan plan;
@@ -171,7 +156,7 @@ TEST(DeviceTailGate, PlanDocumentCarriesThePhase) {
   // prediction (what tests/cli/plan_tail.sh compares between the two): 340 ms off, 160 with
   // K = all (HandComputedMeetingPoint); a plan without its problem has none, and reading the
   // document back ignores it.
-  PlanProblem p = four_layers();
+  PlanProblem p = testing::tail_four_layers();
   p.gpu_cap_gb = 1e6;
   Plan plan;
   plan.num_layers = 4;

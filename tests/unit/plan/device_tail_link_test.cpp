@@ -20,32 +20,20 @@
 #include "plan/plan_json.h"
 #include "plan/resident.h"
 #include "tests/unit/plan/plan_test_util.h"
+#include "tests/unit/plan/planners.h"
 
 namespace ferry::plan {
 namespace {
 
+using testing::exact_planner;
+using testing::milp_planner;
+
 constexpr double kTieMs = 1e-9;
 
-Planner exact_planner() {
-  return [](const PlanProblem& q) -> Result<Plan> {
-    FERRY_ASSIGN_OR_RETURN(ExactResult e, solve_exact(q));
-    e.best.predicted.objective_ms = e.best.solver.objective_ms;
-    return std::move(e.best);
-  };
-}
-
-Planner milp_planner() {
-  return [](const PlanProblem& q) { return solve_milp(q, SolveOptions{.time_limit_s = 30}); };
-}
-
 // Four layers, the CPU 60 ms per layer (measured) after 100 ms of globals, the device 43 ms per
-// layer and 0.5 GB up per layer (device_tail_gate_test's four_layers, with the bytes given).
+// layer and 0.5 GB up per layer (plan_test_util.h's tail_four_layers, with the bytes given).
 PlanProblem four_layers() {
-  std::mt19937_64 rng(1);
-  PlanProblem p = testing::random_problem(rng, 4, false, 0.5);
-  for (LayerCost& c : p.layers) c.optimizer_ms = 60;
-  p.cpu_optimizer_ms = 340;
-  p.device_update_ms_per_layer = 43;
+  PlanProblem p = testing::tail_four_layers();
   p.device_update_h2d_gb_per_layer = 0.5;
   return p;
 }

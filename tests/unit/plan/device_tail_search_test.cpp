@@ -19,24 +19,16 @@
 #include "plan/plan_json.h"
 #include "plan/resident.h"
 #include "tests/unit/plan/plan_test_util.h"
+#include "tests/unit/plan/planners.h"
 
 namespace ferry::plan {
 namespace {
 
+using testing::exact_planner;
+using testing::milp_planner;
+
 constexpr double kRelTol = 1e-6;
 constexpr double kTieMs = 1e-9;
-
-Planner exact_planner() {
-  return [](const PlanProblem& q) -> Result<Plan> {
-    FERRY_ASSIGN_OR_RETURN(ExactResult e, solve_exact(q));
-    e.best.predicted.objective_ms = e.best.solver.objective_ms;
-    return std::move(e.best);
-  };
-}
-
-Planner milp_planner() {
-  return [](const PlanProblem& q) { return solve_milp(q, SolveOptions{.time_limit_s = 30}); };
-}
 
 // Tail costs from their own stream: the device's time per layer measured (a constant) or derived
 // (0: the layer's share of the host state over the H2D rate, which differs per layer with its

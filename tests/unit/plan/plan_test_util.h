@@ -77,4 +77,21 @@ inline void add_keep_costs(std::mt19937_64& rng, PlanProblem& p, double lo_gb, d
   }
 }
 
+// Four layers, the CPU 60 ms per layer (measured) after 100 ms of globals (cpu_optimizer_ms 340 =
+// 100 + 4 * 60), the device 43 ms per layer. From the phase start:
+//   K = all: the device takes 0 (done 43), 1 (86), 2 (129: at 86 it is free before the CPU,
+//   which is busy with the globals until 100); at 100 the CPU takes 3 (done 160); they have met.
+//   Ready relative to layer 0: (0, 43, 86, 117).
+//   K = 2: the device stops after 0 (43) and 1 (86); the CPU takes 3 (160) and 2 (220):
+//   (0, 43, 177, 117).
+//   K = 1: the device takes 0 (43); the CPU 3 (160), 2 (220), 1 (280): (0, 237, 177, 117).
+inline PlanProblem tail_four_layers() {
+  std::mt19937_64 rng(1);
+  PlanProblem p = random_problem(rng, 4, false, 0.5);
+  for (LayerCost& c : p.layers) c.optimizer_ms = 60;
+  p.cpu_optimizer_ms = 340;
+  p.device_update_ms_per_layer = 43;
+  return p;
+}
+
 }  // namespace ferry::plan::testing

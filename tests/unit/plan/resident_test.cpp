@@ -17,9 +17,12 @@
 #include "plan/plan_json.h"
 #include "plan/resident.h"
 #include "tests/unit/plan/plan_test_util.h"
+#include "tests/unit/plan/planners.h"
 
 namespace ferry::plan {
 namespace {
+
+using testing::milp_planner;
 
 constexpr double kRelTol = 1e-6;
 
@@ -49,10 +52,6 @@ void expect_plan_ok(const PlanProblem& p, const Plan& plan, const std::string& w
   EXPECT_NEAR(pred->resident_gb, resident_gpu_gb(at), 1e-12);
   for (double gb : pred->window_gpu_gb) EXPECT_GE(gb, at.gpu_fixed_gb + pred->resident_gb - 1e-9);
   EXPECT_LE(pred->gpu_peak_gb, p.gpu_cap_gb + kGbTolerance) << what;
-}
-
-Planner milp_planner() {
-  return [](const PlanProblem& q) { return solve_milp(q, SolveOptions{.time_limit_s = 30}); };
 }
 
 TEST(Resident, SearchWithMilpEqualsExactOverEveryK) {
