@@ -6,6 +6,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_env.sh
+source scripts/lib/gpu_sanitize.sh
 B=${FERRY_GPU_BUILD:-build/gpu}
 R=${OUT:-/tmp/ferry_min}/r
 mkdir -p "$R"
@@ -23,13 +24,8 @@ timeout "${TEST_TIMEOUT:-120}" "$B/tests/gpu_test" --gtest_filter="${TEST_FILTER
 echo "tests exit $?: $(grep -E '^\[  (PASSED|FAILED) ' "$R/test.log" | tr '\n' ' ')"
 stamp "tests"
 if [ "${SAN:-0}" = 1 ]; then
-  CS=compute-sanitizer
-  command -v $CS >/dev/null || CS=/usr/local/cuda/bin/compute-sanitizer
-  for tool in memcheck initcheck; do
-    timeout "${SAN_TIMEOUT:-60}" $CS --tool $tool --kernel-name kns=wgmma --error-exitcode 9 \
-      "$B/tests/gpu_test" --gtest_filter="${SAN_FILTER:-KernelsAttention.SequenceResultDoesNotDependOnPacking:*ModelGpu*hd*}" \
-      >"$R/san_$tool.log" 2>&1
-    echo "$tool exit $?: $(grep -E 'ERROR SUMMARY' "$R/san_$tool.log" | tail -1)"
-  done
+  SAN_TIMEOUT=${SAN_TIMEOUT:-60} sanitize_gpu_test "$R/san" wgmma \
+    "${SAN_FILTER:-KernelsAttention.SequenceResultDoesNotDependOnPacking:*ModelGpu*hd*}" \
+    memcheck initcheck
   stamp "sanitizers"
 fi

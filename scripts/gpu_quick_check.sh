@@ -26,6 +26,7 @@ if [ -n "${RESET_PATHS:-}" ]; then
   git clean -fdq $RESET_PATHS 2>/dev/null
 fi
 source scripts/device_env.sh
+source scripts/lib/gpu_sanitize.sh
 B=${FERRY_GPU_BUILD:-build/gpu}
 R=${OUT:-/tmp/ferry_quick}/r
 mkdir -p "$R"
@@ -119,26 +120,15 @@ if [ "${FLAKE:-0}" = 1 ]; then
   FERRY_ATTN_FWD_MT=1 timeout "${FLAKE_TIMEOUT:-150}" "$B/tests/gpu_test" --gtest_filter=$t \
     --gtest_repeat="${FLAKE_REPEAT:-10}" >"$R/flake_repeat.log" 2>&1 || status=1
   echo "flake repeat: $(grep -c '^\[       OK' "$R/flake_repeat.log") ok, $(grep -c '^\[  FAILED  \] Kernels' "$R/flake_repeat.log") failed"
-  CS=compute-sanitizer
-  command -v $CS >/dev/null || CS=/usr/local/cuda/bin/compute-sanitizer
-  for tool in racecheck initcheck; do
-    FERRY_ATTN_FWD_MT=1 timeout "${SAN_TIMEOUT:-150}" $CS --tool $tool --kernel-name kns=attention \
-      --error-exitcode 9 "$B/tests/gpu_test" --gtest_filter=$t >"$R/flake_$tool.log" 2>&1
-    echo "$tool exit $?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$R/flake_$tool.log" | tail -2 | tr '\n' ' ')"
-  done
+  FERRY_ATTN_FWD_MT=1 sanitize_gpu_test "$R/flake" attention "$t" racecheck initcheck
   stamp "flake"
 fi
 if [ "${SAN_WGMMA:-0}" = 1 ]; then
   # compute-sanitizer memcheck and initcheck on the warpgroup-MMA attention kernels (the rest of
   # the attention tests runs unchecked): san_wgmma_*.log.
-  CS=compute-sanitizer
-  command -v $CS >/dev/null || CS=/usr/local/cuda/bin/compute-sanitizer
-  for tool in memcheck initcheck; do
-    timeout "${SAN_TIMEOUT:-150}" $CS --tool $tool --kernel-name kns=wgmma --error-exitcode 9 \
-      "$B/tests/gpu_test" --gtest_filter='KernelsAttention.ForwardBackwardWithinTwiceNaiveBf16:KernelsAttention.SequenceResultDoesNotDependOnPacking' \
-      >"$R/san_wgmma_$tool.log" 2>&1
-    echo "wgmma $tool exit $?: $(grep -E 'ERROR SUMMARY' "$R/san_wgmma_$tool.log" | tail -1)"
-  done
+  sanitize_gpu_test "$R/san_wgmma" wgmma \
+    'KernelsAttention.ForwardBackwardWithinTwiceNaiveBf16:KernelsAttention.SequenceResultDoesNotDependOnPacking' \
+    memcheck initcheck
   stamp "wgmma sanitizers"
 fi
 if [ -n "$LATE_FILTER" ]; then
