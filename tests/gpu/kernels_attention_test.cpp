@@ -69,6 +69,11 @@ constexpr Variant kVariants[] = {
     {"fwd mma.sync lazy, 64-key tiles (FERRY_ATTN_FWD_WGMMA=0)", nullptr, nullptr, nullptr, nullptr,
      nullptr, nullptr, "0"},
 };
+// Whether the variant runs the default forward (it switches only the backward).
+bool default_forward(const Variant& v) {
+  return v.fwd_mt == nullptr && v.fwd_qregs == nullptr && v.fwd_lazy == nullptr &&
+         v.fwd_wgmma == nullptr;
+}
 struct ScopedVariant {
   explicit ScopedVariant(const Variant& v)
       : mt("FERRY_ATTN_FWD_MT", v.fwd_mt),
@@ -304,7 +309,7 @@ TEST_F(KernelsAttention, ForwardBackwardWithinTwiceNaiveBf16) {
       // order: the same bits.
       if (!out_first) {
         out_first = out_got;
-      } else if (var.fwd_mt == nullptr && var.fwd_lazy == nullptr && var.fwd_wgmma == nullptr) {
+      } else if (default_forward(var)) {
         // The default forward (only the backward differs): the same bits.
         EXPECT_TRUE(same_bits(*out_first, out_got)) << "forward differs from the default " << what;
       }
@@ -617,9 +622,7 @@ TEST_F(KernelsAttention, LongSequencesSampledRows) {
         lse0(std::vector<std::int64_t>{h, t}, kF32);
     for (const Variant& var : kVariants) {
       // A backward switch only: the default forward again.
-      const bool default_fwd = var.fwd_mt == nullptr && var.fwd_qregs == nullptr &&
-                               var.fwd_lazy == nullptr && var.fwd_wgmma == nullptr;
-      if (default_fwd && &var != &kVariants[0]) continue;
+      if (default_forward(var) && &var != &kVariants[0]) continue;
       const ScopedVariant env(var);
       const bool first = &var == &kVariants[0];
       DeviceTensor o(std::vector<std::int64_t>{t, h, d}, kBf),
