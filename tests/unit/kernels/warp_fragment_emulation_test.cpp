@@ -613,8 +613,9 @@ void run_item(Smem& sm, std::int64_t dq_acc, std::int64_t h, std::int64_t q0, st
         for (int e = 0; e < 4; ++e) {
           const int ql = nt * 8 + 2 * t + (e & 1);
           const std::int64_t qi = q0 + ql;
+          const bool causal = sh.causal;  // p_and_ds's parameter (attention_bwd_common.cuh)
           const bool ok =
-              PIN(kBwd, qi < len && kr[e >> 1] < len && (!sh.causal || qi >= kr[e >> 1]));
+              PIN(kBwdCommon, qi < len && kr[e >> 1] < len && (!causal || qi >= kr[e >> 1]));
           dpt[nt][e] = ok ? ds(qi, kr[e >> 1]) : 0.0f;
         }
       for (int nt = 0; nt < BQ / 8; ++nt)
