@@ -143,14 +143,20 @@ LiveSplit::~LiveSplit() {
   eng_.set_step_hook(nullptr);
 }
 
-SplitProblem LiveSplit::problem(const Engine& eng) const {
+SplitProblem LiveSplit::problem(const Engine& eng) const { return problem(eng, false); }
+
+SplitProblem LiveSplit::decision_problem(const Engine& eng) const {
+  return problem(eng, cfg_.reuse_prior);
+}
+
+SplitProblem LiveSplit::problem(const Engine& eng, bool reuse_prior) const {
   CostModel m = model_;
   // Never below what is in use or what an outstanding request needs (KvCache / Engine refuse).
   m.kv_floor_blocks = std::max({m.kv_floor_blocks, eng.kv_demand().used, eng.max_request_blocks()});
   m.kv_max_blocks = std::max(m.kv_max_blocks, m.kv_floor_blocks);
   m.prefix_block_cost_s =
       double(eng_.kv().block_tokens()) * prefill_cost_.per_token_s(cfg_.prefill_token_s);
-  m.prefix_reuse_prior = cfg_.reuse_prior;
+  m.prefix_reuse_prior = reuse_prior;
   return make_problem(m, sd_, steps_, kv_.samples(), prefix_.get(), eng.kv_demand().final_blocks);
 }
 
@@ -220,7 +226,7 @@ Status LiveSplit::on_step(Engine& eng) {
     return ok_status();
   }
   if (!due) return ok_status();
-  const SplitProblem p = problem(eng);
+  const SplitProblem p = decision_problem(eng);
   auto d = ctl_.decide(p, current_);
   ++stats_.decisions;
   DecisionRecord rec{.step = eng.stats().steps};

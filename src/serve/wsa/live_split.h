@@ -75,8 +75,19 @@ class LiveSplit {
   const LiveSplitStats& stats() const { return stats_; }
   int kv_floor_blocks() const { return model_.kv_floor_blocks; }
   const CostModel& model() const { return model_; }
-  // The problem on the current curves (for reports).
+  // The problem on the curves as observed: a run's profile (the offline configurator's input,
+  // serve_split_engine_bench's fixed-50 run) and reports. No reuse prior: that is a forecast of
+  // lookups still to come, which a finished run's curve already holds (it saw every lookup).
+  // NOTE(#9): until 2026-12-06 this was the decision problem, prior included, and the engine
+  // bench's profile carried it: at the end of the phased 12 x 6 run all 12 final histories are
+  // released and pending, so the prior added p x W = 0.82 x 3,565 lookups at depth 3,565 (0.44
+  // missing blocks per step below 3,565 blocks) for sessions that never came back, and the
+  // configurator bought 3,631 blocks to keep them (22-23 slots per layer; 0.937x the best fixed
+  // run; docs/serve_wsa.md, session 29). The simulator's profile never had the prior.
   SplitProblem problem(const Engine& eng) const;
+  // What the controller decides on: problem() plus, with LiveSplitConfig::reuse_prior and the
+  // prefix cache, the prefix curve's reuse prior for the chains held and pending now.
+  SplitProblem decision_problem(const Engine& eng) const;
 
  private:
   LiveSplit(Engine& eng, const LiveSplitConfig& cfg) : eng_(eng), cfg_(cfg), ctl_(cfg.controller) {}
@@ -85,6 +96,7 @@ class LiveSplit {
   void sync();  // current_ := what the engine's pools hold
 
   void observe_step_cost(const Engine& eng);  // PrefillCost from the last step's counters
+  SplitProblem problem(const Engine& eng, bool reuse_prior) const;
 
   Engine& eng_;
   LiveSplitConfig cfg_;
