@@ -83,6 +83,9 @@ struct Dev {
     for (std::size_t off = 0; off < bytes; off += h.size() * 2)
       cudaMemcpy(static_cast<char*>(p) + off, h.data(), std::min(h.size() * 2, bytes - off),
                  cudaMemcpyHostToDevice);
+    // A pageable upload may still be in flight when cudaMemcpy returns, on the legacy stream,
+    // which the benches' non-blocking streams do not wait for.
+    cudaDeviceSynchronize();
   }
   ~Dev() { cudaFree(p); }
   TensorView view(DType dt, std::initializer_list<std::int64_t> dims) const {
@@ -131,6 +134,7 @@ void BM_AttnFwdBwd(benchmark::State& st) {
   for (std::int64_t i = 0; i <= b; ++i)
     hcu[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i * s);
   cudaMemcpy(cu.p, hcu.data(), hcu.size() * 4, cudaMemcpyHostToDevice);
+  cudaDeviceSynchronize();  // landed before the first launch reads it (see Dev)
   const kernels::AttentionArgs fa{.out = o.view(DType::kBF16, {t, h, d}),
                                   .lse = lse.view(DType::kF32, {h, t}),
                                   .q = q.view(DType::kBF16, {t, h, d}),
@@ -227,6 +231,7 @@ void BM_AdamW(benchmark::State& st) {
   cudaMemset(m.p, 0, n * 4);
   cudaMemset(v.p, 0, n * 4);
   cudaMemset(g.p, 0, n * 4);
+  cudaDeviceSynchronize();
   const kernels::AdamWArgs a{.param = p.view(DType::kF32, {n}),
                              .m = m.view(DType::kF32, {n}),
                              .v = v.view(DType::kF32, {n}),

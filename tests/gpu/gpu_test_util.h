@@ -25,6 +25,17 @@
 
 namespace ferry::testing {
 
+// Host -> device copy that has landed when it returns. A plain cudaMemcpy from pageable host memory
+// may return once the bytes are staged, before the DMA reaches the destination (CUDA runtime,
+// "API synchronization behavior"), and it runs on the legacy default stream, which does not order
+// the tests' non-blocking streams: a kernel launched right after could read (or write, and then
+// be overwritten by) the bytes still in flight. Seen as allocation-history-dependent failures of
+// kernel tests whose fresh buffers are uploaded zeros. Every test upload goes through here.
+inline cudaError_t copy_to_device(void* dst, const void* src, std::size_t bytes) {
+  const cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+  return e != cudaSuccess ? e : cudaDeviceSynchronize();
+}
+
 // Owning device copy of a HostTensor; view() points at device memory.
 class DeviceTensor {
  public:
@@ -33,7 +44,7 @@ class DeviceTensor {
     bytes_ = static_cast<std::size_t>(h.numel()) * dtype_size(dtype_);
     EXPECT_EQ(cudaMalloc(&ptr_, bytes_ > 0 ? bytes_ : 1), cudaSuccess);
     if (bytes_ > 0) {
-      EXPECT_EQ(cudaMemcpy(ptr_, h.data(), bytes_, cudaMemcpyHostToDevice), cudaSuccess);
+      EXPECT_EQ(copy_to_device(ptr_, h.data(), bytes_), cudaSuccess);
     }
   }
   DeviceTensor(std::vector<std::int64_t> shape, DType dt) : DeviceTensor(HostTensor(shape, dt)) {}
@@ -75,7 +86,7 @@ class DeviceTensor {
   }
   void upload(const HostTensor& h) {
     ASSERT_EQ(static_cast<std::size_t>(h.numel()) * dtype_size(h.dtype()), bytes_);
-    ASSERT_EQ(cudaMemcpy(ptr_, h.data(), bytes_, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(copy_to_device(ptr_, h.data(), bytes_), cudaSuccess);
   }
   void* data() const { return ptr_; }
 
@@ -142,7 +153,7 @@ template <typename T>
 T* device_copy(const std::vector<T>& h) {
   void* d = nullptr;
   EXPECT_EQ(cudaMalloc(&d, std::max<std::size_t>(h.size() * sizeof(T), 4)), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(copy_to_device(d, h.data(), h.size() * sizeof(T)), cudaSuccess);
   return static_cast<T*>(d);
 }
 template <typename T>
@@ -169,7 +180,7 @@ struct DeviceBuf {
 };
 template <typename T>
 void up(void* d, const std::vector<T>& h) {
-  ASSERT_EQ(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(copy_to_device(d, h.data(), h.size() * sizeof(T)), cudaSuccess);
 }
 template <typename T>
 std::vector<T> down(const void* d, std::size_t n) {

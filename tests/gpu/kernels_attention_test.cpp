@@ -459,6 +459,82 @@ TEST_F(KernelsAttention, AtomicDqMatchesDeterministicPath) {
   }
 }
 
+// The atomic-dQ kernel with fewer dK/dV slices than query heads per kv head (each CTA then runs
+// several heads' items and adds its dK/dV partials), at workspaces of the accumulator plus a quarter
+// or a half of the partials. Its dK / dV must be the deterministic mma.sync path's bits at the same
+// partials region, twice. (Written when ForwardBackwardWithinTwiceNaiveBf16 failed at t = 150,
+// 16 / 2 heads, D = 64, a quarter: wrong, unrepeatable dK. The cause was the tests' uploads, not
+// the kernel: copy_to_device in gpu_test_util.h.)
+TEST_F(KernelsAttention, AtomicDqWithSlicedWorkspace) {
+  const Case cases[] = {{{150}, 16, 2, 64, false}, {{150}, 16, 2, 64, true},
+                        {{128}, 16, 2, 64, false}, {{150}, 8, 2, 64, false},
+                        {{150}, 16, 2, 128, false}, {{300, 70}, 16, 2, 128, true}};
+  for (const Case& c : cases) {
+    const Expected x = expected_attention(c);
+    const std::int64_t t = x.t;
+    DeviceTensor dq(x.q), dk(x.k), dv(x.v), ddo(x.dout), dcu(x.cu),
+        out(std::vector<std::int64_t>{t, c.h, c.d}, kBf),
+        lse(std::vector<std::int64_t>{c.h, t}, kF32);
+    FERRY_ASSERT_OK(cuda().attention({.out = out.view(),
+                                      .lse = lse.view(),
+                                      .q = dq.cview(),
+                                      .k = dk.cview(),
+                                      .v = dv.cview(),
+                                      .cu_seqlens = dcu.cview(),
+                                      .causal = c.causal},
+                                     stream()));
+    DeviceTensor gq(std::vector<std::int64_t>{t, c.h, c.d}, kBf),
+        gk(std::vector<std::int64_t>{t, c.g, c.d}, kBf),
+        gv(std::vector<std::int64_t>{t, c.g, c.d}, kBf);
+    kernels::AttentionBackwardArgs ba{.d_q = gq.view(),
+                                      .d_k = gk.view(),
+                                      .d_v = gv.view(),
+                                      .d_out = ddo.cview(),
+                                      .q = dq.cview(),
+                                      .k = dk.cview(),
+                                      .v = dv.cview(),
+                                      .out = out.cview(),
+                                      .lse = lse.cview(),
+                                      .cu_seqlens = dcu.cview(),
+                                      .causal = c.causal};
+    const std::size_t acc = atomic_dq_bytes(t, c.h, c.d);
+    const std::size_t partials = expected_workspace_bytes(t, c.h, c.g, c.d, false);
+    for (const std::size_t bytes : {acc + partials / 4, acc + partials / 2}) {
+      const std::string what = case_name(c, t) + " workspace=" + std::to_string(bytes);
+      // The deterministic path gets the atomic one's partials region (the workspace less the
+      // accumulator), so both choose the same slices.
+      DeviceTensor ws(std::vector<std::int64_t>{static_cast<std::int64_t>(bytes)}, DType::kU8),
+          ws_det(std::vector<std::int64_t>{static_cast<std::int64_t>(bytes - acc)}, DType::kU8);
+      auto run = [&](const char* mode) {
+        ba.workspace = mode != nullptr ? ws.view() : ws_det.view();
+        const ScopedEnv env("FERRY_ATTN_BWD_DQ", mode);
+        const ScopedEnv keys("FERRY_ATTN_BWD_KEYS", nullptr);
+        const ScopedEnv wgmma("FERRY_ATTN_BWD_WGMMA", "0");
+        FERRY_CHECK_OK(cuda().attention_backward(ba, stream()));
+        sync();
+        return std::array<HostTensor, 3>{gq.download(), gk.download(), gv.download()};
+      };
+      const auto det = run(nullptr);
+      const auto at1 = run("atomic");
+      const auto at2 = run("atomic");
+      const bool dk_same = same_bits(det[1], at1[1]), dv_same = same_bits(det[2], at1[2]);
+      const bool dk_again = same_bits(at1[1], at2[1]);
+      std::printf("sliced atomic dq %s: dk %s the deterministic path's bits (max |diff| %g), "
+                  "%s on a second run; dv %s\n",
+                  what.c_str(), dk_same ? "has" : "does NOT have",
+                  max_abs_diff(det[1], at1[1]), dk_again ? "the same" : "DIFFERENT",
+                  dv_same ? "same bits" : "DIFFERS");
+      EXPECT_TRUE(dk_same) << "dk " << what;
+      EXPECT_TRUE(dv_same) << "dv " << what;
+      EXPECT_TRUE(dk_again) << "dk twice " << what;
+      EXPECT_TRUE(same_bits(at1[2], at2[2])) << "dv twice " << what;
+      EXPECT_TRUE(within_twice_naive(det[1], x.dk_w, x.dk_n, 1e-3)) << "dk (deterministic) " << what;
+      for (const auto* a : {&at1, &at2})
+        EXPECT_TRUE(within_twice_naive((*a)[0], x.dq_w, x.dq_n, 1e-3)) << "dq (atomic) " << what;
+    }
+  }
+}
+
 // Long sequences, checked on sampled rows (f64 per-row computations from the bf16 inputs; naive =
 // the bf16 emulation of naive_attention on the same rows):
 //   forward rows (token, head): out and lse, each row's own exact softmax;

@@ -227,7 +227,7 @@ TEST_F(ServeDecodeFusion, AddRmsNormEqualsAddThenNorm) {
         DeviceBuf d_xref(elems * 4), d_href(elems * 4), d_rref(std::size_t(n) * 4);
         DeviceBuf d_xout(elems * 4), d_h(elems * 4), d_r(std::size_t(n) * 4);
         float* y_ptr = d_y.as<float>() + (shifted ? 1 : 0);
-        ASSERT_EQ(cudaMemcpy(y_ptr, y.data(), elems * 4, cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(ferry::testing::copy_to_device(y_ptr, y.data(), elems * 4), cudaSuccess);
         up(d_x.p, x);
         up(d_xref.p, x);
         up(d_w.p, w);

@@ -117,7 +117,7 @@ void build(PagedCase& c, const AttnShape& sh, unsigned seed) {
   c.scale = 1.0f / std::sqrt(float(sh.D));
   const std::size_t pool_floats = std::size_t(c.kv->layer_stride_floats()) * geo.layers;
   c.d_pool = std::make_unique<DeviceBuf>(pool_floats * 4);
-  ASSERT_EQ(cudaMemcpy(c.d_pool->p, c.kv->base(), pool_floats * 4, cudaMemcpyHostToDevice),
+  ASSERT_EQ(ferry::testing::copy_to_device(c.d_pool->p, c.kv->base(), pool_floats * 4),
             cudaSuccess);
   for (auto& t : c.tables) c.stride = std::max<int>(c.stride, int(t.blocks.size()));
   std::vector<std::int32_t> packed(std::size_t(S) * c.stride, 0);
@@ -423,8 +423,8 @@ TEST_F(ServeDecodeKernels, ExpertFfnBf16EqualsF32IgnoresSlotAndGroupingKeepsTheR
       sync();
       // Shifted copies: f32 in launches of 3 rows, bf16 through the reversed row list in uneven
       // segments.
-      ASSERT_EQ(cudaMemcpy(wb1 + 1, wb.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(wf1 + 3, wf.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(ferry::testing::copy_to_device(wb1 + 1, wb.data(), n * 2), cudaSuccess);
+      ASSERT_EQ(ferry::testing::copy_to_device(wf1 + 3, wf.data(), n * 4), cudaSuccess);
       for (std::int64_t r0 = 0; r0 < rows; r0 += 3) {
         ASSERT_TRUE(kernels::cuda::expert_ffn(
                         args(d_of2.p, d_tf2.p, false, r0, std::min(rows, r0 + 3)), v, stream())

@@ -136,7 +136,7 @@ TEST_F(ServeKernels, PagedAttentionWithinTwiceTheCpuTwinsError) {
     // CUDA: the whole pool copied to the device, tables packed [S, stride].
     const std::size_t pool_floats = std::size_t(kv.layer_stride_floats()) * geo.layers;
     DeviceBuf d_pool(pool_floats * 4), d_q(q.size() * 4), d_out(q.size() * 4);
-    ASSERT_EQ(cudaMemcpy(d_pool.p, kv.base(), pool_floats * 4, cudaMemcpyHostToDevice),
+    ASSERT_EQ(ferry::testing::copy_to_device(d_pool.p, kv.base(), pool_floats * 4),
               cudaSuccess);
     up(d_q.p, q);
     int stride = 0;
@@ -224,7 +224,7 @@ TEST_F(ServeKernels, ExpertFfnMatchesItsTwinAndIgnoresSlotAndGrouping) {
   // Two copies of the weights at different addresses (the second shifted by 3 floats).
   DeviceBuf d_w(w.size() * 4), d_w2((w.size() + 3) * 4), d_x(x.size() * 4), d_ids(rows * 4);
   up(d_w.p, w);
-  ASSERT_EQ(cudaMemcpy(d_w2.as<float>() + 3, w.data(), w.size() * 4, cudaMemcpyHostToDevice),
+  ASSERT_EQ(ferry::testing::copy_to_device(d_w2.as<float>() + 3, w.data(), w.size() * 4),
             cudaSuccess);
   up(d_x.p, x);
   up(d_ids.p, ids);

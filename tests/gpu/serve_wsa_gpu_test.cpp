@@ -83,9 +83,9 @@ TEST_F(ServeWsaCuda, KvResizeMovesUsedRowsOnTheDevice) {
       for (int p = 0; p < tokens; ++p) {
         std::vector<float> k(GD), v(GD);
         for (int i = 0; i < GD; ++i) k[i] = tag(l, 0, s, p, i), v[i] = tag(l, 1, s, p, i);
-        ASSERT_EQ(cudaMemcpy(kv.k_row(l, t[s], p), k.data(), GD * 4, cudaMemcpyHostToDevice),
+        ASSERT_EQ(ferry::testing::copy_to_device(kv.k_row(l, t[s], p), k.data(), GD * 4),
                   cudaSuccess);
-        ASSERT_EQ(cudaMemcpy(kv.v_row(l, t[s], p), v.data(), GD * 4, cudaMemcpyHostToDevice),
+        ASSERT_EQ(ferry::testing::copy_to_device(kv.v_row(l, t[s], p), v.data(), GD * 4),
                   cudaSuccess);
       }
     }
