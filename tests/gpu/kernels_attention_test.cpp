@@ -460,14 +460,14 @@ TEST_F(KernelsAttention, AtomicDqMatchesDeterministicPath) {
 }
 
 // The atomic-dQ kernel with fewer dK/dV slices than query heads per kv head (each CTA then runs
-// several heads' items and adds its dK/dV partials), at workspaces of the accumulator plus a quarter
-// or a half of the partials. Its dK / dV must be the deterministic mma.sync path's bits at the same
-// partials region, twice. (Written when ForwardBackwardWithinTwiceNaiveBf16 failed at t = 150,
-// 16 / 2 heads, D = 64, a quarter: wrong, unrepeatable dK. The cause was the tests' uploads, not
-// the kernel: copy_to_device in gpu_test_util.h.)
+// several heads' items and adds its dK/dV partials), at workspaces of the accumulator plus a
+// quarter or a half of the partials. Its dK / dV must be the deterministic mma.sync path's bits at
+// the same partials region, twice. (Written when ForwardBackwardWithinTwiceNaiveBf16 failed at t =
+// 150, 16 / 2 heads, D = 64, a quarter: wrong, unrepeatable dK. The cause was the tests' uploads,
+// not the kernel: copy_to_device in gpu_test_util.h.)
 TEST_F(KernelsAttention, AtomicDqWithSlicedWorkspace) {
-  const Case cases[] = {{{150}, 16, 2, 64, false}, {{150}, 16, 2, 64, true},
-                        {{128}, 16, 2, 64, false}, {{150}, 8, 2, 64, false},
+  const Case cases[] = {{{150}, 16, 2, 64, false},  {{150}, 16, 2, 64, true},
+                        {{128}, 16, 2, 64, false},  {{150}, 8, 2, 64, false},
                         {{150}, 16, 2, 128, false}, {{300, 70}, 16, 2, 128, true}};
   for (const Case& c : cases) {
     const Expected x = expected_attention(c);
@@ -519,16 +519,17 @@ TEST_F(KernelsAttention, AtomicDqWithSlicedWorkspace) {
       const auto at2 = run("atomic");
       const bool dk_same = same_bits(det[1], at1[1]), dv_same = same_bits(det[2], at1[2]);
       const bool dk_again = same_bits(at1[1], at2[1]);
-      std::printf("sliced atomic dq %s: dk %s the deterministic path's bits (max |diff| %g), "
-                  "%s on a second run; dv %s\n",
-                  what.c_str(), dk_same ? "has" : "does NOT have",
-                  max_abs_diff(det[1], at1[1]), dk_again ? "the same" : "DIFFERENT",
-                  dv_same ? "same bits" : "DIFFERS");
+      std::printf(
+          "sliced atomic dq %s: dk %s the deterministic path's bits (max |diff| %g), "
+          "%s on a second run; dv %s\n",
+          what.c_str(), dk_same ? "has" : "does NOT have", max_abs_diff(det[1], at1[1]),
+          dk_again ? "the same" : "DIFFERENT", dv_same ? "same bits" : "DIFFERS");
       EXPECT_TRUE(dk_same) << "dk " << what;
       EXPECT_TRUE(dv_same) << "dv " << what;
       EXPECT_TRUE(dk_again) << "dk twice " << what;
       EXPECT_TRUE(same_bits(at1[2], at2[2])) << "dv twice " << what;
-      EXPECT_TRUE(within_twice_naive(det[1], x.dk_w, x.dk_n, 1e-3)) << "dk (deterministic) " << what;
+      EXPECT_TRUE(within_twice_naive(det[1], x.dk_w, x.dk_n, 1e-3))
+          << "dk (deterministic) " << what;
       for (const auto* a : {&at1, &at2})
         EXPECT_TRUE(within_twice_naive((*a)[0], x.dq_w, x.dq_n, 1e-3)) << "dq (atomic) " << what;
     }

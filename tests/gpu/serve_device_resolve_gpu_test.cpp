@@ -109,8 +109,7 @@ TEST_F(ServeDeviceResolveKernels, ResolveEqualsTheCpuTwinOnRandomSequences) {
                             .up_offset = 32,
                             .down_offset = 64};
           resolve_slots_twin(h);
-          ASSERT_EQ(ferry::testing::copy_to_device(d_ids, ids.data(), ids.size() * 4),
-                    cudaSuccess);
+          ASSERT_EQ(ferry::testing::copy_to_device(d_ids, ids.data(), ids.size() * 4), cudaSuccess);
           SlotResolveArgs d = h;
           d.ids = d_ids;
           d.state = d_state;

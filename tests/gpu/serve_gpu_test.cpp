@@ -136,8 +136,7 @@ TEST_F(ServeKernels, PagedAttentionWithinTwiceTheCpuTwinsError) {
     // CUDA: the whole pool copied to the device, tables packed [S, stride].
     const std::size_t pool_floats = std::size_t(kv.layer_stride_floats()) * geo.layers;
     DeviceBuf d_pool(pool_floats * 4), d_q(q.size() * 4), d_out(q.size() * 4);
-    ASSERT_EQ(ferry::testing::copy_to_device(d_pool.p, kv.base(), pool_floats * 4),
-              cudaSuccess);
+    ASSERT_EQ(ferry::testing::copy_to_device(d_pool.p, kv.base(), pool_floats * 4), cudaSuccess);
     up(d_q.p, q);
     int stride = 0;
     for (auto& t : tables) stride = std::max<int>(stride, int(t.blocks.size()));
