@@ -128,8 +128,12 @@ tail -40 "$OUT/summary.log"
 
 if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  timeout 100 "$CS" --tool memcheck --error-exitcode 9 "$GT" \
-    --gtest_filter="${MEMCHECK_FILTER:-*}" >"$OUT/memcheck.log" 2>&1
+  # The whole suite (~310 s on the H200, session 29). MemGpu.DeviceOutOfBudgetAndOutOfMemoryAreStatus
+  # asks cudaMalloc for more than the device has on purpose, which memcheck reports as two API
+  # errors (no memory access error), so that one test stays outside memcheck.
+  timeout "${MEMCHECK_TIMEOUT:-450}" "$CS" --tool memcheck --error-exitcode 9 "$GT" \
+    --gtest_filter="${MEMCHECK_FILTER:--MemGpu.DeviceOutOfBudgetAndOutOfMemoryAreStatus}" \
+    >"$OUT/memcheck.log" 2>&1
   echo "memcheck exit $?"
   grep -E "ERROR SUMMARY|Invalid|PASSED|FAILED" "$OUT/memcheck.log" | head -12
   # Shared-memory hazards of the atomic-dQ dK/dV kernel (dS^T staged between two CTA barriers,
