@@ -128,7 +128,7 @@ tail -40 "$OUT/summary.log"
 
 if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  # The whole suite (~310 s on the H200, session 29). MemGpu.DeviceOutOfBudgetAndOutOfMemoryAreStatus
+  # The whole suite (~270 s on the H200, session 29). MemGpu.DeviceOutOfBudgetAndOutOfMemoryAreStatus
   # asks cudaMalloc for more than the device has on purpose, which memcheck reports as two API
   # errors (no memory access error), so that one test stays outside memcheck.
   timeout "${MEMCHECK_TIMEOUT:-450}" "$CS" --tool memcheck --error-exitcode 9 "$GT" \

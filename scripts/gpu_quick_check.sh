@@ -11,7 +11,8 @@
 # policies, largest batch each) for PLAN_GEOMS (default "qwen2.5-3b qwen2.5-7b") at those GPU caps
 # (GB), with ModelCompute's scratch overlay (default) and without (FERRY_SCRATCH_OVERLAY=0):
 # plan_<geom>_overlay{1,0}.json + .txt.
-# FLAKE=1: the atomic-dQ flake: KernelsAttention.ForwardBackwardWithinTwiceNaiveBf16 with
+# FLAKE=1: a repeat check (the former "atomic-dQ flake", the tests' uploads racing their kernels,
+# fixed in session 29): KernelsAttention.ForwardBackwardWithinTwiceNaiveBf16 with
 # FERRY_ATTN_FWD_MT=1 FLAKE_REPEAT times (10), then under compute-sanitizer racecheck and initcheck
 # (attention kernels only): flake_*.log.
 # NCU=1: Nsight Compute on the attention kernels of one AttnFwdBwd row (ncu.txt, ncu_details.csv,
@@ -114,7 +115,7 @@ if [ "${NCU:-0}" = 1 ]; then
   stamp "ncu"
 fi
 if [ "${FLAKE:-0}" = 1 ]; then
-  # The atomic-dQ flake (docs/cuda.md): its rate over repeats, then racecheck / initcheck on the
+  # Repeats (docs/cuda.md, "Session 29: the cause was the tests"), then racecheck / initcheck on the
   # attention backward kernels only (the rest of the test runs unchecked).
   t=KernelsAttention.ForwardBackwardWithinTwiceNaiveBf16
   FERRY_ATTN_FWD_MT=1 timeout "${FLAKE_TIMEOUT:-150}" "$B/tests/gpu_test" --gtest_filter=$t \
