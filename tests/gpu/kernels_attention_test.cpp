@@ -255,7 +255,50 @@ std::string case_name(const Case& c, std::int64_t t) {
          " d=" + std::to_string(c.d) + " causal=" + std::to_string(c.causal);
 }
 
-class KernelsAttention : public CudaTest {};
+// One case's inputs on the device, the default forward's out and lse, and bf16 gradient buffers,
+// with the backward's arguments over them (no workspace).
+struct DeviceAttention {
+  DeviceTensor q, k, v, dout, cu, out, lse, gq, gk, gv;
+  kernels::AttentionBackwardArgs args;
+};
+
+class KernelsAttention : public CudaTest {
+ protected:
+  DeviceAttention forward_on_device(const Case& c, const Expected& x) {
+    const std::int64_t t = x.t;
+    DeviceAttention a{.q = DeviceTensor(x.q),
+                      .k = DeviceTensor(x.k),
+                      .v = DeviceTensor(x.v),
+                      .dout = DeviceTensor(x.dout),
+                      .cu = DeviceTensor(x.cu),
+                      .out = DeviceTensor({t, c.h, c.d}, kBf),
+                      .lse = DeviceTensor({c.h, t}, kF32),
+                      .gq = DeviceTensor({t, c.h, c.d}, kBf),
+                      .gk = DeviceTensor({t, c.g, c.d}, kBf),
+                      .gv = DeviceTensor({t, c.g, c.d}, kBf)};
+    const Status st = cuda().attention({.out = a.out.view(),
+                                        .lse = a.lse.view(),
+                                        .q = a.q.cview(),
+                                        .k = a.k.cview(),
+                                        .v = a.v.cview(),
+                                        .cu_seqlens = a.cu.cview(),
+                                        .causal = c.causal},
+                                       stream());
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    a.args = {.d_q = a.gq.view(),
+              .d_k = a.gk.view(),
+              .d_v = a.gv.view(),
+              .d_out = a.dout.cview(),
+              .q = a.q.cview(),
+              .k = a.k.cview(),
+              .v = a.v.cview(),
+              .out = a.out.cview(),
+              .lse = a.lse.cview(),
+              .cu_seqlens = a.cu.cview(),
+              .causal = c.causal};
+    return a;
+  }
+};
 
 TEST_F(KernelsAttention, ForwardBackwardWithinTwiceNaiveBf16) {
   std::printf("attention by default: %s\n", kernels::cuda::attention_wgmma_available()
@@ -397,31 +440,9 @@ TEST_F(KernelsAttention, AtomicDqMatchesDeterministicPath) {
     const Expected x = expected_attention(c);
     const std::int64_t t = x.t;
     const std::string what = case_name(c, t);
-    DeviceTensor dq(x.q), dk(x.k), dv(x.v), ddo(x.dout), dcu(x.cu),
-        out(std::vector<std::int64_t>{t, c.h, c.d}, kBf),
-        lse(std::vector<std::int64_t>{c.h, t}, kF32);
-    FERRY_ASSERT_OK(cuda().attention({.out = out.view(),
-                                      .lse = lse.view(),
-                                      .q = dq.cview(),
-                                      .k = dk.cview(),
-                                      .v = dv.cview(),
-                                      .cu_seqlens = dcu.cview(),
-                                      .causal = c.causal},
-                                     stream()));
-    DeviceTensor gq(std::vector<std::int64_t>{t, c.h, c.d}, kBf),
-        gk(std::vector<std::int64_t>{t, c.g, c.d}, kBf),
-        gv(std::vector<std::int64_t>{t, c.g, c.d}, kBf);
-    kernels::AttentionBackwardArgs ba{.d_q = gq.view(),
-                                      .d_k = gk.view(),
-                                      .d_v = gv.view(),
-                                      .d_out = ddo.cview(),
-                                      .q = dq.cview(),
-                                      .k = dk.cview(),
-                                      .v = dv.cview(),
-                                      .out = out.cview(),
-                                      .lse = lse.cview(),
-                                      .cu_seqlens = dcu.cview(),
-                                      .causal = c.causal};
+    DeviceAttention dev = forward_on_device(c, x);
+    kernels::AttentionBackwardArgs& ba = dev.args;
+    DeviceTensor &gq = dev.gq, &gk = dev.gk, &gv = dev.gv;
     std::size_t bytes = 0;
     {
       const ScopedEnv env("FERRY_ATTN_BWD_DQ", "atomic");
@@ -472,31 +493,9 @@ TEST_F(KernelsAttention, AtomicDqWithSlicedWorkspace) {
   for (const Case& c : cases) {
     const Expected x = expected_attention(c);
     const std::int64_t t = x.t;
-    DeviceTensor dq(x.q), dk(x.k), dv(x.v), ddo(x.dout), dcu(x.cu),
-        out(std::vector<std::int64_t>{t, c.h, c.d}, kBf),
-        lse(std::vector<std::int64_t>{c.h, t}, kF32);
-    FERRY_ASSERT_OK(cuda().attention({.out = out.view(),
-                                      .lse = lse.view(),
-                                      .q = dq.cview(),
-                                      .k = dk.cview(),
-                                      .v = dv.cview(),
-                                      .cu_seqlens = dcu.cview(),
-                                      .causal = c.causal},
-                                     stream()));
-    DeviceTensor gq(std::vector<std::int64_t>{t, c.h, c.d}, kBf),
-        gk(std::vector<std::int64_t>{t, c.g, c.d}, kBf),
-        gv(std::vector<std::int64_t>{t, c.g, c.d}, kBf);
-    kernels::AttentionBackwardArgs ba{.d_q = gq.view(),
-                                      .d_k = gk.view(),
-                                      .d_v = gv.view(),
-                                      .d_out = ddo.cview(),
-                                      .q = dq.cview(),
-                                      .k = dk.cview(),
-                                      .v = dv.cview(),
-                                      .out = out.cview(),
-                                      .lse = lse.cview(),
-                                      .cu_seqlens = dcu.cview(),
-                                      .causal = c.causal};
+    DeviceAttention dev = forward_on_device(c, x);
+    kernels::AttentionBackwardArgs& ba = dev.args;
+    DeviceTensor &gq = dev.gq, &gk = dev.gk, &gv = dev.gv;
     const std::size_t acc = atomic_dq_bytes(t, c.h, c.d);
     const std::size_t partials = expected_workspace_bytes(t, c.h, c.g, c.d, false);
     for (const std::size_t bytes : {acc + partials / 4, acc + partials / 2}) {
