@@ -46,6 +46,10 @@
 // as it would on the GPU; its wall time is CPU compute, not a GPU's. --model-step-ms /
 // --model-miss-ms price a run's own counters (steps, pager misses) with a step model, e.g. one
 // fitted to an H200 run (docs/serve_wsa.md): "modelled_s" in the JSON, ratios on it printed.
+// Given a step model, the LiveSplit of the profile run and of the live policy price steps by it
+// too (wsa::priced_by: a miss at --model-miss-ms, a step's base at --model-step-ms, nothing per
+// token), so the configurator and the controller minimise what the runs are scored on; without
+// one they price a miss at expert bytes / --link-gbps and a token at LiveSplitConfig's default.
 // --policies also takes cap-N (a --caps run at that place in the order, e.g. the oracle's
 // nearest caps before a named split that may be cut by --deadline-unix).
 // --policy-s caps the wall time of policies named as in --policies ("caps": each --caps run;
@@ -175,6 +179,9 @@ struct Setup {
   double min_hysteresis = 0.01, uniform_tie = 0.01;  // --live-min-hysteresis, --live-uniform-tie
   bool band_of_avoidable = true;                     // --live-band-of avoidable|total
   double model_step_s = 0, model_miss_s = 0;         // --model-step-ms, --model-miss-ms
+  // The step model that scores the runs (nothing per token), which LiveSplit then prices by.
+  bool priced_by_model() const { return model_step_s > 0 || model_miss_s > 0; }
+  StepModel step_model() const { return {.step_s = model_step_s, .miss_s = model_miss_s}; }
   const ExpertStore* host_store = nullptr;  // the packed experts every engine reads (one copy)
   DType dense_dtype = DType::kF32;          // --dense-dtype
   double deadline_unix = 0;                 // --deadline-unix: no policy runs past it (0: none)
@@ -230,17 +237,23 @@ PolicyResult run_policy(const Setup& su, const std::string& key, const std::stri
   Engine& eng = **eng_r;
   std::unique_ptr<LiveSplit> ls;
   if (live || profile != nullptr) {
-    auto r =
-        LiveSplit::attach(eng, {.budget_bytes = su.pool_budget,
-                                .concurrency = su.concurrency,
-                                .max_context_tokens = su.w->max_context(),
-                                .decide_every_steps = live ? su.decide_every_steps : (1 << 30),
-                                .min_decide_steps = su.min_decide_steps,
-                                .decide_accesses_per_expert = live ? su.decide_per_expert : 0.0,
-                                .link_bytes_per_s = su.link_bytes_per_s,
-                                .controller = {.min_hysteresis = su.min_hysteresis,
-                                               .uniform_tie = su.uniform_tie,
-                                               .of_avoidable = su.band_of_avoidable}});
+    LiveSplitConfig lc{.budget_bytes = su.pool_budget,
+                       .concurrency = su.concurrency,
+                       .max_context_tokens = su.w->max_context(),
+                       .decide_every_steps = live ? su.decide_every_steps : (1 << 30),
+                       .min_decide_steps = su.min_decide_steps,
+                       .decide_accesses_per_expert = live ? su.decide_per_expert : 0.0,
+                       .link_bytes_per_s = su.link_bytes_per_s,
+                       .controller = {.min_hysteresis = su.min_hysteresis,
+                                      .uniform_tie = su.uniform_tie,
+                                      .of_avoidable = su.band_of_avoidable}};
+    // With a step model the runs are scored by it, so LiveSplit prices by it too: its profile
+    // (the configurator's input) and the live controller's problems. Without one: the link and
+    // LiveSplitConfig's default prefill_token_s, as before.
+    if (su.priced_by_model()) {
+      lc = priced_by(lc, su.step_model(), eng.experts().store()->expert_bytes());
+    }
+    auto r = LiveSplit::attach(eng, lc);
     if (!r.ok()) {
       pr.error = r.status().to_string();
       return pr;
@@ -850,7 +863,10 @@ int main(int argc, char** argv) {
                 {"prior_json", prior_json_path},
                 {"save_profile", save_profile_path},
                 {"configurator_profile", load_profile_path},
-                {"routing", host_routing ? "per-layer" : "forced-ahead"}};
+                {"routing", host_routing ? "per-layer" : "forced-ahead"},
+                {"live_split_prices", su.priced_by_model() ? "step model" : "link"},
+                {"model_step_ms", model_step_ms},
+                {"model_miss_ms", model_miss_ms}};
   // What a saved profile must match to be used by another run's configurator: the split
   // problem's sizes, costs and workload (tools/bench/wsa_merge.py merges such runs' JSON).
   nlohmann::json profile_key = {{"geometry", out["geometry"]},
@@ -859,6 +875,11 @@ int main(int argc, char** argv) {
                                 {"kv_floor_blocks", su.floor_blocks},
                                 {"link_gbps", link_gbps}};
   profile_key["geometry"].erase("dense_dtype");  // the split problem does not depend on it
+  // A profile priced by a step model (its miss and prefix-block costs) matches only that model;
+  // without one the key is as before (profiles saved before the step model priced LiveSplit).
+  if (su.priced_by_model()) {
+    profile_key["step_model"] = {{"step_ms", model_step_ms}, {"miss_ms", model_miss_ms}};
+  }
 
   // --prior-json: an earlier call's JSON of the same measurement; its best complete named and
   // fixed times bound --prune-slower from the first policy on.

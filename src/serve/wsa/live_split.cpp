@@ -56,6 +56,13 @@ Status configure_auto_split(const model::DecoderGeometry& geo, std::size_t budge
   return ok_status();
 }
 
+LiveSplitConfig priced_by(LiveSplitConfig cfg, const StepModel& m, std::size_t expert_bytes) {
+  cfg.step_base_s = m.step_s;
+  cfg.prefill_token_s = m.token_s;
+  cfg.link_bytes_per_s = m.miss_s > 0 ? double(expert_bytes) / m.miss_s : 0.0;
+  return cfg;
+}
+
 Result<std::unique_ptr<LiveSplit>> LiveSplit::attach(Engine& eng, const LiveSplitConfig& cfg) {
   ExpertPager* pager = eng.experts().pager();
   if (pager == nullptr) return invalid_argument("wsa: --split auto needs the paged expert mode");
@@ -172,7 +179,7 @@ void LiveSplit::observe_step_cost(const Engine& eng) {
   last_decode_ = st.decode_tokens;
   const double miss_s =
       cfg_.link_bytes_per_s > 0 ? double(model_.expert_bytes) / cfg_.link_bytes_per_s : 0.0;
-  prefill_cost_.add(dm * miss_s + cfg_.prefill_token_s * (dp + dd), dp + dd, dp);
+  prefill_cost_.add(cfg_.step_base_s + dm * miss_s + cfg_.prefill_token_s * (dp + dd), dp + dd, dp);
 }
 
 Status LiveSplit::apply(Engine& eng, const Split& s) {

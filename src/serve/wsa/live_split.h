@@ -7,10 +7,11 @@
 //   - with the prefix cache on, feeds the pool's block identities (KvCache::set_prefix_observer)
 //     into a PrefixStackDistance: the prefix miss curve over KV capacity, priced at block_tokens
 //     x the prefill cost per token (modelled per step from the pager's misses and the step's
-//     tokens: misses x expert_bytes / link + prefill_token_s x tokens; a prefill token costs
-//     what a full chunk of max_batch_tokens costs above a decode-only step, demand.h), and
-//     its reuse prior (reuse_prior): the chains the pool holds now, plus the blocks running and
-//     queued requests will hold (KvDemandSample::final_blocks), valued before they come back,
+//     tokens: step_base_s + misses x expert_bytes / link + prefill_token_s x tokens; a prefill
+//     token costs what a full chunk of max_batch_tokens costs above a decode-only step,
+//     demand.h), and its reuse prior (reuse_prior): the chains the pool holds now, plus the
+//     blocks running and queued requests will hold (KvDemandSample::final_blocks), valued
+//     before they come back,
 //   - every decide_every_steps steps builds the SplitProblem (per-step curves, the floor raised to
 //     the blocks in use and to the largest outstanding request), asks the SplitController, and on
 //     a move calls Engine::resize_pools at that boundary (no draining), then ages the curves.
@@ -47,13 +48,38 @@ struct LiveSplitConfig {
   int min_decide_steps = 4;
   double decide_accesses_per_expert = 2;
   double age_factor = 0.9;  // curve weight kept per 64 steps
+  // LiveSplit's step model, the simulator's (split_sim.h): a step costs
+  //   step_base_s + prefill_token_s x tokens + misses x expert_bytes / link_bytes_per_s,
+  // which prices a recomputed prompt token (demand.h PrefillCost: step_base_s cancels in a full
+  // chunk's price above a decode-only step; it enters only the proportional fallback before
+  // the first full chunk) and a KV block missing for a step (block_tokens x prefill_token_s).
+  // A run scored by another step model should be priced by it: priced_by() below.
   double link_bytes_per_s = 24e9;
   double prefill_token_s = 2e-4;  // a missing KV block costs block_tokens x this per step
+  double step_base_s = 0;
   // With the prefix cache: value cached chains that have not come back yet by the prefix
   // curve's reuse prior (prefix_curve.h), so early decisions do not give their blocks away.
   bool reuse_prior = true;
   ControllerConfig controller;  // its link_bytes_per_s defaults to the one above
 };
+
+// A step model: step_s per step + token_s per token (prompt or decode) + miss_s per expert miss
+// (the simulator's step_base_s / token_s / expert_bytes / link; serve_split_engine_bench's
+// --model-step-ms / --model-miss-ms, which score its runs, with token_s 0).
+struct StepModel {
+  double step_s = 0, token_s = 0, miss_s = 0;
+};
+
+// `cfg` with LiveSplit's prices set to `m`: step_base_s = m.step_s, prefill_token_s = m.token_s,
+// link_bytes_per_s = expert_bytes / m.miss_s (0, i.e. misses free, when m.miss_s <= 0), so the
+// CostModel's miss cost is m.miss_s and the controller's migration (|delta slots| x expert_bytes
+// / its link, which defaults to this link) is m.miss_s a slot. An explicit
+// cfg.controller.link_bytes_per_s is kept.
+// NOTE(#9): the engine bench scored its runs at 1.6 ms a step + 0.197 ms a miss but priced its
+// LiveSplit at the default 0.2 ms a token and a 0.1716 ms miss (expert bytes / the scaled link):
+// a recomputed prompt block at 4.17 ms where its scoring model pays 1.12 (docs/serve_wsa.md,
+// session 29). Test: tests/unit/serve/wsa_profile_test.cpp (EngineProfileIsPricedByTheStepModel).
+LiveSplitConfig priced_by(LiveSplitConfig cfg, const StepModel& m, std::size_t expert_bytes);
 
 struct LiveSplitStats {
   std::uint64_t decisions = 0, moves = 0, forced = 0;

@@ -8,12 +8,15 @@
 //   - the engine's profile is the observed curves: the same whether LiveSplitConfig::reuse_prior
 //     is on or off (the prior is a forecast for live decisions: decision_problem());
 //   - the simulator's 50/50 profile (more layers and experts) likewise;
+//   - priced by a step model (wsa::priced_by, the engine bench's --model-step-ms /
+//     --model-miss-ms), the engine's profile carries that model's prices of the run's own steps;
 //   - a missing file, another kind of JSON, a truncated file, a wrong type, curves of unequal
 //     length are refused with a status; a non-finite value is refused at save.
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <string>
@@ -94,8 +97,11 @@ wsa::AgenticSpec tiny_agentic_spec() {
           .seed = 5};
 }
 
-// Runs the sessions, each turn re-sending its real history (as serve_split_engine_bench does).
-void run_history(Engine& eng, const wsa::AgenticWorkload& w, int vocab) {
+// Runs the sessions, each turn re-sending its real history (as serve_split_engine_bench does);
+// `before_step` (if set) is called before every Engine::step(), where the engine calls its step
+// hook (LiveSplit's observation of the previous step).
+void run_history(Engine& eng, const wsa::AgenticWorkload& w, int vocab,
+                 const std::function<void(Engine&)>& before_step = {}) {
   std::map<RequestId, std::pair<int, int>> turn_of;
   std::map<int, std::vector<std::int32_t>> prompt_of;
   auto submit = [&](int s, int t, std::vector<std::int32_t> prompt) {
@@ -107,6 +113,7 @@ void run_history(Engine& eng, const wsa::AgenticWorkload& w, int vocab) {
   };
   for (int s = 0; s < w.sessions(); ++s) submit(s, 0, w.turn_prompt(s, 0, vocab));
   while (!eng.idle()) {
+    if (before_step) before_step(eng);
     auto ev = eng.step();
     ASSERT_TRUE(ev.ok()) << ev.status().to_string();
     for (const TokenEvent& e : *ev) {
@@ -124,11 +131,17 @@ void run_history(Engine& eng, const wsa::AgenticWorkload& w, int vocab) {
 // attach), observed by a LiveSplit that never decides; `reuse_prior` is the LiveSplitConfig
 // option (the bench leaves it at its default, on). Returns the observed problem (the profile)
 // and the decision problem at the end of the run.
+// `price` (if set) rewrites the LiveSplitConfig before attach (e.g. wsa::priced_by), `before_step`
+// is run_history's; max_batch_tokens is the engine's chunk (24: the run has full chunks).
 struct ProfileRun {
   wsa::SplitProblem observed, decision;
   std::uint64_t moves = 0;
+  std::size_t expert_bytes = 0;
 };
-ProfileRun profile_run(bool reuse_prior) {
+ProfileRun profile_run(
+    bool reuse_prior,
+    const std::function<wsa::LiveSplitConfig(wsa::LiveSplitConfig, std::size_t)>& price = {},
+    const std::function<void(Engine&)>& before_step = {}, int max_batch_tokens = 24) {
   ProfileRun out;
   auto m = testing::tiny_builtin_moe(23);
   EXPECT_TRUE(m);
@@ -144,7 +157,7 @@ ProfileRun profile_run(bool reuse_prior) {
   const int floor = (w.max_context() + kBlockTokens - 1) / kBlockTokens;
   const std::size_t budget = 2 * 5 * eb + std::size_t(floor + 6) * kb;
   EngineConfig ec;
-  ec.max_batch_tokens = 24;
+  ec.max_batch_tokens = max_batch_tokens;
   ec.max_running = 3;
   ec.pager.mode = ExpertMode::kPaged;
   ec.pager.layer_slots = {3, 3};
@@ -157,16 +170,19 @@ ProfileRun profile_run(bool reuse_prior) {
   auto eng = Engine::create(m->geometry, m->params, ec);
   EXPECT_TRUE(eng.ok()) << eng.status().to_string();
   if (!eng.ok()) return out;
-  auto ls = wsa::LiveSplit::attach(**eng, {.budget_bytes = budget,
-                                           .concurrency = 1,
-                                           .max_context_tokens = w.max_context(),
-                                           .decide_every_steps = 1 << 30,
-                                           .decide_accesses_per_expert = 0.0,
-                                           .link_bytes_per_s = 1e9,
-                                           .reuse_prior = reuse_prior});
+  wsa::LiveSplitConfig lc{.budget_bytes = budget,
+                          .concurrency = 1,
+                          .max_context_tokens = w.max_context(),
+                          .decide_every_steps = 1 << 30,
+                          .decide_accesses_per_expert = 0.0,
+                          .link_bytes_per_s = 1e9,
+                          .reuse_prior = reuse_prior};
+  out.expert_bytes = (*eng)->experts().store()->expert_bytes();
+  if (price) lc = price(lc, out.expert_bytes);
+  auto ls = wsa::LiveSplit::attach(**eng, lc);
   EXPECT_TRUE(ls.ok()) << ls.status().to_string();
   if (!ls.ok()) return out;
-  run_history(**eng, w, m->geometry.vocab);
+  run_history(**eng, w, m->geometry.vocab, before_step);
   out.moves = (*ls)->stats().moves;
   out.observed = (*ls)->problem(**eng);
   out.decision = (*ls)->decision_problem(**eng);
@@ -209,6 +225,53 @@ TEST(WsaProfile, EngineProfileIsTheObservedCurvesWithoutTheReusePrior) {
   EXPECT_GT(dec.front(), obs.front());
   std::printf("profile prefix misses per step at 0 blocks: observed %.4f, with the prior %.4f\n",
               obs.front(), dec.front());
+}
+
+// A run scored by a step model (serve_split_engine_bench --model-step-ms / --model-miss-ms: a
+// step's base + a price per miss, nothing per token) must be profiled at that model's prices:
+// the configurator minimises the profile's T. wsa::priced_by gives LiveSplit the model; the test
+// prices the same run's steps itself, from the engine's counters before every step (where the
+// engine calls LiveSplit's hook), by the scoring model, and the profile must carry exactly those
+// prices: a miss at miss_s, a prompt block at block_tokens x PrefillCost's price of the scored
+// steps, a KV block missing for a step at 0 (nothing per token). At chunks of 24 tokens the run
+// has full chunks (the price is full minus decode-only steps: the step's base cancels); at 4,096
+// none (the proportional share of the steps' time: the base counts). Before the bench priced by
+// its step model (session 29), its LiveSplit kept 0.2 ms a token and a miss at expert bytes /
+// link: a prompt block at 4.17 ms where the scoring model pays 1.12 (docs/serve_wsa.md).
+TEST(WsaProfile, EngineProfileIsPricedByTheStepModel) {
+  const wsa::StepModel model{.step_s = 1.6e-3, .token_s = 0, .miss_s = 0.197e-3};
+  for (const int chunk : {24, 4096}) {
+    SCOPED_TRACE("max_batch_tokens " + std::to_string(chunk));
+    wsa::PrefillCost scored(chunk);
+    std::uint64_t misses = 0, prefill = 0, decode = 0;
+    auto score_last_step = [&](Engine& eng) {
+      const std::uint64_t m = eng.experts().pager()->counters().misses;
+      const EngineStats& st = eng.stats();
+      const double dp = double(st.prefill_tokens - prefill), dd = double(st.decode_tokens - decode);
+      scored.add(model.step_s + model.miss_s * double(m - misses), dp + dd, dp);
+      misses = m, prefill = st.prefill_tokens, decode = st.decode_tokens;
+    };
+    auto price = [&](wsa::LiveSplitConfig c, std::size_t eb) {
+      return wsa::priced_by(c, model, eb);
+    };
+    const ProfileRun r = profile_run(true, price, score_last_step, chunk);
+    const wsa::SplitProblem& p = r.observed;
+    ASSERT_FALSE(p.kv_prefix_misses.empty());
+    EXPECT_NEAR(p.miss_cost_s, model.miss_s, 1e-12 * model.miss_s);
+    EXPECT_EQ(p.kv_block_cost_s, 0.0);
+    const double want = kBlockTokens * scored.per_token_s(0);
+    EXPECT_GT(want, 0);
+    EXPECT_NEAR(p.prefix_block_cost_s, want, 1e-9 * want);
+    // The same run priced as the bench priced it before (the link, 0.2 ms a token) is not it.
+    const ProfileRun old = profile_run(true, {}, {}, chunk);
+    EXPECT_TRUE(old.observed.expert_misses == p.expert_misses);
+    EXPECT_GT(std::abs(old.observed.prefix_block_cost_s - want), 0.1 * want);
+    std::printf(
+        "chunk %d: prompt block %.4f ms by the step model (profile %.4f), %.4f ms as "
+        "priced before; miss %.4f ms (before %.6f)\n",
+        chunk, want * 1e3, p.prefix_block_cost_s * 1e3, old.observed.prefix_block_cost_s * 1e3,
+        p.miss_cost_s * 1e3, old.observed.miss_cost_s * 1e3);
+  }
 }
 
 TEST(WsaProfile, SimulatorProfileRoundTripGivesTheSameConfiguratorSplit) {
