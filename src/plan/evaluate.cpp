@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -273,10 +274,16 @@ Result<Prediction> evaluate(const PlanProblem& p, const Plan& plan) {
   r.kept_internals_gb = kept_gb;
   r.objective_ms = r.step_ms + p.move_penalty_ms_per_gb * (moved + kept_gb);
   r.host_peak_gb = p.host_fixed_gb;
+  bool on_nvme = false;
   for (int i = 0; i < L; ++i) {
     if (plan.homes[i] == Home::kHost) r.host_peak_gb += A[i];
     if (plan.homes[i] == Home::kNvme) r.nvme_peak_gb += A[i];
+    on_nvme = on_nvme || plan.homes[i] == Home::kNvme;
   }
+  // NVMe traffic bounces through one pinned staging buffer the executor holds for the whole run
+  // once any boundary lives on NVMe (nvme_bounce_gb): host memory in every window.
+  r.nvme_bounce_gb = on_nvme ? nvme_bounce_gb(p) : 0.0;
+  r.host_peak_gb += r.nvme_bounce_gb;
   r.tflops = r.step_ms > 0 ? p.model_flops_per_step / (r.step_ms * 1e-3) / 1e12 : 0;
   return r;
 }
@@ -288,8 +295,12 @@ Status check_fits(const PlanProblem& p, const Prediction& pred) {
                               p.gpu_cap_gb);
   }
   if (pred.host_peak_gb > p.host_cap_gb + kGbTolerance) {
-    return resource_exhausted("plan: host memory: needs {:.3f} GB, capacity {:.3f} GB",
-                              pred.host_peak_gb, p.host_cap_gb);
+    const std::string bounce =
+        pred.nvme_bounce_gb > 0
+            ? fmt::format(" (incl. the {:.3f} GB nvme bounce buffer)", pred.nvme_bounce_gb)
+            : std::string();
+    return resource_exhausted("plan: host memory: needs {:.3f} GB{}, capacity {:.3f} GB",
+                              pred.host_peak_gb, bounce, p.host_cap_gb);
   }
   if (pred.nvme_peak_gb > p.nvme_cap_gb + kGbTolerance) {
     return resource_exhausted("plan: nvme: needs {:.3f} GB, capacity {:.3f} GB", pred.nvme_peak_gb,

@@ -14,6 +14,28 @@
 #include "plan/schedule_model.h"
 
 namespace ferry::plan {
+namespace {
+
+// The tiers no window touches, checked per choice here rather than by the LP (whose host and NVMe
+// rows solve_exact relaxes), so that the exact solver states the memory rules of docs/plan.md a
+// second time: host memory holds the model state, the host-homed boundaries and, once any
+// boundary's home is NVMe, the executor's one bounce buffer (nvme_bounce_gb) for the whole run;
+// NVMe holds the NVMe-homed boundaries.
+bool static_tiers_fit(const PlanProblem& p, const std::vector<Home>& homes) {
+  double host = p.host_fixed_gb, nvme = 0;
+  bool on_nvme = false;
+  for (int i = 0; i < p.num_layers; ++i) {
+    if (homes[i] == Home::kHost) host += p.boundary_gb[i];
+    if (homes[i] == Home::kNvme) {
+      nvme += p.boundary_gb[i];
+      on_nvme = true;
+    }
+  }
+  if (on_nvme) host += nvme_bounce_gb(p);
+  return host <= p.host_cap_gb + kGbTolerance && nvme <= p.nvme_cap_gb + kGbTolerance;
+}
+
+}  // namespace
 
 Result<ExactResult> solve_exact(const PlanProblem& p, int max_layers) {
   FERRY_TRY(validate(p));
@@ -24,6 +46,9 @@ Result<ExactResult> solve_exact(const PlanProblem& p, int max_layers) {
   const auto t0 = std::chrono::steady_clock::now();
   ScheduleModel sm(p);
   auto osi = detail::make_osi(sm.model());
+  for (int row : {sm.host_row(), sm.nvme_row()}) {
+    if (row >= 0) osi->setRowUpper(row, osi->getInfinity());  // static_tiers_fit checks them
+  }
   const int cols = sm.model().num_cols();
   ExactResult r;
   double best = std::numeric_limits<double>::infinity();
@@ -68,7 +93,13 @@ Result<ExactResult> solve_exact(const PlanProblem& p, int max_layers) {
       keep[j] = false;
     }
   };
-  r.paths = for_each_choice(p, [&](const Choice& c) { keep_subsets(c, 0); });
+  r.paths = for_each_choice(p, [&](const Choice& c) {
+    if (!static_tiers_fit(p, c.homes)) {
+      ++r.over_static_tiers;
+      return;
+    }
+    keep_subsets(c, 0);
+  });
   if (r.feasible == 0) {
     return resource_exhausted("plan: exact: none of {} choices fits (batch {})", r.choices,
                               p.batch_size);

@@ -80,7 +80,13 @@ struct Prediction {
   double device_tail_serial_ms = 0;
   double gpu_peak_gb = 0;
   int gpu_peak_window = 0;
+  // Host memory of the plan: the model state (host_fixed_gb), the host-homed boundaries and the
+  // NVMe bounce buffer (nvme_bounce_gb). The executor allocates all three for the whole run, so
+  // this is the host memory of every window, not only of the busiest.
   double host_peak_gb = 0;
+  // The NVMe bounce buffer in host_peak_gb: PlanProblem nvme_bounce_gb when some boundary's home
+  // is NVMe, else 0.
+  double nvme_bounce_gb = 0;
   double nvme_peak_gb = 0;
   double tflops = 0;                      // model_flops_per_step / step (anchors' convention)
   std::vector<double> window_compute_ms;  // [2L+1]

@@ -38,7 +38,8 @@ Json prediction_to_json(const Prediction& r) {
           {"device_tail_serial_ms", r.device_tail_serial_ms},
           {"gpu_peak_gb", r.gpu_peak_gb},
           {"gpu_peak_window", r.gpu_peak_window},
-          {"host_peak_gb", r.host_peak_gb},
+          {"host_peak_gb", r.host_peak_gb},  // every window's: nvme_bounce_gb included
+          {"nvme_bounce_gb", r.nvme_bounce_gb},
           {"nvme_peak_gb", r.nvme_peak_gb},
           {"tflops", r.tflops},
           {"window_compute_ms", r.window_compute_ms},
@@ -68,6 +69,8 @@ Prediction prediction_from_json(const Json& j) {
   r.gpu_peak_gb = j.at("gpu_peak_gb").get<double>();
   r.gpu_peak_window = j.at("gpu_peak_window").get<int>();
   r.host_peak_gb = j.at("host_peak_gb").get<double>();
+  // Absent before the NVMe bounce buffer was counted (such a plan's host_peak_gb lacks it).
+  r.nvme_bounce_gb = j.value("nvme_bounce_gb", 0.0);
   r.nvme_peak_gb = j.at("nvme_peak_gb").get<double>();
   r.tflops = j.at("tflops").get<double>();
   r.window_compute_ms = j.at("window_compute_ms").get<std::vector<double>>();

@@ -225,6 +225,13 @@ double device_tail_gpu_gb(const PlanProblem& p) {
   return device_tail_layers(p) > 0 ? p.device_update_staging_gb : 0.0;
 }
 
+double nvme_bounce_gb(const PlanProblem& p) {
+  if (!p.has_nvme()) return 0;
+  double gb = 0;
+  for (int i = 0; i < p.num_layers; ++i) gb = std::max(gb, p.boundary_gb[i]);
+  return gb;
+}
+
 namespace {
 
 bool finite_nonneg(double v) { return std::isfinite(v) && v >= 0; }

@@ -237,6 +237,19 @@ double resident_serial_ms(const PlanProblem& p);
 // The resident-saving term: resident_saved_ms x the resident layers (K).
 double resident_saved_total_ms(const PlanProblem& p);
 
+// The NVMe bounce buffer (docs/plan.md, "NVMe staging in host memory"): the stream executor
+// allocates one pinned staging record in its host activation arena when any boundary is homed on
+// NVMe (StreamExecutor: "nvme_staging", NvmeStore::record_stride() = one boundary's f32 bytes
+// rounded up to 4 KiB), and every NVMe store (D2H into it, then the disk write) and fetch (disk
+// read into it, then H2D) of the step goes through that one buffer, one boundary at a time. It
+// lives for the whole run, not per window or per boundary: host memory once, whenever some
+// boundary's home is NVMe. Its size here is the largest boundary that can have an NVMe home
+// (0..L-1; the executor's are all one size, B x S x hidden x 4 bytes with the executor fit; the
+// 4 KiB rounding is not counted, as for the host homes' slots); 0 without an NVMe tier. The
+// evaluator adds it to host_peak_gb, the MILP charges it to the host row through a binary "some
+// boundary on NVMe", and the exact solver checks it itself (exact.cpp).
+double nvme_bounce_gb(const PlanProblem& p);
+
 // Sizes and signs consistent; a non-ok Status names the first bad field.
 Status validate(const PlanProblem& p);
 

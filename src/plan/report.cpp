@@ -89,11 +89,17 @@ std::string plan_text(const PlanProblem& p, const Plan& plan) {
         "resident\n",
         p.resident_saved_ms, resident_count(p), p.num_layers);
   }
+  // Host memory is the same in every window (the executor allocates the host homes and the NVMe
+  // bounce buffer for the whole run), so its peak is every window's.
+  const std::string host_note =
+      r.nvme_bounce_gb > 0
+          ? fmt::format("every window, incl. the {:.2f} GB nvme bounce buffer", r.nvme_bounce_gb)
+          : std::string("every window");
   s += fmt::format(
-      "peak memory: gpu {:.2f} / {:.2f} GB ({}), host {:.2f} / {:.2f} GB, nvme {:.2f} "
+      "peak memory: gpu {:.2f} / {:.2f} GB ({}), host {:.2f} / {:.2f} GB ({}), nvme {:.2f} "
       "/ {:.2f} GB\n",
       r.gpu_peak_gb, p.gpu_cap_gb, window_description(p, r.gpu_peak_window), r.host_peak_gb,
-      p.host_cap_gb, r.nvme_peak_gb, p.nvme_cap_gb);
+      p.host_cap_gb, host_note, r.nvme_peak_gb, p.nvme_cap_gb);
   s += kept_internals_text(p, plan);
   if (r.optimizer_bound_ms > 0 || r.optimizer_wait_ms > 0.02 * r.step_ms) {
     s += "note: the CPU optimizer holds the GPU back; a larger batch amortizes it\n";

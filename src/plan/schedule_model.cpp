@@ -135,6 +135,12 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
     c_[i] = m_.add_col(0, 1, home_ms, true);
     if (nvme) n_[i] = m_.add_col(0, 1, home_ms, true);
   }
+  // Some boundary on NVMe: the executor then holds its one pinned bounce buffer (nvme_bounce_gb)
+  // for the whole run, charged once to the host row below. No cost of its own: n_i <= u.
+  if (nvme) {
+    any_nvme_ = m_.add_col(0, 1, 0, true);
+    for (int i = 0; i < L; ++i) m_.add_row({{n_[i], 1}, {any_nvme_, -1}}, -kInf, 0);
+  }
   // Transfer columns (GB), only in the windows evaluate.h allows; the H2D range is the widest
   // (span end i+1) and the deadline row below narrows it to the chosen span's end.
   xfer_.assign(L + 1, XferCols{});
@@ -250,10 +256,13 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
     Expr host;
     host.constant = p.host_fixed_gb;
     for (int i = 0; i < L; ++i) host.add(c_[i], A[i]);
+    host.add(any_nvme_, nvme_bounce_gb(p));  // the NVMe bounce buffer, once
+    host_row_ = m_.num_rows();
     add_cap_row(host, Tier::kHost, p.host_cap_gb);
     if (nvme) {
       Expr nv;
       for (int i = 0; i < L; ++i) nv.add(n_[i], A[i]);
+      nvme_row_ = m_.num_rows();
       add_cap_row(nv, Tier::kNvme, p.nvme_cap_gb);
     }
   }
@@ -439,6 +448,7 @@ void ScheduleModel::fix_choice(const std::vector<Home>& homes, const std::vector
     FERRY_CHECK(col >= 0, "plan: fix_choice: span [{}, {}] not in the model", s.start, s.end);
     m_.col_lb[col] = m_.col_ub[col] = 1;
   }
+  bool on_nvme = false;
   for (int i = 0; i < L; ++i) {
     for (Home h : {Home::kGpu, Home::kHost, Home::kNvme}) {
       const int col = home_col(i, h);
@@ -448,7 +458,9 @@ void ScheduleModel::fix_choice(const std::vector<Home>& homes, const std::vector
       }
       m_.col_lb[col] = m_.col_ub[col] = homes[i] == h ? 1 : 0;
     }
+    on_nvme = on_nvme || homes[i] == Home::kNvme;
   }
+  if (any_nvme_ >= 0) m_.col_lb[any_nvme_] = m_.col_ub[any_nvme_] = on_nvme ? 1 : 0;
 }
 
 Plan ScheduleModel::extract_plan(const std::vector<double>& sol) const {

@@ -7,6 +7,7 @@
 //
 // Variables: x[s,e,v] (span s->e, v = re-stream / keep weights), g/c/n[i] (home of boundary i),
 // k[j] (layer j keeps its internals from its forward to its backward; only where keep_allowed),
+// u (some boundary is on NVMe, so the executor holds its host bounce buffer; with NVMe only),
 // dc/dn[i,t] (D2H bytes of i in window t, to host / to NVMe), hc/hn[i,t] (H2D bytes), eps[t]
 // (exposure of window t, ms), wait and bound (ms: the forward held back by the CPU optimizer, and
 // the optimizer outlasting the GPU's step; only when the problem has an optimizer time), and in a
@@ -53,7 +54,12 @@ class ScheduleModel {
   int span_col(int s, int e, bool keep) const;
   int home_col(int i, Home h) const;  // g/c/n of boundary 0..L-1; -1 if absent (nvme off, L)
   int keep_col(int j) const { return keep_[j]; }  // k of layer j; -1 if not keep_allowed
+  int any_nvme_col() const { return any_nvme_; }  // u: some boundary on NVMe; -1 without NVMe
   int capacity_col() const { return cap_col_; }
+  // The host and NVMe capacity rows (-1: no NVMe tier). The exact solver relaxes them and checks
+  // those two tiers itself (exact.cpp): they do not depend on the schedule.
+  int host_row() const { return host_row_; }
+  int nvme_row() const { return nvme_row_; }
 
   // Bounds that fix every binary to the given discrete choice (an LP remains). keep: [L] or empty
   // (nothing kept); keeping a layer without a keep column is a bug.
@@ -76,6 +82,9 @@ class ScheduleModel {
   std::vector<int> keep_;                    // [L], -1 where the layer has no keep choice
   std::vector<XferCols> xfer_;               // [L+1]
   std::vector<int> eps_;                     // [2L+1]
+  int any_nvme_ = -1;  // u >= n_i: the NVMe bounce buffer is held; -1 without an NVMe tier
+  int host_row_ = -1;  // the host capacity row
+  int nvme_row_ = -1;  // the NVMe capacity row, -1 without an NVMe tier
   int cap_col_ = -1;
   int wait_col_ = -1;   // optimizer wait (ms), -1 without an optimizer term
   int bound_col_ = -1;  // step beyond the GPU's work waiting for the optimizer (ms)

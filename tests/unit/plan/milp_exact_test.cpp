@@ -1,15 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 // The MILP against the exact enumerator on random small instances (L <= 6, fixed seed): same
 // optimum (or both infeasible), and both plans pass the independent evaluator with the solver's
-// objective and every capacity respected. The instances span the CPU optimizer's regimes (none,
-// the forward gated by the update, the update outlasting the GPU), and the objective is the
-// evaluator's predicted step time, optimizer wait included.
+// objective and every capacity respected (host memory with the NVMe bounce buffer, checked by
+// hand). The instances span the CPU optimizer's regimes (none, the forward gated by the update,
+// the update outlasting the GPU), and the objective is the evaluator's predicted step time,
+// optimizer wait included.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
+#include <vector>
 
+#include "plan/choice.h"
 #include "plan/evaluate.h"
 #include "plan/exact.h"
 #include "plan/milp.h"
@@ -49,6 +54,57 @@ void expect_consistent(const PlanProblem& p, const Plan& plan, const std::string
       << what;
   // The host-home term: per GB of boundaries homed in host memory or on NVMe.
   EXPECT_NEAR(pred->host_home_ms, p.host_home_ms_per_gb * homed_gb(p, plan), 1e-9) << what;
+  // Host memory: the model state, the host homes, and once when any boundary is on NVMe the
+  // executor's bounce buffer, one record of the largest boundary that may be homed there (0..L-1).
+  double host = p.host_fixed_gb, largest = 0;
+  bool on_nvme = false;
+  for (int i = 0; i < p.num_layers; ++i) {
+    if (plan.homes[i] == Home::kHost) host += p.boundary_gb[i];
+    on_nvme = on_nvme || plan.homes[i] == Home::kNvme;
+    largest = std::max(largest, p.boundary_gb[i]);
+  }
+  EXPECT_EQ(pred->nvme_bounce_gb, on_nvme ? largest : 0.0) << what;
+  EXPECT_NEAR(pred->host_peak_gb, host + (on_nvme ? largest : 0.0), 1e-12) << what;
+}
+
+// The host bytes of a choice's homes without the NVMe bounce buffer, and whether it has an NVMe
+// home (the buffer's condition) and its NVMe bytes.
+struct ChoiceTiers {
+  double host_gb = 0, nvme_gb = 0;
+  bool on_nvme = false;
+};
+ChoiceTiers choice_tiers(const PlanProblem& p, const std::vector<Home>& homes) {
+  ChoiceTiers c{p.host_fixed_gb, 0, false};
+  for (int i = 0; i < p.num_layers; ++i) {
+    if (homes[i] == Home::kHost) c.host_gb += p.boundary_gb[i];
+    if (homes[i] == Home::kNvme) {
+      c.nvme_gb += p.boundary_gb[i];
+      c.on_nvme = true;
+    }
+  }
+  return c;
+}
+
+// Whether a choice that only the NVMe bounce buffer keeps out (an NVMe home, host memory within
+// the budget without the buffer and over it with the buffer, NVMe within its budget) costs less
+// than `below_ms`, i.e. the buffer decided the optimum. Each such choice is priced by its own
+// transfer LP with host memory unbounded (a choice's objective does not depend on the host
+// budget), up to the first that is cheaper; *kept_out counts those looked at.
+bool kept_out_by_the_bounce_buffer(const PlanProblem& p, double below_ms, int* kept_out) {
+  PlanProblem unbounded = p;
+  unbounded.host_cap_gb = 1e6;
+  bool found = false;
+  for_each_choice(p, [&](const Choice& c) {
+    const ChoiceTiers t = choice_tiers(p, c.homes);
+    if (found || !t.on_nvme || t.host_gb > p.host_cap_gb ||
+        t.host_gb + nvme_bounce_gb(p) <= p.host_cap_gb || t.nvme_gb > p.nvme_cap_gb) {
+      return;
+    }
+    ++*kept_out;
+    Result<Plan> f = solve_fixed(unbounded, c.homes, c.spans, "kept out");
+    found = f.ok() && f->solver.objective_ms < below_ms;
+  });
+  return found;
 }
 
 // The CPU optimizer's time per step, by regime: none; random_problem's own draw (0..30 ms); a few
@@ -89,6 +145,10 @@ TEST(MilpVsExact, SameOptimumOnRandomSmallInstances) {
   std::mt19937_64 rng(20261130);
   // The host-home term's draws come from their own stream, so the instances stay as they were.
   std::mt19937_64 rng_home(20261202);
+  // So do the tight host budgets of the NVMe bounce buffer's copies.
+  std::mt19937_64 rng_bounce(20261206);
+  int bounce_feasible = 0, bounce_infeasible = 0, bounce_on_nvme = 0, bounce_decides = 0;
+  int bounce_kept_out = 0;
   int both_feasible = 0, both_infeasible = 0, with_recompute = 0, with_offload = 0;
   int with_wait = 0, with_bound = 0, optimizer_changes_plan = 0;
   int home_feasible = 0, home_offloads = 0, home_moves_less = 0;
@@ -102,6 +162,60 @@ TEST(MilpVsExact, SameOptimumOnRandomSmallInstances) {
     SCOPED_TRACE(::testing::Message()
                  << "instance " << n << " L=" << L << " nvme=" << nvme << " R=" << p.max_span
                  << " optimizer regime " << regime << " (" << p.cpu_optimizer_ms << " ms)");
+    if (L <= 4) {
+      // NVMe homes with a tight host budget (the NVMe bounce buffer: docs/plan.md, "NVMe staging
+      // in host memory"): the same instance with an NVMe tier (its own when it has one, else
+      // rates drawn here) with room for every boundary, a GPU budget within a quarter of a
+      // bounce buffer of the smallest that fits, so that boundaries must leave the GPU, and host
+      // memory between the model state plus 0.6 and plus 1.6 bounce buffers, so that whether
+      // the buffer fits beside the host homes decides where they go. The MILP equals the exact
+      // solver (which checks host memory by its own sum), both priced and fitted by the
+      // evaluator (expect_consistent: the buffer in the host peak by hand).
+      PlanProblem b = p;
+      if (!b.has_nvme()) {
+        b.link.nvme_read_gbps = testing::uniform(rng_bounce, 20, 100);
+        b.link.nvme_write_gbps = testing::uniform(rng_bounce, 20, 100);
+      }
+      double all_act = 0;
+      for (double a : b.boundary_gb) all_act += a;
+      b.nvme_cap_gb = all_act;
+      b.host_cap_gb = 1e6;
+      auto min_gpu = min_capacity(b, Tier::kGpu);
+      ASSERT_TRUE(min_gpu.ok()) << min_gpu.status().to_string();
+      // The buffer by hand (the largest boundary 0..L-1), so the instances stay the same
+      // whatever nvme_bounce_gb says.
+      const double bounce =
+          *std::max_element(b.boundary_gb.begin(), b.boundary_gb.begin() + b.num_layers);
+      b.gpu_cap_gb = min_gpu->capacity_gb + testing::uniform(rng_bounce, 0.0, 0.25) * bounce;
+      b.host_cap_gb = b.host_fixed_gb + testing::uniform(rng_bounce, 0.6, 1.6) * bounce;
+      SCOPED_TRACE(::testing::Message() << "tight host: " << b.host_cap_gb << " GB, state "
+                                        << b.host_fixed_gb << ", buffer " << bounce);
+      auto exact_b = solve_exact(b);
+      auto milp_b = solve_milp(b, SolveOptions{.time_limit_s = 30});
+      ASSERT_EQ(exact_b.ok(), milp_b.ok())
+          << "exact: " << (exact_b.ok() ? "a plan" : exact_b.status().to_string())
+          << "; milp: " << (milp_b.ok() ? "a plan" : milp_b.status().to_string());
+      if (!exact_b.ok()) {
+        EXPECT_EQ(exact_b.status().code(), StatusCode::kResourceExhausted);
+        EXPECT_EQ(milp_b.status().code(), StatusCode::kResourceExhausted);
+        ++bounce_infeasible;
+      } else {
+        EXPECT_EQ(milp_b->solver.solver, "cbc");
+        EXPECT_EQ(milp_b->solver.status, "optimal");
+        const double want_b = exact_b->best.solver.objective_ms;
+        EXPECT_NEAR(milp_b->solver.objective_ms, want_b, kRelTol * std::max(1.0, want_b));
+        expect_consistent(b, *milp_b, "milp, tight host");
+        expect_consistent(b, exact_b->best, "exact, tight host");
+        EXPECT_LE(exact_b->max_lp_mismatch_ms, kRelTol * std::max(1.0, want_b));
+        ++bounce_feasible;
+        if (milp_b->predicted.nvme_bounce_gb > 0) ++bounce_on_nvme;
+        // A choice only the buffer keeps out that is faster than the optimum: the buffer decided.
+        if (kept_out_by_the_bounce_buffer(b, want_b - 1e-3, &bounce_kept_out)) {
+          ++bounce_decides;
+        }
+      }
+    }
+
     auto exact = solve_exact(p);
     auto milp = solve_milp(p, SolveOptions{.time_limit_s = 30});
     if (!exact.ok()) {
@@ -172,6 +286,17 @@ TEST(MilpVsExact, SameOptimumOnRandomSmallInstances) {
   EXPECT_GE(with_bound, 3);
   EXPECT_GE(home_offloads, 3);    // the term is priced where the optimum still offloads ...
   EXPECT_GE(home_moves_less, 3);  // ... and changes the optimum elsewhere
+  // The tight host budgets: NVMe optima that hold the buffer, and optima the buffer changed (a
+  // faster choice it alone keeps out).
+  EXPECT_GE(bounce_feasible, 30);
+  EXPECT_GE(bounce_infeasible, 1);
+  EXPECT_GE(bounce_on_nvme, 5);
+  EXPECT_GE(bounce_decides, 4);
+  std::printf(
+      "milp vs exact with NVMe and a tight host budget: %d feasible, %d infeasible; optimum on "
+      "NVMe (holding the bounce buffer) in %d; a faster choice only the buffer keeps out in %d "
+      "(%d such choices)\n",
+      bounce_feasible, bounce_infeasible, bounce_on_nvme, bounce_decides, bounce_kept_out);
   std::printf(
       "milp vs exact with a host-home term: %d feasible, optimum offloads in %d, homes fewer GB "
       "off the gpu than without the term in %d\n",

@@ -1,0 +1,157 @@
+// SPDX-License-Identifier: Apache-2.0
+// The NVMe bounce buffer (docs/plan.md, "NVMe staging in host memory"): the stream executor holds
+// one pinned staging record in host memory for the whole run once any boundary's home is NVMe, and
+// every NVMe store and fetch passes through it. The planner charges it to host memory once. A
+// hand-computed three-layer problem where two boundaries must leave the GPU and host memory has
+// room for neither in host memory: on NVMe they fit without the buffer and do not with it; the
+// solvers, the evaluator, the diagnosis, the text and the JSON all say so. (The MILP == exact
+// agreement with the buffer on random instances is in milp_exact_test.cpp.)
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "plan/evaluate.h"
+#include "plan/exact.h"
+#include "plan/milp.h"
+#include "plan/plan_json.h"
+#include "plan/report.h"
+#include "plan/search.h"
+
+namespace ferry::plan {
+namespace {
+
+// Three layers, every boundary 1 GB, no working memory, no recompute (max span 1). Windows f0 f1
+// f2 loss b2 b1 b0 (t = 0..6). With boundaries 0, 1 and 2 off the GPU (each sent in the window
+// that reads it, back in the last window allowed, 2L - i - 1) every window holds 2 GB (t0: 0 and
+// 1 being written / read, t1: 1 and 2, t2: 2 and 3, t3: 3 and 2 back, t4: 2 and 1, t5: 1 and 0,
+// t6: 0). Boundary 2 on the GPU adds nothing (t1..t4 hold it anyway); boundary 1 on the GPU is
+// also there in t2 (1 + 2 + 3 = 3 GB), boundary 0 in t1 (0 + 1 + 2 = 3 GB). So at 2.5 GB of GPU
+// memory boundaries 0 and 1 must leave the GPU. Host memory: 1 GB of model state, 1.5 GB of
+// capacity, so neither fits in host memory (2 GB each, 3 GB both); on NVMe they need 1 GB of host
+// memory without the bounce buffer and 2 GB with it (one 1 GB buffer for both, not one each).
+PlanProblem two_boundaries_must_leave_the_gpu() {
+  PlanProblem p;
+  p.num_layers = 3;
+  p.boundary_gb = {1.0, 1.0, 1.0, 1.0};
+  p.layers.resize(3);
+  for (LayerCost& c : p.layers) {
+    c.fwd_ms = 10;
+    c.bwd_ms = 20;
+    c.rec_ms = 10;
+    c.weight_gb = 0.1;
+    c.grad_gb = 0.1;
+  }
+  p.loss_ms = 5;
+  p.head_weight_gb = p.head_grad_gb = 0.1;
+  p.link = LinkRates{.h2d_gbps = 50,
+                     .d2h_gbps = 50,
+                     .duplex_gbps = 90,
+                     .duplex_loaded_gbps = 80,
+                     .nvme_read_gbps = 5,
+                     .nvme_write_gbps = 4};
+  p.gpu_cap_gb = 2.5;
+  p.host_fixed_gb = 1.0;
+  p.host_cap_gb = 1.5;
+  p.nvme_cap_gb = 10;
+  p.max_span = 1;
+  p.allow_keep_internals = false;
+  p.batch_size = 1;
+  p.seq_len = 1;
+  p.model_flops_per_step = 1e12;
+  p.source = "test";
+  return p;
+}
+
+TEST(NvmeBounce, TheBufferIsTheLargestBoundaryAndOnlyWithAnNvmeTier) {
+  PlanProblem p = two_boundaries_must_leave_the_gpu();
+  p.boundary_gb = {0.5, 1.25, 0.75, 9.0};  // boundary L never has an NVMe home
+  EXPECT_DOUBLE_EQ(nvme_bounce_gb(p), 1.25);
+  p.nvme_cap_gb = 0;
+  EXPECT_DOUBLE_EQ(nvme_bounce_gb(p), 0.0);
+}
+
+// The bounce buffer makes the NVMe plan infeasible at a host budget that fits it without the
+// buffer; the smallest host budget that fits is the model state + one buffer.
+TEST(NvmeBounce, BounceBufferMakesAnNvmePlanInfeasible) {
+  const PlanProblem tight = two_boundaries_must_leave_the_gpu();
+  PlanProblem roomy = tight;
+  roomy.host_cap_gb = tight.host_fixed_gb + 1.0;  // exactly the state + one bounce buffer
+
+  // At the roomy budget both solvers home boundaries 0 and 1 on NVMe (host homes need 3 GB) and
+  // agree; the host memory is the state + one buffer, not one per NVMe boundary.
+  auto exact = solve_exact(roomy);
+  ASSERT_TRUE(exact.ok()) << exact.status().to_string();
+  auto milp = solve_milp(roomy);
+  ASSERT_TRUE(milp.ok()) << milp.status().to_string();
+  EXPECT_NEAR(milp->solver.objective_ms, exact->best.solver.objective_ms,
+              1e-6 * exact->best.solver.objective_ms);
+  for (const Plan* plan : {&exact->best, &*milp}) {
+    EXPECT_EQ(plan->homes[0], Home::kNvme);
+    EXPECT_EQ(plan->homes[1], Home::kNvme);
+    EXPECT_DOUBLE_EQ(plan->predicted.nvme_bounce_gb, 1.0);
+    EXPECT_NEAR(plan->predicted.host_peak_gb, 2.0, 1e-12);
+    EXPECT_TRUE(check_fits(roomy, plan->predicted).ok());
+  }
+
+  // The same plan at 1.5 GB of host memory: it would fit without the buffer (1 GB), and does not
+  // with it; the evaluator names host memory and the buffer.
+  auto pred = evaluate(tight, *milp);
+  ASSERT_TRUE(pred.ok()) << pred.status().to_string();
+  EXPECT_LE(pred->host_peak_gb - pred->nvme_bounce_gb, tight.host_cap_gb);
+  const Status fits = check_fits(tight, *pred);
+  ASSERT_EQ(fits.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(fits.message().find("host memory: needs 2.000 GB (incl. the 1.000 GB nvme bounce "
+                                "buffer), capacity 1.500 GB"),
+            std::string::npos)
+      << fits.to_string();
+
+  // No plan fits: neither solver finds one, and the diagnosis gives the host budget that fits
+  // (state + one buffer: 2 GB; without the buffer nothing would be infeasible, with one buffer per
+  // NVMe boundary it would say 3 GB) beside the GPU budget of the all-GPU plan (4 GB in t2).
+  EXPECT_EQ(solve_exact(tight).status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(solve_milp(tight).status().code(), StatusCode::kResourceExhausted);
+  auto diag = solve_or_diagnose(tight);
+  ASSERT_EQ(diag.status().code(), StatusCode::kResourceExhausted) << diag.status().to_string();
+  const std::string msg = diag.status().message();
+  EXPECT_NE(msg.find("binding constraint gpu memory (capacity 2.50 GB)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("the smallest gpu memory budget that fits is 4.00 GB"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("or host memory >= 2.00 GB"), std::string::npos) << msg;
+}
+
+// The text and the JSON show the buffer in the host peak (every window's: the executor holds it
+// for the whole run); the JSON round-trips, and a plan written before the key reads 0.
+TEST(NvmeBounce, TextAndJsonShowTheBufferInTheHostPeak) {
+  PlanProblem p = two_boundaries_must_leave_the_gpu();
+  p.host_cap_gb = 2.0;
+  auto plan = solve_milp(p);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  const std::string text = plan_text(p, *plan);
+  EXPECT_NE(text.find("host 2.00 / 2.00 GB (every window, incl. the 1.00 GB nvme bounce buffer)"),
+            std::string::npos)
+      << text;
+
+  const Json j = plan_to_json(*plan, &p);
+  EXPECT_DOUBLE_EQ(j.at("predicted").at("nvme_bounce_gb").get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(j.at("predicted").at("host_peak_gb").get<double>(), 2.0);
+  auto back = plan_from_json(j);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(*back, *plan);
+  Json old = j;
+  old["predicted"].erase("nvme_bounce_gb");
+  auto old_plan = plan_from_json(old);
+  ASSERT_TRUE(old_plan.ok()) << old_plan.status().to_string();
+  EXPECT_EQ(old_plan->predicted.nvme_bounce_gb, 0.0);
+
+  // Without an NVMe home there is no buffer: all on the GPU at a roomy GPU budget.
+  PlanProblem gpu = p;
+  gpu.gpu_cap_gb = 10;
+  auto all_gpu = solve_milp(gpu);
+  ASSERT_TRUE(all_gpu.ok()) << all_gpu.status().to_string();
+  EXPECT_EQ(all_gpu->predicted.nvme_bounce_gb, 0.0);
+  EXPECT_DOUBLE_EQ(all_gpu->predicted.host_peak_gb, gpu.host_fixed_gb);
+  EXPECT_NE(plan_text(gpu, *all_gpu).find("(every window)"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ferry::plan
