@@ -19,6 +19,7 @@
 //                     [--phase-turns 0] [--long-output-min 512] [--long-output-max 1024]
 //                     [--layers 48] [--kv-bytes 2] [--max-batch-tokens 512]
 //                     [--step-base-ms 5] [--token-ms 0.1] [--alloc-tie 1e-3]
+//                     [--configurator-price-by-caps off]
 // --live-decide-steps is the longest interval between live decisions, --live-decide-per-expert x E
 // the mean expert accesses per MoE layer after which it decides sooner (0: the old fixed cadence),
 // --live-age the curve weight kept per 64 steps (split_controller.h DecisionCadence);
@@ -31,6 +32,8 @@
 // --step-base-ms / --token-ms: the step model's constants (e.g. fitted to a GPU run).
 // --alloc-tie: the allocator's balance_tie for the offline and live policies (split_allocator.h;
 // 0: the plain greedy, ties to a corner split -- the allocator before the tie-break).
+// --configurator-price-by-caps on: the offline policy allocates with a recomputed prompt block
+// priced at each split's own caps (split_allocator.h allocate_priced_by_caps; off: allocate()).
 // With the prefix cache, "mv-wsa live" uses the prefix curve's reuse prior (prefix_curve.h;
 // --live-reuse-prior off drops it) and "mv-wsa live, no prior" is the controller without it.
 // x_named: the best of the three named fixed splits (50/50, expert-heavy, KV-heavy) / policy;
@@ -87,6 +90,7 @@ int main(int argc, char** argv) {
   int layers = 48, kv_bytes = 2, max_batch_tokens = 512;
   double step_base_ms = 5, token_ms = 0.1;
   bool trace_live = false;
+  bool price_by_caps = false;  // --configurator-price-by-caps: allocate_priced_by_caps offline
   AllocatorOptions alloc;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
@@ -155,6 +159,8 @@ int main(int argc, char** argv) {
       token_ms = std::atof(v);
     else if (a == "--trace-live")
       trace_live = std::strcmp(v, "off") != 0;
+    else if (a == "--configurator-price-by-caps")
+      price_by_caps = std::strcmp(v, "off") != 0;
     else if (a == "--alloc-tie")
       alloc.balance_tie = std::atof(v);
     else {
@@ -253,7 +259,8 @@ int main(int argc, char** argv) {
     run("expert-heavy", uniform.back(), false);
     run("kv-heavy", uniform.front(), false);
     suite.named_s = std::min({rows[0].r.total_s, rows[1].r.total_s, rows[2].r.total_s});
-    auto offline = allocate(profile, alloc);
+    auto offline =
+        price_by_caps ? allocate_priced_by_caps(profile, alloc) : allocate(profile, alloc);
     FERRY_CHECK(offline.ok(), "offline: {}", offline.status().to_string());
     run("mv-wsa offline", *offline, false);
     run("mv-wsa live", *half, true);
@@ -336,7 +343,8 @@ int main(int argc, char** argv) {
                {"hysteresis", hysteresis},
                {"warmup_steps", warmup},
                {"reuse_prior", reuse_prior},
-               {"alloc_balance_tie", alloc.balance_tie}};
+               {"alloc_balance_tie", alloc.balance_tie},
+               {"configurator_price_by_caps", price_by_caps}};
   for (const Suite& suite : suites) {
     nlohmann::json sweep = nlohmann::json::array();
     for (const auto& [cap, t] : suite.sweep) sweep.push_back({{"cap", cap}, {"total_s", t}});

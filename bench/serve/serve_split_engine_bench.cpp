@@ -40,7 +40,7 @@
 //     [--tiny]   (--tiny: a small geometry for a CPU smoke run)
 //     [--scaled] [--model-step-ms 1.6 --model-miss-ms 0.197]
 //     [--save-profile FILE] [--configurator-profile FILE] [--deadline-unix S] [--dense-dtype f32]
-//     [--prune-slower off] [--prior-json FILE] [--host-routing]
+//     [--prune-slower off] [--prior-json FILE] [--host-routing] [--configurator-price-by-caps off]
 // --scaled (CPU, 2 layers): the 2-layer CUDA run's split problem at 1/32 of the widths (same E,
 // top-k, routing, slots, blocks, floor and modelled miss cost; see main()), so LiveSplit decides
 // as it would on the GPU; its wall time is CPU compute, not a GPU's. --model-step-ms /
@@ -50,6 +50,8 @@
 // too (wsa::priced_by: a miss at --model-miss-ms, a step's base at --model-step-ms, nothing per
 // token), so the configurator and the controller minimise what the runs are scored on; without
 // one they price a miss at expert bytes / --link-gbps and a token at LiveSplitConfig's default.
+// --configurator-price-by-caps on: the configurator prices a recomputed prompt block at each
+// split's own caps (wsa::allocate_priced_by_caps on the profile's per-cap recompute misses).
 // --policies also takes cap-N (a --caps run at that place in the order, e.g. the oracle's
 // nearest caps before a named split that may be cut by --deadline-unix).
 // --policy-s caps the wall time of policies named as in --policies ("caps": each --caps run;
@@ -553,6 +555,7 @@ int main(int argc, char** argv) {
   double model_step_ms = 0, model_miss_ms = 0;
   std::string save_profile_path, load_profile_path, prior_json_path;
   bool prune_slower = false;
+  bool price_by_caps = false;  // --configurator-price-by-caps
   double deadline_unix = 0;
   DType dense_dtype = DType::kF32;
   for (int i = 1; i < argc; ++i) {
@@ -640,6 +643,8 @@ int main(int argc, char** argv) {
       deadline_unix = std::atof(v);
     else if (a == "--prior-json")
       prior_json_path = v;
+    else if (a == "--configurator-price-by-caps")
+      price_by_caps = std::strcmp(v, "off") != 0;
     else if (a == "--prune-slower")
       prune_slower = std::strcmp(v, "off") != 0;
     else if (a == "--dense-dtype") {
@@ -865,6 +870,7 @@ int main(int argc, char** argv) {
                 {"configurator_profile", load_profile_path},
                 {"routing", host_routing ? "per-layer" : "forced-ahead"},
                 {"live_split_prices", su.priced_by_model() ? "step model" : "link"},
+                {"configurator_price_by_caps", price_by_caps},
                 {"model_step_ms", model_step_ms},
                 {"model_miss_ms", model_miss_ms}};
   // What a saved profile must match to be used by another run's configurator: the split
@@ -1101,7 +1107,7 @@ int main(int argc, char** argv) {
         out["skipped"].push_back(p);
         continue;
       }
-      auto s = allocate(profile);
+      auto s = price_by_caps ? allocate_priced_by_caps(profile) : allocate(profile);
       if (!s.ok()) {
         std::printf("configurator: %s\n", s.status().to_string().c_str());
         continue;

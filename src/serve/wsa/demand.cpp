@@ -7,6 +7,59 @@
 
 namespace ferry::serve::wsa {
 
+ChunkMisses::ChunkMisses(int layers, int experts, double full_tokens)
+    : experts_(experts),
+      full_tokens_(full_tokens),
+      pending_(std::size_t(layers), std::vector<double>(std::size_t(experts) + 2, 0.0)),
+      full_(pending_),
+      decode_(pending_) {}
+
+void ChunkMisses::add_layer(int layer, std::span<const std::pair<int, int>> order) {
+  std::vector<double>& h = pending_[std::size_t(layer)];
+  for (const auto& [depth, item] : order) h[std::size_t(std::clamp(depth, 1, experts_ + 1))] += 1;
+}
+
+void ChunkMisses::end_step(double tokens, double prefill_tokens) {
+  Hist* into = nullptr;
+  if (tokens > 0 && prefill_tokens <= 0) {
+    into = &decode_, decode_steps_ += 1;
+  } else if (tokens > 0 && full_tokens_ > 0 && tokens >= full_tokens_) {
+    into = &full_, full_steps_ += 1, full_prefill_ += prefill_tokens;
+  }
+  for (std::size_t l = 0; l < pending_.size(); ++l) {
+    for (std::size_t d = 0; d < pending_[l].size(); ++d) {
+      if (into != nullptr) (*into)[l][d] += pending_[l][d];
+      pending_[l][d] = 0;
+    }
+  }
+}
+
+void ChunkMisses::scale(double f) {
+  for (Hist* h : {&full_, &decode_}) {
+    for (auto& v : *h) {
+      for (double& x : v) x *= f;
+    }
+  }
+  full_steps_ *= f, decode_steps_ *= f, full_prefill_ *= f;
+}
+
+std::vector<std::vector<double>> ChunkMisses::per_block(int block_tokens) const {
+  std::vector<std::vector<double>> out;
+  if (full_steps_ <= 0 || decode_steps_ <= 0 || full_prefill_ <= 0) return out;
+  const double per = double(block_tokens) / (full_prefill_ / full_steps_);
+  for (std::size_t l = 0; l < full_.size(); ++l) {
+    std::vector<double> c(std::size_t(experts_) + 1, 0.0);
+    double f = 0, d = 0;  // misses at capacity c: depths > c
+    for (int cap = experts_; cap >= 0; --cap) {
+      f += full_[l][std::size_t(cap) + 1];
+      d += decode_[l][std::size_t(cap) + 1];
+      c[std::size_t(cap)] = per * (f / full_steps_ - d / decode_steps_);
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 void KvDemand::record(double blocks) {
   if (static_cast<int>(samples_.size()) < window_) {
     samples_.push_back(blocks);

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "serve/wsa/prefix_curve.h"
@@ -59,9 +60,10 @@ struct CostModel {
 // simulator, with the prefix cache on vs off at the same split; this price: 1.11 ms), and the
 // configurator kept 3,775 blocks for histories that expert slots outvalue (0.892x the oracle;
 // now 1.000x). Without a full step yet, the old proportional share is the fallback; without a
-// decode-only step, the baseline is 0. Not modelled: the price is the profile's, at its caps,
-// while a chunk misses fewer experts at more slots (recomputing a block there costs 1.19 ms at
-// 8 slots per layer, 1.09 at 21, 0.97 at 30). Test: tests/unit/serve/wsa_prefill_price_test.cpp.
+// decode-only step, the baseline is 0. This price is the profile's, at its caps, while a chunk
+// misses fewer experts at more slots (recomputing a block there costs 1.19 ms at 8 slots per
+// layer, 1.09 at 21, 0.97 at 30): ChunkMisses below gives the misses part at every cap
+// (allocate_priced_by_caps). Test: tests/unit/serve/wsa_prefill_price_test.cpp.
 class PrefillCost {
  public:
   // full_tokens: a step with at least this many tokens is a full chunk (the scheduler's
@@ -99,6 +101,42 @@ class PrefillCost {
   double time_s_ = 0, tokens_ = 0;
   double decode_steps_ = 0, decode_s_ = 0;
   double full_steps_ = 0, full_s_ = 0, full_prefill_ = 0;
+};
+
+// What a recomputed prompt block costs in expert misses at each cap, per MoE layer. PrefillCost
+// prices a block at the profiled split's caps; a full prefill chunk touches most experts of a
+// layer and misses about E - C of them, so at more slots recomputing costs less (phased 12 x 6,
+// simulator: 1.147 ms a block at 20 slots per layer, 1.013 at 34). The stack depths of a step's
+// set (StackDistance::access_set's `order`: depth, or E + 1 for a first access) give a step's
+// misses at every capacity c (depth > c), so keeping them apart for full chunks (prefill tokens
+// and at least `full_tokens` tokens, as PrefillCost) and decode-only steps gives
+//   per_block[l][c] = block_tokens x (full-chunk misses at c per full chunk
+//                                      - decode-step misses at c per decode step)
+//                     / prefill tokens per full chunk,
+// PrefillCost's miss part at any cap: at the observed run's caps, miss_cost x sum_l per_block[l]
+// equals it when the misses are the set model's (the simulator). A step's class is known only
+// at its end (LiveSplit: the next step boundary), so its depths wait in `pending` until then.
+// Used by allocate_priced_by_caps() (split_allocator.h). Tests: wsa_prefill_price_test.cpp.
+class ChunkMisses {
+ public:
+  ChunkMisses() = default;
+  ChunkMisses(int layers, int experts, double full_tokens);
+  // One layer's step set as access_set left it in `order` ({depth or E + 1, item}).
+  void add_layer(int layer, std::span<const std::pair<int, int>> order);
+  // Ends the step (tokens and prefill tokens of it): its depths count for a full chunk, a
+  // decode-only step, or nothing.
+  void end_step(double tokens, double prefill_tokens);
+  void scale(double f);
+  // [L][E + 1] misses per recomputed block of `block_tokens` at each cap; empty without a full
+  // chunk and a decode-only step.
+  std::vector<std::vector<double>> per_block(int block_tokens) const;
+
+ private:
+  using Hist = std::vector<std::vector<double>>;  // [L][E + 2], depth 1..E, E + 1 first access
+  int experts_ = 0;
+  double full_tokens_ = 0;
+  Hist pending_, full_, decode_;
+  double full_steps_ = 0, decode_steps_ = 0, full_prefill_ = 0;
 };
 
 class KvDemand {

@@ -74,6 +74,7 @@ Result<std::unique_ptr<LiveSplit>> LiveSplit::attach(Engine& eng, const LiveSpli
   ls->ctl_ = SplitController(ls->cfg_.controller);
   // A recomputed prefix block is priced by full prefill chunks (demand.h PrefillCost).
   ls->prefill_cost_ = PrefillCost(double(eng.config().max_batch_tokens));
+  ls->prefill_base_cost_ = PrefillCost(double(eng.config().max_batch_tokens));
   ls->cadence_ =
       DecisionCadence({.min_steps = cfg.min_decide_steps,
                        .max_steps = cfg.decide_every_steps,
@@ -93,6 +94,8 @@ Result<std::unique_ptr<LiveSplit>> LiveSplit::attach(Engine& eng, const LiveSpli
     ls->current_.slots.push_back(pager->capacity(l));
     max_hot = std::max(max_hot, pager->hot_count(l));
   }
+  ls->chunks_ = ChunkMisses(static_cast<int>(ls->sd_.size()), geo.experts,
+                            double(eng.config().max_batch_tokens));
   KvCache& kv = eng.kv();
   if ((std::size_t(kv.capacity_blocks()) + 1) * kv.block_bytes() <= cfg.budget_bytes) {
     return invalid_argument(
@@ -138,6 +141,7 @@ Result<std::unique_ptr<LiveSplit>> LiveSplit::attach(Engine& eng, const LiveSpli
       self->distinct_.push_back(e);
     }
     self->sd_[std::size_t(i)].access_set(self->distinct_, self->order_);
+    self->chunks_.add_layer(i, self->order_);
     self->step_accesses_ += double(self->distinct_.size());
   });
   eng.set_step_hook([self](Engine& e) { return self->on_step(e); });
@@ -164,7 +168,23 @@ SplitProblem LiveSplit::problem(const Engine& eng, bool reuse_prior) const {
   m.prefix_block_cost_s =
       double(eng_.kv().block_tokens()) * prefill_cost_.per_token_s(cfg_.prefill_token_s);
   m.prefix_reuse_prior = reuse_prior;
-  return make_problem(m, sd_, steps_, kv_.samples(), prefix_.get(), eng.kv_demand().final_blocks);
+  SplitProblem p =
+      make_problem(m, sd_, steps_, kv_.samples(), prefix_.get(), eng.kv_demand().final_blocks);
+  // The cap-dependent price (allocate_priced_by_caps; the controller does not use it), and the
+  // blocks this run recomputed per step: the observed curve at the pool's size now (a fixed
+  // split's profile held that size throughout).
+  if (!p.kv_prefix_misses.empty()) {
+    p.recompute_misses = chunks_.per_block(eng_.kv().block_tokens());
+    if (!p.recompute_misses.empty()) {
+      const std::vector<double> seen =
+          reuse_prior ? problem(eng, false).kv_prefix_misses : p.kv_prefix_misses;
+      p.prefix_block_base_s =
+          double(eng_.kv().block_tokens()) * prefill_base_cost_.per_token_s(cfg_.prefill_token_s);
+      p.prefix_misses_seen =
+          seen[std::size_t(std::min<int>(current_.kv_blocks, static_cast<int>(seen.size()) - 1))];
+    }
+  }
+  return p;
 }
 
 void LiveSplit::observe_step_cost(const Engine& eng) {
@@ -179,7 +199,10 @@ void LiveSplit::observe_step_cost(const Engine& eng) {
   last_decode_ = st.decode_tokens;
   const double miss_s =
       cfg_.link_bytes_per_s > 0 ? double(model_.expert_bytes) / cfg_.link_bytes_per_s : 0.0;
-  prefill_cost_.add(cfg_.step_base_s + dm * miss_s + cfg_.prefill_token_s * (dp + dd), dp + dd, dp);
+  const double base_s = cfg_.step_base_s + cfg_.prefill_token_s * (dp + dd);
+  prefill_cost_.add(base_s + dm * miss_s, dp + dd, dp);
+  prefill_base_cost_.add(base_s, dp + dd, dp);
+  chunks_.end_step(dp + dd, dp);
 }
 
 Status LiveSplit::apply(Engine& eng, const Split& s) {
@@ -263,6 +286,8 @@ Status LiveSplit::on_step(Engine& eng) {
   for (StackDistance& s : sd_) s.scale(age);
   if (prefix_) prefix_->scale(age);
   prefill_cost_.scale(age);
+  prefill_base_cost_.scale(age);
+  chunks_.scale(age);
   steps_ *= age;
   return ok_status();
 }

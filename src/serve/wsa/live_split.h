@@ -137,6 +137,8 @@ class LiveSplit {
   KvDemand kv_;
   std::unique_ptr<PrefixStackDistance> prefix_;  // with the engine's prefix cache only
   PrefillCost prefill_cost_;
+  PrefillCost prefill_base_cost_;  // the same steps without their misses (the price's base)
+  ChunkMisses chunks_;             // full chunks' and decode steps' misses at every cap
   std::uint64_t last_misses_ = 0, last_prefill_ = 0, last_decode_ = 0;
   double steps_ = 0;
   DecisionCadence cadence_{CadenceConfig{}};

@@ -305,4 +305,53 @@ std::string to_string(const Split& s) {
                      double(total) / double(std::max<std::size_t>(1, s.slots.size())), s.kv_blocks);
 }
 
+double prefix_block_cost_at(const SplitProblem& p, const Split& s) {
+  if (p.recompute_misses.empty()) return p.prefix_block_cost_s;
+  FERRY_CHECK(p.recompute_misses.size() == s.slots.size(),
+              "wsa: {} recompute curves for a split of {} layers", p.recompute_misses.size(),
+              s.slots.size());
+  double m = 0;
+  for (std::size_t l = 0; l < s.slots.size(); ++l) {
+    const std::vector<double>& c = p.recompute_misses[l];
+    m += c[std::size_t(std::clamp(s.slots[l], 0, static_cast<int>(c.size()) - 1))];
+  }
+  return p.prefix_block_base_s + p.miss_cost_s * m;
+}
+
+double modelled_step_priced_by_caps_s(const SplitProblem& p, const Split& s) {
+  if (p.recompute_misses.empty() || p.kv_prefix_misses.empty()) return modelled_step_s(p, s);
+  SplitProblem q = p;
+  q.prefix_block_cost_s = prefix_block_cost_at(p, s);
+  return modelled_step_s(q, s) -
+         p.prefix_misses_seen * (q.prefix_block_cost_s - p.prefix_block_cost_s);
+}
+
+Result<Split> allocate_priced_by_caps(const SplitProblem& p, const AllocatorOptions& opt) {
+  FERRY_ASSIGN_OR_RETURN(Split best, allocate(p, opt));
+  if (p.recompute_misses.empty() || p.kv_prefix_misses.empty()) return best;
+  double best_t = modelled_step_priced_by_caps_s(p, best);
+  auto consider = [&](const Split& s) {
+    const double t = modelled_step_priced_by_caps_s(p, s);
+    if (t < best_t) best = s, best_t = t;
+  };
+  SplitProblem q = p;
+  // The fixed point from allocate(p)'s split (price at the split's caps -> allocate -> ...), a
+  // few rounds, so the result is never worse than that iteration either.
+  Split cur = best;
+  for (int round = 0; round < 8; ++round) {
+    q.prefix_block_cost_s = prefix_block_cost_at(p, cur);
+    auto s = allocate(q, opt);
+    if (!s.ok() || *s == cur) break;
+    cur = *s;
+    consider(cur);
+  }
+  for (const Split& u : all_uniform_splits(p)) {
+    consider(u);
+    q.prefix_block_cost_s = prefix_block_cost_at(p, u);
+    auto s = allocate(q, opt);
+    if (s.ok()) consider(*s);
+  }
+  return best;
+}
+
 }  // namespace ferry::serve::wsa

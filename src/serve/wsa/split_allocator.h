@@ -56,6 +56,16 @@ struct SplitProblem {
   // The (aged) steps the per-step curves were averaged over: curve x curve_steps ~ the counts
   // behind it, which the live controller uses for the standard error of a gain (0: unknown).
   double curve_steps = 0;
+  // Optional, for allocate_priced_by_caps() (empty: a recomputed block costs
+  // prefix_block_cost_s at every split): a recomputed prompt block's expert misses per MoE layer
+  // at each cap ([L_moe][E+1], ChunkMisses::per_block in demand.h), so at caps C it costs
+  //   prefix_block_base_s + miss_cost_s x sum_l recompute_misses[l][C_l]
+  // (the base: what is not misses, e.g. per-token time); prefix_misses_seen: the prompt blocks
+  // per step the profiled run itself recomputed, whose misses its expert curves already count
+  // at its own caps.
+  std::vector<std::vector<double>> recompute_misses;
+  double prefix_block_base_s = 0;
+  double prefix_misses_seen = 0;
   int experts() const {
     return expert_misses.empty() ? 0 : static_cast<int>(expert_misses[0].size()) - 1;
   }
@@ -100,6 +110,29 @@ struct AllocatorOptions {
   // 1e-3 x the avoidable part, file comment) is invisible to every rule downstream.
   double balance_tie = 1e-3;
 };
+
+// The price of a recomputed prompt block at split s: prefix_block_base_s + miss_cost_s x
+// sum_l recompute_misses[l][s.slots[l]] (p.prefix_block_cost_s without recompute_misses).
+double prefix_block_cost_at(const SplitProblem& p, const Split& s);
+// The modelled step time with the block priced at s's own caps: modelled_step_s() at that price,
+// with the profiled run's own recomputed blocks (prefix_misses_seen) priced at the profile's
+// price, not at s's (their misses are in the expert curves already):
+//   T(s) = modelled_step_s(p at price(s), s)
+//          - prefix_misses_seen x (price(s) - prefix_block_cost_s),
+// = modelled_step_s(p, s) without recompute_misses, and at a split whose price is the profile's.
+double modelled_step_priced_by_caps_s(const SplitProblem& p, const Split& s);
+
+// allocate() with a price that depends on the caps (NOTE(#9), docs/serve_wsa.md "The engine
+// bench's LiveSplit priced by its step model"): T has a term r(k) x price(C), in both pools,
+// which the separable greedy cannot take. Iterating price -> allocate -> reprice converges to the
+// nearest self-consistent split (on the phased 12 x 6 profile 25 slots: a block is worth 1.11 ms
+// there, and 1.11 ms keeps 25 slots), while 36-37 slots are self-consistent too and faster. So
+// this is a multi-start: allocate() at p's own price, up to 8 rounds of that iteration from its
+// split, and allocate() at the price of every uniform split; each candidate (and each uniform
+// split) judged by modelled_step_priced_by_caps_s; ties keep the first (allocate(p)'s split), so
+// the result is never worse by that T than allocate(p), the iteration or any uniform split.
+// Without recompute_misses (or a prefix curve): allocate(p). About E + 9 allocations.
+Result<Split> allocate_priced_by_caps(const SplitProblem& p, const AllocatorOptions& opt = {});
 
 // The marginal-value greedy on convexified curves alone (no polish), for tests.
 Result<Split> greedy_on_hulls(const SplitProblem& p, const AllocatorOptions& opt = {});

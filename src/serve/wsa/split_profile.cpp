@@ -25,18 +25,26 @@ bool all_finite(const std::vector<double>& v) {
 Json split_problem_to_json(const SplitProblem& p) {
   // nlohmann writes doubles with round-trip precision (shortest representation that parses back
   // to the same bits), so from_json(to_json(p)) == p.
-  return {{"budget_bytes", p.budget_bytes},
-          {"expert_bytes", p.expert_bytes},
-          {"kv_block_bytes", p.kv_block_bytes},
-          {"min_slots", p.min_slots},
-          {"kv_floor_blocks", p.kv_floor_blocks},
-          {"miss_cost_s", p.miss_cost_s},
-          {"kv_block_cost_s", p.kv_block_cost_s},
-          {"prefix_block_cost_s", p.prefix_block_cost_s},
-          {"curve_steps", p.curve_steps},
-          {"expert_misses", p.expert_misses},
-          {"kv_short", p.kv_short},
-          {"kv_prefix_misses", p.kv_prefix_misses}};
+  Json j = {{"budget_bytes", p.budget_bytes},
+            {"expert_bytes", p.expert_bytes},
+            {"kv_block_bytes", p.kv_block_bytes},
+            {"min_slots", p.min_slots},
+            {"kv_floor_blocks", p.kv_floor_blocks},
+            {"miss_cost_s", p.miss_cost_s},
+            {"kv_block_cost_s", p.kv_block_cost_s},
+            {"prefix_block_cost_s", p.prefix_block_cost_s},
+            {"curve_steps", p.curve_steps},
+            {"expert_misses", p.expert_misses},
+            {"kv_short", p.kv_short},
+            {"kv_prefix_misses", p.kv_prefix_misses}};
+  // The cap-dependent block price (split_allocator.h allocate_priced_by_caps), when recorded;
+  // profiles without it load with it empty.
+  if (!p.recompute_misses.empty()) {
+    j["recompute_misses"] = p.recompute_misses;
+    j["prefix_block_base_s"] = p.prefix_block_base_s;
+    j["prefix_misses_seen"] = p.prefix_misses_seen;
+  }
+  return j;
 }
 
 Result<SplitProblem> split_problem_from_json(const Json& j) {
@@ -56,11 +64,26 @@ Result<SplitProblem> split_problem_from_json(const Json& j) {
     p.expert_misses = j.at("expert_misses").get<std::vector<std::vector<double>>>();
     p.kv_short = j.at("kv_short").get<std::vector<double>>();
     p.kv_prefix_misses = j.at("kv_prefix_misses").get<std::vector<double>>();
+    if (j.contains("recompute_misses")) {
+      p.recompute_misses = j.at("recompute_misses").get<std::vector<std::vector<double>>>();
+      p.prefix_block_base_s = j.at("prefix_block_base_s").get<double>();
+      p.prefix_misses_seen = j.at("prefix_misses_seen").get<double>();
+    }
   } catch (const Json::exception& e) {
     return corrupt("wsa: split profile json: {}", e.what());
   }
   if (p.expert_misses.empty() || p.kv_short.empty()) {
     return invalid_argument("wsa: split profile has no expert or kv curve");
+  }
+  if (!p.recompute_misses.empty() && p.recompute_misses.size() != p.expert_misses.size()) {
+    return invalid_argument("wsa: split profile has {} recompute curves for {} layers",
+                            p.recompute_misses.size(), p.expert_misses.size());
+  }
+  for (const auto& m : p.recompute_misses) {
+    if (m.size() != p.expert_misses.front().size()) {
+      return invalid_argument("wsa: split profile's recompute curve has {} points, not {}",
+                              m.size(), p.expert_misses.front().size());
+    }
   }
   for (const auto& m : p.expert_misses) {
     if (m.size() != p.expert_misses.front().size()) {
@@ -77,6 +100,8 @@ Status save_split_profile(const std::string& path, const SplitProfile& profile) 
                 std::isfinite(p.miss_cost_s) && std::isfinite(p.kv_block_cost_s) &&
                 std::isfinite(p.prefix_block_cost_s) && std::isfinite(p.curve_steps);
   for (const auto& m : p.expert_misses) finite = finite && all_finite(m);
+  for (const auto& m : p.recompute_misses) finite = finite && all_finite(m);
+  finite = finite && std::isfinite(p.prefix_block_base_s) && std::isfinite(p.prefix_misses_seen);
   if (!finite) return invalid_argument("wsa: split profile for {} has a non-finite value", path);
   const Json j = {{"kind", kKind},
                   {"version", kVersion},

@@ -114,6 +114,10 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
   const int kv_max = static_cast<int>(cfg.budget_bytes / cfg.kv_block_bytes());
   PrefixStackDistance psd(pc ? kv_max : 0), profile_psd(pc ? kv_max : 0);  // live (aged), whole
   PrefillCost prefill_cost(cfg.max_batch_tokens), profile_prefill_cost(cfg.max_batch_tokens);
+  // The profile's cap-dependent block price (demand.h ChunkMisses): the misses of full chunks and
+  // decode-only steps at every cap, and the price's part that is not misses.
+  ChunkMisses profile_chunks(L, E, cfg.max_batch_tokens);
+  PrefillCost profile_base_cost(cfg.max_batch_tokens);
   // The prefix pool: cached (unreferenced) blocks, LRU, front = least recently released.
   std::list<std::uint64_t> pool_lru;
   std::unordered_map<std::uint64_t, std::list<std::uint64_t>::iterator> cached;
@@ -340,6 +344,7 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
       misses += std::uint64_t(lru[std::size_t(l)].access_set(distinct, order_scratch));
       sd[std::size_t(l)].access_set(distinct, depth_scratch);
       profile_sd[std::size_t(l)].access_set(distinct, depth_scratch);
+      profile_chunks.add_layer(l, depth_scratch);
       res.accesses += distinct.size();
       last_step_accesses += distinct.size();
     }
@@ -370,6 +375,8 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
     now += step_s;
     prefill_cost.add(step_s, tokens, prefill);
     profile_prefill_cost.add(step_s, tokens, prefill);
+    profile_base_cost.add(cfg.step_base_s + cfg.token_s * tokens, tokens, prefill);
+    profile_chunks.end_step(tokens, prefill);
     // Sampling: a sequence whose every token is computed emits one.
     for (Seq& q : running) {
       if (q.computed != q.tokens()) continue;
@@ -403,6 +410,17 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
   whole.prefix_block_cost_s = double(bt) * profile_prefill_cost.per_token_s(cfg.token_s);
   res.profile =
       make_problem(whole, profile_sd, profile_steps, profile_kv, pc ? &profile_psd : nullptr);
+  if (pc && !live) {  // a fixed split's profile: its caps and KV size held the whole run
+    SplitProblem& p = res.profile;
+    p.recompute_misses = profile_chunks.per_block(bt);
+    if (!p.recompute_misses.empty() && !p.kv_prefix_misses.empty()) {
+      p.prefix_block_base_s = double(bt) * profile_base_cost.per_token_s(cfg.token_s);
+      p.prefix_misses_seen = p.kv_prefix_misses[std::size_t(
+          std::min<int>(split.kv_blocks, static_cast<int>(p.kv_prefix_misses.size()) - 1))];
+    } else {
+      p.recompute_misses.clear();
+    }
+  }
   return res;
 }
 

@@ -14,11 +14,13 @@
 // the same token -- and kept after the turn ends, LRU, tail first, until a reservation needs them;
 // a new turn (or a preempted one coming back) starts computing after its longest cached prefix,
 // leaving at least its last token. Its miss curve over KV capacity (prefix_curve.h) and the
-// observed prefill cost per token go into the profile and the live problems. Policies: a fixed
-// split, or live (LiveSplit's rule: Mattson curves + KV demand samples + with the prefix cache the
-// prefix curve and its reuse prior (SimConfig::reuse_prior, fed the same final_blocks as
-// Engine::kv_demand), the SplitController every decide_every_steps steps; shrinking evicts LRU-last
-// experts, KV never below the blocks in use or the largest waiting request).
+// observed prefill cost per token go into the profile and the live problems; a fixed split's
+// profile also gets a recomputed block's misses at every cap (demand.h ChunkMisses).
+// Policies: a fixed split, or live (LiveSplit's rule: Mattson curves + KV demand samples + with
+// the prefix cache the prefix curve and its reuse prior (SimConfig::reuse_prior, fed the same
+// final_blocks as Engine::kv_demand), the SplitController every decide_every_steps steps;
+// shrinking evicts LRU-last experts, KV never below the blocks in use or the largest waiting
+// request).
 #pragma once
 
 #include <cstdint>

@@ -16,8 +16,13 @@
 // zero baseline without a decode-only step, ageing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <random>
+
 #include "serve/wsa/demand.h"
+#include "serve/wsa/split_allocator.h"
 #include "serve/wsa/split_sim.h"
+#include "wsa_random_problem.h"
 
 namespace ferry::serve::wsa {
 namespace {
@@ -113,6 +118,126 @@ TEST(WsaPrefillPrice, FullChunksAboveDecodeStepsWithFallbacks) {
   p.add(0.060, 64, 61);
   p.add(0.010, 4, 0);
   EXPECT_DOUBLE_EQ(p.per_token_s(0.5), 0.060 * 61 / 64 / 61);
+}
+
+// ChunkMisses (demand.h): a step's depths wait until its class is known, full chunks and
+// decode-only steps count, other steps not; per_block = block_tokens x (full misses at c per full
+// chunk - decode misses at c per decode step) / prefill tokens per full chunk.
+TEST(WsaPrefillPrice, ChunkMissesPerBlockAtEveryCap) {
+  ChunkMisses m(1, 4, 8);
+  EXPECT_TRUE(m.per_block(4).empty());                                     // nothing observed
+  const std::vector<std::pair<int, int>> full = {{1, 0}, {2, 1}, {5, 2}};  // 5 = E + 1: first
+  m.add_layer(0, full);
+  m.end_step(8, 8);                     // a full chunk: 8 tokens, all prefill
+  EXPECT_TRUE(m.per_block(4).empty());  // no decode-only step yet
+  const std::vector<std::pair<int, int>> decode = {{3, 3}};
+  m.add_layer(0, decode);
+  m.end_step(2, 0);  // decode-only
+  const std::vector<std::pair<int, int>> chat = {{4, 0}};
+  m.add_layer(0, chat);
+  m.end_step(4, 4);  // a small chunk: neither, its depths dropped
+  // Full misses at c = 0..4: 3 2 1 1 1; decode: 1 1 1 0 0; per block of 4 tokens: 4 / 8.
+  const std::vector<std::vector<double>> want = {{1.0, 0.5, 0.0, 0.5, 0.5}};
+  EXPECT_EQ(m.per_block(4), want);
+  m.scale(0.5);  // ageing scales counts and steps alike
+  EXPECT_EQ(m.per_block(4), want);
+}
+
+// The simulator's fixed-split profile carries the per-cap recompute misses; at the profiled
+// split's own caps the price they give is PrefillCost's price of the same run (the simulator's
+// misses are the set model's, so the histograms hold exactly the misses the step times charged),
+// and it falls with the caps (a full chunk misses fewer experts at more slots). Without the
+// prefix cache there is nothing to price.
+TEST(WsaPrefillPrice, ProfilePricesARecomputedBlockAtEveryCap) {
+  const AgenticWorkload w(short_turns_spec(3));
+  const SimConfig cfg = short_turns_config(w, true);
+  const SplitProblem skel = sim_problem(cfg, 2, 128, 8);
+  auto half = fraction_split(skel, 0.5);
+  ASSERT_TRUE(half.ok()) << half.status().to_string();
+  auto r = simulate(cfg, w, *half, false);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const SplitProblem& p = r->profile;
+  ASSERT_EQ(p.recompute_misses.size(), 2u);
+  ASSERT_EQ(p.recompute_misses[0].size(), 129u);
+  EXPECT_GT(p.prefix_block_cost_s, 0);
+  EXPECT_NEAR(prefix_block_cost_at(p, *half), p.prefix_block_cost_s, 1e-9 * p.prefix_block_cost_s);
+  EXPECT_NEAR(modelled_step_priced_by_caps_s(p, *half), modelled_step_s(p, *half),
+              1e-12 * modelled_step_s(p, *half));
+  EXPECT_EQ(p.prefix_block_base_s, 0.0);  // no per-token cost; the step's base cancels
+  EXPECT_GT(p.prefix_misses_seen, 0);
+  const std::vector<Split> uniform = all_uniform_splits(p);
+  ASSERT_GE(uniform.size(), 2u);
+  const Split& lo = uniform.front();
+  const Split& hi = uniform.back();
+  EXPECT_LT(prefix_block_cost_at(p, hi), 0.9 * prefix_block_cost_at(p, lo));
+  std::printf("block price at %d / %d / %d slots: %.4f / %.4f / %.4f ms (profile %.4f)\n",
+              lo.slots[0], half->slots[0], hi.slots[0], prefix_block_cost_at(p, lo) * 1e3,
+              prefix_block_cost_at(p, *half) * 1e3, prefix_block_cost_at(p, hi) * 1e3,
+              p.prefix_block_cost_s * 1e3);
+  auto off = simulate(short_turns_config(w, false), w, *half, false);
+  ASSERT_TRUE(off.ok());
+  EXPECT_TRUE(off->profile.recompute_misses.empty());
+}
+
+// allocate_priced_by_caps on random problems with a prefix curve and per-cap recompute misses:
+// feasible, and by the T with the block priced at each split's own caps never worse than
+// allocate() at the profile's one price, than iterating price -> allocate from there, or than any
+// uniform split; without recompute curves it is allocate().
+TEST(WsaPrefillPrice, PricedByCapsIsNoWorseThanOneShotFixedPointOrUniform) {
+  std::mt19937 rng(29);
+  std::uniform_real_distribution<double> u(0, 1);
+  auto curve = [&](std::mt19937& g, int n, bool) {  // non-increasing
+    std::vector<double> y(std::size_t(n) + 1);
+    y[std::size_t(n)] = u(g);
+    for (int i = n - 1; i >= 0; --i) y[std::size_t(i)] = y[std::size_t(i) + 1] + u(g) * u(g) * 4;
+    return y;
+  };
+  int better = 0, comparisons = 0;
+  for (int trial = 0; trial < 150; ++trial) {
+    const int L = 1 + static_cast<int>(rng() % 3), E = 4 + static_cast<int>(rng() % 12);
+    SplitProblem p = testing::random_problem(rng, L, E, 10 + static_cast<int>(rng() % 60),
+                                             trial % 2 == 0, false, curve);
+    p.kv_prefix_misses = curve(rng, p.kv_max_blocks(), false);
+    p.prefix_block_cost_s = 1e-3 * (0.5 + 2 * u(rng));
+    auto plain = allocate(p);
+    auto same = allocate_priced_by_caps(p);
+    ASSERT_TRUE(plain.ok() && same.ok());
+    EXPECT_EQ(*same, *plain);  // no recompute curves: allocate()
+    for (int l = 0; l < L; ++l) {
+      std::vector<double> c = curve(rng, E, false);
+      for (double& x : c) x *= 0.5;
+      p.recompute_misses.push_back(std::move(c));
+    }
+    p.prefix_block_base_s = 1e-4 * u(rng);
+    p.prefix_misses_seen = u(rng);
+    auto got = allocate_priced_by_caps(p);
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    EXPECT_TRUE(feasible(p, *got)) << "trial " << trial;
+    const double t = modelled_step_priced_by_caps_s(p, *got);
+    const double tol = 1e-12 * std::max(1.0, t);
+    EXPECT_LE(t, modelled_step_priced_by_caps_s(p, *plain) + tol) << "trial " << trial;
+    better += t < modelled_step_priced_by_caps_s(p, *plain) - tol;
+    Split cur = *plain;  // the fixed point from the one-shot split
+    SplitProblem q = p;
+    for (int round = 0; round < 50; ++round) {
+      q.prefix_block_cost_s = prefix_block_cost_at(p, cur);
+      auto s = allocate(q);
+      ASSERT_TRUE(s.ok());
+      if (*s == cur) break;
+      cur = *s;
+      EXPECT_LE(t, modelled_step_priced_by_caps_s(p, cur) + tol) << "trial " << trial;
+    }
+    for (const Split& un : all_uniform_splits(p)) {
+      EXPECT_LE(t, modelled_step_priced_by_caps_s(p, un) + tol) << "trial " << trial;
+      ++comparisons;
+    }
+  }
+  std::printf(
+      "priced by caps: better than the one-shot split in %d of 150 problems, %d uniform "
+      "comparisons\n",
+      better, comparisons);
+  EXPECT_GT(better, 0);
+  EXPECT_GT(comparisons, 500);
 }
 
 }  // namespace

@@ -262,6 +262,21 @@ TEST(WsaProfile, EngineProfileIsPricedByTheStepModel) {
     const double want = kBlockTokens * scored.per_token_s(0);
     EXPECT_GT(want, 0);
     EXPECT_NEAR(p.prefix_block_cost_s, want, 1e-9 * want);
+    // The per-cap price (ChunkMisses: full chunks' and decode steps' misses at every cap, as
+    // the set model counts them) at the run's own caps (3 slots per layer) is the price of the
+    // pager's misses up to what the pager misses beyond the set model: a full chunk touches all
+    // 8 experts of a layer, more than its 3 slots, and the pager's token groups then reload some
+    // (here 2.3 % of the price, the curve below it; the scaled CPU engine: docs/serve_wsa.md).
+    // No full chunk, no curves.
+    if (chunk == 24) {
+      ASSERT_EQ(p.recompute_misses.size(), 2u);
+      const wsa::Split own{.slots = {3, 3}};
+      const double at_own = wsa::prefix_block_cost_at(p, own);
+      EXPECT_LE(at_own, want * (1 + 1e-12));
+      EXPECT_GT(at_own, 0.95 * want);
+    } else {
+      EXPECT_TRUE(p.recompute_misses.empty());
+    }
     // The same run priced as the bench priced it before (the link, 0.2 ms a token) is not it.
     const ProfileRun old = profile_run(true, {}, {}, chunk);
     EXPECT_TRUE(old.observed.expert_misses == p.expert_misses);
