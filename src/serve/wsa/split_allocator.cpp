@@ -73,11 +73,13 @@ void fill_leftover(const SplitProblem& p, Split& s) {
 
 }  // namespace
 
-double kv_side_s(const SplitProblem& p, int k) {
+double kv_side_s(const SplitProblem& p, int k) { return kv_side_s(p, k, p.prefix_block_cost_s); }
+
+double kv_side_s(const SplitProblem& p, int k, double prefix_block_cost_s) {
   double t = p.kv_block_cost_s * p.kv_short[std::size_t(std::min(k, p.kv_max_blocks()))];
   if (!p.kv_prefix_misses.empty()) {
     const int last = static_cast<int>(p.kv_prefix_misses.size()) - 1;
-    t += p.prefix_block_cost_s * p.kv_prefix_misses[std::size_t(std::clamp(k, 0, last))];
+    t += prefix_block_cost_s * p.kv_prefix_misses[std::size_t(std::clamp(k, 0, last))];
   }
   return t;
 }
@@ -88,7 +90,11 @@ std::size_t Split::bytes(const SplitProblem& p) const {
 }
 
 double modelled_step_s(const SplitProblem& p, const Split& s) {
-  double t = kv_cost(p, s.kv_blocks);
+  return modelled_step_s(p, s, p.prefix_block_cost_s);
+}
+
+double modelled_step_s(const SplitProblem& p, const Split& s, double prefix_block_cost_s) {
+  double t = kv_side_s(p, s.kv_blocks, prefix_block_cost_s);
   for (int l = 0; l < layers(p); ++l) t += expert_cost(p, l, s.slots[std::size_t(l)]);
   return t;
 }
@@ -320,10 +326,8 @@ double prefix_block_cost_at(const SplitProblem& p, const Split& s) {
 
 double modelled_step_priced_by_caps_s(const SplitProblem& p, const Split& s) {
   if (p.recompute_misses.empty() || p.kv_prefix_misses.empty()) return modelled_step_s(p, s);
-  SplitProblem q = p;
-  q.prefix_block_cost_s = prefix_block_cost_at(p, s);
-  return modelled_step_s(q, s) -
-         p.prefix_misses_seen * (q.prefix_block_cost_s - p.prefix_block_cost_s);
+  const double price = prefix_block_cost_at(p, s);
+  return modelled_step_s(p, s, price) - p.prefix_misses_seen * (price - p.prefix_block_cost_s);
 }
 
 Result<Split> allocate_priced_by_caps(const SplitProblem& p, const AllocatorOptions& opt) {

@@ -86,8 +86,13 @@ std::string to_string(const Split& s);
 
 // The KV side of T at k blocks: shortage plus prefix-cache misses, each at its cost.
 double kv_side_s(const SplitProblem& p, int k);
+// ... with a recomputed prompt block priced at prefix_block_cost_s instead of p's price.
+double kv_side_s(const SplitProblem& p, int k, double prefix_block_cost_s);
 // The modelled step time of a split on the problem's (real, not convexified) curves.
 double modelled_step_s(const SplitProblem& p, const Split& s);
+// ... with a recomputed prompt block priced at prefix_block_cost_s instead of p's price (the
+// same sums in the same order: equal to the bit to modelled_step_s on a copy of p at that price).
+double modelled_step_s(const SplitProblem& p, const Split& s, double prefix_block_cost_s);
 // Whether a split respects the budget, the slot range and the KV floor.
 bool feasible(const SplitProblem& p, const Split& s);
 

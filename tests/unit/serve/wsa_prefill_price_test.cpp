@@ -240,5 +240,42 @@ TEST(WsaPrefillPrice, PricedByCapsIsNoWorseThanOneShotFixedPointOrUniform) {
   EXPECT_GT(comparisons, 500);
 }
 
+// modelled_step_s at a given block price (what modelled_step_priced_by_caps_s uses instead of
+// a copy of the problem per candidate) is, to the bit, modelled_step_s on a copy of the problem
+// at that price, and the cap-priced T is the copy-based formula of session 29 to the bit.
+TEST(WsaPrefillPrice, StepAtAPriceIsTheProblemAtThatPrice) {
+  std::mt19937 rng(30);
+  std::uniform_real_distribution<double> u(0, 1);
+  auto curve = [&](std::mt19937& g, int n, bool) {
+    std::vector<double> y(std::size_t(n) + 1);
+    y[std::size_t(n)] = u(g);
+    for (int i = n - 1; i >= 0; --i) y[std::size_t(i)] = y[std::size_t(i) + 1] + u(g) * u(g) * 4;
+    return y;
+  };
+  int checked = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    const int L = 1 + static_cast<int>(rng() % 3), E = 4 + static_cast<int>(rng() % 12);
+    SplitProblem p = testing::random_problem(rng, L, E, 10 + static_cast<int>(rng() % 60),
+                                             trial % 2 == 0, false, curve);
+    p.kv_prefix_misses = curve(rng, p.kv_max_blocks(), false);
+    p.prefix_block_cost_s = 1e-3 * (0.5 + 2 * u(rng));
+    for (int l = 0; l < L; ++l) p.recompute_misses.push_back(curve(rng, E, false));
+    p.prefix_block_base_s = 1e-4 * u(rng);
+    p.prefix_misses_seen = u(rng);
+    for (const Split& s : all_uniform_splits(p)) {
+      SplitProblem q = p;
+      q.prefix_block_cost_s = prefix_block_cost_at(p, s);
+      EXPECT_EQ(modelled_step_s(p, s, q.prefix_block_cost_s), modelled_step_s(q, s));
+      EXPECT_EQ(kv_side_s(p, s.kv_blocks, q.prefix_block_cost_s), kv_side_s(q, s.kv_blocks));
+      EXPECT_EQ(modelled_step_priced_by_caps_s(p, s),
+                modelled_step_s(q, s) -
+                    p.prefix_misses_seen * (q.prefix_block_cost_s - p.prefix_block_cost_s));
+      EXPECT_EQ(modelled_step_s(p, s, p.prefix_block_cost_s), modelled_step_s(p, s));
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 100);
+}
+
 }  // namespace
 }  // namespace ferry::serve::wsa
