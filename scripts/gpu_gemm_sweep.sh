@@ -9,7 +9,7 @@
 #   gemm_round{1,2}.json            BM_Gemm (cuda_kernels_bench) vs torch.matmul (torch_baselines.py
 #                                   --only gemm), paired by tools/bench/compare.py, twice in turn so
 #                                   the between-run spread is visible
-# SWEEP_DATA=hash limits the sweep to the bench's operands. GEMM_CANDIDATES="16 32" also runs the sweep's hash data with FERRY_GEMM_CANDIDATES=32 (the
+# SWEEP_ARGS=--clusters adds each algorithm with explicit cluster shapes. SWEEP_DATA=hash limits the sweep to the bench's operands. GEMM_CANDIDATES="16 32" also runs the sweep's hash data with FERRY_GEMM_CANDIDATES=32 (the
 # backend's tuner timing the heuristic's first 32 algorithms).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +30,7 @@ $PY -c "import torch" 2>/dev/null || PY=/opt/torch/.venv/bin/python3
   exit 1
 }
 for data in ${SWEEP_DATA:-hash normal}; do
-  timeout 120 "$B/bench/cuda_gemm_sweep_bench" --data "$data" --out "$OUT/sweep_$data.json" \
+  timeout 200 "$B/bench/cuda_gemm_sweep_bench" --data "$data" ${SWEEP_ARGS:-} --out "$OUT/sweep_$data.json" \
     >"$OUT/sweep_$data.txt" 2>&1 || echo "sweep $data exit $?"
   grep "^BM_Gemm" "$OUT/sweep_$data.txt"
 done

@@ -10,7 +10,8 @@
 // Shapes: Qwen2.5-3B/7B layer GEMMs at 4096 tokens (BM_Gemm's). Operands: --data hash (the bench's
 // bf16 pattern in [-0.5, 0.5)) or --data normal (N(0, 1), like torch.randn; the GPU's clock under
 // its power limit depends on the bits). Writes --out JSON and prints one table per shape.
-//   cuda_gemm_sweep_bench [--data hash|normal] [--candidates N] [--rounds R] [--out FILE]
+//   cuda_gemm_sweep_bench [--data hash|normal] [--candidates N] [--rounds R] [--clusters]
+//                         [--out FILE]
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -25,6 +26,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/check.h"
@@ -39,6 +41,10 @@ using namespace ferry;
 
 constexpr std::size_t kFlushBytes = 256u << 20;
 constexpr std::size_t kWorkspaceBytes = 32u << 20;
+constexpr std::pair<cublasLtClusterShape_t, const char*> kClusterShapes[] = {
+    {CUBLASLT_CLUSTER_SHAPE_1x1x1, "1x1"}, {CUBLASLT_CLUSTER_SHAPE_2x1x1, "2x1"},
+    {CUBLASLT_CLUSTER_SHAPE_1x2x1, "1x2"}, {CUBLASLT_CLUSTER_SHAPE_2x2x1, "2x2"},
+    {CUBLASLT_CLUSTER_SHAPE_4x1x1, "4x1"}, {CUBLASLT_CLUSTER_SHAPE_1x4x1, "1x4"}};
 
 std::uint16_t to_bf16(float f) {
   std::uint32_t u = 0;
@@ -100,7 +106,8 @@ std::string describe(const cublasLtMatmulAlgo_t& a, std::size_t ws, float waves)
       algo_attr<std::uint32_t>(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
       algo_attr<std::uint32_t>(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
       algo_attr<std::uint32_t>(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
-      algo_attr<std::uint32_t>(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID), ws >> 10, waves);
+      static_cast<unsigned>(algo_attr<std::uint16_t>(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)),
+      ws >> 10, waves);
   return buf;
 }
 
@@ -109,6 +116,7 @@ std::string describe(const cublasLtMatmulAlgo_t& a, std::size_t ws, float waves)
 int main(int argc, char** argv) {
   bool normal = false;
   int n_candidates = 32, rounds = 20;
+  bool clusters = false;
   std::string out_path;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -124,11 +132,14 @@ int main(int argc, char** argv) {
       n_candidates = std::stoi(next());
     } else if (a == "--rounds") {
       rounds = std::stoi(next());
+    } else if (a == "--clusters") {
+      clusters = true;
     } else if (a == "--out") {
       out_path = next();
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--data hash|normal] [--candidates N] [--rounds R] [--out FILE]\n",
+                   "usage: %s [--data hash|normal] [--candidates N] [--rounds R] [--clusters] "
+                   "[--out FILE]\n",
                    argv[0]);
       return 2;
     }
@@ -210,16 +221,34 @@ int main(int argc, char** argv) {
     SWEEP_BLAS(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, n_candidates,
                                               res.data(), &found));
     cublasLtMatmulPreferenceDestroy(pref);
-    for (int i = 0; i < found; ++i) {
-      const cublasLtMatmulAlgo_t algo = res[static_cast<std::size_t>(i)].algo;
-      cs.push_back({"lt" + std::to_string(i),
-                    describe(algo, res[static_cast<std::size_t>(i)].workspaceSize,
-                             res[static_cast<std::size_t>(i)].wavesCount),
-                    [&, algo] {
+    auto add_lt = [&](const std::string& name, const cublasLtMatmulAlgo_t& algo, std::size_t need,
+                      float waves) {
+      cs.push_back({name, describe(algo, need, waves), [&, algo] {
                       return cublasLtMatmul(lt, op, &alpha, b, la, a, lb, &beta, c, lc, c, lc,
                                             &algo, ws, kWorkspaceBytes,
                                             raw) == CUBLAS_STATUS_SUCCESS;
                     }});
+    };
+    for (int i = 0; i < found; ++i) {
+      const cublasLtMatmulHeuristicResult_t& h = res[static_cast<std::size_t>(i)];
+      add_lt("lt" + std::to_string(i), h.algo, h.workspaceSize, h.wavesCount);
+    }
+    // --clusters: each heuristic algorithm again with an explicit thread-block cluster shape (the
+    // heuristic leaves it AUTO); cublasLtMatmulAlgoCheck drops the ones these operands refuse.
+    for (int i = 0; clusters && i < found; ++i) {
+      for (const auto& [shape, label] : kClusterShapes) {
+        cublasLtMatmulAlgo_t algo = res[static_cast<std::size_t>(i)].algo;
+        const std::uint16_t id = static_cast<std::uint16_t>(shape);
+        if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &id,
+                                                 sizeof(id)) != CUBLAS_STATUS_SUCCESS)
+          continue;
+        cublasLtMatmulHeuristicResult_t check{};
+        if (cublasLtMatmulAlgoCheck(lt, op, la, lb, lc, lc, &algo, &check) !=
+                CUBLAS_STATUS_SUCCESS ||
+            check.workspaceSize > kWorkspaceBytes)
+          continue;
+        add_lt("lt" + std::to_string(i) + "c" + label, algo, check.workspaceSize, check.wavesCount);
+      }
     }
     // Warm-up: ferry autotunes here; every algorithm loads its kernel.
     for (auto& x : cs) x.ok = x.launch() && x.launch();

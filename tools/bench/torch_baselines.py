@@ -13,6 +13,9 @@ import torch
 import torch.nn.functional as F
 
 FLUSH = None
+# BM_Gemm runs exactly this many timed repetitions too (cuda_kernels_bench.cpp kGemmReps): the
+# GPU's clock under its power limit depends on how long a GEMM has been running back to back.
+GEMM_REPS = 50
 
 
 def timed(fn, reps=20, warmup=3):
@@ -38,6 +41,8 @@ def timed(fn, reps=20, warmup=3):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--gemm-reps", type=int, default=GEMM_REPS,
+                    help="timed repetitions per GEMM (default: as many as BM_Gemm's)")
     ap.add_argument("--only", default="gemm,attention,memory",
                     help="comma-separated groups to time (default: all)")
     args = ap.parse_args()
@@ -54,7 +59,8 @@ def main():
     for m, n, k in gemm_shapes if "gemm" in groups else []:
         x = torch.randn(m, k, device=dev, dtype=bf)
         w = torch.randn(n, k, device=dev, dtype=bf)
-        res[f"BM_Gemm/{m}/{n}/{k}/manual_time"] = {"ms": timed(lambda: torch.matmul(x, w.t()))}
+        res[f"BM_Gemm/{m}/{n}/{k}/manual_time"] = {
+            "ms": timed(lambda: torch.matmul(x, w.t()), reps=args.gemm_reps)}
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
     # mode: 0 forward + backward, 1 forward only, 2 forward + backward (ferry without its workspace),
