@@ -19,7 +19,7 @@
 //                     [--phase-turns 0] [--long-output-min 512] [--long-output-max 1024]
 //                     [--layers 48] [--kv-bytes 2] [--max-batch-tokens 512]
 //                     [--step-base-ms 5] [--token-ms 0.1] [--alloc-tie 1e-3]
-//                     [--configurator-price-by-caps off]
+//                     [--configurator-price-by-caps off|on|both] [--live-price-by-caps off]
 // --live-decide-steps is the longest interval between live decisions, --live-decide-per-expert x E
 // the mean expert accesses per MoE layer after which it decides sooner (0: the old fixed cadence),
 // --live-age the curve weight kept per 64 steps (split_controller.h DecisionCadence);
@@ -33,7 +33,11 @@
 // --alloc-tie: the allocator's balance_tie for the offline and live policies (split_allocator.h;
 // 0: the plain greedy, ties to a corner split -- the allocator before the tie-break).
 // --configurator-price-by-caps on: the offline policy allocates with a recomputed prompt block
-// priced at each split's own caps (split_allocator.h allocate_priced_by_caps; off: allocate()).
+// priced at each split's own caps (split_allocator.h allocate_priced_by_caps; off: allocate());
+// both: "mv-wsa offline" priced by caps and a row "offline, one-shot" with allocate(), on the
+// same profile (one run for the before/after comparison).
+// --live-price-by-caps on: the live controller decides with that price too
+// (ControllerConfig::price_by_caps); both: also a row "mv-wsa live, by caps" (from 50/50).
 // With the prefix cache, "mv-wsa live" uses the prefix curve's reuse prior (prefix_curve.h;
 // --live-reuse-prior off drops it) and "mv-wsa live, no prior" is the controller without it.
 // x_named: the best of the three named fixed splits (50/50, expert-heavy, KV-heavy) / policy;
@@ -91,6 +95,10 @@ int main(int argc, char** argv) {
   double step_base_ms = 5, token_ms = 0.1;
   bool trace_live = false;
   bool price_by_caps = false;  // --configurator-price-by-caps: allocate_priced_by_caps offline
+  bool also_one_shot = false;  // ... both: also the one-shot allocate() as its own row
+  // --live-price-by-caps: the live controller prices a recomputed block at each split's caps
+  // (ControllerConfig::price_by_caps); both: the live rows without, plus "mv-wsa live, by caps".
+  bool live_price_by_caps = false, live_both = false;
   AllocatorOptions alloc;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
@@ -160,7 +168,9 @@ int main(int argc, char** argv) {
     else if (a == "--trace-live")
       trace_live = std::strcmp(v, "off") != 0;
     else if (a == "--configurator-price-by-caps")
-      price_by_caps = std::strcmp(v, "off") != 0;
+      price_by_caps = std::strcmp(v, "off") != 0, also_one_shot = std::strcmp(v, "both") == 0;
+    else if (a == "--live-price-by-caps")
+      live_price_by_caps = std::strcmp(v, "on") == 0, live_both = std::strcmp(v, "both") == 0;
     else if (a == "--alloc-tie")
       alloc.balance_tie = std::atof(v);
     else {
@@ -205,7 +215,8 @@ int main(int argc, char** argv) {
                     .link_bytes_per_s = cfg.link_bytes_per_s,
                     .uniform_tie = uniform_tie,
                     .of_avoidable = band_of_avoidable,
-                    .allocator = alloc};
+                    .allocator = alloc,
+                    .price_by_caps = live_price_by_caps};
 
   ferry::Timer gen_timer;
   const AgenticWorkload w({.sessions = sessions,
@@ -263,7 +274,17 @@ int main(int argc, char** argv) {
         price_by_caps ? allocate_priced_by_caps(profile, alloc) : allocate(profile, alloc);
     FERRY_CHECK(offline.ok(), "offline: {}", offline.status().to_string());
     run("mv-wsa offline", *offline, false);
+    if (also_one_shot) {
+      auto one_shot = allocate(profile, alloc);
+      FERRY_CHECK(one_shot.ok(), "offline, one-shot: {}", one_shot.status().to_string());
+      run("offline, one-shot", *one_shot, false);
+    }
     run("mv-wsa live", *half, true);
+    if (live_both && pc) {
+      cfg.controller.price_by_caps = true;
+      run("mv-wsa live, by caps", *half, true);
+      cfg.controller.price_by_caps = false;
+    }
     if (pc && cfg.reuse_prior) {
       cfg.reuse_prior = false;
       run("mv-wsa live, no prior", *half, true);
@@ -344,7 +365,11 @@ int main(int argc, char** argv) {
                {"warmup_steps", warmup},
                {"reuse_prior", reuse_prior},
                {"alloc_balance_tie", alloc.balance_tie},
-               {"configurator_price_by_caps", price_by_caps}};
+               {"configurator_price_by_caps", price_by_caps},
+               {"configurator_one_shot_row", also_one_shot},
+               {"live_price_by_caps", live_both            ? "both"
+                                      : live_price_by_caps ? "on"
+                                                           : "off"}};
   for (const Suite& suite : suites) {
     nlohmann::json sweep = nlohmann::json::array();
     for (const auto& [cap, t] : suite.sweep) sweep.push_back({{"cap", cap}, {"total_s", t}});
@@ -382,7 +407,13 @@ int main(int argc, char** argv) {
            {"slots", row.split.slots},
            {"kv_blocks", row.split.kv_blocks},
            {"decision_steps", decision_steps(row.r, true)},
-           {"move_steps", decision_steps(row.r, false)}});
+           {"move_steps", decision_steps(row.r, false)},
+           {"decide_s", row.r.decide_s}});
+    }
+    for (const Row& row : suite.rows) {  // host time per live decision (this machine, wall)
+      if (!row.live || row.r.log.empty()) continue;
+      std::printf("  %s: %zu decisions, %.3f ms each (problem + decide, wall)\n", row.name.c_str(),
+                  row.r.log.size(), row.r.decide_s * 1e3 / double(row.r.log.size()));
     }
     for (const Row& row : suite.rows) {
       if (!trace_live || !row.live) continue;

@@ -41,6 +41,7 @@
 //     [--scaled] [--model-step-ms 1.6 --model-miss-ms 0.197]
 //     [--save-profile FILE] [--configurator-profile FILE] [--deadline-unix S] [--dense-dtype f32]
 //     [--prune-slower off] [--prior-json FILE] [--host-routing] [--configurator-price-by-caps off]
+//     [--live-price-by-caps off]
 // --scaled (CPU, 2 layers): the 2-layer CUDA run's split problem at 1/32 of the widths (same E,
 // top-k, routing, slots, blocks, floor and modelled miss cost; see main()), so LiveSplit decides
 // as it would on the GPU; its wall time is CPU compute, not a GPU's. --model-step-ms /
@@ -52,6 +53,8 @@
 // one they price a miss at expert bytes / --link-gbps and a token at LiveSplitConfig's default.
 // --configurator-price-by-caps on: the configurator prices a recomputed prompt block at each
 // split's own caps (wsa::allocate_priced_by_caps on the profile's per-cap recompute misses).
+// --live-price-by-caps on: the live controller decides with that price too
+// (ControllerConfig::price_by_caps; its decision time is in the JSON, live_decide_s).
 // --policies also takes cap-N (a --caps run at that place in the order, e.g. the oracle's
 // nearest caps before a named split that may be cut by --deadline-unix).
 // --policy-s caps the wall time of policies named as in --policies ("caps": each --caps run;
@@ -134,6 +137,7 @@ struct PolicyResult {
   std::vector<DecisionRecord> log;          // live: every decision
   std::uint64_t refused = 0;
   std::string last_refusal;
+  double decide_s = 0;    // live: host time in LiveSplit's decisions (problem + decide, wall)
   double cap_s = 0;       // the time cap it ran under (its own, or what --deadline-unix left)
   double modelled_s = 0;  // --model-step-ms x steps + --model-miss-ms x misses (0: not asked)
   double started_s = 0;   // bench clock (since main started) when its engine was created
@@ -180,6 +184,7 @@ struct Setup {
   double decide_per_expert = 2;
   double min_hysteresis = 0.01, uniform_tie = 0.01;  // --live-min-hysteresis, --live-uniform-tie
   bool band_of_avoidable = true;                     // --live-band-of avoidable|total
+  bool live_price_by_caps = false;                   // --live-price-by-caps on|off
   double model_step_s = 0, model_miss_s = 0;         // --model-step-ms, --model-miss-ms
   // The step model that scores the runs (nothing per token), which LiveSplit then prices by.
   bool priced_by_model() const { return model_step_s > 0 || model_miss_s > 0; }
@@ -248,7 +253,8 @@ PolicyResult run_policy(const Setup& su, const std::string& key, const std::stri
                        .link_bytes_per_s = su.link_bytes_per_s,
                        .controller = {.min_hysteresis = su.min_hysteresis,
                                       .uniform_tie = su.uniform_tie,
-                                      .of_avoidable = su.band_of_avoidable}};
+                                      .of_avoidable = su.band_of_avoidable,
+                                      .price_by_caps = su.live_price_by_caps}};
     // With a step model the runs are scored by it, so LiveSplit prices by it too: its profile
     // (the configurator's input) and the live controller's problems. Without one: the link and
     // LiveSplitConfig's default prefill_token_s, as before.
@@ -392,6 +398,7 @@ PolicyResult run_policy(const Setup& su, const std::string& key, const std::stri
       {.expert_bytes = eng.experts().store()->expert_bytes(), .kv_block_bytes = su.kv_block_bytes});
   if (ls) {
     pr.decisions = ls->stats().decisions;
+    pr.decide_s = ls->stats().decide_s;
     pr.moves = ls->stats().moves;
     pr.pool_max_bytes = std::max(pr.pool_max_bytes, ls->stats().max_bytes);
     if (live) {
@@ -483,6 +490,7 @@ nlohmann::json result_json(const PolicyResult& r, double named_s) {
           {"live_refused", r.refused},
           {"live_last_refusal", r.last_refusal},
           {"live_log", log_json(r.log)},
+          {"live_decide_s", r.decide_s},
           {"cap_s", r.cap_s},
           {"started_s", r.started_s},
           {"engine_create_s", r.create_s},
@@ -549,6 +557,7 @@ int main(int argc, char** argv) {
   int decide_steps = 64, min_steps = 4;
   double decide_per_expert = 2, min_hysteresis = 0.01, uniform_tie = 0.01;
   bool band_of_avoidable = true;
+  bool live_price_by_caps = false;
   std::string policy_s_arg;
   std::uint64_t seed = 1;
   bool prefix_cache = true, tiny = false, scaled = false, host_routing = false;
@@ -625,6 +634,8 @@ int main(int argc, char** argv) {
       min_hysteresis = std::atof(v);
     else if (a == "--live-band-of")
       band_of_avoidable = std::strcmp(v, "total") != 0;
+    else if (a == "--live-price-by-caps")
+      live_price_by_caps = std::strcmp(v, "off") != 0;
     else if (a == "--live-uniform-tie")
       uniform_tie = std::atof(v);
     else if (a == "--live-decide-per-expert")
@@ -773,6 +784,7 @@ int main(int argc, char** argv) {
            .min_hysteresis = min_hysteresis,
            .uniform_tie = uniform_tie,
            .band_of_avoidable = band_of_avoidable,
+           .live_price_by_caps = live_price_by_caps,
            .model_step_s = model_step_ms * 1e-3,
            .model_miss_s = model_miss_ms * 1e-3,
            .dense_dtype = dense_dtype,
@@ -871,6 +883,7 @@ int main(int argc, char** argv) {
                 {"routing", host_routing ? "per-layer" : "forced-ahead"},
                 {"live_split_prices", su.priced_by_model() ? "step model" : "link"},
                 {"configurator_price_by_caps", price_by_caps},
+                {"live_price_by_caps", live_price_by_caps},
                 {"model_step_ms", model_step_ms},
                 {"model_miss_ms", model_miss_ms}};
   // What a saved profile must match to be used by another run's configurator: the split

@@ -5,6 +5,7 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "core/timer.h"
 
 namespace ferry::serve::wsa {
 
@@ -256,8 +257,10 @@ Status LiveSplit::on_step(Engine& eng) {
     return ok_status();
   }
   if (!due) return ok_status();
+  const Timer decide_clock;
   const SplitProblem p = decision_problem(eng);
   auto d = ctl_.decide(p, current_);
+  stats_.decide_s += decide_clock.elapsed_s();
   ++stats_.decisions;
   DecisionRecord rec{.step = eng.stats().steps};
   if (!d.ok()) {

@@ -88,6 +88,7 @@ struct LiveSplitStats {
   int min_kv_blocks = -1;           // smallest KV block count seen after a resize
   std::vector<DecisionRecord> log;  // every decision, in order (reports)
   std::string last_refusal;         // why the last refused decision or resize was refused
+  double decide_s = 0;              // host time in decisions (decision_problem + decide), all
 };
 
 class LiveSplit {

@@ -330,7 +330,8 @@ double modelled_step_priced_by_caps_s(const SplitProblem& p, const Split& s) {
   return modelled_step_s(p, s, price) - p.prefix_misses_seen * (price - p.prefix_block_cost_s);
 }
 
-Result<Split> allocate_priced_by_caps(const SplitProblem& p, const AllocatorOptions& opt) {
+Result<Split> allocate_priced_by_caps(const SplitProblem& p, const AllocatorOptions& opt,
+                                      const PricedByCapsOptions& starts) {
   FERRY_ASSIGN_OR_RETURN(Split best, allocate(p, opt));
   if (p.recompute_misses.empty() || p.kv_prefix_misses.empty()) return best;
   double best_t = modelled_step_priced_by_caps_s(p, best);
@@ -342,16 +343,32 @@ Result<Split> allocate_priced_by_caps(const SplitProblem& p, const AllocatorOpti
   // The fixed point from allocate(p)'s split (price at the split's caps -> allocate -> ...), a
   // few rounds, so the result is never worse than that iteration either.
   Split cur = best;
-  for (int round = 0; round < 8; ++round) {
+  for (int round = 0; round < starts.fixed_point_rounds; ++round) {
     q.prefix_block_cost_s = prefix_block_cost_at(p, cur);
     auto s = allocate(q, opt);
     if (!s.ok() || *s == cur) break;
     cur = *s;
     consider(cur);
   }
-  for (const Split& u : all_uniform_splits(p)) {
-    consider(u);
-    q.prefix_block_cost_s = prefix_block_cost_at(p, u);
+  const std::vector<Split> uniform = all_uniform_splits(p);
+  if (starts.every_uniform_start) {
+    for (const Split& u : uniform) {
+      consider(u);
+      q.prefix_block_cost_s = prefix_block_cost_at(p, u);
+      auto s = allocate(q, opt);
+      if (s.ok()) consider(*s);
+    }
+    return best;
+  }
+  const Split* best_u = nullptr;
+  double best_u_t = 0;
+  for (const Split& u : uniform) {
+    const double t = modelled_step_priced_by_caps_s(p, u);
+    if (best_u == nullptr || t < best_u_t) best_u = &u, best_u_t = t;
+  }
+  if (best_u != nullptr) {
+    consider(*best_u);
+    q.prefix_block_cost_s = prefix_block_cost_at(p, *best_u);
     auto s = allocate(q, opt);
     if (s.ok()) consider(*s);
   }

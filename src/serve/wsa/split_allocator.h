@@ -137,7 +137,17 @@ double modelled_step_priced_by_caps_s(const SplitProblem& p, const Split& s);
 // split) judged by modelled_step_priced_by_caps_s; ties keep the first (allocate(p)'s split), so
 // the result is never worse by that T than allocate(p), the iteration or any uniform split.
 // Without recompute_misses (or a prefix curve): allocate(p). About E + 9 allocations.
-Result<Split> allocate_priced_by_caps(const SplitProblem& p, const AllocatorOptions& opt = {});
+// The live controller's variant (PricedByCapsOptions::every_uniform_start false): the same, but
+// allocate() only at the price of the uniform split that is best by that T (one start instead
+// of E: the far optimum lies next to the best uniform split where there is one) and up to
+// fixed_point_rounds rounds; never worse than allocate(p), its iterates or any uniform split
+// either. About 3 + rounds allocations.
+struct PricedByCapsOptions {
+  int fixed_point_rounds = 8;       // price -> allocate -> reprice rounds from allocate(p)
+  bool every_uniform_start = true;  // allocate() at every uniform split's price, else the best's
+};
+Result<Split> allocate_priced_by_caps(const SplitProblem& p, const AllocatorOptions& opt = {},
+                                      const PricedByCapsOptions& starts = {});
 
 // The marginal-value greedy on convexified curves alone (no polish), for tests.
 Result<Split> greedy_on_hulls(const SplitProblem& p, const AllocatorOptions& opt = {});

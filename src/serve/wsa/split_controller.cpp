@@ -65,18 +65,39 @@ double SplitController::unavoidable_s(const SplitProblem& p) {
   return t;
 }
 
+bool SplitController::priced_by_caps(const SplitProblem& p) const {
+  return cfg_.price_by_caps && !p.recompute_misses.empty() && !p.kv_prefix_misses.empty();
+}
+
+double SplitController::step_s(const SplitProblem& p, const Split& s) const {
+  return priced_by_caps(p) ? modelled_step_priced_by_caps_s(p, s) : modelled_step_s(p, s);
+}
+
 Result<Decision> SplitController::decide(const SplitProblem& p, const Split& current) const {
   Decision d;
-  FERRY_ASSIGN_OR_RETURN(d.target, allocate(p, cfg_.allocator));
-  d.optimum_s = d.target_s = modelled_step_s(p, d.target);
-  d.floor_s = cfg_.of_avoidable ? std::min(unavoidable_s(p), d.optimum_s) : 0.0;
+  const bool priced = priced_by_caps(p);
+  if (priced) {
+    FERRY_ASSIGN_OR_RETURN(
+        d.target, allocate_priced_by_caps(p, cfg_.allocator,
+                                          {.fixed_point_rounds = 2, .every_uniform_start = false}));
+  } else {
+    FERRY_ASSIGN_OR_RETURN(d.target, allocate(p, cfg_.allocator));
+  }
+  d.optimum_s = d.target_s = step_s(p, d.target);
+  double floor_s = unavoidable_s(p);
+  if (priced) {  // U at E slots per layer and the whole KV curve, the block at those caps
+    const Split all{.slots = std::vector<int>(p.expert_misses.size(), p.experts()),
+                    .kv_blocks = p.kv_max_blocks()};
+    floor_s = modelled_step_priced_by_caps_s(p, all);
+  }
+  d.floor_s = cfg_.of_avoidable ? std::min(floor_s, d.optimum_s) : 0.0;
   if (cfg_.uniform_tie > 0) {
     // The best uniform split within the tie band -- or the current split, if it is one of them
     // (staying costs nothing).
     std::optional<Split> pick;
     double pick_s = 0;
     for (Split& u : all_uniform_splits(p)) {
-      const double t = modelled_step_s(p, u);
+      const double t = step_s(p, u);
       if (t - d.floor_s > (d.optimum_s - d.floor_s) * (1 + cfg_.uniform_tie)) continue;
       if (u == current || !pick || t < pick_s) {
         pick = std::move(u);
@@ -86,7 +107,7 @@ Result<Decision> SplitController::decide(const SplitProblem& p, const Split& cur
     }
     if (pick) d.target = std::move(*pick), d.target_s = pick_s;
   }
-  d.current_s = modelled_step_s(p, current);
+  d.current_s = step_s(p, current);
   d.migration_s = migration_s(p, current, d.target);
   d.stderr_s = gain_stderr_s(p, current, d.target);
   const double gain = d.current_s - d.target_s;

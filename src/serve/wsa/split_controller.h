@@ -44,6 +44,13 @@ struct ControllerConfig {
   double uniform_tie = 0.01;    // take the best uniform split within this of the allocator's
   bool of_avoidable = true;     // thresholds relative to T - U (false: to T, the first version)
   AllocatorOptions allocator;   // the allocator's (balance_tie: near-ties to balanced caps)
+  // Price a recomputed prompt block at each split's own caps when the problem carries the
+  // per-cap recompute misses (SplitProblem::recompute_misses): T is then
+  // modelled_step_priced_by_caps_s everywhere below (target, current, uniform ties, U) and the
+  // target comes from allocate_priced_by_caps with its live starts (PricedByCapsOptions:
+  // every_uniform_start false, fixed_point_rounds 2). Off, or without those curves: allocate()
+  // and modelled_step_s, the one price.
+  bool price_by_caps = false;
 };
 
 struct Decision {
@@ -114,6 +121,10 @@ class SplitController {
   static double gain_stderr_s(const SplitProblem& p, const Split& a, const Split& b);
   // U: modelled step time at E slots in every layer and the whole KV curve (no split beats it).
   static double unavoidable_s(const SplitProblem& p);
+  // Whether decide() prices a recomputed block by the caps on p (price_by_caps and p has the
+  // curves), and the T it then judges a split by.
+  bool priced_by_caps(const SplitProblem& p) const;
+  double step_s(const SplitProblem& p, const Split& s) const;
 
  private:
   ControllerConfig cfg_;

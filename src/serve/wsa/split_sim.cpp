@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "core/check.h"
+#include "core/timer.h"
 #include "serve/wsa/convex_curve.h"
 
 namespace ferry::serve::wsa {
@@ -118,6 +119,10 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
   // decode-only steps at every cap, and the price's part that is not misses.
   ChunkMisses profile_chunks(L, E, cfg.max_batch_tokens);
   PrefillCost profile_base_cost(cfg.max_batch_tokens);
+  // ... and the live controller's (aged with its curves; ControllerConfig::price_by_caps).
+  const bool live_priced = live && pc && cfg.controller.price_by_caps;
+  ChunkMisses chunks(L, E, cfg.max_batch_tokens);
+  PrefillCost base_cost(cfg.max_batch_tokens);
   // The prefix pool: cached (unreferenced) blocks, LRU, front = least recently released.
   std::list<std::uint64_t> pool_lru;
   std::unordered_map<std::uint64_t, std::list<std::uint64_t>::iterator> cached;
@@ -216,14 +221,26 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
     const bool due = live && cadence.step(double(last_step_accesses), L);
     last_step_accesses = 0;
     if (due && res.steps >= std::uint64_t(std::max(cfg.warmup_steps, 0))) {
+      const Timer decide_clock;
       CostModel m = model;
       m.kv_floor_blocks = std::max({m.kv_floor_blocks, used, max_need});
       m.kv_max_blocks = std::max(m.kv_max_blocks, m.kv_floor_blocks);
       m.prefix_block_cost_s = double(bt) * prefill_cost.per_token_s(cfg.token_s);
       m.prefix_reuse_prior = cfg.reuse_prior;
-      const SplitProblem p =
+      SplitProblem p =
           make_problem(m, sd, live_steps, kv_demand.samples(), pc ? &psd : nullptr, final_blocks);
+      if (live_priced) {  // as LiveSplit::problem(): r0 = the observed curve at the pool's size
+        p.recompute_misses = chunks.per_block(bt);
+        if (!p.recompute_misses.empty()) {
+          p.prefix_block_base_s = double(bt) * base_cost.per_token_s(cfg.token_s);
+          const std::vector<double> observed = psd.miss_curve();
+          p.prefix_misses_seen = observed[std::size_t(std::min<int>(
+                                     split.kv_blocks, static_cast<int>(observed.size()) - 1))] /
+                                 live_steps;
+        }
+      }
       FERRY_ASSIGN_OR_RETURN(Decision d, ctl.decide(p, split));
+      res.decide_s += decide_clock.elapsed_s();
       res.log.push_back({.step = res.steps,
                          .current_s = d.current_s,
                          .target_s = d.target_s,
@@ -247,6 +264,8 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
       for (StackDistance& s : sd) s.scale(age);
       psd.scale(age);
       prefill_cost.scale(age);
+      chunks.scale(age);
+      base_cost.scale(age);
       live_steps *= age;
     }
     // Decode growth with youngest-first preemption, then FIFO admission (engine.cpp's order).
@@ -345,6 +364,7 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
       sd[std::size_t(l)].access_set(distinct, depth_scratch);
       profile_sd[std::size_t(l)].access_set(distinct, depth_scratch);
       profile_chunks.add_layer(l, depth_scratch);
+      if (live_priced) chunks.add_layer(l, depth_scratch);
       res.accesses += distinct.size();
       last_step_accesses += distinct.size();
     }
@@ -377,6 +397,10 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
     profile_prefill_cost.add(step_s, tokens, prefill);
     profile_base_cost.add(cfg.step_base_s + cfg.token_s * tokens, tokens, prefill);
     profile_chunks.end_step(tokens, prefill);
+    if (live_priced) {
+      base_cost.add(cfg.step_base_s + cfg.token_s * tokens, tokens, prefill);
+      chunks.end_step(tokens, prefill);
+    }
     // Sampling: a sequence whose every token is computed emits one.
     for (Seq& q : running) {
       if (q.computed != q.tokens()) continue;

@@ -86,6 +86,7 @@ struct SimResult {
   double hit_rate() const { return accesses ? 1.0 - double(misses) / double(accesses) : 0.0; }
   Split final_split;
   std::vector<DecisionRecord> log;  // live: every decision, in order
+  double decide_s = 0;              // live: host time building problems and deciding (wall)
   // Profile for the offline configurator: per-step curves and KV demand samples of this run.
   SplitProblem profile;
 };

@@ -194,5 +194,74 @@ TEST(WsaController, BandShrinksWithCurveConfidence) {
   EXPECT_EQ(bands[2], ControllerConfig{}.min_hysteresis);
 }
 
+// A recomputed prompt block priced at each split's caps (ControllerConfig::price_by_caps): two
+// MoE layers, a KV block saving 0.6 ms a step at the profile's one price (1.2 ms: the block at
+// 4 slots per layer) against a slot's 0.5 ms, so allocate() gives experts the minimum (2 slots,
+// 32 blocks), a self-consistent split (its price, 1.4 ms, still favours KV). At 16 slots
+// recomputing a block costs nothing in misses (a chunk then hits every expert), and that split is
+// 5.7x faster by the cap-priced T. Off, the controller keeps the one-price optimum; on, it moves
+// to 16 slots; without the per-cap curves on is off.
+TEST(WsaController, PricedByCapsFindsTheFarOptimum) {
+  SplitProblem p;
+  p.expert_bytes = 1000;
+  p.kv_block_bytes = 1000;
+  p.min_slots = 2;
+  p.kv_floor_blocks = 4;
+  p.miss_cost_s = 1e-3;
+  p.kv_block_cost_s = 1e-3;
+  p.kv_short.assign(37, 0.0);
+  p.budget_bytes = 36 * 1000;  // 2 x c slots + k blocks
+  p.curve_steps = 1e6;
+  for (int l = 0; l < 2; ++l) {
+    std::vector<double> m(17), r(17);
+    for (int c = 0; c <= 16; ++c) {
+      m[std::size_t(c)] = 0.5 * (16 - c);   // misses per step
+      r[std::size_t(c)] = 0.05 * (16 - c);  // misses per recomputed block
+    }
+    p.expert_misses.push_back(m);
+    p.recompute_misses.push_back(r);
+  }
+  p.kv_prefix_misses.assign(37, 0.0);
+  for (int k = 0; k <= 32; ++k) p.kv_prefix_misses[std::size_t(k)] = 0.5 * (32 - k);
+  p.prefix_block_cost_s = 1.2e-3;  // = prefix_block_cost_at 4 slots per layer
+  p.prefix_block_base_s = 0;
+  p.prefix_misses_seen = p.kv_prefix_misses[28];  // the profiled split: 4 slots, 28 blocks
+  const Split one_shot{.slots = {2, 2}, .kv_blocks = 32}, far{.slots = {16, 16}, .kv_blocks = 4};
+  ASSERT_TRUE(allocate(p).ok());
+  EXPECT_EQ(*allocate(p), one_shot);
+  EXPECT_NEAR(prefix_block_cost_at(p, {.slots = {4, 4}, .kv_blocks = 28}), 1.2e-3, 1e-15);
+  EXPECT_NEAR(modelled_step_priced_by_caps_s(p, one_shot), 13.6e-3, 1e-12);
+  EXPECT_NEAR(modelled_step_priced_by_caps_s(p, far), 2.4e-3, 1e-12);
+
+  const SplitController off({.link_bytes_per_s = 0});
+  auto d0 = off.decide(p, one_shot);
+  ASSERT_TRUE(d0.ok()) << d0.status().to_string();
+  EXPECT_EQ(d0->target, one_shot);
+  EXPECT_FALSE(d0->move);
+
+  const SplitController on({.link_bytes_per_s = 0, .price_by_caps = true});
+  auto d1 = on.decide(p, one_shot);
+  ASSERT_TRUE(d1.ok()) << d1.status().to_string();
+  EXPECT_EQ(d1->target, far);
+  EXPECT_TRUE(d1->move);
+  EXPECT_TRUE(feasible(p, d1->target));
+  EXPECT_NEAR(d1->current_s, 13.6e-3, 1e-12);
+  EXPECT_NEAR(d1->target_s, 2.4e-3, 1e-12);
+  EXPECT_LE(d1->floor_s, d1->target_s);
+  // Held at the far optimum, it stays there.
+  auto d2 = on.decide(p, far);
+  ASSERT_TRUE(d2.ok());
+  EXPECT_FALSE(d2->move);
+
+  // Without the per-cap curves, on decides as off.
+  SplitProblem q = p;
+  q.recompute_misses.clear();
+  auto d3 = on.decide(q, one_shot);
+  ASSERT_TRUE(d3.ok());
+  EXPECT_EQ(d3->target, d0->target);
+  EXPECT_EQ(d3->current_s, d0->current_s);
+  EXPECT_FALSE(d3->move);
+}
+
 }  // namespace
 }  // namespace ferry::serve::wsa

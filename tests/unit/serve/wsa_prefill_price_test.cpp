@@ -227,8 +227,18 @@ TEST(WsaPrefillPrice, PricedByCapsIsNoWorseThanOneShotFixedPointOrUniform) {
       cur = *s;
       EXPECT_LE(t, modelled_step_priced_by_caps_s(p, cur) + tol) << "trial " << trial;
     }
+    // The live controller's starts (one uniform start, 2 rounds): never worse than allocate()'s
+    // split or any uniform split either.
+    auto live =
+        allocate_priced_by_caps(p, {}, {.fixed_point_rounds = 2, .every_uniform_start = false});
+    ASSERT_TRUE(live.ok());
+    EXPECT_TRUE(feasible(p, *live)) << "trial " << trial;
+    const double tl = modelled_step_priced_by_caps_s(p, *live);
+    EXPECT_LE(tl, modelled_step_priced_by_caps_s(p, *plain) + tol) << "trial " << trial;
+    EXPECT_LE(t, tl + tol) << "trial " << trial;
     for (const Split& un : all_uniform_splits(p)) {
       EXPECT_LE(t, modelled_step_priced_by_caps_s(p, un) + tol) << "trial " << trial;
+      EXPECT_LE(tl, modelled_step_priced_by_caps_s(p, un) + tol) << "trial " << trial;
       ++comparisons;
     }
   }
