@@ -9,7 +9,8 @@
 //             configuration (tile, stages, split-k, reduction scheme, CTA swizzle, cluster)
 // Shapes: Qwen2.5-3B/7B layer GEMMs at 4096 tokens (BM_Gemm's). Operands: --data hash (the bench's
 // bf16 pattern in [-0.5, 0.5)) or --data normal (N(0, 1), like torch.randn; the GPU's clock under
-// its power limit depends on the bits). Writes --out JSON and prints one table per shape.
+// its power limit depends on the bits). Writes --out JSON and prints one table per shape; with
+// FERRY_LOG_LEVEL=debug the backend's tuner logs its candidates' times to stderr.
 //   cuda_gemm_sweep_bench [--data hash|normal] [--candidates N] [--rounds R] [--clusters]
 //                         [--out FILE]
 #include <cublasLt.h>
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/log.h"
 #include "kernels/backend.h"
 
 namespace {
@@ -144,6 +146,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  log::init_from_env();  // FERRY_LOG_LEVEL=debug: the backend's tuner logs every candidate
   int n_dev = 0;
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
     std::fprintf(stderr, "cuda_gemm_sweep_bench: no CUDA device, skipped\n");
@@ -216,6 +219,12 @@ int main(int argc, char** argv) {
     const std::uint64_t ws_bytes = kWorkspaceBytes;
     SWEEP_BLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                     &ws_bytes, sizeof(ws_bytes)));
+    // 16-byte operands, as gemm_lt.cpp and torch's cuBLAS ask for them.
+    const std::uint32_t align = 16;
+    for (auto attr :
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      SWEEP_BLAS(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
     std::vector<cublasLtMatmulHeuristicResult_t> res(static_cast<std::size_t>(n_candidates));
     int found = 0;
     SWEEP_BLAS(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, n_candidates,

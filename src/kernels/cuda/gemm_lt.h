@@ -64,8 +64,10 @@ class LtGemm {
 
   Result<Entry*> entry_for(const GemmProblem& p, int align, bool beta_nonzero);
   Result<void*> workspace_for(cudaStream_t stream);
-  Status tune(Entry* e, const void* a, const void* b, void* out, void* ws, float alpha,
-              cudaStream_t stream);
+  // The first beta == 0 call of a shape times the heuristic's candidates (gemm_lt.cpp) and keeps
+  // the fastest; FERRY_LOG_LEVEL=debug logs every candidate's times ("gemm" logger).
+  Status tune(const GemmProblem& p, Entry* e, const void* a, const void* b, void* out, void* ws,
+              float alpha, cudaStream_t stream);
 
   int device_ = 0;
   cublasLtHandle_t handle_ = nullptr;
