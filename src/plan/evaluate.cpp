@@ -99,7 +99,7 @@ Result<Prediction> evaluate(const PlanProblem& p, const Plan& plan) {
   const auto& A = p.boundary_gb;
   // Weights as streamed: a GPU-resident layer's (resident_layers) never cross the link.
   const auto W = [&](int j) { return streamed_weight_gb(p, j); };
-  std::vector<double> compute(T, 0), h2d(T, 0), d2h(T, 0), nv_read(T, 0), nv_write(T, 0);
+  std::vector<double> compute(T, 0), h2d(T, 0), d2h(T, 0), nv_read(T, 0);
   std::vector<double> gpu(T, p.gpu_fixed_gb + resident_gpu_gb(p) + device_tail_gpu_gb(p));
   double recompute = 0, moved = 0;
 
@@ -175,14 +175,22 @@ Result<Prediction> evaluate(const PlanProblem& p, const Plan& plan) {
       return invalid_argument("plan: transfer of boundary {} has the wrong tier or size", i);
     }
     const int lo = x.to_gpu ? first_h2d_window(p, i) : first_d2h_window(p, i);
-    const int hi = x.to_gpu ? last_h2d_window(p, next[i]) : last_d2h_window(p, i);
+    const int hi = x.to_gpu ? last_h2d_window(p, next[i])
+                   : x.nvme ? last_nvme_d2h_window(p, i)
+                            : last_d2h_window(p, i);
     if (x.window < lo || x.window > hi) {
       return invalid_argument("plan: {} of boundary {} in window {}, allowed {}..{}",
                               x.to_gpu ? "h2d" : "d2h", i, window_name(p, x.window),
                               window_name(p, lo), window_name(p, hi));
     }
-    (x.to_gpu ? h2d : d2h)[x.window] += x.gb;
-    if (x.nvme) (x.to_gpu ? nv_read : nv_write)[x.window] += x.gb;
+    // The link: host homes both ways, NVMe fetches' H2D leg. An NVMe store's D2H leg runs inside
+    // the store's serial time (below), not beside the window's compute.
+    if (x.to_gpu) {
+      h2d[x.window] += x.gb;
+      if (x.nvme) nv_read[x.window] += x.gb;
+    } else if (!x.nvme) {
+      d2h[x.window] += x.gb;
+    }
     (x.to_gpu ? in_gb : out_gb)[i] += x.gb;
     (x.to_gpu ? h2d_at : d2h_at)[i][x.window] += x.gb;
     moved += x.gb;
@@ -218,6 +226,15 @@ Result<Prediction> evaluate(const PlanProblem& p, const Plan& plan) {
     }
   }
 
+  // NVMe stores through the bounce buffer (nvme_store_ms_per_gb): D2H then disk write, the host
+  // waiting at the end of the window that produced the boundary; no compute hides them.
+  std::vector<double> store(T, 0);
+  for (int i = 0; i < L; ++i) {
+    if (plan.homes[i] == Home::kNvme) {
+      store[nvme_store_window(p, i)] += nvme_store_ms_per_gb(p) * A[i];
+    }
+  }
+
   Prediction r;
   r.window_compute_ms = compute;
   r.window_exposed_ms.assign(T, 0);
@@ -229,11 +246,14 @@ Result<Prediction> evaluate(const PlanProblem& p, const Plan& plan) {
     double need_ms =
         std::max({h2d[t] / p.link.h2d_gbps, d2h[t] / p.link.d2h_gbps, (h2d[t] + d2h[t]) / duplex}) *
         1e3;
-    if (p.has_nvme()) {
-      need_ms = std::max({need_ms, nv_read[t] / p.link.nvme_read_gbps * 1e3,
-                          nv_write[t] / p.link.nvme_write_gbps * 1e3});
-    }
-    r.window_exposed_ms[t] = std::max(0.0, need_ms - compute[t]);
+    // NVMe fetches through the bounce buffer: read then H2D, one boundary at a time.
+    const double fetch_ms = nvme_fetch_ms_per_gb(p) * nv_read[t];
+    need_ms = std::max(need_ms, fetch_ms);
+    r.nvme_fetch_ms += fetch_ms;
+    r.nvme_store_ms += store[t];
+    // The window lasts max(compute + stores, what its transfers need): the weight stream goes on
+    // during a store, the compute does not.
+    r.window_exposed_ms[t] = std::max({0.0, need_ms - compute[t], store[t]});
     r.compute_ms += compute[t];
     r.exposed_ms += r.window_exposed_ms[t];
     if (gpu[t] > r.gpu_peak_gb) {

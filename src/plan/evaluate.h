@@ -24,11 +24,14 @@ Result<Prediction> evaluate(const PlanProblem& p, const Plan& plan);
 // resource_exhausted naming the first tier (and window) over capacity, else ok.
 Status check_fits(const PlanProblem& p, const Prediction& pred);
 
-// Windows in which boundary i may be offloaded (D2H): [i, L-1]; brought back (H2D): [L, 2L-e]
-// where e is the end of the span that starts at i (it must be on the GPU before the backward of
-// layer e-1, which recomputes from it or, e = i+1, consumes it).
+// Windows in which boundary i may be offloaded (D2H): [i, L-1] to host memory, [i, i] to NVMe
+// (the executor stores an NVMe boundary as soon as it is produced, host blocked: the bytes are
+// off the GPU from window i+1 on, and their time is the store's, nvme_store_window);
+// brought back (H2D): [L, 2L-e] where e is the end of the span that starts at i (it must be on the
+// GPU before the backward of layer e-1, which recomputes from it or, e = i+1, consumes it).
 inline int first_d2h_window(const PlanProblem&, int i) { return i; }
 inline int last_d2h_window(const PlanProblem& p, int) { return p.num_layers - 1; }
+inline int last_nvme_d2h_window(const PlanProblem&, int i) { return i; }
 inline int first_h2d_window(const PlanProblem& p, int) { return p.num_layers; }
 inline int last_h2d_window(const PlanProblem& p, int span_end) {
   return 2 * p.num_layers - span_end;

@@ -64,7 +64,14 @@ struct Prediction {
   double resident_saved_ms = 0;
   double compute_ms = 0;  // sum of window compute, incl. recompute
   double recompute_ms = 0;
-  double exposed_ms = 0;    // transfer time no compute hides
+  double exposed_ms = 0;  // transfer time no compute hides
+  // NVMe traffic through the executor's one bounce buffer (docs/plan.md, "NVMe traffic through
+  // the bounce buffer"): the stores' serial time (D2H then disk write, host blocked: in
+  // exposed_ms, each in the forward window that produced its boundary, unless that window's link
+  // traffic exposes more), and the fetches' busy time of the buffer (disk read then H2D, hidden
+  // by the compute of their windows where it can be). 0 without NVMe homes.
+  double nvme_store_ms = 0;
+  double nvme_fetch_ms = 0;
   double objective_ms = 0;  // step_ms + move penalty on moved_gb + kept_internals_gb (what the
                             // solvers minimize)
   double moved_gb = 0;      // activation + re-streamed weight bytes moved by choice

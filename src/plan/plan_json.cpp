@@ -40,6 +40,8 @@ Json prediction_to_json(const Prediction& r) {
           {"gpu_peak_window", r.gpu_peak_window},
           {"host_peak_gb", r.host_peak_gb},  // every window's: nvme_bounce_gb included
           {"nvme_bounce_gb", r.nvme_bounce_gb},
+          {"nvme_store_ms", r.nvme_store_ms},
+          {"nvme_fetch_ms", r.nvme_fetch_ms},
           {"nvme_peak_gb", r.nvme_peak_gb},
           {"tflops", r.tflops},
           {"window_compute_ms", r.window_compute_ms},
@@ -71,6 +73,9 @@ Prediction prediction_from_json(const Json& j) {
   r.host_peak_gb = j.at("host_peak_gb").get<double>();
   // Absent before the NVMe bounce buffer was counted (such a plan's host_peak_gb lacks it).
   r.nvme_bounce_gb = j.value("nvme_bounce_gb", 0.0);
+  // Absent before the bounce buffer's timing was modelled.
+  r.nvme_store_ms = j.value("nvme_store_ms", 0.0);
+  r.nvme_fetch_ms = j.value("nvme_fetch_ms", 0.0);
   r.nvme_peak_gb = j.at("nvme_peak_gb").get<double>();
   r.tflops = j.at("tflops").get<double>();
   r.window_compute_ms = j.at("window_compute_ms").get<std::vector<double>>();

@@ -232,6 +232,16 @@ double nvme_bounce_gb(const PlanProblem& p) {
   return gb;
 }
 
+double nvme_store_ms_per_gb(const PlanProblem& p) {
+  if (!p.has_nvme()) return 0;
+  return 1e3 * (1.0 / p.link.d2h_gbps + 1.0 / p.link.nvme_write_gbps);
+}
+
+double nvme_fetch_ms_per_gb(const PlanProblem& p) {
+  if (!p.has_nvme()) return 0;
+  return 1e3 * (1.0 / p.link.nvme_read_gbps + 1.0 / p.link.h2d_gbps);
+}
+
 namespace {
 
 bool finite_nonneg(double v) { return std::isfinite(v) && v >= 0; }

@@ -250,6 +250,26 @@ double resident_saved_total_ms(const PlanProblem& p);
 // boundary on NVMe", and the exact solver checks it itself (exact.cpp).
 double nvme_bounce_gb(const PlanProblem& p);
 
+// The bounce buffer's timing (docs/plan.md, "NVMe traffic through the bounce buffer"). Every NVMe
+// byte passes the one staging record in two legs, back to back (the record holds one boundary,
+// so the second leg of a boundary cannot start before the first ends, nor the next boundary's
+// first leg before this one's second):
+// - a store (StreamExecutor::store_boundary): D2H into the record, then the disk write, while the
+//   host thread waits for both before it issues the next forward window. The GPU's compute has
+//   nothing queued meanwhile, so no compute hides it: ms per GB = 1e3 (1/d2h + 1/nvme_write), all
+//   of it in the forward window that produced the boundary (nvme_store_window) on top of that
+//   window's compute;
+// - a fetch (StreamExecutor::fetch_into): the disk read into the record (the host waits, the GPU
+//   runs what is queued), then the H2D: ms per GB = 1e3 (1/nvme_read + 1/h2d), hidden by the
+//   compute of the window whose bytes they are, like the link's traffic but not overlapped with
+//   itself.
+// 0 without an NVMe tier.
+double nvme_store_ms_per_gb(const PlanProblem& p);
+double nvme_fetch_ms_per_gb(const PlanProblem& p);
+// The forward window whose end an NVMe store of boundary i waits at: the one that produced it,
+// f(i-1); boundary 0 (the embedding's output, stored before f0 is issued) counts in f0.
+inline int nvme_store_window(const PlanProblem&, int i) { return i > 0 ? i - 1 : 0; }
+
 // Sizes and signs consistent; a non-ok Status names the first bad field.
 Status validate(const PlanProblem& p);
 

@@ -75,6 +75,14 @@ std::string plan_text(const PlanProblem& p, const Plan& plan) {
     s += "host homes: no measured cost (0 ms/GB: a profile without host_home_ms_per_gb, or the "
          "analytic model); off-gpu boundaries are free when their transfers hide\n";
   }
+  if (r.nvme_bounce_gb > 0) {
+    s += fmt::format(
+        "nvme traffic through the one bounce buffer: stores {:.1f} ms (d2h then disk write, "
+        "{:.2f} ms/GB, serial: the host waits, no compute hides them), fetches {:.1f} ms (disk "
+        "read then h2d, {:.2f} ms/GB, one boundary at a time, hidden by their windows' compute "
+        "where it can)\n",
+        r.nvme_store_ms, nvme_store_ms_per_gb(p), r.nvme_fetch_ms, nvme_fetch_ms_per_gb(p));
+  }
   if (device_tail_layers(p) > 0) {
     double tail_gb = 0;
     for (double gb : device_tail_h2d_gb(p)) tail_gb += gb;

@@ -150,7 +150,9 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
     x.first_h2d = first_h2d_window(p, i);
     for (int t = x.first_d2h; t <= last_d2h_window(p, i); ++t) {
       x.dc.push_back(m_.add_col(0, A[i], pen, false));
-      x.dn.push_back(nvme ? m_.add_col(0, A[i], pen, false) : -1);
+      // To NVMe only in window i (last_nvme_d2h_window): the executor stores it when produced.
+      const bool nv = nvme && t <= last_nvme_d2h_window(p, i);
+      x.dn.push_back(nv ? m_.add_col(0, A[i], pen, false) : -1);
     }
     for (int t = x.first_h2d; t <= last_h2d_window(p, i + 1); ++t) {
       x.hc.push_back(m_.add_col(0, A[i], pen, false));
@@ -315,12 +317,15 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
     add_cap_row(gpu, Tier::kGpu, p.gpu_cap_gb);
   }
 
-  // Exposure rows: eps_t >= (bytes / rate) - compute_t for each link and each NVMe direction.
-  // The device optimizer tail's H2D (constants per forward window: device_tail_h2d_gb) shares the
-  // link with each window's own traffic.
+  // Exposure rows: eps_t >= (bytes / rate) - compute_t for each link direction and for the NVMe
+  // fetches (read then H2D through the one bounce buffer: nvme_fetch_ms_per_gb), and
+  // eps_t >= the NVMe stores waited for at the end of window t (nvme_store_ms_per_gb x the bytes
+  // of the NVMe homes it produced: serial, no compute hides them; their D2H is not on the link
+  // rows). The device optimizer tail's H2D (constants per forward window: device_tail_h2d_gb)
+  // shares the link with each window's own traffic.
   const std::vector<double> tail_h2d = device_tail_h2d_gb(p);
   for (int t = 0; t < T; ++t) {
-    Expr compute, h2d, d2h, nv_read, nv_write;
+    Expr compute, h2d, d2h, nv_read, store;
     if (t < L) {
       compute.constant = p.layers[t].fwd_ms;
       h2d.constant = t + 1 < L ? W(t + 1) : p.head_weight_gb;
@@ -355,19 +360,16 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
     }
     h2d.constant += tail_h2d[t];
     for (int i = 0; i < L; ++i) {
-      for (bool to_nvme : {false, true}) {
-        d2h.add(d2h_col(i, t, to_nvme), 1);
-        h2d.add(h2d_col(i, t, to_nvme), 1);
-      }
-      nv_write.add(d2h_col(i, t, true), 1);
+      d2h.add(d2h_col(i, t, false), 1);
+      for (bool to_nvme : {false, true}) h2d.add(h2d_col(i, t, to_nvme), 1);
       nv_read.add(h2d_col(i, t, true), 1);
+      if (nvme && nvme_store_window(p, i) == t) store.add(n_[i], A[i]);
     }
     const double duplex = t >= L ? p.link.duplex_loaded_gbps : p.link.duplex_gbps;
-    // rate_ms_per_gb * bytes - compute - eps <= 0
-    const auto add_exposure = [&](const std::vector<const Expr*>& bytes, double rate_gbps) {
+    // ms_per_gb * bytes - compute - eps <= 0
+    const auto add_exposure = [&](const std::vector<const Expr*>& bytes, double k) {
       Expr row;
       double constant = 0;
-      const double k = 1e3 / rate_gbps;
       for (const Expr* b : bytes) {
         constant += k * b->constant;
         for (const auto& [col, v] : b->terms) row.add(col, k * v);
@@ -377,12 +379,17 @@ ScheduleModel::ScheduleModel(const PlanProblem& p, const Tier* minimize_tier) : 
       row.add(eps_[t], -1);
       m_.add_row(row.terms, -kInf, -constant);
     };
-    add_exposure({&h2d}, p.link.h2d_gbps);
-    add_exposure({&d2h}, p.link.d2h_gbps);
-    add_exposure({&h2d, &d2h}, duplex);
+    add_exposure({&h2d}, 1e3 / p.link.h2d_gbps);
+    add_exposure({&d2h}, 1e3 / p.link.d2h_gbps);
+    add_exposure({&h2d, &d2h}, 1e3 / duplex);
     if (nvme) {
-      add_exposure({&nv_read}, p.link.nvme_read_gbps);
-      add_exposure({&nv_write}, p.link.nvme_write_gbps);
+      if (!nv_read.terms.empty()) add_exposure({&nv_read}, nvme_fetch_ms_per_gb(p));
+      if (!store.terms.empty()) {  // eps_t - k sum A_i n_i >= 0
+        Expr row;
+        row.add(eps_[t], 1);
+        for (const auto& [col, v] : store.terms) row.add(col, -nvme_store_ms_per_gb(p) * v);
+        m_.add_row(row.terms, 0, kInf);
+      }
     }
   }
 

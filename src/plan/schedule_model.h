@@ -8,8 +8,9 @@
 // Variables: x[s,e,v] (span s->e, v = re-stream / keep weights), g/c/n[i] (home of boundary i),
 // k[j] (layer j keeps its internals from its forward to its backward; only where keep_allowed),
 // u (some boundary is on NVMe, so the executor holds its host bounce buffer; with NVMe only),
-// dc/dn[i,t] (D2H bytes of i in window t, to host / to NVMe), hc/hn[i,t] (H2D bytes), eps[t]
-// (exposure of window t, ms), wait and bound (ms: the forward held back by the CPU optimizer, and
+// dc/dn[i,t] (D2H bytes of i in window t, to host / to NVMe: dn only in window i, the NVMe store's
+// time being a row of its own per forward window), hc/hn[i,t] (H2D bytes), eps[t] (exposure of
+// window t, ms), wait and bound (ms: the forward held back by the CPU optimizer, and
 // the optimizer outlasting the GPU's step; only when the problem has an optimizer time), and in a
 // min-capacity model one capacity column M.
 #pragma once

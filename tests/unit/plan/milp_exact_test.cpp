@@ -35,6 +35,55 @@ double homed_gb(const PlanProblem& p, const Plan& plan) {
   return gb;
 }
 
+// The NVMe bounce buffer's timing by hand (docs/plan.md, "NVMe traffic through the bounce
+// buffer"): every NVMe byte goes through the one staging record in two legs back to back. A store
+// (D2H, then the disk write; the host waits) costs 1e3 (1/d2h + 1/nvme_write) ms per GB, serial, at
+// the end of the forward window that produced the boundary (f(i-1); boundary 0 in f0), and leaves
+// the GPU in window i; a fetch (disk read, then H2D) keeps the buffer busy 1e3 (1/nvme_read +
+// 1/h2d) ms per GB, within its window's compute + exposure. Returns through the counters whether
+// a window's exposure is its stores (the store bound) and whether one is its fetches.
+struct NvmeTimingSeen {
+  bool store_binds = false, fetch_binds = false;
+};
+NvmeTimingSeen expect_nvme_timing(const PlanProblem& p, const Plan& plan, const Prediction& pred,
+                                  const std::string& what) {
+  NvmeTimingSeen seen;
+  const int L = p.num_layers, T = p.num_windows();
+  const double ks = p.has_nvme() ? 1e3 / p.link.d2h_gbps + 1e3 / p.link.nvme_write_gbps : 0.0;
+  const double kf = p.has_nvme() ? 1e3 / p.link.nvme_read_gbps + 1e3 / p.link.h2d_gbps : 0.0;
+  std::vector<double> store(T, 0), read(T, 0);
+  double nvme_gb = 0;
+  for (int i = 0; i < L; ++i) {
+    if (plan.homes[i] != Home::kNvme) continue;
+    store[i == 0 ? 0 : i - 1] += ks * p.boundary_gb[i];
+    nvme_gb += p.boundary_gb[i];
+  }
+  for (const Transfer& x : plan.transfers) {
+    if (!x.nvme) continue;
+    if (x.to_gpu) {
+      read[x.window] += x.gb;
+    } else {
+      EXPECT_EQ(x.window, x.boundary) << what << ": an NVMe store leaves in the window it is read";
+    }
+  }
+  double store_sum = 0;
+  for (int t = 0; t < T; ++t) {
+    store_sum += store[t];
+    EXPECT_GE(pred.window_exposed_ms[t], store[t] - 1e-9) << what << ": window " << t;
+    if (store[t] > 1e-9 && std::abs(pred.window_exposed_ms[t] - store[t]) < 1e-9) {
+      seen.store_binds = true;
+    }
+    const double fetch_exposed = kf * read[t] - pred.window_compute_ms[t];
+    EXPECT_GE(pred.window_exposed_ms[t], fetch_exposed - 1e-9) << what << ": window " << t;
+    if (fetch_exposed > 1e-9 && std::abs(pred.window_exposed_ms[t] - fetch_exposed) < 1e-6) {
+      seen.fetch_binds = true;
+    }
+  }
+  EXPECT_NEAR(pred.nvme_store_ms, store_sum, 1e-9) << what;
+  EXPECT_NEAR(pred.nvme_fetch_ms, kf * nvme_gb, 1e-6 * std::max(1.0, kf * nvme_gb)) << what;
+  return seen;
+}
+
 void expect_consistent(const PlanProblem& p, const Plan& plan, const std::string& what) {
   auto pred = evaluate(p, plan);
   ASSERT_TRUE(pred.ok()) << what << ": " << pred.status().to_string();
@@ -65,6 +114,7 @@ void expect_consistent(const PlanProblem& p, const Plan& plan, const std::string
   }
   EXPECT_EQ(pred->nvme_bounce_gb, on_nvme ? largest : 0.0) << what;
   EXPECT_NEAR(pred->host_peak_gb, host + (on_nvme ? largest : 0.0), 1e-12) << what;
+  expect_nvme_timing(p, plan, *pred, what);
 }
 
 // The host bytes of a choice's homes without the NVMe bounce buffer, and whether it has an NVMe
@@ -148,7 +198,7 @@ TEST(MilpVsExact, SameOptimumOnRandomSmallInstances) {
   // So do the tight host budgets of the NVMe bounce buffer's copies.
   std::mt19937_64 rng_bounce(20261206);
   int bounce_feasible = 0, bounce_infeasible = 0, bounce_on_nvme = 0, bounce_decides = 0;
-  int bounce_kept_out = 0;
+  int bounce_kept_out = 0, bounce_store_binds = 0, bounce_fetch_binds = 0;
   int both_feasible = 0, both_infeasible = 0, with_recompute = 0, with_offload = 0;
   int with_wait = 0, with_bound = 0, optimizer_changes_plan = 0;
   int home_feasible = 0, home_offloads = 0, home_moves_less = 0;
@@ -208,7 +258,15 @@ TEST(MilpVsExact, SameOptimumOnRandomSmallInstances) {
         expect_consistent(b, exact_b->best, "exact, tight host");
         EXPECT_LE(exact_b->max_lp_mismatch_ms, kRelTol * std::max(1.0, want_b));
         ++bounce_feasible;
-        if (milp_b->predicted.nvme_bounce_gb > 0) ++bounce_on_nvme;
+        if (milp_b->predicted.nvme_bounce_gb > 0) {
+          ++bounce_on_nvme;
+          // The bounce buffer's timing at work in the optimum: a forward window whose exposure is
+          // its NVMe stores, a backward one whose exposure is its NVMe fetches' read + H2D.
+          const NvmeTimingSeen seen =
+              expect_nvme_timing(b, *milp_b, milp_b->predicted, "milp, tight host");
+          if (seen.store_binds) ++bounce_store_binds;
+          if (seen.fetch_binds) ++bounce_fetch_binds;
+        }
         // A choice only the buffer keeps out that is faster than the optimum: the buffer decided.
         if (kept_out_by_the_bounce_buffer(b, want_b - 1e-3, &bounce_kept_out)) {
           ++bounce_decides;
@@ -292,11 +350,14 @@ TEST(MilpVsExact, SameOptimumOnRandomSmallInstances) {
   EXPECT_GE(bounce_infeasible, 1);
   EXPECT_GE(bounce_on_nvme, 5);
   EXPECT_GE(bounce_decides, 4);
+  EXPECT_GE(bounce_store_binds, 5);  // the bounce buffer's timing prices those optima
+  EXPECT_GE(bounce_fetch_binds, 4);
   std::printf(
       "milp vs exact with NVMe and a tight host budget: %d feasible, %d infeasible; optimum on "
       "NVMe (holding the bounce buffer) in %d; a faster choice only the buffer keeps out in %d "
-      "(%d such choices)\n",
-      bounce_feasible, bounce_infeasible, bounce_on_nvme, bounce_decides, bounce_kept_out);
+      "(%d such choices); a window's exposure is its NVMe stores in %d, its NVMe fetches in %d\n",
+      bounce_feasible, bounce_infeasible, bounce_on_nvme, bounce_decides, bounce_kept_out,
+      bounce_store_binds, bounce_fetch_binds);
   std::printf(
       "milp vs exact with a host-home term: %d feasible, optimum offloads in %d, homes fewer GB "
       "off the gpu than without the term in %d\n",

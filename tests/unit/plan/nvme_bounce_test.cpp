@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "plan/evaluate.h"
 #include "plan/exact.h"
@@ -151,6 +152,92 @@ TEST(NvmeBounce, TextAndJsonShowTheBufferInTheHostPeak) {
   EXPECT_EQ(all_gpu->predicted.nvme_bounce_gb, 0.0);
   EXPECT_DOUBLE_EQ(all_gpu->predicted.host_peak_gb, gpu.host_fixed_gb);
   EXPECT_NE(plan_text(gpu, *all_gpu).find("(every window)"), std::string::npos);
+}
+
+// The buffer's timing (docs/plan.md, "NVMe traffic through the bounce buffer") on the same problem
+// at the host budget that fits (state + one buffer), where both solvers home boundaries 0 and 1 on
+// NVMe. By hand, no CPU optimizer, no serial part, windows f0 f1 f2 loss b2 b1 b0 (t = 0..6),
+// compute 10 10 10 5 20 20 20 = 95 ms:
+// - stores: D2H (50 GB/s) then the disk write (4 GB/s), host blocked: 20 + 250 = 270 ms per GB.
+//   Boundary 0 (the embedding's output, stored before f0 is issued) and boundary 1 (produced by
+//   f0) both count in f0: 540 ms exposed there, no compute hides them; f1, f2 expose nothing (one
+//   0.1 GB weight prefetch each, 2 ms).
+// - fetches: disk read (5 GB/s) then H2D (50 GB/s), one boundary at a time: 200 + 20 = 220 ms
+//   per GB, 440 ms for both, hidden by the compute of the windows they use. Boundary 1 must be
+//   back by b2 (t4), boundary 0 by b1 (t5); GPU memory (2.5 GB) lets at most 0.5 GB arrive in the
+//   loss window (boundaries 2 and 3 hold 2 GB there) and at most 0.5 GB of boundary 0 by b2, so
+//   every one of the three windows gets some, and the fetches expose 440 - (5 + 20 + 20) = 395 ms.
+// Step 95 + 540 + 395 = 1030 ms; the move penalty adds 1e-4 ms per GB on 4 GB moved. The test
+// pins the evaluator, the MILP and the exact solver to it: without the store term or with the
+// fetch priced at the disk's rate alone (beside its H2D, as before), in any of them, it fails.
+constexpr double kStepMs = 95 + 540 + 395;
+constexpr double kObjectiveMs = kStepMs + 1e-4 * 4;
+
+TEST(NvmeBounce, StoresAreSerialAndFetchesReadThenCopyThroughTheOneBuffer) {
+  PlanProblem p = two_boundaries_must_leave_the_gpu();
+  p.host_cap_gb = 2.0;
+  EXPECT_DOUBLE_EQ(nvme_store_ms_per_gb(p), 270.0);
+  EXPECT_DOUBLE_EQ(nvme_fetch_ms_per_gb(p), 220.0);
+  EXPECT_EQ(nvme_store_window(p, 0), 0);
+  EXPECT_EQ(nvme_store_window(p, 1), 0);
+  EXPECT_EQ(nvme_store_window(p, 2), 1);
+
+  // The evaluator, on a schedule written by hand: stores in the window each boundary is read,
+  // fetches half and half (boundary 1 in loss and b2, boundary 0 in b2 and b1).
+  Plan plan;
+  plan.policy = "hand";
+  plan.num_layers = 3;
+  plan.homes = {Home::kNvme, Home::kNvme, Home::kGpu, Home::kGpu};
+  plan.spans = {{0, 1, false}, {1, 2, false}, {2, 3, false}};
+  plan.transfers = {{0, 0, false, true, 1.0}, {1, 1, false, true, 1.0}, {1, 3, true, true, 0.5},
+                    {1, 4, true, true, 0.5},  {0, 4, true, true, 0.5},  {0, 5, true, true, 0.5}};
+  auto r = evaluate(p, plan);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_TRUE(check_fits(p, *r).ok()) << check_fits(p, *r).to_string();
+  const std::vector<double> exposed = {540, 0, 0, 110 - 5, 220 - 20, 110 - 20, 0};
+  for (int t = 0; t < 7; ++t) EXPECT_NEAR(r->window_exposed_ms[t], exposed[t], 1e-9) << t;
+  EXPECT_NEAR(r->nvme_store_ms, 540, 1e-9);
+  EXPECT_NEAR(r->nvme_fetch_ms, 440, 1e-9);
+  EXPECT_NEAR(r->step_ms, kStepMs, 1e-9);
+  EXPECT_NEAR(r->objective_ms, kObjectiveMs, 1e-9);
+  // An NVMe store leaves in the window that reads the boundary, not later (the executor writes it
+  // out as soon as it is produced).
+  Plan late = plan;
+  late.transfers[1].window = 2;
+  EXPECT_EQ(evaluate(p, late).status().code(), StatusCode::kInvalidArgument);
+
+  // The MILP and the exact solver price the same homes the same, down to the windows.
+  auto exact = solve_exact(p);
+  ASSERT_TRUE(exact.ok()) << exact.status().to_string();
+  auto milp = solve_milp(p);
+  ASSERT_TRUE(milp.ok()) << milp.status().to_string();
+  EXPECT_LE(exact->max_lp_mismatch_ms, 1e-6);
+  for (const Plan* q : {&exact->best, &*milp}) {
+    EXPECT_EQ(q->homes, plan.homes);
+    EXPECT_NEAR(q->solver.objective_ms, kObjectiveMs, 1e-6);
+    EXPECT_NEAR(q->predicted.step_ms, kStepMs, 1e-6);
+    EXPECT_NEAR(q->predicted.window_exposed_ms[0], 540, 1e-6);
+    EXPECT_NEAR(q->predicted.nvme_store_ms, 540, 1e-9);
+    EXPECT_NEAR(q->predicted.nvme_fetch_ms, 440, 1e-6);
+  }
+
+  // The text names both legs, the JSON carries them and reads back.
+  const std::string text = plan_text(p, *milp);
+  EXPECT_NE(text.find("nvme traffic through the one bounce buffer: stores 540.0 ms"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("fetches 440.0 ms"), std::string::npos) << text;
+  const Json j = plan_to_json(*milp, &p);
+  EXPECT_NEAR(j.at("predicted").at("nvme_store_ms").get<double>(), 540, 1e-9);
+  auto back = plan_from_json(j);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(*back, *milp);
+  Json old = j;
+  old["predicted"].erase("nvme_store_ms");
+  old["predicted"].erase("nvme_fetch_ms");
+  auto old_plan = plan_from_json(old);
+  ASSERT_TRUE(old_plan.ok()) << old_plan.status().to_string();
+  EXPECT_EQ(old_plan->predicted.nvme_store_ms, 0.0);
 }
 
 }  // namespace

@@ -25,7 +25,8 @@ Plan simple_schedule(const PlanProblem& p, const Choice& c, bool split) {
     if (c.homes[i] != Home::kHost && c.homes[i] != Home::kNvme) continue;
     const bool nvme = c.homes[i] == Home::kNvme;
     const double a = p.boundary_gb[i];
-    const int d_lo = first_d2h_window(p, i), d_hi = last_d2h_window(p, i);
+    const int d_lo = first_d2h_window(p, i);
+    const int d_hi = nvme ? last_nvme_d2h_window(p, i) : last_d2h_window(p, i);
     const int h_lo = first_h2d_window(p, i), h_hi = last_h2d_window(p, next[i]);
     if (split) {  // half in the first allowed window, half in the last
       plan.transfers.push_back({i, d_lo, false, nvme, a / 2});
