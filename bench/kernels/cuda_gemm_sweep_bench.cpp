@@ -13,6 +13,7 @@
 // FERRY_LOG_LEVEL=debug the backend's tuner logs its candidates' times to stderr.
 //   cuda_gemm_sweep_bench [--data hash|normal] [--candidates N] [--rounds R] [--clusters]
 //                         [--out FILE]
+//   compute-sanitizer --tool initcheck cuda_gemm_sweep_bench --initcheck-probe   (see below)
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -113,12 +114,57 @@ std::string describe(const cublasLtMatmulAlgo_t& a, std::size_t ws, float waves)
   return buf;
 }
 
+// --initcheck-probe, to run under `compute-sanitizer --tool initcheck`: is a cuBLASLt GEMM's
+// output (Hopper kernels store it through TMA) seen as initialized by initcheck? Three [m, n] bf16
+// outputs in fresh cudaMalloc memory, each then read by the backend's convert kernel: (1) written
+// by the GEMM only, (2) cudaMemset first and then written by the GEMM (the control: any report on
+// it is not about the GEMM's stores), (3) written by a convert kernel (plain stores). Reports on
+// the reads of (1) alone say the GEMM's stores are invisible to initcheck; each buffer's address
+// is printed so the reports can be told apart.
+int initcheck_probe(kernels::Backend* be, mem::Stream& stream, cudaStream_t raw) {
+  const std::int64_t m = 512, n = 2048, k = 2048;
+  void* a = upload(static_cast<std::size_t>(m * k), 1, false);
+  void* b = upload(static_cast<std::size_t>(n * k), 2, false);
+  void *out[3] = {}, *f32 = nullptr;
+  for (auto& o : out) SWEEP_CUDA(cudaMalloc(&o, static_cast<std::size_t>(m * n) * 2));
+  SWEEP_CUDA(cudaMalloc(&f32, static_cast<std::size_t>(m * n) * 4));
+  SWEEP_CUDA(cudaMemset(out[1], 0, static_cast<std::size_t>(m * n) * 2));
+  SWEEP_CUDA(cudaMemset(f32, 0, static_cast<std::size_t>(m * n) * 4));
+  auto bf16 = [&](void* p) {
+    return TensorView::contiguous(p, DType::kBF16, Device::kCuda, {m, n});
+  };
+  const TensorView f32v = TensorView::contiguous(f32, DType::kF32, Device::kCuda, {m, n});
+  for (int i = 0; i < 2; ++i) {
+    const kernels::GemmArgs args{
+        .out = bf16(out[i]),
+        .a = TensorView::contiguous(a, DType::kBF16, Device::kCuda, {m, k}),
+        .b = TensorView::contiguous(b, DType::kBF16, Device::kCuda, {n, k}),
+        .trans_b = true};
+    FERRY_CHECK_OK(be->gemm(args, stream));
+  }
+  FERRY_CHECK_OK(be->convert({.out = bf16(out[2]), .in = f32v}, stream));
+  SWEEP_CUDA(cudaStreamSynchronize(raw));
+  const char* what[3] = {"gemm only", "memset then gemm (control)", "convert kernel"};
+  for (int i = 0; i < 3; ++i) {
+    std::printf("initcheck probe: buffer %d (%s) at %p..%p, read by convert now\n", i, what[i],
+                out[i], static_cast<char*>(out[i]) + m * n * 2);
+    std::fflush(stdout);
+    FERRY_CHECK_OK(be->convert({.out = f32v, .in = bf16(out[i])}, stream));
+    SWEEP_CUDA(cudaStreamSynchronize(raw));
+  }
+  for (auto& o : out) SWEEP_CUDA(cudaFree(o));
+  SWEEP_CUDA(cudaFree(f32));
+  SWEEP_CUDA(cudaFree(a));
+  SWEEP_CUDA(cudaFree(b));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   bool normal = false;
   int n_candidates = 32, rounds = 20;
-  bool clusters = false;
+  bool clusters = false, probe = false;
   std::string out_path;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -134,6 +180,8 @@ int main(int argc, char** argv) {
       n_candidates = std::stoi(next());
     } else if (a == "--rounds") {
       rounds = std::stoi(next());
+    } else if (a == "--initcheck-probe") {
+      probe = true;
     } else if (a == "--clusters") {
       clusters = true;
     } else if (a == "--out") {
@@ -141,7 +189,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--data hash|normal] [--candidates N] [--rounds R] [--clusters] "
-                   "[--out FILE]\n",
+                   "[--out FILE] | --initcheck-probe\n",
                    argv[0]);
       return 2;
     }
@@ -159,6 +207,7 @@ int main(int argc, char** argv) {
   cudaStream_t raw = nullptr;
   SWEEP_CUDA(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking));
   mem::Stream stream(Device::kCuda, 0, raw);
+  if (probe) return initcheck_probe(*be, stream, raw);
   void *flush = nullptr, *ws = nullptr, *ws_blas = nullptr;
   SWEEP_CUDA(cudaMalloc(&flush, kFlushBytes));
   SWEEP_CUDA(cudaMalloc(&ws, kWorkspaceBytes));
