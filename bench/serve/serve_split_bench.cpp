@@ -19,7 +19,7 @@
 //                     [--phase-turns 0] [--long-output-min 512] [--long-output-max 1024]
 //                     [--layers 48] [--kv-bytes 2] [--max-batch-tokens 512]
 //                     [--step-base-ms 5] [--token-ms 0.1] [--alloc-tie 1e-3]
-//                     [--configurator-price-by-caps off|on|both] [--live-price-by-caps off]
+//                     [--configurator-price-by-caps on|off|both] [--live-price-by-caps off]
 // --live-decide-steps is the longest interval between live decisions, --live-decide-per-expert x E
 // the mean expert accesses per MoE layer after which it decides sooner (0: the old fixed cadence),
 // --live-age the curve weight kept per 64 steps (split_controller.h DecisionCadence);
@@ -32,8 +32,9 @@
 // --step-base-ms / --token-ms: the step model's constants (e.g. fitted to a GPU run).
 // --alloc-tie: the allocator's balance_tie for the offline and live policies (split_allocator.h;
 // 0: the plain greedy, ties to a corner split -- the allocator before the tie-break).
-// --configurator-price-by-caps on: the offline policy allocates with a recomputed prompt block
-// priced at each split's own caps (split_allocator.h allocate_priced_by_caps; off: allocate());
+// --configurator-price-by-caps on (the default): the offline policy allocates with a recomputed
+// prompt block priced at each split's own caps (split_allocator.h allocate_priced_by_caps; off:
+// allocate() at the profile's one price, the configurator before session 30);
 // both: "mv-wsa offline" priced by caps and a row "offline, one-shot" with allocate(), on the
 // same profile (one run for the before/after comparison).
 // --live-price-by-caps on: the live controller decides with that price too
@@ -94,7 +95,9 @@ int main(int argc, char** argv) {
   int layers = 48, kv_bytes = 2, max_batch_tokens = 512;
   double step_base_ms = 5, token_ms = 0.1;
   bool trace_live = false;
-  bool price_by_caps = false;  // --configurator-price-by-caps: allocate_priced_by_caps offline
+  // --configurator-price-by-caps (default on since session 30, docs/serve_wsa.md):
+  // allocate_priced_by_caps offline; off: allocate() at the profile's one price.
+  bool price_by_caps = true;
   bool also_one_shot = false;  // ... both: also the one-shot allocate() as its own row
   // --live-price-by-caps: the live controller prices a recomputed block at each split's caps
   // (ControllerConfig::price_by_caps); both: the live rows without, plus "mv-wsa live, by caps".

@@ -40,7 +40,7 @@
 //     [--tiny]   (--tiny: a small geometry for a CPU smoke run)
 //     [--scaled] [--model-step-ms 1.6 --model-miss-ms 0.197]
 //     [--save-profile FILE] [--configurator-profile FILE] [--deadline-unix S] [--dense-dtype f32]
-//     [--prune-slower off] [--prior-json FILE] [--host-routing] [--configurator-price-by-caps off]
+//     [--prune-slower off] [--prior-json FILE] [--host-routing] [--configurator-price-by-caps on]
 //     [--live-price-by-caps off]
 // --scaled (CPU, 2 layers): the 2-layer CUDA run's split problem at 1/32 of the widths (same E,
 // top-k, routing, slots, blocks, floor and modelled miss cost; see main()), so LiveSplit decides
@@ -51,8 +51,10 @@
 // too (wsa::priced_by: a miss at --model-miss-ms, a step's base at --model-step-ms, nothing per
 // token), so the configurator and the controller minimise what the runs are scored on; without
 // one they price a miss at expert bytes / --link-gbps and a token at LiveSplitConfig's default.
-// --configurator-price-by-caps on: the configurator prices a recomputed prompt block at each
-// split's own caps (wsa::allocate_priced_by_caps on the profile's per-cap recompute misses).
+// --configurator-price-by-caps on (the default since session 30): the configurator prices a
+// recomputed prompt block at each split's own caps (wsa::allocate_priced_by_caps on the profile's
+// per-cap recompute misses); off: allocate() at the profile's one price. A profile without those
+// curves (--configurator-profile of an older file) gets allocate() either way.
 // --live-price-by-caps on: the live controller decides with that price too
 // (ControllerConfig::price_by_caps; its decision time is in the JSON, live_decide_s).
 // --policies also takes cap-N (a --caps run at that place in the order, e.g. the oracle's
@@ -564,7 +566,7 @@ int main(int argc, char** argv) {
   double model_step_ms = 0, model_miss_ms = 0;
   std::string save_profile_path, load_profile_path, prior_json_path;
   bool prune_slower = false;
-  bool price_by_caps = false;  // --configurator-price-by-caps
+  bool price_by_caps = true;  // --configurator-price-by-caps on|off (on since session 30)
   double deadline_unix = 0;
   DType dense_dtype = DType::kF32;
   for (int i = 1; i < argc; ++i) {
