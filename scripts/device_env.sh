@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
-# Source THERE (the GPU machine), from the repo root: unpacks the carried .debs/ into /tmp/debroot
+# Source THERE (the GPU machine), from the repo root: unpacks the carried .debs/ (or
+# build/debroot.tar.xz) into /tmp/debroot
 # and points cmake, pkg-config and the loader at it.   source scripts/device_env.sh
+# Or from build/debroot.tar.xz (scripts/device_debroot.sh: the same packages unpacked and
+# xz-compressed, a few MiB smaller, for when the tree plus .debs passes the carry limit).
 if [ ! -d /tmp/debroot/usr ]; then
-  for f in .debs/*.deb; do dpkg -x "$f" /tmp/debroot; done
+  if [ -d .debs ]; then
+    for f in .debs/*.deb; do dpkg -x "$f" /tmp/debroot; done
+  elif [ -f build/debroot.tar.xz ]; then
+    mkdir -p /tmp/debroot && tar xJf build/debroot.tar.xz -C /tmp/debroot
+  fi
 fi
 # CBC's pkg-config asks for -lbz2; Ubuntu has the runtime but not the dev symlink.
 if [ ! -e /tmp/debroot/usr/lib/x86_64-linux-gnu/libbz2.so ] && [ -e /usr/lib/x86_64-linux-gnu/libbz2.so.1.0 ]; then
