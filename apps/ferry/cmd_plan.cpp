@@ -28,6 +28,7 @@
 #include "core/file_util.h"
 #include "core/json.h"
 #include "core/log.h"
+#include "mem/device_info.h"
 #include "model/config.h"
 #include "plan/bench_profile.h"
 #include "plan/compare.h"
@@ -635,6 +636,22 @@ void print_best_fixed_resident(const plan::Comparison& cmp, const plan::PlanProb
               best_name.c_str());
 }
 
+// A budget above the memory of this machine's GPU plans a run that cannot start here (session 30:
+// `--gpu-mem-gb` for 80 GiB on an 80 GB H100, refused by the executor's arena at train time). Said
+// as a warning, not refused: a plan may be made here for another machine.
+void warn_if_budget_exceeds_device(double gpu_mem_gb) {
+  const mem::CudaInfo info = mem::query_cuda_info();
+  if (info.devices.empty()) return;
+  const mem::CudaDeviceInfo& d = info.devices.front();
+  const double device_gb = static_cast<double>(d.total_bytes) / 1e9;
+  if (gpu_mem_gb > device_gb) {
+    log::get("plan")->warn(
+        "--gpu-mem-gb {:.2f} is more than device {} ({}) has, {:.2f} GB (GB = 1e9 bytes): a plan "
+        "that uses it will not run on this machine",
+        gpu_mem_gb, d.index, d.name, device_gb);
+  }
+}
+
 Status run_plan_status() {
   PlanConfig& c = plan_config();
   if (c.measure_machine) return run_measure_machine(c);
@@ -655,6 +672,7 @@ Status run_plan_status() {
         "run's",
         c.resident_layers);
   }
+  warn_if_budget_exceeds_device(c.gpu_mem_gb);
   if (c.compare) return run_compare(c, cfg, batch);
 
   FERRY_ASSIGN_OR_RETURN(const std::optional<ExecutorTarget> exec, executor_of(c));
