@@ -6,12 +6,15 @@
 // (gpu_test_util.h). Determinism: rms_norm_backward's d_weight, the embedding backward (f32 and
 // bf16 tables) and sum_squares are bitwise repeatable; rms_norm rows do not depend on which other
 // rows are in the batch.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "kernels/rope_table.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -82,6 +85,62 @@ TEST_F(KernelsDense, GemmBf16MatchesReference) {
     EXPECT_TRUE(within_twice_naive(got, want, naive, 1e-6))
         << "m=" << c.m << " n=" << c.n << " k=" << c.k << " ta=" << c.ta << " tb=" << c.tb;
   }
+}
+
+// The GEMM tuner times candidates after writing a scratch of twice the L2, allocated only while
+// a shape is tuned (gemm_lt.cpp). With no room for it (a serving arena holding the rest of the
+// device) the first GEMM of a new shape still runs (its candidates timed hot), is right, and
+// leaves no CUDA error behind.
+TEST_F(KernelsDense, GemmTunesWithoutRoomForItsColdL2Scratch) {
+  constexpr std::int64_t m = 96, n = 160, k = 224;  // a shape no other test tunes
+  const auto a = random_tensor({m, k}, kBf, 41), b = random_tensor({n, k}, kBf, 42);
+  DeviceTensor da(a), db(b), dout(std::vector<std::int64_t>{m, n}, kBf);
+  {
+    // The stream's GEMM workspace comes with its first GEMM: take it before the device is full.
+    const auto x = random_tensor({8, 16}, kBf, 43), w = random_tensor({24, 16}, kBf, 44);
+    DeviceTensor dx(x), dw(w), dy(std::vector<std::int64_t>{8, 24}, kBf);
+    FERRY_ASSERT_OK(cuda().gemm(
+        {.out = dy.view(), .a = dx.cview(), .b = dw.cview(), .trans_b = true}, stream()));
+    sync();
+  }
+  int l2 = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0), cudaSuccess);
+  struct Blockers {
+    std::vector<void*> p;
+    ~Blockers() {
+      for (void* q : p) cudaFree(q);
+    }
+  } blockers;
+  constexpr std::size_t kLeave = 8u << 20;  // less than twice any Hopper L2 (50 MiB)
+  std::size_t free_b = 0, total_b = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
+  for (std::size_t chunk = free_b; free_b > kLeave + (1u << 20) && chunk >= (1u << 20);) {
+    chunk = std::min(chunk, free_b - kLeave);
+    void* q = nullptr;
+    if (cudaMalloc(&q, chunk) == cudaSuccess) {
+      blockers.p.push_back(q);
+    } else {
+      (void)cudaGetLastError();
+      chunk /= 2;
+    }
+    ASSERT_EQ(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
+  }
+  if (free_b >= 2 * static_cast<std::size_t>(l2))
+    GTEST_SKIP() << "could not fill the device below twice its L2 (" << free_b << " bytes free)";
+
+  FERRY_ASSERT_OK(cuda().gemm(
+      {.out = dout.view(), .a = da.cview(), .b = db.cview(), .trans_b = true}, stream()));
+  sync();
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  for (void* q : std::exchange(blockers.p, {})) cudaFree(q);  // free before the checks below
+
+  HostTensor want({m, n}, kF64);
+  const auto a64 = converted(a, kF64), b64 = converted(b, kF64);
+  FERRY_ASSERT_OK(reference_backend().gemm(
+      {.out = want.view(), .a = a64.cview(), .b = b64.cview(), .trans_b = true},
+      mem::Stream::host()));
+  const HostTensor naive = naive_gemm(a, b, nullptr, nullptr, 0.0f, m, n, k, false, true, kBf);
+  EXPECT_TRUE(within_twice_naive(dout.download(), want, naive, 1e-6));
 }
 
 // f32 GEMMs of 1-4 rows against a [n, k] weight (a decode step's linear layers) take the
