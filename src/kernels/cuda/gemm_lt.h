@@ -5,12 +5,17 @@
 // for out^T = op(b)^T op(a)^T. Descriptors and an algorithm are cached per problem key (shape,
 // transposes, dtypes, strides, pointer alignment, bias, beta != 0). The algorithm: the first time
 // a key runs with beta == 0, the heuristic's top 16 candidates are timed on the real operands
-// (one-time warm-up cost with a host sync; skipped while the stream is being captured) and the
-// fastest is kept — so which algorithm, and hence the exact bits, may differ between processes.
-// FERRY_DETERMINISTIC=1 keeps the heuristic's first algorithm instead (same bits every process).
-// Workspace: one 32 MiB device buffer per stream, allocated the first time a stream is used (a
-// one-time warm-up allocation, never in steady state); GEMMs on one stream serialise on it.
-// Thread-safe (one mutex around the cache and the launch). Tested in kernels_gemm_test.cpp.
+// with a cold L2 (one-time warm-up cost with host syncs; skipped while the stream is being
+// captured; gemm_lt.cpp says how) and the fastest is kept — so which algorithm, and hence the
+// exact bits, may differ between processes. FERRY_DETERMINISTIC=1 keeps the heuristic's first
+// algorithm instead (same bits every process).
+// Device memory outside any arena: one 32 MiB workspace per stream, allocated the first time a
+// stream is used (a one-time warm-up allocation, never in steady state; GEMMs on one stream
+// serialise on it), and while a shape is tuned a scratch of twice the L2 (100 MiB on H100 / H200)
+// to evict the L2 between timed launches, freed when the tuning ends; where it does not fit the
+// candidates are timed hot instead.
+// Thread-safe (one mutex around the cache and the launch). Tested in
+// tests/gpu/kernels_dense_test.cpp (KernelsDense.Gemm*).
 #pragma once
 
 #include <cublasLt.h>
