@@ -85,6 +85,13 @@ for g in ${GEOMS:-qwen2.5-3b qwen2.5-7b}; do
   fi
   caps_var="CAPS_${g//[.-]/_}"  # e.g. CAPS_qwen2_5_7b="24 40": this geometry's caps
   for cap in ${!caps_var:-${CAPS:-24 40 80}}; do
+    # A cap above the card's memory cannot run (session 30: the 80 GiB plan on an 80 GB H100 was
+    # refused by the executor after its bench rounds): skipped, said so.
+    dev_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+    if [[ "$dev_mib" =~ ^[0-9]+$ ]] && ((cap * 1024 > dev_mib)); then
+      echo "[$g ${cap} GiB] skipped: the GPU has ${dev_mib} MiB (run this cap on a larger card)"
+      continue
+    fi
     plan="$OUT/plan_${g}_${cap}.json"
     # CAP is in GiB (what a 24 GB card has: 24 GiB), the bench's budget in MiB; ferry plan counts
     # GB = 1e9 bytes, so it gets the same bytes as CAP x 1.073741824 (before session 16 it got CAP
