@@ -23,7 +23,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <functional>
 #include <random>
@@ -32,6 +31,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/dtype.h"
 #include "core/log.h"
 #include "kernels/backend.h"
 
@@ -49,13 +49,6 @@ constexpr std::pair<cublasLtClusterShape_t, const char*> kClusterShapes[] = {
     {CUBLASLT_CLUSTER_SHAPE_1x2x1, "1x2"}, {CUBLASLT_CLUSTER_SHAPE_2x2x1, "2x2"},
     {CUBLASLT_CLUSTER_SHAPE_4x1x1, "4x1"}, {CUBLASLT_CLUSTER_SHAPE_1x4x1, "1x4"}};
 
-std::uint16_t to_bf16(float f) {
-  std::uint32_t u = 0;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even (no NaNs here)
-  return static_cast<std::uint16_t>(u >> 16);
-}
-
 // A device buffer of `n` bf16 values: a 1 Mi-value host pattern repeated.
 void* upload(std::size_t n, std::uint32_t seed, bool normal) {
   void* p = nullptr;
@@ -64,7 +57,7 @@ void* upload(std::size_t n, std::uint32_t seed, bool normal) {
   if (normal) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> d(0.0f, 1.0f);
-    for (auto& v : h) v = to_bf16(d(rng));
+    for (auto& v : h) v = f32_to_bf16(d(rng));
   } else {
     std::uint32_t x = seed * 2654435761u + 1;
     for (auto& v : h) {

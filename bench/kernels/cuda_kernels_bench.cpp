@@ -15,7 +15,6 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <optional>
 #include <random>
@@ -23,6 +22,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/dtype.h"
 #include "kernels/backend.h"
 
 namespace {
@@ -70,14 +70,6 @@ struct Env {
   }
 };
 
-// bf16 bits of f, rounded to nearest even (finite values only).
-std::uint16_t bf16_bits(float f) {
-  std::uint32_t u = 0;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
-}
-
 // Device buffer filled with small random-ish bf16 values, a 1 Mi-value host pattern repeated:
 // a hash (kHash) or N(0, 1) values (kNormal: torch.randn's distribution, which the GEMM rows use
 // because a tensor core's power draw, and so the clock under the power limit, depends on the
@@ -94,7 +86,7 @@ struct Dev {
     std::normal_distribution<float> normal(0.0f, 1.0f);
     for (auto& v : h) {
       if (fill == Fill::kNormal) {
-        v = bf16_bits(normal(rng));
+        v = f32_to_bf16(normal(rng));
         continue;
       }
       x = x * 1664525u + 1013904223u;
