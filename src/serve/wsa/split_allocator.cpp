@@ -325,7 +325,7 @@ double prefix_block_cost_at(const SplitProblem& p, const Split& s) {
 }
 
 double modelled_step_priced_by_caps_s(const SplitProblem& p, const Split& s) {
-  if (p.recompute_misses.empty() || p.kv_prefix_misses.empty()) return modelled_step_s(p, s);
+  if (!has_cap_prices(p)) return modelled_step_s(p, s);
   const double price = prefix_block_cost_at(p, s);
   return modelled_step_s(p, s, price) - p.prefix_misses_seen * (price - p.prefix_block_cost_s);
 }
@@ -333,7 +333,7 @@ double modelled_step_priced_by_caps_s(const SplitProblem& p, const Split& s) {
 Result<Split> allocate_priced_by_caps(const SplitProblem& p, const AllocatorOptions& opt,
                                       const PricedByCapsOptions& starts) {
   FERRY_ASSIGN_OR_RETURN(Split best, allocate(p, opt));
-  if (p.recompute_misses.empty() || p.kv_prefix_misses.empty()) return best;
+  if (!has_cap_prices(p)) return best;
   double best_t = modelled_step_priced_by_caps_s(p, best);
   auto consider = [&](const Split& s) {
     const double t = modelled_step_priced_by_caps_s(p, s);
@@ -350,25 +350,21 @@ Result<Split> allocate_priced_by_caps(const SplitProblem& p, const AllocatorOpti
     cur = *s;
     consider(cur);
   }
+  // Starts at uniform splits' prices: every one, or the one best by the cap-priced T.
   const std::vector<Split> uniform = all_uniform_splits(p);
-  if (starts.every_uniform_start) {
-    for (const Split& u : uniform) {
-      consider(u);
-      q.prefix_block_cost_s = prefix_block_cost_at(p, u);
-      auto s = allocate(q, opt);
-      if (s.ok()) consider(*s);
-    }
-    return best;
-  }
-  const Split* best_u = nullptr;
-  double best_u_t = 0;
+  std::vector<const Split*> from;
+  double from_t = 0;  // the cap-priced T of from[0], when only the best one is kept
   for (const Split& u : uniform) {
+    if (starts.every_uniform_start) {
+      from.push_back(&u);
+      continue;
+    }
     const double t = modelled_step_priced_by_caps_s(p, u);
-    if (best_u == nullptr || t < best_u_t) best_u = &u, best_u_t = t;
+    if (from.empty() || t < from_t) from.assign(1, &u), from_t = t;
   }
-  if (best_u != nullptr) {
-    consider(*best_u);
-    q.prefix_block_cost_s = prefix_block_cost_at(p, *best_u);
+  for (const Split* u : from) {
+    consider(*u);
+    q.prefix_block_cost_s = prefix_block_cost_at(p, *u);
     auto s = allocate(q, opt);
     if (s.ok()) consider(*s);
   }

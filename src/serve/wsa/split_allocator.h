@@ -116,6 +116,11 @@ struct AllocatorOptions {
   double balance_tie = 1e-3;
 };
 
+// Whether p can price a recomputed block by the caps: it has per-cap recompute curves and a
+// prefix curve (else every cap-priced function below is its one-price twin).
+inline bool has_cap_prices(const SplitProblem& p) {
+  return !p.recompute_misses.empty() && !p.kv_prefix_misses.empty();
+}
 // The price of a recomputed prompt block at split s: prefix_block_base_s + miss_cost_s x
 // sum_l recompute_misses[l][s.slots[l]] (p.prefix_block_cost_s without recompute_misses).
 double prefix_block_cost_at(const SplitProblem& p, const Split& s);

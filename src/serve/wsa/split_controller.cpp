@@ -66,7 +66,7 @@ double SplitController::unavoidable_s(const SplitProblem& p) {
 }
 
 bool SplitController::priced_by_caps(const SplitProblem& p) const {
-  return cfg_.price_by_caps && !p.recompute_misses.empty() && !p.kv_prefix_misses.empty();
+  return cfg_.price_by_caps && has_cap_prices(p);
 }
 
 double SplitController::step_s(const SplitProblem& p, const Split& s) const {

@@ -437,7 +437,7 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
   if (pc && !live) {  // a fixed split's profile: its caps and KV size held the whole run
     SplitProblem& p = res.profile;
     p.recompute_misses = profile_chunks.per_block(bt);
-    if (!p.recompute_misses.empty() && !p.kv_prefix_misses.empty()) {
+    if (has_cap_prices(p)) {
       p.prefix_block_base_s = double(bt) * profile_base_cost.per_token_s(cfg.token_s);
       p.prefix_misses_seen = p.kv_prefix_misses[std::size_t(
           std::min<int>(split.kv_blocks, static_cast<int>(p.kv_prefix_misses.size()) - 1))];
