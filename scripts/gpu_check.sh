@@ -108,8 +108,8 @@ grep -E "tests passed|PASSED|FAILED|Failed|Error|Expected|Which is|err |failure"
 timeout 150 "$BENCH" --benchmark_out="$OUT/ferry_bench.json" \
   --benchmark_out_format=json >"$OUT/summary.log" 2>&1
 # The previous kernels in the same run (the env vars select them at every launch): the forward
-# holding Q in registers, the 16-keys-per-warp dK/dV, the warp-per-row rms_norm at 7B width.
-FERRY_ATTN_FWD_QREGS=1 FERRY_ATTN_BWD_KEYS=16 FERRY_RMS_NORM_WARP_ROWS=1 timeout 90 "$BENCH" \
+# holding Q in registers, the warp-per-row rms_norm at 7B width.
+FERRY_ATTN_FWD_QREGS=1 FERRY_RMS_NORM_WARP_ROWS=1 timeout 90 "$BENCH" \
   --benchmark_filter='AttnFwdBwd|RmsNorm' \
   --benchmark_out="$OUT/ferry_bench_prev.json" --benchmark_out_format=json >>"$OUT/summary.log" 2>&1
 # The forward before its conditional rescale became the default (FERRY_ATTN_FWD_LAZY=0: eager,

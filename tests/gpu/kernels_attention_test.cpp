@@ -6,7 +6,7 @@
 // the 64-row tiles, head dims 16, 32 (tiny models), 64 and 128. Determinism: bitwise repeatable,
 // and a sequence's outputs do not depend on which other sequences are packed with it. D = 96 is
 // unimplemented. Every kernel variant runs (the launchers read FERRY_ATTN_FWD_MT,
-// FERRY_ATTN_FWD_QREGS, FERRY_ATTN_FWD_LAZY, FERRY_ATTN_FWD_WGMMA, FERRY_ATTN_BWD_KEYS,
+// FERRY_ATTN_FWD_QREGS, FERRY_ATTN_FWD_LAZY, FERRY_ATTN_FWD_WGMMA,
 // FERRY_ATTN_BWD_DQ and FERRY_ATTN_BWD_WGMMA at each launch; kVariants below; on sm_90a the
 // default forward and backward are the warpgroup-MMA kernels). Long sequences (S up to 4096, GQA
 // 16/2 and 28/4) are checked on sampled rows against f64 row computations
@@ -41,7 +41,6 @@ struct Variant {
   const char* name;
   const char* fwd_mt;               // FERRY_ATTN_FWD_MT
   const char* fwd_qregs;            // FERRY_ATTN_FWD_QREGS
-  const char* bwd_keys;             // FERRY_ATTN_BWD_KEYS
   const char* bwd_dq;               // FERRY_ATTN_BWD_DQ
   const char* fwd_lazy = nullptr;   // FERRY_ATTN_FWD_LAZY: conditional rescale ("64": 64-key tiles)
   const char* bwd_wgmma = nullptr;  // FERRY_ATTN_BWD_WGMMA ("0": the mma.sync backward kernels)
@@ -50,24 +49,22 @@ struct Variant {
 constexpr Variant kVariants[] = {
     {"default (sm_90a: warpgroup-MMA fwd and bwd; else fwd lazy rescale, Q from smem, 64-key "
      "tiles at D=128, dK/dV 16 keys/warp)",
-     nullptr, nullptr, nullptr, nullptr},
+     nullptr, nullptr, nullptr},
     {"fwd eager rescale, 32-key tiles (the default before session 27)", nullptr, nullptr, nullptr,
-     nullptr, "0"},
-    {"fwd eager, Q in registers, dK/dV 16 keys/warp (mma.sync)", nullptr, "1", "16", nullptr, "0",
      "0"},
-    {"fwd 16 rows/warp, dK/dV 32 keys/warp (mma.sync)", "1", nullptr, "32", nullptr, nullptr, "0"},
-    {"atomic dQ (fused dK/dV/dQ kernel when it has a workspace)", nullptr, nullptr, nullptr,
-     "atomic"},
-    {"fwd lazy rescale, 32-key tiles", nullptr, nullptr, nullptr, nullptr, "1"},
-    {"fwd lazy rescale, Q in registers", nullptr, "1", nullptr, nullptr, "1"},
-    {"fwd eager rescale, 16 rows/warp", "1", nullptr, nullptr, nullptr, "0"},
+    {"fwd eager, Q in registers, dK/dV 16 keys/warp (mma.sync)", nullptr, "1", nullptr, "0", "0"},
+    // (a "dK/dV 32 keys/warp" variant ran here until its kernel was removed in session 31)
+    {"fwd 16 rows/warp, dK/dV 16 keys/warp (mma.sync)", "1", nullptr, nullptr, nullptr, "0"},
+    {"atomic dQ (fused dK/dV/dQ kernel when it has a workspace)", nullptr, nullptr, "atomic"},
+    {"fwd lazy rescale, 32-key tiles", nullptr, nullptr, nullptr, "1"},
+    {"fwd lazy rescale, Q in registers", nullptr, "1", nullptr, "1"},
+    {"fwd eager rescale, 16 rows/warp", "1", nullptr, nullptr, "0"},
     // The backward's mma.sync kernels where the default is the warpgroup-MMA one (sm_90a;
     // ForwardBackwardWithinTwiceNaiveBf16 prints which runs by default here).
-    {"dK/dV and dQ mma.sync (FERRY_ATTN_BWD_WGMMA=0)", nullptr, nullptr, nullptr, nullptr, nullptr,
-     "0"},
+    {"dK/dV and dQ mma.sync (FERRY_ATTN_BWD_WGMMA=0)", nullptr, nullptr, nullptr, nullptr, "0"},
     // The mma.sync forward that is the default where the warpgroup-MMA one cannot run.
     {"fwd mma.sync lazy, 64-key tiles (FERRY_ATTN_FWD_WGMMA=0)", nullptr, nullptr, nullptr, nullptr,
-     nullptr, nullptr, "0"},
+     nullptr, "0"},
 };
 // Whether the variant runs the default forward (it switches only the backward).
 bool default_forward(const Variant& v) {
@@ -78,12 +75,11 @@ struct ScopedVariant {
   explicit ScopedVariant(const Variant& v)
       : mt("FERRY_ATTN_FWD_MT", v.fwd_mt),
         qregs("FERRY_ATTN_FWD_QREGS", v.fwd_qregs),
-        keys("FERRY_ATTN_BWD_KEYS", v.bwd_keys),
         dq("FERRY_ATTN_BWD_DQ", v.bwd_dq),
         lazy("FERRY_ATTN_FWD_LAZY", v.fwd_lazy),
         wgmma("FERRY_ATTN_BWD_WGMMA", v.bwd_wgmma),
         fwd_wgmma("FERRY_ATTN_FWD_WGMMA", v.fwd_wgmma) {}
-  ScopedEnv mt, qregs, keys, dq, lazy, wgmma, fwd_wgmma;
+  ScopedEnv mt, qregs, dq, lazy, wgmma, fwd_wgmma;
 };
 
 // Whether the variant's backward runs the atomic-dQ kernel at head dim d given enough workspace
@@ -453,8 +449,7 @@ TEST_F(KernelsAttention, AtomicDqMatchesDeterministicPath) {
     ba.workspace = ws.view();
     auto run = [&](const char* mode) {
       const ScopedEnv env("FERRY_ATTN_BWD_DQ", mode);
-      const ScopedEnv keys("FERRY_ATTN_BWD_KEYS", nullptr);  // the 16-key kernel on both paths
-      const ScopedEnv wgmma("FERRY_ATTN_BWD_WGMMA", "0");    // (mma.sync, like the atomic one)
+      const ScopedEnv wgmma("FERRY_ATTN_BWD_WGMMA", "0");  // (mma.sync, like the atomic one)
       FERRY_CHECK_OK(cuda().attention_backward(ba, stream()));
       sync();
       return std::array<HostTensor, 3>{gq.download(), gk.download(), gv.download()};
@@ -507,7 +502,6 @@ TEST_F(KernelsAttention, AtomicDqWithSlicedWorkspace) {
       auto run = [&](const char* mode) {
         ba.workspace = mode != nullptr ? ws.view() : ws_det.view();
         const ScopedEnv env("FERRY_ATTN_BWD_DQ", mode);
-        const ScopedEnv keys("FERRY_ATTN_BWD_KEYS", nullptr);
         const ScopedEnv wgmma("FERRY_ATTN_BWD_WGMMA", "0");
         FERRY_CHECK_OK(cuda().attention_backward(ba, stream()));
         sync();

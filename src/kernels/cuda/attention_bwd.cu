@@ -10,9 +10,9 @@
 //      written once, in bf16. With W slices (a caller-provided f32 workspace, W x [T, G, D] x 2)
 //      each slice writes its partial sums and a fourth kernel adds the W partials in slice order:
 //      W times the CTAs (a kv head's group no longer serialises on 4 warps), same determinism.
-//      16 keys per warp over the whole D (attention_bwd_dkdv_kernel); with FERRY_ATTN_BWD_KEYS=32
-//      and D = 64 / 128, 32 keys per warp, each warp accumulating half of D, P^T and dS^T shared
-//      with the partner warp through shared memory (attention_bwd_dkdv_mt2_kernel).
+//      16 keys per warp over the whole D (attention_bwd_dkdv_kernel). (A 32-keys-per-warp
+//      variant, 3-5 % slower and with racecheck reports nobody explained, was removed in
+//      session 31; docs/cuda.md.)
 //   3. dQ: one CTA per 64 query rows of a head; loops over key tiles (double-buffered); reads its
 //      rows' dsum before overwriting them with dQ. Causal: heavy query blocks first.
 // 7 tensor-core products per (key block, query tile): S^T, dP^T, dV, dK in kernel 2 and S, dP, dQ
@@ -309,261 +309,6 @@ __global__ void __launch_bounds__(kThreads)
   store_dkdv<D>(dk, dv, kr, s0, len, kvh, slice, slices, partial, d_k, d_v, sh);
 }
 
-// Named barrier for the two warps (64 threads) of pair kg (barriers 1 and 2; __syncthreads is 0).
-// Orders and publishes the pair's shared-memory writes like __syncthreads does for the CTA. The
-// ids are immediates (a register id would make ptxas reserve all 16 barriers).
-__device__ __forceinline__ void pair_barrier(int kg) {
-  if (kg == 0) {
-    asm volatile("bar.sync 1, 64;\n" ::: "memory");
-  } else {
-    asm volatile("bar.sync 2, 64;\n" ::: "memory");
-  }
-}
-
-// dK/dV with 32 keys per warp (2 m-tiles), so every Q and dO fragment read from shared memory
-// feeds two MMAs. The accumulators of 32 keys x D for both dK and dV would not fit in registers at
-// D = 128 (256 floats), so each warp accumulates half the head dimension: warp w = (kg = w & 1,
-// half = w >> 1) owns keys kg * 32 .. + 31 of the CTA's 64 and dims half * D/2 .. + D/2 - 1.
-// Per (head, query tile) item:
-//   1. S^T, dP^T: warp (kg, half) computes its 32 keys x query columns half * BQ/2 .. + BQ/2 - 1
-//      over the full D (K, V as A fragments, Q, dO as ldmatrix.x4 B pairs), then P^T and dS^T.
-//   2. Both are written to shared memory in bf16 (the values the MMAs use), the two warps of
-//      pair kg meet at a named barrier, and each warp runs dV += P^T dO, dK += dS^T Q for its
-//      dims over all BQ queries: its own query chunks from registers (C -> A reuse), the other
-//      warp's from shared memory.
-// A pair whose 32 keys all follow every query of the tile (causal) skips the item entirely (both
-// warps decide alike, so neither waits at the pair barrier alone). The exchange buffer is reused
-// by the next item only after the CTA barrier at its top, which every warp reaches after reading.
-// Fixed order throughout (a warp adds its own query chunks first, then the other's): deterministic.
-template <int D, int BQ>
-__global__ void __launch_bounds__(kThreads)
-    attention_bwd_dkdv_mt2_kernel(bf16* __restrict__ d_k, bf16* __restrict__ d_v,
-                                  float* __restrict__ partial, int slices, DsumRef dsum,
-                                  const bf16* __restrict__ d_out, const bf16* __restrict__ q,
-                                  const bf16* __restrict__ k, const bf16* __restrict__ v,
-                                  const float* __restrict__ lse,
-                                  const std::int32_t* __restrict__ cu, AttnShape sh,
-                                  float scale_log2) {
-  constexpr int kStr = D + 8;
-  constexpr int kNQ = BQ / 2;     // query columns per warp in step 1
-  constexpr int kNT = kNQ / 8;    // ... as n-tiles
-  constexpr int kOwn = kNQ / 16;  // ... as k-chunks of step 2
-  constexpr int kDH = D / 2;      // head dims per warp in step 2
-  constexpr int kXStr = BQ + 8;   // exchange row stride (bf16): 16-byte rows, conflict-free
-  static_assert(kNQ % 16 == 0 && kDH % 16 == 0, "tile shape");
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* ks = reinterpret_cast<bf16*>(smem_raw);
-  bf16* vs = ks + kBK * kStr;
-  constexpr int kTile = BQ * kStr;  // buffer b of Q: qbuf + b * kTile (no local-memory array)
-  bf16* const qbuf = vs + kBK * kStr;
-  bf16* const dobuf = qbuf + 2 * kTile;
-  float* const lsebuf = reinterpret_cast<float*>(dobuf + 2 * kTile);
-  float* const dsumbuf = lsebuf + 2 * BQ;
-  bf16* const pts = reinterpret_cast<bf16*>(dsumbuf + 2 * BQ);  // P^T  [kBK keys][kXStr]
-  bf16* const dss = pts + kBK * kXStr;                          // dS^T [kBK keys][kXStr]
-
-  SeqBlock sb;
-  if (!find_block(cu, sh.s, kBK, blockIdx.x, &sb)) return;
-  const std::int64_t kvh = blockIdx.y / slices;
-  const int slice = static_cast<int>(blockIdx.y % slices);
-  const std::int64_t group = sh.h / sh.g;
-  const std::int64_t per_slice = group / slices;
-  const std::int64_t h_begin = kvh * group + slice * per_slice;
-  const std::int64_t s0 = sb.start, len = sb.len, k0 = sb.block * kBK;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int kg = warp & 1, half = warp >> 1;
-  const int krow0 = kg * 32;   // this warp's first key row in the CTA's tile
-  const int qh0 = half * kNQ;  // this warp's first query column in step 1
-  const int dh0 = half * kDH;  // this warp's first head dim in step 2
-  // Positions within the sequence fit in 32 bits (cu_seqlens is int32).
-  const int len32 = static_cast<int>(len), k032 = static_cast<int>(k0);
-  int kr[2][2];
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
-    kr[mt][0] = k032 + krow0 + mt * 16 + g;
-    kr[mt][1] = k032 + krow0 + mt * 16 + g + 8;
-  }
-
-  // Work items: (head, query tile) pairs, flattened so one pipeline runs across heads.
-  const std::int64_t qstart = sh.causal ? (k0 / BQ) * BQ : 0;
-  const std::int64_t qtiles = len > qstart ? (len - qstart + BQ - 1) / BQ : 0;
-  const std::int64_t items = per_slice * qtiles;
-  auto issue = [&](std::int64_t item, int buf) {
-    issue_query_tile<D, BQ>(h_begin + item / qtiles, qstart + (item % qtiles) * BQ, buf, qbuf,
-                            dobuf, lsebuf, dsumbuf, q, d_out, lse, dsum, s0, len, sh);
-  };
-
-  load_rows_async<D>(ks, k, s0, k0, len, kBK, sh.g, kvh);
-  load_rows_async<D>(vs, v, s0, k0, len, kBK, sh.g, kvh);
-  if (items > 0) issue(0, 0);
-  cp_async_commit();
-
-  float dk[2][kDH / 8][4], dv[2][kDH / 8][4];
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int i = 0; i < kDH / 8; ++i) {
-      dk[mt][i][0] = dk[mt][i][1] = dk[mt][i][2] = dk[mt][i][3] = 0.0f;
-      dv[mt][i][0] = dv[mt][i][1] = dv[mt][i][2] = dv[mt][i][3] = 0.0f;
-    }
-
-  for (std::int64_t it = 0; it < items; ++it) {
-    cp_async_wait_all();
-    __syncthreads();  // item `it` (and K, V) landed for all; all are done with item it - 1
-    if (it + 1 < items) issue(it + 1, static_cast<int>((it + 1) & 1));
-    cp_async_commit();
-    const int buf = static_cast<int>(it & 1);
-    const bf16* qs = qbuf + buf * kTile;
-    const bf16* dos = dobuf + buf * kTile;
-    const float* lse_s = lsebuf + buf * BQ;
-    const float* dsum_s = dsumbuf + buf * BQ;
-    const int q0 = static_cast<int>(qstart + (it % qtiles) * BQ);
-    // Causal: every query of the tile precedes every key of this pair -> P = dS = 0 here.
-    if (sh.causal && q0 + BQ <= k032 + krow0) continue;
-
-    // Step 1: S^T = K Q^T, dP^T = V dO^T for 32 keys x kNQ queries.
-    float st[2][kNT][4], dpt[2][kNT][4];
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int i = 0; i < kNT; ++i) {
-        st[mt][i][0] = st[mt][i][1] = st[mt][i][2] = st[mt][i][3] = 0.0f;
-        dpt[mt][i][0] = dpt[mt][i][1] = dpt[mt][i][2] = dpt[mt][i][3] = 0.0f;
-      }
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      std::uint32_t ak[2][4], av[2][4];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        ldmatrix_a(ak[mt], ks, kStr, krow0 + mt * 16, kk);
-        ldmatrix_a(av[mt], vs, kStr, krow0 + mt * 16, kk);
-      }
-#pragma unroll
-      for (int nt = 0; nt < kNT; nt += 2) {
-        std::uint32_t bq[4], bd[4];
-        ldmatrix_b_pair(bq, qs, kStr, qh0 + nt * 8, kk);
-        ldmatrix_b_pair(bd, dos, kStr, qh0 + nt * 8, kk);
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          mma_bf16(st[mt][nt], ak[mt], bq[0], bq[1]);
-          mma_bf16(st[mt][nt + 1], ak[mt], bq[2], bq[3]);
-          mma_bf16(dpt[mt][nt], av[mt], bd[0], bd[1]);
-          mma_bf16(dpt[mt][nt + 1], av[mt], bd[2], bd[3]);
-        }
-      }
-    }
-    // P^T, dS^T. Masks only where a query or key tail or the causal diagonal meets this block.
-    const bool masked = q0 + qh0 + kNQ > len32 || k032 + krow0 + 32 > len32 ||
-                        (sh.causal && q0 + qh0 < k032 + krow0 + 32);
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int ql = qh0 + nt * 8 + 2 * t + (e & 1);
-          const int qi = q0 + ql, kj = kr[mt][e >> 1];
-          const bool ok = !masked || (qi < len32 && kj < len32 && (!sh.causal || qi >= kj));
-          const float p = ok ? fast_exp2(st[mt][nt][e] * scale_log2 - lse_s[ql] * kLog2e) : 0.0f;
-          st[mt][nt][e] = p;
-          dpt[mt][nt][e] = p * (dpt[mt][nt][e] - dsum_s[ql]);
-        }
-    // Own query chunks as A fragments (registers), and both to shared memory for the other warp.
-    std::uint32_t ap[2][kOwn][4], ads[2][kOwn][4];
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int c = 0; c < kOwn; ++c) {
-        c_to_a(ap[mt][c], st[mt][2 * c], st[mt][2 * c + 1]);
-        c_to_a(ads[mt][c], dpt[mt][2 * c], dpt[mt][2 * c + 1]);
-      }
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int off = (krow0 + mt * 16 + g + 8 * r) * kXStr + qh0 + nt * 8 + 2 * t;
-          *reinterpret_cast<std::uint32_t*>(pts + off) =
-              pack_bf16(st[mt][nt][2 * r], st[mt][nt][2 * r + 1]);
-          *reinterpret_cast<std::uint32_t*>(dss + off) =
-              pack_bf16(dpt[mt][nt][2 * r], dpt[mt][nt][2 * r + 1]);
-        }
-    pair_barrier(kg);
-
-    // Step 2: dV += P^T dO, dK += dS^T Q over query chunk kc, this warp's kDH dims.
-    auto accumulate = [&](const std::uint32_t(&pa)[2][4], const std::uint32_t(&da)[2][4], int kc) {
-#pragma unroll
-      for (int nt = 0; nt < kDH / 8; nt += 2) {
-        std::uint32_t b[4];
-        ldmatrix_b_trans_pair(b, dos + kc * 16 * kStr + dh0 + nt * 8, kStr);
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          mma_bf16(dv[mt][nt], pa[mt], b[0], b[1]);
-          mma_bf16(dv[mt][nt + 1], pa[mt], b[2], b[3]);
-        }
-        ldmatrix_b_trans_pair(b, qs + kc * 16 * kStr + dh0 + nt * 8, kStr);
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          mma_bf16(dk[mt][nt], da[mt], b[0], b[1]);
-          mma_bf16(dk[mt][nt + 1], da[mt], b[2], b[3]);
-        }
-      }
-    };
-#pragma unroll
-    for (int c = 0; c < kOwn; ++c) {
-      const std::uint32_t pa[2][4] = {{ap[0][c][0], ap[0][c][1], ap[0][c][2], ap[0][c][3]},
-                                      {ap[1][c][0], ap[1][c][1], ap[1][c][2], ap[1][c][3]}};
-      const std::uint32_t da[2][4] = {{ads[0][c][0], ads[0][c][1], ads[0][c][2], ads[0][c][3]},
-                                      {ads[1][c][0], ads[1][c][1], ads[1][c][2], ads[1][c][3]}};
-      accumulate(pa, da, qh0 / 16 + c);
-    }
-    const int other0 = (qh0 ^ kNQ) / 16;  // the other warp's first query chunk
-#pragma unroll
-    for (int c = 0; c < kOwn; ++c) {
-      std::uint32_t pa[2][4], da[2][4];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        ldmatrix_a(pa[mt], pts, kXStr, krow0 + mt * 16, other0 + c);
-        ldmatrix_a(da[mt], dss, kXStr, krow0 + mt * 16, other0 + c);
-      }
-      accumulate(pa, da, other0 + c);
-    }
-  }
-  cp_async_wait_all();  // nothing may be in flight into smem when the CTA exits
-
-  const float scale = sh.scale;
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      if (kr[mt][r] >= len32) continue;
-      const std::int64_t row = (s0 + kr[mt][r]) * sh.g + kvh;
-      if (partial != nullptr) {
-        float* pk =
-            partial + (static_cast<std::int64_t>(slice) * sh.t * sh.g + row) * D + dh0 + 2 * t;
-        float* pv = pk + static_cast<std::int64_t>(slices) * sh.t * sh.g * D;
-#pragma unroll
-        for (int nt = 0; nt < kDH / 8; ++nt) {
-          *reinterpret_cast<float2*>(pk + nt * 8) =
-              make_float2(dk[mt][nt][2 * r], dk[mt][nt][2 * r + 1]);
-          *reinterpret_cast<float2*>(pv + nt * 8) =
-              make_float2(dv[mt][nt][2 * r], dv[mt][nt][2 * r + 1]);
-        }
-        continue;
-      }
-      bf16* dkp = d_k + row * D + dh0 + 2 * t;
-      bf16* dvp = d_v + row * D + dh0 + 2 * t;
-#pragma unroll
-      for (int nt = 0; nt < kDH / 8; ++nt) {
-        *reinterpret_cast<std::uint32_t*>(dkp + nt * 8) =
-            pack_bf16(dk[mt][nt][2 * r] * scale, dk[mt][nt][2 * r + 1] * scale);
-        *reinterpret_cast<std::uint32_t*>(dvp + nt * 8) =
-            pack_bf16(dv[mt][nt][2 * r], dv[mt][nt][2 * r + 1]);
-      }
-    }
-}
-
 // dK = scale * sum_w partial_k[w], dV = sum_w partial_v[w], slices added in order 0..W-1.
 __global__ void attention_bwd_reduce_kernel(bf16* __restrict__ d_k, bf16* __restrict__ d_v,
                                             const float* __restrict__ partial, int slices,
@@ -715,15 +460,14 @@ std::int64_t atomic_dq_floats(std::int64_t t, std::int64_t h, std::int64_t d) {
   return t * h * d + (t * h + 3) / 4 * 4;
 }
 
-// BQ: query tile of the 16-keys-per-warp dK/dV kernel; BQ2: of the 32-keys-per-warp one (0: none
-// for this D); keys32 picks between them; BN: key tile of the dQ kernel. dq_atomic: the fused
+// BQ: query tile of the dK/dV kernel; BN: key tile of the dQ kernel. dq_atomic: the fused
 // kernel with atomic dQ when D allows it and the workspace holds its accumulator (else the
 // deterministic path).
-template <int D, int BQ, int BN, int BQ2>
+template <int D, int BQ, int BN>
 cudaError_t launch_bwd_d(void* d_q, void* d_k, void* d_v, const void* d_out, const void* q,
                          const void* k, const void* v, const void* out, const float* lse,
                          const std::int32_t* cu, AttnShape sh, float* workspace,
-                         std::int64_t workspace_floats, bool keys32, bool dq_atomic, bool wgmma,
+                         std::int64_t workspace_floats, bool dq_atomic, bool wgmma,
                          cudaStream_t stream) {
   constexpr int kStr = D + 8;
   const float scale_log2 = sh.scale * kLog2e;
@@ -796,20 +540,7 @@ cudaError_t launch_bwd_d(void* d_q, void* d_k, void* d_v, const void* d_out, con
                               dsum, dout, qq, kk, vv, lse, cu, sh, scale_log2, grid_kv, stream);
     if (err != cudaSuccess) return err;
   }
-  if constexpr (BQ2 > 0) {
-    if (keys32 && !use_wgmma) {
-      const int smem_kv2 = (2 * kBK + 4 * BQ2) * kStr * static_cast<int>(sizeof(bf16)) +
-                           4 * BQ2 * static_cast<int>(sizeof(float)) +
-                           2 * kBK * (BQ2 + 8) * static_cast<int>(sizeof(bf16));
-      err = cudaFuncSetAttribute(attention_bwd_dkdv_mt2_kernel<D, BQ2>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem_kv2);
-      if (err != cudaSuccess) return err;
-      attention_bwd_dkdv_mt2_kernel<D, BQ2><<<grid_kv, kThreads, smem_kv2, stream>>>(
-          static_cast<bf16*>(d_k), static_cast<bf16*>(d_v), partial, slices, dsum, dout, qq, kk, vv,
-          lse, cu, sh, scale_log2);
-    }
-  }
-  if ((BQ2 == 0 || !keys32) && !use_wgmma) {
+  if (!use_wgmma) {
     err = cudaFuncSetAttribute(attention_bwd_dkdv_kernel<D, BQ, false>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem_kv);
     if (err != cudaSuccess) return err;
@@ -835,16 +566,6 @@ cudaError_t launch_bwd_d(void* d_q, void* d_k, void* d_v, const void* d_out, con
   attention_bwd_dq_kernel<D, BN>
       <<<grid_q, kThreads, smem_q, stream>>>(dq, dout, qq, kk, vv, lse, cu, sh, scale_log2);
   return cudaGetLastError();
-}
-
-// Keys per warp of the dK/dV kernel, read from the environment at every launch (a getenv per call,
-// so one benchmark build A/Bs them and a test can switch them): 16 (default) or 32 with
-// FERRY_ATTN_BWD_KEYS=32 (D = 64 and 128; D = 16 and 32 always use 16). The 32-key kernel was
-// 3-5 % slower fwd + bwd on the H200 (bench/kernels/results/h200_2026-12-01_s9_*), so it is not
-// the default. The atomic-dQ path always uses the 16-key kernel.
-int bwd_keys_per_warp() {
-  const char* e = std::getenv("FERRY_ATTN_BWD_KEYS");
-  return e != nullptr && e[0] == '3' && e[1] == '2' ? 32 : 16;
 }
 
 // FERRY_ATTN_BWD_DQ=atomic: dQ accumulated by f32 atomics in the dK/dV kernel (non-deterministic,
@@ -884,26 +605,21 @@ cudaError_t launch_attention_bwd(void* d_q, void* d_k, void* d_v, const void* d_
                                  const std::int32_t* cu_seqlens, AttnShape sh, float* workspace,
                                  std::int64_t workspace_floats, cudaStream_t stream) {
   if (sh.t == 0) return cudaSuccess;
-  const bool keys32 = bwd_keys_per_warp() == 32;
   const bool atomic = bwd_dq_atomic();
   const bool wgmma = bwd_wgmma();
   switch (sh.d) {
     case 16:
-      return launch_bwd_d<16, 64, 64, 0>(d_q, d_k, d_v, d_out, q, k, v, out, lse, cu_seqlens, sh,
-                                         workspace, workspace_floats, keys32, atomic, wgmma,
-                                         stream);
+      return launch_bwd_d<16, 64, 64>(d_q, d_k, d_v, d_out, q, k, v, out, lse, cu_seqlens, sh,
+                                      workspace, workspace_floats, atomic, wgmma, stream);
     case 32:
-      return launch_bwd_d<32, 64, 64, 0>(d_q, d_k, d_v, d_out, q, k, v, out, lse, cu_seqlens, sh,
-                                         workspace, workspace_floats, keys32, atomic, wgmma,
-                                         stream);
+      return launch_bwd_d<32, 64, 64>(d_q, d_k, d_v, d_out, q, k, v, out, lse, cu_seqlens, sh,
+                                      workspace, workspace_floats, atomic, wgmma, stream);
     case 64:
-      return launch_bwd_d<64, 64, 64, 64>(d_q, d_k, d_v, d_out, q, k, v, out, lse, cu_seqlens, sh,
-                                          workspace, workspace_floats, keys32, atomic, wgmma,
-                                          stream);
+      return launch_bwd_d<64, 64, 64>(d_q, d_k, d_v, d_out, q, k, v, out, lse, cu_seqlens, sh,
+                                      workspace, workspace_floats, atomic, wgmma, stream);
     case 128:
-      return launch_bwd_d<128, 32, 32, 32>(d_q, d_k, d_v, d_out, q, k, v, out, lse, cu_seqlens, sh,
-                                           workspace, workspace_floats, keys32, atomic, wgmma,
-                                           stream);
+      return launch_bwd_d<128, 32, 32>(d_q, d_k, d_v, d_out, q, k, v, out, lse, cu_seqlens, sh,
+                                       workspace, workspace_floats, atomic, wgmma, stream);
     default:
       return cudaErrorInvalidValue;
   }
