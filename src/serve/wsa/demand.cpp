@@ -75,7 +75,7 @@ double KvDemand::peak() const {
 
 SplitProblem make_problem(const CostModel& m, std::span<const StackDistance> layers, double steps,
                           std::span<const double> kv_samples, const PrefixStackDistance* prefix,
-                          int prefix_held_blocks) {
+                          int prefix_held_blocks, std::vector<double>* prefix_observed) {
   SplitProblem p;
   p.budget_bytes = m.budget_bytes;
   p.expert_bytes = m.expert_bytes;
@@ -92,8 +92,13 @@ SplitProblem make_problem(const CostModel& m, std::span<const StackDistance> lay
     p.expert_misses.push_back(std::move(c));
   }
   p.kv_short = kv_shortage_curve(kv_samples, std::max(m.kv_max_blocks, m.kv_floor_blocks));
+  if (prefix_observed != nullptr) prefix_observed->clear();
   if (prefix != nullptr) {
     p.kv_prefix_misses = prefix->miss_curve();
+    if (prefix_observed != nullptr) {  // the same products as below without the prior
+      *prefix_observed = p.kv_prefix_misses;
+      for (double& x : *prefix_observed) x *= per;
+    }
     if (m.prefix_reuse_prior) {
       const std::vector<double> prior = prefix->reuse_prior(prefix_held_blocks);
       for (std::size_t k = 0; k < prior.size(); ++k) p.kv_prefix_misses[k] += prior[k];

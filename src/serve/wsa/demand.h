@@ -156,8 +156,13 @@ class KvDemand {
 // prefix cache's miss curve likewise (prefix: null without a prefix cache), plus its reuse prior
 // when m.prefix_reuse_prior, with `prefix_held_blocks` the blocks running and queued requests
 // hold or need now (the engine's KvDemandSample::blocks()).
+// prefix_observed (optional): set to the prefix curve per step without the prior -- bit for bit
+// the kv_prefix_misses of the same call with m.prefix_reuse_prior off (empty without a prefix
+// cache) -- so a caller that needs both (LiveSplit: the decision problem and the blocks the run
+// itself recomputed) builds the problem once.
 SplitProblem make_problem(const CostModel& m, std::span<const StackDistance> layers, double steps,
                           std::span<const double> kv_samples,
-                          const PrefixStackDistance* prefix = nullptr, int prefix_held_blocks = 0);
+                          const PrefixStackDistance* prefix = nullptr, int prefix_held_blocks = 0,
+                          std::vector<double>* prefix_observed = nullptr);
 
 }  // namespace ferry::serve::wsa

@@ -169,16 +169,18 @@ SplitProblem LiveSplit::problem(const Engine& eng, bool reuse_prior) const {
   m.prefix_block_cost_s =
       double(eng_.kv().block_tokens()) * prefill_cost_.per_token_s(cfg_.prefill_token_s);
   m.prefix_reuse_prior = reuse_prior;
-  SplitProblem p =
-      make_problem(m, sd_, steps_, kv_.samples(), prefix_.get(), eng.kv_demand().final_blocks);
-  // The cap-dependent price (allocate_priced_by_caps; the controller does not use it), and the
-  // blocks this run recomputed per step: the observed curve at the pool's size now (a fixed
-  // split's profile held that size throughout).
+  // One build serves both: `seen` is the prefix curve without the reuse prior, bit for bit what
+  // problem(eng, false) holds (make_problem), so the decision problem no longer builds a second
+  // whole problem (expert curves, KV shortage curve) for the one entry it needs.
+  std::vector<double> seen;
+  SplitProblem p = make_problem(m, sd_, steps_, kv_.samples(), prefix_.get(),
+                                eng.kv_demand().final_blocks, &seen);
+  // The cap-dependent price (allocate_priced_by_caps; the live controller with price_by_caps),
+  // and the blocks this run recomputed per step: the observed curve at the pool's size now (a
+  // fixed split's profile held that size throughout).
   if (!p.kv_prefix_misses.empty()) {
     p.recompute_misses = chunks_.per_block(eng_.kv().block_tokens());
     if (!p.recompute_misses.empty()) {
-      const std::vector<double> seen =
-          reuse_prior ? problem(eng, false).kv_prefix_misses : p.kv_prefix_misses;
       p.prefix_block_base_s =
           double(eng_.kv().block_tokens()) * prefill_base_cost_.per_token_s(cfg_.prefill_token_s);
       p.prefix_misses_seen =

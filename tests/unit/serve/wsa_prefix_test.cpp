@@ -254,6 +254,17 @@ TEST(WsaPrefixPrior, KeepsTheWorkingSetBeforeAnyChainCameBack) {
   ASSERT_TRUE(with.ok()) << with.status().to_string();
   EXPECT_GE(with->kv_blocks, 42);
   EXPECT_TRUE(feasible(with_prior, *with));
+  // make_problem's prefix_observed (LiveSplit builds its decision problem once with it): the
+  // curve without the prior, bit for bit, and the problem itself unchanged.
+  std::vector<double> observed = {1.0};
+  EXPECT_EQ(make_problem(m, sd, 100, kv_samples, &psd, 12, &observed), with_prior);
+  EXPECT_EQ(observed, plain.kv_prefix_misses);
+  EXPECT_NE(observed, with_prior.kv_prefix_misses);
+  m.prefix_reuse_prior = false;
+  EXPECT_EQ(make_problem(m, sd, 100, kv_samples, &psd, 12, &observed), plain);
+  EXPECT_EQ(observed, plain.kv_prefix_misses);
+  make_problem(m, sd, 100, kv_samples, nullptr, 12, &observed);
+  EXPECT_TRUE(observed.empty());  // no prefix cache
 }
 
 AgenticSpec small_spec() {
