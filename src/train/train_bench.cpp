@@ -411,6 +411,9 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
          {"weight_h2d_bytes_per_step", double(s.weight_h2d - s0.weight_h2d) * per},
          {"grad_d2h_bytes_per_step", double(s.grad_d2h - s0.grad_d2h) * per},
          {"act_bytes_per_step", double(s.act_d2h - s0.act_d2h + s.act_h2d - s0.act_h2d) * per},
+         // Of those, the boundaries written to / read from NVMe (through the bounce buffer).
+         {"nvme_write_bytes_per_step", double(s.nvme_write - s0.nvme_write) * per},
+         {"nvme_read_bytes_per_step", double(s.nvme_read - s0.nvme_read) * per},
          {"loss_first", loss_first},
          {"loss_last", loss_last},
          {"optimizer_busy_s", x.optimizer_busy_s()},

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Run THERE (the GPU machine) after a build of ferry in build/gpu, for issue #7: one measured
+# training step whose plan homes boundaries on NVMe, with the predicted step beside it.
+#   OUT=/tmp/o bash scripts/gpu_plan_nvme.sh
+# 1. `ferry plan --measure-machine --nvme-dir D` measures this machine's disk (write then read
+#    back through mem::NvmeStore, the executor's own store) and link rates;
+# 2. the 3B cost profile of session 17 (per-layer times measured on an H200) gets this machine's
+#    measured NVMe and link rates (the plan's NVMe terms are priced with them);
+# 3. `ferry plan` at a GPU cap and a host budget that leave no room for every boundary in host
+#    memory beside the model state: some boundaries go to host memory, some to NVMe, some are
+#    recomputed (defaults: batch 32 x 1024, 9 GB GPU, 31.5 GB host, 8-bit states + bf16-Kahan
+#    masters; BATCH, GPU_GB, HOST_GB override);
+# 4. `ferry bench train --policies plan=...` runs that plan on the GPU (its NVMe records in the
+#    temp dir's ferry_bench_train_nvme) at the same batch and GPU budget, 1 warm-up + 3 steps.
+# Output in $OUT: machine.json, profile_nvme.json, plan_nvme.{json,log}, bench_nvme.{json,log}
+# and a summary line (homes per tier, predicted vs measured step, NVMe bytes per step).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/device_env.sh
+OUT=${OUT:-/tmp/ferry_plan_nvme}
+mkdir -p "$OUT"
+FERRY=${FERRY_GPU_BUILD:-build/gpu}/apps/ferry/ferry
+NV=${NVME_DIR:-/tmp/ferry_plan_nvme_dir}
+mkdir -p "$NV"
+BATCH=${BATCH:-32}
+GPU_GB=${GPU_GB:-9}
+HOST_GB=${HOST_GB:-31.5}
+PROFILE=${PROFILE:-bench/plan/results/h200_2026-12-02_s17_profile_qwen2.5-3b_b32_resident_saving.json}
+OPTIM=(--optimizer-states 8bit --master bf16-kahan)
+
+timeout 200 "$FERRY" plan --measure-machine --geometry qwen2.5-3b --nvme-dir "$NV" \
+  --machine-profile "$OUT/machine.json" >"$OUT/machine.log" 2>&1 ||
+  { echo "gpu_plan_nvme: measure-machine failed"; tail -5 "$OUT/machine.log"; exit 1; }
+python3 - "$PROFILE" "$OUT/machine.json" "$OUT/profile_nvme.json" <<'PY' || exit 1
+import json, sys
+prof, mach = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+rates, measured = mach["rates"], set(mach["measured"])
+for k in ("nvme_read_gbps", "nvme_write_gbps", "h2d_gbps", "d2h_gbps", "duplex_gbps",
+          "duplex_loaded_gbps"):
+    if k in measured:
+        prof["link"][k] = rates[k]
+prof["measured_by"] += f"; link and NVMe rates: {mach['measured_by']} on {mach['gpu']}"
+json.dump(prof, open(sys.argv[3], "w"), indent=2)
+print("gpu_plan_nvme: link", prof["link"])
+PY
+"$FERRY" plan --geometry qwen2.5-3b --profile "$OUT/profile_nvme.json" --batch-size "$BATCH" \
+  --seq-len 1024 --gpu-mem-gb "$GPU_GB" --host-mem-gb "$HOST_GB" --nvme-dir "$NV" --nvme-gb 40 \
+  --resident-layers 0 --no-policies --time-limit-s 10 "${OPTIM[@]}" --json "$OUT/plan_nvme.json" \
+  >"$OUT/plan_nvme.log" 2>&1 || { echo "gpu_plan_nvme: ferry plan failed"; tail -5 "$OUT/plan_nvme.log"; exit 1; }
+budget_mib=$(awk -v g="$GPU_GB" 'BEGIN { printf "%d", g * 1e9 / 1048576 }')
+timeout "${BENCH_TIMEOUT:-300}" "$FERRY" bench train --device cuda --geometry qwen2.5-3b --arch qwen2 \
+  --seq-len 1024 --batch-size "$BATCH" --device-budget-mib "$budget_mib" \
+  --policies "plan=$OUT/plan_nvme.json" --resident-layers 0 "${OPTIM[@]}" --steps 3 --warmup 1 \
+  --json "$OUT/bench_nvme.json" >"$OUT/bench_nvme.log" 2>&1 ||
+  { echo "gpu_plan_nvme: bench failed"; tail -5 "$OUT/bench_nvme.log"; exit 1; }
+python3 - "$OUT/plan_nvme.json" "$OUT/bench_nvme.json" <<'PY'
+import json, sys
+P, B = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+homes = {}
+for b in P["boundaries"]:
+    homes[b["home"]] = homes.get(b["home"], 0) + 1
+pr = P["predicted"]
+print(f"plan: homes {homes}, predicted step {pr['step_ms']:.1f} ms (nvme stores "
+      f"{pr.get('nvme_store_ms', 0):.1f} ms, fetches {pr.get('nvme_fetch_ms', 0):.1f} ms)")
+for p in B.get("policies", []):
+    print(json.dumps({k: p.get(k) for k in (
+        "policy", "batch_size", "step_ms_mean", "predicted_step_ms", "tokens_per_s", "model_tflops",
+        "act_bytes_per_step", "nvme_write_bytes_per_step", "nvme_read_bytes_per_step",
+        "layer_forwards_per_step", "device_peak_bytes", "error")}))
+PY
