@@ -273,8 +273,7 @@ int main(int argc, char** argv) {
     run("expert-heavy", uniform.back(), false);
     run("kv-heavy", uniform.front(), false);
     suite.named_s = std::min({rows[0].r.total_s, rows[1].r.total_s, rows[2].r.total_s});
-    auto offline =
-        price_by_caps ? allocate_priced_by_caps(profile, alloc) : allocate(profile, alloc);
+    auto offline = offline_split(profile, price_by_caps, alloc);
     FERRY_CHECK(offline.ok(), "offline: {}", offline.status().to_string());
     run("mv-wsa offline", *offline, false);
     if (also_one_shot) {

@@ -1122,7 +1122,7 @@ int main(int argc, char** argv) {
         out["skipped"].push_back(p);
         continue;
       }
-      auto s = price_by_caps ? allocate_priced_by_caps(profile) : allocate(profile);
+      auto s = offline_split(profile, price_by_caps);
       if (!s.ok()) {
         std::printf("configurator: %s\n", s.status().to_string().c_str());
         continue;

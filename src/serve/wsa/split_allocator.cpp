@@ -371,4 +371,9 @@ Result<Split> allocate_priced_by_caps(const SplitProblem& p, const AllocatorOpti
   return best;
 }
 
+Result<Split> offline_split(const SplitProblem& p, bool price_by_caps,
+                            const AllocatorOptions& opt) {
+  return price_by_caps ? allocate_priced_by_caps(p, opt) : allocate(p, opt);
+}
+
 }  // namespace ferry::serve::wsa

@@ -154,6 +154,14 @@ struct PricedByCapsOptions {
 Result<Split> allocate_priced_by_caps(const SplitProblem& p, const AllocatorOptions& opt = {},
                                       const PricedByCapsOptions& starts = {});
 
+// The offline configurator, one entry point for `ferry serve --plan-only` (trace_plan.h) and the
+// benches' configurator (serve_split_bench "mv-wsa offline", serve_split_engine_bench
+// "configurator"): allocate_priced_by_caps(p, opt) when price_by_caps (the default of all three
+// since session 30, --configurator-price-by-caps on), else allocate(p, opt) at p's one price.
+// Without cap prices (has_cap_prices(p) false) both give allocate(p, opt)'s split.
+Result<Split> offline_split(const SplitProblem& p, bool price_by_caps,
+                            const AllocatorOptions& opt = {});
+
 // The marginal-value greedy on convexified curves alone (no polish), for tests.
 Result<Split> greedy_on_hulls(const SplitProblem& p, const AllocatorOptions& opt = {});
 // greedy_on_hulls, then polished on the real curves (see the file comment).

@@ -72,20 +72,22 @@ Result<TracePlan> plan_from_trace(const RoutingTrace& trace, const model::Decode
   }
   const double steps = double(positions) / double(std::max(spec.concurrency, 1));
   plan.problem = make_problem(m, sd, steps, kv_samples);
-  FERRY_ASSIGN_OR_RETURN(Split chosen, allocate(plan.problem));
-  plan.chosen = {"mv-wsa", chosen, modelled_step_s(plan.problem, chosen)};
+  FERRY_ASSIGN_OR_RETURN(Split chosen, offline_split(plan.problem, spec.price_by_caps));
+  auto step_s = [&](const Split& s) {  // the T the configurator minimised
+    return spec.price_by_caps ? modelled_step_priced_by_caps_s(plan.problem, s)
+                              : modelled_step_s(plan.problem, s);
+  };
+  plan.chosen = {"mv-wsa", chosen, step_s(chosen)};
   const std::vector<Split> uniform = all_uniform_splits(plan.problem);
   if (auto half = fraction_split(plan.problem, 0.5); half.ok()) {
-    plan.fixed.push_back({"fixed 50/50", *half, modelled_step_s(plan.problem, *half)});
+    plan.fixed.push_back({"fixed 50/50", *half, step_s(*half)});
   }
   if (!uniform.empty()) {
-    plan.fixed.push_back(
-        {"expert-heavy", uniform.back(), modelled_step_s(plan.problem, uniform.back())});
-    plan.fixed.push_back(
-        {"kv-heavy", uniform.front(), modelled_step_s(plan.problem, uniform.front())});
+    plan.fixed.push_back({"expert-heavy", uniform.back(), step_s(uniform.back())});
+    plan.fixed.push_back({"kv-heavy", uniform.front(), step_s(uniform.front())});
     PlanRow best{"best uniform", uniform.front(), 1e300};
     for (const Split& u : uniform) {
-      const double t = modelled_step_s(plan.problem, u);
+      const double t = step_s(u);
       if (t < best.step_s) best = {"best uniform", u, t};
     }
     plan.fixed.push_back(best);

@@ -7,6 +7,11 @@
 // each, so misses per step = misses per token x concurrency; KV demand samples = the blocks of
 // each window of `concurrency` consecutive requests (by id) at full length.
 // Also prices the fixed splits (50/50, expert-heavy, KV-heavy, best uniform) on the same curves.
+// The configurator is the benches' (split_allocator.h offline_split): priced by caps by default
+// (TracePlanSpec::price_by_caps, `--configurator-price-by-caps on|off`). A routing trace has no
+// prefix cache and no schedule (no prompt blocks, no prefill chunks), so its problem carries no
+// per-cap recompute curves (has_cap_prices false) and on and off give the same split; a
+// problem profiled by a run (split_profile.h) is where the cap-dependent price can differ.
 #pragma once
 
 #include <string>
@@ -27,6 +32,9 @@ struct TracePlanSpec {
   int max_context = 0;  // 0: the longest request in the trace
   double link_bytes_per_s = 24e9;
   double prefill_token_s = 2e-4;  // a missing KV block costs block_tokens x this per step
+  // allocate_priced_by_caps (on) or allocate() at one price (off); the rows' step_s is the T
+  // that configurator minimises (modelled_step_priced_by_caps_s / modelled_step_s).
+  bool price_by_caps = true;
 };
 
 struct PlanRow {
