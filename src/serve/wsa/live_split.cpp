@@ -264,6 +264,7 @@ Status LiveSplit::on_step(Engine& eng) {
   auto d = ctl_.decide(p, current_);
   stats_.decide_s += decide_clock.elapsed_s();
   ++stats_.decisions;
+  if (ctl_.priced_by_caps(p)) ++stats_.priced_by_caps;
   DecisionRecord rec{.step = eng.stats().steps};
   if (!d.ok()) {
     ++stats_.refused;

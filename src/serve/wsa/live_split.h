@@ -83,6 +83,9 @@ LiveSplitConfig priced_by(LiveSplitConfig cfg, const StepModel& m, std::size_t e
 
 struct LiveSplitStats {
   std::uint64_t decisions = 0, moves = 0, forced = 0;
+  // Decisions judged with the cap-dependent block price (ControllerConfig::price_by_caps on and
+  // the problem carried the per-cap curves: has_cap_prices; 0 with it off).
+  std::uint64_t priced_by_caps = 0;
   std::uint64_t refused = 0;        // decisions or resizes that could not be had (pools unchanged)
   std::size_t max_bytes = 0;        // largest expert + KV bytes seen after a resize
   int min_kv_blocks = -1;           // smallest KV block count seen after a resize

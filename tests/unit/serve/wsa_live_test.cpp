@@ -478,6 +478,7 @@ TEST(WsaLive, PrefixCacheUnderAutoSplitIsBitIdenticalAndFeedsTheKvCurve) {
   }
   EXPECT_GT((*b)->stats().prefix_hit_tokens, 0u);
   EXPECT_GT((*ls)->stats().decisions, 0u);
+  EXPECT_EQ((*ls)->stats().priced_by_caps, 0u);  // ControllerConfig::price_by_caps is off
   EXPECT_LE((*b)->device_budget().bytes_peak(), budget);
   const wsa::SplitProblem p = (*ls)->problem(**b);
   ASSERT_FALSE(p.kv_prefix_misses.empty());
