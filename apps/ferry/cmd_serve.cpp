@@ -5,12 +5,22 @@
 //   [--max-running N] [--max-batch-tokens N] [--kv-budget-mib M] [--kv-block-tokens N]
 //   [--no-prefix-cache]
 //   [--device-budget-mib M] [--max-tokens-default N] [--http-threads N] [--duration-s S]
-//   [--split fixed|auto [--wsa-max-context N] [--wsa-decide-steps N]]`
+//   [--split fixed|auto [--wsa-max-context N] [--wsa-decide-steps N]
+//                       [--live-price-by-caps on|off]]`
 // `ferry serve --plan-only --trace FILE --budget-gib X [--model DIR] [--link-gbps G]
-//   [--plan-bytes-per-param B] [--max-running N] [--wsa-max-context N]` prints the MV-WSA split
-// for that trace and budget (serve/wsa/trace_plan.h) and exits.
+//   [--plan-bytes-per-param B] [--max-running N] [--wsa-max-context N]
+//   [--configurator-price-by-caps on|off]` prints the MV-WSA split for that trace and budget
+// (serve/wsa/trace_plan.h) and exits. Its configurator is the benches' (wsa::offline_split):
+// --configurator-price-by-caps on (the default, as in serve_split_bench and
+// serve_split_engine_bench) prices a recomputed prompt block at each split's own caps
+// (allocate_priced_by_caps), off at one price (allocate). A routing trace has no prefix curve,
+// so on and off print the same split today (docs/serve_wsa.md "ferry serve flags").
 // --split auto: one device budget (--device-budget-mib) divided live between expert slots and KV
-// blocks by MV-WSA (serve/wsa/live_split.h, docs/serve_wsa.md); implies --mode paged.
+// blocks by MV-WSA (serve/wsa/live_split.h, docs/serve_wsa.md); implies --mode paged. It starts
+// from the 50/50 split (wsa::configure_auto_split; no configurator: nothing is observed yet) and
+// the live controller moves from there; --live-price-by-caps on (default off, as in the benches)
+// makes the controller judge splits with the cap-dependent block price
+// (ControllerConfig::price_by_caps; it needs the prefix cache's curve).
 // OpenAI-style HTTP (serve/http/http_server.h, docs/serve.md "HTTP server") over the CPU serving
 // engine. Without --model it serves the built-in random-weight Qwen3-MoE with `ferry train`'s
 // byte-level tokenizer, as `ferry generate` does. Prints "listening port=<P>" on stdout once
@@ -77,6 +87,9 @@ struct ServeCliConfig {
   double budget_gib = 0;
   double link_gbps = 24;
   int plan_bytes_per_param = 4;
+  std::string configurator_price_by_caps = "on";  // --plan-only: offline_split's price_by_caps
+  std::string live_price_by_caps = "off";         // --split auto: ControllerConfig::price_by_caps
+  bool configurator_flag_given = false, live_flag_given = false;  // for the no-effect warnings
 };
 
 std::string slots_text(const std::vector<int>& slots) {
@@ -100,7 +113,8 @@ int run_plan(const ServeCliConfig& c, const model::DecoderGeometry& geo) {
       .block_tokens = c.kv_block_tokens,
       .concurrency = c.max_running,
       .max_context = c.wsa_max_context,
-      .link_bytes_per_s = c.link_gbps * 1e9};
+      .link_bytes_per_s = c.link_gbps * 1e9,
+      .price_by_caps = c.configurator_price_by_caps == "on"};
   auto plan = serve::wsa::plan_from_trace(*trace, geo, spec);
   if (!plan.ok()) return fail(plan.status());
   const serve::wsa::SplitProblem& p = plan->problem;
@@ -110,6 +124,12 @@ int run_plan(const ServeCliConfig& c, const model::DecoderGeometry& geo) {
       c.budget_gib, mem::format_bytes(p.expert_bytes).c_str(),
       mem::format_bytes(p.kv_block_bytes).c_str(), c.kv_block_tokens, p.kv_floor_blocks,
       c.link_gbps);
+  const bool by_caps = spec.price_by_caps;
+  std::printf("configurator: price by caps %s%s\n", by_caps ? "on" : "off",
+              !by_caps                        ? " (one block price)"
+              : serve::wsa::has_cap_prices(p) ? ""
+                                              : " (no prefix curve in a routing trace: one "
+                                                "block price, the same split as off)");
   auto row = [&](const serve::wsa::PlanRow& r) {
     std::printf("%-14s step %.5f ms (modelled)  kv_blocks=%d  bytes=%s  slots=%s\n", r.name.c_str(),
                 r.step_s * 1e3, r.split.kv_blocks, mem::format_bytes(r.split.bytes(p)).c_str(),
@@ -199,7 +219,17 @@ int run_serve(const ServeCliConfig& c) {
   const model::DecoderGeometry& geo = loaded ? loaded->geometry : builtin->geometry;
   const model::ModelParams& params = loaded ? loaded->params : builtin->params;
   const model::ModelConfig& mcfg = loaded ? loaded->config : builtin->config;
-  if (c.plan_only) return run_plan(c, geo);
+  if (c.plan_only) {
+    if (c.live_flag_given) {
+      log::get("serve")->warn("--live-price-by-caps has no effect with --plan-only");
+    }
+    return run_plan(c, geo);
+  }
+  if (c.configurator_flag_given) {
+    log::get("serve")->warn(
+        "--configurator-price-by-caps has no effect without --plan-only (--split auto starts "
+        "from 50/50; the live controller's price: --live-price-by-caps)");
+  }
 
   serve::EngineConfig ec;
   auto mode = serve::parse_expert_mode(c.mode);
@@ -244,6 +274,13 @@ int run_serve(const ServeCliConfig& c) {
   }
   const int wsa_ctx = c.wsa_max_context > 0 ? c.wsa_max_context : ec.max_seq_len;
   const int floor_blocks = c.max_running * ((wsa_ctx + c.kv_block_tokens - 1) / c.kv_block_tokens);
+  const bool live_by_caps = c.live_price_by_caps == "on";
+  if (live_by_caps && !auto_split) {
+    log::get("serve")->warn("--live-price-by-caps on has no effect without --split auto");
+  } else if (live_by_caps && c.no_prefix_cache) {
+    log::get("serve")->warn(
+        "--live-price-by-caps on has no effect with --no-prefix-cache (no prefix curve to price)");
+  }
   if (auto_split) {
     if (c.device_budget_mib <= 0) {
       return fail(invalid_argument(
@@ -266,11 +303,13 @@ int run_serve(const ServeCliConfig& c) {
   }
   std::unique_ptr<serve::wsa::LiveSplit> live;
   if (auto_split) {
-    auto ls = serve::wsa::LiveSplit::attach(**engine, {.budget_bytes = ec.device_budget_bytes,
-                                                       .concurrency = c.max_running,
-                                                       .max_context_tokens = wsa_ctx,
-                                                       .decide_every_steps = c.wsa_decide_steps,
-                                                       .link_bytes_per_s = c.link_gbps * 1e9});
+    auto ls =
+        serve::wsa::LiveSplit::attach(**engine, {.budget_bytes = ec.device_budget_bytes,
+                                                 .concurrency = c.max_running,
+                                                 .max_context_tokens = wsa_ctx,
+                                                 .decide_every_steps = c.wsa_decide_steps,
+                                                 .link_bytes_per_s = c.link_gbps * 1e9,
+                                                 .controller = {.price_by_caps = live_by_caps}});
     if (!ls.ok()) return fail(ls.status());
     live = std::move(*ls);
   }
@@ -304,8 +343,11 @@ int run_serve(const ServeCliConfig& c) {
   server.stop();
   if (live) {
     const auto& st = live->stats();
-    std::fprintf(stderr, "wsa: decisions=%llu moves=%llu final kv_blocks=%d slots=%s\n",
+    std::fprintf(stderr,
+                 "wsa: decisions=%llu priced_by_caps=%llu moves=%llu final kv_blocks=%d "
+                 "slots=%s\n",
                  static_cast<unsigned long long>(st.decisions),
+                 static_cast<unsigned long long>(st.priced_by_caps),
                  static_cast<unsigned long long>(st.moves), live->current().kv_blocks,
                  slots_text(live->current().slots).c_str());
   }
@@ -390,7 +432,26 @@ void register_serve(CLI::App& app, CommandFn& run) {
   cmd->add_option("--plan-bytes-per-param", c->plan_bytes_per_param,
                   "bytes per expert/KV element in the plan (4: this engine's f32; 2: bf16)")
       ->check(CLI::Range(1, 8));
-  cmd->callback([&run, c] { run = [c] { return run_serve(*c); }; });
+  auto* by_caps =
+      cmd->add_option("--configurator-price-by-caps", c->configurator_price_by_caps,
+                      "--plan-only's configurator, as the benches': on (default) prices a "
+                      "recomputed prompt block at each split's own caps (allocate_priced_by_caps); "
+                      "off: one price (allocate). A routing trace has no prefix curve, so both "
+                      "give the same split there")
+          ->check(CLI::IsMember({"on", "off"}))
+          ->envname("FERRY_CONFIGURATOR_PRICE_BY_CAPS");
+  auto* live_by_caps =
+      cmd->add_option("--live-price-by-caps", c->live_price_by_caps,
+                      "--split auto: on prices a recomputed prompt block at each split's own caps "
+                      "in the live controller's decisions (needs the prefix cache); off (default): "
+                      "one price")
+          ->check(CLI::IsMember({"on", "off"}))
+          ->envname("FERRY_LIVE_PRICE_BY_CAPS");
+  cmd->callback([&run, c, by_caps, live_by_caps] {
+    c->configurator_flag_given = by_caps->count() > 0;
+    c->live_flag_given = live_by_caps->count() > 0;
+    run = [c] { return run_serve(*c); };
+  });
 }
 
 }  // namespace
