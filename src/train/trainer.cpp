@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include "core/file_util.h"
 #include "core/json.h"
@@ -24,6 +25,7 @@
 #include "train/optim/param_selection.h"
 #include "train/step_flops.h"
 #include "train/stream/plan_policy.h"
+#include "train/stream/plan_traffic.h"
 #include "train/stream/stream_executor.h"
 #include "train/stream/window_report.h"
 #include "train/train_checkpoint.h"
@@ -396,6 +398,13 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
   StepFlops run_flops;
   double run_step_s = 0.0;
 
+  // A run that follows a plan counts, per step, the plan's boundary traffic and layer passes next
+  // to the executor's (plan_traffic.h), reported at the end of the run.
+  std::optional<stream::PlanTrafficReport> traffic;
+  if (streamer && !c.plan_file.empty()) {
+    traffic = stream::make_plan_traffic_report(plan_policy.policy);
+  }
+
   std::unique_ptr<ProgressBar> bar;
   if (!c.quiet) bar = std::make_unique<ProgressBar>("train", c.max_steps, "step");
   MicroBatch mb;
@@ -403,6 +412,9 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
     const std::int64_t step = ts.step + 1;
     Timer step_timer;
     const double exposed_before = streamer ? streamer->stats().exposed_s : 0.0;
+    const stream::TrafficCounts traffic_before =
+        traffic ? stream::traffic_counters(streamer->stats()) : stream::TrafficCounts{};
+    stream::TrafficCounts traffic_expected;
     if (streamer) {
       streamer->begin_step(c.grad_accum);
     } else {
@@ -432,6 +444,10 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
         fwd = bwd = static_cast<std::uint64_t>(s.geometry.layers);
       }
       flops += micro_batch_flops(s.geometry, matmul_params, mb.cu_seqlens, fwd, bwd, internals);
+      if (traffic) {
+        traffic_expected += stream::expected_micro_batch(plan_policy.policy, s.geometry.hidden,
+                                                         mb.tokens(), c.batch_size * c.seq_len);
+      }
       loss += r.mean_loss() / c.grad_accum;
       useful += mb.useful_tokens;
       padded += mb.padded_tokens;
@@ -445,6 +461,12 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
       FERRY_ASSIGN_OR_RETURN(o, optimizer_step(s, c.adamw, lr, ts.opt_step + 1, c.grad_accum, be));
     }
     const double exposed_ms = streamer ? (streamer->stats().exposed_s - exposed_before) * 1e3 : 0.0;
+    if (traffic) {
+      stream::add_step(
+          *traffic, step, c.grad_accum, computed, traffic_expected,
+          stream::measured_between(traffic_before, stream::traffic_counters(streamer->stats()),
+                                   s.geometry.layers, c.grad_accum));
+    }
     ts.step = step;
     if (o.applied) {
       ++ts.opt_step;
@@ -530,6 +552,16 @@ Result<TrainSummary> run_training(const TrainConfig& c) {
     if (metrics.is_open()) metrics << stream::window_report_json(wr).dump() << "\n";
     sum.window_ms = wr.measured_ms;
     sum.window_exposed_ms = wr.measured_exposed_ms;
+  }
+  if (traffic && traffic->steps > 0) {
+    if (!c.quiet) std::printf("%s", stream::format_plan_traffic(*traffic).c_str());
+    if (metrics.is_open()) metrics << stream::plan_traffic_json(*traffic).dump() << "\n";
+    if (!traffic->match()) {
+      lg->warn(
+          "plan {}: the executor's traffic differs from the plan's in {} of {} steps: {}",
+          c.plan_file, traffic->mismatched_steps, traffic->steps,
+          stream::traffic_diff(traffic->first_mismatch_expected, traffic->first_mismatch_measured));
+    }
   }
   if (run_step_s > 0) {
     sum.model_tflops = run_flops.model / run_step_s / 1e12;
