@@ -117,6 +117,27 @@ void expect_consistent(const PlanProblem& p, const Plan& plan, const std::string
   expect_nvme_timing(p, plan, *pred, what);
 }
 
+// What the MILP's plan must check against the exact solver's: nothing of the solver's name and
+// status (kAny), an optimal status (kOptimal), or CBC's own optimum (kCbcOptimal: not a
+// fixed-policy seed).
+enum class MilpStatus { kAny, kOptimal, kCbcOptimal };
+
+// The MILP equals the exact enumerator: the same objective, both plans priced and fitted by the
+// evaluator as their solver says (expect_consistent, named "milp<suffix>" / "exact<suffix>"), and
+// every choice's LP priced as the evaluator does (the optimizer rows included). Returns the
+// optimum's objective.
+double expect_milp_equals_exact(const PlanProblem& p, const Plan& milp, const ExactResult& exact,
+                                MilpStatus status, const std::string& suffix = "") {
+  if (status == MilpStatus::kCbcOptimal) EXPECT_EQ(milp.solver.solver, "cbc");
+  if (status != MilpStatus::kAny) EXPECT_EQ(milp.solver.status, "optimal");
+  const double want = exact.best.solver.objective_ms;
+  EXPECT_NEAR(milp.solver.objective_ms, want, kRelTol * std::max(1.0, want));
+  expect_consistent(p, milp, "milp" + suffix);
+  expect_consistent(p, exact.best, "exact" + suffix);
+  EXPECT_LE(exact.max_lp_mismatch_ms, kRelTol * std::max(1.0, want));
+  return want;
+}
+
 // The host bytes of a choice's homes without the NVMe bounce buffer, and whether it has an NVMe
 // home (the buffer's condition) and its NVMe bytes.
 struct ChoiceTiers {
@@ -250,13 +271,8 @@ TEST(MilpVsExact, SameOptimumOnRandomSmallInstances) {
         EXPECT_EQ(milp_b.status().code(), StatusCode::kResourceExhausted);
         ++bounce_infeasible;
       } else {
-        EXPECT_EQ(milp_b->solver.solver, "cbc");
-        EXPECT_EQ(milp_b->solver.status, "optimal");
-        const double want_b = exact_b->best.solver.objective_ms;
-        EXPECT_NEAR(milp_b->solver.objective_ms, want_b, kRelTol * std::max(1.0, want_b));
-        expect_consistent(b, *milp_b, "milp, tight host");
-        expect_consistent(b, exact_b->best, "exact, tight host");
-        EXPECT_LE(exact_b->max_lp_mismatch_ms, kRelTol * std::max(1.0, want_b));
+        const double want_b =
+            expect_milp_equals_exact(b, *milp_b, *exact_b, MilpStatus::kCbcOptimal, ", tight host");
         ++bounce_feasible;
         if (milp_b->predicted.nvme_bounce_gb > 0) {
           ++bounce_on_nvme;
@@ -287,14 +303,7 @@ TEST(MilpVsExact, SameOptimumOnRandomSmallInstances) {
       continue;
     }
     ASSERT_TRUE(milp.ok()) << milp.status().to_string();
-    EXPECT_EQ(milp->solver.solver, "cbc");  // CBC's own optimum, not a fixed-policy seed
-    EXPECT_EQ(milp->solver.status, "optimal");
-    const double want = exact->best.solver.objective_ms;
-    EXPECT_NEAR(milp->solver.objective_ms, want, kRelTol * std::max(1.0, want));
-    expect_consistent(p, *milp, "milp");
-    expect_consistent(p, exact->best, "exact");
-    // Every choice's LP priced its schedule as the evaluator does (the optimizer rows included).
-    EXPECT_LE(exact->max_lp_mismatch_ms, kRelTol * std::max(1.0, want));
+    const double want = expect_milp_equals_exact(p, *milp, *exact, MilpStatus::kCbcOptimal);
     ++both_feasible;
     if (milp->predicted.recompute_ms > 0) ++with_recompute;
     if (!milp->transfers.empty()) ++with_offload;
@@ -322,12 +331,8 @@ TEST(MilpVsExact, SameOptimumOnRandomSmallInstances) {
     auto milp_h = solve_milp(h, SolveOptions{.time_limit_s = 30});
     ASSERT_TRUE(exact_h.ok()) << exact_h.status().to_string();
     ASSERT_TRUE(milp_h.ok()) << milp_h.status().to_string();
-    EXPECT_EQ(milp_h->solver.status, "optimal");
-    const double want_h = exact_h->best.solver.objective_ms;
-    EXPECT_NEAR(milp_h->solver.objective_ms, want_h, kRelTol * std::max(1.0, want_h));
-    expect_consistent(h, *milp_h, "milp, host-home term");
-    expect_consistent(h, exact_h->best, "exact, host-home term");
-    EXPECT_LE(exact_h->max_lp_mismatch_ms, kRelTol * std::max(1.0, want_h));
+    const double want_h =
+        expect_milp_equals_exact(h, *milp_h, *exact_h, MilpStatus::kOptimal, ", host-home term");
     EXPECT_GE(want_h, want - kRelTol * std::max(1.0, want));  // a cost never makes a plan faster
     // Optimal with and without an added cost on homed GB: h (homed_h - homed) <= 0 (exchange).
     EXPECT_LE(homed_gb(h, exact_h->best), homed_gb(p, exact->best) + 1e-3);
@@ -404,12 +409,7 @@ TEST(MilpVsExact, SameOptimumWithTheDeviceTail) {
       continue;
     }
     ASSERT_TRUE(milp.ok()) << milp.status().to_string();
-    EXPECT_EQ(milp->solver.status, "optimal");
-    const double want = exact->best.solver.objective_ms;
-    EXPECT_NEAR(milp->solver.objective_ms, want, kRelTol * std::max(1.0, want));
-    expect_consistent(p, *milp, "milp");
-    expect_consistent(p, exact->best, "exact");
-    EXPECT_LE(exact->max_lp_mismatch_ms, kRelTol * std::max(1.0, want));
+    expect_milp_equals_exact(p, *milp, *exact, MilpStatus::kOptimal);
     ++both_feasible;
     if (milp->predicted.optimizer_wait_ms > 1e-6) ++with_wait;
   }
@@ -476,13 +476,7 @@ TEST(MilpVsExact, SameOptimumWithKeptInternals) {
     }
     exact_choices += static_cast<int>(exact->choices);
     ASSERT_TRUE(milp.ok()) << milp.status().to_string();
-    EXPECT_EQ(milp->solver.solver, "cbc");
-    EXPECT_EQ(milp->solver.status, "optimal");
-    const double want = exact->best.solver.objective_ms;
-    EXPECT_NEAR(milp->solver.objective_ms, want, kRelTol * std::max(1.0, want));
-    expect_consistent(p, *milp, "milp");
-    expect_consistent(p, exact->best, "exact");
-    EXPECT_LE(exact->max_lp_mismatch_ms, kRelTol * std::max(1.0, want));
+    const double want = expect_milp_equals_exact(p, *milp, *exact, MilpStatus::kCbcOptimal);
     ++both_feasible;
     if (milp->num_kept() > 0) ++keeps_something;
     if (milp->num_kept() == L) ++keeps_all;
@@ -542,11 +536,7 @@ TEST(MilpVsExact, SameOptimumWithKeptInternalsAndDeviceTail) {
     if (!exact.ok()) continue;
     ++feasible;
     if (milp->num_kept() > 0) ++keeps;
-    const double want = exact->best.solver.objective_ms;
-    EXPECT_NEAR(milp->solver.objective_ms, want, kRelTol * std::max(1.0, want));
-    expect_consistent(p, *milp, "milp");
-    expect_consistent(p, exact->best, "exact");
-    EXPECT_LE(exact->max_lp_mismatch_ms, kRelTol * std::max(1.0, want));
+    expect_milp_equals_exact(p, *milp, *exact, MilpStatus::kAny);
   }
   EXPECT_GE(feasible, 10);
   EXPECT_GE(keeps, 3);
