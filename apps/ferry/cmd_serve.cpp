@@ -337,7 +337,10 @@ int run_serve(const ServeCliConfig& c) {
   auto port = server.start(c.host, c.port);
   if (!port.ok()) return fail(port.status());
   install_stop_signals();
-  std::printf("listening port=%d model=%s mode=%s\n", *port, hc.model_name.c_str(), c.mode.c_str());
+  // The mode the engine runs (--split auto makes it paged whatever --mode said).
+  const std::string_view mode_run = serve::to_string(ec.pager.mode);
+  std::printf("listening port=%d model=%s mode=%.*s\n", *port, hc.model_name.c_str(),
+              static_cast<int>(mode_run.size()), mode_run.data());
   std::fflush(stdout);
   wait_for_stop(c.duration_s);
   server.stop();

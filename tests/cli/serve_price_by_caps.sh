@@ -70,6 +70,9 @@ live() {  # live NAME ARGS...: serve --split auto, three completions, SIGTERM; s
   local port
   port=$(sed -n 's/^listening port=\([0-9]*\).*/\1/p' "$tmp/$name.out")
   [ -n "$port" ] || fail "$name: server did not start: $(cat "$tmp/$name.err")"
+  # --split auto runs the pager whatever --mode said; the line names the mode that runs.
+  grep -q "^listening port=$port .* mode=paged$" "$tmp/$name.out" ||
+    fail "$name: listening line: $(cat "$tmp/$name.out")"
   local prompt="The ferry crosses the bay twice a day; its deck holds forty cars and a hundred people."
   for i in 1 2 3; do
     curl -sf "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
