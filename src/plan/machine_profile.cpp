@@ -112,47 +112,84 @@ Status measure_cpu_optimizer(const MachineProfileOptions& o, Recorder& rec) {
   return ok_status();
 }
 
+// "256 MiB", or "1052672 bytes" when not a whole number of MiB.
+std::string mib_or_bytes(std::size_t b) {
+  return b % (1u << 20) == 0 ? fmt::format("{} MiB", b >> 20) : fmt::format("{} bytes", b);
+}
+
+Status check_nvme_options(const MachineProfileOptions& o) {
+  if (o.nvme_record_bytes == 0) {
+    return invalid_argument(
+        "plan: NVMe measurement record of 0 bytes (nvme_record_bytes must be > 0)");
+  }
+  if (o.nvme_record_bytes > o.nvme_bytes) {
+    return invalid_argument(
+        "plan: NVMe measurement record of {} is larger than the {} to write and read back "
+        "(nvme_record_bytes <= nvme_bytes; ferry plan: --nvme-record-mib <= --nvme-measure-mib)",
+        mib_or_bytes(o.nvme_record_bytes), mib_or_bytes(o.nvme_bytes));
+  }
+  return ok_status();
+}
+
+// The executor's NVMe pattern (stream_executor.cpp store_boundary / fetch_into): one record-sized
+// buffer (its bounce buffer; pageable here, pinned there: O_DIRECT pins the pages per request
+// either way), each record written with NvmeStore::write (submit, wait) before the next, and in
+// the backward read back with NvmeStore::read one at a time. A pass writes every record, then
+// reads every record in the order written; the first, untimed write pass lays out the file, as
+// the executor's warm-up step does before the timed ones.
 Status measure_nvme(const MachineProfileOptions& o, Recorder& rec, MachineProfile& p) {
-  constexpr std::size_t kRecord = 8u << 20;
-  const std::size_t records = std::max<std::size_t>(1, o.nvme_bytes / kRecord);
+  const std::size_t records = o.nvme_bytes / o.nvme_record_bytes;
   mem::MemoryBudget nvme_budget(mem::MemTier::kNvme);
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<mem::NvmeStore> store,
                          mem::NvmeStore::open({.dir = o.nvme_dir,
                                                .name = "machine-profile",
-                                               .record_bytes = kRecord,
+                                               .record_bytes = o.nvme_record_bytes,
                                                .capacity_records = records},
                                               nvme_budget));
   mem::MemoryBudget host(mem::MemTier::kPageableHost);
-  FERRY_ASSIGN_OR_RETURN(
-      mem::Buffer buf,
-      mem::Buffer::allocate(mem::MemTier::kPageableHost, records * store->record_stride(), host,
-                            {.what = "nvme profile buffer"}));
-  std::memset(buf.data(), 0x5a, buf.size());
+  FERRY_ASSIGN_OR_RETURN(mem::Buffer bounce,
+                         mem::Buffer::allocate(mem::MemTier::kPageableHost, store->record_stride(),
+                                               host, {.what = "nvme profile bounce buffer"}));
+  std::memset(bounce.data(), 0x5a, bounce.size());
   std::vector<mem::RecordId> ids;
   for (std::size_t i = 0; i < records; ++i) {
     FERRY_ASSIGN_OR_RETURN(mem::RecordId id, store->allocate());
     ids.push_back(id);
   }
   auto pass = [&](bool write) -> Status {
-    std::vector<mem::NvmeTicket> tickets;
-    for (std::size_t i = 0; i < records; ++i) {
-      std::byte* b = buf.data() + i * store->record_stride();
-      FERRY_ASSIGN_OR_RETURN(mem::NvmeTicket t, write ? store->submit_write(ids[i], b)
-                                                      : store->submit_read(ids[i], b));
-      tickets.push_back(t);
+    for (mem::RecordId id : ids) {
+      FERRY_TRY(write ? store->write(id, bounce.data()) : store->read(id, bounce.data()));
     }
-    for (mem::NvmeTicket t : tickets) FERRY_TRY(store->wait(t));
     return ok_status();
   };
-  const double bytes = static_cast<double>(records * store->record_stride());
-  FERRY_ASSIGN_OR_RETURN(double w, median_seconds(o.reps, [&] { return pass(true); }));
-  FERRY_ASSIGN_OR_RETURN(double r, median_seconds(o.reps, [&] { return pass(false); }));
-  rec.set("nvme_write_gbps", bytes / w / 1e9);
-  rec.set("nvme_read_gbps", bytes / r / 1e9);
-  if (!store->direct_io_active()) {
-    // Buffered reads may come from the page cache: say so next to the figure.
-    p.measured_by += "; NVMe rates with buffered I/O (the folder refused O_DIRECT)";
+  auto seconds = [](const std::function<Status()>& run) -> Result<double> {
+    const auto t0 = Clock::now();
+    FERRY_TRY(run());
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  FERRY_TRY(pass(true));  // untimed: allocates the file's blocks
+  std::vector<double> tw, tr;
+  for (int r = 0; r < o.reps; ++r) {
+    FERRY_ASSIGN_OR_RETURN(double w, seconds([&] { return pass(true); }));
+    FERRY_ASSIGN_OR_RETURN(double rd, seconds([&] { return pass(false); }));
+    tw.push_back(w);
+    tr.push_back(rd);
   }
+  std::sort(tw.begin(), tw.end());
+  std::sort(tr.begin(), tr.end());
+  // The bytes that move: each record's stride (its size rounded up to 4 KiB), as the executor
+  // counts them (TransferStats::nvme_write / nvme_read).
+  const double bytes = static_cast<double>(records * store->record_stride());
+  rec.set("nvme_write_gbps", bytes / tw[tw.size() / 2] / 1e9);
+  rec.set("nvme_read_gbps", bytes / tr[tr.size() / 2] / 1e9);
+  p.measured_by += fmt::format(
+      "; NVMe: {} records of {} one at a time (submit, wait, next: the executor's bounce-buffer "
+      "pattern), all written then read back in order, median of {} passes, {}",
+      records, mib_or_bytes(o.nvme_record_bytes), o.reps,
+      !store->direct_io_active() ? "buffered I/O (the folder refused O_DIRECT; reads may come "
+                                   "from the page cache)"
+      : store->io_uring_active() ? "O_DIRECT through io_uring"
+                                 : "O_DIRECT through pread/pwrite");
   return ok_status();
 }
 
@@ -380,6 +417,7 @@ Result<MachineProfile> measure_machine(const model::ModelConfig& cfg,
     return invalid_argument(
         "plan: machine profile needs a model geometry (hidden, heads, head_dim)");
   }
+  if (!opts.nvme_dir.empty()) FERRY_TRY(check_nvme_options(opts));
   MachineProfile p;
   p.machine = opts.machine;
   p.cpu_threads = static_cast<int>(std::thread::hardware_concurrency());

@@ -5,7 +5,9 @@
 //   - host->GPU and GPU->host copy rates of pinned memory, alone, both at once, and both at once
 //     while the CPU optimizer streams host memory (the LazyTrain window the planner models);
 //   - NVMe write/read rates of the spill store (mem::NvmeStore, O_DIRECT/io_uring when available)
-//     in the folder given;
+//     in the folder given, moved the way the training executor moves boundaries through its one
+//     bounce buffer: one boundary-sized record at a time (submit, wait, next), all records written,
+//     then read back in the same order;
 //   - bf16 GEMM TFLOP/s at the model's layer shapes (q/k/v, o, gate+up, down) and flash-attention
 //     forward/backward TFLOP/s at the training sequence length, through the CUDA backend;
 //   - the elementwise (HBM) rate of the backend's add;
@@ -38,7 +40,20 @@ struct MachineProfileOptions {
   std::string machine = "h200";
   std::string nvme_dir;                 // empty: NVMe not measured
   std::size_t link_bytes = 256u << 20;  // per copy
-  std::size_t nvme_bytes = 256u << 20;  // written then read back
+  // NVMe: records of nvme_record_bytes, nvme_bytes / nvme_record_bytes of them, each written then
+  // (after all are written) read back one at a time. The executor's record is one f32 boundary,
+  // B x S x hidden x 4 bytes (stream_executor.cpp, its NvmeStore); the profile does not know the
+  // run's batch, so the default is 256 MiB: exactly the boundary of the measured 3B runs (batch
+  // 32 x 1024 x hidden 2048; 7B at 16 x 1024 is 224 MiB), the size class the plan's GPU runs
+  // move (the kernel splits one such request into many device commands in flight, so a record
+  // of nearby size is expected to give a similar rate; not measured). Pass the run's own
+  // boundary (--nvme-record-mib) to measure exactly its size. 1 GiB in all: 4 records read back
+  // in the order written, so the first read comes 768 MiB of writes after its record's write and
+  // no read directly follows its record's write (which the drive's cache could serve). Any record
+  // size > 0 works (the store moves it rounded up to 4 KiB, as the executor's record);
+  // nvme_record_bytes <= nvme_bytes.
+  std::size_t nvme_record_bytes = 256u << 20;
+  std::size_t nvme_bytes = std::size_t{1} << 30;
   std::size_t optimizer_params = 32u << 20;
   std::int64_t gemm_tokens = 4096;       // M of the layer GEMMs
   std::int64_t attention_tokens = 8192;  // packed tokens of the attention measurement

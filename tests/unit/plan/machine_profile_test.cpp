@@ -2,11 +2,14 @@
 // The machine profiler (plan/machine_profile.h): a short real measurement on this machine gives
 // positive rates for what it can measure and names what it cannot (no GPU in CI) with a reason;
 // every rate is accounted for exactly once; the JSON round-trips and refuses malformed files;
-// only measured rates override the assumed MachineSpec, and the cost model follows them.
+// only measured rates override the assumed MachineSpec, and the cost model follows them; NVMe
+// is measured one record at a time as the executor moves boundaries, and invalid NVMe sizes are a
+// Status.
 #include "plan/machine_profile.h"
 
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <set>
 
@@ -35,6 +38,7 @@ MachineProfileOptions small_options(const std::string& nvme_dir) {
   o.machine = "unit-test";
   o.nvme_dir = nvme_dir;
   o.link_bytes = 4u << 20;
+  o.nvme_record_bytes = 4u << 20;
   o.nvme_bytes = 16u << 20;
   o.optimizer_params = 1u << 18;
   o.gemm_tokens = 256;
@@ -75,6 +79,74 @@ TEST(MachineProfile, MeasuresWhatThisMachineHasAndNamesTheRest) {
     EXPECT_GT(p->spec.gemm_tflops, 0.0);
     EXPECT_GT(p->spec.link.duplex_gbps, 0.0);
   }
+}
+
+std::string temp_nvme_dir(const char* what) {
+  return fmt::format("{}/ferry_machine_profile_{}.{}", ::testing::TempDir(), what, getpid());
+}
+
+// NVMe is measured the way the executor moves boundaries: records of the given size one at a
+// time, written then read back; the profile says so. Only that the rates exist is checked, never
+// their values.
+TEST(MachineProfile, NvmeIsMeasuredOneRecordAtATimeAsTheExecutorDoes) {
+  auto cfg = builtin_geometry("qwen2.5-0.5b");
+  ASSERT_TRUE(cfg.ok());
+  const std::string dir = temp_nvme_dir("pattern");
+  auto p = measure_machine(*cfg, small_options(dir));  // 4 records of 4 MiB
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_GT(p->spec.link.nvme_write_gbps, 0.0);
+  EXPECT_GT(p->spec.link.nvme_read_gbps, 0.0);
+  EXPECT_TRUE(std::isfinite(p->spec.link.nvme_write_gbps));
+  EXPECT_TRUE(std::isfinite(p->spec.link.nvme_read_gbps));
+  const std::string& by = p->measured_by;
+  EXPECT_NE(by.find("NVMe: 4 records of 4 MiB one at a time"), std::string::npos) << by;
+  EXPECT_NE(by.find("written then read back in order"), std::string::npos) << by;
+  EXPECT_NE(by.find("median of 2 passes"), std::string::npos) << by;
+  EXPECT_NE(by.find("O_DIRECT"), std::string::npos) << by;  // or "refused O_DIRECT"
+}
+
+// A record that is not a multiple of the store's 4 KiB alignment is measured as the executor's
+// is: the store moves it rounded up.
+TEST(MachineProfile, NvmeRecordOfAnySizeIsMeasured) {
+  auto cfg = builtin_geometry("qwen2.5-0.5b");
+  ASSERT_TRUE(cfg.ok());
+  const std::string dir = temp_nvme_dir("unaligned");
+  MachineProfileOptions o = small_options(dir);
+  o.nvme_record_bytes = (1u << 20) + 100;
+  o.nvme_bytes = 3 * o.nvme_record_bytes + 5;  // 3 whole records
+  auto p = measure_machine(*cfg, o);
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_GT(p->spec.link.nvme_write_gbps, 0.0);
+  EXPECT_GT(p->spec.link.nvme_read_gbps, 0.0);
+  EXPECT_TRUE(std::isfinite(p->spec.link.nvme_read_gbps));
+  EXPECT_NE(p->measured_by.find("NVMe: 3 records of 1048676 bytes"), std::string::npos)
+      << p->measured_by;
+}
+
+TEST(MachineProfile, InvalidNvmeSizesAreAStatusNotAnAbort) {
+  auto cfg = builtin_geometry("qwen2.5-0.5b");
+  ASSERT_TRUE(cfg.ok());
+  const std::string dir = temp_nvme_dir("invalid");
+  auto refused = [&](std::size_t record, std::size_t total, const char* want) {
+    MachineProfileOptions o = small_options(dir);
+    o.nvme_record_bytes = record;
+    o.nvme_bytes = total;
+    auto p = measure_machine(*cfg, o);
+    ASSERT_FALSE(p.ok()) << want;
+    EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument) << p.status().to_string();
+    EXPECT_NE(p.status().message().find(want), std::string::npos) << p.status().to_string();
+  };
+  refused(0, 16u << 20, "record of 0 bytes");
+  refused(0, 0, "record of 0 bytes");
+  refused(32u << 20, 16u << 20, "record of 32 MiB is larger than the 16 MiB");
+  refused((4u << 20) + 1, 4u << 20, "record of 4194305 bytes is larger than the 4 MiB");
+  std::filesystem::remove_all(dir);
+  // Without --nvme-dir the NVMe sizes are not used and not checked.
+  MachineProfileOptions o = small_options("");
+  o.nvme_record_bytes = 0;
+  EXPECT_TRUE(measure_machine(*cfg, o).ok());
 }
 
 TEST(MachineProfile, WithoutNvmeDirNvmeIsNotMeasured) {
