@@ -7,9 +7,11 @@
 // plan (--no-keep-internals: no layer keeps its internals). `--compare --gpu-caps 24,40,80` prints,
 // as JSON, the solved plan against the fixed policies at each GPU cap. Every figure is a prediction
 // of the cost model (analytic, or a measured profile when one is cached), never a measurement.
-// `ferry plan --measure-machine [--geometry NAME | --model DIR] [--nvme-dir D] [--machine NAME]
-//   [--machine-profile OUT]` measures this machine's rates (plan/machine_profile.h) and caches
-// them; later plans for that --machine use them instead of the assumed defaults.
+// `ferry plan --measure-machine [--geometry NAME | --model DIR] [--nvme-dir D]
+//   [--nvme-record-mib R] [--nvme-measure-mib T] [--machine NAME] [--machine-profile OUT]`
+// measures this machine's rates (plan/machine_profile.h; NVMe in records of R MiB one at a time,
+// as the executor moves boundaries) and caches them; later plans for that --machine use them
+// instead of the assumed defaults.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -84,6 +86,9 @@ struct PlanConfig {
   std::string from_bench_resident;  // a second one whose device run kept resident layers
   std::string write_profile;        // with --from-bench: write the measured profile (PATH or auto)
   std::string machine_profile;      // explicit machine profile (in or, with --measure-machine, out)
+  // --measure-machine's NVMe records (MachineProfileOptions::nvme_record_bytes / nvme_bytes).
+  std::size_t nvme_record_mib = 256;
+  std::size_t nvme_measure_mib = 1024;
   // GPU memory as the stream executor will allocate it (cmd_plan_executor_fit.h) for this device's
   // backend: auto (cuda when present), cpu, cuda, or none (the cost model's bf16 estimate).
   std::string executor_device = "auto";
@@ -411,6 +416,8 @@ Status run_measure_machine(const PlanConfig& c) {
   o.machine = c.machine;
   o.nvme_dir = c.nvme_dir;
   o.seq_len = c.seq_len;
+  o.nvme_record_bytes = c.nvme_record_mib << 20;
+  o.nvme_bytes = c.nvme_measure_mib << 20;
   FERRY_ASSIGN_OR_RETURN(plan::MachineProfile p, plan::measure_machine(cfg, o));
   const std::string path =
       c.machine_profile.empty() ? plan::default_machine_profile_path(c.machine) : c.machine_profile;
@@ -871,6 +878,15 @@ void register_plan(CLI::App& app, CommandFn& run) {
   cmd->add_flag("--measure-machine", c.measure_machine,
                 "measure this machine's link, NVMe, GEMM, attention and CPU-optimizer rates "
                 "(with --nvme-dir for NVMe) and cache them for --machine");
+  cmd->add_option("--nvme-record-mib", c.nvme_record_mib,
+                  "with --measure-machine --nvme-dir: NVMe records of this size, moved one at a "
+                  "time as the training executor moves its boundaries (one f32 boundary is "
+                  "batch x seq x hidden x 4 bytes; default 256 = 3B at 32 x 1024)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20));
+  cmd->add_option("--nvme-measure-mib", c.nvme_measure_mib,
+                  "with --measure-machine --nvme-dir: MiB written then read back per pass, in "
+                  "records of --nvme-record-mib (at least one record; default 1024)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 30));
   cmd->add_option("--from-bench", c.from_bench,
                   "a `ferry bench train --json` report: its device run as a measured profile, and "
                   "each benched policy's measured step next to the plan's prediction")
