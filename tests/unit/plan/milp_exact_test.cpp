@@ -128,8 +128,12 @@ enum class MilpStatus { kAny, kOptimal, kCbcOptimal };
 // optimum's objective.
 double expect_milp_equals_exact(const PlanProblem& p, const Plan& milp, const ExactResult& exact,
                                 MilpStatus status, const std::string& suffix = "") {
-  if (status == MilpStatus::kCbcOptimal) EXPECT_EQ(milp.solver.solver, "cbc");
-  if (status != MilpStatus::kAny) EXPECT_EQ(milp.solver.status, "optimal");
+  if (status == MilpStatus::kCbcOptimal) {
+    EXPECT_EQ(milp.solver.solver, "cbc");
+  }
+  if (status != MilpStatus::kAny) {
+    EXPECT_EQ(milp.solver.status, "optimal");
+  }
   const double want = exact.best.solver.objective_ms;
   EXPECT_NEAR(milp.solver.objective_ms, want, kRelTol * std::max(1.0, want));
   expect_consistent(p, milp, "milp" + suffix);
