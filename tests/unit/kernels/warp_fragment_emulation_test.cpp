@@ -24,7 +24,7 @@
 //   Controls (kernels whose GPU tests passed on the H200: KernelsAttention.* in
 //   bench/kernels/results/h200_2026-12-01_s9_ctest_kernels.log): S^T = K Q^T
 //   (load_a, ldmatrix_b_pair) and dK += dS^T Q (c_to_a, ldmatrix_b_trans) of the 16-key dK/dV
-//   kernel; the 32-key kernel's staged dK product (ldmatrix_a, ldmatrix_b_trans_pair).
+//   kernel; ldmatrix_a's lanes in a staged product (the removed 32-key kernel's dK product).
 //   Target: atomic dQ (attention_bwd_dkdv_kernel<D, BQ, true>): the dS^T staging stores, dQ = dS K
 //   through ldmatrix_a_trans / ldmatrix_b_trans_pair, the lane-pair shuffle and the v4 adds, for
 //   one tile and for whole launches (varlen, causal, GQA, slices) including the workspace layout
@@ -467,10 +467,13 @@ void control_dk() {
   }
 }
 
-// attention_bwd_dkdv_mt2_kernel's staged product: dK[mt] += dS^T (ldmatrix_a of the [kBK][BQ + 8]
-// exchange tile) x Q (ldmatrix_b_trans_pair), warp (kg, half): keys kg * 32 .., dims half * D/2 ..
+// A row-major A tile read by ldmatrix_a (attention_common.cuh; the mma.sync forward's Q fragments
+// use it) times a B tile read by ldmatrix_b_trans_pair: dK[mt] += dS^T ([kBK][BQ + 8] tile) x Q,
+// warp (kg, half): keys kg * 32 .., dims half * D/2 ... The product of the 32-keys-per-warp dK/dV
+// kernel, which session 31 removed; kept as the check of addr_a's lane addresses (pinned to
+// ldmatrix_a) on the emulator. The Q address is no longer pinned to a kernel.
 template <int D, int BQ>
-void control_mt2_dk() {
+void control_ldmatrix_a_product() {
   constexpr int kStr = D + 8, kXStr = BQ + 8, kDH = D / 2;
   const std::int64_t qs = 0, dss = BQ * kStr;
   Smem s(dss + kBK * kXStr);
@@ -488,8 +491,8 @@ void control_mt2_dk() {
       for (int mt = 0; mt < 2; ++mt)
         da[mt] = ldmatrix<4>(s, addr_a(dss, kXStr, krow0 + mt * 16, kc), false);
       for (int nt = 0; nt < kDH / 8; nt += 2) {
-        const Regs<4> b = ldmatrix<4>(
-            s, addr_b_trans_pair(PIN(kBwd, qs + kc * 16 * kStr + dh0 + nt * 8), kStr), true);
+        const Regs<4> b =
+            ldmatrix<4>(s, addr_b_trans_pair(qs + kc * 16 * kStr + dh0 + nt * 8, kStr), true);
         for (int mt = 0; mt < 2; ++mt) {
           mma(dk[mt * (kDH / 8) + nt], da[mt], regs2(b, 0));
           mma(dk[mt * (kDH / 8) + nt + 1], da[mt], regs2(b, 2));
@@ -506,7 +509,7 @@ void control_mt2_dk() {
               double want = 0;
               for (int q = 0; q < BQ; ++q) want += double(dst[key][q]) * qm[q][dim];
               ASSERT_EQ(dk[mt * (kDH / 8) + nt][lane][2 * r + j], want)
-                  << "mt2 dK warp " << warp << " lane " << lane;
+                  << "ldmatrix_a product, warp " << warp << " lane " << lane;
             }
     }
   }
@@ -517,8 +520,8 @@ TEST(WarpFragmentEmulation, ControlDeterministicKernelsProducts) {
   control_st<128, 32>();
   control_dk<64, 64>();
   control_dk<128, 32>();
-  control_mt2_dk<64, 64>();
-  control_mt2_dk<128, 32>();
+  control_ldmatrix_a_product<64, 64>();
+  control_ldmatrix_a_product<128, 32>();
   EXPECT_EQ(ldmatrix_errors, 0);
 }
 
