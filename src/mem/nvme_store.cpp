@@ -85,7 +85,7 @@ Result<std::unique_ptr<NvmeStore>> NvmeStore::open(const NvmeStoreOptions& opts,
   auto log = log::get("mem");
   std::unique_ptr<NvmeStore> s(new NvmeStore(budget));
   s->record_bytes_ = opts.record_bytes;
-  s->record_stride_ = (opts.record_bytes + kIoAlignBytes - 1) / kIoAlignBytes * kIoAlignBytes;
+  s->record_stride_ = stride_for(opts.record_bytes);
   s->capacity_ = opts.capacity_records;
   s->queue_depth_ = opts.queue_depth;
   s->t_ = std::make_unique<Tables>();

@@ -63,6 +63,11 @@ struct NvmeTicket {
 class NvmeStore {
  public:
   static constexpr std::size_t kIoAlignBytes = 4096;
+  // What one transfer of a record of record_bytes moves: record_bytes rounded up to kIoAlignBytes
+  // (record_stride() of a store opened with it; callers that predict its traffic use this too).
+  static constexpr std::size_t stride_for(std::size_t record_bytes) {
+    return (record_bytes + kIoAlignBytes - 1) / kIoAlignBytes * kIoAlignBytes;
+  }
 
   static Result<std::unique_ptr<NvmeStore>> open(const NvmeStoreOptions& opts,
                                                  MemoryBudget& budget);

@@ -58,15 +58,24 @@ const Field* find_field(const std::string& name) {
 }
 
 // Median seconds of `reps` runs of `run` (each run returns its own Status).
+Result<double> seconds(const std::function<Status()>& run) {
+  const auto t0 = Clock::now();
+  FERRY_TRY(run());
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> t) {
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
 Result<double> median_seconds(int reps, const std::function<Status()>& run) {
   std::vector<double> t;
   for (int r = 0; r < reps; ++r) {
-    const auto t0 = Clock::now();
-    FERRY_TRY(run());
-    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    FERRY_ASSIGN_OR_RETURN(double s, seconds(run));
+    t.push_back(s);
   }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return median(std::move(t));
 }
 
 class Recorder {
@@ -162,11 +171,6 @@ Status measure_nvme(const MachineProfileOptions& o, Recorder& rec, MachineProfil
     }
     return ok_status();
   };
-  auto seconds = [](const std::function<Status()>& run) -> Result<double> {
-    const auto t0 = Clock::now();
-    FERRY_TRY(run());
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-  };
   FERRY_TRY(pass(true));  // untimed: allocates the file's blocks
   std::vector<double> tw, tr;
   for (int r = 0; r < o.reps; ++r) {
@@ -175,13 +179,11 @@ Status measure_nvme(const MachineProfileOptions& o, Recorder& rec, MachineProfil
     tw.push_back(w);
     tr.push_back(rd);
   }
-  std::sort(tw.begin(), tw.end());
-  std::sort(tr.begin(), tr.end());
   // The bytes that move: each record's stride (its size rounded up to 4 KiB), as the executor
   // counts them (TransferStats::nvme_write / nvme_read).
   const double bytes = static_cast<double>(records * store->record_stride());
-  rec.set("nvme_write_gbps", bytes / tw[tw.size() / 2] / 1e9);
-  rec.set("nvme_read_gbps", bytes / tr[tr.size() / 2] / 1e9);
+  rec.set("nvme_write_gbps", bytes / median(tw) / 1e9);
+  rec.set("nvme_read_gbps", bytes / median(tr) / 1e9);
   p.measured_by += fmt::format(
       "; NVMe: {} records of {} one at a time (submit, wait, next: the executor's bounce-buffer "
       "pattern), all written then read back in order, median of {} passes, {}",

@@ -44,9 +44,8 @@ TrafficCounts expected_micro_batch(const ActivationPolicy& p, int hidden, std::i
                                    std::int64_t max_tokens) {
   const auto C = static_cast<std::uint64_t>(hidden);
   const std::uint64_t act = static_cast<std::uint64_t>(tokens) * C * sizeof(float);
-  const std::uint64_t align = mem::NvmeStore::kIoAlignBytes;
   const std::uint64_t record =
-      (static_cast<std::uint64_t>(max_tokens) * C * sizeof(float) + align - 1) / align * align;
+      mem::NvmeStore::stride_for(static_cast<std::size_t>(max_tokens) * C * sizeof(float));
   const auto L = static_cast<std::uint64_t>(p.layers());
   const auto offloaded = static_cast<std::uint64_t>(p.count(Home::kHost) + p.count(Home::kNvme));
   const auto nvme = static_cast<std::uint64_t>(p.count(Home::kNvme));
