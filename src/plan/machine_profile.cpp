@@ -143,9 +143,10 @@ Status check_nvme_options(const MachineProfileOptions& o) {
 // The executor's NVMe pattern (stream_executor.cpp store_boundary / fetch_into): one record-sized
 // buffer (its bounce buffer; pageable here, pinned there: O_DIRECT pins the pages per request
 // either way), each record written with NvmeStore::write (submit, wait) before the next, and in
-// the backward read back with NvmeStore::read one at a time. A pass writes every record, then
-// reads every record in the order written; the first, untimed write pass lays out the file, as
-// the executor's warm-up step does before the timed ones.
+// the backward read back with NvmeStore::read one at a time. A pass writes every record in
+// order, then reads every record last-written first (the backward fetches the deepest boundary
+// first); the first, untimed write pass lays out the file, as the executor's warm-up step does
+// before the timed ones.
 Status measure_nvme(const MachineProfileOptions& o, Recorder& rec, MachineProfile& p) {
   const std::size_t records = o.nvme_bytes / o.nvme_record_bytes;
   mem::MemoryBudget nvme_budget(mem::MemTier::kNvme);
@@ -166,8 +167,9 @@ Status measure_nvme(const MachineProfileOptions& o, Recorder& rec, MachineProfil
     ids.push_back(id);
   }
   auto pass = [&](bool write) -> Status {
-    for (mem::RecordId id : ids) {
-      FERRY_TRY(write ? store->write(id, bounce.data()) : store->read(id, bounce.data()));
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      FERRY_TRY(write ? store->write(ids[i], bounce.data())
+                      : store->read(ids[ids.size() - 1 - i], bounce.data()));
     }
     return ok_status();
   };
@@ -186,7 +188,7 @@ Status measure_nvme(const MachineProfileOptions& o, Recorder& rec, MachineProfil
   rec.set("nvme_read_gbps", bytes / median(tr) / 1e9);
   p.measured_by += fmt::format(
       "; NVMe: {} records of {} one at a time (submit, wait, next: the executor's bounce-buffer "
-      "pattern), all written then read back in order, median of {} passes, {}",
+      "pattern), all written in order then read back last first, median of {} passes, {}",
       records, mib_or_bytes(o.nvme_record_bytes), o.reps,
       !store->direct_io_active() ? "buffered I/O (the folder refused O_DIRECT; reads may come "
                                    "from the page cache)"
