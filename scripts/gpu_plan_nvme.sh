@@ -66,5 +66,6 @@ for p in B.get("policies", []):
     print(json.dumps({k: p.get(k) for k in (
         "policy", "batch_size", "step_ms_mean", "predicted_step_ms", "tokens_per_s", "model_tflops",
         "act_bytes_per_step", "nvme_write_bytes_per_step", "nvme_read_bytes_per_step",
-        "layer_forwards_per_step", "device_peak_bytes", "error")}))
+        "layer_forwards_per_step", "nvme_write_s_per_step", "nvme_read_s_per_step",
+        "nvme_write_gbps", "nvme_read_gbps", "device_peak_bytes", "error")}))
 PY

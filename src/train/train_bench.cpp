@@ -78,6 +78,11 @@ Result<Json> plan_model(const std::string& path) {
   return j.contains("model") ? j["model"] : Json(nullptr);
 }
 
+// Bytes over seconds in GB/s; 0 where nothing moved (no NVMe home).
+double rate_gbps(std::uint64_t bytes, double seconds) {
+  return seconds > 0.0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
@@ -414,6 +419,13 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
          // Of those, the boundaries written to / read from NVMe (through the bounce buffer).
          {"nvme_write_bytes_per_step", double(s.nvme_write - s0.nvme_write) * per},
          {"nvme_read_bytes_per_step", double(s.nvme_read - s0.nvme_read) * per},
+         // The host's time inside those disk calls, and the rates they give (0 without NVMe):
+         // what the executor got from the disk, beside the profile's nvme_*_gbps.
+         {"nvme_write_s_per_step", (s.nvme_write_s - s0.nvme_write_s) * per},
+         {"nvme_read_s_per_step", (s.nvme_read_s - s0.nvme_read_s) * per},
+         {"nvme_write_gbps",
+          rate_gbps(s.nvme_write - s0.nvme_write, s.nvme_write_s - s0.nvme_write_s)},
+         {"nvme_read_gbps", rate_gbps(s.nvme_read - s0.nvme_read, s.nvme_read_s - s0.nvme_read_s)},
          {"loss_first", loss_first},
          {"loss_last", loss_last},
          {"optimizer_busy_s", x.optimizer_busy_s()},

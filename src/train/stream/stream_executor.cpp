@@ -644,7 +644,10 @@ Status StreamExecutor::store_boundary(int i, const float* x, std::int64_t T) {
     // the GPU keeps running what is queued).
     FERRY_TRY(timed_wait([&]() -> Status {
       FERRY_TRY(act_d2h().synchronize());
-      return nvme_->write(nvme_record_[i], host_acts_.data(nvme_staging_));
+      const Timer disk;
+      Status st = nvme_->write(nvme_record_[i], host_acts_.data(nvme_staging_));
+      stats_.nvme_write_s += disk.elapsed_s();
+      return st;
     }));
     stats_.nvme_write += nvme_->record_stride();
   }
@@ -668,7 +671,10 @@ Status StreamExecutor::fetch_into(int buf, int i, std::int64_t T) {
     // The staging buffer may still feed the previous fetch's copy (host wait).
     FERRY_TRY(timed_wait([&]() -> Status {
       FERRY_TRY(staging_read_->synchronize());
-      return nvme_->read(nvme_record_[i], host_acts_.data(nvme_staging_));
+      const Timer disk;
+      Status st = nvme_->read(nvme_record_[i], host_acts_.data(nvme_staging_));
+      stats_.nvme_read_s += disk.elapsed_s();
+      return st;
     }));
     stats_.nvme_read += nvme_->record_stride();
     src = host_acts_.data(nvme_staging_);

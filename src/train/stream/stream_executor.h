@@ -152,6 +152,10 @@ struct TransferStats {
   std::uint64_t act_d2h = 0;      // boundaries to host / NVMe staging
   std::uint64_t act_h2d = 0;      // boundaries back
   std::uint64_t nvme_write = 0, nvme_read = 0;
+  // Host wall time inside the disk calls alone (NvmeStore::write / read of a whole record, not
+  // the staging copy's wait before them): the rate the executor got from its disk, to set beside
+  // the machine profile's nvme_write_gbps / nvme_read_gbps.
+  double nvme_write_s = 0.0, nvme_read_s = 0.0;
   // Compute waiting on copies or weight slots (exposure_clock.h): host time on the CPU backend,
   // the GPU's idle / copy time from events on a GPU.
   double exposed_s = 0.0;

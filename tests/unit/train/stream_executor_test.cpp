@@ -366,6 +366,9 @@ TEST(StreamExecutor, BytesMovedAreWhatThePolicyPredicts) {
       const std::uint64_t record = (kBatch * kSeq * C * 4 + 4095) / 4096 * 4096;
       EXPECT_EQ(st.stats.nvme_write, micro * pol->count(Home::kNvme) * record) << p;
       EXPECT_EQ(st.stats.nvme_read, st.stats.nvme_write) << p;
+      // The disk calls are timed exactly where they moved bytes.
+      EXPECT_EQ(st.stats.nvme_write_s > 0.0, st.stats.nvme_write > 0) << p;
+      EXPECT_EQ(st.stats.nvme_read_s > 0.0, st.stats.nvme_read > 0) << p;
       EXPECT_EQ(st.peak, st.planned) << p;
     }
   }
