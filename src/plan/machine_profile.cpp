@@ -20,6 +20,7 @@
 #include "core/file_util.h"
 #include "kernels/backend.h"
 #include "mem/buffer.h"
+#include "mem/device_info.h"
 #include "mem/nvme_store.h"
 #include "mem/stream_set.h"
 #include "mem/transfer_engine.h"
@@ -442,7 +443,9 @@ Result<MachineProfile> measure_machine(const model::ModelConfig& cfg,
               "gemm_tflops", "attn_fwd_tflops", "attn_bwd_tflops"},
              std::string(cuda.status().message()));
   } else {
-    p.gpu = "cuda:0";
+    // The card's name where the runtime gives one (a profile says which GPU measured it).
+    const mem::CudaInfo info = mem::query_cuda_info();
+    p.gpu = info.devices.empty() ? std::string("cuda:0") : "cuda:0 " + info.devices.front().name;
     GpuBench bench(cfg, opts, **cuda);
     FERRY_TRY(bench.run(rec));
   }
