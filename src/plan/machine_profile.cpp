@@ -148,7 +148,8 @@ Status check_nvme_options(const MachineProfileOptions& o) {
 // order, then reads every record last-written first (the backward fetches the deepest boundary
 // first); the first, untimed write pass lays out the file, as the executor's warm-up step does
 // before the timed ones.
-Status measure_nvme(const MachineProfileOptions& o, Recorder& rec, MachineProfile& p) {
+Status measure_nvme(const MachineProfileOptions& o, mem::MemTier staging_tier, Recorder& rec,
+                    MachineProfile& p) {
   const std::size_t records = o.nvme_bytes / o.nvme_record_bytes;
   mem::MemoryBudget nvme_budget(mem::MemTier::kNvme);
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<mem::NvmeStore> store,
@@ -157,10 +158,10 @@ Status measure_nvme(const MachineProfileOptions& o, Recorder& rec, MachineProfil
                                                .record_bytes = o.nvme_record_bytes,
                                                .capacity_records = records},
                                               nvme_budget));
-  mem::MemoryBudget host(mem::MemTier::kPageableHost);
+  mem::MemoryBudget host(staging_tier);
   FERRY_ASSIGN_OR_RETURN(mem::Buffer bounce,
-                         mem::Buffer::allocate(mem::MemTier::kPageableHost, store->record_stride(),
-                                               host, {.what = "nvme profile bounce buffer"}));
+                         mem::Buffer::allocate(staging_tier, store->record_stride(), host,
+                                               {.what = "nvme profile bounce buffer"}));
   std::memset(bounce.data(), 0x5a, bounce.size());
   std::vector<mem::RecordId> ids;
   for (std::size_t i = 0; i < records; ++i) {
@@ -189,8 +190,10 @@ Status measure_nvme(const MachineProfileOptions& o, Recorder& rec, MachineProfil
   rec.set("nvme_read_gbps", bytes / median(tr) / 1e9);
   p.measured_by += fmt::format(
       "; NVMe: {} records of {} one at a time (submit, wait, next: the executor's bounce-buffer "
-      "pattern), all written in order then read back last first, median of {} passes, {}",
-      records, mib_or_bytes(o.nvme_record_bytes), o.reps,
+      "pattern), all written in order then read back last first, {} staging, median of {} "
+      "passes, {}",
+      records, mib_or_bytes(o.nvme_record_bytes),
+      staging_tier == mem::MemTier::kPinnedHost ? "pinned" : "pageable", o.reps,
       !store->direct_io_active() ? "buffered I/O (the folder refused O_DIRECT; reads may come "
                                    "from the page cache)"
       : store->io_uring_active() ? "O_DIRECT through io_uring"
@@ -431,12 +434,15 @@ Result<MachineProfile> measure_machine(const model::ModelConfig& cfg,
       geometry_key(cfg), opts.seq_len, opts.reps, opts.link_bytes >> 20);
   Recorder rec(p);
   FERRY_TRY(measure_cpu_optimizer(opts, rec));
+  Result<kernels::Backend*> cuda = kernels::cuda_backend(0);
   if (opts.nvme_dir.empty()) {
     rec.skip({"nvme_read_gbps", "nvme_write_gbps"}, "no --nvme-dir given");
   } else {
-    FERRY_TRY(measure_nvme(opts, rec, p));
+    // The staging the executor uses: pinned (cudaHostAlloc) beside a GPU, where O_DIRECT moves
+    // pages that are already locked; pageable host memory in a CPU build, as its executor's.
+    FERRY_TRY(measure_nvme(
+        opts, cuda.ok() ? mem::MemTier::kPinnedHost : mem::MemTier::kPageableHost, rec, p));
   }
-  Result<kernels::Backend*> cuda = kernels::cuda_backend(0);
   if (!cuda.ok()) {
     p.gpu = "none";
     rec.skip({"h2d_gbps", "d2h_gbps", "duplex_gbps", "duplex_loaded_gbps", "hbm_gbps",
