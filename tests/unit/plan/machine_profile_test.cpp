@@ -101,7 +101,9 @@ TEST(MachineProfile, NvmeIsMeasuredOneRecordAtATimeAsTheExecutorDoes) {
   EXPECT_TRUE(std::isfinite(p->spec.link.nvme_read_gbps));
   const std::string& by = p->measured_by;
   EXPECT_NE(by.find("NVMe: 4 records of 4 MiB one at a time"), std::string::npos) << by;
-  EXPECT_NE(by.find("written in order then read back last first, pageable staging"), std::string::npos) << by;
+  EXPECT_NE(by.find("written in order then read back last first, pageable staging"),
+            std::string::npos)
+      << by;
   EXPECT_NE(by.find("median of 2 passes"), std::string::npos) << by;
   EXPECT_NE(by.find("O_DIRECT"), std::string::npos) << by;  // or "refused O_DIRECT"
 }
