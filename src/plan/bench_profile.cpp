@@ -122,6 +122,33 @@ double number_or(const Json& run, const char* key, double fallback) {
 // S = 2), or, in a report without the busy time, that unit mean; and its H2D bytes per unit.
 // The device run itself must not have run the tail: its CPU optimizer times would then cover only
 // the layers the CPU took.
+// The disk as the executor used it: a run that homed boundaries on NVMe reports its bytes per step
+// and the time its host spent in the disk calls (train_bench.cpp nvme_*_gbps); the run that moved
+// the most bytes gives the profile's NVMe rates in place of the machine's (the machine profile's
+// back-to-back passes measured the same disk 11-26 % slower than the executor's calls, which
+// have compute between them; docs/plan.md, session 32). Without such a run: the machine's rates.
+void measure_nvme_rates(const Json& report, Profile& prof) {
+  const Json* best = nullptr;
+  for (const Json& run : report.at("policies")) {
+    if (run.contains("error")) continue;
+    if (!(number_or(run, "nvme_write_gbps", 0) > 0 && number_or(run, "nvme_read_gbps", 0) > 0)) {
+      continue;
+    }
+    if (best == nullptr || number_or(run, "nvme_write_bytes_per_step", 0) >
+                               number_or(*best, "nvme_write_bytes_per_step", 0)) {
+      best = &run;
+    }
+  }
+  if (best == nullptr) return;
+  prof.link.nvme_write_gbps = number_or(*best, "nvme_write_gbps", 0);
+  prof.link.nvme_read_gbps = number_or(*best, "nvme_read_gbps", 0);
+  prof.measured_by += fmt::format(
+      "; NVMe rates: the executor's disk calls in policy {} (write {:.2f} GB/s, read {:.2f} GB/s "
+      "over {:.2f} GB per step each way)",
+      best->value("policy", "?"), prof.link.nvme_write_gbps, prof.link.nvme_read_gbps,
+      number_or(*best, "nvme_write_bytes_per_step", 0) / 1e9);
+}
+
 Status measure_device_tail(const Json& report, const Json& dev, Profile& prof) {
   prof.device_update_ms_per_layer = 0;
   prof.device_update_h2d_gb_per_layer = 0;
@@ -217,6 +244,7 @@ Result<BenchPrediction> predict_bench(const Json& report, const model::ModelConf
   prof.measured_by = fmt::format("ferry bench train on {} (policy device, {} timed steps)",
                                  report.value("device", "?"), steps);
   prof.link = machine.link;
+  measure_nvme_rates(report, prof);
   double windows_ms = 0;
   for (int j = 0; j < L; ++j) {
     const double f = compute_ms(w, j), b = compute_ms(w, 2 * L - j);

@@ -26,6 +26,9 @@
 // with a tail; the device run itself must not: its CPU optimizer times would be the CPU's share
 // only), gives the profile's device_update_ms_per_layer (the tail's busy time over its units: its
 // pace) and device_update_h2d_gb_per_layer (its H2D bytes per unit).
+// NVMe rates: where a run homed boundaries on NVMe, the profile's link gets the disk rates that
+// run's executor measured in its own disk calls (nvme_write_gbps / nvme_read_gbps of the report),
+// not the machine's; measured_by says which run.
 // Tests: tests/unit/plan/bench_profile_test.cpp.
 #pragma once
 

@@ -148,6 +148,48 @@ TEST(BenchProfile, DeviceTailTimeAndBytesFromATailRun) {
   EXPECT_NE(refused.status().message().find("tail"), std::string::npos);
 }
 
+// The disk rates the executor got in a run with NVMe homes replace the machine's in the profile
+// (the run that moved the most); without one the machine's stay.
+TEST(BenchProfile, NvmeRatesFromTheExecutorsDiskCalls) {
+  const model::ModelConfig cfg = four_layers();
+  MachineSpec machine;
+  machine.link.nvme_write_gbps = 1.5;
+  machine.link.nvme_read_gbps = 1.25;
+  auto none = predict_bench(report({policy("device", 180, 8)}), cfg, machine);
+  ASSERT_TRUE(none.ok()) << none.status().to_string();
+  EXPECT_EQ(none->profile.link.nvme_write_gbps, 1.5);
+  EXPECT_EQ(none->profile.link.nvme_read_gbps, 1.25);
+  EXPECT_EQ(none->profile.measured_by.find("NVMe rates"), std::string::npos);
+  Json small = policy("plan=a.json", 400, 200), big = policy("plan=b.json", 500, 300);
+  small.update(
+      {{"nvme_write_bytes_per_step", 1e9}, {"nvme_write_gbps", 9.0}, {"nvme_read_gbps", 8.0}});
+  big.update(
+      {{"nvme_write_bytes_per_step", 4e9}, {"nvme_write_gbps", 2.75}, {"nvme_read_gbps", 2.5}});
+  Json failed = policy("plan=c.json", 500, 300);
+  failed.update({{"nvme_write_bytes_per_step", 8e9},
+                 {"nvme_write_gbps", 7.0},
+                 {"nvme_read_gbps", 7.0},
+                 {"error", "out of memory"}});
+  auto b = predict_bench(report({policy("device", 180, 8), small, big, failed}), cfg, machine);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  EXPECT_EQ(b->profile.link.nvme_write_gbps, 2.75);
+  EXPECT_EQ(b->profile.link.nvme_read_gbps, 2.5);
+  EXPECT_NE(b->profile.measured_by.find("NVMe rates: the executor's disk calls in policy "
+                                        "plan=b.json (write 2.75 GB/s, read 2.50 GB/s over "
+                                        "4.00 GB per step each way)"),
+            std::string::npos)
+      << b->profile.measured_by;
+  // The written profile carries them to the plan's problem.
+  auto back = profile_from_json(to_json(b->profile), cfg);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  auto p = analytic_problem(cfg, MachineSpec{}, {.batch_size = 2, .seq_len = 256},
+                            {.gpu_gb = 1e6, .host_gb = 1e6});
+  ASSERT_TRUE(p.ok());
+  ASSERT_TRUE(apply_profile(*back, *p).ok());
+  EXPECT_EQ(p->link.nvme_write_gbps, 2.75);
+  EXPECT_EQ(p->link.nvme_read_gbps, 2.5);
+}
+
 TEST(BenchProfile, PolicyNames) {
   EXPECT_EQ(plan_policy_name("device"), "all-gpu");
   EXPECT_EQ(plan_policy_name("host"), "all-host");
