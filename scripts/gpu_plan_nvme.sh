@@ -12,8 +12,14 @@
 #    masters; BATCH, GPU_GB, HOST_GB override);
 # 4. `ferry bench train --policies plan=...` runs that plan on the GPU (its NVMe records in the
 #    temp dir's ferry_bench_train_nvme) at the same batch and GPU budget, 1 warm-up + 3 steps.
+# 5. (CALIBRATE=1, the default) an out-of-sample check with a profile of this machine: `ferry
+#    bench train` runs device, host and the step-3 plan at the same batch without a GPU cap;
+#    `ferry plan --from-bench` turns it into a measured profile (this machine's layer and optimizer
+#    times, the host-home term, and the NVMe rates the executor got in its own disk calls); then
+#    a second NVMe plan at BATCH2 (default 24) with that profile, run as in step 4.
 # Output in $OUT: machine.json, profile_nvme.json, plan_nvme.{json,log}, bench_nvme.{json,log}
-# and a summary line (homes per tier, predicted vs measured step, NVMe bytes per step).
+# (calib_bench.*, profile_calibrated.*, plan_nvme2.*, bench_nvme2.* with CALIBRATE=1)
+# and a summary line per plan (homes per tier, predicted vs measured step, NVMe bytes per step).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_env.sh
@@ -53,7 +59,8 @@ timeout "${BENCH_TIMEOUT:-300}" "$FERRY" bench train --device cuda --geometry qw
   --policies "plan=$OUT/plan_nvme.json" --resident-layers 0 "${OPTIM[@]}" --steps 3 --warmup 1 \
   --json "$OUT/bench_nvme.json" >"$OUT/bench_nvme.log" 2>&1 ||
   { echo "gpu_plan_nvme: bench failed"; tail -5 "$OUT/bench_nvme.log"; exit 1; }
-python3 - "$OUT/plan_nvme.json" "$OUT/bench_nvme.json" <<'PY'
+summary() {
+python3 - "$1" "$2" <<'PY'
 import json, sys
 P, B = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 homes = {}
@@ -69,3 +76,26 @@ for p in B.get("policies", []):
         "layer_forwards_per_step", "nvme_write_s_per_step", "nvme_read_s_per_step",
         "nvme_write_gbps", "nvme_read_gbps", "device_peak_bytes", "error")}))
 PY
+}
+summary "$OUT/plan_nvme.json" "$OUT/bench_nvme.json"
+[[ "${CALIBRATE:-1}" == 0 ]] && exit 0
+
+BATCH2=${BATCH2:-24}
+timeout "${BENCH_TIMEOUT:-300}" "$FERRY" bench train --device cuda --geometry qwen2.5-3b --arch qwen2 \
+  --seq-len 1024 --batch-size "$BATCH" --policies "device,host,plan=$OUT/plan_nvme.json" \
+  --resident-layers 0 "${OPTIM[@]}" --steps 3 --warmup 1 --json "$OUT/calib_bench.json" \
+  >"$OUT/calib_bench.log" 2>&1 || { echo "gpu_plan_nvme: calibration bench failed"; tail -5 "$OUT/calib_bench.log"; exit 1; }
+"$FERRY" plan --from-bench "$OUT/calib_bench.json" --machine-profile "$OUT/machine.json" \
+  --write-profile "$OUT/profile_calibrated.json" >"$OUT/profile_calibrated.log" 2>&1 ||
+  { echo "gpu_plan_nvme: from-bench failed"; tail -5 "$OUT/profile_calibrated.log"; exit 1; }
+grep -E "NVMe rates|device |host " "$OUT/profile_calibrated.log" | head -5
+"$FERRY" plan --geometry qwen2.5-3b --profile "$OUT/profile_calibrated.json" --batch-size "$BATCH2" \
+  --seq-len 1024 --gpu-mem-gb "$GPU_GB" --host-mem-gb "$HOST_GB" --nvme-dir "$NV" --nvme-gb 40 \
+  --resident-layers 0 --no-policies --time-limit-s 10 "${OPTIM[@]}" --json "$OUT/plan_nvme2.json" \
+  >"$OUT/plan_nvme2.log" 2>&1 || { echo "gpu_plan_nvme: second plan failed"; tail -5 "$OUT/plan_nvme2.log"; exit 1; }
+timeout "${BENCH_TIMEOUT:-300}" "$FERRY" bench train --device cuda --geometry qwen2.5-3b --arch qwen2 \
+  --seq-len 1024 --batch-size "$BATCH2" --device-budget-mib "$budget_mib" \
+  --policies "plan=$OUT/plan_nvme2.json" --resident-layers 0 "${OPTIM[@]}" --steps 3 --warmup 1 \
+  --json "$OUT/bench_nvme2.json" >"$OUT/bench_nvme2.log" 2>&1 ||
+  { echo "gpu_plan_nvme: second bench failed"; tail -5 "$OUT/bench_nvme2.log"; exit 1; }
+summary "$OUT/plan_nvme2.json" "$OUT/bench_nvme2.json"
