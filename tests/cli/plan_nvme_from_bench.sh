@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The disk as the executor used it, from `ferry bench train` into `ferry plan --from-bench`'s
+# profile (issue #7; docs/plan.md "Predicted vs measured on the GPU", session 32):
+#  1. `ferry plan` for the bench's built-in model at caps that leave room for only a few
+#     boundaries in GPU and host memory, with an NVMe tier: the plan homes some on NVMe (checked);
+#  2. `ferry bench train` (CPU) runs `device` and that plan: the plan's run reports its NVMe bytes
+#     per step, the seconds its host spent in the disk calls and the rates = bytes / seconds; the
+#     device run moved nothing to NVMe and reports 0;
+#  3. `ferry plan --from-bench` writes a profile whose NVMe rates are the plan run's, and says so
+#     in its measured_by; from the device run alone the profile keeps the machine's rates.
+# ctest-cost: 20 (seconds in the CI build: ctest starts the longest tests first)
+set -euo pipefail
+FERRY="$1"; ROOT="$2"
+TMP="$(mktemp -d)"; trap 'rm -rf "$TMP"' EXIT
+export FERRY_CACHE_DIR="$TMP/cache"
+export TMPDIR="$TMP"  # the bench's NVMe records (ferry_bench_train_nvme) stay in here
+mkdir -p "$TMP/nvme"
+source "$ROOT/tests/cli/lib/bench_model_dir.sh"
+bench_model_dir "$TMP/m"
+plan=(plan --model "$TMP/m" --seq-len 64 --batch-size 4 --executor-device cpu --resident-layers 0
+      --no-policies --time-limit-s 10 --nvme-dir "$TMP/nvme" --nvme-gb 1)
+bench=(bench train --layers 12 --hidden 64 --heads 4 --kv-heads 2 --head-dim 16 --intermediate 64
+       --seq-len 64 --batch-size 4 --steps 2 --warmup 1)
+
+# 1. Sizes from a roomy probe; then GPU room for 5 boundaries beside the fixed part (fewer leave
+#    the CPU executor's own count no room) and host room for the state, the NVMe bounce buffer and
+#    one boundary.
+"$FERRY" "${plan[@]}" --gpu-mem-gb 1 --host-mem-gb 8 --json "$TMP/probe.json" \
+  > "$TMP/probe.out" 2> "$TMP/probe.err" ||
+  { echo "plan_nvme_from_bench: probe plan failed"; cat "$TMP/probe.err"; exit 1; }
+read -r gpu host < <(python3 - "$TMP/probe.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))["problem"]
+A = max(p["boundary_gb"])
+print(f'{p["gpu_fixed_gb"] + 5 * A + 1e-7:.9f} {p["host_fixed_gb"] + 2 * A + 1e-7:.9f}')
+PY
+)
+"$FERRY" "${plan[@]}" --gpu-mem-gb "$gpu" --host-mem-gb "$host" --json "$TMP/p.json" \
+  > "$TMP/p.out" 2> "$TMP/p.err" ||
+  { echo "plan_nvme_from_bench: plan at gpu $gpu GB, host $host GB failed"; cat "$TMP/p.err"; exit 1; }
+python3 - "$TMP/p.json" <<'PY'
+import json, sys
+homes = [b["home"] for b in json.load(open(sys.argv[1]))["boundaries"]]
+assert "nvme" in homes, f"plan_nvme_from_bench: the plan has no NVMe home: {homes}"
+PY
+
+# 2. The bench: the plan's run reports its disk time and rates.
+"$FERRY" "${bench[@]}" --policies "device,plan=$TMP/p.json" --json "$TMP/r.json" \
+  > "$TMP/r.log" 2>&1 || { echo "plan_nvme_from_bench: bench failed"; cat "$TMP/r.log"; exit 1; }
+python3 - "$TMP/r.json" <<'PY'
+import json, sys
+runs = {p["policy"].split("=")[0]: p for p in json.load(open(sys.argv[1]))["policies"]}
+dev, plan = runs["device"], runs["plan"]
+assert "error" not in plan, plan.get("error")
+for d in ("write", "read"):
+    b, s, g = (plan[f"nvme_{d}_bytes_per_step"], plan[f"nvme_{d}_s_per_step"],
+               plan[f"nvme_{d}_gbps"])
+    assert b > 0 and s > 0, f"plan run: nvme {d} {b} bytes in {s} s per step"
+    assert abs(g - b / s / 1e9) <= 1e-9 * g, f"plan run: nvme_{d}_gbps {g} != {b} / {s} / 1e9"
+    assert dev[f"nvme_{d}_bytes_per_step"] == 0 and dev[f"nvme_{d}_s_per_step"] == 0 \
+        and dev[f"nvme_{d}_gbps"] == 0, f"device run moved NVMe bytes: {dev}"
+print(f"plan_nvme_from_bench: the plan run's disk: write {plan['nvme_write_gbps']:.3f} GB/s, "
+      f"read {plan['nvme_read_gbps']:.3f} GB/s", file=sys.stderr)
+PY
+
+# 3. The profile takes the plan run's rates; from the device run alone, the machine's.
+"$FERRY" plan --from-bench "$TMP/r.json" --write-profile "$TMP/prof.json" \
+  > "$TMP/fb.out" 2> "$TMP/fb.err" ||
+  { echo "plan_nvme_from_bench: from-bench failed"; cat "$TMP/fb.err"; exit 1; }
+python3 - "$TMP/r.json" "$TMP/prof.json" "$TMP/dev_only.json" <<'PY'
+import json, sys
+rep = json.load(open(sys.argv[1]))
+plan = next(p for p in rep["policies"] if p["policy"].startswith("plan="))
+prof = json.load(open(sys.argv[2]))
+for d in ("write", "read"):
+    assert prof["link"][f"nvme_{d}_gbps"] == plan[f"nvme_{d}_gbps"], (prof["link"], d)
+assert "NVMe rates: the executor's disk calls in policy plan=" in prof["measured_by"], \
+    prof["measured_by"]
+rep["policies"] = [p for p in rep["policies"] if p["policy"] == "device"]
+json.dump(rep, open(sys.argv[3], "w"))
+PY
+"$FERRY" plan --from-bench "$TMP/dev_only.json" --write-profile "$TMP/prof_dev.json" \
+  > "$TMP/fb2.out" 2> "$TMP/fb2.err" ||
+  { echo "plan_nvme_from_bench: from-bench (device only) failed"; cat "$TMP/fb2.err"; exit 1; }
+python3 - "$TMP/r.json" "$TMP/prof_dev.json" <<'PY'
+import json, sys
+plan = next(p for p in json.load(open(sys.argv[1]))["policies"] if p["policy"].startswith("plan="))
+prof = json.load(open(sys.argv[2]))
+assert "NVMe rates" not in prof["measured_by"], prof["measured_by"]
+assert prof["link"]["nvme_write_gbps"] != plan["nvme_write_gbps"], prof["link"]
+PY
+echo "plan_nvme_from_bench: ok"
