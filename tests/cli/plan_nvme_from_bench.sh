@@ -16,6 +16,7 @@ export FERRY_CACHE_DIR="$TMP/cache"
 export TMPDIR="$TMP"  # the bench's NVMe records (ferry_bench_train_nvme) stay in here
 mkdir -p "$TMP/nvme"
 source "$ROOT/tests/cli/lib/bench_model_dir.sh"
+source "$ROOT/tests/cli/lib/probe_caps.sh"
 bench_model_dir "$TMP/m"
 plan=(plan --model "$TMP/m" --seq-len 64 --batch-size 4 --executor-device cpu --resident-layers 0
       --no-policies --time-limit-s 10 --nvme-dir "$TMP/nvme" --nvme-gb 1)
@@ -28,13 +29,7 @@ bench=(bench train --layers 12 --hidden 64 --heads 4 --kv-heads 2 --head-dim 16 
 "$FERRY" "${plan[@]}" --gpu-mem-gb 1 --host-mem-gb 8 --json "$TMP/probe.json" \
   > "$TMP/probe.out" 2> "$TMP/probe.err" ||
   { echo "plan_nvme_from_bench: probe plan failed"; cat "$TMP/probe.err"; exit 1; }
-read -r gpu host < <(python3 - "$TMP/probe.json" <<'PY'
-import json, sys
-p = json.load(open(sys.argv[1]))["problem"]
-A = max(p["boundary_gb"])
-print(f'{p["gpu_fixed_gb"] + 5 * A + 1e-7:.9f} {p["host_fixed_gb"] + 2 * A + 1e-7:.9f}')
-PY
-)
+read -r gpu host < <(probe_caps "$TMP/probe.json" 5 2)
 "$FERRY" "${plan[@]}" --gpu-mem-gb "$gpu" --host-mem-gb "$host" --json "$TMP/p.json" \
   > "$TMP/p.out" 2> "$TMP/p.err" ||
   { echo "plan_nvme_from_bench: plan at gpu $gpu GB, host $host GB failed"; cat "$TMP/p.err"; exit 1; }

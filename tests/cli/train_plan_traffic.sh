@@ -17,6 +17,7 @@ set -euo pipefail
 FERRY="$1"; ROOT="$2"
 TMP="$(mktemp -d)"; trap 'rm -rf "$TMP"' EXIT
 export FERRY_CACHE_DIR="$TMP/cache"
+source "$ROOT/tests/cli/lib/probe_caps.sh"
 mkdir -p "$TMP/nvme"
 demo=(--demo-layers 8 --demo-hidden 32 --seq-len 128 --batch-size 4 --eval-every 0 --seed 11)
 
@@ -30,13 +31,7 @@ plan=(plan --model "$TMP/m" --seq-len 128 --batch-size 4 --executor-device cpu
 "$FERRY" "${plan[@]}" --gpu-mem-gb 1 --host-mem-gb 8 --nvme-gb 1 --json "$TMP/probe.json" \
   > "$TMP/probe.out" 2> "$TMP/probe.err" ||
   { echo "train_plan_traffic: probe plan failed"; cat "$TMP/probe.err"; exit 1; }
-read -r gpu host < <(python3 - "$TMP/probe.json" <<'PY'
-import json, sys
-p = json.load(open(sys.argv[1]))["problem"]
-A = max(p["boundary_gb"])
-print(f'{p["gpu_fixed_gb"] + 3 * A + 1e-7:.9f} {p["host_fixed_gb"] + 3 * A + 1e-7:.9f}')
-PY
-)
+read -r gpu host < <(probe_caps "$TMP/probe.json" 3 3)
 "$FERRY" "${plan[@]}" --gpu-mem-gb "$gpu" --host-mem-gb "$host" --nvme-gb 1 --json "$TMP/p.json" \
   > "$TMP/p.out" 2> "$TMP/p.err" ||
   { echo "train_plan_traffic: plan at gpu $gpu GB, host $host GB failed"; cat "$TMP/p.err"; exit 1; }
