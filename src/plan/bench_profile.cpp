@@ -113,20 +113,11 @@ double number_or(const Json& run, const char* key, double fallback) {
   return it != run.end() && it->is_number() ? it->get<double>() : fallback;
 }
 
-// The device optimizer tail as measured (Profile::device_update_*): from the first policy run of
-// the report whose tail updated layers (a plan=FILE policy solved with a tail, or every policy of
-// a bench given --device-update-layers K|all), the device's time per layer it updated, as the
-// gate's simulation uses it (one layer after another at the device's pace): the tail's busy time
-// over its units (with S > 1 slots the units overlap, so one unit's own time from its H2D to its
-// D2H, device_update_unit_ms_mean, is longer than the pace: 71 vs 43 ms at 7B on the H200 with
-// S = 2), or, in a report without the busy time, that unit mean; and its H2D bytes per unit.
-// The device run itself must not have run the tail: its CPU optimizer times would then cover only
-// the layers the CPU took.
 // The disk as the executor used it: a run that homed boundaries on NVMe reports its bytes per step
 // and the time its host spent in the disk calls (train_bench.cpp nvme_*_gbps); the run that moved
-// the most bytes gives the profile's NVMe rates in place of the machine's (the machine profile's
-// back-to-back passes measured the same disk 11-26 % slower than the executor's calls, which
-// have compute between them; docs/plan.md, session 32). Without such a run: the machine's rates.
+// the most bytes gives the profile's NVMe rates in place of the machine's (on one H100 machine the
+// machine profile's back-to-back passes rated the disk 11-26 % below what the executor's own
+// calls got; docs/plan.md, session 32). Without such a run: the machine's rates.
 void measure_nvme_rates(const Json& report, Profile& prof) {
   const Json* best = nullptr;
   for (const Json& run : report.at("policies")) {
@@ -149,6 +140,15 @@ void measure_nvme_rates(const Json& report, Profile& prof) {
       number_or(*best, "nvme_write_bytes_per_step", 0) / 1e9);
 }
 
+// The device optimizer tail as measured (Profile::device_update_*): from the first policy run of
+// the report whose tail updated layers (a plan=FILE policy solved with a tail, or every policy of
+// a bench given --device-update-layers K|all), the device's time per layer it updated, as the
+// gate's simulation uses it (one layer after another at the device's pace): the tail's busy time
+// over its units (with S > 1 slots the units overlap, so one unit's own time from its H2D to its
+// D2H, device_update_unit_ms_mean, is longer than the pace: 71 vs 43 ms at 7B on the H200 with
+// S = 2), or, in a report without the busy time, that unit mean; and its H2D bytes per unit.
+// The device run itself must not have run the tail: its CPU optimizer times would then cover only
+// the layers the CPU took.
 Status measure_device_tail(const Json& report, const Json& dev, Profile& prof) {
   prof.device_update_ms_per_layer = 0;
   prof.device_update_h2d_gb_per_layer = 0;

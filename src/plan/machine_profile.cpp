@@ -142,12 +142,11 @@ Status check_nvme_options(const MachineProfileOptions& o) {
 }
 
 // The executor's NVMe pattern (stream_executor.cpp store_boundary / fetch_into): one record-sized
-// buffer (its bounce buffer; pageable here, pinned there: O_DIRECT pins the pages per request
-// either way), each record written with NvmeStore::write (submit, wait) before the next, and in
-// the backward read back with NvmeStore::read one at a time. A pass writes every record in
-// order, then reads every record last-written first (the backward fetches the deepest boundary
-// first); the first, untimed write pass lays out the file, as the executor's warm-up step does
-// before the timed ones.
+// buffer in `staging_tier` (its bounce buffer, in the tier the executor would use), each record
+// written with NvmeStore::write (submit, wait) before the next, and in the backward read back with
+// NvmeStore::read one at a time. A pass writes every record in order, then reads every record
+// last-written first (the backward fetches the deepest boundary first); the first, untimed write
+// pass lays out the file, as the executor's warm-up step does before the timed ones.
 Status measure_nvme(const MachineProfileOptions& o, mem::MemTier staging_tier, Recorder& rec,
                     MachineProfile& p) {
   const std::size_t records = o.nvme_bytes / o.nvme_record_bytes;
