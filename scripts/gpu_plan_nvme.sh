@@ -17,7 +17,7 @@
 #    `ferry plan --from-bench` turns it into a measured profile (this machine's layer and optimizer
 #    times, the host-home term, and the NVMe rates the executor got in its own disk calls); then
 #    a second NVMe plan at BATCH2 (default 24) with that profile, run as in step 4.
-# Output in $OUT: machine.json, profile_nvme.json, plan_nvme.{json,log}, bench_nvme.{json,log}
+# Output in $OUT: machine.json, profile_nvme.json, plan_nvme.{json,log}, bench_nvme.{json,log} (not with FIRST_BENCH=0)
 # (calib_bench.*, profile_calibrated.*, plan_nvme2.*, bench_nvme2.* with CALIBRATE=1)
 # and a summary line per plan (homes per tier, predicted vs measured step, NVMe bytes per step).
 set -uo pipefail
@@ -54,11 +54,6 @@ PY
   --resident-layers 0 --no-policies --time-limit-s 10 "${OPTIM[@]}" --json "$OUT/plan_nvme.json" \
   >"$OUT/plan_nvme.log" 2>&1 || { echo "gpu_plan_nvme: ferry plan failed"; tail -5 "$OUT/plan_nvme.log"; exit 1; }
 budget_mib=$(awk -v g="$GPU_GB" 'BEGIN { printf "%d", g * 1e9 / 1048576 }')
-timeout "${BENCH_TIMEOUT:-300}" "$FERRY" bench train --device cuda --geometry qwen2.5-3b --arch qwen2 \
-  --seq-len 1024 --batch-size "$BATCH" --device-budget-mib "$budget_mib" \
-  --policies "plan=$OUT/plan_nvme.json" --resident-layers 0 "${OPTIM[@]}" --steps 3 --warmup 1 \
-  --json "$OUT/bench_nvme.json" >"$OUT/bench_nvme.log" 2>&1 ||
-  { echo "gpu_plan_nvme: bench failed"; tail -5 "$OUT/bench_nvme.log"; exit 1; }
 summary() {
 python3 - "$1" "$2" <<'PY'
 import json, sys
@@ -77,7 +72,17 @@ for p in B.get("policies", []):
         "nvme_write_gbps", "nvme_read_gbps", "device_peak_bytes", "error")}))
 PY
 }
-summary "$OUT/plan_nvme.json" "$OUT/bench_nvme.json"
+# FIRST_BENCH=0 skips step 4 when CALIBRATE is on: the calibration bench below runs the same plan
+# (uncapped; the cap changes no placement) and its summary line has that plan's predicted and
+# measured step, so a call short of device time saves one bench (~60-90 s).
+if [[ "${FIRST_BENCH:-1}" != 0 || "${CALIBRATE:-1}" == 0 ]]; then
+  timeout "${BENCH_TIMEOUT:-300}" "$FERRY" bench train --device cuda --geometry qwen2.5-3b --arch qwen2 \
+    --seq-len 1024 --batch-size "$BATCH" --device-budget-mib "$budget_mib" \
+    --policies "plan=$OUT/plan_nvme.json" --resident-layers 0 "${OPTIM[@]}" --steps 3 --warmup 1 \
+    --json "$OUT/bench_nvme.json" >"$OUT/bench_nvme.log" 2>&1 ||
+    { echo "gpu_plan_nvme: bench failed"; tail -5 "$OUT/bench_nvme.log"; exit 1; }
+  summary "$OUT/plan_nvme.json" "$OUT/bench_nvme.json"
+fi
 [[ "${CALIBRATE:-1}" == 0 ]] && exit 0
 
 BATCH2=${BATCH2:-24}
@@ -85,6 +90,7 @@ timeout "${BENCH_TIMEOUT:-300}" "$FERRY" bench train --device cuda --geometry qw
   --seq-len 1024 --batch-size "$BATCH" --policies "device,host,plan=$OUT/plan_nvme.json" \
   --resident-layers 0 "${OPTIM[@]}" --steps 3 --warmup 1 --json "$OUT/calib_bench.json" \
   >"$OUT/calib_bench.log" 2>&1 || { echo "gpu_plan_nvme: calibration bench failed"; tail -5 "$OUT/calib_bench.log"; exit 1; }
+[[ "${FIRST_BENCH:-1}" == 0 ]] && summary "$OUT/plan_nvme.json" "$OUT/calib_bench.json"
 "$FERRY" plan --from-bench "$OUT/calib_bench.json" --machine-profile "$OUT/machine.json" \
   --write-profile "$OUT/profile_calibrated.json" >"$OUT/profile_calibrated.log" 2>&1 ||
   { echo "gpu_plan_nvme: from-bench failed"; tail -5 "$OUT/profile_calibrated.log"; exit 1; }
