@@ -24,6 +24,7 @@
 
 #include <fmt/format.h>
 
+#include "apps/ferry/cmd_plan_evaluate.h"
 #include "apps/ferry/cmd_plan_executor_fit.h"
 #include "apps/ferry/commands.h"
 #include "apps/ferry/device_update_flags.h"
@@ -86,6 +87,11 @@ struct PlanConfig {
   std::string from_bench_resident;  // a second one whose device run kept resident layers
   std::string write_profile;        // with --from-bench: write the measured profile (PATH or auto)
   std::string machine_profile;      // explicit machine profile (in or, with --measure-machine, out)
+  // --evaluate PLAN: the plan priced again (cmd_plan_evaluate.h) at these rates (> 0: given), the
+  // --from-bench report's disk rates and --link-gbps.
+  std::string evaluate;
+  double eval_nvme_read_gbps = 0;
+  double eval_nvme_write_gbps = 0;
   // --measure-machine's NVMe records (MachineProfileOptions::nvme_record_bytes / nvme_bytes).
   std::size_t nvme_record_mib = 256;
   std::size_t nvme_measure_mib = 1024;
@@ -467,25 +473,10 @@ Status resolve_host_state(PlanConfig& c) {
 
 // A `ferry bench train --json` report given as `flag` (a clear error for a missing, unparsable or
 // other file).
-Result<Json> read_bench_report(const std::string& path, const char* flag) {
-  std::ifstream in(path);
-  if (!in) return not_found("plan: {} {}: cannot open", flag, path);
-  Json report;
-  try {
-    report = Json::parse(in);
-  } catch (const std::exception& e) {
-    return corrupt("plan: {} {}: {}", flag, path, e.what());
-  }
-  if (report.value("bench", "") != "train") {
-    return invalid_argument("plan: {} {} is not a `ferry bench train` report", flag, path);
-  }
-  return report;
-}
-
 // --from-bench: the bench's all-on-GPU run as a measured profile; every benched policy priced
 // under it next to its measured step time (plan/bench_profile.h).
 Status run_from_bench(const PlanConfig& c) {
-  FERRY_ASSIGN_OR_RETURN(const Json report, read_bench_report(c.from_bench, "--from-bench"));
+  FERRY_ASSIGN_OR_RETURN(const Json report, plan::read_bench_report(c.from_bench, "--from-bench"));
   // The benched model: the built-in layout of the report's architecture (`arch`: qwen3, the bench's
   // default, or qwen2; reports before it was recorded: qwen3) at its geometry (train_bench.h).
   const Json& g = report.at("geometry");
@@ -510,7 +501,7 @@ Status run_from_bench(const PlanConfig& c) {
   Json resident;  // --from-bench-resident: the resident-saving term's run
   if (!c.from_bench_resident.empty()) {
     FERRY_ASSIGN_OR_RETURN(resident,
-                           read_bench_report(c.from_bench_resident, "--from-bench-resident"));
+                           plan::read_bench_report(c.from_bench_resident, "--from-bench-resident"));
   }
   FERRY_ASSIGN_OR_RETURN(
       const plan::BenchPrediction b,
@@ -662,6 +653,17 @@ void warn_if_budget_exceeds_device(double gpu_mem_gb) {
 Status run_plan_status() {
   PlanConfig& c = plan_config();
   if (c.measure_machine) return run_measure_machine(c);
+  if (!c.evaluate.empty()) {
+    return run_plan_evaluate({.plan_path = c.evaluate,
+                              .bench_path = c.from_bench,
+                              .nvme_read_gbps = c.eval_nvme_read_gbps,
+                              .nvme_write_gbps = c.eval_nvme_write_gbps,
+                              .link_gbps = c.link_gbps,
+                              .json_out = c.json_out});
+  }
+  if (c.eval_nvme_read_gbps > 0 || c.eval_nvme_write_gbps > 0) {
+    return invalid_argument("plan: --nvme-read-gbps / --nvme-write-gbps go with --evaluate");
+  }
   if (!c.from_bench.empty()) return run_from_bench(c);
   FERRY_TRY(resolve_host_state(c));
   if (!c.nvme_dir.empty() && !std::filesystem::is_directory(c.nvme_dir)) {
@@ -898,13 +900,28 @@ void register_plan(CLI::App& app, CommandFn& run) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--write-profile", c.write_profile,
                   "with --from-bench: write that profile here (auto: the cache for --machine)");
+  cmd->add_option("--evaluate", c.evaluate,
+                  "a ferry plan --json document: price that plan again, without re-solving, at "
+                  "the rates given by --nvme-read-gbps / --nvme-write-gbps, --link-gbps or the "
+                  "disk rates the executor measured in a --from-bench report (with its measured "
+                  "step beside the prediction when the report ran the plan)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--nvme-read-gbps", c.eval_nvme_read_gbps,
+                  "with --evaluate: the NVMe read rate to price the plan at (GB/s)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--nvme-write-gbps", c.eval_nvme_write_gbps,
+                  "with --evaluate: the NVMe write rate to price the plan at (GB/s)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--machine-profile", c.machine_profile,
                   "machine profile JSON to use (default: the cached one for --machine), or to "
                   "write with --measure-machine");
   cmd->callback([&run, cmd] {
     run = run_plan;
     plan_config().host_state_bytes_given = cmd->count("--host-state-bytes-per-param") > 0;
-    if (plan_config().measure_machine || !plan_config().from_bench.empty()) return;
+    if (plan_config().measure_machine || !plan_config().from_bench.empty() ||
+        !plan_config().evaluate.empty()) {
+      return;
+    }
     if (!plan_config().compare && cmd->count("--gpu-mem-gb") == 0) {
       throw CLI::RequiredError("--gpu-mem-gb");
     }

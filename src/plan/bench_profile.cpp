@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "core/file_util.h"
 #include "plan/evaluate.h"
 #include "plan/policies.h"
 #include "plan/resident.h"
@@ -113,12 +114,19 @@ double number_or(const Json& run, const char* key, double fallback) {
   return it != run.end() && it->is_number() ? it->get<double>() : fallback;
 }
 
-// The disk as the executor used it: a run that homed boundaries on NVMe reports its bytes per step
-// and the time its host spent in the disk calls (train_bench.cpp nvme_*_gbps); the run that moved
-// the most bytes gives the profile's NVMe rates in place of the machine's (on one H100 machine the
-// machine profile's back-to-back passes rated the disk 11-26 % below what the executor's own
-// calls got; docs/plan.md, session 32). Without such a run: the machine's rates.
-void measure_nvme_rates(const Json& report, Profile& prof) {
+}  // namespace
+
+Result<Json> read_bench_report(const std::string& path, const char* flag) {
+  FERRY_ASSIGN_OR_RETURN(const std::string text, read_file(path));
+  Result<Json> report = parse_json(text, fmt::format("{} {}", flag, path));
+  if (!report.ok()) return report.status();
+  if (!report->is_object() || report->value("bench", "") != "train") {
+    return invalid_argument("plan: {} {} is not a `ferry bench train` report", flag, path);
+  }
+  return report;
+}
+
+std::optional<ExecutorDiskRates> executor_disk_rates(const Json& report) {
   const Json* best = nullptr;
   for (const Json& run : report.at("policies")) {
     if (run.contains("error")) continue;
@@ -130,14 +138,29 @@ void measure_nvme_rates(const Json& report, Profile& prof) {
       best = &run;
     }
   }
-  if (best == nullptr) return;
-  prof.link.nvme_write_gbps = number_or(*best, "nvme_write_gbps", 0);
-  prof.link.nvme_read_gbps = number_or(*best, "nvme_read_gbps", 0);
+  if (best == nullptr) return std::nullopt;
+  return ExecutorDiskRates{
+      .policy = best->value("policy", "?"),
+      .write_gbps = number_or(*best, "nvme_write_gbps", 0),
+      .read_gbps = number_or(*best, "nvme_read_gbps", 0),
+      .write_bytes_per_step = number_or(*best, "nvme_write_bytes_per_step", 0)};
+}
+
+namespace {
+
+// The disk as the executor used it (executor_disk_rates): the profile's NVMe rates in place of the
+// machine's (on one H100 machine the machine profile's back-to-back passes rated the disk 11-26 %
+// below what the executor's own calls got; docs/plan.md, session 32). Without such a run: the
+// machine's rates.
+void measure_nvme_rates(const Json& report, Profile& prof) {
+  const std::optional<ExecutorDiskRates> d = executor_disk_rates(report);
+  if (!d) return;
+  prof.link.nvme_write_gbps = d->write_gbps;
+  prof.link.nvme_read_gbps = d->read_gbps;
   prof.measured_by += fmt::format(
       "; NVMe rates: the executor's disk calls in policy {} (write {:.2f} GB/s, read {:.2f} GB/s "
       "over {:.2f} GB per step each way)",
-      best->value("policy", "?"), prof.link.nvme_write_gbps, prof.link.nvme_read_gbps,
-      number_or(*best, "nvme_write_bytes_per_step", 0) / 1e9);
+      d->policy, d->write_gbps, d->read_gbps, d->write_bytes_per_step / 1e9);
 }
 
 // The device optimizer tail as measured (Profile::device_update_*): from the first policy run of

@@ -32,6 +32,7 @@
 // Tests: tests/unit/plan/bench_profile_test.cpp.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,20 @@ struct BenchPrediction {
   double serial_ms = 0;  // the device run's step time outside the windows
   std::vector<BenchCheck> checks;
 };
+
+// A `ferry bench train --json` report read from `path` (`flag` names the option in errors):
+// not_found, corrupt (not JSON) or invalid_argument (another kind of report).
+Result<Json> read_bench_report(const std::string& path, const char* flag);
+
+// The disk as a benched run's executor used it (train_bench.cpp nvme_*_gbps: bytes per step over
+// the seconds its host spent in the disk calls): of the report's runs that homed boundaries on
+// NVMe, the one that wrote the most bytes per step; nullopt when none did.
+struct ExecutorDiskRates {
+  std::string policy;
+  double write_gbps = 0, read_gbps = 0;
+  double write_bytes_per_step = 0;
+};
+std::optional<ExecutorDiskRates> executor_disk_rates(const Json& report);
 
 // The planner's name of an executor policy, or "" when it has none.
 std::string plan_policy_name(const std::string& executor_policy);

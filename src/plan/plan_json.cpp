@@ -19,37 +19,6 @@ Result<Home> home_from_string(const std::string& s) {
   return corrupt("plan: unknown home \"{}\"", s);
 }
 
-Json prediction_to_json(const Prediction& r) {
-  return {{"step_ms", r.step_ms},
-          {"gpu_step_ms", r.gpu_step_ms},
-          {"optimizer_wait_ms", r.optimizer_wait_ms},
-          {"optimizer_bound_ms", r.optimizer_bound_ms},
-          {"host_home_ms", r.host_home_ms},
-          {"resident_saved_ms", r.resident_saved_ms},
-          {"idle_ms", r.idle_ms()},
-          {"compute_ms", r.compute_ms},
-          {"recompute_ms", r.recompute_ms},
-          {"exposed_ms", r.exposed_ms},
-          {"objective_ms", r.objective_ms},
-          {"moved_gb", r.moved_gb},
-          {"kept_internals_gb", r.kept_internals_gb},
-          {"resident_gb", r.resident_gb},
-          {"resident_serial_ms", r.resident_serial_ms},
-          {"device_tail_serial_ms", r.device_tail_serial_ms},
-          {"gpu_peak_gb", r.gpu_peak_gb},
-          {"gpu_peak_window", r.gpu_peak_window},
-          {"host_peak_gb", r.host_peak_gb},  // every window's: nvme_bounce_gb included
-          {"nvme_bounce_gb", r.nvme_bounce_gb},
-          {"nvme_store_ms", r.nvme_store_ms},
-          {"nvme_fetch_ms", r.nvme_fetch_ms},
-          {"nvme_peak_gb", r.nvme_peak_gb},
-          {"tflops", r.tflops},
-          {"window_compute_ms", r.window_compute_ms},
-          {"window_exposed_ms", r.window_exposed_ms},
-          {"window_gpu_gb", r.window_gpu_gb},
-          {"window_optimizer_wait_ms", r.window_optimizer_wait_ms}};
-}
-
 Prediction prediction_from_json(const Json& j) {
   Prediction r;
   r.step_ms = j.at("step_ms").get<double>();
@@ -88,6 +57,37 @@ Prediction prediction_from_json(const Json& j) {
 }
 
 }  // namespace
+
+Json prediction_to_json(const Prediction& r) {
+  return {{"step_ms", r.step_ms},
+          {"gpu_step_ms", r.gpu_step_ms},
+          {"optimizer_wait_ms", r.optimizer_wait_ms},
+          {"optimizer_bound_ms", r.optimizer_bound_ms},
+          {"host_home_ms", r.host_home_ms},
+          {"resident_saved_ms", r.resident_saved_ms},
+          {"idle_ms", r.idle_ms()},
+          {"compute_ms", r.compute_ms},
+          {"recompute_ms", r.recompute_ms},
+          {"exposed_ms", r.exposed_ms},
+          {"objective_ms", r.objective_ms},
+          {"moved_gb", r.moved_gb},
+          {"kept_internals_gb", r.kept_internals_gb},
+          {"resident_gb", r.resident_gb},
+          {"resident_serial_ms", r.resident_serial_ms},
+          {"device_tail_serial_ms", r.device_tail_serial_ms},
+          {"gpu_peak_gb", r.gpu_peak_gb},
+          {"gpu_peak_window", r.gpu_peak_window},
+          {"host_peak_gb", r.host_peak_gb},  // every window's: nvme_bounce_gb included
+          {"nvme_bounce_gb", r.nvme_bounce_gb},
+          {"nvme_store_ms", r.nvme_store_ms},
+          {"nvme_fetch_ms", r.nvme_fetch_ms},
+          {"nvme_peak_gb", r.nvme_peak_gb},
+          {"tflops", r.tflops},
+          {"window_compute_ms", r.window_compute_ms},
+          {"window_exposed_ms", r.window_exposed_ms},
+          {"window_gpu_gb", r.window_gpu_gb},
+          {"window_optimizer_wait_ms", r.window_optimizer_wait_ms}};
+}
 
 Json plan_to_json(const Plan& plan, const PlanProblem* problem) {
   Json boundaries = Json::array();

@@ -23,6 +23,8 @@
 namespace ferry::plan {
 
 Json plan_to_json(const Plan& plan, const PlanProblem* problem = nullptr);
+// The document's "predicted" object.
+Json prediction_to_json(const Prediction& r);
 Result<Plan> plan_from_json(const Json& j);
 // The embedded problem, when the document has one.
 Result<std::optional<PlanProblem>> plan_problem_from_json(const Json& j);

@@ -7,7 +7,9 @@
 #     per step, the seconds its host spent in the disk calls and the rates = bytes / seconds; the
 #     device run moved nothing to NVMe and reports 0;
 #  3. `ferry plan --from-bench` writes a profile whose NVMe rates are the plan run's, and says so
-#     in its measured_by; from the device run alone the profile keeps the machine's rates.
+#     in its measured_by; from the device run alone the profile keeps the machine's rates;
+#  4. `ferry plan --evaluate` prices the plan again at the run's disk rates (and at given ones),
+#     next to the run's measured step, and refuses what it cannot price.
 # ctest-cost: 20 (seconds in the CI build: ctest starts the longest tests first)
 set -euo pipefail
 FERRY="$1"; ROOT="$2"
@@ -84,4 +86,57 @@ prof = json.load(open(sys.argv[2]))
 assert "NVMe rates" not in prof["measured_by"], prof["measured_by"]
 assert prof["link"]["nvme_write_gbps"] != plan["nvme_write_gbps"], prof["link"]
 PY
+# 4. `ferry plan --evaluate`: the plan priced again at the disk rates its run measured, beside the
+#    measured step; at explicit rates; refused without --evaluate, and for a document without its
+#    problem or not JSON.
+"$FERRY" plan --evaluate "$TMP/p.json" --from-bench "$TMP/r.json" --json "$TMP/e.json" \
+  > "$TMP/e.out" 2> "$TMP/e.err" ||
+  { echo "plan_nvme_from_bench: --evaluate failed"; cat "$TMP/e.err"; exit 1; }
+"$FERRY" plan --evaluate "$TMP/p.json" --nvme-read-gbps 0.5 --nvme-write-gbps 0.25 \
+  --json "$TMP/e2.json" > "$TMP/e2.out" 2> "$TMP/e2.err" ||
+  { echo "plan_nvme_from_bench: --evaluate at given rates failed"; cat "$TMP/e2.err"; exit 1; }
+python3 - "$TMP/p.json" "$TMP/r.json" "$TMP/e.json" "$TMP/e2.json" "$TMP/e.out" <<'PY'
+import json, sys
+P, R, E, E2 = (json.load(open(f)) for f in sys.argv[1:5])
+out = open(sys.argv[5]).read()
+run = next(p for p in R["policies"] if p["policy"].startswith("plan="))
+solved = P["predicted"]["step_ms"]
+assert abs(E["as_solved"]["step_ms"] - solved) <= 1e-9 * solved, (E["as_solved"]["step_ms"], solved)
+assert E["solved_rates"] == P["problem"]["link"], (E["solved_rates"], P["problem"]["link"])
+for d in ("write", "read"):
+    assert E["rates"][f"nvme_{d}_gbps"] == run[f"nvme_{d}_gbps"], (E["rates"], d)
+assert E["measured_step_ms"] == run["step_ms_mean"], (E["measured_step_ms"], run["step_ms_mean"])
+for k, pred in (("error_as_solved", E["as_solved"]), ("error_re_priced", E["re_priced"])):
+    want = pred["step_ms"] / run["step_ms_mean"] - 1
+    assert abs(E[k] - want) <= 1e-12, (k, E[k], want)
+# The plan's decisions, the report's rates: the NVMe terms move with the rates, memory does not.
+if E["rates"] != E["solved_rates"]:
+    assert E["re_priced"]["nvme_store_ms"] != E["as_solved"]["nvme_store_ms"], E
+assert E["re_priced"]["gpu_peak_gb"] == E["as_solved"]["gpu_peak_gb"]
+assert "measured:" in out and "re-priced" in out, out
+# Slower disk than either: every NVMe term and the step grow.
+assert E2["rates"]["nvme_read_gbps"] == 0.5 and E2["rates"]["nvme_write_gbps"] == 0.25, E2["rates"]
+assert E2["re_priced"]["nvme_store_ms"] > E2["as_solved"]["nvme_store_ms"], E2
+assert E2["re_priced"]["nvme_fetch_ms"] > E2["as_solved"]["nvme_fetch_ms"], E2
+assert E2["re_priced"]["step_ms"] > E2["as_solved"]["step_ms"], E2
+assert "measured_step_ms" not in E2
+print(f"plan_nvme_from_bench: --evaluate: solved {solved:.1f} ms, at the run's disk rates "
+      f"{E['re_priced']['step_ms']:.1f} ms, measured {run['step_ms_mean']:.1f} ms", file=sys.stderr)
+PY
+expect_fail() {  # expect_fail NAME PATTERN ARGS...: exit 1 and PATTERN on stderr
+  local name="$1" pattern="$2"; shift 2
+  if "$FERRY" "$@" > "$TMP/f.out" 2> "$TMP/f.err"; then
+    echo "plan_nvme_from_bench: $name: expected a failure"; exit 1
+  fi
+  grep -q -- "$pattern" "$TMP/f.err" ||
+    { echo "plan_nvme_from_bench: $name: no '$pattern' in:"; cat "$TMP/f.err"; exit 1; }
+}
+expect_fail "rates without --evaluate" "go with --evaluate" plan --from-bench "$TMP/r.json" \
+  --nvme-read-gbps 2
+python3 -c "import json,sys; d=json.load(open(sys.argv[1])); d.pop('problem'); \
+json.dump(d, open(sys.argv[2], 'w'))" "$TMP/p.json" "$TMP/noproblem.json"
+expect_fail "no problem" 'has no "problem"' plan --evaluate "$TMP/noproblem.json"
+head -c 100 "$TMP/p.json" > "$TMP/cut.json"
+expect_fail "cut document" "cut.json" plan --evaluate "$TMP/cut.json"
+expect_fail "bench report as plan" "plan json" plan --evaluate "$TMP/r.json"
 echo "plan_nvme_from_bench: ok"

@@ -17,51 +17,12 @@
 #include "plan/plan_json.h"
 #include "plan/report.h"
 #include "plan/search.h"
+#include "tests/unit/plan/plan_test_util.h"
 
 namespace ferry::plan {
 namespace {
 
-// Three layers, every boundary 1 GB, no working memory, no recompute (max span 1). Windows f0 f1
-// f2 loss b2 b1 b0 (t = 0..6). With boundaries 0, 1 and 2 off the GPU (each sent in the window
-// that reads it, back in the last window allowed, 2L - i - 1) every window holds 2 GB (t0: 0 and
-// 1 being written / read, t1: 1 and 2, t2: 2 and 3, t3: 3 and 2 back, t4: 2 and 1, t5: 1 and 0,
-// t6: 0). Boundary 2 on the GPU adds nothing (t1..t4 hold it anyway); boundary 1 on the GPU is
-// also there in t2 (1 + 2 + 3 = 3 GB), boundary 0 in t1 (0 + 1 + 2 = 3 GB). So at 2.5 GB of GPU
-// memory boundaries 0 and 1 must leave the GPU. Host memory: 1 GB of model state, 1.5 GB of
-// capacity, so neither fits in host memory (2 GB each, 3 GB both); on NVMe they need 1 GB of host
-// memory without the bounce buffer and 2 GB with it (one 1 GB buffer for both, not one each).
-PlanProblem two_boundaries_must_leave_the_gpu() {
-  PlanProblem p;
-  p.num_layers = 3;
-  p.boundary_gb = {1.0, 1.0, 1.0, 1.0};
-  p.layers.resize(3);
-  for (LayerCost& c : p.layers) {
-    c.fwd_ms = 10;
-    c.bwd_ms = 20;
-    c.rec_ms = 10;
-    c.weight_gb = 0.1;
-    c.grad_gb = 0.1;
-  }
-  p.loss_ms = 5;
-  p.head_weight_gb = p.head_grad_gb = 0.1;
-  p.link = LinkRates{.h2d_gbps = 50,
-                     .d2h_gbps = 50,
-                     .duplex_gbps = 90,
-                     .duplex_loaded_gbps = 80,
-                     .nvme_read_gbps = 5,
-                     .nvme_write_gbps = 4};
-  p.gpu_cap_gb = 2.5;
-  p.host_fixed_gb = 1.0;
-  p.host_cap_gb = 1.5;
-  p.nvme_cap_gb = 10;
-  p.max_span = 1;
-  p.allow_keep_internals = false;
-  p.batch_size = 1;
-  p.seq_len = 1;
-  p.model_flops_per_step = 1e12;
-  p.source = "test";
-  return p;
-}
+using testing::two_boundaries_must_leave_the_gpu;
 
 TEST(NvmeBounce, TheBufferIsTheLargestBoundaryAndOnlyWithAnNvmeTier) {
   PlanProblem p = two_boundaries_must_leave_the_gpu();
