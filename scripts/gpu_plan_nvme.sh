@@ -18,7 +18,8 @@
 #    times, the host-home term, and the NVMe rates the executor got in its own disk calls); then
 #    a second NVMe plan at BATCH2 (default 24) with that profile, run as in step 4.
 # Output in $OUT: machine.json, profile_nvme.json, plan_nvme.{json,log}, bench_nvme.{json,log} (not with FIRST_BENCH=0)
-# (calib_bench.*, profile_calibrated.*, plan_nvme2.*, bench_nvme2.* with CALIBRATE=1)
+# (calib_bench.*, profile_calibrated.*, plan_nvme2.*, bench_nvme2.*, evaluate_nvme{,2}.json with
+# CALIBRATE=1)
 # and a summary line per plan (homes per tier, predicted vs measured step, NVMe bytes per step).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -105,3 +106,9 @@ timeout "${BENCH_TIMEOUT:-300}" "$FERRY" bench train --device cuda --geometry qw
   --json "$OUT/bench_nvme2.json" >"$OUT/bench_nvme2.log" 2>&1 ||
   { echo "gpu_plan_nvme: second bench failed"; tail -5 "$OUT/bench_nvme2.log"; exit 1; }
 summary "$OUT/plan_nvme2.json" "$OUT/bench_nvme2.json"
+# Each NVMe plan priced again at the disk rates its own run measured (in sample, beside the
+# out-of-sample line above): how much of an error is the disk rate and how much the model.
+"$FERRY" plan --evaluate "$OUT/plan_nvme.json" --from-bench "$OUT/calib_bench.json" \
+  --json "$OUT/evaluate_nvme.json" | grep -E "re-priced|measured:" || true
+"$FERRY" plan --evaluate "$OUT/plan_nvme2.json" --from-bench "$OUT/bench_nvme2.json" \
+  --json "$OUT/evaluate_nvme2.json" | grep -E "re-priced|measured:" || true
