@@ -471,8 +471,6 @@ Status resolve_host_state(PlanConfig& c) {
   return ok_status();
 }
 
-// A `ferry bench train --json` report given as `flag` (a clear error for a missing, unparsable or
-// other file).
 // --from-bench: the bench's all-on-GPU run as a measured profile; every benched policy priced
 // under it next to its measured step time (plan/bench_profile.h).
 Status run_from_bench(const PlanConfig& c) {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "apps/ferry/cmd_plan_evaluate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -131,8 +132,12 @@ Status run_plan_evaluate(const PlanEvaluateArgs& a) {
               {"as_solved", plan::prediction_to_json(r.as_solved)},
               {"re_priced", plan::prediction_to_json(r.at_rates)}};
   if (!a.bench_path.empty()) {
-    if (measured != nullptr && measured->contains("step_ms_mean")) {
-      const double m = measured->at("step_ms_mean").get<double>();
+    double m = 0;  // the run's mean step (ms); 0: no run of this plan with one
+    if (measured != nullptr) {
+      const auto it = measured->find("step_ms_mean");
+      if (it != measured->end() && it->is_number()) m = it->get<double>();
+    }
+    if (m > 0) {
       std::printf("measured: %.1f ms (policy %s of %s): as solved %+.1f %%, re-priced %+.1f %%\n",
                   m, measured->value("policy", "?").c_str(), a.bench_path.c_str(),
                   100.0 * (r.as_solved.step_ms / m - 1.0), 100.0 * (r.at_rates.step_ms / m - 1.0));

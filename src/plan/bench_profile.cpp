@@ -123,6 +123,10 @@ Result<Json> read_bench_report(const std::string& path, const char* flag) {
   if (!report->is_object() || report->value("bench", "") != "train") {
     return invalid_argument("plan: {} {} is not a `ferry bench train` report", flag, path);
   }
+  const auto policies = report->find("policies");
+  if (policies == report->end() || !policies->is_array()) {
+    return corrupt("plan: {} {}: no \"policies\" array (a cut or edited report?)", flag, path);
+  }
   return report;
 }
 

@@ -60,7 +60,8 @@ struct BenchPrediction {
 };
 
 // A `ferry bench train --json` report read from `path` (`flag` names the option in errors):
-// not_found, corrupt (not JSON) or invalid_argument (another kind of report).
+// not_found, corrupt (not JSON, or no "policies" array) or invalid_argument (another kind of
+// report).
 Result<Json> read_bench_report(const std::string& path, const char* flag);
 
 // The disk as a benched run's executor used it (train_bench.cpp nvme_*_gbps: bytes per step over

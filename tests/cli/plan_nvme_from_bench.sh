@@ -139,4 +139,7 @@ expect_fail "no problem" 'has no "problem"' plan --evaluate "$TMP/noproblem.json
 head -c 100 "$TMP/p.json" > "$TMP/cut.json"
 expect_fail "cut document" "cut.json" plan --evaluate "$TMP/cut.json"
 expect_fail "bench report as plan" "plan json" plan --evaluate "$TMP/r.json"
+echo '{"bench": "train"}' > "$TMP/nopolicies.json"
+expect_fail "report without policies" 'no "policies" array' plan --evaluate "$TMP/p.json" \
+  --from-bench "$TMP/nopolicies.json"
 echo "plan_nvme_from_bench: ok"
