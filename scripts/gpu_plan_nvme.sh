@@ -73,16 +73,21 @@ for p in B.get("policies", []):
         "nvme_write_gbps", "nvme_read_gbps", "device_peak_bytes", "error")}))
 PY
 }
+# bench_at_cap BATCH PLAN OUTNAME: the plan $OUT/PLAN.json run at the GPU cap (1 warm-up + 3 steps),
+# its report in $OUT/OUTNAME.{json,log}, then its summary line.
+bench_at_cap() {
+  timeout "${BENCH_TIMEOUT:-300}" "$FERRY" bench train --device cuda --geometry qwen2.5-3b --arch qwen2 \
+    --seq-len 1024 --batch-size "$1" --device-budget-mib "$budget_mib" \
+    --policies "plan=$OUT/$2.json" --resident-layers 0 "${OPTIM[@]}" --steps 3 --warmup 1 \
+    --json "$OUT/$3.json" >"$OUT/$3.log" 2>&1 ||
+    { echo "gpu_plan_nvme: bench of $2 failed"; tail -5 "$OUT/$3.log"; exit 1; }
+  summary "$OUT/$2.json" "$OUT/$3.json"
+}
 # FIRST_BENCH=0 skips step 4 when CALIBRATE is on: the calibration bench below runs the same plan
 # (uncapped; the cap changes no placement) and its summary line has that plan's predicted and
 # measured step, so a call short of device time saves one bench (~60-90 s).
 if [[ "${FIRST_BENCH:-1}" != 0 || "${CALIBRATE:-1}" == 0 ]]; then
-  timeout "${BENCH_TIMEOUT:-300}" "$FERRY" bench train --device cuda --geometry qwen2.5-3b --arch qwen2 \
-    --seq-len 1024 --batch-size "$BATCH" --device-budget-mib "$budget_mib" \
-    --policies "plan=$OUT/plan_nvme.json" --resident-layers 0 "${OPTIM[@]}" --steps 3 --warmup 1 \
-    --json "$OUT/bench_nvme.json" >"$OUT/bench_nvme.log" 2>&1 ||
-    { echo "gpu_plan_nvme: bench failed"; tail -5 "$OUT/bench_nvme.log"; exit 1; }
-  summary "$OUT/plan_nvme.json" "$OUT/bench_nvme.json"
+  bench_at_cap "$BATCH" plan_nvme bench_nvme
 fi
 [[ "${CALIBRATE:-1}" == 0 ]] && exit 0
 
@@ -100,12 +105,7 @@ grep -E "NVMe rates|device |host " "$OUT/profile_calibrated.log" | head -5
   --seq-len 1024 --gpu-mem-gb "$GPU_GB" --host-mem-gb "$HOST_GB" --nvme-dir "$NV" --nvme-gb 40 \
   --resident-layers 0 --no-policies --time-limit-s 10 "${OPTIM[@]}" --json "$OUT/plan_nvme2.json" \
   >"$OUT/plan_nvme2.log" 2>&1 || { echo "gpu_plan_nvme: second plan failed"; tail -5 "$OUT/plan_nvme2.log"; exit 1; }
-timeout "${BENCH_TIMEOUT:-300}" "$FERRY" bench train --device cuda --geometry qwen2.5-3b --arch qwen2 \
-  --seq-len 1024 --batch-size "$BATCH2" --device-budget-mib "$budget_mib" \
-  --policies "plan=$OUT/plan_nvme2.json" --resident-layers 0 "${OPTIM[@]}" --steps 3 --warmup 1 \
-  --json "$OUT/bench_nvme2.json" >"$OUT/bench_nvme2.log" 2>&1 ||
-  { echo "gpu_plan_nvme: second bench failed"; tail -5 "$OUT/bench_nvme2.log"; exit 1; }
-summary "$OUT/plan_nvme2.json" "$OUT/bench_nvme2.json"
+bench_at_cap "$BATCH2" plan_nvme2 bench_nvme2
 # Each NVMe plan priced again at the disk rates its own run measured (in sample, beside the
 # out-of-sample line above): how much of an error is the disk rate and how much the model.
 "$FERRY" plan --evaluate "$OUT/plan_nvme.json" --from-bench "$OUT/calib_bench.json" \
