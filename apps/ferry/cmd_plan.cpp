@@ -319,9 +319,7 @@ Result<plan::ProblemAt> make_problem_at(const PlanConfig& c, const model::ModelC
   }
   FERRY_ASSIGN_OR_RETURN(plan::MachineSpec machine, machine_spec(c));
   if (c.link_gbps > 0) {
-    machine.link.h2d_gbps = machine.link.d2h_gbps = c.link_gbps;
-    machine.link.duplex_gbps = 1.8 * c.link_gbps;
-    machine.link.duplex_loaded_gbps = 1.5 * c.link_gbps;
+    plan::set_symmetric_link(machine.link, c.link_gbps);
     machine.name += fmt::format("-link{:g}", c.link_gbps);
   }
   const plan::Capacities caps{

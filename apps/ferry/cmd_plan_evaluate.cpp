@@ -15,6 +15,7 @@
 #include "core/log.h"
 #include "plan/bench_profile.h"
 #include "plan/plan_json.h"
+#include "plan/problem.h"
 #include "plan/reprice.h"
 
 namespace ferry::app {
@@ -47,15 +48,6 @@ std::string row(const char* name, const plan::Prediction& q, const plan::LinkRat
       q.step_ms, q.exposed_ms, q.nvme_store_ms, q.nvme_fetch_ms, q.optimizer_wait_ms, q.tflops,
       fmt::format("{:.2f} / {:.2f}", r.nvme_write_gbps, r.nvme_read_gbps),
       fmt::format("{:.2f} / {:.2f}", r.h2d_gbps, r.d2h_gbps));
-}
-
-Json rates_json(const plan::LinkRates& r) {
-  return {{"h2d_gbps", r.h2d_gbps},
-          {"d2h_gbps", r.d2h_gbps},
-          {"duplex_gbps", r.duplex_gbps},
-          {"duplex_loaded_gbps", r.duplex_loaded_gbps},
-          {"nvme_read_gbps", r.nvme_read_gbps},
-          {"nvme_write_gbps", r.nvme_write_gbps}};
 }
 
 }  // namespace
@@ -99,9 +91,12 @@ Status run_plan_evaluate(const PlanEvaluateArgs& a) {
     source = "NVMe: --nvme-read-gbps / --nvme-write-gbps (where given)";
   }
   if (a.link_gbps > 0) {
-    o.h2d_gbps = o.d2h_gbps = a.link_gbps;
-    o.duplex_gbps = 1.8 * a.link_gbps;
-    o.duplex_loaded_gbps = 1.5 * a.link_gbps;
+    plan::LinkRates link;
+    plan::set_symmetric_link(link, a.link_gbps);
+    o.h2d_gbps = link.h2d_gbps;
+    o.d2h_gbps = link.d2h_gbps;
+    o.duplex_gbps = link.duplex_gbps;
+    o.duplex_loaded_gbps = link.duplex_loaded_gbps;
     source += fmt::format("{}link: --link-gbps {}", source.empty() ? "" : "; ", a.link_gbps);
   }
   if (source.empty()) source = "no rate given: the plan's own";
@@ -127,8 +122,8 @@ Status run_plan_evaluate(const PlanEvaluateArgs& a) {
   }
   Json out = {{"plan", a.plan_path},
               {"rates_from", source},
-              {"solved_rates", rates_json(r.solved_rates)},
-              {"rates", rates_json(r.rates)},
+              {"solved_rates", plan::to_json(r.solved_rates)},
+              {"rates", plan::to_json(r.rates)},
               {"as_solved", plan::prediction_to_json(r.as_solved)},
               {"re_priced", plan::prediction_to_json(r.at_rates)}};
   if (!a.bench_path.empty()) {

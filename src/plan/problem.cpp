@@ -312,6 +312,21 @@ Status validate(const PlanProblem& p) {
   return ok_status();
 }
 
+Json to_json(const LinkRates& r) {
+  return {{"h2d_gbps", r.h2d_gbps},
+          {"d2h_gbps", r.d2h_gbps},
+          {"duplex_gbps", r.duplex_gbps},
+          {"duplex_loaded_gbps", r.duplex_loaded_gbps},
+          {"nvme_read_gbps", r.nvme_read_gbps},
+          {"nvme_write_gbps", r.nvme_write_gbps}};
+}
+
+void set_symmetric_link(LinkRates& r, double gbps) {
+  r.h2d_gbps = r.d2h_gbps = gbps;
+  r.duplex_gbps = 1.8 * gbps;
+  r.duplex_loaded_gbps = 1.5 * gbps;
+}
+
 Json to_json(const PlanProblem& p) {
   Json layers = Json::array();
   for (const LayerCost& c : p.layers) {
@@ -336,13 +351,7 @@ Json to_json(const PlanProblem& p) {
             {"head_grad_gb", p.head_grad_gb},
             {"step_fixed_ms", p.step_fixed_ms},
             {"cpu_optimizer_ms", p.cpu_optimizer_ms},
-            {"link",
-             {{"h2d_gbps", p.link.h2d_gbps},
-              {"d2h_gbps", p.link.d2h_gbps},
-              {"duplex_gbps", p.link.duplex_gbps},
-              {"duplex_loaded_gbps", p.link.duplex_loaded_gbps},
-              {"nvme_read_gbps", p.link.nvme_read_gbps},
-              {"nvme_write_gbps", p.link.nvme_write_gbps}}},
+            {"link", to_json(p.link)},
             {"gpu_cap_gb", p.gpu_cap_gb},
             {"host_cap_gb", p.host_cap_gb},
             {"nvme_cap_gb", p.nvme_cap_gb},

@@ -274,6 +274,12 @@ inline int nvme_store_window(const PlanProblem&, int i) { return i > 0 ? i - 1 :
 Status validate(const PlanProblem& p);
 
 Json to_json(const PlanProblem& p);
+// The problem document's "link" object (to_json above; `ferry plan --evaluate` writes its rates
+// in the same form).
+Json to_json(const LinkRates& r);
+// `ferry plan --link-gbps X`, a what-if link: h2d = d2h = X, full duplex 1.8X, duplex while the
+// CPU optimizer streams host memory 1.5X; the NVMe rates are left as they are.
+void set_symmetric_link(LinkRates& r, double gbps);
 Result<PlanProblem> problem_from_json(const Json& j);
 
 }  // namespace ferry::plan
