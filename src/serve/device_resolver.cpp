@@ -112,7 +112,7 @@ SlotResolveArgs SlotResolver::args(int layer, const std::int32_t* ids, std::int6
   SlotResolveArgs a{.ids = ids,
                     .n = n,
                     .E = geo_.experts,
-                    .max_cap = int((state_ints_ - SlotStateLayout::kHeader - geo_.experts) / 3),
+                    .max_cap = SlotStateLayout::max_cap_of(state_ints_, geo_.experts),
                     .state = state(layer),
                     .table = table_mut(layer),
                     .log = log(layer),
@@ -124,7 +124,7 @@ SlotResolveArgs SlotResolver::args(int layer, const std::int32_t* ids, std::int6
 Status SlotResolver::fill(int layer, std::int32_t* st, const void** table) const {
   // Every layer's block has the widest layout (the largest max cap): slots above this layer's
   // max cap stay empty.
-  const int M = int((state_ints_ - SlotStateLayout::kHeader - geo_.experts) / 3);
+  const int M = SlotStateLayout::max_cap_of(state_ints_, geo_.experts);
   return fill_slot_state(pager_, store_, layer, M, st, table,
                          reinterpret_cast<unsigned char*>(pager_.slot_base(layer)));
 }

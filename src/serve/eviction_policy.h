@@ -30,6 +30,7 @@ class EvictionRanker {
   // True when slot a (meta ma) should be evicted before slot b.
   bool evict_first(const SlotMeta& ma, int a, const SlotMeta& mb, int b, std::uint64_t now) const;
   double lfru_score(const SlotMeta& m, std::uint64_t now) const;
+  EvictionPolicy policy() const { return policy_; }
 
  private:
   EvictionPolicy policy_;

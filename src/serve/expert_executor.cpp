@@ -296,9 +296,10 @@ Result<std::unique_ptr<ExpertExecutor>> ExpertExecutor::create(const model::Deco
     }
   }
   if (dev != nullptr) FERRY_TRY(x->create_device(*dev, shared));
-  if (pc.mode == ExpertMode::kPaged && pc.device_resolve && pc.policy == EvictionPolicy::kLru &&
+  if (pc.mode == ExpertMode::kPaged && pc.device_resolve && pc.policy != EvictionPolicy::kLfru &&
       !pc.miss_cost_model && pc.bypass_window == 0) {
-    // LRU first; LFU/LFRU and miss placement keep the host path (docs/serve.md).
+    // LRU and LFU (integer ranks the kernel reproduces exactly); LFRU's decayed double scores,
+    // miss placement and bypass admission keep the host path (docs/serve.md).
     const SlotResolverDevice rd{.te = dev != nullptr ? dev->te : nullptr,
                                 .pace_gbps = dev != nullptr ? dev->pace_gbps : 0.0};
     FERRY_ASSIGN_OR_RETURN(x->resolver_, SlotResolver::create(geo, *x->pager_, *x->store_, shared,

@@ -232,7 +232,7 @@ class ExpertExecutor {
   ExecutorCounters counters_;
   std::function<void(int, std::span<const std::int32_t>)> access_observer_;
   std::unique_ptr<DeviceState> dev_;  // the CUDA engine's buffers and streams; null on the CPU
-  std::unique_ptr<SlotResolver> resolver_;  // PagerConfig::device_resolve (paged, LRU)
+  std::unique_ptr<SlotResolver> resolver_;  // PagerConfig::device_resolve (paged, LRU / LFU)
   bool device_step_ = false;                // between begin_ and finish_device_step
   // The rows of the whole call (ids [T*K]), their experts' weights through ref_of_expert_.
   void compute_rows(const float* x, const std::int32_t* ids, std::span<const std::int32_t> rows,

@@ -125,6 +125,9 @@ class ExpertPager {
   // The slot's last use in the layer's ticks (its LRU stamp) and the layer's tick (acquire count).
   std::uint64_t last_use(int layer, int slot) const { return layers_[layer].meta[slot].last_use; }
   std::uint64_t tick(int layer) const { return layers_[layer].tick; }
+  // The slot's uses since its expert was loaded (LFU's count) and the victim policy.
+  std::uint64_t uses(int layer, int slot) const { return layers_[layer].meta[slot].uses; }
+  EvictionPolicy policy() const { return ranker_.policy(); }
   // Slot 0 of the layer (slot s is expert_bytes() * s further), where the device resolver's
   // table and copies point.
   std::byte* slot_base(int layer) const { return slot_data(layer, 0); }

@@ -93,7 +93,7 @@ struct PagerConfig {
   // batch before the group's one launch (the serial order; kept to measure the overlap against).
   // Same bits either way. The CPU engine's copies are synchronous and ignore it.
   bool overlap_misses = true;
-  // Paged mode, LRU, no miss placement: a layer call whose routed rows fit the free slots
+  // Paged mode, LRU or LFU, no miss placement: a layer call whose routed rows fit the free slots
   // (T*K <= cap - hot) resolves its slots without the host pager's acquire
   // (serve/device_resolver.h): the CUDA engine's decode steps on the device with no host sync
   // (so they can be CUDA graphs), the CPU engine through the CPU twin. The host pager replays

@@ -14,7 +14,9 @@ void resolve_slots_twin(const SlotResolveArgs& a) {
   std::int32_t* expert_in = st.expert_in();
   std::uint32_t* stamp = st.stamp();
   std::int32_t* flags = st.flags();
+  std::uint32_t* uses = st.uses();
   const int cap = st.cap();
+  const bool lfu = st.rule() == kernels::cuda::kSlotRuleLfu;
   std::int32_t* ids_out = log + SlotStateLayout::kLogHeader;
   std::int32_t* miss_expert = ids_out + a.E;
   std::int32_t* miss_slot = ids_out + 2 * a.E;
@@ -46,11 +48,13 @@ void resolve_slots_twin(const SlotResolveArgs& a) {
     if (s < 0) continue;
     flags[s] |= kernels::cuda::kSlotInUse;
     stamp[s] = tick;
+    ++uses[s];
     ++hits;
   }
   for (int e = 0; e < a.E; ++e) evicted[e] = -1;
-  // Misses in order: the lowest empty slot under the cap, else the least recently stamped slot
-  // that is neither hot nor in use (ties: the lowest slot) — ExpertPager::take_slot with LRU.
+  // Misses in order: the lowest empty slot under the cap, else among the slots that are neither
+  // hot nor in use the least recently stamped (LRU) or the fewest uses, then the least recently
+  // stamped (LFU); ties: the lowest slot — ExpertPager::take_slot with EvictionRanker's rule.
   for (std::int64_t d = 0; d < nd; ++d) {
     const std::int32_t e = distinct[d];
     if (slot_of[e] >= 0) continue;
@@ -61,7 +65,10 @@ void resolve_slots_twin(const SlotResolveArgs& a) {
     if (victim < 0) {
       for (int s = 0; s < cap; ++s) {
         if (flags[s] & (kernels::cuda::kSlotHot | kernels::cuda::kSlotInUse)) continue;
-        if (victim < 0 || stamp[s] < stamp[victim]) victim = s;
+        const bool first =
+            victim < 0 ||
+            (lfu && uses[s] != uses[victim] ? uses[s] < uses[victim] : stamp[s] < stamp[victim]);
+        if (first) victim = s;
       }
     }
     if (victim < 0) {  // more non-hot experts than slots: the caller's bug
@@ -77,6 +84,7 @@ void resolve_slots_twin(const SlotResolveArgs& a) {
     expert_in[victim] = e;
     slot_of[e] = victim;
     stamp[victim] = tick;
+    uses[victim] = 1;
     flags[victim] |= kernels::cuda::kSlotInUse;
     unsigned char* block = a.slot_base + std::int64_t(victim) * a.expert_bytes;
     a.table[e] = block;
@@ -125,7 +133,17 @@ Status fill_slot_state(const ExpertPager& pager, const ExpertStore& store, int l
   }
   state[0] = pager.capacity(layer);
   st.tick() = static_cast<std::uint32_t>(pager.tick(layer));
-  state[2] = state[3] = 0;
+  switch (pager.policy()) {
+    case EvictionPolicy::kLru:
+      st.rule() = kernels::cuda::kSlotRuleLru;
+      break;
+    case EvictionPolicy::kLfu:
+      st.rule() = kernels::cuda::kSlotRuleLfu;
+      break;
+    case EvictionPolicy::kLfru:
+      return invalid_argument("serve: the device resolver has no LFRU rule (layer {})", layer);
+  }
+  state[3] = 0;
   for (int e = 0; e < E; ++e) st.slot_of()[e] = -1;
   for (int e = 0; e < 3 * E; ++e) table[e] = nullptr;
   const std::size_t eb = store.expert_bytes();
@@ -133,6 +151,11 @@ Status fill_slot_state(const ExpertPager& pager, const ExpertStore& store, int l
     const int e = s < pager.capacity(layer) ? pager.expert_in(layer, s) : -1;
     st.expert_in()[s] = e;
     st.stamp()[s] = e >= 0 ? static_cast<std::uint32_t>(pager.last_use(layer, s)) : 0u;
+    if (e >= 0 && pager.uses(layer, s) >= std::numeric_limits<std::uint32_t>::max()) {
+      return out_of_range("serve: layer {} slot {}: {} uses outgrew the device resolver's 32 bits",
+                          layer, s, pager.uses(layer, s));
+    }
+    st.uses()[s] = e >= 0 ? static_cast<std::uint32_t>(pager.uses(layer, s)) : 0u;
     st.flags()[s] = e >= 0 && pager.is_hot(layer, e) ? kernels::cuda::kSlotHot : 0;
     if (e < 0) continue;
     st.slot_of()[e] = s;

@@ -3,7 +3,7 @@
 //   - ServeDeviceResolveKernels.ResolveEqualsTheCpuTwin*: both resolve kernels' (warp, block)
 //     state, pointer table and log equal resolve_slots_twin's exactly after every call of seeded
 //     random routing sequences (E up to 128, caps from top-k to E, hot sets, a live cap below
-//     the block's max);
+//     the block's max), under the LRU and the LFU rule;
 //   - ServeDeviceResolveKernels.ResolveLatencyIsPrinted: one resolve call's device time in
 //     Qwen3-30B-A3B's routing geometry (printed, not asserted);
 //   - ServeDeviceResolveKernels.MissCopy*: the miss-copy kernel moves exactly the logged blocks
@@ -18,7 +18,8 @@
 //     24-token decode, with graphs on: decode steps replay (replays > 0), device-resolved steps
 //     cost one host sync each, the budget holds everything (the run fits a budget of exactly
 //     its peak, one byte less fails at create), and paced at 2 GB/s it gives the same bits; the
-//     device path's serial order (overlap_misses off: the hits' FFN after the copy) the same.
+//     device path's serial order (overlap_misses off: the hits' FFN after the copy) the same;
+//     under LFU the device path gives the same bits and the host LFU pager's counters.
 // Skips, saying so, without a CUDA device.
 #include <algorithm>
 #include <chrono>
@@ -54,88 +55,95 @@ TEST_F(ServeDeviceResolveKernels, ResolveEqualsTheCpuTwinOnRandomSequences) {
   int calls = 0, misses = 0, evictions = 0;
   // Both kernels (the warp kernel, the default, and the block kernel it replaced) from the same
   // random sequences; n = T*K reaches 128 ids, so the warp kernel's 32-id chunks are crossed.
-  for (const KernelVariant variant : {KernelVariant::kDecode, KernelVariant::kBaseline})
-    for (const auto& [E, K] : {std::pair{8, 2}, std::pair{64, 8}, std::pair{128, 8}}) {
-      for (std::uint64_t seed = 1; seed <= 6; ++seed) {
-        Rng rng(seed * 104729 + std::uint64_t(E));
-        const int hot = int(seed % 3);
-        const int cap = std::min(E, K + hot + int(rng.next() % std::uint64_t(E)));
-        const int M = std::min(E, cap + int(seed % 2) * 3);  // a block wider than the live cap
-        std::vector<std::int32_t> state(std::size_t(SlotStateLayout::state_ints(E, M)), 0);
-        std::vector<std::int32_t> log(std::size_t(SlotStateLayout::log_ints(E)), 0);
-        std::vector<const void*> table(std::size_t(3 * E), nullptr);
-        const SlotStateView st{state.data(), E, M};
-        st.cap() = cap;
-        for (int e = 0; e < E; ++e) st.slot_of()[e] = -1;
-        for (int s = 0; s < M; ++s) st.expert_in()[s] = -1;
-        for (int h = 0; h < hot; ++h) {  // hot experts h * 3 in slots 0.. (as the pager loads them)
-          const int e = (h * 3) % E;
-          st.expert_in()[h] = e;
-          st.slot_of()[e] = h;
-          st.flags()[h] = kernels::cuda::kSlotHot;
-          table[std::size_t(e)] = fake_base + h * 96;
-        }
-        std::int32_t* d_state = device_copy(state);
-        std::int32_t* d_log = device_copy(log);
-        const void** d_table = device_copy(table);
-        std::int32_t* d_ids = nullptr;
-        ASSERT_EQ(cudaMalloc(&d_ids, std::size_t(E) * 4), cudaSuccess);
-        std::vector<std::int32_t> recent;
-        for (int call = 0; call < 60; ++call) {
-          const int limit = cap - hot;
-          const int T = 1 + int(rng.next() % std::uint64_t(std::max(1, limit / K)));
-          std::vector<std::int32_t> ids;
-          for (int t = 0; t < T; ++t) {
-            std::vector<std::int32_t> row;
-            while (int(row.size()) < K) {
-              std::int32_t e = std::int32_t(rng.next() % std::uint64_t(E));
-              if (!recent.empty() && rng.next() % 2 == 0) e = recent[rng.next() % recent.size()];
-              if (std::find(row.begin(), row.end(), e) == row.end()) row.push_back(e);
-            }
-            ids.insert(ids.end(), row.begin(), row.end());
-            recent.insert(recent.end(), row.begin(), row.end());
+  for (const int rule : {kernels::cuda::kSlotRuleLru, kernels::cuda::kSlotRuleLfu})
+    for (const KernelVariant variant : {KernelVariant::kDecode, KernelVariant::kBaseline})
+      for (const auto& [E, K] : {std::pair{8, 2}, std::pair{64, 8}, std::pair{128, 8}}) {
+        for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+          Rng rng(seed * 104729 + std::uint64_t(E));
+          const int hot = int(seed % 3);
+          const int cap = std::min(E, K + hot + int(rng.next() % std::uint64_t(E)));
+          const int M = std::min(E, cap + int(seed % 2) * 3);  // a block wider than the live cap
+          std::vector<std::int32_t> state(std::size_t(SlotStateLayout::state_ints(E, M)), 0);
+          std::vector<std::int32_t> log(std::size_t(SlotStateLayout::log_ints(E)), 0);
+          std::vector<const void*> table(std::size_t(3 * E), nullptr);
+          const SlotStateView st{state.data(), E, M};
+          st.cap() = cap;
+          st.rule() = rule;
+          for (int e = 0; e < E; ++e) st.slot_of()[e] = -1;
+          for (int s = 0; s < M; ++s) st.expert_in()[s] = -1;
+          for (int h = 0; h < hot;
+               ++h) {  // hot experts h * 3 in slots 0.. (as the pager loads them)
+            const int e = (h * 3) % E;
+            st.expert_in()[h] = e;
+            st.slot_of()[e] = h;
+            st.flags()[h] = kernels::cuda::kSlotHot;
+            st.uses()[h] = 1;
+            table[std::size_t(e)] = fake_base + h * 96;
           }
-          if (recent.size() > std::size_t(4 * K))
-            recent.erase(recent.begin(), recent.end() - 4 * K);
-          SlotResolveArgs h{.ids = ids.data(),
-                            .n = std::int64_t(ids.size()),
-                            .E = E,
-                            .max_cap = M,
-                            .state = state.data(),
-                            .table = table.data(),
-                            .log = log.data(),
-                            .slot_base = fake_base,
-                            .expert_bytes = 96,
-                            .up_offset = 32,
-                            .down_offset = 64};
-          resolve_slots_twin(h);
-          ASSERT_EQ(ferry::testing::copy_to_device(d_ids, ids.data(), ids.size() * 4), cudaSuccess);
-          SlotResolveArgs d = h;
-          d.ids = d_ids;
-          d.state = d_state;
-          d.table = d_table;
-          d.log = d_log;
-          ASSERT_TRUE(kernels::cuda::resolve_slots(d, variant, stream()).ok());
-          sync();
-          const std::string what = fmt::format("{} E {} K {} cap {} max {} hot {} seed {} call {}",
-                                               variant == KernelVariant::kDecode ? "warp" : "block",
-                                               E, K, cap, M, hot, seed, call);
-          ASSERT_EQ(host_copy(d_state, state.size()), state) << what;
-          ASSERT_EQ(host_copy(d_log, log.size()), log) << what;
-          ASSERT_EQ(host_copy(d_table, table.size()), table) << what;
-          ASSERT_EQ(log[3], 0) << what;  // errors
-          misses += log[1];
-          evictions += log[2];
-          ++calls;
+          std::int32_t* d_state = device_copy(state);
+          std::int32_t* d_log = device_copy(log);
+          const void** d_table = device_copy(table);
+          std::int32_t* d_ids = nullptr;
+          ASSERT_EQ(cudaMalloc(&d_ids, std::size_t(E) * 4), cudaSuccess);
+          std::vector<std::int32_t> recent;
+          for (int call = 0; call < 60; ++call) {
+            const int limit = cap - hot;
+            const int T = 1 + int(rng.next() % std::uint64_t(std::max(1, limit / K)));
+            std::vector<std::int32_t> ids;
+            for (int t = 0; t < T; ++t) {
+              std::vector<std::int32_t> row;
+              while (int(row.size()) < K) {
+                std::int32_t e = std::int32_t(rng.next() % std::uint64_t(E));
+                if (!recent.empty() && rng.next() % 2 == 0) e = recent[rng.next() % recent.size()];
+                if (std::find(row.begin(), row.end(), e) == row.end()) row.push_back(e);
+              }
+              ids.insert(ids.end(), row.begin(), row.end());
+              recent.insert(recent.end(), row.begin(), row.end());
+            }
+            if (recent.size() > std::size_t(4 * K))
+              recent.erase(recent.begin(), recent.end() - 4 * K);
+            SlotResolveArgs h{.ids = ids.data(),
+                              .n = std::int64_t(ids.size()),
+                              .E = E,
+                              .max_cap = M,
+                              .state = state.data(),
+                              .table = table.data(),
+                              .log = log.data(),
+                              .slot_base = fake_base,
+                              .expert_bytes = 96,
+                              .up_offset = 32,
+                              .down_offset = 64};
+            resolve_slots_twin(h);
+            ASSERT_EQ(ferry::testing::copy_to_device(d_ids, ids.data(), ids.size() * 4),
+                      cudaSuccess);
+            SlotResolveArgs d = h;
+            d.ids = d_ids;
+            d.state = d_state;
+            d.table = d_table;
+            d.log = d_log;
+            ASSERT_TRUE(kernels::cuda::resolve_slots(d, variant, stream()).ok());
+            sync();
+            const std::string what =
+                fmt::format("{} {} E {} K {} cap {} max {} hot {} seed {} call {}",
+                            rule == kernels::cuda::kSlotRuleLfu ? "lfu" : "lru",
+                            variant == KernelVariant::kDecode ? "warp" : "block", E, K, cap, M, hot,
+                            seed, call);
+            ASSERT_EQ(host_copy(d_state, state.size()), state) << what;
+            ASSERT_EQ(host_copy(d_log, log.size()), log) << what;
+            ASSERT_EQ(host_copy(d_table, table.size()), table) << what;
+            ASSERT_EQ(log[3], 0) << what;  // errors
+            misses += log[1];
+            evictions += log[2];
+            ++calls;
+          }
+          cudaFree(d_state);
+          cudaFree(d_log);
+          cudaFree(d_table);
+          cudaFree(d_ids);
         }
-        cudaFree(d_state);
-        cudaFree(d_log);
-        cudaFree(d_table);
-        cudaFree(d_ids);
       }
-    }
-  EXPECT_EQ(calls, 2 * 3 * 6 * 60);
-  EXPECT_GT(evictions, 400);
+  EXPECT_EQ(calls, 2 * 2 * 3 * 6 * 60);
+  EXPECT_GT(evictions, 800);
   std::cout << "[serve_gpu] resolve kernel = twin over " << calls << " calls, " << misses
             << " misses, " << evictions << " evictions\n";
 }
@@ -481,6 +489,19 @@ TEST_P(ServeDeviceResolveCuda, PagedDecodeGivesResidentBitsAsGraphsWithOneSyncPe
                   << " of " << dev->steps << " steps on the device, host syncs " << host->host_syncs
                   << " -> " << dev->host_syncs << ", " << dev->graphs.replays << " replays, "
                   << dev->pager.misses << " misses\n";
+        // LFU resolves on the device too: the host LFU pager's decisions, resident's bits.
+        EngineConfig lfu_dev = paged_config(cap, dt, true), lfu_host = paged_config(cap, dt, false);
+        lfu_dev.pager.policy = lfu_host.pager.policy = EvictionPolicy::kLfu;
+        auto ld = run_with(m, lfu_dev, cuda(), workloads[w]);
+        auto lh = run_with(m, lfu_host, cuda(), workloads[w]);
+        ASSERT_TRUE(ld.ok()) << name << " lfu: " << ld.status().to_string();
+        ASSERT_TRUE(lh.ok()) << name << " lfu: " << lh.status().to_string();
+        expect_same_bits(ld->rec, ref->rec, name + " LFU device resolve vs resident");
+        EXPECT_EQ(ld->pager.hits, lh->pager.hits) << name << " lfu";
+        EXPECT_EQ(ld->pager.misses, lh->pager.misses) << name << " lfu";
+        EXPECT_EQ(ld->pager.evictions, lh->pager.evictions) << name << " lfu";
+        EXPECT_GT(ld->device_resolved, 0u) << name << " lfu";
+        EXPECT_EQ(lh->device_resolved, 0u) << name << " lfu";
         if (w == 0 && cap == K) {
           // The hard budget holds all of it: a budget of exactly the peak runs the same bits,
           // one byte less is refused at create (nothing is allocated while stepping).

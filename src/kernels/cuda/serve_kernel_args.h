@@ -175,23 +175,29 @@ struct ForcedRoutingArgs {
 
 // Device-side slot resolution of one paged MoE layer (docs/serve.md "Device-side slot
 // resolution"; the CPU twin is serve::resolve_slots_twin in serve/slot_resolve.h, the host rule
-// is ExpertPager::acquire with LRU). `state` is the layer's int32 block (SlotStateLayout below):
-//   [0] live cap, [1] tick (u32: the layer's acquire count), [2..3] 0,
+// is ExpertPager::acquire with LRU or LFU). `state` is the layer's int32 block (SlotStateLayout
+// below):
+//   [0] live cap, [1] tick (u32: the layer's acquire count), [2] victim rule (kSlotRuleLru or
+//   kSlotRuleLfu), [3] 0,
 //   slot_of [E] (-1: not resident), expert_in [max_cap] (-1: empty), stamp [max_cap] (u32 last
-//   use tick), flags [max_cap] (kSlotHot | kSlotInUse).
+//   use tick), flags [max_cap] (kSlotHot | kSlotInUse), uses [max_cap] (u32 uses since load).
 // One call: in-use flags of the previous call cleared (its release), tick + 1; the step's
-// distinct experts in first-appearance order over ids; hits first (in use, stamp = tick); then
-// each miss takes the lowest empty slot under cap, else the slot with the smallest (stamp, slot)
-// that is neither hot nor in use (its expert is evicted: slot_of -1, table entries null); the
+// distinct experts in first-appearance order over ids; hits first (in use, stamp = tick, uses
+// + 1); then each miss takes the lowest empty slot under cap, else, among the slots that are
+// neither hot nor in use, the smallest (stamp, slot) under LRU or (uses, stamp, slot) under LFU
+// (its expert is evicted: slot_of -1, table entries null; the slot's stamp = tick, uses = 1); the
 // table gets the miss's pointers (slot_base + slot * expert_bytes + {0, up_offset,
 // down_offset}). log: [0] hits, [1] misses, [2] evictions, [3] errors (ids outside [0, E) or a
 // miss without a slot: skipped, a bug of the caller), [4] n, then ids [E], miss_expert [E],
 // miss_slot [E], evicted [E] (-1: the slot was empty); n <= E (the caller runs this only when
 // n <= cap - hot).
 inline constexpr int kSlotHot = 1, kSlotInUse = 2;
+inline constexpr int kSlotRuleLru = 0, kSlotRuleLfu = 1;
 struct SlotStateLayout {
   static constexpr std::int64_t kHeader = 4, kLogHeader = 5;
-  static std::int64_t state_ints(int E, int max_cap) { return kHeader + E + 3 * max_cap; }
+  static std::int64_t state_ints(int E, int max_cap) { return kHeader + E + 4 * max_cap; }
+  // The max_cap of a block of `ints` ints (the inverse of state_ints).
+  static int max_cap_of(std::int64_t ints, int E) { return int((ints - kHeader - E) / 4); }
   static std::int64_t log_ints(int E) { return kLogHeader + 4 * std::int64_t(E); }
 };
 struct SlotResolveArgs {

@@ -16,8 +16,10 @@
 //                         cap is (0, slot), an evictable one (neither hot nor in use) is
 //                         (1, stamp, slot), others never win — so the lowest empty slot comes
 //                         first, then the least recently stamped, ties to the lowest slot: the
-//                         host pager's LRU rule. Misses are applied one at a time in order, since
-//                         each changes what the next one may evict.
+//                         host pager's LRU rule. Under LFU (state[2]) a min over each slot's
+//                         rank (empty 0, evictable 2^32 + uses) comes first and the same key
+//                         decides among the slots of the smallest rank. Misses are applied one at
+//                         a time in order, since each changes what the next one may evict.
 //   copy_misses_kernel    the logged misses' blocks from the host store (pinned, read through
 //                         its mapped address: PCIe reads by the SMs, no copy engine and no host
 //                         call) into their slots; words of 16, 4 or 1 bytes by alignment.
@@ -62,7 +64,8 @@ __device__ __forceinline__ unsigned long long block_min(unsigned long long v,
 // The layer's state block and the call's log as typed pointers (SlotStateLayout).
 struct ResolveView {
   std::int32_t *slot_of, *expert_in, *flags, *ids_out, *miss_expert, *miss_slot, *evicted;
-  std::uint32_t* stamp;
+  std::uint32_t *stamp, *uses;
+  bool lfu;
   __device__ explicit ResolveView(const SlotResolveArgs& a)
       : slot_of(a.state + 4),
         expert_in(slot_of + a.E),
@@ -71,16 +74,36 @@ struct ResolveView {
         miss_expert(ids_out + a.E),
         miss_slot(ids_out + 2 * a.E),
         evicted(ids_out + 3 * a.E),
-        stamp(reinterpret_cast<std::uint32_t*>(expert_in + a.max_cap)) {}
+        stamp(reinterpret_cast<std::uint32_t*>(expert_in + a.max_cap)),
+        uses(reinterpret_cast<std::uint32_t*>(expert_in + 3 * a.max_cap)),
+        lfu(a.state[2] == kSlotRuleLfu) {}
 };
 
 // Slot s's key as a miss's victim (the smallest wins): an empty slot (0, s), an evictable one
-// (neither hot nor in use) (1, stamp, s), any other never.
+// (neither hot nor in use) (1, stamp, s), any other never. LRU's whole rule; LFU's among the
+// slots of the fewest uses (lfu_rank).
 __device__ __forceinline__ unsigned long long victim_key(const ResolveView& v, int s) {
   if (v.expert_in[s] < 0) return static_cast<unsigned long long>(s);
   if ((v.flags[s] & (kSlotHot | kSlotInUse)) != 0) return ~0ull;
   return (1ull << 62) | (static_cast<unsigned long long>(v.stamp[s]) << 20) |
          static_cast<unsigned long long>(s);
+}
+
+// LFU's first rank of slot s (the smallest wins; (uses, stamp, slot) does not fit one 64-bit
+// key): an empty slot 0, an evictable one 2^32 + uses, any other never. The victim is then the
+// smallest victim_key among the slots of the smallest rank.
+__device__ __forceinline__ unsigned long long lfu_rank(const ResolveView& v, int s) {
+  if (v.expert_in[s] < 0) return 0ull;
+  if ((v.flags[s] & (kSlotHot | kSlotInUse)) != 0) return ~0ull;
+  return (1ull << 32) + static_cast<unsigned long long>(v.uses[s]);
+}
+
+__device__ __forceinline__ unsigned long long warp_min(unsigned long long v) {
+  for (int off = 16; off > 0; off >>= 1) {
+    const unsigned long long o = __shfl_xor_sync(0xffffffffu, v, off);
+    v = o < v ? o : v;
+  }
+  return v;
 }
 
 // Miss number j of this call puts expert e into `victim`: the slot's old expert (if any) loses
@@ -99,6 +122,7 @@ __device__ __forceinline__ int take_slot(const SlotResolveArgs& a, const Resolve
   v.expert_in[victim] = e;
   v.slot_of[e] = victim;
   v.stamp[victim] = tick;
+  v.uses[victim] = 1u;
   v.flags[victim] |= kSlotInUse;
   unsigned char* block = a.slot_base + std::int64_t(victim) * a.expert_bytes;
   a.table[e] = block;
@@ -152,6 +176,7 @@ __global__ void resolve_slots_kernel(SlotResolveArgs a) {
       if (s < 0) continue;
       flags[s] |= kSlotInUse;
       stamp[s] = tick;
+      ++v.uses[s];
       ++hits;
     }
     s_nd = nd;
@@ -163,9 +188,19 @@ __global__ void resolve_slots_kernel(SlotResolveArgs a) {
   std::int32_t misses = 0, evictions = 0;  // thread 0's are the ones logged
   for (std::int32_t d = 0; d < nd; ++d) {
     const std::int32_t e = distinct[d];
-    if (slot_of[e] >= 0) continue;  // a hit (uniform: read after the last barrier)
+    if (slot_of[e] >= 0) continue;   // a hit (uniform: read after the last barrier)
+    unsigned long long rank = 0ull;  // LRU: every candidate ranks the same
+    if (v.lfu) {                     // uniform
+      rank = ~0ull;
+      for (int s = threadIdx.x; s < cap; s += blockDim.x) {
+        const unsigned long long r = lfu_rank(v, s);
+        rank = r < rank ? r : rank;
+      }
+      rank = block_min(rank, scratch);
+    }
     unsigned long long key = ~0ull;
     for (int s = threadIdx.x; s < cap; s += blockDim.x) {
+      if (v.lfu && lfu_rank(v, s) != rank) continue;
       const unsigned long long k = victim_key(v, s);
       key = k < key ? k : key;
     }
@@ -243,6 +278,7 @@ __global__ void __launch_bounds__(32) resolve_slots_warp_kernel(SlotResolveArgs 
     if (s >= 0) {
       flags[s] |= kSlotInUse;
       stamp[s] = tick;
+      ++v.uses[s];
     }
     hits += __popc(__ballot_sync(0xffffffffu, s >= 0));
     const bool miss = e >= 0 && s < 0;
@@ -256,15 +292,22 @@ __global__ void __launch_bounds__(32) resolve_slots_warp_kernel(SlotResolveArgs 
   std::int32_t misses = 0, evictions = 0;
   for (std::int32_t j = 0; j < nm; ++j) {
     const std::int32_t e = seen[j];
+    unsigned long long rank = 0ull;  // LRU: every candidate ranks the same
+    if (v.lfu) {
+      rank = ~0ull;
+      for (int s = lane; s < cap; s += 32) {
+        const unsigned long long r = lfu_rank(v, s);
+        rank = r < rank ? r : rank;
+      }
+      rank = warp_min(rank);
+    }
     unsigned long long key = ~0ull;
     for (int s = lane; s < cap; s += 32) {
+      if (v.lfu && lfu_rank(v, s) != rank) continue;
       const unsigned long long k = victim_key(v, s);
       key = k < key ? k : key;
     }
-    for (int off = 16; off > 0; off >>= 1) {
-      const unsigned long long o = __shfl_xor_sync(0xffffffffu, key, off);
-      key = o < key ? o : key;
-    }
+    key = warp_min(key);
     if (key == ~0ull) {
       ++errors;  // more non-hot experts than slots: the caller's bug
     } else {

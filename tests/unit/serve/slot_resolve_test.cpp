@@ -2,14 +2,16 @@
 // Device-side slot resolution's CPU twin (serve/slot_resolve.h) against the host pager:
 //   - property: on seeded random routing sequences (locality-biased, T*K <= cap - hot per call),
 //     many seeds, caps and hot sets, one layer's twin state after every call equals the pager
-//     under LRU: the expert of every slot, the LRU stamps, the tick, every expert's slot, the
+//     under LRU and under LFU: the expert of every slot, the stamps, the use counts, the tick,
+//     every expert's slot, the
 //     table's pointers, and the call's hits / misses / evictions, misses in the pager's copy
 //     order; host-only calls and resizes in between are followed by a refill from the pager
 //     (the engine's resync) and the twin goes on agreeing;
 //   - the miss-copy twin copies exactly the missed blocks into their slots;
 //   - the CPU engine with the twin (PagerConfig::device_resolve) gives the bits and the pager
-//     counters of the host path, on the HF MoE fixtures; only LRU without miss placement gets a
-//     resolver; a pager changed behind the resolver's back is caught by the replay's check.
+//     counters of the host path, on the HF MoE fixtures, under LRU and LFU; only LRU and LFU
+//     without miss placement or bypass get a resolver (LFRU's decayed scores stay on the host);
+//     a pager changed behind the resolver's back is caught by the replay's check.
 #include <algorithm>
 #include <cstring>
 
@@ -79,6 +81,7 @@ std::string diff(const Twin& tw, const ExpertPager& p, const ExpertStore& store,
     if (st.expert_in()[s] != want)
       return fmt::format("slot {} holds {} not {}", s, st.expert_in()[s], want);
     if (want >= 0 && st.stamp()[s] != p.last_use(0, s)) return fmt::format("stamp of slot {}", s);
+    if (want >= 0 && st.uses()[s] != p.uses(0, s)) return fmt::format("uses of slot {}", s);
   }
   for (int e = 0; e < E; ++e) {
     const int s = st.slot_of()[e];
@@ -91,7 +94,10 @@ std::string diff(const Twin& tw, const ExpertPager& p, const ExpertStore& store,
   return "";
 }
 
-TEST(SlotResolveTwin, DecisionsEqualTheHostPagerLruOnRandomRouting) {
+class SlotResolveTwin : public ::testing::TestWithParam<EvictionPolicy> {};
+
+TEST_P(SlotResolveTwin, DecisionsEqualTheHostPagerOnRandomRouting) {
+  const EvictionPolicy policy = GetParam();
   int calls = 0, misses = 0, evictions = 0, refills = 0;
   for (const auto& [E, K] : {std::pair{8, 2}, std::pair{16, 4}, std::pair{32, 8}}) {
     auto m = model_with(E, K);
@@ -110,7 +116,7 @@ TEST(SlotResolveTwin, DecisionsEqualTheHostPagerLruOnRandomRouting) {
       const bool resizable = seed % 4 == 0;
       PagerSetup setup{.caps = {cap},
                        .max_caps = resizable ? std::vector<int>{E} : std::vector<int>{},
-                       .policy = EvictionPolicy::kLru,
+                       .policy = policy,
                        .hot = {hot}};
       auto pager = ExpertPager::create(st, setup);
       ASSERT_TRUE(pager.ok()) << pager.status().to_string();
@@ -191,6 +197,50 @@ TEST(SlotResolveTwin, DecisionsEqualTheHostPagerLruOnRandomRouting) {
   EXPECT_GT(refills, 100);
 }
 
+INSTANTIATE_TEST_SUITE_P(Policies, SlotResolveTwin,
+                         ::testing::Values(EvictionPolicy::kLru, EvictionPolicy::kLfu),
+                         [](const auto& pi) { return std::string(to_string(pi.param)); });
+
+// LFU's victim is the fewest uses, not the least recent: a sequence where the two rules part.
+// cap 3, experts 0 (used three times), 1, 2; then 3 misses: LRU evicts 0 (least recent), LFU 1.
+TEST(SlotResolveTwinRule, LfuAndLruEvictDifferentExperts) {
+  const int E = 8, M = 3;
+  for (const int rule : {kernels::cuda::kSlotRuleLru, kernels::cuda::kSlotRuleLfu}) {
+    std::vector<std::int32_t> state(std::size_t(SlotStateLayout::state_ints(E, M)), 0),
+        log(std::size_t(SlotStateLayout::log_ints(E)), 0);
+    std::vector<const void*> table(std::size_t(3 * E), nullptr);
+    const SlotStateView st{state.data(), E, M};
+    st.cap() = M;
+    st.rule() = rule;
+    for (int e = 0; e < E; ++e) st.slot_of()[e] = -1;
+    for (int s = 0; s < M; ++s) st.expert_in()[s] = -1;
+    std::vector<unsigned char> slots(std::size_t(M) * 96);
+    auto call = [&](std::vector<std::int32_t> ids) {
+      SlotResolveArgs a{.ids = ids.data(),
+                        .n = std::int64_t(ids.size()),
+                        .E = E,
+                        .max_cap = M,
+                        .state = state.data(),
+                        .table = table.data(),
+                        .log = log.data(),
+                        .slot_base = slots.data(),
+                        .expert_bytes = 96,
+                        .up_offset = 32,
+                        .down_offset = 64};
+      resolve_slots_twin(a);
+    };
+    call({0});
+    call({0});
+    call({0, 1});
+    call({2});
+    call({3});
+    const SlotLogView v{log.data(), E};
+    ASSERT_EQ(v.misses(), 1);
+    EXPECT_EQ(v.evicted()[0], rule == kernels::cuda::kSlotRuleLfu ? 1 : 0) << "rule " << rule;
+    EXPECT_EQ(st.uses()[std::size_t(st.slot_of()[3])], 1u);
+  }
+}
+
 TEST(SlotResolveTwin, MissCopyMovesExactlyTheLoggedBlocks) {
   const int E = 6;
   const std::int64_t eb = 48;
@@ -216,6 +266,21 @@ TEST(SlotResolveTwin, MissCopyMovesExactlyTheLoggedBlocks) {
   }
 }
 
+// An LFRU pager has no device rule: fill_slot_state refuses it rather than resolving by LRU.
+TEST(SlotResolveTwinRule, FillRefusesAnLfruPager) {
+  auto m = model_with(8, 2);
+  ASSERT_TRUE(m);
+  auto store = ExpertStore::create(m->geometry, m->params);
+  ASSERT_TRUE(store.ok());
+  auto pager = ExpertPager::create(**store, {.caps = {4}, .policy = EvictionPolicy::kLfru});
+  ASSERT_TRUE(pager.ok()) << pager.status().to_string();
+  std::vector<std::int32_t> state(std::size_t(SlotStateLayout::state_ints(8, 4)), 0);
+  std::vector<const void*> table(std::size_t(3 * 8), nullptr);
+  const Status st = fill_slot_state(**pager, **store, 0, 4, state.data(), table.data(),
+                                    reinterpret_cast<unsigned char*>((*pager)->slot_base(0)));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+}
+
 struct EngineRun {
   testing::RunRecord rec;
   PagerCounters pager;
@@ -225,9 +290,10 @@ struct EngineRun {
 
 Result<EngineRun> run_paged(const model::DecoderGeometry& geo, const model::ModelParams& params,
                             ExpertMode mode, int cap, bool hot, bool device_resolve,
-                            int max_batch_tokens) {
+                            int max_batch_tokens, EvictionPolicy policy = EvictionPolicy::kLru) {
   EngineConfig cfg;
   cfg.pager.mode = mode;
+  cfg.pager.policy = policy;
   cfg.pager.slots_per_layer = cap;
   cfg.pager.device_resolve = device_resolve;
   if (hot) {
@@ -265,27 +331,29 @@ TEST_P(SlotResolveEngine, TwinGivesTheHostPathsBitsAndCounters) {
   auto ref = run_paged(m.geometry, m.params, ExpertMode::kResident, 0, false, false, 8);
   ASSERT_TRUE(ref.ok()) << ref.status().to_string();
   for (const int cap : {K, K + 1, std::max(K, E / 2), E}) {
-    for (const bool hot : {false, true}) {
-      if (hot && cap - 1 < K) continue;  // hot experts count against the cap
-      const std::string what = fmt::format("{} cap {}{}", GetParam(), cap, hot ? " hot" : "");
-      auto host = run_paged(m.geometry, m.params, ExpertMode::kPaged, cap, hot, false, 8);
-      auto twin = run_paged(m.geometry, m.params, ExpertMode::kPaged, cap, hot, true, 8);
-      ASSERT_TRUE(host.ok() && twin.ok()) << what;
-      EXPECT_EQ(host->device_resolved, 0u) << what;
-      EXPECT_GT(twin->device_resolved, 0u) << what;
-      EXPECT_TRUE(twin->rec == host->rec) << what;
-      EXPECT_TRUE(twin->rec == ref->rec) << what << " (vs resident)";
-      EXPECT_EQ(twin->pager.hits, host->pager.hits) << what;
-      EXPECT_EQ(twin->pager.misses, host->pager.misses) << what;
-      EXPECT_EQ(twin->pager.evictions, host->pager.evictions) << what;
-      EXPECT_EQ(twin->pager.bytes_copied, host->pager.bytes_copied) << what;
-      EXPECT_EQ(twin->pager.copy_batches, host->pager.copy_batches) << what;
-      EXPECT_EQ(twin->pager.acquires, host->pager.acquires) << what;
-      EXPECT_EQ(twin->slots, host->slots) << what;
-      if (cap < E) {
-        EXPECT_GT(host->pager.evictions, 0u) << what;
+    for (const EvictionPolicy policy : {EvictionPolicy::kLru, EvictionPolicy::kLfu})
+      for (const bool hot : {false, true}) {
+        if (hot && cap - 1 < K) continue;  // hot experts count against the cap
+        const std::string what =
+            fmt::format("{} cap {} {}{}", GetParam(), cap, to_string(policy), hot ? " hot" : "");
+        auto host = run_paged(m.geometry, m.params, ExpertMode::kPaged, cap, hot, false, 8, policy);
+        auto twin = run_paged(m.geometry, m.params, ExpertMode::kPaged, cap, hot, true, 8, policy);
+        ASSERT_TRUE(host.ok() && twin.ok()) << what;
+        EXPECT_EQ(host->device_resolved, 0u) << what;
+        EXPECT_GT(twin->device_resolved, 0u) << what;
+        EXPECT_TRUE(twin->rec == host->rec) << what;
+        EXPECT_TRUE(twin->rec == ref->rec) << what << " (vs resident)";
+        EXPECT_EQ(twin->pager.hits, host->pager.hits) << what;
+        EXPECT_EQ(twin->pager.misses, host->pager.misses) << what;
+        EXPECT_EQ(twin->pager.evictions, host->pager.evictions) << what;
+        EXPECT_EQ(twin->pager.bytes_copied, host->pager.bytes_copied) << what;
+        EXPECT_EQ(twin->pager.copy_batches, host->pager.copy_batches) << what;
+        EXPECT_EQ(twin->pager.acquires, host->pager.acquires) << what;
+        EXPECT_EQ(twin->slots, host->slots) << what;
+        if (cap < E) {
+          EXPECT_GT(host->pager.evictions, 0u) << what;
+        }
       }
-    }
   }
 }
 
@@ -293,10 +361,10 @@ INSTANTIATE_TEST_SUITE_P(MoeFixtures, SlotResolveEngine,
                          ::testing::Values("qwen3_moe", "mixtral", "olmoe"),
                          [](const auto& pi) { return std::string(pi.param); });
 
-TEST(SlotResolveEngineConfig, OnlyLruWithoutMissPlacementResolvesOnTheDevicePath) {
+TEST(SlotResolveEngineConfig, OnlyLruAndLfuWithoutMissPlacementResolveOnTheDevicePath) {
   auto m = testing::tiny_builtin_moe(5);
   ASSERT_TRUE(m);
-  for (const auto policy : {EvictionPolicy::kLfu, EvictionPolicy::kLfru}) {
+  for (const auto policy : {EvictionPolicy::kLru, EvictionPolicy::kLfu, EvictionPolicy::kLfru}) {
     EngineConfig cfg;
     cfg.pager.mode = ExpertMode::kPaged;
     cfg.pager.policy = policy;
@@ -304,7 +372,8 @@ TEST(SlotResolveEngineConfig, OnlyLruWithoutMissPlacementResolvesOnTheDevicePath
     cfg.kv = {.block_tokens = 4, .budget_bytes = 1 << 20};
     auto eng = Engine::create(m->geometry, m->params, cfg);
     ASSERT_TRUE(eng.ok());
-    EXPECT_FALSE((*eng)->experts().device_resolves());
+    EXPECT_EQ((*eng)->experts().device_resolves(), policy != EvictionPolicy::kLfru)
+        << to_string(policy);
   }
   EngineConfig cfg;
   cfg.pager.mode = ExpertMode::kPaged;
