@@ -3,7 +3,7 @@
 //   [--expert-slots N | --layer-slots N,N,.. | --expert-budget-mib M] [--policy lru|lfu|lfru]
 //   [--miss-cost-model [--link-gbps G --cpu-gflops F|auto]] [--bypass-window N]
 //   [--max-running N] [--max-batch-tokens N] [--kv-budget-mib M] [--kv-block-tokens N]
-//   [--no-prefix-cache]
+//   [--no-prefix-cache] [--kv-admission reserve|preempt]
 //   [--device-budget-mib M] [--max-tokens-default N] [--http-threads N] [--duration-s S]
 //   [--split fixed|auto [--wsa-max-context N] [--wsa-decide-steps N]
 //                       [--live-price-by-caps on|off]]`
@@ -75,6 +75,7 @@ struct ServeCliConfig {
   ServeStepSwitches step;  // --no-cuda-graphs, --no-device-resolve
   int kv_block_tokens = 16;
   bool no_prefix_cache = false;
+  std::string kv_admission;  // reserve | preempt; "": reserve, preempt under --split auto
   int default_max_tokens = 16;
   int http_threads = 0;                // 0: max(8, cores - 1)
   std::string chat_template = "auto";  // auto | chatml | a Jinja template file
@@ -264,6 +265,11 @@ int run_serve(const ServeCliConfig& c) {
   ec.kv.budget_bytes = static_cast<std::size_t>(c.kv_budget_mib * 1024 * 1024);
   ec.kv.block_tokens = c.kv_block_tokens;
   ec.kv.prefix_cache = !c.no_prefix_cache;
+  if (!c.kv_admission.empty() && c.kv_admission != "reserve" && c.kv_admission != "preempt") {
+    return fail(
+        invalid_argument("serve: --kv-admission is reserve or preempt, got '{}'", c.kv_admission));
+  }
+  ec.kv_preempt = c.kv_admission == "preempt";
   ec.device_budget_bytes = static_cast<std::size_t>(c.device_budget_mib * 1024 * 1024);
   ec.max_batch_tokens = c.max_batch_tokens;
   ec.max_running = c.max_running;
@@ -280,6 +286,11 @@ int run_serve(const ServeCliConfig& c) {
   } else if (live_by_caps && c.no_prefix_cache) {
     log::get("serve")->warn(
         "--live-price-by-caps on has no effect with --no-prefix-cache (no prefix curve to price)");
+  }
+  if (auto_split && c.kv_admission == "reserve") {
+    return fail(invalid_argument(
+        "serve: --split auto resizes the KV pool live and needs --kv-admission preempt (a "
+        "shrink may take blocks a reservation promised)"));
   }
   if (auto_split) {
     if (c.device_budget_mib <= 0) {
@@ -396,6 +407,13 @@ void register_serve(CLI::App& app, CommandFn& run) {
   cmd->add_flag("--no-prefix-cache", c->no_prefix_cache,
                 "turn off automatic prefix caching (finished requests' KV blocks kept and reused)")
       ->envname("FERRY_NO_PREFIX_CACHE");
+  cmd->add_option("--kv-admission", c->kv_admission,
+                  "reserve: a request is admitted when the KV pool holds its prompt + max_tokens "
+                  "(it never waits once running; the default); preempt: admitted for what it "
+                  "has computed, blocks grow as it decodes, and a decode short of a block "
+                  "preempts the youngest running request, which is recomputed later with the "
+                  "same tokens (more requests run in the same pool; implied by --split auto)")
+      ->check(CLI::IsMember({"reserve", "preempt"}));
   cmd->add_option("--kv-block-tokens", c->kv_block_tokens, "tokens per KV block")
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--max-tokens-default", c->default_max_tokens,

@@ -175,6 +175,8 @@ void EngineWorker::publish_gauges() {
   metrics_->kv_blocks_total = engine_.kv().num_blocks();  // MV-WSA resizes it live
   metrics_->prefix_query_tokens = engine_.stats().prefix_query_tokens;
   metrics_->prefix_hit_tokens = engine_.stats().prefix_hit_tokens;
+  metrics_->preemptions = engine_.stats().preemptions;
+  metrics_->recompute_tokens = engine_.stats().recompute_tokens;
   if (const ExpertPager* p = engine_.experts().pager()) {
     metrics_->pager_hits = p->counters().hits;
     metrics_->pager_misses = p->counters().misses;

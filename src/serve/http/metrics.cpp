@@ -94,6 +94,12 @@ std::string ServerMetrics::render() const {
     series(o, "ferry_serve_prefix_cache_hit_rate", "",
            q > 0 ? double(prefix_hit_tokens.load()) / q : 0.0);
   }
+  head(o, "ferry_serve_preemptions_total", "counter",
+       "running requests preempted for KV blocks (--kv-admission preempt)");
+  series(o, "ferry_serve_preemptions_total", "", double(preemptions.load()));
+  head(o, "ferry_serve_recompute_tokens_total", "counter",
+       "tokens computed again for preempted requests on re-admission");
+  series(o, "ferry_serve_recompute_tokens_total", "", double(recompute_tokens.load()));
   head(o, "ferry_serve_pager_hits_total", "counter", "expert pager hits");
   series(o, "ferry_serve_pager_hits_total", "", double(pager_hits.load()));
   head(o, "ferry_serve_pager_misses_total", "counter", "expert pager misses");

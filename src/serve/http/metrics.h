@@ -46,6 +46,9 @@ struct ServerMetrics {
   // and those found cached (the hit rate is their ratio).
   std::atomic<int> kv_blocks_cached{0};
   std::atomic<std::uint64_t> prefix_query_tokens{0}, prefix_hit_tokens{0};
+  // KV admission by preemption (EngineConfig::kv_preempt): requests preempted for blocks and the
+  // tokens recomputed for them on re-admission.
+  std::atomic<std::uint64_t> preemptions{0}, recompute_tokens{0};
   std::atomic<std::uint64_t> pager_hits{0}, pager_misses{0}, pager_bytes_copied{0};
   // Paged misses computed from host memory (miss placement: cost model, bypass admission).
   std::atomic<std::uint64_t> host_computed_misses{0}, bypassed_misses{0};
