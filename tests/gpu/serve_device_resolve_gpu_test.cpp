@@ -102,17 +102,8 @@ TEST_F(ServeDeviceResolveKernels, ResolveEqualsTheCpuTwinOnRandomSequences) {
             }
             if (recent.size() > std::size_t(4 * K))
               recent.erase(recent.begin(), recent.end() - 4 * K);
-            SlotResolveArgs h{.ids = ids.data(),
-                              .n = std::int64_t(ids.size()),
-                              .E = E,
-                              .max_cap = M,
-                              .state = state.data(),
-                              .table = table.data(),
-                              .log = log.data(),
-                              .slot_base = fake_base,
-                              .expert_bytes = 96,
-                              .up_offset = 32,
-                              .down_offset = 64};
+            const SlotResolveArgs h = testing::test_resolve_args(
+                ids, E, M, state.data(), table.data(), log.data(), fake_base);
             resolve_slots_twin(h);
             ASSERT_EQ(ferry::testing::copy_to_device(d_ids, ids.data(), ids.size() * 4),
                       cudaSuccess);

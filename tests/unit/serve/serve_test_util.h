@@ -18,10 +18,29 @@
 #include "serve/dense_weights.h"
 #include "serve/engine.h"
 #include "serve/routing_trace.h"
+#include "serve/slot_resolve.h"
 
 namespace ferry::serve::testing {
 
 // The tiny random Qwen3-MoE the engine tests share: 2 layers, 8 experts, top-2.
+// One slot-resolve call over a test's own arrays (SlotStateLayout), slots of 96 bytes at
+// slot_base with up at 32 and down at 64: the layout the twin and kernel tests share.
+inline SlotResolveArgs test_resolve_args(const std::vector<std::int32_t>& ids, int E, int max_cap,
+                                         std::int32_t* state, const void** table, std::int32_t* log,
+                                         unsigned char* slot_base) {
+  return {.ids = ids.data(),
+          .n = std::int64_t(ids.size()),
+          .E = E,
+          .max_cap = max_cap,
+          .state = state,
+          .table = table,
+          .log = log,
+          .slot_base = slot_base,
+          .expert_bytes = 96,
+          .up_offset = 32,
+          .down_offset = 64};
+}
+
 inline BuiltinMoeSpec tiny_moe_spec() {
   return {.layers = 2,
           .hidden = 64,

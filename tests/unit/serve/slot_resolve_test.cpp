@@ -215,19 +215,9 @@ TEST(SlotResolveTwinRule, LfuAndLruEvictDifferentExperts) {
     for (int e = 0; e < E; ++e) st.slot_of()[e] = -1;
     for (int s = 0; s < M; ++s) st.expert_in()[s] = -1;
     std::vector<unsigned char> slots(std::size_t(M) * 96);
-    auto call = [&](std::vector<std::int32_t> ids) {
-      SlotResolveArgs a{.ids = ids.data(),
-                        .n = std::int64_t(ids.size()),
-                        .E = E,
-                        .max_cap = M,
-                        .state = state.data(),
-                        .table = table.data(),
-                        .log = log.data(),
-                        .slot_base = slots.data(),
-                        .expert_bytes = 96,
-                        .up_offset = 32,
-                        .down_offset = 64};
-      resolve_slots_twin(a);
+    auto call = [&](const std::vector<std::int32_t>& ids) {
+      resolve_slots_twin(testing::test_resolve_args(ids, E, M, state.data(), table.data(),
+                                                    log.data(), slots.data()));
     };
     call({0});
     call({0});
