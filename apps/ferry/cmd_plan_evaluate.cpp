@@ -17,16 +17,25 @@
 #include "plan/plan_json.h"
 #include "plan/problem.h"
 #include "plan/reprice.h"
+#include "train/stream/plan_policy.h"
 
 namespace ferry::app {
 namespace {
 
-// The report's run of this very plan: a plan=FILE policy carries the plan document's predicted
-// step (train_bench.cpp predicted_step_ms, read from the file it ran), the same double as the
-// document's, so equality names the run whatever path the file had on the machine that ran it.
-const Json* run_of_plan(const Json& report, double predicted_step_ms) {
+// The report's run of this very plan, whatever path the file had on the machine that ran it: a
+// plan=FILE policy carries the document's fingerprint (train_bench.cpp plan_fingerprint), so a
+// run is this plan's when the fingerprints are equal. Reports from before the fingerprint (none
+// in the run) are matched by the predicted step the run copied from the file (the same double),
+// which a different document with the same predicted step would match too.
+const Json* run_of_plan(const Json& report, const std::string& fingerprint,
+                        double predicted_step_ms) {
   for (const Json& run : report.at("policies")) {
     if (run.contains("error")) continue;
+    const auto fp = run.find("plan_fingerprint");
+    if (fp != run.end() && fp->is_string()) {
+      if (fp->get<std::string>() == fingerprint) return &run;
+      continue;
+    }
     const auto it = run.find("predicted_step_ms");
     if (it != run.end() && it->is_number() && it->get<double>() == predicted_step_ms) return &run;
   }
@@ -71,7 +80,7 @@ Status run_plan_evaluate(const PlanEvaluateArgs& a) {
   const Json* measured = nullptr;
   if (!a.bench_path.empty()) {
     FERRY_ASSIGN_OR_RETURN(report, plan::read_bench_report(a.bench_path, "--from-bench"));
-    measured = run_of_plan(report, pl.predicted.step_ms);
+    measured = run_of_plan(report, train::stream::plan_fingerprint(doc), pl.predicted.step_ms);
     const std::optional<plan::ExecutorDiskRates> d = plan::executor_disk_rates(report);
     if (!(problem->nvme_cap_gb > 0)) {
       source = "NVMe: the plan was solved without an NVMe tier";
@@ -141,8 +150,10 @@ Status run_plan_evaluate(const PlanEvaluateArgs& a) {
       out["error_as_solved"] = r.as_solved.step_ms / m - 1.0;
       out["error_re_priced"] = r.at_rates.step_ms / m - 1.0;
     } else {
-      std::printf("measured: no run of %s is this plan (no policy's predicted step is %.6f ms)\n",
-                  a.bench_path.c_str(), stored);
+      std::printf(
+          "measured: no run of %s is this plan (no policy ran a document with its fingerprint "
+          "%s; reports without fingerprints: none's predicted step is %.6f ms)\n",
+          a.bench_path.c_str(), train::stream::plan_fingerprint(doc).c_str(), stored);
     }
   }
   std::fflush(stdout);

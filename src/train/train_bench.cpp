@@ -192,7 +192,8 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
     // A policy by name, or a `ferry plan` document's boundary homes (plan=FILE).
     stream::ActivationPolicy pol;
     double predicted_step_ms = 0;
-    int plan_batch = 0;  // what a plan was solved for
+    std::string plan_fingerprint;  // a plan document's (stream::plan_fingerprint)
+    int plan_batch = 0;            // what a plan was solved for
     // GPU-resident layers as asked (not given: none); a plan runs its own K unless a number is
     // given (0 included); `auto` leaves a plan its K, which its solve already chose.
     int resident_asked = c.resident_layers == kResidentNotGiven ? 0 : c.resident_layers;
@@ -224,6 +225,7 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
       }
       pol = pp.policy;
       predicted_step_ms = pp.predicted_step_ms;
+      plan_fingerprint = pp.fingerprint;
       plan_batch = pp.batch_size;
       if (c.resident_layers == kResidentNotGiven || c.resident_layers == stream::kResidentAuto) {
         resident_asked = pp.resident_layers;
@@ -373,6 +375,7 @@ Result<Json> run_train_bench(const TrainBenchConfig& c) {
          // The device tail this policy ran (-1: all).
          {"device_update_layers_run", tail_layers},
          {"predicted_step_ms", predicted_step_ms > 0 ? Json(predicted_step_ms) : Json(nullptr)},
+         {"plan_fingerprint", plan_fingerprint.empty() ? Json(nullptr) : Json(plan_fingerprint)},
          {"step_ms_median", median(step_s) * 1e3},
          {"step_ms_mean", total_s * per * 1e3},
          {"tokens_per_s", static_cast<double>(tokens) * c.accum * c.steps / total_s},

@@ -106,6 +106,8 @@ assert E["solved_rates"] == P["problem"]["link"], (E["solved_rates"], P["problem
 for d in ("write", "read"):
     assert E["rates"][f"nvme_{d}_gbps"] == run[f"nvme_{d}_gbps"], (E["rates"], d)
 assert E["measured_step_ms"] == run["step_ms_mean"], (E["measured_step_ms"], run["step_ms_mean"])
+fp = run["plan_fingerprint"]  # the run names the document it ran
+assert isinstance(fp, str) and len(fp) == 16 and int(fp, 16) >= 0, fp
 for k, pred in (("error_as_solved", E["as_solved"]), ("error_re_priced", E["re_priced"])):
     want = pred["step_ms"] / run["step_ms_mean"] - 1
     assert abs(E[k] - want) <= 1e-12, (k, E[k], want)
@@ -122,6 +124,19 @@ assert E2["re_priced"]["step_ms"] > E2["as_solved"]["step_ms"], E2
 assert "measured_step_ms" not in E2
 print(f"plan_nvme_from_bench: --evaluate: solved {solved:.1f} ms, at the run's disk rates "
       f"{E['re_priced']['step_ms']:.1f} ms, measured {run['step_ms_mean']:.1f} ms", file=sys.stderr)
+PY
+# Another document with the same predicted step (the plan plus one key) is not the run's plan:
+# re-priced, but with no measured step beside it.
+python3 -c "import json,sys; d=json.load(open(sys.argv[1])); d['note']='a copy'; \
+json.dump(d, open(sys.argv[2], 'w'))" "$TMP/p.json" "$TMP/pcopy.json"
+"$FERRY" plan --evaluate "$TMP/pcopy.json" --from-bench "$TMP/r.json" --json "$TMP/e3.json" \
+  > "$TMP/e3.out" 2> "$TMP/e3.err" ||
+  { echo "plan_nvme_from_bench: --evaluate of a copy failed"; cat "$TMP/e3.err"; exit 1; }
+python3 - "$TMP/e3.json" "$TMP/e3.out" <<'PY'
+import json, sys
+E3 = json.load(open(sys.argv[1]))
+assert "measured_step_ms" not in E3, E3
+assert "measured: no run of" in open(sys.argv[2]).read()
 PY
 expect_fail() {  # expect_fail NAME PATTERN ARGS...: exit 1 and PATTERN on stderr
   local name="$1" pattern="$2"; shift 2

@@ -9,6 +9,7 @@
 #include "core/file_util.h"
 #include "core/json.h"
 #include "core/json_flags.h"
+#include "train/train_checkpoint.h"
 
 namespace ferry::train::stream {
 
@@ -78,6 +79,7 @@ Result<PlanPolicy> plan_policy_from_text(const std::string& text, const std::str
       }
     }
     out.policy.name = "plan:" + j.value("policy", std::string("?"));
+    out.fingerprint = plan_fingerprint(j);
   } catch (const std::exception& e) {
     return corrupt("train: plan {}: {}", what, e.what());
   }
@@ -96,6 +98,11 @@ Result<int> read_plan_resident_layers(const std::string& path) {
   } catch (const std::exception& e) {
     return corrupt("train: plan {}: {}", path, e.what());
   }
+}
+
+std::string plan_fingerprint(const Json& plan_doc) {
+  const std::string dump = plan_doc.dump();
+  return fmt::format("{:016x}", fnv1a64(dump.data(), dump.size()));
 }
 
 Result<PlanPolicy> read_plan_policy(const std::string& path, int layers,

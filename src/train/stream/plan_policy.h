@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/json.h"
 #include "core/result.h"
 #include "train/stream/activation_policy.h"
 
@@ -32,7 +33,14 @@ struct PlanPolicy {
   // document has none): what the trainer prints next to the measured window times.
   std::vector<double> window_compute_ms, window_exposed_ms;
   double predicted_step_ms = 0;
+  // plan_fingerprint of the document: a bench report's run of it carries this, so `ferry plan
+  // --evaluate` finds the run of this very document (not one with the same predicted step).
+  std::string fingerprint;
 };
+
+// 16 hex digits of the FNV-1a 64 hash of the document's canonical dump (nlohmann's: keys sorted):
+// the same for the same plan document wherever its file lies, different for any other content.
+std::string plan_fingerprint(const Json& plan_doc);
 
 // nvme_dir: where NVMe-homed boundaries go (the plan does not name a directory).
 Result<PlanPolicy> read_plan_policy(const std::string& path, int layers,
