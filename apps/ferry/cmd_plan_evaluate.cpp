@@ -64,6 +64,7 @@ std::string row(const char* name, const plan::Prediction& q, const plan::LinkRat
 Status run_plan_evaluate(const PlanEvaluateArgs& a) {
   FERRY_ASSIGN_OR_RETURN(const std::string text, read_file(a.plan_path));
   FERRY_ASSIGN_OR_RETURN(const Json doc, parse_json(text, a.plan_path));
+  const std::string fingerprint = train::stream::plan_fingerprint(doc);  // its runs carry it
   FERRY_ASSIGN_OR_RETURN(const plan::Plan pl, plan::plan_from_json(doc));
   FERRY_ASSIGN_OR_RETURN(const std::optional<plan::PlanProblem> problem,
                          plan::plan_problem_from_json(doc));
@@ -80,7 +81,7 @@ Status run_plan_evaluate(const PlanEvaluateArgs& a) {
   const Json* measured = nullptr;
   if (!a.bench_path.empty()) {
     FERRY_ASSIGN_OR_RETURN(report, plan::read_bench_report(a.bench_path, "--from-bench"));
-    measured = run_of_plan(report, train::stream::plan_fingerprint(doc), pl.predicted.step_ms);
+    measured = run_of_plan(report, fingerprint, pl.predicted.step_ms);
     const std::optional<plan::ExecutorDiskRates> d = plan::executor_disk_rates(report);
     if (!(problem->nvme_cap_gb > 0)) {
       source = "NVMe: the plan was solved without an NVMe tier";
@@ -153,7 +154,7 @@ Status run_plan_evaluate(const PlanEvaluateArgs& a) {
       std::printf(
           "measured: no run of %s is this plan (no policy ran a document with its fingerprint "
           "%s; reports without fingerprints: none's predicted step is %.6f ms)\n",
-          a.bench_path.c_str(), train::stream::plan_fingerprint(doc).c_str(), stored);
+          a.bench_path.c_str(), fingerprint.c_str(), stored);
     }
   }
   std::fflush(stdout);

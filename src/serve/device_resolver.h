@@ -3,9 +3,9 @@
 // resolution for paged decode"). The paged executor's alternative to the host pager's acquire
 // for a layer call whose routed rows fit the free slots (n = T*K <= cap - hot, so one group),
 // under LRU or LFU with no miss placement rules:
-//   resolve   the layer's routed ids -> slots, by ExpertPager's exact LRU / LFU rule, over the
-//   layer's
-//             state block and [3, E] pointer table (slot_resolve.h; CUDA: one-block kernel);
+//   resolve   the layer's routed ids -> slots, by ExpertPager's exact LRU / LFU rule, over
+//             the layer's state block and [3, E] pointer table (slot_resolve.h; CUDA: one-block
+//             kernel);
 //   copy      the misses from the host store into their slots (CUDA: a kernel reading the
 //             pinned store through its mapped address; paced like the copy stream when the
 //             engine paces the link: one timer mark before, one wait of ceil(bytes / rate) ns
