@@ -48,6 +48,9 @@ Result<std::unique_ptr<SlotResolver>> SlotResolver::create(const model::DecoderG
   r->s_table_ = plan.add("slot pointer tables", table_bytes);
   r->s_log_ = plan.add("slot resolve logs", log_bytes);
   r->s_mark_ = plan.add("miss copy pacing mark", 8);
+  const std::vector<double>& decay = pager.ranker().decay_table();
+  const std::size_t decay_bytes = decay.size() * sizeof(double);
+  r->s_decay_ = plan.add("lfru decay table", decay_bytes);
   FERRY_TRY(r->budget_.set_limit(plan.allocation_bytes()));
   // NOTE(serve): the CPU twin's arrays stand for device memory but are not charged to the CPU
   // engine's emulated device budget, so the CPU engine's budgets (and the tests that size them
@@ -85,6 +88,10 @@ Result<std::unique_ptr<SlotResolver>> SlotResolver::create(const model::DecoderG
     FERRY_ASSIGN_OR_RETURN(r->h_state_, pinned(state_bytes, "slot states (host)"));
     FERRY_ASSIGN_OR_RETURN(r->h_table_, pinned(table_bytes, "slot pointer tables (host)"));
     FERRY_ASSIGN_OR_RETURN(r->h_log_, pinned(log_bytes, "slot resolve logs (host)"));
+    FERRY_ASSIGN_OR_RETURN(r->h_decay_, pinned(decay_bytes, "lfru decay table (host)"));
+    std::memcpy(r->h_decay_.data(), decay.data(), decay_bytes);
+  } else {
+    std::memcpy(r->arena_.data(r->s_decay_), decay.data(), decay_bytes);
   }
   r->distinct_.reserve(std::size_t(E));
   r->refs_.reserve(std::size_t(E));
@@ -116,6 +123,7 @@ SlotResolveArgs SlotResolver::args(int layer, const std::int32_t* ids, std::int6
                     .state = state(layer),
                     .table = table_mut(layer),
                     .log = log(layer),
+                    .lfru_decay = arena_.as<const double>(s_decay_),
                     .slot_base = reinterpret_cast<unsigned char*>(pager_.slot_base(layer))};
   set_block_layout(a, store_);
   return a;
@@ -155,6 +163,10 @@ Status SlotResolver::run_cpu(int layer, const std::int32_t* ids, std::int64_t n,
 
 Status SlotResolver::upload_stale(mem::Stream& stream) {
   FERRY_CHECK(on_device_, "serve: upload_stale on a CPU slot resolver");
+  if (!decay_uploaded_) {  // the pinned mirror is never written again
+    FERRY_TRY(dev_.te->h2d(arena_.data(s_decay_), h_decay_.data(), h_decay_.size(), stream));
+    decay_uploaded_ = true;
+  }
   for (int l = 0; l < geo_.layers; ++l) {
     if (!geo_.layer_is_moe[l] || !stale_[std::size_t(l)]) continue;
     const std::int64_t m = moe_index_[std::size_t(l)];

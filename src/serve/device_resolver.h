@@ -2,8 +2,8 @@
 // SlotResolver: device-side slot resolution for paged decode (docs/serve.md "Device-side slot
 // resolution for paged decode"). The paged executor's alternative to the host pager's acquire
 // for a layer call whose routed rows fit the free slots (n = T*K <= cap - hot, so one group),
-// under LRU or LFU with no miss placement rules:
-//   resolve   the layer's routed ids -> slots, by ExpertPager's exact LRU / LFU rule, over
+// under any eviction policy (LRU, LFU, LFRU) with no miss placement rules:
+//   resolve   the layer's routed ids -> slots, by ExpertPager's exact victim rule, over
 //             the layer's state block and [3, E] pointer table (slot_resolve.h; CUDA: one-block
 //             kernel);
 //   copy      the misses from the host store into their slots (CUDA: a kernel reading the
@@ -23,8 +23,9 @@
 // over the free slots) or a resize makes a layer stale, and before the next device step its
 // state and table are rewritten from the pager (CUDA: one H2D on compute, from a pinned
 // mirror). Memory (create): one arena of [moe layers] state blocks, tables and logs (+ the
-// pacing mark), on the pool tier, charged to the engine's device budget as "device slot
-// resolution"; CUDA adds pinned mirrors of the same size. Not thread-safe (the engine's step).
+// pacing mark and LFRU's decay table), on the pool tier, charged to the engine's device budget as
+// "device slot resolution"; CUDA adds pinned mirrors of the same size. Not thread-safe (the
+// engine's step).
 #pragma once
 
 #include <cstdint>
@@ -109,9 +110,10 @@ class SlotResolver {
   mem::MemoryBudget budget_;
   BudgetCharge charge_;
   mem::Arena arena_;
-  mem::SlotId s_state_{0}, s_table_{0}, s_log_{0}, s_mark_{0};
+  mem::SlotId s_state_{0}, s_table_{0}, s_log_{0}, s_mark_{0}, s_decay_{0};
+  bool decay_uploaded_ = false;  // CUDA: the LFRU decay table (uploaded with the first state)
   mem::MemoryBudget host_budget_{mem::MemTier::kPinnedHost};
-  mem::Buffer h_state_, h_table_, h_log_;       // CUDA: pinned mirrors
+  mem::Buffer h_state_, h_table_, h_log_, h_decay_;  // CUDA: pinned mirrors
   std::vector<const unsigned char*> src_base_;  // [L] the layer's expert 0 as the copier reads it
   std::vector<std::int32_t> distinct_;
   std::vector<ExpertRef> refs_;

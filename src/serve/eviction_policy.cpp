@@ -1,14 +1,28 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "serve/eviction_policy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <tuple>
 
 namespace ferry::serve {
 
+std::vector<double> lfru_decay_table(int h) {
+  std::vector<double> t(std::size_t(std::max(h, 1)));
+  for (std::size_t r = 0; r < t.size(); ++r) {
+    t[r] = std::exp2(-static_cast<double>(r) / static_cast<double>(t.size()));
+  }
+  return t;
+}
+
+double lfru_decay(const double* table, int h, std::uint64_t age) {
+  // Past 2^-1075 every table value (in (1/2, 1]) scales to 0; the cap keeps the exponent an int.
+  const std::uint64_t q = std::min<std::uint64_t>(age / std::uint64_t(h), 2000);
+  return std::ldexp(table[age % std::uint64_t(h)], -static_cast<int>(q));
+}
+
 double EvictionRanker::lfru_score(const SlotMeta& m, std::uint64_t now) const {
-  const double age = static_cast<double>(now - m.score_at);
-  return m.score * std::exp2(-age / static_cast<double>(half_life_));
+  return m.score * lfru_decay(decay_.data(), int(decay_.size()), now - m.score_at);
 }
 
 void EvictionRanker::on_load(SlotMeta& m, std::uint64_t now) const {
@@ -16,7 +30,8 @@ void EvictionRanker::on_load(SlotMeta& m, std::uint64_t now) const {
 }
 
 void EvictionRanker::on_hit(SlotMeta& m, std::uint64_t now) const {
-  m.score = lfru_score(m, now) + 1.0;
+  // One rounding (fma), as the device resolver does.
+  m.score = std::fma(m.score, lfru_decay(decay_.data(), int(decay_.size()), now - m.score_at), 1.0);
   m.score_at = now;
   m.last_use = now;
   ++m.uses;

@@ -5,14 +5,23 @@
 //   LFU  evict the fewest uses since the expert was loaded; ties by last_use.
 //   LFRU evict the smallest recency-decayed frequency, score(now) = score * 2^(-(now - at) / h),
 //        where every access adds 1 (Lee et al.'s LRFU; h = half-life in ticks); ties by last_use.
+//        The decay is lfru_decay below, computed so that the device resolver
+//        (kernels/cuda/serve_slot_resolve.cu) gets the same bits: a table of 2^(-r/h), r < h,
+//        scaled by an exact power of two; a hit's score is one fma.
 // Every ranking ends in the slot index, so victim choice is deterministic.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "serve/serve_config.h"
 
 namespace ferry::serve {
+
+// 2^(-age / h) as ldexp(table[age % h], -(age / h)), table[r] = exp2(-r / h) (lfru_decay_table):
+// exact scaling of a table value, so any IEEE machine with the table gets the same bits.
+double lfru_decay(const double* table, int h, std::uint64_t age);
+std::vector<double> lfru_decay_table(int h);
 
 struct SlotMeta {
   std::uint64_t last_use = 0;
@@ -23,7 +32,8 @@ struct SlotMeta {
 
 class EvictionRanker {
  public:
-  EvictionRanker(EvictionPolicy policy, int half_life) : policy_(policy), half_life_(half_life) {}
+  EvictionRanker(EvictionPolicy policy, int half_life)
+      : policy_(policy), half_life_(half_life), decay_(lfru_decay_table(half_life)) {}
 
   void on_load(SlotMeta& m, std::uint64_t now) const;
   void on_hit(SlotMeta& m, std::uint64_t now) const;
@@ -31,10 +41,14 @@ class EvictionRanker {
   bool evict_first(const SlotMeta& ma, int a, const SlotMeta& mb, int b, std::uint64_t now) const;
   double lfru_score(const SlotMeta& m, std::uint64_t now) const;
   EvictionPolicy policy() const { return policy_; }
+  int half_life() const { return half_life_; }
+  // [half_life] the LFRU decay table (lfru_decay_table).
+  const std::vector<double>& decay_table() const { return decay_; }
 
  private:
   EvictionPolicy policy_;
   int half_life_;
+  std::vector<double> decay_;
 };
 
 }  // namespace ferry::serve

@@ -296,10 +296,10 @@ Result<std::unique_ptr<ExpertExecutor>> ExpertExecutor::create(const model::Deco
     }
   }
   if (dev != nullptr) FERRY_TRY(x->create_device(*dev, shared));
-  if (pc.mode == ExpertMode::kPaged && pc.device_resolve && pc.policy != EvictionPolicy::kLfru &&
-      !pc.miss_cost_model && pc.bypass_window == 0) {
-    // LRU and LFU (integer ranks the kernel reproduces exactly); LFRU's decayed double scores,
-    // miss placement and bypass admission keep the host path (docs/serve.md).
+  if (pc.mode == ExpertMode::kPaged && pc.device_resolve && !pc.miss_cost_model &&
+      pc.bypass_window == 0) {
+    // Every eviction policy (the kernel reproduces LRU, LFU and LFRU's exact decisions); miss
+    // placement and bypass admission keep the host path (docs/serve.md).
     const SlotResolverDevice rd{.te = dev != nullptr ? dev->te : nullptr,
                                 .pace_gbps = dev != nullptr ? dev->pace_gbps : 0.0};
     FERRY_ASSIGN_OR_RETURN(x->resolver_, SlotResolver::create(geo, *x->pager_, *x->store_, shared,

@@ -128,6 +128,10 @@ class ExpertPager {
   // The slot's uses since its expert was loaded (LFU's count) and the victim policy.
   std::uint64_t uses(int layer, int slot) const { return layers_[layer].meta[slot].uses; }
   EvictionPolicy policy() const { return ranker_.policy(); }
+  // The slot's whole victim state (LFRU's score and its tick too) and the ranker (its LFRU decay
+  // table), for the device resolver's state block.
+  const SlotMeta& meta(int layer, int slot) const { return layers_[layer].meta[slot]; }
+  const EvictionRanker& ranker() const { return ranker_; }
   // Slot 0 of the layer (slot s is expert_bytes() * s further), where the device resolver's
   // table and copies point.
   std::byte* slot_base(int layer) const { return slot_data(layer, 0); }

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "serve/slot_resolve.h"
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -16,7 +17,10 @@ void resolve_slots_twin(const SlotResolveArgs& a) {
   std::int32_t* flags = st.flags();
   std::uint32_t* uses = st.uses();
   const int cap = st.cap();
-  const bool lfu = st.rule() == kernels::cuda::kSlotRuleLfu;
+  const int rule = st.rule();
+  std::uint32_t* score_at = st.score_at();
+  double* score = st.score();
+  const int h = st.half_life();
   std::int32_t* ids_out = log + SlotStateLayout::kLogHeader;
   std::int32_t* miss_expert = ids_out + a.E;
   std::int32_t* miss_slot = ids_out + 2 * a.E;
@@ -49,12 +53,20 @@ void resolve_slots_twin(const SlotResolveArgs& a) {
     flags[s] |= kernels::cuda::kSlotInUse;
     stamp[s] = tick;
     ++uses[s];
+    if (rule == kernels::cuda::kSlotRuleLfru) {  // EvictionRanker::on_hit
+      score[s] = std::fma(score[s], lfru_decay(a.lfru_decay, h, tick - score_at[s]), 1.0);
+      score_at[s] = tick;
+    }
     ++hits;
   }
   for (int e = 0; e < a.E; ++e) evicted[e] = -1;
   // Misses in order: the lowest empty slot under the cap, else among the slots that are neither
-  // hot nor in use the least recently stamped (LRU) or the fewest uses, then the least recently
-  // stamped (LFU); ties: the lowest slot — ExpertPager::take_slot with EvictionRanker's rule.
+  // hot nor in use the least recently stamped (LRU), the fewest uses (LFU) or the smallest score
+  // now (LFRU), then the least recently stamped; ties: the lowest slot — ExpertPager::take_slot
+  // with EvictionRanker's rule.
+  const auto score_now = [&](int s) {
+    return score[s] * lfru_decay(a.lfru_decay, h, tick - score_at[s]);
+  };
   for (std::int64_t d = 0; d < nd; ++d) {
     const std::int32_t e = distinct[d];
     if (slot_of[e] >= 0) continue;
@@ -65,9 +77,15 @@ void resolve_slots_twin(const SlotResolveArgs& a) {
     if (victim < 0) {
       for (int s = 0; s < cap; ++s) {
         if (flags[s] & (kernels::cuda::kSlotHot | kernels::cuda::kSlotInUse)) continue;
-        const bool first =
-            victim < 0 ||
-            (lfu && uses[s] != uses[victim] ? uses[s] < uses[victim] : stamp[s] < stamp[victim]);
+        bool first = victim < 0;
+        if (!first && rule == kernels::cuda::kSlotRuleLfu && uses[s] != uses[victim]) {
+          first = uses[s] < uses[victim];
+        } else if (!first && rule == kernels::cuda::kSlotRuleLfru &&
+                   score_now(s) != score_now(victim)) {
+          first = score_now(s) < score_now(victim);
+        } else if (!first) {
+          first = stamp[s] < stamp[victim];
+        }
         if (first) victim = s;
       }
     }
@@ -85,6 +103,8 @@ void resolve_slots_twin(const SlotResolveArgs& a) {
     slot_of[e] = victim;
     stamp[victim] = tick;
     uses[victim] = 1;
+    score_at[victim] = tick;  // EvictionRanker::on_load
+    score[victim] = 1.0;
     flags[victim] |= kernels::cuda::kSlotInUse;
     unsigned char* block = a.slot_base + std::int64_t(victim) * a.expert_bytes;
     a.table[e] = block;
@@ -141,9 +161,10 @@ Status fill_slot_state(const ExpertPager& pager, const ExpertStore& store, int l
       st.rule() = kernels::cuda::kSlotRuleLfu;
       break;
     case EvictionPolicy::kLfru:
-      return invalid_argument("serve: the device resolver has no LFRU rule (layer {})", layer);
+      st.rule() = kernels::cuda::kSlotRuleLfru;
+      break;
   }
-  state[3] = 0;
+  st.half_life() = static_cast<std::int32_t>(pager.ranker().decay_table().size());
   for (int e = 0; e < E; ++e) st.slot_of()[e] = -1;
   for (int e = 0; e < 3 * E; ++e) table[e] = nullptr;
   const std::size_t eb = store.expert_bytes();
@@ -156,6 +177,9 @@ Status fill_slot_state(const ExpertPager& pager, const ExpertStore& store, int l
                           layer, s, pager.uses(layer, s));
     }
     st.uses()[s] = e >= 0 ? static_cast<std::uint32_t>(pager.uses(layer, s)) : 0u;
+    // The score's tick is at most the layer's tick (checked above to fit).
+    st.score_at()[s] = e >= 0 ? static_cast<std::uint32_t>(pager.meta(layer, s).score_at) : 0u;
+    st.score()[s] = e >= 0 ? pager.meta(layer, s).score : 0.0;
     st.flags()[s] = e >= 0 && pager.is_hot(layer, e) ? kernels::cuda::kSlotHot : 0;
     if (e < 0) continue;
     st.slot_of()[e] = s;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Device-side slot resolution for paged decode (docs/serve.md "Device-side slot resolution"):
-// the LRU or LFU decisions of ExpertPager::acquire made over plain arrays (the layout of
+// the LRU, LFU or LFRU decisions of ExpertPager::acquire made over plain arrays (the layout of
 // kernels/cuda/serve_kernel_args.h SlotResolveArgs), so the CUDA engine can make them on the
 // device, stream-ordered, with no host wait, and a decode step can be a CUDA graph.
 //   resolve_slots_twin   the CPU twin of the resolve kernel (serve_slot_resolve.cu): the spec,
@@ -11,8 +11,8 @@
 //                        rewritten from it)
 // Invariant (tests/unit/serve/slot_resolve_test.cpp): on any routing sequence, the twin's
 // decisions (slot of every expert, misses, evictions, their order) equal the host pager's under
-// LRU and LFU with the same caps and hot set (LFRU's decayed scores stay on the host path); the
-// kernel equals the twin (tests/gpu/ serve_device_resolve_gpu_test.cpp).
+// LRU, LFU and LFRU with the same caps and hot set; the kernel equals the twin (tests/gpu/
+// serve_device_resolve_gpu_test.cpp).
 #pragma once
 
 #include <cstdint>
@@ -33,13 +33,20 @@ struct SlotStateView {
   int E = 0, max_cap = 0;
   std::int32_t& cap() const { return base[0]; }
   std::uint32_t& tick() const { return reinterpret_cast<std::uint32_t*>(base)[1]; }
-  std::int32_t& rule() const { return base[2]; }  // kSlotRuleLru / kSlotRuleLfu
+  std::int32_t& rule() const { return base[2]; }  // kSlotRuleLru / kSlotRuleLfu / kSlotRuleLfru
+  std::int32_t& half_life() const { return base[3]; }  // LFRU's h, the decay table's length
   std::int32_t* slot_of() const { return base + SlotStateLayout::kHeader; }
   std::int32_t* expert_in() const { return slot_of() + E; }
   std::uint32_t* stamp() const { return reinterpret_cast<std::uint32_t*>(expert_in() + max_cap); }
   std::int32_t* flags() const { return expert_in() + 2 * max_cap; }
   std::uint32_t* uses() const {
     return reinterpret_cast<std::uint32_t*>(expert_in() + 3 * max_cap);
+  }
+  std::uint32_t* score_at() const {
+    return reinterpret_cast<std::uint32_t*>(expert_in() + 4 * max_cap);
+  }
+  double* score() const {
+    return reinterpret_cast<double*>(base + SlotStateLayout::score_offset(E, max_cap));
   }
 };
 
@@ -67,12 +74,13 @@ void resolve_slots_twin(const SlotResolveArgs& a);
 void copy_misses_twin(const MissCopyArgs& a);
 
 // Writes layer `layer`'s state block (state_ints(E, max_cap) ints; max_cap >= the layer's max
-// capacity, slots above it empty) and its [3, E] table from the pager: caps, tick, residents, LRU
-// stamps (last use) and hot flags, in-use flags clear (no layer in use: between steps). slot_base:
-// the slots' address as the table should hold it. The victim rule is the pager's policy (LRU or
-// LFU; invalid_argument for LFRU) and each slot's uses its count since load. out_of_range when the
-// layer's tick, a stamp or a use count no longer fits 32 bits (the caller keeps the host path
-// then).
+// capacity, slots above it empty; `state` 8-byte aligned) and its [3, E] table from the pager:
+// caps, tick, residents, LRU stamps (last use) and hot flags, in-use flags clear (no layer in use:
+// between steps). slot_base: the slots' address as the table should hold it. The victim rule is
+// the pager's policy, with each slot's uses since load (LFU) and LFRU score, its tick and the
+// half-life (the decay table is the pager's ranker().decay_table(), passed in the args).
+// out_of_range when the layer's tick, a stamp or a use count no longer fits 32 bits (the caller
+// keeps the host path then).
 Status fill_slot_state(const ExpertPager& pager, const ExpertStore& store, int layer, int max_cap,
                        std::int32_t* state, const void** table, unsigned char* slot_base);
 

@@ -3,7 +3,8 @@
 //   - ServeDeviceResolveKernels.ResolveEqualsTheCpuTwin*: both resolve kernels' (warp, block)
 //     state, pointer table and log equal resolve_slots_twin's exactly after every call of seeded
 //     random routing sequences (E up to 128, caps from top-k to E, hot sets, a live cap below
-//     the block's max), under the LRU and the LFU rule;
+//     the block's max), under the LRU, LFU and LFRU rules (LFRU: half-lives 1, 4, 7, 10, its
+//     f64 scores compared bitwise);
 //   - ServeDeviceResolveKernels.ResolveLatencyIsPrinted: one resolve call's device time in
 //     Qwen3-30B-A3B's routing geometry (printed, not asserted);
 //   - ServeDeviceResolveKernels.MissCopy*: the miss-copy kernel moves exactly the logged blocks
@@ -19,7 +20,7 @@
 //     cost one host sync each, the budget holds everything (the run fits a budget of exactly
 //     its peak, one byte less fails at create), and paced at 2 GB/s it gives the same bits; the
 //     device path's serial order (overlap_misses off: the hits' FFN after the copy) the same;
-//     under LFU the device path gives the same bits and the host LFU pager's counters.
+//     under LFU and LFRU the device path gives the same bits and the host pager's counters.
 // Skips, saying so, without a CUDA device.
 #include <algorithm>
 #include <chrono>
@@ -55,7 +56,8 @@ TEST_F(ServeDeviceResolveKernels, ResolveEqualsTheCpuTwinOnRandomSequences) {
   int calls = 0, misses = 0, evictions = 0;
   // Both kernels (the warp kernel, the default, and the block kernel it replaced) from the same
   // random sequences; n = T*K reaches 128 ids, so the warp kernel's 32-id chunks are crossed.
-  for (const int rule : {kernels::cuda::kSlotRuleLru, kernels::cuda::kSlotRuleLfu})
+  for (const int rule :
+       {kernels::cuda::kSlotRuleLru, kernels::cuda::kSlotRuleLfu, kernels::cuda::kSlotRuleLfru})
     for (const KernelVariant variant : {KernelVariant::kDecode, KernelVariant::kBaseline})
       for (const auto& [E, K] : {std::pair{8, 2}, std::pair{64, 8}, std::pair{128, 8}}) {
         for (std::uint64_t seed = 1; seed <= 6; ++seed) {
@@ -69,6 +71,9 @@ TEST_F(ServeDeviceResolveKernels, ResolveEqualsTheCpuTwinOnRandomSequences) {
           const SlotStateView st{state.data(), E, M};
           st.cap() = cap;
           st.rule() = rule;
+          st.half_life() = 1 + int(seed % 4) * 3;
+          const std::vector<double> decay = lfru_decay_table(st.half_life());
+          const double* d_decay = device_copy(decay);
           for (int e = 0; e < E; ++e) st.slot_of()[e] = -1;
           for (int s = 0; s < M; ++s) st.expert_in()[s] = -1;
           for (int h = 0; h < hot;
@@ -102,8 +107,9 @@ TEST_F(ServeDeviceResolveKernels, ResolveEqualsTheCpuTwinOnRandomSequences) {
             }
             if (recent.size() > std::size_t(4 * K))
               recent.erase(recent.begin(), recent.end() - 4 * K);
-            const SlotResolveArgs h = testing::test_resolve_args(
-                ids, E, M, state.data(), table.data(), log.data(), fake_base);
+            SlotResolveArgs h = testing::test_resolve_args(ids, E, M, state.data(), table.data(),
+                                                           log.data(), fake_base);
+            h.lfru_decay = decay.data();
             resolve_slots_twin(h);
             ASSERT_EQ(ferry::testing::copy_to_device(d_ids, ids.data(), ids.size() * 4),
                       cudaSuccess);
@@ -112,11 +118,14 @@ TEST_F(ServeDeviceResolveKernels, ResolveEqualsTheCpuTwinOnRandomSequences) {
             d.state = d_state;
             d.table = d_table;
             d.log = d_log;
+            d.lfru_decay = d_decay;
             ASSERT_TRUE(kernels::cuda::resolve_slots(d, variant, stream()).ok());
             sync();
             const std::string what =
                 fmt::format("{} {} E {} K {} cap {} max {} hot {} seed {} call {}",
-                            rule == kernels::cuda::kSlotRuleLfu ? "lfu" : "lru",
+                            rule == kernels::cuda::kSlotRuleLfu    ? "lfu"
+                            : rule == kernels::cuda::kSlotRuleLfru ? "lfru"
+                                                                   : "lru",
                             variant == KernelVariant::kDecode ? "warp" : "block", E, K, cap, M, hot,
                             seed, call);
             ASSERT_EQ(host_copy(d_state, state.size()), state) << what;
@@ -131,9 +140,10 @@ TEST_F(ServeDeviceResolveKernels, ResolveEqualsTheCpuTwinOnRandomSequences) {
           cudaFree(d_log);
           cudaFree(d_table);
           cudaFree(d_ids);
+          cudaFree(const_cast<double*>(d_decay));
         }
       }
-  EXPECT_EQ(calls, 2 * 2 * 3 * 6 * 60);
+  EXPECT_EQ(calls, 3 * 2 * 3 * 6 * 60);
   EXPECT_GT(evictions, 800);
   std::cout << "[serve_gpu] resolve kernel = twin over " << calls << " calls, " << misses
             << " misses, " << evictions << " evictions\n";
@@ -480,19 +490,22 @@ TEST_P(ServeDeviceResolveCuda, PagedDecodeGivesResidentBitsAsGraphsWithOneSyncPe
                   << " of " << dev->steps << " steps on the device, host syncs " << host->host_syncs
                   << " -> " << dev->host_syncs << ", " << dev->graphs.replays << " replays, "
                   << dev->pager.misses << " misses\n";
-        // LFU resolves on the device too: the host LFU pager's decisions, resident's bits.
-        EngineConfig lfu_dev = paged_config(cap, dt, true), lfu_host = paged_config(cap, dt, false);
-        lfu_dev.pager.policy = lfu_host.pager.policy = EvictionPolicy::kLfu;
-        auto ld = run_with(m, lfu_dev, cuda(), workloads[w]);
-        auto lh = run_with(m, lfu_host, cuda(), workloads[w]);
-        ASSERT_TRUE(ld.ok()) << name << " lfu: " << ld.status().to_string();
-        ASSERT_TRUE(lh.ok()) << name << " lfu: " << lh.status().to_string();
-        expect_same_bits(ld->rec, ref->rec, name + " LFU device resolve vs resident");
-        EXPECT_EQ(ld->pager.hits, lh->pager.hits) << name << " lfu";
-        EXPECT_EQ(ld->pager.misses, lh->pager.misses) << name << " lfu";
-        EXPECT_EQ(ld->pager.evictions, lh->pager.evictions) << name << " lfu";
-        EXPECT_GT(ld->device_resolved, 0u) << name << " lfu";
-        EXPECT_EQ(lh->device_resolved, 0u) << name << " lfu";
+        // LFU and LFRU resolve on the device too: the host pager's decisions, resident's bits.
+        for (const EvictionPolicy policy : {EvictionPolicy::kLfu, EvictionPolicy::kLfru}) {
+          const std::string pn = name + " " + std::string(to_string(policy));
+          EngineConfig pdev = paged_config(cap, dt, true), phost = paged_config(cap, dt, false);
+          pdev.pager.policy = phost.pager.policy = policy;
+          auto ld = run_with(m, pdev, cuda(), workloads[w]);
+          auto lh = run_with(m, phost, cuda(), workloads[w]);
+          ASSERT_TRUE(ld.ok()) << pn << ": " << ld.status().to_string();
+          ASSERT_TRUE(lh.ok()) << pn << ": " << lh.status().to_string();
+          expect_same_bits(ld->rec, ref->rec, pn + " device resolve vs resident");
+          EXPECT_EQ(ld->pager.hits, lh->pager.hits) << pn;
+          EXPECT_EQ(ld->pager.misses, lh->pager.misses) << pn;
+          EXPECT_EQ(ld->pager.evictions, lh->pager.evictions) << pn;
+          EXPECT_GT(ld->device_resolved, 0u) << pn;
+          EXPECT_EQ(lh->device_resolved, 0u) << pn;
+        }
         if (w == 0 && cap == K) {
           // The hard budget holds all of it: a budget of exactly the peak runs the same bits,
           // one byte less is refused at create (nothing is allocated while stepping).

@@ -175,29 +175,43 @@ struct ForcedRoutingArgs {
 
 // Device-side slot resolution of one paged MoE layer (docs/serve.md "Device-side slot
 // resolution"; the CPU twin is serve::resolve_slots_twin in serve/slot_resolve.h, the host rule
-// is ExpertPager::acquire with LRU or LFU). `state` is the layer's int32 block (SlotStateLayout
-// below):
-//   [0] live cap, [1] tick (u32: the layer's acquire count), [2] victim rule (kSlotRuleLru or
-//   kSlotRuleLfu), [3] 0,
+// is ExpertPager::acquire with LRU, LFU or LFRU). `state` is the layer's int32 block
+// (SlotStateLayout below; 8-byte aligned):
+//   [0] live cap, [1] tick (u32: the layer's acquire count), [2] victim rule (kSlotRuleLru,
+//   kSlotRuleLfu or kSlotRuleLfru), [3] LFRU half-life h in ticks (the length of lfru_decay),
 //   slot_of [E] (-1: not resident), expert_in [max_cap] (-1: empty), stamp [max_cap] (u32 last
-//   use tick), flags [max_cap] (kSlotHot | kSlotInUse), uses [max_cap] (u32 uses since load).
+//   use tick), flags [max_cap] (kSlotHot | kSlotInUse), uses [max_cap] (u32 uses since load),
+//   score_at [max_cap] (u32 tick of the LFRU score), then at an even int offset score [max_cap]
+//   (f64 LFRU score as of score_at).
+// LFRU's decay over an age of a ticks is exact in both places: ldexp(lfru_decay[a % h], -(a / h))
+// with the table lfru_decay[r] = exp2(-r / h) made once on the host (serve/eviction_policy.h
+// lfru_decay); a slot's score now is score * decay (one rounding), a hit sets score =
+// fma(score, decay, 1) (one rounding), a load score = 1.
 // One call: in-use flags of the previous call cleared (its release), tick + 1; the step's
 // distinct experts in first-appearance order over ids; hits first (in use, stamp = tick, uses
-// + 1); then each miss takes the lowest empty slot under cap, else, among the slots that are
-// neither hot nor in use, the smallest (stamp, slot) under LRU or (uses, stamp, slot) under LFU
-// (its expert is evicted: slot_of -1, table entries null; the slot's stamp = tick, uses = 1); the
+// + 1, score as above, score_at = tick); then each miss takes the lowest empty slot under cap,
+// else, among the slots that are neither hot nor in use, the smallest (stamp, slot) under LRU,
+// (uses, stamp, slot) under LFU or (score now, stamp, slot) under LFRU (its expert is evicted:
+// slot_of -1, table entries null; the slot's stamp = score_at = tick, uses = 1, score = 1); the
 // table gets the miss's pointers (slot_base + slot * expert_bytes + {0, up_offset,
 // down_offset}). log: [0] hits, [1] misses, [2] evictions, [3] errors (ids outside [0, E) or a
 // miss without a slot: skipped, a bug of the caller), [4] n, then ids [E], miss_expert [E],
 // miss_slot [E], evicted [E] (-1: the slot was empty); n <= E (the caller runs this only when
 // n <= cap - hot).
 inline constexpr int kSlotHot = 1, kSlotInUse = 2;
-inline constexpr int kSlotRuleLru = 0, kSlotRuleLfu = 1;
+inline constexpr int kSlotRuleLru = 0, kSlotRuleLfu = 1, kSlotRuleLfru = 2;
 struct SlotStateLayout {
   static constexpr std::int64_t kHeader = 4, kLogHeader = 5;
-  static std::int64_t state_ints(int E, int max_cap) { return kHeader + E + 4 * max_cap; }
-  // The max_cap of a block of `ints` ints (the inverse of state_ints).
-  static int max_cap_of(std::int64_t ints, int E) { return int((ints - kHeader - E) / 4); }
+  // The int offset of the f64 scores: after the u32 arrays, rounded up to even.
+  static constexpr std::int64_t score_offset(int E, int max_cap) {
+    return (kHeader + E + 5 * std::int64_t(max_cap) + 1) / 2 * 2;
+  }
+  // Even, so consecutive blocks stay 8-byte aligned.
+  static constexpr std::int64_t state_ints(int E, int max_cap) {
+    return score_offset(E, max_cap) + 2 * std::int64_t(max_cap);
+  }
+  // The max_cap of a block of `ints` ints (the inverse of state_ints: the padding is < 7 ints).
+  static int max_cap_of(std::int64_t ints, int E) { return int((ints - kHeader - E) / 7); }
   static std::int64_t log_ints(int E) { return kLogHeader + 4 * std::int64_t(E); }
 };
 struct SlotResolveArgs {
@@ -207,6 +221,7 @@ struct SlotResolveArgs {
   std::int32_t* state = nullptr;       // [state_ints(E, max_cap)]
   const void** table = nullptr;        // [3, E]
   std::int32_t* log = nullptr;         // [log_ints(E)]
+  const double* lfru_decay = nullptr;  // [state[3]] under LFRU (else unused, may be null)
   unsigned char* slot_base = nullptr;  // slot s at slot_base + s * expert_bytes
   std::int64_t expert_bytes = 0, up_offset = 0, down_offset = 0;
 };

@@ -18,8 +18,10 @@
 //                         first, then the least recently stamped, ties to the lowest slot: the
 //                         host pager's LRU rule. Under LFU (state[2]) a min over each slot's
 //                         rank (empty 0, evictable 2^32 + uses) comes first and the same key
-//                         decides among the slots of the smallest rank. Misses are applied one at
-//                         a time in order, since each changes what the next one may evict.
+//                         decides among the slots of the smallest rank; under LFRU the rank of
+//                         an evictable slot is 1 + the bits of its score now (a non-negative
+//                         double's bits order as the double). Misses are applied one at a time
+//                         in order, since each changes what the next one may evict.
 //   copy_misses_kernel    the logged misses' blocks from the host store (pinned, read through
 //                         its mapped address: PCIe reads by the SMs, no copy engine and no host
 //                         call) into their slots; words of 16, 4 or 1 bytes by alignment.
@@ -64,8 +66,10 @@ __device__ __forceinline__ unsigned long long block_min(unsigned long long v,
 // The layer's state block and the call's log as typed pointers (SlotStateLayout).
 struct ResolveView {
   std::int32_t *slot_of, *expert_in, *flags, *ids_out, *miss_expert, *miss_slot, *evicted;
-  std::uint32_t *stamp, *uses;
-  bool lfu;
+  std::uint32_t *stamp, *uses, *score_at;
+  double* score;
+  const double* decay;
+  int rule, h;
   __device__ explicit ResolveView(const SlotResolveArgs& a)
       : slot_of(a.state + 4),
         expert_in(slot_of + a.E),
@@ -76,12 +80,35 @@ struct ResolveView {
         evicted(ids_out + 3 * a.E),
         stamp(reinterpret_cast<std::uint32_t*>(expert_in + a.max_cap)),
         uses(reinterpret_cast<std::uint32_t*>(expert_in + 3 * a.max_cap)),
-        lfu(a.state[2] == kSlotRuleLfu) {}
+        score_at(reinterpret_cast<std::uint32_t*>(expert_in + 4 * a.max_cap)),
+        score(reinterpret_cast<double*>(a.state + SlotStateLayout::score_offset(a.E, a.max_cap))),
+        decay(a.lfru_decay),
+        rule(a.state[2]),
+        h(a.state[3]) {}
+  __device__ bool ranked() const { return rule != kSlotRuleLru; }
 };
+
+// LFRU's decay over `age` ticks: serve::lfru_decay's exact arithmetic (a table value scaled by a
+// power of two; ldexp is exact, the cap keeps the exponent an int and the result is 0 anyway).
+__device__ __forceinline__ double lfru_decay(const ResolveView& v, std::uint32_t age) {
+  std::uint32_t q = age / std::uint32_t(v.h);
+  q = q < 2000u ? q : 2000u;
+  return ldexp(v.decay[age % std::uint32_t(v.h)], -static_cast<int>(q));
+}
+
+// A hit's bookkeeping beyond the stamp: LFU's use and LFRU's score (EvictionRanker::on_hit: one
+// fma, no contraction question).
+__device__ __forceinline__ void count_hit(const ResolveView& v, int s, std::uint32_t tick) {
+  ++v.uses[s];
+  if (v.rule == kSlotRuleLfru) {
+    v.score[s] = __fma_rn(v.score[s], lfru_decay(v, tick - v.score_at[s]), 1.0);
+    v.score_at[s] = tick;
+  }
+}
 
 // Slot s's key as a miss's victim (the smallest wins): an empty slot (0, s), an evictable one
 // (neither hot nor in use) (1, stamp, s), any other never. LRU's whole rule; LFU's among the
-// slots of the fewest uses (lfu_rank).
+// slots of the smallest rule_rank.
 __device__ __forceinline__ unsigned long long victim_key(const ResolveView& v, int s) {
   if (v.expert_in[s] < 0) return static_cast<unsigned long long>(s);
   if ((v.flags[s] & (kSlotHot | kSlotInUse)) != 0) return ~0ull;
@@ -89,12 +116,18 @@ __device__ __forceinline__ unsigned long long victim_key(const ResolveView& v, i
          static_cast<unsigned long long>(s);
 }
 
-// LFU's first rank of slot s (the smallest wins; (uses, stamp, slot) does not fit one 64-bit
-// key): an empty slot 0, an evictable one 2^32 + uses, any other never. The victim is then the
-// smallest victim_key among the slots of the smallest rank.
-__device__ __forceinline__ unsigned long long lfu_rank(const ResolveView& v, int s) {
+// LFU's and LFRU's first rank of slot s (the smallest wins; (uses, stamp, slot) and (score,
+// stamp, slot) do not fit one 64-bit key): an empty slot 0, an evictable one 2^32 + uses (LFU)
+// or 1 + the bits of score * decay (LFRU: the score now, >= 0, whose bits order as it does), any
+// other never. The victim is then the smallest victim_key among the slots of the smallest rank.
+__device__ __forceinline__ unsigned long long rule_rank(const ResolveView& v, int s,
+                                                        std::uint32_t tick) {
   if (v.expert_in[s] < 0) return 0ull;
   if ((v.flags[s] & (kSlotHot | kSlotInUse)) != 0) return ~0ull;
+  if (v.rule == kSlotRuleLfru) {
+    const double now = __dmul_rn(v.score[s], lfru_decay(v, tick - v.score_at[s]));
+    return 1ull + static_cast<unsigned long long>(__double_as_longlong(now));
+  }
   return (1ull << 32) + static_cast<unsigned long long>(v.uses[s]);
 }
 
@@ -123,6 +156,8 @@ __device__ __forceinline__ int take_slot(const SlotResolveArgs& a, const Resolve
   v.slot_of[e] = victim;
   v.stamp[victim] = tick;
   v.uses[victim] = 1u;
+  v.score_at[victim] = tick;
+  v.score[victim] = 1.0;
   v.flags[victim] |= kSlotInUse;
   unsigned char* block = a.slot_base + std::int64_t(victim) * a.expert_bytes;
   a.table[e] = block;
@@ -176,7 +211,7 @@ __global__ void resolve_slots_kernel(SlotResolveArgs a) {
       if (s < 0) continue;
       flags[s] |= kSlotInUse;
       stamp[s] = tick;
-      ++v.uses[s];
+      count_hit(v, s, tick);
       ++hits;
     }
     s_nd = nd;
@@ -190,17 +225,17 @@ __global__ void resolve_slots_kernel(SlotResolveArgs a) {
     const std::int32_t e = distinct[d];
     if (slot_of[e] >= 0) continue;   // a hit (uniform: read after the last barrier)
     unsigned long long rank = 0ull;  // LRU: every candidate ranks the same
-    if (v.lfu) {                     // uniform
+    if (v.ranked()) {                // uniform
       rank = ~0ull;
       for (int s = threadIdx.x; s < cap; s += blockDim.x) {
-        const unsigned long long r = lfu_rank(v, s);
+        const unsigned long long r = rule_rank(v, s, tick);
         rank = r < rank ? r : rank;
       }
       rank = block_min(rank, scratch);
     }
     unsigned long long key = ~0ull;
     for (int s = threadIdx.x; s < cap; s += blockDim.x) {
-      if (v.lfu && lfu_rank(v, s) != rank) continue;
+      if (v.ranked() && rule_rank(v, s, tick) != rank) continue;
       const unsigned long long k = victim_key(v, s);
       key = k < key ? k : key;
     }
@@ -278,7 +313,7 @@ __global__ void __launch_bounds__(32) resolve_slots_warp_kernel(SlotResolveArgs 
     if (s >= 0) {
       flags[s] |= kSlotInUse;
       stamp[s] = tick;
-      ++v.uses[s];
+      count_hit(v, s, tick);
     }
     hits += __popc(__ballot_sync(0xffffffffu, s >= 0));
     const bool miss = e >= 0 && s < 0;
@@ -293,17 +328,17 @@ __global__ void __launch_bounds__(32) resolve_slots_warp_kernel(SlotResolveArgs 
   for (std::int32_t j = 0; j < nm; ++j) {
     const std::int32_t e = seen[j];
     unsigned long long rank = 0ull;  // LRU: every candidate ranks the same
-    if (v.lfu) {
+    if (v.ranked()) {
       rank = ~0ull;
       for (int s = lane; s < cap; s += 32) {
-        const unsigned long long r = lfu_rank(v, s);
+        const unsigned long long r = rule_rank(v, s, tick);
         rank = r < rank ? r : rank;
       }
       rank = warp_min(rank);
     }
     unsigned long long key = ~0ull;
     for (int s = lane; s < cap; s += 32) {
-      if (v.lfu && lfu_rank(v, s) != rank) continue;
+      if (v.ranked() && rule_rank(v, s, tick) != rank) continue;
       const unsigned long long k = victim_key(v, s);
       key = k < key ? k : key;
     }

@@ -2,16 +2,17 @@
 // Device-side slot resolution's CPU twin (serve/slot_resolve.h) against the host pager:
 //   - property: on seeded random routing sequences (locality-biased, T*K <= cap - hot per call),
 //     many seeds, caps and hot sets, one layer's twin state after every call equals the pager
-//     under LRU and under LFU: the expert of every slot, the stamps, the use counts, the tick,
-//     every expert's slot, the
+//     under LRU, LFU and LFRU (half-lives 1, 4, 7, 10): the expert of every slot, the stamps,
+//     the use counts, LFRU's scores (bits) and their ticks, the tick, every expert's slot, the
 //     table's pointers, and the call's hits / misses / evictions, misses in the pager's copy
 //     order; host-only calls and resizes in between are followed by a refill from the pager
 //     (the engine's resync) and the twin goes on agreeing;
 //   - the miss-copy twin copies exactly the missed blocks into their slots;
 //   - the CPU engine with the twin (PagerConfig::device_resolve) gives the bits and the pager
-//     counters of the host path, on the HF MoE fixtures, under LRU and LFU; only LRU and LFU
-//     without miss placement or bypass get a resolver (LFRU's decayed scores stay on the host);
-//     a pager changed behind the resolver's back is caught by the replay's check.
+//     counters of the host path, on the HF MoE fixtures, under LRU, LFU and LFRU; every policy
+//     without miss placement or bypass gets a resolver; a pager changed behind the resolver's
+//     back is caught by the replay's check;
+//   - one sequence where LRU, LFU and LFRU evict three different experts.
 #include <algorithm>
 #include <cstring>
 
@@ -82,6 +83,13 @@ std::string diff(const Twin& tw, const ExpertPager& p, const ExpertStore& store,
       return fmt::format("slot {} holds {} not {}", s, st.expert_in()[s], want);
     if (want >= 0 && st.stamp()[s] != p.last_use(0, s)) return fmt::format("stamp of slot {}", s);
     if (want >= 0 && st.uses()[s] != p.uses(0, s)) return fmt::format("uses of slot {}", s);
+    if (want >= 0 && p.policy() == EvictionPolicy::kLfru) {
+      const SlotMeta& m = p.meta(0, s);
+      if (st.score_at()[s] != m.score_at) return fmt::format("score tick of slot {}", s);
+      if (std::memcmp(&st.score()[s], &m.score, sizeof(double)) != 0) {
+        return fmt::format("score of slot {}: {:a} not {:a}", s, st.score()[s], m.score);
+      }
+    }
   }
   for (int e = 0; e < E; ++e) {
     const int s = st.slot_of()[e];
@@ -117,6 +125,7 @@ TEST_P(SlotResolveTwin, DecisionsEqualTheHostPagerOnRandomRouting) {
       PagerSetup setup{.caps = {cap},
                        .max_caps = resizable ? std::vector<int>{E} : std::vector<int>{},
                        .policy = policy,
+                       .lfru_half_life = 1 + int(seed % 4) * 3,
                        .hot = {hot}};
       auto pager = ExpertPager::create(st, setup);
       ASSERT_TRUE(pager.ok()) << pager.status().to_string();
@@ -158,6 +167,7 @@ TEST_P(SlotResolveTwin, DecisionsEqualTheHostPagerOnRandomRouting) {
                             .state = tw.state.data(),
                             .table = tw.table.data(),
                             .log = tw.log.data(),
+                            .lfru_decay = p.ranker().decay_table().data(),
                             .slot_base = reinterpret_cast<unsigned char*>(p.slot_base(0))};
           set_block_layout(a, st);
           resolve_slots_twin(a);
@@ -198,7 +208,8 @@ TEST_P(SlotResolveTwin, DecisionsEqualTheHostPagerOnRandomRouting) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, SlotResolveTwin,
-                         ::testing::Values(EvictionPolicy::kLru, EvictionPolicy::kLfu),
+                         ::testing::Values(EvictionPolicy::kLru, EvictionPolicy::kLfu,
+                                           EvictionPolicy::kLfru),
                          [](const auto& pi) { return std::string(to_string(pi.param)); });
 
 // LFU's victim is the fewest uses, not the least recent: a sequence where the two rules part.
@@ -256,19 +267,61 @@ TEST(SlotResolveTwin, MissCopyMovesExactlyTheLoggedBlocks) {
   }
 }
 
-// An LFRU pager has no device rule: fill_slot_state refuses it rather than resolving by LRU.
-TEST(SlotResolveTwinRule, FillRefusesAnLfruPager) {
-  auto m = model_with(8, 2);
+// The three rules part on one sequence (cap 3, half-life 3): calls {0} {1} {1,2} {1,2} {0}, then
+// expert 3 misses. Stamps 5, 4, 4 (LRU evicts 1, the lower slot of the tie), uses 2, 3, 2 (LFU
+// evicts 2, the older of the two), LFRU scores now 1.109, 1.527, 1.130 (LFRU evicts 0: used twice
+// but four ticks apart, so its first use has decayed more than expert 2's).
+TEST(SlotResolveTwinRule, LruLfuAndLfruEvictThreeDifferentExperts) {
+  const int E = 8, M = 3, h = 3;
+  const std::vector<double> decay = lfru_decay_table(h);
+  for (const auto& [rule, want] :
+       {std::pair{kernels::cuda::kSlotRuleLru, 1}, std::pair{kernels::cuda::kSlotRuleLfu, 2},
+        std::pair{kernels::cuda::kSlotRuleLfru, 0}}) {
+    std::vector<std::int32_t> state(std::size_t(SlotStateLayout::state_ints(E, M)), 0),
+        log(std::size_t(SlotStateLayout::log_ints(E)), 0);
+    std::vector<const void*> table(std::size_t(3 * E), nullptr);
+    const SlotStateView st{state.data(), E, M};
+    st.cap() = M;
+    st.rule() = rule;
+    st.half_life() = h;
+    for (int e = 0; e < E; ++e) st.slot_of()[e] = -1;
+    for (int s = 0; s < M; ++s) st.expert_in()[s] = -1;
+    std::vector<unsigned char> slots(std::size_t(M) * 96);
+    auto call = [&](const std::vector<std::int32_t>& ids) {
+      SlotResolveArgs a = testing::test_resolve_args(ids, E, M, state.data(), table.data(),
+                                                     log.data(), slots.data());
+      a.lfru_decay = decay.data();
+      resolve_slots_twin(a);
+    };
+    for (const auto& ids : std::vector<std::vector<std::int32_t>>{{0}, {1}, {1, 2}, {1, 2}, {0}}) {
+      call(ids);
+    }
+    call({3});
+    const SlotLogView v{log.data(), E};
+    ASSERT_EQ(v.misses(), 1);
+    EXPECT_EQ(v.evicted()[0], want) << "rule " << rule;
+    EXPECT_EQ(st.slot_of()[3], want) << "rule " << rule;  // expert e was loaded into slot e
+    EXPECT_EQ(st.score()[std::size_t(want)], 1.0);
+    EXPECT_EQ(st.score_at()[std::size_t(want)], 6u);
+  }
+  // The host pager with the same calls and LFRU makes the same choice.
+  auto m = model_with(E, 2);
   ASSERT_TRUE(m);
   auto store = ExpertStore::create(m->geometry, m->params);
   ASSERT_TRUE(store.ok());
-  auto pager = ExpertPager::create(**store, {.caps = {4}, .policy = EvictionPolicy::kLfru});
+  auto pager = ExpertPager::create(
+      **store, {.caps = {M}, .policy = EvictionPolicy::kLfru, .lfru_half_life = h});
   ASSERT_TRUE(pager.ok()) << pager.status().to_string();
-  std::vector<std::int32_t> state(std::size_t(SlotStateLayout::state_ints(8, 4)), 0);
-  std::vector<const void*> table(std::size_t(3 * 8), nullptr);
-  const Status st = fill_slot_state(**pager, **store, 0, 4, state.data(), table.data(),
-                                    reinterpret_cast<unsigned char*>((*pager)->slot_base(0)));
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  ExpertPager& p = **pager;
+  for (const auto& ids :
+       std::vector<std::vector<std::int32_t>>{{0}, {1}, {1, 2}, {1, 2}, {0}, {3}}) {
+    std::vector<ExpertRef> refs(ids.size());
+    std::vector<int> copy_index(ids.size());
+    ASSERT_TRUE(p.acquire(0, ids, refs, copy_index).ok());
+    p.release(0);
+  }
+  EXPECT_EQ(p.expert_in(0, 0), 3);
+  EXPECT_FALSE(p.is_resident(0, 0));
 }
 
 struct EngineRun {
@@ -321,7 +374,8 @@ TEST_P(SlotResolveEngine, TwinGivesTheHostPathsBitsAndCounters) {
   auto ref = run_paged(m.geometry, m.params, ExpertMode::kResident, 0, false, false, 8);
   ASSERT_TRUE(ref.ok()) << ref.status().to_string();
   for (const int cap : {K, K + 1, std::max(K, E / 2), E}) {
-    for (const EvictionPolicy policy : {EvictionPolicy::kLru, EvictionPolicy::kLfu})
+    for (const EvictionPolicy policy :
+         {EvictionPolicy::kLru, EvictionPolicy::kLfu, EvictionPolicy::kLfru})
       for (const bool hot : {false, true}) {
         if (hot && cap - 1 < K) continue;  // hot experts count against the cap
         const std::string what =
@@ -351,7 +405,7 @@ INSTANTIATE_TEST_SUITE_P(MoeFixtures, SlotResolveEngine,
                          ::testing::Values("qwen3_moe", "mixtral", "olmoe"),
                          [](const auto& pi) { return std::string(pi.param); });
 
-TEST(SlotResolveEngineConfig, OnlyLruAndLfuWithoutMissPlacementResolveOnTheDevicePath) {
+TEST(SlotResolveEngineConfig, EveryPolicyWithoutMissPlacementResolvesOnTheDevicePath) {
   auto m = testing::tiny_builtin_moe(5);
   ASSERT_TRUE(m);
   for (const auto policy : {EvictionPolicy::kLru, EvictionPolicy::kLfu, EvictionPolicy::kLfru}) {
@@ -362,8 +416,7 @@ TEST(SlotResolveEngineConfig, OnlyLruAndLfuWithoutMissPlacementResolveOnTheDevic
     cfg.kv = {.block_tokens = 4, .budget_bytes = 1 << 20};
     auto eng = Engine::create(m->geometry, m->params, cfg);
     ASSERT_TRUE(eng.ok());
-    EXPECT_EQ((*eng)->experts().device_resolves(), policy != EvictionPolicy::kLfru)
-        << to_string(policy);
+    EXPECT_TRUE((*eng)->experts().device_resolves()) << to_string(policy);
   }
   EngineConfig cfg;
   cfg.pager.mode = ExpertMode::kPaged;
