@@ -151,7 +151,7 @@ Result<serve::EngineConfig> engine_config(const GenerateConfig& cfg,
   ec.pager.budget_bytes = static_cast<std::size_t>(cfg.expert_budget_mib * 1024 * 1024);
   apply_serve_step_switches(cfg.step, ec);
   apply_miss_placement(cfg.miss, ec.pager);
-  FERRY_TRY(apply_dense_dtype(cfg.miss, ec));
+  FERRY_TRY(apply_storage_dtypes(cfg.miss, ec));
   FERRY_ASSIGN_OR_RETURN(ec.pager.cpu_expert_kernel, cpu_expert_kernel_of(cfg.cpu_expert_kernel));
   ec.kv.budget_bytes = static_cast<std::size_t>(cfg.kv_budget_mib * 1024 * 1024);
   ec.kv.block_tokens = cfg.kv_block_tokens;
@@ -295,6 +295,9 @@ int run_generate(const GenerateConfig& cfg) {
               {"ttft_s", ttft_s.value_or(0.0)},
               {"total_s", total_s},
               {"kv_blocks_peak", eng.stats().kv_blocks_peak},
+              {"kv_dtype", std::string(to_string(eng.kv().dtype()))},
+              {"kv_blocks", eng.kv().num_blocks()},
+              {"kv_block_bytes", eng.kv().block_bytes()},
               {"device", cfg.device},
               {"device_weight_bytes", eng.device_weight_bytes()},
               {"dense_dtype", std::string(to_string(eng.config().dense_dtype))},

@@ -257,7 +257,7 @@ int run_serve(const ServeCliConfig& c) {
   ec.pager.budget_bytes = static_cast<std::size_t>(c.expert_budget_mib * 1024 * 1024);
   apply_serve_step_switches(c.step, ec);
   apply_miss_placement(c.miss, ec.pager);
-  if (Status st = apply_dense_dtype(c.miss, ec); !st.ok()) return fail(st);
+  if (Status st = apply_storage_dtypes(c.miss, ec); !st.ok()) return fail(st);
   auto cpu_kernel = cpu_expert_kernel_of(c.cpu_expert_kernel);
   if (!cpu_kernel.ok()) return fail(cpu_kernel.status());
   ec.pager.cpu_expert_kernel = *cpu_kernel;
@@ -346,8 +346,10 @@ int run_serve(const ServeCliConfig& c) {
   install_stop_signals();
   // The mode the engine runs (--split auto makes it paged whatever --mode said).
   const std::string_view mode_run = serve::to_string(ec.pager.mode);
-  std::printf("listening port=%d model=%s mode=%.*s\n", *port, hc.model_name.c_str(),
-              static_cast<int>(mode_run.size()), mode_run.data());
+  const std::string_view kv_dtype = to_string((*engine)->kv().dtype());
+  std::printf("listening port=%d model=%s mode=%.*s kv_blocks=%d kv_dtype=%.*s\n", *port,
+              hc.model_name.c_str(), static_cast<int>(mode_run.size()), mode_run.data(),
+              (*engine)->kv().num_blocks(), static_cast<int>(kv_dtype.size()), kv_dtype.data());
   std::fflush(stdout);
   wait_for_stop(c.duration_s);
   server.stop();

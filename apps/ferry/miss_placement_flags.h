@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The paged mode's miss-placement flags and the weights' storage dtypes (serve_config.h
-// PagerConfig::expert_dtype, EngineConfig::dense_dtype), shared by `ferry generate`, `ferry serve`
-// and `ferry bench serve` (which has its own --expert-dtype and --dense-dtype).
+// The paged mode's miss-placement flags and the storage dtypes of the weights and the KV cache
+// (serve_config.h PagerConfig::expert_dtype, EngineConfig::dense_dtype, KvConfig::dtype), shared
+// by `ferry generate`, `ferry serve` and `ferry bench serve` (which has its own --expert-dtype and
+// --dense-dtype, and no --kv-dtype).
 #pragma once
 
 #include <cmath>
@@ -22,6 +23,7 @@ struct MissPlacementFlags {
   bool serial_copies = false;  // PagerConfig::overlap_misses = false
   std::string expert_dtype;    // with_dtype: "f32" (default) or "bf16"
   std::string dense_dtype;     // with_dtype: "f32" (default) or "bf16"
+  std::string kv_dtype;        // with_dtype: "f32" (default) or "bf16"
 };
 
 // with_link: also registers --link-gbps (a command that already has its own --link-gbps, like
@@ -37,6 +39,11 @@ inline void add_miss_placement_flags(CLI::App* cmd, MissPlacementFlags& f, bool 
                     "dense weights (attention, router, lm_head, embedding) stored in f32 "
                     "(default) or bf16: half their bytes, f32 arithmetic on the widened weights "
                     "(the f32 engine's bits on the weights rounded to bf16)")
+        ->check(CLI::IsMember({"f32", "bf16"}));
+    cmd->add_option("--kv-dtype", f.kv_dtype,
+                    "KV cache stored in f32 (default) or bf16: half the bytes per block (twice "
+                    "the blocks for --kv-budget-mib), rows rounded to nearest even when written, "
+                    "f32 attention on the widened rows (CPU engine only for now)")
         ->check(CLI::IsMember({"f32", "bf16"}));
   }
   cmd->add_flag("--miss-cost-model", f.cost_model,
@@ -92,9 +99,14 @@ inline void apply_miss_placement(const MissPlacementFlags& f, serve::PagerConfig
   if (f.expert_dtype == "bf16") pc.expert_dtype = DType::kBF16;  // CLI checked the spelling
 }
 
-inline Status apply_dense_dtype(const MissPlacementFlags& f, serve::EngineConfig& ec) {
-  if (f.dense_dtype.empty()) return ok_status();  // the default, f32
-  FERRY_ASSIGN_OR_RETURN(ec.dense_dtype, serve::parse_dense_dtype(f.dense_dtype));
+// The dense weights' and the KV cache's dtypes (unset: f32).
+inline Status apply_storage_dtypes(const MissPlacementFlags& f, serve::EngineConfig& ec) {
+  if (!f.dense_dtype.empty()) {
+    FERRY_ASSIGN_OR_RETURN(ec.dense_dtype, serve::parse_dense_dtype(f.dense_dtype));
+  }
+  if (!f.kv_dtype.empty()) {
+    FERRY_ASSIGN_OR_RETURN(ec.kv.dtype, serve::parse_kv_dtype(f.kv_dtype));
+  }
   return ok_status();
 }
 

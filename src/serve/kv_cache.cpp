@@ -12,14 +12,15 @@ namespace ferry::serve {
 
 KvCache::KvCache(const model::DecoderGeometry& geo, const KvConfig& kv, mem::MemTier tier)
     : layers_(geo.layers),
-      row_floats_(geo.kv_heads * geo.head_dim),
+      row_elems_(geo.kv_heads * geo.head_dim),
+      dtype_(kv.dtype),
+      row_bytes_(std::size_t(row_elems_) * dtype_size(kv.dtype)),
       block_tokens_(kv.block_tokens),
       budget_(tier, kv.budget_bytes),
       prefix_cache_(kv.prefix_cache) {}
 
 std::size_t KvCache::block_bytes() const {
-  return std::size_t(layers_) * 2 * std::size_t(block_tokens_) * std::size_t(row_floats_) *
-         sizeof(float);
+  return std::size_t(layers_) * 2 * std::size_t(block_tokens_) * row_bytes();
 }
 
 Result<std::unique_ptr<KvCache>> KvCache::create(const model::DecoderGeometry& geo,
@@ -27,6 +28,9 @@ Result<std::unique_ptr<KvCache>> KvCache::create(const model::DecoderGeometry& g
                                                  std::optional<mem::MemTier> tier) {
   if (kv.block_tokens <= 0) {
     return invalid_argument("serve: kv block size must be positive, got {}", kv.block_tokens);
+  }
+  if (kv.dtype != DType::kF32 && kv.dtype != DType::kBF16) {
+    return invalid_argument("serve: kv dtype {} (f32 or bf16)", to_string(kv.dtype));
   }
   std::unique_ptr<KvCache> c(new KvCache(geo, kv, tier.value_or(cpu_engine_pool_tier())));
   const std::size_t per_block = c->block_bytes();
@@ -55,7 +59,7 @@ Result<std::unique_ptr<KvCache>> KvCache::create(const model::DecoderGeometry& g
           "kv block pool"));
   FERRY_ASSIGN_OR_RETURN(
       c->arena_, mem::make_arena(plan, c->budget_.tier(), c->budget_, {.what = "kv block pool"}));
-  c->base_ = c->arena_.as<float>(id);
+  c->base_ = c->arena_.data(id);
   const std::size_t cap = std::size_t(c->capacity_blocks_);
   c->free_.reserve(cap);
   for (int b = c->num_blocks_ - 1; b >= 0; --b) c->free_.push_back(b);
@@ -277,7 +281,7 @@ Status KvCache::copy_moved_rows() {
   // one copy per layer: in a layer, block b's K rows, V rows, then block b + 1's are contiguous.
   std::sort(moves_.begin(), moves_.end());
   const bool device = tier() == mem::MemTier::kDevice && !mem::device_tier_is_host_memory();
-  const std::size_t block_floats = 2 * std::size_t(block_tokens_) * std::size_t(row_floats_);
+  const std::size_t block_row_bytes = 2 * std::size_t(block_tokens_) * row_bytes();
   std::size_t i = 0;
   while (i < moves_.size()) {
     std::size_t n = 1;
@@ -285,13 +289,13 @@ Status KvCache::copy_moved_rows() {
            moves_[i + n].second == moves_[i].second + std::int32_t(n)) {
       ++n;
     }
-    const std::size_t bytes = n * block_floats * sizeof(float);
+    const std::size_t bytes = n * block_row_bytes;
     for (int l = 0; l < layers_; ++l) {
       const auto at = [&](std::int64_t blk) {
-        return base_ + (std::int64_t(l) * capacity_blocks_ + blk) * std::int64_t(block_floats);
+        return base_ + (std::int64_t(l) * capacity_blocks_ + blk) * std::int64_t(block_row_bytes);
       };
-      float* dst = at(moves_[i].second);
-      const float* src = at(moves_[i].first);
+      std::byte* dst = at(moves_[i].second);
+      const std::byte* src = at(moves_[i].first);
       if (device) {
         FERRY_TRY(copy_te_->d2d(dst, src, bytes, *copy_stream_));
       } else {
@@ -362,7 +366,7 @@ Status KvCache::resize(int blocks, std::span<BlockTable* const> tables) {
   return ok_status();
 }
 
-float* KvCache::row(int layer, const BlockTable& table, std::int64_t pos, int kv_index) const {
+std::byte* KvCache::row(int layer, const BlockTable& table, std::int64_t pos, int kv_index) const {
   const std::int64_t bi = pos / block_tokens_;
   FERRY_CHECK(pos >= 0 && bi < static_cast<std::int64_t>(table.blocks.size()),
               "serve: kv position {} outside a table of {} blocks", pos, table.blocks.size());
@@ -370,20 +374,47 @@ float* KvCache::row(int layer, const BlockTable& table, std::int64_t pos, int kv
   const std::int64_t off =
       ((std::int64_t(layer) * capacity_blocks_ + block) * 2 + kv_index) * block_tokens_ +
       pos % block_tokens_;
-  return base_ + off * row_floats_;
+  return base_ + off * std::int64_t(row_bytes_);
+}
+
+float* KvCache::f32_row(int layer, const BlockTable& t, std::int64_t pos, int kv_index) const {
+  FERRY_CHECK(dtype_ == DType::kF32, "serve: an f32 row of a {} kv pool", to_string(dtype_));
+  return reinterpret_cast<float*>(row(layer, t, pos, kv_index));
+}
+
+float* KvCache::base() const {
+  FERRY_CHECK(dtype_ == DType::kF32, "serve: the f32 base of a {} kv pool", to_string(dtype_));
+  return reinterpret_cast<float*>(base_);
+}
+
+void KvCache::write_rows(int layer, const BlockTable& t, std::int64_t pos, const float* k,
+                         const float* v) {
+  std::byte* kr = row(layer, t, pos, 0);
+  std::byte* vr = row(layer, t, pos, 1);
+  if (dtype_ == DType::kF32) {
+    std::memcpy(kr, k, row_bytes());
+    std::memcpy(vr, v, row_bytes());
+    return;
+  }
+  auto* kb = reinterpret_cast<std::uint16_t*>(kr);
+  auto* vb = reinterpret_cast<std::uint16_t*>(vr);
+  for (int i = 0; i < row_elems_; ++i) {
+    kb[i] = f32_to_bf16(k[i]);
+    vb[i] = f32_to_bf16(v[i]);
+  }
 }
 
 float* KvCache::k_row(int layer, const BlockTable& t, std::int64_t pos) {
-  return row(layer, t, pos, 0);
+  return f32_row(layer, t, pos, 0);
 }
 float* KvCache::v_row(int layer, const BlockTable& t, std::int64_t pos) {
-  return row(layer, t, pos, 1);
+  return f32_row(layer, t, pos, 1);
 }
 const float* KvCache::k_row(int layer, const BlockTable& t, std::int64_t pos) const {
-  return row(layer, t, pos, 0);
+  return f32_row(layer, t, pos, 0);
 }
 const float* KvCache::v_row(int layer, const BlockTable& t, std::int64_t pos) const {
-  return row(layer, t, pos, 1);
+  return f32_row(layer, t, pos, 1);
 }
 
 }  // namespace ferry::serve

@@ -3,9 +3,11 @@
 // the device tier (emulated in CPU builds), charged to a byte budget; a sequence owns a
 // BlockTable (block ids in position order). A block id names the same block in every layer, so
 // one table serves the whole model.
-// Layout, per layer l and block b: K rows then V rows, each [block_tokens, G*D] f32:
-//   k(l, b) = base + ((l * num_blocks + b) * 2 + 0) * block_tokens * G*D
-//   v(l, b) = base + ((l * num_blocks + b) * 2 + 1) * block_tokens * G*D
+// Layout, per layer l and block b: K rows then V rows, each [block_tokens, G*D] elements of
+// dtype() (KvConfig::dtype: f32, or bf16 bits -- rows rounded to nearest even by write_rows and
+// widened exactly by their readers, paged_attention.h):
+//   k(l, b) = base + ((l * capacity + b) * 2 + 0) * block_tokens * G*D
+//   v(l, b) = base + ((l * capacity + b) * 2 + 1) * block_tokens * G*D
 // Invariants: a block is in at most one table or on the free list; reserve() either grows a table
 // to the requested size or changes nothing (resource_exhausted). Not thread-safe: the engine's
 // step owns it.
@@ -112,11 +114,13 @@ class KvCache {
   }
   std::size_t block_bytes() const;  // one block id across all layers, K and V
   const mem::MemoryBudget& budget() const { return budget_; }
-  // The CUDA kernels' view of the pool (kernels/cuda/serve_kernel_args.h's PagedKvLayout):
+  DType dtype() const { return dtype_; }
+  std::size_t row_bytes() const { return row_bytes_; }
+  // The CUDA kernels' view of an f32 pool (kernels/cuda/serve_kernel_args.h's PagedKvLayout):
   // the arena base and the floats between layers.
-  float* base() const { return base_; }
+  float* base() const;
   std::int64_t layer_stride_floats() const {
-    return std::int64_t(capacity_blocks_) * 2 * block_tokens_ * row_floats_;
+    return std::int64_t(capacity_blocks_) * 2 * block_tokens_ * row_elems_;
   }
   mem::MemTier tier() const { return budget_.tier(); }
 
@@ -161,7 +165,18 @@ class KvCache {
   // and complete in stream order; the call returns without waiting.
   Status resize(int blocks, std::span<BlockTable* const> tables);
 
-  // The K / V row of position `pos` in `table`, [G*D] f32. pos must be covered (a bug otherwise).
+  // Writes position `pos`'s K and V rows ([G*D] f32 each) in `layer`, rounded to dtype().
+  void write_rows(int layer, const BlockTable& table, std::int64_t pos, const float* k,
+                  const float* v);
+  // The K / V row of position `pos` in `table`, [G*D] elements of dtype(). pos must be covered
+  // (a bug otherwise).
+  std::byte* k_bytes(int layer, const BlockTable& table, std::int64_t pos) const {
+    return row(layer, table, pos, 0);
+  }
+  std::byte* v_bytes(int layer, const BlockTable& table, std::int64_t pos) const {
+    return row(layer, table, pos, 1);
+  }
+  // The same rows as f32 (a pool of dtype f32 only: a bug otherwise).
   float* k_row(int layer, const BlockTable& table, std::int64_t pos);
   float* v_row(int layer, const BlockTable& table, std::int64_t pos);
   const float* k_row(int layer, const BlockTable& table, std::int64_t pos) const;
@@ -169,7 +184,8 @@ class KvCache {
 
  private:
   KvCache(const model::DecoderGeometry& geo, const KvConfig& kv, mem::MemTier tier);
-  float* row(int layer, const BlockTable& table, std::int64_t pos, int kv_index) const;
+  std::byte* row(int layer, const BlockTable& table, std::int64_t pos, int kv_index) const;
+  float* f32_row(int layer, const BlockTable& table, std::int64_t pos, int kv_index) const;
   std::int32_t take_block();            // a free block, else the LRU cached one (evicted)
   void evict(std::int32_t b);           // cached -> free content (not on any list)
   void give_back_free(std::int32_t b);  // onto the free list, keeping it descending
@@ -181,7 +197,9 @@ class KvCache {
   std::uint64_t block_hash(std::uint64_t prev, const std::int32_t* tokens) const;
 
   int layers_ = 0;
-  int row_floats_ = 0;  // G*D
+  int row_elems_ = 0;  // G*D
+  DType dtype_ = DType::kF32;
+  std::size_t row_bytes_ = 0;  // G*D elements of dtype_
   int block_tokens_ = 0;
   int num_blocks_ = 0;
   int capacity_blocks_ = 0;  // the layout's stride: blocks the arena holds
@@ -192,7 +210,7 @@ class KvCache {
   mem::MemoryBudget budget_;
   BudgetCharge shared_charge_;
   mem::Arena arena_;
-  float* base_ = nullptr;
+  std::byte* base_ = nullptr;
   std::vector<std::int32_t> free_;  // descending: back() is the lowest free id
   // Per block id, [capacity]: references, content identity (stamp 0: none), the chained hash,
   // the stamp of the block before it in its chain (0 for a first block), and its token ids.

@@ -321,8 +321,7 @@ Status ModelRunner::attention(int l, const StepBatch& b) {
   // The step's keys and values join the cache before anyone reads it.
   for (std::int64_t t = 0; t < T; ++t) {
     const BlockTable& table = *b.tables[b.seq_of[t]];
-    std::memcpy(kv_.k_row(l, table, b.positions[t]), k_.data() + t * G * D, sizeof(float) * G * D);
-    std::memcpy(kv_.v_row(l, table, b.positions[t]), v_.data() + t * G * D, sizeof(float) * G * D);
+    kv_.write_rows(l, table, b.positions[t], k_.data() + t * G * D, v_.data() + t * G * D);
   }
   FERRY_TRY(paged_attention(kv_, {.out = attn_.data(),
                                   .q = q_.data(),

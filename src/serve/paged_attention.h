@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Causal grouped-query attention of a step's query tokens against the paged KV cache (CPU, f32).
+// Causal grouped-query attention of a step's query tokens against the paged KV cache (CPU, f32
+// arithmetic; a bf16 cache's rows are widened exactly as they are read, so its result is the f32
+// cache's on the same rounded rows, bit for bit).
 // Query token t belongs to sequence seq_of[t] and sits at position pos[t]; it attends to keys at
 // positions [0, pos[t]] of its own sequence, which must already be in the cache (the runner writes
 // the step's K/V rows first). Query head h reads kv head h / (H / G).

@@ -62,6 +62,12 @@ Result<DType> parse_dense_dtype(std::string_view s) {
   return invalid_argument("serve: unknown dense dtype '{}' (f32, bf16)", s);
 }
 
+Result<DType> parse_kv_dtype(std::string_view s) {
+  if (s == "f32") return DType::kF32;
+  if (s == "bf16") return DType::kBF16;
+  return invalid_argument("serve: unknown kv dtype '{}' (f32, bf16)", s);
+}
+
 Result<EvictionPolicy> parse_eviction_policy(std::string_view s) {
   for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kLfu, EvictionPolicy::kLfru}) {
     if (s == to_string(p)) return p;

@@ -135,7 +135,16 @@ struct KvConfig {
   // block-aligned prefix. The CLI turns it on (--no-prefix-cache off); off here by default so a
   // library user's schedule is the plain one unless asked.
   bool prefix_cache = false;
+  // How K and V are stored: kF32, or kBF16 -- half the bytes per block (twice the blocks for a
+  // budget), each row rounded to nearest even when written and widened exactly when read, so
+  // attention's arithmetic is the f32 cache's on the rounded rows (kv_cache.h). Every expert
+  // mode shares the cache, so the modes stay bit-identical to each other. CPU engine only for
+  // now: the CUDA engine refuses kBF16 (its kernels read f32 rows).
+  DType dtype = DType::kF32;
 };
+
+// "f32" or "bf16" (KvConfig::dtype); anything else is invalid_argument.
+Result<DType> parse_kv_dtype(std::string_view s);
 
 struct EngineConfig {
   PagerConfig pager;

@@ -2,8 +2,10 @@
 # CLI checks of `ferry generate` on the Qwen3-MoE fixture: greedy ids are the same in resident and
 # paged mode, paged with the device-path switch off (--no-device-resolve: the host pager's
 # per-layer round trip; on the CPU engine the default runs the resolver's CPU twin) gives the same
-# ids and the same pager counters, --no-cuda-graphs is accepted, and bad inputs exit non-zero with
-# a message (too few slots for top-k; --device cuda without a GPU).
+# ids and the same pager counters, --no-cuda-graphs is accepted, --kv-dtype bf16 holds twice the
+# KV blocks in the same --kv-budget-mib (resident and paged give the same ids with it), and bad
+# inputs exit non-zero with a message (too few slots for top-k; --device cuda without a GPU; an
+# unknown --kv-dtype).
 set -euo pipefail
 FERRY="$1"; ROOT="$2"
 MODEL="$ROOT/tests/data/models/qwen3_moe"
@@ -15,10 +17,18 @@ gen > "$TMP/resident.json"
 gen --mode paged --expert-slots 3 > "$TMP/paged.json"
 gen --mode paged --expert-slots 3 --no-device-resolve > "$TMP/paged_host.json"
 gen --mode paged --expert-slots 3 --no-cuda-graphs > "$TMP/paged_nograph.json"
+gen --kv-dtype bf16 > "$TMP/bf16kv.json"
+gen --kv-dtype bf16 --mode paged --expert-slots 3 > "$TMP/bf16kv_paged.json"
 python3 - "$TMP" <<'PY'
 import json, sys
 d = sys.argv[1]
-r = {k: json.load(open(f"{d}/{k}.json")) for k in ("resident", "paged", "paged_host", "paged_nograph")}
+r = {k: json.load(open(f"{d}/{k}.json"))
+     for k in ("resident", "paged", "paged_host", "paged_nograph", "bf16kv", "bf16kv_paged")}
+f, b = r["resident"], r["bf16kv"]
+assert f["kv_dtype"] == "f32" and b["kv_dtype"] == "bf16", (f["kv_dtype"], b["kv_dtype"])
+assert 2 * b["kv_block_bytes"] == f["kv_block_bytes"], (b["kv_block_bytes"], f["kv_block_bytes"])
+assert b["kv_blocks"] >= 2 * f["kv_blocks"], (b["kv_blocks"], f["kv_blocks"])
+assert r["bf16kv_paged"]["ids"] == b["ids"], (r["bf16kv_paged"]["ids"], b["ids"])
 ids = r["resident"]["ids"]
 assert len(ids) == 16, ids
 for k in ("paged", "paged_host", "paged_nograph"):
@@ -35,6 +45,11 @@ gen --mode paged --expert-slots 1 2> "$TMP/err" > /dev/null; rc=$?
 set -e
 [ "$rc" -ne 0 ] || { echo "expected a refusal for 1 slot < top-k"; exit 1; }
 grep -q "top-k" "$TMP/err" || { echo "no top-k message:"; cat "$TMP/err"; exit 1; }
+set +e
+gen --kv-dtype fp8 2> "$TMP/err" > /dev/null; rc=$?
+set -e
+[ "$rc" -ne 0 ] || { echo "expected a refusal for --kv-dtype fp8"; exit 1; }
+grep -q "kv-dtype" "$TMP/err" || { echo "no --kv-dtype message:"; cat "$TMP/err"; exit 1; }
 if ! command -v nvidia-smi > /dev/null 2>&1 || ! nvidia-smi > /dev/null 2>&1; then
   set +e
   gen --device cuda 2> "$TMP/err" > /dev/null; rc=$?

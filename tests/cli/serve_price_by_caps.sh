@@ -71,7 +71,7 @@ live() {  # live NAME ARGS...: serve --split auto, three completions, SIGTERM; s
   port=$(sed -n 's/^listening port=\([0-9]*\).*/\1/p' "$tmp/$name.out")
   [ -n "$port" ] || fail "$name: server did not start: $(cat "$tmp/$name.err")"
   # --split auto runs the pager whatever --mode said; the line names the mode that runs.
-  grep -q "^listening port=$port .* mode=paged$" "$tmp/$name.out" ||
+  grep -q "^listening port=$port .* mode=paged kv_blocks=[0-9]* kv_dtype=f32$" "$tmp/$name.out" ||
     fail "$name: listening line: $(cat "$tmp/$name.out")"
   local prompt="The ferry crosses the bay twice a day; its deck holds forty cars and a hundred people."
   for i in 1 2 3; do

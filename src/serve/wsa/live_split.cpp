@@ -38,11 +38,12 @@ Result<InitialSplit> initial_split(const model::DecoderGeometry& geo, std::size_
 Status configure_auto_split(const model::DecoderGeometry& geo, std::size_t budget_bytes,
                             int kv_floor_blocks, EngineConfig& ec) {
   // The engine's layouts (expert_store.h: experts in PagerConfig::expert_dtype, f32 or bf16;
-  // kv_cache.h: f32 rows).
+  // kv_cache.h: rows in KvConfig::dtype).
   const std::size_t eb = 3 * std::size_t(geo.hidden) * std::size_t(geo.expert_width) *
                          dtype_size(ec.pager.expert_dtype);
   const std::size_t kb = std::size_t(geo.layers) * 2 * std::size_t(ec.kv.block_tokens) *
-                         std::size_t(geo.kv_heads) * std::size_t(geo.head_dim) * sizeof(float);
+                         std::size_t(geo.kv_heads) * std::size_t(geo.head_dim) *
+                         dtype_size(ec.kv.dtype);
   FERRY_ASSIGN_OR_RETURN(InitialSplit init,
                          initial_split(geo, eb, kb, budget_bytes, kv_floor_blocks));
   ec.pager.mode = ExpertMode::kPaged;
