@@ -43,7 +43,7 @@ inline void add_miss_placement_flags(CLI::App* cmd, MissPlacementFlags& f, bool 
     cmd->add_option("--kv-dtype", f.kv_dtype,
                     "KV cache stored in f32 (default) or bf16: half the bytes per block (twice "
                     "the blocks for --kv-budget-mib), rows rounded to nearest even when written, "
-                    "f32 attention on the widened rows (CPU engine only for now)")
+                    "f32 attention on the widened rows")
         ->check(CLI::IsMember({"f32", "bf16"}));
   }
   cmd->add_flag("--miss-cost-model", f.cost_model,

@@ -91,12 +91,6 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::DecoderGeometry& geo
         e->runner_, ModelRunner::create(geo, e->host_dense_ ? e->host_dense_->params() : params,
                                         *e->kv_, *e->experts_, cfg.max_batch_tokens, backend));
   } else {
-    if (cfg.kv.dtype != DType::kF32) {
-      // NOTE(serve): the CUDA kernels (kv_write, the paged attention kernels, the fused q/k
-      // norm + rope + cache write) read and write f32 rows; a bf16 pool there is not built yet.
-      return unimplemented("serve: a {} kv cache on the CUDA engine (CPU engine only for now)",
-                           to_string(cfg.kv.dtype));
-    }
     // NOTE(serve): device 0 (the backend interface does not expose its index).
     FERRY_ASSIGN_OR_RETURN(mem::StreamSet ss, mem::StreamSet::create(Device::kCuda, 0));
     e->streams_ = std::make_unique<mem::StreamSet>(std::move(ss));

@@ -116,10 +116,11 @@ class KvCache {
   const mem::MemoryBudget& budget() const { return budget_; }
   DType dtype() const { return dtype_; }
   std::size_t row_bytes() const { return row_bytes_; }
-  // The CUDA kernels' view of an f32 pool (kernels/cuda/serve_kernel_args.h's PagedKvLayout):
-  // the arena base and the floats between layers.
+  // The CUDA kernels' view of the pool (kernels/cuda/serve_kernel_args.h's PagedKvLayout): the
+  // arena base and the elements between layers; base() as f32 rows (an f32 pool only).
+  std::byte* data() const { return base_; }
   float* base() const;
-  std::int64_t layer_stride_floats() const {
+  std::int64_t layer_stride_elems() const {
     return std::int64_t(capacity_blocks_) * 2 * block_tokens_ * row_elems_;
   }
   mem::MemTier tier() const { return budget_.tier(); }

@@ -69,7 +69,7 @@ class CudaModelRunner final : public ModelRunner {
     std::int64_t T = 0, stride = 0;
     bool forced = false;
     bool device_resolve = false;  // paged: slots resolved on the device (device_resolver.h)
-    const float* kv_base = nullptr;
+    const std::byte* kv_base = nullptr;
     std::int64_t kv_layer_stride = 0;
     std::vector<std::int32_t> logit_rows;
     bool operator==(const GraphKey&) const = default;
@@ -247,11 +247,12 @@ Status CudaModelRunner::attention(int l, std::int64_t T, const kernels::cuda::Pa
       st_));
   const std::int64_t R = static_cast<std::int64_t>(geo_.rope.inv_freq.size());
   // The paged cache this layer's keys and values join (kv_write below, or the fused launch).
-  const kernels::cuda::PagedKvLayout layout{.base = kv_.base(),
-                                            .layer_stride = kv_.layer_stride_floats(),
+  const kernels::cuda::PagedKvLayout layout{.base = kv_.data(),
+                                            .layer_stride = kv_.layer_stride_elems(),
                                             .block_tokens = kv_.block_tokens(),
                                             .G = geo_.kv_heads,
-                                            .D = geo_.head_dim};
+                                            .D = geo_.head_dim,
+                                            .bf16 = kv_.dtype() == DType::kBF16};
   bool roped = false;    // the q/k norms and ropes ran as one fused launch
   bool kv_done = false;  // ... which also wrote the step's K/V rows to the cache (kQkNormRopeKv)
   if (geo_.qk_norm == model::QkNorm::kPerHead && fuse_qk_norm_rope_ &&
@@ -628,8 +629,8 @@ Status CudaModelRunner::run_graph(const StepBatch& b, std::int64_t stride, bool 
                .stride = stride,
                .forced = forced,
                .device_resolve = device_resolve,
-               .kv_base = kv_.base(),
-               .kv_layer_stride = kv_.layer_stride_floats(),
+               .kv_base = kv_.data(),
+               .kv_layer_stride = kv_.layer_stride_elems(),
                .logit_rows = b.logit_rows};
   auto it = std::find_if(graphs_.begin(), graphs_.end(),
                          [&](const StepGraph& g) { return g.key == key; });

@@ -137,9 +137,9 @@ struct KvConfig {
   bool prefix_cache = false;
   // How K and V are stored: kF32, or kBF16 -- half the bytes per block (twice the blocks for a
   // budget), each row rounded to nearest even when written and widened exactly when read, so
-  // attention's arithmetic is the f32 cache's on the rounded rows (kv_cache.h). Every expert
-  // mode shares the cache, so the modes stay bit-identical to each other. CPU engine only for
-  // now: the CUDA engine refuses kBF16 (its kernels read f32 rows).
+  // attention's arithmetic is the f32 cache's on the rounded rows (kv_cache.h; on CUDA kv_write,
+  // the fused cache write and both paged attention kernels take either). Every expert mode
+  // shares the cache, so the modes stay bit-identical to each other.
   DType dtype = DType::kF32;
 };
 

@@ -8,6 +8,8 @@
 //     Qwen3-30B-A3B's G = 8 query heads per kv head, D = 128 at contexts 1, 17, 160, 1000, 4096;
 //     the same bits on a second run, for each token run alone (T = 1) and in a reversed step
 //     (batch invariance: a token's bits do not depend on the other tokens of the step);
+//   - a bf16 pool (KvConfig::dtype): both kernels give, bit for bit, their result on an f32 pool
+//     holding the same rounded rows, and kv_write stores the CPU's KvCache::write_rows bytes;
 //   - the router's softmax/top-k, registers kernel vs the baseline: the same ids, probs and
 //     weights bits (ties included: lower id first), E = 8 .. 256 and > 256 (baseline in both);
 //   - expert_ffn, chunked 16-byte-load kernels and the baseline: bf16 == f32 on the widened
@@ -115,7 +117,7 @@ void build(PagedCase& c, const AttnShape& sh, unsigned seed) {
   c.q.resize(std::size_t(c.T()) * sh.H * sh.D);
   for (float& x : c.q) x = nd(rng);
   c.scale = 1.0f / std::sqrt(float(sh.D));
-  const std::size_t pool_floats = std::size_t(c.kv->layer_stride_floats()) * geo.layers;
+  const std::size_t pool_floats = std::size_t(c.kv->layer_stride_elems()) * geo.layers;
   c.d_pool = std::make_unique<DeviceBuf>(pool_floats * 4);
   ASSERT_EQ(ferry::testing::copy_to_device(c.d_pool->p, c.kv->base(), pool_floats * 4),
             cudaSuccess);
@@ -161,14 +163,17 @@ std::vector<double> attention_f64(const PagedCase& c) {
 
 class ServeDecodeKernels : public CudaTest {
  protected:
-  // The kernel on the tokens `rows` of the case's step (in that order): out [rows, H, D].
+  // The kernel on the tokens `rows` of the case's step (in that order): out [rows, H, D]. pool:
+  // the case's f32 pool, or another image of the same layout (bf16: its elements are bf16).
   std::vector<float> attention_gpu(const PagedCase& c, const std::vector<std::int64_t>& rows,
-                                   KernelVariant variant);
+                                   KernelVariant variant, const DeviceBuf* pool = nullptr,
+                                   bool bf16 = false);
 };
 
 std::vector<float> ServeDecodeKernels::attention_gpu(const PagedCase& c,
                                                      const std::vector<std::int64_t>& rows,
-                                                     KernelVariant variant) {
+                                                     KernelVariant variant, const DeviceBuf* pool,
+                                                     bool bf16) {
   const int HD = c.sh.H * c.sh.D;
   std::vector<std::int32_t> seq_of, pos;
   std::vector<float> q;
@@ -183,11 +188,12 @@ std::vector<float> ServeDecodeKernels::attention_gpu(const PagedCase& c,
   up(d_q.p, q);
   EXPECT_EQ(cudaMemsetAsync(d_out.p, 0xff, q.size() * 4, raw_stream()),
             cudaSuccess);  // NaN: every row written
-  const kernels::cuda::PagedKvLayout layout{.base = c.d_pool->as<float>(),
-                                            .layer_stride = c.kv->layer_stride_floats(),
+  const kernels::cuda::PagedKvLayout layout{.base = (pool != nullptr ? pool : c.d_pool.get())->p,
+                                            .layer_stride = c.kv->layer_stride_elems(),
                                             .block_tokens = c.sh.block_tokens,
                                             .G = c.sh.G,
-                                            .D = c.sh.D};
+                                            .D = c.sh.D,
+                                            .bf16 = bf16};
   const kernels::cuda::PagedStep step{.seq_of = d_seq.as<std::int32_t>(),
                                       .pos = d_pos.as<std::int32_t>(),
                                       .tables = c.d_tab->as<std::int32_t>(),
@@ -257,6 +263,106 @@ TEST_F(ServeDecodeKernels, PagedAttentionBothKernelsKeepTheRuleAndBatchInvarianc
       }
     }
   }
+}
+
+// A bf16 pool: the case's rows rounded to bf16 (in the host cache, re-uploaded as the f32 pool)
+// and the same rows as a bf16 image; each kernel reads both to the same bits, since it widens
+// each element exactly and keeps the f32 arithmetic (the CPU's exact twin is
+// tests/unit/serve/kv_dtype_test.cpp).
+TEST_F(ServeDecodeKernels, PagedAttentionOnABf16PoolIsTheF32KernelOnTheRoundedRows) {
+  const std::vector<AttnShape> shapes = {
+      {4, 2, 16, 4, {37, 70, 9}, 10},
+      {4, 2, 18, 4, {20, 9, 33}, 5},  // D % 4 != 0: the baseline in both
+      {4, 2, 256, 16, {1, 17, 300, 50}, 9},
+      {32, 4, 128, 16, {1, 17, 160, 1000, 40}, 10},
+  };
+  for (const AttnShape& sh : shapes) {
+    PagedCase c;
+    build(c, sh, 99u + unsigned(sh.D));
+    ASSERT_FALSE(HasFatalFailure());
+    const std::string what = fmt::format("H {} G {} D {} bt {}", sh.H, sh.G, sh.D, sh.block_tokens);
+    const std::size_t n = std::size_t(c.kv->layer_stride_elems()) * 2;  // 2 layers
+    float* host = c.kv->base();
+    std::vector<std::uint16_t> image(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      image[i] = f32_to_bf16(host[i]);
+      host[i] = bf16_to_f32(image[i]);
+    }
+    ASSERT_EQ(ferry::testing::copy_to_device(c.d_pool->p, host, n * 4), cudaSuccess);
+    DeviceBuf d_bf16(n * 2);
+    up(d_bf16.p, image);
+    std::vector<std::int64_t> all(std::size_t(c.T()));
+    std::iota(all.begin(), all.end(), 0);
+    for (const KernelVariant v : {KernelVariant::kDecode, KernelVariant::kBaseline}) {
+      const std::vector<float> f32 = attention_gpu(c, all, v);
+      const std::vector<float> bf = attention_gpu(c, all, v, &d_bf16, /*bf16=*/true);
+      EXPECT_TRUE(same_bits(bf, f32))
+          << what << " " << name(v) << ": max |d| " << max_abs_diff(bf, f32);
+    }
+  }
+}
+
+// kv_write into a bf16 pool stores what the CPU cache's write_rows stores (round to nearest even),
+// at the same addresses, and nothing else.
+TEST_F(ServeDecodeKernels, KvWriteIntoABf16PoolStoresTheCpuCachesBytes) {
+  model::DecoderGeometry geo;
+  geo.layers = 3;
+  geo.heads = 4;
+  geo.kv_heads = 2;
+  geo.head_dim = 16;
+  const int GD = geo.kv_heads * geo.head_dim, bt = 4;
+  auto kvr =
+      KvCache::create(geo, {.block_tokens = bt, .budget_bytes = 1 << 16, .dtype = DType::kBF16});
+  ASSERT_TRUE(kvr.ok()) << kvr.status().to_string();
+  KvCache& kv = **kvr;
+  const std::size_t bytes = std::size_t(kv.layer_stride_elems()) * geo.layers * 2;
+  std::memset(kv.data(), 0, bytes);
+  std::vector<BlockTable> tables(2);
+  ASSERT_TRUE(kv.reserve(tables[0], 9).ok());
+  ASSERT_TRUE(kv.reserve(tables[1], 6).ok());
+  // A step: sequence 0 positions 3..8 (a chunk), sequence 1 position 5 (a decode).
+  std::vector<std::int32_t> seq_of = {0, 0, 0, 0, 0, 0, 1}, pos = {3, 4, 5, 6, 7, 8, 5};
+  const std::int64_t T = std::int64_t(pos.size());
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::vector<float> k(std::size_t(T) * GD), v(k.size());
+  for (float& x : k) x = nd(rng);
+  for (float& x : v) x = nd(rng);
+  const int layer = 2;
+  for (std::int64_t t = 0; t < T; ++t) {
+    kv.write_rows(layer, tables[std::size_t(seq_of[t])], pos[t], k.data() + t * GD,
+                  v.data() + t * GD);
+  }
+  const int stride = 3;
+  std::vector<std::int32_t> packed(2 * stride, 0);
+  for (int s = 0; s < 2; ++s) {
+    std::copy(tables[s].blocks.begin(), tables[s].blocks.end(), packed.begin() + s * stride);
+  }
+  DeviceBuf d_pool(bytes), d_tab(packed.size() * 4), d_seq(seq_of.size() * 4),
+      d_pos(pos.size() * 4), d_k(k.size() * 4), d_v(v.size() * 4);
+  ASSERT_EQ(cudaMemset(d_pool.p, 0, bytes), cudaSuccess);
+  up(d_tab.p, packed);
+  up(d_seq.p, seq_of);
+  up(d_pos.p, pos);
+  up(d_k.p, k);
+  up(d_v.p, v);
+  const kernels::cuda::PagedKvLayout layout{.base = d_pool.p,
+                                            .layer_stride = kv.layer_stride_elems(),
+                                            .block_tokens = bt,
+                                            .G = geo.kv_heads,
+                                            .D = geo.head_dim,
+                                            .bf16 = true};
+  const kernels::cuda::PagedStep step{.seq_of = d_seq.as<std::int32_t>(),
+                                      .pos = d_pos.as<std::int32_t>(),
+                                      .tables = d_tab.as<std::int32_t>(),
+                                      .table_stride = stride,
+                                      .T = T};
+  ASSERT_TRUE(
+      kernels::cuda::kv_write(layout, layer, step, d_k.as<float>(), d_v.as<float>(), stream())
+          .ok());
+  sync();
+  const std::vector<std::uint8_t> got = down<std::uint8_t>(d_pool.p, bytes);
+  EXPECT_EQ(std::memcmp(got.data(), kv.data(), bytes), 0);
 }
 
 // ---- router ----

@@ -16,7 +16,10 @@
 //     cpu-experts (CPU arithmetic) within the tolerance instead;
 //   - bf16 experts: the kernel equals the f32 kernel on the widened weights and keeps the rule
 //     against its CPU twin; every mode equals bf16 resident bit for bit; bf16 resident is within
-//     the golden tolerance of the CPU engine on the experts rounded to bf16.
+//     the golden tolerance of the CPU engine on the experts rounded to bf16;
+//   - a bf16 KV cache (KvConfig::dtype): every mode equals bf16-KV resident bit for bit on CUDA,
+//     and bf16-KV resident is within the golden tolerance of the CPU engine with a bf16 cache (the
+//     same rounding in both), greedy tokens equal.
 // Skips, saying so, without a CUDA device.
 #include <algorithm>
 #include <cmath>
@@ -134,7 +137,7 @@ TEST_F(ServeKernels, PagedAttentionWithinTwiceTheCpuTwinsError) {
                                      .scale = scale})
                     .ok());
     // CUDA: the whole pool copied to the device, tables packed [S, stride].
-    const std::size_t pool_floats = std::size_t(kv.layer_stride_floats()) * geo.layers;
+    const std::size_t pool_floats = std::size_t(kv.layer_stride_elems()) * geo.layers;
     DeviceBuf d_pool(pool_floats * 4), d_q(q.size() * 4), d_out(q.size() * 4);
     ASSERT_EQ(ferry::testing::copy_to_device(d_pool.p, kv.base(), pool_floats * 4), cudaSuccess);
     up(d_q.p, q);
@@ -148,7 +151,7 @@ TEST_F(ServeKernels, PagedAttentionWithinTwiceTheCpuTwinsError) {
     up(d_seq.p, seq_of);
     up(d_pos.p, pos);
     const kernels::cuda::PagedKvLayout layout{.base = d_pool.as<float>(),
-                                              .layer_stride = kv.layer_stride_floats(),
+                                              .layer_stride = kv.layer_stride_elems(),
                                               .block_tokens = sh.block_tokens,
                                               .G = sh.G,
                                               .D = sh.D};
@@ -587,6 +590,43 @@ TEST_P(ServeModesCudaBf16, ModesSameBitsAndF32OnRoundedWeightsWithinTol) {
 }
 
 INSTANTIATE_TEST_SUITE_P(MoeFixtures, ServeModesCudaBf16,
+                         ::testing::Values("qwen3_moe", "mixtral", "olmoe"));
+
+// A bf16 KV cache on CUDA: kv_write / the fused cache write round each row as the CPU cache's
+// write_rows does and both attention kernels widen it exactly, so the CUDA engine with a bf16
+// cache stands to the CPU engine with one as the f32 engines do (the golden 1e-4, greedy tokens
+// equal; no tolerance widened: the rounding is in both), and every mode shares the cache.
+class ServeKvBf16Cuda : public CudaTest, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(ServeKvBf16Cuda, ModesSameBitsAndWithinTolOfTheCpuEngineWithABf16Cache) {
+  const testing::Fixture f = testing::load_fixture(GetParam());
+  ASSERT_TRUE(f.model);
+  const model::LoadedModel& m = *f.model;
+  const int K = m.geometry.top_k;
+  auto kv_bf16 = [](EngineConfig cfg) {
+    cfg.kv.dtype = DType::kBF16;
+    return cfg;
+  };
+  const EngineConfig res = kv_bf16(engine_config(ExpertMode::kResident, 0, EvictionPolicy::kLru));
+  auto ref = run_on(m, res, cuda());
+  ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+  auto cpu = run_on(m, res, kernels::cpu_backend());
+  ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
+  const double e = compare_runs(*ref, *cpu, std::string(GetParam()) + " bf16 kv cuda vs cpu");
+  EXPECT_LE(e, 1e-4) << GetParam();
+  std::cout << "[serve_gpu] " << GetParam() << " bf16 kv: CUDA vs CPU engine logits max err / max "
+            << "|ref| " << e << "\n";
+  for (const auto& [mode, cap] :
+       {std::pair{ExpertMode::kStatic, 0}, std::pair{ExpertMode::kPaged, K},
+        std::pair{ExpertMode::kPaged, K + 1}}) {
+    auto got = run_on(m, kv_bf16(engine_config(mode, cap, EvictionPolicy::kLru)), cuda());
+    const std::string name = fmt::format("{} bf16 kv {} cap {}", GetParam(), to_string(mode), cap);
+    ASSERT_TRUE(got.ok()) << name << ": " << got.status().to_string();
+    testing::expect_same_bits(*got, *ref, name);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(MoeFixtures, ServeKvBf16Cuda,
                          ::testing::Values("qwen3_moe", "mixtral", "olmoe"));
 
 }  // namespace

@@ -1,13 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
-// kv_write and paged_attention of serve_kernels.h (f32 K/V; why f32: see that header).
+// kv_write and paged_attention of serve_kernels.h, over an f32 or a bf16 pool (PagedKvLayout::bf16:
+// each kernel is instantiated for both; a bf16 row is rounded to nearest even when written and
+// each element widened exactly when read, the arithmetic is the f32 kernels').
 // Two paged_attention kernels (KernelVariant, serve_kernel_args.h; docs/cuda.md "Decode kernels"):
 //   split (kDecode, the default): one CTA of kW warps per (token, head). The token's positions
 //     0..pos[t] are cut into chunks of kKeys; chunk c goes to warp c % kW, which keeps its own
 //     online-softmax state (m, l, acc) over its chunks in position order (the baseline's
-//     update), with 16-byte loads (lane owns elements 4 (lane + 32 i) .. + 3). The kW states are
+//     update), with 16-byte loads (8-byte for bf16; lane owns elements 4 (lane + 32 i) .. + 3).
+//     The kW states are
 //     combined in shared memory in warp order: M = max m_w, o = sum_w acc_w e^(m_w - M) /
 //     sum_w l_w e^(m_w - M). A decode at 160 positions is 20 chunks: at most 2 per warp instead of
-//     20 in a row. Needs D % 4 == 0 and 16-byte aligned q / out / pool (else the baseline runs).
+//     20 in a row. Needs D % 4 == 0, 16-byte aligned q / out and a 16-byte (f32) or 8-byte (bf16)
+//     aligned pool (else the baseline runs).
 //   baseline (kBaseline, FERRY_PAGED_ATTN_SPLIT=0): one warp per (token, head), walking the
 //     positions in order exactly as the CPU twin serve/paged_attention.cpp does: s = (q . k) *
 //     scale; m' = max(m, s); acc = acc * e^(m - m') + e^(s - m') v; l likewise; keys loaded
@@ -31,6 +35,7 @@ namespace {
 constexpr int kThreads = 128;  // baseline: 4 warps per block
 constexpr int kKeys = 8;       // keys whose rows are in flight together (per warp)
 
+template <typename Elem>
 __global__ void kv_write_kernel(PagedKvLayout kv, int layer, PagedStep s,
                                 const float* __restrict__ k, const float* __restrict__ v) {
   const std::int64_t row = std::int64_t(kv.G) * kv.D;
@@ -38,12 +43,12 @@ __global__ void kv_write_kernel(PagedKvLayout kv, int layer, PagedStep s,
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
        i += std::int64_t(gridDim.x) * blockDim.x) {
     const std::int64_t t = i / row, c = i % row;
-    kv_row(kv, layer, s, t, s.pos[t], 0)[c] = k[i];
-    kv_row(kv, layer, s, t, s.pos[t], 1)[c] = v[i];
+    kv_row<Elem>(kv, layer, s, t, s.pos[t], 0)[c] = from_f32<Elem>(k[i]);
+    kv_row<Elem>(kv, layer, s, t, s.pos[t], 1)[c] = from_f32<Elem>(v[i]);
   }
 }
 
-template <int kNv>  // elements per lane: ceil(D / 32)
+template <int kNv, typename Elem>  // elements per lane: ceil(D / 32); the pool's element type
 __global__ void paged_attention_warp_kernel(PagedKvLayout kv, int layer, PagedStep s,
                                             float* __restrict__ out, const float* __restrict__ q,
                                             int H, float scale) {
@@ -75,14 +80,14 @@ __global__ void paged_attention_warp_kernel(PagedKvLayout kv, int layer, PagedSt
     for (int u = 0; u < kKeys; ++u) {
       part[u] = 0.0f;
       if (u < n) {
-        const float* kj = kv_row(kv, layer, s, t, j0 + u, 0) + g * D;
-        const float* vj = kv_row(kv, layer, s, t, j0 + u, 1) + g * D;
+        const Elem* kj = kv_row<Elem>(kv, layer, s, t, j0 + u, 0) + g * D;
+        const Elem* vj = kv_row<Elem>(kv, layer, s, t, j0 + u, 1) + g * D;
 #pragma unroll
         for (int i = 0; i < kNv; ++i) {
           const int d = lane + 32 * i;
           if (d < D) {
-            part[u] += qv[i] * kj[d];
-            vr[u][i] = vj[d];
+            part[u] += qv[i] * to_f32(kj[d]);
+            vr[u][i] = to_f32(vj[d]);
           }
         }
       }
@@ -115,6 +120,17 @@ __global__ void paged_attention_warp_kernel(PagedKvLayout kv, int layer, PagedSt
   }
 }
 
+// Four consecutive elements c*4 .. c*4 + 3 of a row as f32: one 16-byte load (f32) or one 8-byte
+// load of four bf16 widened exactly (element 0 in the low half of the first word).
+__device__ __forceinline__ float4 load4(const float* row, int c) {
+  return __ldg(reinterpret_cast<const float4*>(row) + c);
+}
+__device__ __forceinline__ float4 load4(const bf16* row, int c) {
+  const uint2 u = __ldg(reinterpret_cast<const uint2*>(row) + c);
+  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                     __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+}
+
 __device__ __forceinline__ float dot4(float4 a, float4 b, float s) {
   s = fmaf(a.x, b.x, s);
   s = fmaf(a.y, b.y, s);
@@ -122,8 +138,9 @@ __device__ __forceinline__ float dot4(float4 a, float4 b, float s) {
   return fmaf(a.w, b.w, s);
 }
 
-// kNc: 16-byte chunks per lane (ceil(D / 128)); kW: warps per CTA. One CTA per item = t * H + h.
-template <int kNc, int kW>
+// kNc: 4-element chunks per lane (ceil(D / 128)); kW: warps per CTA; Elem: the pool's element
+// type. One CTA per item = t * H + h.
+template <int kNc, int kW, typename Elem>
 __global__ void __launch_bounds__(kW * 32)
     paged_attention_split_kernel(PagedKvLayout kv, int layer, PagedStep s, float* __restrict__ out,
                                  const float* __restrict__ q, int H, float scale) {
@@ -135,10 +152,10 @@ __global__ void __launch_bounds__(kW * 32)
   const int h = static_cast<int>(item % H);
   const int D4 = kv.D >> 2;  // 16-byte chunks of a head
   const int g = h / (H / kv.G);
-  const std::int64_t row = std::int64_t(kv.G) * kv.D;  // floats of one cache row
-  const std::int64_t blk_floats = std::int64_t(kv.block_tokens) * row;
-  const float* layer_base =
-      kv.base + std::int64_t(layer) * kv.layer_stride + std::int64_t(g) * kv.D;
+  const std::int64_t row = std::int64_t(kv.G) * kv.D;  // elements of one cache row
+  const std::int64_t blk_elems = std::int64_t(kv.block_tokens) * row;
+  const Elem* layer_base = static_cast<const Elem*>(kv.base) +
+                           std::int64_t(layer) * kv.layer_stride + std::int64_t(g) * kv.D;
   const std::int32_t* table = s.tables + std::int64_t(s.seq_of[t]) * s.table_stride;
   const std::int64_t n = std::int64_t(s.pos[t]) + 1;  // positions 0..pos[t]
   const float4* qh = reinterpret_cast<const float4*>(q + item * kv.D);
@@ -161,16 +178,15 @@ __global__ void __launch_bounds__(kW * 32)
       part[u] = 0.0f;
       if (u < cnt) {
         const std::int64_t j = j0 + u;
-        const float* kj = layer_base + std::int64_t(table[j / kv.block_tokens]) * 2 * blk_floats +
-                          (j % kv.block_tokens) * row;
-        const float4* k4 = reinterpret_cast<const float4*>(kj);
-        const float4* v4 = reinterpret_cast<const float4*>(kj + blk_floats);
+        const Elem* kj = layer_base + std::int64_t(table[j / kv.block_tokens]) * 2 * blk_elems +
+                         (j % kv.block_tokens) * row;
+        const Elem* vj = kj + blk_elems;
 #pragma unroll
         for (int i = 0; i < kNc; ++i) {
           const int c = lane + 32 * i;
           if (c < D4) {
-            part[u] = dot4(qv[i], __ldg(k4 + c), part[u]);
-            vr[u][i] = __ldg(v4 + c);
+            part[u] = dot4(qv[i], load4(kj, c), part[u]);
+            vr[u][i] = load4(vj, c);
           } else {
             vr[u][i] = zero;
           }
@@ -238,13 +254,59 @@ bool split_env_on() {
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+bool aligned8(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 8 == 0; }
+
+template <typename Elem>
+void launch_paged_attention_elem(const PagedKvLayout& kv, int layer, const PagedStep& step,
+                                 float* out, const float* q, int H, float scale, bool split,
+                                 cudaStream_t stream) {
+  if (split) {
+    // One CTA per (token, head); D <= 128: 16 warps of one 4-element chunk per lane, else 8 of
+    // two. (The caller checked the grid.)
+    const unsigned grid = static_cast<unsigned>(step.T * H);
+    if (kv.D <= 128) {
+      paged_attention_split_kernel<1, 16, Elem>
+          <<<grid, 16 * 32, 0, stream>>>(kv, layer, step, out, q, H, scale);
+    } else {
+      paged_attention_split_kernel<2, 8, Elem>
+          <<<grid, 8 * 32, 0, stream>>>(kv, layer, step, out, q, H, scale);
+    }
+    return;
+  }
+  const std::int64_t warps = step.T * H;
+  const unsigned grid = static_cast<unsigned>((warps * 32 + kThreads - 1) / kThreads);
+  switch ((kv.D + 31) / 32) {
+    case 1:
+      paged_attention_warp_kernel<1, Elem>
+          <<<grid, kThreads, 0, stream>>>(kv, layer, step, out, q, H, scale);
+      break;
+    case 2:
+      paged_attention_warp_kernel<2, Elem>
+          <<<grid, kThreads, 0, stream>>>(kv, layer, step, out, q, H, scale);
+      break;
+    case 3:
+    case 4:
+      paged_attention_warp_kernel<4, Elem>
+          <<<grid, kThreads, 0, stream>>>(kv, layer, step, out, q, H, scale);
+      break;
+    default:  // 5..8 (D <= 256, checked by the caller)
+      paged_attention_warp_kernel<8, Elem>
+          <<<grid, kThreads, 0, stream>>>(kv, layer, step, out, q, H, scale);
+      break;
+  }
+}
 
 }  // namespace
 
 cudaError_t launch_kv_write(const PagedKvLayout& kv, int layer, const PagedStep& step,
                             const float* k, const float* v, cudaStream_t stream) {
   if (step.T <= 0) return cudaSuccess;
-  kv_write_kernel<<<grid_for(step.T * kv.G * kv.D, 256), 256, 0, stream>>>(kv, layer, step, k, v);
+  const unsigned grid = grid_for(step.T * kv.G * kv.D, 256);
+  if (kv.bf16) {
+    kv_write_kernel<bf16><<<grid, 256, 0, stream>>>(kv, layer, step, k, v);
+  } else {
+    kv_write_kernel<float><<<grid, 256, 0, stream>>>(kv, layer, step, k, v);
+  }
   return cudaGetLastError();
 }
 
@@ -252,43 +314,16 @@ cudaError_t launch_paged_attention(const PagedKvLayout& kv, int layer, const Pag
                                    float* out, const float* q, int H, float scale,
                                    KernelVariant variant, cudaStream_t stream) {
   if (step.T <= 0) return cudaSuccess;
-  const bool split =
+  const bool split_on =
       variant == KernelVariant::kDecode || (variant == KernelVariant::kDefault && split_env_on());
-  if (split && kv.D % 4 == 0 && aligned16(kv.base) && aligned16(out) && aligned16(q) &&
-      kv.layer_stride % 4 == 0) {
-    // One CTA per (token, head); D <= 128: 16 warps of one 16-byte chunk per lane, else 8 of two.
-    const std::int64_t items = step.T * H;
-    if (items > 0x7fffffff) return cudaErrorInvalidConfiguration;
-    const unsigned grid = static_cast<unsigned>(items);
-    if (kv.D <= 128) {
-      paged_attention_split_kernel<1, 16>
-          <<<grid, 16 * 32, 0, stream>>>(kv, layer, step, out, q, H, scale);
-    } else {
-      paged_attention_split_kernel<2, 8>
-          <<<grid, 8 * 32, 0, stream>>>(kv, layer, step, out, q, H, scale);
-    }
-    return cudaGetLastError();
-  }
-  const std::int64_t warps = step.T * H;
-  const unsigned grid = static_cast<unsigned>((warps * 32 + kThreads - 1) / kThreads);
-  switch ((kv.D + 31) / 32) {
-    case 1:
-      paged_attention_warp_kernel<1>
-          <<<grid, kThreads, 0, stream>>>(kv, layer, step, out, q, H, scale);
-      break;
-    case 2:
-      paged_attention_warp_kernel<2>
-          <<<grid, kThreads, 0, stream>>>(kv, layer, step, out, q, H, scale);
-      break;
-    case 3:
-    case 4:
-      paged_attention_warp_kernel<4>
-          <<<grid, kThreads, 0, stream>>>(kv, layer, step, out, q, H, scale);
-      break;
-    default:  // 5..8 (D <= 256, checked by the caller)
-      paged_attention_warp_kernel<8>
-          <<<grid, kThreads, 0, stream>>>(kv, layer, step, out, q, H, scale);
-      break;
+  const bool split = split_on && kv.D % 4 == 0 &&
+                     (kv.bf16 ? aligned8(kv.base) : aligned16(kv.base)) && aligned16(out) &&
+                     aligned16(q) && kv.layer_stride % 4 == 0;
+  if (split && step.T * H > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  if (kv.bf16) {
+    launch_paged_attention_elem<bf16>(kv, layer, step, out, q, H, scale, split, stream);
+  } else {
+    launch_paged_attention_elem<float>(kv, layer, step, out, q, H, scale, split, stream);
   }
   return cudaGetLastError();
 }

@@ -137,8 +137,8 @@ struct KvDest {
 // kWriteKv false: the norms and ropes only (launch_qk_norm_rope_f32). true: also, after
 // __syncwarp (the rope's stores visible to every lane), a k row's warp copies its finished row
 // and the v row of the same (token, kv head) into the paged cache at (seq_of[tok], pos[tok])
-// through kv_row as kv_write_kernel does: plain f32 copies, so the cache holds kv_write's bits
-// (decode fusion kQkNormRopeKv, decode_fusion.h).
+// through kv_row as kv_write_kernel does (f32 copies, or bf16 rounded to nearest even), so the
+// cache holds kv_write's bits (decode fusion kQkNormRopeKv, decode_fusion.h).
 template <bool kWriteKv>
 __global__ void qk_norm_rope_kernel(QkRows q, QkRows k, const std::int32_t* __restrict__ positions,
                                     const float* __restrict__ inv_freq, std::int64_t t,
@@ -158,12 +158,20 @@ __global__ void qk_norm_rope_kernel(QkRows q, QkRows k, const std::int32_t* __re
     __syncwarp();
     const std::int64_t tok = local / k.heads, head = local % k.heads;
     const std::int64_t j = dest.step.pos[tok];
-    float* kc = kv_row(dest.kv, dest.layer, dest.step, tok, j, 0) + head * d;
-    float* vc = kv_row(dest.kv, dest.layer, dest.step, tok, j, 1) + head * d;
     const float* vr = dest.v + local * d;
-    for (std::int64_t i = lane; i < d; i += 32) {
-      kc[i] = y[i];
-      vc[i] = vr[i];
+    const auto store = [&](auto tag) {
+      using Elem = decltype(tag);
+      Elem* kc = kv_row<Elem>(dest.kv, dest.layer, dest.step, tok, j, 0) + head * d;
+      Elem* vc = kv_row<Elem>(dest.kv, dest.layer, dest.step, tok, j, 1) + head * d;
+      for (std::int64_t i = lane; i < d; i += 32) {
+        kc[i] = from_f32<Elem>(y[i]);
+        vc[i] = from_f32<Elem>(vr[i]);
+      }
+    };
+    if (dest.kv.bf16) {  // uniform
+      store(bf16{});
+    } else {
+      store(float{});
     }
   } else {
     (void)y;

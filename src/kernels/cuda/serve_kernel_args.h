@@ -17,13 +17,15 @@ namespace ferry::kernels::cuda {
 enum class KernelVariant : std::uint8_t { kDefault, kBaseline, kDecode };
 
 // The paged KV cache's layout (serve/kv_cache.h): per layer l and block b, K rows then V rows,
-// each [block_tokens, G*D] f32:
+// each [block_tokens, G*D] elements, f32 or (bf16) bf16 bits (KvConfig::dtype: rounded to nearest
+// even when written, widened exactly when read):
 //   k(l, b) = base + l * layer_stride + (b * 2 + 0) * block_tokens * G*D;  v: (b * 2 + 1)
 struct PagedKvLayout {
-  float* base = nullptr;
-  std::int64_t layer_stride = 0;  // floats: capacity_blocks * 2 * block_tokens * G*D
+  void* base = nullptr;
+  std::int64_t layer_stride = 0;  // elements: capacity_blocks * 2 * block_tokens * G*D
   int block_tokens = 0;
   int G = 0, D = 0;
+  bool bf16 = false;  // the rows are bf16 bits (else f32)
 };
 
 // Where each step token goes: sequence, position and that sequence's block table.

@@ -63,7 +63,7 @@ TEST(CudaPath, KvPoolTierAndLayout) {
     for (std::int64_t p : {0, 3, 4, 8}) {
       const std::int64_t blk = t.blocks[std::size_t(p / 4)];
       const float* k =
-          (*kv)->base() + l * (*kv)->layer_stride_floats() + (blk * 2) * 4 * row + (p % 4) * row;
+          (*kv)->base() + l * (*kv)->layer_stride_elems() + (blk * 2) * 4 * row + (p % 4) * row;
       EXPECT_EQ(k, (*kv)->k_row(l, t, p));
       EXPECT_EQ(k + 4 * row, (*kv)->v_row(l, t, p));
     }
