@@ -592,13 +592,32 @@ TEST_P(ServeModesCudaBf16, ModesSameBitsAndF32OnRoundedWeightsWithinTol) {
 INSTANTIATE_TEST_SUITE_P(MoeFixtures, ServeModesCudaBf16,
                          ::testing::Values("qwen3_moe", "mixtral", "olmoe"));
 
-// A bf16 KV cache on CUDA: kv_write / the fused cache write round each row as the CPU cache's
-// write_rows does and both attention kernels widen it exactly, so the CUDA engine with a bf16
-// cache stands to the CPU engine with one as the f32 engines do (the golden 1e-4, greedy tokens
-// equal; no tolerance widened: the rounding is in both), and every mode shares the cache.
+// Worst relative error over each request's rows up to and including its first token that differs
+// between the runs (later rows follow other tokens and are not comparable).
+double compare_until_parted(const testing::RunRecord& got, const testing::RunRecord& ref) {
+  double worst = 0;
+  for (const auto& [id, rows] : ref.logits) {
+    const auto& g = got.logits.at(id);
+    const auto& tg = got.tokens.at(id);
+    const auto& tr = ref.tokens.at(id);
+    for (std::size_t i = 0; i < std::min(g.size(), rows.size()); ++i) {
+      worst = std::max(worst, rel_max(g[i], rows[i]));
+      if (i >= tg.size() || i >= tr.size() || tg[i] != tr[i]) break;
+    }
+  }
+  return worst;
+}
+
+// A bf16 KV cache on CUDA: kv_write / the fused cache write round each row to nearest even and
+// both attention kernels widen it exactly (the kernel tests check those bit for bit). Against
+// the CPU engine with a bf16 cache the golden 1e-4 does not hold: the two backends' K and V
+// differ in the last f32 bits, and a value near a bf16 rounding boundary then rounds to the
+// neighbouring bf16 (0.4 % apart) -- measured on the H100, Mixtral 2.8e-4. So style.md's rule:
+// both bf16-KV engines against the f32-KV CPU engine, err(CUDA) <= 2 err(CPU) + 1e-4 (the golden
+// f32 tolerance as the floor); every mode shares the cache and gives resident's bits.
 class ServeKvBf16Cuda : public CudaTest, public ::testing::WithParamInterface<const char*> {};
 
-TEST_P(ServeKvBf16Cuda, ModesSameBitsAndWithinTolOfTheCpuEngineWithABf16Cache) {
+TEST_P(ServeKvBf16Cuda, ModesSameBitsAndTheRuleAgainstTheF32CpuEngine) {
   const testing::Fixture f = testing::load_fixture(GetParam());
   ASSERT_TRUE(f.model);
   const model::LoadedModel& m = *f.model;
@@ -607,15 +626,20 @@ TEST_P(ServeKvBf16Cuda, ModesSameBitsAndWithinTolOfTheCpuEngineWithABf16Cache) {
     cfg.kv.dtype = DType::kBF16;
     return cfg;
   };
-  const EngineConfig res = kv_bf16(engine_config(ExpertMode::kResident, 0, EvictionPolicy::kLru));
+  const EngineConfig f32 = engine_config(ExpertMode::kResident, 0, EvictionPolicy::kLru);
+  const EngineConfig res = kv_bf16(f32);
   auto ref = run_on(m, res, cuda());
   ASSERT_TRUE(ref.ok()) << ref.status().to_string();
   auto cpu = run_on(m, res, kernels::cpu_backend());
   ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
-  const double e = compare_runs(*ref, *cpu, std::string(GetParam()) + " bf16 kv cuda vs cpu");
-  EXPECT_LE(e, 1e-4) << GetParam();
-  std::cout << "[serve_gpu] " << GetParam() << " bf16 kv: CUDA vs CPU engine logits max err / max "
-            << "|ref| " << e << "\n";
+  auto cpu32 = run_on(m, f32, kernels::cpu_backend());
+  ASSERT_TRUE(cpu32.ok()) << cpu32.status().to_string();
+  const double e_cuda = compare_until_parted(*ref, *cpu32);
+  const double e_cpu = compare_until_parted(*cpu, *cpu32);
+  EXPECT_LE(e_cuda, 2 * e_cpu + 1e-4) << GetParam();
+  std::cout << "[serve_gpu] " << GetParam() << " bf16 kv vs the f32-kv CPU engine, logits max err "
+            << "/ max |ref|: CUDA " << e_cuda << ", CPU " << e_cpu << "; CUDA vs CPU bf16 kv "
+            << compare_until_parted(*ref, *cpu) << "\n";
   for (const auto& [mode, cap] :
        {std::pair{ExpertMode::kStatic, 0}, std::pair{ExpertMode::kPaged, K},
         std::pair{ExpertMode::kPaged, K + 1}}) {
