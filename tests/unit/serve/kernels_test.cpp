@@ -16,25 +16,19 @@
 #include "serve/kv_cache.h"
 #include "serve/paged_attention.h"
 #include "serve/sampler.h"
+#include "serve_test_util.h"
 
 namespace ferry::serve {
 namespace {
 
-model::DecoderGeometry geo(int layers, int H, int G, int D) {
-  model::DecoderGeometry g;
-  g.layers = layers;
-  g.heads = H;
-  g.kv_heads = G;
-  g.head_dim = D;
-  return g;
-}
-
 TEST(KvCache, ReserveIsAllOrNothingAndReleaseReturnsBlocks) {
-  auto kv = KvCache::create(geo(2, 4, 2, 8), {.block_tokens = 4, .budget_bytes = 0});
+  auto kv =
+      KvCache::create(testing::kv_geometry(2, 4, 2, 8), {.block_tokens = 4, .budget_bytes = 0});
   ASSERT_FALSE(kv.ok());
   EXPECT_EQ(kv.status().code(), StatusCode::kResourceExhausted);
   const std::size_t block = 2 * 2 * 4 * 2 * 8 * sizeof(float);
-  kv = KvCache::create(geo(2, 4, 2, 8), {.block_tokens = 4, .budget_bytes = 5 * block + 7});
+  kv = KvCache::create(testing::kv_geometry(2, 4, 2, 8),
+                       {.block_tokens = 4, .budget_bytes = 5 * block + 7});
   ASSERT_TRUE(kv.ok()) << kv.status().to_string();
   KvCache& c = **kv;
   EXPECT_EQ(c.num_blocks(), 5);
@@ -59,7 +53,8 @@ TEST(PagedAttention, MatchesPackedCausalAttention) {
   const int H = 4, G = 2, D = 16, L = 1;
   Rng rng(17);
   for (int len : {1, 5, 13, 40}) {
-    auto kvr = KvCache::create(geo(L, H, G, D), {.block_tokens = 4, .budget_bytes = 1 << 20});
+    auto kvr = KvCache::create(testing::kv_geometry(L, H, G, D),
+                               {.block_tokens = 4, .budget_bytes = 1 << 20});
     ASSERT_TRUE(kvr.ok());
     KvCache& kv = **kvr;
     // Scatter the table: reserve a dummy sequence in between so block ids are not contiguous.

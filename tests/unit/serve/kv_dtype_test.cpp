@@ -21,19 +21,11 @@
 namespace ferry::serve {
 namespace {
 
-model::DecoderGeometry geo(int layers, int H, int G, int D) {
-  model::DecoderGeometry g;
-  g.layers = layers;
-  g.heads = H;
-  g.kv_heads = G;
-  g.head_dim = D;
-  return g;
-}
-
 TEST(KvDtype, Bf16BlocksAreHalfTheBytesSoABudgetHoldsTwiceAsMany) {
   const std::size_t budget = 1 << 20;
-  auto f32 = KvCache::create(geo(3, 4, 2, 16), {.block_tokens = 8, .budget_bytes = budget});
-  auto bf16 = KvCache::create(geo(3, 4, 2, 16),
+  auto f32 = KvCache::create(testing::kv_geometry(3, 4, 2, 16),
+                             {.block_tokens = 8, .budget_bytes = budget});
+  auto bf16 = KvCache::create(testing::kv_geometry(3, 4, 2, 16),
                               {.block_tokens = 8, .budget_bytes = budget, .dtype = DType::kBF16});
   ASSERT_TRUE(f32.ok() && bf16.ok());
   EXPECT_EQ((*f32)->block_bytes(), std::size_t(3 * 2 * 8 * 2 * 16 * 4));
@@ -41,7 +33,7 @@ TEST(KvDtype, Bf16BlocksAreHalfTheBytesSoABudgetHoldsTwiceAsMany) {
   EXPECT_EQ((*bf16)->num_blocks(), int(budget / (*bf16)->block_bytes()));
   EXPECT_GE((*bf16)->num_blocks(), 2 * (*f32)->num_blocks());  // floor(2B / x) >= 2 floor(B / x)
   EXPECT_EQ((*bf16)->row_bytes(), std::size_t(2 * 16 * 2));
-  auto bad = KvCache::create(geo(3, 4, 2, 16),
+  auto bad = KvCache::create(testing::kv_geometry(3, 4, 2, 16),
                              {.block_tokens = 8, .budget_bytes = budget, .dtype = DType::kF16});
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_FALSE(parse_kv_dtype("fp8").ok());
@@ -51,8 +43,8 @@ TEST(KvDtype, Bf16BlocksAreHalfTheBytesSoABudgetHoldsTwiceAsMany) {
 TEST(KvDtype, WriteRowsRoundsToNearestEvenAndF32Copies) {
   const int G = 2, D = 8;
   for (const DType dt : {DType::kF32, DType::kBF16}) {
-    auto kv =
-        KvCache::create(geo(2, 4, G, D), {.block_tokens = 4, .budget_bytes = 1 << 16, .dtype = dt});
+    auto kv = KvCache::create(testing::kv_geometry(2, 4, G, D),
+                              {.block_tokens = 4, .budget_bytes = 1 << 16, .dtype = dt});
     ASSERT_TRUE(kv.ok());
     BlockTable t;
     ASSERT_TRUE((*kv)->reserve(t, 7).ok());
@@ -87,9 +79,10 @@ TEST(KvDtype, PagedAttentionOnBf16RowsIsTheF32PathOnTheRoundedRows) {
   const int H = 8, G = 2, D = 16, L = 2;
   Rng rng(23);
   for (const int bt : {1, 4, 16}) {
-    auto bf = KvCache::create(geo(L, H, G, D),
+    auto bf = KvCache::create(testing::kv_geometry(L, H, G, D),
                               {.block_tokens = bt, .budget_bytes = 1 << 20, .dtype = DType::kBF16});
-    auto f32 = KvCache::create(geo(L, H, G, D), {.block_tokens = bt, .budget_bytes = 1 << 20});
+    auto f32 = KvCache::create(testing::kv_geometry(L, H, G, D),
+                               {.block_tokens = bt, .budget_bytes = 1 << 20});
     ASSERT_TRUE(bf.ok() && f32.ok());
     // Three sequences of different lengths, block tables interleaved (scattered ids).
     const std::vector<int> lens = {1, 9, 23};
@@ -158,7 +151,7 @@ TEST(KvDtype, PagedAttentionOnBf16RowsIsTheF32PathOnTheRoundedRows) {
 TEST(KvDtype, ResizeMovesBf16RowsIntact) {
   const int L = 2, G = 1, D = 4, bt = 2;
   auto kv = KvCache::create(
-      geo(L, 2, G, D),
+      testing::kv_geometry(L, 2, G, D),
       {.block_tokens = bt, .budget_bytes = 4096, .max_budget_bytes = 8192, .dtype = DType::kBF16});
   ASSERT_TRUE(kv.ok()) << kv.status().to_string();
   KvCache& c = **kv;

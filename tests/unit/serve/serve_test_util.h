@@ -41,6 +41,16 @@ inline SlotResolveArgs test_resolve_args(const std::vector<std::int32_t>& ids, i
           .down_offset = 64};
 }
 
+// The attention part of a geometry (what a KvCache and paged attention read).
+inline model::DecoderGeometry kv_geometry(int layers, int H, int G, int D) {
+  model::DecoderGeometry g;
+  g.layers = layers;
+  g.heads = H;
+  g.kv_heads = G;
+  g.head_dim = D;
+  return g;
+}
+
 inline BuiltinMoeSpec tiny_moe_spec() {
   return {.layers = 2,
           .hidden = 64,

@@ -212,36 +212,6 @@ INSTANTIATE_TEST_SUITE_P(Policies, SlotResolveTwin,
                                            EvictionPolicy::kLfru),
                          [](const auto& pi) { return std::string(to_string(pi.param)); });
 
-// LFU's victim is the fewest uses, not the least recent: a sequence where the two rules part.
-// cap 3, experts 0 (used three times), 1, 2; then 3 misses: LRU evicts 0 (least recent), LFU 1.
-TEST(SlotResolveTwinRule, LfuAndLruEvictDifferentExperts) {
-  const int E = 8, M = 3;
-  for (const int rule : {kernels::cuda::kSlotRuleLru, kernels::cuda::kSlotRuleLfu}) {
-    std::vector<std::int32_t> state(std::size_t(SlotStateLayout::state_ints(E, M)), 0),
-        log(std::size_t(SlotStateLayout::log_ints(E)), 0);
-    std::vector<const void*> table(std::size_t(3 * E), nullptr);
-    const SlotStateView st{state.data(), E, M};
-    st.cap() = M;
-    st.rule() = rule;
-    for (int e = 0; e < E; ++e) st.slot_of()[e] = -1;
-    for (int s = 0; s < M; ++s) st.expert_in()[s] = -1;
-    std::vector<unsigned char> slots(std::size_t(M) * 96);
-    auto call = [&](const std::vector<std::int32_t>& ids) {
-      resolve_slots_twin(testing::test_resolve_args(ids, E, M, state.data(), table.data(),
-                                                    log.data(), slots.data()));
-    };
-    call({0});
-    call({0});
-    call({0, 1});
-    call({2});
-    call({3});
-    const SlotLogView v{log.data(), E};
-    ASSERT_EQ(v.misses(), 1);
-    EXPECT_EQ(v.evicted()[0], rule == kernels::cuda::kSlotRuleLfu ? 1 : 0) << "rule " << rule;
-    EXPECT_EQ(st.uses()[std::size_t(st.slot_of()[3])], 1u);
-  }
-}
-
 TEST(SlotResolveTwin, MissCopyMovesExactlyTheLoggedBlocks) {
   const int E = 6;
   const std::int64_t eb = 48;
@@ -301,6 +271,7 @@ TEST(SlotResolveTwinRule, LruLfuAndLfruEvictThreeDifferentExperts) {
     ASSERT_EQ(v.misses(), 1);
     EXPECT_EQ(v.evicted()[0], want) << "rule " << rule;
     EXPECT_EQ(st.slot_of()[3], want) << "rule " << rule;  // expert e was loaded into slot e
+    EXPECT_EQ(st.uses()[std::size_t(want)], 1u);
     EXPECT_EQ(st.score()[std::size_t(want)], 1.0);
     EXPECT_EQ(st.score_at()[std::size_t(want)], 6u);
   }
