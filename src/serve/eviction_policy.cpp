@@ -22,7 +22,7 @@ double lfru_decay(const double* table, int h, std::uint64_t age) {
 }
 
 double EvictionRanker::lfru_score(const SlotMeta& m, std::uint64_t now) const {
-  return m.score * lfru_decay(decay_.data(), int(decay_.size()), now - m.score_at);
+  return m.score * decay(now - m.score_at);
 }
 
 void EvictionRanker::on_load(SlotMeta& m, std::uint64_t now) const {
@@ -31,7 +31,7 @@ void EvictionRanker::on_load(SlotMeta& m, std::uint64_t now) const {
 
 void EvictionRanker::on_hit(SlotMeta& m, std::uint64_t now) const {
   // One rounding (fma), as the device resolver does.
-  m.score = std::fma(m.score, lfru_decay(decay_.data(), int(decay_.size()), now - m.score_at), 1.0);
+  m.score = std::fma(m.score, decay(now - m.score_at), 1.0);
   m.score_at = now;
   m.last_use = now;
   ++m.uses;

@@ -33,7 +33,7 @@ struct SlotMeta {
 class EvictionRanker {
  public:
   EvictionRanker(EvictionPolicy policy, int half_life)
-      : policy_(policy), half_life_(half_life), decay_(lfru_decay_table(half_life)) {}
+      : policy_(policy), decay_(lfru_decay_table(half_life)) {}
 
   void on_load(SlotMeta& m, std::uint64_t now) const;
   void on_hit(SlotMeta& m, std::uint64_t now) const;
@@ -41,13 +41,14 @@ class EvictionRanker {
   bool evict_first(const SlotMeta& ma, int a, const SlotMeta& mb, int b, std::uint64_t now) const;
   double lfru_score(const SlotMeta& m, std::uint64_t now) const;
   EvictionPolicy policy() const { return policy_; }
-  int half_life() const { return half_life_; }
-  // [half_life] the LFRU decay table (lfru_decay_table).
+  // [half_life] the LFRU decay table (lfru_decay_table); its length is the half-life.
   const std::vector<double>& decay_table() const { return decay_; }
 
  private:
+  double decay(std::uint64_t age) const {
+    return lfru_decay(decay_.data(), int(decay_.size()), age);
+  }
   EvictionPolicy policy_;
-  int half_life_;
   std::vector<double> decay_;
 };
 

@@ -50,23 +50,18 @@ Result<ExpertMode> parse_expert_mode(std::string_view s) {
                           s);
 }
 
-Result<DType> parse_expert_dtype(std::string_view s) {
+namespace {
+// The storage dtypes a serving flag takes (experts, dense weights, K/V): f32 or bf16.
+Result<DType> parse_f32_or_bf16(std::string_view what, std::string_view s) {
   if (s == "f32") return DType::kF32;
   if (s == "bf16") return DType::kBF16;
-  return invalid_argument("serve: unknown expert dtype '{}' (f32, bf16)", s);
+  return invalid_argument("serve: unknown {} dtype '{}' (f32, bf16)", what, s);
 }
+}  // namespace
 
-Result<DType> parse_dense_dtype(std::string_view s) {
-  if (s == "f32") return DType::kF32;
-  if (s == "bf16") return DType::kBF16;
-  return invalid_argument("serve: unknown dense dtype '{}' (f32, bf16)", s);
-}
-
-Result<DType> parse_kv_dtype(std::string_view s) {
-  if (s == "f32") return DType::kF32;
-  if (s == "bf16") return DType::kBF16;
-  return invalid_argument("serve: unknown kv dtype '{}' (f32, bf16)", s);
-}
+Result<DType> parse_expert_dtype(std::string_view s) { return parse_f32_or_bf16("expert", s); }
+Result<DType> parse_dense_dtype(std::string_view s) { return parse_f32_or_bf16("dense", s); }
+Result<DType> parse_kv_dtype(std::string_view s) { return parse_f32_or_bf16("kv", s); }
 
 Result<EvictionPolicy> parse_eviction_policy(std::string_view s) {
   for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kLfu, EvictionPolicy::kLfru}) {

@@ -77,13 +77,16 @@ void resolve_slots_twin(const SlotResolveArgs& a) {
     if (victim < 0) {
       for (int s = 0; s < cap; ++s) {
         if (flags[s] & (kernels::cuda::kSlotHot | kernels::cuda::kSlotInUse)) continue;
-        bool first = victim < 0;
-        if (!first && rule == kernels::cuda::kSlotRuleLfu && uses[s] != uses[victim]) {
+        if (victim < 0) {
+          victim = s;
+          continue;
+        }
+        bool first;
+        if (rule == kernels::cuda::kSlotRuleLfu && uses[s] != uses[victim]) {
           first = uses[s] < uses[victim];
-        } else if (!first && rule == kernels::cuda::kSlotRuleLfru &&
-                   score_now(s) != score_now(victim)) {
+        } else if (rule == kernels::cuda::kSlotRuleLfru && score_now(s) != score_now(victim)) {
           first = score_now(s) < score_now(victim);
-        } else if (!first) {
+        } else {
           first = stamp[s] < stamp[victim];
         }
         if (first) victim = s;

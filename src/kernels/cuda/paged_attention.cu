@@ -7,11 +7,10 @@
 //     0..pos[t] are cut into chunks of kKeys; chunk c goes to warp c % kW, which keeps its own
 //     online-softmax state (m, l, acc) over its chunks in position order (the baseline's
 //     update), with 16-byte loads (8-byte for bf16; lane owns elements 4 (lane + 32 i) .. + 3).
-//     The kW states are
-//     combined in shared memory in warp order: M = max m_w, o = sum_w acc_w e^(m_w - M) /
-//     sum_w l_w e^(m_w - M). A decode at 160 positions is 20 chunks: at most 2 per warp instead of
-//     20 in a row. Needs D % 4 == 0, 16-byte aligned q / out and a 16-byte (f32) or 8-byte (bf16)
-//     aligned pool (else the baseline runs).
+//     The kW states are combined in shared memory in warp order: M = max m_w,
+//     o = sum_w acc_w e^(m_w - M) / sum_w l_w e^(m_w - M). A decode at 160 positions is 20
+//     chunks: at most 2 per warp instead of 20 in a row. Needs D % 4 == 0, 16-byte aligned q / out
+//     and a 16-byte (f32) or 8-byte (bf16) aligned pool (else the baseline runs).
 //   baseline (kBaseline, FERRY_PAGED_ATTN_SPLIT=0): one warp per (token, head), walking the
 //     positions in order exactly as the CPU twin serve/paged_attention.cpp does: s = (q . k) *
 //     scale; m' = max(m, s); acc = acc * e^(m - m') + e^(s - m') v; l likewise; keys loaded
@@ -150,7 +149,7 @@ __global__ void __launch_bounds__(kW * 32)
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const std::int64_t t = item / H;
   const int h = static_cast<int>(item % H);
-  const int D4 = kv.D >> 2;  // 16-byte chunks of a head
+  const int D4 = kv.D >> 2;  // 4-element chunks of a head
   const int g = h / (H / kv.G);
   const std::int64_t row = std::int64_t(kv.G) * kv.D;  // elements of one cache row
   const std::int64_t blk_elems = std::int64_t(kv.block_tokens) * row;

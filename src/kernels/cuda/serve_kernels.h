@@ -16,9 +16,9 @@
 // Contract as launchers.h: device pointers to contiguous row-major f32 data, shapes validated by
 // the caller, enqueued on `stream` (last), no allocation; Status from the launch (FERRY_DEBUG_SYNC
 // synchronizes and checks).
-// Why f32 K/V: the engine computes in f32 end to end (the CPU twin is f32, and the GPU test holds
-// the CUDA path to the CPU's within the same-precision rule); bf16 K/V would halve the pool but
-// change the rounding the twin is checked against. TODO(#5): a bf16 K/V variant.
+// K/V rows: f32, or bf16 (PagedKvLayout::bf16, KvConfig::dtype): rounded to nearest even when
+// written, widened exactly when read, so a bf16 pool gives the f32 kernels' arithmetic on the
+// rounded rows (the GPU tests compare the two bit for bit).
 // Determinism: every output element is computed by one warp (one CTA for paged_attention) in a
 // fixed order (lane partial sums, then a fixed xor-shuffle tree; a fixed warp order), never with
 // atomics, and does not depend on which other rows share the launch or where the weights sit; so
