@@ -9,8 +9,11 @@
 // Budget: `--budget-gib` is the target's total on the 48-layer model; expert slots + KV blocks get
 // what Qwen3-30B-A3B bf16 has left there after its dense bf16 weights and a 1 GiB workspace
 // (serve_split_bench's numbers), times layers / 48 (both pools scale with the layer count).
-// The engine's expert slots are bf16 on CUDA (f32 on the CPU), its KV rows f32 (twice the bf16
-// KV the simulator assumes, so the KV floor takes twice its share). The CUDA engine's dense
+// The engine's expert slots are bf16 on CUDA (f32 on the CPU); its KV rows are `--kv-dtype`
+// (KvConfig::dtype, f32 by default: twice the bf16 KV the simulator assumes, so the KV floor takes
+// twice its share; bf16: the simulator's bytes, serve_split_bench --kv-bytes 2). Every policy's
+// cache, the fixed splits, the KV floor's bytes and LiveSplit's block price use that dtype's
+// block bytes (run_policy refuses an engine whose cache disagrees). The CUDA engine's dense
 // weights and activations are outside that pool budget (its device budget is left unlimited and
 // its peak reported); LiveSplit checks expert + KV bytes <= the pool budget at every resize.
 // Policies (all kv_preempt, the live engine's scheduler; same workload, model and routing):
@@ -41,7 +44,7 @@
 //     [--scaled] [--model-step-ms 1.6 --model-miss-ms 0.197]
 //     [--save-profile FILE] [--configurator-profile FILE] [--deadline-unix S] [--dense-dtype f32]
 //     [--prune-slower off] [--prior-json FILE] [--host-routing] [--configurator-price-by-caps on]
-//     [--live-price-by-caps off]
+//     [--live-price-by-caps off] [--kv-dtype f32|bf16]
 // --scaled (CPU, 2 layers): the 2-layer CUDA run's split problem at 1/32 of the widths (same E,
 // top-k, routing, slots, blocks, floor and modelled miss cost; see main()), so LiveSplit decides
 // as it would on the GPU; its wall time is CPU compute, not a GPU's. --model-step-ms /
@@ -193,6 +196,7 @@ struct Setup {
   StepModel step_model() const { return {.step_s = model_step_s, .miss_s = model_miss_s}; }
   const ExpertStore* host_store = nullptr;  // the packed experts every engine reads (one copy)
   DType dense_dtype = DType::kF32;          // --dense-dtype
+  DType kv_dtype = DType::kF32;             // --kv-dtype: every policy's KvConfig::dtype
   double deadline_unix = 0;                 // --deadline-unix: no policy runs past it (0: none)
   bool host_routing = false;  // --host-routing: the per-layer routing hook (no forcing ahead)
   const ferry::Timer* bench_clock = nullptr;
@@ -214,6 +218,7 @@ PolicyResult run_policy(const Setup& su, const std::string& key, const std::stri
   ec.max_batch_tokens = su.max_batch_tokens;
   ec.kv.block_tokens = su.block_tokens;
   ec.kv.prefix_cache = su.prefix_cache;
+  ec.kv.dtype = su.kv_dtype;  // before configure_auto_split: it sizes blocks by it
   ec.pager.expert_dtype = su.expert_dtype;
   ec.pager.link_gbps = su.link_bytes_per_s / 1e9;
   if (live) {
@@ -244,6 +249,16 @@ PolicyResult run_policy(const Setup& su, const std::string& key, const std::stri
     return pr;
   }
   Engine& eng = **eng_r;
+  // The fixed splits, the floor's bytes and the profile were sized with su.kv_block_bytes: a
+  // cache of other blocks would run another split than the one reported.
+  if (eng.kv().block_bytes() != su.kv_block_bytes) {
+    pr.error = internal_error(
+                   "bench: the engine's kv block is {} bytes, the split was planned "
+                   "with {}",
+                   eng.kv().block_bytes(), su.kv_block_bytes)
+                   .to_string();
+    return pr;
+  }
   std::unique_ptr<LiveSplit> ls;
   if (live || profile != nullptr) {
     LiveSplitConfig lc{.budget_bytes = su.pool_budget,
@@ -569,6 +584,7 @@ int main(int argc, char** argv) {
   bool price_by_caps = true;  // --configurator-price-by-caps on|off (on since session 30)
   double deadline_unix = 0;
   DType dense_dtype = DType::kF32;
+  DType kv_dtype = DType::kF32;  // --kv-dtype f32|bf16
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--tiny") {
@@ -667,6 +683,13 @@ int main(int argc, char** argv) {
         return 2;
       }
       dense_dtype = *d;
+    } else if (a == "--kv-dtype") {
+      auto d = parse_kv_dtype(v);  // the ferry CLI's parser (serve_config.h)
+      if (!d.ok()) {
+        std::fprintf(stderr, "serve_split_engine_bench: %s\n", d.status().to_string().c_str());
+        return 2;
+      }
+      kv_dtype = *d;
     } else {
       std::fprintf(stderr, "serve_split_engine_bench: unknown flag %s\n", a.c_str());
       return 2;
@@ -725,8 +748,9 @@ int main(int argc, char** argv) {
   // --scaled (CPU): the target's routing geometry (E 128, top-8) at 1/32 of its widths, sized so
   // that the split problem is the CUDA run's: an f32 expert of 3 x 256 x 96 x 4 = 294,912 bytes
   // is 1/32 of the bf16 9.44 MB one, a 2-layer f32 KV block (1 kv head x 16) 4,096 bytes = 1/32
-  // of the 16 x 4 x 128 x 4 x 2 x 2 one; the pool budget and the link are divided by 32 too, so
-  // slots, blocks, the floor and a miss's modelled cost (bytes / link) are the GPU run's.
+  // of the 16 x 4 x 128 x 4 x 2 x 2 one (with --kv-dtype bf16 both halve: 2,048 = 1/32 of
+  // 65,536); the pool budget and the link are divided by 32 too, so slots, blocks, the floor and
+  // a miss's modelled cost (bytes / link) are the GPU run's.
   constexpr double kScale = 32;
   if (scaled) {
     FERRY_CHECK(!tiny && device == "cpu" && layers == 2, "--scaled is a 2-layer CPU geometry");
@@ -790,6 +814,7 @@ int main(int argc, char** argv) {
            .model_step_s = model_step_ms * 1e-3,
            .model_miss_s = model_miss_ms * 1e-3,
            .dense_dtype = dense_dtype,
+           .kv_dtype = kv_dtype,
            .deadline_unix = deadline_unix,
            .host_routing = host_routing,
            .bench_clock = &bench_clock};
@@ -804,8 +829,10 @@ int main(int argc, char** argv) {
     }
     su.policy_s[kv.substr(0, eq)] = std::atof(kv.c_str() + eq + 1);
   }
+  // KvCache::block_bytes() of this geometry and dtype (run_policy checks each engine's).
   su.kv_block_bytes = std::size_t(spec.layers) * 2 * std::size_t(su.block_tokens) *
-                      std::size_t(spec.kv_heads) * std::size_t(spec.head_dim) * sizeof(float);
+                      std::size_t(spec.kv_heads) * std::size_t(spec.head_dim) *
+                      dtype_size(kv_dtype);
   su.floor_blocks = concurrency * ((w.max_context() + su.block_tokens - 1) / su.block_tokens);
   if (tiny) {
     // 40 % of the experts' bytes (the share 24 GiB leaves them on the target) + 1.5x the floor.
@@ -887,7 +914,8 @@ int main(int argc, char** argv) {
                 {"configurator_price_by_caps", price_by_caps},
                 {"live_price_by_caps", live_price_by_caps},
                 {"model_step_ms", model_step_ms},
-                {"model_miss_ms", model_miss_ms}};
+                {"model_miss_ms", model_miss_ms},
+                {"kv_dtype", std::string(to_string(kv_dtype))}};
   // What a saved profile must match to be used by another run's configurator: the split
   // problem's sizes, costs and workload (tools/bench/wsa_merge.py merges such runs' JSON).
   nlohmann::json profile_key = {{"geometry", out["geometry"]},
@@ -1022,12 +1050,12 @@ int main(int argc, char** argv) {
   out["geometry"]["host_peak_rss_bytes_after_build"] = ferry::host_peak_rss_bytes();
   std::printf(
       "serve_split_engine_bench: device=%s layers=%d (of %d) experts=%d top-%d expert %.2f MB "
-      "(%s), pool budget %.3f GiB, kv block %.2f MiB, floor %d blocks; model built in %.1f s "
-      "(host peak rss %.1f GB)\n",
+      "(%s), pool budget %.3f GiB, kv block %.4f MiB (%s), floor %d blocks; model built in %.1f "
+      "s (host peak rss %.1f GB)\n",
       device.c_str(), geo.layers, kLayers, geo.experts, geo.top_k, double(expert_bytes) / 1e6,
       std::string(to_string(edt)).c_str(), double(pool_budget) / double(1ull << 30),
-      double(su.kv_block_bytes) / double(1 << 20), su.floor_blocks, build_s,
-      double(ferry::host_peak_rss_bytes()) / 1e9);
+      double(su.kv_block_bytes) / double(1 << 20), std::string(to_string(kv_dtype)).c_str(),
+      su.floor_blocks, build_s, double(ferry::host_peak_rss_bytes()) / 1e9);
   std::fflush(stdout);
   auto write_json = [&] {
     double named = 0;
