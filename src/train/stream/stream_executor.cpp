@@ -325,7 +325,7 @@ Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_s
     return {};
   };
   FERRY_TRY(event(produced_));
-  FERRY_TRY(event(staging_read_));
+  FERRY_TRY(event(staging_free_));
   for (int k = 0; k < 2; ++k) {
     FERRY_TRY(event(stored_[k]));
     FERRY_TRY(event(fetched_[k]));
@@ -375,6 +375,11 @@ Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_s
   }
   FERRY_ASSIGN_OR_RETURN(host_acts_, mem::make_arena(hp, pinned_tier_for(be_), host_act_budget_,
                                                      {.what = "train host activations"}));
+  if (nvme_) {
+    read_ahead_ = std::make_unique<NvmeReadAhead>(
+        *nvme_, std::vector<std::byte*>{host_acts_.data(nvme_staging_)},
+        std::vector<const mem::Event*>{staging_free_.get()});
+  }
 
   int opt_threads = opts_.optimizer_threads;
   if (opt_threads <= 0) {
@@ -520,7 +525,9 @@ Status StreamExecutor::init(const model::ModelConfig& config, std::uint64_t sr_s
   FERRY_ASSIGN_OR_RETURN(drain_, GradDrain::create(std::move(gslots), *te_, streams_->d2h(), cs()));
   spans_ = pol.spans();
   for (auto it = spans_.rbegin(); it != spans_.rend(); ++it) {
-    if (offloaded(it->start)) fetch_order_.push_back(it->start);
+    if (!offloaded(it->start)) continue;
+    fetch_order_.push_back(it->start);
+    if (pol.homes[it->start] == Home::kNvme) nvme_fetch_records_.push_back(nvme_record_[it->start]);
   }
   sumsq_.assign(arena_->params().size(), 0.0);
   sumsq_f32_.assign(arena_->params().size(), 0.0f);
@@ -540,6 +547,7 @@ std::unique_ptr<HostArena> StreamExecutor::release_arena(std::unique_ptr<StreamE
 }
 
 StreamExecutor::~StreamExecutor() {
+  read_ahead_.reset();  // a read in progress finishes into its staging buffer
   drain_.reset();
   streamer_.reset();
   tail_.reset();
@@ -664,25 +672,24 @@ Status StreamExecutor::fetch_into(int buf, int i, std::int64_t T) {
   const std::size_t bytes = static_cast<std::size_t>(T) * geo_.hidden * sizeof(float);
   const auto b = static_cast<std::size_t>(buf);
   FERRY_TRY(act_h2d().wait(*buf_free_[b]));
-  const void* src = nullptr;
   if (opts_.policy.homes[i] == Home::kHost) {
-    src = host_acts_.data(host_boundary_[i]);
+    FERRY_TRY(te_->copy(fetch_buf_[b], host_acts_.data(host_boundary_[i]), bytes,
+                        mem::CopyKind::kHostToDevice, act_h2d()));
   } else {
-    // The staging buffer may still feed the previous fetch's copy (host wait).
-    FERRY_TRY(timed_wait([&]() -> Status {
-      FERRY_TRY(staging_read_->synchronize());
-      const Timer disk;
-      Status st = nvme_->read(nvme_record_[i], host_acts_.data(nvme_staging_));
-      stats_.nvme_read_s += disk.elapsed_s();
-      return st;
-    }));
+    // Read ahead since the loss window (nvme_read_ahead.h); the host waits only for what the disk
+    // has not finished by now.
+    const int m = nvme_fetches_taken_++;
+    FERRY_ASSIGN_OR_RETURN(const NvmeReadAhead::Landed landed,
+                           timed_wait([&] { return read_ahead_->take(m); }));
+    stats_.nvme_read_s += landed.disk_s;
     stats_.nvme_read += nvme_->record_stride();
-    src = host_acts_.data(nvme_staging_);
+    FERRY_TRY(
+        te_->copy(fetch_buf_[b], landed.data, bytes, mem::CopyKind::kHostToDevice, act_h2d()));
+    FERRY_TRY(staging_free_->record(act_h2d()));
+    read_ahead_->release(m);
   }
-  FERRY_TRY(te_->copy(fetch_buf_[b], src, bytes, mem::CopyKind::kHostToDevice, act_h2d()));
   stats_.act_h2d += bytes;
   FERRY_TRY(fetched_[b]->record(act_h2d()));
-  if (opts_.policy.homes[i] == Home::kNvme) FERRY_TRY(staging_read_->record(act_h2d()));
   return {};
 }
 
@@ -854,16 +861,19 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
   }
   streamer_->start_micro_batch();
   FERRY_ASSIGN_OR_RETURN(const model::PackedBatch b, device_batch(host_batch));
-  fetches_issued_ = fetches_taken_ = 0;
+  fetches_issued_ = fetches_taken_ = nvme_fetches_taken_ = 0;
   const bool any_offloaded = !fetch_order_.empty();
   // Forward. A boundary kept off the device is written into transit buffer i % 2, whose previous
   // store (boundary i - 2) must have left first.
+  // Window f0 opens before the embedding: boundary 0's store (an NVMe one waits for its disk
+  // write) counts in f0, as the plan charges it (src/plan/problem.h nvme_store_window).
+  FERRY_TRY(clock_->window_begin(0));
   if (any_offloaded && opts_.policy.homes[0] != Home::kDevice) FERRY_TRY(wait_transit_stored(0));
   FERRY_TRY(compute_->embed(globals_.embed, b, act_view(boundary_ptr(0), T)));
   FERRY_TRY(store_boundary(0, boundary_ptr(0), T));
   int j = 0;
   for (int l = 0; l < L; ++l) {
-    FERRY_TRY(clock_->window_begin(l));
+    if (l > 0) FERRY_TRY(clock_->window_begin(l));
     FERRY_ASSIGN_OR_RETURN(const LayerWeights w, layer_weights(l, j));
     if (any_offloaded && l + 1 < L && opts_.policy.homes[l + 1] != Home::kDevice) {
       FERRY_TRY(wait_transit_stored((l + 1) % 2));
@@ -878,6 +888,9 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
     FERRY_TRY(clock_->window_end());
   }
   FERRY_TRY(clock_->window_begin(L));
+  // Every NVMe store of the forward is on disk (store_boundary waits for its write): the disk
+  // reads the backward's NVMe boundaries from now on, in fetch order.
+  if (read_ahead_) read_ahead_->begin(nvme_fetch_records_);
   if (a == 0) {
     // The forward reached the head: its update (host wait, measured in the loss window), its
     // landing (compute waits for the head stream's event: GPU idle time if it is not there yet),
@@ -895,8 +908,8 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
   }
   // Both fetch buffers fill during the loss: every fetch follows every store of the forward (the
   // host homes it reads, transit.1 it may overwrite) and transit.1's forward readers are queued.
-  // Host-homed ones are issued before the loss is queued; an NVMe read blocks the host, so those
-  // wait until the loss is queued.
+  // Host-homed ones are issued before the loss is queued; an NVMe one may wait for its read, so
+  // those wait until the loss is queued.
   auto issue_first_fetches = [&](bool nvme_too) -> Status {
     while (fetches_issued_ < std::min<int>(2, static_cast<int>(fetch_order_.size()))) {
       const int i = fetch_order_[static_cast<std::size_t>(fetches_issued_)];
@@ -1008,7 +1021,7 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
       }
       if (l == s && offloaded(s)) {
         // The span's last reader of its fetch buffer is queued: the fetch two spans down may
-        // fill it (issued here, so an NVMe read blocks the host while this span computes).
+        // fill it (issued here; an NVMe one waits if its read ahead has not landed yet).
         FERRY_TRY(buf_free_[static_cast<std::size_t>((fetches_taken_ - 1) % 2)]->record(cs()));
         FERRY_TRY(issue_fetch(T));
       }

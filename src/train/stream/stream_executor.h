@@ -94,6 +94,7 @@
 #include "train/stream/grad_drain.h"
 #include "train/stream/host_arena.h"
 #include "train/stream/layer_optimizer.h"
+#include "train/stream/nvme_read_ahead.h"
 #include "train/stream/resident_layers.h"
 #include "train/stream/weight_streamer.h"
 #include "train/train_state.h"
@@ -307,9 +308,14 @@ class StreamExecutor {
   mem::Arena device_;
   mem::Arena host_acts_;                    // pinned: host-homed boundaries + NVMe staging
   std::vector<mem::SlotId> host_boundary_;  // [L]
+  // The NVMe staging buffer (the plan's bounce buffer): stores (the forward) and fetches read ahead
+  // (nvme_read_ahead.h, the backward).
   mem::SlotId nvme_staging_;
   std::unique_ptr<mem::NvmeStore> nvme_;
-  std::vector<mem::RecordId> nvme_record_;  // [L]
+  std::vector<mem::RecordId> nvme_record_;         // [L]
+  std::vector<mem::RecordId> nvme_fetch_records_;  // the NVMe ones of fetch_order_, in order
+  std::unique_ptr<NvmeReadAhead> read_ahead_;
+  int nvme_fetches_taken_ = 0;
   std::unique_ptr<model::ModelCompute> compute_;
   std::unique_ptr<mem::StreamSet> streams_;
   // Accumulated gradients' refill (micro-batches after the first): a stream of its own, so the
@@ -326,8 +332,8 @@ class StreamExecutor {
   std::array<float*, 2> fetch_buf_{};                   // fetch, transit.1
   std::array<std::unique_ptr<mem::Event>, 2> fetched_;  // [buf]: its fetch has landed
   std::array<std::unique_ptr<mem::Event>, 2> buf_free_;  // [buf]: its last reader is queued
-  std::unique_ptr<mem::Event> staging_read_;             // the NVMe staging buffer's h2d is done
-  std::vector<int> fetch_order_;  // boundaries fetched in one backward, in order
+  std::unique_ptr<mem::Event> staging_free_;  // the h2d out of the NVMe staging buffer is done
+  std::vector<int> fetch_order_;              // boundaries fetched in one backward, in order
   int fetches_issued_ = 0, fetches_taken_ = 0;
   std::unique_ptr<mem::TransferEngine> own_te_;  // the CUDA engine (GPU compute)
   mem::TransferEngine* te_ = nullptr;            // own_te_ or the host engine
