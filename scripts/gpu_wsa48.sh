@@ -32,7 +32,9 @@ WSA48_CAPS=${WSA48_CAPS:-"--max-policy-s 100 --policy-s fixed-50=130"}
 WSA48_EXTRA=${WSA48_EXTRA:-}
 mkdir -p "$R"
 D=$((T0 + DEADLINE_S))
-left() { echo $((D - $(date +%s))); }
+# Seconds to a point in time, at least 1 (`timeout 0` would mean no limit at all).
+until_s() { local l=$(($1 - $(date +%s))); echo $((l > 1 ? l : 1)); }
+left() { until_s "$D"; }
 stamp() { echo "[$(($(date +%s) - T0)) s] $*" | tee -a "$R/summary.txt"; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv >"$R/gpu.txt" 2>&1
@@ -50,7 +52,7 @@ built=0
 if timeout 120 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90a -DFERRY_BUILD_TESTS=ON -DFERRY_BUILD_BENCH=ON \
   -DFERRY_BUILD_ROUTE=OFF >"$R/cmake.log" 2>&1 &&
-  timeout $((T0 + BUILD_BY_S - $(date +%s))) cmake --build "$B" -j16 \
+  timeout "$(until_s $((T0 + BUILD_BY_S)))" cmake --build "$B" -j16 \
     --target serve_split_engine_bench >"$R/build.log" 2>&1; then
   built=1
   stamp "built serve_split_engine_bench"
