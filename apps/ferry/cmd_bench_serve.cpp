@@ -3,8 +3,8 @@
 //   [--budget-gib X | --expert-slots N] [--prompt-tokens P] [--decode-tokens D]
 //   [--trace FILE | --synthetic calibrated|spread|none] [--link-gbps G] [--policy P] [--seed S]
 //   [--miss-cost-model [--cpu-gflops F|auto]] [--bypass-window N] [--serial-miss-copies]
-//   [--device cpu|cuda] [--expert-dtype f32|bf16] [--dense-dtype f32|bf16] [--no-cuda-graphs]
-//   [--no-device-resolve] [--cpu-expert-kernel fast|exact] [--json OUT]`
+//   [--device cpu|cuda] [--expert-dtype f32|bf16] [--dense-dtype f32|bf16] [--kv-dtype f32|bf16]
+//   [--no-cuda-graphs] [--no-device-resolve] [--cpu-expert-kernel fast|exact] [--json OUT]`
 // --cpu-expert-kernel: how cpu-experts computes on the CPU (default: fast with --device cuda,
 // exact on the CPU engine; docs/serve.md "The fast CPU expert path").
 // --dense-dtype bf16 stores the dense weights (attention, router, lm_head, embedding) in bf16 on
@@ -67,6 +67,7 @@ struct BenchServeConfig {
   std::string device = "cpu";
   std::string expert_dtype = "f32";
   std::string dense_dtype = "f32";
+  std::string kv_dtype = "f32";
   bool no_cuda_graphs = false;     // the A/B baseline: decode steps op by op
   bool no_device_resolve = false;  // the A/B baseline: paged slots resolved by the host pager
   std::string cpu_expert_kernel;   // --cpu-expert-kernel ("": the engine's default)
@@ -197,7 +198,8 @@ void print_table(const Json& rep, const std::string& what) {
   const std::string syncs =
       cuda ? "syncs = every host wait on the GPU (logits, routing hook, routed ids); experts " +
                  rep["expert_dtype"].get<std::string>() + ", dense weights " +
-                 rep["dense_dtype"].get<std::string>() + ", K/V and activations f32"
+                 rep["dense_dtype"].get<std::string>() + ", K/V " +
+                 rep["kv_dtype"].get<std::string>() + ", activations f32"
            : std::string("syncs = host syncs of expert copies (other syncs not counted)");
   std::printf(
       "hit = device hit rate of expert uses in decode (host-computed misses count as misses); "
@@ -249,6 +251,9 @@ int run_bench_serve(const BenchServeConfig& cfg) {
   auto dense_dtype = serve::parse_dense_dtype(cfg.dense_dtype);
   if (!dense_dtype.ok()) return fail(dense_dtype.status());
   bc.dense_dtype = *dense_dtype;
+  auto kv_dtype = serve::parse_kv_dtype(cfg.kv_dtype);
+  if (!kv_dtype.ok()) return fail(kv_dtype.status());
+  bc.kv_dtype = *kv_dtype;
   const std::size_t expert_elem = dtype_size(bc.expert_dtype);
   if (!cuda && bc.expert_dtype != DType::kF32) {
     // Before any weights exist (the 48-layer geometry takes minutes to build).
@@ -530,6 +535,10 @@ void register_bench_serve(CLI::App& app, CommandFn& run) {
   cmd->add_option("--dense-dtype", cfg->dense_dtype,
                   "dense weights (attention, router, lm_head, embedding) stored in f32 (default) "
                   "or bf16: half their device bytes, f32 arithmetic on the widened weights")
+      ->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->add_option("--kv-dtype", cfg->kv_dtype,
+                  "KV cache stored in f32 (default) or bf16: half the request's pool, the rest "
+                  "of the budget goes to expert slots; rows rounded when written")
       ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->callback([cfg, &run] { run = [cfg] { return run_bench_serve(*cfg); }; });
 }

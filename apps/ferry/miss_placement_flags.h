@@ -2,7 +2,7 @@
 // The paged mode's miss-placement flags and the storage dtypes of the weights and the KV cache
 // (serve_config.h PagerConfig::expert_dtype, EngineConfig::dense_dtype, KvConfig::dtype), shared
 // by `ferry generate`, `ferry serve` and `ferry bench serve` (which has its own --expert-dtype and
-// --dense-dtype, and no --kv-dtype).
+// --dense-dtype and --kv-dtype).
 #pragma once
 
 #include <cmath>

@@ -155,6 +155,7 @@ expect 2 "expert-dtype" --geometry tiny --expert-dtype f16
 expect 1 "bf16 experts need --device cuda" --geometry tiny --expert-dtype bf16
 expect 1 "no-cuda-graphs needs --device cuda" --geometry tiny --no-cuda-graphs
 expect 2 "dense-dtype" --geometry tiny --dense-dtype f16
+expect 2 "kv-dtype" --geometry tiny --kv-dtype fp8
 # The 48-layer geometry: refused before any weights are built (bf16 on the CPU engine; f32
 # experts where the host lacks ~114 GiB, with the bf16 alternative named).
 expect 1 "bf16 experts need --device cuda" --geometry qwen3-30b-a3b --expert-dtype bf16
@@ -181,6 +182,27 @@ assert b["sizing"]["dense_bytes_charged"] < a["sizing"]["dense_bytes_charged"], 
 assert a["sizing"]["dense_bytes_charged"] == 240640, a["sizing"]
 assert b["sizing"]["dense_bytes_charged"] == 121088, b["sizing"]
 assert (a["sizing"]["slots_per_layer"], b["sizing"]["slots_per_layer"]) == (4, 6), (a["sizing"], b["sizing"])
+for m in b["modes"]:
+    assert m["ran"] and m["same_tokens_as_reference"] and m["same_logits_bits_as_reference"], m["mode"]
+PY
+
+# --kv-dtype bf16: the request's KV pool is half the f32 one's bytes (the same blocks) and the
+# bytes saved go to expert slots: at 492,428 B (240,640 B of f32 dense weights, 8 KiB of f32 KV
+# or 4 KiB of bf16, 48 KiB per slot across the 2 layers) 4.96 slots per layer in f32, 5.04 in
+# bf16; every mode gives the bf16 reference's bits.
+for dt in f32 bf16; do
+  "$FERRY" bench serve --geometry tiny --prompt-tokens 8 --decode-tokens 4 --kv-dtype $dt \
+    --budget-gib 0.0004586 --modes resident,cpu-experts,paged --json "$tmp/k_$dt.json" \
+    >/dev/null 2>"$tmp/err.txt" ||
+    fail "bench serve --kv-dtype $dt: $(cat "$tmp/err.txt")"
+done
+python3 - "$tmp/k_f32.json" "$tmp/k_bf16.json" <<'PY' || fail "kv dtype: $(cat "$tmp/k_bf16.json")"
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:])
+assert a["kv_dtype"] == "f32" and b["kv_dtype"] == "bf16", (a["kv_dtype"], b["kv_dtype"])
+assert 2 * b["sizing"]["kv_bytes"] == a["sizing"]["kv_bytes"], (a["sizing"], b["sizing"])
+assert a["sizing"]["kv_bytes"] == 8192, a["sizing"]
+assert (a["sizing"]["slots_per_layer"], b["sizing"]["slots_per_layer"]) == (4, 5), (a["sizing"], b["sizing"])
 for m in b["modes"]:
     assert m["ran"] and m["same_tokens_as_reference"] and m["same_logits_bits_as_reference"], m["mode"]
 PY

@@ -85,6 +85,7 @@ Result<ModeResult> run_mode(const model::DecoderGeometry& geo, const model::Mode
   ec.pager.expert_dtype = cfg.expert_dtype;
   ec.dense_dtype = cfg.dense_dtype;
   ec.kv.block_tokens = cfg.kv_block_tokens;
+  ec.kv.dtype = cfg.kv_dtype;
   ec.kv.budget_bytes = plan.kv_bytes;
   ec.max_batch_tokens = static_cast<int>(cfg.prompt.size());
   ec.max_running = 1;
@@ -309,7 +310,7 @@ Result<ServeBenchReport> run_serve_bench(const model::DecoderGeometry& geo,
   const std::int64_t blocks = (positions + cfg.kv_block_tokens - 1) / cfg.kv_block_tokens;
   const std::size_t block_bytes = std::size_t(geo.layers) * 2 * std::size_t(cfg.kv_block_tokens) *
                                   std::size_t(geo.kv_heads) * std::size_t(geo.head_dim) *
-                                  sizeof(float);
+                                  dtype_size(cfg.kv_dtype);
   r.kv_bytes = std::size_t(blocks) * block_bytes;
   const std::size_t per_slot_row = r.expert_bytes * std::size_t(r.moe_layers);
   // Bytes of the device budget that are not expert slots: the CPU engine's plan charges dense
@@ -327,6 +328,7 @@ Result<ServeBenchReport> run_serve_bench(const model::DecoderGeometry& geo,
     pc.pager.policy = cfg.policy;
     pc.pager.device_resolve = cfg.device_resolve;
     pc.kv.block_tokens = cfg.kv_block_tokens;
+    pc.kv.dtype = cfg.kv_dtype;
     pc.kv.budget_bytes = r.kv_bytes;
     pc.max_batch_tokens = static_cast<int>(cfg.prompt.size());
     pc.max_running = 1;
@@ -473,13 +475,15 @@ Json report_json(const ServeBenchReport& r) {
       {"device", r.cuda ? "cuda" : "cpu"},
       {"dtype",
        fmt::format("{} routed experts, {} dense weights (bf16: stored bf16, widened exactly, f32 "
-                   "accumulation); f32 K/V and activations{}",
-                   to_string(c.expert_dtype), to_string(c.dense_dtype),
+                   "accumulation); {} K/V (bf16: rows rounded when written, f32 attention); f32 "
+                   "activations{}",
+                   to_string(c.expert_dtype), to_string(c.dense_dtype), to_string(c.kv_dtype),
                    c.expert_dtype == DType::kBF16 && c.dense_dtype == DType::kBF16
                        ? ""
                        : " (the issue's target is bf16 weights: f32 ones take 2x its bytes)")},
       {"expert_dtype", std::string(to_string(c.expert_dtype))},
       {"dense_dtype", std::string(to_string(c.dense_dtype))},
+      {"kv_dtype", std::string(to_string(c.kv_dtype))},
       {"link",
        {{"paced", c.link_gbps > 0},
         {"link_gbps", c.link_gbps},

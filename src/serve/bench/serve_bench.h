@@ -86,6 +86,9 @@ struct ServeBenchConfig {
   // EngineConfig::dense_dtype (both engines). dense_bytes above must be counted in it
   // (dense_weights.h dense_weight_bytes); the CUDA engine's probe measures it on the device.
   DType dense_dtype = DType::kF32;
+  // KvConfig::dtype (both engines): bf16 halves the pool the request needs (kv_bytes), which the
+  // budget then gives to expert slots.
+  DType kv_dtype = DType::kF32;
   double link_gbps = 0;  // > 0: pace H2D copies (emulated tier, or CUDA's copy stream) to it (GB/s)
   bool cuda_graphs = true;              // EngineConfig::cuda_graphs (CUDA decode steps as graphs)
   double roofline_gbps = 0;             // the rate the roofline is computed against (> 0)
