@@ -259,10 +259,12 @@ double nvme_bounce_gb(const PlanProblem& p);
 //   nothing queued meanwhile, so no compute hides it: ms per GB = 1e3 (1/d2h + 1/nvme_write), all
 //   of it in the forward window that produced the boundary (nvme_store_window) on top of that
 //   window's compute;
-// - a fetch (StreamExecutor::fetch_into): the disk read into the record (the host waits, the GPU
-//   runs what is queued), then the H2D: ms per GB = 1e3 (1/nvme_read + 1/h2d), hidden by the
-//   compute of the window whose bytes they are, like the link's traffic but not overlapped with
-//   itself.
+// - a fetch (StreamExecutor::fetch_into): the disk read into the record, then the H2D: ms per GB
+//   = 1e3 (1/nvme_read + 1/h2d), hidden by the compute of the window whose bytes they are, like
+//   the link's traffic but not overlapped with itself. The executor reads ahead on a thread of its
+//   own (train/stream/nvme_read_ahead.h) from the loss window on, each read as soon as the record
+//   is free (the previous fetch's H2D done), so the compute thread goes on queueing meanwhile;
+//   until session 36 it read at the fetch's issue point and blocked the host there.
 // 0 without an NVMe tier.
 double nvme_store_ms_per_gb(const PlanProblem& p);
 double nvme_fetch_ms_per_gb(const PlanProblem& p);
