@@ -25,11 +25,15 @@ Result<VirtualRegion> VirtualRegion::reserve(MemTier tier, std::size_t bytes, Me
   FERRY_CHECK(budget.tier() == tier, "mem: {} virtual region charged to a {} budget",
               to_string(tier), to_string(budget.tier()));
   FERRY_ASSIGN_OR_RETURN(const std::size_t tier_gran, tier_granularity(tier, opts.device));
+  // Host memory (the emulated device tier included) can be committed page by page; a GPU only
+  // in the driver's granules.
+  const bool host_memory = tier != MemTier::kDevice || detail::device_tier_emulated();
+  const std::size_t min_gran = host_memory ? detail::kPageBytes : tier_gran;
   std::size_t gran = tier_gran;
   if (opts.granularity != 0) {
-    if (opts.granularity % tier_gran != 0) {
+    if (opts.granularity % min_gran != 0) {
       return invalid_argument("mem: granularity {} for {} is not a multiple of the {} tier's {}",
-                              opts.granularity, opts.what, to_string(tier), tier_gran);
+                              opts.granularity, opts.what, to_string(tier), min_gran);
     }
     gran = opts.granularity;
   }

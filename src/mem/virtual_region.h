@@ -11,15 +11,16 @@
 //   FERRY_TRY(r.commit(0, used_bytes));          // granules under [0, used) get memory
 //   FERRY_TRY(r.decommit(used_bytes, r.size() - used_bytes));  // granules wholly above go back
 //
-// Granules: granularity() bytes (CUDA: cuMemGetAllocationGranularity's minimum, 2 MiB on current
-// GPUs; host tiers: 2 MiB too, so CPU builds round as the card does; or a multiple of it asked
-// for). commit() rounds its range OUT to whole granules (everything asked for is backed);
-// decommit() rounds IN (only granules wholly inside the range go, so a neighbour's bytes in a
-// shared granule survive). size() is the reservation rounded up to a granule.
-// Budget: `budget` (whose tier must be the region's: a bug otherwise) is charged the committed
-// granules' bytes and nothing for the reservation. A commit that would pass it returns the
-// budget's resource_exhausted naming the region, and changes nothing; so does a commit the
-// driver/kernel refuses (what the call had mapped is unmapped again).
+// Granules: granularity() bytes: by default the tier's (CUDA: cuMemGetAllocationGranularity's
+// minimum, 2 MiB on current GPUs; host tiers, the emulated device tier included: 2 MiB too, so
+// CPU builds round as the card does), or one asked for: on a GPU a multiple of the driver's, in
+// host memory a multiple of the 4 KiB page (tests use small ones). commit() rounds its range OUT to
+// whole granules (everything asked for is backed); decommit() rounds IN (only granules wholly
+// inside the range go, so a neighbour's bytes in a shared granule survive). size() is the
+// reservation rounded up to a granule. Budget: `budget` (whose tier must be the region's: a bug
+// otherwise) is charged the committed granules' bytes and nothing for the reservation. A commit
+// that would pass it returns the budget's resource_exhausted naming the region, and changes
+// nothing; so does a commit the driver/kernel refuses (what the call had mapped is unmapped again).
 // Contents: a committed granule keeps its bytes until it is decommitted; a granule committed
 // again after a decommit reads zeros on the host tiers and undefined bytes on a GPU.
 // Tiers: kDevice (CUDA: the virtual memory management API; CPU build: the emulated tier, host
@@ -44,13 +45,13 @@ namespace ferry::mem {
 
 struct VirtualRegionOptions {
   int device = 0;               // kDevice: CUDA device index
-  std::size_t granularity = 0;  // 0: the tier's (tier_granularity); else a multiple of it
+  std::size_t granularity = 0;  // 0: the tier's (tier_granularity); see the file comment
   std::string_view what = "virtual region";  // names the requester in error messages
 };
 
 class VirtualRegion {
  public:
-  // The tier's granule (kDevice on CUDA: asks the driver for `device`).
+  // The tier's default granule (kDevice on CUDA: asks the driver for `device`).
   static Result<std::size_t> tier_granularity(MemTier tier, int device = 0);
   // Reserves `bytes` (rounded up to a granule) of address space; nothing is committed or charged.
   static Result<VirtualRegion> reserve(MemTier tier, std::size_t bytes, MemoryBudget& budget,

@@ -128,7 +128,25 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::DecoderGeometry& geo
   e->runner_->set_cuda_graphs(cfg.cuda_graphs);
   e->logits_.resize(std::size_t(cfg.max_running) * std::size_t(geo.vocab));
   e->rows_.reserve(std::size_t(cfg.max_running));
+  e->note_held();
   return e;
+}
+
+std::size_t Engine::device_held_bytes() const {
+  std::size_t held = device_budget_->bytes_used();
+  if (kv_ && kv_->resizable()) {
+    held += kv_->held_bytes() - std::size_t(kv_->num_blocks()) * kv_->block_bytes();
+  }
+  const ExpertPager* pager = experts_ ? experts_->pager() : nullptr;
+  if (pager != nullptr && pager->resizable()) held += pager->held_bytes() - pager->live_bytes();
+  return held;
+}
+
+std::size_t Engine::pool_reserved_bytes() const {
+  const ExpertPager* pager = experts_ ? experts_->pager() : nullptr;
+  return (kv_ ? kv_->reserved_bytes() : 0) + (pager != nullptr ? pager->reserved_bytes()
+                                              : experts_       ? experts_->device_bytes()
+                                                               : 0);
 }
 
 std::size_t Engine::device_weight_bytes() const { return weights_ ? weights_->bytes() : 0; }
@@ -286,6 +304,13 @@ KvDemandSample Engine::kv_demand() const {
 }
 
 Status Engine::resize_pools(std::span<const int> caps, int kv_blocks) {
+  // The held peak is at either end: the shrinking side goes first.
+  const Status st = resize_pools_now(caps, kv_blocks);
+  note_held();
+  return st;
+}
+
+Status Engine::resize_pools_now(std::span<const int> caps, int kv_blocks) {
   const bool kv_change = kv_blocks > 0 && kv_blocks != kv_->num_blocks();
   if (kv_change && kv_blocks < max_request_blocks()) {
     return invalid_argument(

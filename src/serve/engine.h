@@ -27,6 +27,7 @@
 //   while (!eng->idle()) for (const TokenEvent& ev : eng->step().value()) stream(ev);
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -164,8 +165,16 @@ class Engine {
   const EngineStats& stats() const { return stats_; }
   ExpertExecutor& experts() { return *experts_; }
   KvCache& kv() { return *kv_; }
-  // The one device budget (KV pool + expert slots / staging); bytes_peak() is the reported peak.
+  // The one device budget (KV pool + expert slots / staging); bytes_peak() is the reported peak
+  // of what it is charged: resizable pools count their live sizes' exact bytes there.
   const mem::MemoryBudget& device_budget() const { return *device_budget_; }
+  // Device-tier memory really held: the budget's charges with each resizable pool's live bytes
+  // replaced by its committed granules (live + less than a granule per layer; kv_cache.h,
+  // expert_pager.h), and its peak since create() (it changes only at create and resize_pools).
+  std::size_t device_held_bytes() const;
+  std::size_t device_held_peak_bytes() const { return held_peak_; }
+  // Address space the pools are laid out in (a resizable pool's reservation, else its arena).
+  std::size_t pool_reserved_bytes() const;
   const EngineConfig& config() const { return cfg_; }
   // True for the CUDA engine; the bytes of weights it holds in GPU memory (0 on the CPU).
   bool on_cuda() const { return streams_ != nullptr; }
@@ -190,6 +199,8 @@ class Engine {
   Engine(const model::DecoderGeometry& geo, const model::ModelParams& params,
          const EngineConfig& cfg);
   void admit();
+  Status resize_pools_now(std::span<const int> caps, int kv_blocks);
+  void note_held() { held_peak_ = std::max(held_peak_, device_held_bytes()); }
   Status grow_for_decode();
   void preempt(std::size_t running_index);
   void finish(Sequence& s, FinishReason r);
@@ -210,6 +221,7 @@ class Engine {
   std::unique_ptr<KvCache> kv_;
   std::unique_ptr<ExpertExecutor> experts_;
   std::unique_ptr<ModelRunner> runner_;
+  std::size_t held_peak_ = 0;  // device_held_bytes()' peak
   RequestId next_id_ = 0;
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;

@@ -239,6 +239,7 @@ Result<std::unique_ptr<ExpertExecutor>> ExpertExecutor::create(const model::Deco
     }
     PagerSetup setup{.caps = caps,
                      .max_caps = max_caps,
+                     .granularity_bytes = pc.granularity_bytes,
                      .policy = pc.policy,
                      .lfru_half_life = pc.lfru_half_life,
                      .hot = pc.hot_experts,
@@ -324,7 +325,7 @@ Status ExpertExecutor::resize_caps(std::span<const int> caps) {
 }
 
 std::size_t ExpertExecutor::device_bytes() const {
-  if (pager_) return pager_->pool_bytes();
+  if (pager_) return pager_->held_bytes();
   return staging_.total_bytes();
 }
 

@@ -9,6 +9,10 @@
 
 namespace ferry::serve {
 
+namespace {
+std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+}  // namespace
+
 std::string_view to_string(ExpertSlotState s) {
   switch (s) {
     case ExpertSlotState::kEmpty:
@@ -69,7 +73,17 @@ Result<std::unique_ptr<ExpertPager>> ExpertPager::create(const ExpertStore& stor
     return invalid_argument("serve: overlapped miss copies need a device pager (streams)");
   }
   p->layers_.resize(L);
+  const bool resizable = !setup.max_caps.empty();
+  const int device = setup.copy != nullptr ? setup.copy->device_index() : 0;
+  // A resizable pager's layers each start on a granule, so committing one layer's slots never
+  // backs (or releasing them never drops) another's.
+  std::size_t gran = 1;
+  if (resizable) {
+    FERRY_ASSIGN_OR_RETURN(gran, mem::VirtualRegion::tier_granularity(p->budget_.tier(), device));
+    if (setup.granularity_bytes > 0) gran = setup.granularity_bytes;
+  }
   std::int64_t slots = 0;
+  std::size_t layout_bytes = 0;
   for (int l = 0; l < L; ++l) {
     Layer& ly = p->layers_[l];
     ly.cap = store.has_layer(l) ? setup.caps[l] : 0;
@@ -86,7 +100,9 @@ Result<std::unique_ptr<ExpertPager>> ExpertPager::create(const ExpertStore& stor
       }
       ly.max_cap = setup.max_caps[l];
     }
-    ly.first_slot = slots;
+    if (resizable && ly.max_cap > 0) layout_bytes = round_up(layout_bytes, gran);
+    ly.first_byte = layout_bytes;
+    layout_bytes += std::size_t(ly.max_cap) * store.expert_bytes();
     slots += ly.max_cap;
     ly.expert_of_slot.assign(ly.max_cap, -1);
     ly.state.assign(ly.max_cap, ExpertSlotState::kEmpty);
@@ -107,21 +123,39 @@ Result<std::unique_ptr<ExpertPager>> ExpertPager::create(const ExpertStore& stor
   }
   const std::size_t pool = std::size_t(slots) * store.expert_bytes();
   const std::size_t live = p->live_bytes();
-  const std::size_t limit = setup.budget_bytes > 0 ? setup.budget_bytes : pool;
-  FERRY_TRY(p->budget_.set_limit(limit));
-  if (pool > limit) {
-    return resource_exhausted("serve: {} expert slots of {} need {}, the expert budget is {}",
-                              slots, mem::format_bytes(store.expert_bytes()),
-                              mem::format_bytes(pool), mem::format_bytes(limit));
+  if (resizable) {
+    // The pager's own budget is charged the committed granules (at most the whole layout); the
+    // shared one the live caps' exact bytes (what MV-WSA divides).
+    const std::size_t reserved = round_up(layout_bytes, gran);
+    FERRY_TRY(p->budget_.set_limit(std::max<std::size_t>(reserved, 1)));
+    FERRY_ASSIGN_OR_RETURN(p->shared_charge_,
+                           BudgetCharge::take(setup.shared, live, "expert slot pool"));
+    if (reserved > 0) {
+      FERRY_ASSIGN_OR_RETURN(p->region_,
+                             mem::VirtualRegion::reserve(p->budget_.tier(), reserved, p->budget_,
+                                                         {.device = device,
+                                                          .granularity = setup.granularity_bytes,
+                                                          .what = "expert slot pool"}));
+      p->base_ = p->region_.data();
+      for (int l = 0; l < L; ++l) FERRY_TRY(p->commit_slots(l, p->layers_[l].cap));
+    }
+  } else {
+    const std::size_t limit = setup.budget_bytes > 0 ? setup.budget_bytes : pool;
+    FERRY_TRY(p->budget_.set_limit(limit));
+    if (pool > limit) {
+      return resource_exhausted("serve: {} expert slots of {} need {}, the expert budget is {}",
+                                slots, mem::format_bytes(store.expert_bytes()),
+                                mem::format_bytes(pool), mem::format_bytes(limit));
+    }
+    mem::ArenaPlan plan;
+    const mem::SlotId id = plan.add("expert slots", pool);
+    FERRY_ASSIGN_OR_RETURN(
+        p->shared_charge_,
+        BudgetCharge::take(setup.shared, plan.allocation_bytes(), "expert slot pool"));
+    FERRY_ASSIGN_OR_RETURN(p->arena_, mem::make_arena(plan, p->budget_.tier(), p->budget_,
+                                                      {.what = "expert slot pool"}));
+    p->base_ = pool > 0 ? p->arena_.data(id) : nullptr;
   }
-  mem::ArenaPlan plan;
-  if (pool > 0) plan.add("expert slots", pool);
-  FERRY_ASSIGN_OR_RETURN(
-      p->shared_charge_,
-      BudgetCharge::take(setup.shared, setup.max_caps.empty() ? plan.allocation_bytes() : live,
-                         "expert slot pool"));
-  FERRY_ASSIGN_OR_RETURN(p->arena_, mem::make_arena(plan, p->budget_.tier(), p->budget_,
-                                                    {.what = "expert slot pool"}));
   // Pinned hot set: loaded now, never evicted.
   for (int l = 0; l < L && l < static_cast<int>(setup.hot.size()); ++l) {
     Layer& ly = p->layers_[l];
@@ -172,8 +206,32 @@ void ExpertPager::move(int layer, int slot, ExpertSlotState to) {
 }
 
 std::byte* ExpertPager::slot_data(int layer, int slot) const {
-  return arena_.data(mem::SlotId{0}) +
-         (layers_[layer].first_slot + slot) * std::int64_t(store_.expert_bytes());
+  return base_ + layers_[layer].first_byte + std::size_t(slot) * store_.expert_bytes();
+}
+
+std::size_t ExpertPager::held_bytes() const {
+  return resizable() ? region_.committed_bytes() : arena_.buffer().size();
+}
+
+std::size_t ExpertPager::reserved_bytes() const {
+  return resizable() ? region_.size() : arena_.buffer().size();
+}
+
+Status ExpertPager::commit_slots(int layer, int cap) {
+  const Layer& ly = layers_[layer];
+  if (ly.max_cap == 0) return ok_status();
+  return region_.commit(ly.first_byte, std::size_t(cap) * store_.expert_bytes());
+}
+
+Status ExpertPager::decommit_slots(int layer, int cap) {
+  const Layer& ly = layers_[layer];
+  if (ly.max_cap == 0) return ok_status();
+  // To the end of the layer's last granule: the next layer starts on a fresh one.
+  const std::size_t from = ly.first_byte + std::size_t(cap) * store_.expert_bytes();
+  const std::size_t end = std::min(
+      region_.size(), round_up(ly.first_byte + std::size_t(ly.max_cap) * store_.expert_bytes(),
+                               region_.granularity()));
+  return region_.decommit(from, end - from);
 }
 
 int ExpertPager::pick_victim(int layer) const {
@@ -399,10 +457,35 @@ Status ExpertPager::resize(std::span<const int> caps) {
                               mem::format_bytes(shared_charge_.budget_free()));
   }
   // Shrink first so the shared budget never holds both the old and the new bytes.
+  bool shrunk = false;
   for (int l = 0; l < L; ++l) {
-    if (layers_[l].max_cap > 0 && caps[l] < layers_[l].cap) FERRY_TRY(shrink(l, caps[l]));
+    if (layers_[l].max_cap > 0 && caps[l] < layers_[l].cap) {
+      FERRY_TRY(shrink(l, caps[l]));
+      shrunk = true;
+    }
+  }
+  if (shrunk && resizable()) {
+    // The granules above the new caps go back. Nothing queued may still read them: the expert
+    // FFNs of the last step (compute) and the moves / copies (copy) are waited for first.
+    if (te_ != nullptr) {
+      FERRY_TRY(compute_->synchronize());
+      FERRY_TRY(copy_->synchronize());
+    }
+    for (int l = 0; l < L; ++l) FERRY_TRY(decommit_slots(l, layers_[l].cap));
   }
   if (next < now) FERRY_TRY(shared_charge_.resize(next, "expert slot pool"));
+  if (resizable()) {
+    // Growth is backed before it is charged or used; a refused commit (out of device memory)
+    // gives back what this call committed and leaves the (already shrunk) caps.
+    for (int l = 0; l < L; ++l) {
+      if (layers_[l].max_cap == 0 || caps[l] <= layers_[l].cap) continue;
+      if (Status st = commit_slots(l, caps[l]); !st.ok()) {
+        for (int u = 0; u <= l; ++u) FERRY_CHECK_OK(decommit_slots(u, layers_[u].cap));
+        FERRY_CHECK_OK(shared_charge_.resize(live_bytes(), "expert slot pool"));
+        return st;
+      }
+    }
+  }
   if (next > now) FERRY_TRY(shared_charge_.resize(next, "expert slot pool"));
   for (int l = 0; l < L; ++l) {
     if (layers_[l].max_cap > 0 && caps[l] > layers_[l].cap) layers_[l].cap = caps[l];

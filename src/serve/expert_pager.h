@@ -17,8 +17,11 @@
 // adds empty slots; shrinking evicts by the policy down to the new cap, never a hot expert, then
 // moves survivors above the cap into empty slots below it (a device-to-device copy). The shared
 // budget is charged the live caps' bytes only (shrink first, then grow), so the device budget is
-// what MV-WSA divides; the arena behind it is reserved at max_caps (on the emulated tier; a CUDA
-// build would map physical pages into that reservation).
+// what MV-WSA divides. Memory: a resizable pager lays its slots out in a mem::VirtualRegion, each
+// layer's max_cap slots from a granule boundary (so no two layers share a granule), and commits
+// [0, cap) of every layer: what it really holds is the live caps rounded up to a granule per layer
+// (held_bytes()), not max_caps (reserved_bytes()); a shrink decommits the granules wholly above
+// the new cap after the survivors moved below it. A fixed pager keeps one exact Arena.
 // Not thread-safe: the engine's step drives it.
 #pragma once
 
@@ -33,6 +36,7 @@
 #include "mem/budget.h"
 #include "mem/event.h"
 #include "mem/transfer_engine.h"
+#include "mem/virtual_region.h"
 #include "serve/budget_charge.h"
 #include "serve/eviction_policy.h"
 #include "serve/expert_store.h"
@@ -58,6 +62,7 @@ struct PagerCounters {
 struct PagerSetup {
   std::vector<int> caps;      // [L] slots per layer, 0 for dense layers
   std::vector<int> max_caps;  // [L] or empty (= caps): the most slots resize() may give a layer
+  std::size_t granularity_bytes = 0;  // with max_caps: the reservation's granule (0: the tier's)
   EvictionPolicy policy = EvictionPolicy::kLru;
   int lfru_half_life = 8;
   std::vector<std::vector<int>> hot;    // [L] (or empty) pinned hot experts
@@ -117,7 +122,11 @@ class ExpertPager {
 
   const PagerCounters& counters() const { return counters_; }
   std::size_t resident_bytes() const { return occupied_ * store_.expert_bytes(); }
-  std::size_t pool_bytes() const { return arena_.total_bytes(); }
+  // Memory really held for the slots: a resizable pager's committed granules, else the arena.
+  std::size_t held_bytes() const;
+  // Address space laid out for the slots (a resizable pager's reservation, else the arena).
+  std::size_t reserved_bytes() const;
+  bool resizable() const { return !region_.empty(); }
   const mem::MemoryBudget& budget() const { return budget_; }
   // The expert in a slot (-1 empty) and its state, for tests and metrics.
   int expert_in(int layer, int slot) const { return layers_[layer].expert_of_slot[slot]; }
@@ -146,7 +155,7 @@ class ExpertPager {
  private:
   struct Layer {
     int cap = 0, hot_count = 0, max_cap = 0;
-    std::int64_t first_slot = 0;         // into the arena, in slots
+    std::size_t first_byte = 0;          // slot 0's offset from base_
     std::vector<int> expert_of_slot;     // [cap], -1 empty
     std::vector<ExpertSlotState> state;  // [cap]
     std::vector<SlotMeta> meta;          // [cap]
@@ -163,6 +172,10 @@ class ExpertPager {
   Status copy_in(int layer, std::span<const int> slots, bool defer);
   int pick_victim(int layer) const;  // a resident, non-hot slot to evict; -1 if none
   Status shrink(int layer, int cap);
+  // Resizable pager: backs slots [0, cap) of the layer / gives back the granules wholly above
+  // slot `cap` (the caller made sure nothing queued still reads them).
+  Status commit_slots(int layer, int cap);
+  Status decommit_slots(int layer, int cap);
 
   const ExpertStore& store_;
   // Device copies (PagerSetup::te/copy/compute): null on the host path.
@@ -181,7 +194,9 @@ class ExpertPager {
   EvictionRanker ranker_;
   mem::MemoryBudget budget_;
   BudgetCharge shared_charge_;
-  mem::Arena arena_;
+  mem::Arena arena_;           // a fixed pager's slots
+  mem::VirtualRegion region_;  // a resizable pager's slots (PagerSetup::max_caps)
+  std::byte* base_ = nullptr;  // the slots' base: arena_'s or region_'s
   std::vector<Layer> layers_;
   std::size_t occupied_ = 0;  // slots not empty
   std::vector<int> missed_;   // acquire()'s miss list, reserved for the largest cap

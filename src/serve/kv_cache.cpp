@@ -10,6 +10,10 @@
 
 namespace ferry::serve {
 
+namespace {
+std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+}  // namespace
+
 KvCache::KvCache(const model::DecoderGeometry& geo, const KvConfig& kv, mem::MemTier tier)
     : layers_(geo.layers),
       row_elems_(geo.kv_heads * geo.head_dim),
@@ -50,16 +54,34 @@ Result<std::unique_ptr<KvCache>> KvCache::create(const model::DecoderGeometry& g
     FERRY_TRY(c->budget_.set_limit(
         std::max(kv.budget_bytes, std::size_t(c->capacity_blocks_) * per_block + 4096)));
   }
-  mem::ArenaPlan plan;
-  const mem::SlotId id = plan.add("kv blocks", std::size_t(c->capacity_blocks_) * per_block);
-  FERRY_ASSIGN_OR_RETURN(
-      c->shared_charge_,
-      BudgetCharge::take(
-          shared, resizable ? std::size_t(c->num_blocks_) * per_block : plan.allocation_bytes(),
-          "kv block pool"));
-  FERRY_ASSIGN_OR_RETURN(
-      c->arena_, mem::make_arena(plan, c->budget_.tier(), c->budget_, {.what = "kv block pool"}));
-  c->base_ = c->arena_.data(id);
+  const std::size_t block_row_bytes = 2 * std::size_t(kv.block_tokens) * c->row_bytes_;
+  c->layer_stride_bytes_ = std::size_t(c->capacity_blocks_) * block_row_bytes;
+  if (resizable) {
+    // The shared budget is charged the live blocks; the pool's own budget the committed granules.
+    FERRY_ASSIGN_OR_RETURN(std::size_t gran,
+                           mem::VirtualRegion::tier_granularity(c->budget_.tier()));
+    if (kv.granularity_bytes > 0) gran = kv.granularity_bytes;
+    c->layer_stride_bytes_ = round_up(c->layer_stride_bytes_, gran);
+    const std::size_t reserved = std::size_t(c->layers_) * c->layer_stride_bytes_;
+    FERRY_TRY(c->budget_.set_limit(std::max(kv.budget_bytes, reserved)));
+    FERRY_ASSIGN_OR_RETURN(
+        c->shared_charge_,
+        BudgetCharge::take(shared, std::size_t(c->num_blocks_) * per_block, "kv block pool"));
+    FERRY_ASSIGN_OR_RETURN(c->region_,
+                           mem::VirtualRegion::reserve(
+                               c->budget_.tier(), reserved, c->budget_,
+                               {.granularity = kv.granularity_bytes, .what = "kv block pool"}));
+    c->base_ = c->region_.data();
+    FERRY_TRY(c->commit_blocks(c->num_blocks_));
+  } else {
+    mem::ArenaPlan plan;
+    const mem::SlotId id = plan.add("kv blocks", std::size_t(c->capacity_blocks_) * per_block);
+    FERRY_ASSIGN_OR_RETURN(c->shared_charge_,
+                           BudgetCharge::take(shared, plan.allocation_bytes(), "kv block pool"));
+    FERRY_ASSIGN_OR_RETURN(
+        c->arena_, mem::make_arena(plan, c->budget_.tier(), c->budget_, {.what = "kv block pool"}));
+    c->base_ = c->arena_.data(id);
+  }
   const std::size_t cap = std::size_t(c->capacity_blocks_);
   c->free_.reserve(cap);
   for (int b = c->num_blocks_ - 1; b >= 0; --b) c->free_.push_back(b);
@@ -75,6 +97,31 @@ Result<std::unique_ptr<KvCache>> KvCache::create(const model::DecoderGeometry& g
     c->map_.reserve(cap);
   }
   return c;
+}
+
+std::size_t KvCache::held_bytes() const {
+  return resizable() ? region_.committed_bytes() : arena_.buffer().size();
+}
+
+std::size_t KvCache::reserved_bytes() const {
+  return resizable() ? region_.size() : arena_.buffer().size();
+}
+
+Status KvCache::commit_blocks(int blocks) {
+  const std::size_t used = std::size_t(blocks) * 2 * std::size_t(block_tokens_) * row_bytes_;
+  for (int l = 0; l < layers_; ++l) {
+    FERRY_TRY(region_.commit(std::size_t(l) * layer_stride_bytes_, used));
+  }
+  return ok_status();
+}
+
+Status KvCache::decommit_blocks(int blocks) {
+  const std::size_t used = std::size_t(blocks) * 2 * std::size_t(block_tokens_) * row_bytes_;
+  for (int l = 0; l < layers_; ++l) {
+    FERRY_TRY(
+        region_.decommit(std::size_t(l) * layer_stride_bytes_ + used, layer_stride_bytes_ - used));
+  }
+  return ok_status();
 }
 
 std::uint64_t KvCache::block_hash(std::uint64_t prev, const std::int32_t* tokens) const {
@@ -292,7 +339,8 @@ Status KvCache::copy_moved_rows() {
     const std::size_t bytes = n * block_row_bytes;
     for (int l = 0; l < layers_; ++l) {
       const auto at = [&](std::int64_t blk) {
-        return base_ + (std::int64_t(l) * capacity_blocks_ + blk) * std::int64_t(block_row_bytes);
+        return base_ + std::size_t(l) * layer_stride_bytes_ +
+               std::size_t(blk) * std::size_t(block_row_bytes);
       };
       std::byte* dst = at(moves_[i].second);
       const std::byte* src = at(moves_[i].first);
@@ -324,6 +372,15 @@ Status KvCache::resize(int blocks, std::span<BlockTable* const> tables) {
   const std::size_t per_block = block_bytes();
   if (blocks > num_blocks_) {
     FERRY_TRY(shared_charge_.resize(std::size_t(blocks) * per_block, "kv block pool"));
+    if (resizable()) {
+      // Backed before any block is handed out; refused (out of memory): nothing changes.
+      if (Status st = commit_blocks(blocks); !st.ok()) {
+        FERRY_CHECK_OK(decommit_blocks(num_blocks_));
+        FERRY_CHECK_OK(
+            shared_charge_.resize(std::size_t(num_blocks_) * per_block, "kv block pool"));
+        return st;
+      }
+    }
     for (int b = num_blocks_; b < blocks; ++b) free_.insert(free_.begin(), b);
     num_blocks_ = blocks;
     return ok_status();
@@ -362,6 +419,15 @@ Status KvCache::resize(int blocks, std::span<BlockTable* const> tables) {
   }
   FERRY_TRY(copy_moved_rows());
   num_blocks_ = blocks;
+  if (resizable()) {
+    // The moved rows' sources are the granules about to go: on the device they must have landed
+    // (the copier's stream, which also ran every kernel touching the pool).
+    if (copy_stream_ != nullptr && tier() == mem::MemTier::kDevice &&
+        !mem::device_tier_is_host_memory()) {
+      FERRY_TRY(copy_stream_->synchronize());
+    }
+    FERRY_TRY(decommit_blocks(blocks));
+  }
   FERRY_TRY(shared_charge_.resize(std::size_t(blocks) * per_block, "kv block pool"));
   return ok_status();
 }
@@ -371,10 +437,8 @@ std::byte* KvCache::row(int layer, const BlockTable& table, std::int64_t pos, in
   FERRY_CHECK(pos >= 0 && bi < static_cast<std::int64_t>(table.blocks.size()),
               "serve: kv position {} outside a table of {} blocks", pos, table.blocks.size());
   const std::int64_t block = table.blocks[bi];
-  const std::int64_t off =
-      ((std::int64_t(layer) * capacity_blocks_ + block) * 2 + kv_index) * block_tokens_ +
-      pos % block_tokens_;
-  return base_ + off * std::int64_t(row_bytes_);
+  const std::int64_t off = (block * 2 + kv_index) * block_tokens_ + pos % block_tokens_;
+  return base_ + std::size_t(layer) * layer_stride_bytes_ + std::size_t(off) * row_bytes_;
 }
 
 float* KvCache::f32_row(int layer, const BlockTable& t, std::int64_t pos, int kv_index) const {

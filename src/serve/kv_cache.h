@@ -15,9 +15,15 @@
 // block never moves when the live count changes. Free blocks are handed out lowest id first, so
 // the top of the pool tends to be free; resize() below a used block moves that block's K/V (all
 // layers) into a free block under the new size and rewrites its table entry. The shared device
-// budget is charged the live blocks only. The moves are host memcpys for a pool in host memory;
-// for a pool in GPU memory (the CUDA engine) they are device-to-device copies enqueued on the
-// stream given to set_device_copier() -- the engine's compute stream, which wrote the rows and
+// budget is charged the live blocks only, and only they are backed by memory: a resizable pool
+// lives in a mem::VirtualRegion whose layers each start on a granule (the layer stride is
+// capacity_blocks() blocks rounded up to a granule), and blocks [0, num_blocks()) of every layer
+// are committed, so the memory held follows the live size (held_bytes(): the live blocks plus
+// less than a granule per layer), not the capacity (reserved_bytes()). A shrink decommits the
+// granules wholly above the new size once the moved rows have landed (on the device: after a
+// sync of the copier's stream, the one shrink costs). The moves are host memcpys for a pool in host
+// memory; for a pool in GPU memory (the CUDA engine) they are device-to-device copies enqueued on
+// the stream given to set_device_copier() -- the engine's compute stream, which wrote the rows and
 // reads them next, so no host sync is needed -- one copy per layer and run of consecutive blocks.
 // Prefix cache (KvConfig::prefix_cache, vLLM's automatic prefix caching): a block whose
 // block_tokens positions are all computed gets a content identity -- a hash chained over its
@@ -51,6 +57,7 @@
 #include "mem/budget.h"
 #include "mem/stream.h"
 #include "mem/transfer_engine.h"
+#include "mem/virtual_region.h"
 #include "model/model_compute.h"
 #include "serve/budget_charge.h"
 #include "serve/serve_config.h"
@@ -121,9 +128,14 @@ class KvCache {
   std::byte* data() const { return base_; }
   float* base() const;
   std::int64_t layer_stride_elems() const {
-    return std::int64_t(capacity_blocks_) * 2 * block_tokens_ * row_elems_;
+    return std::int64_t(layer_stride_bytes_ / dtype_size(dtype_));
   }
   mem::MemTier tier() const { return budget_.tier(); }
+  // Memory really held for blocks: a resizable pool's committed granules, else the arena.
+  std::size_t held_bytes() const;
+  // Address space laid out for blocks (a resizable pool's reservation, else the arena).
+  std::size_t reserved_bytes() const;
+  bool resizable() const { return !region_.empty(); }
 
   // Grows `table` to cover `tokens` positions. All or nothing. Takes free blocks first (lowest id
   // first), then evicts cached blocks, least recently released first.
@@ -195,6 +207,10 @@ class KvCache {
   void lru_replace(std::int32_t from, std::int32_t to);  // `to` takes `from`'s place
   void move_block(std::int32_t from, std::int32_t to);   // identity; rows queued in moves_
   Status copy_moved_rows();                              // moves_' K/V rows, then clears it
+  // Resizable pool: backs blocks [0, blocks) of every layer / gives back the granules wholly
+  // above block `blocks` in every layer (nothing queued may still touch them).
+  Status commit_blocks(int blocks);
+  Status decommit_blocks(int blocks);
   std::uint64_t block_hash(std::uint64_t prev, const std::int32_t* tokens) const;
 
   int layers_ = 0;
@@ -203,14 +219,17 @@ class KvCache {
   std::size_t row_bytes_ = 0;  // G*D elements of dtype_
   int block_tokens_ = 0;
   int num_blocks_ = 0;
-  int capacity_blocks_ = 0;  // the layout's stride: blocks the arena holds
+  int capacity_blocks_ = 0;  // blocks a layer's stride holds
+  // Bytes between layers: capacity_blocks_ blocks, rounded up to a granule when resizable.
+  std::size_t layer_stride_bytes_ = 0;
   std::uint64_t blocks_moved_ = 0;
   std::vector<std::pair<std::int32_t, std::int32_t>> moves_;  // resize(): (from, to) pending
   mem::TransferEngine* copy_te_ = nullptr;                    // set_device_copier()
   mem::Stream* copy_stream_ = nullptr;
   mem::MemoryBudget budget_;
   BudgetCharge shared_charge_;
-  mem::Arena arena_;
+  mem::Arena arena_;           // a fixed pool's blocks
+  mem::VirtualRegion region_;  // a resizable pool's blocks (KvConfig::max_budget_bytes)
   std::byte* base_ = nullptr;
   std::vector<std::int32_t> free_;  // descending: back() is the lowest free id
   // Per block id, [capacity]: references, content identity (stamp 0: none), the chained hash,

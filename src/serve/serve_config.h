@@ -65,9 +65,13 @@ struct PagerConfig {
   // Pinned hot set: hot_experts[layer] are loaded at start and never evicted (count against cap).
   std::vector<std::vector<int>> hot_experts;
   int lfru_half_life = 8;  // accesses of a layer after which an LFRU score halves
-  // MV-WSA (paged mode): the caps may be resized while serving, up to E per layer; the slot
-  // arena is laid out for E per layer and the device budget is charged the live caps only.
+  // MV-WSA (paged mode): the caps may be resized while serving, up to E per layer; the slots are
+  // laid out for E per layer in a virtual reservation of which only the live caps are committed
+  // (expert_pager.h), and the device budget is charged the live caps only.
   bool resizable = false;
+  // Resizable only: the reservation's granule (0: the tier's, 2 MiB; host memory accepts any
+  // multiple of 4 KiB, which tests use to see commits follow a tiny model's caps).
+  std::size_t granularity_bytes = 0;
   // Per-miss placement (paged mode, docs/serve.md "Miss placement"). A miss is copied into a slot
   // (the default) unless
   //   miss_cost_model: computing its rows on the CPU from the host store is cheaper than the
@@ -127,9 +131,12 @@ struct PagerConfig {
 struct KvConfig {
   int block_tokens = 16;                   // tokens per KV block
   std::size_t budget_bytes = 64ull << 20;  // K and V of every layer, all blocks
-  // MV-WSA: the pool may later be resized up to this many bytes (KvCache::resize); its backing
-  // is laid out for that many blocks. 0: budget_bytes (fixed size).
+  // MV-WSA: the pool may later be resized up to this many bytes (KvCache::resize); it is laid
+  // out for that many blocks in a virtual reservation of which only the live blocks are
+  // committed (kv_cache.h). 0: budget_bytes (fixed size, one exact allocation).
   std::size_t max_budget_bytes = 0;
+  // Resizable only: the reservation's granule (as PagerConfig::granularity_bytes).
+  std::size_t granularity_bytes = 0;
   // Automatic prefix caching (kv_cache.h): full blocks keep their K/V after their request ends,
   // keyed by a hash chained over token ids, and a new request reuses its longest cached
   // block-aligned prefix. The CLI turns it on (--no-prefix-cache off); off here by default so a

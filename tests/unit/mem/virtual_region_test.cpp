@@ -157,10 +157,17 @@ TEST_P(VirtualRegionHost, BadRangesAreStatusErrorsAndChangeNothing) {
   EXPECT_TRUE(r->decommit(4 * kG, 0).ok());
 }
 
-TEST_P(VirtualRegionHost, AskedGranularityMustBeAMultipleOfTheTiers) {
+TEST_P(VirtualRegionHost, AskedGranularityMustBeAMultipleOfThePage) {
   MemoryBudget b(GetParam(), 64 << 20);
-  auto bad = VirtualRegion::reserve(GetParam(), kG, b, {.granularity = kG / 2});
+  auto bad = VirtualRegion::reserve(GetParam(), kG, b, {.granularity = 3000});
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  auto small = VirtualRegion::reserve(GetParam(), 10000, b, {.granularity = 4096});
+  ASSERT_TRUE(small.ok()) << small.status().to_string();
+  EXPECT_EQ(small->size(), 12288u);
+  ASSERT_TRUE(small->commit(4097, 1).ok());
+  EXPECT_EQ(small->committed_bytes(), 4096u);
+  EXPECT_TRUE(small->is_committed(4096, 4096));
+  EXPECT_FALSE(small->is_committed(0, 1));
   auto r = VirtualRegion::reserve(GetParam(), 5 * kG, b, {.granularity = 2 * kG});
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(r->size(), 6 * kG);

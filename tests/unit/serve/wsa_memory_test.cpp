@@ -1,0 +1,216 @@
+// SPDX-License-Identifier: Apache-2.0
+// The memory a resizable engine really holds (MV-WSA, docs/serve_wsa.md "Memory of a resizable
+// engine"): its expert slots and KV blocks live in virtual reservations (mem::VirtualRegion) of
+// which only the live caps / blocks are committed, so
+//   - through grows and shrinks of both pools while serving, each pool's committed bytes are its
+//     live size rounded up to a granule per layer, the engine's held bytes never pass the budget
+//     by more than that rounding, the slot and KV addresses never move, and the tokens equal a
+//     fixed engine's;
+//   - with the default 2 MiB granule the reservation is the maxima (E slots per layer, the whole
+//     budget of blocks) while what is held stays within a granule per layer of the live bytes.
+#include <algorithm>
+#include <vector>
+
+#include "serve/builtin_model.h"
+#include "serve_test_util.h"
+
+namespace ferry::serve {
+namespace {
+
+constexpr int kBlockTokens = 4;
+constexpr std::size_t kPage = 4096;
+
+std::vector<GenerationRequest> requests() {
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<std::int32_t> p;
+    for (int j = 0; j < 6 + 5 * i; ++j) p.push_back((j * 41 + i * 13 + 3) % 256);
+    reqs.push_back({.prompt = p, .max_new_tokens = 10 + i});
+  }
+  return reqs;
+}
+
+std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+EngineConfig resizable_config(std::size_t budget, std::size_t kv_bytes, std::size_t gran) {
+  EngineConfig cfg;
+  cfg.max_batch_tokens = 24;
+  cfg.max_running = 3;
+  cfg.pager.mode = ExpertMode::kPaged;
+  cfg.pager.slots_per_layer = 4;
+  cfg.pager.resizable = true;
+  cfg.pager.granularity_bytes = gran;
+  cfg.kv = {.block_tokens = kBlockTokens,
+            .budget_bytes = kv_bytes,
+            .max_budget_bytes = budget,
+            .granularity_bytes = gran};
+  cfg.device_budget_bytes = budget;
+  return cfg;
+}
+
+Result<std::map<RequestId, std::vector<std::int32_t>>> run(
+    Engine& eng, const std::vector<GenerationRequest>& reqs,
+    const std::function<void(int)>& at_step = {}) {
+  std::vector<RequestId> ids;
+  for (const auto& q : reqs) {
+    FERRY_ASSIGN_OR_RETURN(RequestId id, eng.submit(q));
+    ids.push_back(id);
+  }
+  for (int step = 0; !eng.idle(); ++step) {
+    if (at_step) at_step(step);
+    FERRY_TRY(eng.step().status());
+  }
+  std::map<RequestId, std::vector<std::int32_t>> tokens;
+  for (RequestId id : ids) {
+    FERRY_ASSIGN_OR_RETURN(RequestOutput out, eng.take_output(id));
+    tokens[id] = out.tokens;
+  }
+  return tokens;
+}
+
+TEST(WsaMemory, CommittedBytesFollowCapsAndBlocksAndStayWithinTheBudget) {
+  auto m = testing::tiny_builtin_moe(31);
+  ASSERT_TRUE(m);
+  const model::DecoderGeometry& geo = m->geometry;
+  const auto reqs = requests();
+  // The fixed engine the resized one must equal.
+  EngineConfig fixed_cfg;
+  fixed_cfg.max_batch_tokens = 24;
+  fixed_cfg.max_running = 3;
+  fixed_cfg.pager.mode = ExpertMode::kPaged;
+  fixed_cfg.pager.slots_per_layer = 4;
+  fixed_cfg.kv = {.block_tokens = kBlockTokens, .budget_bytes = 8 << 20};
+  auto fixed = Engine::create(geo, m->params, fixed_cfg);
+  ASSERT_TRUE(fixed.ok()) << fixed.status().to_string();
+  auto want = run(**fixed, reqs);
+  ASSERT_TRUE(want.ok()) << want.status().to_string();
+  const std::size_t eb = (*fixed)->experts().store()->expert_bytes();
+  const std::size_t kb = (*fixed)->kv().block_bytes();
+  const std::size_t layer_block = kb / std::size_t(geo.layers);  // one layer's K and V of a block
+  int moe = 0;
+  for (bool b : geo.layer_is_moe) moe += b;
+
+  // One budget of 8 slots per layer + 60 blocks, starting at 4 slots and 40 blocks; 4 KiB granules
+  // so a tiny model's pools span several (an expert is a whole number of pages: its slots commit
+  // exactly).
+  ASSERT_EQ(eb % kPage, 0u);
+  const std::size_t budget = std::size_t(moe) * 8 * eb + 60 * kb;
+  auto eng_r = Engine::create(geo, m->params, resizable_config(budget, 40 * kb, kPage));
+  ASSERT_TRUE(eng_r.ok()) << eng_r.status().to_string();
+  Engine& eng = **eng_r;
+  ExpertPager& pager = *eng.experts().pager();
+  ASSERT_TRUE(pager.resizable());
+  ASSERT_TRUE(eng.kv().resizable());
+  std::vector<std::byte*> slot_bases;
+  for (int l = 0; l < geo.layers; ++l) slot_bases.push_back(pager.slot_base(l));
+  std::byte* const kv_base = eng.kv().data();
+  // Reserved: E slots per MoE layer (each from a granule), the whole budget of blocks.
+  EXPECT_EQ(pager.reserved_bytes(), std::size_t(moe) * std::size_t(geo.experts) * eb);
+  EXPECT_GE(eng.kv().reserved_bytes(), std::size_t(eng.kv().capacity_blocks()) * kb);
+
+  const std::size_t rounding = std::size_t(geo.layers) * kPage;  // KV: < a granule per layer
+  std::size_t checks = 0;
+  const auto check = [&](const char* when) {
+    SCOPED_TRACE(when);
+    std::size_t live_slots = 0;
+    for (int l = 0; l < geo.layers; ++l) live_slots += std::size_t(pager.capacity(l));
+    EXPECT_EQ(pager.held_bytes(), live_slots * eb);
+    EXPECT_EQ(pager.live_bytes(), live_slots * eb);
+    const std::size_t kv_live = std::size_t(eng.kv().num_blocks()) * layer_block;
+    EXPECT_EQ(eng.kv().held_bytes(), std::size_t(geo.layers) * round_up(kv_live, kPage));
+    EXPECT_EQ(eng.kv().budget().bytes_used(), eng.kv().held_bytes());
+    EXPECT_LE(eng.device_budget().bytes_used(), budget);
+    EXPECT_EQ(eng.device_held_bytes(),
+              eng.device_budget().bytes_used() +
+                  (eng.kv().held_bytes() - std::size_t(eng.kv().num_blocks()) * kb));
+    EXPECT_LE(eng.device_held_bytes(), budget + rounding);
+    for (int l = 0; l < geo.layers; ++l) EXPECT_EQ(pager.slot_base(l), slot_bases[l]);
+    EXPECT_EQ(eng.kv().data(), kv_base);
+    ++checks;
+  };
+  check("created");
+  const std::size_t held_at_start = eng.device_held_bytes();
+  std::vector<std::size_t> held;
+  const auto caps = [&](std::vector<int> per_moe) {
+    std::vector<int> c(std::size_t(geo.layers), 0);
+    for (int l = 0, i = 0; l < geo.layers; ++l) {
+      if (geo.layer_is_moe[l]) c[std::size_t(l)] = per_moe[std::size_t(i++ % int(per_moe.size()))];
+    }
+    return c;
+  };
+  auto got = run(eng, reqs, [&](int step) {
+    Status st;
+    switch (step) {
+      case 2:  // experts grow to 6, KV stays
+        st = eng.resize_pools(caps({6}), 40);
+        break;
+      case 4:  // experts shrink to 4, KV grows to 60
+        st = eng.resize_pools(caps({4}), 60);
+        break;
+      case 6:  // uneven caps, KV shrinks (used blocks move down first)
+        st = eng.resize_pools(caps({8, 4, 4, 6}), 38);
+        break;
+      case 8:  // both shrink
+        st = eng.resize_pools(caps({5}), 37);
+        break;
+      case 10:  // both grow
+        st = eng.resize_pools(caps({7, 6}), 45);
+        break;
+      default:
+        return;
+    }
+    EXPECT_TRUE(st.ok()) << "step " << step << ": " << st.to_string();
+    check("after a resize");
+    held.push_back(eng.device_held_bytes());
+  });
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_EQ(*got, *want);
+  EXPECT_EQ(checks, 6u) << "a resize step never came: the test lost its teeth";
+  ASSERT_EQ(held.size(), 5u);
+  // The held bytes really moved both ways (a shrink gave memory back).
+  EXPECT_GT(held[0], held_at_start);
+  EXPECT_LT(held[1], held[0]);
+  EXPECT_LT(held[3], held[2]);
+  EXPECT_GT(held[4], held[3]);
+  EXPECT_EQ(eng.device_held_peak_bytes(),
+            std::max({held_at_start, held[0], held[1], held[2], held[3], held[4]}));
+  EXPECT_LE(eng.device_held_peak_bytes(), budget + rounding);
+  EXPECT_LE(eng.device_budget().bytes_peak(), budget);
+  EXPECT_GT(pager.counters().bytes_moved + eng.kv().blocks_moved(), 0u);
+}
+
+TEST(WsaMemory, DefaultGranuleHoldsTheLiveSizesNotTheMaxima) {
+  auto m = testing::tiny_builtin_moe(31);
+  ASSERT_TRUE(m);
+  const model::DecoderGeometry& geo = m->geometry;
+  auto probe = KvCache::create(geo, {.block_tokens = kBlockTokens, .budget_bytes = 1 << 20});
+  ASSERT_TRUE(probe.ok());
+  const std::size_t kb = (*probe)->block_bytes();
+  constexpr std::size_t kGran = std::size_t{2} << 20;
+  // A pool budget of 64 MiB of blocks: the KV reservation spans 16 MiB a layer.
+  const std::size_t budget = 64 << 20;
+  auto e = Engine::create(geo, m->params, resizable_config(budget, 40 * kb, 0));
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  Engine& eng = **e;
+  const ExpertPager& pager = *eng.experts().pager();
+  int moe = 0;
+  for (bool b : geo.layer_is_moe) moe += b;
+  const std::size_t eb = eng.experts().store()->expert_bytes();
+  // Reserved at the maxima, each layer from a granule.
+  EXPECT_EQ(pager.reserved_bytes(),
+            std::size_t(moe) * round_up(std::size_t(geo.experts) * eb, kGran));
+  EXPECT_EQ(
+      eng.kv().reserved_bytes(),
+      std::size_t(geo.layers) *
+          round_up(std::size_t(eng.kv().capacity_blocks()) * kb / std::size_t(geo.layers), kGran));
+  EXPECT_GE(eng.pool_reserved_bytes(), budget);
+  // Held: one granule per layer and pool here (both live sizes are under a granule a layer).
+  EXPECT_EQ(pager.held_bytes(), std::size_t(moe) * kGran);
+  EXPECT_EQ(eng.kv().held_bytes(), std::size_t(geo.layers) * kGran);
+  EXPECT_LE(eng.device_held_bytes(),
+            eng.device_budget().bytes_used() + std::size_t(moe + geo.layers) * kGran);
+  EXPECT_LT(eng.device_held_bytes(), eng.pool_reserved_bytes());
+}
+
+}  // namespace
+}  // namespace ferry::serve
