@@ -6,15 +6,15 @@
 #   1. builds serve_split_engine_bench (Release, CUDA, sm_90a, benches on) in $B; a build that
 #      has not finished by BUILD_BY_S (default 200) leaves no time for the weights and a policy:
 #      the script stops there;
-#   2. runs it with bf16 K/V and bf16 dense weights (a resizable engine reserves E slots per layer
-#      plus the whole pool for K/V, ~74 GiB of the H100's ~79, whatever the K/V dtype: the dense
-#      weights' 1.9 GiB in f32 are the margin), the workload WSA48_WORKLOAD, the policies
+#   2. runs it with bf16 K/V and bf16 dense weights (a resizable engine reserves address space for
+#      E slots per layer plus the whole pool for K/V, ~74 GiB, but commits only its live split,
+#      ~20.3 GiB: mem::VirtualRegion, docs/serve_wsa.md), the workload WSA48_WORKLOAD, the policies
 #      WSA48_POLICIES in order (fixed-50 first: the configurator needs its profile), pruned
 #      (--prune-slower on) and ended by --deadline-unix 10 s before the deadline, so the JSON,
 #      rewritten after every policy, holds every finished policy; WSA48_EXTRA adds flags;
 #   3. samples GPU memory (nvidia-smi, every 2 s) and host memory (free, every 5 s) throughout:
-#      the bench's device_peak_bytes is the budget's charge, not the arenas a resizable engine
-#      reserves, so the sampled peak is the memory check.
+#      the bench's device_peak_bytes is the budget's charge (live sizes), device_held_peak_bytes
+#      what the pools committed; the sampled peak checks both.
 # Output under $R (default $OUT/r): gpu.txt, cmake.log, build.log, wsa48.json, wsa48.txt,
 # wsa48_profile.json (the fixed-50 run's profile, for a later call's --configurator-profile),
 # gpu_mem.csv, host_mem.txt, summary.txt. The caller packs $R (cd $OUT && tar czf all.tgz r).

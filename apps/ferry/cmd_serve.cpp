@@ -351,17 +351,31 @@ int run_serve(const ServeCliConfig& c) {
               hc.model_name.c_str(), static_cast<int>(mode_run.size()), mode_run.data(),
               (*engine)->kv().num_blocks(), static_cast<int>(kv_dtype.size()), kv_dtype.data());
   std::fflush(stdout);
+  {
+    // Reserved (the pools' maxima) against held (what is committed): a resizable engine's
+    // pools hold only their live sizes (docs/serve_wsa.md "Memory of a resizable engine").
+    const serve::Engine& eng = **engine;
+    log::get("serve")->info(
+        "device memory: budget charge {} of {}, held {} (committed), pools reserved {}",
+        mem::format_bytes(eng.device_budget().bytes_used()),
+        eng.device_budget().bytes_limit() == mem::MemoryBudget::kUnlimited
+            ? std::string("unlimited")
+            : mem::format_bytes(eng.device_budget().bytes_limit()),
+        mem::format_bytes(eng.device_held_bytes()), mem::format_bytes(eng.pool_reserved_bytes()));
+  }
   wait_for_stop(c.duration_s);
   server.stop();
   if (live) {
     const auto& st = live->stats();
     std::fprintf(stderr,
                  "wsa: decisions=%llu priced_by_caps=%llu moves=%llu final kv_blocks=%d "
-                 "slots=%s\n",
+                 "slots=%s device_peak_mib=%.1f held_peak_mib=%.1f\n",
                  static_cast<unsigned long long>(st.decisions),
                  static_cast<unsigned long long>(st.priced_by_caps),
                  static_cast<unsigned long long>(st.moves), live->current().kv_blocks,
-                 slots_text(live->current().slots).c_str());
+                 slots_text(live->current().slots).c_str(),
+                 double((*engine)->device_budget().bytes_peak()) / double(1 << 20),
+                 double((*engine)->device_held_peak_bytes()) / double(1 << 20));
   }
   return 0;
 }

@@ -137,7 +137,10 @@ struct PolicyResult {
   std::uint64_t generated = 0, steps = 0, preemptions = 0, recompute_tokens = 0;
   std::uint64_t hits = 0, misses = 0, prefill_tokens = 0, prefix_hit_tokens = 0;
   std::uint64_t prefix_query_tokens = 0, resizes = 0, blocks_moved = 0, decisions = 0, moves = 0;
-  std::size_t device_peak = 0, pool_max_bytes = 0;
+  // device_peak: the device budget's peak charge (resizable pools at their live sizes);
+  // device_held_peak: the memory really held at its peak (their committed granules instead);
+  // pool_reserved: the address space the pools are laid out in (their maxima).
+  std::size_t device_peak = 0, pool_max_bytes = 0, device_held_peak = 0, pool_reserved = 0;
   std::vector<std::uint64_t> resize_steps;  // steps after which the pools had been resized
   std::vector<DecisionRecord> log;          // live: every decision
   std::uint64_t refused = 0;
@@ -407,6 +410,8 @@ PolicyResult run_policy(const Setup& su, const std::string& key, const std::stri
   pr.misses = pc.misses;
   pr.modelled_s = su.model_step_s * double(pr.steps) + su.model_miss_s * double(pr.misses);
   pr.device_peak = eng.device_budget().bytes_peak();
+  pr.device_held_peak = eng.device_held_peak_bytes();
+  pr.pool_reserved = eng.pool_reserved_bytes();
   pr.final_split.kv_blocks = eng.kv().num_blocks();
   for (int l = 0; l < geo.layers; ++l) {
     pr.final_split.slots.push_back(eng.experts().pager()->capacity(l));
@@ -517,6 +522,8 @@ nlohmann::json result_json(const PolicyResult& r, double named_s) {
           {"modelled_s", r.modelled_s},
           {"pool_max_bytes", r.pool_max_bytes},
           {"device_peak_bytes", r.device_peak},
+          {"device_held_peak_bytes", r.device_held_peak},
+          {"pool_reserved_bytes", r.pool_reserved},
           {"x_named", named_s > 0 && r.complete && r.total_s > 0 ? named_s / r.total_s : 0.0}};
 }
 

@@ -1,0 +1,133 @@
+// SPDX-License-Identifier: Apache-2.0
+// GPU: mem::VirtualRegion on the device tier (the CUDA virtual memory management API):
+//   - the driver's granularity; commit / write (pattern kernel) / read back; data in committed
+//     granules survives decommits and commits of others; a re-committed granule is writable;
+//     committing really takes device memory and decommitting really gives it back (cudaMemGetInfo
+//     moves by the granules, within the driver's own rounding); addresses never move;
+//   - an over-budget commit is resource_exhausted naming the region and changes nothing.
+// Skips without a CUDA device.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <iostream>
+#include <memory>
+
+#include <gtest/gtest.h>
+
+#include "mem/buffer.h"
+#include "mem/device_info.h"
+#include "mem/device_pattern.h"
+#include "mem/stream_set.h"
+#include "mem/transfer_engine.h"
+#include "mem/virtual_region.h"
+
+namespace ferry::mem {
+namespace {
+
+class MemVirtualRegionGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const CudaInfo info = query_cuda_info();
+    if (!info.compiled || info.devices.empty()) GTEST_SKIP() << "no CUDA device";
+    auto ss = StreamSet::create(Device::kCuda, 0);
+    ASSERT_TRUE(ss.ok()) << ss.status().to_string();
+    ss_ = std::make_unique<StreamSet>(std::move(ss).value());
+    auto te = cuda_transfer_engine(0);
+    ASSERT_TRUE(te.ok()) << te.status().to_string();
+    te_ = std::move(te).value();
+  }
+
+  std::uint64_t mismatches(const std::byte* d, std::size_t bytes, std::uint32_t seed) {
+    MemoryBudget dev(MemTier::kDevice), pin(MemTier::kPinnedHost);
+    auto d_count = Buffer::allocate(MemTier::kDevice, sizeof(std::uint64_t), dev);
+    auto h_count = Buffer::allocate(MemTier::kPinnedHost, sizeof(std::uint64_t), pin);
+    FERRY_CHECK_OK(d_count.status());
+    FERRY_CHECK_OK(h_count.status());
+    auto* dc = reinterpret_cast<std::uint64_t*>(d_count->data());
+    FERRY_CHECK_OK(count_pattern_mismatches(d, bytes, seed, dc, ss_->compute()));
+    FERRY_CHECK_OK(te_->d2h(h_count->data(), dc, sizeof(std::uint64_t), ss_->compute()));
+    FERRY_CHECK_OK(ss_->compute().synchronize());
+    std::uint64_t n = 0;
+    std::memcpy(&n, h_count->data(), sizeof n);
+    return n;
+  }
+
+  static std::size_t device_free() {
+    std::size_t free_b = 0, total_b = 0;
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
+    return free_b;
+  }
+
+  std::unique_ptr<StreamSet> ss_;
+  std::unique_ptr<TransferEngine> te_;
+};
+
+TEST_F(MemVirtualRegionGpu, CommitWriteReadDecommitAndMemoryReallyMoves) {
+  auto g = VirtualRegion::tier_granularity(MemTier::kDevice, 0);
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  const std::size_t G = *g;
+  EXPECT_GT(G, 0u);
+  EXPECT_EQ(G % 4096, 0u);
+  std::cout << "[mem_gpu] device allocation granularity " << G << " bytes\n";
+  // 256 granules (512 MiB at 2 MiB): large enough that cudaMemGetInfo's steps show.
+  constexpr std::size_t kN = 256;
+  MemoryBudget vram(MemTier::kDevice, kN * G);
+  auto r = VirtualRegion::reserve(MemTier::kDevice, kN * G, vram, {.what = "gpu test region"});
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  std::byte* const base = r->data();
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(base) % G, 0u);
+  const std::size_t free0 = device_free();
+  ASSERT_TRUE(r->commit(0, kN * G).ok());
+  EXPECT_EQ(vram.bytes_used(), kN * G);
+  const std::size_t free1 = device_free();
+  const std::size_t slack = 16 * G;  // the driver's own bookkeeping and rounding
+  EXPECT_GE(free0 - free1 + slack, kN * G) << "committing took less memory than it backs";
+  EXPECT_LE(free0 - free1, kN * G + slack);
+  ASSERT_TRUE(fill_pattern(base, kN * G, 7, ss_->compute()).ok());
+  EXPECT_EQ(mismatches(base, kN * G, 7), 0u);
+  // The upper half goes back: memory is really returned, the lower half keeps its bytes.
+  ASSERT_TRUE(r->decommit(kN / 2 * G, kN / 2 * G).ok());
+  EXPECT_EQ(vram.bytes_used(), kN / 2 * G);
+  const std::size_t free2 = device_free();
+  EXPECT_GE(free2 - free1 + slack, kN / 2 * G) << "decommitting gave back less than it released";
+  // Half the lower half's granules cycle through decommit / commit; the rest keeps its bytes.
+  for (int round = 0; round < 3; ++round) {
+    ASSERT_TRUE(r->decommit(kN / 4 * G, kN / 4 * G).ok());
+    ASSERT_TRUE(r->commit(kN / 4 * G, kN / 4 * G).ok());
+  }
+  EXPECT_EQ(mismatches(base, kN / 4 * G, 7), 0u);
+  // Re-committed granules are writable (their contents are undefined until written).
+  ASSERT_TRUE(fill_pattern(base + kN / 4 * G, kN / 4 * G, 9, ss_->compute()).ok());
+  EXPECT_EQ(mismatches(base + kN / 4 * G, kN / 4 * G, 9), 0u);
+  ASSERT_TRUE(r->commit(kN / 2 * G, G + 1).ok());  // rounds out: two granules
+  EXPECT_EQ(vram.bytes_used(), (kN / 2 + 2) * G);
+  EXPECT_EQ(r->data(), base);
+  EXPECT_EQ(r->peak_committed_bytes(), kN * G);
+  r->reset();
+  EXPECT_EQ(vram.bytes_used(), 0u);
+  const std::size_t free3 = device_free();
+  EXPECT_GE(free3 + slack, free0) << "the region's memory did not all come back";
+}
+
+TEST_F(MemVirtualRegionGpu, OverBudgetCommitIsRefusedAndChangesNothing) {
+  auto g = VirtualRegion::tier_granularity(MemTier::kDevice, 0);
+  ASSERT_TRUE(g.ok());
+  const std::size_t G = *g;
+  MemoryBudget vram(MemTier::kDevice, 3 * G);
+  auto r = VirtualRegion::reserve(MemTier::kDevice, 8 * G, vram, {.what = "kv gpu test"});
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_TRUE(r->commit(0, 2 * G).ok());
+  ASSERT_TRUE(fill_pattern(r->data(), 2 * G, 3, ss_->compute()).ok());
+  const Status st = r->commit(G, 3 * G);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(st.message().find("kv gpu test"), std::string::npos) << st.to_string();
+  EXPECT_EQ(vram.bytes_used(), 2 * G);
+  EXPECT_FALSE(r->is_committed(2 * G, 1));
+  EXPECT_EQ(mismatches(r->data(), 2 * G, 3), 0u);
+  EXPECT_EQ(r->commit(8 * G, 1).code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ferry::mem
