@@ -22,7 +22,9 @@ enum class KernelVariant : std::uint8_t { kDefault, kBaseline, kDecode };
 //   k(l, b) = base + l * layer_stride + (b * 2 + 0) * block_tokens * G*D;  v: (b * 2 + 1)
 struct PagedKvLayout {
   void* base = nullptr;
-  std::int64_t layer_stride = 0;  // elements: capacity_blocks * 2 * block_tokens * G*D
+  // elements: capacity_blocks * 2 * block_tokens * G*D; a resizable pool's rounded up to its
+  // commit granule (a layer's blocks start on a granule: KvCache::layer_stride_elems)
+  std::int64_t layer_stride = 0;
   int block_tokens = 0;
   int G = 0, D = 0;
   bool bf16 = false;  // the rows are bf16 bits (else f32)
