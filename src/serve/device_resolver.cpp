@@ -110,8 +110,8 @@ std::int32_t* SlotResolver::log(int layer) const {
   return arena_.as<std::int32_t>(s_log_) + moe_index_[std::size_t(layer)] * log_ints_;
 }
 
-bool SlotResolver::fits(int layer, std::int64_t n) const {
-  return n <= pager_.group_limit(layer) && n <= geo_.experts &&
+bool SlotResolver::fits(int layer, std::int64_t rows, std::int64_t distinct) const {
+  return distinct <= pager_.group_limit(layer) && rows <= geo_.experts &&
          pager_.tick(layer) + 1 < 0xffffffffull;
 }
 

@@ -59,8 +59,10 @@ class SlotResolver {
                                                       mem::MemoryBudget* shared,
                                                       const SlotResolverDevice* dev = nullptr);
 
-  // Whether a call of n routed rows of `layer` can be resolved here (n <= cap - hot).
-  bool fits(int layer, std::int64_t n) const;
+  // Whether a call of `rows` routed rows naming at most `distinct` different experts of `layer`
+  // can be resolved here: the resolver places distinct experts (distinct <= cap - hot: the call's
+  // misses fit the slots that are neither hot nor in use) and logs every row (rows <= E).
+  bool fits(int layer, std::int64_t rows, std::int64_t distinct) const;
   void mark_stale(int layer) { stale_[std::size_t(layer)] = true; }
   void mark_all_stale() { std::fill(stale_.begin(), stale_.end(), true); }
 

@@ -309,6 +309,24 @@ Result<std::unique_ptr<ExpertExecutor>> ExpertExecutor::create(const model::Deco
   return x;
 }
 
+std::int64_t ExpertExecutor::distinct_experts(const std::int32_t* ids, std::int64_t n) {
+  std::int64_t d = 0;
+  bool invalid = false;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int32_t e = ids[i];
+    if (e < 0 || e >= geo_.experts) {
+      invalid = true;  // the resolver counts it an error: say as many as rows
+    } else if (!seen_[std::size_t(e)]) {
+      seen_[std::size_t(e)] = true;
+      ++d;
+    }
+  }
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (ids[i] >= 0 && ids[i] < geo_.experts) seen_[std::size_t(ids[i])] = false;
+  }
+  return invalid ? n : d;
+}
+
 Status ExpertExecutor::resize_caps(std::span<const int> caps) {
   if (!pager_) return invalid_argument("serve: expert caps can only be resized in paged mode");
   if (static_cast<int>(caps.size()) != geo_.layers) {
@@ -527,7 +545,7 @@ Status ExpertExecutor::run(int layer, const float* x, const std::int32_t* ids, s
     return compute_group(layer, x, ids, rows_, eout);
   }
   ++layer_step_[std::size_t(layer)];
-  if (resolver_ && resolver_->fits(layer, T * K)) {
+  if (resolver_ && resolver_->fits(layer, T * K, distinct_experts(ids, T * K))) {
     // The device path's CPU twin: slots resolved over the resolver's arrays, misses copied from
     // the store, the pager replaying the call (the observer above already saw the ids).
     FERRY_TRY(resolver_->run_cpu(layer, ids, T * K, {}));

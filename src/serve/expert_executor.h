@@ -158,12 +158,14 @@ class ExpertExecutor {
   }
   // Device-side slot resolution (PagerConfig::device_resolve, serve/device_resolver.h), CUDA
   // engine, per step: begin_device_step says whether the step's paged layers resolve on the
-  // device (paged mode with a resolver, and T*K <= cap - hot in every MoE layer; the runner
-  // asks only for decode steps) and if so uploads stale layer state (compute stream, no wait);
+  // device (paged mode with a resolver, and in every MoE layer the step's experts fit cap - hot:
+  // at most `experts[l]` different ones when given (routed_experts_bound of forced routing),
+  // else T*K; the runner asks only for decode steps) and if so uploads stale layer state
+  // (compute stream, no wait);
   // run_device then enqueues resolve, miss copy and FFN with no host wait; the runner enqueues
   // enqueue_device_log() at the end of the step and calls finish_device_step() after its sync
   // (the pager replays the logs; returns the bytes the device copied, for the link's counters).
-  Result<bool> begin_device_step(std::int64_t T);
+  Result<bool> begin_device_step(std::int64_t T, std::span<const std::int64_t> experts = {});
   Status enqueue_device_log(mem::Stream& stream);
   Result<std::uint64_t> finish_device_step();
   // The step failed before its sync: the device state is unknown, rewritten before the next use.
@@ -244,8 +246,10 @@ class ExpertExecutor {
   std::vector<bool> resident_;        // [E] scratch: in a slot before the step
   std::vector<ExpertRef> distinct_refs_;
   std::vector<ExpertRef> ref_of_expert_;  // [E]
-  std::vector<bool> seen_;                // [E]
-  std::vector<std::vector<bool>> hot_;    // [L][E] the pager's pinned hot set
+  // The different experts among ids [n] (n if any is outside [0, E)), through seen_.
+  std::int64_t distinct_experts(const std::int32_t* ids, std::int64_t n);
+  std::vector<bool> seen_;              // [E] scratch, all false between uses
+  std::vector<std::vector<bool>> hot_;  // [L][E] the pager's pinned hot set
   // Miss placement (paged): the config, each layer's step count and each expert's last step.
   PagerConfig placement_;
   std::vector<std::uint64_t> layer_step_;             // [L]

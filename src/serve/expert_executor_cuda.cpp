@@ -326,11 +326,16 @@ Status ExpertExecutor::compute_host_rows(float* d_eout) {
   return ok_status();
 }
 
-Result<bool> ExpertExecutor::begin_device_step(std::int64_t T) {
+Result<bool> ExpertExecutor::begin_device_step(std::int64_t T,
+                                               std::span<const std::int64_t> experts) {
   FERRY_CHECK(!device_step_, "serve: begin_device_step twice without finish_device_step");
+  FERRY_CHECK(experts.empty() || std::ssize(experts) == geo_.layers,
+              "serve: {} expert bounds for {} layers", experts.size(), geo_.layers);
   if (dev_ == nullptr || !resolver_ || mode_ != ExpertMode::kPaged) return false;
+  const std::int64_t rows = T * geo_.top_k;
   for (int l = 0; l < geo_.layers; ++l) {
-    if (geo_.layer_is_moe[l] && !resolver_->fits(l, T * geo_.top_k)) return false;
+    const std::int64_t distinct = experts.empty() ? rows : experts[std::size_t(l)];
+    if (geo_.layer_is_moe[l] && !resolver_->fits(l, rows, distinct)) return false;
   }
   FERRY_TRY(resolver_->upload_stale(*dev_->dev.compute));
   device_step_ = true;

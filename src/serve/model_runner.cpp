@@ -71,6 +71,24 @@ Status apply_routing_hook(RoutingHook& hook, const StepBatch& b, int l,
   return ok_status();
 }
 
+std::int64_t routed_experts_bound(const std::int32_t* forced, std::int64_t T, int K,
+                                  std::vector<unsigned char>& seen) {
+  std::int64_t bound = 0;
+  for (std::int64_t i = 0; i < T * K; ++i) {
+    const std::int32_t e = forced[i];
+    if (e < 0) {
+      ++bound;  // a router-chosen row: each of its K slots may be a new expert
+    } else if (seen[std::size_t(e)] == 0) {
+      seen[std::size_t(e)] = 1;
+      ++bound;
+    }
+  }
+  for (std::int64_t i = 0; i < T * K; ++i) {
+    if (forced[i] >= 0) seen[std::size_t(forced[i])] = 0;
+  }
+  return bound;
+}
+
 Status fill_forced_routing(RoutingHook& hook, const StepBatch& b, const model::DecoderGeometry& geo,
                            std::int32_t* forced) {
   const std::int64_t T = b.tokens(), E = geo.experts, K = geo.top_k;

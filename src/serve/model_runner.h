@@ -68,6 +68,13 @@ Status apply_routing_hook(RoutingHook& hook, const StepBatch& b, int layer,
 // apply_routing_hook calls it (layer, then token).
 Status fill_forced_routing(RoutingHook& hook, const StepBatch& b, const model::DecoderGeometry& geo,
                            std::int32_t* forced);
+// At most how many different experts one MoE layer's call of a step routes to, from its forced
+// rows (forced [T, K] of fill_forced_routing): the forced rows' distinct experts plus K for each
+// row the router still chooses (-1 rows). The device slot resolver needs distinct experts, not
+// rows, to fit the free slots (4 decoding requests x top-8 are 32 rows, often ~20 experts).
+// seen: scratch of >= E bytes, left zeroed.
+std::int64_t routed_experts_bound(const std::int32_t* forced, std::int64_t T, int K,
+                                  std::vector<unsigned char>& seen);
 // Applies one MoE layer's forced rows (forced [T, K]) to the router's output in place, as
 // apply_routing_hook does: a row of -1 or one equal to the router's ids is left alone; another
 // replaces ids [T, K] and gets weights_for_ids() of probs [T, E] in weights [T, K]. The CPU twin

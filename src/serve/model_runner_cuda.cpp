@@ -127,6 +127,10 @@ class CudaModelRunner final : public ModelRunner {
   Slots s_;
   mem::MemoryBudget host_budget_{mem::MemTier::kPinnedHost};
   mem::Buffer h_step_, h_logits_, h_route_, h_forced_;
+  // Per step with forced routing: each MoE layer's distinct-expert bound (by layer) and its
+  // scratch (routed_experts_bound).
+  std::vector<std::int64_t> expert_bound_;
+  std::vector<unsigned char> route_seen_;
   std::int64_t table_capacity_ = 0;  // ints of the step's block-table region
   std::int64_t widen_floats_ = 0;    // the widening workspace's capacity (0: none)
   std::vector<std::int32_t> before_;
@@ -690,12 +694,28 @@ Status CudaModelRunner::forward(const StepBatch& b, float* logits) {
   }
   FERRY_CHECK(b.positions.size() == b.ids.size() && b.seq_of.size() == b.ids.size(),
               "serve: step batch fields disagree");
-  // Paged decode steps whose rows fit every MoE layer's free slots resolve slots on the device
+  // A forcing hook's routes first: they bound each MoE layer's distinct experts.
+  const bool forced = hook_ != nullptr && hook_->forces_ahead() && moe_layers_ > 0;
+  auto* h_forced = reinterpret_cast<std::int32_t*>(h_forced_.data());
+  if (forced) FERRY_TRY(fill_forced_routing(*hook_, b, geo_, h_forced));
+  // Paged decode steps whose experts fit every MoE layer's free slots resolve slots on the device
   // (no host wait inside: graph-eligible); this uploads stale layer state first (compute stream).
   const std::int64_t S = static_cast<std::int64_t>(b.tables.size());
   bool device_resolve = false;
   if (moe_layers_ > 0 && T == S && !b.logit_rows.empty()) {
-    FERRY_ASSIGN_OR_RETURN(device_resolve, experts_.begin_device_step(T));
+    std::span<const std::int64_t> bounds;
+    if (forced) {
+      expert_bound_.assign(std::size_t(geo_.layers), 0);
+      route_seen_.assign(std::size_t(geo_.experts), 0);
+      for (int l = 0; l < geo_.layers; ++l) {
+        if (!geo_.layer_is_moe[std::size_t(l)]) continue;
+        expert_bound_[std::size_t(l)] = routed_experts_bound(
+            h_forced + std::int64_t(moe_index_[std::size_t(l)]) * T * geo_.top_k, T, geo_.top_k,
+            route_seen_);
+      }
+      bounds = expert_bound_;
+    }
+    FERRY_ASSIGN_OR_RETURN(device_resolve, experts_.begin_device_step(T, bounds));
   }
   const bool graph = graph_eligible(b, device_resolve);
   // Step inputs: [ids T | positions T | seq_of T | tables S x stride], one copy up. A graph's
@@ -723,15 +743,6 @@ Status CudaModelRunner::forward(const StepBatch& b, float* logits) {
         b.positions[std::size_t(t)] >= 0 &&
             b.positions[std::size_t(t)] < std::int64_t(table.blocks.size()) * kv_.block_tokens(),
         "serve: position {} is not covered by its block table", b.positions[std::size_t(t)]);
-  }
-  const bool forced = hook_ != nullptr && hook_->forces_ahead() && moe_layers_ > 0;
-  if (forced) {
-    const Status filled =
-        fill_forced_routing(*hook_, b, geo_, reinterpret_cast<std::int32_t*>(h_forced_.data()));
-    if (!filled.ok()) {
-      if (device_resolve) experts_.cancel_device_step();
-      return filled;
-    }
   }
   Status ran = graph ? run_graph(b, stride, forced, device_resolve)
                      : enqueue_step(b, stride, forced, device_resolve);

@@ -19,6 +19,7 @@
 #include "serve/builtin_model.h"
 #include "serve/engine.h"
 #include "serve/expert_pager.h"
+#include "serve/model_runner.h"
 #include "serve/sampler.h"
 #include "serve/slot_resolve.h"
 #include "serve_test_util.h"
@@ -401,6 +402,61 @@ TEST(SlotResolveEngineConfig, EveryPolicyWithoutMissPlacementResolvesOnTheDevice
   auto lru = Engine::create(m->geometry, m->params, cfg);
   ASSERT_TRUE(lru.ok());
   EXPECT_TRUE((*lru)->experts().device_resolves());
+}
+
+// Two identical one-token requests run in lockstep: every step routes 2K rows per layer to the
+// same K experts. At cap K no step's rows fit the slots but its experts do, and the resolver
+// places experts, not rows: the twin resolves those steps (before, fits() counted rows and none
+// did), with resident's ids and logits bits and the host path's pager counters.
+TEST(SlotResolveEngineConfig, RowsAboveTheCapResolveWhenTheirDistinctExpertsFit) {
+  const testing::Fixture f = testing::load_fixture("qwen3_moe");
+  ASSERT_TRUE(f.model);
+  const model::DecoderGeometry& geo = f.model->geometry;
+  std::vector<GenerationRequest> reqs(2);
+  for (GenerationRequest& r : reqs) {
+    r.prompt = {7 % geo.vocab};
+    r.max_new_tokens = 5;
+  }
+  auto run = [&](ExpertMode mode, bool device_resolve) -> Result<EngineRun> {
+    EngineConfig cfg;
+    cfg.pager.mode = mode;
+    cfg.pager.slots_per_layer = mode == ExpertMode::kPaged ? geo.top_k : 0;
+    cfg.pager.device_resolve = device_resolve;
+    cfg.max_batch_tokens = 8;
+    cfg.max_running = 2;
+    cfg.kv = {.block_tokens = 4, .budget_bytes = 1 << 20};
+    FERRY_ASSIGN_OR_RETURN(auto eng, Engine::create(geo, f.model->params, cfg));
+    EngineRun r;
+    FERRY_ASSIGN_OR_RETURN(r.rec, testing::run_engine(*eng, reqs));
+    if (const ExpertPager* p = eng->experts().pager()) r.pager = p->counters();
+    r.device_resolved = eng->experts().counters().device_resolved;
+    return r;
+  };
+  auto ref = run(ExpertMode::kResident, false);
+  auto host = run(ExpertMode::kPaged, false);
+  auto twin = run(ExpertMode::kPaged, true);
+  ASSERT_TRUE(ref.ok() && host.ok() && twin.ok());
+  int moe = 0;
+  for (bool b : geo.layer_is_moe) moe += b;
+  // Every step (the two prompts' prefill and 4 decode steps) in every MoE layer.
+  EXPECT_EQ(twin->device_resolved, std::uint64_t(5 * moe));
+  EXPECT_EQ(host->device_resolved, 0u);
+  EXPECT_TRUE(twin->rec == ref->rec);
+  EXPECT_TRUE(twin->rec == host->rec);
+  EXPECT_EQ(twin->pager.misses, host->pager.misses);
+  EXPECT_EQ(twin->pager.evictions, host->pager.evictions);
+  EXPECT_EQ(twin->pager.acquires, host->pager.acquires);
+}
+
+// routed_experts_bound: a forcing hook's rows bound a layer's distinct experts (the CUDA runner's
+// begin_device_step input): repeated experts count once, a router-chosen row (-1) K times, and
+// the scratch is left zeroed.
+TEST(SlotResolveEngineConfig, ForcedRowsBoundTheDistinctExperts) {
+  std::vector<unsigned char> seen(8, 0);
+  const std::vector<std::int32_t> forced = {1, 2, 2, 1, -1, -1, 5, 1};  // T 4, K 2
+  EXPECT_EQ(routed_experts_bound(forced.data(), 4, 2, seen), 3 + 2);
+  EXPECT_EQ(routed_experts_bound(forced.data(), 2, 2, seen), 2);
+  EXPECT_EQ(seen, std::vector<unsigned char>(8, 0));
 }
 
 // The replay's check can fail: a pager changed behind the executor's back (resized directly, so
