@@ -93,13 +93,27 @@ TEST_F(ServeDeviceResolveKernels, ResolveEqualsTheCpuTwinOnRandomSequences) {
           std::vector<std::int32_t> recent;
           for (int call = 0; call < 60; ++call) {
             const int limit = cap - hot;
-            const int T = 1 + int(rng.next() % std::uint64_t(std::max(1, limit / K)));
+            // Every third call has more rows than free slots, naming at most `limit` experts (a
+            // pool of that many): SlotResolver::fits admits such calls since it counts distinct
+            // experts (4 decoding requests x top-8 rows against a smaller cap).
+            const bool wide = call % 3 == 2;
+            std::vector<std::int32_t> pool;
+            while (wide && int(pool.size()) < limit) {
+              const std::int32_t e = std::int32_t(rng.next() % std::uint64_t(E));
+              if (std::find(pool.begin(), pool.end(), e) == pool.end()) pool.push_back(e);
+            }
+            const int T = wide ? 1 + int(rng.next() % std::uint64_t(E / K))
+                               : 1 + int(rng.next() % std::uint64_t(std::max(1, limit / K)));
             std::vector<std::int32_t> ids;
             for (int t = 0; t < T; ++t) {
               std::vector<std::int32_t> row;
               while (int(row.size()) < K) {
                 std::int32_t e = std::int32_t(rng.next() % std::uint64_t(E));
-                if (!recent.empty() && rng.next() % 2 == 0) e = recent[rng.next() % recent.size()];
+                if (wide) {
+                  e = pool[rng.next() % pool.size()];
+                } else if (!recent.empty() && rng.next() % 2 == 0) {
+                  e = recent[rng.next() % recent.size()];
+                }
                 if (std::find(row.begin(), row.end(), e) == row.end()) row.push_back(e);
               }
               ids.insert(ids.end(), row.begin(), row.end());
