@@ -21,47 +21,19 @@
 #include "mem/stream_set.h"
 #include "mem/transfer_engine.h"
 #include "mem/virtual_region.h"
+#include "tests/gpu/mem_gpu_fixture.h"
 
 namespace ferry::mem {
 namespace {
 
-class MemVirtualRegionGpu : public ::testing::Test {
+class MemVirtualRegionGpu : public testing::MemGpuFixture {
  protected:
-  void SetUp() override {
-    const CudaInfo info = query_cuda_info();
-    if (!info.compiled || info.devices.empty()) GTEST_SKIP() << "no CUDA device";
-    auto ss = StreamSet::create(Device::kCuda, 0);
-    ASSERT_TRUE(ss.ok()) << ss.status().to_string();
-    ss_ = std::make_unique<StreamSet>(std::move(ss).value());
-    auto te = cuda_transfer_engine(0);
-    ASSERT_TRUE(te.ok()) << te.status().to_string();
-    te_ = std::move(te).value();
-  }
-
-  std::uint64_t mismatches(const std::byte* d, std::size_t bytes, std::uint32_t seed) {
-    MemoryBudget dev(MemTier::kDevice), pin(MemTier::kPinnedHost);
-    auto d_count = Buffer::allocate(MemTier::kDevice, sizeof(std::uint64_t), dev);
-    auto h_count = Buffer::allocate(MemTier::kPinnedHost, sizeof(std::uint64_t), pin);
-    FERRY_CHECK_OK(d_count.status());
-    FERRY_CHECK_OK(h_count.status());
-    auto* dc = reinterpret_cast<std::uint64_t*>(d_count->data());
-    FERRY_CHECK_OK(count_pattern_mismatches(d, bytes, seed, dc, ss_->compute()));
-    FERRY_CHECK_OK(te_->d2h(h_count->data(), dc, sizeof(std::uint64_t), ss_->compute()));
-    FERRY_CHECK_OK(ss_->compute().synchronize());
-    std::uint64_t n = 0;
-    std::memcpy(&n, h_count->data(), sizeof n);
-    return n;
-  }
-
   static std::size_t device_free() {
     std::size_t free_b = 0, total_b = 0;
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     EXPECT_EQ(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
     return free_b;
   }
-
-  std::unique_ptr<StreamSet> ss_;
-  std::unique_ptr<TransferEngine> te_;
 };
 
 TEST_F(MemVirtualRegionGpu, CommitWriteReadDecommitAndMemoryReallyMoves) {
@@ -86,7 +58,7 @@ TEST_F(MemVirtualRegionGpu, CommitWriteReadDecommitAndMemoryReallyMoves) {
   EXPECT_GE(free0 - free1 + slack, kN * G) << "committing took less memory than it backs";
   EXPECT_LE(free0 - free1, kN * G + slack);
   ASSERT_TRUE(fill_pattern(base, kN * G, 7, ss_->compute()).ok());
-  EXPECT_EQ(mismatches(base, kN * G, 7), 0u);
+  EXPECT_EQ(device_mismatches(base, kN * G, 7), 0u);
   // The upper half goes back: memory is really returned, the lower half keeps its bytes.
   ASSERT_TRUE(r->decommit(kN / 2 * G, kN / 2 * G).ok());
   EXPECT_EQ(vram.bytes_used(), kN / 2 * G);
@@ -97,10 +69,10 @@ TEST_F(MemVirtualRegionGpu, CommitWriteReadDecommitAndMemoryReallyMoves) {
     ASSERT_TRUE(r->decommit(kN / 4 * G, kN / 4 * G).ok());
     ASSERT_TRUE(r->commit(kN / 4 * G, kN / 4 * G).ok());
   }
-  EXPECT_EQ(mismatches(base, kN / 4 * G, 7), 0u);
+  EXPECT_EQ(device_mismatches(base, kN / 4 * G, 7), 0u);
   // Re-committed granules are writable (their contents are undefined until written).
   ASSERT_TRUE(fill_pattern(base + kN / 4 * G, kN / 4 * G, 9, ss_->compute()).ok());
-  EXPECT_EQ(mismatches(base + kN / 4 * G, kN / 4 * G, 9), 0u);
+  EXPECT_EQ(device_mismatches(base + kN / 4 * G, kN / 4 * G, 9), 0u);
   ASSERT_TRUE(r->commit(kN / 2 * G, G + 1).ok());  // rounds out: two granules
   EXPECT_EQ(vram.bytes_used(), (kN / 2 + 2) * G);
   EXPECT_EQ(r->data(), base);
@@ -125,7 +97,7 @@ TEST_F(MemVirtualRegionGpu, OverBudgetCommitIsRefusedAndChangesNothing) {
   EXPECT_NE(st.message().find("kv gpu test"), std::string::npos) << st.to_string();
   EXPECT_EQ(vram.bytes_used(), 2 * G);
   EXPECT_FALSE(r->is_committed(2 * G, 1));
-  EXPECT_EQ(mismatches(r->data(), 2 * G, 3), 0u);
+  EXPECT_EQ(device_mismatches(r->data(), 2 * G, 3), 0u);
   EXPECT_EQ(r->commit(8 * G, 1).code(), StatusCode::kInvalidArgument);
 }
 

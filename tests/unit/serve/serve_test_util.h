@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -170,6 +171,23 @@ inline std::unique_ptr<RoundedDense> round_dense_to_bf16(const model::ModelParam
 }
 
 // Submits all requests at once and steps until idle.
+// Submits every request, then steps until idle, calling `at_step(step)` (if set) before each
+// step (resizes between steps); the requests' ids in order.
+inline Result<std::vector<RequestId>> submit_and_step(
+    Engine& eng, const std::vector<GenerationRequest>& reqs,
+    const std::function<void(int)>& at_step = {}) {
+  std::vector<RequestId> ids;
+  for (const auto& q : reqs) {
+    FERRY_ASSIGN_OR_RETURN(RequestId id, eng.submit(q));
+    ids.push_back(id);
+  }
+  for (int step = 0; !eng.idle(); ++step) {
+    if (at_step) at_step(step);
+    FERRY_TRY(eng.step().status());
+  }
+  return ids;
+}
+
 inline Result<RunRecord> run_engine(Engine& eng, const std::vector<GenerationRequest>& reqs) {
   RunRecord rec;
   eng.set_logits_observer([&rec](RequestId id, int, std::span<const float> row) {

@@ -58,15 +58,8 @@ Result<Run> run(Engine& eng, const std::vector<GenerationRequest>& reqs,
   eng.set_logits_observer([&r](RequestId id, int, std::span<const float> row) {
     r.rec.logits[id].emplace_back(row.begin(), row.end());
   });
-  std::vector<RequestId> ids;
-  for (const auto& q : reqs) {
-    FERRY_ASSIGN_OR_RETURN(RequestId id, eng.submit(q));
-    ids.push_back(id);
-  }
-  for (int step = 0; !eng.idle(); ++step) {
-    if (at_step) at_step(step);
-    FERRY_TRY(eng.step().status());
-  }
+  FERRY_ASSIGN_OR_RETURN(const std::vector<RequestId> ids,
+                         testing::submit_and_step(eng, reqs, at_step));
   for (RequestId id : ids) {
     FERRY_ASSIGN_OR_RETURN(RequestOutput out, eng.take_output(id));
     r.rec.tokens[id] = out.tokens;

@@ -51,15 +51,8 @@ EngineConfig resizable_config(std::size_t budget, std::size_t kv_bytes, std::siz
 Result<std::map<RequestId, std::vector<std::int32_t>>> run(
     Engine& eng, const std::vector<GenerationRequest>& reqs,
     const std::function<void(int)>& at_step = {}) {
-  std::vector<RequestId> ids;
-  for (const auto& q : reqs) {
-    FERRY_ASSIGN_OR_RETURN(RequestId id, eng.submit(q));
-    ids.push_back(id);
-  }
-  for (int step = 0; !eng.idle(); ++step) {
-    if (at_step) at_step(step);
-    FERRY_TRY(eng.step().status());
-  }
+  FERRY_ASSIGN_OR_RETURN(const std::vector<RequestId> ids,
+                         testing::submit_and_step(eng, reqs, at_step));
   std::map<RequestId, std::vector<std::int32_t>> tokens;
   for (RequestId id : ids) {
     FERRY_ASSIGN_OR_RETURN(RequestOutput out, eng.take_output(id));
