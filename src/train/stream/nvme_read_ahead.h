@@ -19,7 +19,8 @@
 //              ra.release(m);          // read m + k may start once free[m % k] completes
 //
 // begin() waits for a previous sequence's read in progress, and drops what it had not started
-// (an aborted micro-batch); the destructor does the same. The NvmeStore is used by this thread
+// (an aborted micro-batch); begin({}) only that (before the buffers are used for anything else);
+// the destructor does the same. The NvmeStore is used by this thread
 // only between begin() and the last take(): the executor's stores (the forward) use the buffer
 // on the compute thread, before begin() and after every read was taken.
 // Threading: begin / take / release from one thread (the executor's compute thread).

@@ -860,6 +860,10 @@ Result<model::ForwardResult> StreamExecutor::micro_batch(const model::PackedBatc
     head_pending_ = true;
   }
   streamer_->start_micro_batch();
+  // The forward's NVMe stores write the staging record: no read of an earlier micro-batch that
+  // failed before taking all its reads may still be landing in it (an empty sequence waits for a
+  // read in progress and starts none).
+  if (read_ahead_) read_ahead_->begin({});
   FERRY_ASSIGN_OR_RETURN(const model::PackedBatch b, device_batch(host_batch));
   fetches_issued_ = fetches_taken_ = nvme_fetches_taken_ = 0;
   const bool any_offloaded = !fetch_order_.empty();
