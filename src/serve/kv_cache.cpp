@@ -23,9 +23,12 @@ KvCache::KvCache(const model::DecoderGeometry& geo, const KvConfig& kv, mem::Mem
       budget_(tier, kv.budget_bytes),
       prefix_cache_(kv.prefix_cache) {}
 
-std::size_t KvCache::block_bytes() const {
-  return std::size_t(layers_) * 2 * std::size_t(block_tokens_) * row_bytes();
+std::size_t kv_block_bytes(const model::DecoderGeometry& geo, int block_tokens, DType dtype) {
+  return std::size_t(geo.layers) * 2 * std::size_t(block_tokens) * std::size_t(geo.kv_heads) *
+         std::size_t(geo.head_dim) * dtype_size(dtype);
 }
+
+std::size_t KvCache::block_bytes() const { return std::size_t(layers_) * block_span_bytes(); }
 
 Result<std::unique_ptr<KvCache>> KvCache::create(const model::DecoderGeometry& geo,
                                                  const KvConfig& kv, mem::MemoryBudget* shared,
@@ -54,8 +57,7 @@ Result<std::unique_ptr<KvCache>> KvCache::create(const model::DecoderGeometry& g
     FERRY_TRY(c->budget_.set_limit(
         std::max(kv.budget_bytes, std::size_t(c->capacity_blocks_) * per_block + 4096)));
   }
-  const std::size_t block_row_bytes = 2 * std::size_t(kv.block_tokens) * c->row_bytes_;
-  c->layer_stride_bytes_ = std::size_t(c->capacity_blocks_) * block_row_bytes;
+  c->layer_stride_bytes_ = std::size_t(c->capacity_blocks_) * c->block_span_bytes();
   if (resizable) {
     // The shared budget is charged the live blocks; the pool's own budget the committed granules.
     FERRY_ASSIGN_OR_RETURN(std::size_t gran,
@@ -108,7 +110,7 @@ std::size_t KvCache::reserved_bytes() const {
 }
 
 Status KvCache::commit_blocks(int blocks) {
-  const std::size_t used = std::size_t(blocks) * 2 * std::size_t(block_tokens_) * row_bytes_;
+  const std::size_t used = std::size_t(blocks) * block_span_bytes();
   for (int l = 0; l < layers_; ++l) {
     FERRY_TRY(region_.commit(std::size_t(l) * layer_stride_bytes_, used));
   }
@@ -116,7 +118,7 @@ Status KvCache::commit_blocks(int blocks) {
 }
 
 Status KvCache::decommit_blocks(int blocks) {
-  const std::size_t used = std::size_t(blocks) * 2 * std::size_t(block_tokens_) * row_bytes_;
+  const std::size_t used = std::size_t(blocks) * block_span_bytes();
   for (int l = 0; l < layers_; ++l) {
     FERRY_TRY(
         region_.decommit(std::size_t(l) * layer_stride_bytes_ + used, layer_stride_bytes_ - used));
@@ -328,7 +330,6 @@ Status KvCache::copy_moved_rows() {
   // one copy per layer: in a layer, block b's K rows, V rows, then block b + 1's are contiguous.
   std::sort(moves_.begin(), moves_.end());
   const bool device = tier() == mem::MemTier::kDevice && !mem::device_tier_is_host_memory();
-  const std::size_t block_row_bytes = 2 * std::size_t(block_tokens_) * row_bytes();
   std::size_t i = 0;
   while (i < moves_.size()) {
     std::size_t n = 1;
@@ -336,11 +337,10 @@ Status KvCache::copy_moved_rows() {
            moves_[i + n].second == moves_[i].second + std::int32_t(n)) {
       ++n;
     }
-    const std::size_t bytes = n * block_row_bytes;
+    const std::size_t bytes = n * block_span_bytes();
     for (int l = 0; l < layers_; ++l) {
       const auto at = [&](std::int64_t blk) {
-        return base_ + std::size_t(l) * layer_stride_bytes_ +
-               std::size_t(blk) * std::size_t(block_row_bytes);
+        return base_ + std::size_t(l) * layer_stride_bytes_ + std::size_t(blk) * block_span_bytes();
       };
       std::byte* dst = at(moves_[i].second);
       const std::byte* src = at(moves_[i].first);

@@ -82,6 +82,10 @@ struct PrefixCacheCounters {
   std::uint64_t registered = 0;    // blocks given an identity in the map
 };
 
+// One block id's bytes across all layers, K and V, for rows of `dtype` (KvCache::block_bytes()
+// of a cache of this geometry; the split planners size blocks with it before any cache exists).
+std::size_t kv_block_bytes(const model::DecoderGeometry& geo, int block_tokens, DType dtype);
+
 class KvCache {
  public:
   // Sizes the pool from kv.budget_bytes: as many whole blocks as fit (at least one, else
@@ -217,6 +221,8 @@ class KvCache {
   int row_elems_ = 0;  // G*D
   DType dtype_ = DType::kF32;
   std::size_t row_bytes_ = 0;  // G*D elements of dtype_
+  // One block's K then V rows in one layer (the step between blocks inside a layer).
+  std::size_t block_span_bytes() const { return 2 * std::size_t(block_tokens_) * row_bytes_; }
   int block_tokens_ = 0;
   int num_blocks_ = 0;
   int capacity_blocks_ = 0;  // blocks a layer's stride holds

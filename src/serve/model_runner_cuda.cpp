@@ -128,7 +128,7 @@ class CudaModelRunner final : public ModelRunner {
   mem::MemoryBudget host_budget_{mem::MemTier::kPinnedHost};
   mem::Buffer h_step_, h_logits_, h_route_, h_forced_;
   // Per step with forced routing: each MoE layer's distinct-expert bound (by layer) and its
-  // scratch (routed_experts_bound).
+  // scratch (routed_experts_bound, which leaves it zeroed); sized at creation.
   std::vector<std::int64_t> expert_bound_;
   std::vector<unsigned char> route_seen_;
   std::int64_t table_capacity_ = 0;  // ints of the step's block-table region
@@ -222,6 +222,8 @@ Status CudaModelRunner::init(mem::MemoryBudget* shared, std::int64_t max_logit_r
     FERRY_ASSIGN_OR_RETURN(h_route_, pinned(f(T * K) * 2 + f(T * E), "routing (host)"));
     FERRY_ASSIGN_OR_RETURN(h_forced_,
                            pinned(f(std::int64_t(moe_layers_) * T * K), "forced routing (host)"));
+    expert_bound_.assign(std::size_t(geo_.layers), 0);
+    route_seen_.assign(std::size_t(E), 0);
     auto* id = reinterpret_cast<std::int32_t*>(h_route_.data());
     for (std::int64_t i = 0; i < T * K; ++i) id[i] = static_cast<std::int32_t>(i);
     FERRY_TRY(te_.h2d(arena_.data(s_.identity), id, std::size_t(T * K) * 4, st_));
@@ -705,8 +707,6 @@ Status CudaModelRunner::forward(const StepBatch& b, float* logits) {
   if (moe_layers_ > 0 && T == S && !b.logit_rows.empty()) {
     std::span<const std::int64_t> bounds;
     if (forced) {
-      expert_bound_.assign(std::size_t(geo_.layers), 0);
-      route_seen_.assign(std::size_t(geo_.experts), 0);
       for (int l = 0; l < geo_.layers; ++l) {
         if (!geo_.layer_is_moe[std::size_t(l)]) continue;
         expert_bound_[std::size_t(l)] = routed_experts_bound(

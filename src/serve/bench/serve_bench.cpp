@@ -308,10 +308,7 @@ Result<ServeBenchReport> run_serve_bench(const model::DecoderGeometry& geo,
   // The KV pool holds exactly the request: prompt + decode + 1 positions, in whole blocks.
   const std::int64_t positions = std::int64_t(cfg.prompt.size()) + cfg.decode_tokens + 1;
   const std::int64_t blocks = (positions + cfg.kv_block_tokens - 1) / cfg.kv_block_tokens;
-  const std::size_t block_bytes = std::size_t(geo.layers) * 2 * std::size_t(cfg.kv_block_tokens) *
-                                  std::size_t(geo.kv_heads) * std::size_t(geo.head_dim) *
-                                  dtype_size(cfg.kv_dtype);
-  r.kv_bytes = std::size_t(blocks) * block_bytes;
+  r.kv_bytes = std::size_t(blocks) * kv_block_bytes(geo, cfg.kv_block_tokens, cfg.kv_dtype);
   const std::size_t per_slot_row = r.expert_bytes * std::size_t(r.moe_layers);
   // Bytes of the device budget that are not expert slots: the CPU engine's plan charges dense
   // weights (read in place) and KV; the CUDA engine holds dense weights, KV, pointer tables and

@@ -41,9 +41,7 @@ Status configure_auto_split(const model::DecoderGeometry& geo, std::size_t budge
   // kv_cache.h: rows in KvConfig::dtype).
   const std::size_t eb = 3 * std::size_t(geo.hidden) * std::size_t(geo.expert_width) *
                          dtype_size(ec.pager.expert_dtype);
-  const std::size_t kb = std::size_t(geo.layers) * 2 * std::size_t(ec.kv.block_tokens) *
-                         std::size_t(geo.kv_heads) * std::size_t(geo.head_dim) *
-                         dtype_size(ec.kv.dtype);
+  const std::size_t kb = kv_block_bytes(geo, ec.kv.block_tokens, ec.kv.dtype);
   FERRY_ASSIGN_OR_RETURN(InitialSplit init,
                          initial_split(geo, eb, kb, budget_bytes, kv_floor_blocks));
   ec.pager.mode = ExpertMode::kPaged;
