@@ -80,18 +80,6 @@ class ReadAheadFixture {
     return out;
   }
 
-  // Staging buffer k set to / still all `byte`.
-  void mark(int k, int byte) {
-    std::memset(staging_[std::size_t(k)].data(), byte, store_->record_stride());
-  }
-  bool marked(int k, int byte) const {
-    const std::byte* p = staging_[std::size_t(k)].data();
-    for (std::size_t i = 0; i < store_->record_stride(); ++i) {
-      if (std::to_integer<int>(p[i]) != byte) return false;
-    }
-    return true;
-  }
-
   NvmeReadAhead& ra() { return *ra_; }
   void destroy() { ra_.reset(); }
   mem::RecordId unwritten() const { return unwritten_; }
@@ -150,19 +138,6 @@ TEST(NvmeReadAhead, BeginDropsAnUnfinishedSequence) {
     EXPECT_TRUE(f.holds(landed->data, m));
     f.ra().release(m);
   }
-}
-
-// begin({}) (the stream executor's, before a forward writes the staging record): once it returns
-// no read is landing in any buffer and none starts, even with reads of an earlier sequence left.
-TEST(NvmeReadAhead, AnEmptySequenceLeavesTheBuffersAlone) {
-  ReadAheadFixture f(2);
-  f.ra().begin(f.order({2, 3, 4}));
-  f.ra().begin({});
-  f.mark(0, 0xee);
-  f.mark(1, 0xee);
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_TRUE(f.marked(0, 0xee));
-  EXPECT_TRUE(f.marked(1, 0xee));
 }
 
 // A read the store refuses (a record never written) is that take's status, not an abort; the
