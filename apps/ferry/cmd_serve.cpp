@@ -316,6 +316,7 @@ int run_serve(const ServeCliConfig& c) {
                                                  .max_context_tokens = wsa_ctx,
                                                  .decide_every_steps = c.wsa_decide_steps,
                                                  .link_bytes_per_s = c.link_gbps * 1e9,
+                                                 .decode_on_device = c.device == "cuda",
                                                  .controller = {.price_by_caps = live_by_caps}});
     if (!ls.ok()) return fail(ls.status());
     live = std::move(*ls);

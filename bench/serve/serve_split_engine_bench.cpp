@@ -44,7 +44,7 @@
 //     [--scaled] [--model-step-ms 1.6 --model-miss-ms 0.197]
 //     [--save-profile FILE] [--configurator-profile FILE] [--deadline-unix S] [--dense-dtype f32]
 //     [--prune-slower off] [--prior-json FILE] [--host-routing] [--configurator-price-by-caps on]
-//     [--live-price-by-caps off] [--kv-dtype f32|bf16]
+//     [--live-price-by-caps off] [--kv-dtype f32|bf16] [--decode-floor auto|on|off]
 // --scaled (CPU, 2 layers): the 2-layer CUDA run's split problem at 1/32 of the widths (same E,
 // top-k, routing, slots, blocks, floor and modelled miss cost; see main()), so LiveSplit decides
 // as it would on the GPU; its wall time is CPU compute, not a GPU's. --model-step-ms /
@@ -60,6 +60,10 @@
 // curves (--configurator-profile of an older file) gets allocate() either way.
 // --live-price-by-caps on: the live controller decides with that price too
 // (ControllerConfig::price_by_caps; its decision time is in the JSON, live_decide_s).
+// --decode-floor on (auto: on with --device cuda): the profile run's and the live policy's
+// LiveSplit keep every layer's cap >= concurrency x top-k + hot (LiveSplitConfig::
+// decode_on_device), so decode steps stay on the device resolver and in CUDA graphs; the
+// configurator gets that floor through the profile (min_slots). The fixed splits are not raised.
 // --policies also takes cap-N (a --caps run at that place in the order, e.g. the oracle's
 // nearest caps before a named split that may be cut by --deadline-unix).
 // --policy-s caps the wall time of policies named as in --policies ("caps": each --caps run;
@@ -193,7 +197,10 @@ struct Setup {
   double min_hysteresis = 0.01, uniform_tie = 0.01;  // --live-min-hysteresis, --live-uniform-tie
   bool band_of_avoidable = true;                     // --live-band-of avoidable|total
   bool live_price_by_caps = false;                   // --live-price-by-caps on|off
-  double model_step_s = 0, model_miss_s = 0;         // --model-step-ms, --model-miss-ms
+  // --decode-floor on|off (default: on with --device cuda): LiveSplitConfig::decode_on_device,
+  // for the profile run (so the configurator's problem too) and the live policy.
+  bool decode_floor = false;
+  double model_step_s = 0, model_miss_s = 0;  // --model-step-ms, --model-miss-ms
   // The step model that scores the runs (nothing per token), which LiveSplit then prices by.
   bool priced_by_model() const { return model_step_s > 0 || model_miss_s > 0; }
   StepModel step_model() const { return {.step_s = model_step_s, .miss_s = model_miss_s}; }
@@ -275,6 +282,7 @@ PolicyResult run_policy(const Setup& su, const std::string& key, const std::stri
                                       .uniform_tie = su.uniform_tie,
                                       .of_avoidable = su.band_of_avoidable,
                                       .price_by_caps = su.live_price_by_caps}};
+    lc.decode_on_device = su.decode_floor;
     // With a step model the runs are scored by it, so LiveSplit prices by it too: its profile
     // (the configurator's input) and the live controller's problems. Without one: the link and
     // LiveSplitConfig's default prefill_token_s, as before.
@@ -582,6 +590,7 @@ int main(int argc, char** argv) {
   double decide_per_expert = 2, min_hysteresis = 0.01, uniform_tie = 0.01;
   bool band_of_avoidable = true;
   bool live_price_by_caps = false;
+  std::string decode_floor_arg = "auto";
   std::string policy_s_arg;
   std::uint64_t seed = 1;
   bool prefix_cache = true, tiny = false, scaled = false, host_routing = false;
@@ -661,6 +670,8 @@ int main(int argc, char** argv) {
       band_of_avoidable = std::strcmp(v, "total") != 0;
     else if (a == "--live-price-by-caps")
       live_price_by_caps = std::strcmp(v, "off") != 0;
+    else if (a == "--decode-floor")
+      decode_floor_arg = v;
     else if (a == "--live-uniform-tie")
       uniform_tie = std::atof(v);
     else if (a == "--live-decide-per-expert")
@@ -818,6 +829,7 @@ int main(int argc, char** argv) {
            .uniform_tie = uniform_tie,
            .band_of_avoidable = band_of_avoidable,
            .live_price_by_caps = live_price_by_caps,
+           .decode_floor = decode_floor_arg == "auto" ? cuda : decode_floor_arg != "off",
            .model_step_s = model_step_ms * 1e-3,
            .model_miss_s = model_miss_ms * 1e-3,
            .dense_dtype = dense_dtype,
@@ -920,6 +932,7 @@ int main(int argc, char** argv) {
                 {"live_split_prices", su.priced_by_model() ? "step model" : "link"},
                 {"configurator_price_by_caps", price_by_caps},
                 {"live_price_by_caps", live_price_by_caps},
+                {"decode_floor", su.decode_floor},
                 {"model_step_ms", model_step_ms},
                 {"model_miss_ms", model_miss_ms},
                 {"kv_dtype", std::string(to_string(kv_dtype))}};

@@ -63,6 +63,11 @@ LiveSplitConfig priced_by(LiveSplitConfig cfg, const StepModel& m, std::size_t e
   return cfg;
 }
 
+int decode_floor_slots(int experts, int top_k, int max_running, int hot) {
+  return static_cast<int>(std::min<std::int64_t>(
+      experts, std::int64_t(std::max(max_running, 1)) * top_k + std::max(hot, 0)));
+}
+
 Result<std::unique_ptr<LiveSplit>> LiveSplit::attach(Engine& eng, const LiveSplitConfig& cfg) {
   ExpertPager* pager = eng.experts().pager();
   if (pager == nullptr) return invalid_argument("wsa: --split auto needs the paged expert mode");
@@ -111,6 +116,10 @@ Result<std::unique_ptr<LiveSplit>> LiveSplit::attach(Engine& eng, const LiveSpli
   m.expert_bytes = eng.experts().store()->expert_bytes();
   m.kv_block_bytes = kv.block_bytes();
   m.min_slots = geo.top_k + max_hot;
+  if (cfg.decode_on_device) {
+    m.min_slots = std::max(
+        m.min_slots, decode_floor_slots(geo.experts, geo.top_k, eng.config().max_running, max_hot));
+  }
   m.kv_floor_blocks = ctx > 0 ? cfg.concurrency * kv.blocks_for(ctx) : 0;
   m.kv_max_blocks = static_cast<int>(cfg.budget_bytes / m.kv_block_bytes);
   m.link_bytes_per_s = cfg.link_bytes_per_s;

@@ -60,6 +60,16 @@ struct LiveSplitConfig {
   // With the prefix cache: value cached chains that have not come back yet by the prefix
   // curve's reuse prior (prefix_curve.h), so early decisions do not give their blocks away.
   bool reuse_prior = true;
+  // Keep decode steps on the device: every MoE layer's cap at least
+  // decode_floor_slots(E, top_k, max_running, hot) (below), so a decode step of max_running
+  // sequences always fits the device slot resolver (SlotResolver::fits: its distinct experts <=
+  // cap - hot). Without it the split may take a layer below what a full decode step routes, and
+  // those steps leave the device path and the CUDA graph for the host pager -- on the H100 in
+  // session 36 live's caps of 29 (32 routed rows a step) cost 16.19 host syncs per decode step
+  // against the configurator's 1.00, and live lost 8 % to it (docs/serve_wsa.md). On for the CUDA
+  // engine (ferry serve --device cuda, serve_split_engine_bench); the CPU engine's resolver is a
+  // twin with nothing to lose, so it keeps the plain floor (top-k + hot).
+  bool decode_on_device = false;
   ControllerConfig controller;  // its link_bytes_per_s defaults to the one above
 };
 
@@ -151,6 +161,11 @@ class LiveSplit {
   std::optional<Split> forced_;
   LiveSplitStats stats_;
 };
+
+// The smallest per-layer cap at which a decode step of `max_running` sequences always fits the
+// device resolver: min(E, max_running x top_k + hot) (its distinct experts, at most
+// max_running x top_k, fit cap - hot).
+int decode_floor_slots(int experts, int top_k, int max_running, int hot);
 
 // The split a resizable engine starts from: experts get `expert_fraction` of the budget as a
 // uniform cap (at least top-k), the KV pool the rest (at least the floor).

@@ -9,6 +9,7 @@
 //     different batch, as in engine_test's batching check), and no request is lost;
 //   - pager and KV resize units: budget accounting, eviction of only resident experts, block
 //     moves keep the K/V rows.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -382,6 +383,69 @@ TEST(WsaLive, AgenticSessionsUnderAutoSplitMatchAFixedEngine) {
               static_cast<unsigned long long>((*b)->stats().preemptions),
               static_cast<unsigned long long>((*ls)->stats().moves),
               static_cast<unsigned long long>((*ls)->stats().refused), (*b)->kv().num_blocks());
+}
+
+TEST(WsaLive, DecodeFloorKeepsEveryCapAboveWhatADecodeStepRoutes) {
+  // decode_on_device: every cap stays >= max_running x top-k + hot, so a decode step of
+  // max_running sequences fits the device resolver. Here 3 x 2 = 6 of 8 experts; the 50/50
+  // start is below it (2-3 slots per layer), so the first decision must lift it, and no later
+  // decision may go below it. The plain floor (top-k + hot = 2) lets decisions go lower.
+  EXPECT_EQ(wsa::decode_floor_slots(128, 8, 4, 0), 32);
+  EXPECT_EQ(wsa::decode_floor_slots(128, 8, 4, 3), 35);
+  EXPECT_EQ(wsa::decode_floor_slots(8, 2, 5, 0), 8);  // never above E
+  auto m = builtin();
+  ASSERT_TRUE(m);
+  const wsa::AgenticWorkload w(tiny_agentic_spec());
+  EngineConfig roomy = base_config();
+  roomy.pager.slots_per_layer = 8;
+  roomy.kv = {.block_tokens = kBlockTokens, .budget_bytes = 8 << 20};
+  auto a = Engine::create(m->geometry, m->params, roomy);
+  ASSERT_TRUE(a.ok());
+  const auto want = run_agentic(**a, w, m->geometry.vocab);
+
+  const int floor_slots =
+      wsa::decode_floor_slots(m->geometry.experts, m->geometry.top_k, base_config().max_running, 0);
+  ASSERT_EQ(floor_slots, 6);
+  const auto [floor, tight] = tight_split(*m, w);
+  ASSERT_GT(tight, 0u);
+  const std::size_t eb = 3 * 64 * 32 * sizeof(float);
+  const std::size_t budget = tight + 2 * std::size_t(floor_slots - 5) * eb;
+  for (const bool on : {false, true}) {
+    SCOPED_TRACE(on ? "decode floor on" : "decode floor off");
+    EngineConfig cfg = base_config();
+    cfg.kv.block_tokens = kBlockTokens;
+    ASSERT_TRUE(wsa::configure_auto_split(m->geometry, budget, floor, cfg).ok());
+    auto b = Engine::create(m->geometry, m->params, cfg);
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    const int start = (*b)->experts().pager()->capacity(m->geometry.layer_is_moe[0] ? 0 : 1);
+    ASSERT_LT(start, floor_slots);
+    auto ls = wsa::LiveSplit::attach(**b, {.budget_bytes = budget,
+                                           .concurrency = 1,
+                                           .max_context_tokens = w.max_context(),
+                                           .decide_every_steps = 2,
+                                           .link_bytes_per_s = 1e9,
+                                           .decode_on_device = on});
+    ASSERT_TRUE(ls.ok()) << ls.status().to_string();
+    EXPECT_EQ((*ls)->model().min_slots, on ? floor_slots : m->geometry.top_k);
+    int lowest_applied = 1 << 30;
+    const auto got = run_agentic(**b, w, m->geometry.vocab);
+    EXPECT_EQ(got, want);
+    ASSERT_GT((*ls)->stats().moves, 0u);
+    for (const wsa::DecisionRecord& d : (*ls)->stats().log) {
+      if (!d.applied) continue;
+      for (int c : d.target.slots) lowest_applied = std::min(lowest_applied, c);
+    }
+    if (on) {
+      EXPECT_GE(lowest_applied, floor_slots);
+      for (int c : (*ls)->current().slots) EXPECT_GE(c, floor_slots);
+    } else {
+      EXPECT_LT(lowest_applied, floor_slots);  // the floor is what kept them up
+    }
+    EXPECT_LE((*b)->device_budget().bytes_peak(), budget);
+    std::printf("decode floor %s: moves=%llu lowest applied cap=%d final %s\n", on ? "on" : "off",
+                static_cast<unsigned long long>((*ls)->stats().moves), lowest_applied,
+                wsa::to_string((*ls)->current()).c_str());
+  }
 }
 
 }  // namespace
