@@ -113,7 +113,8 @@ struct KvDemandSample {
   int waiting_need = 0;  // blocks the waiting requests need to be admitted (up to max_running)
   int preempted = 0;     // blocks freed by preemptions in the last step (work to redo)
   // Blocks the running requests hold when they finish (prompt + max_new_tokens) plus what the
-  // waiting ones add to their prompts (max_new_tokens): MV-WSA's prefix reuse prior (wsa/).
+  // waiting ones will hold beyond the prefix they find cached now (KvCache::
+  // cached_prefix_blocks): MV-WSA's prefix reuse prior (wsa/).
   int final_blocks = 0;
   int blocks() const { return used + waiting_need + preempted; }
 };

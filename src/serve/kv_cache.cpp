@@ -202,13 +202,9 @@ std::int32_t KvCache::take_block() {
   return b;
 }
 
-int KvCache::match_prefix(BlockTable& table, std::span<const std::int32_t> tokens) {
-  FERRY_CHECK(table.blocks.empty(), "serve: match_prefix into a table holding {} blocks",
-              table.blocks.size());
-  if (!prefix_cache_ || tokens.empty()) return 0;
-  const int most = static_cast<int>((std::int64_t(tokens.size()) - 1) / block_tokens_);
-  ++counters_.lookups;
-  counters_.query_blocks += std::uint64_t(most);
+template <typename OnBlock>
+std::uint64_t KvCache::walk_cached(std::span<const std::int32_t> tokens, int most,
+                                   OnBlock&& on_block) const {
   std::uint64_t h = 0, parent = 0;
   for (int i = 0; i < most; ++i) {
     const std::int32_t* ids = tokens.data() + std::size_t(i) * std::size_t(block_tokens_);
@@ -220,11 +216,32 @@ int KvCache::match_prefix(BlockTable& table, std::span<const std::int32_t> token
     if (parent_stamp_[std::size_t(b)] != parent || !std::equal(ids, ids + block_tokens_, have)) {
       break;  // a hash collision: not the same prefix
     }
-    if (ref_[std::size_t(b)]++ == 0) lru_remove(b);
-    table.blocks.push_back(b);
+    on_block(b);
     h = hi;
     parent = stamp_[std::size_t(b)];
   }
+  return h;
+}
+
+int KvCache::cached_prefix_blocks(std::span<const std::int32_t> tokens) const {
+  if (!prefix_cache_ || tokens.empty()) return 0;
+  int n = 0;
+  walk_cached(tokens, static_cast<int>((std::int64_t(tokens.size()) - 1) / block_tokens_),
+              [&n](std::int32_t) { ++n; });
+  return n;
+}
+
+int KvCache::match_prefix(BlockTable& table, std::span<const std::int32_t> tokens) {
+  FERRY_CHECK(table.blocks.empty(), "serve: match_prefix into a table holding {} blocks",
+              table.blocks.size());
+  if (!prefix_cache_ || tokens.empty()) return 0;
+  const int most = static_cast<int>((std::int64_t(tokens.size()) - 1) / block_tokens_);
+  ++counters_.lookups;
+  counters_.query_blocks += std::uint64_t(most);
+  const std::uint64_t h = walk_cached(tokens, most, [&](std::int32_t b) {
+    if (ref_[std::size_t(b)]++ == 0) lru_remove(b);
+    table.blocks.push_back(b);
+  });
   const int n = static_cast<int>(table.blocks.size());
   if (observer_) {
     // The whole chain the request could have matched (hashes past the first miss too).

@@ -152,6 +152,10 @@ class KvCache {
   // token is always left to compute), taking a reference on each. Returns n (0 without the
   // prefix cache). The caller computes from position n * block_tokens.
   int match_prefix(BlockTable& table, std::span<const std::int32_t> tokens);
+  // The blocks match_prefix would hand a table of `tokens` now, without taking them (no
+  // reference, no counters, no observer call): MV-WSA's view of what a waiting request will find
+  // cached (Engine::kv_demand's final_blocks). 0 without the prefix cache.
+  int cached_prefix_blocks(std::span<const std::int32_t> tokens) const;
   // Prefix cache: gives an identity to every block of `table` whose positions are all below
   // `computed` (their K/V written) and enters it in the map. tokens: the table's token ids (at
   // least `computed` of them). A block whose content is already in the map stays without one
@@ -216,6 +220,11 @@ class KvCache {
   Status commit_blocks(int blocks);
   Status decommit_blocks(int blocks);
   std::uint64_t block_hash(std::uint64_t prev, const std::int32_t* tokens) const;
+  // The longest verified cached prefix of `tokens` (at most `most` blocks), calling
+  // on_block(b) for each matched block in order; returns the chain hash of the last match.
+  template <typename OnBlock>
+  std::uint64_t walk_cached(std::span<const std::int32_t> tokens, int most,
+                            OnBlock&& on_block) const;
 
   int layers_ = 0;
   int row_elems_ = 0;  // G*D

@@ -65,7 +65,15 @@ void PrefixStackDistance::touch(std::uint64_t key) {
 int PrefixStackDistance::lookup(std::span<const std::uint64_t> chain, int pinned, int k_now) {
   int running = 0, hits_now = 0;
   bool cold = false;
-  if (!chain.empty()) (depth(chain.front()) > 0 ? returns_ : new_chains_) += 1;
+  // A return, or a new chain that came while released chains could have come back instead
+  // (with nothing released, a new chain says nothing about reuse: the first admissions of a run).
+  if (!chain.empty()) {
+    if (depth(chain.front()) > 0) {
+      returns_ += 1;
+    } else if (!last_.empty()) {
+      new_chains_ += 1;
+    }
+  }
   for (std::uint64_t key : chain) {
     const int d = depth(key);
     if (d == 0) cold = true;

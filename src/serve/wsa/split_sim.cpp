@@ -206,7 +206,14 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
       for (const Seq& q : waiting) {
         if (slots-- > 0) waiting_need += blocks_for(q.tokens());
         max_need = std::max(max_need, blocks_for(q.prompt + q.output));
-        final_blocks += blocks_for(q.prompt + q.output) - blocks_for(q.prompt);
+        // What it will hold once run, less the prefix it will find cached (those blocks are
+        // the prior's pending already): a new session's prompt counts, a next turn's history
+        // does not.
+        int found = 0;
+        if (pc) {
+          while (found < (q.tokens() - 1) / bt && cached.contains(key(q.session, found))) ++found;
+        }
+        final_blocks += blocks_for(q.prompt + q.output) - found;
       }
       for (const Seq& q : running) {
         max_need = std::max(max_need, blocks_for(q.prompt + q.output));

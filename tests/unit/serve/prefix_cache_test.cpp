@@ -202,6 +202,62 @@ TEST(PrefixCache, MatchIsExactBlockAlignedAndChained) {
   EXPECT_EQ(kv.prefix_counters().hit_blocks, 3u + 2u + 1u);
 }
 
+TEST(PrefixCache, CachedPrefixBlocksPeeksWhatAMatchWouldTakeAndTakesNothing) {
+  Pool pool(16);
+  KvCache& kv = *pool.kv;
+  const auto a = ids(3 * kBt + 5, 1);
+  BlockTable ta = pool.fill(a, 1000);
+  kv.release(ta);
+  auto b = a;
+  b[kBt + 3] ^= 1;  // block 1 differs: only block 0 is found
+  for (const auto& tokens :
+       {a, b, ids(2 * kBt, 7), std::vector<std::int32_t>(a.begin(), a.begin() + 3 * kBt)}) {
+    const PrefixCacheCounters before = kv.prefix_counters();
+    const int cached = kv.cached_blocks(), free = kv.free_blocks();
+    const int peek = kv.cached_prefix_blocks(tokens);
+    // Nothing taken: no reference, no lookup counted.
+    EXPECT_EQ(kv.cached_blocks(), cached);
+    EXPECT_EQ(kv.free_blocks(), free);
+    EXPECT_EQ(kv.prefix_counters().lookups, before.lookups);
+    EXPECT_EQ(kv.prefix_counters().hit_blocks, before.hit_blocks);
+    BlockTable t;
+    EXPECT_EQ(peek, kv.match_prefix(t, tokens));  // what a match then hands over
+    kv.release(t);
+  }
+  EXPECT_EQ(kv.cached_prefix_blocks(a), 3);
+  EXPECT_EQ(kv.cached_prefix_blocks(b), 1);
+  EXPECT_EQ(kv.cached_prefix_blocks({}), 0);
+}
+
+TEST(PrefixCache, KvDemandCountsAWaitingRequestBeyondItsCachedPrefix) {
+  // Engine::kv_demand's final_blocks (MV-WSA's reuse prior): a waiting request adds the blocks
+  // it will hold once run less the prefix it finds cached -- a new prompt counts whole, a prompt
+  // whose history is cached only its uncached tail and new tokens.
+  auto m = builtin();
+  ASSERT_TRUE(m);
+  EngineConfig cfg = config(/*prefix=*/true, /*invariant=*/false);
+  cfg.max_running = 1;
+  auto e = Engine::create(m->geometry, m->params, cfg);
+  ASSERT_TRUE(e.ok());
+  Engine& eng = **e;
+  const auto history = ids(4 * kBt + 3, 1);
+  ASSERT_TRUE(testing::run_engine(eng, {{.prompt = history, .max_new_tokens = 2}}).ok());
+  ASSERT_EQ(eng.kv().cached_blocks(), 4);  // the history's 4 full blocks
+  // One running request keeps both others waiting.
+  const auto running = ids(2 * kBt + 1, 9);
+  const auto fresh = ids(3 * kBt + 2, 5);            // nothing cached
+  const auto again = cat(history, ids(kBt + 4, 6));  // its first 4 blocks cached
+  ASSERT_TRUE(eng.submit({.prompt = running, .max_new_tokens = 3}).ok());
+  ASSERT_TRUE(eng.step().ok());  // admits `running` only (max_running 1)
+  ASSERT_TRUE(eng.submit({.prompt = fresh, .max_new_tokens = 4}).ok());
+  ASSERT_TRUE(eng.submit({.prompt = again, .max_new_tokens = 5}).ok());
+  const KvCache& kv = eng.kv();
+  const int want = kv.blocks_for(std::int64_t(running.size()) + 3) +
+                   kv.blocks_for(std::int64_t(fresh.size()) + 4) +
+                   kv.blocks_for(std::int64_t(again.size()) + 5) - 4;
+  EXPECT_EQ(eng.kv_demand().final_blocks, want);
+}
+
 TEST(PrefixCache, EvictionUnderPressureIsLruTailFirstAndNeverTakesReferencedBlocks) {
   Pool pool(10);
   KvCache& kv = *pool.kv;

@@ -190,20 +190,23 @@ TEST(WsaPrefixPrior, CountsReturnsAndPlacesTheWorkingSetAtItsDepth) {
   EXPECT_DOUBLE_EQ(psd.reuse_probability(), 0.5);
   for (double x : psd.reuse_prior(0)) EXPECT_EQ(x, 0.0);  // nothing held: no working set
   const std::vector<std::uint64_t> a = {1, 2, 3};
-  psd.lookup(a);  // a new chain
-  EXPECT_DOUBLE_EQ(psd.new_chains(), 1.0);
+  psd.lookup(a);  // a new chain, with nothing released that could have come back instead
+  EXPECT_DOUBLE_EQ(psd.new_chains(), 0.0);
   EXPECT_DOUBLE_EQ(psd.returns(), 0.0);
   EXPECT_EQ(psd.pending_blocks(), 0);
   for (int i = 2; i >= 0; --i) psd.touch(a[std::size_t(i)]);  // released, tail first
   EXPECT_EQ(psd.pending_blocks(), 3);
+  const std::vector<std::uint64_t> c = {7, 8};
+  psd.lookup(c);  // a new chain while `a` was released: evidence against reuse
+  EXPECT_DOUBLE_EQ(psd.new_chains(), 1.0);
   // W = 3 pending + 10 held; p = (1 + 0) / (2 + 0 + 1): W * p lookups below depth 13.
   std::vector<double> prior = psd.reuse_prior(10);
   ASSERT_EQ(prior.size(), 101u);
   for (int k = 0; k <= 100; ++k) {
     EXPECT_DOUBLE_EQ(prior[std::size_t(k)], k < 13 ? 13.0 / 3.0 : 0.0) << k;
   }
-  // The real curve is untouched by the prior (it knows one cold lookup only).
-  for (double x : psd.miss_curve()) EXPECT_DOUBLE_EQ(x, 3.0);
+  // The real curve is untouched by the prior (it knows two cold lookups only).
+  for (double x : psd.miss_curve()) EXPECT_DOUBLE_EQ(x, 5.0);
   const std::vector<std::uint64_t> b = {1, 2, 3, 4};
   psd.lookup(b);  // its first block was released: a return
   EXPECT_DOUBLE_EQ(psd.returns(), 1.0);
