@@ -116,11 +116,20 @@ Result<std::unique_ptr<LiveSplit>> LiveSplit::attach(Engine& eng, const LiveSpli
   m.expert_bytes = eng.experts().store()->expert_bytes();
   m.kv_block_bytes = kv.block_bytes();
   m.min_slots = geo.top_k + max_hot;
-  if (cfg.decode_on_device) {
-    m.min_slots = std::max(
-        m.min_slots, decode_floor_slots(geo.experts, geo.top_k, eng.config().max_running, max_hot));
-  }
   m.kv_floor_blocks = ctx > 0 ? cfg.concurrency * kv.blocks_for(ctx) : 0;
+  if (cfg.decode_on_device) {
+    // Never above the largest uniform cap that fits next to the KV floor: a budget too small for
+    // the decode floor keeps the plain one's choices (decode steps then take the host path when
+    // they route more experts than a layer holds) instead of a problem no split solves.
+    const std::size_t floor_bytes = std::size_t(m.kv_floor_blocks) * m.kv_block_bytes;
+    const std::size_t per_cap = ls->sd_.size() * m.expert_bytes;
+    const int fits = floor_bytes < cfg.budget_bytes && per_cap > 0
+                         ? static_cast<int>((cfg.budget_bytes - floor_bytes) / per_cap)
+                         : 0;
+    m.min_slots = std::max(m.min_slots,
+                           std::min(fits, decode_floor_slots(geo.experts, geo.top_k,
+                                                             eng.config().max_running, max_hot)));
+  }
   m.kv_max_blocks = static_cast<int>(cfg.budget_bytes / m.kv_block_bytes);
   m.link_bytes_per_s = cfg.link_bytes_per_s;
   m.kv_block_cost_s = double(kv.block_tokens()) * cfg.prefill_token_s;

@@ -68,7 +68,10 @@ struct LiveSplitConfig {
   // session 36 live's caps of 29 (32 routed rows a step) cost 16.19 host syncs per decode step
   // against the configurator's 1.00, and live lost 8 % to it (docs/serve_wsa.md). On for the CUDA
   // engine (ferry serve --device cuda, serve_split_engine_bench); the CPU engine's resolver is a
-  // twin with nothing to lose, so it keeps the plain floor (top-k + hot).
+  // twin with nothing to lose, so it keeps the plain floor (top-k + hot). Where the budget cannot
+  // give every MoE layer that many slots next to the KV floor, the floor is the largest uniform
+  // cap that fits (never below top-k + hot): the controller still decides, those steps take the
+  // host path.
   bool decode_on_device = false;
   ControllerConfig controller;  // its link_bytes_per_s defaults to the one above
 };

@@ -446,6 +446,29 @@ TEST(WsaLive, DecodeFloorKeepsEveryCapAboveWhatADecodeStepRoutes) {
                 static_cast<unsigned long long>((*ls)->stats().moves), lowest_applied,
                 wsa::to_string((*ls)->current()).c_str());
   }
+  // A budget of 5 slots per layer next to the KV floor cannot give every layer the decode floor
+  // (6): the floor drops to the largest uniform cap that fits, so the controller still has
+  // splits to choose from and moves (a floor no split meets would refuse every decision).
+  EngineConfig cfg = base_config();
+  cfg.kv.block_tokens = kBlockTokens;
+  ASSERT_TRUE(wsa::configure_auto_split(m->geometry, tight, floor, cfg).ok());
+  auto b = Engine::create(m->geometry, m->params, cfg);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  auto ls = wsa::LiveSplit::attach(**b, {.budget_bytes = tight,
+                                         .concurrency = 1,
+                                         .max_context_tokens = w.max_context(),
+                                         .decide_every_steps = 2,
+                                         .link_bytes_per_s = 1e9,
+                                         .decode_on_device = true});
+  ASSERT_TRUE(ls.ok()) << ls.status().to_string();
+  const wsa::CostModel& cm = (*ls)->model();
+  const int fits = static_cast<int>((tight - std::size_t(floor) * cm.kv_block_bytes) / (2 * eb));
+  ASSERT_LT(fits, floor_slots);
+  EXPECT_EQ(cm.min_slots, std::max(m->geometry.top_k, fits));
+  EXPECT_EQ(run_agentic(**b, w, m->geometry.vocab), want);
+  EXPECT_GT((*ls)->stats().moves, 0u);
+  EXPECT_EQ((*ls)->stats().refused, 0u) << (*ls)->stats().last_refusal;
+  for (int c : (*ls)->current().slots) EXPECT_GE(c, cm.min_slots);
 }
 
 }  // namespace
