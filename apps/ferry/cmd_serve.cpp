@@ -17,8 +17,10 @@
 // so on and off print the same split today (docs/serve_wsa.md "ferry serve flags").
 // --split auto: one device budget (--device-budget-mib) divided live between expert slots and KV
 // blocks by MV-WSA (serve/wsa/live_split.h, docs/serve_wsa.md); implies --mode paged. It starts
-// from the 50/50 split (wsa::configure_auto_split; no configurator: nothing is observed yet) and
-// the live controller moves from there; --live-price-by-caps on (default off, as in the benches)
+// from the 50/50 split (wsa::configure_auto_split; no configurator: nothing is observed yet), or
+// with --trace FILE (a routing trace of an earlier run, --record-trace) from the offline
+// configurator's split of that trace for these pools (a warm start), and the live controller
+// moves from there; --live-price-by-caps on (default off, as in the benches)
 // makes the controller judge splits with the cap-dependent block price
 // (ControllerConfig::price_by_caps; it needs the prefix cache's curve).
 // OpenAI-style HTTP (serve/http/http_server.h, docs/serve.md "HTTP server") over the CPU serving
@@ -39,6 +41,7 @@
 #include "apps/ferry/cpu_expert_kernel_flag.h"
 #include "apps/ferry/miss_placement_flags.h"
 #include "apps/ferry/serve_device_flag.h"
+#include "core/dtype.h"
 #include "core/file_util.h"
 #include "core/log.h"
 #include "model/model_binding.h"
@@ -228,8 +231,9 @@ int run_serve(const ServeCliConfig& c) {
   }
   if (c.configurator_flag_given) {
     log::get("serve")->warn(
-        "--configurator-price-by-caps has no effect without --plan-only (--split auto starts "
-        "from 50/50; the live controller's price: --live-price-by-caps)");
+        "--configurator-price-by-caps has no effect without --plan-only (--split auto's "
+        "warm start from --trace plans at one price; the live controller's price: "
+        "--live-price-by-caps)");
   }
 
   serve::EngineConfig ec;
@@ -293,10 +297,37 @@ int run_serve(const ServeCliConfig& c) {
       return fail(invalid_argument(
           "serve: --split auto needs --device-budget-mib (the budget it divides)"));
     }
-    if (Status st = serve::wsa::configure_auto_split(geo, ec.device_budget_bytes, floor_blocks, ec);
-        !st.ok()) {
-      return fail(st);
+    if (c.trace.empty()) {
+      if (Status st =
+              serve::wsa::configure_auto_split(geo, ec.device_budget_bytes, floor_blocks, ec);
+          !st.ok()) {
+        return fail(st);
+      }
+    } else {
+      // A warm start: the offline configurator's split of the recorded trace, planned for this
+      // engine's pools (its budget, expert and K/V element sizes, blocks, floor).
+      auto trace = serve::RoutingTrace::load(c.trace);
+      if (!trace.ok()) return fail(trace.status());
+      auto plan = serve::wsa::plan_from_trace(
+          *trace, geo,
+          {.budget_bytes = ec.device_budget_bytes,
+           .bytes_per_param = static_cast<int>(dtype_size(ec.pager.expert_dtype)),
+           .kv_bytes_per_elt = static_cast<int>(dtype_size(ec.kv.dtype)),
+           .block_tokens = c.kv_block_tokens,
+           .concurrency = c.max_running,
+           .max_context = wsa_ctx,
+           .link_bytes_per_s = c.link_gbps * 1e9});
+      if (!plan.ok()) return fail(plan.status());
+      if (Status st = serve::wsa::configure_auto_split(geo, ec.device_budget_bytes, floor_blocks,
+                                                       plan->chosen.split, ec);
+          !st.ok()) {
+        return fail(st);
+      }
+      log::get("serve")->info("--split auto starts from the plan of {}: {}", c.trace,
+                              serve::wsa::to_string(plan->chosen.split));
     }
+  } else if (!c.trace.empty()) {
+    log::get("serve")->warn("--trace has no effect without --plan-only or --split auto");
   }
   auto backend = serve_backend(c.device);
   if (!backend.ok()) return fail(backend.status());
@@ -456,7 +487,9 @@ void register_serve(CLI::App& app, CommandFn& run) {
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_flag("--plan-only", c->plan_only,
                 "print the MV-WSA split for --trace and --budget-gib, then exit");
-  cmd->add_option("--trace", c->trace, "routing trace file for --plan-only")
+  cmd->add_option("--trace", c->trace,
+                  "routing trace file for --plan-only; with --split auto, the live split starts "
+                  "from that trace's plan (a warm start)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--budget-gib", c->budget_gib, "expert slots + KV budget for --plan-only (GiB)")
       ->check(CLI::Range(0.0, 1e6));

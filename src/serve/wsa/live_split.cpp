@@ -35,15 +35,16 @@ Result<InitialSplit> initial_split(const model::DecoderGeometry& geo, std::size_
   return s;
 }
 
-Status configure_auto_split(const model::DecoderGeometry& geo, std::size_t budget_bytes,
-                            int kv_floor_blocks, EngineConfig& ec) {
-  // The engine's layouts (expert_store.h: experts in PagerConfig::expert_dtype, f32 or bf16;
-  // kv_cache.h: rows in KvConfig::dtype).
-  const std::size_t eb = 3 * std::size_t(geo.hidden) * std::size_t(geo.expert_width) *
-                         dtype_size(ec.pager.expert_dtype);
-  const std::size_t kb = kv_block_bytes(geo, ec.kv.block_tokens, ec.kv.dtype);
-  FERRY_ASSIGN_OR_RETURN(InitialSplit init,
-                         initial_split(geo, eb, kb, budget_bytes, kv_floor_blocks));
+namespace {
+
+// The engine's layouts (expert_store.h: experts in PagerConfig::expert_dtype, f32 or bf16;
+// kv_cache.h: rows in KvConfig::dtype).
+std::size_t engine_expert_bytes(const model::DecoderGeometry& geo, const EngineConfig& ec) {
+  return 3 * std::size_t(geo.hidden) * std::size_t(geo.expert_width) *
+         dtype_size(ec.pager.expert_dtype);
+}
+
+void configure_from(const InitialSplit& init, std::size_t budget_bytes, EngineConfig& ec) {
   ec.pager.mode = ExpertMode::kPaged;
   ec.pager.resizable = true;
   ec.pager.layer_slots = init.caps;
@@ -53,6 +54,58 @@ Status configure_auto_split(const model::DecoderGeometry& geo, std::size_t budge
   ec.kv.max_budget_bytes = budget_bytes;
   ec.kv_preempt = true;
   ec.device_budget_bytes = budget_bytes;
+}
+
+}  // namespace
+
+Status configure_auto_split(const model::DecoderGeometry& geo, std::size_t budget_bytes,
+                            int kv_floor_blocks, EngineConfig& ec) {
+  const std::size_t kb = kv_block_bytes(geo, ec.kv.block_tokens, ec.kv.dtype);
+  FERRY_ASSIGN_OR_RETURN(InitialSplit init, initial_split(geo, engine_expert_bytes(geo, ec), kb,
+                                                          budget_bytes, kv_floor_blocks));
+  configure_from(init, budget_bytes, ec);
+  return ok_status();
+}
+
+Status configure_auto_split(const model::DecoderGeometry& geo, std::size_t budget_bytes,
+                            int kv_floor_blocks, const Split& start, EngineConfig& ec) {
+  const std::size_t eb = engine_expert_bytes(geo, ec);
+  const std::size_t kb = kv_block_bytes(geo, ec.kv.block_tokens, ec.kv.dtype);
+  InitialSplit init;
+  std::size_t expert_total = 0;
+  std::size_t next = 0;
+  for (bool moe : geo.layer_is_moe) {
+    if (!moe) {
+      init.caps.push_back(0);
+      continue;
+    }
+    if (next >= start.slots.size()) break;
+    const int c = start.slots[next++];
+    if (c < geo.top_k || c > geo.experts) {
+      return invalid_argument("wsa: start split: {} slots in MoE layer {} outside [top-k {}, {}]",
+                              c, next - 1, geo.top_k, geo.experts);
+    }
+    init.caps.push_back(c);
+    expert_total += std::size_t(c) * eb;
+  }
+  if (init.caps.size() != geo.layer_is_moe.size() || next != start.slots.size()) {
+    return invalid_argument("wsa: start split has {} slot counts, the model {} MoE layers",
+                            start.slots.size(),
+                            std::count(geo.layer_is_moe.begin(), geo.layer_is_moe.end(), true));
+  }
+  if (start.kv_blocks < std::max(kv_floor_blocks, 1)) {
+    return invalid_argument("wsa: start split has {} kv blocks, below the floor of {}",
+                            start.kv_blocks, std::max(kv_floor_blocks, 1));
+  }
+  init.kv_bytes = std::size_t(start.kv_blocks) * kb;
+  if (expert_total + init.kv_bytes > budget_bytes) {
+    return invalid_argument(
+        "wsa: start split needs {} ({} of expert slots + {} blocks of {}), the budget is {} (a "
+        "plan for another budget, expert dtype or kv dtype?)",
+        mem::format_bytes(expert_total + init.kv_bytes), mem::format_bytes(expert_total),
+        start.kv_blocks, mem::format_bytes(kb), mem::format_bytes(budget_bytes));
+  }
+  configure_from(init, budget_bytes, ec);
   return ok_status();
 }
 

@@ -185,5 +185,14 @@ Result<InitialSplit> initial_split(const model::DecoderGeometry& geo, std::size_
 // `budget_bytes`, starting from the 50/50 split (initial_split).
 Status configure_auto_split(const model::DecoderGeometry& geo, std::size_t budget_bytes,
                             int kv_floor_blocks, EngineConfig& ec);
+// ... starting from `start` instead of 50/50: a warm start, e.g. the offline configurator's split
+// of a recorded routing trace (`ferry serve --split auto --trace FILE`), so the first steps do
+// not run at 50/50 until the controller has seen enough to move (in the simulator, live from the
+// configurator's split is 0.2-1.6 % faster than live from 50/50; docs/serve_wsa.md). start.slots:
+// one cap per MoE layer in layer order, each in [top-k, E]; start.kv_blocks >= kv_floor_blocks;
+// its bytes (the engine's expert and block sizes) within budget_bytes. Otherwise
+// invalid_argument naming what does not fit, and `ec` is unchanged.
+Status configure_auto_split(const model::DecoderGeometry& geo, std::size_t budget_bytes,
+                            int kv_floor_blocks, const Split& start, EngineConfig& ec);
 
 }  // namespace ferry::serve::wsa

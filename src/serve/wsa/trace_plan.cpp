@@ -47,7 +47,8 @@ Result<TracePlan> plan_from_trace(const RoutingTrace& trace, const model::Decode
   m.budget_bytes = spec.budget_bytes;
   m.expert_bytes = 3 * std::size_t(geo.hidden) * std::size_t(geo.expert_width) * pbytes;
   m.kv_block_bytes = std::size_t(geo.layers) * 2 * std::size_t(spec.block_tokens) *
-                     std::size_t(geo.kv_heads) * std::size_t(geo.head_dim) * pbytes;
+                     std::size_t(geo.kv_heads) * std::size_t(geo.head_dim) *
+                     (spec.kv_bytes_per_elt > 0 ? std::size_t(spec.kv_bytes_per_elt) : pbytes);
   m.min_slots = geo.top_k;
   auto blocks = [&](int tokens) { return (tokens + spec.block_tokens - 1) / spec.block_tokens; };
   int longest = 0;

@@ -27,6 +27,7 @@ namespace ferry::serve::wsa {
 struct TracePlanSpec {
   std::size_t budget_bytes = 0;  // expert slots + KV blocks
   int bytes_per_param = 4;       // 4: this engine's f32 slots; 2 for a bf16 GPU engine
+  int kv_bytes_per_elt = 0;      // a K/V element (KvConfig::dtype's size); 0: bytes_per_param
   int block_tokens = 16;
   int concurrency = 4;
   int max_context = 0;  // 0: the longest request in the trace

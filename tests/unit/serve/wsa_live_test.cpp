@@ -471,6 +471,71 @@ TEST(WsaLive, DecodeFloorKeepsEveryCapAboveWhatADecodeStepRoutes) {
   for (int c : (*ls)->current().slots) EXPECT_GE(c, cm.min_slots);
 }
 
+TEST(WsaLive, AWarmStartBeginsAtItsSplitAndServesTheSameTokens) {
+  // configure_auto_split from a given split (ferry serve --split auto --trace FILE): the pools
+  // start at its caps and blocks, and the outputs are a fixed engine's. Splits that do not fit
+  // the engine are refused and leave the config as it was.
+  auto m = builtin();
+  ASSERT_TRUE(m);
+  const wsa::AgenticWorkload w(tiny_agentic_spec());
+  EngineConfig roomy = base_config();
+  roomy.pager.slots_per_layer = 8;
+  roomy.kv = {.block_tokens = kBlockTokens, .budget_bytes = 8 << 20};
+  auto a = Engine::create(m->geometry, m->params, roomy);
+  ASSERT_TRUE(a.ok());
+  const auto want = run_agentic(**a, w, m->geometry.vocab);
+
+  const auto [floor, budget] = tight_split(*m, w);
+  ASSERT_GT(budget, 0u);
+  const wsa::Split start{.slots = {7, 3}, .kv_blocks = floor + 1};
+  EngineConfig cfg = base_config();
+  cfg.kv.block_tokens = kBlockTokens;
+  ASSERT_TRUE(wsa::configure_auto_split(m->geometry, budget, floor, start, cfg).ok());
+  auto b = Engine::create(m->geometry, m->params, cfg);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  std::vector<int> caps;
+  for (int l = 0; l < m->geometry.layers; ++l) {
+    if (m->geometry.layer_is_moe[std::size_t(l)])
+      caps.push_back((*b)->experts().pager()->capacity(l));
+  }
+  EXPECT_EQ(caps, start.slots);
+  EXPECT_EQ((*b)->kv().num_blocks(), start.kv_blocks);
+  auto ls = wsa::LiveSplit::attach(**b, {.budget_bytes = budget,
+                                         .concurrency = 1,
+                                         .max_context_tokens = w.max_context(),
+                                         .decide_every_steps = 2,
+                                         .link_bytes_per_s = 1e9});
+  ASSERT_TRUE(ls.ok()) << ls.status().to_string();
+  EXPECT_EQ((*ls)->current(), start);
+  EXPECT_EQ(run_agentic(**b, w, m->geometry.vocab), want);
+  EXPECT_LE((*b)->device_budget().bytes_peak(), budget);
+
+  const std::size_t eb = 3 * 64 * 32 * sizeof(float);
+  const std::size_t kb = (*b)->kv().block_bytes();
+  const int most_blocks = static_cast<int>((budget - 2 * 5 * eb) / kb);
+  for (const wsa::Split& bad :
+       {wsa::Split{.slots = {5, 5, 5}, .kv_blocks = floor},  // three MoE layers, the model two
+        wsa::Split{.slots = {5}, .kv_blocks = floor},
+        wsa::Split{.slots = {1, 5}, .kv_blocks = floor},               // below top-k
+        wsa::Split{.slots = {5, 9}, .kv_blocks = floor},               // above E
+        wsa::Split{.slots = {5, 5}, .kv_blocks = floor - 1},           // below the floor
+        wsa::Split{.slots = {5, 5}, .kv_blocks = most_blocks + 1}}) {  // over the budget
+    EngineConfig c2 = base_config();
+    c2.kv.block_tokens = kBlockTokens;
+    const EngineConfig before = c2;
+    const Status st = wsa::configure_auto_split(m->geometry, budget, floor, bad, c2);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << wsa::to_string(bad);
+    EXPECT_EQ(c2.pager.layer_slots, before.pager.layer_slots);
+    EXPECT_EQ(c2.kv.max_budget_bytes, before.kv.max_budget_bytes);
+    EXPECT_EQ(c2.device_budget_bytes, before.device_budget_bytes);
+  }
+  EngineConfig fits = base_config();
+  fits.kv.block_tokens = kBlockTokens;
+  EXPECT_TRUE(wsa::configure_auto_split(m->geometry, budget, floor,
+                                        {.slots = {5, 5}, .kv_blocks = most_blocks}, fits)
+                  .ok());
+}
+
 }  // namespace
 }  // namespace ferry::serve
 
