@@ -582,6 +582,67 @@ AgenticRecord run_history(Engine& eng, const wsa::AgenticWorkload& w, int vocab)
   return out;
 }
 
+TEST(WsaLive, ReusePriorKeepsHistoriesOnTheEngine) {
+  // The engine's LiveSplit with and without the prefix reuse prior (LiveSplitConfig::
+  // reuse_prior) on six sessions of three turns, more than max_running (3), with the prefix cache
+  // and a budget that holds every history next to 4 (or 6) slots per layer: without the prior the
+  // early decisions (only first turns seen, no chain back yet) trade cached histories for slots
+  // and later turns recompute them; with it every history stays, as in a budget roomy enough for
+  // 8 slots and every history, where neither has anything to trade.
+  auto m = builtin();
+  ASSERT_TRUE(m);
+  wsa::AgenticSpec spec = tiny_agentic_spec();
+  spec.sessions = 6;
+  const wsa::AgenticWorkload w(spec);
+  int history_blocks = 0;
+  for (int s = 0; s < w.sessions(); ++s) history_blocks += (w.session_tokens(s) + 3) / 4 + 1;
+  auto probe =
+      KvCache::create(m->geometry, {.block_tokens = kBlockTokens, .budget_bytes = 1 << 20});
+  ASSERT_TRUE(probe.ok());
+  const std::size_t kb = (*probe)->block_bytes();
+  const std::size_t eb = 3 * 64 * 32 * sizeof(float);
+  const int floor = (w.max_context() + kBlockTokens - 1) / kBlockTokens;
+  struct Counts {
+    std::uint64_t hits = 0, prefill = 0;
+  };
+  auto run = [&](int slots, bool prior) -> Counts {
+    EngineConfig cfg = base_config();
+    cfg.kv.block_tokens = kBlockTokens;
+    cfg.kv.prefix_cache = true;
+    const std::size_t budget = 2 * std::size_t(slots) * eb + std::size_t(history_blocks) * kb;
+    EXPECT_TRUE(wsa::configure_auto_split(m->geometry, budget, floor, cfg).ok());
+    auto b = Engine::create(m->geometry, m->params, cfg);
+    EXPECT_TRUE(b.ok()) << b.status().to_string();
+    if (!b.ok()) return {};
+    auto ls = wsa::LiveSplit::attach(**b, {.budget_bytes = budget,
+                                           .concurrency = 1,
+                                           .max_context_tokens = w.max_context(),
+                                           .decide_every_steps = 2,
+                                           .link_bytes_per_s = 1e9,
+                                           .reuse_prior = prior});
+    EXPECT_TRUE(ls.ok()) << ls.status().to_string();
+    if (!ls.ok()) return {};
+    run_history(**b, w, m->geometry.vocab);
+    EXPECT_GT((*ls)->stats().moves, 0u);
+    EXPECT_LE((*b)->device_budget().bytes_peak(), budget);
+    return {(*b)->stats().prefix_hit_tokens, (*b)->stats().prefill_tokens};
+  };
+  const Counts all = run(8, false);
+  EXPECT_EQ(run(8, true).hits, all.hits);
+  for (int slots : {4, 6}) {
+    const Counts without = run(slots, false), with = run(slots, true);
+    EXPECT_LT(without.hits, all.hits) << slots;  // the trade the prior prevents happens
+    EXPECT_EQ(with.hits, all.hits) << slots;
+    EXPECT_EQ(with.prefill, all.prefill) << slots;
+    std::printf(
+        "reuse prior, %d slots: hit tokens %llu (without the prior %llu), prefill %llu (%llu)\n",
+        slots, static_cast<unsigned long long>(with.hits),
+        static_cast<unsigned long long>(without.hits),
+        static_cast<unsigned long long>(with.prefill),
+        static_cast<unsigned long long>(without.prefill));
+  }
+}
+
 TEST(WsaLive, PrefixCacheUnderAutoSplitIsBitIdenticalAndFeedsTheKvCurve) {
   auto m = builtin();
   ASSERT_TRUE(m);
