@@ -189,10 +189,9 @@ Status configure_auto_split(const model::DecoderGeometry& geo, std::size_t budge
 // of a recorded routing trace (`ferry serve --split auto --trace FILE`), so the first steps do
 // not run at 50/50 until the controller has seen enough to move (in the simulator, live from the
 // configurator's split of the run's own profile is 0.3-2.0 % faster than live from 50/50;
-// docs/serve_wsa.md). start.slots:
-// one cap per MoE layer in layer order, each in [top-k, E]; start.kv_blocks >= kv_floor_blocks;
-// its bytes (the engine's expert and block sizes) within budget_bytes. Otherwise
-// invalid_argument naming what does not fit, and `ec` is unchanged.
+// docs/serve_wsa.md). start.slots: one cap per MoE layer in layer order, each in [top-k, E];
+// start.kv_blocks >= kv_floor_blocks; its bytes (the engine's expert and block sizes) within
+// budget_bytes. Otherwise invalid_argument naming what does not fit, and `ec` is unchanged.
 Status configure_auto_split(const model::DecoderGeometry& geo, std::size_t budget_bytes,
                             int kv_floor_blocks, const Split& start, EngineConfig& ec);
 

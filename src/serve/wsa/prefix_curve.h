@@ -35,7 +35,10 @@
 // as one lookup at depth W, weighted by the observed probability that a chain comes back,
 // Laplace's rule over chain lookups, p = (1 + returns) / (2 + returns + new): a lookup is a
 // return when its chain's first block is in the stack (released before, not forgotten), new
-// otherwise. The counts age with scale(). Without reuse p falls as 1 / new chains; with reuse the
+// otherwise -- counted only while released chains are in the stack (one of them could have come
+// back instead; before the first release, as a run's first admissions arrive, a new chain says
+// nothing about reuse: counting those held p at 1/6 at the 48-layer run's first decision, session
+// 37). The counts age with scale(). Without reuse p falls as 1 / new chains; with reuse the
 // prior is worth about one cycle of returns, next to the aged counts of the ones observed.
 #pragma once
 
