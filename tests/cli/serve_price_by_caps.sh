@@ -15,6 +15,7 @@ spid=""
 fail() { echo "FAIL: $*"; exit 1; }
 cleanup() { [ -n "$spid" ] && kill "$spid" 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
+source "$ROOT/tests/cli/lib/serve_port.sh"
 
 "$FERRY" generate --prompt "What is 2+3? Tell me about the sea." --max-new-tokens 24 --greedy \
   --record-trace "$tmp/trace.txt" >"$tmp/gen.txt" 2>&1 || fail "generate: $(cat "$tmp/gen.txt")"
@@ -66,9 +67,8 @@ live() {  # live NAME ARGS...: serve --split auto, three completions, SIGTERM; s
   "$FERRY" serve --port 0 --split auto --device-budget-mib 12 --wsa-max-context 256 "$@" \
     >"$tmp/$name.out" 2>"$tmp/$name.err" &
   spid=$!
-  for _ in $(seq 300); do grep -q "^listening port=" "$tmp/$name.out" && break; sleep 0.1; done
   local port
-  port=$(sed -n 's/^listening port=\([0-9]*\).*/\1/p' "$tmp/$name.out")
+  port=$(serve_port "$tmp/$name.out")
   [ -n "$port" ] || fail "$name: server did not start: $(cat "$tmp/$name.err")"
   # --split auto runs the pager whatever --mode said; the line names the mode that runs.
   grep -q "^listening port=$port .* mode=paged kv_blocks=[0-9]* kv_dtype=f32$" "$tmp/$name.out" ||

@@ -12,6 +12,7 @@ spid=""
 fail() { echo "FAIL: $*"; exit 1; }
 cleanup() { [ -n "$spid" ] && kill "$spid" 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
+source "$ROOT/tests/cli/lib/serve_port.sh"
 
 "$FERRY" generate --prompt "What is 2+3? Tell me about the sea and the ferry." --max-new-tokens 32 \
   --greedy --record-trace "$tmp/trace.txt" >"$tmp/gen.txt" 2>&1 || fail "generate: $(cat "$tmp/gen.txt")"
@@ -21,9 +22,8 @@ serve() {  # serve NAME ARGS...: --split auto, two completions, SIGTERM; stdout 
   "$FERRY" serve --port 0 --split auto --device-budget-mib 12 --wsa-max-context 256 "$@" \
     >"$tmp/$name.out" 2>"$tmp/$name.err" &
   spid=$!
-  for _ in $(seq 300); do grep -q "^listening port=" "$tmp/$name.out" && break; sleep 0.1; done
   local port
-  port=$(sed -n 's/^listening port=\([0-9]*\).*/\1/p' "$tmp/$name.out")
+  port=$(serve_port "$tmp/$name.out")
   [ -n "$port" ] || fail "$name: server did not start: $(cat "$tmp/$name.err")"
   for i in 1 2; do
     curl -sf "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
@@ -55,8 +55,7 @@ grep -q "starts from the plan" "$tmp/cold.err" && fail "cold: a start line witho
 # --trace alone: a warning, the server runs as before.
 "$FERRY" serve --port 0 --trace "$tmp/trace.txt" >"$tmp/alone.out" 2>"$tmp/alone.err" &
 spid=$!
-for _ in $(seq 300); do grep -q "^listening port=" "$tmp/alone.out" && break; sleep 0.1; done
-grep -q "^listening port=" "$tmp/alone.out" || fail "alone: did not start: $(cat "$tmp/alone.err")"
+[ -n "$(serve_port "$tmp/alone.out")" ] || fail "alone: did not start: $(cat "$tmp/alone.err")"
 kill -TERM "$spid"; wait "$spid"; spid=""
 grep -q -- "--trace has no effect without --plan-only or --split auto" "$tmp/alone.err" ||
   fail "alone: no warning: $(cat "$tmp/alone.err")"

@@ -322,6 +322,19 @@ std::map<std::pair<int, int>, std::vector<std::int32_t>> run_agentic(Engine& eng
   return out;
 }
 
+// The reference the auto-split runs must equal: a fixed engine with every expert resident and
+// a roomy KV pool.
+std::map<std::pair<int, int>, std::vector<std::int32_t>> fixed_engine_tokens(
+    const BuiltinModel& m, const wsa::AgenticWorkload& w) {
+  EngineConfig roomy = base_config();
+  roomy.pager.slots_per_layer = 8;
+  roomy.kv = {.block_tokens = kBlockTokens, .budget_bytes = 8 << 20};
+  auto a = Engine::create(m.geometry, m.params, roomy);
+  EXPECT_TRUE(a.ok()) << a.status().to_string();
+  return a.ok() ? run_agentic(**a, w, m.geometry.vocab)
+                : std::map<std::pair<int, int>, std::vector<std::int32_t>>{};
+}
+
 // The KV floor (one request of the workload's longest context) and a budget of 5 expert slots
 // per MoE layer plus the floor and 4 blocks: tight enough that the live split has to choose.
 // {0, 0} if the block size cannot be probed.
@@ -353,12 +366,8 @@ TEST(WsaLive, AgenticSessionsUnderAutoSplitMatchAFixedEngine) {
   auto m = builtin();
   ASSERT_TRUE(m);
   const wsa::AgenticWorkload w(tiny_agentic_spec());
-  EngineConfig roomy = base_config();
-  roomy.pager.slots_per_layer = 8;
-  roomy.kv = {.block_tokens = kBlockTokens, .budget_bytes = 8 << 20};
-  auto a = Engine::create(m->geometry, m->params, roomy);
-  ASSERT_TRUE(a.ok());
-  const auto want = run_agentic(**a, w, m->geometry.vocab);
+  const auto want = fixed_engine_tokens(*m, w);
+  ASSERT_FALSE(want.empty());
 
   EngineConfig cfg = base_config();
   cfg.kv.block_tokens = kBlockTokens;
@@ -396,12 +405,8 @@ TEST(WsaLive, DecodeFloorKeepsEveryCapAboveWhatADecodeStepRoutes) {
   auto m = builtin();
   ASSERT_TRUE(m);
   const wsa::AgenticWorkload w(tiny_agentic_spec());
-  EngineConfig roomy = base_config();
-  roomy.pager.slots_per_layer = 8;
-  roomy.kv = {.block_tokens = kBlockTokens, .budget_bytes = 8 << 20};
-  auto a = Engine::create(m->geometry, m->params, roomy);
-  ASSERT_TRUE(a.ok());
-  const auto want = run_agentic(**a, w, m->geometry.vocab);
+  const auto want = fixed_engine_tokens(*m, w);
+  ASSERT_FALSE(want.empty());
 
   const int floor_slots =
       wsa::decode_floor_slots(m->geometry.experts, m->geometry.top_k, base_config().max_running, 0);
@@ -478,12 +483,8 @@ TEST(WsaLive, AWarmStartBeginsAtItsSplitAndServesTheSameTokens) {
   auto m = builtin();
   ASSERT_TRUE(m);
   const wsa::AgenticWorkload w(tiny_agentic_spec());
-  EngineConfig roomy = base_config();
-  roomy.pager.slots_per_layer = 8;
-  roomy.kv = {.block_tokens = kBlockTokens, .budget_bytes = 8 << 20};
-  auto a = Engine::create(m->geometry, m->params, roomy);
-  ASSERT_TRUE(a.ok());
-  const auto want = run_agentic(**a, w, m->geometry.vocab);
+  const auto want = fixed_engine_tokens(*m, w);
+  ASSERT_FALSE(want.empty());
 
   const auto [floor, budget] = tight_split(*m, w);
   ASSERT_GT(budget, 0u);
