@@ -293,19 +293,22 @@ KvDemandSample Engine::kv_demand() const {
         cfg_.kv_preempt ? std::int64_t(s->tokens.size()) : s->prompt_len + s->req.max_new_tokens;
     d.waiting_need += kv_->blocks_for(need);
   }
-  for (const auto& s : running_) {
-    d.final_blocks += kv_->blocks_for(s->prompt_len + s->req.max_new_tokens);
-  }
+  return d;
+}
+
+int Engine::final_blocks() const {
+  int n = 0;
+  for (const auto& s : running_) n += kv_->blocks_for(s->prompt_len + s->req.max_new_tokens);
   for (const auto& s : waiting_) {
     // What it will hold once run, less the prefix it will find cached (those blocks are the
     // reuse prior's pending already): a new session's prompt counts, a next turn's history
     // does not. (Counting only max_new_tokens left a queue of new sessions out of the working
     // set: on the 48-layer agentic run the prior saw 418 of ~620 blocks, below the KV floor,
     // and live gave the cache away at its first decision; docs/serve_wsa.md, session 37.)
-    d.final_blocks += kv_->blocks_for(s->prompt_len + s->req.max_new_tokens) -
-                      kv_->cached_prefix_blocks(s->tokens);
+    n += kv_->blocks_for(s->prompt_len + s->req.max_new_tokens) -
+         kv_->cached_prefix_blocks(s->tokens);
   }
-  return d;
+  return n;
 }
 
 Status Engine::resize_pools(std::span<const int> caps, int kv_blocks) {

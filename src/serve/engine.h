@@ -112,10 +112,6 @@ struct KvDemandSample {
   int used = 0;          // blocks held by running requests
   int waiting_need = 0;  // blocks the waiting requests need to be admitted (up to max_running)
   int preempted = 0;     // blocks freed by preemptions in the last step (work to redo)
-  // Blocks the running requests hold when they finish (prompt + max_new_tokens) plus what the
-  // waiting ones will hold beyond the prefix they find cached now (KvCache::
-  // cached_prefix_blocks): MV-WSA's prefix reuse prior (wsa/).
-  int final_blocks = 0;
   int blocks() const { return used + waiting_need + preempted; }
 };
 
@@ -158,6 +154,12 @@ class Engine {
   // Runs at the start of every step(), before admission (a step boundary: nothing in use).
   void set_step_hook(std::function<Status(Engine&)> fn) { step_hook_ = std::move(fn); }
   KvDemandSample kv_demand() const;
+  // Blocks the running requests hold when they finish (prompt + max_new_tokens) plus what the
+  // waiting ones will hold beyond the prefix they find cached now (KvCache::
+  // cached_prefix_blocks): the working set of MV-WSA's prefix reuse prior (wsa/). It walks every
+  // waiting prompt's block hashes, so it is asked at decisions, not sampled every step as
+  // kv_demand() is.
+  int final_blocks() const;
   int running() const { return static_cast<int>(running_.size()); }
   int waiting() const { return static_cast<int>(waiting_.size()); }
   // The most blocks any outstanding request needs (prompt + max_new_tokens).

@@ -154,7 +154,7 @@ class KvCache {
   int match_prefix(BlockTable& table, std::span<const std::int32_t> tokens);
   // The blocks match_prefix would hand a table of `tokens` now, without taking them (no
   // reference, no counters, no observer call): MV-WSA's view of what a waiting request will find
-  // cached (Engine::kv_demand's final_blocks). 0 without the prefix cache.
+  // cached (Engine::final_blocks). 0 without the prefix cache.
   int cached_prefix_blocks(std::span<const std::int32_t> tokens) const;
   // Prefix cache: gives an identity to every block of `table` whose positions are all below
   // `computed` (their K/V written) and enters it in the map. tokens: the table's token ids (at

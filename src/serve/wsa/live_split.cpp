@@ -71,27 +71,21 @@ Status configure_auto_split(const model::DecoderGeometry& geo, std::size_t budge
                             int kv_floor_blocks, const Split& start, EngineConfig& ec) {
   const std::size_t eb = engine_expert_bytes(geo, ec);
   const std::size_t kb = kv_block_bytes(geo, ec.kv.block_tokens, ec.kv.dtype);
+  const auto moe = std::count(geo.layer_is_moe.begin(), geo.layer_is_moe.end(), true);
+  if (std::size_t(moe) != start.slots.size()) {
+    return invalid_argument("wsa: start split has {} slot counts, the model {} MoE layers",
+                            start.slots.size(), moe);
+  }
   InitialSplit init;
-  std::size_t expert_total = 0;
-  std::size_t next = 0;
-  for (bool moe : geo.layer_is_moe) {
-    if (!moe) {
-      init.caps.push_back(0);
-      continue;
-    }
-    if (next >= start.slots.size()) break;
-    const int c = start.slots[next++];
-    if (c < geo.top_k || c > geo.experts) {
+  std::size_t expert_total = 0, next = 0;
+  for (bool is_moe : geo.layer_is_moe) {
+    const int c = is_moe ? start.slots[next++] : 0;
+    if (is_moe && (c < geo.top_k || c > geo.experts)) {
       return invalid_argument("wsa: start split: {} slots in MoE layer {} outside [top-k {}, {}]",
                               c, next - 1, geo.top_k, geo.experts);
     }
     init.caps.push_back(c);
     expert_total += std::size_t(c) * eb;
-  }
-  if (init.caps.size() != geo.layer_is_moe.size() || next != start.slots.size()) {
-    return invalid_argument("wsa: start split has {} slot counts, the model {} MoE layers",
-                            start.slots.size(),
-                            std::count(geo.layer_is_moe.begin(), geo.layer_is_moe.end(), true));
   }
   if (start.kv_blocks < std::max(kv_floor_blocks, 1)) {
     return invalid_argument("wsa: start split has {} kv blocks, below the floor of {}",
@@ -244,7 +238,7 @@ SplitProblem LiveSplit::problem(const Engine& eng, bool reuse_prior) const {
   // whole problem (expert curves, KV shortage curve) for the one entry it needs.
   std::vector<double> seen;
   SplitProblem p = make_problem(m, sd_, steps_, kv_.samples(), prefix_.get(),
-                                eng.kv_demand().final_blocks, &seen);
+                                reuse_prior ? eng.final_blocks() : 0, &seen);
   // The cap-dependent price (allocate_priced_by_caps; the live controller with price_by_caps),
   // and the blocks this run recomputed per step: the observed curve at the pool's size now (a
   // fixed split's profile held that size throughout).

@@ -10,7 +10,7 @@
 //     tokens: step_base_s + misses x expert_bytes / link + prefill_token_s x tokens; a prefill
 //     token costs what a full chunk of max_batch_tokens costs above a decode-only step,
 //     demand.h), and its reuse prior (reuse_prior): the chains the pool holds now, plus the
-//     blocks running and queued requests will hold (KvDemandSample::final_blocks), valued
+//     blocks running and queued requests will hold (Engine::final_blocks), valued
 //     before they come back,
 //   - every decide_every_steps steps builds the SplitProblem (per-step curves, the floor raised to
 //     the blocks in use and to the largest outstanding request), asks the SplitController, and on

@@ -200,26 +200,30 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
     }
     // KV demand at the step boundary: used + what the queue needs to run + preempted work.
     int used = split.kv_blocks - avail(), waiting_need = 0, max_need = 0;
-    int final_blocks = 0;  // Engine::kv_demand's final_blocks (the reuse prior's working set)
     {
       int slots = cfg.max_running - static_cast<int>(running.size());
       for (const Seq& q : waiting) {
         if (slots-- > 0) waiting_need += blocks_for(q.tokens());
         max_need = std::max(max_need, blocks_for(q.prompt + q.output));
-        // What it will hold once run, less the prefix it will find cached (those blocks are
-        // the prior's pending already): a new session's prompt counts, a next turn's history
-        // does not.
+      }
+      for (const Seq& q : running) max_need = std::max(max_need, blocks_for(q.prompt + q.output));
+    }
+    // Engine::final_blocks (the reuse prior's working set), asked at decisions only: the running
+    // requests' final blocks, and what a waiting one will hold less the prefix it will find
+    // cached (those blocks are the prior's pending already): a new session's prompt counts, a
+    // next turn's history does not.
+    auto final_blocks = [&] {
+      int n = 0;
+      for (const Seq& q : running) n += blocks_for(q.prompt + q.output);
+      for (const Seq& q : waiting) {
         int found = 0;
         if (pc) {
           while (found < (q.tokens() - 1) / bt && cached.contains(key(q.session, found))) ++found;
         }
-        final_blocks += blocks_for(q.prompt + q.output) - found;
+        n += blocks_for(q.prompt + q.output) - found;
       }
-      for (const Seq& q : running) {
-        max_need = std::max(max_need, blocks_for(q.prompt + q.output));
-        final_blocks += blocks_for(q.prompt + q.output);
-      }
-    }
+      return n;
+    };
     kv_demand.record(double(used + waiting_need + preempted_last));
     profile_kv.push_back(double(used + waiting_need + preempted_last));
     profile_steps += 1;
@@ -234,8 +238,8 @@ Result<SimResult> simulate(const SimConfig& cfg, const AgenticWorkload& w, const
       m.kv_max_blocks = std::max(m.kv_max_blocks, m.kv_floor_blocks);
       m.prefix_block_cost_s = double(bt) * prefill_cost.per_token_s(cfg.token_s);
       m.prefix_reuse_prior = cfg.reuse_prior;
-      SplitProblem p =
-          make_problem(m, sd, live_steps, kv_demand.samples(), pc ? &psd : nullptr, final_blocks);
+      SplitProblem p = make_problem(m, sd, live_steps, kv_demand.samples(), pc ? &psd : nullptr,
+                                    pc && cfg.reuse_prior ? final_blocks() : 0);
       if (live_priced) {  // as LiveSplit::problem(): r0 = the observed curve at the pool's size
         p.recompute_misses = chunks.per_block(bt);
         if (!p.recompute_misses.empty()) {

@@ -18,7 +18,7 @@
 // profile also gets a recomputed block's misses at every cap (demand.h ChunkMisses).
 // Policies: a fixed split, or live (LiveSplit's rule: Mattson curves + KV demand samples + with
 // the prefix cache the prefix curve and its reuse prior (SimConfig::reuse_prior, fed the same
-// final_blocks as Engine::kv_demand), the SplitController every decide_every_steps steps;
+// Engine::final_blocks), the SplitController every decide_every_steps steps;
 // shrinking evicts LRU-last experts, KV never below the blocks in use or the largest waiting
 // request).
 #pragma once

@@ -230,7 +230,7 @@ TEST(PrefixCache, CachedPrefixBlocksPeeksWhatAMatchWouldTakeAndTakesNothing) {
 }
 
 TEST(PrefixCache, KvDemandCountsAWaitingRequestBeyondItsCachedPrefix) {
-  // Engine::kv_demand's final_blocks (MV-WSA's reuse prior): a waiting request adds the blocks
+  // Engine::final_blocks (MV-WSA's reuse prior): a waiting request adds the blocks
   // it will hold once run less the prefix it finds cached -- a new prompt counts whole, a prompt
   // whose history is cached only its uncached tail and new tokens.
   auto m = builtin();
@@ -255,7 +255,7 @@ TEST(PrefixCache, KvDemandCountsAWaitingRequestBeyondItsCachedPrefix) {
   const int want = kv.blocks_for(std::int64_t(running.size()) + 3) +
                    kv.blocks_for(std::int64_t(fresh.size()) + 4) +
                    kv.blocks_for(std::int64_t(again.size()) + 5) - 4;
-  EXPECT_EQ(eng.kv_demand().final_blocks, want);
+  EXPECT_EQ(eng.final_blocks(), want);
 }
 
 TEST(PrefixCache, EvictionUnderPressureIsLruTailFirstAndNeverTakesReferencedBlocks) {

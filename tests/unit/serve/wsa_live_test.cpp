@@ -422,7 +422,9 @@ TEST(WsaLive, DecodeFloorKeepsEveryCapAboveWhatADecodeStepRoutes) {
     ASSERT_TRUE(wsa::configure_auto_split(m->geometry, budget, floor, cfg).ok());
     auto b = Engine::create(m->geometry, m->params, cfg);
     ASSERT_TRUE(b.ok()) << b.status().to_string();
-    const int start = (*b)->experts().pager()->capacity(m->geometry.layer_is_moe[0] ? 0 : 1);
+    const auto& moe = m->geometry.layer_is_moe;
+    const int first_moe = static_cast<int>(std::find(moe.begin(), moe.end(), true) - moe.begin());
+    const int start = (*b)->experts().pager()->capacity(first_moe);
     ASSERT_LT(start, floor_slots);
     auto ls = wsa::LiveSplit::attach(**b, {.budget_bytes = budget,
                                            .concurrency = 1,
