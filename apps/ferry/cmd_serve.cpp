@@ -385,15 +385,28 @@ int run_serve(const ServeCliConfig& c) {
   std::fflush(stdout);
   {
     // Reserved (the pools' maxima) against held (what is committed): a resizable engine's
-    // pools hold only their live sizes (docs/serve_wsa.md "Memory of a resizable engine").
+    // pools hold only their live sizes (docs/serve_wsa.md "Memory of a resizable engine"),
+    // unless the GPU lacks VMM and they are held whole (docs/mem_virtual_region.md).
     const serve::Engine& eng = **engine;
     log::get("serve")->info(
-        "device memory: budget charge {} of {}, held {} (committed), pools reserved {}",
+        "device memory: budget charge {} of {}, held {} ({}), pools reserved {}",
         mem::format_bytes(eng.device_budget().bytes_used()),
         eng.device_budget().bytes_limit() == mem::MemoryBudget::kUnlimited
             ? std::string("unlimited")
             : mem::format_bytes(eng.device_budget().bytes_limit()),
-        mem::format_bytes(eng.device_held_bytes()), mem::format_bytes(eng.pool_reserved_bytes()));
+        mem::format_bytes(eng.device_held_bytes()),
+        eng.pools_backed_up_front() ? "whole pools: no VMM" : "committed",
+        mem::format_bytes(eng.pool_reserved_bytes()));
+    if (eng.pools_backed_up_front() &&
+        eng.device_budget().bytes_limit() != mem::MemoryBudget::kUnlimited &&
+        eng.device_held_bytes() > eng.device_budget().bytes_limit()) {
+      log::get("serve")->warn(
+          "device memory: held {} is over the {} budget: without CUDA virtual memory management "
+          "the resizable pools of --split auto hold their maxima; a fixed split (no --split auto) "
+          "stays within the budget",
+          mem::format_bytes(eng.device_held_bytes()),
+          mem::format_bytes(eng.device_budget().bytes_limit()));
+    }
   }
   wait_for_stop(c.duration_s);
   server.stop();

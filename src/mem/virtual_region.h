@@ -25,6 +25,16 @@
 // again after a decommit reads zeros on the host tiers and undefined bytes on a GPU.
 // Tiers: kDevice (CUDA: the virtual memory management API; CPU build: the emulated tier, host
 // memory) and kPageableHost (the CPU engine's pools in a CUDA build). Others: invalid_argument.
+// Backing (docs/mem_virtual_region.md): by default (RegionBacking::kAuto) granule by granule as
+// above. Where that is impossible -- a GPU or driver without CUDA virtual memory management -- or
+// asked for (RegionBacking::kWholeUpFront, or FERRY_VMM=off in the environment for kAuto regions),
+// the region is ONE ordinary allocation of the whole reservation (cudaMalloc; host pages touched
+// at once), every granule backed from reserve() on: what a pool at its maximum held before VMM.
+// commit()/decommit()/is_committed() and the budget behave exactly as above (the same rounding,
+// charge and refusals, contents kept; on the host tiers a re-committed granule reads zeros there
+// too); only held_bytes() differs: the whole reservation instead of the committed granules. A
+// fallback taken by kAuto is logged once per region (logger "mem", warn). data() is then aligned
+// to the tier's allocation (256 bytes at least), not to a granule.
 // Streams: decommit() does not wait for the device. The caller makes sure no queued work still
 // reads or writes the range (synchronize the streams that may) before decommitting it.
 // Not thread-safe. The budget must outlive the region. Tests: tests/unit/mem/virtual_region_test
@@ -43,17 +53,33 @@
 
 namespace ferry::mem {
 
+// How a region's granules get physical memory (see the file comment).
+enum class RegionBacking : std::uint8_t {
+  kAuto,          // granule by granule where the tier can (VMM on a GPU; host memory); else, or
+                  // with FERRY_VMM=off in the environment, whole up front
+  kWholeUpFront,  // one ordinary allocation of the whole reservation, made by reserve()
+};
+std::string_view to_string(RegionBacking b);  // "auto", "whole-up-front"
+
 struct VirtualRegionOptions {
   int device = 0;               // kDevice: CUDA device index
   std::size_t granularity = 0;  // 0: the tier's (tier_granularity); see the file comment
   std::string_view what = "virtual region";  // names the requester in error messages
+  RegionBacking backing = RegionBacking::kAuto;
+  // Tests: a whole-up-front allocation of more than this fails as the device's out of memory
+  // would, so the fallback's error is testable without exhausting memory (0: no limit).
+  std::size_t up_front_limit_bytes = 0;
 };
 
 class VirtualRegion {
  public:
-  // The tier's default granule (kDevice on CUDA: asks the driver for `device`).
+  // The tier's default granule (kDevice on CUDA: asks the driver for `device`; where the device
+  // has no VMM, the host tiers' 2 MiB, which then only sets the bookkeeping's rounding).
   static Result<std::size_t> tier_granularity(MemTier tier, int device = 0);
   // Reserves `bytes` (rounded up to a granule) of address space; nothing is committed or charged.
+  // Backed whole up front (see the file comment): the allocation is made here, and if it cannot
+  // be, resource_exhausted names the region, why it is backed up front and the bytes needed (and
+  // free, where the driver tells).
   static Result<VirtualRegion> reserve(MemTier tier, std::size_t bytes, MemoryBudget& budget,
                                        const VirtualRegionOptions& opts = {});
 
@@ -78,6 +104,10 @@ class VirtualRegion {
   std::size_t granularity() const { return gran_; }
   std::size_t committed_bytes() const { return committed_granules_ * gran_; }
   std::size_t peak_committed_bytes() const { return peak_granules_ * gran_; }
+  // Whether every granule is backed from reserve() on (RegionBacking, the file comment).
+  bool backed_up_front() const { return up_front_; }
+  // Memory really held: the committed granules, or the whole reservation when backed up front.
+  std::size_t held_bytes() const { return up_front_ ? size_ : committed_bytes(); }
   MemTier tier() const { return tier_; }
   int device() const { return device_; }
   bool empty() const { return base_ == nullptr; }
@@ -88,6 +118,7 @@ class VirtualRegion {
  private:
   Status check_range(std::size_t offset, std::size_t bytes) const;
   void unmap_granule(std::size_t g);
+  Status reserve_up_front(const VirtualRegionOptions& opts, std::string_view why);
 
   std::byte* base_ = nullptr;
   std::size_t size_ = 0;
@@ -98,6 +129,8 @@ class VirtualRegion {
   std::string what_;
   std::vector<std::uint8_t> committed_;  // [size / granularity]
   std::vector<std::uint64_t> handle_;    // [size / granularity]: the granule's physical memory
+                                         // (empty when backed up front)
+  bool up_front_ = false;                // one allocation of the whole range, made at reserve()
   std::size_t committed_granules_ = 0, peak_granules_ = 0;
 };
 

@@ -8,6 +8,10 @@
 // (the cuMem* signatures are those of 10.2, the _v10020 typedefs).
 // Each map() is one physical allocation (its own handle): cuMemUnmap cannot unmap part of a
 // mapping, so the caller maps the granules it may later release one by one.
+// Where VMM is missing (a driver without the entry points, a device whose
+// CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0, or cuMemAddressReserve answering
+// CUDA_ERROR_NOT_SUPPORTED) the functions here return unavailable, and VirtualRegion backs the
+// range whole up front with device_up_front_alloc (cudaMalloc).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -33,6 +37,8 @@ struct DriverVmm {
   PFN_cuMemMap_v10020 map = nullptr;
   PFN_cuMemUnmap_v10020 unmap = nullptr;
   PFN_cuMemSetAccess_v10020 set_access = nullptr;
+  PFN_cuDeviceGet_v2000 device_get = nullptr;
+  PFN_cuDeviceGetAttribute_v2000 attribute = nullptr;
   std::string error;  // empty: every entry point was found
 };
 
@@ -67,26 +73,34 @@ const DriverVmm& driver() {
     entry_point("cuMemMap", v.map, v.error);
     entry_point("cuMemUnmap", v.unmap, v.error);
     entry_point("cuMemSetAccess", v.set_access, v.error);
+    entry_point("cuDeviceGet", v.device_get, v.error);
+    entry_point("cuDeviceGetAttribute", v.attribute, v.error);
     return v;
   }();
   return d;
 }
 
 Status driver_ready(int device, std::string_view what) {
-  const DriverVmm& d = driver();
-  if (!d.error.empty()) {
-    return unavailable("mem: CUDA virtual memory management is unavailable for {} ({})", what,
-                       d.error);
-  }
   // The driver calls below act on the current context: make sure device's primary one exists.
+  // First, so that no device (or no driver) is its own error and not "no VMM" (unavailable,
+  // which VirtualRegion answers by allocating the whole range instead).
   ScopedDevice guard(device);
   FERRY_CUDA_TRY(guard.status());
   FERRY_CUDA_TRY(cudaFree(nullptr));
+  const DriverVmm& d = driver();
+  if (!d.error.empty()) {
+    return unavailable("mem: the CUDA driver lacks virtual memory management for {} ({})", what,
+                       d.error);
+  }
   return ok_status();
 }
 
 Status cu_status(CUresult r, std::string_view call, std::size_t bytes, int device,
                  std::string_view what) {
+  if (r == CUDA_ERROR_NOT_SUPPORTED) {  // no VMM on this device: vmm.h's "unavailable"
+    return unavailable("mem: {} of {} on device {} for {} returned CUDA_ERROR_NOT_SUPPORTED", call,
+                       format_bytes(bytes), device, what);
+  }
   const StatusCode code =
       r == CUDA_ERROR_OUT_OF_MEMORY ? StatusCode::kResourceExhausted : StatusCode::kInternal;
   std::size_t free_b = 0, total_b = 0;
@@ -121,6 +135,28 @@ Result<std::size_t> device_vmm_granularity(int device) {
     return cu_status(r, "cuMemGetAllocationGranularity", 0, device, "granularity query");
   }
   return g;
+}
+
+Status device_vmm_supported(int device) {
+  FERRY_TRY(driver_ready(device, "virtual memory support query"));
+  const DriverVmm& d = driver();
+  CUdevice dev = 0;
+  int supported = 0;
+  if (const CUresult r = d.device_get(&dev, device); r != CUDA_SUCCESS) {
+    return cu_status(r, "cuDeviceGet", 0, device, "virtual memory support query");
+  }
+  if (const CUresult r =
+          d.attribute(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev);
+      r != CUDA_SUCCESS) {
+    return cu_status(r, "cuDeviceGetAttribute", 0, device, "virtual memory support query");
+  }
+  if (supported == 0) {
+    return unavailable(
+        "mem: device {} lacks CUDA virtual memory management "
+        "(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0)",
+        device);
+  }
+  return ok_status();
 }
 
 Result<std::byte*> device_vmm_reserve(std::size_t bytes, std::size_t align, int device,
@@ -177,6 +213,31 @@ void device_vmm_unmap(std::byte* at, std::size_t bytes, std::uint64_t handle, in
   const CUresult rr = d.release(static_cast<CUmemGenericAllocationHandle>(handle));
   FERRY_CHECK(rr == CUDA_SUCCESS, "mem: cuMemRelease of {} bytes on device {}: CUresult {}", bytes,
               device, static_cast<int>(rr));
+}
+
+Result<std::byte*> device_up_front_alloc(std::size_t bytes, int device) {
+  ScopedDevice guard(device);
+  FERRY_CUDA_TRY(guard.status());
+  void* p = nullptr;
+  if (const cudaError_t e = cudaMalloc(&p, bytes); e != cudaSuccess) {
+    cudaGetLastError();
+    std::size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    cudaGetLastError();
+    const StatusCode code =
+        e == cudaErrorMemoryAllocation ? StatusCode::kResourceExhausted : StatusCode::kInternal;
+    return Status(code, fmt::format("need {}, free {} of {} on device {} (cudaMalloc: {})",
+                                    format_bytes(bytes), format_bytes(free_b),
+                                    format_bytes(total_b), device, cudaGetErrorName(e)));
+  }
+  return static_cast<std::byte*>(p);
+}
+
+void device_up_front_free(std::byte* p, std::size_t bytes, int device) {
+  ScopedDevice guard(device);
+  const cudaError_t e = cudaFree(p);
+  FERRY_CHECK(e == cudaSuccess, "mem: cudaFree of a {}-byte up-front region on device {}: {}",
+              bytes, device, cudaGetErrorName(e));
 }
 
 }  // namespace ferry::mem::detail

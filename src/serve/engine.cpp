@@ -142,6 +142,11 @@ std::size_t Engine::device_held_bytes() const {
   return held;
 }
 
+bool Engine::pools_backed_up_front() const {
+  const ExpertPager* pager = experts_ ? experts_->pager() : nullptr;
+  return (kv_ && kv_->backed_up_front()) || (pager != nullptr && pager->backed_up_front());
+}
+
 std::size_t Engine::pool_reserved_bytes() const {
   const ExpertPager* pager = experts_ ? experts_->pager() : nullptr;
   return (kv_ ? kv_->reserved_bytes() : 0) + (pager != nullptr ? pager->reserved_bytes()

@@ -172,10 +172,14 @@ class Engine {
   // of what it is charged: resizable pools count their live sizes' exact bytes there.
   const mem::MemoryBudget& device_budget() const { return *device_budget_; }
   // Device-tier memory really held: the budget's charges with each resizable pool's live bytes
-  // replaced by its committed granules (live + less than a granule per layer; kv_cache.h,
-  // expert_pager.h), and its peak since create() (it changes only at create and resize_pools).
+  // replaced by its held_bytes() (committed granules: live + less than a granule per layer;
+  // kv_cache.h, expert_pager.h; or the whole reservation where the GPU lacks VMM or FERRY_VMM=off,
+  // mem/virtual_region.h), and its peak since create() (it changes only at create and
+  // resize_pools).
   std::size_t device_held_bytes() const;
   std::size_t device_held_peak_bytes() const { return held_peak_; }
+  // Whether a resizable pool holds its whole reservation (no CUDA VMM: mem/virtual_region.h).
+  bool pools_backed_up_front() const;
   // Address space the pools are laid out in (a resizable pool's reservation, else its arena).
   std::size_t pool_reserved_bytes() const;
   const EngineConfig& config() const { return cfg_; }

@@ -210,7 +210,7 @@ std::byte* ExpertPager::slot_data(int layer, int slot) const {
 }
 
 std::size_t ExpertPager::held_bytes() const {
-  return resizable() ? region_.committed_bytes() : arena_.buffer().size();
+  return resizable() ? region_.held_bytes() : arena_.buffer().size();
 }
 
 std::size_t ExpertPager::reserved_bytes() const {

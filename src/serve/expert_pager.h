@@ -122,8 +122,11 @@ class ExpertPager {
 
   const PagerCounters& counters() const { return counters_; }
   std::size_t resident_bytes() const { return occupied_ * store_.expert_bytes(); }
-  // Memory really held for the slots: a resizable pager's committed granules, else the arena.
+  // Memory really held for the slots: a resizable pager's committed granules (its whole
+  // reservation where the region is backed up front: no VMM, mem/virtual_region.h), else the arena.
   std::size_t held_bytes() const;
+  // A resizable pool held whole from creation on (no CUDA VMM, or FERRY_VMM=off).
+  bool backed_up_front() const { return resizable() && region_.backed_up_front(); }
   // Address space laid out for the slots (a resizable pager's reservation, else the arena).
   std::size_t reserved_bytes() const;
   bool resizable() const { return !region_.empty(); }

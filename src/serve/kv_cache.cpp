@@ -102,7 +102,7 @@ Result<std::unique_ptr<KvCache>> KvCache::create(const model::DecoderGeometry& g
 }
 
 std::size_t KvCache::held_bytes() const {
-  return resizable() ? region_.committed_bytes() : arena_.buffer().size();
+  return resizable() ? region_.held_bytes() : arena_.buffer().size();
 }
 
 std::size_t KvCache::reserved_bytes() const {

@@ -135,8 +135,11 @@ class KvCache {
     return std::int64_t(layer_stride_bytes_ / dtype_size(dtype_));
   }
   mem::MemTier tier() const { return budget_.tier(); }
-  // Memory really held for blocks: a resizable pool's committed granules, else the arena.
+  // Memory really held for blocks: a resizable pool's committed granules (its whole reservation
+  // where the region is backed up front: no VMM, mem/virtual_region.h), else the arena.
   std::size_t held_bytes() const;
+  // A resizable pool held whole from creation on (no CUDA VMM, or FERRY_VMM=off).
+  bool backed_up_front() const { return resizable() && region_.backed_up_front(); }
   // Address space laid out for blocks (a resizable pool's reservation, else the arena).
   std::size_t reserved_bytes() const;
   bool resizable() const { return !region_.empty(); }

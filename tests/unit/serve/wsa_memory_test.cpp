@@ -9,8 +9,10 @@
 //   - with the default 2 MiB granule the reservation is the maxima (E slots per layer, the whole
 //     budget of blocks) while what is held stays within a granule per layer of the live bytes.
 #include <algorithm>
+#include <optional>
 #include <vector>
 
+#include "scoped_env.h"
 #include "serve/builtin_model.h"
 #include "serve_test_util.h"
 
@@ -61,6 +63,32 @@ Result<std::map<RequestId, std::vector<std::int32_t>>> run(
   return tokens;
 }
 
+// The resize schedule the memory tests serve through (grows, shrinks, uneven caps, KV moving
+// used blocks down); nullopt at the steps where it does not resize.
+std::optional<Status> scheduled_resize(Engine& eng, const model::DecoderGeometry& geo, int step) {
+  const auto caps = [&](std::vector<int> per_moe) {
+    std::vector<int> c(std::size_t(geo.layers), 0);
+    for (int l = 0, i = 0; l < geo.layers; ++l) {
+      if (geo.layer_is_moe[l]) c[std::size_t(l)] = per_moe[std::size_t(i++ % int(per_moe.size()))];
+    }
+    return c;
+  };
+  switch (step) {
+    case 2:  // experts grow to 6, KV stays
+      return eng.resize_pools(caps({6}), 40);
+    case 4:  // experts shrink to 4, KV grows to 60
+      return eng.resize_pools(caps({4}), 60);
+    case 6:  // uneven caps, KV shrinks (used blocks move down first)
+      return eng.resize_pools(caps({8, 4, 4, 6}), 38);
+    case 8:  // both shrink
+      return eng.resize_pools(caps({5}), 37);
+    case 10:  // both grow
+      return eng.resize_pools(caps({7, 6}), 45);
+    default:
+      return std::nullopt;
+  }
+}
+
 TEST(WsaMemory, CommittedBytesFollowCapsAndBlocksAndStayWithinTheBudget) {
   auto m = testing::tiny_builtin_moe(31);
   ASSERT_TRUE(m);
@@ -88,6 +116,8 @@ TEST(WsaMemory, CommittedBytesFollowCapsAndBlocksAndStayWithinTheBudget) {
   // exactly).
   ASSERT_EQ(eb % kPage, 0u);
   const std::size_t budget = std::size_t(moe) * 8 * eb + 60 * kb;
+  // Granules (FERRY_VMM=off in the environment would hold the pools whole: the test below).
+  ferry::testing::ScopedEnv vmm_default("FERRY_VMM", nullptr);
   auto eng_r = Engine::create(geo, m->params, resizable_config(budget, 40 * kb, kPage));
   ASSERT_TRUE(eng_r.ok()) << eng_r.status().to_string();
   Engine& eng = **eng_r;
@@ -124,35 +154,10 @@ TEST(WsaMemory, CommittedBytesFollowCapsAndBlocksAndStayWithinTheBudget) {
   check("created");
   const std::size_t held_at_start = eng.device_held_bytes();
   std::vector<std::size_t> held;
-  const auto caps = [&](std::vector<int> per_moe) {
-    std::vector<int> c(std::size_t(geo.layers), 0);
-    for (int l = 0, i = 0; l < geo.layers; ++l) {
-      if (geo.layer_is_moe[l]) c[std::size_t(l)] = per_moe[std::size_t(i++ % int(per_moe.size()))];
-    }
-    return c;
-  };
   auto got = run(eng, reqs, [&](int step) {
-    Status st;
-    switch (step) {
-      case 2:  // experts grow to 6, KV stays
-        st = eng.resize_pools(caps({6}), 40);
-        break;
-      case 4:  // experts shrink to 4, KV grows to 60
-        st = eng.resize_pools(caps({4}), 60);
-        break;
-      case 6:  // uneven caps, KV shrinks (used blocks move down first)
-        st = eng.resize_pools(caps({8, 4, 4, 6}), 38);
-        break;
-      case 8:  // both shrink
-        st = eng.resize_pools(caps({5}), 37);
-        break;
-      case 10:  // both grow
-        st = eng.resize_pools(caps({7, 6}), 45);
-        break;
-      default:
-        return;
-    }
-    EXPECT_TRUE(st.ok()) << "step " << step << ": " << st.to_string();
+    const std::optional<Status> st = scheduled_resize(eng, geo, step);
+    if (!st) return;
+    EXPECT_TRUE(st->ok()) << "step " << step << ": " << st->to_string();
     check("after a resize");
     held.push_back(eng.device_held_bytes());
   });
@@ -172,6 +177,90 @@ TEST(WsaMemory, CommittedBytesFollowCapsAndBlocksAndStayWithinTheBudget) {
   EXPECT_GT(pager.counters().bytes_moved + eng.kv().blocks_moved(), 0u);
 }
 
+// Where the GPU lacks CUDA virtual memory management (forced here with FERRY_VMM=off, read when
+// the pools reserve) each resizable pool is one allocation of its whole reservation: it holds its
+// maximum from creation on, while the budget's charges, the resizes and the tokens are what they
+// are with granules (mem/virtual_region.h, docs/mem_virtual_region.md).
+TEST(WsaMemory, WithoutVmmThePoolsHoldTheirMaximaAndServeTheSameTokens) {
+  auto m = testing::tiny_builtin_moe(31);
+  ASSERT_TRUE(m);
+  const model::DecoderGeometry& geo = m->geometry;
+  const auto reqs = requests();
+  EngineConfig fixed_cfg;
+  fixed_cfg.max_batch_tokens = 24;
+  fixed_cfg.max_running = 3;
+  fixed_cfg.pager.mode = ExpertMode::kPaged;
+  fixed_cfg.pager.slots_per_layer = 4;
+  fixed_cfg.kv = {.block_tokens = kBlockTokens, .budget_bytes = 8 << 20};
+  auto fixed = Engine::create(geo, m->params, fixed_cfg);
+  ASSERT_TRUE(fixed.ok()) << fixed.status().to_string();
+  auto want = run(**fixed, reqs);
+  ASSERT_TRUE(want.ok()) << want.status().to_string();
+  const std::size_t eb = (*fixed)->experts().store()->expert_bytes();
+  const std::size_t kb = (*fixed)->kv().block_bytes();
+  int moe = 0;
+  for (bool b : geo.layer_is_moe) moe += b;
+  const std::size_t budget = std::size_t(moe) * 8 * eb + 60 * kb;
+
+  struct Served {
+    std::map<RequestId, std::vector<std::int32_t>> tokens;
+    std::vector<std::size_t> charged, held;  // at creation, then after each resize
+    std::size_t reserved = 0, held_peak = 0;
+    bool pools_up_front = false;
+  };
+  const auto serve = [&](const char* ferry_vmm) -> Result<Served> {
+    Served s;
+    std::unique_ptr<Engine> eng;
+    {
+      ferry::testing::ScopedEnv env("FERRY_VMM", ferry_vmm);
+      FERRY_ASSIGN_OR_RETURN(
+          eng, Engine::create(geo, m->params, resizable_config(budget, 40 * kb, kPage)));
+    }
+    const ExpertPager& pager = *eng->experts().pager();
+    s.pools_up_front = pager.held_bytes() == pager.reserved_bytes() &&
+                       eng->kv().held_bytes() == eng->kv().reserved_bytes();
+    EXPECT_EQ(eng->pools_backed_up_front(), s.pools_up_front);
+    s.reserved = eng->pool_reserved_bytes();
+    const auto sample = [&] {
+      s.charged.push_back(eng->device_budget().bytes_used());
+      s.held.push_back(eng->device_held_bytes());
+    };
+    sample();
+    Status resize_error;
+    FERRY_ASSIGN_OR_RETURN(s.tokens, run(*eng, reqs, [&](int step) {
+                             const std::optional<Status> st = scheduled_resize(*eng, geo, step);
+                             if (!st) return;
+                             if (!st->ok() && resize_error.ok()) resize_error = *st;
+                             sample();
+                           }));
+    FERRY_TRY(resize_error);
+    s.held_peak = eng->device_held_peak_bytes();
+    return s;
+  };
+  auto vmm = serve(nullptr);
+  ASSERT_TRUE(vmm.ok()) << vmm.status().to_string();
+  auto off = serve("off");
+  ASSERT_TRUE(off.ok()) << off.status().to_string();
+
+  EXPECT_FALSE(vmm->pools_up_front);
+  EXPECT_TRUE(off->pools_up_front);
+  EXPECT_EQ(off->tokens, *want);
+  EXPECT_EQ(vmm->tokens, *want);
+  ASSERT_EQ(off->charged.size(), 6u) << "a resize step never came: the test lost its teeth";
+  // The budget sees the same live sizes at every point; what is held differs.
+  EXPECT_EQ(off->charged, vmm->charged);
+  for (std::size_t i = 0; i < off->held.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_LE(off->charged[i], budget);
+    // The pools' whole reservations plus what the budget charges outside them (dense weights,
+    // workspace): a constant, above every granule-backed figure.
+    EXPECT_EQ(off->held[i], off->held[0]);
+    EXPECT_GE(off->held[i], off->reserved);
+    EXPECT_GT(off->held[i], vmm->held[i]);
+  }
+  EXPECT_EQ(off->held_peak, off->held[0]);
+}
+
 TEST(WsaMemory, DefaultGranuleHoldsTheLiveSizesNotTheMaxima) {
   auto m = testing::tiny_builtin_moe(31);
   ASSERT_TRUE(m);
@@ -182,6 +271,7 @@ TEST(WsaMemory, DefaultGranuleHoldsTheLiveSizesNotTheMaxima) {
   constexpr std::size_t kGran = std::size_t{2} << 20;
   // A pool budget of 64 MiB of blocks: the KV reservation spans 16 MiB a layer.
   const std::size_t budget = 64 << 20;
+  ferry::testing::ScopedEnv vmm_default("FERRY_VMM", nullptr);  // granules, as above
   auto e = Engine::create(geo, m->params, resizable_config(budget, 40 * kb, 0));
   ASSERT_TRUE(e.ok()) << e.status().to_string();
   Engine& eng = **e;
