@@ -7,12 +7,16 @@
 //                           (mode: 0 with the backward's workspace, 1 forward only, 2 no workspace,
 //                           3 atomic dQ: FERRY_ATTN_BWD_DQ=atomic and its larger workspace)
 //   BM_RmsNorm/T/C, BM_SwiGlu/T/F, BM_Add/N, BM_AdamW/N   GB/s of compulsory traffic
+//   BM_Rope/T/H/G/D/dir/dt, BM_Embedding/T/V/C/dt, BM_EmbeddingBwd/T/V/C/dt, BM_AddRmsNorm/T/C
+//                           the same (session 38; each row's traffic formula is above its bench)
 //   BM_Copy/bytes           cudaMemcpyAsync device->device: the bandwidth ceiling (GB/s, r+w)
 // tools/bench/torch_baselines.py times PyTorch on the same shapes in the same device call, and
 // tools/bench/compare.py turns both JSON files into ratios (scripts/gpu_check.sh runs all three).
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -24,6 +28,7 @@
 #include "core/check.h"
 #include "core/dtype.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/decode_fusion.h"
 
 namespace {
 
@@ -260,6 +265,153 @@ void BM_AdamW(benchmark::State& st) {
       n * (4.0 * 4 + 3 * 4 + 2));
 }
 
+// Session 38's memory-bound rows (RoPE, embedding forward / backward, the fused residual norm):
+// a fixed kMemReps timed launches each (Google Benchmark's default, 0.5 s of event time, is 10-30 k
+// launches of these 20-100 us kernels, ~2 s of wall time a row, and scripts/gpu_check.sh gives the
+// whole binary 150 s), and BM_Copy rows of the same bytes with the same count (registered below).
+constexpr int kMemReps = 500;
+constexpr std::int64_t kSeqLen = 4096;  // the 8192-token rows are 2 sequences of 4096 (positions)
+constexpr double kRopeTheta = 1e6;      // Qwen2.5's rope_theta
+
+// dt argument of those rows: 0 bf16, 1 f32 (ModelCompute runs rope and the embedding on f32).
+DType dt_of(std::int64_t code) { return code == 0 ? DType::kBF16 : DType::kF32; }
+
+// Host values over the first bytes of a Dev, landed before the first launch reads them (see Dev).
+template <typename T>
+void upload(const Dev& d, const std::vector<T>& h) {
+  FERRY_CHECK(h.size() * sizeof(T) <= d.bytes, "bench: {} values into {} bytes", h.size(), d.bytes);
+  cudaMemcpy(d.p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
+  cudaDeviceSynchronize();
+}
+
+// Token ids, the same as torch_baselines.py's token_ids(): a multiplicative hash of the index
+// modulo V, i.e. spread uniformly over the table (at T 8192, V 151936 all 8192 are distinct; real
+// text repeats tokens, which the traffic formulas below count through U).
+std::vector<std::int32_t> token_ids(std::int64_t t, std::int64_t v) {
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(t));
+  for (std::int64_t i = 0; i < t; ++i) {
+    const std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u;
+    ids[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(x % static_cast<std::uint32_t>(v));
+  }
+  return ids;
+}
+
+// U: how many distinct rows the ids touch.
+std::int64_t distinct_ids(std::vector<std::int32_t> ids) {
+  std::sort(ids.begin(), ids.end());
+  return std::unique(ids.begin(), ids.end()) - ids.begin();
+}
+
+// RoPE over one layer's q [T, H, D] and k [T, G, D]: two in-place launches, as ModelCompute runs
+// them; positions tok % 4096, Qwen2.5's inv_freq (theta 1e6, R = D). dir 0 forward, 1 backward
+// (RopeArgs::backward: the same kernel, angle negated). Every rope-scaling variant that
+// config_rope.cpp reads (linear, dynamic, yarn, llama3) changes only the host-computed inv_freq
+// and attention_scaling, not the kernel, so none has a row of its own. Compulsory traffic (s =
+// bytes per element): read + write q and k, read positions and inv_freq:
+//   2 * T * (H + G) * D * s + 4 * T + 4 * D / 2
+void BM_Rope(benchmark::State& st) {
+  Env* env = Env::get(st);
+  if (!env) return;
+  const std::int64_t t = st.range(0), h = st.range(1), g = st.range(2), d = st.range(3);
+  const bool backward = st.range(4) == 1;
+  const DType dt = dt_of(st.range(5));
+  const auto s = static_cast<std::int64_t>(dtype_size(dt));
+  Dev q(t * h * d * s, 30), k(t * g * d * s, 31), pos(t * 4, 0), freq(d / 2 * 4, 0);
+  std::vector<std::int32_t> h_pos(static_cast<std::size_t>(t));
+  for (std::int64_t i = 0; i < t; ++i)
+    h_pos[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i % kSeqLen);
+  std::vector<float> h_freq(static_cast<std::size_t>(d / 2));
+  for (std::int64_t i = 0; i < d / 2; ++i) {
+    h_freq[static_cast<std::size_t>(i)] =
+        static_cast<float>(1.0 / std::pow(kRopeTheta, 2.0 * static_cast<double>(i) / d));
+  }
+  upload(pos, h_pos);
+  upload(freq, h_freq);
+  const kernels::RopeArgs qa{.x = q.view(dt, {t, h, d}),
+                             .positions = pos.view(DType::kI32, {t}),
+                             .inv_freq = freq.view(DType::kF32, {d / 2}),
+                             .backward = backward};
+  kernels::RopeArgs ka = qa;
+  ka.x = k.view(dt, {t, g, d});
+  run(
+      st, env,
+      [&] {
+        FERRY_CHECK_OK(env->be->rope(qa, env->stream));
+        FERRY_CHECK_OK(env->be->rope(ka, env->stream));
+      },
+      0, 2.0 * t * (h + g) * d * s + 4.0 * t + 4.0 * (d / 2));
+}
+
+// Embedding lookup out [T, C] = table [V, C] rows at token_ids(T, V), table and out dt.
+// Compulsory traffic: read the ids, read each distinct row once (U of them; a repeated id's row
+// may come from L2), write out:
+//   4 * T + U * C * s + T * C * s
+void BM_Embedding(benchmark::State& st) {
+  Env* env = Env::get(st);
+  if (!env) return;
+  const std::int64_t t = st.range(0), v = st.range(1), c = st.range(2);
+  const DType dt = dt_of(st.range(3));
+  const auto s = static_cast<std::int64_t>(dtype_size(dt));
+  Dev table(v * c * s, 32), out(t * c * s, 33), ids(t * 4, 0);
+  const std::vector<std::int32_t> h_ids = token_ids(t, v);
+  upload(ids, h_ids);
+  const auto u = static_cast<double>(distinct_ids(h_ids));
+  const kernels::EmbeddingArgs a{.out = out.view(dt, {t, c}),
+                                 .table = table.view(dt, {v, c}),
+                                 .ids = ids.view(DType::kI32, {t})};
+  run(
+      st, env, [&] { FERRY_CHECK_OK(env->be->embedding(a, env->stream)); }, 0,
+      4.0 * t + u * c * s + 1.0 * t * c * s);
+}
+
+// Embedding backward: d_table [V, C] += d_out [T, C] scattered to the rows token_ids(T, V) (the
+// deterministic sliced kernel, embedding.cu), d_table and d_out dt. Compulsory traffic: read the
+// ids and d_out, read-modify-write the U distinct rows touched (the V - U others are not read):
+//   4 * T + T * C * s + 2 * U * C * s
+// (torch's autograd builds a dense zeroed [V, C] gradient first; that memset is not counted.)
+void BM_EmbeddingBwd(benchmark::State& st) {
+  Env* env = Env::get(st);
+  if (!env) return;
+  const std::int64_t t = st.range(0), v = st.range(1), c = st.range(2);
+  const DType dt = dt_of(st.range(3));
+  const auto s = static_cast<std::int64_t>(dtype_size(dt));
+  Dev d_table(v * c * s, 34), d_out(t * c * s, 35), ids(t * 4, 0);
+  const std::vector<std::int32_t> h_ids = token_ids(t, v);
+  upload(ids, h_ids);
+  const auto u = static_cast<double>(distinct_ids(h_ids));
+  const kernels::EmbeddingBackwardArgs a{.d_table = d_table.view(dt, {v, c}),
+                                         .d_out = d_out.view(dt, {t, c}),
+                                         .ids = ids.view(DType::kI32, {t})};
+  run(
+      st, env, [&] { FERRY_CHECK_OK(env->be->embedding_backward(a, env->stream)); }, 0,
+      4.0 * t + 1.0 * t * c * s + 2.0 * u * c * s);
+}
+
+// The fused residual add + rms_norm (kernels::cuda::add_rms_norm, f32 only: the serve decode
+// fusion kAddNorm; training runs add and rms_norm as two launches): x_out = x + y, out =
+// rms_norm(x_out) * weight, rstd saved. Compulsory traffic: read x and y, write x_out and out,
+// read weight, write rstd:
+//   4 * T * C * 4 + 4 * C + 4 * T
+void BM_AddRmsNorm(benchmark::State& st) {
+  Env* env = Env::get(st);
+  if (!env) return;
+  const std::int64_t t = st.range(0), c = st.range(1);
+  Dev x(t * c * 4, 36), y(t * c * 4, 37), x_out(t * c * 4, 38), out(t * c * 4, 39), w(c * 4, 40),
+      r(t * 4, 41);
+  const kernels::cuda::AddRmsNormArgs a{.x_out = static_cast<float*>(x_out.p),
+                                        .out = static_cast<float*>(out.p),
+                                        .rstd = static_cast<float*>(r.p),
+                                        .x = static_cast<const float*>(x.p),
+                                        .y = static_cast<const float*>(y.p),
+                                        .weight = static_cast<const float*>(w.p),
+                                        .n = t,
+                                        .c = c,
+                                        .eps = 1e-6f};
+  run(
+      st, env, [&] { FERRY_CHECK_OK(kernels::cuda::add_rms_norm(a, env->stream)); }, 0,
+      4.0 * t * c * 4 + 4.0 * c + 4.0 * t);
+}
+
 void BM_Copy(benchmark::State& st) {
   Env* env = Env::get(st);
   if (!env) return;
@@ -313,6 +465,37 @@ BENCHMARK(BM_AdamW)->Args({100000000})->UseManualTime();
 // 1 GiB: the bandwidth ceiling. 32 / 56 MiB: copies moving as many bytes as rms_norm 8192x2048 /
 // x3584 (read + write), where launch and tail are a comparable share of the time.
 BENCHMARK(BM_Copy)->Args({1LL << 30})->Args({32LL << 20})->Args({56LL << 20})->UseManualTime();
+// Session 38 (not yet run on a GPU): Qwen2.5-3B (C 2048, 16/2 heads) and 7B (C 3584, 28/4 heads),
+// 8192 tokens, head dim 128, vocabulary 151936; dt 0 bf16, 1 f32. torch_baselines.py times the
+// same rows (HF's apply_rotary_pos_emb and its autograd backward, F.embedding, index_add_, add +
+// F.rms_norm).
+BENCHMARK(BM_Rope)
+    ->ArgsProduct({{8192}, {16}, {2}, {128}, {0, 1}, {0, 1}})
+    ->ArgsProduct({{8192}, {28}, {4}, {128}, {0, 1}, {0, 1}})
+    ->Iterations(kMemReps)
+    ->UseManualTime();
+BENCHMARK(BM_Embedding)
+    ->ArgsProduct({{8192}, {151936}, {2048, 3584}, {0, 1}})
+    ->Iterations(kMemReps)
+    ->UseManualTime();
+BENCHMARK(BM_EmbeddingBwd)
+    ->ArgsProduct({{8192}, {151936}, {2048, 3584}, {0, 1}})
+    ->Iterations(kMemReps)
+    ->UseManualTime();
+BENCHMARK(BM_AddRmsNorm)
+    ->Args({8192, 2048})
+    ->Args({8192, 3584})
+    ->Iterations(kMemReps)
+    ->UseManualTime();
+// Copies moving the bytes of those rows (read + write = the row's traffic / 2, MiB): rope 36 / 72
+// (3B bf16 / f32), 64 / 128 (7B); embedding 32 / 64 and 56 / 112 (forward: the 32 / 56 above),
+// 48 / 96 and 84 / 168 (backward); add_rms_norm 128 / 224. compare.py pairs each row with the copy
+// whose traffic is nearest to its own.
+BENCHMARK(BM_Copy)
+    ->ArgsProduct({{36LL << 20, 48LL << 20, 64LL << 20, 72LL << 20, 84LL << 20, 96LL << 20,
+                    112LL << 20, 128LL << 20, 168LL << 20, 224LL << 20}})
+    ->Iterations(kMemReps)
+    ->UseManualTime();
 
 }  // namespace
 
