@@ -22,6 +22,7 @@
 #include "core/check.h"
 #include "mem/budget.h"
 #include "mem/cuda/cuda_util.h"
+#include "mem/tier_alloc.h"
 #include "mem/vmm.h"
 
 namespace ferry::mem::detail {
@@ -215,29 +216,14 @@ void device_vmm_unmap(std::byte* at, std::size_t bytes, std::uint64_t handle, in
               device, static_cast<int>(rr));
 }
 
+// The whole-up-front backing is an ordinary device allocation (tier_alloc_cuda.cpp), whose error
+// names the bytes needed and free.
 Result<std::byte*> device_up_front_alloc(std::size_t bytes, int device) {
-  ScopedDevice guard(device);
-  FERRY_CUDA_TRY(guard.status());
-  void* p = nullptr;
-  if (const cudaError_t e = cudaMalloc(&p, bytes); e != cudaSuccess) {
-    cudaGetLastError();
-    std::size_t free_b = 0, total_b = 0;
-    cudaMemGetInfo(&free_b, &total_b);
-    cudaGetLastError();
-    const StatusCode code =
-        e == cudaErrorMemoryAllocation ? StatusCode::kResourceExhausted : StatusCode::kInternal;
-    return Status(code, fmt::format("need {}, free {} of {} on device {} (cudaMalloc: {})",
-                                    format_bytes(bytes), format_bytes(free_b),
-                                    format_bytes(total_b), device, cudaGetErrorName(e)));
-  }
-  return static_cast<std::byte*>(p);
+  return device_alloc(bytes, device, "a whole-up-front region");
 }
 
 void device_up_front_free(std::byte* p, std::size_t bytes, int device) {
-  ScopedDevice guard(device);
-  const cudaError_t e = cudaFree(p);
-  FERRY_CHECK(e == cudaSuccess, "mem: cudaFree of a {}-byte up-front region on device {}: {}",
-              bytes, device, cudaGetErrorName(e));
+  device_free(p, bytes, device);
 }
 
 }  // namespace ferry::mem::detail

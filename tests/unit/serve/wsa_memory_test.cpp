@@ -63,6 +63,26 @@ Result<std::map<RequestId, std::vector<std::int32_t>>> run(
   return tokens;
 }
 
+// What a fixed engine at the resized engines' starting caps (4 slots per layer) generates, and
+// its expert and KV block sizes.
+struct FixedRun {
+  std::map<RequestId, std::vector<std::int32_t>> tokens;
+  std::size_t expert_bytes = 0, block_bytes = 0;
+};
+Result<FixedRun> fixed_engine(const BuiltinModel& m, const std::vector<GenerationRequest>& reqs) {
+  EngineConfig cfg;
+  cfg.max_batch_tokens = 24;
+  cfg.max_running = 3;
+  cfg.pager.mode = ExpertMode::kPaged;
+  cfg.pager.slots_per_layer = 4;
+  cfg.kv = {.block_tokens = kBlockTokens, .budget_bytes = 8 << 20};
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Engine> eng, Engine::create(m.geometry, m.params, cfg));
+  FixedRun r{.expert_bytes = eng->experts().store()->expert_bytes(),
+             .block_bytes = eng->kv().block_bytes()};
+  FERRY_ASSIGN_OR_RETURN(r.tokens, run(*eng, reqs));
+  return r;
+}
+
 // The resize schedule the memory tests serve through (grows, shrinks, uneven caps, KV moving
 // used blocks down); nullopt at the steps where it does not resize.
 std::optional<Status> scheduled_resize(Engine& eng, const model::DecoderGeometry& geo, int step) {
@@ -94,19 +114,10 @@ TEST(WsaMemory, CommittedBytesFollowCapsAndBlocksAndStayWithinTheBudget) {
   ASSERT_TRUE(m);
   const model::DecoderGeometry& geo = m->geometry;
   const auto reqs = requests();
-  // The fixed engine the resized one must equal.
-  EngineConfig fixed_cfg;
-  fixed_cfg.max_batch_tokens = 24;
-  fixed_cfg.max_running = 3;
-  fixed_cfg.pager.mode = ExpertMode::kPaged;
-  fixed_cfg.pager.slots_per_layer = 4;
-  fixed_cfg.kv = {.block_tokens = kBlockTokens, .budget_bytes = 8 << 20};
-  auto fixed = Engine::create(geo, m->params, fixed_cfg);
+  auto fixed = fixed_engine(*m, reqs);  // the engine the resized one must equal
   ASSERT_TRUE(fixed.ok()) << fixed.status().to_string();
-  auto want = run(**fixed, reqs);
-  ASSERT_TRUE(want.ok()) << want.status().to_string();
-  const std::size_t eb = (*fixed)->experts().store()->expert_bytes();
-  const std::size_t kb = (*fixed)->kv().block_bytes();
+  const std::map<RequestId, std::vector<std::int32_t>>& want = fixed->tokens;
+  const std::size_t eb = fixed->expert_bytes, kb = fixed->block_bytes;
   const std::size_t layer_block = kb / std::size_t(geo.layers);  // one layer's K and V of a block
   int moe = 0;
   for (bool b : geo.layer_is_moe) moe += b;
@@ -162,7 +173,7 @@ TEST(WsaMemory, CommittedBytesFollowCapsAndBlocksAndStayWithinTheBudget) {
     held.push_back(eng.device_held_bytes());
   });
   ASSERT_TRUE(got.ok()) << got.status().to_string();
-  EXPECT_EQ(*got, *want);
+  EXPECT_EQ(*got, want);
   EXPECT_EQ(checks, 6u) << "a resize step never came: the test lost its teeth";
   ASSERT_EQ(held.size(), 5u);
   // The held bytes really moved both ways (a shrink gave memory back).
@@ -186,18 +197,10 @@ TEST(WsaMemory, WithoutVmmThePoolsHoldTheirMaximaAndServeTheSameTokens) {
   ASSERT_TRUE(m);
   const model::DecoderGeometry& geo = m->geometry;
   const auto reqs = requests();
-  EngineConfig fixed_cfg;
-  fixed_cfg.max_batch_tokens = 24;
-  fixed_cfg.max_running = 3;
-  fixed_cfg.pager.mode = ExpertMode::kPaged;
-  fixed_cfg.pager.slots_per_layer = 4;
-  fixed_cfg.kv = {.block_tokens = kBlockTokens, .budget_bytes = 8 << 20};
-  auto fixed = Engine::create(geo, m->params, fixed_cfg);
+  auto fixed = fixed_engine(*m, reqs);
   ASSERT_TRUE(fixed.ok()) << fixed.status().to_string();
-  auto want = run(**fixed, reqs);
-  ASSERT_TRUE(want.ok()) << want.status().to_string();
-  const std::size_t eb = (*fixed)->experts().store()->expert_bytes();
-  const std::size_t kb = (*fixed)->kv().block_bytes();
+  const std::map<RequestId, std::vector<std::int32_t>>& want = fixed->tokens;
+  const std::size_t eb = fixed->expert_bytes, kb = fixed->block_bytes;
   int moe = 0;
   for (bool b : geo.layer_is_moe) moe += b;
   const std::size_t budget = std::size_t(moe) * 8 * eb + 60 * kb;
@@ -244,8 +247,8 @@ TEST(WsaMemory, WithoutVmmThePoolsHoldTheirMaximaAndServeTheSameTokens) {
 
   EXPECT_FALSE(vmm->pools_up_front);
   EXPECT_TRUE(off->pools_up_front);
-  EXPECT_EQ(off->tokens, *want);
-  EXPECT_EQ(vmm->tokens, *want);
+  EXPECT_EQ(off->tokens, want);
+  EXPECT_EQ(vmm->tokens, want);
   ASSERT_EQ(off->charged.size(), 6u) << "a resize step never came: the test lost its teeth";
   // The budget sees the same live sizes at every point; what is held differs.
   EXPECT_EQ(off->charged, vmm->charged);
