@@ -487,7 +487,9 @@ void register_serve(CLI::App& app, CommandFn& run) {
       ->check(CLI::Range(0.0, 1e7));
   cmd->add_option("--split", c->split,
                   "fixed: the pools keep their sizes; auto: MV-WSA divides --device-budget-mib "
-                  "between expert slots and KV blocks while serving")
+                  "between expert slots and KV blocks while serving (the pools hold their live "
+                  "sizes through CUDA virtual memory; without it, or with FERRY_VMM=off, both "
+                  "pools are held whole)")
       ->check(CLI::IsMember({"fixed", "auto"}))
       ->envname("FERRY_SPLIT");
   cmd->add_option("--wsa-max-context", c->wsa_max_context,
