@@ -13,29 +13,13 @@ fail() { echo "FAIL: $*"; exit 1; }
 cleanup() { [ -n "$spid" ] && kill "$spid" 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
 source "$ROOT/tests/cli/lib/serve_port.sh"
+source "$ROOT/tests/cli/lib/serve_split.sh"
 
-serve() {  # serve NAME: --split auto, two greedy completions, SIGTERM; NAME.out / NAME.err
-  local name=$1
-  "$FERRY" serve --port 0 --split auto --device-budget-mib 12 --wsa-max-context 256 \
-    >"$tmp/$name.out" 2>"$tmp/$name.err" &
-  spid=$!
-  local port
-  port=$(serve_port "$tmp/$name.out")
-  [ -n "$port" ] || fail "$name: server did not start: $(cat "$tmp/$name.err")"
-  for i in 1 2; do
-    curl -sf "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
-      -d "{\"prompt\": \"The ferry crosses the bay. Turn $i.\", \"max_tokens\": 16, \"temperature\": 0, \"ignore_eos\": true}" \
-      >"$tmp/$name.c$i.json" || fail "$name: completion $i: $(cat "$tmp/$name.err")"
-    grep -q '"completion_tokens":16' "$tmp/$name.c$i.json" || fail "$name: completion $i: $(cat "$tmp/$name.c$i.json")"
-  done
-  kill -TERM "$spid"
-  wait "$spid" || fail "$name: serve exited $?: $(cat "$tmp/$name.err")"
-  spid=""
-  grep -Eq "^wsa: decisions=[0-9]+ " "$tmp/$name.err" || fail "$name: no wsa line: $(cat "$tmp/$name.err")"
-}
-
-(unset FERRY_VMM; serve vmm) || exit 1
-FERRY_VMM=off serve novmm || exit 1
+unset FERRY_VMM
+serve_split "$tmp" vmm
+export FERRY_VMM=off
+serve_split "$tmp" novmm
+unset FERRY_VMM
 
 for pool in "expert slot pool" "kv block pool"; do
   grep -q "virtual region what=\"$pool\" backing=whole-up-front .*reason=\"FERRY_VMM=off\"" "$tmp/novmm.err" ||

@@ -13,31 +13,13 @@ fail() { echo "FAIL: $*"; exit 1; }
 cleanup() { [ -n "$spid" ] && kill "$spid" 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
 source "$ROOT/tests/cli/lib/serve_port.sh"
+source "$ROOT/tests/cli/lib/serve_split.sh"
 
 "$FERRY" generate --prompt "What is 2+3? Tell me about the sea and the ferry." --max-new-tokens 32 \
   --greedy --record-trace "$tmp/trace.txt" >"$tmp/gen.txt" 2>&1 || fail "generate: $(cat "$tmp/gen.txt")"
 
-serve() {  # serve NAME ARGS...: --split auto, two completions, SIGTERM; stdout NAME.out, stderr NAME.err
-  local name=$1; shift
-  "$FERRY" serve --port 0 --split auto --device-budget-mib 12 --wsa-max-context 256 "$@" \
-    >"$tmp/$name.out" 2>"$tmp/$name.err" &
-  spid=$!
-  local port
-  port=$(serve_port "$tmp/$name.out")
-  [ -n "$port" ] || fail "$name: server did not start: $(cat "$tmp/$name.err")"
-  for i in 1 2; do
-    curl -sf "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
-      -d "{\"prompt\": \"The ferry crosses the bay. Turn $i.\", \"max_tokens\": 16, \"ignore_eos\": true}" \
-      >"$tmp/$name.c$i.json" || fail "$name: completion $i: $(cat "$tmp/$name.err")"
-    grep -q '"completion_tokens":16' "$tmp/$name.c$i.json" || fail "$name: completion $i: $(cat "$tmp/$name.c$i.json")"
-  done
-  kill -TERM "$spid"
-  wait "$spid" || fail "$name: serve exited $?: $(cat "$tmp/$name.err")"
-  spid=""
-  grep -Eq "^wsa: decisions=[0-9]+ " "$tmp/$name.err" || fail "$name: no wsa line: $(cat "$tmp/$name.err")"
-}
 
-serve warm --trace "$tmp/trace.txt"
+serve_split "$tmp" warm --trace "$tmp/trace.txt"
 grep -q -- "--split auto starts from the plan of $tmp/trace.txt: slots/layer" "$tmp/warm.err" ||
   fail "warm: no start line: $(cat "$tmp/warm.err")"
 # The same split --plan-only prints for this trace at the server's pools (12 MiB, f32 experts and
@@ -49,7 +31,7 @@ kv=$(sed -n 's/^mv-wsa .* kv_blocks=\([0-9]*\) .*/\1/p' "$tmp/plan.txt")
 grep -q "starts from the plan of .*, kv $kv blocks" "$tmp/warm.err" ||
   fail "warm start is not the plan's split (kv $kv): $(grep 'starts from' "$tmp/warm.err") / $(cat "$tmp/plan.txt")"
 
-serve cold
+serve_split "$tmp" cold
 grep -q "starts from the plan" "$tmp/cold.err" && fail "cold: a start line without --trace"
 
 # --trace alone: a warning, the server runs as before.
