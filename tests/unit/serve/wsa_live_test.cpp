@@ -41,6 +41,7 @@ constexpr int kBlockTokens = 4;
 
 EngineConfig base_config() {
   EngineConfig cfg;
+  cfg.kv.block_tokens = kBlockTokens;
   cfg.pager.mode = ExpertMode::kPaged;
   cfg.max_batch_tokens = 24;
   cfg.max_running = 3;
@@ -370,7 +371,6 @@ TEST(WsaLive, AgenticSessionsUnderAutoSplitMatchAFixedEngine) {
   ASSERT_FALSE(want.empty());
 
   EngineConfig cfg = base_config();
-  cfg.kv.block_tokens = kBlockTokens;
   const auto [floor, budget] = tight_split(*m, w);
   ASSERT_GT(budget, 0u);
   ASSERT_TRUE(wsa::configure_auto_split(m->geometry, budget, floor, cfg).ok());
@@ -418,7 +418,6 @@ TEST(WsaLive, DecodeFloorKeepsEveryCapAboveWhatADecodeStepRoutes) {
   for (const bool on : {false, true}) {
     SCOPED_TRACE(on ? "decode floor on" : "decode floor off");
     EngineConfig cfg = base_config();
-    cfg.kv.block_tokens = kBlockTokens;
     ASSERT_TRUE(wsa::configure_auto_split(m->geometry, budget, floor, cfg).ok());
     auto b = Engine::create(m->geometry, m->params, cfg);
     ASSERT_TRUE(b.ok()) << b.status().to_string();
@@ -457,7 +456,6 @@ TEST(WsaLive, DecodeFloorKeepsEveryCapAboveWhatADecodeStepRoutes) {
   // (6): the floor drops to the largest uniform cap that fits, so the controller still has
   // splits to choose from and moves (a floor no split meets would refuse every decision).
   EngineConfig cfg = base_config();
-  cfg.kv.block_tokens = kBlockTokens;
   ASSERT_TRUE(wsa::configure_auto_split(m->geometry, tight, floor, cfg).ok());
   auto b = Engine::create(m->geometry, m->params, cfg);
   ASSERT_TRUE(b.ok()) << b.status().to_string();
@@ -492,7 +490,6 @@ TEST(WsaLive, AWarmStartBeginsAtItsSplitAndServesTheSameTokens) {
   ASSERT_GT(budget, 0u);
   const wsa::Split start{.slots = {7, 3}, .kv_blocks = floor + 1};
   EngineConfig cfg = base_config();
-  cfg.kv.block_tokens = kBlockTokens;
   ASSERT_TRUE(wsa::configure_auto_split(m->geometry, budget, floor, start, cfg).ok());
   auto b = Engine::create(m->geometry, m->params, cfg);
   ASSERT_TRUE(b.ok()) << b.status().to_string();
@@ -524,7 +521,6 @@ TEST(WsaLive, AWarmStartBeginsAtItsSplitAndServesTheSameTokens) {
         wsa::Split{.slots = {5, 5}, .kv_blocks = floor - 1},           // below the floor
         wsa::Split{.slots = {5, 5}, .kv_blocks = most_blocks + 1}}) {  // over the budget
     EngineConfig c2 = base_config();
-    c2.kv.block_tokens = kBlockTokens;
     const EngineConfig before = c2;
     const Status st = wsa::configure_auto_split(m->geometry, budget, floor, bad, c2);
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << wsa::to_string(bad);
@@ -533,7 +529,6 @@ TEST(WsaLive, AWarmStartBeginsAtItsSplitAndServesTheSameTokens) {
     EXPECT_EQ(c2.device_budget_bytes, before.device_budget_bytes);
   }
   EngineConfig fits = base_config();
-  fits.kv.block_tokens = kBlockTokens;
   EXPECT_TRUE(wsa::configure_auto_split(m->geometry, budget, floor,
                                         {.slots = {5, 5}, .kv_blocks = most_blocks}, fits)
                   .ok());
@@ -610,7 +605,6 @@ TEST(WsaLive, ReusePriorKeepsHistoriesOnTheEngine) {
   };
   auto run = [&](int slots, bool prior) -> Counts {
     EngineConfig cfg = base_config();
-    cfg.kv.block_tokens = kBlockTokens;
     cfg.kv.prefix_cache = true;
     const std::size_t budget = 2 * std::size_t(slots) * eb + std::size_t(history_blocks) * kb;
     EXPECT_TRUE(wsa::configure_auto_split(m->geometry, budget, floor, cfg).ok());
@@ -659,7 +653,6 @@ TEST(WsaLive, PrefixCacheUnderAutoSplitIsBitIdenticalAndFeedsTheKvCurve) {
   const AgenticRecord want = run_history(**a, w, m->geometry.vocab);
 
   EngineConfig cfg = base_config();
-  cfg.kv.block_tokens = kBlockTokens;
   cfg.kv.prefix_cache = true;
   cfg.batch_invariant = true;
   const auto [floor, budget] = tight_split(*m, w);
