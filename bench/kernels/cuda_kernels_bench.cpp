@@ -9,6 +9,9 @@
 //   BM_RmsNorm/T/C, BM_SwiGlu/T/F, BM_Add/N, BM_AdamW/N   GB/s of compulsory traffic
 //   BM_Rope/T/H/G/D/dir/dt, BM_Embedding/T/V/C/dt, BM_EmbeddingBwd/T/V/C/dt, BM_AddRmsNorm/T/C
 //                           the same (session 38; each row's traffic formula is above its bench)
+//   BM_SmallMGemm/m/n/k/dt/loop, BM_SmallMQkv/m/dt/loop   the serve decode's small-m GEMMs
+//                           (gemm_small_m.cu) with the one-step (loop 0) and pipelined (1) loops,
+//                           GB/s of the weight, a and out (session 39; ferry only, no torch twin)
 //   BM_Copy/bytes           cudaMemcpyAsync device->device: the bandwidth ceiling (GB/s, r+w)
 // tools/bench/torch_baselines.py times PyTorch on the same shapes in the same device call, and
 // tools/bench/compare.py turns both JSON files into ratios (scripts/gpu_check.sh runs all three).
@@ -29,6 +32,7 @@
 #include "core/dtype.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/decode_fusion.h"
+#include "kernels/cuda/launchers.h"
 
 namespace {
 
@@ -412,6 +416,80 @@ void BM_AddRmsNorm(benchmark::State& st) {
       4.0 * t * c * 4 + 4.0 * c + 4.0 * t);
 }
 
+// The serve decode's small-m GEMMs (gemm_small_m.cu): out [m, n] f32 = a [m, k] f32 @ b [n, k]^T,
+// b bf16 (dt 0, --dense-dtype bf16) or f32 (dt 1), loop 0 the one-step loop, 1 the pipelined one
+// (the same bits; tests/gpu/kernels_small_m_loop_test.cpp). Qwen3-30B-A3B shapes: q 4096 x 2048,
+// k/v 512 x 2048, o 2048 x 4096, lm_head 151936 x 2048; m 1 (one stream) and 4. The L2 flush
+// before each timed launch leaves the weight in HBM, as in a 48-layer decode step. Compulsory
+// traffic: read the weight once, read a, write out:
+//   n * k * s + 4 * m * k + 4 * m * n
+kernels::cuda::SmallMLoop loop_of(std::int64_t code) {
+  return code == 0 ? kernels::cuda::SmallMLoop::kOneStep : kernels::cuda::SmallMLoop::kPipelined;
+}
+
+void BM_SmallMGemm(benchmark::State& st) {
+  Env* env = Env::get(st);
+  if (!env) return;
+  const std::int64_t m = st.range(0), n = st.range(1), k = st.range(2);
+  const bool bf16 = st.range(3) == 0;
+  const auto loop = loop_of(st.range(4));
+  const std::int64_t s = bf16 ? 2 : 4;
+  Dev a(m * k * 4, 42), w(n * k * s, 43), out(m * n * 4, 44);
+  run(
+      st, env,
+      [&] {
+        const cudaError_t e = bf16 ? kernels::cuda::launch_small_m_gemm_bf16w(
+                                         static_cast<float*>(out.p), static_cast<const float*>(a.p),
+                                         static_cast<const std::uint16_t*>(w.p), nullptr, m, n, k,
+                                         k, k, n, 1.0f, 0.0f, env->raw, loop)
+                                   : kernels::cuda::launch_small_m_gemm_f32(
+                                         static_cast<float*>(out.p), static_cast<const float*>(a.p),
+                                         static_cast<const float*>(w.p), nullptr, m, n, k, k, k, n,
+                                         1.0f, 0.0f, env->raw, loop);
+        FERRY_CHECK(e == cudaSuccess, "bench: small-m GEMM launch: {}", cudaGetErrorString(e));
+      },
+      0, 1.0 * n * k * s + 4.0 * m * k + 4.0 * m * n);
+}
+
+// A decode step's q/k/v in one launch (decode fusion kQkv): q 4096, k 512, v 512 columns on the
+// same a [m, 2048]; traffic as above over the three weights.
+void BM_SmallMQkv(benchmark::State& st) {
+  Env* env = Env::get(st);
+  if (!env) return;
+  const std::int64_t m = st.range(0), k = 2048;
+  const std::int64_t ns[3] = {4096, 512, 512};
+  const bool bf16 = st.range(1) == 0;
+  const auto loop = loop_of(st.range(2));
+  const std::int64_t s = bf16 ? 2 : 4;
+  Dev a(m * k * 4, 45), wq(ns[0] * k * s, 46), wk(ns[1] * k * s, 47), wv(ns[2] * k * s, 48);
+  Dev oq(m * ns[0] * 4, 49), ok(m * ns[1] * 4, 50), ov(m * ns[2] * 4, 51);
+  const Dev* ws[3] = {&wq, &wk, &wv};
+  const Dev* os[3] = {&oq, &ok, &ov};
+  kernels::cuda::SmallMGemmOutput outs[3];
+  double bytes = 4.0 * m * k;
+  for (int o = 0; o < 3; ++o) {
+    outs[o] = {.out = static_cast<float*>(os[o]->p),
+               .b = ws[o]->p,
+               .bias = nullptr,
+               .n = ns[o],
+               .ldb = k,
+               .ldo = ns[o]};
+    bytes += 1.0 * ns[o] * k * s + 4.0 * m * ns[o];
+  }
+  run(
+      st, env,
+      [&] {
+        const cudaError_t e =
+            bf16
+                ? kernels::cuda::launch_small_m_gemm_multi_bf16w(
+                      outs, 3, static_cast<const float*>(a.p), m, k, k, 1.0f, 0.0f, env->raw, loop)
+                : kernels::cuda::launch_small_m_gemm_multi_f32(
+                      outs, 3, static_cast<const float*>(a.p), m, k, k, 1.0f, 0.0f, env->raw, loop);
+        FERRY_CHECK(e == cudaSuccess, "bench: small-m q/k/v launch: {}", cudaGetErrorString(e));
+      },
+      0, bytes);
+}
+
 void BM_Copy(benchmark::State& st) {
   Env* env = Env::get(st);
   if (!env) return;
@@ -494,6 +572,23 @@ BENCHMARK(BM_AddRmsNorm)
 BENCHMARK(BM_Copy)
     ->ArgsProduct({{36LL << 20, 48LL << 20, 64LL << 20, 72LL << 20, 84LL << 20, 96LL << 20,
                     112LL << 20, 128LL << 20, 168LL << 20, 224LL << 20}})
+    ->Iterations(kMemReps)
+    ->UseManualTime();
+// Session 39: the small-m GEMMs, one-step (0) then pipelined (1) loop, bf16 (0) and f32 (1)
+// weights; copies of 8 / 10 / 296 MiB move about the bytes of q and o (16.8 MB), q/k/v (21 MB) and
+// the bf16 lm_head (622 MB).
+BENCHMARK(BM_SmallMGemm)
+    ->ArgsProduct({{1}, {4096, 512}, {2048}, {0, 1}, {0, 1}})
+    ->ArgsProduct({{1, 4}, {2048}, {4096}, {0, 1}, {0, 1}})
+    ->ArgsProduct({{1}, {151936}, {2048}, {0}, {0, 1}})
+    ->Iterations(kMemReps)
+    ->UseManualTime();
+BENCHMARK(BM_SmallMQkv)
+    ->ArgsProduct({{1, 4}, {0, 1}, {0, 1}})
+    ->Iterations(kMemReps)
+    ->UseManualTime();
+BENCHMARK(BM_Copy)
+    ->ArgsProduct({{8LL << 20, 10LL << 20, 296LL << 20}})
     ->Iterations(kMemReps)
     ->UseManualTime();
 

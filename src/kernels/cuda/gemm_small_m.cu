@@ -20,7 +20,15 @@
 // Several outputs on one input (small_m_gemm_multi_kernel, a decode step's q/k/v in one launch;
 // docs/cuda.md "Decode fusions"): each column is the same column code, so each output gets its
 // own launch's bits. Tested bit for bit in tests/gpu/serve_decode_fusion_gpu_test.cpp.
+// The pipelined loop (SmallMLoop::kPipelined, the default; FERRY_SMALL_M_PIPELINE=0 or
+// kOneStep for the loop before it): each lane issues the loads of kUnroll consecutive steps of
+// its own stride before it adds any of them, then adds them in the same order as the one-step
+// loop, so the bits are the one-step loop's (tested bit for bit in
+// tests/gpu/kernels_small_m_loop_test.cpp). Why: one 8-byte bf16 load in flight per lane left a
+// decode step's q/k/v and o projections latency-bound (ncu on the H200, session 12: 8.7 us for a
+// 2048 x 4096 bf16 weight, ~1.9 TB/s; docs/cuda.md "Small-m GEMM: loads in flight").
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -30,6 +38,8 @@ namespace ferry::kernels::cuda {
 namespace {
 
 constexpr int kWarps = 8;
+// Vector steps (4 weights each) whose loads one lane has in flight in the pipelined loop.
+constexpr int kUnroll = 8;
 
 // The weight's element as f32: itself, or a bf16 (raw bits) widened exactly.
 __device__ __forceinline__ float widen(float w) { return w; }
@@ -50,11 +60,28 @@ __device__ __forceinline__ W4 load4(const std::uint16_t* w, std::int64_t q) {
           __uint_as_float(v.y << 16), __uint_as_float(v.y & 0xffff0000u)};
 }
 
+// One vector step q of a lane (4 weights, already loaded) added to the M rows' sums.
+template <int M>
+__device__ __forceinline__ void add_step4(float (&acc)[M], const W4& wv,
+                                          const float* __restrict__ a, std::int64_t lda,
+                                          std::int64_t q) {
+#pragma unroll
+  for (int r = 0; r < M; ++r) {
+    const float4 xv = reinterpret_cast<const float4*>(a + r * lda)[q];
+    acc[r] += wv.x * xv.x;
+    acc[r] += wv.y * xv.y;
+    acc[r] += wv.z * xv.z;
+    acc[r] += wv.w * xv.w;
+  }
+}
+
 // One output column j of out = alpha * a @ b^T (+ bias) + beta * out for M rows, computed by the
 // calling warp (`lane` 0..31): the body of small_m_gemm_kernel, shared with the multi-output
 // kernel below so both compile the same per-element arithmetic (the same bits).
 // Wt: float, or std::uint16_t (bf16 bits). Every f32 operation is the same for both.
-template <int M, bool kVec, typename Wt>
+// kPipe: load kUnroll steps, then add them in order (the one-step loop's order and bits); the
+// steps left over (fewer than kUnroll for this lane) run one at a time as in the one-step loop.
+template <int M, bool kVec, bool kPipe, typename Wt>
 __device__ __forceinline__ void small_m_gemm_column(
     float* __restrict__ out, const float* __restrict__ a, const Wt* __restrict__ b,
     const float* __restrict__ bias, std::int64_t j, int lane, std::int64_t k, std::int64_t lda,
@@ -65,19 +92,32 @@ __device__ __forceinline__ void small_m_gemm_column(
   const Wt* w = b + j * ldb;
   if constexpr (kVec) {
     const std::int64_t k4 = k / 4;
-    for (std::int64_t q = lane; q < k4; q += 32) {
-      const W4 wv = load4(w, q);
+    std::int64_t q = lane;
+    if constexpr (kPipe) {
+      for (; q + 32 * (kUnroll - 1) < k4; q += 32 * kUnroll) {
+        W4 wv[kUnroll];
 #pragma unroll
-      for (int r = 0; r < M; ++r) {
-        const float4 xv = reinterpret_cast<const float4*>(a + r * lda)[q];
-        acc[r] += wv.x * xv.x;
-        acc[r] += wv.y * xv.y;
-        acc[r] += wv.z * xv.z;
-        acc[r] += wv.w * xv.w;
+        for (int u = 0; u < kUnroll; ++u) wv[u] = load4(w, q + 32 * u);
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) add_step4<M>(acc, wv[u], a, lda, q + 32 * u);
       }
     }
+    for (; q < k4; q += 32) add_step4<M>(acc, load4(w, q), a, lda, q);
   } else {
-    for (std::int64_t q = lane; q < k; q += 32) {
+    std::int64_t q = lane;
+    if constexpr (kPipe) {
+      for (; q + 32 * (kUnroll - 1) < k; q += 32 * kUnroll) {
+        float wq[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) wq[u] = widen(w[q + 32 * u]);
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+          for (int r = 0; r < M; ++r) acc[r] += wq[u] * a[r * lda + q + 32 * u];
+        }
+      }
+    }
+    for (; q < k; q += 32) {
       const float wq = widen(w[q]);
 #pragma unroll
       for (int r = 0; r < M; ++r) acc[r] += wq * a[r * lda + q];
@@ -96,7 +136,7 @@ __device__ __forceinline__ void small_m_gemm_column(
   }
 }
 
-template <int M, bool kVec, typename Wt>
+template <int M, bool kVec, bool kPipe, typename Wt>
 __global__ void __launch_bounds__(kWarps * 32)
     small_m_gemm_kernel(float* __restrict__ out, const float* __restrict__ a,
                         const Wt* __restrict__ b, const float* __restrict__ bias, std::int64_t n,
@@ -105,7 +145,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (j >= n) return;
-  small_m_gemm_column<M, kVec, Wt>(out, a, b, bias, j, lane, k, lda, ldb, ldo, alpha, beta);
+  small_m_gemm_column<M, kVec, kPipe, Wt>(out, a, b, bias, j, lane, k, lda, ldb, ldo, alpha, beta);
 }
 
 // Up to kSmallGemmMaxOutputs linear layers on the same input rows in one launch (a decode step's
@@ -121,7 +161,7 @@ struct MultiOutputs {
   unsigned first[kSmallGemmMaxOutputs + 1];  // first block of each output, then the grid size
 };
 
-template <int M, bool kVec, typename Wt>
+template <int M, bool kVec, bool kPipe, typename Wt>
 __global__ void __launch_bounds__(kWarps * 32)
     small_m_gemm_multi_kernel(const MultiOutputs<Wt> o, const float* __restrict__ a, std::int64_t k,
                               std::int64_t lda, float alpha, float beta) {
@@ -132,8 +172,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       static_cast<std::int64_t>(blockIdx.x - o.first[s]) * kWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (j >= o.n[s]) return;
-  small_m_gemm_column<M, kVec, Wt>(o.out[s], a, o.b[s], o.bias[s], j, lane, k, lda, o.ldb[s],
-                                   o.ldo[s], alpha, beta);
+  small_m_gemm_column<M, kVec, kPipe, Wt>(o.out[s], a, o.b[s], o.bias[s], j, lane, k, lda, o.ldb[s],
+                                          o.ldo[s], alpha, beta);
 }
 
 bool aligned(const void* p, std::uintptr_t bytes) {
@@ -147,38 +187,64 @@ bool vec_ok(const float* a, const Wt* b, std::int64_t k, std::int64_t lda, std::
   return k % 4 == 0 && lda % 4 == 0 && ldb % 4 == 0 && aligned(a, 16) && aligned(b, 4 * sizeof(Wt));
 }
 
+// Whether SmallMLoop::kDefault takes the pipelined loop: FERRY_SMALL_M_PIPELINE=0 says no (the
+// one-step loop, for an A/B in one binary); read once per process.
+bool pipeline_default() {
+  static const bool on = [] {
+    const char* v = std::getenv("FERRY_SMALL_M_PIPELINE");
+    return v == nullptr || v[0] != '0';
+  }();
+  return on;
+}
+
+bool pipelined(SmallMLoop loop) {
+  return loop == SmallMLoop::kDefault ? pipeline_default() : loop == SmallMLoop::kPipelined;
+}
+
+template <int M, bool kPipe, typename Wt>
+void launch_m_loop(float* out, const float* a, const Wt* b, const float* bias, std::int64_t n,
+                   std::int64_t k, std::int64_t lda, std::int64_t ldb, std::int64_t ldo,
+                   float alpha, float beta, cudaStream_t stream) {
+  const auto grid = static_cast<unsigned>((n + kWarps - 1) / kWarps);
+  if (vec_ok(a, b, k, lda, ldb)) {
+    small_m_gemm_kernel<M, true, kPipe, Wt>
+        <<<grid, kWarps * 32, 0, stream>>>(out, a, b, bias, n, k, lda, ldb, ldo, alpha, beta);
+  } else {
+    small_m_gemm_kernel<M, false, kPipe, Wt>
+        <<<grid, kWarps * 32, 0, stream>>>(out, a, b, bias, n, k, lda, ldb, ldo, alpha, beta);
+  }
+}
+
 template <int M, typename Wt>
 void launch_m(float* out, const float* a, const Wt* b, const float* bias, std::int64_t n,
               std::int64_t k, std::int64_t lda, std::int64_t ldb, std::int64_t ldo, float alpha,
-              float beta, cudaStream_t stream) {
-  const auto grid = static_cast<unsigned>((n + kWarps - 1) / kWarps);
-  if (vec_ok(a, b, k, lda, ldb)) {
-    small_m_gemm_kernel<M, true, Wt>
-        <<<grid, kWarps * 32, 0, stream>>>(out, a, b, bias, n, k, lda, ldb, ldo, alpha, beta);
+              float beta, bool pipe, cudaStream_t stream) {
+  if (pipe) {
+    launch_m_loop<M, true, Wt>(out, a, b, bias, n, k, lda, ldb, ldo, alpha, beta, stream);
   } else {
-    small_m_gemm_kernel<M, false, Wt>
-        <<<grid, kWarps * 32, 0, stream>>>(out, a, b, bias, n, k, lda, ldb, ldo, alpha, beta);
+    launch_m_loop<M, false, Wt>(out, a, b, bias, n, k, lda, ldb, ldo, alpha, beta, stream);
   }
 }
 
 template <typename Wt>
 cudaError_t launch_typed(float* out, const float* a, const Wt* b, const float* bias, std::int64_t m,
                          std::int64_t n, std::int64_t k, std::int64_t lda, std::int64_t ldb,
-                         std::int64_t ldo, float alpha, float beta, cudaStream_t stream) {
+                         std::int64_t ldo, float alpha, float beta, bool pipe,
+                         cudaStream_t stream) {
   if (m < 1 || m > kSmallGemmMaxRows || n < 0 || k < 1) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   switch (m) {
     case 1:
-      launch_m<1>(out, a, b, bias, n, k, lda, ldb, ldo, alpha, beta, stream);
+      launch_m<1>(out, a, b, bias, n, k, lda, ldb, ldo, alpha, beta, pipe, stream);
       break;
     case 2:
-      launch_m<2>(out, a, b, bias, n, k, lda, ldb, ldo, alpha, beta, stream);
+      launch_m<2>(out, a, b, bias, n, k, lda, ldb, ldo, alpha, beta, pipe, stream);
       break;
     case 3:
-      launch_m<3>(out, a, b, bias, n, k, lda, ldb, ldo, alpha, beta, stream);
+      launch_m<3>(out, a, b, bias, n, k, lda, ldb, ldo, alpha, beta, pipe, stream);
       break;
     default:
-      launch_m<4>(out, a, b, bias, n, k, lda, ldb, ldo, alpha, beta, stream);
+      launch_m<4>(out, a, b, bias, n, k, lda, ldb, ldo, alpha, beta, pipe, stream);
       break;
   }
   return cudaGetLastError();
@@ -186,15 +252,20 @@ cudaError_t launch_typed(float* out, const float* a, const Wt* b, const float* b
 
 template <int M, bool kVec, typename Wt>
 void launch_multi_m(const MultiOutputs<Wt>& o, int count, const float* a, std::int64_t k,
-                    std::int64_t lda, float alpha, float beta, cudaStream_t stream) {
-  small_m_gemm_multi_kernel<M, kVec, Wt>
-      <<<o.first[count], kWarps * 32, 0, stream>>>(o, a, k, lda, alpha, beta);
+                    std::int64_t lda, float alpha, float beta, bool pipe, cudaStream_t stream) {
+  if (pipe) {
+    small_m_gemm_multi_kernel<M, kVec, true, Wt>
+        <<<o.first[count], kWarps * 32, 0, stream>>>(o, a, k, lda, alpha, beta);
+  } else {
+    small_m_gemm_multi_kernel<M, kVec, false, Wt>
+        <<<o.first[count], kWarps * 32, 0, stream>>>(o, a, k, lda, alpha, beta);
+  }
 }
 
 template <typename Wt>
 cudaError_t launch_multi_typed(const SmallMGemmOutput* outs, int count, const float* a,
                                std::int64_t m, std::int64_t k, std::int64_t lda, float alpha,
-                               float beta, cudaStream_t stream) {
+                               float beta, bool pipe, cudaStream_t stream) {
   if (count < 1 || count > kSmallGemmMaxOutputs || m < 1 || m > kSmallGemmMaxRows || k < 1) {
     return cudaErrorInvalidValue;
   }
@@ -223,7 +294,7 @@ cudaError_t launch_multi_typed(const SmallMGemmOutput* outs, int count, const fl
     for (int i = 0; i < count; ++i) {
       if (outs[i].n == 0) continue;
       const cudaError_t e = launch_typed(outs[i].out, a, o.b[i], outs[i].bias, m, outs[i].n, k, lda,
-                                         outs[i].ldb, outs[i].ldo, alpha, beta, stream);
+                                         outs[i].ldb, outs[i].ldo, alpha, beta, pipe, stream);
       if (e != cudaSuccess) return e;
     }
     return cudaSuccess;
@@ -231,9 +302,9 @@ cudaError_t launch_multi_typed(const SmallMGemmOutput* outs, int count, const fl
   auto go = [&](auto mc) {
     constexpr int M = decltype(mc)::value;
     if (vec) {
-      launch_multi_m<M, true, Wt>(o, count, a, k, lda, alpha, beta, stream);
+      launch_multi_m<M, true, Wt>(o, count, a, k, lda, alpha, beta, pipe, stream);
     } else {
-      launch_multi_m<M, false, Wt>(o, count, a, k, lda, alpha, beta, stream);
+      launch_multi_m<M, false, Wt>(o, count, a, k, lda, alpha, beta, pipe, stream);
     }
   };
   switch (m) {
@@ -257,29 +328,34 @@ cudaError_t launch_multi_typed(const SmallMGemmOutput* outs, int count, const fl
 
 cudaError_t launch_small_m_gemm_multi_f32(const SmallMGemmOutput* outs, int count, const float* a,
                                           std::int64_t m, std::int64_t k, std::int64_t lda,
-                                          float alpha, float beta, cudaStream_t stream) {
-  return launch_multi_typed<float>(outs, count, a, m, k, lda, alpha, beta, stream);
+                                          float alpha, float beta, cudaStream_t stream,
+                                          SmallMLoop loop) {
+  return launch_multi_typed<float>(outs, count, a, m, k, lda, alpha, beta, pipelined(loop), stream);
 }
 
 cudaError_t launch_small_m_gemm_multi_bf16w(const SmallMGemmOutput* outs, int count, const float* a,
                                             std::int64_t m, std::int64_t k, std::int64_t lda,
-                                            float alpha, float beta, cudaStream_t stream) {
-  return launch_multi_typed<std::uint16_t>(outs, count, a, m, k, lda, alpha, beta, stream);
+                                            float alpha, float beta, cudaStream_t stream,
+                                            SmallMLoop loop) {
+  return launch_multi_typed<std::uint16_t>(outs, count, a, m, k, lda, alpha, beta, pipelined(loop),
+                                           stream);
 }
 
 cudaError_t launch_small_m_gemm_f32(float* out, const float* a, const float* b, const float* bias,
                                     std::int64_t m, std::int64_t n, std::int64_t k,
                                     std::int64_t lda, std::int64_t ldb, std::int64_t ldo,
-                                    float alpha, float beta, cudaStream_t stream) {
-  return launch_typed(out, a, b, bias, m, n, k, lda, ldb, ldo, alpha, beta, stream);
+                                    float alpha, float beta, cudaStream_t stream, SmallMLoop loop) {
+  return launch_typed(out, a, b, bias, m, n, k, lda, ldb, ldo, alpha, beta, pipelined(loop),
+                      stream);
 }
 
 cudaError_t launch_small_m_gemm_bf16w(float* out, const float* a, const std::uint16_t* b,
                                       const float* bias, std::int64_t m, std::int64_t n,
                                       std::int64_t k, std::int64_t lda, std::int64_t ldb,
                                       std::int64_t ldo, float alpha, float beta,
-                                      cudaStream_t stream) {
-  return launch_typed(out, a, b, bias, m, n, k, lda, ldb, ldo, alpha, beta, stream);
+                                      cudaStream_t stream, SmallMLoop loop) {
+  return launch_typed(out, a, b, bias, m, n, k, lda, ldb, ldo, alpha, beta, pipelined(loop),
+                      stream);
 }
 
 }  // namespace ferry::kernels::cuda

@@ -39,10 +39,15 @@ cudaError_t launch_adamw(float* param, float* m, float* v, void* param_bf16, con
 // 1 <= m <= kSmallGemmMaxRows (gemm_small_m.cu): a decode step's linear layers, read at HBM speed;
 // each row's bits are independent of m.
 inline constexpr int kSmallGemmMaxRows = 4;
+// The small-m kernels' inner loop: kPipelined issues several steps' weight loads before adding
+// them, kOneStep one at a time (the loop before it); both add in the same order and give the same
+// bits. kDefault: kPipelined unless FERRY_SMALL_M_PIPELINE=0 (read once per process).
+enum class SmallMLoop { kDefault, kPipelined, kOneStep };
 cudaError_t launch_small_m_gemm_f32(float* out, const float* a, const float* b, const float* bias,
                                     std::int64_t m, std::int64_t n, std::int64_t k,
                                     std::int64_t lda, std::int64_t ldb, std::int64_t ldo,
-                                    float alpha, float beta, cudaStream_t stream);
+                                    float alpha, float beta, cudaStream_t stream,
+                                    SmallMLoop loop = SmallMLoop::kDefault);
 // The same with b [n, k] in bf16 (raw bits, widened exactly): the f32 kernel's bits on the widened
 // weight (an f32 copy with the same ldb, 16-byte aligned when b is 8-byte aligned). The serving
 // engine's bf16 dense weights (serve_kernels.h small_m_gemm_bf16w).
@@ -50,7 +55,7 @@ cudaError_t launch_small_m_gemm_bf16w(float* out, const float* a, const std::uin
                                       const float* bias, std::int64_t m, std::int64_t n,
                                       std::int64_t k, std::int64_t lda, std::int64_t ldb,
                                       std::int64_t ldo, float alpha, float beta,
-                                      cudaStream_t stream);
+                                      cudaStream_t stream, SmallMLoop loop = SmallMLoop::kDefault);
 // Up to kSmallGemmMaxOutputs small-m GEMMs on the same a [m, k] (lda) in one launch (a decode
 // step's q/k/v projections, or gate/up): out_o [m, ldo_o] = alpha * a @ b_o^T (+ bias_o) +
 // beta * out_o, b_o [n_o, ldb_o] f32 (multi_f32) or bf16 bits (multi_bf16w). Each output element
@@ -66,10 +71,12 @@ struct SmallMGemmOutput {
 };
 cudaError_t launch_small_m_gemm_multi_f32(const SmallMGemmOutput* outs, int count, const float* a,
                                           std::int64_t m, std::int64_t k, std::int64_t lda,
-                                          float alpha, float beta, cudaStream_t stream);
+                                          float alpha, float beta, cudaStream_t stream,
+                                          SmallMLoop loop = SmallMLoop::kDefault);
 cudaError_t launch_small_m_gemm_multi_bf16w(const SmallMGemmOutput* outs, int count, const float* a,
                                             std::int64_t m, std::int64_t k, std::int64_t lda,
-                                            float alpha, float beta, cudaStream_t stream);
+                                            float alpha, float beta, cudaStream_t stream,
+                                            SmallMLoop loop = SmallMLoop::kDefault);
 // out[0] = sum x^2, f32 accumulation, deterministic. partials == nullptr: one block walks x.
 // Else (kSumSquaresBlocks floats of scratch): a grid whose size depends only on n, each block
 // summing one fixed slice into partials[b], then one block adds the partials in index order.

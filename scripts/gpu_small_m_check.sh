@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Run THERE (the GPU machine), from the repo root, with build/debroot.tar.xz carried:
+#   OUT=$OUT/r STAGES="build test bench mem" bash scripts/gpu_small_m_check.sh
+#   OUT=$OUT/r STAGES="paced" bash scripts/gpu_small_m_check.sh      (a warm machine: no rebuild)
+# The small-m GEMM's pipelined loop (docs/cuda.md "Small-m GEMM: loads in flight") and issue #3's
+# memory-bound rows, in build/gpu (Release, sm_90a, tests and benches):
+#   build  ferry, gpu_test, cuda_kernels_bench
+#   test   gpu_test: the two loops' bits (KernelsSmallMLoop.*), the default loop against f64 and the
+#          f32 kernel (KernelsDense.*SmallM*, ServeDenseBf16*, ServeDecodeFusion*), and the
+#          no-VMM memory tests (MemVirtualRegionGpu.*, ServeWsaMemoryCuda.*): gpu_test.log
+#   bench  cuda_kernels_bench's BM_SmallMGemm / BM_SmallMQkv rows, one-step and pipelined loops,
+#          with same-size copies: small_m.json + small_m.txt
+#   mem    the RoPE / embedding / fused residual norm rows against torch and copies (session 38):
+#          ferry_mem.json, torch_mem.json, mem_summary.{json,txt}
+#   paced  issue #5's paced roofline A/B: `ferry bench serve` 48-layer Qwen3-30B-A3B, bf16 experts
+#          and dense, 24 GiB, copies paced to 24 GB/s, paged only, one process with
+#          FERRY_SMALL_M_PIPELINE=0 (the one-step loop) then one with the default (pipelined):
+#          paced_{onestep,pipelined}.{json,txt}. PACED_DECODE (default 32) decode tokens.
+# DEADLINE_S (default 560): stages not started by then are skipped, saying so.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/ferry_small_m}
+mkdir -p "$OUT"
+source scripts/device_env.sh
+B=build/gpu
+STAGES=${STAGES:-"build test bench"}
+DEADLINE_S=${DEADLINE_S:-560}
+PACED_DECODE=${PACED_DECODE:-32}
+t0=$(date +%s)
+status=0
+stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+in_time() {
+  if [ $(($(date +%s) - t0)) -ge "$DEADLINE_S" ]; then
+    stamp "skipped $1: past DEADLINE_S=$DEADLINE_S"
+    return 1
+  fi
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv >"$OUT/gpu.txt"
+cat "$OUT/gpu.txt"
+
+if has build; then
+  {
+    cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90a -DFERRY_BUILD_TESTS=ON -DFERRY_BUILD_BENCH=ON \
+      -DFERRY_BUILD_ROUTE=OFF
+    cmake --build "$B" -j16 --target ferry gpu_test cuda_kernels_bench
+  } >>"$OUT/build.log" 2>&1 || {
+    stamp "BUILD FAILED"
+    grep -E "error|FAILED" "$OUT/build.log" | head -30
+    exit 1
+  }
+  stamp "built"
+fi
+
+if has test && in_time test; then
+  timeout 300 "$B/tests/gpu_test" --gtest_filter='KernelsSmallMLoop.*:KernelsDense.*SmallM*:ServeDenseBf16*:ServeDecodeFusion*:MemVirtualRegionGpu.*:ServeWsaMemoryCuda.*' \
+    >"$OUT/gpu_test.log" 2>&1 || status=1
+  grep -E "PASSED|FAILED|SKIPPED|tests ran|Failure" "$OUT/gpu_test.log" | head -30
+  stamp "tests done"
+fi
+
+if has bench && in_time bench; then
+  timeout 120 "$B/bench/cuda_kernels_bench" --benchmark_filter='SmallM|Copy/(8388608|10485760|310378496|1073741824)/' \
+    --benchmark_out="$OUT/small_m.json" --benchmark_out_format=json >"$OUT/small_m.txt" 2>&1 ||
+    status=1
+  grep -E "BM_" "$OUT/small_m.txt" | sed -E 's/ +/ /g' | head -40
+  stamp "small-m bench done"
+fi
+
+if has mem && in_time mem; then
+  timeout 150 "$B/bench/cuda_kernels_bench" --benchmark_filter='Rope|Embedding|AddRmsNorm|Copy' \
+    --benchmark_out="$OUT/ferry_mem.json" --benchmark_out_format=json >"$OUT/ferry_mem.txt" 2>&1 ||
+    status=1
+  PY=python3
+  $PY -c 'import torch' 2>/dev/null || PY=/opt/torch/.venv/bin/python3
+  timeout 150 $PY tools/bench/torch_baselines.py --only rope,embedding,add_norm \
+    --out "$OUT/torch_mem.json" >"$OUT/torch_mem.txt" 2>&1 || status=1
+  $PY tools/bench/compare.py "$OUT/ferry_mem.json" "$OUT/torch_mem.json" \
+    --out "$OUT/mem_summary.json" >"$OUT/mem_summary.txt" 2>&1 || status=1
+  tail -40 "$OUT/mem_summary.txt"
+  stamp "mem rows done"
+fi
+
+if has paced; then
+  for variant in onestep pipelined; do
+    in_time "paced $variant" || continue
+    pipe=1
+    [ "$variant" = onestep ] && pipe=0
+    stamp "paced $variant (FERRY_SMALL_M_PIPELINE=$pipe)" | tee -a "$OUT/paced_$variant.txt"
+    FERRY_SMALL_M_PIPELINE=$pipe timeout 300 "$B/apps/ferry/ferry" bench serve --device cuda \
+      --geometry qwen3-30b-a3b --expert-dtype bf16 --dense-dtype bf16 --budget-gib 24 \
+      --modes paged --prompt-tokens 128 --decode-tokens "$PACED_DECODE" --link-gbps 24 \
+      --json "$OUT/paced_$variant.json" >>"$OUT/paced_$variant.txt" 2>&1 || {
+      echo "paced $variant failed: exit $?" | tee -a "$OUT/paced_$variant.txt"
+      status=1
+    }
+    grep -vE "^\[[0-9]{2}:" "$OUT/paced_$variant.txt" | tail -8
+  done
+  stamp "paced done"
+fi
+exit $status
