@@ -2,7 +2,8 @@
 # Run THERE (the GPU machine), from the repo root, with build/debroot.tar.xz carried:
 #   OUT=$OUT/r STAGES="build test bench mem" bash scripts/gpu_small_m_check.sh
 #   OUT=$OUT/r STAGES="paced" bash scripts/gpu_small_m_check.sh      (a warm machine: no rebuild)
-# The small-m GEMM's pipelined loop (docs/cuda.md "Small-m GEMM: loads in flight") and issue #3's
+# The small-m GEMM's pipelined loop (docs/cuda.md "Small-m GEMM: loads in flight"), programmatic
+# dependent launch (docs/cuda.md "Programmatic dependent launch") and issue #3's
 # memory-bound rows, in build/gpu (Release, sm_90a, tests and benches):
 #   build  ferry, gpu_test, cuda_kernels_bench
 #   test   gpu_test: the two loops' bits (KernelsSmallMLoop.*), the default loop against f64 and the
@@ -12,10 +13,14 @@
 #          with same-size copies: small_m.json + small_m.txt
 #   mem    the RoPE / embedding / fused residual norm rows against torch and copies (session 38):
 #          ferry_mem.json, torch_mem.json, mem_summary.{json,txt}
+#   pdltest  gpu_test under FERRY_PDL=1 (programmatic dependent launch, kernels/cuda/pdl.cuh):
+#          KernelsPdl.* and the serve bit tests (decode fusions, device resolution, graphs, bf16
+#          dense): gpu_test_pdl.log
 #   paced  issue #5's paced roofline A/B: `ferry bench serve` 48-layer Qwen3-30B-A3B, bf16 experts
-#          and dense, 24 GiB, copies paced to 24 GB/s, paged only, one process with
-#          FERRY_SMALL_M_PIPELINE=0 (the one-step loop) then one with the default (pipelined):
-#          paced_{onestep,pipelined}.{json,txt}. PACED_DECODE (default 32) decode tokens.
+#          and dense, 24 GiB, copies paced to 24 GB/s, paged only, one process per variant of
+#          PACED_VARIANTS (default "onestep pipelined pdl"): onestep FERRY_SMALL_M_PIPELINE=0,
+#          pipelined the default, pdl the default with FERRY_PDL=1: paced_<variant>.{json,txt}.
+#          PACED_DECODE (default 32) decode tokens.
 # DEADLINE_S (default 560): stages not started by then are skipped, saying so.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +31,7 @@ B=build/gpu
 STAGES=${STAGES:-"build test bench"}
 DEADLINE_S=${DEADLINE_S:-560}
 PACED_DECODE=${PACED_DECODE:-32}
+PACED_VARIANTS=${PACED_VARIANTS:-"onestep pipelined pdl"}
 t0=$(date +%s)
 status=0
 stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
@@ -61,6 +67,14 @@ if has test && in_time test; then
   stamp "tests done"
 fi
 
+if has pdltest && in_time pdltest; then
+  FERRY_PDL=1 timeout 300 "$B/tests/gpu_test" \
+    --gtest_filter='KernelsPdl.*:KernelsSmallMLoop.*:ServeDecodeFusion*:*DeviceResolve*:*ServeGraphsCuda*:ServeDenseBf16*:*ServeModesCuda*' \
+    >"$OUT/gpu_test_pdl.log" 2>&1 || status=1
+  grep -E "kernels_pdl|PASSED|FAILED|SKIPPED|tests ran|Failure" "$OUT/gpu_test_pdl.log" | head -30
+  stamp "pdl tests done"
+fi
+
 if has bench && in_time bench; then
   timeout 120 "$B/bench/cuda_kernels_bench" --benchmark_filter='SmallM|Copy/(8388608|10485760|310378496|1073741824)/' \
     --benchmark_out="$OUT/small_m.json" --benchmark_out_format=json >"$OUT/small_m.txt" 2>&1 ||
@@ -84,12 +98,13 @@ if has mem && in_time mem; then
 fi
 
 if has paced; then
-  for variant in onestep pipelined; do
+  for variant in $PACED_VARIANTS; do
     in_time "paced $variant" || continue
-    pipe=1
+    pipe=1 pdl=0
     [ "$variant" = onestep ] && pipe=0
-    stamp "paced $variant (FERRY_SMALL_M_PIPELINE=$pipe)" | tee -a "$OUT/paced_$variant.txt"
-    FERRY_SMALL_M_PIPELINE=$pipe timeout 300 "$B/apps/ferry/ferry" bench serve --device cuda \
+    [ "$variant" = pdl ] && pdl=1
+    stamp "paced $variant (FERRY_SMALL_M_PIPELINE=$pipe FERRY_PDL=$pdl)" | tee -a "$OUT/paced_$variant.txt"
+    FERRY_SMALL_M_PIPELINE=$pipe FERRY_PDL=$pdl timeout 300 "$B/apps/ferry/ferry" bench serve --device cuda \
       --geometry qwen3-30b-a3b --expert-dtype bf16 --dense-dtype bf16 --budget-gib 24 \
       --modes paged --prompt-tokens 128 --decode-tokens "$PACED_DECODE" --link-gbps 24 \
       --json "$OUT/paced_$variant.json" >>"$OUT/paced_$variant.txt" 2>&1 || {

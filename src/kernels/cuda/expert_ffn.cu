@@ -30,6 +30,7 @@
 #include <cstdlib>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/serve_launchers.h"
 
 namespace ferry::kernels::cuda {
@@ -73,6 +74,8 @@ __device__ __forceinline__ const W* expert_matrix(const ExpertFfnArgs& a, int m,
 
 template <typename W>
 __global__ void expert_ffn_up_kernel(ExpertFfnArgs a) {
+  pdl_wait();
+  pdl_trigger();
   const int lane = threadIdx.x & 31;
   const std::int64_t p = a.row_begin + blockIdx.x;
   const std::int64_t f = std::int64_t(blockIdx.y) * kWarps + (threadIdx.x >> 5);
@@ -94,6 +97,8 @@ __global__ void expert_ffn_up_kernel(ExpertFfnArgs a) {
 
 template <typename W>
 __global__ void expert_ffn_down_kernel(ExpertFfnArgs a) {
+  pdl_wait();
+  pdl_trigger();
   const int lane = threadIdx.x & 31;
   const std::int64_t p = a.row_begin + blockIdx.x;
   const std::int64_t c = std::int64_t(blockIdx.y) * kWarps + (threadIdx.x >> 5);
@@ -197,6 +202,8 @@ __device__ __forceinline__ void dot_chunked(const W* const (&w)[kM], const float
 
 template <typename W>
 __global__ void expert_ffn_up_chunked_kernel(ExpertFfnArgs a) {
+  pdl_wait();
+  pdl_trigger();
   const int lane = threadIdx.x & 31;
   const std::int64_t p = a.row_begin + blockIdx.x;
   const std::int64_t f = std::int64_t(blockIdx.y) * kWarps + (threadIdx.x >> 5);
@@ -218,6 +225,8 @@ __global__ void expert_ffn_up_chunked_kernel(ExpertFfnArgs a) {
 
 template <typename W>
 __global__ void expert_ffn_down_chunked_kernel(ExpertFfnArgs a) {
+  pdl_wait();
+  pdl_trigger();
   const int lane = threadIdx.x & 31;
   const std::int64_t p = a.row_begin + blockIdx.x;
   const std::int64_t c = std::int64_t(blockIdx.y) * kWarps + (threadIdx.x >> 5);
@@ -239,16 +248,16 @@ cudaError_t launch_typed(const ExpertFfnArgs& a, std::int64_t rows, bool chunked
                          cudaStream_t stream) {
   const dim3 g1(static_cast<unsigned>(rows), static_cast<unsigned>((a.F + kWarps - 1) / kWarps));
   if (chunked) {
-    expert_ffn_up_chunked_kernel<W><<<g1, kWarps * 32, 0, stream>>>(a);
+    launch_pdl(expert_ffn_up_chunked_kernel<W>, g1, kWarps * 32, 0, stream, a);
   } else {
-    expert_ffn_up_kernel<W><<<g1, kWarps * 32, 0, stream>>>(a);
+    launch_pdl(expert_ffn_up_kernel<W>, g1, kWarps * 32, 0, stream, a);
   }
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   const dim3 g2(static_cast<unsigned>(rows), static_cast<unsigned>((a.C + kWarps - 1) / kWarps));
   if (chunked) {
-    expert_ffn_down_chunked_kernel<W><<<g2, kWarps * 32, 0, stream>>>(a);
+    launch_pdl(expert_ffn_down_chunked_kernel<W>, g2, kWarps * 32, 0, stream, a);
   } else {
-    expert_ffn_down_kernel<W><<<g2, kWarps * 32, 0, stream>>>(a);
+    launch_pdl(expert_ffn_down_kernel<W>, g2, kWarps * 32, 0, stream, a);
   }
   return cudaGetLastError();
 }

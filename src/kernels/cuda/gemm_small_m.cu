@@ -33,6 +33,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launchers.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace ferry::kernels::cuda {
 namespace {
@@ -142,6 +143,8 @@ __global__ void __launch_bounds__(kWarps * 32)
                         const Wt* __restrict__ b, const float* __restrict__ bias, std::int64_t n,
                         std::int64_t k, std::int64_t lda, std::int64_t ldb, std::int64_t ldo,
                         float alpha, float beta) {
+  pdl_wait();
+  pdl_trigger();
   const std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (j >= n) return;
@@ -165,6 +168,8 @@ template <int M, bool kVec, bool kPipe, typename Wt>
 __global__ void __launch_bounds__(kWarps * 32)
     small_m_gemm_multi_kernel(const MultiOutputs<Wt> o, const float* __restrict__ a, std::int64_t k,
                               std::int64_t lda, float alpha, float beta) {
+  pdl_wait();
+  pdl_trigger();
   int s = 0;
 #pragma unroll
   for (int i = 1; i < kSmallGemmMaxOutputs; ++i) s += blockIdx.x >= o.first[i] ? 1 : 0;
@@ -207,11 +212,11 @@ void launch_m_loop(float* out, const float* a, const Wt* b, const float* bias, s
                    float alpha, float beta, cudaStream_t stream) {
   const auto grid = static_cast<unsigned>((n + kWarps - 1) / kWarps);
   if (vec_ok(a, b, k, lda, ldb)) {
-    small_m_gemm_kernel<M, true, kPipe, Wt>
-        <<<grid, kWarps * 32, 0, stream>>>(out, a, b, bias, n, k, lda, ldb, ldo, alpha, beta);
+    launch_pdl(small_m_gemm_kernel<M, true, kPipe, Wt>, grid, kWarps * 32, 0, stream, out, a, b,
+               bias, n, k, lda, ldb, ldo, alpha, beta);
   } else {
-    small_m_gemm_kernel<M, false, kPipe, Wt>
-        <<<grid, kWarps * 32, 0, stream>>>(out, a, b, bias, n, k, lda, ldb, ldo, alpha, beta);
+    launch_pdl(small_m_gemm_kernel<M, false, kPipe, Wt>, grid, kWarps * 32, 0, stream, out, a, b,
+               bias, n, k, lda, ldb, ldo, alpha, beta);
   }
 }
 
@@ -254,11 +259,11 @@ template <int M, bool kVec, typename Wt>
 void launch_multi_m(const MultiOutputs<Wt>& o, int count, const float* a, std::int64_t k,
                     std::int64_t lda, float alpha, float beta, bool pipe, cudaStream_t stream) {
   if (pipe) {
-    small_m_gemm_multi_kernel<M, kVec, true, Wt>
-        <<<o.first[count], kWarps * 32, 0, stream>>>(o, a, k, lda, alpha, beta);
+    launch_pdl(small_m_gemm_multi_kernel<M, kVec, true, Wt>, o.first[count], kWarps * 32, 0, stream,
+               o, a, k, lda, alpha, beta);
   } else {
-    small_m_gemm_multi_kernel<M, kVec, false, Wt>
-        <<<o.first[count], kWarps * 32, 0, stream>>>(o, a, k, lda, alpha, beta);
+    launch_pdl(small_m_gemm_multi_kernel<M, kVec, false, Wt>, o.first[count], kWarps * 32, 0,
+               stream, o, a, k, lda, alpha, beta);
   }
 }
 

@@ -35,6 +35,9 @@ struct AdamWParams {
 };
 cudaError_t launch_adamw(float* param, float* m, float* v, void* param_bf16, const float* grad,
                          std::int64_t n, AdamWParams p, cudaStream_t stream);
+// Programmatic dependent launch (pdl.cuh launch_pdl): FERRY_PDL=1 and the current device of
+// compute capability 9.0 or newer; read once per process (pdl.cpp).
+bool pdl_enabled();
 // f32 out[m, n] = alpha * a[m, k] @ b[n, k]^T (+ bias[n]) + beta * out, rows contiguous, for
 // 1 <= m <= kSmallGemmMaxRows (gemm_small_m.cu): a decode step's linear layers, read at HBM speed;
 // each row's bits are independent of m.

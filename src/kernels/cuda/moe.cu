@@ -6,6 +6,7 @@
 // Assignments whose expert id is outside [0, E) get slot_of = -1 and no row (ids are device data;
 // see docs/cuda.md). Tested in tests/gpu/kernels_moe_test.cpp.
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace ferry::kernels::cuda {
 namespace {
@@ -94,6 +95,8 @@ __global__ void moe_combine_kernel(T* __restrict__ out, const T* __restrict__ ex
                                    const float* __restrict__ weights,
                                    const std::int32_t* __restrict__ slot_of, std::int64_t k,
                                    std::int64_t c) {
+  pdl_wait();
+  pdl_trigger();
   // One column per thread, columns over blockIdx.y: a decode step (t = 1) spreads its row over
   // c / blockDim.x blocks instead of one block walking c in strides of dependent loads (29 us for
   // c = 2048, k = 8 on the H200 as one block; ncu, session 10). The sum per element is the same.
@@ -176,8 +179,8 @@ cudaError_t launch_moe_combine(Elt e, void* out, const void* expert_out, const f
     using T = decltype(tag);
     const unsigned threads = row_threads(c);
     const dim3 grid(static_cast<unsigned>(t), static_cast<unsigned>((c + threads - 1) / threads));
-    moe_combine_kernel<T><<<grid, threads, 0, stream>>>(
-        static_cast<T*>(out), static_cast<const T*>(expert_out), weights, slot_of, k, c);
+    launch_pdl(moe_combine_kernel<T>, grid, threads, 0, stream, static_cast<T*>(out),
+               static_cast<const T*>(expert_out), weights, slot_of, k, c);
   });
 }
 

@@ -26,6 +26,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/paged_kv_row.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/serve_launchers.h"
 
 namespace ferry::kernels::cuda {
@@ -37,6 +38,8 @@ constexpr int kKeys = 8;       // keys whose rows are in flight together (per wa
 template <typename Elem>
 __global__ void kv_write_kernel(PagedKvLayout kv, int layer, PagedStep s,
                                 const float* __restrict__ k, const float* __restrict__ v) {
+  pdl_wait();
+  pdl_trigger();
   const std::int64_t row = std::int64_t(kv.G) * kv.D;
   const std::int64_t n = s.T * row;
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
@@ -51,6 +54,8 @@ template <int kNv, typename Elem>  // elements per lane: ceil(D / 32); the pool'
 __global__ void paged_attention_warp_kernel(PagedKvLayout kv, int layer, PagedStep s,
                                             float* __restrict__ out, const float* __restrict__ q,
                                             int H, float scale) {
+  pdl_wait();
+  pdl_trigger();
   const std::int64_t item = (blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (item >= s.T * H) return;
@@ -143,6 +148,8 @@ template <int kNc, int kW, typename Elem>
 __global__ void __launch_bounds__(kW * 32)
     paged_attention_split_kernel(PagedKvLayout kv, int layer, PagedStep s, float* __restrict__ out,
                                  const float* __restrict__ q, int H, float scale) {
+  pdl_wait();
+  pdl_trigger();
   __shared__ float sh_m[kW], sh_l[kW];
   __shared__ float4 sh_acc[kW][kNc * 32];
   const std::int64_t item = blockIdx.x;
@@ -264,11 +271,11 @@ void launch_paged_attention_elem(const PagedKvLayout& kv, int layer, const Paged
     // two. (The caller checked the grid.)
     const unsigned grid = static_cast<unsigned>(step.T * H);
     if (kv.D <= 128) {
-      paged_attention_split_kernel<1, 16, Elem>
-          <<<grid, 16 * 32, 0, stream>>>(kv, layer, step, out, q, H, scale);
+      launch_pdl(paged_attention_split_kernel<1, 16, Elem>, grid, 16 * 32, 0, stream, kv, layer,
+                 step, out, q, H, scale);
     } else {
-      paged_attention_split_kernel<2, 8, Elem>
-          <<<grid, 8 * 32, 0, stream>>>(kv, layer, step, out, q, H, scale);
+      launch_pdl(paged_attention_split_kernel<2, 8, Elem>, grid, 8 * 32, 0, stream, kv, layer, step,
+                 out, q, H, scale);
     }
     return;
   }
@@ -276,21 +283,21 @@ void launch_paged_attention_elem(const PagedKvLayout& kv, int layer, const Paged
   const unsigned grid = static_cast<unsigned>((warps * 32 + kThreads - 1) / kThreads);
   switch ((kv.D + 31) / 32) {
     case 1:
-      paged_attention_warp_kernel<1, Elem>
-          <<<grid, kThreads, 0, stream>>>(kv, layer, step, out, q, H, scale);
+      launch_pdl(paged_attention_warp_kernel<1, Elem>, grid, kThreads, 0, stream, kv, layer, step,
+                 out, q, H, scale);
       break;
     case 2:
-      paged_attention_warp_kernel<2, Elem>
-          <<<grid, kThreads, 0, stream>>>(kv, layer, step, out, q, H, scale);
+      launch_pdl(paged_attention_warp_kernel<2, Elem>, grid, kThreads, 0, stream, kv, layer, step,
+                 out, q, H, scale);
       break;
     case 3:
     case 4:
-      paged_attention_warp_kernel<4, Elem>
-          <<<grid, kThreads, 0, stream>>>(kv, layer, step, out, q, H, scale);
+      launch_pdl(paged_attention_warp_kernel<4, Elem>, grid, kThreads, 0, stream, kv, layer, step,
+                 out, q, H, scale);
       break;
     default:  // 5..8 (D <= 256, checked by the caller)
-      paged_attention_warp_kernel<8, Elem>
-          <<<grid, kThreads, 0, stream>>>(kv, layer, step, out, q, H, scale);
+      launch_pdl(paged_attention_warp_kernel<8, Elem>, grid, kThreads, 0, stream, kv, layer, step,
+                 out, q, H, scale);
       break;
   }
 }
@@ -302,9 +309,9 @@ cudaError_t launch_kv_write(const PagedKvLayout& kv, int layer, const PagedStep&
   if (step.T <= 0) return cudaSuccess;
   const unsigned grid = grid_for(step.T * kv.G * kv.D, 256);
   if (kv.bf16) {
-    kv_write_kernel<bf16><<<grid, 256, 0, stream>>>(kv, layer, step, k, v);
+    launch_pdl(kv_write_kernel<bf16>, grid, 256, 0, stream, kv, layer, step, k, v);
   } else {
-    kv_write_kernel<float><<<grid, 256, 0, stream>>>(kv, layer, step, k, v);
+    launch_pdl(kv_write_kernel<float>, grid, 256, 0, stream, kv, layer, step, k, v);
   }
   return cudaGetLastError();
 }

@@ -9,6 +9,7 @@
 // the step's K/V rows into the paged KV cache (kv_write's bits, through paged_kv_row.cuh).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/paged_kv_row.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/serve_launchers.h"
 
 namespace ferry::kernels::cuda {
@@ -28,6 +29,8 @@ template <typename T>
 __global__ void rope_kernel(T* __restrict__ x, const std::int32_t* __restrict__ positions,
                             const float* __restrict__ inv_freq, std::int64_t t, std::int64_t h,
                             std::int64_t d, std::int64_t half, float scaling, bool backward) {
+  pdl_wait();
+  pdl_trigger();
   // A thread per (token, pair i, group of kHeads heads): the group's pairs are all loaded before
   // any is stored, so the loads overlap (one thread walking every head of a row serialized them
   // through possible aliasing: 9.6 us per decode-step launch on the H200, ncu, session 10). The
@@ -144,6 +147,8 @@ __global__ void qk_norm_rope_kernel(QkRows q, QkRows k, const std::int32_t* __re
                                     const float* __restrict__ inv_freq, std::int64_t t,
                                     std::int64_t d, std::int64_t half, float eps, float scaling,
                                     KvDest dest) {
+  pdl_wait();
+  pdl_trigger();
   const int lane = threadIdx.x & 31;
   const std::int64_t row =
       static_cast<std::int64_t>(blockIdx.x) * kQkRowsPerBlock + (threadIdx.x >> 5);
@@ -209,9 +214,9 @@ cudaError_t launch_qk_norm_rope_f32(float* q_out, float* q_rstd, const float* q_
   const std::int64_t rows = t * (h + g);
   if (rows == 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>((rows + kQkRowsPerBlock - 1) / kQkRowsPerBlock);
-  qk_norm_rope_kernel<false><<<blocks, kQkRowsPerBlock * 32, 0, stream>>>(
-      {q_out, q_rstd, q_in, q_weight, h}, {k_out, k_rstd, k_in, k_weight, g}, positions, inv_freq,
-      t, d, r / 2, eps, scaling, KvDest{});
+  launch_pdl(qk_norm_rope_kernel<false>, blocks, kQkRowsPerBlock * 32, 0, stream,
+             QkRows{q_out, q_rstd, q_in, q_weight, h}, QkRows{k_out, k_rstd, k_in, k_weight, g},
+             positions, inv_freq, t, d, r / 2, eps, scaling, KvDest{});
   return cudaGetLastError();
 }
 
@@ -221,10 +226,11 @@ cudaError_t launch_qk_norm_rope_kv_f32(const QkNormRopeKvArgs& a, cudaStream_t s
   const std::int64_t rows = p.t * (p.h + p.g);
   if (rows == 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>((rows + kQkRowsPerBlock - 1) / kQkRowsPerBlock);
-  qk_norm_rope_kernel<true><<<blocks, kQkRowsPerBlock * 32, 0, stream>>>(
-      {p.q_out, p.q_rstd, p.q_in, p.q_weight, p.h}, {p.k_out, p.k_rstd, p.k_in, p.k_weight, p.g},
-      p.positions, p.inv_freq, p.t, p.d, p.r / 2, p.eps, p.scaling,
-      KvDest{.kv = a.kv, .layer = a.layer, .step = a.step, .v = a.v});
+  launch_pdl(qk_norm_rope_kernel<true>, blocks, kQkRowsPerBlock * 32, 0, stream,
+             QkRows{p.q_out, p.q_rstd, p.q_in, p.q_weight, p.h},
+             QkRows{p.k_out, p.k_rstd, p.k_in, p.k_weight, p.g}, p.positions, p.inv_freq, p.t, p.d,
+             p.r / 2, p.eps, p.scaling,
+             KvDest{.kv = a.kv, .layer = a.layer, .step = a.step, .v = a.v});
   return cudaGetLastError();
 }
 
@@ -237,8 +243,8 @@ cudaError_t launch_rope(Elt e, void* x, const std::int32_t* positions, const flo
   const unsigned blocks = static_cast<unsigned>((t * half * groups + 127) / 128);
   return dispatch_elt(e, [&](auto tag) {
     using T = decltype(tag);
-    rope_kernel<T><<<blocks, 128, 0, stream>>>(static_cast<T*>(x), positions, inv_freq, t, h, d,
-                                               half, scaling, backward);
+    launch_pdl(rope_kernel<T>, blocks, 128, 0, stream, static_cast<T*>(x), positions, inv_freq, t,
+               h, d, half, scaling, backward);
   });
 }
 

@@ -16,6 +16,7 @@
 #include <cstdlib>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/serve_launchers.h"
 
 namespace ferry::kernels::cuda {
@@ -32,6 +33,8 @@ template <typename T>
 __global__ void router_kernel(float* __restrict__ weights, std::int32_t* __restrict__ ids,
                               float* __restrict__ probs, const T* __restrict__ logits,
                               std::int64_t t, std::int64_t e, int k, bool renormalize) {
+  pdl_wait();
+  pdl_trigger();
   const int lane = threadIdx.x & 31;
   const std::int64_t tok =
       static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
@@ -91,6 +94,8 @@ template <typename T, int kPer>
 __global__ void router_registers_kernel(float* __restrict__ weights, std::int32_t* __restrict__ ids,
                                         float* __restrict__ probs, const T* __restrict__ logits,
                                         std::int64_t t, std::int64_t e, int k, bool renormalize) {
+  pdl_wait();
+  pdl_trigger();
   const int lane = threadIdx.x & 31;
   const std::int64_t tok =
       static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
@@ -183,20 +188,20 @@ cudaError_t launch_router_typed(float* weights, std::int32_t* ids, float* probs,
   const unsigned blocks = static_cast<unsigned>((t + kWarpsPerBlock - 1) / kWarpsPerBlock);
   const dim3 threads(32 * kWarpsPerBlock);
   if (regs && e <= 32) {
-    router_registers_kernel<T, 1>
-        <<<blocks, threads, 0, stream>>>(weights, ids, probs, logits, t, e, k, renormalize);
+    launch_pdl(router_registers_kernel<T, 1>, blocks, threads, 0, stream, weights, ids, probs,
+               logits, t, e, k, renormalize);
   } else if (regs && e <= 64) {
-    router_registers_kernel<T, 2>
-        <<<blocks, threads, 0, stream>>>(weights, ids, probs, logits, t, e, k, renormalize);
+    launch_pdl(router_registers_kernel<T, 2>, blocks, threads, 0, stream, weights, ids, probs,
+               logits, t, e, k, renormalize);
   } else if (regs && e <= 128) {
-    router_registers_kernel<T, 4>
-        <<<blocks, threads, 0, stream>>>(weights, ids, probs, logits, t, e, k, renormalize);
+    launch_pdl(router_registers_kernel<T, 4>, blocks, threads, 0, stream, weights, ids, probs,
+               logits, t, e, k, renormalize);
   } else if (regs && e <= 256) {
-    router_registers_kernel<T, 8>
-        <<<blocks, threads, 0, stream>>>(weights, ids, probs, logits, t, e, k, renormalize);
+    launch_pdl(router_registers_kernel<T, 8>, blocks, threads, 0, stream, weights, ids, probs,
+               logits, t, e, k, renormalize);
   } else {
-    router_kernel<T>
-        <<<blocks, threads, 0, stream>>>(weights, ids, probs, logits, t, e, k, renormalize);
+    launch_pdl(router_kernel<T>, blocks, threads, 0, stream, weights, ids, probs, logits, t, e, k,
+               renormalize);
   }
   return cudaGetLastError();
 }
@@ -236,6 +241,8 @@ __global__ void router_backward_kernel(T* __restrict__ d_logits, const float* __
 
 // One thread per token: the row is short (K <= 32) and T is a decode step's few tokens.
 __global__ void forced_routing_kernel(ForcedRoutingArgs a) {
+  pdl_wait();
+  pdl_trigger();
   const std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= a.T) return;
   const std::int32_t* f = a.forced + t * a.K;
@@ -266,6 +273,8 @@ __global__ void forced_routing_kernel(ForcedRoutingArgs a) {
 // may alias probs, serialized ~2K memory round trips: 5.7 us per decode layer on the H200). The
 // sum is the same f32 adds in k order (lane k's value broadcast in turn), then __fdiv_rn.
 __global__ void forced_routing_warp_kernel(ForcedRoutingArgs a) {
+  pdl_wait();
+  pdl_trigger();
   const int lane = threadIdx.x & 31;
   const std::int64_t t =
       static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
@@ -291,12 +300,12 @@ cudaError_t launch_forced_routing(const ForcedRoutingArgs& a, cudaStream_t strea
   if (a.K < 1 || a.K > kMaxK) return cudaErrorInvalidValue;
   if (router_registers_env_on()) {
     const unsigned blocks = static_cast<unsigned>((a.T + kWarpsPerBlock - 1) / kWarpsPerBlock);
-    forced_routing_warp_kernel<<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(a);
+    launch_pdl(forced_routing_warp_kernel, blocks, 32 * kWarpsPerBlock, 0, stream, a);
     return cudaGetLastError();
   }
   constexpr int kThreads = 128;
   const unsigned blocks = static_cast<unsigned>((a.T + kThreads - 1) / kThreads);
-  forced_routing_kernel<<<blocks, kThreads, 0, stream>>>(a);
+  launch_pdl(forced_routing_kernel, blocks, kThreads, 0, stream, a);
   return cudaGetLastError();
 }
 

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/serve_launchers.h"
 
 namespace ferry::kernels::cuda {
@@ -26,6 +27,8 @@ __global__ void embedding_bf16_kernel(float* __restrict__ out,
                                       const std::uint16_t* __restrict__ table,
                                       const std::int32_t* __restrict__ ids, std::int64_t c,
                                       std::int64_t v) {
+  pdl_wait();
+  pdl_trigger();
   const std::int64_t tok = blockIdx.x;
   const std::int32_t id = ids[tok];
   float* dst = out + tok * c;
@@ -39,6 +42,8 @@ __global__ void embedding_bf16_kernel(float* __restrict__ out,
 
 __global__ void widen_bf16_kernel(float* __restrict__ out, const std::uint16_t* __restrict__ in,
                                   std::int64_t n) {
+  pdl_wait();
+  pdl_trigger();
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
@@ -52,7 +57,8 @@ cudaError_t launch_embedding_bf16(float* out, const std::uint16_t* table, const 
                                   std::int64_t t, std::int64_t c, std::int64_t v,
                                   cudaStream_t stream) {
   if (t == 0) return cudaSuccess;
-  embedding_bf16_kernel<<<static_cast<unsigned>(t), kThreads, 0, stream>>>(out, table, ids, c, v);
+  launch_pdl(embedding_bf16_kernel, static_cast<unsigned>(t), kThreads, 0, stream, out, table, ids,
+             c, v);
   return cudaGetLastError();
 }
 
@@ -61,7 +67,7 @@ cudaError_t launch_widen_bf16(float* out, const std::uint16_t* in, std::int64_t 
   if (n == 0) return cudaSuccess;
   // Grid-stride over at most 132 SMs x 16 blocks (the H200's 132 SMs; more only waits).
   const std::int64_t blocks = std::min<std::int64_t>((n + kThreads - 1) / kThreads, 132 * 16);
-  widen_bf16_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(out, in, n);
+  launch_pdl(widen_bf16_kernel, static_cast<unsigned>(blocks), kThreads, 0, stream, out, in, n);
   return cudaGetLastError();
 }
 

@@ -14,14 +14,22 @@
 #include <cstdint>
 
 #include "kernels/cuda/link_pace.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/serve_launchers.h"
 
 namespace ferry::kernels::cuda {
 namespace {
 
-__global__ void link_pace_mark_kernel(unsigned long long* mark) { *mark = global_timer_ns(); }
+__global__ void link_pace_mark_kernel(unsigned long long* mark) {
+  pdl_wait();
+  pdl_trigger();
+  *mark = global_timer_ns();
+}
 
+// No pdl_trigger: the kernel after a pacing wait is scheduled when the wait ends, not held
+// resident on the SMs for the whole paced interval beside the copy stream's work.
 __global__ void link_pace_wait_kernel(unsigned long long* mark, unsigned long long ns) {
+  pdl_wait();
   pace_wait(mark, ns);
 }
 
@@ -52,13 +60,13 @@ cudaError_t launch_copy_from_host(void* dst, const void* src, std::size_t bytes,
 }
 
 cudaError_t launch_link_pace_mark(unsigned long long* d_mark, cudaStream_t stream) {
-  link_pace_mark_kernel<<<1, 1, 0, stream>>>(d_mark);
+  launch_pdl(link_pace_mark_kernel, 1, 1, 0, stream, d_mark);
   return cudaGetLastError();
 }
 
 cudaError_t launch_link_pace_wait(unsigned long long* d_mark, unsigned long long ns,
                                   cudaStream_t stream) {
-  link_pace_wait_kernel<<<1, 1, 0, stream>>>(d_mark, ns);
+  launch_pdl(link_pace_wait_kernel, 1, 1, 0, stream, d_mark, ns);
   return cudaGetLastError();
 }
 

@@ -33,6 +33,7 @@
 #include <cstdlib>
 
 #include "kernels/cuda/link_pace.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/serve_launchers.h"
 
 namespace ferry::kernels::cuda {
@@ -170,6 +171,8 @@ __device__ __forceinline__ int take_slot(const SlotResolveArgs& a, const Resolve
 }
 
 __global__ void resolve_slots_kernel(SlotResolveArgs a) {
+  pdl_wait();
+  pdl_trigger();
   extern __shared__ std::int32_t smem[];  // distinct [E] then seen [E]
   __shared__ unsigned long long scratch[33];
   __shared__ std::int32_t s_nd, s_hits, s_errors;
@@ -261,6 +264,8 @@ __global__ void resolve_slots_kernel(SlotResolveArgs a) {
 
 // The warp twin of resolve_slots_kernel (same state, table and log; see the file comment).
 __global__ void __launch_bounds__(32) resolve_slots_warp_kernel(SlotResolveArgs a) {
+  pdl_wait();
+  pdl_trigger();
   extern __shared__ std::int32_t smem[];  // distinct [E] then seen [E]
   std::int32_t* distinct = smem;
   std::int32_t* seen = smem + a.E;
@@ -374,6 +379,8 @@ bool warp_env_on() {
 // per thread: PCIe reads are latency-bound (serve_link_pace.cu's copy_from_host, measured).
 template <typename Word>
 __global__ void copy_misses_kernel(MissCopyArgs a) {
+  pdl_wait();
+  pdl_trigger();
   const std::int32_t misses = a.log[1];
   const std::int32_t* miss_expert = a.log + 5 + a.E;
   const std::int32_t* miss_slot = a.log + 5 + 2 * a.E;
@@ -397,8 +404,10 @@ __global__ void copy_misses_kernel(MissCopyArgs a) {
   }
 }
 
+// No pdl_trigger, as serve_link_pace.cu's link_pace_wait_kernel.
 __global__ void link_pace_wait_misses_kernel(unsigned long long* mark, const std::int32_t* log,
                                              unsigned long long expert_bytes, double gbps) {
+  pdl_wait();
   const double bytes = double(log[1]) * double(expert_bytes);
   const unsigned long long ns = static_cast<unsigned long long>(ceil(bytes / gbps));
   pace_wait(mark, ns);
@@ -412,9 +421,9 @@ cudaError_t launch_resolve_slots(const SlotResolveArgs& a, KernelVariant variant
   const bool warp =
       variant == KernelVariant::kDecode || (variant == KernelVariant::kDefault && warp_env_on());
   if (warp) {
-    resolve_slots_warp_kernel<<<1, 32, shared, stream>>>(a);
+    launch_pdl(resolve_slots_warp_kernel, 1, 32, shared, stream, a);
   } else {
-    resolve_slots_kernel<<<1, kResolveThreads, shared, stream>>>(a);
+    launch_pdl(resolve_slots_kernel, 1, kResolveThreads, shared, stream, a);
   }
   return cudaGetLastError();
 }
@@ -426,11 +435,11 @@ cudaError_t launch_copy_misses(const MissCopyArgs& a, cudaStream_t stream) {
            reinterpret_cast<std::uintptr_t>(a.src_base) % n == 0;
   };
   if (aligned(16)) {
-    copy_misses_kernel<uint4><<<a.blocks, 256, 0, stream>>>(a);
+    launch_pdl(copy_misses_kernel<uint4>, a.blocks, 256, 0, stream, a);
   } else if (aligned(4)) {
-    copy_misses_kernel<std::uint32_t><<<a.blocks, 256, 0, stream>>>(a);
+    launch_pdl(copy_misses_kernel<std::uint32_t>, a.blocks, 256, 0, stream, a);
   } else {
-    copy_misses_kernel<unsigned char><<<a.blocks, 256, 0, stream>>>(a);
+    launch_pdl(copy_misses_kernel<unsigned char>, a.blocks, 256, 0, stream, a);
   }
   return cudaGetLastError();
 }
@@ -438,7 +447,7 @@ cudaError_t launch_copy_misses(const MissCopyArgs& a, cudaStream_t stream) {
 cudaError_t launch_link_pace_wait_misses(unsigned long long* d_mark, const std::int32_t* d_log,
                                          unsigned long long expert_bytes, double gbps,
                                          cudaStream_t stream) {
-  link_pace_wait_misses_kernel<<<1, 1, 0, stream>>>(d_mark, d_log, expert_bytes, gbps);
+  launch_pdl(link_pace_wait_misses_kernel, 1, 1, 0, stream, d_mark, d_log, expert_bytes, gbps);
   return cudaGetLastError();
 }
 
