@@ -61,14 +61,14 @@ if has build; then
 fi
 
 if has test && in_time test; then
-  timeout 300 "$B/tests/gpu_test" --gtest_filter='KernelsSmallMLoop.*:KernelsDense.*SmallM*:ServeDenseBf16*:ServeDecodeFusion*:MemVirtualRegionGpu.*:ServeWsaMemoryCuda.*' \
+  timeout 150 "$B/tests/gpu_test" --gtest_filter='KernelsSmallMLoop.*:KernelsDense.*SmallM*:ServeDenseBf16*:ServeDecodeFusion*:MemVirtualRegionGpu.*:ServeWsaMemoryCuda.*' \
     >"$OUT/gpu_test.log" 2>&1 || status=1
   grep -E "PASSED|FAILED|SKIPPED|tests ran|Failure" "$OUT/gpu_test.log" | head -30
   stamp "tests done"
 fi
 
 if has pdltest && in_time pdltest; then
-  FERRY_PDL=1 timeout 300 "$B/tests/gpu_test" \
+  FERRY_PDL=1 timeout 150 "$B/tests/gpu_test" \
     --gtest_filter='KernelsPdl.*:KernelsSmallMLoop.*:ServeDecodeFusion*:*DeviceResolve*:*ServeGraphsCuda*:ServeDenseBf16*:*ServeModesCuda*' \
     >"$OUT/gpu_test_pdl.log" 2>&1 || status=1
   grep -E "kernels_pdl|PASSED|FAILED|SKIPPED|tests ran|Failure" "$OUT/gpu_test_pdl.log" | head -30
