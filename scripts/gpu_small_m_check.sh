@@ -15,7 +15,7 @@
 #          ferry_mem.json, torch_mem.json, mem_summary.{json,txt}
 #   pdltest  gpu_test under FERRY_PDL=1 (programmatic dependent launch, kernels/cuda/pdl.cuh):
 #          KernelsPdl.* and the serve bit tests (decode fusions, device resolution, graphs, bf16
-#          dense): gpu_test_pdl.log
+#          dense, every expert mode; PDL_FILTER overrides the list): gpu_test_pdl.log
 #   paced  issue #5's paced roofline A/B: `ferry bench serve` 48-layer Qwen3-30B-A3B, bf16 experts
 #          and dense, 24 GiB, copies paced to 24 GB/s, paged only, one process per variant of
 #          PACED_VARIANTS (default "onestep pipelined pdl"): onestep FERRY_SMALL_M_PIPELINE=0,
@@ -32,6 +32,7 @@ STAGES=${STAGES:-"build test bench"}
 DEADLINE_S=${DEADLINE_S:-560}
 PACED_DECODE=${PACED_DECODE:-32}
 PACED_VARIANTS=${PACED_VARIANTS:-"onestep pipelined pdl"}
+PDL_FILTER=${PDL_FILTER:-'KernelsPdl.*:KernelsSmallMLoop.*:ServeDecodeFusion*:*DeviceResolve*:*ServeGraphsCuda*:ServeDenseBf16*:*ServeModesCuda*'}
 t0=$(date +%s)
 status=0
 stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
@@ -68,8 +69,7 @@ if has test && in_time test; then
 fi
 
 if has pdltest && in_time pdltest; then
-  FERRY_PDL=1 timeout 150 "$B/tests/gpu_test" \
-    --gtest_filter='KernelsPdl.*:KernelsSmallMLoop.*:ServeDecodeFusion*:*DeviceResolve*:*ServeGraphsCuda*:ServeDenseBf16*:*ServeModesCuda*' \
+  FERRY_PDL=1 timeout 150 "$B/tests/gpu_test" --gtest_filter="$PDL_FILTER" \
     >"$OUT/gpu_test_pdl.log" 2>&1 || status=1
   grep -E "kernels_pdl|PASSED|FAILED|SKIPPED|tests ran|Failure" "$OUT/gpu_test_pdl.log" | head -30
   stamp "pdl tests done"
