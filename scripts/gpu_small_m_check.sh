@@ -5,7 +5,7 @@
 # The small-m GEMM's pipelined loop (docs/cuda.md "Small-m GEMM: loads in flight"), programmatic
 # dependent launch (docs/cuda.md "Programmatic dependent launch") and issue #3's
 # memory-bound rows, in build/gpu (Release, sm_90a, tests and benches):
-#   build  ferry, gpu_test, cuda_kernels_bench
+#   build  ferry, gpu_test, cuda_kernels_bench (BUILD_TARGETS overrides the list)
 #   test   gpu_test: the two loops' bits (KernelsSmallMLoop.*), the default loop against f64 and the
 #          f32 kernel (KernelsDense.*SmallM*, ServeDenseBf16*, ServeDecodeFusion*), and the
 #          no-VMM memory tests (MemVirtualRegionGpu.*, ServeWsaMemoryCuda.*): gpu_test.log
@@ -31,6 +31,7 @@ B=build/gpu
 STAGES=${STAGES:-"build test bench"}
 DEADLINE_S=${DEADLINE_S:-560}
 PACED_DECODE=${PACED_DECODE:-32}
+BUILD_TARGETS=${BUILD_TARGETS:-"ferry gpu_test cuda_kernels_bench"}
 PACED_VARIANTS=${PACED_VARIANTS:-"onestep pipelined pdl"}
 PDL_FILTER=${PDL_FILTER:-'KernelsPdl.*:KernelsSmallMLoop.*:ServeDecodeFusion*:*DeviceResolve*:*ServeGraphsCuda*:ServeDenseBf16*:*ServeModesCuda*'}
 t0=$(date +%s)
@@ -52,7 +53,8 @@ if has build; then
     cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES=90a -DFERRY_BUILD_TESTS=ON -DFERRY_BUILD_BENCH=ON \
       -DFERRY_BUILD_ROUTE=OFF
-    cmake --build "$B" -j16 --target ferry gpu_test cuda_kernels_bench
+    # shellcheck disable=SC2086
+    cmake --build "$B" -j16 --target $BUILD_TARGETS
   } >>"$OUT/build.log" 2>&1 || {
     stamp "BUILD FAILED"
     grep -E "error|FAILED" "$OUT/build.log" | head -30
