@@ -6,7 +6,8 @@
 # dependent launch (docs/cuda.md "Programmatic dependent launch") and issue #3's
 # memory-bound rows, in build/gpu (Release, sm_90a, tests and benches):
 #   build  ferry, gpu_test, cuda_kernels_bench (BUILD_TARGETS overrides the list)
-#   test   gpu_test: the two loops' bits (KernelsSmallMLoop.*), the default loop against f64 and the
+#   test   gpu_test under FERRY_SMALL_M_PIPELINE=1: the two loops' bits (KernelsSmallMLoop.*), the
+#          pipelined loop as the default against f64 and the
 #          f32 kernel (KernelsDense.*SmallM*, ServeDenseBf16*, ServeDecodeFusion*), and the
 #          no-VMM memory tests (MemVirtualRegionGpu.*, ServeWsaMemoryCuda.*): gpu_test.log
 #   bench  cuda_kernels_bench's BM_SmallMGemm / BM_SmallMQkv rows, one-step and pipelined loops,
@@ -19,7 +20,7 @@
 #   paced  issue #5's paced roofline A/B: `ferry bench serve` 48-layer Qwen3-30B-A3B, bf16 experts
 #          and dense, 24 GiB, copies paced to 24 GB/s, paged only, one process per variant of
 #          PACED_VARIANTS (default "onestep pipelined pdl"): onestep FERRY_SMALL_M_PIPELINE=0,
-#          pipelined the default, pdl the default with FERRY_PDL=1: paced_<variant>.{json,txt}.
+#          pipelined =1, pdl =1 with FERRY_PDL=1: paced_<variant>.{json,txt}.
 #          PACED_DECODE (default 32) decode tokens.
 # DEADLINE_S (default 560): stages not started by then are skipped, saying so.
 set -uo pipefail
@@ -64,14 +65,14 @@ if has build; then
 fi
 
 if has test && in_time test; then
-  timeout 150 "$B/tests/gpu_test" --gtest_filter='KernelsSmallMLoop.*:KernelsDense.*SmallM*:ServeDenseBf16*:ServeDecodeFusion*:MemVirtualRegionGpu.*:ServeWsaMemoryCuda.*' \
+  FERRY_SMALL_M_PIPELINE=1 timeout 150 "$B/tests/gpu_test" --gtest_filter='KernelsSmallMLoop.*:KernelsDense.*SmallM*:ServeDenseBf16*:ServeDecodeFusion*:MemVirtualRegionGpu.*:ServeWsaMemoryCuda.*' \
     >"$OUT/gpu_test.log" 2>&1 || status=1
   grep -E "PASSED|FAILED|SKIPPED|tests ran|Failure" "$OUT/gpu_test.log" | head -30
   stamp "tests done"
 fi
 
 if has pdltest && in_time pdltest; then
-  FERRY_PDL=1 timeout 150 "$B/tests/gpu_test" --gtest_filter="$PDL_FILTER" \
+  FERRY_SMALL_M_PIPELINE=1 FERRY_PDL=1 timeout 150 "$B/tests/gpu_test" --gtest_filter="$PDL_FILTER" \
     >"$OUT/gpu_test_pdl.log" 2>&1 || status=1
   grep -E "kernels_pdl|PASSED|FAILED|SKIPPED|tests ran|Failure" "$OUT/gpu_test_pdl.log" | head -30
   stamp "pdl tests done"

@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// The small-m GEMM's pipelined loop (gemm_small_m.cu, SmallMLoop::kPipelined, the default) gives
+// The small-m GEMM's pipelined loop (gemm_small_m.cu, SmallMLoop::kPipelined) gives
 // the bits of its one-step loop (kOneStep, the loop before it) — the single-output kernel with
 // f32 and bf16 weights and the multi-output kernel, m = 1..4, over shapes where no lane, some
 // lanes or every lane runs whole groups of loads (k / 4 below, around and above 32 x 8 vector
 // steps), the scalar loop (k or a leading dimension not a multiple of 4), bias, alpha and beta.
 // Accuracy against f64 is the default path's test in kernels_dense_test.cpp and
-// serve_dense_bf16_gpu_test.cpp; this one pins the two loops to each other.
+// serve_dense_bf16_gpu_test.cpp (run them under FERRY_SMALL_M_PIPELINE=1 for the pipelined loop);
+// this one pins the two loops to each other.
 // Skips, saying so, without a CUDA device.
 #include <cmath>
 #include <cstdint>

@@ -44,7 +44,8 @@ bool pdl_enabled();
 inline constexpr int kSmallGemmMaxRows = 4;
 // The small-m kernels' inner loop: kPipelined issues several steps' weight loads before adding
 // them, kOneStep one at a time (the loop before it); both add in the same order and give the same
-// bits. kDefault: kPipelined unless FERRY_SMALL_M_PIPELINE=0 (read once per process).
+// bits. kDefault: kOneStep unless FERRY_SMALL_M_PIPELINE=1 (read once per process; kPipelined
+// becomes the default once it has run on a GPU).
 enum class SmallMLoop { kDefault, kPipelined, kOneStep };
 cudaError_t launch_small_m_gemm_f32(float* out, const float* a, const float* b, const float* bias,
                                     std::int64_t m, std::int64_t n, std::int64_t k,
