@@ -7,16 +7,17 @@
 # memory-bound rows, in build/gpu (Release, sm_90a, tests and benches):
 #   build  ferry, gpu_test, cuda_kernels_bench (BUILD_TARGETS overrides the list)
 #   test   gpu_test under FERRY_SMALL_M_PIPELINE=1: the two loops' bits (KernelsSmallMLoop.*), the
-#          pipelined loop as the default against f64 and the
-#          f32 kernel (KernelsDense.*SmallM*, ServeDenseBf16*, ServeDecodeFusion*), and the
-#          no-VMM memory tests (MemVirtualRegionGpu.*, ServeWsaMemoryCuda.*): gpu_test.log
+#          pipelined loop as the default against f64 and the f32 kernel (KernelsDense.*SmallM*,
+#          ServeDenseBf16*, ServeDecodeFusion*), and the no-VMM memory tests
+#          (MemVirtualRegionGpu.*, ServeWsaMemoryCuda.*): gpu_test.log
+#   pdltest  gpu_test under FERRY_PDL=1 and FERRY_SMALL_M_PIPELINE=1 (programmatic dependent
+#          launch, kernels/cuda/pdl.cuh): KernelsPdl.* and the serve bit tests (decode fusions,
+#          device resolution, graphs, bf16 dense, every expert mode; PDL_FILTER overrides the
+#          list): gpu_test_pdl.log
 #   bench  cuda_kernels_bench's BM_SmallMGemm / BM_SmallMQkv rows, one-step and pipelined loops,
 #          with same-size copies: small_m.json + small_m.txt
 #   mem    the RoPE / embedding / fused residual norm rows against torch and copies (session 38):
 #          ferry_mem.json, torch_mem.json, mem_summary.{json,txt}
-#   pdltest  gpu_test under FERRY_PDL=1 (programmatic dependent launch, kernels/cuda/pdl.cuh):
-#          KernelsPdl.* and the serve bit tests (decode fusions, device resolution, graphs, bf16
-#          dense, every expert mode; PDL_FILTER overrides the list): gpu_test_pdl.log
 #   paced  issue #5's paced roofline A/B: `ferry bench serve` 48-layer Qwen3-30B-A3B, bf16 experts
 #          and dense, 24 GiB, copies paced to 24 GB/s, paged only, one process per variant of
 #          PACED_VARIANTS (default "onestep pipelined pdl"): onestep FERRY_SMALL_M_PIPELINE=0,

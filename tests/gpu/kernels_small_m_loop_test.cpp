@@ -16,6 +16,7 @@
 #include <random>
 #include <vector>
 
+#include "core/dtype.h"
 #include "kernels/cuda/launchers.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -32,17 +33,13 @@ class KernelsSmallMLoop : public CudaTest {};
 struct Shape {
   std::int64_t n, k, pad;  // pad: extra elements per row of a, b and out (0: contiguous)
 };
-// k / 4 = 255 (no lane has a whole group of 8 steps of its stride), 256 (exactly lane 0's),
-// 300 (some lanes), 512 / 1024 (every lane, Qwen3 q/k/v and o), 777 (groups and a tail); scalar:
-// k = 4099, 1001, and a pad of 1.
-const Shape kShapes[] = {{96, 1020, 0}, {64, 1024, 0}, {40, 1200, 0}, {520, 2048, 0}, {33, 4096, 0},
-                         {24, 3108, 4}, {17, 4099, 0}, {9, 1001, 0},  {12, 2048, 1},  {5, 16, 0}};
-
-std::uint16_t bf16_bits(float x) {
-  std::uint32_t u = 0;
-  std::memcpy(&u, &x, 4);
-  return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
+// A lane (0..31) runs a whole group of 8 steps of its stride when lane + 224 < k / 4. k / 4 =
+// 224 (no lane does), 255 (lanes 0..30), 256 (every lane, one group exactly), 300 (one group, then
+// a one-step tail), 512 / 1024 (Qwen3's q/k/v and o: several groups), 777 (groups, then a tail for
+// lanes 0..8 only); the scalar loop (k not a multiple of 4, or a pad of 1): k = 4099, 1001, 2048.
+const Shape kShapes[] = {{48, 896, 0},   {96, 1020, 0}, {64, 1024, 0}, {40, 1200, 0},
+                         {520, 2048, 0}, {33, 4096, 0}, {24, 3108, 4}, {17, 4099, 0},
+                         {9, 1001, 0},   {12, 2048, 1}, {5, 16, 0}};
 
 TEST_F(KernelsSmallMLoop, PipelinedLoopGivesTheOneStepLoopsBits) {
   std::mt19937 rng(2039);
@@ -58,7 +55,7 @@ TEST_F(KernelsSmallMLoop, PipelinedLoopGivesTheOneStepLoopsBits) {
         for (float& x : *v) x = nd(rng);
       }
       std::vector<std::uint16_t> wb(wf.size());
-      for (std::size_t i = 0; i < wf.size(); ++i) wb[i] = bf16_bits(wf[i]);
+      for (std::size_t i = 0; i < wf.size(); ++i) wb[i] = f32_to_bf16(wf[i]);
       DeviceBuf da(a.size() * 4), dwf(wf.size() * 4), dwb(wb.size() * 2), dbias(bias.size() * 4);
       DeviceBuf dout(out0.size() * 4);
       testing::up(da.p, a);
@@ -126,7 +123,7 @@ TEST_F(KernelsSmallMLoop, MultiOutputPipelinedLoopGivesTheOneStepLoopsBits) {
             testing::up(w.back()->p, wf);
           } else {
             std::vector<std::uint16_t> wb(numel);
-            for (std::size_t i = 0; i < numel; ++i) wb[i] = bf16_bits(wf[i]);
+            for (std::size_t i = 0; i < numel; ++i) wb[i] = f32_to_bf16(wf[i]);
             testing::up(w.back()->p, wb);
           }
           outs[o] = {.out = out.back()->as<float>(),
