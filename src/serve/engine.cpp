@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "serve/pool_tier.h"
+#include "serve/stop_strings.h"
 
 namespace ferry::serve {
 
@@ -367,14 +368,12 @@ Status Engine::after_sample(Sequence& s, std::int32_t token, std::optional<Token
     fin = FinishReason::kStopToken;
   }
   if (s.req.detokenize) {
-    FERRY_ASSIGN_OR_RETURN(
-        s.text, s.req.detokenize(std::span<const std::int32_t>(s.tokens.data() + s.prompt_len,
-                                                               std::size_t(s.generated()))));
-    if (fin == FinishReason::kNone) {
-      std::size_t cut = std::string::npos;
-      for (const std::string& stop : s.req.stop_strings) {
-        if (!stop.empty()) cut = std::min(cut, s.text.find(stop));
-      }
+    FERRY_ASSIGN_OR_RETURN(std::string text,
+                           s.req.detokenize(std::span<const std::int32_t>(
+                               s.tokens.data() + s.prompt_len, std::size_t(s.generated()))));
+    std::swap(s.text, text);  // text: the previous step's, which held no stop string
+    if (fin == FinishReason::kNone && !s.req.stop_strings.empty()) {
+      const std::size_t cut = first_stop_match(text, s.text, s.req.stop_strings);
       if (cut != std::string::npos) {
         s.text.resize(cut);
         fin = FinishReason::kStopString;
