@@ -14,6 +14,7 @@
 #          launch, kernels/cuda/pdl.cuh): KernelsPdl.* and the serve bit tests (decode fusions,
 #          device resolution, graphs, bf16 dense, every expert mode; PDL_FILTER overrides the
 #          list): gpu_test_pdl.log
+#   all    the whole gpu_test with the defaults (both on since session 40): gpu_test_all.log
 #   bench  cuda_kernels_bench's BM_SmallMGemm / BM_SmallMQkv rows, one-step and pipelined loops,
 #          with same-size copies: small_m.json + small_m.txt
 #   mem    the RoPE / embedding / fused residual norm rows against torch and copies (session 38):
@@ -77,6 +78,13 @@ if has pdltest && in_time pdltest; then
     >"$OUT/gpu_test_pdl.log" 2>&1 || status=1
   grep -E "kernels_pdl|PASSED|FAILED|SKIPPED|tests ran|Failure" "$OUT/gpu_test_pdl.log" | head -30
   stamp "pdl tests done"
+fi
+
+if has all && in_time all; then
+  # The whole GPU suite with the defaults (both changes on since session 40).
+  timeout "${ALL_TIMEOUT:-300}" "$B/tests/gpu_test" >"$OUT/gpu_test_all.log" 2>&1 || status=1
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran|programmatic" "$OUT/gpu_test_all.log" | head -20
+  stamp "whole gpu_test done"
 fi
 
 if has bench && in_time bench; then

@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// Programmatic dependent launch (kernels/cuda/pdl.cuh, FERRY_PDL=1): a chain of dependent decode
-// kernels — rms_norm, the small-m GEMM, each reading the previous one's output and overwriting
-// what the one before it read — launched back to back (each kernel may be scheduled while its
-// predecessor drains), and the same chain captured in a CUDA graph and replayed, give exactly the
-// bits of the chain run with a stream synchronize after every launch (where nothing can overlap).
-// A kernel that touched memory before its pdl_wait() would read a stale input or clobber one still
-// being read, and the bits would differ. With FERRY_PDL unset (or a device below sm_90) the test
-// checks the same equality over plain launches and says that PDL was off.
-// Skips, saying so, without a CUDA device.
+// Programmatic dependent launch (kernels/cuda/pdl.cuh, on by default on sm_90+): a chain of
+// dependent decode kernels — rms_norm, the small-m GEMM, each reading the previous one's output and
+// overwriting what the one before it read — launched back to back (each kernel may be scheduled
+// while its predecessor drains), and the same chain captured in a CUDA graph and replayed, give
+// exactly the bits of the chain run with a stream synchronize after every launch (where nothing can
+// overlap). A kernel that touched memory before its pdl_wait() would read a stale input or clobber
+// one still being read, and the bits would differ. With FERRY_PDL=0 (or a device below sm_90) the
+// test checks the same equality over plain launches and says that PDL was off. Skips, saying so,
+// without a CUDA device.
 #include <cstdint>
 #include <iostream>
 #include <random>
@@ -30,7 +30,7 @@ constexpr std::int64_t kC = 2048, kRows = 2, kSteps = 48;
 
 TEST_F(KernelsPdl, DependentChainGivesTheSerializedBits) {
   std::cout << "[kernels_pdl] programmatic dependent launch "
-            << (kernels::cuda::pdl_enabled() ? "on" : "off (FERRY_PDL unset or device < sm_90)")
+            << (kernels::cuda::pdl_enabled() ? "on" : "off (FERRY_PDL=0 or device < sm_90)")
             << "\n";
   std::mt19937 rng(39);
   std::normal_distribution<float> nd(0.0f, 1.0f);

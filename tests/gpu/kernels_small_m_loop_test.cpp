@@ -5,9 +5,8 @@
 // lanes or every lane runs whole groups of loads (k / 4 below, around and above 32 x 8 vector
 // steps), the scalar loop (k or a leading dimension not a multiple of 4), bias, alpha and beta.
 // Accuracy against f64 is the default path's test in kernels_dense_test.cpp and
-// serve_dense_bf16_gpu_test.cpp (run them under FERRY_SMALL_M_PIPELINE=1 for the pipelined loop);
-// this one pins the two loops to each other.
-// Skips, saying so, without a CUDA device.
+// serve_dense_bf16_gpu_test.cpp (the pipelined loop by default; FERRY_SMALL_M_PIPELINE=0: the
+// other); this one pins the two loops to each other. Skips, saying so, without a CUDA device.
 #include <cmath>
 #include <cstdint>
 #include <cstring>

@@ -20,8 +20,8 @@
 // Several outputs on one input (small_m_gemm_multi_kernel, a decode step's q/k/v in one launch;
 // docs/cuda.md "Decode fusions"): each column is the same column code, so each output gets its
 // own launch's bits. Tested bit for bit in tests/gpu/serve_decode_fusion_gpu_test.cpp.
-// The pipelined loop (SmallMLoop::kPipelined; the default only with FERRY_SMALL_M_PIPELINE=1
-// until it has run on a GPU, docs/cuda.md "Small-m GEMM: loads in flight"; kOneStep is the loop
+// The pipelined loop (SmallMLoop::kPipelined; the default since session 40, off with
+// FERRY_SMALL_M_PIPELINE=0, docs/cuda.md "Small-m GEMM: loads in flight"; kOneStep is the loop
 // before it): each lane issues the loads of kUnroll consecutive steps of its own stride before it
 // adds any of them, then adds them in the same order as the one-step loop, so the bits are the
 // one-step loop's (tested bit for bit in tests/gpu/kernels_small_m_loop_test.cpp). Why: one
@@ -192,13 +192,13 @@ bool vec_ok(const float* a, const Wt* b, std::int64_t k, std::int64_t lda, std::
   return k % 4 == 0 && lda % 4 == 0 && ldb % 4 == 0 && aligned(a, 16) && aligned(b, 4 * sizeof(Wt));
 }
 
-// Whether SmallMLoop::kDefault takes the pipelined loop: only with FERRY_SMALL_M_PIPELINE=1 until
-// the loop's GPU test and the paced A/B have run (docs/cuda.md "Small-m GEMM: loads in flight");
-// read once per process.
+// Whether SmallMLoop::kDefault takes the pipelined loop: yes unless FERRY_SMALL_M_PIPELINE=0 (the
+// one-step loop, for A/B runs; docs/cuda.md "Small-m GEMM: loads in flight"); read once per
+// process.
 bool pipeline_default() {
   static const bool on = [] {
     const char* v = std::getenv("FERRY_SMALL_M_PIPELINE");
-    return v != nullptr && v[0] == '1';
+    return v == nullptr || v[0] != '0';
   }();
   return on;
 }

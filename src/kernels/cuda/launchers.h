@@ -35,8 +35,8 @@ struct AdamWParams {
 };
 cudaError_t launch_adamw(float* param, float* m, float* v, void* param_bf16, const float* grad,
                          std::int64_t n, AdamWParams p, cudaStream_t stream);
-// Programmatic dependent launch (pdl.cuh launch_pdl): FERRY_PDL=1 and the current device of
-// compute capability 9.0 or newer; read once per process (pdl.cpp).
+// Programmatic dependent launch (pdl.cuh launch_pdl): on unless FERRY_PDL=0, where the current
+// device is of compute capability 9.0 or newer; read once per process (pdl.cpp).
 bool pdl_enabled();
 // f32 out[m, n] = alpha * a[m, k] @ b[n, k]^T (+ bias[n]) + beta * out, rows contiguous, for
 // 1 <= m <= kSmallGemmMaxRows (gemm_small_m.cu): a decode step's linear layers, read at HBM speed;
@@ -44,8 +44,7 @@ bool pdl_enabled();
 inline constexpr int kSmallGemmMaxRows = 4;
 // The small-m kernels' inner loop: kPipelined issues several steps' weight loads before adding
 // them, kOneStep one at a time (the loop before it); both add in the same order and give the same
-// bits. kDefault: kOneStep unless FERRY_SMALL_M_PIPELINE=1 (read once per process; kPipelined
-// becomes the default once it has run on a GPU).
+// bits. kDefault: kPipelined unless FERRY_SMALL_M_PIPELINE=0 (read once per process).
 enum class SmallMLoop { kDefault, kPipelined, kOneStep };
 cudaError_t launch_small_m_gemm_f32(float* out, const float* a, const float* b, const float* bias,
                                     std::int64_t m, std::int64_t n, std::int64_t k,

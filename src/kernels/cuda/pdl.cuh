@@ -9,8 +9,8 @@
 // sees exactly what a plain launch would (the same bits), whatever runs early. pdl_trigger()
 // (after pdl_wait) lets the next launch_pdl kernel be scheduled now rather than at this grid's
 // end; it changes nothing that kernel reads, since that kernel waits for this grid to complete.
-// Both are no-ops in a plain launch and below sm_90. Off unless FERRY_PDL=1 (pdl_enabled()) and
-// the device is compute capability 9.0 or newer: then launch_pdl is an ordinary launch.
+// Both are no-ops in a plain launch and below sm_90. On (pdl_enabled()) unless FERRY_PDL=0 or the
+// device is below compute capability 9.0: then launch_pdl is an ordinary launch.
 #pragma once
 
 #include <cuda_runtime.h>
