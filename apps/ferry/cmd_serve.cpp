@@ -80,7 +80,7 @@ struct ServeCliConfig {
   bool no_prefix_cache = false;
   std::string kv_admission;  // reserve | preempt; "": reserve, preempt under --split auto
   int default_max_tokens = 16;
-  int http_threads = 0;                // 0: max(8, cores - 1)
+  int http_threads = 0;                // 0: serve::http::default_http_threads
   std::string chat_template = "auto";  // auto | chatml | a Jinja template file
   double duration_s = 0;
   std::string split = "fixed";
@@ -481,7 +481,8 @@ void register_serve(CLI::App& app, CommandFn& run) {
                   "one ferry cannot render); chatml: ChatML whatever it says; FILE: a Jinja "
                   "chat template file");
   cmd->add_option("--http-threads", c->http_threads,
-                  "connection handler threads; each open stream holds one (0: max(8, cores - 1))")
+                  "connection handler threads; each open stream or waiting request holds one "
+                  "(0: max(8, cores - 1, 2 x --max-running + 8))")
       ->check(CLI::Range(0, 4096));
   cmd->add_option("--duration-s", c->duration_s, "stop after this long (0 = until a signal)")
       ->check(CLI::Range(0.0, 1e7));

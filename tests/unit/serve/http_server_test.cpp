@@ -928,6 +928,65 @@ TEST_F(HttpServerTest, MetricsAreValidPrometheusText) {
             std::string::npos);
 }
 
+// With the default handler pool, the engine gets as many concurrent streams as --max-running
+// allows and /health still answers while they are all open. 12 slow streams (the engine's step
+// hook sleeps while the test holds them) against max_running 12: with httplib's own default pool,
+// max(8, cores - 1), only 4 of them reached the engine on a 2-core host.
+TEST(HttpServerBusy, MaxRunningStreamsAreInFlightAndHealthStillAnswers) {
+  constexpr int kStreams = 12;
+  auto m = make_builtin_moe({}, /*seed=*/0x5eed);
+  ASSERT_TRUE(m.ok());
+  const model::Tokenizer tok = byte_tokenizer();
+  EngineConfig ec = engine_config(**m);
+  ec.max_running = kStreams;
+  auto e = Engine::create((*m)->geometry, (*m)->params, ec);
+  ASSERT_TRUE(e.ok()) << e.status().message();
+  std::atomic<bool> hold{true};
+  (*e)->set_step_hook([&hold](Engine&) {
+    if (hold.load()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return ok_status();
+  });
+  HttpServer server(**e, &tok, {.model_name = "tiny", .poll_ms = 10});
+  auto port = server.start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok());
+  const int max_tokens = ec.max_seq_len - 16;  // ~20 ms a token while held: seconds per stream
+  std::vector<std::thread> clients;
+  std::vector<int> status(kStreams, 0);
+  for (int i = 0; i < kStreams; ++i) {
+    clients.emplace_back([&, i] {
+      httplib::Client c("127.0.0.1", *port);
+      c.set_read_timeout(120, 0);
+      const Json req = {{"prompt", "stream " + std::to_string(i)},
+                        {"max_tokens", max_tokens},
+                        {"ignore_eos", true},
+                        {"stream", true}};
+      auto r = c.Post("/v1/completions", req.dump(), "application/json");
+      status[std::size_t(i)] = r ? r->status : -1;
+    });
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (server.metrics().in_flight.load() < kStreams &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const int in_flight = server.metrics().in_flight.load();
+  bool health_ok = false;
+  {
+    httplib::Client c("127.0.0.1", *port);
+    c.set_connection_timeout(2, 0);
+    c.set_read_timeout(2, 0);
+    auto r = c.Get("/health");
+    health_ok = r && r->status == 200;
+  }
+  hold = false;
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(in_flight, kStreams) << "the handler pool kept requests from the engine";
+  EXPECT_TRUE(health_ok) << "/health did not answer within 2 s beside " << in_flight
+                         << " open streams";
+  for (int i = 0; i < kStreams; ++i) EXPECT_EQ(status[std::size_t(i)], 200) << i;
+  server.stop();
+}
+
 TEST(HttpServerKv, PromptOverTheKvPoolIs400) {
   auto m = make_builtin_moe({}, /*seed=*/0x5eed);
   ASSERT_TRUE(m.ok());
