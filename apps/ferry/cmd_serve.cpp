@@ -80,7 +80,7 @@ struct ServeCliConfig {
   bool no_prefix_cache = false;
   std::string kv_admission;  // reserve | preempt; "": reserve, preempt under --split auto
   int default_max_tokens = 16;
-  int http_threads = 0;                // 0: serve::http::default_http_threads
+  int http_threads = 0;                // 0: HttpServerConfig::http_threads' default
   std::string chat_template = "auto";  // auto | chatml | a Jinja template file
   double duration_s = 0;
   std::string split = "fixed";

@@ -120,17 +120,13 @@ void HttpServer::Impl::detokenize_route(const httplib::Request& req, httplib::Re
   res.set_content(dump({{"prompt", *text}}), "application/json");
 }
 
-int default_http_threads(int max_running, unsigned cores) {
-  const int httplib_default = std::max(8, static_cast<int>(cores) - 1);
-  return std::max(httplib_default, 2 * std::max(max_running, 1) + 8);
-}
-
 void HttpServer::Impl::routes() {
   http.set_tcp_nodelay(true);
-  const int threads =
-      cfg.http_threads > 0
-          ? cfg.http_threads
-          : default_http_threads(engine.config().max_running, std::thread::hardware_concurrency());
+  // HttpServerConfig::http_threads says why the default is raised above httplib's.
+  const int threads = cfg.http_threads > 0
+                          ? cfg.http_threads
+                          : std::max(static_cast<int>(CPPHTTPLIB_THREAD_POOL_COUNT),
+                                     2 * std::max(engine.config().max_running, 1) + 8);
   http.new_task_queue = [n = std::size_t(threads)] { return new httplib::ThreadPool(n); };
   http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(R"({"status":"ok"})", "application/json");

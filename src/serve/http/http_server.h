@@ -36,8 +36,11 @@ struct HttpServerConfig {
   int default_max_tokens = 16;  // when a request gives no max_tokens (OpenAI's default)
   int poll_ms = 50;             // how often a waiting stream checks its connection
   // Connection handler threads (httplib's pool; each open stream or waiting request holds one,
-  // more connections queue at the socket, /health and /metrics among them). 0:
-  // default_http_threads(the engine's max_running, the host's cores).
+  // more connections queue at the socket, /health and /metrics among them). 0: httplib's own
+  // default (max(8, cores - 1)) raised to 2 x the engine's max_running + 8 (every running
+  // request, as many waiting to be admitted, and 8 for /health, /metrics and short requests).
+  // httplib's default alone kept a small host from reaching a larger max_running (2 cores, 8
+  // threads: 4 of 12 streams reached the engine).
   int http_threads = 0;
   // How /v1/chat/completions (and /tokenize with messages) render messages: the model's chat
   // template (model/tokenizer/chat_renderer.h); null: plain ChatML (the built-in model's).
@@ -50,12 +53,6 @@ struct HttpServerConfig {
   // Llama 3's <|eot_id|>.
   std::vector<std::int32_t> extra_stop_ids;
 };
-
-// Handler threads enough for the engine's concurrency: httplib's own default max(8, cores - 1),
-// raised to 2 x max_running + 8 (every running request, as many waiting to be admitted, and 8
-// for /health, /metrics and short requests). With httplib's default alone a small host never
-// reached a larger --max-running (2 cores, 8 threads: 4 of 12 streams reached the engine).
-int default_http_threads(int max_running, unsigned cores);
 
 // The ids generation stops at: <|im_end|> and <|endoftext|>, those the tokenizer has.
 std::vector<std::int32_t> default_stop_ids(const model::Tokenizer& tokenizer);
