@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // `ferry generate [--model DIR] (--prompt STR | --token-ids FILE) [--max-new-tokens N]
-//   [--greedy | --temperature T --top-k K --top-p P --seed S] [--repetition-penalty R]
+//   [--greedy | --temperature T --top-k K --top-p P --min-p M --seed S] [--repetition-penalty R]
 //   [--presence-penalty P] [--frequency-penalty F] [--logprobs N] [--chat [--system S]]
 //   [--stop STR]... [--mode M]
 //   [--expert-slots N | --layer-slots N,N,.. | --expert-budget-mib M] [--policy lru|lfu|lfru]
@@ -49,6 +49,7 @@ struct GenerateConfig {
   float temperature = 0.0f;
   int top_k = 0;
   float top_p = 1.0f;
+  float min_p = 0.0f;
   std::optional<std::uint64_t> seed;
   serve::PenaltyParams penalties;
   int logprobs = -1;   // --logprobs N: each generated token's logprob and N alternatives (JSON)
@@ -205,8 +206,11 @@ int run_generate(const GenerateConfig& cfg) {
   }
   req.max_new_tokens = cfg.max_new_tokens;
   if (!cfg.greedy) {
-    req.sampling = {
-        .temperature = cfg.temperature, .top_k = cfg.top_k, .top_p = cfg.top_p, .seed = cfg.seed};
+    req.sampling = {.temperature = cfg.temperature,
+                    .top_k = cfg.top_k,
+                    .top_p = cfg.top_p,
+                    .min_p = cfg.min_p,
+                    .seed = cfg.seed};
   }
   req.sampling.penalties = cfg.penalties;
   req.logprobs = cfg.logprobs;
@@ -388,8 +392,12 @@ void register_generate(CLI::App& app, CommandFn& run) {
                    ->check(CLI::Range(0, 1 << 24));
   auto* topp = cmd->add_option("--top-p", cfg->top_p, "nucleus mass in (0, 1]")
                    ->check(CLI::Range(1e-6, 1.0));
+  auto* minp = cmd->add_option("--min-p", cfg->min_p,
+                               "keep only tokens at least this share of the most likely one's "
+                               "probability, in [0, 1] (0: off)")
+                   ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--seed", cfg->seed, "sampling seed (default: the engine's fixed seed)");
-  greedy->excludes(temp)->excludes(topk)->excludes(topp);
+  greedy->excludes(temp)->excludes(topk)->excludes(topp)->excludes(minp);
   cmd->add_option("--repetition-penalty", cfg->penalties.repetition,
                   "divide (multiply) the positive (negative) logits of prompt and generated tokens "
                   "(1: off)")

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 namespace ferry::serve {
 
@@ -13,6 +14,9 @@ Status validate(const SamplingParams& p) {
   if (p.top_k < 0) return invalid_argument("serve: top_k must be >= 0, got {}", p.top_k);
   if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
     return invalid_argument("serve: top_p must be in (0, 1], got {}", p.top_p);
+  }
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) {
+    return invalid_argument("serve: min_p must be in [0, 1], got {}", p.min_p);
   }
   return ok_status();
 }
@@ -46,64 +50,174 @@ std::uint64_t Rng::next() {
 double Rng::uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
 
 std::int32_t argmax(std::span<const float> logits) {
-  std::int32_t best = 0;
-  for (std::size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > logits[best]) best = static_cast<std::int32_t>(i);
-  }
-  return best;
+  // Two passes: the max (a branch-free reduction the compiler vectorises), then its first index.
+  // A NaN never compares greater, so it is skipped; a NaN first element gives 0, as the one-pass
+  // scan this replaced did (find finds no NaN).
+  if (logits.empty()) return 0;
+  float m = logits[0];
+  for (const float x : logits) m = x > m ? x : m;
+  const auto it = std::find(logits.begin(), logits.end(), m);
+  return it == logits.end() ? 0 : static_cast<std::int32_t>(it - logits.begin());
 }
 
-void sampling_distribution(std::span<const float> logits, const SamplingParams& p,
-                           std::vector<std::pair<std::int32_t, double>>& out) {
+namespace {
+
+using Kept = std::vector<std::pair<std::int32_t, double>>;
+
+// The tokens' weights w_i = exp((logit_i - max) / T) into `out` as (id, w) in id order; returns
+// their sum, taken in id order (both twins share this, so their probabilities are the same bits).
+double weights(std::span<const float> logits, float temperature, Kept& out) {
   const std::size_t V = logits.size();
   out.resize(V);
   double m = -INFINITY;
   for (float x : logits) m = std::max(m, double(x));
-  const double inv_t = 1.0 / double(p.temperature);
+  const double inv_t = 1.0 / double(temperature);
   double sum = 0.0;
   for (std::size_t i = 0; i < V; ++i) {
     const double e = std::exp((double(logits[i]) - m) * inv_t);
     out[i] = {static_cast<std::int32_t>(i), e};
     sum += e;
   }
-  for (auto& [id, prob] : out) prob /= sum;
-  const auto by_prob = [](const auto& a, const auto& b) {
-    return a.second != b.second ? a.second > b.second : a.first < b.first;
-  };
-  std::size_t keep = V;
-  if (p.top_k > 0 && std::size_t(p.top_k) < V) {
-    keep = std::size_t(p.top_k);
-    std::partial_sort(out.begin(), out.begin() + keep, out.end(), by_prob);
-  } else {
-    std::sort(out.begin(), out.end(), by_prob);
+  return sum;
+}
+
+// Rank order: larger weight first, the lower id on ties (a strict total order, so the top n set
+// is unique and a partial selection finds the same one as a full sort).
+bool ranks_before(const std::pair<std::int32_t, double>& a,
+                  const std::pair<std::int32_t, double>& b) {
+  return a.second != b.second ? a.second > b.second : a.first < b.first;
+}
+
+bool id_before(const std::pair<std::int32_t, double>& a, const std::pair<std::int32_t, double>& b) {
+  return a.first < b.first;
+}
+
+// How many tokens top_k and min_p leave (each keeps a prefix of the rank order; at least one).
+std::size_t cut_by_count_and_min_p(const Kept& w, const SamplingParams& p) {
+  std::size_t n = w.size();
+  if (p.top_k > 0 && std::size_t(p.top_k) < n) n = std::size_t(p.top_k);
+  if (p.min_p > 0.0f) {
+    const double floor = double(p.min_p);  // the most likely token has w = 1
+    std::size_t above = 0;
+    for (const auto& [id, x] : w) above += x >= floor ? 1 : 0;
+    n = std::min(n, above);
   }
-  out.resize(keep);
+  return std::max<std::size_t>(n, 1);
+}
+
+// `kept` holds (id, w) in id order: w -> w / sum (the token's probability), then renormalised
+// over the kept set, its mass summed in id order.
+void renormalise(Kept& kept, double sum) {
+  double mass = 0.0;
+  for (auto& pr : kept) {
+    pr.second /= sum;
+    mass += pr.second;
+  }
+  for (auto& pr : kept) pr.second /= mass;
+}
+
+// The top_p walk over rank-ordered entries [from, to) of `ranked`: adds p = w / sum to `mass`;
+// returns the count that reaches top_p, or nothing if none of them does.
+std::optional<std::size_t> walk_top_p(const Kept& ranked, std::size_t from, std::size_t to,
+                                      double sum, double top_p, double& mass) {
+  for (std::size_t k = from; k < to; ++k) {
+    mass += ranked[k].second / sum;
+    if (mass >= top_p) return k + 1;
+  }
+  return std::nullopt;
+}
+
+// Moves the (mid - first) best of [first, last) to [first, mid): a heap of that many rejects most
+// of a row with one comparison when it is small; a linear selection is cheaper when it is not.
+void select_prefix(Kept::iterator first, Kept::iterator mid, Kept::iterator last) {
+  if (mid == last) return;
+  if ((mid - first) * 64 <= (last - first)) {
+    std::partial_sort(first, mid, last, ranks_before);
+  } else {
+    std::nth_element(first, mid, last, ranks_before);
+  }
+}
+
+// select_prefix, and [first, mid) in rank order.
+void rank_prefix(Kept::iterator first, Kept::iterator mid, Kept::iterator last) {
+  if (mid != last && (mid - first) * 64 <= (last - first)) {
+    std::partial_sort(first, mid, last, ranks_before);
+    return;
+  }
+  if (mid != last) std::nth_element(first, mid, last, ranks_before);
+  std::sort(first, mid, ranks_before);
+}
+
+// The first rank to try when top_p needs a ranked prefix: nuclei of real models at the usual
+// top_p are tens to a few hundred tokens; each miss quadruples it.
+constexpr std::size_t kFirstRanked = 64;
+
+}  // namespace
+
+void sampling_distribution_sorted(std::span<const float> logits, const SamplingParams& p,
+                                  std::vector<std::pair<std::int32_t, double>>& out) {
+  const double sum = weights(logits, p.temperature, out);
+  std::size_t n = cut_by_count_and_min_p(out, p);
+  std::sort(out.begin(), out.end(), ranks_before);
   if (p.top_p < 1.0f) {
     double mass = 0.0;
-    std::size_t n = 0;
-    while (n < out.size()) {
-      mass += out[n].second;
-      ++n;
-      if (mass >= double(p.top_p)) break;
-    }
-    out.resize(n);
+    n = walk_top_p(out, 0, n, sum, double(p.top_p), mass).value_or(n);
   }
-  double kept = 0.0;
-  for (const auto& pr : out) kept += pr.second;
-  for (auto& pr : out) pr.second /= kept;
+  out.resize(n);
+  std::sort(out.begin(), out.end(), id_before);
+  renormalise(out, sum);
+}
+
+void sampling_distribution(std::span<const float> logits, const SamplingParams& p,
+                           std::vector<std::pair<std::int32_t, double>>& out) {
+  const double sum = weights(logits, p.temperature, out);
+  const std::size_t V = out.size();
+  std::size_t n = cut_by_count_and_min_p(out, p);
+  if (p.top_p < 1.0f) {
+    // Rank a prefix, walk it, and rank further only if the nucleus is not inside it:
+    // out[0, ranked) is the top `ranked` in rank order, the rest unordered.
+    std::size_t ranked = 0;
+    std::size_t want = std::min(n, kFirstRanked);
+    double mass = 0.0;
+    for (;;) {
+      const auto first = out.begin() + std::ptrdiff_t(ranked);
+      const auto nth = out.begin() + std::ptrdiff_t(want);
+      rank_prefix(first, nth, out.end());
+      const std::optional<std::size_t> reached =
+          walk_top_p(out, ranked, want, sum, double(p.top_p), mass);
+      ranked = want;
+      if (reached || want == n) {
+        n = reached.value_or(n);
+        break;
+      }
+      want = std::min(n, want * 4);
+    }
+  } else if (n < V) {
+    // No walk: only the set of the n best matters, not their order.
+    select_prefix(out.begin(), out.begin() + std::ptrdiff_t(n), out.end());
+  }
+  if (n < V || p.top_p < 1.0f) {  // ranking moved entries: back to id order
+    out.resize(n);
+    std::sort(out.begin(), out.end(), id_before);
+  }  // else nothing was cut and nothing moved: still in id order
+  renormalise(out, sum);
+}
+
+std::int32_t draw(std::span<const std::pair<std::int32_t, double>> kept, Rng& rng) {
+  const double u = rng.uniform();
+  double c = 0.0;
+  for (const auto& [id, prob] : kept) {
+    c += prob;
+    if (u < c) return id;
+  }
+  return kept.back().first;  // u within rounding of 1
 }
 
 std::int32_t sample(std::span<const float> logits, const SamplingParams& p, Rng& rng,
                     std::vector<std::pair<std::int32_t, double>>& scratch) {
   if (p.temperature == 0.0f) return argmax(logits);
   sampling_distribution(logits, p, scratch);
-  const double u = rng.uniform();
-  double c = 0.0;
-  for (const auto& [id, prob] : scratch) {
-    c += prob;
-    if (u < c) return id;
-  }
-  return scratch.back().first;  // u within rounding of 1
+  return draw(scratch, rng);
 }
 
 }  // namespace ferry::serve

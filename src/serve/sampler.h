@@ -1,12 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 // Token sampling from one row of logits.
 //   greedy (temperature 0): argmax, lowest id on ties.
-//   sampled: p = softmax(logits / temperature) (f64); keep the top_k most likely (0 = all; ties
-//   by lower id); then the smallest prefix, in descending probability, whose mass reaches top_p
-//   (at least one token); renormalise; draw u ~ U[0, 1) and walk the kept tokens in that order.
-// sampling_distribution() exposes the kept (id, prob) list so tests can check it against a plain
-// reference; sample() is that list plus one draw. The Rng lives in the request, so a seed
-// reproduces the request's tokens whatever else shares the batch.
+//   sampled: w_i = exp((logit_i - max) / temperature) (f64, so the most likely token has w = 1),
+//   p_i = w_i / sum(w) (summed in id order). Rank the tokens by (w desc, id asc); keep the top_k
+//   first (0 = all), only those with w >= min_p (min_p x the most likely token's probability),
+//   and the shortest prefix whose mass (p summed in rank order) reaches top_p (at least one
+//   token). Renormalise the kept set in id order and draw u ~ U[0, 1) by walking it in id order.
+// Walking in id order (not rank order) lets a row with nothing cut (top_k 0, top_p 1, min_p 0:
+// plain temperature sampling, the OpenAI default) be drawn without sorting the vocabulary.
+// sampling_distribution() is the fast path: it ranks only as far as the cuts reach (a partial
+// selection grown geometrically, then a sort of that prefix). sampling_distribution_sorted() is
+// its slow twin (rank the whole row); the two give the same list bit for bit (tested), so the
+// draw is the same too. The Rng lives in the request, so a seed reproduces the request's tokens
+// whatever else shares the batch.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +30,7 @@ struct SamplingParams {
   float temperature = 0.0f;  // 0: greedy
   int top_k = 0;             // 0: no limit
   float top_p = 1.0f;        // (0, 1]
+  float min_p = 0.0f;        // [0, 1]; 0: no cut
   // Seeds the request's Rng. Unset: the engine derives one from its own seed and the request
   // id (distinct per request, reproducible per engine run).
   std::optional<std::uint64_t> seed;
@@ -47,10 +54,18 @@ class Rng {
 
 std::int32_t argmax(std::span<const float> logits);
 
-// The kept tokens and their renormalised probabilities, in descending probability (ties by id).
-// `out` is reused across calls (the engine keeps one), so steady-state sampling does not allocate.
+// The kept tokens and their renormalised probabilities, in ascending id. `out` is reused across
+// calls (the engine keeps one), so steady-state sampling does not allocate.
 void sampling_distribution(std::span<const float> logits, const SamplingParams& p,
                            std::vector<std::pair<std::int32_t, double>>& out);
+
+// The slow twin: ranks the whole row with one sort. Same result as sampling_distribution, bit for
+// bit; for tests and the sampling benchmark.
+void sampling_distribution_sorted(std::span<const float> logits, const SamplingParams& p,
+                                  std::vector<std::pair<std::int32_t, double>>& out);
+
+// One draw from a kept list (either function's output): u ~ U[0, 1), walked in list order.
+std::int32_t draw(std::span<const std::pair<std::int32_t, double>> kept, Rng& rng);
 
 std::int32_t sample(std::span<const float> logits, const SamplingParams& p, Rng& rng,
                     std::vector<std::pair<std::int32_t, double>>& scratch);

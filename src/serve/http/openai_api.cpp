@@ -48,6 +48,13 @@ Status parse_sampling(const Json& j, CompletionParams& p) {
     }
     p.sampling.top_p = v.get<float>();
   }
+  if (given(j, "min_p")) {  // vLLM and llama.cpp's server extension
+    const Json& v = j["min_p"];
+    if (!v.is_number() || !(v.get<double>() >= 0.0 && v.get<double>() <= 1.0)) {
+      return invalid_argument("'min_p' must be a number in [0, 1]");
+    }
+    p.sampling.min_p = v.get<float>();
+  }
   if (j.contains("top_k") && !j["top_k"].is_null()) {
     const Json& v = j["top_k"];
     // -1 is the vLLM spelling of "no limit".

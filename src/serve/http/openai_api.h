@@ -3,7 +3,7 @@
 // text rules of its responses. Pure functions (no engine, no sockets), so they test alone.
 //   POST /v1/completions       {"prompt": "text" | [ids] | ["text" | [ids], ..] (a batch), "n",
 //                               "max_tokens", "temperature", "top_p",
-//                               "top_k", "seed", "stop": "s" | ["s", ..], "stream", "model",
+//                               "top_k", "min_p" (vLLM extension), "seed", "stop": "s" | ["s", ..], "stream", "model",
 //                               "ignore_eos" (vLLM extension), "logprobs": n (0..20), "echo",
 //                               "stream_options": {"include_usage"}, "presence_penalty",
 //                               "frequency_penalty", "repetition_penalty" (vLLM extension),

@@ -764,6 +764,28 @@ TEST_F(HttpServerTest, PenaltiesReachTheEngine) {
   EXPECT_EQ(j3["choices"][0]["finish_reason"], "stop");
 }
 
+TEST_F(HttpServerTest, MinPReachesTheEngine) {
+  const std::string prompt = "min p";
+  const SamplingParams cut{.temperature = 1.5f, .min_p = 0.6f, .seed = 3};
+  const RequestOutput ref = reference(encode(prompt), 24, {}, true, cut);
+  auto [status, body] = post("/v1/completions", Json{{"prompt", prompt},
+                                                     {"max_tokens", 24},
+                                                     {"ignore_eos", true},
+                                                     {"temperature", 1.5},
+                                                     {"min_p", 0.6},
+                                                     {"seed", 3}}
+                                                    .dump());
+  ASSERT_EQ(status, 200) << body;
+  EXPECT_EQ(Json::parse(body)["choices"][0]["text"].get<std::string>(), sanitized(ref.text));
+  // The cut changed the draws (same seed and temperature without it give other tokens).
+  const RequestOutput uncut =
+      reference(encode(prompt), 24, {}, true, {.temperature = 1.5f, .seed = 3});
+  EXPECT_NE(uncut.tokens, ref.tokens);
+  auto [bad, msg] = post("/v1/completions", R"({"prompt": "x", "min_p": 1.5})");
+  EXPECT_EQ(bad, 400) << msg;
+  EXPECT_NE(msg.find("min_p"), std::string::npos) << msg;
+}
+
 TEST_F(HttpServerTest, CompletionLogprobsAreTheEnginesRawLogprobs) {
   const std::string prompt = "Logprobs of";
   const RequestOutput ref = reference_logprobs(encode(prompt), 12, 3, -1);
