@@ -3,11 +3,12 @@
 // text rules of its responses. Pure functions (no engine, no sockets), so they test alone.
 //   POST /v1/completions       {"prompt": "text" | [ids] | ["text" | [ids], ..] (a batch), "n",
 //                               "max_tokens", "temperature", "top_p",
-//                               "top_k", "min_p" (vLLM extension), "seed", "stop": "s" | ["s", ..], "stream", "model",
-//                               "ignore_eos" (vLLM extension), "logprobs": n (0..20), "echo",
-//                               "stream_options": {"include_usage"}, "presence_penalty",
-//                               "frequency_penalty", "repetition_penalty" (vLLM extension),
-//                               "logit_bias": {"id": bias}, "stop_token_ids" (vLLM extension)}
+//                               "top_k", "min_p" (vLLM extension), "seed", "stop": "s" | ["s", ..],
+//                               "stream", "model", "ignore_eos" (vLLM extension), "logprobs": n
+//                               (0..20), "echo", "stream_options": {"include_usage"},
+//                               "presence_penalty", "frequency_penalty", "repetition_penalty" (vLLM
+//                               extension), "logit_bias": {"id": bias}, "stop_token_ids" (vLLM
+//                               extension)}
 //                              echo + logprobs + max_tokens 0 scores the prompt (what
 //                              lm-evaluation-harness's loglikelihood requests send)
 //   POST /v1/chat/completions  {"messages": [{"role", "content"}, ..], same parameters but echo,
