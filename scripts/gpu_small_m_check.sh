@@ -23,7 +23,8 @@
 #          and dense, 24 GiB, copies paced to 24 GB/s, paged only, one process per variant of
 #          PACED_VARIANTS (default "onestep pipelined pdl"): onestep FERRY_SMALL_M_PIPELINE=0,
 #          pipelined =1, pdl =1 with FERRY_PDL=1: paced_<variant>.{json,txt}.
-#          PACED_DECODE (default 32) decode tokens.
+#          PACED_DECODE (default 32) decode tokens; PACED_RUNS (default 1) rounds of the
+#          variants, files paced_<variant>_run<r>.{json,txt} when more than one.
 # DEADLINE_S (default 560): stages not started by then are skipped, saying so.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +37,7 @@ DEADLINE_S=${DEADLINE_S:-560}
 PACED_DECODE=${PACED_DECODE:-32}
 BUILD_TARGETS=${BUILD_TARGETS:-"ferry gpu_test cuda_kernels_bench"}
 PACED_VARIANTS=${PACED_VARIANTS:-"onestep pipelined pdl"}
+PACED_RUNS=${PACED_RUNS:-1}
 PDL_FILTER=${PDL_FILTER:-'KernelsPdl.*:KernelsSmallMLoop.*:ServeDecodeFusion*:*DeviceResolve*:*ServeGraphsCuda*:ServeDenseBf16*:*ServeModesCuda*'}
 t0=$(date +%s)
 status=0
@@ -110,20 +112,24 @@ if has mem && in_time mem; then
 fi
 
 if has paced; then
-  for variant in $PACED_VARIANTS; do
-    in_time "paced $variant" || continue
-    pipe=1 pdl=0
-    [ "$variant" = onestep ] && pipe=0
-    [ "$variant" = pdl ] && pdl=1
-    stamp "paced $variant (FERRY_SMALL_M_PIPELINE=$pipe FERRY_PDL=$pdl)" | tee -a "$OUT/paced_$variant.txt"
-    FERRY_SMALL_M_PIPELINE=$pipe FERRY_PDL=$pdl timeout 300 "$B/apps/ferry/ferry" bench serve --device cuda \
-      --geometry qwen3-30b-a3b --expert-dtype bf16 --dense-dtype bf16 --budget-gib 24 \
-      --modes paged --prompt-tokens 128 --decode-tokens "$PACED_DECODE" --link-gbps 24 \
-      --json "$OUT/paced_$variant.json" >>"$OUT/paced_$variant.txt" 2>&1 || {
-      echo "paced $variant failed: exit $?" | tee -a "$OUT/paced_$variant.txt"
-      status=1
-    }
-    grep -vE "^\[[0-9]{2}:" "$OUT/paced_$variant.txt" | tail -8
+  for run in $(seq 1 "$PACED_RUNS"); do
+    for variant in $PACED_VARIANTS; do
+      in_time "paced $variant" || continue
+      pipe=1 pdl=0
+      [ "$variant" = onestep ] && pipe=0
+      [ "$variant" = pdl ] && pdl=1
+      name=paced_$variant
+      [ "$PACED_RUNS" -gt 1 ] && name=${name}_run$run
+      stamp "paced $variant run $run (FERRY_SMALL_M_PIPELINE=$pipe FERRY_PDL=$pdl)" | tee -a "$OUT/$name.txt"
+      FERRY_SMALL_M_PIPELINE=$pipe FERRY_PDL=$pdl timeout 300 "$B/apps/ferry/ferry" bench serve --device cuda \
+        --geometry qwen3-30b-a3b --expert-dtype bf16 --dense-dtype bf16 --budget-gib 24 \
+        --modes paged --prompt-tokens 128 --decode-tokens "$PACED_DECODE" --link-gbps 24 \
+        --json "$OUT/$name.json" >>"$OUT/$name.txt" 2>&1 || {
+        echo "paced $variant failed: exit $?" | tee -a "$OUT/$name.txt"
+        status=1
+      }
+      grep -vE "^\[[0-9]{2}:" "$OUT/$name.txt" | tail -8
+    done
   done
   stamp "paced done"
 fi
