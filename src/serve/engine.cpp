@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "core/thread_pool.h"
 #include "serve/pool_tier.h"
 #include "serve/stop_strings.h"
 
@@ -466,13 +467,13 @@ Result<std::vector<TokenEvent>> Engine::step() {
   for (auto& s : running_) kv_->commit_full_blocks(s->table, s->tokens, s->computed);
   ++stats_.steps;
   stats_.max_step_tokens = std::max<std::uint64_t>(stats_.max_step_tokens, T);
+  score_prompt_rows(V);
+  std::size_t scored_row = 0;
   for (std::size_t r = 0; r < rows_.size(); ++r) {
     Sequence& s = *rows_[r].seq;
     const std::span<const float> row(logits_.data() + r * V, V);
     if (rows_[r].prompt_pos >= 0) {
-      const std::int32_t next = s.tokens[std::size_t(rows_[r].prompt_pos + 1)];
-      s.prompt_logprobs.push_back(
-          token_logprob(row, next, s.req.prompt_logprobs, logprob_scratch_));
+      s.prompt_logprobs.push_back(std::move(scoring_logprobs_[scored_row++]));
       continue;
     }
     if (logits_observer_) logits_observer_(s.id, static_cast<int>(s.generated()), row);
@@ -495,6 +496,37 @@ Result<std::vector<TokenEvent>> Engine::step() {
   }
   std::erase_if(running_, [](const auto& s) { return s->finish != FinishReason::kNone; });
   return events;
+}
+
+void Engine::score_prompt_rows(std::size_t V) {
+  // Each prompt-scoring row (echo + logprobs: one per prompt token, lm-evaluation-harness's
+  // loglikelihood requests) is a pass over the vocabulary, ~1 ms at 152k ids, independent of
+  // the others: a long prompt's rows go to the thread pool, then are appended in row order.
+  scoring_rows_.clear();
+  for (std::size_t r = 0; r < rows_.size(); ++r) {
+    if (rows_[r].prompt_pos >= 0) scoring_rows_.push_back(r);
+  }
+  scoring_logprobs_.resize(scoring_rows_.size());
+  auto score = [&](std::size_t begin, std::size_t end, LogprobScratch& scratch) {
+    for (std::size_t k = begin; k < end; ++k) {
+      const LogitRow& lr = rows_[scoring_rows_[k]];
+      const std::span<const float> row(logits_.data() + scoring_rows_[k] * V, V);
+      const std::int32_t next = lr.seq->tokens[std::size_t(lr.prompt_pos + 1)];
+      scoring_logprobs_[k] = token_logprob(row, next, lr.seq->req.prompt_logprobs, scratch);
+    }
+  };
+  constexpr std::size_t kRowsPerTask = 8;
+  if (scoring_rows_.size() < 2 * kRowsPerTask) {
+    score(0, scoring_rows_.size(), logprob_scratch_);
+    return;
+  }
+  ThreadPool::global().parallel_for(
+      scoring_rows_.size(),
+      [&](std::size_t begin, std::size_t end) {
+        LogprobScratch scratch;
+        score(begin, end, scratch);
+      },
+      kRowsPerTask);
 }
 
 Status Engine::run_until_idle() {

@@ -213,6 +213,8 @@ class Engine {
   void finish(Sequence& s, FinishReason r);
   Status after_sample(Sequence& s, std::int32_t token, std::optional<TokenLogprob> lp,
                       std::vector<TokenEvent>& events);
+  // Fills scoring_logprobs_ for this step's prompt-scoring rows (V: the vocabulary).
+  void score_prompt_rows(std::size_t V);
 
   model::DecoderGeometry geo_;
   const model::ModelParams& params_;
@@ -245,6 +247,10 @@ class Engine {
   std::vector<LogitRow> rows_;     // parallel to batch_.logit_rows
   std::vector<Sequence*> scored_;  // max_new_tokens == 0: prompt computed, finishes unsampled
   LogprobScratch logprob_scratch_;
+  // This step's prompt-scoring rows (indices into rows_) and their logprobs, scored on the
+  // thread pool before the rows are walked in order.
+  std::vector<std::size_t> scoring_rows_;
+  std::vector<TokenLogprob> scoring_logprobs_;
   std::vector<float> penalized_;  // [V]: a row with its request's penalties applied
   PenaltyScratch penalty_scratch_;
   std::vector<std::pair<std::int32_t, double>> sample_scratch_;

@@ -202,6 +202,32 @@ TEST(LogprobsEngine, ChunksPrefixCacheAndConcurrencyGiveTheSameBits) {
   same(*out, "prefix cache + concurrent");
 }
 
+// A long prompt's scoring rows in one step go to the thread pool (16 rows or more); in steps of
+// at most 5 rows they are scored on the engine's thread. Same bits, every position once, in order.
+TEST(LogprobsEngine, PooledScoringEqualsScoringOnTheEngineThread) {
+  const Fixture f = load_fixture("qwen3_moe");
+  ASSERT_TRUE(f.model);
+  const auto ids = f.i32("input_ids");
+  GenerationRequest g;
+  for (std::size_t i = 0; g.prompt.size() < 96; ++i) g.prompt.push_back(ids[i % ids.size()]);
+  g.max_new_tokens = 0;
+  g.prompt_logprobs = 3;
+  EngineConfig whole;
+  whole.batch_invariant = true;
+  whole.max_batch_tokens = 128;  // the whole prompt in one step: 95 rows on the pool
+  EngineConfig small = whole;
+  small.max_batch_tokens = 5;
+  const RequestOutput pooled = run_one(f, g, whole);
+  const RequestOutput serial = run_one(f, g, small);
+  ASSERT_EQ(pooled.prompt_logprobs.size(), g.prompt.size() - 1);
+  ASSERT_EQ(serial.prompt_logprobs.size(), g.prompt.size() - 1);
+  for (std::size_t i = 0; i < pooled.prompt_logprobs.size(); ++i) {
+    EXPECT_EQ(pooled.prompt_logprobs[i].token, g.prompt[i + 1]) << i;
+    EXPECT_EQ(pooled.prompt_logprobs[i].logprob, serial.prompt_logprobs[i].logprob) << i;
+    EXPECT_EQ(pooled.prompt_logprobs[i].top, serial.prompt_logprobs[i].top) << i;
+  }
+}
+
 TEST(LogprobsEngine, BadCountsAreRefused) {
   const Fixture f = load_fixture("qwen3");
   ASSERT_TRUE(f.model);
