@@ -21,21 +21,17 @@
 #include <vector>
 
 #include "apps/ferry/commands.h"
-#include "apps/ferry/cpu_expert_kernel_flag.h"
-#include "apps/ferry/miss_placement_flags.h"
-#include "apps/ferry/serve_device_flag.h"
+#include "apps/ferry/serve_engine_setup.h"
 #include "core/file_util.h"
 #include "core/json.h"
 #include "core/log.h"
 #include "model/model_binding.h"
 #include "model/tokenizer/chat_renderer.h"
 #include "model/tokenizer/tokenizer.h"
-#include "serve/builtin_model.h"
 #include "serve/engine.h"
 #include "serve/http/http_server.h"
 #include "serve/routing_trace.h"
 #include "serve/trace_synth.h"
-#include "train/builtin_model.h"
 
 namespace ferry::app {
 namespace {
@@ -57,20 +53,8 @@ struct GenerateConfig {
   std::string system;  // --system: a system message before it
   std::vector<std::string> stop;
   std::vector<int> stop_ids;
-  std::string mode = "resident";
-  int expert_slots = 0;
-  std::vector<int> layer_slots;  // per MoE layer, in layer order
-  double expert_budget_mib = 0;
-  std::string policy = "lru";
-  MissPlacementFlags miss;        // paged: per-miss copy vs host compute
-  std::string cpu_expert_kernel;  // --cpu-expert-kernel ("": the engine's default)
-  int max_batch_tokens = 64;
-  double kv_budget_mib = 64;
-  double device_budget_mib = 0;
-  int kv_block_tokens = 16;
+  EngineFlags engine;
   std::string record_trace, replay_trace, synthetic_trace;
-  std::string device = "cpu";
-  ServeStepSwitches step;  // --no-cuda-graphs, --no-device-resolve
   bool json = false;
 };
 
@@ -97,73 +81,8 @@ Result<std::vector<std::int32_t>> read_ids(const std::string& path) {
   return ids;
 }
 
-// The model the engine runs: a loaded HF folder or the built-in MoE; both own their weights.
-struct ModelHolder {
-  std::unique_ptr<model::LoadedModel> loaded;
-  std::unique_ptr<serve::BuiltinModel> builtin;
-  std::optional<model::Tokenizer> tokenizer;
-  const model::DecoderGeometry& geometry() const {
-    return loaded ? loaded->geometry : builtin->geometry;
-  }
-  const model::ModelParams& params() const { return loaded ? loaded->params : builtin->params; }
-  const model::ModelConfig& config() const { return loaded ? loaded->config : builtin->config; }
-};
-
-Result<ModelHolder> load(const GenerateConfig& cfg) {
-  ModelHolder h;
-  if (!cfg.model_dir.empty()) {
-    FERRY_ASSIGN_OR_RETURN(h.loaded, model::load_model_f32(cfg.model_dir));
-    const std::string tok = cfg.model_dir + "/tokenizer.json";
-    if (std::filesystem::exists(tok)) {
-      FERRY_ASSIGN_OR_RETURN(model::Tokenizer t, model::Tokenizer::from_file(tok));
-      h.tokenizer.emplace(std::move(t));
-    }
-  } else {
-    FERRY_ASSIGN_OR_RETURN(h.builtin, serve::make_builtin_moe({}, /*seed=*/0x5eed));
-    FERRY_ASSIGN_OR_RETURN(model::Tokenizer t, model::Tokenizer::from_json_text(
-                                                   train::builtin_tokenizer_json(), "builtin"));
-    h.tokenizer.emplace(std::move(t));
-  }
-  return h;
-}
-
-Result<serve::EngineConfig> engine_config(const GenerateConfig& cfg,
-                                          const model::DecoderGeometry& geo) {
-  serve::EngineConfig ec;
-  FERRY_ASSIGN_OR_RETURN(ec.pager.mode, serve::parse_expert_mode(cfg.mode));
-  FERRY_ASSIGN_OR_RETURN(ec.pager.policy, serve::parse_eviction_policy(cfg.policy));
-  ec.pager.slots_per_layer = cfg.expert_slots;
-  if (!cfg.layer_slots.empty()) {
-    int moe = 0;
-    ec.pager.layer_slots.assign(geo.layers, 0);
-    for (int l = 0; l < geo.layers; ++l) {
-      if (!geo.layer_is_moe[l]) continue;
-      if (moe >= static_cast<int>(cfg.layer_slots.size())) break;
-      ec.pager.layer_slots[l] = cfg.layer_slots[moe++];
-    }
-    if (moe != static_cast<int>(cfg.layer_slots.size()) ||
-        moe !=
-            static_cast<int>(std::count(geo.layer_is_moe.begin(), geo.layer_is_moe.end(), true))) {
-      return invalid_argument("generate: --layer-slots has {} entries, the model has {} MoE layers",
-                              cfg.layer_slots.size(),
-                              std::count(geo.layer_is_moe.begin(), geo.layer_is_moe.end(), true));
-    }
-  }
-  ec.pager.budget_bytes = static_cast<std::size_t>(cfg.expert_budget_mib * 1024 * 1024);
-  apply_serve_step_switches(cfg.step, ec);
-  apply_miss_placement(cfg.miss, ec.pager);
-  FERRY_TRY(apply_storage_dtypes(cfg.miss, ec));
-  FERRY_ASSIGN_OR_RETURN(ec.pager.cpu_expert_kernel, cpu_expert_kernel_of(cfg.cpu_expert_kernel));
-  ec.kv.budget_bytes = static_cast<std::size_t>(cfg.kv_budget_mib * 1024 * 1024);
-  ec.kv.block_tokens = cfg.kv_block_tokens;
-  ec.device_budget_bytes = static_cast<std::size_t>(cfg.device_budget_mib * 1024 * 1024);
-  ec.max_batch_tokens = cfg.max_batch_tokens;
-  ec.max_running = 1;
-  return ec;
-}
-
 int run_generate(const GenerateConfig& cfg) {
-  auto holder = load(cfg);
+  auto holder = load_serving_model(cfg.model_dir);
   if (!holder.ok()) return fail(holder.status());
   const model::DecoderGeometry& geo = holder->geometry();
   serve::GenerationRequest req;
@@ -224,10 +143,10 @@ int run_generate(const GenerateConfig& cfg) {
     return fail(invalid_argument("generate: --stop needs a tokenizer.json in the model folder"));
   }
 
-  auto ec = engine_config(cfg, geo);
+  auto ec = engine_config(cfg.engine, geo, "generate");
   if (!ec.ok()) return fail(ec.status());
   ec->max_seq_len = static_cast<int>(holder->config().max_position_embeddings);
-  auto backend = serve_backend(cfg.device);
+  auto backend = serve_backend(cfg.engine.device);
   if (!backend.ok()) return fail(backend.status());
   auto engine = serve::Engine::create(geo, holder->params(), *ec, **backend);
   if (!engine.ok()) return fail(engine.status());
@@ -288,8 +207,8 @@ int run_generate(const GenerateConfig& cfg) {
   const serve::ExpertExecutor& ex = eng.experts();
   if (cfg.json) {
     Json j = {{"model", cfg.model_dir.empty() ? "builtin-qwen3-moe" : cfg.model_dir},
-              {"mode", cfg.mode},
-              {"policy", cfg.policy},
+              {"mode", cfg.engine.mode},
+              {"policy", cfg.engine.policy},
               {"ids", out->tokens},
               {"text", out->text},
               {"finish_reason", std::string(serve::to_string(out->finish))},
@@ -302,7 +221,7 @@ int run_generate(const GenerateConfig& cfg) {
               {"kv_dtype", std::string(to_string(eng.kv().dtype()))},
               {"kv_blocks", eng.kv().num_blocks()},
               {"kv_block_bytes", eng.kv().block_bytes()},
-              {"device", cfg.device},
+              {"device", cfg.engine.device},
               {"device_weight_bytes", eng.device_weight_bytes()},
               {"dense_dtype", std::string(to_string(eng.config().dense_dtype))},
               {"host_dense_weight_bytes", eng.host_dense_weight_bytes()},
@@ -342,14 +261,14 @@ int run_generate(const GenerateConfig& cfg) {
     // Human summary on stderr (stdout carries only the generated text).
     auto lg = log::get("serve");
     lg->info("mode={} prefill_tokens={} decode_tokens={} steps={} total_s={:.3f} ttft_s={:.3f}",
-             cfg.mode, eng.stats().prefill_tokens, eng.stats().decode_tokens, eng.stats().steps,
-             total_s, ttft_s.value_or(0.0));
+             cfg.engine.mode, eng.stats().prefill_tokens, eng.stats().decode_tokens,
+             eng.stats().steps, total_s, ttft_s.value_or(0.0));
     if (const serve::ExpertPager* p = ex.pager()) {
       const serve::PagerCounters& c = p->counters();
       lg->info(
           "pager policy={} hits={} misses={} hit_rate={:.3f} copied_mib={:.1f} evictions={} "
           "host_computed_misses={} bypassed={}",
-          cfg.policy, c.hits, c.misses, c.hit_rate(), double(c.bytes_copied) / (1 << 20),
+          cfg.engine.policy, c.hits, c.misses, c.hit_rate(), double(c.bytes_copied) / (1 << 20),
           c.evictions, ex.counters().cpu_misses, ex.counters().bypassed);
     }
     if (const auto& rate = ex.measured_cpu_rate()) {
@@ -417,32 +336,7 @@ void register_generate(CLI::App& app, CommandFn& run) {
       ->check(CLI::Range(0, serve::kMaxTopLogprobs));
   cmd->add_option("--stop", cfg->stop, "stop string (repeatable)");
   cmd->add_option("--stop-id", cfg->stop_ids, "stop token id (repeatable)");
-  cmd->add_option("--mode", cfg->mode, "expert mode: resident, static, cpu-experts, paged")
-      ->envname("FERRY_EXPERT_MODE");
-  auto* slots = cmd->add_option("--expert-slots", cfg->expert_slots, "pager slots per MoE layer")
-                    ->check(CLI::Range(1, 1 << 20));
-  auto* budget = cmd->add_option("--expert-budget-mib", cfg->expert_budget_mib,
-                                 "expert device budget in MiB (slots = what fits)")
-                     ->check(CLI::Range(0.0, 1e9));
-  auto* layer_slots =
-      cmd->add_option("--layer-slots", cfg->layer_slots, "pager slots of each MoE layer (list)")
-          ->delimiter(',')
-          ->check(CLI::Range(1, 1 << 20));
-  slots->excludes(budget)->excludes(layer_slots);
-  budget->excludes(layer_slots);
-  cmd->add_option("--policy", cfg->policy, "pager eviction policy: lru, lfu, lfru");
-  add_miss_placement_flags(cmd, cfg->miss, /*with_link=*/true);
-  add_cpu_expert_kernel_flag(cmd, cfg->cpu_expert_kernel);
-  cmd->add_option("--max-batch-tokens", cfg->max_batch_tokens,
-                  "tokens per engine step (prefill chunk)")
-      ->check(CLI::Range(1, 1 << 16));
-  cmd->add_option("--kv-budget-mib", cfg->kv_budget_mib, "KV block pool budget in MiB")
-      ->check(CLI::Range(0.001, 1e9));
-  cmd->add_option("--device-budget-mib", cfg->device_budget_mib,
-                  "one device budget over KV blocks and expert slots/staging (0: none)")
-      ->check(CLI::Range(0.0, 1e9));
-  cmd->add_option("--kv-block-tokens", cfg->kv_block_tokens, "tokens per KV block")
-      ->check(CLI::Range(1, 4096));
+  add_engine_flags(cmd, cfg->engine);
   auto* rec = cmd->add_option("--record-trace", cfg->record_trace, "write the routing trace here");
   auto* rep = cmd->add_option("--replay-trace", cfg->replay_trace, "force routing from a trace")
                   ->check(CLI::ExistingFile);
@@ -451,8 +345,6 @@ void register_generate(CLI::App& app, CommandFn& run) {
                   ->check(CLI::IsMember({"calibrated", "spread"}));
   rep->excludes(syn);
   rec->excludes(rep)->excludes(syn);
-  add_serve_device_flag(cmd, cfg->device);
-  add_serve_step_switches(cmd, cfg->step);
   cmd->add_flag("--json", cfg->json, "JSON output: ids, text, timings, pager counters");
   cmd->callback([cfg, &run, prompt, ids] {
     if (prompt->count() == 0 && ids->count() == 0) {

@@ -2,6 +2,8 @@
 # CLI checks of `ferry perplexity` on a fixture model: the reported mean NLL equals the loss the
 # model golden test checks against transformers (the fixture's nll over every next-token target),
 # JSON carries per-token log-probs, and bad inputs exit 1 (runtime) or 2 (usage) with a message.
+# The serving engine (--engine serve, the default) agrees with the training forward (--engine
+# compute) on dense and MoE fixtures, and its paged mode gives resident mode's bits.
 set -euo pipefail
 FERRY="$1"; ROOT="$2"
 MODEL="$ROOT/tests/data/models/qwen3"
@@ -24,6 +26,61 @@ PY
 out4="$("$FERRY" perplexity --model "$MODEL" --token-ids "$TMP/ids.txt" --context 4 --json)"
 python3 -c "import json,sys; r=json.loads(sys.argv[1]); assert r['predicted']==11, r" "$out4"
 
+# The two engines agree per token (both f32 on the CPU; different kernels and summation order),
+# on a dense and a MoE fixture, with one window and with several.
+for m in qwen3 qwen3_moe mixtral; do
+  for ctx in 1024 4; do
+    a="$("$FERRY" perplexity --model "$ROOT/tests/data/models/$m" --token-ids "$TMP/ids.txt" --context $ctx --json 2>/dev/null)"
+    b="$("$FERRY" perplexity --model "$ROOT/tests/data/models/$m" --token-ids "$TMP/ids.txt" --context $ctx --engine compute --json)"
+    python3 - "$a" "$b" "$m $ctx" <<'PY'
+import json, sys
+a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert a["engine"] == "serve" and b["engine"] == "compute", (a["engine"], b["engine"])
+assert a["predicted"] == b["predicted"] == 11, sys.argv[3]
+worst = max(abs(x - y) for x, y in zip(a["logprobs"], b["logprobs"]))
+assert worst < 1e-4, (sys.argv[3], worst)
+assert abs(a["mean_nll"] - b["mean_nll"]) < 1e-5, sys.argv[3]
+PY
+  done
+done
+
+# The pager: paged with 2 slots per layer (top-2 of 8 experts: every step misses) and LFU, static,
+# and cpu-experts score the same bits as resident (cpu-experts: within a tolerance, its experts run
+# on other CPU kernels); --max-running 1 (one window per step: other GEMM shapes) within one too.
+MOE="$ROOT/tests/data/models/qwen3_moe"
+ref="$("$FERRY" perplexity --model "$MOE" --token-ids "$TMP/ids.txt" --context 4 --json 2>/dev/null)"
+for flags in "--mode paged --expert-slots 2" "--mode paged --expert-slots 3 --policy lfu" \
+             "--mode static"; do
+  # shellcheck disable=SC2086
+  got="$("$FERRY" perplexity --model "$MOE" --token-ids "$TMP/ids.txt" --context 4 --json $flags 2>/dev/null)"
+  python3 - "$ref" "$got" "$flags" <<'PY'
+import json, sys
+r, g = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert g["logprobs"] == r["logprobs"], (sys.argv[3], g["logprobs"], r["logprobs"])
+PY
+done
+for flags in "--mode cpu-experts" "--max-running 1 --mode paged --expert-slots 2"; do
+  # shellcheck disable=SC2086
+  got="$("$FERRY" perplexity --model "$MOE" --token-ids "$TMP/ids.txt" --context 4 --json $flags 2>/dev/null)"
+  python3 - "$ref" "$got" "$flags" <<'PY'
+import json, sys
+r, g = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert max(abs(x - y) for x, y in zip(r["logprobs"], g["logprobs"])) < 1e-4, sys.argv[3]
+PY
+done
+
+# No --model: the built-in MoE and its byte-level tokenizer, on a text file; the context is capped
+# at the model's positions (it says so) and every token after the first is still predicted once.
+head -c 3000 "$ROOT/README.md" > "$TMP/text.txt"
+out="$("$FERRY" perplexity --text-file "$TMP/text.txt" --context 100000 --json 2> "$TMP/log")"
+grep -q "capped at" "$TMP/log" || { echo "no cap message"; cat "$TMP/log"; exit 1; }
+python3 - "$out" <<'PY'
+import json, math, sys
+r = json.loads(sys.argv[1])
+assert r["model"] == "builtin-qwen3-moe" and r["predicted"] == r["tokens"] - 1 > 100, r["predicted"]
+assert r["windows"] > 1 and math.isfinite(r["mean_nll"]), r
+PY
+
 # Bad inputs: a non-numeric id, an id past the vocabulary, a missing model folder.
 printf '1 2 x3\n' > "$TMP/bad.txt"
 set +e
@@ -34,4 +91,11 @@ printf '1 2 100000\n' > "$TMP/big.txt"
 [ "$rc" -eq 1 ] && grep -q "outside the vocabulary" "$TMP/err" || { echo "big id: rc=$rc"; cat "$TMP/err"; exit 1; }
 "$FERRY" perplexity --model "$TMP/nope" --token-ids "$TMP/ids.txt" 2> "$TMP/err"; rc=$?
 [ "$rc" -eq 2 ] || { echo "missing dir: rc=$rc"; cat "$TMP/err"; exit 1; }
+# --backend belongs to --engine compute; compute needs a folder; too few slots is the engine's error.
+"$FERRY" perplexity --model "$MODEL" --token-ids "$TMP/ids.txt" --backend reference 2> "$TMP/err"; rc=$?
+[ "$rc" -eq 2 ] && grep -q "engine compute" "$TMP/err" || { echo "backend: rc=$rc"; cat "$TMP/err"; exit 1; }
+"$FERRY" perplexity --token-ids "$TMP/ids.txt" --engine compute 2> "$TMP/err"; rc=$?
+[ "$rc" -eq 1 ] && grep -q "needs --model" "$TMP/err" || { echo "compute no model: rc=$rc"; cat "$TMP/err"; exit 1; }
+"$FERRY" perplexity --model "$MOE" --token-ids "$TMP/ids.txt" --mode paged --expert-slots 1 2> "$TMP/err"; rc=$?
+[ "$rc" -eq 1 ] || { echo "1 slot under top-2: rc=$rc"; cat "$TMP/err"; exit 1; }
 echo "perplexity cli: ok"
