@@ -3,7 +3,10 @@
 //   [--engine serve|compute] [--max-running N] [the engine flags of ferry generate]`: mean
 // negative log-likelihood and perplexity of a token sequence under a Hugging Face model.
 // Long inputs are cut into windows of --context tokens; window w feeds tokens [s, s+ctx) and
-// predicts tokens [s+1, s+ctx], so every token after the first is predicted exactly once.
+// predicts tokens [s+1, s+ctx]. Windows start every --stride tokens (default: the context, so
+// they do not overlap); a window scores only the tokens no earlier window scored, so every token
+// after the first is predicted exactly once, and a stride under the context gives each scored
+// token at least context - stride tokens before it (Hugging Face's sliding-window perplexity).
 // --json adds the per-token log-probabilities.
 //   --engine serve (the default): the serving engine scores each window as a prompt
 //     (GenerationRequest::prompt_logprobs, no token generated), --max-running windows batched at
@@ -45,6 +48,7 @@ struct PerplexityConfig {
   std::string engine = "serve";
   std::string backend = "cpu";  // --engine compute
   int context = 1024;
+  int stride = 0;       // 0: the context
   int max_running = 4;  // --engine serve: windows in flight
   EngineFlags engine_flags;
   bool kv_budget_given = false;
@@ -110,6 +114,23 @@ Status check_ids(const std::vector<std::int32_t>& toks, std::int64_t vocab) {
   return ok_status();
 }
 
+// A window feeds tokens [begin, begin + len) and predicts tokens begin + 1 .. begin + len; the
+// first `skip` of those predictions an earlier window scored.
+struct Window {
+  std::int64_t begin = 0, len = 0, skip = 0;
+};
+
+std::vector<Window> plan_windows(std::int64_t n, std::int64_t ctx, std::int64_t stride) {
+  std::vector<Window> windows;
+  std::int64_t scored_to = 0;  // tokens 1 .. scored_to are scored
+  for (std::int64_t b = 0; scored_to < n - 1; b += stride) {
+    const std::int64_t len = std::min(ctx, n - 1 - b);
+    windows.push_back({.begin = b, .len = len, .skip = scored_to - b});
+    scored_to = b + len;
+  }
+  return windows;
+}
+
 void print_result(const PerplexityConfig& cfg, std::int64_t n, std::int64_t counted, double nll_sum,
                   const std::vector<float>& logprobs, Json extra) {
   const double mean = nll_sum / static_cast<double>(counted);
@@ -127,6 +148,10 @@ void print_result(const PerplexityConfig& cfg, std::int64_t n, std::int64_t coun
     std::printf("tokens %lld  predicted %lld  mean_nll %.6f  perplexity %.4f\n",
                 static_cast<long long>(n), static_cast<long long>(counted), mean, std::exp(mean));
   }
+}
+
+std::int64_t stride_of(const PerplexityConfig& cfg) {
+  return cfg.stride > 0 ? cfg.stride : cfg.context;
 }
 
 // --engine serve: each window a scoring-only request (prompt_logprobs, max_new_tokens 0).
@@ -163,10 +188,11 @@ int run_perplexity_serving(const PerplexityConfig& cfg) {
   const std::vector<std::int32_t>& toks = *tokens;
   const auto n = static_cast<std::int64_t>(toks.size());
   std::vector<serve::RequestId> windows;
-  for (std::int64_t s = 0; s + 1 < n; s += ctx) {
-    const std::int64_t len = std::min<std::int64_t>(ctx, n - 1 - s);
+  const std::vector<Window> plan =
+      plan_windows(n, ctx, std::min<std::int64_t>(stride_of(cfg), ctx));
+  for (const Window& w : plan) {
     serve::GenerationRequest req;
-    req.prompt.assign(toks.begin() + s, toks.begin() + s + len + 1);
+    req.prompt.assign(toks.begin() + w.begin, toks.begin() + w.begin + w.len + 1);
     req.max_new_tokens = 0;
     req.prompt_logprobs = 0;
     auto id = eng.submit(std::move(req));
@@ -180,12 +206,13 @@ int run_perplexity_serving(const PerplexityConfig& cfg) {
   std::vector<float> logprobs;
   logprobs.reserve(std::size_t(n - 1));
   double nll_sum = 0;
-  for (const serve::RequestId id : windows) {
-    auto out = eng.take_output(id);
+  for (std::size_t k = 0; k < windows.size(); ++k) {
+    auto out = eng.take_output(windows[k]);
     if (!out.ok()) return fail(out.status());
-    for (const serve::TokenLogprob& lp : out->prompt_logprobs) {
-      nll_sum -= double(lp.logprob);
-      logprobs.push_back(lp.logprob);
+    for (std::size_t i = std::size_t(plan[k].skip); i < out->prompt_logprobs.size(); ++i) {
+      const float lp = out->prompt_logprobs[i].logprob;
+      nll_sum -= double(lp);
+      logprobs.push_back(lp);
     }
   }
   const auto counted = static_cast<std::int64_t>(logprobs.size());
@@ -231,8 +258,8 @@ int run_perplexity(const PerplexityConfig& cfg) {
   logprobs.reserve(n - 1);
   double nll_sum = 0;
   std::int64_t counted = 0;
-  for (std::int64_t s = 0; s + 1 < n; s += ctx) {
-    const std::int64_t len = std::min<std::int64_t>(ctx, n - 1 - s);
+  for (const Window& w : plan_windows(n, ctx, std::min<std::int64_t>(stride_of(cfg), ctx))) {
+    const std::int64_t s = w.begin, len = w.len;
     for (std::int64_t t = 0; t < len; ++t) {
       ids[t] = toks[s + t];
       pos[t] = static_cast<std::int32_t>(t);
@@ -248,9 +275,11 @@ int run_perplexity(const PerplexityConfig& cfg) {
     auto res = (*compute)->forward(
         m.params, batch, TensorView::contiguous(nll.data(), DType::kF32, Device::kCpu, {len}));
     if (!res.ok()) return fail(res.status());
-    nll_sum += res->loss_sum;
-    counted += res->counted;
-    for (std::int64_t t = 0; t < len; ++t) logprobs.push_back(-nll[t]);
+    for (std::int64_t t = w.skip; t < len; ++t) {
+      nll_sum += double(nll[t]);
+      logprobs.push_back(-nll[t]);
+    }
+    counted += len - w.skip;
   }
   print_result(cfg, n, counted, nll_sum, logprobs, {{"backend", cfg.backend}});
   return 0;
@@ -272,6 +301,10 @@ void register_perplexity(CLI::App& app, CommandFn& run) {
   cmd->add_option("--context", cfg->context, "tokens per window")
       ->check(CLI::Range(2, 1 << 20))
       ->envname("FERRY_CONTEXT");
+  cmd->add_option("--stride", cfg->stride,
+                  "tokens between window starts (default: the context; smaller: overlapping "
+                  "windows, each token scored once with at least context - stride before it)")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--engine", cfg->engine,
                   "serve (the serving engine, with its modes and devices; the default) or compute "
                   "(the training forward, f32 on the CPU)")
@@ -287,6 +320,10 @@ void register_perplexity(CLI::App& app, CommandFn& run) {
   cmd->callback([cfg, &run, text, ids, backend, kv_budget] {
     if (text->count() == 0 && ids->count() == 0) {
       throw CLI::RequiredError("--text-file or --token-ids");
+    }
+    if (cfg->stride > cfg->context) {
+      throw CLI::ValidationError("--stride",
+                                 "must be at most --context (windows would leave gaps)");
     }
     if (backend->count() > 0 && cfg->engine != "compute") {
       throw CLI::ValidationError("--backend", "is for --engine compute");

@@ -7,6 +7,7 @@
 set -euo pipefail
 FERRY="$1"; ROOT="$2"
 MODEL="$ROOT/tests/data/models/qwen3"
+MOE="$ROOT/tests/data/models/qwen3_moe"
 TMP="$(mktemp -d)"; trap 'rm -rf "$TMP"' EXIT
 
 printf '5 17 200 3 3 99 250 0 12 7\n41 8\n' > "$TMP/ids.txt"
@@ -44,10 +45,39 @@ PY
   done
 done
 
+# Overlapping windows (--stride 1 --context 4): every token after the first still scored once,
+# token t (t >= 4) given exactly tokens t-4 .. t-1: equal to scoring those 5 tokens alone; the two
+# engines agree; a stride over the context is a usage error.
+for e in serve compute; do
+  s1="$("$FERRY" perplexity --model "$MOE" --token-ids "$TMP/ids.txt" --context 4 --stride 1 --engine $e --json 2>/dev/null)"
+  echo "$s1" > "$TMP/stride_$e.json"
+  python3 - "$s1" "$TMP/win.txt" <<'PY'
+import json, sys
+r = json.loads(sys.argv[1])
+assert r["predicted"] == 11, r["predicted"]
+ids = [5, 17, 200, 3, 3, 99, 250, 0, 12, 7, 41, 8]
+open(sys.argv[2], "w").write(" ".join(map(str, ids[3:8])) + "\n")  # tokens 3..7: predicts 7 last
+PY
+  one="$("$FERRY" perplexity --model "$MOE" --token-ids "$TMP/win.txt" --context 4 --engine $e --json 2>/dev/null)"
+  python3 - "$s1" "$one" "$e" <<'PY'
+import json, sys
+r, one = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert abs(r["logprobs"][6] - one["logprobs"][-1]) < 1e-5, (sys.argv[3], r["logprobs"][6], one["logprobs"][-1])
+PY
+done
+python3 - "$TMP/stride_serve.json" "$TMP/stride_compute.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert max(abs(x - y) for x, y in zip(a["logprobs"], b["logprobs"])) < 1e-4
+PY
+set +e
+"$FERRY" perplexity --model "$MOE" --token-ids "$TMP/ids.txt" --context 4 --stride 5 2> "$TMP/err"; rc=$?
+set -e
+[ "$rc" -eq 2 ] && grep -q "stride" "$TMP/err" || { echo "stride > context: rc=$rc"; cat "$TMP/err"; exit 1; }
+
 # The pager: paged with 2 slots per layer (top-2 of 8 experts: every step misses) and LFU, static,
 # and cpu-experts score the same bits as resident (cpu-experts: within a tolerance, its experts run
 # on other CPU kernels); --max-running 1 (one window per step: other GEMM shapes) within one too.
-MOE="$ROOT/tests/data/models/qwen3_moe"
 ref="$("$FERRY" perplexity --model "$MOE" --token-ids "$TMP/ids.txt" --context 4 --json 2>/dev/null)"
 for flags in "--mode paged --expert-slots 2" "--mode paged --expert-slots 3 --policy lfu" \
              "--mode static"; do
