@@ -27,8 +27,7 @@
 // engine. Without --model it serves the built-in random-weight Qwen3-MoE with `ferry train`'s
 // byte-level tokenizer, as `ferry generate` does. Prints "listening port=<P>" on stdout once
 // bound (useful with --port 0); stops on SIGINT/SIGTERM or after --duration-s.
-// The model/engine setup mirrors cmd_generate.cpp; it stays here because the built-in tokenizer
-// lives in ferry_train, which ferry_serve must not depend on.
+// The model and the engine flags it shares with generate and perplexity: serve_engine_setup.h.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -38,22 +37,18 @@
 #include <vector>
 
 #include "apps/ferry/commands.h"
-#include "apps/ferry/cpu_expert_kernel_flag.h"
-#include "apps/ferry/miss_placement_flags.h"
-#include "apps/ferry/serve_device_flag.h"
+#include "apps/ferry/serve_engine_setup.h"
 #include "core/dtype.h"
 #include "core/file_util.h"
 #include "core/log.h"
 #include "model/model_binding.h"
 #include "model/tokenizer/chat_renderer.h"
 #include "model/tokenizer/tokenizer.h"
-#include "serve/builtin_model.h"
 #include "serve/engine.h"
 #include "serve/http/http_server.h"
 #include "serve/routing_trace.h"
 #include "serve/wsa/live_split.h"
 #include "serve/wsa/trace_plan.h"
-#include "train/builtin_model.h"
 
 namespace ferry::app {
 namespace {
@@ -63,20 +58,8 @@ struct ServeCliConfig {
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string name;
-  std::string mode = "resident";
-  int expert_slots = 0;
-  std::vector<int> layer_slots;
-  double expert_budget_mib = 0;
-  std::string policy = "lru";
-  MissPlacementFlags miss;        // paged: per-miss copy vs host compute
-  std::string cpu_expert_kernel;  // --cpu-expert-kernel ("": the engine's default)
+  EngineFlags engine;  // mode, pager, miss placement, KV pool, --device, step switches
   int max_running = 4;
-  int max_batch_tokens = 64;
-  double kv_budget_mib = 64;
-  double device_budget_mib = 0;
-  std::string device = "cpu";
-  ServeStepSwitches step;  // --no-cuda-graphs, --no-device-resolve
-  int kv_block_tokens = 16;
   bool no_prefix_cache = false;
   std::string kv_admission;  // reserve | preempt; "": reserve, preempt under --split auto
   int default_max_tokens = 16;
@@ -114,7 +97,7 @@ int run_plan(const ServeCliConfig& c, const model::DecoderGeometry& geo) {
   serve::wsa::TracePlanSpec spec{
       .budget_bytes = static_cast<std::size_t>(c.budget_gib * double(1ull << 30)),
       .bytes_per_param = c.plan_bytes_per_param,
-      .block_tokens = c.kv_block_tokens,
+      .block_tokens = c.engine.kv_block_tokens,
       .concurrency = c.max_running,
       .max_context = c.wsa_max_context,
       .link_bytes_per_s = c.link_gbps * 1e9,
@@ -126,7 +109,7 @@ int run_plan(const ServeCliConfig& c, const model::DecoderGeometry& geo) {
       "plan: budget %.3f GiB for expert slots + kv blocks; expert %s, kv block %s (%d tokens); "
       "kv floor %d blocks; link %.1f GB/s\n",
       c.budget_gib, mem::format_bytes(p.expert_bytes).c_str(),
-      mem::format_bytes(p.kv_block_bytes).c_str(), c.kv_block_tokens, p.kv_floor_blocks,
+      mem::format_bytes(p.kv_block_bytes).c_str(), c.engine.kv_block_tokens, p.kv_floor_blocks,
       c.link_gbps);
   const bool by_caps = spec.price_by_caps;
   std::printf("configurator: price by caps %s%s\n", by_caps ? "on" : "off",
@@ -199,30 +182,12 @@ Result<ChatSetup> chat_setup(const std::string& model_dir, const std::string& mo
 }
 
 int run_serve(const ServeCliConfig& c) {
-  std::unique_ptr<model::LoadedModel> loaded;
-  std::unique_ptr<serve::BuiltinModel> builtin;
-  std::optional<model::Tokenizer> tokenizer;
-  if (!c.model_dir.empty()) {
-    auto m = model::load_model_f32(c.model_dir);
-    if (!m.ok()) return fail(m.status());
-    loaded = std::move(*m);
-    const std::string tok = c.model_dir + "/tokenizer.json";
-    if (std::filesystem::exists(tok)) {
-      auto t = model::Tokenizer::from_file(tok);
-      if (!t.ok()) return fail(t.status());
-      tokenizer.emplace(std::move(*t));
-    }
-  } else {
-    auto m = serve::make_builtin_moe({}, /*seed=*/0x5eed);
-    if (!m.ok()) return fail(m.status());
-    builtin = std::move(*m);
-    auto t = model::Tokenizer::from_json_text(train::builtin_tokenizer_json(), "builtin");
-    if (!t.ok()) return fail(t.status());
-    tokenizer.emplace(std::move(*t));
-  }
-  const model::DecoderGeometry& geo = loaded ? loaded->geometry : builtin->geometry;
-  const model::ModelParams& params = loaded ? loaded->params : builtin->params;
-  const model::ModelConfig& mcfg = loaded ? loaded->config : builtin->config;
+  auto holder = load_serving_model(c.model_dir);
+  if (!holder.ok()) return fail(holder.status());
+  std::optional<model::Tokenizer>& tokenizer = holder->tokenizer;
+  const model::DecoderGeometry& geo = holder->geometry();
+  const model::ModelParams& params = holder->params();
+  const model::ModelConfig& mcfg = holder->config();
   if (c.plan_only) {
     if (c.live_flag_given) {
       log::get("serve")->warn("--live-price-by-caps has no effect with --plan-only");
@@ -236,42 +201,12 @@ int run_serve(const ServeCliConfig& c) {
         "--live-price-by-caps)");
   }
 
-  serve::EngineConfig ec;
-  auto mode = serve::parse_expert_mode(c.mode);
-  if (!mode.ok()) return fail(mode.status());
-  auto policy = serve::parse_eviction_policy(c.policy);
-  if (!policy.ok()) return fail(policy.status());
-  ec.pager.mode = *mode;
-  ec.pager.policy = *policy;
-  ec.pager.slots_per_layer = c.expert_slots;
-  if (!c.layer_slots.empty()) {
-    const auto moe = static_cast<std::size_t>(
-        std::count(geo.layer_is_moe.begin(), geo.layer_is_moe.end(), true));
-    if (moe != c.layer_slots.size()) {
-      return fail(
-          invalid_argument("serve: --layer-slots has {} entries, the model has {} MoE layers",
-                           c.layer_slots.size(), moe));
-    }
-    ec.pager.layer_slots.assign(geo.layers, 0);
-    std::size_t k = 0;
-    for (int l = 0; l < geo.layers; ++l) {
-      if (geo.layer_is_moe[l]) ec.pager.layer_slots[l] = c.layer_slots[k++];
-    }
-  }
-  ec.pager.budget_bytes = static_cast<std::size_t>(c.expert_budget_mib * 1024 * 1024);
-  apply_serve_step_switches(c.step, ec);
-  apply_miss_placement(c.miss, ec.pager);
-  if (Status st = apply_storage_dtypes(c.miss, ec); !st.ok()) return fail(st);
-  auto cpu_kernel = cpu_expert_kernel_of(c.cpu_expert_kernel);
-  if (!cpu_kernel.ok()) return fail(cpu_kernel.status());
-  ec.pager.cpu_expert_kernel = *cpu_kernel;
+  auto engine_cfg = engine_config(c.engine, geo, "serve");
+  if (!engine_cfg.ok()) return fail(engine_cfg.status());
+  serve::EngineConfig& ec = *engine_cfg;
   ec.pager.link_gbps = c.link_gbps;  // one link: MV-WSA's and the miss cost model's
-  ec.kv.budget_bytes = static_cast<std::size_t>(c.kv_budget_mib * 1024 * 1024);
-  ec.kv.block_tokens = c.kv_block_tokens;
   ec.kv.prefix_cache = !c.no_prefix_cache;
   ec.kv_preempt = c.kv_admission == "preempt";  // the flag admits "reserve" and "preempt" only
-  ec.device_budget_bytes = static_cast<std::size_t>(c.device_budget_mib * 1024 * 1024);
-  ec.max_batch_tokens = c.max_batch_tokens;
   ec.max_running = c.max_running;
   ec.max_seq_len = static_cast<int>(mcfg.max_position_embeddings);
   const bool auto_split = c.split == "auto";
@@ -279,7 +214,8 @@ int run_serve(const ServeCliConfig& c) {
     return fail(invalid_argument("serve: --split is fixed or auto, got '{}'", c.split));
   }
   const int wsa_ctx = c.wsa_max_context > 0 ? c.wsa_max_context : ec.max_seq_len;
-  const int floor_blocks = c.max_running * ((wsa_ctx + c.kv_block_tokens - 1) / c.kv_block_tokens);
+  const int floor_blocks =
+      c.max_running * ((wsa_ctx + c.engine.kv_block_tokens - 1) / c.engine.kv_block_tokens);
   const bool live_by_caps = c.live_price_by_caps == "on";
   if (live_by_caps && !auto_split) {
     log::get("serve")->warn("--live-price-by-caps on has no effect without --split auto");
@@ -293,7 +229,7 @@ int run_serve(const ServeCliConfig& c) {
         "shrink may take blocks a reservation promised)"));
   }
   if (auto_split) {
-    if (c.device_budget_mib <= 0) {
+    if (c.engine.device_budget_mib <= 0) {
       return fail(invalid_argument(
           "serve: --split auto needs --device-budget-mib (the budget it divides)"));
     }
@@ -313,7 +249,7 @@ int run_serve(const ServeCliConfig& c) {
           {.budget_bytes = ec.device_budget_bytes,
            .bytes_per_param = static_cast<int>(dtype_size(ec.pager.expert_dtype)),
            .kv_bytes_per_elt = static_cast<int>(dtype_size(ec.kv.dtype)),
-           .block_tokens = c.kv_block_tokens,
+           .block_tokens = c.engine.kv_block_tokens,
            .concurrency = c.max_running,
            .max_context = wsa_ctx,
            .link_bytes_per_s = c.link_gbps * 1e9});
@@ -329,7 +265,7 @@ int run_serve(const ServeCliConfig& c) {
   } else if (!c.trace.empty()) {
     log::get("serve")->warn("--trace has no effect without --plan-only or --split auto");
   }
-  auto backend = serve_backend(c.device);
+  auto backend = serve_backend(c.engine.device);
   if (!backend.ok()) return fail(backend.status());
   auto engine = serve::Engine::create(geo, params, ec, **backend);
   if (!engine.ok()) return fail(engine.status());
@@ -347,7 +283,7 @@ int run_serve(const ServeCliConfig& c) {
                                                  .max_context_tokens = wsa_ctx,
                                                  .decide_every_steps = c.wsa_decide_steps,
                                                  .link_bytes_per_s = c.link_gbps * 1e9,
-                                                 .decode_on_device = c.device == "cuda",
+                                                 .decode_on_device = c.engine.device == "cuda",
                                                  .controller = {.price_by_caps = live_by_caps}});
     if (!ls.ok()) return fail(ls.status());
     live = std::move(*ls);
@@ -434,33 +370,9 @@ void register_serve(CLI::App& app, CommandFn& run) {
   cmd->add_option("--host", c->host, "address to bind");
   cmd->add_option("--port", c->port, "port (0 = ephemeral)")->check(CLI::Range(0, 65535));
   cmd->add_option("--name", c->name, "model name in the API (default: the folder name)");
-  cmd->add_option("--mode", c->mode, "expert mode: resident, static, cpu-experts, paged")
-      ->envname("FERRY_EXPERT_MODE");
-  auto* slots = cmd->add_option("--expert-slots", c->expert_slots, "pager slots per MoE layer")
-                    ->check(CLI::Range(1, 1 << 20));
-  auto* budget = cmd->add_option("--expert-budget-mib", c->expert_budget_mib,
-                                 "expert device budget in MiB (slots = what fits)")
-                     ->check(CLI::Range(0.0, 1e9));
-  auto* layer_slots =
-      cmd->add_option("--layer-slots", c->layer_slots, "pager slots of each MoE layer (list)")
-          ->delimiter(',')
-          ->check(CLI::Range(1, 1 << 20));
-  slots->excludes(budget)->excludes(layer_slots);
-  budget->excludes(layer_slots);
-  cmd->add_option("--policy", c->policy, "pager eviction policy: lru, lfu, lfru");
-  add_miss_placement_flags(cmd, c->miss, /*with_link=*/false);  // --link-gbps below
-  add_cpu_expert_kernel_flag(cmd, c->cpu_expert_kernel);
+  add_engine_flags(cmd, c->engine, /*miss_link_flag=*/false);  // --link-gbps below
   cmd->add_option("--max-running", c->max_running, "sequences decoded concurrently")
       ->check(CLI::Range(1, 4096));
-  cmd->add_option("--max-batch-tokens", c->max_batch_tokens, "tokens per engine step")
-      ->check(CLI::Range(1, 1 << 16));
-  cmd->add_option("--kv-budget-mib", c->kv_budget_mib, "KV block pool budget in MiB")
-      ->check(CLI::Range(0.001, 1e9));
-  add_serve_device_flag(cmd, c->device);
-  add_serve_step_switches(cmd, c->step);
-  cmd->add_option("--device-budget-mib", c->device_budget_mib,
-                  "one device budget over KV blocks and expert slots/staging (0: none)")
-      ->check(CLI::Range(0.0, 1e9));
   cmd->add_flag("--no-prefix-cache", c->no_prefix_cache,
                 "turn off automatic prefix caching (finished requests' KV blocks kept and reused)")
       ->envname("FERRY_NO_PREFIX_CACHE");
@@ -471,8 +383,6 @@ void register_serve(CLI::App& app, CommandFn& run) {
                   "preempts the youngest running request, which is recomputed later with the "
                   "same tokens (more requests run in the same pool; implied by --split auto)")
       ->check(CLI::IsMember({"reserve", "preempt"}));
-  cmd->add_option("--kv-block-tokens", c->kv_block_tokens, "tokens per KV block")
-      ->check(CLI::Range(1, 4096));
   cmd->add_option("--max-tokens-default", c->default_max_tokens,
                   "max_tokens of a request that gives none")
       ->check(CLI::Range(1, 1 << 20));

@@ -62,7 +62,7 @@ Result<serve::EngineConfig> engine_config(const EngineFlags& f, const model::Dec
   return ec;
 }
 
-CLI::Option* add_engine_flags(CLI::App* cmd, EngineFlags& f) {
+CLI::Option* add_engine_flags(CLI::App* cmd, EngineFlags& f, bool miss_link_flag) {
   cmd->add_option("--mode", f.mode, "expert mode: resident, static, cpu-experts, paged")
       ->envname("FERRY_EXPERT_MODE");
   auto* slots = cmd->add_option("--expert-slots", f.expert_slots, "pager slots per MoE layer")
@@ -77,7 +77,7 @@ CLI::Option* add_engine_flags(CLI::App* cmd, EngineFlags& f) {
   slots->excludes(budget)->excludes(layer_slots);
   budget->excludes(layer_slots);
   cmd->add_option("--policy", f.policy, "pager eviction policy: lru, lfu, lfru");
-  add_miss_placement_flags(cmd, f.miss, /*with_link=*/true);
+  add_miss_placement_flags(cmd, f.miss, miss_link_flag);
   add_cpu_expert_kernel_flag(cmd, f.cpu_expert_kernel);
   cmd->add_option("--max-batch-tokens", f.max_batch_tokens,
                   "tokens per engine step (prefill chunk)")

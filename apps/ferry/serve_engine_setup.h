@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// The serving engine's command-line setup shared by `ferry generate` and `ferry perplexity`: the
+// The serving engine's command-line setup shared by `ferry generate`, `serve` and `perplexity`: the
 // model it runs (a Hugging Face folder, or the built-in random-weight MoE with `ferry train`'s
 // byte-level tokenizer when no folder is given) and the engine flags (--mode, the pager's size and
 // policy, miss placement, the KV pool, --device and the decode-step switches), turned into an
-// EngineConfig. `ferry serve` has more flags of its own (MV-WSA, admission, the prefix cache) and
-// keeps its setup in cmd_serve.cpp.
+// EngineConfig. `ferry serve` adds flags of its own (MV-WSA, admission, the prefix cache,
+// --max-running) in cmd_serve.cpp.
 #pragma once
 
 #include <memory>
@@ -57,8 +57,9 @@ struct EngineFlags {
 };
 
 // Registers the flags on `cmd`; returns the --kv-budget-mib option (a command may size the pool
-// itself when it was not given).
-CLI::Option* add_engine_flags(CLI::App* cmd, EngineFlags& f);
+// itself when it was not given). miss_link_flag false: the command registers its own --link-gbps
+// (ferry serve's, shared by MV-WSA and the miss cost model).
+CLI::Option* add_engine_flags(CLI::App* cmd, EngineFlags& f, bool miss_link_flag = true);
 
 // The EngineConfig the flags describe (max_running 1, max_seq_len unset: the caller's).
 // `command` names the command in errors.
