@@ -4,7 +4,8 @@
 //   [--miss-cost-model [--link-gbps G --cpu-gflops F|auto]] [--bypass-window N]
 //   [--max-running N] [--max-batch-tokens N] [--kv-budget-mib M] [--kv-block-tokens N]
 //   [--no-prefix-cache] [--kv-admission reserve|preempt]
-//   [--device-budget-mib M] [--max-tokens-default N] [--http-threads N] [--duration-s S]
+//   [--device-budget-mib M] [--max-tokens-default N] [--http-threads N] [--api-key KEY]
+//   [--duration-s S]
 //   [--split fixed|auto [--wsa-max-context N] [--wsa-decide-steps N]
 //                       [--live-price-by-caps on|off]]`
 // `ferry serve --plan-only --trace FILE --budget-gib X [--model DIR] [--link-gbps G]
@@ -64,6 +65,7 @@ struct ServeCliConfig {
   std::string kv_admission;  // reserve | preempt; "": reserve, preempt under --split auto
   int default_max_tokens = 16;
   int http_threads = 0;                // 0: HttpServerConfig::http_threads' default
+  std::string api_key;                 // "": no key (FERRY_API_KEY)
   std::string chat_template = "auto";  // auto | chatml | a Jinja template file
   double duration_s = 0;
   std::string split = "fixed";
@@ -295,6 +297,7 @@ int run_serve(const ServeCliConfig& c) {
                                         : std::filesystem::path(c.model_dir).filename().string();
   hc.default_max_tokens = c.default_max_tokens;
   hc.http_threads = c.http_threads;
+  hc.api_key = c.api_key;
   if (!c.model_dir.empty()) {
     auto chat = chat_setup(c.model_dir, c.chat_template);
     if (!chat.ok()) return fail(chat.status());
@@ -394,6 +397,10 @@ void register_serve(CLI::App& app, CommandFn& run) {
                   "connection handler threads; each open stream or waiting request holds one "
                   "(0: max(8, cores - 1, 2 x --max-running + 8))")
       ->check(CLI::Range(0, 4096));
+  cmd->add_option("--api-key", c->api_key,
+                  "require 'Authorization: Bearer KEY' on every route but /health and /metrics "
+                  "(401 otherwise); prefer the FERRY_API_KEY variable, which ps does not show")
+      ->envname("FERRY_API_KEY");
   cmd->add_option("--duration-s", c->duration_s, "stop after this long (0 = until a signal)")
       ->check(CLI::Range(0.0, 1e7));
   cmd->add_option("--split", c->split,

@@ -2,7 +2,7 @@
 # `ferry serve --port 0` (built-in MoE, byte tokenizer) over loopback with curl: /health, a
 # completion, a streamed chat completion ending in data: [DONE], an lm-evaluation-harness style
 # prompt scoring (echo + logprobs + max_tokens 0), a 400 for a bad body, /metrics; then SIGTERM
-# stops it cleanly.
+# stops it cleanly. Then a second server with FERRY_API_KEY: 401 without the key, 200 with it.
 set -u
 FERRY=$1; ROOT=$2
 tmp=$(mktemp -d)
@@ -75,4 +75,21 @@ for _ in $(seq 100); do kill -0 "$spid" 2>/dev/null || break; sleep 0.1; done
 kill -0 "$spid" 2>/dev/null && fail "server did not stop on SIGTERM"
 wait "$spid"; rc=$?; spid=""
 [ "$rc" = 0 ] || fail "server exit code $rc"
-echo "serve_http: ok (port $port)"
+
+FERRY_API_KEY=sk-cli-test "$FERRY" serve --port 0 --duration-s 60 >"$tmp/auth.out" 2>"$tmp/auth.err" &
+spid=$!
+for _ in $(seq 300); do grep -q "^listening port=" "$tmp/auth.out" && break; sleep 0.1; done
+aport=$(sed -n 's/^listening port=\([0-9]*\).*/\1/p' "$tmp/auth.out")
+[ -n "$aport" ] || fail "server with a key did not start"
+AURL=http://127.0.0.1:$aport
+req='{"prompt": "Hello", "max_tokens": 2}'
+code=$(curl -s -o "$tmp/unauth.json" -w '%{http_code}' "$AURL/v1/completions" -d "$req")
+[ "$code" = 401 ] || fail "no key gave $code"
+grep -q authentication_error "$tmp/unauth.json" || fail "401 body"
+code=$(curl -s -o /dev/null -w '%{http_code}' "$AURL/v1/completions" -H 'Authorization: Bearer nope' -d "$req")
+[ "$code" = 401 ] || fail "a wrong key gave $code"
+code=$(curl -s -o /dev/null -w '%{http_code}' "$AURL/v1/completions" -H 'Authorization: Bearer sk-cli-test' -d "$req")
+[ "$code" = 200 ] || fail "the key gave $code"
+curl -sf "$AURL/health" >/dev/null || fail "/health needs no key"
+kill -TERM "$spid"; wait "$spid"; spid=""
+echo "serve_http: ok (port $port, then $aport with a key)"

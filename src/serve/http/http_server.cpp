@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <csignal>
 #include <exception>
@@ -120,8 +121,41 @@ void HttpServer::Impl::detokenize_route(const httplib::Request& req, httplib::Re
   res.set_content(dump({{"prompt", *text}}), "application/json");
 }
 
+bool bearer_matches(std::string_view authorization, std::string_view key) {
+  constexpr std::string_view kScheme = "bearer";
+  if (authorization.size() < kScheme.size()) return false;
+  for (std::size_t i = 0; i < kScheme.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(authorization[i])) != kScheme[i]) return false;
+  }
+  std::string_view token = authorization.substr(kScheme.size());
+  if (token.empty() || token.front() != ' ') return false;
+  while (!token.empty() && token.front() == ' ') token.remove_prefix(1);
+  // Every byte of the longer one is visited whatever the contents; only the lengths leak.
+  unsigned diff = token.size() == key.size() ? 0u : 1u;
+  const std::size_t n = std::max(token.size(), key.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto a = i < token.size() ? static_cast<unsigned char>(token[i]) : 0u;
+    const auto b = i < key.size() ? static_cast<unsigned char>(key[i]) : 0u;
+    diff |= a ^ b;
+  }
+  return diff == 0;
+}
+
 void HttpServer::Impl::routes() {
   http.set_tcp_nodelay(true);
+  if (!cfg.api_key.empty()) {
+    // Before routing, so an unknown path without the key is 401 too (no route probing).
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      const bool open = req.method == "GET" && (req.path == "/health" || req.path == "/metrics");
+      if (open || bearer_matches(req.get_header_value("Authorization"), cfg.api_key)) {
+        return httplib::Server::HandlerResponse::Unhandled;
+      }
+      res.set_header("WWW-Authenticate", "Bearer");
+      send_error(res, 401, "authentication_error",
+                 "missing or wrong API key: send 'Authorization: Bearer <key>'");
+      return httplib::Server::HandlerResponse::Handled;
+    });
+  }
   // HttpServerConfig::http_threads says why the default is raised above httplib's.
   const int threads = cfg.http_threads > 0
                           ? cfg.http_threads

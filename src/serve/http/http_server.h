@@ -10,7 +10,9 @@
 // "stream": true answers with server-sent events (`data: {...}\n\n` ..., `data: [DONE]\n\n`);
 // a client that goes away mid-stream has its request cancelled in the engine. Errors are
 // {"error": {"message", "type"}} with a 4xx status (400 bad body/values/too long a prompt, 404
-// unknown model or path) or 5xx; no exception leaves a handler and the server keeps serving.
+// unknown model or path, 401 without the API key) or 5xx; no exception leaves a handler and the
+// server keeps serving. With an API key every route but /health and /metrics needs
+// `Authorization: Bearer <key>` (as vLLM's and llama.cpp's --api-key).
 // Threads: httplib's pool runs handlers; an EngineWorker thread owns the engine.
 // Generation stops at the tokenizer's <|im_end|> and <|endoftext|> (when it has them; see
 // default_stop_ids) and the response text leaves special tokens out.
@@ -21,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/result.h"
@@ -52,7 +55,15 @@ struct HttpServerConfig {
   // own end tokens (generation_config.json eos_token_id, tokenizer_config.json eos_token), e.g.
   // Llama 3's <|eot_id|>.
   std::vector<std::int32_t> extra_stop_ids;
+  // Non-empty: requests other than GET /health and GET /metrics must carry
+  // `Authorization: Bearer <api_key>`, else 401 {"error": {...}} (compared in constant time).
+  std::string api_key;
 };
+
+// Whether an Authorization header value carries `key` as its bearer token: "Bearer <key>", the
+// scheme case-insensitive, spaces after it skipped; compared in time independent of where the
+// first difference is.
+bool bearer_matches(std::string_view authorization, std::string_view key);
 
 // The ids generation stops at: <|im_end|> and <|endoftext|>, those the tokenizer has.
 std::vector<std::int32_t> default_stop_ids(const model::Tokenizer& tokenizer);

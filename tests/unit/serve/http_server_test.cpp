@@ -1039,6 +1039,60 @@ TEST(HttpServerKv, PromptOverTheKvPoolIs400) {
   EXPECT_EQ(ok->status, 200) << ok->body;
 }
 
+TEST(HttpServerAuth, ApiKeyGuardsEveryRouteButHealthAndMetrics) {
+  auto m = make_builtin_moe({}, /*seed=*/0x5eed);
+  ASSERT_TRUE(m.ok());
+  const model::Tokenizer tok = byte_tokenizer();
+  auto e = Engine::create((*m)->geometry, (*m)->params, engine_config(**m));
+  ASSERT_TRUE(e.ok()) << e.status().message();
+  HttpServer server(**e, &tok, {.model_name = "tiny", .api_key = "sk-test-123"});
+  auto port = server.start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok());
+  httplib::Client c("127.0.0.1", *port);
+  const std::string body = R"({"prompt": "hi", "max_tokens": 2})";
+  auto refused = [&](const httplib::Headers& h, const char* what) {
+    for (const char* path : {"/v1/completions", "/v1/chat/completions", "/tokenize", "/nope"}) {
+      auto r = c.Post(path, h, body, "application/json");
+      ASSERT_TRUE(r) << what;
+      EXPECT_EQ(r->status, 401) << what << " " << path << ": " << r->body;
+      const Json j = Json::parse(r->body, nullptr, false);
+      ASSERT_TRUE(j.is_object()) << r->body;
+      EXPECT_EQ(j["error"]["type"], "authentication_error") << r->body;
+    }
+    auto models = c.Get("/v1/models", h);
+    ASSERT_TRUE(models);
+    EXPECT_EQ(models->status, 401) << what;
+  };
+  refused({}, "no header");
+  refused({{"Authorization", "Bearer sk-test-12"}}, "a prefix of the key");
+  refused({{"Authorization", "Bearer sk-test-1234"}}, "the key and more");
+  refused({{"Authorization", "Basic sk-test-123"}}, "another scheme");
+  refused({{"Authorization", "sk-test-123"}}, "no scheme");
+  // Open without the key: the probes an orchestrator sends.
+  for (const char* path : {"/health", "/metrics"}) {
+    auto r = c.Get(path);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << path;
+  }
+  // With it (the scheme in any case): served, and the refusals above cost nothing.
+  for (const char* auth : {"Bearer sk-test-123", "bearer  sk-test-123"}) {
+    auto r = c.Post("/v1/completions", {{"Authorization", auth}}, body, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << auth << ": " << r->body;
+  }
+}
+
+TEST(HttpServerAuth, BearerMatchesOnlyTheWholeKey) {
+  EXPECT_TRUE(bearer_matches("Bearer k1", "k1"));
+  EXPECT_TRUE(bearer_matches("BEARER   k1", "k1"));
+  EXPECT_FALSE(bearer_matches("Bearer k1 ", "k1"));
+  EXPECT_FALSE(bearer_matches("Bearer k", "k1"));
+  EXPECT_FALSE(bearer_matches("Bearerk1", "k1"));
+  EXPECT_FALSE(bearer_matches("Bearer ", "k1"));
+  EXPECT_FALSE(bearer_matches("", "k1"));
+  EXPECT_FALSE(bearer_matches("Bearer k2", "k1"));
+}
+
 TEST(HttpServerKv, PrefixCacheHitsShowOnMetrics) {
   auto m = make_builtin_moe({}, /*seed=*/0x5eed);
   ASSERT_TRUE(m.ok());
