@@ -6,7 +6,8 @@
 // decode steps, so this time adds to every sampled token. Logits are drawn N(0, sd) (sd 3 by
 // default, near real models' spread) with a few large ones on top, fresh for each of --rows rows.
 // Prints ms per token for both, the sorted/fast ratio, the kept-set size, and states the machine;
-// checks that both lists are the same bits.
+// checks that both lists are the same bits. Then a decode step's rows (--rows of them, llama.cpp's
+// default setting) sampled one at a time and on the thread pool, as the engine does.
 //   sampler_bench [--vocab 151936] [--rows 64] [--sd 3] [--json FILE]
 #include <sys/utsname.h>
 
@@ -23,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/cpu_info.h"
+#include "core/thread_pool.h"
 #include "core/timer.h"
 #include "serve/sampler.h"
 
@@ -151,6 +153,41 @@ int main(int argc, char** argv) {
                              {"sorted_ms", sorted_ms},
                              {"sorted_over_fast", sorted_ms / fast_ms},
                              {"kept_mean", kept_mean}});
+  }
+  // The engine samples a step's rows on the thread pool (Engine::compute_rows): --rows rows of the
+  // llama.cpp-default setting one at a time against spread over the pool, as one decode step of
+  // that many streams.
+  {
+    const SamplingParams p = settings[5].params;
+    auto& pool = ferry::ThreadPool::global();
+    std::vector<Kept> scratch(rows.size());
+    std::vector<std::int32_t> tokens(rows.size());
+    double serial_ms = 1e30, pooled_ms = 1e30;
+    for (int rep = 0; rep < 3; ++rep) {
+      ferry::Timer t;
+      for (std::size_t r = 0; r < rows.size(); ++r) {
+        ferry::serve::Rng rng(r);
+        tokens[r] = ferry::serve::sample(rows[r], p, rng, scratch[r]);
+      }
+      serial_ms = std::min(serial_ms, t.elapsed_ms());
+      t.reset();
+      pool.parallel_for(rows.size(), [&](std::size_t b, std::size_t e) {
+        for (std::size_t r = b; r < e; ++r) {
+          ferry::serve::Rng rng(r);
+          sink += std::size_t(ferry::serve::sample(rows[r], p, rng, scratch[r]) == tokens[r]);
+        }
+      });
+      pooled_ms = std::min(pooled_ms, t.elapsed_ms());
+    }
+    std::printf(
+        "%zu rows (one step of %zu streams), llama.cpp defaults: one at a time %.3f ms, on "
+        "the pool (%zu threads) %.3f ms, %.2fx\n",
+        rows.size(), rows.size(), serial_ms, pool.size() + 1, pooled_ms, serial_ms / pooled_ms);
+    j["step_rows"] = {{"rows", rows.size()},
+                      {"serial_ms", serial_ms},
+                      {"pooled_ms", pooled_ms},
+                      {"pool_threads", pool.size() + 1},
+                      {"serial_over_pooled", serial_ms / pooled_ms}};
   }
   j["same_bits"] = all_same;
   j["checksum"] = sink;

@@ -467,28 +467,19 @@ Result<std::vector<TokenEvent>> Engine::step() {
   for (auto& s : running_) kv_->commit_full_blocks(s->table, s->tokens, s->computed);
   ++stats_.steps;
   stats_.max_step_tokens = std::max<std::uint64_t>(stats_.max_step_tokens, T);
-  score_prompt_rows(V);
-  std::size_t scored_row = 0;
+  compute_rows(V);
   for (std::size_t r = 0; r < rows_.size(); ++r) {
     Sequence& s = *rows_[r].seq;
-    const std::span<const float> row(logits_.data() + r * V, V);
+    RowResult& res = row_results_[r];
     if (rows_[r].prompt_pos >= 0) {
-      s.prompt_logprobs.push_back(std::move(scoring_logprobs_[scored_row++]));
+      s.prompt_logprobs.push_back(std::move(*res.logprob));
       continue;
     }
-    if (logits_observer_) logits_observer_(s.id, static_cast<int>(s.generated()), row);
-    std::span<const float> sample_row = row;
-    if (s.req.sampling.penalties.active()) {  // on a copy: logprobs stay the model's
-      penalized_.assign(row.begin(), row.end());
-      const std::span<const std::int32_t> all(s.tokens);
-      apply_penalties(penalized_, s.req.sampling.penalties, all.first(std::size_t(s.prompt_len)),
-                      all.subspan(std::size_t(s.prompt_len)), penalty_scratch_);
-      sample_row = penalized_;
+    if (logits_observer_) {
+      logits_observer_(s.id, static_cast<int>(s.generated()),
+                       std::span<const float>(logits_.data() + r * V, V));
     }
-    const std::int32_t token = sample(sample_row, s.req.sampling, s.rng, sample_scratch_);
-    std::optional<TokenLogprob> lp;
-    if (s.req.logprobs >= 0) lp = token_logprob(row, token, s.req.logprobs, logprob_scratch_);
-    FERRY_TRY(after_sample(s, token, std::move(lp), events));
+    FERRY_TRY(after_sample(s, res.token, std::move(res.logprob), events));
   }
   for (Sequence* s : scored_) {
     events.push_back({.id = s->id, .token = -1, .index = 0, .finish = FinishReason::kLength});
@@ -498,35 +489,58 @@ Result<std::vector<TokenEvent>> Engine::step() {
   return events;
 }
 
-void Engine::score_prompt_rows(std::size_t V) {
-  // Each prompt-scoring row (echo + logprobs: one per prompt token, lm-evaluation-harness's
-  // loglikelihood requests) is a pass over the vocabulary, ~1 ms at 152k ids, independent of
-  // the others: a long prompt's rows go to the thread pool, then are appended in row order.
-  scoring_rows_.clear();
-  for (std::size_t r = 0; r < rows_.size(); ++r) {
-    if (rows_[r].prompt_pos >= 0) scoring_rows_.push_back(r);
-  }
-  scoring_logprobs_.resize(scoring_rows_.size());
-  auto score = [&](std::size_t begin, std::size_t end, LogprobScratch& scratch) {
-    for (std::size_t k = begin; k < end; ++k) {
-      const LogitRow& lr = rows_[scoring_rows_[k]];
-      const std::span<const float> row(logits_.data() + scoring_rows_[k] * V, V);
-      const std::int32_t next = lr.seq->tokens[std::size_t(lr.prompt_pos + 1)];
-      scoring_logprobs_[k] = token_logprob(row, next, lr.seq->req.prompt_logprobs, scratch);
+namespace {
+// One pool thread's scratch for the rows it computes, kept across steps (no allocation per row).
+struct RowScratch {
+  std::vector<float> penalized;  // [V]: a row with its request's penalties applied
+  PenaltyScratch penalty;
+  std::vector<std::pair<std::int32_t, double>> sample;
+  LogprobScratch logprob;
+};
+}  // namespace
+
+void Engine::compute_rows(std::size_t V) {
+  // Each row is a pass or two over the vocabulary (~1 ms at 152k ids: a sampled token's softmax
+  // weights, a scored prompt token's log-sum-exp) that reads only its own logits and its
+  // sequence; a sampled row advances its sequence's Rng, and a sequence has one sampled row per
+  // step. So the rows run on the thread pool, each with its thread's scratch, and the step applies
+  // the results in row order afterwards: the same tokens and bits as one row at a time.
+  row_results_.assign(rows_.size(), RowResult{});
+  auto compute = [&](std::size_t begin, std::size_t end) {
+    thread_local RowScratch scratch;
+    for (std::size_t r = begin; r < end; ++r) {
+      const LogitRow& lr = rows_[r];
+      Sequence& s = *lr.seq;
+      const std::span<const float> row(logits_.data() + r * V, V);
+      if (lr.prompt_pos >= 0) {
+        const std::int32_t next = s.tokens[std::size_t(lr.prompt_pos + 1)];
+        row_results_[r].logprob = token_logprob(row, next, s.req.prompt_logprobs, scratch.logprob);
+        continue;
+      }
+      std::span<const float> sample_row = row;
+      if (s.req.sampling.penalties.active()) {  // on a copy: logprobs stay the model's
+        scratch.penalized.assign(row.begin(), row.end());
+        const std::span<const std::int32_t> all(s.tokens);
+        apply_penalties(scratch.penalized, s.req.sampling.penalties,
+                        all.first(std::size_t(s.prompt_len)),
+                        all.subspan(std::size_t(s.prompt_len)), scratch.penalty);
+        sample_row = scratch.penalized;
+      }
+      const std::int32_t token = sample(sample_row, s.req.sampling, s.rng, scratch.sample);
+      row_results_[r].token = token;
+      if (s.req.logprobs >= 0) {
+        row_results_[r].logprob = token_logprob(row, token, s.req.logprobs, scratch.logprob);
+      }
     }
   };
-  constexpr std::size_t kRowsPerTask = 8;
-  if (scoring_rows_.size() < 2 * kRowsPerTask) {
-    score(0, scoring_rows_.size(), logprob_scratch_);
+  // Waking the pool costs tens of microseconds: worth it for a long prompt's scored rows or for
+  // several rows of a real vocabulary, not for a few rows of a small one.
+  const bool pooled = rows_.size() >= 2 && (rows_.size() >= 16 || rows_.size() * V >= (1u << 17));
+  if (!pooled) {
+    compute(0, rows_.size());
     return;
   }
-  ThreadPool::global().parallel_for(
-      scoring_rows_.size(),
-      [&](std::size_t begin, std::size_t end) {
-        LogprobScratch scratch;
-        score(begin, end, scratch);
-      },
-      kRowsPerTask);
+  ThreadPool::global().parallel_for(rows_.size(), compute);
 }
 
 Status Engine::run_until_idle() {

@@ -213,8 +213,8 @@ class Engine {
   void finish(Sequence& s, FinishReason r);
   Status after_sample(Sequence& s, std::int32_t token, std::optional<TokenLogprob> lp,
                       std::vector<TokenEvent>& events);
-  // Fills scoring_logprobs_ for this step's prompt-scoring rows (V: the vocabulary).
-  void score_prompt_rows(std::size_t V);
+  // Fills row_results_ for this step's rows (V: the vocabulary), on the thread pool.
+  void compute_rows(std::size_t V);
 
   model::DecoderGeometry geo_;
   const model::ModelParams& params_;
@@ -246,14 +246,13 @@ class Engine {
   std::vector<float> logits_;      // [rows, V]: max_running rows, grown for prompt scoring
   std::vector<LogitRow> rows_;     // parallel to batch_.logit_rows
   std::vector<Sequence*> scored_;  // max_new_tokens == 0: prompt computed, finishes unsampled
-  LogprobScratch logprob_scratch_;
-  // This step's prompt-scoring rows (indices into rows_) and their logprobs, scored on the
-  // thread pool before the rows are walked in order.
-  std::vector<std::size_t> scoring_rows_;
-  std::vector<TokenLogprob> scoring_logprobs_;
-  std::vector<float> penalized_;  // [V]: a row with its request's penalties applied
-  PenaltyScratch penalty_scratch_;
-  std::vector<std::pair<std::int32_t, double>> sample_scratch_;
+  // What compute_rows made of each row: a sampled row's token (and its logprob when asked), a
+  // scored prompt row's logprob; applied to the sequences in row order afterwards.
+  struct RowResult {
+    std::int32_t token = -1;
+    std::optional<TokenLogprob> logprob;
+  };
+  std::vector<RowResult> row_results_;
   std::function<void(RequestId, int, std::span<const float>)> logits_observer_;
   std::function<Status(Engine&)> step_hook_;
   EngineStats stats_;

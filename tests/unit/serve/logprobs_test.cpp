@@ -228,6 +228,55 @@ TEST(LogprobsEngine, PooledScoringEqualsScoringOnTheEngineThread) {
   }
 }
 
+// 16 sampled sequences decoding together (their rows computed on the thread pool: 16 rows) give
+// each one the tokens and logprobs it gets alone (one row per step, on the engine's thread):
+// seeded sampling with penalties, top-k / top-p / min-p, logprobs with alternatives.
+TEST(LogprobsEngine, PooledSamplingEqualsEachSequenceAlone) {
+  const Fixture f = load_fixture("qwen3_moe");
+  ASSERT_TRUE(f.model);
+  const auto ids = f.i32("input_ids");
+  EngineConfig together;
+  together.batch_invariant = true;
+  together.max_running = 16;
+  together.max_batch_tokens = 256;
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 16; ++i) {
+    GenerationRequest g;
+    for (int k = 0; k < 5 + i; ++k) g.prompt.push_back(ids[std::size_t(k * 7 + i) % ids.size()]);
+    g.max_new_tokens = 6;
+    g.sampling = {.temperature = 0.7f + 0.05f * float(i % 4),
+                  .top_k = i % 3 == 0 ? 20 : 0,
+                  .top_p = i % 2 == 0 ? 0.9f : 1.0f,
+                  .min_p = i % 5 == 0 ? 0.05f : 0.0f,
+                  .seed = std::uint64_t(100 + i)};
+    if (i % 4 == 1) g.sampling.penalties = {.repetition = 1.3f, .presence = 0.4f};
+    g.logprobs = 2;
+    reqs.push_back(std::move(g));
+  }
+  auto e = Engine::create(f.model->geometry, f.model->params, together);
+  ASSERT_TRUE(e.ok());
+  std::vector<RequestId> got;
+  for (const auto& g : reqs) {
+    auto id = (*e)->submit(g);
+    ASSERT_TRUE(id.ok());
+    got.push_back(*id);
+  }
+  ASSERT_TRUE((*e)->run_until_idle().ok());
+  EngineConfig alone = together;
+  alone.max_running = 1;
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    auto out = (*e)->take_output(got[i]);
+    ASSERT_TRUE(out.ok());
+    const RequestOutput ref = run_one(f, reqs[i], alone);
+    EXPECT_EQ(out->tokens, ref.tokens) << "sequence " << i;
+    ASSERT_EQ(out->logprobs.size(), ref.logprobs.size()) << i;
+    for (std::size_t t = 0; t < ref.logprobs.size(); ++t) {
+      EXPECT_EQ(out->logprobs[t].logprob, ref.logprobs[t].logprob) << i << " " << t;
+      EXPECT_EQ(out->logprobs[t].top, ref.logprobs[t].top) << i << " " << t;
+    }
+  }
+}
+
 TEST(LogprobsEngine, BadCountsAreRefused) {
   const Fixture f = load_fixture("qwen3");
   ASSERT_TRUE(f.model);
