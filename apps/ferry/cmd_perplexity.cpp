@@ -187,34 +187,42 @@ int run_perplexity_serving(const PerplexityConfig& cfg) {
 
   const std::vector<std::int32_t>& toks = *tokens;
   const auto n = static_cast<std::int64_t>(toks.size());
-  std::vector<serve::RequestId> windows;
   const std::vector<Window> plan =
       plan_windows(n, ctx, std::min<std::int64_t>(stride_of(cfg), ctx));
-  for (const Window& w : plan) {
-    serve::GenerationRequest req;
-    req.prompt.assign(toks.begin() + w.begin, toks.begin() + w.begin + w.len + 1);
-    req.max_new_tokens = 0;
-    req.prompt_logprobs = 0;
-    auto id = eng.submit(std::move(req));
-    if (!id.ok()) return fail(id.status());
-    windows.push_back(*id);
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  if (Status st = eng.run_until_idle(); !st.ok()) return fail(st);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Windows go in a group at a time (a few times --max-running, so the engine always has the
+  // next ones queued) rather than all at once: a long text with a small stride is many windows,
+  // each holding its prompt and its logprobs until taken.
+  const std::size_t group = 4 * std::size_t(cfg.max_running);
   std::vector<float> logprobs;
   logprobs.reserve(std::size_t(n - 1));
   double nll_sum = 0;
-  for (std::size_t k = 0; k < windows.size(); ++k) {
-    auto out = eng.take_output(windows[k]);
-    if (!out.ok()) return fail(out.status());
-    for (std::size_t i = std::size_t(plan[k].skip); i < out->prompt_logprobs.size(); ++i) {
-      const float lp = out->prompt_logprobs[i].logprob;
-      nll_sum -= double(lp);
-      logprobs.push_back(lp);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::size_t first = 0; first < plan.size(); first += group) {
+    const std::size_t last = std::min(plan.size(), first + group);
+    std::vector<serve::RequestId> ids;
+    for (std::size_t k = first; k < last; ++k) {
+      const Window& w = plan[k];
+      serve::GenerationRequest req;
+      req.prompt.assign(toks.begin() + w.begin, toks.begin() + w.begin + w.len + 1);
+      req.max_new_tokens = 0;
+      req.prompt_logprobs = 0;
+      auto id = eng.submit(std::move(req));
+      if (!id.ok()) return fail(id.status());
+      ids.push_back(*id);
+    }
+    if (Status st = eng.run_until_idle(); !st.ok()) return fail(st);
+    for (std::size_t k = first; k < last; ++k) {
+      auto out = eng.take_output(ids[k - first]);
+      if (!out.ok()) return fail(out.status());
+      for (std::size_t i = std::size_t(plan[k].skip); i < out->prompt_logprobs.size(); ++i) {
+        const float lp = out->prompt_logprobs[i].logprob;
+        nll_sum -= double(lp);
+        logprobs.push_back(lp);
+      }
     }
   }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const auto counted = static_cast<std::int64_t>(logprobs.size());
   if (counted != n - 1) {  // a bug, not an input error
     return fail(internal_error("perplexity: scored {} tokens of {}", counted, n - 1));
@@ -223,13 +231,13 @@ int run_perplexity_serving(const PerplexityConfig& cfg) {
       ->info(
           "engine=serve mode={} device={} windows={} context={} steps={} seconds={:.3f} "
           "tokens_per_s={:.1f}",
-          cfg.engine_flags.mode, cfg.engine_flags.device, windows.size(), ctx, eng.stats().steps,
+          cfg.engine_flags.mode, cfg.engine_flags.device, plan.size(), ctx, eng.stats().steps,
           seconds, double(n) / std::max(seconds, 1e-9));
   print_result(cfg, n, counted, nll_sum, logprobs,
                {{"mode", cfg.engine_flags.mode},
                 {"device", cfg.engine_flags.device},
                 {"context", ctx},
-                {"windows", windows.size()},
+                {"windows", plan.size()},
                 {"seconds", seconds}});
   return 0;
 }

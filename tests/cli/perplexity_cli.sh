@@ -110,6 +110,16 @@ r = json.loads(sys.argv[1])
 assert r["model"] == "builtin-qwen3-moe" and r["predicted"] == r["tokens"] - 1 > 100, r["predicted"]
 assert r["windows"] > 1 and math.isfinite(r["mean_nll"]), r
 PY
+# Many windows go in groups of 4 x --max-running: ~47 windows of 64 tokens in groups of 4 and of
+# 16 score every token once, the same within the batching's rounding.
+a="$("$FERRY" perplexity --text-file "$TMP/text.txt" --context 64 --max-running 1 --json 2>/dev/null)"
+b="$("$FERRY" perplexity --text-file "$TMP/text.txt" --context 64 --json 2>/dev/null)"
+python3 - "$a" "$b" <<'PY'
+import json, sys
+a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert a["windows"] == b["windows"] > 40 and a["predicted"] == b["predicted"] == a["tokens"] - 1, a
+assert max(abs(x - y) for x, y in zip(a["logprobs"], b["logprobs"])) < 1e-4
+PY
 
 # Bad inputs: a non-numeric id, an id past the vocabulary, a missing model folder.
 printf '1 2 x3\n' > "$TMP/bad.txt"
