@@ -150,8 +150,10 @@ void print_result(const PerplexityConfig& cfg, std::int64_t n, std::int64_t coun
   }
 }
 
-std::int64_t stride_of(const PerplexityConfig& cfg) {
-  return cfg.stride > 0 ? cfg.stride : cfg.context;
+// The stride between window starts for windows of ctx tokens (ctx: --context, or less where the
+// model has fewer positions): --stride, the context without one, never more than ctx.
+std::int64_t window_stride(const PerplexityConfig& cfg, std::int64_t ctx) {
+  return std::min<std::int64_t>(cfg.stride > 0 ? cfg.stride : cfg.context, ctx);
 }
 
 // --engine serve: each window a scoring-only request (prompt_logprobs, max_new_tokens 0).
@@ -187,8 +189,7 @@ int run_perplexity_serving(const PerplexityConfig& cfg) {
 
   const std::vector<std::int32_t>& toks = *tokens;
   const auto n = static_cast<std::int64_t>(toks.size());
-  const std::vector<Window> plan =
-      plan_windows(n, ctx, std::min<std::int64_t>(stride_of(cfg), ctx));
+  const std::vector<Window> plan = plan_windows(n, ctx, window_stride(cfg, ctx));
   // Windows go in a group at a time (a few times --max-running, so the engine always has the
   // next ones queued) rather than all at once: a long text with a small stride is many windows,
   // each holding its prompt and its logprobs until taken.
@@ -266,7 +267,7 @@ int run_perplexity(const PerplexityConfig& cfg) {
   logprobs.reserve(n - 1);
   double nll_sum = 0;
   std::int64_t counted = 0;
-  for (const Window& w : plan_windows(n, ctx, std::min<std::int64_t>(stride_of(cfg), ctx))) {
+  for (const Window& w : plan_windows(n, ctx, window_stride(cfg, ctx))) {
     const std::int64_t s = w.begin, len = w.len;
     for (std::int64_t t = 0; t < len; ++t) {
       ids[t] = toks[s + t];

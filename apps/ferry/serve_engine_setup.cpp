@@ -34,19 +34,16 @@ Result<serve::EngineConfig> engine_config(const EngineFlags& f, const model::Dec
   FERRY_ASSIGN_OR_RETURN(ec.pager.policy, serve::parse_eviction_policy(f.policy));
   ec.pager.slots_per_layer = f.expert_slots;
   if (!f.layer_slots.empty()) {
-    int moe = 0;
-    ec.pager.layer_slots.assign(geo.layers, 0);
-    for (int l = 0; l < geo.layers; ++l) {
-      if (!geo.layer_is_moe[l]) continue;
-      if (moe >= static_cast<int>(f.layer_slots.size())) break;
-      ec.pager.layer_slots[l] = f.layer_slots[moe++];
-    }
-    if (moe != static_cast<int>(f.layer_slots.size()) ||
-        moe !=
-            static_cast<int>(std::count(geo.layer_is_moe.begin(), geo.layer_is_moe.end(), true))) {
+    const auto moe = static_cast<std::size_t>(
+        std::count(geo.layer_is_moe.begin(), geo.layer_is_moe.end(), true));
+    if (f.layer_slots.size() != moe) {
       return invalid_argument("{}: --layer-slots has {} entries, the model has {} MoE layers",
-                              command, f.layer_slots.size(),
-                              std::count(geo.layer_is_moe.begin(), geo.layer_is_moe.end(), true));
+                              command, f.layer_slots.size(), moe);
+    }
+    ec.pager.layer_slots.assign(geo.layers, 0);
+    std::size_t k = 0;
+    for (int l = 0; l < geo.layers; ++l) {
+      if (geo.layer_is_moe[l]) ec.pager.layer_slots[l] = f.layer_slots[k++];
     }
   }
   ec.pager.budget_bytes = static_cast<std::size_t>(f.expert_budget_mib * 1024 * 1024);
