@@ -25,6 +25,12 @@
 #          pipelined =1, pdl =1 with FERRY_PDL=1: paced_<variant>.{json,txt}.
 #          PACED_DECODE (default 32) decode tokens; PACED_RUNS (default 1) rounds of the
 #          variants, files paced_<variant>_run<r>.{json,txt} when more than one.
+#   (stages run in this order: build forced ppl sampler test pdltest all bench mem memcheck paced)
+#   forced   MoeFixtures/ServeForcedRoutingCuda.* (host syncs with device resolution): forced.txt
+#   ppl      tests/cli/perplexity_cuda.sh (`ferry perplexity --device cuda` vs cpu): ppl_cuda.txt
+#   sampler  sampler_bench on this host's threads (pooled rows of a decode step): sampler.{json,txt}
+#   memcheck compute-sanitizer memcheck over gpu_test but the two tests that make cudaMalloc fail on
+#          purpose and the long attention test (MEMCHECK_TIMEOUT, default 300 s): memcheck.log
 # DEADLINE_S (default 560): stages not started by then are skipped, saying so.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -68,6 +74,24 @@ if has build; then
   stamp "built"
 fi
 
+if has forced && in_time forced; then
+  timeout 60 "$B/tests/gpu_test" --gtest_filter='MoeFixtures/ServeForcedRoutingCuda.*' >"$OUT/forced.txt" 2>&1 || status=1
+  grep -E "resolved|^\[  (PASSED|FAILED)" "$OUT/forced.txt"
+  stamp "forced routing test done"
+fi
+
+if has ppl && in_time ppl; then
+  timeout 120 bash tests/cli/perplexity_cuda.sh "$B/apps/ferry/ferry" "$PWD" >"$OUT/ppl_cuda.txt" 2>&1 || status=1
+  tail -3 "$OUT/ppl_cuda.txt"
+  stamp "perplexity cuda done"
+fi
+
+if has sampler && in_time sampler; then
+  timeout 120 "$B/bench/sampler_bench" --json "$OUT/sampler.json" >"$OUT/sampler.txt" 2>&1 || status=1
+  tail -12 "$OUT/sampler.txt"
+  stamp "sampler bench done"
+fi
+
 if has test && in_time test; then
   FERRY_SMALL_M_PIPELINE=1 timeout 150 "$B/tests/gpu_test" --gtest_filter='KernelsSmallMLoop.*:KernelsDense.*SmallM*:ServeDenseBf16*:ServeDecodeFusion*:MemVirtualRegionGpu.*:ServeWsaMemoryCuda.*' \
     >"$OUT/gpu_test.log" 2>&1 || status=1
@@ -109,6 +133,16 @@ if has mem && in_time mem; then
     --out "$OUT/mem_summary.json" >"$OUT/mem_summary.txt" 2>&1 || status=1
   tail -40 "$OUT/mem_summary.txt"
   stamp "mem rows done"
+fi
+
+if has memcheck && in_time memcheck; then
+  CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  timeout "${MEMCHECK_TIMEOUT:-300}" "$CS" --tool memcheck --error-exitcode 9 "$B/tests/gpu_test" \
+    --gtest_filter='-MemGpu.DeviceOutOfBudgetAndOutOfMemoryAreStatus:KernelsDense.GemmTunesWithoutRoomForItsColdL2Scratch:KernelsAttention.LongSequencesSampledRows' \
+    >"$OUT/memcheck.log" 2>&1
+  echo "memcheck exit $?"
+  grep -E "ERROR SUMMARY|Invalid|^\[  (PASSED|FAILED)" "$OUT/memcheck.log" | head -12
+  stamp "memcheck done"
 fi
 
 if has paced; then
