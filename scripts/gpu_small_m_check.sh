@@ -18,7 +18,9 @@
 #   bench  cuda_kernels_bench's BM_SmallMGemm / BM_SmallMQkv rows, one-step and pipelined loops,
 #          with same-size copies: small_m.json + small_m.txt
 #   mem    the RoPE / embedding / fused residual norm rows against torch and copies (session 38):
-#          ferry_mem.json, torch_mem.json, mem_summary.{json,txt}
+#          ferry_mem.json, torch_mem.json, mem_summary.{json,txt}; then the embedding rows again
+#          with the element forward and the compact backward (session 42's A/B):
+#          ferry_mem_alt.json, mem_alt_summary.{json,txt}
 #   paced  issue #5's paced roofline A/B: `ferry bench serve` 48-layer Qwen3-30B-A3B, bf16 experts
 #          and dense, 24 GiB, copies paced to 24 GB/s, paged only, one process per variant of
 #          PACED_VARIANTS (default "onestep pipelined pdl"): onestep FERRY_SMALL_M_PIPELINE=0,
@@ -29,8 +31,8 @@
 #   forced   MoeFixtures/ServeForcedRoutingCuda.* (host syncs with device resolution): forced.txt
 #   ppl      tests/cli/perplexity_cuda.sh (`ferry perplexity --device cuda` vs cpu): ppl_cuda.txt
 #   sampler  sampler_bench on this host's threads (pooled rows of a decode step): sampler.{json,txt}
-#   memcheck compute-sanitizer memcheck over gpu_test but the two tests that make cudaMalloc fail on
-#          purpose and the long attention test (MEMCHECK_TIMEOUT, default 300 s): memcheck.log
+#   memcheck compute-sanitizer memcheck over gpu_test but the three tests that make cudaMalloc fail
+#          on purpose and the long attention test (MEMCHECK_TIMEOUT, default 300 s): memcheck.log
 # DEADLINE_S (default 560): stages not started by then are skipped, saying so.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -132,13 +134,21 @@ if has mem && in_time mem; then
   $PY tools/bench/compare.py "$OUT/ferry_mem.json" "$OUT/torch_mem.json" \
     --out "$OUT/mem_summary.json" >"$OUT/mem_summary.txt" 2>&1 || status=1
   tail -40 "$OUT/mem_summary.txt"
+  # The embedding A/B (session 42): the other kernels of the same rows, same torch times.
+  FERRY_EMBEDDING_FWD=element FERRY_EMBEDDING_BWD=compact timeout 100 "$B/bench/cuda_kernels_bench" \
+    --benchmark_filter='Embedding|Copy' --benchmark_out="$OUT/ferry_mem_alt.json" \
+    --benchmark_out_format=json >"$OUT/ferry_mem_alt.txt" 2>&1 || status=1
+  $PY tools/bench/compare.py "$OUT/ferry_mem_alt.json" "$OUT/torch_mem.json" \
+    --out "$OUT/mem_alt_summary.json" >"$OUT/mem_alt_summary.txt" 2>&1 || status=1
+  echo "embedding rows with FERRY_EMBEDDING_FWD=element FERRY_EMBEDDING_BWD=compact:"
+  grep -E "BM_Embedding" "$OUT/mem_alt_summary.txt" | head -8
   stamp "mem rows done"
 fi
 
 if has memcheck && in_time memcheck; then
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   timeout "${MEMCHECK_TIMEOUT:-300}" "$CS" --tool memcheck --error-exitcode 9 "$B/tests/gpu_test" \
-    --gtest_filter='-MemGpu.DeviceOutOfBudgetAndOutOfMemoryAreStatus:KernelsDense.GemmTunesWithoutRoomForItsColdL2Scratch:KernelsAttention.LongSequencesSampledRows' \
+    --gtest_filter='-MemGpu.DeviceOutOfBudgetAndOutOfMemoryAreStatus:MemVirtualRegionGpu.WholeUpFrontBeyondTheCardIsAClearError:KernelsDense.GemmTunesWithoutRoomForItsColdL2Scratch:KernelsAttention.LongSequencesSampledRows' \
     >"$OUT/memcheck.log" 2>&1
   echo "memcheck exit $?"
   grep -E "ERROR SUMMARY|Invalid|^\[  (PASSED|FAILED)" "$OUT/memcheck.log" | head -12

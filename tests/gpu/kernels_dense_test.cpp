@@ -18,6 +18,7 @@
 
 #include "kernels/rope_table.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/scoped_env.h"
 
 namespace ferry::testing {
 namespace {
@@ -581,18 +582,27 @@ TEST_F(KernelsDense, EmbeddingForwardBackward) {
   }
 }
 
-// The vocabulary-sliced embedding backward (the default) against the column kernel
-// (FERRY_EMBEDDING_BWD_COLUMN=1) bit for bit: random ids with heavy repeats (a quarter of the
-// tokens on 3 ids, ids sharing a slice) and out-of-range ids, more tokens than one staged chunk,
-// widths not a multiple of the CTA, a nonzero d_table accumulated into, f32 and bf16 tables.
-TEST_F(KernelsDense, EmbeddingBackwardSlicedIsTheColumnKernelBitForBit) {
-  const char* old_env = std::getenv("FERRY_EMBEDDING_BWD_COLUMN");
-  const std::string saved = old_env != nullptr ? old_env : "";
-  for (auto [t, v, c] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
-           {1, 1, 1}, {5000, 1000, 200}, {4500, 70, 33}, {300, 152064, 64}}) {
+// Every embedding backward kernel against the column kernel (FERRY_EMBEDDING_BWD=column) bit for
+// bit: the vocabulary-sliced one (the default) and the compact one (=compact). Random ids with
+// heavy repeats (a quarter of the tokens on 3 ids, ids sharing a slice; one case of long runs of a
+// single id, so the compact walk's groups repeat ids) and out-of-range ids, more tokens than one
+// staged chunk, a slice count at its cap, widths not a multiple of the CTA, a nonzero d_table
+// accumulated into, f32 and bf16 tables and d_out.
+TEST_F(KernelsDense, EmbeddingBackwardKernelsAreTheColumnKernelBitForBit) {
+  for (auto [t, v, c] :
+       std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{{1, 1, 1},
+                                                                         {5000, 1000, 200},
+                                                                         {4500, 70, 33},
+                                                                         {300, 152064, 64},
+                                                                         {40000, 152064, 40},
+                                                                         {3000, 5, 130}}) {
     SCOPED_TRACE(::testing::Message() << "t=" << t << " v=" << v << " c=" << c);
     HostTensor ids = random_ids(t, v, 90 + t);
     for (std::int64_t i = 0; i < t; i += 4) ids.set(i, static_cast<double>((i / 4) % 3 * 32 % v));
+    if (t == 3000) {  // runs of one id: 16 tokens on id 2, then 16 random ones, ...
+      for (std::int64_t i = 0; i < t; ++i)
+        if ((i / 16) % 2 == 0) ids.set(i, 2.0);
+    }
     if (t > 10) {
       ids.set(3, -1.0);
       ids.set(7, static_cast<double>(v));
@@ -602,22 +612,82 @@ TEST_F(KernelsDense, EmbeddingBackwardSlicedIsTheColumnKernelBitForBit) {
          std::vector<std::pair<DType, DType>>{{kF32, kF32}, {kF32, kBf}, {kBf, kBf}, {kBf, kF32}}) {
       const auto dy = random_tensor({t, c}, dt_out, 91 + c, -1, 1);
       const auto init = random_tensor({v, c}, dt_table, 92 + v, -1, 1);
-      DeviceTensor ddy(dy), sliced(init), column(init);
-      ::unsetenv("FERRY_EMBEDDING_BWD_COLUMN");
-      FERRY_ASSERT_OK(cuda().embedding_backward(
-          {.d_table = sliced.view(), .d_out = ddy.cview(), .ids = dids.cview()}, stream()));
-      ::setenv("FERRY_EMBEDDING_BWD_COLUMN", "1", 1);
-      FERRY_ASSERT_OK(cuda().embedding_backward(
-          {.d_table = column.view(), .d_out = ddy.cview(), .ids = dids.cview()}, stream()));
-      sync();
-      EXPECT_TRUE(same_bits(sliced.download(), column.download()))
-          << to_string(dt_table) << " table, " << to_string(dt_out) << " d_out";
+      DeviceTensor ddy(dy), column(init);
+      {
+        const ferry::testing::ScopedEnv env("FERRY_EMBEDDING_BWD", "column");
+        FERRY_ASSERT_OK(cuda().embedding_backward(
+            {.d_table = column.view(), .d_out = ddy.cview(), .ids = dids.cview()}, stream()));
+        sync();
+      }
+      const HostTensor want = column.download();
+      for (const char* kernel : {"sliced", "compact"}) {
+        DeviceTensor got(init);
+        const ferry::testing::ScopedEnv env("FERRY_EMBEDDING_BWD", kernel);
+        FERRY_ASSERT_OK(cuda().embedding_backward(
+            {.d_table = got.view(), .d_out = ddy.cview(), .ids = dids.cview()}, stream()));
+        sync();
+        EXPECT_TRUE(same_bits(got.download(), want))
+            << kernel << ": " << to_string(dt_table) << " table, " << to_string(dt_out) << " d_out";
+      }
     }
   }
-  if (old_env != nullptr) {
-    ::setenv("FERRY_EMBEDDING_BWD_COLUMN", saved.c_str(), 1);
-  } else {
-    ::unsetenv("FERRY_EMBEDDING_BWD_COLUMN");
+}
+
+// The vector forward (16-byte rows, the default where sizes and alignment allow) against the
+// element kernel (FERRY_EMBEDDING_FWD=element) and the ids' rows on the host, bit for bit: widths
+// that take the vector path (bf16 C % 8 == 0, f32 C % 4 == 0; rows of fewer than one warp's and
+// more than four warps' vectors) and widths and a table base that do not (the fallback), tokens
+// not a multiple of the CTA's 8, out-of-range ids (zero rows).
+TEST_F(KernelsDense, EmbeddingForwardVectorRowsAreTheElementKernelBitForBit) {
+  for (auto [t, v, c] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
+           {1, 1, 8}, {13, 7, 33}, {61, 97, 256}, {203, 1000, 2048}, {9, 50, 4}, {17, 30, 3584}}) {
+    for (const DType dt : {kBf, kF32}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "t=" << t << " v=" << v << " c=" << c << " " << to_string(dt));
+      HostTensor ids = random_ids(t, v, 70 + t);
+      if (t > 8) {
+        ids.set(2, -5.0);
+        ids.set(8, static_cast<double>(v));
+      }
+      // One spare row in front: the view at element 1 is the misaligned-table case.
+      const auto table = random_tensor({v + 1, c}, dt, 71 + c, -1, 1);
+      DeviceTensor dtab(table), dids(ids);
+      TensorView whole = dtab.view();
+      whole.shape[0] = v;
+      TensorView shifted = whole;
+      shifted.data = static_cast<char*>(shifted.data) + dtype_size(dt);
+      for (const TensorView& tab : {whole, shifted}) {
+        DeviceTensor vec(std::vector<std::int64_t>{t, c}, dt),
+            elem(std::vector<std::int64_t>{t, c}, dt);
+        {
+          const ferry::testing::ScopedEnv env("FERRY_EMBEDDING_FWD", nullptr);
+          FERRY_ASSERT_OK(cuda().embedding(
+              {.out = vec.view(), .table = ConstTensorView(tab), .ids = dids.cview()}, stream()));
+        }
+        {
+          const ferry::testing::ScopedEnv env("FERRY_EMBEDDING_FWD", "element");
+          FERRY_ASSERT_OK(cuda().embedding(
+              {.out = elem.view(), .table = ConstTensorView(tab), .ids = dids.cview()}, stream()));
+        }
+        sync();
+        const HostTensor got = vec.download();
+        EXPECT_TRUE(same_bits(got, elem.download()));
+        // The host's rows: table row id (+1 element for the shifted view), zeros out of range.
+        const std::int64_t shift = tab.data == whole.data ? 0 : 1;
+        bool rows_ok = true;
+        for (std::int64_t i = 0; i < t && rows_ok; ++i) {
+          const auto id = static_cast<std::int64_t>(ids.get(i));
+          for (std::int64_t j = 0; j < c; ++j) {
+            const double want = id < 0 || id >= v ? 0.0 : table.get(id * c + j + shift);
+            if (got.get(i * c + j) != want) {
+              rows_ok = false;
+              break;
+            }
+          }
+        }
+        EXPECT_TRUE(rows_ok) << (shift != 0 ? "shifted table" : "aligned table");
+      }
+    }
   }
 }
 

@@ -132,12 +132,14 @@ cudaError_t launch_qk_norm_rope_f32(float* q_out, float* q_rstd, const float* q_
 
 // embedding.cu -----------------------------------------------------------------------------------
 // out [t, c] = table[ids]; an id outside [0, v) gives a zero row (the host cannot check device ids
-// without a sync; see docs/cuda.md).
+// without a sync; see docs/cuda.md). 16-byte vectors where the rows and bases allow;
+// FERRY_EMBEDDING_FWD=element: the element kernel (the same bits).
 cudaError_t launch_embedding(Elt e, void* out, const void* table, const std::int32_t* ids,
                              std::int64_t t, std::int64_t c, std::int64_t v, cudaStream_t stream);
 // d_table [v, c] += scatter of d_out [t, c], f32 or bf16 d_table: each element adds its tokens'
 // d_out in token order, rounding after each add (deterministic). Default: column x vocabulary
-// slice threads; FERRY_EMBEDDING_BWD_COLUMN=1: one thread per column (the same bits).
+// slice threads; FERRY_EMBEDDING_BWD=column: one thread per column, =compact: the slice's tokens
+// compacted per chunk and walked several rows at a time (the same bits, all three).
 cudaError_t launch_embedding_backward(Elt e_table, void* d_table, Elt e_dout, const void* d_out,
                                       const std::int32_t* ids, std::int64_t t, std::int64_t c,
                                       std::int64_t v, cudaStream_t stream);
