@@ -128,18 +128,8 @@ tail -40 "$OUT/summary.log"
 
 if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  # The whole suite (~270 s on the H200, session 29; 192 s on the H100 without the long attention
-  # test, session 31). MemGpu.DeviceOutOfBudgetAndOutOfMemoryAreStatus asks cudaMalloc for more
-  # than the device has on purpose, and KernelsDense.GemmTunesWithoutRoomForItsColdL2Scratch
-  # fills the device so that the GEMM tuner's scratch cudaMalloc fails, and
-  # MemVirtualRegionGpu.WholeUpFrontBeyondTheCardIsAClearError asks for a region larger than the
-  # card: memcheck reports each as two API errors (no memory access error; sessions 31 and 42's
-  # logs), so those three stay outside memcheck.
-  timeout "${MEMCHECK_TIMEOUT:-450}" "$CS" --tool memcheck --error-exitcode 9 "$GT" \
-    --gtest_filter="${MEMCHECK_FILTER:--MemGpu.DeviceOutOfBudgetAndOutOfMemoryAreStatus:MemVirtualRegionGpu.WholeUpFrontBeyondTheCardIsAClearError:KernelsDense.GemmTunesWithoutRoomForItsColdL2Scratch}" \
-    >"$OUT/memcheck.log" 2>&1
-  echo "memcheck exit $?"
-  grep -E "ERROR SUMMARY|Invalid|PASSED|FAILED" "$OUT/memcheck.log" | head -12
+  # The whole suite but the on-purpose allocation failures (the list and why: gpu_memcheck.sh).
+  bash scripts/gpu_memcheck.sh "$GT" "$OUT/memcheck.log"
   # Shared-memory hazards of the atomic-dQ dK/dV kernel (dS^T staged between two CTA barriers,
   # the cp.async double buffer); small shapes. RACECHECK_FILTER= (empty) skips it.
   RACECHECK_FILTER=${RACECHECK_FILTER-KernelsAttention.AtomicDqMatchesDeterministicPath}

@@ -31,8 +31,9 @@
 #   forced   MoeFixtures/ServeForcedRoutingCuda.* (host syncs with device resolution): forced.txt
 #   ppl      tests/cli/perplexity_cuda.sh (`ferry perplexity --device cuda` vs cpu): ppl_cuda.txt
 #   sampler  sampler_bench on this host's threads (pooled rows of a decode step): sampler.{json,txt}
-#   memcheck compute-sanitizer memcheck over gpu_test but the three tests that make cudaMalloc fail
-#          on purpose and the long attention test (MEMCHECK_TIMEOUT, default 300 s): memcheck.log
+#   memcheck compute-sanitizer memcheck over gpu_test (scripts/gpu_memcheck.sh: all but the tests
+#          that make an allocation fail on purpose) and without the long attention test
+#          (MEMCHECK_TIMEOUT, default 300 s): memcheck.log
 # DEADLINE_S (default 560): stages not started by then are skipped, saying so.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -146,12 +147,8 @@ if has mem && in_time mem; then
 fi
 
 if has memcheck && in_time memcheck; then
-  CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  timeout "${MEMCHECK_TIMEOUT:-300}" "$CS" --tool memcheck --error-exitcode 9 "$B/tests/gpu_test" \
-    --gtest_filter='-MemGpu.DeviceOutOfBudgetAndOutOfMemoryAreStatus:MemVirtualRegionGpu.WholeUpFrontBeyondTheCardIsAClearError:KernelsDense.GemmTunesWithoutRoomForItsColdL2Scratch:KernelsAttention.LongSequencesSampledRows' \
-    >"$OUT/memcheck.log" 2>&1
-  echo "memcheck exit $?"
-  grep -E "ERROR SUMMARY|Invalid|^\[  (PASSED|FAILED)" "$OUT/memcheck.log" | head -12
+  MEMCHECK_TIMEOUT=${MEMCHECK_TIMEOUT:-300} bash scripts/gpu_memcheck.sh "$B/tests/gpu_test" \
+    "$OUT/memcheck.log" KernelsAttention.LongSequencesSampledRows
   stamp "memcheck done"
 fi
 
