@@ -6,7 +6,9 @@
 // decode steps, so this time adds to every sampled token. Logits are drawn N(0, sd) (sd 3 by
 // default, near real models' spread) with a few large ones on top, fresh for each of --rows rows.
 // Prints ms per token for both, the sorted/fast ratio, the kept-set size, and states the machine;
-// checks that both lists are the same bits. Then a decode step's rows (--rows of them, llama.cpp's
+// checks that both lists are the same bits. Then, on the settings with a top_p cut, the walk's
+// start from the bucketed nucleus bound against a 64-token prefix grown x4 (session 41's start).
+// Then a decode step's rows (--rows of them, llama.cpp's
 // default setting) sampled one at a time and on the thread pool, as the engine does.
 //   sampler_bench [--vocab 151936] [--rows 64] [--sd 3] [--json FILE]
 #include <sys/utsname.h>
@@ -48,6 +50,15 @@ double ms_per_row(const std::vector<std::vector<float>>& rows, Fn&& fn) {
     best = std::min(best, t.elapsed_ms() / double(rows.size()));
   }
   return best;
+}
+
+bool same_bits(const Kept& a, const Kept& b) {
+  bool same = a.size() == b.size();
+  for (std::size_t i = 0; same && i < a.size(); ++i) {
+    same = a[i].first == b[i].first &&
+           std::bit_cast<std::uint64_t>(a[i].second) == std::bit_cast<std::uint64_t>(b[i].second);
+  }
+  return same;
 }
 
 }  // namespace
@@ -127,12 +138,7 @@ int main(int argc, char** argv) {
       ferry::serve::sampling_distribution(r, s.params, fast);
       ferry::serve::sampling_distribution_sorted(r, s.params, slow);
       kept_mean += double(fast.size()) / double(rows.size());
-      bool same = fast.size() == slow.size();
-      for (std::size_t i = 0; same && i < fast.size(); ++i) {
-        same = fast[i].first == slow[i].first && std::bit_cast<std::uint64_t>(fast[i].second) ==
-                                                     std::bit_cast<std::uint64_t>(slow[i].second);
-      }
-      all_same = all_same && same;
+      all_same = all_same && same_bits(fast, slow);
     }
     const double fast_ms = ms_per_row(rows, [&](const std::vector<float>& r) {
       ferry::serve::sampling_distribution(r, s.params, fast);
@@ -153,6 +159,30 @@ int main(int argc, char** argv) {
                              {"sorted_ms", sorted_ms},
                              {"sorted_over_fast", sorted_ms / fast_ms},
                              {"kept_mean", kept_mean}});
+  }
+  // The top_p walk's start: the bucketed nucleus bound (sampling_distribution, session 42) against
+  // session 41's first prefix of 64 tokens grown x4 (sampling_distribution_from(.., 64, ..)), on
+  // the settings with a top_p cut, rounds alternating so drift falls on both.
+  std::printf("%-54s %10s %10s %8s\n", "top_p start", "bound ms", "64 x4 ms", "ratio");
+  for (const Setting& s : settings) {
+    if (!(s.params.top_p < 1.0f)) continue;
+    double bound_ms = 1e30, grown_ms = 1e30;
+    for (int round = 0; round < 3; ++round) {
+      bound_ms = std::min(bound_ms, ms_per_row(rows, [&](const std::vector<float>& r) {
+                            ferry::serve::sampling_distribution(r, s.params, fast);
+                            sink += fast.size();
+                          }));
+      grown_ms = std::min(grown_ms, ms_per_row(rows, [&](const std::vector<float>& r) {
+                            ferry::serve::sampling_distribution_from(r, s.params, 64, slow);
+                            sink += slow.size();
+                          }));
+      all_same = all_same && same_bits(fast, slow);  // the last row's lists
+    }
+    std::printf("%-54s %10.3f %10.3f %7.2fx\n", s.name, bound_ms, grown_ms, grown_ms / bound_ms);
+    j["top_p_start"].push_back({{"setting", s.name},
+                                {"bound_ms", bound_ms},
+                                {"grown_from_64_ms", grown_ms},
+                                {"grown_over_bound", grown_ms / bound_ms}});
   }
   // The engine samples a step's rows on the thread pool (Engine::compute_rows): --rows rows of the
   // llama.cpp-default setting one at a time against spread over the pool, as one decode step of

@@ -2,7 +2,10 @@
 #include "serve/sampler.h"
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <optional>
 
 namespace ferry::serve {
@@ -148,9 +151,41 @@ void rank_prefix(Kept::iterator first, Kept::iterator mid, Kept::iterator last) 
   std::sort(first, mid, ranks_before);
 }
 
-// The first rank to try when top_p needs a ranked prefix: nuclei of real models at the usual
-// top_p are tens to a few hundred tokens; each miss quadruples it.
-constexpr std::size_t kFirstRanked = 64;
+// How many rank-ordered entries the top_p walk should need, from one pass over the row instead
+// of a prefix grown by guesses (a flat row's nucleus of ~12k tokens took five selections over the
+// row that way). The weights go into buckets by their float's top bits (exponent and 4 mantissa
+// bits: buckets ~4.4 % wide); since float(w) is monotone in w, every entry of a higher bucket
+// ranks before every entry of a lower one, so the entries of the highest buckets are exactly the
+// top that many in rank order. The count returned covers the buckets down to the one where their
+// mass (summed here per bucket, another order than the walk's) reaches top_p, and one more
+// non-empty bucket as a margin for that rounding. Only a starting size: if the walk does not
+// reach top_p within it (a margin bucket with next to no mass), the caller grows it x4 until it
+// does, so the result never depends on this estimate.
+constexpr std::size_t kRankAllBelow = 64;
+
+std::size_t nucleus_bound(const Kept& w, double sum, double top_p) {
+  constexpr int kShift = 19;  // float bits >> 19: sign 0, exponent, 4 mantissa
+  constexpr int kBuckets = 1 << (32 - kShift - 1);  // w >= 0: the sign bit is 0
+  std::array<double, kBuckets> mass{};
+  std::array<std::uint32_t, kBuckets> count{};
+  for (const auto& pr : w) {
+    const auto b = std::bit_cast<std::uint32_t>(static_cast<float>(pr.second)) >> kShift;
+    mass[b] += pr.second;
+    ++count[b];
+  }
+  const double target = top_p * sum;
+  double m = 0.0;
+  std::size_t c = 0;
+  bool reached = false;
+  for (int b = kBuckets - 1; b >= 0; --b) {
+    if (count[static_cast<std::size_t>(b)] == 0) continue;
+    c += count[static_cast<std::size_t>(b)];
+    if (reached) return c;
+    m += mass[static_cast<std::size_t>(b)];
+    reached = m >= target;
+  }
+  return c;
+}
 
 }  // namespace
 
@@ -170,6 +205,12 @@ void sampling_distribution_sorted(std::span<const float> logits, const SamplingP
 
 void sampling_distribution(std::span<const float> logits, const SamplingParams& p,
                            std::vector<std::pair<std::int32_t, double>>& out) {
+  sampling_distribution_from(logits, p, 0, out);
+}
+
+void sampling_distribution_from(std::span<const float> logits, const SamplingParams& p,
+                                std::size_t first_ranked,
+                                std::vector<std::pair<std::int32_t, double>>& out) {
   const double sum = weights(logits, p.temperature, out);
   const std::size_t V = out.size();
   std::size_t n = cut_by_count_and_min_p(out, p);
@@ -177,7 +218,12 @@ void sampling_distribution(std::span<const float> logits, const SamplingParams& 
     // Rank a prefix, walk it, and rank further only if the nucleus is not inside it:
     // out[0, ranked) is the top `ranked` in rank order, the rest unordered.
     std::size_t ranked = 0;
-    std::size_t want = std::min(n, kFirstRanked);
+    // When top_k / min_p already cut to a few tokens, ranking them all is cheaper than the
+    // bucketing pass over the row.
+    if (first_ranked == 0) {
+      first_ranked = n <= kRankAllBelow ? n : nucleus_bound(out, sum, double(p.top_p));
+    }
+    std::size_t want = std::min(n, std::max<std::size_t>(1, first_ranked));
     double mass = 0.0;
     for (;;) {
       const auto first = out.begin() + std::ptrdiff_t(ranked);

@@ -59,6 +59,14 @@ std::int32_t argmax(std::span<const float> logits);
 void sampling_distribution(std::span<const float> logits, const SamplingParams& p,
                            std::vector<std::pair<std::int32_t, double>>& out);
 
+// sampling_distribution with the top_p walk's first ranked prefix given: 0 is
+// sampling_distribution's own start (one bucketing pass bounds the nucleus), anything else a size
+// grown x4 until the walk reaches top_p. The same result for every value; the test of the growth
+// path, which the bound makes rare, gives small ones.
+void sampling_distribution_from(std::span<const float> logits, const SamplingParams& p,
+                                std::size_t first_ranked,
+                                std::vector<std::pair<std::int32_t, double>>& out);
+
 // The slow twin: ranks the whole row with one sort. Same result as sampling_distribution, bit for
 // bit; for tests and the sampling benchmark.
 void sampling_distribution_sorted(std::span<const float> logits, const SamplingParams& p,

@@ -139,27 +139,39 @@ TEST(Sampler, FastPathEqualsSortedTwinBitForBit) {
                 continue;
               }
               const SamplingParams sp{.temperature = T, .top_k = k, .top_p = p, .min_p = mp};
-              sampling_distribution(logits, sp, fast);
               sampling_distribution_sorted(logits, sp, slow);
-              ASSERT_EQ(fast.size(), slow.size()) << "V " << V << " shape " << shape << " T " << T
-                                                  << " k " << k << " p " << p << " min_p " << mp;
-              for (std::size_t i = 0; i < slow.size(); ++i) {
-                ASSERT_EQ(fast[i].first, slow[i].first)
+              // The fast path's own start (the bucketed nucleus bound), and first prefixes of 1
+              // and 64 tokens, which the walk must grow x4 until it reaches top_p.
+              for (const std::size_t first : {std::size_t{0}, std::size_t{1}, std::size_t{64}}) {
+                if (first == 0) {
+                  sampling_distribution(logits, sp, fast);
+                } else {
+                  sampling_distribution_from(logits, sp, first, fast);
+                }
+                ASSERT_EQ(fast.size(), slow.size())
                     << "V " << V << " shape " << shape << " T " << T << " k " << k << " p " << p
-                    << " min_p " << mp << " entry " << i;
-                ASSERT_EQ(std::bit_cast<std::uint64_t>(fast[i].second),
-                          std::bit_cast<std::uint64_t>(slow[i].second))
-                    << "V " << V << " entry " << i;
+                    << " min_p " << mp << " first " << first;
+                for (std::size_t i = 0; i < slow.size(); ++i) {
+                  ASSERT_EQ(fast[i].first, slow[i].first)
+                      << "V " << V << " shape " << shape << " T " << T << " k " << k << " p " << p
+                      << " min_p " << mp << " first " << first << " entry " << i;
+                  ASSERT_EQ(std::bit_cast<std::uint64_t>(fast[i].second),
+                            std::bit_cast<std::uint64_t>(slow[i].second))
+                      << "V " << V << " entry " << i << " first " << first;
+                }
+                ++compared;
+                if (first > 0 && p < 1.0f && slow.size() > 4 * first &&
+                    slow.size() < std::size_t(V))
+                  ++grown;
               }
-              ++compared;
-              if (p < 1.0f && slow.size() > 64 && slow.size() < std::size_t(V)) ++grown;
             }
           }
         }
       }
     }
   }
-  // The top_p walk had to rank past its first prefix in some of them (the growth path ran).
+  // The top_p walk had to rank past its first prefix more than once in many of them (the growth
+  // path ran, several rounds).
   EXPECT_GT(grown, 20) << compared << " compared";
 }
 
