@@ -161,8 +161,6 @@ void rank_prefix(Kept::iterator first, Kept::iterator mid, Kept::iterator last) 
 // non-empty bucket as a margin for that rounding. Only a starting size: if the walk does not
 // reach top_p within it (a margin bucket with next to no mass), the caller grows it x4 until it
 // does, so the result never depends on this estimate.
-constexpr std::size_t kRankAllBelow = 64;
-
 std::size_t nucleus_bound(const Kept& w, double sum, double top_p) {
   constexpr int kShift = 19;  // float bits >> 19: sign 0, exponent, 4 mantissa
   constexpr int kBuckets = 1 << (32 - kShift - 1);  // w >= 0: the sign bit is 0
@@ -186,6 +184,10 @@ std::size_t nucleus_bound(const Kept& w, double sum, double top_p) {
   }
   return c;
 }
+
+// Where top_k / min_p already leave at most this many tokens, the top_p walk ranks them all at
+// once: cheaper than nucleus_bound's pass over the row.
+constexpr std::size_t kRankAllBelow = 64;
 
 }  // namespace
 
@@ -218,8 +220,6 @@ void sampling_distribution_from(std::span<const float> logits, const SamplingPar
     // Rank a prefix, walk it, and rank further only if the nucleus is not inside it:
     // out[0, ranked) is the top `ranked` in rank order, the rest unordered.
     std::size_t ranked = 0;
-    // When top_k / min_p already cut to a few tokens, ranking them all is cheaper than the
-    // bucketing pass over the row.
     if (first_ranked == 0) {
       first_ranked = n <= kRankAllBelow ? n : nucleus_bound(out, sum, double(p.top_p));
     }
